@@ -1,0 +1,1 @@
+//! gatewarden-lifecycle
