@@ -1,1 +1,41 @@
-//! gatewarden-lifecycle
+//! The gatewarden lifecycle kernel.
+//!
+//! Everything the gateway and the CLI need to agree on "who runs, who may be signalled, and
+//! how it ended", with no async runtime and no HTTP:
+//!
+//! - [`identity`]: a process is `(pid, start_time)`, compared exactly.
+//! - [`probe`]: a total liveness probe (`Alive | Dead | Unknown`), and the pure mapping of
+//!   OS answers onto it (including Windows error codes), testable on any host.
+//! - [`lock`]: the OS-held instance lock, the single truth for "a gateway runs in this home".
+//! - [`records`] and [`fsio`]: atomic writes and lenient reads of `gateway.pid` and
+//!   `gateway_state.json`.
+//! - [`marker`]: planned-stop and takeover markers that are obeyed only by the incarnation
+//!   they name, and healed by whoever finds them stale.
+//! - [`exit`]: the one intent → exit-code table.
+//! - [`supervisor`]: who supervises us (systemd, launchd, container, override, none).
+//! - [`ledger`]: the append-only lifecycle ledger.
+//! - [`home`]: where state lives and the names of its files.
+//! - [`platform`]: the per-OS facade; the only place with `cfg`.
+
+pub mod exit;
+pub mod fsio;
+pub mod home;
+pub mod identity;
+pub mod ledger;
+pub mod lock;
+pub mod marker;
+pub mod platform;
+pub mod probe;
+pub mod records;
+pub mod supervisor;
+pub mod timefmt;
+
+pub use exit::ExitIntent;
+pub use home::Home;
+pub use identity::ProcessIdentity;
+pub use lock::{InstanceLock, LockError};
+pub use probe::Liveness;
+pub use supervisor::Supervisor;
+
+/// The version every record, hello and ledger line carries.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

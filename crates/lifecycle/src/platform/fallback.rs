@@ -1,0 +1,35 @@
+//! Unsupported OS: every probe is Unknown and nothing is ever signalled.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::{Signal, SignalOutcome};
+use crate::identity::ProcessIdentity;
+use crate::probe::Liveness;
+
+pub fn probe(_pid: u32) -> Liveness {
+    Liveness::Unknown { reason: "process probing is not supported on this OS".into() }
+}
+
+pub fn start_time(_pid: u32) -> Option<u64> {
+    None
+}
+
+pub fn signal_verified(_id: &ProcessIdentity, _sig: Signal) -> SignalOutcome {
+    SignalOutcome::Unsupported
+}
+
+pub fn create_private_dir(path: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(path)
+}
+
+pub fn set_private_file(_file: &File) -> io::Result<()> {
+    Ok(())
+}
+
+pub fn canonical(path: &Path) -> io::Result<PathBuf> {
+    std::fs::canonicalize(path)
+}
+
+pub fn sync_dir(_path: &Path) {}

@@ -1,0 +1,127 @@
+//! Windows: `OpenProcess` + `WaitForSingleObject` + `GetProcessTimes`; never `kill(pid, 0)`,
+//! which CPython maps to `TerminateProcess` and which is how hermes-agent killed processes it
+//! only meant to probe.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use windows_sys::Win32::Foundation::{CloseHandle, FILETIME, GetLastError, HANDLE};
+use windows_sys::Win32::System::Threading::{
+    GetProcessTimes, OpenProcess, PROCESS_QUERY_LIMITED_INFORMATION, PROCESS_SYNCHRONIZE, PROCESS_TERMINATE,
+    TerminateProcess, WaitForSingleObject,
+};
+
+use super::{Signal, SignalOutcome};
+use crate::identity::ProcessIdentity;
+use crate::probe::{Liveness, WinOpen, classify_windows, filetime_to_centis};
+
+struct Handle(HANDLE);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from OpenProcess and is closed exactly once.
+        unsafe { CloseHandle(self.0) };
+    }
+}
+
+fn open(pid: u32, access: u32) -> Result<Handle, u32> {
+    // SAFETY: plain FFI call; a null return is handled.
+    let h = unsafe { OpenProcess(access, 0, pid) };
+    if h.is_null() {
+        // SAFETY: reads the calling thread's last-error value.
+        Err(unsafe { GetLastError() })
+    } else {
+        Ok(Handle(h))
+    }
+}
+
+fn created(h: &Handle) -> Option<u64> {
+    let zero = FILETIME { dwLowDateTime: 0, dwHighDateTime: 0 };
+    let (mut c, mut e, mut k, mut u) = (zero, zero, zero, zero);
+    // SAFETY: valid handle and four writable FILETIMEs.
+    let ok = unsafe { GetProcessTimes(h.0, &mut c, &mut e, &mut k, &mut u) };
+    if ok == 0 {
+        return None;
+    }
+    filetime_to_centis((u64::from(c.dwHighDateTime) << 32) | u64::from(c.dwLowDateTime))
+}
+
+fn facts(h: &Handle) -> WinOpen {
+    // SAFETY: valid handle opened with SYNCHRONIZE.
+    let wait = unsafe { WaitForSingleObject(h.0, 0) };
+    WinOpen::Opened { wait, created: created(h) }
+}
+
+pub fn probe(pid: u32) -> Liveness {
+    if pid == 4 {
+        // The System process: never ours, never signalled, always there.
+        return Liveness::Alive { start_time: None };
+    }
+    match open(pid, PROCESS_QUERY_LIMITED_INFORMATION | PROCESS_SYNCHRONIZE) {
+        Ok(h) => classify_windows(facts(&h)),
+        Err(code) => classify_windows(WinOpen::Failed(code)),
+    }
+}
+
+pub fn start_time(pid: u32) -> Option<u64> {
+    open(pid, PROCESS_QUERY_LIMITED_INFORMATION).ok().and_then(|h| created(&h))
+}
+
+/// Verification and termination use the same handle, so the pid cannot be recycled between
+/// the check and the kill.
+pub fn signal_verified(id: &ProcessIdentity, sig: Signal) -> SignalOutcome {
+    if sig != Signal::Kill {
+        return SignalOutcome::Unsupported;
+    }
+    let h = match open(id.pid, PROCESS_QUERY_LIMITED_INFORMATION | PROCESS_SYNCHRONIZE | PROCESS_TERMINATE) {
+        Ok(h) => h,
+        Err(code) => {
+            return match classify_windows(WinOpen::Failed(code)) {
+                Liveness::Dead => SignalOutcome::Gone,
+                Liveness::Alive { .. } => SignalOutcome::Unverifiable(format!("access denied (Windows error {code})")),
+                Liveness::Unknown { reason } => SignalOutcome::Unverifiable(reason),
+            };
+        }
+    };
+    match classify_windows(facts(&h)) {
+        Liveness::Dead => SignalOutcome::Gone,
+        Liveness::Alive { start_time: Some(t) } if t == id.start_time => {
+            // SAFETY: valid handle opened with PROCESS_TERMINATE.
+            if unsafe { TerminateProcess(h.0, 1) } != 0 {
+                SignalOutcome::Sent
+            } else {
+                // SAFETY: reads the calling thread's last-error value.
+                SignalOutcome::Failed(format!("TerminateProcess failed with Windows error {}", unsafe {
+                    GetLastError()
+                }))
+            }
+        }
+        Liveness::Alive { start_time: Some(_) } => SignalOutcome::Mismatch,
+        Liveness::Alive { start_time: None } => SignalOutcome::Unverifiable("creation time unreadable".into()),
+        Liveness::Unknown { reason } => SignalOutcome::Unverifiable(reason),
+    }
+}
+
+pub fn create_private_dir(path: &Path) -> io::Result<()> {
+    // The per-user profile directory already restricts access to the user.
+    std::fs::create_dir_all(path)
+}
+
+pub fn set_private_file(_file: &File) -> io::Result<()> {
+    Ok(())
+}
+
+pub fn canonical(path: &Path) -> io::Result<PathBuf> {
+    let p = std::fs::canonicalize(path)?;
+    // Strip the verbatim prefix so the path matches what users and hermes write.
+    let s = p.to_string_lossy();
+    Ok(match s.strip_prefix(r"\\?\") {
+        Some(rest) if !rest.starts_with("UNC\\") => PathBuf::from(rest),
+        _ => p,
+    })
+}
+
+pub fn sync_dir(_path: &Path) {
+    // NTFS journals the rename itself; directories cannot be opened for flushing.
+}
