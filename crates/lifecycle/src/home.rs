@@ -24,6 +24,12 @@ impl Home {
         Home { dir: dir.into() }
     }
 
+    /// The canonical form when the directory exists (so a relative `--home` finds the same
+    /// control endpoint as the gateway), else unchanged.
+    pub fn canonicalized(&self) -> Home {
+        Home { dir: platform::canonical(&self.dir).unwrap_or_else(|_| self.dir.clone()) }
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

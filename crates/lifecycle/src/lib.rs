@@ -19,6 +19,7 @@
 
 pub mod exit;
 pub mod fsio;
+pub mod heal;
 pub mod home;
 pub mod identity;
 pub mod ledger;

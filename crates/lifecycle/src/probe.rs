@@ -32,6 +32,11 @@ pub fn probe(pid: i64) -> Liveness {
     }
 }
 
+/// [`probe`] for a pid already known to be positive, the shape marker classification takes.
+pub fn probe_u32(pid: u32) -> Liveness {
+    probe(i64::from(pid))
+}
+
 /// A pid we may hand to the OS: `1..=i32::MAX`. Zero and negatives address process groups on
 /// Unix (`kill(0, _)`, `kill(-1, _)`), and values above `i32::MAX` become negative there.
 pub fn valid_pid(pid: i64) -> Option<u32> {

@@ -1,1 +1,345 @@
-//! gatewarden-runtime
+//! The gatewarden gateway process.
+//!
+//! [`run`] is the whole life of one incarnation: claim the home (the OS lock, or a verified
+//! takeover), publish records, serve HTTP and the control channel, wait for a classified
+//! shutdown cause, drain, and report an [`ExitIntent`]. The binary maps that intent to the
+//! process exit code through the one table in `gatewarden_lifecycle::exit`.
+
+pub mod control;
+pub mod drain;
+pub mod gateway;
+pub mod http;
+pub mod log;
+pub mod signals;
+pub mod takeover;
+pub mod watch;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use gatewarden_control::{Endpoint, Requester};
+use gatewarden_lifecycle::heal::heal_stale;
+use gatewarden_lifecycle::marker::{self, MarkerKind, Verdict};
+use gatewarden_lifecycle::probe::probe_u32;
+use gatewarden_lifecycle::records::{GatewayState, read_pid_record};
+use gatewarden_lifecycle::{ExitIntent, Home, InstanceLock, LockError, Supervisor, fsio};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::gateway::{Gateway, Incarnation};
+use crate::signals::{SignalKind, Signals};
+
+/// How long a starting gateway waits out lock probes by `status`/`stop` before deciding that
+/// another instance runs.
+const LOCK_PATIENCE: Duration = Duration::from_millis(300);
+/// How long to retry binding a listen address that is in use.
+const BIND_PATIENCE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The home as resolved (not necessarily existing yet).
+    pub home: Home,
+    pub listen: String,
+    pub replace: bool,
+    /// How long `--replace` waits for the previous gateway before killing it.
+    pub takeover_timeout: Duration,
+    /// How long a drain waits for active runs.
+    pub drain_timeout: Duration,
+    pub supervisor: Option<Supervisor>,
+}
+
+/// How the incarnation ended.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub intent: ExitIntent,
+    pub reason: String,
+}
+
+impl Outcome {
+    fn new(intent: ExitIntent, reason: impl Into<String>) -> Outcome {
+        Outcome { intent, reason: reason.into() }
+    }
+}
+
+/// What the control channel asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlKind {
+    Stop,
+    Takeover,
+    Restart,
+}
+
+/// Everything that can end (or try to end) the main loop.
+#[derive(Debug, Clone)]
+pub enum Cause {
+    Signal(SignalKind),
+    Control {
+        kind: ControlKind,
+        requester: Requester,
+    },
+    /// A marker file changed; the main loop re-probes.
+    MarkerChanged,
+}
+
+/// Runs one incarnation to its end. Never panics on bad state; every failure is an outcome.
+pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcome {
+    let home = match opts.home.ensure() {
+        Ok(h) => h,
+        Err(e) => return Outcome::new(ExitIntent::FatalConfig, e.to_string()),
+    };
+    let me = Incarnation::current(started_at, started);
+    let supervisor = Supervisor::detect(opts.supervisor);
+    let ep = Endpoint::for_home(home.dir());
+    let gw = Arc::new(Gateway::new(home.clone(), me, supervisor, ep.display()));
+
+    let mut lock = match claim(&gw, &opts) {
+        Ok(l) => l,
+        Err(o) => return o,
+    };
+    let healed = heal_stale(&home, &lock, "run", Some(&gw.self_identity()), &[]);
+    if !healed.is_empty() {
+        info!("cleaned stale state: {}", healed.join(", "));
+    }
+    let record = gw.pid_record();
+    if let Err(e) = fsio::write_json(&home.pid_file(), &record) {
+        return Outcome::new(ExitIntent::FatalConfig, format!("cannot write {}: {e}", home.pid_file().display()));
+    }
+    let _ = lock.write_content(&serde_json::to_vec(&record).unwrap_or_default());
+    gw.write_state();
+    gw.record(
+        "started",
+        json!({"argv": gw.me.argv, "home": gw.home_str, "supervisor": supervisor.as_str(), "version": gatewarden_lifecycle::VERSION}),
+    );
+    info!("gateway {} starting in {} (pid {}, supervisor {})", gw.me.id, gw.home_str, gw.me.pid, supervisor.as_str());
+
+    let outcome = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => {
+            let o = rt.block_on(serve(Arc::clone(&gw), &ep, &opts));
+            finish(&gw, &o, &ep, lock);
+            // Connections close here, after the lock is released: a client waiting for EOF
+            // then finds the lock free.
+            rt.shutdown_background();
+            return o;
+        }
+        Err(e) => Outcome::new(ExitIntent::FatalConfig, format!("cannot start the async runtime: {e}")),
+    };
+    gw.advance(GatewayState::Stopping);
+    finish(&gw, &outcome, &ep, lock);
+    outcome
+}
+
+/// Takes the lock, or the home from its current holder with `--replace`.
+fn claim(gw: &Gateway, opts: &RunOptions) -> Result<InstanceLock, Outcome> {
+    let home = &gw.home;
+    match InstanceLock::acquire(&home.lock(), LOCK_PATIENCE) {
+        Ok(l) => Ok(l),
+        Err(LockError::Held { .. }) if opts.replace => {
+            takeover::take_over(home, &gw.home_str, opts.takeover_timeout, &gw.ledger)
+                .map_err(|e| Outcome::new(ExitIntent::FatalConfig, e))
+        }
+        Err(LockError::Held { .. }) => Err(Outcome::new(ExitIntent::FatalConfig, describe_holder(home))),
+        Err(e) => Err(Outcome::new(ExitIntent::FatalConfig, e.to_string())),
+    }
+}
+
+fn describe_holder(home: &Home) -> String {
+    let who = match read_pid_record(&home.pid_file()).ok() {
+        Some(r) => format!(
+            "pid {}{}{}",
+            r.pid,
+            r.start_time.map(|t| format!(", start {t}")).unwrap_or_default(),
+            r.started_at.map(|t| format!(", started {t}")).unwrap_or_default()
+        ),
+        None => "a process whose gateway.pid is not readable yet".into(),
+    };
+    format!(
+        "another gateway already runs in {} ({who}); use `gatewarden stop` first or `gatewarden run --replace`",
+        home.dir().display()
+    )
+}
+
+/// The async part: listeners, main loop, drain.
+async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &RunOptions) -> Outcome {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Cause>();
+    // Handlers first, so a signal during start-up is classified, not fatal.
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => return startup_failed(&gw, format!("cannot install signal handlers: {e}")),
+    };
+    let std_listener = match tokio::task::block_in_place(|| http::bind(&opts.listen, BIND_PATIENCE)) {
+        Ok(l) => l,
+        Err(e) => return startup_failed(&gw, e),
+    };
+    let listener = match tokio::net::TcpListener::from_std(std_listener) {
+        Ok(l) => l,
+        Err(e) => return startup_failed(&gw, format!("cannot listen on {}: {e}", opts.listen)),
+    };
+    let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| opts.listen.clone());
+    gw.set_listen(addr.clone());
+    if let Err(e) = control::bind(ep, Arc::clone(&gw), tx.clone()) {
+        return startup_failed(&gw, e);
+    }
+    let _watch = watch::start(gw.home.dir(), tx.clone());
+
+    let mut phase = gw.phase.subscribe();
+    let app = http::router(Arc::clone(&gw));
+    let server = tokio::spawn(async move {
+        let stopping = async move {
+            let _ = phase.wait_for(|p| matches!(p, GatewayState::Stopping | GatewayState::Stopped)).await;
+        };
+        axum::serve(listener, app).with_graceful_shutdown(stopping).await
+    });
+
+    // A signal that arrived during start-up is unexpected, whatever markers say (D1, #103191).
+    let early = tokio::select! { biased; s = signals.recv() => Some(s), () = std::future::ready(()) => None };
+    if let Some(sig) = early {
+        return startup_failed_with(&gw, ExitIntent::Unexpected, format!("{} during start-up", sig.name()));
+    }
+    gw.advance(GatewayState::Running);
+    gw.record("ready", json!({"listen": addr, "control": gw.control}));
+    info!("gateway {} ready: http://{addr} (control {})", gw.me.id, gw.control);
+    // A marker may have landed before the watch was set up.
+    let _ = tx.send(Cause::MarkerChanged);
+
+    let decision = loop {
+        let cause = tokio::select! {
+            s = signals.recv() => Cause::Signal(s),
+            Some(c) = rx.recv() => c,
+        };
+        if let Some(o) = classify(&gw, cause) {
+            break o;
+        }
+    };
+    info!("stopping: {}", decision.reason);
+    drain(&gw, &mut signals, opts.drain_timeout).await;
+    gw.advance(GatewayState::Stopping);
+    let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    decision
+}
+
+/// Maps a cause to an exit decision, or `None` to keep running.
+fn classify(gw: &Gateway, cause: Cause) -> Option<Outcome> {
+    let me = gw.self_identity();
+    match cause {
+        Cause::Signal(SignalKind::Terminate) => {
+            if let Some(m) = marker::consume(gw.home.dir(), MarkerKind::Takeover, &me, probe_u32) {
+                stop_requested(gw, &m.writer(), "signal", "takeover");
+                return Some(Outcome::new(ExitIntent::Takeover, format!("replaced by {} (SIGTERM)", m.writer())));
+            }
+            if let Some(m) = marker::consume(gw.home.dir(), MarkerKind::PlannedStop, &me, probe_u32) {
+                stop_requested(gw, &m.writer(), "signal", "stop");
+                return Some(Outcome::new(
+                    ExitIntent::PlannedStop,
+                    format!("planned stop requested by {} (SIGTERM)", m.writer()),
+                ));
+            }
+            Some(Outcome::new(ExitIntent::Unexpected, "unexpected SIGTERM: no planned-stop marker names this gateway"))
+        }
+        Cause::Signal(sig @ (SignalKind::Interrupt | SignalKind::ConsoleClose)) => {
+            stop_requested(gw, sig.name(), "signal", "stop");
+            Some(Outcome::new(ExitIntent::PlannedStop, format!("planned stop: {}", sig.name())))
+        }
+        Cause::Signal(SignalKind::Restart) => {
+            if gw.supervisor.restarts_on_exit() {
+                gw.record("restart_requested", json!({"requester": {"channel": "signal"}, "reason": "SIGUSR1"}));
+                Some(Outcome::new(
+                    ExitIntent::PlannedRestart,
+                    format!("planned restart: SIGUSR1 (supervisor {})", gw.supervisor.as_str()),
+                ))
+            } else {
+                warn!(
+                    "SIGUSR1 ignored: no service manager supervises this gateway, so exiting would leave it down; use `gatewarden restart`"
+                );
+                None
+            }
+        }
+        Cause::Control { kind, requester } => {
+            let who = requester.describe();
+            let json_requester = json!({"pid": requester.pid, "argv": requester.argv, "channel": requester.channel});
+            Some(match kind {
+                ControlKind::Stop => {
+                    gw.record("stop_requested", json!({"requester": json_requester, "reason": "stop"}));
+                    Outcome::new(ExitIntent::PlannedStop, format!("planned stop requested by {who}"))
+                }
+                ControlKind::Takeover => {
+                    gw.record("stop_requested", json!({"requester": json_requester, "reason": "takeover"}));
+                    Outcome::new(ExitIntent::Takeover, format!("replaced by {who}"))
+                }
+                ControlKind::Restart => {
+                    gw.record("restart_requested", json!({"requester": json_requester, "reason": "restart"}));
+                    Outcome::new(ExitIntent::PlannedRestart, format!("planned restart requested by {who}"))
+                }
+            })
+        }
+        Cause::MarkerChanged => {
+            for (kind, intent) in
+                [(MarkerKind::Takeover, ExitIntent::Takeover), (MarkerKind::PlannedStop, ExitIntent::PlannedStop)]
+            {
+                match marker::probe(gw.home.dir(), kind, Some(&me), probe_u32) {
+                    Verdict::ForSelf(_) => {
+                        if let Some(m) = marker::consume(gw.home.dir(), kind, &me, probe_u32) {
+                            let reason = if kind == MarkerKind::Takeover { "takeover" } else { "stop" };
+                            stop_requested(gw, &m.writer(), "marker", reason);
+                            return Some(Outcome::new(
+                                intent,
+                                format!("{reason} requested by {} (marker)", m.writer()),
+                            ));
+                        }
+                    }
+                    Verdict::Removed { why } => {
+                        gw.record("marker_removed", json!({"file": kind.file_name(), "why": why}));
+                        info!("removed {}: {why}", kind.file_name());
+                    }
+                    Verdict::Absent | Verdict::ForOther(_) => {}
+                }
+            }
+            None
+        }
+    }
+}
+
+fn stop_requested(gw: &Gateway, who: &str, channel: &str, reason: &str) {
+    gw.record("stop_requested", json!({"requester": {"description": who, "channel": channel}, "reason": reason}));
+}
+
+/// Waits for active runs, bounded by `timeout`; a second SIGINT forces.
+async fn drain(gw: &Gateway, signals: &mut Signals, timeout: Duration) {
+    if !gw.advance(GatewayState::Draining) {
+        return;
+    }
+    let runs = Arc::clone(&gw.runs);
+    tokio::select! {
+        idle = runs.wait_idle(timeout) => {
+            if !idle {
+                warn!("drain timed out after {timeout:?} with {} active run(s)", gw.runs.active());
+            }
+        }
+        () = async { loop { if signals.recv().await == SignalKind::Interrupt { break; } } } => {
+            warn!("second interrupt: not waiting for {} active run(s)", gw.runs.active());
+        }
+    }
+}
+
+fn startup_failed(gw: &Gateway, reason: String) -> Outcome {
+    startup_failed_with(gw, ExitIntent::FatalConfig, reason)
+}
+
+fn startup_failed_with(gw: &Gateway, intent: ExitIntent, reason: String) -> Outcome {
+    gw.advance(GatewayState::Stopping);
+    Outcome::new(intent, reason)
+}
+
+/// The exit funnel: final state, ledger, records, lock — in that order.
+fn finish(gw: &Gateway, o: &Outcome, ep: &Endpoint, lock: InstanceLock) {
+    let code = i32::from(o.intent.code());
+    gw.set_exit(code, &o.reason);
+    if !gw.advance(GatewayState::Stopped) {
+        gw.write_state();
+    }
+    gw.record("exited", json!({"code": code, "intent": o.intent.as_str(), "reason": o.reason}));
+    if read_pid_record(&gw.home.pid_file()).ok().is_some_and(|r| r.pid == gw.me.pid) {
+        let _ = fsio::remove_if_exists(&gw.home.pid_file());
+    }
+    control::unbind(ep);
+    drop(lock);
+}

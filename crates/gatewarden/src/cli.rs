@@ -1,0 +1,83 @@
+//! The command line: one variant per verb.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(name = "gatewarden", version, about = "An agent gateway whose lifecycle cannot wedge")]
+pub struct Cli {
+    /// State directory of the gateway [default: per-OS state dir, e.g. ~/.local/state/gatewarden]
+    #[arg(long, global = true, env = "GATEWARDEN_HOME", value_name = "DIR")]
+    pub home: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway in the foreground
+    Run(RunArgs),
+    /// Show whether a gateway runs in this home (exit 0 running, 3 not running, 4 unknown)
+    Status {
+        /// Print the status as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop the gateway gracefully; kill it (after re-verifying its identity) if it does not stop in time
+    Stop {
+        /// Seconds to wait for a graceful stop
+        #[arg(long, default_value_t = 60, value_name = "SECS")]
+        timeout: u64,
+        /// Never kill: exit 1 if the gateway is still running after the timeout
+        #[arg(long)]
+        no_kill: bool,
+    },
+    /// Show the lifecycle ledger, newest last
+    History {
+        /// Number of events to show
+        #[arg(short = 'n', default_value_t = 20)]
+        n: usize,
+        /// One JSON object per line
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// HTTP listen address (port 0 picks a free port)
+    #[arg(long, default_value = "127.0.0.1:7878", value_name = "ADDR")]
+    pub listen: String,
+    /// Take over from a gateway already running in this home
+    #[arg(long)]
+    pub replace: bool,
+    /// Seconds `--replace` waits for the previous gateway before killing it
+    #[arg(long, default_value_t = 10, value_name = "SECS")]
+    pub takeover_timeout: u64,
+    /// Seconds a stop waits for active runs
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub drain_timeout: u64,
+    /// Declare the supervisor instead of detecting it
+    #[arg(long, value_enum, env = "GATEWARDEN_SUPERVISOR")]
+    pub supervisor: Option<SupervisorArg>,
+    /// Log format on stderr
+    #[arg(long, value_enum, default_value_t = LogFormat::Plain)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SupervisorArg {
+    Systemd,
+    Launchd,
+    Container,
+    External,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Plain,
+    Json,
+}

@@ -1,0 +1,38 @@
+//! `gatewarden run`: the gateway in the foreground; its exit code is the intent table's.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime};
+
+use gatewarden_lifecycle::{ExitIntent, Home, Supervisor};
+use gatewarden_runtime::{RunOptions, log};
+
+use crate::cli::{LogFormat, RunArgs, SupervisorArg};
+
+pub fn run(home: Home, args: RunArgs, started_at: SystemTime, started: Instant) -> ExitCode {
+    log::init(match args.log_format {
+        LogFormat::Plain => log::Format::Plain,
+        LogFormat::Json => log::Format::Json,
+    });
+    let opts = RunOptions {
+        home,
+        listen: args.listen,
+        replace: args.replace,
+        takeover_timeout: Duration::from_secs(args.takeover_timeout),
+        drain_timeout: Duration::from_secs(args.drain_timeout),
+        supervisor: args.supervisor.map(|s| match s {
+            SupervisorArg::Systemd => Supervisor::Systemd,
+            SupervisorArg::Launchd => Supervisor::Launchd,
+            SupervisorArg::Container => Supervisor::Container,
+            SupervisorArg::External => Supervisor::External,
+            SupervisorArg::None => Supervisor::None,
+        }),
+    };
+    let outcome = gatewarden_runtime::run(opts, started_at, started);
+    let code = outcome.intent.code();
+    match outcome.intent {
+        ExitIntent::FatalConfig => gatewarden_runtime::error!("{} (exit {code})", outcome.reason),
+        ExitIntent::Unexpected => gatewarden_runtime::warn!("exiting: {} (exit {code})", outcome.reason),
+        _ => gatewarden_runtime::info!("exited: {} (exit {code})", outcome.reason),
+    }
+    ExitCode::from(code)
+}

@@ -1,0 +1,120 @@
+//! `gatewarden status`: exit 0 running, 3 not running, 4 unknown.
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use gatewarden_control::{Client, Endpoint, StatusReport};
+use gatewarden_lifecycle::records::{read_pid_record, read_state};
+use gatewarden_lifecycle::{Home, timefmt};
+use serde_json::json;
+
+use super::presence::{Presence, presence};
+
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub fn status(home: &Home, as_json: bool) -> anyhow::Result<ExitCode> {
+    let home = home.canonicalized();
+    // Read the records before a possible heal, so the report says what was found.
+    let pid = read_pid_record(&home.pid_file());
+    let state = read_state(&home.state_file());
+    let mut report = StatusReport { home: home.dir().to_string_lossy().into_owned(), ..Default::default() };
+    report.files.insert("pid".into(), pid.describe());
+    report.files.insert("state".into(), state.describe());
+    let (code, note) = match presence(&home, "status") {
+        Presence::Running => {
+            let ep = Endpoint::for_home(home.dir());
+            match Client::connect(&ep, CONTROL_TIMEOUT).and_then(|mut c| c.status(CONTROL_TIMEOUT)) {
+                Ok(live) => {
+                    let files = std::mem::take(&mut report.files);
+                    report = live;
+                    report.files = files;
+                    (0, None)
+                }
+                Err(e) => {
+                    // The lock says running; describe it from the records.
+                    report.running = true;
+                    if let Some(r) = pid.clone().ok() {
+                        report.pid = Some(r.pid);
+                        report.start_time = r.start_time;
+                        report.incarnation = r.incarnation;
+                        report.version = r.version;
+                        report.uptime_s = r.started_at.as_deref().and_then(timefmt::parse).and_then(|t| {
+                            SystemTime::now().duration_since(t).ok().map(|d| d.as_millis() as f64 / 1000.0)
+                        });
+                    }
+                    if let Some(s) = state.clone().ok() {
+                        report.state = Some(s.gateway_state.as_str().into());
+                        report.listen = s.listen;
+                        report.supervisor = s.supervisor;
+                        report.control = s.control;
+                    }
+                    (0, Some(format!("control endpoint unreachable: {e}")))
+                }
+            }
+        }
+        Presence::NotRunning { healed } => {
+            if let Some(s) = state.clone().ok() {
+                report.extra.insert("last_state".into(), json!(s.gateway_state.as_str()));
+                report.extra.insert("last_exit_code".into(), json!(s.exit_code));
+                report.extra.insert("last_exit_reason".into(), json!(s.exit_reason));
+            }
+            if !healed.is_empty() {
+                report.extra.insert("cleaned".into(), json!(healed));
+            }
+            (3, None)
+        }
+        Presence::Unknown(why) => (4, Some(why)),
+    };
+    if let Some(n) = &note {
+        report.extra.insert("note".into(), json!(n));
+    }
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_human(&report, code);
+    }
+    Ok(ExitCode::from(code))
+}
+
+fn print_human(r: &StatusReport, code: u8) {
+    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+    match code {
+        0 => println!(
+            "gatewarden: running (pid {}, incarnation {}, up {})",
+            r.pid.map_or("?".into(), |p| p.to_string()),
+            opt(&r.incarnation),
+            r.uptime_s.map_or("?".into(), human_duration)
+        ),
+        3 => println!("gatewarden: not running"),
+        _ => println!("gatewarden: unknown"),
+    }
+    if code == 0 {
+        println!("  state:       {}", opt(&r.state));
+        println!("  listen:      {}", r.listen.as_deref().map_or("-".into(), |l| format!("http://{l}")));
+        println!("  supervisor:  {}", opt(&r.supervisor));
+        println!("  active runs: {}", r.active_runs.map_or("-".into(), |n| n.to_string()));
+        println!("  version:     {}", opt(&r.version));
+        println!("  control:     {}", opt(&r.control));
+    }
+    for key in ["last_state", "last_exit_code", "last_exit_reason", "cleaned", "note"] {
+        if let Some(v) = r.extra.get(key).filter(|v| !v.is_null()) {
+            let text = v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string());
+            println!("  {:<12} {text}", format!("{}:", key.replace('_', " ")));
+        }
+    }
+    println!("  home:        {}", r.home);
+    for (name, st) in &r.files {
+        if st != "ok" && st != "missing" {
+            println!("  {name} file:    {st}");
+        }
+    }
+}
+
+fn human_duration(s: f64) -> String {
+    let s = s as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{}s", s / 60, s % 60),
+        _ => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+    }
+}

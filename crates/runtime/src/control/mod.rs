@@ -1,0 +1,103 @@
+//! The control server: one handler per request, one dispatch `match` (docs/protocol.md §3).
+//! The transport (Unix socket or named pipe) lives in the per-OS file; this file is the table
+//! of contents.
+
+#[cfg_attr(unix, path = "unix.rs")]
+#[cfg_attr(windows, path = "windows.rs")]
+mod transport;
+
+use std::sync::Arc;
+
+use gatewarden_control::proto::Hello;
+use gatewarden_control::{MAX_LINE, Op, PROTOCOL_VERSION, Request, Response, StopReason};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc::UnboundedSender;
+
+pub use transport::{bind, unbind};
+
+use crate::gateway::Gateway;
+use crate::{Cause, ControlKind};
+
+/// Serves one connection until the peer closes it or the process exits.
+pub(crate) async fn serve_conn<S>(stream: S, gw: Arc<Gateway>, tx: UnboundedSender<Cause>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (r, mut w) = tokio::io::split(stream);
+    let mut r = BufReader::new(r);
+    let hello = Hello::new(gatewarden_lifecycle::VERSION, gw.me.pid, &gw.me.id);
+    if send(&mut w, &hello).await.is_err() {
+        return;
+    }
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = match tokio::io::AsyncReadExt::take(&mut r, MAX_LINE as u64 + 1).read_until(b'\n', &mut line).await {
+            Ok(n) => n,
+            Err(_) => return,
+        };
+        if n == 0 {
+            return;
+        }
+        if line.len() > MAX_LINE {
+            let _ = send(&mut w, &Response::err("too_large", "request line longer than 64 KiB")).await;
+            return;
+        }
+        let (resp, after) = match serde_json::from_slice::<Request>(&line) {
+            Ok(req) if req.v != PROTOCOL_VERSION => (
+                Response::err(
+                    "version",
+                    format!("this gateway speaks control protocol {PROTOCOL_VERSION}, not {}", req.v),
+                ),
+                None,
+            ),
+            Ok(req) => handle(&gw, req.op),
+            Err(e) => (Response::err("bad_request", e.to_string()), None),
+        };
+        // Reply first, then act: the caller always sees the acknowledgement.
+        if send(&mut w, &resp).await.is_err() {
+            return;
+        }
+        if let Some(cause) = after {
+            let _ = tx.send(cause);
+        }
+    }
+}
+
+/// The dispatch table. Returns the response and, for lifecycle requests, the cause to hand
+/// to the main loop once the response is on its way.
+fn handle(gw: &Gateway, op: Op) -> (Response, Option<Cause>) {
+    match op {
+        Op::Ping => (Response::ok(json!({"pong": true})), None),
+        Op::Status => (Response::ok(serde_json::to_value(gw.status()).unwrap_or_default()), None),
+        Op::Stop { requester, reason } => {
+            let kind = match reason {
+                StopReason::Stop => ControlKind::Stop,
+                StopReason::Takeover => ControlKind::Takeover,
+            };
+            (Response::ok(json!({"accepted": true, "state": "draining"})), Some(Cause::Control { kind, requester }))
+        }
+        Op::Restart { requester } => {
+            if !gw.supervisor.restarts_on_exit() {
+                return (
+                    Response::err(
+                        "unsupervised",
+                        "no service manager supervises this gateway, so exiting for a restart would leave it down; use `gatewarden restart`",
+                    ),
+                    None,
+                );
+            }
+            (
+                Response::ok(json!({"accepted": true, "state": "draining"})),
+                Some(Cause::Control { kind: ControlKind::Restart, requester }),
+            )
+        }
+    }
+}
+
+async fn send<W: AsyncWrite + Unpin, T: serde::Serialize>(w: &mut W, msg: &T) -> std::io::Result<()> {
+    let bytes = gatewarden_control::framing::encode(msg)?;
+    w.write_all(&bytes).await?;
+    w.flush().await
+}

@@ -1,0 +1,182 @@
+//! The running gateway's shared state, and the only code that writes its records.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Instant, SystemTime};
+
+use gatewarden_control::StatusReport;
+use gatewarden_lifecycle::ledger::Ledger;
+use gatewarden_lifecycle::marker::SelfIdentity;
+use gatewarden_lifecycle::records::{GatewayState, PidRecord, StateRecord};
+use gatewarden_lifecycle::{Home, Supervisor, fsio, timefmt};
+use serde_json::{Value, json};
+
+use crate::drain::{Phase, Runs};
+
+/// Who this incarnation is.
+#[derive(Debug, Clone)]
+pub struct Incarnation {
+    pub pid: u32,
+    pub start_time: Option<u64>,
+    pub id: String,
+    pub argv: Vec<String>,
+    pub started_at: SystemTime,
+    pub started: Instant,
+}
+
+impl Incarnation {
+    pub fn current(started_at: SystemTime, started: Instant) -> Incarnation {
+        let pid = std::process::id();
+        Incarnation {
+            pid,
+            start_time: gatewarden_lifecycle::platform::start_time(pid),
+            id: new_incarnation_id(pid, started_at),
+            argv: std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect(),
+            started_at,
+            started,
+        }
+    }
+}
+
+/// 16 hex digits from the OS-seeded keys of std's `RandomState`, mixed with pid and time.
+fn new_incarnation_id(pid: u32, at: SystemTime) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(pid);
+    h.write_i128(timefmt::to_micros(at));
+    format!("{:016x}", h.finish())
+}
+
+/// Shared by the HTTP server, the control server and the main loop.
+pub struct Gateway {
+    pub home: Home,
+    pub home_str: String,
+    pub me: Incarnation,
+    pub supervisor: Supervisor,
+    pub phase: Phase,
+    pub runs: Arc<Runs>,
+    pub ledger: Ledger,
+    pub control: String,
+    listen: OnceLock<String>,
+    exit: Mutex<Option<(i32, String)>>,
+}
+
+impl Gateway {
+    pub fn new(home: Home, me: Incarnation, supervisor: Supervisor, control: String) -> Gateway {
+        let home_str = home.dir().to_string_lossy().into_owned();
+        let ledger = Ledger::new(
+            home.ledger(),
+            gatewarden_lifecycle::ledger::Writer {
+                pid: me.pid,
+                start_time: me.start_time,
+                incarnation: Some(me.id.clone()),
+            },
+        );
+        Gateway {
+            home,
+            home_str,
+            me,
+            supervisor,
+            phase: Phase::new(),
+            runs: Arc::new(Runs::default()),
+            ledger,
+            control,
+            listen: OnceLock::new(),
+            exit: Mutex::new(None),
+        }
+    }
+
+    pub fn self_identity(&self) -> SelfIdentity {
+        SelfIdentity {
+            pid: self.me.pid,
+            start_time: self.me.start_time,
+            home: self.home_str.clone(),
+            started_at: self.me.started_at,
+        }
+    }
+
+    pub fn set_listen(&self, addr: String) {
+        let _ = self.listen.set(addr);
+    }
+
+    pub fn listen(&self) -> Option<&str> {
+        self.listen.get().map(String::as_str)
+    }
+
+    pub fn pid_record(&self) -> PidRecord {
+        PidRecord {
+            pid: self.me.pid,
+            kind: Some("gatewarden".into()),
+            argv: self.me.argv.clone(),
+            start_time: self.me.start_time,
+            home: Some(self.home_str.clone()),
+            incarnation: Some(self.me.id.clone()),
+            version: Some(gatewarden_lifecycle::VERSION.into()),
+            started_at: Some(timefmt::format(self.me.started_at)),
+        }
+    }
+
+    /// Appends to the ledger; a full disk must not stop the gateway, so failures are logged.
+    pub fn record(&self, event: &str, fields: Value) {
+        if let Err(e) = self.ledger.append(event, fields) {
+            crate::warn!("cannot append to {}: {e}", self.ledger.path().display());
+        }
+    }
+
+    /// Writes `gateway_state.json` from the current phase.
+    pub fn write_state(&self) {
+        let exit = self.exit.lock().map(|g| g.clone()).unwrap_or(None);
+        let s = StateRecord {
+            record: self.pid_record(),
+            gateway_state: self.phase.get(),
+            exit_reason: exit.as_ref().map(|e| e.1.clone()),
+            exit_code: exit.map(|e| e.0),
+            active_runs: self.runs.active(),
+            listen: self.listen().map(str::to_owned),
+            control: Some(self.control.clone()),
+            supervisor: Some(self.supervisor.as_str().into()),
+            updated_at: Some(timefmt::now()),
+        };
+        if let Err(e) = fsio::write_json(&self.home.state_file(), &s) {
+            crate::warn!("cannot write {}: {e}", self.home.state_file().display());
+        }
+    }
+
+    /// Moves to `to`, publishing it to the state file and the ledger.
+    pub fn advance(&self, to: GatewayState) -> bool {
+        if !self.phase.advance(to) {
+            return false;
+        }
+        self.write_state();
+        self.record("state", json!({"state": to.as_str(), "active_runs": self.runs.active()}));
+        true
+    }
+
+    /// Remembers how this incarnation is ending, for the final state write.
+    pub fn set_exit(&self, code: i32, reason: &str) {
+        if let Ok(mut g) = self.exit.lock() {
+            *g = Some((code, reason.to_owned()));
+        }
+    }
+
+    pub fn status(&self) -> StatusReport {
+        let mut files = std::collections::BTreeMap::new();
+        files.insert("pid".into(), "ok".into());
+        files.insert("state".into(), "ok".into());
+        StatusReport {
+            running: true,
+            pid: Some(self.me.pid),
+            start_time: self.me.start_time,
+            incarnation: Some(self.me.id.clone()),
+            version: Some(gatewarden_lifecycle::VERSION.into()),
+            state: Some(self.phase.get().as_str().into()),
+            home: self.home_str.clone(),
+            listen: self.listen().map(str::to_owned),
+            uptime_s: Some((self.me.started.elapsed().as_millis() as f64) / 1000.0),
+            supervisor: Some(self.supervisor.as_str().into()),
+            active_runs: Some(self.runs.active()),
+            control: Some(self.control.clone()),
+            files,
+            extra: Default::default(),
+        }
+    }
+}

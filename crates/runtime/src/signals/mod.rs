@@ -1,0 +1,32 @@
+//! OS signals and console events, mapped to intents. One file per OS, one signature:
+//! `Signals::install() -> io::Result<Signals>` and `Signals::recv(&mut self) -> SignalKind`.
+
+#[cfg_attr(unix, path = "unix.rs")]
+#[cfg_attr(windows, path = "windows.rs")]
+mod imp;
+
+pub use imp::Signals;
+
+/// What arrived, independent of the OS vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalKind {
+    /// SIGTERM: planned only if a marker names us.
+    Terminate,
+    /// SIGINT / Ctrl-C / Ctrl-Break: an operator's planned stop; a second one forces.
+    Interrupt,
+    /// SIGUSR1: planned restart.
+    Restart,
+    /// Console closed or system shutting down (Windows): planned stop.
+    ConsoleClose,
+}
+
+impl SignalKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            SignalKind::Terminate => "SIGTERM",
+            SignalKind::Interrupt => "SIGINT",
+            SignalKind::Restart => "SIGUSR1",
+            SignalKind::ConsoleClose => "console close",
+        }
+    }
+}
