@@ -34,6 +34,33 @@ pub enum Command {
         #[arg(long)]
         no_kill: bool,
     },
+    /// Start the gateway in the background and wait until it is ready
+    Start {
+        /// HTTP listen address
+        #[arg(long, default_value = "127.0.0.1:7878", value_name = "ADDR")]
+        listen: String,
+        /// Seconds to wait for readiness
+        #[arg(long, default_value_t = 30, value_name = "SECS")]
+        timeout: u64,
+        /// Seconds a stop waits for active runs
+        #[arg(long, default_value_t = 30, value_name = "SECS")]
+        drain_timeout: u64,
+    },
+    /// Restart the gateway and exit 0 only when a new incarnation is ready
+    Restart {
+        /// Seconds to wait for the new incarnation
+        #[arg(long, default_value_t = 90, value_name = "SECS")]
+        timeout: u64,
+    },
+    /// Show the gateway's log (written by background starts)
+    Logs {
+        /// Keep printing new lines
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Number of lines to show
+        #[arg(short = 'n', default_value_t = 50)]
+        n: usize,
+    },
     /// Show the lifecycle ledger, newest last
     History {
         /// Number of events to show
@@ -62,9 +89,21 @@ pub struct RunArgs {
     /// Declare the supervisor instead of detecting it
     #[arg(long, value_enum, env = "GATEWARDEN_SUPERVISOR")]
     pub supervisor: Option<SupervisorArg>,
-    /// Log format on stderr
+    /// Log format
     #[arg(long, value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
+    /// Write the log to this file (rotated by size) instead of stderr
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
+    /// Internal: this process succeeds a restarting gateway (wait for its lock)
+    #[arg(long, hide = true)]
+    pub successor: bool,
+    /// Internal: adopt an inherited listening socket
+    #[arg(long, hide = true, value_name = "FD")]
+    pub inherit_listener: Option<String>,
+    /// Internal: print a readiness line on stdout (used by `start`)
+    #[arg(long, hide = true)]
+    pub ready_stdout: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

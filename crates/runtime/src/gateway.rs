@@ -57,6 +57,8 @@ pub struct Gateway {
     pub ledger: Ledger,
     pub control: String,
     listen: OnceLock<String>,
+    listener: OnceLock<std::net::TcpListener>,
+    handing_over: std::sync::atomic::AtomicBool,
     exit: Mutex<Option<(i32, String)>>,
 }
 
@@ -81,6 +83,8 @@ impl Gateway {
             ledger,
             control,
             listen: OnceLock::new(),
+            listener: OnceLock::new(),
+            handing_over: std::sync::atomic::AtomicBool::new(false),
             exit: Mutex::new(None),
         }
     }
@@ -96,6 +100,24 @@ impl Gateway {
 
     pub fn set_listen(&self, addr: String) {
         let _ = self.listen.set(addr);
+    }
+
+    /// Keeps a duplicate of the HTTP listener for handing over to a successor.
+    pub fn keep_listener(&self, l: std::net::TcpListener) {
+        let _ = self.listener.set(l);
+    }
+
+    pub fn kept_listener(&self) -> Option<&std::net::TcpListener> {
+        self.listener.get()
+    }
+
+    /// Marks that a successor holds our listener: stop accepting as soon as the drain starts.
+    pub fn set_handing_over(&self) {
+        self.handing_over.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    pub fn handing_over(&self) -> bool {
+        self.handing_over.load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub fn listen(&self) -> Option<&str> {

@@ -10,7 +10,9 @@ pub mod drain;
 pub mod gateway;
 pub mod http;
 pub mod log;
+pub mod restart;
 pub mod signals;
+pub mod spawn;
 pub mod takeover;
 pub mod watch;
 
@@ -34,6 +36,8 @@ use crate::signals::{SignalKind, Signals};
 const LOCK_PATIENCE: Duration = Duration::from_millis(300);
 /// How long to retry binding a listen address that is in use.
 const BIND_PATIENCE: Duration = Duration::from_secs(5);
+/// How much longer than the drain budget a successor waits for its predecessor's lock.
+const SUCCESSOR_GRACE: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -46,6 +50,16 @@ pub struct RunOptions {
     /// How long a drain waits for active runs.
     pub drain_timeout: Duration,
     pub supervisor: Option<Supervisor>,
+    /// This process is the successor of a restarting gateway: wait for its lock (it is
+    /// draining) instead of reporting "already running".
+    pub successor: bool,
+    /// A listening socket handed over by the predecessor (`spawn::adopt_listener`).
+    pub inherit_listener: Option<String>,
+    /// Print `ready <incarnation> <pid> <listen>` on stdout once running (for `start`).
+    pub ready_stdout: bool,
+    /// Where the logger writes, passed on to a successor.
+    pub log_file: Option<std::path::PathBuf>,
+    pub log_json: bool,
 }
 
 /// How the incarnation ended.
@@ -131,7 +145,8 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
 /// Takes the lock, or the home from its current holder with `--replace`.
 fn claim(gw: &Gateway, opts: &RunOptions) -> Result<InstanceLock, Outcome> {
     let home = &gw.home;
-    match InstanceLock::acquire(&home.lock(), LOCK_PATIENCE) {
+    let patience = if opts.successor { opts.drain_timeout + SUCCESSOR_GRACE } else { LOCK_PATIENCE };
+    match InstanceLock::acquire(&home.lock(), patience) {
         Ok(l) => Ok(l),
         Err(LockError::Held { .. }) if opts.replace => {
             takeover::take_over(home, &gw.home_str, opts.takeover_timeout, &gw.ledger)
@@ -166,10 +181,18 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &RunOptions) -> Outcome {
         Ok(s) => s,
         Err(e) => return startup_failed(&gw, format!("cannot install signal handlers: {e}")),
     };
-    let std_listener = match tokio::task::block_in_place(|| http::bind(&opts.listen, BIND_PATIENCE)) {
+    let bound = match &opts.inherit_listener {
+        Some(v) => spawn::adopt_listener(v).map_err(|e| format!("cannot adopt the inherited listener {v}: {e}")),
+        None => tokio::task::block_in_place(|| http::bind(&opts.listen, BIND_PATIENCE)),
+    };
+    let std_listener = match bound {
         Ok(l) => l,
         Err(e) => return startup_failed(&gw, e),
     };
+    // Kept for a successor: while it holds a copy, the socket (and its backlog) outlives us.
+    if let Ok(dup) = std_listener.try_clone() {
+        gw.keep_listener(dup);
+    }
     let listener = match tokio::net::TcpListener::from_std(std_listener) {
         Ok(l) => l,
         Err(e) => return startup_failed(&gw, format!("cannot listen on {}: {e}", opts.listen)),
@@ -183,9 +206,17 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &RunOptions) -> Outcome {
 
     let mut phase = gw.phase.subscribe();
     let app = http::router(Arc::clone(&gw));
+    let handing_over = Arc::clone(&gw);
     let server = tokio::spawn(async move {
+        // Stop accepting at `stopping`; when a successor holds our listener, already at
+        // `draining`, so new connections wait in the shared backlog for the successor.
         let stopping = async move {
-            let _ = phase.wait_for(|p| matches!(p, GatewayState::Stopping | GatewayState::Stopped)).await;
+            let _ = phase
+                .wait_for(|p| {
+                    matches!(p, GatewayState::Stopping | GatewayState::Stopped)
+                        || (*p == GatewayState::Draining && handing_over.handing_over())
+                })
+                .await;
         };
         axum::serve(listener, app).with_graceful_shutdown(stopping).await
     });
@@ -198,6 +229,12 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &RunOptions) -> Outcome {
     gw.advance(GatewayState::Running);
     gw.record("ready", json!({"listen": addr, "control": gw.control}));
     info!("gateway {} ready: http://{addr} (control {})", gw.me.id, gw.control);
+    if opts.ready_stdout {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "ready {} {} {addr}", gw.me.id, gw.me.pid);
+        let _ = out.flush();
+    }
     // A marker may have landed before the watch was set up.
     let _ = tx.send(Cause::MarkerChanged);
 
@@ -206,7 +243,7 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &RunOptions) -> Outcome {
             s = signals.recv() => Cause::Signal(s),
             Some(c) = rx.recv() => c,
         };
-        if let Some(o) = classify(&gw, cause) {
+        if let Some(o) = classify(&gw, opts, cause) {
             break o;
         }
     };
@@ -218,7 +255,7 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &RunOptions) -> Outcome {
 }
 
 /// Maps a cause to an exit decision, or `None` to keep running.
-fn classify(gw: &Gateway, cause: Cause) -> Option<Outcome> {
+fn classify(gw: &Gateway, opts: &RunOptions, cause: Cause) -> Option<Outcome> {
     let me = gw.self_identity();
     match cause {
         Cause::Signal(SignalKind::Terminate) => {
@@ -267,7 +304,7 @@ fn classify(gw: &Gateway, cause: Cause) -> Option<Outcome> {
                 }
                 ControlKind::Restart => {
                     gw.record("restart_requested", json!({"requester": json_requester, "reason": "restart"}));
-                    Outcome::new(ExitIntent::PlannedRestart, format!("planned restart requested by {who}"))
+                    return restart::begin(gw, opts, &format!("requested by {who}"));
                 }
             })
         }

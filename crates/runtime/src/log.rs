@@ -1,11 +1,49 @@
-//! A small stderr logger: plain, journald-friendly lines by default (`<level>: message`, no
+//! A small logger to stderr or to a size-rotated file: plain, journald-friendly lines by default (`<level>: message`, no
 //! timestamp, since journald stamps them; a timestamp is added on a terminal), or JSON.
 //!
 //! Deliberately tiny: the gateway logs lifecycle events, not request traces, and every
 //! dependency costs start-up time and memory on the hot paths this project measures.
 
+use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
-use std::sync::OnceLock;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+/// Rotate the log file past this size; keep this many older generations.
+pub const ROTATE_BYTES: u64 = 5 << 20;
+pub const KEEP: u32 = 3;
+
+struct FileSink {
+    path: PathBuf,
+    file: File,
+    size: u64,
+}
+
+static FILE: OnceLock<Mutex<FileSink>> = OnceLock::new();
+
+/// Sends log lines to `path` (appending, rotated by size) instead of stderr.
+pub fn init_file(path: &Path, format: Format) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let file = OpenOptions::new().create(true).append(true).open(path)?;
+    let size = file.metadata()?.len();
+    let _ = FILE.set(Mutex::new(FileSink { path: path.to_owned(), file, size }));
+    let _ = FORMAT.set((format, false));
+    Ok(())
+}
+
+fn rotate(sink: &mut FileSink) {
+    let generation = |n: u32| PathBuf::from(format!("{}.{n}", sink.path.display()));
+    for n in (1..KEEP).rev() {
+        let _ = std::fs::rename(generation(n), generation(n + 1));
+    }
+    let _ = std::fs::rename(&sink.path, generation(1));
+    if let Ok(f) = OpenOptions::new().create(true).append(true).open(&sink.path) {
+        sink.file = f;
+        sink.size = 0;
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -44,9 +82,22 @@ pub fn write(level: Level, msg: std::fmt::Arguments<'_>) {
             let v = serde_json::json!({"ts": gatewarden_lifecycle::timefmt::now(), "level": level.as_str(), "msg": msg.to_string()});
             format!("{v}\n")
         }
-        Format::Plain if tty => format!("{} {}: {msg}\n", gatewarden_lifecycle::timefmt::now(), level.as_str()),
+        Format::Plain if tty || FILE.get().is_some() => {
+            format!("{} {}: {msg}\n", gatewarden_lifecycle::timefmt::now(), level.as_str())
+        }
         Format::Plain => format!("{}: {msg}\n", level.as_str()),
     };
+    if let Some(sink) = FILE.get() {
+        if let Ok(mut sink) = sink.lock() {
+            if sink.size + line.len() as u64 > ROTATE_BYTES {
+                rotate(&mut sink);
+            }
+            if sink.file.write_all(line.as_bytes()).is_ok() {
+                sink.size += line.len() as u64;
+            }
+        }
+        return;
+    }
     // One write per line so concurrent lines do not interleave.
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }

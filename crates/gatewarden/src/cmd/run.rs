@@ -9,10 +9,19 @@ use gatewarden_runtime::{RunOptions, log};
 use crate::cli::{LogFormat, RunArgs, SupervisorArg};
 
 pub fn run(home: Home, args: RunArgs, started_at: SystemTime, started: Instant) -> ExitCode {
-    log::init(match args.log_format {
+    let format = match args.log_format {
         LogFormat::Plain => log::Format::Plain,
         LogFormat::Json => log::Format::Json,
-    });
+    };
+    match &args.log_file {
+        Some(path) => {
+            if let Err(e) = log::init_file(path, format) {
+                eprintln!("gatewarden: cannot write the log file {}: {e}", path.display());
+                return ExitCode::from(ExitIntent::FatalConfig.code());
+            }
+        }
+        None => log::init(format),
+    }
     let opts = RunOptions {
         home,
         listen: args.listen,
@@ -26,6 +35,11 @@ pub fn run(home: Home, args: RunArgs, started_at: SystemTime, started: Instant) 
             SupervisorArg::External => Supervisor::External,
             SupervisorArg::None => Supervisor::None,
         }),
+        successor: args.successor,
+        inherit_listener: args.inherit_listener,
+        ready_stdout: args.ready_stdout,
+        log_file: args.log_file,
+        log_json: args.log_format == LogFormat::Json,
     };
     let outcome = gatewarden_runtime::run(opts, started_at, started);
     let code = outcome.intent.code();

@@ -78,21 +78,10 @@ fn handle(gw: &Gateway, op: Op) -> (Response, Option<Cause>) {
             };
             (Response::ok(json!({"accepted": true, "state": "draining"})), Some(Cause::Control { kind, requester }))
         }
-        Op::Restart { requester } => {
-            if !gw.supervisor.restarts_on_exit() {
-                return (
-                    Response::err(
-                        "unsupervised",
-                        "no service manager supervises this gateway, so exiting for a restart would leave it down; use `gatewarden restart`",
-                    ),
-                    None,
-                );
-            }
-            (
-                Response::ok(json!({"accepted": true, "state": "draining"})),
-                Some(Cause::Control { kind: ControlKind::Restart, requester }),
-            )
-        }
+        Op::Restart { requester } => (
+            Response::ok(json!({"accepted": true, "state": "draining"})),
+            Some(Cause::Control { kind: ControlKind::Restart, requester }),
+        ),
     }
 }
 

@@ -1,0 +1,151 @@
+//! `gatewarden restart`: request a restart and exit 0 only when a **new incarnation** holds
+//! the lock and is ready; otherwise exit 1 naming what was seen and the recovery command.
+//!
+//! The orchestrator first moves itself into its own session (a detached copy of this command
+//! does the work while this process relays its exit code), so killing the old gateway's
+//! process group — e.g. when `/restart` ran this from inside the gateway — cannot kill it.
+//! Its result is recorded in the ledger either way.
+
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use gatewarden_control::{Client, Endpoint, Op, Requester, StatusReport};
+use gatewarden_lifecycle::ledger::{Ledger, Writer};
+use gatewarden_lifecycle::records::read_state;
+use gatewarden_lifecycle::{Home, InstanceLock};
+use gatewarden_runtime::spawn;
+use serde_json::json;
+
+use super::presence::{Presence, presence};
+use super::progress::Progress;
+
+const ORCHESTRATOR_ENV: &str = "GATEWARDEN_RESTART_ORCHESTRATOR";
+const POLL: Duration = Duration::from_millis(20);
+
+pub fn restart(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
+    if std::env::var_os(ORCHESTRATOR_ENV).is_none()
+        && spawn::DETACH_KEEPS_OUTPUT
+        && let Some(code) = relay_to_detached_orchestrator()
+    {
+        return Ok(code);
+    }
+    orchestrate(&home.canonicalized(), timeout_s)
+}
+
+/// Runs this same command line in a new session and relays its exit code.
+fn relay_to_detached_orchestrator() -> Option<ExitCode> {
+    let exe = std::env::current_exe().ok()?;
+    let mut cmd = Command::new(exe);
+    cmd.args(std::env::args_os().skip(1)).env(ORCHESTRATOR_ENV, "1");
+    cmd.stdin(Stdio::null()).stdout(Stdio::inherit()).stderr(Stdio::inherit());
+    spawn::detach(&mut cmd, None);
+    let status = cmd.spawn().ok()?.wait().ok()?;
+    Some(ExitCode::from(status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(1)))
+}
+
+fn status_of(ep: &Endpoint) -> Result<StatusReport, String> {
+    let t = Duration::from_millis(500);
+    Client::connect(ep, t).and_then(|mut c| c.status(t)).map_err(|e| e.to_string())
+}
+
+fn orchestrate(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(timeout_s);
+    let ledger = Ledger::new(home.ledger(), Writer::current());
+    let recovery = format!("gatewarden --home {} start", home.dir().display());
+    let ep = Endpoint::for_home(home.dir());
+
+    match presence(home, "restart") {
+        Presence::NotRunning { .. } => {
+            let listen =
+                read_state(&home.state_file()).ok().and_then(|s| s.listen).unwrap_or_else(|| "127.0.0.1:7878".into());
+            eprintln!("no gateway running in {}; starting one", home.dir().display());
+            return super::start::start(home, &listen, timeout_s, 30);
+        }
+        Presence::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
+        Presence::Running => {}
+    }
+    let old = match status_of(&ep) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!(
+                "a gateway holds the lock but does not answer on its control endpoint ({e}); not restarting blindly"
+            );
+            eprintln!("recover with: gatewarden --home {} stop && {recovery}", home.dir().display());
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let old_inc = old.incarnation.clone().unwrap_or_default();
+    let progress = Progress::new();
+    progress.phase("requesting restart");
+    let requested = Client::connect(&ep, Duration::from_secs(2))
+        .and_then(|mut c| c.call(Op::Restart { requester: Requester::current("cli") }, Duration::from_secs(5)));
+    if let Err(e) = requested {
+        progress.finish();
+        eprintln!("the gateway refused the restart: {e}");
+        return Ok(ExitCode::from(1));
+    }
+
+    let mut seen = String::from("nothing yet");
+    let result = loop {
+        if Instant::now() >= deadline {
+            break Err(seen);
+        }
+        match status_of(&ep) {
+            Ok(s) if s.incarnation.as_deref() != Some(old_inc.as_str()) && s.state.as_deref() == Some("running") => {
+                break Ok(s);
+            }
+            Ok(s) if s.incarnation.as_deref() == Some(old_inc.as_str()) => {
+                progress.phase(&format!("old gateway {} is {}", old_inc, s.state.as_deref().unwrap_or("?")));
+                seen = format!("the old incarnation {old_inc} still {}", s.state.unwrap_or_default());
+            }
+            Ok(s) => {
+                progress.phase("new incarnation starting");
+                seen = format!(
+                    "new incarnation {} in state {}",
+                    s.incarnation.unwrap_or_default(),
+                    s.state.unwrap_or_default()
+                );
+            }
+            Err(_) => {
+                let held = !matches!(InstanceLock::probe(&home.lock()), gatewarden_lifecycle::lock::LockProbe::Free(_));
+                progress.phase(if held {
+                    "waiting for the new gateway"
+                } else {
+                    "waiting for a gateway to take the lock"
+                });
+                seen = if held {
+                    "a process holds the lock but does not answer yet".into()
+                } else {
+                    "no gateway holds the lock".into()
+                };
+            }
+        }
+        std::thread::sleep(POLL);
+    };
+    progress.finish();
+    let elapsed_ms = t0.elapsed().as_millis() as u64;
+    match result {
+        Ok(new) => {
+            let _ = ledger.append(
+                "restart_result",
+                json!({"ok": true, "old": old_inc, "new": new.incarnation, "elapsed_ms": elapsed_ms}),
+            );
+            println!(
+                "restarted: incarnation {} → {} (pid {}) ready in {:.2}s",
+                old_inc,
+                new.incarnation.unwrap_or_default(),
+                new.pid.map_or("?".into(), |p| p.to_string()),
+                elapsed_ms as f64 / 1000.0
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(seen) => {
+            let _ = ledger
+                .append("restart_result", json!({"ok": false, "old": old_inc, "seen": seen, "elapsed_ms": elapsed_ms}));
+            eprintln!("restart not verified after {timeout_s}s: {seen}");
+            eprintln!("recover with: {recovery}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! `gatewarden start`: `run` in the background, in its own session, returning only once the
+//! child proves readiness over its stdout pipe — or printing the child's error.
+
+use std::fs::OpenOptions;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use gatewarden_control::{Client, Endpoint};
+use gatewarden_lifecycle::Home;
+use gatewarden_runtime::spawn;
+
+use super::presence::{Presence, presence};
+
+pub fn start(home: &Home, listen: &str, timeout_s: u64, drain_timeout_s: u64) -> anyhow::Result<ExitCode> {
+    let home = home.ensure()?;
+    match presence(&home, "start") {
+        Presence::Running => {
+            let ep = Endpoint::for_home(home.dir());
+            match Client::connect(&ep, Duration::from_secs(2)).and_then(|mut c| c.status(Duration::from_secs(2))) {
+                Ok(s) => println!(
+                    "already running: pid {} on http://{}",
+                    s.pid.map_or("?".into(), |p| p.to_string()),
+                    s.listen.unwrap_or_default()
+                ),
+                Err(_) => println!("already running in {}", home.dir().display()),
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        Presence::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
+        Presence::NotRunning { .. } => {}
+    }
+    let log = home.logs_dir().join("gateway.log");
+    std::fs::create_dir_all(home.logs_dir()).with_context(|| format!("cannot create {}", home.logs_dir().display()))?;
+    let log_start = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+    let early = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .with_context(|| format!("cannot open {}", log.display()))?;
+
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.arg("--home").arg(home.dir()).arg("run");
+    cmd.args(["--listen", listen, "--drain-timeout", &drain_timeout_s.to_string(), "--ready-stdout"]);
+    cmd.arg("--log-file").arg(&log);
+    // stderr catches anything printed before the logger is up (argument errors, panics).
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(early));
+    spawn::detach(&mut cmd, None);
+    let mut child = cmd.spawn().context("cannot start the gateway process")?;
+    let stdout = child.stdout.take().context("no stdout pipe")?;
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+
+    let deadline = Instant::now() + Duration::from_secs(timeout_s);
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => {
+                let mut f = line.split_whitespace();
+                if f.next() == Some("ready") {
+                    let (inc, pid, addr) = (f.next().unwrap_or("?"), f.next().unwrap_or("?"), f.next().unwrap_or("?"));
+                    println!("started gateway pid {pid} (incarnation {inc}) on http://{addr}");
+                    println!("logs: {}", log.display());
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                // stdout closed before readiness: the child exited (or is exiting).
+                let status = child.wait()?;
+                eprintln!("the gateway exited during start-up ({status}); its log says:");
+                eprint!("{}", tail_since(&log, log_start, 30));
+                let code = status.code().and_then(|c| u8::try_from(c).ok()).filter(|c| *c != 0).unwrap_or(1);
+                return Ok(ExitCode::from(code));
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                eprintln!(
+                    "the gateway (pid {}) did not become ready within {timeout_s}s; it is still running. Log so far:",
+                    child.id()
+                );
+                eprint!("{}", tail_since(&log, log_start, 30));
+                eprintln!("check again with `gatewarden --home {} status`", home.dir().display());
+                return Ok(ExitCode::from(1));
+            }
+        }
+    }
+}
+
+/// The last `n` lines written to `path` since byte `offset`.
+fn tail_since(path: &std::path::Path, offset: u64, n: usize) -> String {
+    let mut buf = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let _ = f.seek(SeekFrom::Start(offset));
+        let _ = f.read_to_end(&mut buf);
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = String::new();
+    for l in &lines[lines.len().saturating_sub(n)..] {
+        out.push_str("  ");
+        out.push_str(l);
+        out.push('\n');
+    }
+    out
+}
