@@ -56,6 +56,7 @@ pub struct Gateway {
     pub runs: Arc<Runs>,
     pub ledger: Ledger,
     pub control: String,
+    pub notifier: crate::sdnotify::Notifier,
     listen: OnceLock<String>,
     listener: OnceLock<std::net::TcpListener>,
     handing_over: std::sync::atomic::AtomicBool,
@@ -82,6 +83,7 @@ impl Gateway {
             runs: Arc::new(Runs::default()),
             ledger,
             control,
+            notifier: crate::sdnotify::Notifier::from_env(),
             listen: OnceLock::new(),
             listener: OnceLock::new(),
             handing_over: std::sync::atomic::AtomicBool::new(false),
@@ -170,6 +172,14 @@ impl Gateway {
         }
         self.write_state();
         self.record("state", json!({"state": to.as_str(), "active_runs": self.runs.active()}));
+        if self.notifier.enabled() {
+            let msg = match to {
+                GatewayState::Running => format!("READY=1\nSTATUS=running, incarnation {}", self.me.id),
+                GatewayState::Draining => format!("STOPPING=1\nSTATUS=draining {} active run(s)", self.runs.active()),
+                other => format!("STATUS={other}"),
+            };
+            self.notifier.send(&msg);
+        }
         true
     }
 

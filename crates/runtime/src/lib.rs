@@ -11,6 +11,7 @@ pub mod gateway;
 pub mod http;
 pub mod log;
 pub mod restart;
+pub mod sdnotify;
 pub mod signals;
 pub mod spawn;
 pub mod takeover;
@@ -203,6 +204,18 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &RunOptions) -> Outcome {
         return startup_failed(&gw, e);
     }
     let _watch = watch::start(gw.home.dir(), tx.clone());
+    if let Some(every) = sdnotify::watchdog_interval() {
+        let n = gw.notifier.clone();
+        // Pings until the process exits: a drain is bounded, and a silent drain would be
+        // mistaken for a hang.
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every / 2);
+            loop {
+                tick.tick().await;
+                n.send("WATCHDOG=1");
+            }
+        });
+    }
 
     let mut phase = gw.phase.subscribe();
     let app = http::router(Arc::clone(&gw));
@@ -345,7 +358,20 @@ async fn drain(gw: &Gateway, signals: &mut Signals, timeout: Duration) {
         return;
     }
     let runs = Arc::clone(&gw.runs);
+    let extend = {
+        let n = gw.notifier.clone();
+        let until = tokio::time::Instant::now() + timeout;
+        async move {
+            // Keep systemd's stop timeout ahead of the drain budget.
+            loop {
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                n.send(&format!("EXTEND_TIMEOUT_USEC={}", (left + Duration::from_secs(15)).as_micros()));
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    };
     tokio::select! {
+        () = extend => {}
         idle = runs.wait_idle(timeout) => {
             if !idle {
                 warn!("drain timed out after {timeout:?} with {} active run(s)", gw.runs.active());
