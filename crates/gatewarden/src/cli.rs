@@ -36,15 +36,15 @@ pub enum Command {
     },
     /// Start the gateway in the background and wait until it is ready
     Start {
-        /// HTTP listen address
-        #[arg(long, default_value = "127.0.0.1:7878", value_name = "ADDR")]
-        listen: String,
+        /// HTTP listen address, overriding config.toml
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
         /// Seconds to wait for readiness
         #[arg(long, default_value_t = 30, value_name = "SECS")]
         timeout: u64,
-        /// Seconds a stop waits for active runs
-        #[arg(long, default_value_t = 30, value_name = "SECS")]
-        drain_timeout: u64,
+        /// Seconds a stop waits for active runs, overriding config.toml
+        #[arg(long, value_name = "SECS")]
+        drain_timeout: Option<u64>,
     },
     /// Restart the gateway and exit 0 only when a new incarnation is ready
     Restart {
@@ -74,18 +74,18 @@ pub enum Command {
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// HTTP listen address (port 0 picks a free port)
-    #[arg(long, default_value = "127.0.0.1:7878", value_name = "ADDR")]
-    pub listen: String,
+    /// HTTP listen address, overriding config.toml (default 127.0.0.1:7878; port 0 picks a free port)
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
     /// Take over from a gateway already running in this home
     #[arg(long)]
     pub replace: bool,
     /// Seconds `--replace` waits for the previous gateway before killing it
     #[arg(long, default_value_t = 10, value_name = "SECS")]
     pub takeover_timeout: u64,
-    /// Seconds a stop waits for active runs
-    #[arg(long, default_value_t = 30, value_name = "SECS")]
-    pub drain_timeout: u64,
+    /// Seconds a stop waits for active runs, overriding config.toml (default 30)
+    #[arg(long, value_name = "SECS")]
+    pub drain_timeout: Option<u64>,
     /// Declare the supervisor instead of detecting it
     #[arg(long, value_enum, env = "GATEWARDEN_SUPERVISOR")]
     pub supervisor: Option<SupervisorArg>,

@@ -56,6 +56,7 @@ pub struct Gateway {
     pub runs: Arc<Runs>,
     pub ledger: Ledger,
     pub control: String,
+    pub work: Arc<crate::work::Work>,
     pub notifier: crate::sdnotify::Notifier,
     listen: OnceLock<String>,
     listener: OnceLock<std::net::TcpListener>,
@@ -64,7 +65,13 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    pub fn new(home: Home, me: Incarnation, supervisor: Supervisor, control: String) -> Gateway {
+    pub fn new(
+        home: Home,
+        me: Incarnation,
+        supervisor: Supervisor,
+        control: String,
+        work: Arc<crate::work::Work>,
+    ) -> Gateway {
         let home_str = home.dir().to_string_lossy().into_owned();
         let ledger = Ledger::new(
             home.ledger(),
@@ -83,6 +90,7 @@ impl Gateway {
             runs: Arc::new(Runs::default()),
             ledger,
             control,
+            work,
             notifier: crate::sdnotify::Notifier::from_env(),
             listen: OnceLock::new(),
             listener: OnceLock::new(),

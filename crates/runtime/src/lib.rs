@@ -16,6 +16,7 @@ pub mod signals;
 pub mod spawn;
 pub mod takeover;
 pub mod watch;
+pub mod work;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -37,6 +38,8 @@ use crate::signals::{SignalKind, Signals};
 const LOCK_PATIENCE: Duration = Duration::from_millis(300);
 /// How long to retry binding a listen address that is in use.
 const BIND_PATIENCE: Duration = Duration::from_secs(5);
+/// How long cancelled runs get to clean up after the drain budget is spent.
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
 /// How much longer than the drain budget a successor waits for its predecessor's lock.
 const SUCCESSOR_GRACE: Duration = Duration::from_secs(30);
 
@@ -44,12 +47,13 @@ const SUCCESSOR_GRACE: Duration = Duration::from_secs(30);
 pub struct RunOptions {
     /// The home as resolved (not necessarily existing yet).
     pub home: Home,
-    pub listen: String,
+    /// Overrides `listen` from config.toml.
+    pub listen: Option<String>,
     pub replace: bool,
     /// How long `--replace` waits for the previous gateway before killing it.
     pub takeover_timeout: Duration,
-    /// How long a drain waits for active runs.
-    pub drain_timeout: Duration,
+    /// Overrides `drain_timeout_s` from config.toml.
+    pub drain_timeout: Option<Duration>,
     pub supervisor: Option<Supervisor>,
     /// This process is the successor of a restarting gateway: wait for its lock (it is
     /// draining) instead of reporting "already running".
@@ -102,10 +106,14 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
         Ok(h) => h,
         Err(e) => return Outcome::new(ExitIntent::FatalConfig, e.to_string()),
     };
+    let (work, opts) = match prepare(&home, opts) {
+        Ok(w) => w,
+        Err(o) => return o,
+    };
     let me = Incarnation::current(started_at, started);
     let supervisor = Supervisor::detect(opts.supervisor);
     let ep = Endpoint::for_home(home.dir());
-    let gw = Arc::new(Gateway::new(home.clone(), me, supervisor, ep.display()));
+    let gw = Arc::new(Gateway::new(home.clone(), me, supervisor, ep.display(), work));
 
     let mut lock = match claim(&gw, &opts) {
         Ok(l) => l,
@@ -143,8 +151,62 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
     outcome
 }
 
+/// Loads config.toml, applies command-line overrides, refuses an exposed listener without a
+/// token, opens the journal and builds the agent. Every failure is fatal configuration (78).
+fn prepare(home: &Home, mut opts: RunOptions) -> Result<(Arc<work::Work>, ResolvedOptions), Outcome> {
+    let fatal = |e: String| Outcome::new(ExitIntent::FatalConfig, e);
+    let mut config = gatewarden_agent::Config::load(home.dir()).map_err(|e| fatal(e.to_string()))?;
+    if let Some(l) = &opts.listen {
+        config.listen = l.parse().map_err(|e| fatal(format!("invalid --listen {l:?}: {e}")))?;
+    }
+    config.check_exposure().map_err(|e| fatal(e.to_string()))?;
+    let journal =
+        gatewarden_agent::Journal::open_in(home.dir()).map_err(|e| fatal(format!("cannot open the journal: {e}")))?;
+    let agent = gatewarden_agent::build_agent(&config.agent);
+    let work = Arc::new(work::Work::new(agent, journal, &config, config.is_loopback_listen()));
+    seed_metrics(home, &work.metrics);
+    opts.listen = Some(config.listen.to_string());
+    let drain_timeout = opts.drain_timeout.unwrap_or(config.drain_timeout());
+    Ok((work, ResolvedOptions { listen: config.listen.to_string(), drain_timeout, opts }))
+}
+
+/// Options after config.toml and the command line are merged.
+pub struct ResolvedOptions {
+    pub listen: String,
+    pub drain_timeout: Duration,
+    pub opts: RunOptions,
+}
+
+impl std::ops::Deref for ResolvedOptions {
+    type Target = RunOptions;
+    fn deref(&self) -> &RunOptions {
+        &self.opts
+    }
+}
+
+/// Restart and drain totals survive restarts: they are counted from the ledger.
+fn seed_metrics(home: &Home, m: &work::Metrics) {
+    use std::sync::atomic::Ordering;
+    let Some(lines) = gatewarden_lifecycle::ledger::read_tail(&home.ledger(), Some(5000)).ok() else { return };
+    for line in lines {
+        if let gatewarden_lifecycle::ledger::Line::Event(e) = line {
+            match e.get("event").and_then(|v| v.as_str()) {
+                Some("restart_requested") => {
+                    m.restarts_before.fetch_add(1, Ordering::Relaxed);
+                }
+                Some("drained") => {
+                    m.drains_before.fetch_add(1, Ordering::Relaxed);
+                    let ms = e.get("duration_ms").and_then(|v| v.as_u64()).unwrap_or(0);
+                    m.drain_ms_before.fetch_add(ms, Ordering::Relaxed);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 /// Takes the lock, or the home from its current holder with `--replace`.
-fn claim(gw: &Gateway, opts: &RunOptions) -> Result<InstanceLock, Outcome> {
+fn claim(gw: &Gateway, opts: &ResolvedOptions) -> Result<InstanceLock, Outcome> {
     let home = &gw.home;
     let patience = if opts.successor { opts.drain_timeout + SUCCESSOR_GRACE } else { LOCK_PATIENCE };
     match InstanceLock::acquire(&home.lock(), patience) {
@@ -175,7 +237,7 @@ fn describe_holder(home: &Home) -> String {
 }
 
 /// The async part: listeners, main loop, drain.
-async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &RunOptions) -> Outcome {
+async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outcome {
     let (tx, mut rx) = mpsc::unbounded_channel::<Cause>();
     // Handlers first, so a signal during start-up is classified, not fatal.
     let mut signals = match Signals::install() {
@@ -200,6 +262,7 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &RunOptions) -> Outcome {
     };
     let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| opts.listen.clone());
     gw.set_listen(addr.clone());
+    gw.work.set_causes(tx.clone());
     if let Err(e) = control::bind(ep, Arc::clone(&gw), tx.clone()) {
         return startup_failed(&gw, e);
     }
@@ -248,6 +311,8 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &RunOptions) -> Outcome {
         let _ = writeln!(out, "ready {} {} {addr}", gw.me.id, gw.me.pid);
         let _ = out.flush();
     }
+    gw.work.restart_notice(&gw);
+    gw.work.start_worker(Arc::clone(&gw));
     // A marker may have landed before the watch was set up.
     let _ = tx.send(Cause::MarkerChanged);
 
@@ -268,7 +333,7 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &RunOptions) -> Outcome {
 }
 
 /// Maps a cause to an exit decision, or `None` to keep running.
-fn classify(gw: &Gateway, opts: &RunOptions, cause: Cause) -> Option<Outcome> {
+fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause) -> Option<Outcome> {
     let me = gw.self_identity();
     match cause {
         Cause::Signal(SignalKind::Terminate) => {
@@ -354,9 +419,12 @@ fn stop_requested(gw: &Gateway, who: &str, channel: &str, reason: &str) {
 
 /// Waits for active runs, bounded by `timeout`; a second SIGINT forces.
 async fn drain(gw: &Gateway, signals: &mut Signals, timeout: Duration) {
+    gw.work.reset_notices_for_drain();
     if !gw.advance(GatewayState::Draining) {
         return;
     }
+    let t0 = std::time::Instant::now();
+    let at_start = gw.runs.active();
     let runs = Arc::clone(&gw.runs);
     let extend = {
         let n = gw.notifier.clone();
@@ -381,6 +449,19 @@ async fn drain(gw: &Gateway, signals: &mut Signals, timeout: Duration) {
             warn!("second interrupt: not waiting for {} active run(s)", gw.runs.active());
         }
     }
+    let interrupted = gw.runs.active();
+    if interrupted > 0 {
+        // Cancelled runs clean up (an exec backend kills its process group) before we go on;
+        // interrupted async runs stay `running` in the journal for the next incarnation.
+        gw.work.cancel_all();
+        if !gw.runs.wait_idle(CANCEL_GRACE).await {
+            warn!("{} run(s) did not finish cleaning up within {CANCEL_GRACE:?}", gw.runs.active());
+        }
+    }
+    gw.record(
+        "drained",
+        json!({"duration_ms": t0.elapsed().as_millis() as u64, "runs_at_start": at_start, "interrupted": interrupted}),
+    );
 }
 
 fn startup_failed(gw: &Gateway, reason: String) -> Outcome {

@@ -16,10 +16,10 @@ use gatewarden_lifecycle::ExitIntent;
 use serde_json::json;
 
 use crate::gateway::Gateway;
-use crate::{Outcome, RunOptions, spawn};
+use crate::{Outcome, ResolvedOptions, spawn};
 
 /// Starts a restart; `None` means the gateway keeps running (the restart could not start).
-pub fn begin(gw: &Gateway, opts: &RunOptions, why: &str) -> Option<Outcome> {
+pub fn begin(gw: &Gateway, opts: &ResolvedOptions, why: &str) -> Option<Outcome> {
     if gw.supervisor.restarts_on_exit() {
         return Some(Outcome::new(
             ExitIntent::PlannedRestart,
@@ -43,7 +43,7 @@ pub fn begin(gw: &Gateway, opts: &RunOptions, why: &str) -> Option<Outcome> {
     }
 }
 
-fn spawn_successor(gw: &Gateway, opts: &RunOptions) -> std::io::Result<u32> {
+fn spawn_successor(gw: &Gateway, opts: &ResolvedOptions) -> std::io::Result<u32> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
     cmd.arg("--home").arg(gw.home.dir()).arg("run");

@@ -23,7 +23,9 @@ pub fn dispatch(cli: Cli, started_at: SystemTime, started: Instant) -> anyhow::R
         Command::Run(args) => Ok(run::run(home, args, started_at, started)),
         Command::Status { json } => status::status(&home, json),
         Command::Stop { timeout, no_kill } => stop::stop(&home, timeout, no_kill),
-        Command::Start { listen, timeout, drain_timeout } => start::start(&home, &listen, timeout, drain_timeout),
+        Command::Start { listen, timeout, drain_timeout } => {
+            start::start(&home, listen.as_deref(), timeout, drain_timeout)
+        }
         Command::Restart { timeout } => restart::restart(&home, timeout),
         Command::Logs { follow, n } => logs::logs(&home, follow, n),
         Command::History { n, json } => history::history(&home, n, json),

@@ -57,10 +57,9 @@ fn orchestrate(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
 
     match presence(home, "restart") {
         Presence::NotRunning { .. } => {
-            let listen =
-                read_state(&home.state_file()).ok().and_then(|s| s.listen).unwrap_or_else(|| "127.0.0.1:7878".into());
+            let listen = read_state(&home.state_file()).ok().and_then(|s| s.listen);
             eprintln!("no gateway running in {}; starting one", home.dir().display());
-            return super::start::start(home, &listen, timeout_s, 30);
+            return super::start::start(home, listen.as_deref(), timeout_s, None);
         }
         Presence::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
         Presence::Running => {}

@@ -27,7 +27,7 @@ pub fn run(home: Home, args: RunArgs, started_at: SystemTime, started: Instant) 
         listen: args.listen,
         replace: args.replace,
         takeover_timeout: Duration::from_secs(args.takeover_timeout),
-        drain_timeout: Duration::from_secs(args.drain_timeout),
+        drain_timeout: args.drain_timeout.map(Duration::from_secs),
         supervisor: args.supervisor.map(|s| match s {
             SupervisorArg::Systemd => Supervisor::Systemd,
             SupervisorArg::Launchd => Supervisor::Launchd,

@@ -14,7 +14,12 @@ use gatewarden_runtime::spawn;
 
 use super::presence::{Presence, presence};
 
-pub fn start(home: &Home, listen: &str, timeout_s: u64, drain_timeout_s: u64) -> anyhow::Result<ExitCode> {
+pub fn start(
+    home: &Home,
+    listen: Option<&str>,
+    timeout_s: u64,
+    drain_timeout_s: Option<u64>,
+) -> anyhow::Result<ExitCode> {
     let home = home.ensure()?;
     match presence(&home, "start") {
         Presence::Running => {
@@ -43,7 +48,13 @@ pub fn start(home: &Home, listen: &str, timeout_s: u64, drain_timeout_s: u64) ->
 
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.arg("--home").arg(home.dir()).arg("run");
-    cmd.args(["--listen", listen, "--drain-timeout", &drain_timeout_s.to_string(), "--ready-stdout"]);
+    if let Some(l) = listen {
+        cmd.args(["--listen", l]);
+    }
+    if let Some(d) = drain_timeout_s {
+        cmd.args(["--drain-timeout", &d.to_string()]);
+    }
+    cmd.arg("--ready-stdout");
     cmd.arg("--log-file").arg(&log);
     // stderr catches anything printed before the logger is up (argument errors, panics).
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(early));

@@ -1,0 +1,139 @@
+//! `POST /v1/messages`, `GET /v1/messages/{id}`, `GET /v1/notices`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use gatewarden_agent::{AgentError, AgentRequest};
+use gatewarden_lifecycle::records::GatewayState;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::gateway::Gateway;
+use crate::work::{RETRY_AFTER, parse_command};
+
+#[derive(Debug, Deserialize)]
+pub struct MessageIn {
+    pub chat_id: String,
+    #[serde(default)]
+    pub user_id: String,
+    pub text: String,
+    #[serde(default, rename = "async")]
+    pub is_async: bool,
+}
+
+pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (status, Json(json!({"error": {"type": code, "message": message.into()}}))).into_response()
+}
+
+pub fn unavailable(gw: &Gateway, chat: &str) -> Response {
+    gw.work.metrics.unavailable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let notice = gw.work.restarting_notice(chat);
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::RETRY_AFTER, RETRY_AFTER.as_secs().to_string())],
+        Json(json!({"error": {"type": "restarting", "message": "the gateway is restarting; retry shortly"}, "notice": notice})),
+    )
+        .into_response()
+}
+
+pub fn agent_error(e: &AgentError) -> Response {
+    match e {
+        AgentError::Cancelled => {
+            error(StatusCode::SERVICE_UNAVAILABLE, "interrupted", "the run was interrupted by a stop or restart")
+        }
+        AgentError::Timeout(_) => error(StatusCode::GATEWAY_TIMEOUT, "timeout", e.to_string()),
+        AgentError::Failed(_) | AgentError::Upstream { .. } => {
+            error(StatusCode::BAD_GATEWAY, "agent_failed", e.to_string())
+        }
+    }
+}
+
+pub async fn post(State(gw): State<Arc<Gateway>>, Json(m): Json<MessageIn>) -> Response {
+    let work = &gw.work;
+    if let Some(cmd) = parse_command(&m.text) {
+        if !work.may_command(&m.user_id) {
+            return error(StatusCode::FORBIDDEN, "forbidden", "commands are for the admins listed in config.toml");
+        }
+        let out = work.command(&gw, cmd, &m.chat_id, &m.user_id);
+        let resp = if m.is_async {
+            let id = match work.accept_async(&m.chat_id, &m.user_id, &m.text, false).await {
+                Ok(id) => id,
+                Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e),
+            };
+            // Finished before anything else happens: a command is never replayed.
+            let (journal, id2) = (Arc::clone(&work.journal), id.clone());
+            let _ = tokio::task::spawn_blocking(move || journal.mark_command(&id2)).await;
+            (StatusCode::ACCEPTED, Json(json!({"message_id": id}))).into_response()
+        } else {
+            Json(json!({"reply": out.reply, "run_id": work.next_run_id(&gw.me.id), "chat_id": m.chat_id, "command": true}))
+                .into_response()
+        };
+        if let Some(cause) = out.then {
+            let work = Arc::clone(work);
+            // After the reply is handed to the connection: the drain never cuts an in-flight
+            // response, so the requester always sees its answer.
+            tokio::spawn(async move {
+                tokio::task::yield_now().await;
+                work.send_cause(cause);
+            });
+        }
+        return resp;
+    }
+    let running = gw.phase.get() == GatewayState::Running;
+    if m.is_async {
+        return match work.accept_async(&m.chat_id, &m.user_id, &m.text, running).await {
+            Ok(id) => (StatusCode::ACCEPTED, Json(json!({"message_id": id}))).into_response(),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e),
+        };
+    }
+    if !running {
+        return unavailable(&gw, &m.chat_id);
+    }
+    let run_id = work.next_run_id(&gw.me.id);
+    let req = AgentRequest { run_id: run_id.clone(), chat_id: m.chat_id.clone(), user_id: m.user_id, text: m.text };
+    match work.run_sync(&gw, req, None).await {
+        Ok(reply) => {
+            let notices = work.take_notices(&m.chat_id);
+            if notices.is_empty() {
+                Json(json!({"reply": reply, "run_id": run_id, "chat_id": m.chat_id})).into_response()
+            } else {
+                Json(json!({"reply": reply, "run_id": run_id, "chat_id": m.chat_id, "notices": notices}))
+                    .into_response()
+            }
+        }
+        Err(e) => agent_error(&e),
+    }
+}
+
+pub async fn get_one(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> Response {
+    let journal = Arc::clone(&gw.work.journal);
+    match tokio::task::spawn_blocking(move || journal.get(&id)).await {
+        Ok(Ok(Some(m))) => Json(json!({
+            "message_id": m.id,
+            "chat_id": m.chat_id,
+            "state": m.state.as_str(),
+            "reply": m.reply,
+            "reason": m.reason,
+            "attempts": m.attempts,
+            "command": m.is_command,
+            "created_at": m.created_at,
+            "updated_at": m.updated_at,
+        }))
+        .into_response(),
+        Ok(Ok(None)) => error(StatusCode::NOT_FOUND, "not_found", "no such message"),
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e.to_string()),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct NoticeQuery {
+    pub chat_id: String,
+}
+
+pub async fn notices(State(gw): State<Arc<Gateway>>, Query(q): Query<NoticeQuery>) -> Response {
+    Json(json!({"chat_id": q.chat_id, "notices": gw.work.take_notices(&q.chat_id)})).into_response()
+}

@@ -1,0 +1,51 @@
+//! `GET /metrics`: Prometheus text exposition.
+
+use std::fmt::Write;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+
+use crate::gateway::Gateway;
+
+pub async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
+    let m = &gw.work.metrics;
+    let journal = Arc::clone(&gw.work.journal);
+    let counts = tokio::task::spawn_blocking(move || journal.counts()).await.ok().and_then(Result::ok);
+    let mut out = String::with_capacity(1024);
+    let _ = writeln!(out, "# HELP gatewarden_runs_total Agent runs by outcome, this incarnation.");
+    let _ = writeln!(out, "# TYPE gatewarden_runs_total counter");
+    for (outcome, c) in [("ok", &m.ok), ("failed", &m.failed), ("cancelled", &m.cancelled), ("timeout", &m.timeout)] {
+        let _ = writeln!(out, "gatewarden_runs_total{{outcome=\"{outcome}\"}} {}", c.load(Ordering::Relaxed));
+    }
+    let _ = writeln!(out, "# HELP gatewarden_active_runs Runs in flight.");
+    let _ = writeln!(out, "# TYPE gatewarden_active_runs gauge");
+    let _ = writeln!(out, "gatewarden_active_runs {}", gw.runs.active());
+    let _ = writeln!(out, "# HELP gatewarden_unavailable_total Requests answered 503 while draining.");
+    let _ = writeln!(out, "# TYPE gatewarden_unavailable_total counter");
+    let _ = writeln!(out, "gatewarden_unavailable_total {}", m.unavailable.load(Ordering::Relaxed));
+    let _ = writeln!(out, "# HELP gatewarden_async_accepted_total Async messages journaled.");
+    let _ = writeln!(out, "# TYPE gatewarden_async_accepted_total counter");
+    let _ = writeln!(out, "gatewarden_async_accepted_total {}", m.accepted_async.load(Ordering::Relaxed));
+    let _ = writeln!(out, "# HELP gatewarden_restarts_total Restarts requested, from the lifecycle ledger.");
+    let _ = writeln!(out, "# TYPE gatewarden_restarts_total counter");
+    let _ = writeln!(out, "gatewarden_restarts_total {}", m.restarts_before.load(Ordering::Relaxed));
+    let _ = writeln!(out, "# HELP gatewarden_drain_seconds Drain durations, from the lifecycle ledger.");
+    let _ = writeln!(out, "# TYPE gatewarden_drain_seconds summary");
+    let _ =
+        writeln!(out, "gatewarden_drain_seconds_sum {:.3}", m.drain_ms_before.load(Ordering::Relaxed) as f64 / 1000.0);
+    let _ = writeln!(out, "gatewarden_drain_seconds_count {}", m.drains_before.load(Ordering::Relaxed));
+    if let Some(c) = counts {
+        let _ = writeln!(out, "# HELP gatewarden_journal_messages Journaled messages by state.");
+        let _ = writeln!(out, "# TYPE gatewarden_journal_messages gauge");
+        for (state, n) in [("queued", c.queued), ("running", c.running), ("done", c.done), ("failed", c.failed)] {
+            let _ = writeln!(out, "gatewarden_journal_messages{{state=\"{state}\"}} {n}");
+        }
+    }
+    let _ = writeln!(out, "# HELP gatewarden_up 1 while the gateway serves; state as a label.");
+    let _ = writeln!(out, "# TYPE gatewarden_up gauge");
+    let _ = writeln!(out, "gatewarden_up{{state=\"{}\",incarnation=\"{}\"}} 1", gw.phase.get(), gw.me.id);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}

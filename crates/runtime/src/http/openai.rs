@@ -1,0 +1,138 @@
+//! `POST /v1/chat/completions` (OpenAI-compatible, plain and `stream: true` SSE) and
+//! `GET /v1/models`, so the official SDKs and chat UIs can use the gateway as their endpoint.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use gatewarden_agent::AgentRequest;
+use gatewarden_lifecycle::records::GatewayState;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::messages::{agent_error, error, unavailable};
+use crate::gateway::Gateway;
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionIn {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Value,
+}
+
+/// `content` is a string or a list of parts (`{"type":"text","text":…}`); only text counts.
+fn text_of(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => {
+            parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")
+        }
+        _ => String::new(),
+    }
+}
+
+fn now_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+pub async fn models(State(gw): State<Arc<Gateway>>) -> Response {
+    Json(json!({"object": "list", "data": [{"id": gw.work.model, "object": "model", "created": 0, "owned_by": "gatewarden"}]}))
+        .into_response()
+}
+
+pub async fn completions(State(gw): State<Arc<Gateway>>, Json(body): Json<CompletionIn>) -> Response {
+    let Some(last) = body.messages.iter().rev().find(|m| m.role == "user") else {
+        return error(StatusCode::BAD_REQUEST, "invalid_request_error", "no message with role \"user\"");
+    };
+    let text = text_of(&last.content);
+    let chat = body.user.clone().unwrap_or_else(|| "openai".into());
+    if gw.phase.get() != GatewayState::Running {
+        return unavailable(&gw, &chat);
+    }
+    let model = body.model.clone().unwrap_or_else(|| gw.work.model.clone());
+    let run_id = gw.work.next_run_id(&gw.me.id);
+    let id = format!("chatcmpl-{run_id}");
+    let req = AgentRequest { run_id, chat_id: chat.clone(), user_id: chat, text };
+    if !body.stream {
+        return match gw.work.run_sync(&gw, req, None).await {
+            Ok(reply) => Json(json!({
+                "id": id,
+                "object": "chat.completion",
+                "created": now_s(),
+                "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            }))
+            .into_response(),
+            Err(e) => agent_error(&e),
+        };
+    }
+    let (tx, rx) = mpsc::channel::<String>(64);
+    let (out_tx, out_rx) = mpsc::channel::<Bytes>(64);
+    let created = now_s();
+    let chunk = move |delta: Value, finish: Value| {
+        let v = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        Bytes::from(format!("data: {v}\n\n"))
+    };
+    let gw2 = Arc::clone(&gw);
+    tokio::spawn(async move {
+        let forward = {
+            let out_tx = out_tx.clone();
+            let chunk = chunk.clone();
+            async move {
+                let mut rx = rx;
+                let _ = out_tx.send(chunk(json!({"role": "assistant", "content": ""}), Value::Null)).await;
+                while let Some(piece) = rx.recv().await {
+                    let _ = out_tx.send(chunk(json!({"content": piece}), Value::Null)).await;
+                }
+            }
+        };
+        let run = gw2.work.run_sync(&gw2, req, Some(tx));
+        let (result, ()) = tokio::join!(run, forward);
+        match result {
+            Ok(_) => {
+                let _ = out_tx.send(chunk(json!({}), json!("stop"))).await;
+            }
+            Err(e) => {
+                let err = json!({"error": {"message": e.to_string(), "type": "agent_failed"}});
+                let _ = out_tx.send(Bytes::from(format!("data: {err}\n\n"))).await;
+            }
+        }
+        let _ = out_tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+    });
+    (
+        [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")],
+        Body::from_stream(ReceiverStream(out_rx)),
+    )
+        .into_response()
+}
+
+/// An mpsc receiver as a `Stream` of body frames.
+struct ReceiverStream(mpsc::Receiver<Bytes>);
+
+impl futures_core::Stream for ReceiverStream {
+    type Item = Result<Bytes, std::convert::Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx).map(|o| o.map(Ok))
+    }
+}

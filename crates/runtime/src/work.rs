@@ -1,0 +1,385 @@
+//! Messages in, agent runs out: the engine behind `/v1/messages` and the OpenAI endpoint.
+//!
+//! - Sync messages run at once (never journaled: the caller holds the connection and gets
+//!   the reply or an error) and count as active runs, so the drain waits for them.
+//! - Async messages are journaled durably before the 202, run by a bounded worker pool,
+//!   and finish as done or failed. A run cut short by a stop, restart or crash is left
+//!   `running` in the journal so the next incarnation re-runs it once.
+//! - Chat commands (`/status`, `/restart`, `/stop`, `/help`) are answered immediately, are
+//!   never counted as runs (the drain never waits on its own requester) and are journaled as
+//!   finished commands, never replayed.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gatewarden_agent::journal::{Kind, NewMessage};
+use gatewarden_agent::{Agent, AgentError, AgentRequest, Journal};
+use gatewarden_control::Requester;
+use gatewarden_lifecycle::{fsio, timefmt};
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Cause, ControlKind};
+
+/// Async runs in flight at once.
+const ASYNC_CONCURRENCY: usize = 64;
+/// The file a `/restart` leaves for the next incarnation's "back online" notice.
+pub const RESTART_NOTIFY_FILE: &str = ".restart_notify.json";
+
+/// Counters for `/metrics`.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub ok: AtomicU64,
+    pub failed: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub timeout: AtomicU64,
+    pub unavailable: AtomicU64,
+    pub accepted_async: AtomicU64,
+    /// From the ledger at boot: restarts and drains of earlier incarnations.
+    pub restarts_before: AtomicU64,
+    pub drains_before: AtomicU64,
+    pub drain_ms_before: AtomicU64,
+}
+
+impl Metrics {
+    pub fn count(&self, r: &Result<String, AgentError>) {
+        let c = match r {
+            Ok(_) => &self.ok,
+            Err(AgentError::Cancelled) => &self.cancelled,
+            Err(AgentError::Timeout(_)) => &self.timeout,
+            Err(_) => &self.failed,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A parsed chat command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    Status,
+    Restart,
+    Stop,
+    Help,
+}
+
+/// `/restart`, `/restart@botname` and `/restart now` are commands; `/unknown` and text that
+/// merely mentions `/restart` are ordinary messages.
+pub fn parse_command(text: &str) -> Option<Command> {
+    let word = text.split_whitespace().next()?;
+    let name = word.strip_prefix('/')?.split('@').next()?;
+    Some(match name.to_ascii_lowercase().as_str() {
+        "status" => Command::Status,
+        "restart" => Command::Restart,
+        "stop" => Command::Stop,
+        "help" => Command::Help,
+        _ => return None,
+    })
+}
+
+/// What a command does beyond its reply.
+pub struct CommandOutcome {
+    pub reply: String,
+    pub then: Option<Cause>,
+}
+
+pub struct Work {
+    pub agent: Box<dyn Agent>,
+    pub journal: Arc<Journal>,
+    pub admins: Vec<String>,
+    /// A loopback listener without a token: every caller may run commands.
+    pub open_commands: bool,
+    pub api_token: Option<String>,
+    pub model: String,
+    pub metrics: Metrics,
+    /// Cancelled when the drain budget runs out.
+    pub cancel: CancellationToken,
+    noticed: Mutex<HashSet<String>>,
+    notices: Mutex<HashMap<String, Vec<String>>>,
+    queue: mpsc::UnboundedSender<String>,
+    queue_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
+    causes: Mutex<Option<mpsc::UnboundedSender<Cause>>>,
+    run_counter: AtomicU64,
+}
+
+impl Work {
+    pub fn new(agent: Box<dyn Agent>, journal: Journal, config: &gatewarden_agent::Config, loopback: bool) -> Work {
+        let (queue, rx) = mpsc::unbounded_channel();
+        Work {
+            model: format!("gatewarden-{}", agent.name()),
+            agent,
+            journal: Arc::new(journal),
+            admins: config.admins.clone(),
+            open_commands: loopback && config.api_token.is_none(),
+            api_token: config.api_token.clone(),
+            metrics: Metrics::default(),
+            cancel: CancellationToken::new(),
+            noticed: Mutex::new(HashSet::new()),
+            notices: Mutex::new(HashMap::new()),
+            queue,
+            queue_rx: Mutex::new(Some(rx)),
+            causes: Mutex::new(None),
+            run_counter: AtomicU64::new(0),
+        }
+    }
+
+    /// Connects chat commands to the main loop.
+    pub fn set_causes(&self, tx: mpsc::UnboundedSender<Cause>) {
+        if let Ok(mut g) = self.causes.lock() {
+            *g = Some(tx);
+        }
+    }
+
+    pub fn may_command(&self, user_id: &str) -> bool {
+        self.open_commands || self.admins.iter().any(|a| a == user_id)
+    }
+
+    pub fn next_run_id(&self, incarnation: &str) -> String {
+        format!("run-{incarnation}-{}", self.run_counter.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The first "restarting" notice for `chat` in this drain, `None` afterwards.
+    pub fn restarting_notice(&self, chat: &str) -> Option<String> {
+        let first = self.noticed.lock().map(|mut s| s.insert(chat.to_owned())).unwrap_or(false);
+        first.then(|| "the gateway is restarting; your message will be answered when it is back".to_string())
+    }
+
+    pub fn push_notice(&self, chat: &str, text: String) {
+        if let Ok(mut n) = self.notices.lock() {
+            n.entry(chat.to_owned()).or_default().push(text);
+        }
+    }
+
+    pub fn take_notices(&self, chat: &str) -> Vec<String> {
+        self.notices.lock().ok().and_then(|mut n| n.remove(chat)).unwrap_or_default()
+    }
+
+    /// Journals an async message (durable before returning) and queues it if `run_now`.
+    pub async fn accept_async(
+        &self,
+        chat_id: &str,
+        user_id: &str,
+        text: &str,
+        run_now: bool,
+    ) -> Result<String, String> {
+        let journal = Arc::clone(&self.journal);
+        let msg = NewMessage { chat_id: chat_id.into(), user_id: user_id.into(), text: text.into(), kind: Kind::Async };
+        let id = tokio::task::spawn_blocking(move || journal.accept(&msg))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        self.metrics.accepted_async.fetch_add(1, Ordering::Relaxed);
+        if run_now {
+            let _ = self.queue.send(id.clone());
+        }
+        Ok(id)
+    }
+
+    /// Runs one message now as a counted run. The agent runs in its own task so that a client
+    /// that disconnects cannot drop it mid-cleanup; the token is cancelled instead.
+    pub async fn run_sync(
+        self: &Arc<Self>,
+        gw: &crate::gateway::Gateway,
+        req: AgentRequest,
+        chunks: Option<mpsc::Sender<String>>,
+    ) -> Result<String, AgentError> {
+        let _run = gw.runs.begin();
+        let token = self.cancel.child_token();
+        let _cancel_on_drop = token.clone().drop_guard();
+        let me = Arc::clone(self);
+        let handle = tokio::spawn(async move {
+            let r = match chunks {
+                Some(tx) => me.agent.run_streaming(req, token, tx).await,
+                None => me.agent.run(req, token).await,
+            };
+            r.map(|reply| reply.text)
+        });
+        let r = handle.await.unwrap_or_else(|e| Err(AgentError::Failed(format!("run panicked: {e}"))));
+        self.metrics.count(&r);
+        r
+    }
+
+    /// Handles a chat command. `async_id` is the journal row when it came in asynchronously.
+    pub fn command(&self, gw: &crate::gateway::Gateway, cmd: Command, chat_id: &str, user_id: &str) -> CommandOutcome {
+        let requester = Requester {
+            pid: std::process::id(),
+            argv: vec![format!("chat:{chat_id}"), format!("user:{user_id}")],
+            channel: "chat".into(),
+        };
+        match cmd {
+            Command::Help => CommandOutcome {
+                reply: "commands: /status, /restart (admins), /stop (admins), /help".into(),
+                then: None,
+            },
+            Command::Status => {
+                let s = gw.status();
+                CommandOutcome {
+                    reply: format!(
+                        "gatewarden {} · incarnation {} · {} · {} active run(s) · up {:.0}s",
+                        s.version.unwrap_or_default(),
+                        s.incarnation.unwrap_or_default(),
+                        s.state.unwrap_or_default(),
+                        s.active_runs.unwrap_or(0),
+                        s.uptime_s.unwrap_or(0.0)
+                    ),
+                    then: None,
+                }
+            }
+            Command::Restart => {
+                let note = json!({"chat_id": chat_id, "user_id": user_id, "requested_at": timefmt::now(), "incarnation": gw.me.id});
+                if let Err(e) = fsio::write_json(&gw.home.dir().join(RESTART_NOTIFY_FILE), &note) {
+                    crate::warn!("cannot record the restart requester: {e}");
+                }
+                CommandOutcome {
+                    reply: "restarting…".into(),
+                    then: Some(Cause::Control { kind: ControlKind::Restart, requester }),
+                }
+            }
+            Command::Stop => CommandOutcome {
+                reply: "stopping…".into(),
+                then: Some(Cause::Control { kind: ControlKind::Stop, requester }),
+            },
+        }
+    }
+
+    /// Hands a command's follow-up to the main loop (after its reply is on its way).
+    pub fn send_cause(&self, cause: Cause) {
+        if let Some(tx) = self.causes.lock().ok().and_then(|g| g.clone()) {
+            let _ = tx.send(cause);
+        }
+    }
+
+    /// At boot: turn a predecessor's `/restart` record into one "back online" notice.
+    pub fn restart_notice(&self, gw: &crate::gateway::Gateway) {
+        let path = gw.home.dir().join(RESTART_NOTIFY_FILE);
+        let Some(v) = fsio::read_json::<Value>(&path).ok() else {
+            let _ = fsio::remove_if_exists(&path);
+            return;
+        };
+        if v.get("incarnation").and_then(Value::as_str) == Some(gw.me.id.as_str()) {
+            return; // our own, written just now
+        }
+        let _ = fsio::remove_if_exists(&path);
+        if let Some(chat) = v.get("chat_id").and_then(Value::as_str) {
+            self.push_notice(
+                chat,
+                format!("back online: gatewarden {}, incarnation {}", gatewarden_lifecycle::VERSION, gw.me.id),
+            );
+        }
+    }
+
+    /// Starts the async worker: recovers interrupted runs (once each), then runs queued ids.
+    pub fn start_worker(self: &Arc<Self>, gw: Arc<crate::gateway::Gateway>) {
+        let Some(mut rx) = self.queue_rx.lock().ok().and_then(|mut g| g.take()) else { return };
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let journal = Arc::clone(&me.journal);
+            let inc = gw.me.id.clone();
+            match tokio::task::spawn_blocking(move || journal.recover(&inc)).await {
+                Ok(Ok(ids)) => {
+                    if !ids.is_empty() {
+                        crate::info!("resuming {} journaled message(s)", ids.len());
+                    }
+                    for id in ids {
+                        let _ = me.queue.send(id);
+                    }
+                }
+                Ok(Err(e)) => crate::error!("journal recovery failed: {e}"),
+                Err(e) => crate::error!("journal recovery failed: {e}"),
+            }
+            let slots = Arc::new(Semaphore::new(ASYNC_CONCURRENCY));
+            while let Some(id) = rx.recv().await {
+                if gw.phase.get() != gatewarden_lifecycle::records::GatewayState::Running {
+                    // Left queued: the next incarnation runs it.
+                    continue;
+                }
+                let Ok(permit) = Arc::clone(&slots).acquire_owned().await else { return };
+                let (me, gw) = (Arc::clone(&me), Arc::clone(&gw));
+                tokio::spawn(async move {
+                    me.run_async(&gw, id).await;
+                    drop(permit);
+                });
+            }
+        });
+    }
+
+    async fn run_async(self: &Arc<Self>, gw: &crate::gateway::Gateway, id: String) {
+        let journal = Arc::clone(&self.journal);
+        let (inc, id2) = (gw.me.id.clone(), id.clone());
+        let claimed = tokio::task::spawn_blocking(move || {
+            if !journal.claim(&id2, &inc)? {
+                return Ok(None);
+            }
+            journal.get(&id2)
+        })
+        .await;
+        let msg = match claimed {
+            Ok(Ok(Some(m))) => m,
+            Ok(Ok(None)) => return,
+            Ok(Err(e)) => return crate::error!("journal claim of {id} failed: {e}"),
+            Err(e) => return crate::error!("journal claim of {id} failed: {e}"),
+        };
+        let req = AgentRequest { run_id: msg.id.clone(), chat_id: msg.chat_id, user_id: msg.user_id, text: msg.text };
+        let r = self.run_sync(gw, req, None).await;
+        if matches!(r, Err(AgentError::Cancelled)) {
+            // Interrupted by the drain: stays `running` for the next incarnation to re-run once.
+            return;
+        }
+        let journal = Arc::clone(&self.journal);
+        let inc = gw.me.id.clone();
+        let done = tokio::task::spawn_blocking(move || match r {
+            Ok(reply) => journal.complete(&id, &inc, &reply),
+            Err(e) => journal.fail(&id, &inc, &e.to_string()),
+        })
+        .await;
+        if let Ok(Err(e)) = done {
+            crate::error!("journal update failed: {e}");
+        }
+    }
+
+    /// Ends the drain's patience: every active run is cancelled.
+    pub fn cancel_all(&self) {
+        self.cancel.cancel();
+    }
+
+    pub fn reset_notices_for_drain(&self) {
+        if let Ok(mut s) = self.noticed.lock() {
+            s.clear();
+        }
+    }
+}
+
+/// Constant-time comparison for bearer tokens (the length is not secret).
+pub fn token_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// How long a client should wait before retrying during a drain.
+pub const RETRY_AFTER: Duration = Duration::from_secs(2);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_recognised_only_at_the_start() {
+        assert_eq!(parse_command("/restart"), Some(Command::Restart));
+        assert_eq!(parse_command("  /RESTART now"), Some(Command::Restart));
+        assert_eq!(parse_command("/stop@gatewarden_bot"), Some(Command::Stop));
+        assert_eq!(parse_command("/status"), Some(Command::Status));
+        assert_eq!(parse_command("/help"), Some(Command::Help));
+        assert_eq!(parse_command("please /restart"), None);
+        assert_eq!(parse_command("/unknown"), None);
+        assert_eq!(parse_command(""), None);
+    }
+
+    #[test]
+    fn token_comparison() {
+        assert!(token_eq(b"secret", b"secret"));
+        assert!(!token_eq(b"secret", b"secreT"));
+        assert!(!token_eq(b"secret", b"secret2"));
+        assert!(!token_eq(b"", b"x"));
+    }
+}
