@@ -52,6 +52,20 @@ pub enum Command {
         #[arg(long, default_value_t = 90, value_name = "SECS")]
         timeout: u64,
     },
+    /// Send a message (or a chat command such as /status) to the running gateway
+    Send {
+        /// The message text
+        text: String,
+        /// Chat id
+        #[arg(long, default_value = "cli")]
+        chat: String,
+        /// User id (commands like /restart need an admin, or a loopback listener without a token)
+        #[arg(long, default_value = "cli")]
+        user: String,
+        /// Journal the message and return its id instead of waiting for the reply
+        #[arg(long = "async")]
+        is_async: bool,
+    },
     /// Show the gateway's log (written by background starts)
     Logs {
         /// Keep printing new lines

@@ -6,6 +6,7 @@ mod presence;
 mod progress;
 mod restart;
 mod run;
+mod send;
 mod start;
 mod status;
 mod stop;
@@ -27,6 +28,7 @@ pub fn dispatch(cli: Cli, started_at: SystemTime, started: Instant) -> anyhow::R
             start::start(&home, listen.as_deref(), timeout, drain_timeout)
         }
         Command::Restart { timeout } => restart::restart(&home, timeout),
+        Command::Send { text, chat, user, is_async } => send::send(&home, &text, &chat, &user, is_async),
         Command::Logs { follow, n } => logs::logs(&home, follow, n),
         Command::History { n, json } => history::history(&home, n, json),
     }
