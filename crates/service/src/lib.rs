@@ -1,1 +1,40 @@
-//! gatewarden-service
+//! gatewarden-service: service-manager definitions and the pure policy around them.
+//!
+//! - [`naming`]: per-home unit / label / task names (several homes side by side).
+//! - [`spec`]: the manager-neutral [`ServiceSpec`] and the stop-timeout arithmetic.
+//! - [`systemd`]: unit rendering, parsing, drift, `systemctl show`, a `systemctl` wrapper.
+//! - [`launchd`]: LaunchAgent plist, KeepAlive policy, the restart-verification ladder.
+//! - [`windows`]: Task Scheduler XML, the SCM install description, the stop state machine.
+//! - [`windows_scm`]: the Windows SCM facade (the only platform-conditional code).
+//! - [`supervise`]: the restart policy of `gatewarden supervise` and its parked state.
+//! - [`doctor`]: findings and pure checks.
+//! - [`command`]: running manager tools behind a trait.
+//!
+//! Everything except [`windows_scm`] is pure or I/O-at-the-edge and is tested on Linux.
+
+#![warn(missing_docs)]
+
+pub mod command;
+pub mod doctor;
+pub mod launchd;
+pub mod naming;
+pub mod spec;
+pub mod supervise;
+pub mod systemd;
+pub mod windows;
+pub mod windows_scm;
+
+pub use spec::{Scope, ServiceSpec, SpecError};
+
+/// Process exit codes of `gatewarden run`, as in `docs/protocol.md` §5.1. Duplicated here (not
+/// imported) so this crate stays independent of the runtime; the values are the contract.
+pub mod exit_code {
+    /// Planned stop or takeover: leave it down.
+    pub const PLANNED_STOP: i32 = 0;
+    /// Unexpected signal or crash: revive it.
+    pub const CRASH: i32 = 1;
+    /// Planned restart (EX_TEMPFAIL): revive it now, not a failure.
+    pub const PLANNED_RESTART: i32 = 75;
+    /// Fatal configuration (EX_CONFIG): do not revive.
+    pub const FATAL_CONFIG: i32 = 78;
+}

@@ -1,1 +1,60 @@
-//! gatewarden-testkit
+//! gatewarden-testkit: real-process test support for the gatewarden gateway.
+//!
+//! * [`TempHome`]: a temporary home with path helpers for every file of `docs/protocol.md` §1.
+//! * [`Gateway`]: a spawned `gatewarden run --listen 127.0.0.1:0` with stderr captured to a
+//!   file, [`Gateway::wait_ready`], [`Gateway::wait_exit`], kill-on-drop.
+//! * [`cli`]: run a CLI verb and capture `(code, stdout, stderr)` with a deadline.
+//! * [`Decoy`]: a live process that logs every catchable signal it receives (the "recycled PID").
+//! * [`wait_until`] / [`holds_for`]: condition waits with deadlines, no bare sleeps.
+//! * [`http_get`]: a tiny blocking HTTP/1.1 client, loopback only.
+//! * [`proc_start_time`], [`pid_alive`], [`lock_holders`]: read-only process / lock inspection.
+//! * [`marker_json`], [`rfc3339`]: build planned-stop / takeover markers.
+//!
+//! Everything that spawns a process kills it on drop, and on Linux also arms
+//! `PR_SET_PDEATHSIG(SIGKILL)` so a crashed test never leaves a gateway behind.
+
+pub use serde_json;
+pub use tempfile;
+
+mod cli;
+mod decoy;
+mod gateway;
+mod home;
+mod http;
+mod proc;
+mod time;
+mod wait;
+
+pub use cli::{CliOutput, cli, cli_env, cli_with};
+pub use decoy::Decoy;
+pub use gateway::{Gateway, GatewayBuilder, exit_code, exit_signal};
+pub use home::TempHome;
+pub use http::{HttpResponse, http_get};
+pub use proc::{
+    lock_holders, lock_is_held, pid_alive, proc_start_time, send_signal, sig,
+};
+pub use time::{marker_json, rfc3339, rfc3339_now, rfc3339_offset};
+pub use wait::{holds_for, must_wait_until, wait_until};
+
+/// Environment variables scrubbed from every spawned gateway / CLI, so the host environment
+/// (a developer's shell under systemd, CI) cannot change supervisor detection or the home.
+pub const SCRUBBED_ENV: &[&str] = &[
+    "GATEWARDEN_HOME",
+    "NOTIFY_SOCKET",
+    "INVOCATION_ID",
+    "JOURNAL_STREAM",
+    "LISTEN_PID",
+    "LISTEN_FDS",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "XPC_SERVICE_NAME",
+    "RUST_LOG",
+];
+
+/// Applies the deterministic test environment to a command: scrubbed env, supervisor `none`.
+pub fn test_env(cmd: &mut std::process::Command) {
+    for k in SCRUBBED_ENV {
+        cmd.env_remove(k);
+    }
+    cmd.env("GATEWARDEN_SUPERVISOR", "none");
+}

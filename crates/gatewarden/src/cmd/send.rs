@@ -10,6 +10,9 @@ use serde_json::{Value, json};
 
 pub fn send(home: &Home, text: &str, chat: &str, user: &str, is_async: bool) -> anyhow::Result<ExitCode> {
     let home = home.canonicalized();
+    if !matches!(super::presence::presence(&home, "send"), super::presence::Presence::Running) {
+        anyhow::bail!("no gateway running in {} (start one with `gatewarden start`)", home.dir().display());
+    }
     let ep = Endpoint::for_home(home.dir());
     let t = Duration::from_secs(2);
     let listen = Client::connect(&ep, t)
