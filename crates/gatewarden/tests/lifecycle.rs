@@ -284,3 +284,79 @@ fn d1_listen_address_taken_exits_78() {
     assert!(!home.lock_held());
     assert!(g.stderr().contains(&addr.port().to_string()), "message should name the address:\n{}", g.stderr_tail(20));
 }
+
+/// Class I invariant 1 (drain before force): the control endpoint is wedged (the test replaces
+/// `control.sock` with a listener that never answers) but the gateway itself is healthy.
+/// `stop` must fall back to marker + SIGTERM and give the gateway its drain, so the gateway
+/// exits 0 (planned) instead of being SIGKILLed right after the SIGTERM. Checked with a budget
+/// that leaves room after the control connect attempt (--timeout 5) and with --timeout 1.
+#[test]
+fn i1_stop_with_wedged_control_socket_falls_back_gracefully_not_sigkill() {
+    for timeout in ["5", "1"] {
+        let home = TempHome::new();
+        let mut g = start(&home);
+        let sock = home.state_record().unwrap()["control"].as_str().unwrap().to_string();
+        std::fs::remove_file(&sock).unwrap();
+        let _wedged = std::os::unix::net::UnixListener::bind(&sock).unwrap(); // never accepts
+        let out = cli_with(bin(), home.path(), &["stop", "--timeout", timeout], &[], Duration::from_secs(30));
+        assert!(!out.panicked(), "{out:#?}");
+        let st = g.wait_exit(EXIT);
+        assert_eq!(
+            exit_code(st),
+            Some(0),
+            "stop --timeout {timeout} with a wedged control socket: gateway should exit 0 via \
+             marker+SIGTERM, got {st} (stop exit {:?}, took {:?}):\n{}\n{}",
+            out.code,
+            out.elapsed,
+            out.stderr,
+            g.diag()
+        );
+        assert_cli(&out, 0, &format!("stop --timeout {timeout}, wedged control socket"));
+        assert!(!home.lock_held());
+    }
+}
+
+/// `status` probes the lock by taking it for an instant; a gateway starting at that moment must
+/// wait that out, never exit 78 ("lock held by another instance"). Hammer `status` from a
+/// thread while starting gateways.
+#[test]
+fn c5_status_probes_during_startup_never_make_run_fail() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    let home = TempHome::new();
+    let stop_flag = Arc::new(AtomicBool::new(false));
+    let probes = Arc::new(AtomicU32::new(0));
+    let hammer = {
+        let (stop_flag, probes, home) = (stop_flag.clone(), probes.clone(), home.path().to_path_buf());
+        std::thread::spawn(move || {
+            while !stop_flag.load(Ordering::Relaxed) {
+                let mut c = std::process::Command::new(bin());
+                test_env(&mut c);
+                let _ = c
+                    .arg("--home")
+                    .arg(&home)
+                    .arg("status")
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .status();
+                probes.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let mut failures = Vec::new();
+    for round in 0..20 {
+        let mut g = builder(&home).spawn();
+        match g.try_wait_ready(READY) {
+            Ok(_) => {}
+            Err(e) => failures.push(format!("round {round}: {e:?}\n{}", g.diag())),
+        }
+        if g.alive() {
+            g.signal(sig::SIGINT);
+            g.wait_exit(EXIT);
+        }
+    }
+    stop_flag.store(true, Ordering::Relaxed);
+    hammer.join().unwrap();
+    assert!(probes.load(Ordering::Relaxed) > 20, "the status hammer barely ran");
+    assert!(failures.is_empty(), "run failed while status probed the lock:\n{}", failures.join("\n"));
+}

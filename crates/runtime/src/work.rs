@@ -156,6 +156,18 @@ impl Work {
         self.notices.lock().ok().and_then(|mut n| n.remove(chat)).unwrap_or_default()
     }
 
+    /// Journals an async command as already finished (one statement, so a crash can never
+    /// leave it queued for replay).
+    pub async fn accept_command(&self, chat_id: &str, user_id: &str, text: &str, reply: &str) -> Result<String, String> {
+        let journal = Arc::clone(&self.journal);
+        let msg = NewMessage { chat_id: chat_id.into(), user_id: user_id.into(), text: text.into(), kind: Kind::Async };
+        let reply = reply.to_owned();
+        tokio::task::spawn_blocking(move || journal.accept_command(&msg, &reply))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+    }
+
     /// Journals an async message (durable before returning) and queues it if `run_now`.
     pub async fn accept_async(
         &self,

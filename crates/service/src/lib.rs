@@ -26,15 +26,16 @@ pub mod windows_scm;
 
 pub use spec::{Scope, ServiceSpec, SpecError};
 
-/// Process exit codes of `gatewarden run`, as in `docs/protocol.md` §5.1. Duplicated here (not
-/// imported) so this crate stays independent of the runtime; the values are the contract.
+/// Process exit codes of `gatewarden run`, from the one table in `gatewarden_lifecycle::exit`.
 pub mod exit_code {
+    use gatewarden_lifecycle::ExitIntent;
+
     /// Planned stop or takeover: leave it down.
-    pub const PLANNED_STOP: i32 = 0;
+    pub const PLANNED_STOP: i32 = ExitIntent::PlannedStop.code() as i32;
     /// Unexpected signal or crash: revive it.
-    pub const CRASH: i32 = 1;
+    pub const CRASH: i32 = ExitIntent::Unexpected.code() as i32;
     /// Planned restart (EX_TEMPFAIL): revive it now, not a failure.
-    pub const PLANNED_RESTART: i32 = 75;
+    pub const PLANNED_RESTART: i32 = ExitIntent::PlannedRestart.code() as i32;
     /// Fatal configuration (EX_CONFIG): do not revive.
-    pub const FATAL_CONFIG: i32 = 78;
+    pub const FATAL_CONFIG: i32 = ExitIntent::FatalConfig.code() as i32;
 }

@@ -59,13 +59,10 @@ pub async fn post(State(gw): State<Arc<Gateway>>, Json(m): Json<MessageIn>) -> R
         }
         let out = work.command(&gw, cmd, &m.chat_id, &m.user_id);
         let resp = if m.is_async {
-            let id = match work.accept_async(&m.chat_id, &m.user_id, &m.text, false).await {
+            let id = match work.accept_command(&m.chat_id, &m.user_id, &m.text, &out.reply).await {
                 Ok(id) => id,
                 Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e),
             };
-            // Finished before anything else happens: a command is never replayed.
-            let (journal, id2) = (Arc::clone(&work.journal), id.clone());
-            let _ = tokio::task::spawn_blocking(move || journal.mark_command(&id2)).await;
             (StatusCode::ACCEPTED, Json(json!({"message_id": id}))).into_response()
         } else {
             Json(json!({"reply": out.reply, "run_id": work.next_run_id(&gw.me.id), "chat_id": m.chat_id, "command": true}))

@@ -1,0 +1,202 @@
+//! Agent backends: what turns a message into a reply.
+//!
+//! [`Agent`] is an object-safe trait whose methods return boxed futures. A trait object (rather
+//! than an enum) lets the runtime and the test kit plug in their own agents (a fake that blocks
+//! until told, one that requests a restart, …) without this crate knowing about them; the cost,
+//! one allocation per run, is nothing next to a run.
+//!
+//! Every run gets a [`CancellationToken`]. Cancelling it (drain timeout, client gone, stop) makes
+//! the run end promptly with [`AgentError::Cancelled`] after the backend has cleaned up (an exec
+//! backend's process group is dead and reaped when the future resolves). Each backend also
+//! enforces its configured `timeout_s`, ending with [`AgentError::Timeout`] the same way.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{AgentConfig, BackendKind};
+
+mod echo;
+mod exec;
+mod openai;
+mod process_group;
+
+pub use echo::EchoAgent;
+pub use exec::{ExecAgent, MAX_STDOUT_BYTES};
+pub use openai::{ApiKey, OpenAiAgent};
+
+/// One message for an agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentRequest {
+    /// The journal id of the message; stable across a re-run after restart.
+    pub run_id: String,
+    pub chat_id: String,
+    pub user_id: String,
+    pub text: String,
+}
+
+/// The agent's full answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentReply {
+    pub text: String,
+}
+
+/// Why a run produced no reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AgentError {
+    /// The caller cancelled the run (drain, stop, client gone).
+    #[error("cancelled")]
+    Cancelled,
+    /// The run exceeded the backend's `timeout_s`.
+    #[error("timed out after {} s", .0.as_secs_f64())]
+    Timeout(Duration),
+    /// The backend could not produce a reply (spawn failure, non-zero exit, bad upstream JSON, …).
+    #[error("{0}")]
+    Failed(String),
+    /// The upstream answered with a non-success HTTP status.
+    #[error("upstream returned HTTP {status}: {body}")]
+    Upstream { status: u16, body: String },
+}
+
+/// A boxed, `Send` future returned by [`Agent`] methods.
+pub type AgentFuture<'a> = Pin<Box<dyn Future<Output = Result<AgentReply, AgentError>> + Send + 'a>>;
+
+/// Something that answers messages.
+pub trait Agent: Send + Sync {
+    /// The backend name (`echo`, `exec`, `openai`, or a test double's).
+    fn name(&self) -> &str;
+
+    /// Runs one message to completion.
+    fn run(&self, req: AgentRequest, cancel: CancellationToken) -> AgentFuture<'_>;
+
+    /// Like [`Agent::run`], but also sends the reply in pieces as they are produced (echo: words,
+    /// exec: stdout lines, openai: upstream deltas). The returned reply is the whole answer. A
+    /// dropped receiver does not stop the run (its reply is still journaled); cancel for that.
+    fn run_streaming(
+        &self,
+        req: AgentRequest,
+        cancel: CancellationToken,
+        chunks: mpsc::Sender<String>,
+    ) -> AgentFuture<'_>;
+}
+
+/// Builds the backend chosen by `[agent]`. The config is expected to have been validated by
+/// [`crate::Config::load`]; missing pieces surface as [`AgentError::Failed`] at run time rather
+/// than as a panic here.
+pub fn build_agent(config: &AgentConfig) -> Box<dyn Agent> {
+    match config.backend {
+        BackendKind::Echo => Box::new(EchoAgent::new(config.delay(), config.timeout())),
+        BackendKind::Exec => Box::new(ExecAgent::new(config.command.clone(), config.timeout(), config.kill_grace())),
+        BackendKind::Openai => Box::new(OpenAiAgent::new(
+            config.base_url.clone().unwrap_or_default(),
+            config.model.clone().unwrap_or_default(),
+            config.api_key_env.clone().map_or(ApiKey::None, ApiKey::Env),
+            config.timeout(),
+        )),
+    }
+}
+
+/// Runs `work` with a child of `cancel`, giving up after `timeout`.
+///
+/// On timeout the child token is cancelled and `work` is still awaited, because the backend's
+/// cancellation path is its cleanup (killing a process group, closing a stream): nothing may
+/// outlive the run. Backends must therefore resolve promptly once their token is cancelled.
+async fn with_timeout<F, Fut>(timeout: Duration, cancel: &CancellationToken, work: F) -> Result<AgentReply, AgentError>
+where
+    F: FnOnce(CancellationToken) -> Fut,
+    Fut: Future<Output = Result<AgentReply, AgentError>>,
+{
+    let inner = cancel.child_token();
+    let fut = work(inner.clone());
+    tokio::pin!(fut);
+    tokio::select! {
+        result = &mut fut => result,
+        () = tokio::time::sleep(timeout) => {
+            inner.cancel();
+            match fut.await {
+                // It finished in the same instant; a reply is a reply.
+                Ok(reply) => Ok(reply),
+                Err(_) if cancel.is_cancelled() => Err(AgentError::Cancelled),
+                Err(_) => Err(AgentError::Timeout(timeout)),
+            }
+        }
+    }
+}
+
+/// Sends a chunk unless the run is cancelled first (a stuck consumer must not wedge a run).
+/// A closed channel is ignored: see [`Agent::run_streaming`].
+async fn send_chunk(
+    chunks: &mpsc::Sender<String>,
+    cancel: &CancellationToken,
+    chunk: String,
+) -> Result<(), AgentError> {
+    if chunk.is_empty() || chunks.is_closed() {
+        return Ok(());
+    }
+    tokio::select! {
+        _ = chunks.send(chunk) => Ok(()),
+        () = cancel.cancelled() => Err(AgentError::Cancelled),
+    }
+}
+
+/// The last `max` bytes of `s`, cut on a character boundary, with a marker when shortened.
+fn tail(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut start = s.len() - max;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("…{}", &s[start..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_cuts_on_char_boundaries() {
+        assert_eq!(tail("abc", 5), "abc");
+        assert_eq!(tail("abcdef", 3), "…def");
+        assert_eq!(tail("ééé", 3), "…é");
+    }
+
+    #[test]
+    fn agent_is_object_safe_and_shareable() {
+        fn assert_send_sync<T: Send + Sync + ?Sized>() {}
+        assert_send_sync::<dyn Agent>();
+        let a: std::sync::Arc<dyn Agent> = build_agent(&AgentConfig::default()).into();
+        assert_eq!(a.name(), "echo");
+    }
+
+    #[tokio::test]
+    async fn timeout_waits_for_cleanup_and_reports_timeout() {
+        let cancel = CancellationToken::new();
+        let cleaned = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let c2 = cleaned.clone();
+        let r = with_timeout(Duration::from_millis(20), &cancel, |tok| async move {
+            tok.cancelled().await;
+            c2.store(true, std::sync::atomic::Ordering::SeqCst);
+            Err(AgentError::Cancelled)
+        })
+        .await;
+        assert_eq!(r, Err(AgentError::Timeout(Duration::from_millis(20))));
+        assert!(cleaned.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn outer_cancel_is_cancelled_not_timeout() {
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let r = with_timeout(Duration::from_secs(60), &cancel, |tok| async move {
+            tok.cancelled().await;
+            Err(AgentError::Cancelled)
+        })
+        .await;
+        assert_eq!(r, Err(AgentError::Cancelled));
+    }
+}

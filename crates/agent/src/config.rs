@@ -1,0 +1,699 @@
+//! `<home>/config.toml`: the gateway's configuration.
+//!
+//! Every key is optional; a missing file means all defaults. The file is read once at start and
+//! any problem is fatal (the caller exits 78, EX_CONFIG, so a supervisor does not respawn a
+//! gateway that can never start). Errors name the file, the 1-based line and the key, e.g.
+//!
+//! ```text
+//! /home/a/.local/state/gatewarden/config.toml:7: unknown key 'delay' in [agent] (expected one of: backend, delay_ms, …)
+//! /home/a/.local/state/gatewarden/config.toml:3: invalid value for 'drain_timeout_s': expected a non-negative integer, found string "30"
+//! ```
+//!
+//! Loading is two passes over the same text: serde (with `deny_unknown_fields`) builds the typed
+//! [`Config`], and toml's spanned document tree maps an error's byte span back to the key and
+//! line it belongs to. Semantic checks (an `exec` backend needs a `command`, …) run afterwards
+//! and use the same index for their line numbers. `crates/agent/config.example.toml` documents
+//! every key.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// The configuration file's name inside the home.
+pub const CONFIG_FILE: &str = "config.toml";
+
+/// Exit code for every configuration error (`EX_CONFIG` from sysexits.h; protocol §5.1).
+pub const EX_CONFIG: i32 = 78;
+
+/// Upper bound for every `*_s` duration, so that no consumer can overflow `Instant + Duration`
+/// on a hostile value (one week).
+pub const MAX_SECONDS: u64 = 7 * 24 * 3600;
+
+/// Upper bound for the millisecond knobs (one hour).
+pub const MAX_MILLIS: u64 = 3600 * 1000;
+
+const TOP_KEYS: &[&str] = &["listen", "api_token", "admins", "drain_timeout_s", "agent"];
+const AGENT_KEYS: &[&str] =
+    &["backend", "delay_ms", "command", "timeout_s", "kill_grace_ms", "base_url", "model", "api_key_env"];
+
+/// Why the configuration cannot be used. Every variant maps to exit code [`EX_CONFIG`].
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file exists but could not be read.
+    #[error("{}: cannot read: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not UTF-8 or not TOML.
+    #[error("{}:{line}: {message}", path.display())]
+    Syntax { path: PathBuf, line: usize, message: String },
+    /// A key the gateway does not know (typos must not be silently ignored).
+    #[error(
+        "{}:{line}: unknown key '{key}'{} (expected one of: {expected})",
+        path.display(),
+        table.as_deref().map(|t| format!(" in [{t}]")).unwrap_or_default()
+    )]
+    UnknownKey {
+        path: PathBuf,
+        line: usize,
+        key: String,
+        /// `None` for the top level, else the table's name (`agent`).
+        table: Option<String>,
+        expected: String,
+    },
+    /// A known key with a value of the wrong type or outside its allowed range.
+    #[error(
+        "{}:{line}: invalid value for '{key}'{}: {message}",
+        path.display(),
+        table.as_deref().map(|t| format!(" in [{t}]")).unwrap_or_default()
+    )]
+    InvalidValue { path: PathBuf, line: usize, key: String, table: Option<String>, message: String },
+    /// A non-loopback `listen` address without an `api_token`: the API would be open to the
+    /// network with no authentication.
+    #[error(
+        "listen address {listen} is not a loopback address and no api_token is set; set api_token in {CONFIG_FILE} or listen on 127.0.0.1"
+    )]
+    Exposed { listen: SocketAddr },
+}
+
+impl ConfigError {
+    /// The process exit code for this error (always [`EX_CONFIG`]).
+    pub fn exit_code(&self) -> i32 {
+        EX_CONFIG
+    }
+
+    /// The offending key, when the error is about one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::UnknownKey { key, .. } | ConfigError::InvalidValue { key, .. } => Some(key),
+            ConfigError::Exposed { .. } => Some("listen"),
+            ConfigError::Read { .. } | ConfigError::Syntax { .. } => None,
+        }
+    }
+
+    /// The 1-based line in the file, when known.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            ConfigError::Syntax { line, .. }
+            | ConfigError::UnknownKey { line, .. }
+            | ConfigError::InvalidValue { line, .. } => Some(*line),
+            ConfigError::Read { .. } | ConfigError::Exposed { .. } => None,
+        }
+    }
+}
+
+/// The whole configuration file.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address of the HTTP API (default `127.0.0.1:7878`).
+    #[serde(deserialize_with = "de_socket_addr")]
+    pub listen: SocketAddr,
+    /// Bearer token required by the HTTP API; `None` = no authentication (loopback only).
+    pub api_token: Option<String>,
+    /// User ids allowed to run admin commands (`/restart`, `/stop`) from chat.
+    pub admins: Vec<String>,
+    /// How long a drain waits for active runs before they are interrupted.
+    pub drain_timeout_s: u64,
+    /// The agent backend.
+    pub agent: AgentConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7878)),
+            api_token: None,
+            admins: Vec::new(),
+            drain_timeout_s: 30,
+            agent: AgentConfig::default(),
+        }
+    }
+}
+
+// Hand-written so that the API token never reaches a log line.
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("listen", &self.listen)
+            .field("api_token", &self.api_token.as_ref().map(|_| "<redacted>"))
+            .field("admins", &self.admins)
+            .field("drain_timeout_s", &self.drain_timeout_s)
+            .field("agent", &self.agent)
+            .finish()
+    }
+}
+
+/// Which agent backend answers messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Replies with the message text (embedded default).
+    #[default]
+    Echo,
+    /// Runs a command per message.
+    Exec,
+    /// Any OpenAI-compatible chat-completions upstream.
+    Openai,
+}
+
+impl BackendKind {
+    /// The name used in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Echo => "echo",
+            BackendKind::Exec => "exec",
+            BackendKind::Openai => "openai",
+        }
+    }
+}
+
+/// The `[agent]` table. Keys that belong to another backend are accepted and ignored, so that
+/// switching `backend` is a one-line change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    pub backend: BackendKind,
+    /// echo: wait this long before replying (cancellable).
+    pub delay_ms: u64,
+    /// exec: argv of the command run once per message.
+    pub command: Vec<String>,
+    /// Every backend: a run taking longer than this is cancelled and fails with a timeout.
+    pub timeout_s: u64,
+    /// exec: after SIGTERM to the process group, wait this long before SIGKILL.
+    pub kill_grace_ms: u64,
+    /// openai: base URL of the upstream, e.g. `https://api.openai.com/v1`.
+    pub base_url: Option<String>,
+    /// openai: model name sent upstream.
+    pub model: Option<String>,
+    /// openai: name of the environment variable holding the API key (`None` = no key sent).
+    pub api_key_env: Option<String>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            backend: BackendKind::Echo,
+            delay_ms: 0,
+            command: Vec::new(),
+            timeout_s: 120,
+            kill_grace_ms: 2000,
+            base_url: None,
+            model: None,
+            api_key_env: None,
+        }
+    }
+}
+
+impl AgentConfig {
+    /// `timeout_s` as a duration.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_s)
+    }
+
+    /// `delay_ms` as a duration.
+    pub fn delay(&self) -> Duration {
+        Duration::from_millis(self.delay_ms)
+    }
+
+    /// `kill_grace_ms` as a duration.
+    pub fn kill_grace(&self) -> Duration {
+        Duration::from_millis(self.kill_grace_ms)
+    }
+}
+
+impl Config {
+    /// Reads `<home>/config.toml`; a missing file yields [`Config::default`].
+    pub fn load(home: &Path) -> Result<Config, ConfigError> {
+        let path = home.join(CONFIG_FILE);
+        match std::fs::read(&path) {
+            Ok(bytes) => Config::from_bytes(&path, &bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
+            Err(source) => Err(ConfigError::Read { path, source }),
+        }
+    }
+
+    /// Parses and validates file contents; `path` is only used in error messages.
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Config, ConfigError> {
+        let text = std::str::from_utf8(bytes).map_err(|e| ConfigError::Syntax {
+            path: path.to_path_buf(),
+            line: line_of(bytes, e.valid_up_to()),
+            message: "file is not valid UTF-8".into(),
+        })?;
+        Config::from_toml_str(path, text)
+    }
+
+    /// Parses and validates TOML text; `path` is only used in error messages.
+    pub fn from_toml_str(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let index = KeyIndex::build(path, text)?;
+        // `[[agent]]` or `agent = 1` would otherwise surface as a confusing serde message about
+        // the first field.
+        if index.find(&["agent"]).is_some_and(|e| !e.is_table) {
+            return Err(index.invalid(&["agent"], "expected a table ([agent])".into()));
+        }
+        let config: Config = toml::from_str(text).map_err(|e| index.serde_error(&e))?;
+        config.validate(&index)?;
+        Ok(config)
+    }
+
+    /// True when `listen` is a loopback address (127.0.0.0/8 or ::1).
+    pub fn is_loopback_listen(&self) -> bool {
+        self.listen.ip().is_loopback()
+    }
+
+    /// The start-up exposure check: a non-loopback `listen` requires an `api_token`. Kept apart
+    /// from [`Config::load`] because a command-line `--listen` may override the file.
+    pub fn check_exposure(&self) -> Result<(), ConfigError> {
+        if self.is_loopback_listen() || self.api_token.is_some() {
+            Ok(())
+        } else {
+            Err(ConfigError::Exposed { listen: self.listen })
+        }
+    }
+
+    /// `drain_timeout_s` as a duration.
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_secs(self.drain_timeout_s)
+    }
+
+    fn validate(&self, index: &KeyIndex) -> Result<(), ConfigError> {
+        let top = |key: &str, message: String| index.invalid(&[key], message);
+        let agent = |key: &str, message: String| index.invalid(&["agent", key], message);
+
+        if let Some(token) = &self.api_token
+            && token.trim().is_empty()
+        {
+            return Err(top("api_token", "must not be empty".into()));
+        }
+        if self.admins.iter().any(|a| a.trim().is_empty()) {
+            return Err(top("admins", "user ids must not be empty".into()));
+        }
+        if self.drain_timeout_s > MAX_SECONDS {
+            return Err(top("drain_timeout_s", format!("must be at most {MAX_SECONDS} seconds")));
+        }
+        let a = &self.agent;
+        if a.timeout_s == 0 || a.timeout_s > MAX_SECONDS {
+            return Err(agent("timeout_s", format!("must be between 1 and {MAX_SECONDS} seconds")));
+        }
+        if a.delay_ms > MAX_MILLIS {
+            return Err(agent("delay_ms", format!("must be at most {MAX_MILLIS} milliseconds")));
+        }
+        if a.kill_grace_ms > MAX_MILLIS {
+            return Err(agent("kill_grace_ms", format!("must be at most {MAX_MILLIS} milliseconds")));
+        }
+        if let Some(name) = &a.api_key_env
+            && (name.is_empty() || name.contains(['=', '\0']))
+        {
+            return Err(agent("api_key_env", "must be the name of an environment variable".into()));
+        }
+        match a.backend {
+            BackendKind::Echo => {}
+            BackendKind::Exec => {
+                if a.command.is_empty() {
+                    return Err(agent(
+                        "command",
+                        "backend \"exec\" needs a non-empty argv list, e.g. command = [\"/usr/local/bin/my-agent\", \"--flag\"]"
+                            .into(),
+                    ));
+                }
+                if a.command[0].is_empty() || a.command.iter().any(|s| s.contains('\0')) {
+                    return Err(agent(
+                        "command",
+                        "the program name must be non-empty and no argument may contain NUL".into(),
+                    ));
+                }
+            }
+            BackendKind::Openai => {
+                match a.base_url.as_deref().map(str::trim) {
+                    None | Some("") => {
+                        return Err(agent(
+                            "base_url",
+                            "backend \"openai\" needs base_url, e.g. \"https://api.openai.com/v1\"".into(),
+                        ));
+                    }
+                    Some(url) if !(url.starts_with("http://") || url.starts_with("https://")) => {
+                        return Err(agent("base_url", format!("{url:?} must start with http:// or https://")));
+                    }
+                    Some(url) if url.starts_with("https://") && !cfg!(feature = "tls") => {
+                        return Err(agent(
+                            "base_url",
+                            format!(
+                                "{url:?} is https, but this build has no TLS support: \
+                                 build with `cargo install --path crates/gatewarden --features tls`"
+                            ),
+                        ));
+                    }
+                    Some(_) => {}
+                }
+                if a.model.as_deref().is_none_or(|m| m.trim().is_empty()) {
+                    return Err(agent("model", "backend \"openai\" needs a model".into()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn de_socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let s = String::deserialize(d)?;
+    s.trim().parse().map_err(|_| {
+        serde::de::Error::custom(format!(
+            "{s:?} is not a socket address (expected IP:PORT such as \"127.0.0.1:7878\" or \"[::1]:7878\")"
+        ))
+    })
+}
+
+/// 1-based line number of byte offset `at`.
+fn line_of(bytes: &[u8], at: usize) -> usize {
+    let at = at.min(bytes.len());
+    bytes[..at].iter().filter(|&&b| b == b'\n').count() + 1
+}
+
+/// One `key = value` (or `[table]` header) of the document, with its spans.
+struct Entry {
+    path: Vec<String>,
+    key: Range<usize>,
+    value: Range<usize>,
+    is_table: bool,
+}
+
+/// Maps byte spans of the document back to keys and lines.
+struct KeyIndex<'a> {
+    path: &'a Path,
+    text: &'a str,
+    entries: Vec<Entry>,
+}
+
+impl<'a> KeyIndex<'a> {
+    fn build(path: &'a Path, text: &'a str) -> Result<Self, ConfigError> {
+        let doc = toml::de::DeTable::parse(text).map_err(|e| ConfigError::Syntax {
+            path: path.to_path_buf(),
+            line: line_of(text.as_bytes(), e.span().map_or(0, |s| s.start)),
+            message: format!("TOML syntax error: {}", e.message().trim_end()),
+        })?;
+        let mut entries = Vec::new();
+        collect(&[], doc.get_ref(), &mut entries);
+        Ok(KeyIndex { path, text, entries })
+    }
+
+    fn line(&self, at: usize) -> usize {
+        line_of(self.text.as_bytes(), at)
+    }
+
+    fn find(&self, path: &[&str]) -> Option<&Entry> {
+        self.entries.iter().find(|e| e.path.iter().map(String::as_str).eq(path.iter().copied()))
+    }
+
+    /// The entry whose key or value span most tightly encloses `at`.
+    fn enclosing(&self, at: usize) -> Option<&Entry> {
+        let contains = |r: &Range<usize>| r.start <= at && at < r.end.max(r.start + 1);
+        self.entries.iter().filter(|e| contains(&e.key) || contains(&e.value)).min_by_key(|e| {
+            let k = if contains(&e.key) { e.key.len() } else { usize::MAX };
+            let v = if contains(&e.value) { e.value.len() } else { usize::MAX };
+            k.min(v)
+        })
+    }
+
+    /// An "invalid value" error for a key path; the line is the key's, else its table's.
+    fn invalid(&self, path: &[&str], message: String) -> ConfigError {
+        let at =
+            self.find(path).or_else(|| self.find(&path[..path.len().saturating_sub(1)])).map_or(0, |e| e.key.start);
+        let (table, key) = split_path(path);
+        ConfigError::InvalidValue { path: self.path.to_path_buf(), line: self.line(at), key, table, message }
+    }
+
+    /// Turns a serde error (unknown field, wrong type, bad enum variant, …) into a located one.
+    fn serde_error(&self, err: &toml::de::Error) -> ConfigError {
+        let message = err.message().trim_end().to_string();
+        let at = err.span().map_or(0, |s| s.start);
+        let line = self.line(at);
+        let Some(entry) = self.enclosing(at) else {
+            return ConfigError::Syntax { path: self.path.to_path_buf(), line, message };
+        };
+        let path: Vec<&str> = entry.path.iter().map(String::as_str).collect();
+        let (table, key) = split_path(&path);
+        let line = self.line(entry.key.start);
+        if message.starts_with("unknown field") {
+            let expected = match table.as_deref() {
+                None => TOP_KEYS.join(", "),
+                Some("agent") => AGENT_KEYS.join(", "),
+                Some(_) => String::from("(no keys)"),
+            };
+            return ConfigError::UnknownKey { path: self.path.to_path_buf(), line, key, table, expected };
+        }
+        ConfigError::InvalidValue { path: self.path.to_path_buf(), line, key, table, message: friendlier(&message) }
+    }
+}
+
+fn split_path(path: &[&str]) -> (Option<String>, String) {
+    match path.split_last() {
+        Some((key, [])) => (None, (*key).to_string()),
+        Some((key, table)) => (Some(table.join(".")), (*key).to_string()),
+        None => (None, String::new()),
+    }
+}
+
+/// serde's type errors say `u64`; users write TOML.
+fn friendlier(message: &str) -> String {
+    message.replace("expected u64", "expected a non-negative integer").replace("expected a sequence", "expected a list")
+}
+
+fn collect(prefix: &[String], table: &toml::de::DeTable<'_>, out: &mut Vec<Entry>) {
+    for (key, value) in table.iter() {
+        let mut path = prefix.to_vec();
+        path.push(key.get_ref().to_string());
+        out.push(Entry {
+            path: path.clone(),
+            key: key.span(),
+            value: value.span(),
+            is_table: matches!(value.get_ref(), toml::de::DeValue::Table(_)),
+        });
+        if let toml::de::DeValue::Table(inner) = value.get_ref() {
+            collect(&path, inner, out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_str(Path::new("/h/config.toml"), text)
+    }
+
+    fn err(text: &str) -> String {
+        parse(text).expect_err("must be rejected").to_string()
+    }
+
+    #[test]
+    fn missing_file_is_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Config::load(dir.path()).unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.listen.to_string(), "127.0.0.1:7878");
+        assert_eq!(c.api_token, None);
+        assert!(c.admins.is_empty());
+        assert_eq!(c.drain_timeout_s, 30);
+        assert_eq!(c.agent.backend, BackendKind::Echo);
+        assert_eq!(c.agent.delay_ms, 0);
+        assert_eq!(c.agent.timeout_s, 120);
+        assert!(c.is_loopback_listen());
+        c.check_exposure().unwrap();
+    }
+
+    #[test]
+    fn empty_and_comment_only_files_are_defaults() {
+        assert_eq!(parse("").unwrap(), Config::default());
+        assert_eq!(parse("# nothing\n\n").unwrap(), Config::default());
+        assert_eq!(parse("[agent]\n").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn example_file_parses_and_documents_every_key() {
+        let text = include_str!("../config.example.toml");
+        let c = parse(text).expect("config.example.toml must parse");
+        assert_eq!(c.agent.backend, BackendKind::Echo);
+        // The example shows every key commented out or set; each must be mentioned.
+        for key in TOP_KEYS.iter().chain(AGENT_KEYS) {
+            assert!(
+                text.contains(&format!("{key} =")) || text.contains(&format!("[{key}]")),
+                "config.example.toml does not document '{key}'"
+            );
+        }
+        // Uncommenting every commented-out assignment of each backend block must still parse.
+        for backend in ["exec", "openai"] {
+            let enabled = enable_block(text, backend);
+            let c = parse(&enabled).unwrap_or_else(|e| panic!("{backend} block: {e}"));
+            assert_eq!(c.agent.backend.as_str(), backend);
+        }
+    }
+
+    /// Uncomments the `#! <backend>:` block of config.example.toml and drops the active
+    /// `backend = …` line, as the file's comments tell a user to do.
+    fn enable_block(text: &str, backend: &str) -> String {
+        let marker = format!("#! {backend}:");
+        let mut out = String::new();
+        let mut inside = false;
+        for line in text.lines() {
+            if line.starts_with("#! ") {
+                inside = line.starts_with(&marker);
+                continue;
+            }
+            let line = match (inside, line.strip_prefix("# ")) {
+                (true, Some(rest)) => rest,
+                _ if line.starts_with("backend =") => continue,
+                _ => line,
+            };
+            out.push_str(line);
+            out.push('\n');
+        }
+        out
+    }
+
+    #[test]
+    fn full_file_round_trips() {
+        let c = parse(
+            r#"
+listen = "0.0.0.0:9000"
+api_token = "s3cret"
+admins = ["42", "alice"]
+drain_timeout_s = 5
+
+[agent]
+backend = "openai"
+timeout_s = 9
+base_url = "http://127.0.0.1:1/v1"
+model = "m"
+api_key_env = "MY_KEY"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.listen, "0.0.0.0:9000".parse().unwrap());
+        assert!(!c.is_loopback_listen());
+        c.check_exposure().unwrap();
+        assert_eq!(c.admins, vec!["42", "alice"]);
+        assert_eq!(c.agent.backend, BackendKind::Openai);
+        assert_eq!(c.agent.api_key_env.as_deref(), Some("MY_KEY"));
+        assert!(!format!("{c:?}").contains("s3cret"), "Debug leaks the token");
+    }
+
+    #[test]
+    fn unknown_key_in_agent_names_file_line_and_key() {
+        let e = err("listen = \"127.0.0.1:1\"\n\n[agent]\nbackend = \"echo\"\ndelay = 5\n");
+        assert!(
+            e.starts_with("/h/config.toml:5: unknown key 'delay' in [agent] (expected one of: backend, delay_ms,"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_top_level_key() {
+        let p = parse("# c\nlisten = \"127.0.0.1:1\"\nlisten_port = 3\n").unwrap_err();
+        assert_eq!(p.line(), Some(3));
+        assert_eq!(p.key(), Some("listen_port"));
+        assert_eq!(p.exit_code(), 78);
+        let e = p.to_string();
+        assert!(
+            e.starts_with("/h/config.toml:3: unknown key 'listen_port' (expected one of: listen, api_token"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_table_is_an_unknown_key() {
+        let e = err("[agent]\n\n[agnet]\nbackend = \"echo\"\n");
+        assert!(e.starts_with("/h/config.toml:3: unknown key 'agnet'"), "{e}");
+    }
+
+    #[test]
+    fn wrong_types_name_the_key() {
+        let e = err("listen = \"127.0.0.1:1\"\n\ndrain_timeout_s = \"30\"\n");
+        assert!(e.starts_with("/h/config.toml:3: invalid value for 'drain_timeout_s': "), "{e}");
+        let e = err("drain_timeout_s = -1\n");
+        assert!(e.starts_with("/h/config.toml:1: invalid value for 'drain_timeout_s'"), "{e}");
+        let e = err("[agent]\nbackend = \"carrier-pigeon\"\n");
+        assert!(
+            e.starts_with("/h/config.toml:2: invalid value for 'backend' in [agent]: ") && e.contains("carrier-pigeon"),
+            "{e}"
+        );
+        let e = err("[[agent]]\nbackend = \"echo\"\n");
+        assert!(e.starts_with("/h/config.toml:1: invalid value for 'agent': expected a table"), "{e}");
+        let e = err("agent = 3\n");
+        assert!(e.starts_with("/h/config.toml:1: invalid value for 'agent'"), "{e}");
+        let e = err("admins = \"root\"\n");
+        assert!(e.starts_with("/h/config.toml:1: invalid value for 'admins'"), "{e}");
+        let e = err("[agent]\ncommand = [\"a\", 3]\n");
+        assert!(e.starts_with("/h/config.toml:2: invalid value for 'command' in [agent]"), "{e}");
+        let e = err("agent = { backend = \"echo\", delay_ms = true }\n");
+        assert!(e.starts_with("/h/config.toml:1: invalid value for 'delay_ms' in [agent]"), "{e}");
+    }
+
+    #[test]
+    fn bad_listen() {
+        let e = err("\nlisten = \"localhost\"\n");
+        assert!(
+            e.starts_with("/h/config.toml:2: invalid value for 'listen': \"localhost\" is not a socket address"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn syntax_error_has_a_line() {
+        let e = parse("listen = \"127.0.0.1:1\"\n[agent\n").unwrap_err();
+        assert!(matches!(e, ConfigError::Syntax { line: 2, .. }), "{e}");
+        let e = Config::from_bytes(Path::new("/h/config.toml"), b"a = 1\n\xff\n").unwrap_err();
+        assert!(matches!(e, ConfigError::Syntax { line: 2, .. }), "{e}");
+    }
+
+    #[test]
+    fn semantic_checks() {
+        let e = err("[agent]\nbackend = \"exec\"\n");
+        assert!(e.starts_with("/h/config.toml:1: invalid value for 'command' in [agent]"), "{e}");
+        let e = err("[agent]\nbackend = \"exec\"\ncommand = []\n");
+        assert!(e.starts_with("/h/config.toml:3: invalid value for 'command' in [agent]"), "{e}");
+        let e = err("[agent]\nbackend = \"openai\"\nmodel = \"m\"\n");
+        assert!(e.contains("'base_url' in [agent]"), "{e}");
+        let e = err("[agent]\nbackend = \"openai\"\nbase_url = \"ftp://x\"\nmodel = \"m\"\n");
+        assert!(e.starts_with("/h/config.toml:3: invalid value for 'base_url'"), "{e}");
+        let e = err("[agent]\nbackend = \"openai\"\nbase_url = \"http://x\"\n");
+        assert!(e.contains("'model' in [agent]"), "{e}");
+        let e = err("[agent]\n\ntimeout_s = 0\n");
+        assert!(e.starts_with("/h/config.toml:3: invalid value for 'timeout_s' in [agent]"), "{e}");
+        let e = err("drain_timeout_s = 99999999999\n");
+        assert!(e.contains("'drain_timeout_s'"), "{e}");
+        let e = err("api_token = \"\"\n");
+        assert!(e.starts_with("/h/config.toml:1: invalid value for 'api_token'"), "{e}");
+        let e = err("[agent]\napi_key_env = \"A=B\"\n");
+        assert!(e.contains("'api_key_env'"), "{e}");
+        // Keys of another backend are accepted.
+        parse("[agent]\nbackend = \"echo\"\ncommand = [\"x\"]\nmodel = \"m\"\n").unwrap();
+    }
+
+    #[test]
+    fn exposure_check() {
+        let c = parse("listen = \"0.0.0.0:7878\"\n").unwrap();
+        let e = c.check_exposure().unwrap_err();
+        assert_eq!(e.exit_code(), 78);
+        assert!(e.to_string().contains("0.0.0.0:7878"), "{e}");
+        let c = parse("listen = \"[::1]:7878\"\n").unwrap();
+        assert!(c.is_loopback_listen());
+        c.check_exposure().unwrap();
+    }
+
+    #[test]
+    fn unreadable_path_is_a_read_error() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory where the file should be: reading fails with something other than NotFound.
+        std::fs::create_dir(dir.path().join(CONFIG_FILE)).unwrap();
+        let e = Config::load(dir.path()).unwrap_err();
+        assert!(matches!(e, ConfigError::Read { .. }), "{e}");
+        assert_eq!(e.exit_code(), 78);
+    }
+}

@@ -1,0 +1,8 @@
+//! Integration tests for gatewarden-service (one test binary, topic modules).
+
+/// The launchd restart ladder against a scripted model of launchd (class E scenarios).
+mod launchd_model;
+/// Property tests: supervise policy, parsers and quoting never panic and keep their bounds.
+mod props;
+/// Snapshots of every rendered definition (systemd user/system, plist, task XML).
+mod snapshots;
