@@ -13,6 +13,10 @@
 //! Everything that spawns a process kills it on drop, and on Linux also arms
 //! `PR_SET_PDEATHSIG(SIGKILL)` so a crashed test never leaves a gateway behind.
 
+// Real processes, signals and /proc: the kit (and every test using it) is Unix-only. On other
+// targets the crate is empty, so `cargo test --workspace` still builds there.
+#![cfg(unix)]
+
 pub use serde_json;
 pub use tempfile;
 
@@ -30,9 +34,7 @@ pub use decoy::Decoy;
 pub use gateway::{Gateway, GatewayBuilder, exit_code, exit_signal};
 pub use home::TempHome;
 pub use http::{HttpResponse, http_get};
-pub use proc::{
-    lock_holders, lock_is_held, pid_alive, proc_start_time, send_signal, sig,
-};
+pub use proc::{lock_holders, lock_is_held, pid_alive, proc_start_time, send_signal, sig};
 pub use time::{marker_json, rfc3339, rfc3339_now, rfc3339_offset};
 pub use wait::{holds_for, must_wait_until, wait_until};
 
