@@ -20,6 +20,7 @@
 pub mod exit;
 pub mod fsio;
 pub mod heal;
+pub mod holder;
 pub mod home;
 pub mod identity;
 pub mod ledger;

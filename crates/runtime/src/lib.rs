@@ -338,11 +338,11 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause) -> Option<Outcom
     match cause {
         Cause::Signal(SignalKind::Terminate) => {
             if let Some(m) = marker::consume(gw.home.dir(), MarkerKind::Takeover, &me, probe_u32) {
-                stop_requested(gw, &m.writer(), "signal", "takeover");
+                stop_requested(gw, Some(&m), "signal", "takeover");
                 return Some(Outcome::new(ExitIntent::Takeover, format!("replaced by {} (SIGTERM)", m.writer())));
             }
             if let Some(m) = marker::consume(gw.home.dir(), MarkerKind::PlannedStop, &me, probe_u32) {
-                stop_requested(gw, &m.writer(), "signal", "stop");
+                stop_requested(gw, Some(&m), "signal", "stop");
                 return Some(Outcome::new(
                     ExitIntent::PlannedStop,
                     format!("planned stop requested by {} (SIGTERM)", m.writer()),
@@ -351,7 +351,7 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause) -> Option<Outcom
             Some(Outcome::new(ExitIntent::Unexpected, "unexpected SIGTERM: no planned-stop marker names this gateway"))
         }
         Cause::Signal(sig @ (SignalKind::Interrupt | SignalKind::ConsoleClose)) => {
-            stop_requested(gw, sig.name(), "signal", "stop");
+            stop_requested(gw, None, "signal", sig.name());
             Some(Outcome::new(ExitIntent::PlannedStop, format!("planned stop: {}", sig.name())))
         }
         Cause::Signal(SignalKind::Restart) => {
@@ -394,7 +394,7 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause) -> Option<Outcom
                     Verdict::ForSelf(_) => {
                         if let Some(m) = marker::consume(gw.home.dir(), kind, &me, probe_u32) {
                             let reason = if kind == MarkerKind::Takeover { "takeover" } else { "stop" };
-                            stop_requested(gw, &m.writer(), "marker", reason);
+                            stop_requested(gw, Some(&m), "marker", reason);
                             return Some(Outcome::new(
                                 intent,
                                 format!("{reason} requested by {} (marker)", m.writer()),
@@ -413,8 +413,14 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause) -> Option<Outcom
     }
 }
 
-fn stop_requested(gw: &Gateway, who: &str, channel: &str, reason: &str) {
-    gw.record("stop_requested", json!({"requester": {"description": who, "channel": channel}, "reason": reason}));
+/// Records who asked for a stop: the marker's writer (pid and argv, as it wrote them), or the
+/// signal when no marker names anyone.
+fn stop_requested(gw: &Gateway, marker: Option<&marker::Marker>, channel: &str, reason: &str) {
+    let requester = match marker {
+        Some(m) => json!({"pid": m.writer_pid, "argv": m.writer_argv, "channel": channel}),
+        None => json!({"pid": null, "argv": [], "channel": channel}),
+    };
+    gw.record("stop_requested", json!({"requester": requester, "reason": reason}));
 }
 
 /// Waits for active runs, bounded by `timeout`; a second SIGINT forces.

@@ -12,7 +12,6 @@ use gatewarden_control::{Client, Endpoint, Op, Requester, StopReason};
 use gatewarden_lifecycle::identity::IdentityCheck;
 use gatewarden_lifecycle::marker::{self, MarkerKind};
 use gatewarden_lifecycle::platform::{self, Signal, SignalOutcome};
-use gatewarden_lifecycle::records::read_pid_record;
 use gatewarden_lifecycle::{Home, InstanceLock, ProcessIdentity};
 use serde_json::json;
 
@@ -31,14 +30,23 @@ pub fn take_over(
     ledger: &gatewarden_lifecycle::ledger::Ledger,
 ) -> Result<InstanceLock, String> {
     let lock_path = home.lock();
-    let record = read_pid_record(&home.pid_file()).ok();
-    let Some(target) = record.as_ref().and_then(|r| r.identity()) else {
-        // The holder may be between taking the lock and writing its record: give it a moment.
-        return wait_for_lock(&lock_path, Instant::now() + Duration::from_secs(2)).ok_or_else(|| {
-            "a gateway holds the lock but its gateway.pid is missing or has no start time, so it cannot be \
-             identified safely; stop it with `gatewarden stop` or by its service manager"
-                .to_string()
-        });
+    let target = match gatewarden_lifecycle::holder::lock_holder(home) {
+        Ok(h) => {
+            if let Some(note) = h.note {
+                crate::warn!("{note}");
+            }
+            h.identity
+        }
+        Err(why) => {
+            // The holder may be between taking the lock and writing its record, or just
+            // exiting: give it a moment, never signal a guess.
+            return wait_for_lock(&lock_path, Instant::now() + Duration::from_secs(2)).ok_or_else(|| {
+                format!(
+                    "a gateway holds the lock but cannot be identified safely ({why}); stop it with \
+                     `gatewarden stop` or by its service manager"
+                )
+            });
+        }
     };
     match target.check() {
         IdentityCheck::Same => {}

@@ -158,7 +158,13 @@ impl Work {
 
     /// Journals an async command as already finished (one statement, so a crash can never
     /// leave it queued for replay).
-    pub async fn accept_command(&self, chat_id: &str, user_id: &str, text: &str, reply: &str) -> Result<String, String> {
+    pub async fn accept_command(
+        &self,
+        chat_id: &str,
+        user_id: &str,
+        text: &str,
+        reply: &str,
+    ) -> Result<String, String> {
         let journal = Arc::clone(&self.journal);
         let msg = NewMessage { chat_id: chat_id.into(), user_id: user_id.into(), text: text.into(), kind: Kind::Async };
         let reply = reply.to_owned();

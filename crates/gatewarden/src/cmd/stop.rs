@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use gatewarden_control::{Client, Endpoint, Op, Requester, StopReason};
+use gatewarden_lifecycle::holder::lock_holder;
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
 use gatewarden_lifecycle::marker::{self, MarkerKind};
 use gatewarden_lifecycle::platform::{Signal, SignalOutcome, signal_verified};
@@ -15,6 +16,8 @@ use serde_json::json;
 
 use super::presence::{Presence, presence};
 
+/// Upper bound for reaching the control endpoint; never more than a quarter of `--timeout`,
+/// so a wedged endpoint cannot eat the graceful fallback's share of the budget.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const AFTER_KILL: Duration = Duration::from_secs(5);
 
@@ -31,15 +34,16 @@ pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCo
         Presence::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
         Presence::Running => {}
     }
-    let deadline = Instant::now() + Duration::from_secs(timeout_s);
+    let budget = Duration::from_secs(timeout_s);
+    let deadline = Instant::now() + budget;
+    let control_timeout = CONNECT_TIMEOUT.min(budget / 4);
     let record = read_pid_record(&home.pid_file()).ok();
-    let target = record.as_ref().and_then(|r| r.identity());
     let who = record.as_ref().map_or("the gateway".to_string(), |r| format!("gateway pid {}", r.pid));
 
     let ep = Endpoint::for_home(home.dir());
-    let graceful = match Client::connect(&ep, CONNECT_TIMEOUT) {
+    let graceful = match Client::connect(&ep, control_timeout) {
         Ok(mut c) => {
-            match c.call(Op::Stop { requester: Requester::current("cli"), reason: StopReason::Stop }, CONNECT_TIMEOUT) {
+            match c.call(Op::Stop { requester: Requester::current("cli"), reason: StopReason::Stop }, control_timeout) {
                 Ok(_) => {
                     eprintln!("stopping {who}…");
                     c.wait_closed(deadline.saturating_duration_since(Instant::now()));
@@ -57,12 +61,16 @@ pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCo
         }
     };
     if !graceful {
-        let Some(t) = target else {
-            anyhow::bail!(
-                "a gateway holds the lock in {} but gateway.pid does not identify it (missing, unreadable or without a start time); \
-                 not signalling anything",
-                home.dir().display()
-            );
+        let t = match lock_holder(&home) {
+            Ok(h) => {
+                if let Some(note) = h.note {
+                    eprintln!("{note}");
+                }
+                h.identity
+            }
+            Err(why) => {
+                anyhow::bail!("cannot identify the gateway in {}: {why}; not signalling anything", home.dir().display())
+            }
         };
         marker::write(home.dir(), MarkerKind::PlannedStop, t, &home.dir().to_string_lossy())?;
         match signal_verified(&t, Signal::Terminate) {
@@ -79,9 +87,20 @@ pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCo
         eprintln!("{who} is still running after {timeout_s}s; not killing it (--no-kill)");
         return Ok(ExitCode::from(1));
     }
-    let Some(t) = target else {
-        eprintln!("{who} is still running after {timeout_s}s and cannot be identified; not killing anything");
-        return Ok(ExitCode::from(1));
+    // Identified afresh: whoever holds the lock now, not whoever a file named at the start.
+    let t = match lock_holder(&home) {
+        Ok(h) => {
+            if let Some(note) = h.note {
+                eprintln!("{note}");
+            }
+            h.identity
+        }
+        Err(why) => {
+            eprintln!(
+                "{who} is still running after {timeout_s}s and cannot be identified ({why}); not killing anything"
+            );
+            return Ok(ExitCode::from(1));
+        }
     };
     let outcome = signal_verified(&t, Signal::Kill);
     let ledger = Ledger::new(home.ledger(), Writer::current());

@@ -33,3 +33,7 @@ pub fn canonical(path: &Path) -> io::Result<PathBuf> {
 }
 
 pub fn sync_dir(_path: &Path) {}
+
+pub fn lock_holders(_path: &Path) -> Option<Vec<u32>> {
+    None
+}

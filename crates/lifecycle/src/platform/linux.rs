@@ -66,3 +66,14 @@ pub fn signal_verified(id: &ProcessIdentity, sig: Signal) -> SignalOutcome {
         Err(e) => SignalOutcome::Failed(e.to_string()),
     }
 }
+
+/// Holders of the flock on `path`, from `/proc/locks`.
+pub fn lock_holders(path: &std::path::Path) -> Option<Vec<u32>> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    let dev = meta.dev();
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let text = std::fs::read_to_string("/proc/locks").ok()?;
+    Some(crate::lock::parse_proc_locks(&text, major, minor, meta.ino()))
+}

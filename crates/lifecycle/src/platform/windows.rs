@@ -125,3 +125,8 @@ pub fn canonical(path: &Path) -> io::Result<PathBuf> {
 pub fn sync_dir(_path: &Path) {
     // NTFS journals the rename itself; directories cannot be opened for flushing.
 }
+
+/// Windows does not say who holds a byte-range lock: unknown.
+pub fn lock_holders(_path: &Path) -> Option<Vec<u32>> {
+    None
+}
