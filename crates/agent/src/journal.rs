@@ -25,7 +25,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -444,27 +444,9 @@ impl RawRow {
 
 /// Now as RFC 3339 UTC with microseconds (`2026-11-29T15:04:05.123456+00:00`), the protocol's
 /// timestamp format.
+/// Timestamps in the protocol's one format (`gatewarden_lifecycle::timefmt`).
 fn now_rfc3339() -> String {
-    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
-    format_rfc3339(since)
-}
-
-fn format_rfc3339(since_epoch: Duration) -> String {
-    let secs = since_epoch.as_secs();
-    let micros = since_epoch.subsec_micros();
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Howard Hinnant's days-to-civil algorithm.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}+00:00", rem / 3600, rem % 3600 / 60, rem % 60)
+    gatewarden_lifecycle::timefmt::now()
 }
 
 #[cfg(test)]
@@ -480,13 +462,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open_in(dir.path()).unwrap();
         (dir, j)
-    }
-
-    #[test]
-    fn timestamps() {
-        assert_eq!(format_rfc3339(Duration::ZERO), "1970-01-01T00:00:00.000000+00:00");
-        assert_eq!(format_rfc3339(Duration::from_micros(1_795_964_645_123_456)), "2026-11-29T15:04:05.123456+00:00");
-        assert_eq!(format_rfc3339(Duration::from_secs(951_782_400)), "2000-02-29T00:00:00.000000+00:00");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use super::ChildExit;
 
@@ -162,43 +162,17 @@ pub fn clear_parked_state(home: &Path) -> Result<(), ParkedStateError> {
     }
 }
 
-/// RFC 3339 UTC with microseconds (`2026-11-29T15:04:05.123456+00:00`), as the protocol's
-/// timestamps. Times before the epoch clamp to it.
+/// RFC 3339 UTC with microseconds (`2026-11-29T15:04:05.123456+00:00`), the protocol's one
+/// timestamp format (`gatewarden_lifecycle::timefmt`).
 #[must_use]
 pub fn rfc3339_utc(t: SystemTime) -> String {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs();
-    let days = i64::try_from(secs / 86_400).unwrap_or(i64::MAX / 2);
-    let rem = secs % 86_400;
-    let (y, m, day) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:06}+00:00",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60,
-        d.subsec_micros()
-    )
-}
-
-/// Howard Hinnant's `civil_from_days`: days since 1970-01-01 to (year, month, day).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    // d is 1..=31 and m is 1..=12 by construction.
-    (y, u32::try_from(m).unwrap_or(1), u32::try_from(d).unwrap_or(1))
+    gatewarden_lifecycle::timefmt::format(t)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::time::{Duration, UNIX_EPOCH};
 
     #[test]
     fn rfc3339_formats_known_instants() {
