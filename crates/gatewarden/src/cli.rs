@@ -75,6 +75,12 @@ pub enum Command {
         #[arg(short = 'n', default_value_t = 50)]
         n: usize,
     },
+    /// Install, remove or inspect this home's service (systemd, launchd, Windows task/service)
+    Service(crate::cmd::service::ServiceArgs),
+    /// Run the gateway as a child and supervise it (for places without a service manager)
+    Supervise(crate::cmd::supervise::SuperviseArgs),
+    /// Check the service definition, stale files, port, permissions and a parked supervisor
+    Doctor(crate::cmd::doctor::DoctorArgs),
     /// Show the lifecycle ledger, newest last
     History {
         /// Number of events to show

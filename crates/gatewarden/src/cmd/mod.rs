@@ -1,15 +1,20 @@
 //! One file per verb; [`dispatch`] is the table of contents.
 
+pub mod doctor;
 mod history;
 mod logs;
+mod manager;
+mod os;
 mod presence;
 mod progress;
 mod restart;
 mod run;
 mod send;
+pub mod service;
 mod start;
 mod status;
 mod stop;
+pub mod supervise;
 
 use std::process::ExitCode;
 use std::time::{Instant, SystemTime};
@@ -31,5 +36,8 @@ pub fn dispatch(cli: Cli, started_at: SystemTime, started: Instant) -> anyhow::R
         Command::Send { text, chat, user, is_async } => send::send(&home, &text, &chat, &user, is_async),
         Command::Logs { follow, n } => logs::logs(&home, follow, n),
         Command::History { n, json } => history::history(&home, n, json),
+        Command::Service(args) => service::service(&home, args),
+        Command::Supervise(args) => supervise::supervise(&home, args),
+        Command::Doctor(args) => doctor::doctor(&home, &args),
     }
 }

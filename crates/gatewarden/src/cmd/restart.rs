@@ -16,6 +16,7 @@ use gatewarden_lifecycle::{Home, InstanceLock};
 use gatewarden_runtime::spawn;
 use serde_json::json;
 
+use super::manager::{self, Managed};
 use super::presence::{Presence, presence};
 use super::progress::Progress;
 
@@ -23,6 +24,14 @@ const ORCHESTRATOR_ENV: &str = "GATEWARDEN_RESTART_ORCHESTRATOR";
 const POLL: Duration = Duration::from_millis(20);
 
 pub fn restart(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
+    // Launched from inside the unit (chat `/restart`, an exec-backend run, an updater): the
+    // manager kills the unit's whole cgroup when the old gateway exits, a new session does not
+    // help. Move into a transient scope first (H2); this returns only if that is not needed.
+    if let Some(m) = manager::installed(&home.canonicalized())
+        && let Some(why) = manager::escape_unit_cgroup(&m)
+    {
+        eprintln!("warning: {why}; restarting from inside {}", m.describe());
+    }
     if std::env::var_os(ORCHESTRATOR_ENV).is_none()
         && spawn::DETACH_KEEPS_OUTPUT
         && let Some(code) = relay_to_detached_orchestrator()
@@ -75,6 +84,16 @@ fn orchestrate(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
         }
     };
     let old_inc = old.incarnation.clone().unwrap_or_default();
+    // Under systemd the gateway exits 75 and systemd revives it after `RestartSec`; if that
+    // does not happen promptly (a long RestartSec, a start limit), start the unit ourselves so
+    // no backoff delays the restart (G2).
+    let owner = manager::owner(home, old.pid).filter(Managed::runs_gateway_directly);
+    let kick_after = owner.as_ref().map(|m| match m.restart_delay_ms() {
+        Some(ms) if ms <= 1000 => Duration::from_millis(ms + 1000),
+        _ => Duration::ZERO,
+    });
+    let mut gone_since: Option<Instant> = None;
+    let mut kick: Option<std::thread::JoinHandle<Result<(), String>>> = None;
     let progress = Progress::new();
     progress.phase("requesting restart");
     let requested = Client::connect(&ep, Duration::from_secs(2))
@@ -118,17 +137,31 @@ fn orchestrate(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
                 } else {
                     "no gateway holds the lock".into()
                 };
+                if !held {
+                    let since = *gone_since.get_or_insert_with(Instant::now);
+                    if let (Some(m), Some(after), None) = (&owner, kick_after, &kick)
+                        && since.elapsed() >= after
+                    {
+                        progress.phase(&format!("starting {} (not waiting for its restart delay)", m.state.unit));
+                        let m = m.clone();
+                        kick = Some(std::thread::spawn(move || m.kick().map_err(|e| format!("{e:#}"))));
+                    }
+                }
             }
         }
         std::thread::sleep(POLL);
     };
     progress.finish();
+    let kicked = kick.is_some();
+    if let Some(Err(e)) = kick.and_then(|h| if h.is_finished() { h.join().ok() } else { None }) {
+        eprintln!("starting the unit failed: {e}");
+    }
     let elapsed_ms = t0.elapsed().as_millis() as u64;
     match result {
         Ok(new) => {
             let _ = ledger.append(
                 "restart_result",
-                json!({"ok": true, "old": old_inc, "new": new.incarnation, "elapsed_ms": elapsed_ms}),
+                json!({"ok": true, "old": old_inc, "new": new.incarnation, "elapsed_ms": elapsed_ms, "kicked": kicked}),
             );
             println!(
                 "restarted: incarnation {} → {} (pid {}) ready in {:.2}s",
@@ -140,8 +173,10 @@ fn orchestrate(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(seen) => {
-            let _ = ledger
-                .append("restart_result", json!({"ok": false, "old": old_inc, "seen": seen, "elapsed_ms": elapsed_ms}));
+            let _ = ledger.append(
+                "restart_result",
+                json!({"ok": false, "old": old_inc, "seen": seen, "elapsed_ms": elapsed_ms, "kicked": kicked}),
+            );
             eprintln!("restart not verified after {timeout_s}s: {seen}");
             eprintln!("recover with: {recovery}");
             Ok(ExitCode::from(1))

@@ -12,6 +12,7 @@ use gatewarden_control::{Client, Endpoint};
 use gatewarden_lifecycle::Home;
 use gatewarden_runtime::spawn;
 
+use super::manager::{self, Managed};
 use super::presence::{Presence, presence};
 
 pub fn start(
@@ -36,6 +37,13 @@ pub fn start(
         }
         Presence::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
         Presence::NotRunning { .. } => {}
+    }
+    // An explicit start clears a supervisor's park: the operator has decided.
+    let _ = gatewarden_service::supervise::clear_parked_state(home.dir());
+    // Every lifecycle verb goes through whoever owns the gateway: with a service installed for
+    // this home, its manager starts it (and will supervise it).
+    if let Some(m) = manager::installed(&home) {
+        return start_via_manager(&home, &m, listen.is_some() || drain_timeout_s.is_some(), timeout_s);
     }
     let log = home.logs_dir().join("gateway.log");
     std::fs::create_dir_all(home.logs_dir()).with_context(|| format!("cannot create {}", home.logs_dir().display()))?;
@@ -99,6 +107,37 @@ pub fn start(
                 eprintln!("check again with `gatewarden --home {} status`", home.dir().display());
                 return Ok(ExitCode::from(1));
             }
+        }
+    }
+}
+
+/// Asks the manager to start the service (systemd: `reset-failed` + `start`, which returns once
+/// the gateway sent `READY=1`), then verifies readiness over the control channel.
+fn start_via_manager(home: &Home, m: &Managed, overrides: bool, timeout_s: u64) -> anyhow::Result<ExitCode> {
+    if overrides {
+        eprintln!("note: --listen / --drain-timeout are ignored: {} decides how the gateway runs", m.describe());
+    }
+    eprintln!("starting the gateway through {}…", m.describe());
+    if let Err(e) = m.kick() {
+        eprintln!("{} could not start the gateway: {e:#}", m.state.manager);
+        eprintln!("check: gatewarden --home {} service status; gatewarden --home {0} doctor", home.dir().display());
+        return Ok(ExitCode::from(1));
+    }
+    match super::service::wait_ready(home, Duration::from_secs(timeout_s)) {
+        Some(s) => {
+            println!(
+                "started gateway pid {} (incarnation {}) on http://{} via {}",
+                s.pid.map_or("?".into(), |p| p.to_string()),
+                s.incarnation.unwrap_or_default(),
+                s.listen.unwrap_or_default(),
+                m.describe()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        None => {
+            eprintln!("{} started, but the gateway did not report ready within {timeout_s}s", m.describe());
+            eprintln!("check: gatewarden --home {} service status; gatewarden --home {0} doctor", home.dir().display());
+            Ok(ExitCode::from(1))
         }
     }
 }

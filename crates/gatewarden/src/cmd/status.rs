@@ -6,8 +6,10 @@ use std::time::{Duration, SystemTime};
 use gatewarden_control::{Client, Endpoint, StatusReport};
 use gatewarden_lifecycle::records::{read_pid_record, read_state};
 use gatewarden_lifecycle::{Home, timefmt};
+use gatewarden_service::supervise::{ParkedStateRead, read_parked_state};
 use serde_json::json;
 
+use super::manager;
 use super::presence::{Presence, presence};
 
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -68,6 +70,22 @@ pub fn status(home: &Home, as_json: bool) -> anyhow::Result<ExitCode> {
     if let Some(n) = &note {
         report.extra.insert("note".into(), json!(n));
     }
+    // The service manager's view next to the gateway's own.
+    if let Some(m) = manager::installed(&home) {
+        report.extra.insert("service".into(), m.status_json());
+    }
+    match read_parked_state(home.dir()) {
+        ParkedStateRead::Missing => {}
+        ParkedStateRead::Parked(p) => {
+            report.extra.insert(
+                "parked".into(),
+                json!({"kind": p.kind, "reason": p.reason, "parked_at": p.parked_at, "last_exit": p.last_exit}),
+            );
+        }
+        ParkedStateRead::Unreadable(why) => {
+            report.extra.insert("parked".into(), json!({"unreadable": why}));
+        }
+    }
     if as_json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -101,6 +119,23 @@ fn print_human(r: &StatusReport, code: u8) {
             let text = v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string());
             println!("  {:<12} {text}", format!("{}:", key.replace('_', " ")));
         }
+    }
+    if let Some(svc) = r.extra.get("service") {
+        let get = |k: &str| svc.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_owned();
+        let active = svc.get("active").and_then(serde_json::Value::as_bool).unwrap_or(false);
+        let pid = svc.get("main_pid").and_then(serde_json::Value::as_u64).map_or("-".into(), |p| p.to_string());
+        let sub = svc.get("sub_state").and_then(|v| v.as_str()).map(|s| format!(" ({s})")).unwrap_or_default();
+        println!(
+            "  service:     {} {}: {}{sub}, main pid {pid}",
+            get("manager"),
+            get("unit"),
+            if active { "active" } else { "inactive" }
+        );
+    }
+    if let Some(p) = r.extra.get("parked") {
+        let text = p.get("reason").or_else(|| p.get("unreadable")).and_then(|v| v.as_str()).unwrap_or("?");
+        println!("  parked:      {text}");
+        println!("               (after fixing the cause: gatewarden --home {} start)", r.home);
     }
     println!("  home:        {}", r.home);
     for (name, st) in &r.files {

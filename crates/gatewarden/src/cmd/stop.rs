@@ -14,6 +14,7 @@ use gatewarden_lifecycle::records::read_pid_record;
 use gatewarden_lifecycle::{Home, InstanceLock};
 use serde_json::json;
 
+use super::manager::{self, Managed};
 use super::presence::{Presence, presence};
 
 /// Upper bound for reaching the control endpoint; never more than a quarter of `--timeout`,
@@ -23,7 +24,18 @@ const AFTER_KILL: Duration = Duration::from_secs(5);
 
 pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCode> {
     let home = home.canonicalized();
-    match presence(&home, "stop") {
+    let presence = presence(&home, "stop");
+    let gateway_pid = match &presence {
+        Presence::Running => read_pid_record(&home.pid_file()).ok().map(|r| r.pid),
+        _ => None,
+    };
+    // Every lifecycle verb goes through whoever owns the running gateway.
+    if !matches!(presence, Presence::Unknown(_))
+        && let Some(m) = manager::owner(&home, gateway_pid)
+    {
+        return stop_via_manager(&home, &m, matches!(presence, Presence::Running), timeout_s, no_kill);
+    }
+    match presence {
         Presence::NotRunning { healed } => {
             println!("no gateway running in {}", home.dir().display());
             if !healed.is_empty() {
@@ -34,14 +46,53 @@ pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCo
         Presence::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
         Presence::Running => {}
     }
+    stop_direct(&home, timeout_s, no_kill)
+}
+
+/// Under a manager: a graceful stop request first (so the gateway exits 0, a planned stop, and
+/// the manager records success instead of a failure), then the manager's own stop, which keeps
+/// it down (`systemctl stop` also cancels a pending auto-restart); then the lock must be free.
+/// If something still holds it (a gateway outside the manager), the direct path takes over.
+fn stop_via_manager(
+    home: &Home,
+    m: &Managed,
+    running: bool,
+    timeout_s: u64,
+    no_kill: bool,
+) -> anyhow::Result<ExitCode> {
     let budget = Duration::from_secs(timeout_s);
     let deadline = Instant::now() + budget;
-    let control_timeout = CONNECT_TIMEOUT.min(budget / 4);
-    let record = read_pid_record(&home.pid_file()).ok();
-    let who = record.as_ref().map_or("the gateway".to_string(), |r| format!("gateway pid {}", r.pid));
+    let who =
+        read_pid_record(&home.pid_file()).ok().map_or("the gateway".to_string(), |r| format!("gateway pid {}", r.pid));
+    if running {
+        eprintln!("{who} is owned by {}", m.describe());
+        if !request_graceful(home, deadline, CONNECT_TIMEOUT.min(budget / 4), &who)
+            && let Ok(h) = lock_holder(home)
+        {
+            // The marker makes the manager's stop signal a planned stop (exit 0).
+            marker::write(home.dir(), MarkerKind::PlannedStop, h.identity, &home.dir().to_string_lossy())?;
+        }
+    }
+    if let Err(e) = m.stop() {
+        eprintln!("warning: {} stop failed: {e:#}", m.state.manager);
+    }
+    if InstanceLock::acquire(&home.lock(), deadline.saturating_duration_since(Instant::now())).is_ok() {
+        if running {
+            println!("stopped {who} ({}; it stays down until `gatewarden start`)", m.describe());
+        } else {
+            println!("no gateway was running; stopped {} (it stays down)", m.describe());
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!("the lock is still held after {} stopped; stopping the holder directly", m.describe());
+    stop_direct(home, deadline.saturating_duration_since(Instant::now()).as_secs().max(1), no_kill)
+}
 
+/// Control `stop`, then wait for the connection's end (the gateway's exit). False if the
+/// control endpoint did not take the request.
+fn request_graceful(home: &Home, deadline: Instant, control_timeout: Duration, who: &str) -> bool {
     let ep = Endpoint::for_home(home.dir());
-    let graceful = match Client::connect(&ep, control_timeout) {
+    match Client::connect(&ep, control_timeout) {
         Ok(mut c) => {
             match c.call(Op::Stop { requester: Requester::current("cli"), reason: StopReason::Stop }, control_timeout) {
                 Ok(_) => {
@@ -59,7 +110,19 @@ pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCo
             eprintln!("control endpoint unavailable ({e}); falling back to a planned-stop marker and SIGTERM");
             false
         }
-    };
+    }
+}
+
+/// The gateway runs without a manager (or survived the manager's stop).
+fn stop_direct(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCode> {
+    let home = home.clone();
+    let budget = Duration::from_secs(timeout_s);
+    let deadline = Instant::now() + budget;
+    let control_timeout = CONNECT_TIMEOUT.min(budget / 4);
+    let record = read_pid_record(&home.pid_file()).ok();
+    let who = record.as_ref().map_or("the gateway".to_string(), |r| format!("gateway pid {}", r.pid));
+
+    let graceful = request_graceful(&home, deadline, control_timeout, &who);
     if !graceful {
         let t = match lock_holder(&home) {
             Ok(h) => {

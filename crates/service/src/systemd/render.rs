@@ -13,8 +13,9 @@
 //! logged 163K restarts in 13 days); the unit then sits in `failed` with
 //! `Result=start-limit-hit`, which `doctor` reports with the `reset-failed` command.
 //! `TimeoutStopSec=` comes from [`crate::spec::stop_timeout_s`] so systemd never SIGKILLs a
-//! drain the process is still allowed to finish. `KillMode=mixed` sends SIGTERM to the main
-//! process only (our drain), and SIGKILL to leftovers in the cgroup after the timeout.
+//! drain the process is still allowed to finish. `KillMode=mixed` with `KillSignal=SIGINT`
+//! sends the planned-stop signal to the main process only (our drain; `systemctl stop` is a
+//! clean exit 0), and SIGKILL to leftovers in the cgroup after the timeout.
 //! `ExecStart=` never carries `--replace`: a supervised respawn must not evict anyone.
 
 use super::syntax::{format_ms, quote_command, quote_word};
@@ -66,7 +67,9 @@ pub fn render_unit(spec: &ServiceSpec) -> Result<String, SpecError> {
         line(&format!("WatchdogSec={}", spec.watchdog_s));
     }
     line("KillMode=mixed");
-    line("KillSignal=SIGTERM");
+    // A `systemctl stop` is a deliberate stop: SIGINT is the gateway's planned-stop signal
+    // (exit 0, Result=success), while a stray SIGTERM stays "unexpected" (exit 1, revived).
+    line("KillSignal=SIGINT");
     line("");
     line("[Install]");
     line(match spec.scope {

@@ -1,0 +1,290 @@
+//! `gatewarden doctor [--fix] [--json]`: compares the installed service definition with what
+//! this version renders (wrong binary, missing `RestartForceExitStatus=75`, a `TimeoutStopSec`
+//! below the drain, an old KeepAlive policy, …), and checks stale files, the listen port, the
+//! home's permissions, a parked supervisor, the config file and (user units) lingering. Each
+//! finding is printed with its fix; `--fix` applies the fixes it can, then checks again.
+//! Exit 0 when no error remains, 1 otherwise.
+
+use std::process::{Command, ExitCode};
+
+use gatewarden_control::Endpoint;
+use gatewarden_lifecycle::Home;
+use gatewarden_lifecycle::lock::{InstanceLock, LockProbe};
+use gatewarden_lifecycle::marker::MarkerKind;
+use gatewarden_service::Scope;
+use gatewarden_service::doctor::{self, Finding, FindingId, FixAction, HomeFacts, PortFacts, Severity};
+use gatewarden_service::supervise::read_parked_state;
+use serde::Serialize;
+use serde_json::json;
+
+use super::manager::{self, Managed};
+use super::os;
+
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// Apply the fixes that can be applied automatically
+    #[arg(long)]
+    pub fix: bool,
+    /// Print the findings as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One finding as the CLI reports it: the service crate's findings plus the CLI's own
+/// (stale files, config), with a printable fix.
+#[derive(Debug, Clone, Serialize)]
+struct Item {
+    id: String,
+    severity: Severity,
+    subject: String,
+    message: String,
+    fix: Fix,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fixed: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+enum Fix {
+    None,
+    /// Re-render and reinstall the service definition.
+    Refresh {
+        command: String,
+    },
+    /// Run a command.
+    Run {
+        argv: Vec<String>,
+    },
+    /// Remove stale runtime files under the lock.
+    HealStale,
+    /// A human has to act.
+    Manual {
+        hint: String,
+    },
+}
+
+impl Fix {
+    fn describe(&self) -> Option<String> {
+        Some(match self {
+            Fix::None => return None,
+            Fix::Refresh { command } => format!("rewrite the definition: {command} (or doctor --fix)"),
+            Fix::Run { argv } => format!("run: {}", argv.join(" ")),
+            Fix::HealStale => "remove them (doctor --fix, or any status/stop/start does it)".into(),
+            Fix::Manual { hint } => hint.clone(),
+        })
+    }
+}
+
+fn from_finding(f: Finding, refresh_cmd: &str) -> Item {
+    let fix = match f.fix {
+        // Installing is the operator's choice, never an automatic fix.
+        _ if f.id == FindingId::NotInstalled => Fix::Manual { hint: format!("to run it as a service: {refresh_cmd}") },
+        FixAction::None => Fix::None,
+        FixAction::RefreshDefinition { .. } => Fix::Refresh { command: refresh_cmd.to_owned() },
+        FixAction::Run { argv } => Fix::Run { argv },
+        FixAction::Manual { hint } => Fix::Manual { hint },
+    };
+    Item {
+        id: f.id.as_str().to_owned(),
+        severity: f.severity,
+        subject: f.subject,
+        message: f.message,
+        fix,
+        fixed: None,
+    }
+}
+
+pub fn doctor(home: &Home, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
+    let home = home.canonicalized();
+    let mut items = check(&home);
+    if args.fix {
+        apply(&home, &mut items);
+        // Report what is left after fixing, keeping the record of what was fixed.
+        let fixed: Vec<Item> = items.iter().filter(|i| i.fixed == Some(true)).cloned().collect();
+        let mut after = check(&home);
+        for i in &mut after {
+            i.fixed = Some(false);
+        }
+        items = fixed.into_iter().chain(after).collect();
+    }
+    let remaining_errors = items.iter().filter(|i| i.fixed != Some(true) && i.severity == Severity::Error).count();
+    if args.json {
+        let v = json!({"home": home.dir(), "ok": remaining_errors == 0, "findings": items});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print_human(&home, &items);
+    }
+    Ok(if remaining_errors == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn print_human(home: &Home, items: &[Item]) {
+    let open: Vec<&Item> = items.iter().filter(|i| i.fixed != Some(true)).collect();
+    for i in items.iter().filter(|i| i.fixed == Some(true)) {
+        println!("fixed[{}] {}: {}", i.id, i.subject, i.message);
+    }
+    if open.iter().all(|i| i.severity == Severity::Info) {
+        println!("doctor: no problems found in {}", home.dir().display());
+    }
+    for i in open {
+        let sev = match i.severity {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        };
+        println!("{sev}[{}] {}: {}", i.id, i.subject, i.message);
+        if let Some(f) = i.fix.describe() {
+            println!("    fix: {f}");
+        }
+    }
+}
+
+/// The installed definition (or the user-scope spec when nothing is installed).
+fn managed(home: &Home) -> Option<Managed> {
+    manager::installed(home).or_else(|| {
+        let spec = manager::spec_for(home, Scope::User).ok()?;
+        Some(Managed { state: os::svc::query(&spec), spec })
+    })
+}
+
+fn check(home: &Home) -> Vec<Item> {
+    let mut out: Vec<Finding> = Vec::new();
+    let mut extra: Vec<Item> = Vec::new();
+    let m = managed(home);
+    let refresh_cmd = {
+        let system = m.as_ref().is_some_and(|m| m.spec.scope == Scope::System);
+        format!("gatewarden --home {} service install{}", home.dir().display(), if system { " --system" } else { "" })
+    };
+    if let Some(m) = &m {
+        out.extend(os::svc::drift(&m.spec));
+        if m.state.installed {
+            out.extend(os::svc::host_findings(&m.spec));
+        }
+    }
+    // Config.
+    let config = gatewarden_agent::Config::load(home.dir());
+    if let Err(e) = &config {
+        extra.push(Item {
+            id: "config-invalid".into(),
+            severity: Severity::Error,
+            subject: home.config_file().display().to_string(),
+            message: format!("the gateway would exit 78 (fatal configuration): {e}"),
+            fix: Fix::Manual { hint: "edit config.toml (see crates/agent/config.example.toml)".into() },
+            fixed: None,
+        });
+    }
+    // Home.
+    out.extend(doctor::check_home(&home.dir().to_string_lossy(), &home_facts(home)));
+    // Lock, stale files and the port.
+    let running = match InstanceLock::probe(&home.lock()) {
+        LockProbe::Held => true,
+        LockProbe::Free(_guard) => {
+            let stale = stale_files(home);
+            if !stale.is_empty() {
+                extra.push(Item {
+                    id: "stale-files".into(),
+                    severity: Severity::Warning,
+                    subject: home.dir().display().to_string(),
+                    message: format!("no gateway holds the lock, but these runtime files remain: {}", stale.join(", ")),
+                    fix: Fix::HealStale,
+                    fixed: None,
+                });
+            }
+            false
+        }
+        LockProbe::Missing => false,
+        LockProbe::Error(why) => {
+            extra.push(Item {
+                id: "lock-unreadable".into(),
+                severity: Severity::Error,
+                subject: home.lock().display().to_string(),
+                message: format!("the instance lock cannot be probed: {why}"),
+                fix: Fix::Manual { hint: "check the home's ownership and permissions".into() },
+                fixed: None,
+            });
+            false
+        }
+    };
+    if let Ok(cfg) = &config
+        && !running
+        && cfg.listen.port() != 0
+    {
+        let in_use = std::net::TcpListener::bind(cfg.listen).is_err_and(|e| e.kind() == std::io::ErrorKind::AddrInUse);
+        out.extend(doctor::check_port(&PortFacts { addr: cfg.listen.to_string(), in_use, held_by_own_gateway: false }));
+    }
+    // Parked supervisor.
+    let exe = manager::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gatewarden".into());
+    out.extend(doctor::check_parked(&read_parked_state(home.dir()), &exe, &home.dir().to_string_lossy()));
+
+    doctor::sort_findings(&mut out);
+    let mut items: Vec<Item> = out.into_iter().map(|f| from_finding(f, &refresh_cmd)).collect();
+    items.extend(extra);
+    items.sort_by_key(|i| std::cmp::Reverse(i.severity));
+    items
+}
+
+fn home_facts(home: &Home) -> HomeFacts {
+    let Ok(meta) = std::fs::metadata(home.dir()) else {
+        return HomeFacts::default();
+    };
+    let writable = meta.is_dir() && {
+        let probe = home.dir().join(format!(".doctor-probe-{}", std::process::id()));
+        let ok = std::fs::write(&probe, b"").is_ok();
+        let _ = std::fs::remove_file(&probe);
+        ok
+    };
+    HomeFacts { exists: true, is_dir: meta.is_dir(), writable, mode: os::proc::mode(&meta) }
+}
+
+/// Runtime files that are stale when the lock is free.
+fn stale_files(home: &Home) -> Vec<String> {
+    let mut v = Vec::new();
+    for (p, name) in [
+        (home.pid_file(), "gateway.pid"),
+        (home.marker(MarkerKind::PlannedStop), MarkerKind::PlannedStop.file_name()),
+        (home.marker(MarkerKind::Takeover), MarkerKind::Takeover.file_name()),
+    ] {
+        if p.exists() {
+            v.push(name.to_owned());
+        }
+    }
+    if let Endpoint::Socket(s) = Endpoint::for_home(home.dir())
+        && s.exists()
+    {
+        v.push(s.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "control.sock".into()));
+    }
+    v
+}
+
+fn apply(home: &Home, items: &mut [Item]) {
+    let mut refreshed: Option<bool> = None;
+    for i in items.iter_mut() {
+        let ok = match &i.fix {
+            Fix::None | Fix::Manual { .. } => continue,
+            Fix::Refresh { .. } => *refreshed.get_or_insert_with(|| refresh(home)),
+            Fix::HealStale => {
+                matches!(super::presence::presence(home, "doctor"), super::presence::Presence::NotRunning { .. })
+            }
+            Fix::Run { argv } => {
+                eprintln!("doctor: running {}", argv.join(" "));
+                argv.split_first()
+                    .is_some_and(|(p, rest)| Command::new(p).args(rest).status().is_ok_and(|s| s.success()))
+            }
+        };
+        i.fixed = Some(ok);
+    }
+}
+
+/// Rewrites the installed definition (without starting or restarting anything).
+fn refresh(home: &Home) -> bool {
+    let Some(m) = managed(home) else { return false };
+    match os::svc::install(&m.spec, false) {
+        Ok(()) => {
+            eprintln!("doctor: rewrote {}", m.describe());
+            true
+        }
+        Err(e) => {
+            eprintln!("doctor: cannot rewrite {}: {e:#}", m.describe());
+            false
+        }
+    }
+}

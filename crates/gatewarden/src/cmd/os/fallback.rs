@@ -1,0 +1,42 @@
+//! Platforms without a supported service manager. See `mod.rs` for the facade.
+
+use std::path::PathBuf;
+
+use gatewarden_service::ServiceSpec;
+use gatewarden_service::doctor::Finding;
+
+use super::ServiceState;
+
+pub const MANAGER: &str = "none";
+
+fn unsupported<T>() -> anyhow::Result<T> {
+    anyhow::bail!("no supported service manager on this platform; run `gatewarden supervise` from your init system")
+}
+
+pub fn definition_path(_spec: &ServiceSpec) -> Option<PathBuf> {
+    None
+}
+pub fn render(_spec: &ServiceSpec) -> anyhow::Result<String> {
+    unsupported()
+}
+pub fn install(_spec: &ServiceSpec, _start: bool) -> anyhow::Result<()> {
+    unsupported()
+}
+pub fn uninstall(_spec: &ServiceSpec) -> anyhow::Result<()> {
+    unsupported()
+}
+pub fn query(spec: &ServiceSpec) -> ServiceState {
+    ServiceState { manager: MANAGER.into(), scope: Some(spec.scope), ..ServiceState::default() }
+}
+pub fn stop(_spec: &ServiceSpec) -> anyhow::Result<()> {
+    unsupported()
+}
+pub fn kick(_spec: &ServiceSpec) -> anyhow::Result<()> {
+    unsupported()
+}
+pub fn drift(_spec: &ServiceSpec) -> Vec<Finding> {
+    Vec::new()
+}
+pub fn host_findings(_spec: &ServiceSpec) -> Vec<Finding> {
+    Vec::new()
+}

@@ -1,0 +1,248 @@
+//! Linux: systemd (user units, or system units with `--system`). See `mod.rs` for the facade.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use gatewarden_lifecycle::fsio;
+use gatewarden_service::command::{CommandRunner, SystemRunner};
+use gatewarden_service::doctor::{self, Finding};
+use gatewarden_service::systemd::{self, Systemctl, parse_show};
+use gatewarden_service::{Scope, ServiceSpec};
+use serde_json::json;
+
+use super::ServiceState;
+
+pub const MANAGER: &str = "systemd";
+
+/// `$XDG_CONFIG_HOME`, else `~/.config`.
+fn user_config_dir() -> String {
+    std::env::var("XDG_CONFIG_HOME")
+        .ok()
+        .filter(|p| p.starts_with('/'))
+        .or_else(|| std::env::var("HOME").ok().filter(|h| !h.is_empty()).map(|h| format!("{h}/.config")))
+        .unwrap_or_else(|| "/root/.config".into())
+}
+
+fn unit(spec: &ServiceSpec) -> String {
+    spec.names().systemd_unit()
+}
+
+/// A runner whose deadline covers a blocking `systemctl stop` of this spec.
+fn runner(spec: &ServiceSpec) -> SystemRunner {
+    SystemRunner { timeout: Duration::from_secs(spec.stop_timeout_s().saturating_add(30)) }
+}
+
+pub fn definition_path(spec: &ServiceSpec) -> Option<PathBuf> {
+    Some(PathBuf::from(systemd::unit_path(spec.scope, &user_config_dir(), &unit(spec))))
+}
+
+pub fn render(spec: &ServiceSpec) -> anyhow::Result<String> {
+    Ok(systemd::render_unit(spec)?)
+}
+
+pub fn install(spec: &ServiceSpec, start: bool) -> anyhow::Result<()> {
+    let text = render(spec)?;
+    let path = definition_path(spec).context("no unit path")?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    fsio::atomic_write(&path, text.as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
+    let r = runner(spec);
+    let sc = Systemctl::new(&r, spec.scope);
+    let u = unit(spec);
+    sc.daemon_reload()?;
+    sc.enable(&u)?;
+    // A previous crash loop or failed state must not block the fresh definition.
+    let _ = sc.reset_failed(&u);
+    if start {
+        sc.start(&u)?;
+    }
+    Ok(())
+}
+
+pub fn uninstall(spec: &ServiceSpec) -> anyhow::Result<()> {
+    let r = runner(spec);
+    let sc = Systemctl::new(&r, spec.scope);
+    let u = unit(spec);
+    // Best effort: the unit may be stopped, disabled or unknown already.
+    let _ = sc.stop(&u);
+    let _ = sc.disable(&u);
+    if let Some(path) = definition_path(spec) {
+        fsio::remove_if_exists(&path).with_context(|| format!("cannot remove {}", path.display()))?;
+        let dropins = PathBuf::from(format!("{}.d", path.display()));
+        if dropins.is_dir() {
+            eprintln!("note: drop-ins remain in {} (not written by gatewarden)", dropins.display());
+        }
+    }
+    sc.daemon_reload()?;
+    let _ = sc.reset_failed(&u);
+    Ok(())
+}
+
+/// `systemctl show` of a few properties, as a map.
+fn show(spec: &ServiceSpec, props: &str) -> Option<std::collections::BTreeMap<String, String>> {
+    let u = unit(spec);
+    let mut args = Vec::new();
+    if spec.scope == Scope::User {
+        args.push("--user");
+    }
+    args.extend(["show", "-p", props, u.as_str()]);
+    let out = SystemRunner { timeout: Duration::from_secs(10) }.run("systemctl", &args).ok()?;
+    if !out.success() {
+        return None;
+    }
+    Some(
+        out.stdout
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned())))
+            .collect(),
+    )
+}
+
+pub fn query(spec: &ServiceSpec) -> ServiceState {
+    let path = definition_path(spec);
+    let installed = path.as_ref().is_some_and(|p| p.exists());
+    let mut st = ServiceState {
+        manager: MANAGER.into(),
+        scope: Some(spec.scope),
+        unit: unit(spec),
+        installed,
+        path,
+        ..ServiceState::default()
+    };
+    if !installed {
+        return st;
+    }
+    let props = format!("{},LoadState,RestartUSec", systemd::SHOW_PROPERTIES);
+    let Some(map) = show(spec, &props) else {
+        st.detail.insert("error".into(), json!("systemctl show failed (is the manager running?)"));
+        return st;
+    };
+    let text: String = map.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    let parsed = parse_show(&text);
+    st.main_pid = parsed.main_pid;
+    let active = map.get("ActiveState").map(String::as_str).unwrap_or("");
+    // "auto-restart" sits in `activating`: the manager will bring it back by itself.
+    st.active = matches!(active, "active" | "activating" | "reloading");
+    for (k, key) in [
+        ("ActiveState", "active_state"),
+        ("SubState", "sub_state"),
+        ("Result", "result"),
+        ("LoadState", "load_state"),
+        ("InvocationID", "invocation_id"),
+    ] {
+        if let Some(v) = map.get(k).filter(|v| !v.is_empty()) {
+            st.detail.insert(key.into(), json!(v));
+        }
+    }
+    if let Some(n) = parsed.n_restarts {
+        st.detail.insert("n_restarts".into(), json!(n));
+    }
+    if let Some(c) = parsed.exec_main_status {
+        st.detail.insert("exec_main_status".into(), json!(c));
+    }
+    if let Some(systemd::TimeSpan::Finite(d)) = map.get("RestartUSec").and_then(|v| systemd::parse_timespan(v)) {
+        st.detail.insert("restart_sec_ms".into(), json!(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
+    }
+    st
+}
+
+pub fn stop(spec: &ServiceSpec) -> anyhow::Result<()> {
+    let r = runner(spec);
+    Ok(Systemctl::new(&r, spec.scope).stop(&unit(spec))?)
+}
+
+/// Starts the unit now, whatever its backoff or failed state. A `start` job waits for a pending
+/// `RestartSec` timer (systemd queues it behind the auto-restart), so a unit in `auto-restart`
+/// gets `restart` (which ends the wait at once); an inactive or failed one `reset-failed` +
+/// `start`; one already starting or running is left alone (systemd is on it, and restarting
+/// it would kill a newer incarnation).
+pub fn kick(spec: &ServiceSpec) -> anyhow::Result<()> {
+    let r = runner(spec);
+    let sc = Systemctl::new(&r, spec.scope);
+    let u = unit(spec);
+    let map = show(spec, "ActiveState,SubState").unwrap_or_default();
+    let active = map.get("ActiveState").map(String::as_str).unwrap_or("");
+    let sub = map.get("SubState").map(String::as_str).unwrap_or("");
+    match (active, sub) {
+        (_, "auto-restart") => Ok(sc.restart(&u)?),
+        ("active" | "reloading", _) | ("activating", "start" | "start-pre" | "start-post") => Ok(()),
+        _ => {
+            let _ = sc.reset_failed(&u);
+            Ok(sc.start(&u)?)
+        }
+    }
+}
+
+/// The installed unit (with drop-ins, as `systemctl cat` shows it) against this version's
+/// rendering, plus a tripped start limit.
+pub fn drift(spec: &ServiceSpec) -> Vec<Finding> {
+    let expected = match render(spec) {
+        Ok(t) => t,
+        Err(e) => {
+            return vec![Finding::new(
+                doctor::FindingId::DefinitionUnreadable,
+                doctor::Severity::Error,
+                "systemd unit",
+                format!("cannot render the expected unit: {e}"),
+                doctor::FixAction::None,
+            )];
+        }
+    };
+    let Some(path) = definition_path(spec).filter(|p| p.exists()) else {
+        return doctor::check_systemd_unit(None, &expected);
+    };
+    let u = unit(spec);
+    let mut args = Vec::new();
+    if spec.scope == Scope::User {
+        args.push("--user");
+    }
+    args.extend(["cat", u.as_str()]);
+    let cat = SystemRunner { timeout: Duration::from_secs(10) }
+        .run("systemctl", &args)
+        .ok()
+        .filter(|o| o.success())
+        .map(|o| o.stdout);
+    let text = match cat {
+        Some(t) => t,
+        None => match std::fs::read(&path) {
+            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+            Err(e) => {
+                return vec![Finding::new(
+                    doctor::FindingId::DefinitionUnreadable,
+                    doctor::Severity::Error,
+                    path.display().to_string(),
+                    format!("cannot read the installed unit: {e}"),
+                    doctor::FixAction::RefreshDefinition { manager: doctor::Manager::Systemd },
+                )];
+            }
+        },
+    };
+    let mut out = doctor::check_systemd_unit(Some(&text), &expected);
+    if let Some(map) = show(spec, systemd::SHOW_PROPERTIES) {
+        let t: String = map.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+        out.extend(doctor::check_systemd_status(&parse_show(&t), &u, spec.scope));
+    }
+    out
+}
+
+/// Host-level findings: a user unit without lingering stops at logout.
+pub fn host_findings(spec: &ServiceSpec) -> Vec<Finding> {
+    if spec.scope != Scope::User {
+        return Vec::new();
+    }
+    let Some(user) = std::env::var("USER").ok().filter(|u| !u.is_empty()) else {
+        return Vec::new();
+    };
+    let linger = SystemRunner { timeout: Duration::from_secs(5) }
+        .run("loginctl", &["show-user", &user, "-p", "Linger", "--value"])
+        .ok()
+        .filter(|o| o.success())
+        .and_then(|o| match o.stdout.trim() {
+            "yes" => Some(true),
+            "no" => Some(false),
+            _ => None,
+        });
+    doctor::check_linger(&user, linger)
+}

@@ -1,0 +1,155 @@
+//! macOS: a LaunchAgent running `gatewarden supervise` (see `gatewarden_service::launchd` for
+//! the KeepAlive policy). Type-checked on Linux; see `mod.rs` for the facade.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use gatewarden_lifecycle::fsio;
+use gatewarden_service::command::SystemRunner;
+use gatewarden_service::doctor::{self, Finding};
+use gatewarden_service::launchd::{self, Launchctl, LaunchdTarget};
+use gatewarden_service::{Scope, ServiceSpec};
+use serde_json::json;
+
+use super::ServiceState;
+
+pub const MANAGER: &str = "launchd";
+
+fn user_home() -> String {
+    std::env::var("HOME").unwrap_or_default()
+}
+
+fn target(spec: &ServiceSpec) -> LaunchdTarget {
+    let label = spec.names().launchd_label();
+    let path = launchd::plist_path(&user_home(), &label);
+    LaunchdTarget::new(super::proc::uid(), label, path)
+}
+
+fn runner() -> SystemRunner {
+    SystemRunner { timeout: Duration::from_secs(60) }
+}
+
+fn user_scope_only(spec: &ServiceSpec) -> anyhow::Result<()> {
+    if spec.scope == Scope::System {
+        anyhow::bail!("system-wide LaunchDaemons are not supported; install a per-user LaunchAgent (without --system)");
+    }
+    Ok(())
+}
+
+#[allow(dead_code)]
+pub fn definition_path(spec: &ServiceSpec) -> Option<PathBuf> {
+    Some(PathBuf::from(target(spec).plist_path))
+}
+
+pub fn render(spec: &ServiceSpec) -> anyhow::Result<String> {
+    user_scope_only(spec)?;
+    Ok(launchd::render_plist(spec)?)
+}
+
+pub fn install(spec: &ServiceSpec, start: bool) -> anyhow::Result<()> {
+    let text = render(spec)?;
+    let t = target(spec);
+    // The plist names log files in <home>/logs; launchd will not create the directory.
+    let logs = spec.home.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
+    let path = PathBuf::from(&t.plist_path);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    fsio::atomic_write(&path, text.as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
+    let r = runner();
+    let lc = Launchctl::new(&r);
+    if lc.print(&t)?.is_none() {
+        lc.bootstrap(&t)?;
+    }
+    if start {
+        lc.kickstart(&t, false)?;
+    }
+    Ok(())
+}
+
+pub fn uninstall(spec: &ServiceSpec) -> anyhow::Result<()> {
+    let t = target(spec);
+    let r = runner();
+    let _ = Launchctl::new(&r).bootout(&t);
+    fsio::remove_if_exists(std::path::Path::new(&t.plist_path))?;
+    Ok(())
+}
+
+pub fn query(spec: &ServiceSpec) -> ServiceState {
+    let t = target(spec);
+    let path = PathBuf::from(&t.plist_path);
+    let mut st = ServiceState {
+        manager: MANAGER.into(),
+        scope: Some(Scope::User),
+        unit: t.label.clone(),
+        installed: path.exists(),
+        path: Some(path),
+        ..ServiceState::default()
+    };
+    if !st.installed {
+        return st;
+    }
+    let r = runner();
+    match Launchctl::new(&r).print(&t) {
+        Ok(Some(p)) => {
+            st.main_pid = p.pid;
+            st.active = p.pid.is_some();
+            st.detail.insert("loaded".into(), json!(true));
+            if let Some(s) = &p.state {
+                st.detail.insert("state".into(), json!(s));
+            }
+            st.detail.insert("spawn_pending".into(), json!(p.spawn_pending));
+        }
+        Ok(None) => {
+            st.detail.insert("loaded".into(), json!(false));
+        }
+        Err(e) => {
+            st.detail.insert("error".into(), json!(e.to_string()));
+        }
+    }
+    st
+}
+
+fn start(spec: &ServiceSpec) -> anyhow::Result<()> {
+    user_scope_only(spec)?;
+    let t = target(spec);
+    let r = runner();
+    let lc = Launchctl::new(&r);
+    if lc.print(&t)?.is_none() {
+        lc.bootstrap(&t)?;
+    }
+    Ok(lc.kickstart(&t, false)?)
+}
+
+/// The gateway's own planned stop (exit 0) ends `supervise` with 0, and `SuccessfulExit =
+/// false` keeps the job down with its label loaded: nothing to ask launchd.
+pub fn stop(_spec: &ServiceSpec) -> anyhow::Result<()> {
+    Ok(())
+}
+
+pub fn kick(spec: &ServiceSpec) -> anyhow::Result<()> {
+    start(spec)
+}
+
+pub fn drift(spec: &ServiceSpec) -> Vec<Finding> {
+    let expected = match launchd::launch_agent(spec) {
+        Ok(a) => a,
+        Err(e) => {
+            return vec![Finding::new(
+                doctor::FindingId::DefinitionUnreadable,
+                doctor::Severity::Error,
+                "LaunchAgent",
+                format!("cannot render the expected plist: {e}"),
+                doctor::FixAction::None,
+            )];
+        }
+    };
+    let bytes = std::fs::read(target(spec).plist_path).ok();
+    doctor::check_launchd_plist(bytes.as_deref(), &expected)
+}
+
+pub fn host_findings(_spec: &ServiceSpec) -> Vec<Finding> {
+    Vec::new()
+}

@@ -1,0 +1,68 @@
+//! The per-OS facade of the service verbs: the only `cfg` in the CLI's service code.
+//!
+//! Two halves, each one file per OS with identical signatures:
+//!
+//! - `svc` (`linux.rs` systemd, `macos.rs` launchd, `windows.rs` Task Scheduler / SCM,
+//!   `fallback.rs` elsewhere): render, install, uninstall, query, start, stop and check the
+//!   service definition of one home.
+//!   `render(&ServiceSpec) -> Result<String>`, `definition_path(&ServiceSpec) -> Option<PathBuf>`,
+//!   `install(&ServiceSpec, start: bool) -> Result<()>`, `uninstall(&ServiceSpec) -> Result<()>`,
+//!   `query(&ServiceSpec) -> ServiceState`, `stop(&ServiceSpec) -> Result<()>` (the manager's
+//!   stop, after the caller's graceful request), `kick(&ServiceSpec) -> Result<()>` (start now,
+//!   bypassing backoff and failed states),
+//!   `drift(&ServiceSpec) -> Vec<Finding>`, `host_findings(&ServiceSpec) -> Vec<Finding>`,
+//!   (The SCM service body goes through `gatewarden_service::windows_scm`, already a facade.)
+//! - `proc` (`proc_unix.rs`, `proc_windows.rs`): what `supervise` needs from the OS —
+//!   spawning a watched child (and reaping orphans when PID 1), forwarding stop signals /
+//!   console events, replacing the process image, the user id.
+//!
+//! Decisions (what to do with an exit, when to escalate) stay in the verb files.
+
+use std::path::PathBuf;
+
+use gatewarden_service::Scope;
+use gatewarden_service::supervise::ChildExit;
+use serde::Serialize;
+
+#[cfg_attr(target_os = "linux", path = "linux.rs")]
+#[cfg_attr(target_os = "macos", path = "macos.rs")]
+#[cfg_attr(windows, path = "windows.rs")]
+#[cfg_attr(not(any(target_os = "linux", target_os = "macos", windows)), path = "fallback.rs")]
+pub mod svc;
+
+#[cfg_attr(unix, path = "proc_unix.rs")]
+#[cfg_attr(windows, path = "proc_windows.rs")]
+pub mod proc;
+
+/// What the service manager says about this home's service.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ServiceState {
+    /// `systemd`, `launchd`, `task-scheduler`, `windows-service`, or `none`.
+    pub manager: String,
+    /// `user` or `system`.
+    pub scope: Option<Scope>,
+    /// Unit name, launchd label, task or service name.
+    pub unit: String,
+    /// A definition for this home is installed.
+    pub installed: bool,
+    /// The manager runs (or is starting) it.
+    pub active: bool,
+    /// The manager's main process (the gateway under systemd, the supervisor elsewhere).
+    pub main_pid: Option<u32>,
+    /// Where the definition lives.
+    pub path: Option<PathBuf>,
+    /// Manager-specific details (`ActiveState`, `SubState`, `NRestarts`, `Result`, …).
+    pub detail: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Something `supervise` is told while it waits.
+#[derive(Debug)]
+pub enum Event {
+    /// The child ended.
+    ChildExited { pid: u32, exit: ChildExit },
+    /// An orphan (not our child) was reaped; we are PID 1 or a subreaper (Unix only).
+    #[cfg_attr(windows, allow(dead_code))]
+    OrphanReaped { pid: u32 },
+    /// A stop was requested by a signal or console event (`channel`, `what`).
+    Stop { channel: &'static str, what: &'static str },
+}

@@ -1,0 +1,167 @@
+//! Windows: a per-user Scheduled Task running `gatewarden supervise` (no admin), or with
+//! `--system` an SCM service running `gatewarden supervise --scm`. Type-checked on Linux; see
+//! `mod.rs` for the facade.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use gatewarden_service::command::{CommandRunner, SystemRunner};
+use gatewarden_service::doctor::{self, Finding};
+use gatewarden_service::windows::{render_task_xml, scm_install, task_xml_utf16le};
+use gatewarden_service::windows_scm::{self, ScmState};
+use gatewarden_service::{Scope, ServiceSpec};
+use serde_json::json;
+
+use super::ServiceState;
+
+pub const MANAGER: &str = "task-scheduler";
+const SCM_MANAGER: &str = "windows-service";
+
+fn name(spec: &ServiceSpec) -> String {
+    spec.names().windows_name()
+}
+
+fn user_id() -> String {
+    let user = std::env::var("USERNAME").unwrap_or_default();
+    match std::env::var("USERDOMAIN") {
+        Ok(d) if !d.is_empty() => format!("{d}\\{user}"),
+        _ => user,
+    }
+}
+
+fn schtasks(args: &[&str]) -> anyhow::Result<gatewarden_service::command::CommandOutput> {
+    Ok(SystemRunner { timeout: Duration::from_secs(60) }.run("schtasks", args)?)
+}
+
+fn checked(args: &[&str]) -> anyhow::Result<()> {
+    let out = schtasks(args)?;
+    if !out.success() {
+        anyhow::bail!("`schtasks {}` failed ({:?}): {}", args.join(" "), out.code, out.stderr.trim());
+    }
+    Ok(())
+}
+
+#[allow(dead_code)]
+pub fn definition_path(_spec: &ServiceSpec) -> Option<PathBuf> {
+    None
+}
+
+pub fn render(spec: &ServiceSpec) -> anyhow::Result<String> {
+    match spec.scope {
+        Scope::User => Ok(render_task_xml(spec, &user_id())?),
+        Scope::System => Ok(format!("{:#?}\n", scm_install(spec)?)),
+    }
+}
+
+pub fn install(spec: &ServiceSpec, start: bool) -> anyhow::Result<()> {
+    let n = name(spec);
+    match spec.scope {
+        Scope::User => {
+            let xml = render(spec)?;
+            let file = spec.home.join(format!(".{n}.task.xml"));
+            std::fs::write(&file, task_xml_utf16le(&xml))
+                .with_context(|| format!("cannot write {}", file.display()))?;
+            let f = file.to_string_lossy().into_owned();
+            let created = checked(&["/Create", "/TN", &n, "/XML", &f, "/F"]);
+            let _ = std::fs::remove_file(&file);
+            created?;
+            if start {
+                checked(&["/Run", "/TN", &n])?;
+            }
+        }
+        Scope::System => {
+            windows_scm::install(&scm_install(spec)?)?;
+            if start {
+                windows_scm::start(&n)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn uninstall(spec: &ServiceSpec) -> anyhow::Result<()> {
+    let n = name(spec);
+    match spec.scope {
+        Scope::User => {
+            let _ = schtasks(&["/End", "/TN", &n]);
+            checked(&["/Delete", "/TN", &n, "/F"])
+        }
+        Scope::System => Ok(windows_scm::uninstall(&n)?),
+    }
+}
+
+pub fn query(spec: &ServiceSpec) -> ServiceState {
+    let n = name(spec);
+    let mut st = ServiceState { scope: Some(spec.scope), unit: n.clone(), ..ServiceState::default() };
+    match spec.scope {
+        Scope::User => {
+            st.manager = MANAGER.into();
+            if let Ok(out) = schtasks(&["/Query", "/TN", &n, "/FO", "CSV", "/NH"]) {
+                st.installed = out.success();
+                // "\gatewarden","N/A","Running" (the status word is localized; best effort).
+                st.active = out.success() && out.stdout.contains("Running");
+                if let Some(line) = out.stdout.lines().find(|l| !l.trim().is_empty()) {
+                    st.detail.insert("schtasks".into(), json!(line.trim()));
+                }
+            }
+        }
+        Scope::System => {
+            st.manager = SCM_MANAGER.into();
+            if let Ok(s) = windows_scm::query(&n) {
+                st.installed = true;
+                st.active = matches!(s.state, ScmState::Running | ScmState::StartPending);
+                st.main_pid = s.pid;
+                st.detail.insert("state".into(), json!(s.state));
+            }
+        }
+    }
+    st
+}
+
+fn start(spec: &ServiceSpec) -> anyhow::Result<()> {
+    let n = name(spec);
+    match spec.scope {
+        Scope::User => checked(&["/Run", "/TN", &n]),
+        Scope::System => Ok(windows_scm::start(&n)?),
+    }
+}
+
+/// The task: the gateway's own planned stop already ended `supervise` with 0. The SCM service:
+/// a stop control, which the service host turns into a graceful stop with StopPending
+/// checkpoints.
+pub fn stop(spec: &ServiceSpec) -> anyhow::Result<()> {
+    match spec.scope {
+        Scope::User => Ok(()),
+        Scope::System => windows_scm::stop(&name(spec)).map(drop).map_err(Into::into),
+    }
+}
+
+pub fn kick(spec: &ServiceSpec) -> anyhow::Result<()> {
+    start(spec)
+}
+
+pub fn drift(spec: &ServiceSpec) -> Vec<Finding> {
+    if spec.scope == Scope::System {
+        return Vec::new();
+    }
+    let expected = match render(spec) {
+        Ok(x) => x,
+        Err(e) => {
+            return vec![Finding::new(
+                doctor::FindingId::DefinitionUnreadable,
+                doctor::Severity::Error,
+                "scheduled task",
+                format!("cannot render the expected task: {e}"),
+                doctor::FixAction::None,
+            )];
+        }
+    };
+    let installed =
+        schtasks(&["/Query", "/TN", &name(spec), "/XML"]).ok().filter(|o| o.success()).map(|o| o.stdout.into_bytes());
+    doctor::check_task(installed.as_deref(), &expected)
+}
+
+pub fn host_findings(_spec: &ServiceSpec) -> Vec<Finding> {
+    Vec::new()
+}

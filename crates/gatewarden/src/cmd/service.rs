@@ -1,0 +1,259 @@
+//! `gatewarden service install | uninstall | status`: this home's service definition with the
+//! OS's manager (systemd unit, LaunchAgent, Scheduled Task or SCM service), rendered by
+//! `gatewarden_service` and applied through the per-OS facade in `os/`.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use gatewarden_control::{Client, Endpoint, StatusReport};
+use gatewarden_lifecycle::Home;
+use gatewarden_service::{Scope, ServiceSpec};
+use serde_json::json;
+
+use super::manager::{self, Managed};
+use super::os;
+use super::presence::{Presence, presence};
+
+#[derive(Debug, clap::Args)]
+pub struct ServiceArgs {
+    #[command(subcommand)]
+    pub action: ServiceAction,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ServiceAction {
+    /// Install (and start) this home's gateway as a service: a systemd user unit, a macOS
+    /// LaunchAgent or a Windows scheduled task; a system unit / Windows service with --system
+    Install(InstallArgs),
+    /// Stop the service gracefully and remove its definition
+    Uninstall(UninstallArgs),
+    /// Show the service manager's view: manager, unit, installed, active, main pid
+    /// (exit 0 active, 3 installed but not active, 4 not installed)
+    Status {
+        /// Print as JSON
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct InstallArgs {
+    /// Install for the whole system (systemd system unit, Windows SCM service; needs root / admin)
+    #[arg(long)]
+    pub system: bool,
+    /// Print the definition instead of installing it
+    #[arg(long)]
+    pub print: bool,
+    /// Account the system service runs as (systemd `User=`, SCM account)
+    #[arg(long, value_name = "USER", requires = "system")]
+    pub run_as: Option<String>,
+    /// Install and enable, but do not start now
+    #[arg(long)]
+    pub no_start: bool,
+    /// Internal (tests): systemd RestartSec in milliseconds
+    #[arg(long, hide = true, value_name = "MS")]
+    pub restart_sec_ms: Option<u64>,
+    /// Internal (tests): systemd WatchdogSec in seconds (0 = none)
+    #[arg(long, hide = true, value_name = "SECS")]
+    pub watchdog_s: Option<u64>,
+    /// Internal (tests): crash-loop brake burst
+    #[arg(long, hide = true)]
+    pub start_limit_burst: Option<u32>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UninstallArgs {
+    /// Remove the system-wide definition (default: whichever is installed, user first)
+    #[arg(long)]
+    pub system: bool,
+}
+
+pub fn service(home: &Home, args: ServiceArgs) -> anyhow::Result<ExitCode> {
+    match args.action {
+        ServiceAction::Install(a) => install(home, &a),
+        ServiceAction::Uninstall(a) => uninstall(home, &a),
+        ServiceAction::Status { json } => status(home, json),
+    }
+}
+
+/// An absolute home path without creating anything (for `--print`).
+fn absolute(home: &Home) -> Home {
+    let h = home.canonicalized();
+    if h.dir().is_absolute() {
+        return h;
+    }
+    std::env::current_dir().map(|d| Home::at(d.join(h.dir()))).unwrap_or(h)
+}
+
+fn spec_with_overrides(home: &Home, a: &InstallArgs) -> anyhow::Result<ServiceSpec> {
+    let scope = if a.system { Scope::System } else { Scope::User };
+    let mut spec = manager::spec_for(home, scope)?;
+    spec.run_as_user = a.run_as.clone();
+    if let Some(ms) = a.restart_sec_ms {
+        spec.restart_sec_ms = ms;
+    }
+    if let Some(w) = a.watchdog_s {
+        spec.watchdog_s = w;
+    }
+    if let Some(b) = a.start_limit_burst {
+        spec.start_limit_burst = b;
+    }
+    Ok(spec)
+}
+
+fn install(home: &Home, a: &InstallArgs) -> anyhow::Result<ExitCode> {
+    if a.print {
+        let spec = spec_with_overrides(&absolute(home), a)?;
+        print!("{}", os::svc::render(&spec)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let home = home.ensure()?;
+    let spec = spec_with_overrides(&home, a)?;
+    let gateway_pid = running_pid(&home);
+    let before = os::svc::query(&spec);
+    let owned = before.installed && (before.active || (gateway_pid.is_some() && before.main_pid == gateway_pid));
+    if gateway_pid.is_some() && !owned {
+        eprintln!(
+            "a gateway already runs in {} outside the service manager; stopping it so the {} manager can own it",
+            home.dir().display(),
+            before.manager
+        );
+        let code = super::stop::stop(&home, 60, false)?;
+        if code != ExitCode::SUCCESS {
+            anyhow::bail!("could not stop the running gateway; not installing the service");
+        }
+    }
+    let start_now = !a.no_start && !owned;
+    os::svc::install(&spec, start_now)?;
+    let m = Managed { state: os::svc::query(&spec), spec };
+    let where_ = m.state.path.as_ref().map(|p| format!(" ({})", p.display())).unwrap_or_default();
+    println!("installed {}{where_}", m.describe());
+    if owned {
+        println!("the gateway keeps running; the new definition applies at its next restart (`gatewarden restart`)");
+    } else if start_now {
+        match wait_ready(&home, Duration::from_secs(30)) {
+            Some(s) => println!(
+                "gateway pid {} ready on http://{}",
+                s.pid.map_or("?".into(), |p| p.to_string()),
+                s.listen.unwrap_or_default()
+            ),
+            None => {
+                eprintln!("the service was started but the gateway did not report ready within 30 s");
+                eprintln!(
+                    "check: gatewarden --home {} service status; gatewarden --home {0} logs",
+                    home.dir().display()
+                );
+                return Ok(ExitCode::from(1));
+            }
+        }
+    }
+    for f in os::svc::host_findings(&m.spec) {
+        eprintln!("note: {}", f.message);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn uninstall(home: &Home, a: &UninstallArgs) -> anyhow::Result<ExitCode> {
+    let home = home.canonicalized();
+    let found = if a.system {
+        manager::spec_for(&home, Scope::System)
+            .ok()
+            .map(|spec| Managed { state: os::svc::query(&spec), spec })
+            .filter(|m| m.state.installed)
+    } else {
+        manager::installed(&home)
+    };
+    let Some(m) = found else {
+        println!("no service is installed for {}", home.dir().display());
+        return Ok(ExitCode::SUCCESS);
+    };
+    // Graceful first, through the owner (drains, exits 0, stays down).
+    if m.state.active || running_pid(&home).is_some() {
+        let code = super::stop::stop(&home, m.spec.stop_timeout_s(), false)?;
+        if code != ExitCode::SUCCESS {
+            eprintln!("warning: the gateway did not stop cleanly; removing the service anyway");
+        }
+    }
+    os::svc::uninstall(&m.spec)?;
+    println!("uninstalled {}", m.describe());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn status(home: &Home, as_json: bool) -> anyhow::Result<ExitCode> {
+    let home = home.canonicalized();
+    let m = match manager::installed(&home) {
+        Some(m) => m,
+        None => {
+            let spec = manager::spec_for(&home, Scope::User)?;
+            Managed { state: os::svc::query(&spec), spec }
+        }
+    };
+    let code = match (m.state.installed, m.state.active) {
+        (true, true) => 0,
+        (true, false) => 3,
+        _ => 4,
+    };
+    if as_json {
+        let mut v = m.status_json();
+        if let Some(o) = v.as_object_mut() {
+            o.insert("path".into(), json!(m.state.path));
+            o.insert("home".into(), json!(home.dir()));
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        let st = &m.state;
+        println!("manager:    {}", st.manager);
+        println!("unit:       {}", st.unit);
+        println!("installed:  {}", if st.installed { "yes" } else { "no" });
+        if let Some(p) = &st.path {
+            println!("definition: {}", p.display());
+        }
+        if st.installed {
+            println!("active:     {}", if st.active { "yes" } else { "no" });
+            println!("main pid:   {}", st.main_pid.map_or("-".into(), |p| p.to_string()));
+            for (k, v) in &st.detail {
+                let text = v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string());
+                println!("{:<11} {text}", format!("{}:", k.replace('_', " ")));
+            }
+        } else {
+            println!("install it with: gatewarden --home {} service install", home.dir().display());
+        }
+    }
+    Ok(ExitCode::from(code))
+}
+
+/// The running gateway's pid (the lock is held and the record names it), if any.
+pub fn running_pid(home: &Home) -> Option<u32> {
+    match presence(home, "service") {
+        Presence::Running => gatewarden_lifecycle::records::read_pid_record(&home.pid_file()).ok().map(|r| r.pid),
+        _ => None,
+    }
+}
+
+/// Waits until the control endpoint answers with state `running`.
+pub fn wait_ready(home: &Home, timeout: Duration) -> Option<StatusReport> {
+    wait_ready_where(home, timeout, |_| true)
+}
+
+/// Waits until the control endpoint answers `running` with a report accepted by `accept`.
+pub fn wait_ready_where(
+    home: &Home,
+    timeout: Duration,
+    accept: impl Fn(&StatusReport) -> bool,
+) -> Option<StatusReport> {
+    let ep = Endpoint::for_home(home.dir());
+    let deadline = Instant::now() + timeout;
+    let t = Duration::from_millis(500);
+    loop {
+        if let Ok(s) = Client::connect(&ep, t).and_then(|mut c| c.status(t))
+            && s.state.as_deref() == Some("running")
+            && accept(&s)
+        {
+            return Some(s);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,338 @@
+//! `gatewarden supervise`: a minimal, correct supervisor for places without a service manager
+//! (the Windows task and service, the macOS LaunchAgent, containers where it is PID 1, WSL,
+//! Termux).
+//!
+//! It runs `gatewarden run --supervisor external` as its child (so a planned restart is an
+//! exit 75 for us to act on) and applies `gatewarden_service::supervise`'s policy to each exit:
+//! 0 stays down (supervise exits 0), 75 restarts at once, 1 / a signal restarts with backoff,
+//! 78 and the crash-loop brake park — `supervise_state.json` says why, `status` and `doctor`
+//! show it — and supervise exits 0 so an outer manager (launchd, Task Scheduler) does not
+//! loop either. SIGTERM / SIGINT / SIGHUP / console events become a graceful stop of the child
+//! (control `stop`; fallback: planned-stop marker plus a verified SIGTERM), then supervise
+//! waits for it and exits 0. As PID 1 it reaps every orphan re-parented to it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use gatewarden_control::{Client, Endpoint, Op, Requester, StopReason};
+use gatewarden_lifecycle::ledger::{Ledger, Writer};
+use gatewarden_lifecycle::marker::{self, MarkerKind};
+use gatewarden_lifecycle::platform::{self, Signal, signal_verified};
+use gatewarden_lifecycle::records::read_pid_record;
+use gatewarden_lifecycle::{Home, ProcessIdentity};
+use gatewarden_service::naming::ServiceNames;
+use gatewarden_service::spec::stop_timeout_s;
+use gatewarden_service::supervise::{
+    Action, ChildExit, ParkedState, RestartHistory, SupervisePolicy, clear_parked_state, write_parked_state,
+};
+use gatewarden_service::windows_scm::{self, ServiceHooks, StopCause};
+use serde_json::json;
+
+use super::os::{self, Event};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SuperviseArgs {
+    /// HTTP listen address passed to the gateway (overrides config.toml)
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Seconds a stop waits for active runs, passed to the gateway (overrides config.toml)
+    #[arg(long, value_name = "SECS")]
+    pub drain_timeout: Option<u64>,
+    /// Internal: run as a Windows SCM service (the service definition passes it)
+    #[arg(long, hide = true)]
+    pub scm: bool,
+    /// Internal (tests): restarts allowed within the brake window before parking
+    #[arg(long, hide = true, default_value_t = 5)]
+    pub brake_restarts: usize,
+    /// Internal (tests): crash-loop brake window in seconds
+    #[arg(long, hide = true, default_value_t = 60)]
+    pub brake_window_s: u64,
+    /// Internal (tests): first crash backoff in milliseconds
+    #[arg(long, hide = true, default_value_t = 100)]
+    pub backoff_ms: u64,
+}
+
+pub fn supervise(home: &Home, args: SuperviseArgs) -> anyhow::Result<ExitCode> {
+    let home = home.ensure()?;
+    let (tx, rx) = mpsc::channel::<Event>();
+    if args.scm {
+        return run_as_scm_service(home, args, tx, rx);
+    }
+    os::proc::forward_stop_events(tx.clone())?;
+    let code = Supervisor::new(home, args, tx).run(&rx);
+    Ok(ExitCode::from(code))
+}
+
+/// Under the SCM: the service body is the same loop; a stop control is a stop event.
+fn run_as_scm_service(
+    home: Home,
+    args: SuperviseArgs,
+    tx: Sender<Event>,
+    rx: Receiver<Event>,
+) -> anyhow::Result<ExitCode> {
+    let name = ServiceNames::new(home.dir(), super::manager::is_default_home(&home)).windows_name();
+    let stopped = Arc::new(AtomicBool::new(false));
+    let stop_tx = tx.clone();
+    let is_stopped = Arc::clone(&stopped);
+    let done = Arc::clone(&stopped);
+    let hooks = ServiceHooks {
+        request_stop: Box::new(move |cause| {
+            let what = match cause {
+                StopCause::Stop => "SERVICE_CONTROL_STOP",
+                StopCause::Shutdown => "SERVICE_CONTROL_SHUTDOWN",
+                StopCause::Preshutdown => "SERVICE_CONTROL_PRESHUTDOWN",
+            };
+            let _ = stop_tx.send(Event::Stop { channel: "scm", what });
+        }),
+        is_stopped: Box::new(move || is_stopped.load(Ordering::SeqCst)),
+        run: Box::new(move || {
+            let code = Supervisor::new(home, args, tx).run(&rx);
+            done.store(true, Ordering::SeqCst);
+            i32::from(code)
+        }),
+        progress: Default::default(),
+    };
+    windows_scm::run_service(&name, hooks)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+struct Supervisor {
+    home: Home,
+    args: SuperviseArgs,
+    policy: SupervisePolicy,
+    tx: Sender<Event>,
+    ledger: Ledger,
+    t0: Instant,
+    /// Drain budget of the child, for the stop escalation deadline.
+    drain_s: u64,
+    orphans_reaped: u64,
+}
+
+fn log(msg: &str) {
+    eprintln!("gatewarden supervise[{}]: {msg}", std::process::id());
+}
+
+impl Supervisor {
+    fn new(home: Home, args: SuperviseArgs, tx: Sender<Event>) -> Supervisor {
+        let policy = SupervisePolicy {
+            initial_backoff: Duration::from_millis(args.backoff_ms),
+            brake_window: Duration::from_secs(args.brake_window_s),
+            brake_max_restarts: args.brake_restarts,
+            ..SupervisePolicy::default()
+        };
+        let drain_s = args
+            .drain_timeout
+            .or_else(|| gatewarden_agent::Config::load(home.dir()).ok().map(|c| c.drain_timeout_s))
+            .unwrap_or(30);
+        let ledger = Ledger::new(home.ledger(), Writer::current());
+        Supervisor { home, args, policy, tx, ledger, t0: Instant::now(), drain_s, orphans_reaped: 0 }
+    }
+
+    fn now(&self) -> Duration {
+        self.t0.elapsed()
+    }
+
+    fn child_command(&self) -> anyhow::Result<Command> {
+        let mut cmd = Command::new(super::manager::current_exe()?);
+        cmd.arg("--home").arg(self.home.dir()).arg("run").args(["--supervisor", "external"]);
+        if let Some(l) = &self.args.listen {
+            cmd.args(["--listen", l]);
+        }
+        if let Some(d) = self.args.drain_timeout {
+            cmd.args(["--drain-timeout", &d.to_string()]);
+        }
+        cmd.stdin(Stdio::null()).stdout(Stdio::inherit()).stderr(Stdio::inherit());
+        Ok(cmd)
+    }
+
+    /// The supervision loop; returns supervise's exit code.
+    fn run(mut self, rx: &Receiver<Event>) -> u8 {
+        // A new supervisor is a new decision: an old park no longer applies.
+        let _ = clear_parked_state(self.home.dir());
+        if os::proc::is_pid1() {
+            log("running as PID 1: reaping orphans");
+        }
+        let mut history = RestartHistory::new(self.now());
+        loop {
+            let mut cmd = match self.child_command() {
+                Ok(c) => c,
+                Err(e) => {
+                    log(&format!("cannot build the gateway command: {e}"));
+                    return 1;
+                }
+            };
+            let pid = match os::proc::spawn_watched(&mut cmd, self.tx.clone()) {
+                Ok(p) => p,
+                Err(e) => {
+                    log(&format!("cannot start the gateway: {e}"));
+                    return 1;
+                }
+            };
+            // Taken before we can reap it, so the pid cannot have been recycled yet.
+            let child = platform::start_time(pid).map(|start_time| ProcessIdentity { pid, start_time });
+            history.child_started_at = self.now();
+            log(&format!("started gateway pid {pid}"));
+            let (exit, stopping) = self.wait_child(rx, pid, child);
+            if let Some(why) = stopping {
+                log(&format!("gateway pid {pid} ended ({exit}) after a stop request ({why}); exiting"));
+                return 0;
+            }
+            let now = self.now();
+            let action = self.policy.decide(exit, &history, now);
+            let _ = self.ledger.append(
+                "supervise_child_exited",
+                json!({"child_pid": pid, "exit": exit, "action": format!("{action:?}")}),
+            );
+            match action {
+                Action::StayDown => {
+                    log(&format!("gateway pid {pid} stopped ({exit}): staying down"));
+                    return 0;
+                }
+                Action::RestartNow => log(&format!("gateway pid {pid} asked for a restart ({exit}): restarting")),
+                Action::Restart { backoff } => {
+                    log(&format!("gateway pid {pid} ended ({exit}): restarting in {} ms", backoff.as_millis()));
+                    if let Some(why) = self.pause(rx, backoff) {
+                        log(&format!("stop requested ({why}) during backoff; exiting"));
+                        return 0;
+                    }
+                }
+                Action::Park { kind, reason } => {
+                    let restarts =
+                        u32::try_from(history.restarts_within(self.policy.brake_window, now)).unwrap_or(u32::MAX);
+                    let state = ParkedState::new(
+                        kind,
+                        reason.clone(),
+                        exit,
+                        restarts,
+                        std::process::id(),
+                        self.home.dir().to_string_lossy(),
+                    );
+                    if let Err(e) = write_parked_state(self.home.dir(), &state) {
+                        log(&format!("cannot record the parked state: {e}"));
+                    }
+                    let _ =
+                        self.ledger.append("supervise_parked", json!({"kind": kind, "reason": reason, "exit": exit}));
+                    log(&format!("parked: {reason}"));
+                    log(&format!("after fixing the cause: gatewarden --home {} start", self.home.dir().display()));
+                    return 0;
+                }
+            }
+            history.record_restart(&self.policy, exit, self.now());
+        }
+    }
+
+    /// Waits for child `pid` to end, turning stop events into a graceful stop (then a verified
+    /// kill after the drain budget plus grace). Returns its exit and, if a stop was requested,
+    /// what asked.
+    fn wait_child(
+        &mut self,
+        rx: &Receiver<Event>,
+        pid: u32,
+        child: Option<ProcessIdentity>,
+    ) -> (ChildExit, Option<String>) {
+        let mut stopping: Option<String> = None;
+        let mut kill_at: Option<Instant> = None;
+        loop {
+            let ev = match kill_at {
+                Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                    Ok(ev) => ev,
+                    Err(RecvTimeoutError::Timeout) => {
+                        kill_at = None;
+                        let outcome = child.map(|id| signal_verified(&id, Signal::Kill));
+                        log(&format!("gateway pid {pid} did not stop in time; killed: {outcome:?}"));
+                        let _ = self.ledger.append(
+                            "stop_escalated",
+                            json!({"target": {"pid": pid}, "by": "supervise", "outcome": format!("{outcome:?}")}),
+                        );
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return (ChildExit::Unknown, stopping),
+                },
+                None => match rx.recv() {
+                    Ok(ev) => ev,
+                    Err(_) => return (ChildExit::Unknown, stopping),
+                },
+            };
+            match ev {
+                Event::ChildExited { pid: p, exit } if p == pid => return (exit, stopping),
+                Event::ChildExited { .. } => {}
+                Event::OrphanReaped { pid: o } => {
+                    self.orphans_reaped += 1;
+                    log(&format!("reaped orphan pid {o} ({} so far)", self.orphans_reaped));
+                }
+                Event::Stop { channel, what } => {
+                    if stopping.is_some() {
+                        log(&format!("{what}: already stopping gateway pid {pid}"));
+                        continue;
+                    }
+                    log(&format!("{what}: stopping gateway pid {pid} gracefully"));
+                    stopping = Some(what.to_owned());
+                    kill_at = Some(Instant::now() + Duration::from_secs(stop_timeout_s(self.drain_s, 0, 0)));
+                    request_graceful_stop(self.home.dir().to_owned(), pid, child, channel);
+                }
+            }
+        }
+    }
+
+    /// Sleeps `d` unless a stop arrives (returned).
+    fn pause(&mut self, rx: &Receiver<Event>, d: Duration) -> Option<String> {
+        let until = Instant::now() + d;
+        loop {
+            match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok(Event::Stop { what, .. }) => return Some(what.to_owned()),
+                Ok(Event::OrphanReaped { .. } | Event::ChildExited { .. }) => {}
+                Err(RecvTimeoutError::Timeout) => return None,
+                Err(RecvTimeoutError::Disconnected) => return Some("event channel closed".into()),
+            }
+        }
+    }
+}
+
+/// Control `stop` (the gateway drains and exits 0); if the control endpoint does not answer,
+/// a planned-stop marker naming the child plus a verified SIGTERM. Runs on its own thread so
+/// the supervisor keeps reaping and waiting meanwhile.
+fn request_graceful_stop(home: PathBuf, pid: u32, child: Option<ProcessIdentity>, channel: &'static str) {
+    std::thread::spawn(move || {
+        let ep = Endpoint::for_home(&home);
+        let t = Duration::from_secs(2);
+        let asked = Client::connect(&ep, t).and_then(|mut c| {
+            c.call(
+                Op::Stop { requester: Requester::current(channel), reason: StopReason::Stop },
+                Duration::from_secs(5),
+            )
+            .map(|_| c)
+        });
+        match asked {
+            // Keep the connection until the gateway closes it, so the request is not cut short.
+            Ok(mut c) => {
+                c.wait_closed(Duration::from_secs(3600));
+            }
+            Err(e) => {
+                log(&format!("control stop failed ({e}); falling back to a planned-stop marker and SIGTERM"));
+                marker_and_terminate(&home, pid, child);
+            }
+        }
+    });
+}
+
+fn marker_and_terminate(home: &Path, pid: u32, child: Option<ProcessIdentity>) {
+    // Prefer the record the gateway wrote (same identity source as `stop`), but only if it
+    // names our child.
+    let id =
+        read_pid_record(&home.join("gateway.pid")).ok().and_then(|r| r.identity()).filter(|id| id.pid == pid).or(child);
+    let Some(id) = id else {
+        log(&format!("cannot verify gateway pid {pid}'s identity; not signalling it"));
+        return;
+    };
+    if let Err(e) = marker::write(home, MarkerKind::PlannedStop, id, &home.to_string_lossy()) {
+        log(&format!("cannot write the planned-stop marker: {e}"));
+    }
+    let outcome = signal_verified(&id, Signal::Terminate);
+    if !outcome.sent() {
+        log(&format!("SIGTERM to gateway pid {pid}: {outcome:?} (the marker watch stops it)"));
+    }
+}
