@@ -20,12 +20,14 @@
 pub use serde_json;
 pub use tempfile;
 
+pub mod api;
 mod cli;
 mod decoy;
 mod gateway;
 mod home;
 mod http;
 mod proc;
+pub mod sweep;
 mod time;
 mod wait;
 
