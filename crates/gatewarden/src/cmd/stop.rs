@@ -96,8 +96,11 @@ fn request_graceful(home: &Home, deadline: Instant, control_timeout: Duration, w
         Ok(mut c) => {
             match c.call(Op::Stop { requester: Requester::current("cli"), reason: StopReason::Stop }, control_timeout) {
                 Ok(_) => {
-                    eprintln!("stopping {who}…");
+                    // The drain happens now; its end is the connection's end-of-file.
+                    let progress = super::progress::Progress::new();
+                    progress.phase(&format!("stopping {who}: draining active runs"));
                     c.wait_closed(deadline.saturating_duration_since(Instant::now()));
+                    progress.finish();
                     true
                 }
                 Err(e) => {
