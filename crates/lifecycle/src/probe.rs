@@ -126,6 +126,13 @@ pub fn parse_proc_stat(content: &[u8]) -> Option<(char, u64)> {
     Some((state, start))
 }
 
+/// Linux `/proc/<pid>/stat` → parent pid (field 4).
+pub fn parse_proc_stat_ppid(content: &[u8]) -> Option<u32> {
+    let close = content.iter().rposition(|&c| c == b')')?;
+    let rest = std::str::from_utf8(content.get(close + 1..)?).ok()?;
+    rest.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,6 +219,7 @@ mod tests {
     fn proc_stat_with_hostile_comm() {
         let mut line = b"4242 (we ird) (x) R 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 3921877 19 20".to_vec();
         assert_eq!(parse_proc_stat(&line), Some(('R', 3_921_877)));
+        assert_eq!(parse_proc_stat_ppid(&line), Some(1));
         line.truncate(20);
         assert_eq!(parse_proc_stat(&line), None);
         assert_eq!(parse_proc_stat(b"\xff\xfe)"), None);

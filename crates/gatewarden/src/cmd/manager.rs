@@ -118,6 +118,17 @@ impl Managed {
     pub fn stop(&self) -> anyhow::Result<()> {
         os::svc::stop(&self.spec)
     }
+    /// Where the manager relaunches asynchronously with its own quirks (launchd), drive its
+    /// verification ladder until a new supervised incarnation holds the lock; `None` where the
+    /// caller's status loop is the whole verification.
+    pub fn verify_restart(
+        &self,
+        old: Option<(u32, String)>,
+        budget: std::time::Duration,
+    ) -> Option<anyhow::Result<u32>> {
+        os::svc::verify_restart(&self.spec, old, budget)
+    }
+
     /// Start now, bypassing any restart backoff or failed state.
     pub fn kick(&self) -> anyhow::Result<()> {
         os::svc::kick(&self.spec)

@@ -87,7 +87,8 @@ fn orchestrate(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
     // Under systemd the gateway exits 75 and systemd revives it after `RestartSec`; if that
     // does not happen promptly (a long RestartSec, a start limit), start the unit ourselves so
     // no backoff delays the restart (G2).
-    let owner = manager::owner(home, old.pid).filter(Managed::runs_gateway_directly);
+    let managed = manager::owner(home, old.pid);
+    let owner = managed.clone().filter(Managed::runs_gateway_directly);
     let kick_after = owner.as_ref().map(|m| match m.restart_delay_ms() {
         Some(ms) if ms <= 1000 => Duration::from_millis(ms + 1000),
         _ => Duration::ZERO,
@@ -104,10 +105,22 @@ fn orchestrate(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
 
+    // launchd relaunches asynchronously (throttles, pended spawns, unloaded labels): its ladder
+    // runs beside the status loop and may escalate; its failure ends the wait early.
+    let mut ladder = managed.filter(|m| !m.runs_gateway_directly()).map(|m| {
+        let old_id = old.pid.map(|p| (p, old_inc.clone()));
+        let budget = deadline.saturating_duration_since(Instant::now());
+        std::thread::spawn(move || m.verify_restart(old_id, budget).map(|r| r.map_err(|e| format!("{e:#}"))))
+    });
     let mut seen = String::from("nothing yet");
     let result = loop {
         if Instant::now() >= deadline {
             break Err(seen);
+        }
+        if ladder.as_ref().is_some_and(|h| h.is_finished())
+            && let Some(Some(Err(why))) = ladder.take().and_then(|h| h.join().ok())
+        {
+            break Err(why);
         }
         match status_of(&ep) {
             Ok(s) if s.incarnation.as_deref() != Some(old_inc.as_str()) && s.state.as_deref() == Some("running") => {

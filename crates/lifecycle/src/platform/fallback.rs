@@ -37,3 +37,7 @@ pub fn sync_dir(_path: &Path) {}
 pub fn lock_holders(_path: &Path) -> Option<Vec<u32>> {
     None
 }
+
+pub fn parent_pid(_pid: u32) -> Option<u32> {
+    None
+}

@@ -77,3 +77,9 @@ pub fn lock_holders(path: &std::path::Path) -> Option<Vec<u32>> {
     let text = std::fs::read_to_string("/proc/locks").ok()?;
     Some(crate::lock::parse_proc_locks(&text, major, minor, meta.ino()))
 }
+
+/// The parent pid, from field 4 of `/proc/<pid>/stat`.
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    let bytes = std::fs::read(Path::new("/proc").join(pid.to_string()).join("stat")).ok()?;
+    crate::probe::parse_proc_stat_ppid(&bytes)
+}

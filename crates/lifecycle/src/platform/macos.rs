@@ -61,3 +61,17 @@ pub fn signal_verified(id: &ProcessIdentity, sig: Signal) -> SignalOutcome {
 pub fn lock_holders(_path: &std::path::Path) -> Option<Vec<u32>> {
     None
 }
+
+/// The parent pid (`pbi_ppid`); `None` for processes we may not inspect.
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    let ipid = libc::c_int::try_from(pid).ok()?;
+    let mut info = MaybeUninit::<libc::proc_bsdinfo>::zeroed();
+    let size = std::mem::size_of::<libc::proc_bsdinfo>() as libc::c_int;
+    // SAFETY: the buffer is a properly sized, writable proc_bsdinfo.
+    let n = unsafe { libc::proc_pidinfo(ipid, libc::PROC_PIDTBSDINFO, 0, info.as_mut_ptr().cast(), size) };
+    if n != size {
+        return None;
+    }
+    // SAFETY: proc_pidinfo filled all `size` bytes.
+    Some(unsafe { info.assume_init() }.pbi_ppid)
+}

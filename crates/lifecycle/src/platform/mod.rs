@@ -10,6 +10,7 @@
 //! - `set_private_file(file: &File) -> io::Result<()>` (0600 on Unix)
 //! - `canonical(path: &Path) -> io::Result<PathBuf>`
 //! - `sync_dir(path: &Path)`: make a rename durable where the OS supports it
+//! - `parent_pid(pid: u32) -> Option<u32>`
 //! - `lock_holders(path: &Path) -> Option<Vec<u32>>`: who the kernel says holds a file lock,
 //!   where the OS exposes it
 

@@ -130,3 +130,8 @@ pub fn sync_dir(_path: &Path) {
 pub fn lock_holders(_path: &Path) -> Option<Vec<u32>> {
     None
 }
+
+/// Not needed on Windows (no launchd-style supervision check); unknown.
+pub fn parent_pid(_pid: u32) -> Option<u32> {
+    None
+}

@@ -40,3 +40,13 @@ pub fn drift(_spec: &ServiceSpec) -> Vec<Finding> {
 pub fn host_findings(_spec: &ServiceSpec) -> Vec<Finding> {
     Vec::new()
 }
+
+/// No asynchronous relaunch ladder here: restarts are verified by the caller's status loop
+/// (and `kick`).
+pub fn verify_restart(
+    _spec: &ServiceSpec,
+    _old: Option<(u32, String)>,
+    _budget: std::time::Duration,
+) -> Option<anyhow::Result<u32>> {
+    None
+}

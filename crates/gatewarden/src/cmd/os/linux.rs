@@ -246,3 +246,13 @@ pub fn host_findings(spec: &ServiceSpec) -> Vec<Finding> {
         });
     doctor::check_linger(&user, linger)
 }
+
+/// No asynchronous relaunch ladder here: restarts are verified by the caller's status loop
+/// (and `kick`).
+pub fn verify_restart(
+    _spec: &ServiceSpec,
+    _old: Option<(u32, String)>,
+    _budget: std::time::Duration,
+) -> Option<anyhow::Result<u32>> {
+    None
+}

@@ -153,3 +153,66 @@ pub fn drift(spec: &ServiceSpec) -> Vec<Finding> {
 pub fn host_findings(_spec: &ServiceSpec) -> Vec<Finding> {
     Vec::new()
 }
+
+/// Drives the launchd restart ladder (`gatewarden_service::launchd::RestartLadder`) until a new
+/// incarnation supervised by the label holds the lock, or the ladder gives up. Observations:
+/// `launchctl print` (loaded, pid, pended spawn) and the home's lock record; actions are
+/// executed here, decisions are the ladder's.
+pub fn verify_restart(spec: &ServiceSpec, old: Option<(u32, String)>, budget: Duration) -> Option<anyhow::Result<u32>> {
+    use gatewarden_lifecycle::lock::{InstanceLock, LockProbe};
+    use gatewarden_lifecycle::records::read_pid_record;
+    use gatewarden_service::launchd::{
+        Incarnation, LadderAction, LadderConfig, LockHolder, Observation, RestartLadder,
+    };
+
+    let t = target(spec);
+    let r = runner();
+    let lc = Launchctl::new(&r);
+    let cfg = LadderConfig::for_plist(spec.throttle_interval_s, spec.stop_timeout_s());
+    let old_pid = old.as_ref().map(|o| o.0);
+    let mut ladder = RestartLadder::new(cfg, t.clone(), old.map(|(pid, incarnation)| Incarnation { pid, incarnation }));
+    let t0 = std::time::Instant::now();
+    loop {
+        if t0.elapsed() > budget {
+            return Some(Err(anyhow::anyhow!(
+                "launchd did not bring back a supervised gateway within {budget:?}; recover with: launchctl kickstart {}",
+                t.service()
+            )));
+        }
+        let print = lc.print(&t).ok().flatten();
+        let held = matches!(InstanceLock::probe(&spec.home.join("gateway.lock")), LockProbe::Held);
+        let lock_holder =
+            held.then(|| read_pid_record(&spec.home.join("gateway.pid")).ok()).flatten().map(|rec| LockHolder {
+                pid: rec.pid,
+                parent_pid: gatewarden_lifecycle::platform::parent_pid(rec.pid),
+                incarnation: rec.incarnation.unwrap_or_default(),
+            });
+        let obs = Observation {
+            elapsed: t0.elapsed(),
+            label_loaded: print.is_some(),
+            launchd_pids: print.as_ref().and_then(|p| p.pid).into_iter().collect(),
+            lock_holder,
+            throttle_pending: print.as_ref().is_some_and(|p| p.spawn_pending),
+        };
+        let step = match ladder.next(&obs) {
+            LadderAction::Wait(d) => {
+                std::thread::sleep(d);
+                Ok(())
+            }
+            LadderAction::Kickstart => lc.kickstart(&t, false),
+            LadderAction::KickstartKill => lc.kickstart(&t, true),
+            LadderAction::BootoutBootstrapFromHelper => lc.submit_helper(
+                &launchd::helper_label(&t),
+                &launchd::helper_script(&t, old_pid, spec.stop_timeout_s().saturating_add(30)),
+            ),
+            LadderAction::Succeeded { pid } => return Some(Ok(pid)),
+            LadderAction::Failed { reason, recovery_command } => {
+                return Some(Err(anyhow::anyhow!("{reason}; recover with: {recovery_command}")));
+            }
+        };
+        if let Err(e) = step {
+            // A failed command is an observation too: the next look decides what to do.
+            eprintln!("launchctl: {e}");
+        }
+    }
+}
