@@ -1,0 +1,228 @@
+//! The gateway's HTTP API from a test: any method, JSON bodies, bearer tokens, and the
+//! message / notice / status helpers the message, drain and restart tests share.
+//!
+//! Loopback only (panics otherwise), one request per connection (`Connection: close`), every
+//! read and write bounded by the caller's timeout. Responses are parsed like
+//! [`crate::http_get`]'s (`Content-Length`, chunked, or read-to-EOF bodies).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::HttpResponse;
+
+/// One HTTP/1.1 request. `headers` are sent as given; a body gets `Content-Type:
+/// application/json` unless a content type is among `headers`.
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+    timeout: Duration,
+) -> std::io::Result<HttpResponse> {
+    assert!(addr.ip().is_loopback(), "testkit api is loopback-only, got {addr}");
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if let Some(b) = body {
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+            head.push_str("Content-Type: application/json\r\n");
+        }
+        head.push_str(&format!("Content-Length: {}\r\n", b.len()));
+    }
+    head.push_str("\r\n");
+    let mut out = head.into_bytes();
+    if let Some(b) = body {
+        out.extend_from_slice(b);
+    }
+    s.write_all(&out)?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    parse(&raw).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("bad HTTP response: {:?}", String::from_utf8_lossy(&raw)),
+        )
+    })
+}
+
+/// A client for one gateway address, optionally with a bearer token.
+#[derive(Debug, Clone)]
+pub struct Api {
+    pub addr: SocketAddr,
+    pub token: Option<String>,
+    pub timeout: Duration,
+}
+
+impl Api {
+    pub fn new(addr: SocketAddr) -> Api {
+        Api { addr, token: None, timeout: Duration::from_secs(10) }
+    }
+    pub fn with_token(mut self, token: &str) -> Api {
+        self.token = Some(token.to_string());
+        self
+    }
+    pub fn with_timeout(mut self, t: Duration) -> Api {
+        self.timeout = t;
+        self
+    }
+
+    fn auth(&self) -> Option<String> {
+        self.token.as_ref().map(|t| format!("Bearer {t}"))
+    }
+
+    pub fn get(&self, path: &str) -> std::io::Result<HttpResponse> {
+        let a = self.auth();
+        let h: Vec<(&str, &str)> = a.as_deref().map(|v| vec![("Authorization", v)]).unwrap_or_default();
+        request(self.addr, "GET", path, &h, None, self.timeout)
+    }
+
+    pub fn post_json(&self, path: &str, body: &Value) -> std::io::Result<HttpResponse> {
+        let a = self.auth();
+        let h: Vec<(&str, &str)> = a.as_deref().map(|v| vec![("Authorization", v)]).unwrap_or_default();
+        request(self.addr, "POST", path, &h, Some(body.to_string().as_bytes()), self.timeout)
+    }
+
+    /// `POST /v1/messages` (sync).
+    pub fn send(&self, chat: &str, user: &str, text: &str) -> std::io::Result<HttpResponse> {
+        self.post_json("/v1/messages", &json!({"chat_id": chat, "user_id": user, "text": text}))
+    }
+
+    /// `POST /v1/messages` with `"async": true`.
+    pub fn send_async(&self, chat: &str, user: &str, text: &str) -> std::io::Result<HttpResponse> {
+        self.post_json("/v1/messages", &json!({"chat_id": chat, "user_id": user, "text": text, "async": true}))
+    }
+
+    /// `POST /v1/messages` async, expecting 202; returns the message id.
+    #[track_caller]
+    pub fn submit(&self, chat: &str, text: &str) -> String {
+        let r = self.send_async(chat, chat, text).unwrap_or_else(|e| panic!("async POST {text:?}: {e}"));
+        assert_eq!(r.status, 202, "async POST {text:?}: {} {}", r.status, r.text());
+        let v = r.json().expect("202 body is JSON");
+        v["message_id"].as_str().unwrap_or_else(|| panic!("no message_id in {v}")).to_string()
+    }
+
+    /// `GET /v1/messages/{id}` as JSON (`None` on transport errors or non-200).
+    pub fn message(&self, id: &str) -> Option<Value> {
+        let r = self.get(&format!("/v1/messages/{id}")).ok()?;
+        (r.status == 200).then(|| r.json().ok()).flatten()
+    }
+
+    /// `GET /v1/notices?chat_id=…` → the notices (consumes them).
+    pub fn notices(&self, chat: &str) -> std::io::Result<Vec<String>> {
+        let r = self.get(&format!("/v1/notices?chat_id={chat}"))?;
+        let v = r.json().map_err(std::io::Error::other)?;
+        Ok(v["notices"].as_array().into_iter().flatten().filter_map(|n| n.as_str().map(str::to_string)).collect())
+    }
+
+    /// `GET /v1/status` as JSON.
+    pub fn status(&self) -> Option<Value> {
+        let r = self.get("/v1/status").ok()?;
+        (r.status == 200).then(|| r.json().ok()).flatten()
+    }
+
+    /// `GET /readyz` status code (`None` if nothing answers).
+    pub fn readyz(&self) -> Option<u16> {
+        crate::http_get(self.addr, "/readyz", Duration::from_millis(1000)).ok().map(|r| r.status)
+    }
+}
+
+/// Header lookup (names are stored lowercased).
+pub fn header<'a>(r: &'a HttpResponse, name: &str) -> Option<&'a str> {
+    let name = name.to_ascii_lowercase();
+    r.headers.iter().find(|(k, _)| *k == name).map(|(_, v)| v.as_str())
+}
+
+/// Writes `<home>/config.toml` atomically.
+pub fn write_config(home: &Path, toml: &str) {
+    let tmp = home.join(".config.toml.tk-tmp");
+    std::fs::write(&tmp, toml).expect("write config temp");
+    std::fs::rename(&tmp, home.join("config.toml")).expect("rename config.toml");
+}
+
+/// A free loopback port right now (bound and released; the kernel will not hand it out again
+/// at once, and gateways bind with `SO_REUSEADDR`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind 127.0.0.1:0").port()
+}
+
+/// The gateway that holds `home`'s lock right now, as `gateway_state.json` describes it:
+/// `(pid, incarnation, state, listen)`, only when the lock is held by that pid.
+pub fn current_gateway(home: &Path) -> Option<(u32, String, String, Option<SocketAddr>)> {
+    let b = std::fs::read(home.join("gateway_state.json")).ok()?;
+    let v: Value = serde_json::from_slice(&b).ok()?;
+    let pid = v.get("pid")?.as_u64()? as u32;
+    if !crate::lock_holders(&home.join("gateway.lock")).contains(&pid) {
+        return None;
+    }
+    let inc = v.get("incarnation")?.as_str()?.to_string();
+    let state = v.get("gateway_state")?.as_str()?.to_string();
+    let listen = v.get("listen").and_then(Value::as_str).and_then(|s| s.parse().ok());
+    Some((pid, inc, state, listen))
+}
+
+/// Waits up to `timeout` for a `running` gateway in `home` whose pid is not in `not` and whose
+/// `/readyz` answers 200; returns `(pid, incarnation, listen)`.
+pub fn wait_new_ready(home: &Path, not: &[u32], timeout: Duration) -> Option<(u32, String, SocketAddr)> {
+    let mut found = None;
+    crate::wait_until(timeout, || {
+        let Some((pid, inc, state, Some(addr))) = current_gateway(home) else { return false };
+        if not.contains(&pid) || state != "running" {
+            return false;
+        }
+        if crate::http_get(addr, "/readyz", Duration::from_millis(1000)).map(|r| r.status).ok() == Some(200) {
+            found = Some((pid, inc, addr));
+            return true;
+        }
+        false
+    });
+    found
+}
+
+fn parse(raw: &[u8]) -> Option<HttpResponse> {
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&raw[..end]);
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            Some((k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        })
+        .collect();
+    let rest = &raw[end + 4..];
+    let chunked = headers.iter().any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
+    let body = if chunked {
+        dechunk(rest)?
+    } else if let Some(len) =
+        headers.iter().find(|(k, _)| k == "content-length").and_then(|(_, v)| v.parse::<usize>().ok())
+    {
+        rest.get(..len)?.to_vec()
+    } else {
+        rest.to_vec()
+    };
+    Some(HttpResponse { status, headers, body })
+}
+
+fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let nl = b.windows(2).position(|w| w == b"\r\n")?;
+        let size_s = String::from_utf8_lossy(&b[..nl]);
+        let size = usize::from_str_radix(size_s.split(';').next()?.trim(), 16).ok()?;
+        b = &b[nl + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(b.get(..size)?);
+        b = b.get(size + 2..)?;
+    }
+}
