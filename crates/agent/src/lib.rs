@@ -9,6 +9,6 @@ pub mod backend;
 pub mod config;
 pub mod journal;
 
-pub use backend::{Agent, AgentError, AgentFuture, AgentReply, AgentRequest, build_agent};
+pub use backend::{Agent, AgentError, AgentFuture, AgentReply, AgentRequest, build_agent, build_agent_with_env};
 pub use config::{AgentConfig, BackendKind, Config, ConfigError, EX_CONFIG};
 pub use journal::{Journal, JournalError};

@@ -126,6 +126,14 @@ pub fn parse_proc_stat(content: &[u8]) -> Option<(char, u64)> {
     Some((state, start))
 }
 
+/// The value of `key` in a NUL-separated environment block (`/proc/<pid>/environ`).
+pub fn environ_value<'a>(environ: &'a [u8], key: &str) -> Option<&'a str> {
+    environ.split(|&b| b == 0).find_map(|kv| {
+        let rest = kv.strip_prefix(key.as_bytes())?.strip_prefix(b"=")?;
+        std::str::from_utf8(rest).ok()
+    })
+}
+
 /// Linux `/proc/<pid>/stat` → parent pid (field 4).
 pub fn parse_proc_stat_ppid(content: &[u8]) -> Option<u32> {
     let close = content.iter().rposition(|&c| c == b')')?;
@@ -213,6 +221,15 @@ mod tests {
         let ft = 116_444_736_000_000_000 + 1_767_225_600 * 10_000_000;
         assert_eq!(filetime_to_centis(ft), Some(176_722_560_000));
         assert_eq!(filetime_to_centis(0), None);
+    }
+
+    #[test]
+    fn environ_lookup() {
+        let env = b"A=1\0GATEWARDEN_RUN_TAG=ab:cd\0GATEWARDEN_RUN_TAGX=no\0\xff=\0";
+        assert_eq!(environ_value(env, "GATEWARDEN_RUN_TAG"), Some("ab:cd"));
+        assert_eq!(environ_value(env, "A"), Some("1"));
+        assert_eq!(environ_value(env, "B"), None);
+        assert_eq!(environ_value(b"", "A"), None);
     }
 
     #[test]

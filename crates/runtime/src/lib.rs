@@ -106,11 +106,11 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
         Ok(h) => h,
         Err(e) => return Outcome::new(ExitIntent::FatalConfig, e.to_string()),
     };
-    let (work, opts) = match prepare(&home, opts) {
+    let me = Incarnation::current(started_at, started);
+    let (work, opts) = match prepare(&home, opts, &run_tag(&home, &me.id)) {
         Ok(w) => w,
         Err(o) => return o,
     };
-    let me = Incarnation::current(started_at, started);
     let supervisor = Supervisor::detect(opts.supervisor);
     let ep = Endpoint::for_home(home.dir());
     let gw = Arc::new(Gateway::new(home.clone(), me, supervisor, ep.display(), work));
@@ -123,6 +123,7 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
     if !healed.is_empty() {
         info!("cleaned stale state: {}", healed.join(", "));
     }
+    sweep_orphan_runs(&gw);
     let record = gw.pid_record();
     if let Err(e) = fsio::write_json(&home.pid_file(), &record) {
         return Outcome::new(ExitIntent::FatalConfig, format!("cannot write {}: {e}", home.pid_file().display()));
@@ -153,7 +154,29 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
 
 /// Loads config.toml, applies command-line overrides, refuses an exposed listener without a
 /// token, opens the journal and builds the agent. Every failure is fatal configuration (78).
-fn prepare(home: &Home, mut opts: RunOptions) -> Result<(Arc<work::Work>, ResolvedOptions), Outcome> {
+/// The environment variable tagging every process an agent run starts.
+pub const RUN_TAG: &str = "GATEWARDEN_RUN_TAG";
+
+/// `<home hash>:<incarnation>`: which gateway a run process belongs to.
+fn run_tag(home: &Home, incarnation: &str) -> String {
+    format!("{:016x}:{incarnation}", gatewarden_control::endpoint::fnv1a(home.dir().to_string_lossy().as_bytes()))
+}
+
+/// Kills what agent runs of a dead incarnation of this home left behind (a kill -9 of the
+/// gateway does not reach its runs' process groups). Called with the lock held, so every other
+/// incarnation of this home is dead; before the journal is recovered, so a re-run never races
+/// its predecessor.
+fn sweep_orphan_runs(gw: &Gateway) {
+    let mine = run_tag(&gw.home, &gw.me.id);
+    let prefix = mine.split(':').next().unwrap_or_default().to_owned() + ":";
+    let killed = gatewarden_lifecycle::platform::kill_tagged(RUN_TAG, &|v| v.starts_with(&prefix) && v != mine);
+    if !killed.is_empty() {
+        warn!("killed {} process(es) left by agent runs of a previous incarnation: {killed:?}", killed.len());
+        gw.record("orphan_runs_killed", json!({"pids": killed}));
+    }
+}
+
+fn prepare(home: &Home, mut opts: RunOptions, tag: &str) -> Result<(Arc<work::Work>, ResolvedOptions), Outcome> {
     let fatal = |e: String| Outcome::new(ExitIntent::FatalConfig, e);
     let mut config = gatewarden_agent::Config::load(home.dir()).map_err(|e| fatal(e.to_string()))?;
     if let Some(l) = &opts.listen {
@@ -162,7 +185,7 @@ fn prepare(home: &Home, mut opts: RunOptions) -> Result<(Arc<work::Work>, Resolv
     config.check_exposure().map_err(|e| fatal(e.to_string()))?;
     let journal =
         gatewarden_agent::Journal::open_in(home.dir()).map_err(|e| fatal(format!("cannot open the journal: {e}")))?;
-    let agent = gatewarden_agent::build_agent(&config.agent);
+    let agent = gatewarden_agent::build_agent_with_env(&config.agent, vec![(RUN_TAG.to_owned(), tag.to_owned())]);
     let work = Arc::new(work::Work::new(agent, journal, &config, config.is_loopback_listen()));
     seed_metrics(home, &work.metrics);
     opts.listen = Some(config.listen.to_string());
@@ -325,6 +348,7 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
             break o;
         }
     };
+    gw.work.set_restarting(decision.intent == ExitIntent::PlannedRestart);
     info!("stopping: {}", decision.reason);
     drain(&gw, &mut signals, opts.drain_timeout).await;
     gw.advance(GatewayState::Stopping);

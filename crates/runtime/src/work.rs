@@ -102,6 +102,9 @@ pub struct Work {
     queue_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
     causes: Mutex<Option<mpsc::UnboundedSender<Cause>>>,
     run_counter: AtomicU64,
+    /// Set when the main loop decides how this incarnation ends: a restart comes back, a stop
+    /// does not, and the notice says which.
+    restarting: std::sync::atomic::AtomicBool,
 }
 
 impl Work {
@@ -122,6 +125,7 @@ impl Work {
             queue_rx: Mutex::new(Some(rx)),
             causes: Mutex::new(None),
             run_counter: AtomicU64::new(0),
+            restarting: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
@@ -140,10 +144,21 @@ impl Work {
         format!("run-{incarnation}-{}", self.run_counter.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// The first "restarting" notice for `chat` in this drain, `None` afterwards.
+    /// Records whether this drain ends in a restart (the default) or a stop.
+    pub fn set_restarting(&self, restarting: bool) {
+        self.restarting.store(restarting, Ordering::Relaxed);
+    }
+
+    /// The first drain notice for `chat` in this drain, `None` afterwards.
     pub fn restarting_notice(&self, chat: &str) -> Option<String> {
         let first = self.noticed.lock().map(|mut s| s.insert(chat.to_owned())).unwrap_or(false);
-        first.then(|| "the gateway is restarting; your message will be answered when it is back".to_string())
+        first.then(|| {
+            if self.restarting.load(Ordering::Relaxed) {
+                "the gateway is restarting; send your message again in a moment".to_string()
+            } else {
+                "the gateway is stopping; your message was not processed".to_string()
+            }
+        })
     }
 
     pub fn push_notice(&self, chat: &str, text: String) {

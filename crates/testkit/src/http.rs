@@ -26,7 +26,9 @@ pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Res
     let mut s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n\r\n")?;
+    // One write: a server that reads once and closes must not see a half-sent request.
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n\r\n");
+    s.write_all(req.as_bytes())?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;
     parse(&raw).ok_or_else(|| {
@@ -96,9 +98,15 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
+            // Read the whole request head before answering, so closing never resets unread data.
+            let mut head = Vec::new();
             let mut buf = [0u8; 1024];
-            let n = s.read(&mut buf).unwrap();
-            assert!(String::from_utf8_lossy(&buf[..n]).starts_with("GET /readyz HTTP/1.1\r\n"));
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "client closed before finishing its request");
+                head.extend_from_slice(&buf[..n]);
+            }
+            assert!(String::from_utf8_lossy(&head).starts_with("GET /readyz HTTP/1.1\r\n"));
             s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nready").unwrap();
         });
         let r = http_get(addr, "/readyz", Duration::from_secs(2)).unwrap();

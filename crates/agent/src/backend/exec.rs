@@ -47,6 +47,7 @@ pub struct ExecAgent {
     argv: Vec<String>,
     timeout: Duration,
     kill_grace: Duration,
+    env: Vec<(String, String)>,
 }
 
 enum StdoutError {
@@ -65,7 +66,15 @@ impl ExecAgent {
     /// `argv[0]` is the program; `timeout` bounds each run; `kill_grace` is the time between
     /// SIGTERM and SIGKILL of the process group.
     pub fn new(argv: Vec<String>, timeout: Duration, kill_grace: Duration) -> Self {
-        ExecAgent { argv, timeout, kill_grace }
+        ExecAgent { argv, timeout, kill_grace, env: Vec::new() }
+    }
+
+    /// Extra environment for every run (the runtime tags runs with its home and incarnation,
+    /// so a later incarnation can find runs a crashed one left behind).
+    #[must_use]
+    pub fn with_env(mut self, env: Vec<(String, String)>) -> Self {
+        self.env = env;
+        self
     }
 
     async fn go(
@@ -91,6 +100,7 @@ impl ExecAgent {
         }
         let mut cmd = Command::new(program);
         cmd.args(args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("GATEWARDEN_CHAT_ID", &req.chat_id)
             .env("GATEWARDEN_USER_ID", &req.user_id)
             .env("GATEWARDEN_RUN_ID", &req.run_id)

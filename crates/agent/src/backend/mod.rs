@@ -87,9 +87,16 @@ pub trait Agent: Send + Sync {
 /// [`crate::Config::load`]; missing pieces surface as [`AgentError::Failed`] at run time rather
 /// than as a panic here.
 pub fn build_agent(config: &AgentConfig) -> Box<dyn Agent> {
+    build_agent_with_env(config, Vec::new())
+}
+
+/// [`build_agent`], with extra environment for processes the backend starts (exec).
+pub fn build_agent_with_env(config: &AgentConfig, env: Vec<(String, String)>) -> Box<dyn Agent> {
     match config.backend {
         BackendKind::Echo => Box::new(EchoAgent::new(config.delay(), config.timeout())),
-        BackendKind::Exec => Box::new(ExecAgent::new(config.command.clone(), config.timeout(), config.kill_grace())),
+        BackendKind::Exec => {
+            Box::new(ExecAgent::new(config.command.clone(), config.timeout(), config.kill_grace()).with_env(env))
+        }
         BackendKind::Openai => Box::new(OpenAiAgent::new(
             config.base_url.clone().unwrap_or_default(),
             config.model.clone().unwrap_or_default(),

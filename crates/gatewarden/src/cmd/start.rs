@@ -22,21 +22,24 @@ pub fn start(
     drain_timeout_s: Option<u64>,
 ) -> anyhow::Result<ExitCode> {
     let home = home.ensure()?;
-    match presence(&home, "start") {
-        Presence::Running => {
-            let ep = Endpoint::for_home(home.dir());
-            match Client::connect(&ep, Duration::from_secs(2)).and_then(|mut c| c.status(Duration::from_secs(2))) {
-                Ok(s) => println!(
-                    "already running: pid {} on http://{}",
-                    s.pid.map_or("?".into(), |p| p.to_string()),
-                    s.listen.unwrap_or_default()
-                ),
-                Err(_) => println!("already running in {}", home.dir().display()),
-            }
+    match settled_presence(&home) {
+        Settled::Answering(s) => {
+            println!(
+                "already running: pid {} on http://{}",
+                s.pid.map_or("?".into(), |p| p.to_string()),
+                s.listen.unwrap_or_default()
+            );
             return Ok(ExitCode::SUCCESS);
         }
-        Presence::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
-        Presence::NotRunning { .. } => {}
+        Settled::Silent => {
+            println!(
+                "already running in {} (it holds the lock but does not answer on its control endpoint)",
+                home.dir().display()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        Settled::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
+        Settled::NotRunning => {}
     }
     // An explicit start clears a supervisor's park: the operator has decided.
     let _ = gatewarden_service::supervise::clear_parked_state(home.dir());
@@ -139,6 +142,39 @@ fn start_via_manager(home: &Home, m: &Managed, overrides: bool, timeout_s: u64) 
             eprintln!("check: gatewarden --home {} service status; gatewarden --home {0} doctor", home.dir().display());
             Ok(ExitCode::from(1))
         }
+    }
+}
+
+/// What `start` found, after giving a silent lock holder a moment to either answer or go.
+enum Settled {
+    Answering(gatewarden_control::StatusReport),
+    /// Held the lock for the whole grace and never answered.
+    Silent,
+    NotRunning,
+    Unknown(String),
+}
+
+/// How long a lock holder that does not answer may take to either answer or release the lock
+/// (a gateway still starting, or a SIGKILLed one whose threads are still exiting).
+const SETTLE: Duration = Duration::from_secs(3);
+
+fn settled_presence(home: &Home) -> Settled {
+    let deadline = Instant::now() + SETTLE;
+    let ep = Endpoint::for_home(home.dir());
+    loop {
+        match presence(home, "start") {
+            Presence::NotRunning { .. } => return Settled::NotRunning,
+            Presence::Unknown(why) => return Settled::Unknown(why),
+            Presence::Running => {}
+        }
+        let left = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(500));
+        if let Ok(s) = Client::connect(&ep, left).and_then(|mut c| c.status(left)) {
+            return Settled::Answering(s);
+        }
+        if Instant::now() >= deadline {
+            return Settled::Silent;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -41,3 +41,7 @@ pub fn lock_holders(_path: &Path) -> Option<Vec<u32>> {
 pub fn parent_pid(_pid: u32) -> Option<u32> {
     None
 }
+
+pub fn kill_tagged(_key: &str, _accept: &dyn Fn(&str) -> bool) -> Vec<u32> {
+    Vec::new()
+}

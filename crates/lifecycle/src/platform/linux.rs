@@ -83,3 +83,53 @@ pub fn parent_pid(pid: u32) -> Option<u32> {
     let bytes = std::fs::read(Path::new("/proc").join(pid.to_string()).join("stat")).ok()?;
     crate::probe::parse_proc_stat_ppid(&bytes)
 }
+
+/// Kills (SIGKILL) every process whose environment has `key=value` with `accept(value)`,
+/// except this one. Each candidate is pinned with a pidfd, its environment re-read through
+/// /proc after pinning, and signalled through the pidfd, so a recycled pid is never hit.
+/// Processes of other users are skipped (their environment is unreadable). Returns the pids
+/// killed.
+pub fn kill_tagged(key: &str, accept: &dyn Fn(&str) -> bool) -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let tagged = |pid: u32| -> bool {
+        std::fs::read(Path::new("/proc").join(pid.to_string()).join("environ"))
+            .ok()
+            .is_some_and(|env| crate::probe::environ_value(&env, key).is_some_and(accept))
+    };
+    let mut killed = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        if pid == me || !tagged(pid) {
+            continue;
+        }
+        let Some(raw) = i32::try_from(pid).ok().and_then(Pid::from_raw) else { continue };
+        let Ok(fd) = pidfd_open(raw, PidfdFlags::empty()) else { continue };
+        if tagged(pid) && pidfd_send_signal(&fd, rustix::process::Signal::KILL).is_ok() {
+            killed.push(pid);
+        }
+    }
+    killed
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+
+    #[test]
+    fn kill_tagged_hits_only_matching_processes() {
+        let key = format!("GW_TEST_TAG_{}", std::process::id());
+        let spawn = |tag: &str| std::process::Command::new("sleep").arg("100").env(&key, tag).spawn().unwrap();
+        let mut old = spawn("h1:old");
+        let mut other_home = spawn("h2:old");
+        let mut current = spawn("h1:new");
+        let killed = super::kill_tagged(&key, &|v| v.starts_with("h1:") && v != "h1:new");
+        assert_eq!(killed, vec![old.id()]);
+        assert_eq!(old.wait().unwrap().signal(), Some(9));
+        for c in [&mut other_home, &mut current] {
+            assert!(c.try_wait().unwrap().is_none(), "a non-matching process was killed");
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+}

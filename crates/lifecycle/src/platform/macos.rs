@@ -75,3 +75,9 @@ pub fn parent_pid(pid: u32) -> Option<u32> {
     // SAFETY: proc_pidinfo filled all `size` bytes.
     Some(unsafe { info.assume_init() }.pbi_ppid)
 }
+
+/// Not implemented on macOS (no cheap way to read another process's environment): nothing is
+/// killed. Runs there die with their process group when the gateway drains.
+pub fn kill_tagged(_key: &str, _accept: &dyn Fn(&str) -> bool) -> Vec<u32> {
+    Vec::new()
+}

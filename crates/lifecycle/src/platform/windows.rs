@@ -135,3 +135,9 @@ pub fn lock_holders(_path: &Path) -> Option<Vec<u32>> {
 pub fn parent_pid(_pid: u32) -> Option<u32> {
     None
 }
+
+/// Windows needs no sweep: exec runs live in a job object that is killed when the gateway's
+/// handle closes, however the gateway dies.
+pub fn kill_tagged(_key: &str, _accept: &dyn Fn(&str) -> bool) -> Vec<u32> {
+    Vec::new()
+}

@@ -1,0 +1,325 @@
+//! Issue 3, the gateway's job: `/v1/messages` (sync and async), chat commands, auth, config
+//! errors, `start` / `logs`. Real processes, real HTTP on loopback.
+#![cfg(target_os = "linux")]
+
+mod common;
+mod work_common;
+use common::*;
+use std::time::{Duration, Instant};
+use work_common::*;
+
+const ECHO: &str = "[agent]\nbackend = \"echo\"\n";
+
+/// Sync echo: 200 with `reply` == text, a `run_id` and the `chat_id`; async: 202 + id, then the
+/// record goes `done` with the reply after exactly one attempt; an unknown id is 404.
+#[test]
+fn echo_sync_and_async_round_trip() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let g = gateway(&home, &sw, ECHO);
+    let api = Api::new(g.listen());
+
+    let r = api.send("c1", "u1", "hello, gateway ✓").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json().unwrap();
+    assert_eq!(v["reply"], json!("hello, gateway ✓"), "{v}");
+    assert_eq!(v["chat_id"], json!("c1"), "{v}");
+    assert!(v["run_id"].as_str().is_some_and(|s| !s.is_empty()), "{v}");
+    assert!(v.get("command").is_none_or(|c| c != true), "an ordinary message is not a command: {v}");
+
+    let id = api.submit("c2", "queued text");
+    let m = wait_final(&api, &id, Duration::from_secs(10));
+    assert_eq!((m["state"].as_str(), m["reply"].as_str()), (Some("done"), Some("queued text")), "{m}");
+    assert_eq!(m["attempts"], json!(1), "{m}");
+    assert_eq!(m["command"], json!(false), "{m}");
+    assert_eq!(m["message_id"], json!(id), "{m}");
+
+    let r = api.get("/v1/messages/does-not-exist").unwrap();
+    assert_eq!(r.status, 404, "{}", r.text());
+
+    // Text that merely mentions a command is an ordinary message; an unknown /word too.
+    for t in ["please /restart", "/unknown thing"] {
+        let v = api.send("c1", "u1", t).unwrap().json().unwrap();
+        assert_eq!(v["reply"], json!(t), "{v}");
+    }
+    assert!(!g.stderr().contains("panicked"), "{}", g.stderr_tail(20));
+}
+
+/// `/help` and `/status` are answered at once as commands; `/status` names this incarnation.
+#[test]
+fn chat_commands_help_and_status() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let g = gateway(&home, &sw, ECHO);
+    let api = Api::new(g.listen());
+    let inc = incarnation_of(&home, g.pid()).expect("started event");
+
+    let v = api.send("c", "anyone", "/help").unwrap().json().unwrap();
+    assert_eq!(v["command"], json!(true), "{v}");
+    let help = v["reply"].as_str().unwrap_or_default();
+    for c in ["/status", "/restart", "/stop", "/help"] {
+        assert!(help.contains(c), "/help should list {c}: {help:?}");
+    }
+    let v = api.send("c", "anyone", "/status").unwrap().json().unwrap();
+    let st = v["reply"].as_str().unwrap_or_default();
+    assert!(st.contains(&inc) && st.contains("running"), "/status should name incarnation {inc} and `running`: {st:?}");
+    // Commands are not runs: nothing was counted.
+    let m = api.get("/metrics").unwrap();
+    assert_eq!(m.status, 200);
+    assert!(m.text().contains("gatewarden"), "metrics: {}", m.text());
+}
+
+/// `POST /v1/messages` and friends on `/metrics`: runs by outcome and async accepted show up.
+#[test]
+fn metrics_count_runs_and_async_accepted() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let g = gateway(&home, &sw, ECHO);
+    let api = Api::new(g.listen());
+    for i in 0..3 {
+        assert_eq!(api.send("m", "u", &format!("x{i}")).unwrap().status, 200);
+    }
+    let id = api.submit("m", "y");
+    wait_final(&api, &id, Duration::from_secs(10));
+    let text = api.get("/metrics").unwrap().text();
+    let has_value = |needle: &str, min: f64| {
+        text.lines()
+            .filter(|l| !l.starts_with('#') && l.contains(needle))
+            .any(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).is_some_and(|v| v >= min))
+    };
+    assert!(has_value("ok", 4.0), "metrics should count ≥4 ok runs:\n{text}");
+    assert!(has_value("async", 1.0), "metrics should count ≥1 accepted async message:\n{text}");
+}
+
+/// Non-loopback listen without `api_token` → `run` exits 78 with a clear message.
+#[test]
+fn auth_exposed_listener_without_token_exits_78() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    write_config(home.path(), ECHO);
+    let mut g = builder(&home).listen("0.0.0.0:0").env(TAG_VAR, sw.tag()).spawn();
+    let st = g.wait_exit(EXIT);
+    assert_exit_code(&g, st, 78, "0.0.0.0 without api_token");
+    let err = g.stderr().to_lowercase();
+    assert!(
+        err.contains("api_token") && err.contains("0.0.0.0"),
+        "message should name api_token and the address:\n{err}"
+    );
+    assert!(!home.lock_held());
+}
+
+/// With `api_token`: /healthz and /readyz stay open; /v1/* and /metrics need the bearer token
+/// (401 without / with a wrong one, 200 with the right one). An exposed listener with a token
+/// starts.
+#[test]
+fn auth_bearer_token_required_when_configured() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let g = gateway(&home, &sw, "api_token = \"s3cret-token\"\n[agent]\nbackend = \"echo\"\n");
+    let addr = g.listen();
+    assert_eq!(http_get(addr, "/healthz", Duration::from_secs(2)).unwrap().status, 200);
+    assert_eq!(http_get(addr, "/readyz", Duration::from_secs(2)).unwrap().status, 200);
+    for (path, body) in
+        [("/v1/status", None), ("/metrics", None), ("/v1/messages", Some(json!({"chat_id":"a","text":"hi"})))]
+    {
+        for token in [None, Some("wrong"), Some("s3cret-tokeN"), Some("s3cret-token-longer")] {
+            let api = match token {
+                Some(t) => Api::new(addr).with_token(t),
+                None => Api::new(addr),
+            };
+            let r = match &body {
+                Some(b) => api.post_json(path, b).unwrap(),
+                None => api.get(path).unwrap(),
+            };
+            assert_eq!(r.status, 401, "{path} with token {token:?}: {} {}", r.status, r.text());
+        }
+        let api = Api::new(addr).with_token("s3cret-token");
+        let r = match &body {
+            Some(b) => api.post_json(path, b).unwrap(),
+            None => api.get(path).unwrap(),
+        };
+        assert_eq!(r.status, 200, "{path} with the right token: {}", r.text());
+    }
+    // `send` takes the token from config.toml.
+    let out = cli_tagged(&home, &sw, &["send", "via cli"], Duration::from_secs(10));
+    assert_cli(&out, 0, "send with token from config");
+    assert_eq!(out.stdout.trim(), "via cli");
+
+    // A token makes a non-loopback listener acceptable.
+    let home2 = TempHome::new();
+    write_config(home2.path(), "api_token = \"t\"\n");
+    let mut g2 = builder(&home2).listen("0.0.0.0:0").env(TAG_VAR, sw.tag()).spawn();
+    // (Gateway::wait_ready would probe 0.0.0.0; probe the same port on loopback instead.)
+    let mut port = None;
+    let ready = wait_until(READY, || {
+        if let Some((pid, _, state, Some(listen))) = current_gateway(home2.path())
+            && pid == g2.pid()
+            && state == "running"
+        {
+            assert!(listen.ip().is_unspecified(), "bound {listen}, wanted 0.0.0.0");
+            port = Some(listen.port());
+            return true;
+        }
+        !g2.alive()
+    });
+    assert!(ready && g2.alive(), "0.0.0.0 with a token should start:\n{}", g2.diag());
+    let lo: std::net::SocketAddr = format!("127.0.0.1:{}", port.unwrap()).parse().unwrap();
+    assert_eq!(Api::new(lo).get("/v1/status").unwrap().status, 401);
+    assert_eq!(Api::new(lo).with_token("t").get("/v1/status").unwrap().status, 200);
+}
+
+/// With a token set, commands are no longer open: `/restart` and `/stop` need an admin (403 for
+/// others); an admin's `/stop` stops the gateway (exit 0). `/help` and `/status` are not
+/// admin commands (protocol §5: "/restart and /stop need an admin").
+#[test]
+fn commands_need_an_admin_when_a_token_is_set() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let mut g = gateway(&home, &sw, "api_token = \"tok\"\nadmins = [\"alice\"]\n");
+    let api = Api::new(g.listen()).with_token("tok");
+    for cmd in ["/restart", "/stop"] {
+        let r = api.send("chat", "mallory", cmd).unwrap();
+        assert_eq!(r.status, 403, "{cmd} from a non-admin: {} {}", r.status, r.text());
+    }
+    assert!(g.alive() && home.events("restart_requested").is_empty() && home.events("stop_requested").is_empty());
+    let mut non_admin = Vec::new();
+    for cmd in ["/help", "/status"] {
+        let r = api.send("chat", "mallory", cmd).unwrap();
+        if r.status != 200 {
+            non_admin.push(format!("{cmd} → {} {}", r.status, r.text()));
+        }
+    }
+    let r = api.send("chat", "alice", "/stop").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json().unwrap()["reply"], json!("stopping…"));
+    let st = g.wait_exit(EXIT);
+    assert_exit_code(&g, st, 0, "/stop from an admin");
+    let req = home.events("stop_requested");
+    assert_eq!(req.len(), 1, "{}", home.ledger_text());
+    assert_eq!(req[0]["requester"]["channel"], json!("chat"), "{}", req[0]);
+    assert!(non_admin.is_empty(), "/help and /status should not need an admin: {non_admin:?}");
+}
+
+/// An unknown key → exit 78 naming `config.toml`, the line and the key; a bad value too.
+#[test]
+fn config_errors_exit_78_naming_file_line_and_key() {
+    for (toml, line, key) in [
+        ("drain_timeout_s = 5\n\nbogus_key = 1\n", 3, "bogus_key"),
+        ("[agent]\nbackend = \"echo\"\ndelay_ms = 1\nturbo = true\n", 4, "turbo"),
+        ("drain_timeout_s = \"soon\"\n", 1, "drain_timeout_s"),
+        ("[agent]\nbackend = \"telepathy\"\n", 2, "backend"),
+    ] {
+        let home = TempHome::new();
+        write_config(home.path(), toml);
+        let mut g = builder(&home).spawn();
+        let st = g.wait_exit(EXIT);
+        assert_exit_code(&g, st, 78, &format!("config {toml:?}"));
+        let err = g.stderr();
+        assert!(
+            err.contains("config.toml") && err.contains(&format!(":{line}")) && err.contains(key),
+            "error should name config.toml:{line} and `{key}`:\n{err}"
+        );
+        assert!(!home.lock_held());
+    }
+}
+
+/// `start` returns only once ready (readyz 200 right after it returns), a second `start` says
+/// "already running" (0), `logs` shows the gateway's log, `stop` ends it.
+#[test]
+fn start_returns_ready_already_running_and_logs() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    write_config(home.path(), ECHO);
+    let out = cli_tagged(&home, &sw, &["start", "--listen", "127.0.0.1:0"], Duration::from_secs(30));
+    assert_cli(&out, 0, "start");
+    // No waiting here: `start` must only return once the gateway is ready.
+    let (pid, _inc, state, listen) = current_gateway(home.path()).expect("a gateway holds the lock after start");
+    assert_eq!(state, "running", "state right after start");
+    let addr = listen.expect("listen published");
+    assert_eq!(http_get(addr, "/readyz", Duration::from_secs(2)).unwrap().status, 200, "readyz right after start");
+    assert!(out.stdout.contains(&addr.to_string()) && out.stdout.contains(&pid.to_string()), "start output: {out:?}");
+    // Its own session (not the CLI's, not ours).
+    assert_eq!(sweep::sid_of(pid), Some(pid), "a background gateway leads its own session");
+
+    let again = cli_tagged(&home, &sw, &["start", "--listen", "127.0.0.1:0"], Duration::from_secs(30));
+    assert_cli(&again, 0, "second start");
+    assert!(again.text_lc().contains("already running"), "{again:?}");
+    assert_eq!(current_gateway(home.path()).map(|g| g.0), Some(pid), "second start must not replace the gateway");
+
+    let api = Api::new(addr);
+    assert_eq!(api.send("c", "u", "logged").unwrap().status, 200);
+    let logs = run_cli(&home, &["logs", "-n", "200"]);
+    assert_cli(&logs, 0, "logs");
+    assert!(
+        logs.stdout.contains("ready") && logs.stdout.contains(&addr.to_string()),
+        "logs should show the ready line:\n{}",
+        logs.stdout
+    );
+    let st = run_cli(&home, &["status", "--json"]);
+    assert_cli(&st, 0, "status");
+    assert_eq!(st.json()["pid"], json!(pid));
+
+    let stop = run_cli(&home, &["stop"]);
+    assert_cli(&stop, 0, "stop");
+    assert!(!pid_alive(pid));
+    let logs = run_cli(&home, &["logs", "-n", "5"]);
+    assert!(
+        logs.stdout.to_lowercase().contains("stop") || logs.stdout.contains("exit"),
+        "log tail after stop:\n{}",
+        logs.stdout
+    );
+}
+
+/// A `start` whose gateway cannot start (bad config) prints the error and exits 78, fast.
+#[test]
+fn start_with_bad_config_prints_the_error_and_exits_78() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    write_config(home.path(), "listen = \"127.0.0.1:0\"\nnot_a_key = 1\n");
+    let t0 = Instant::now();
+    let out = cli_tagged(&home, &sw, &["start"], Duration::from_secs(30));
+    assert_cli(&out, 78, "start with bad config");
+    assert!(t0.elapsed() < Duration::from_secs(10), "start took {:?}", t0.elapsed());
+    assert!(
+        out.stderr.contains("not_a_key") && out.stderr.contains("config.toml:2"),
+        "start should print the error:\n{out:?}"
+    );
+    assert!(!home.lock_held());
+    assert!(sw.tagged().is_empty(), "nothing may be left running: {:?}", sw.tagged());
+}
+
+/// `start` when another process holds the listen address: exit 78 with the reason, never
+/// "ready" without the port (G4).
+#[test]
+fn start_on_a_taken_port_fails_instead_of_running_without_it() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = cli_tagged(&home, &sw, &["start", "--listen", &addr], Duration::from_secs(30));
+    assert_cli(&out, 78, "start on a taken port");
+    assert!(out.text_lc().contains("in use") || out.text_lc().contains(&addr), "{out:?}");
+    assert!(!home.lock_held());
+}
+
+/// `send` CLI: prints the reply (exit 0); `--async` prints the id; no gateway → exit 1 with
+/// "no gateway running".
+#[test]
+fn send_cli_sync_async_and_no_gateway() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let g = gateway(&home, &sw, ECHO);
+    let out = run_cli(&home, &["send", "ping pong", "--chat", "x"]);
+    assert_cli(&out, 0, "send");
+    assert_eq!(out.stdout.trim(), "ping pong");
+    let out = run_cli(&home, &["send", "later", "--async"]);
+    assert_cli(&out, 0, "send --async");
+    let id = out.stdout.trim().rsplit(' ').next().unwrap().to_string();
+    let m = wait_final(&Api::new(g.listen()), &id, Duration::from_secs(10));
+    assert_eq!(m["reply"], json!("later"));
+    drop(g);
+    must_wait_until(EXIT, "lock free after kill", || !home.lock_held());
+    let out = run_cli(&home, &["send", "nobody home"]);
+    assert_cli(&out, 1, "send without a gateway");
+    assert!(out.text_lc().contains("no gateway running"), "{out:?}");
+}

@@ -1,0 +1,105 @@
+//! Helpers shared by the message / drain / restart / durability tests (issue 3).
+//! Each of those files does `mod common; mod work_common;`.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+#[allow(unused_imports)]
+pub use gatewarden_testkit::api::{self, Api, current_gateway, header, wait_new_ready, write_config};
+#[allow(unused_imports)]
+pub use gatewarden_testkit::sweep::{self, Sweeper, TAG_VAR};
+
+/// Spawns `run --listen 127.0.0.1:0` with `config` in the home, tagged for the sweeper, and
+/// waits until ready.
+pub fn gateway(home: &TempHome, sw: &Sweeper, config: &str) -> Gateway {
+    write_config(home.path(), config);
+    let mut g = builder(home).env(TAG_VAR, sw.tag()).spawn();
+    g.wait_ready(READY);
+    g
+}
+
+/// A CLI verb, tagged for the sweeper (the verb may detach processes: start, restart).
+pub fn cli_tagged(home: &TempHome, sw: &Sweeper, args: &[&str], timeout: Duration) -> CliOutput {
+    cli_with(bin(), home.path(), args, &[(TAG_VAR, sw.tag())], timeout)
+}
+
+/// Runs a CLI verb on a thread (for verbs that block while the test acts: stop, restart).
+pub fn cli_bg(home: &TempHome, sw: &Sweeper, args: &[&str], timeout: Duration) -> JoinHandle<CliOutput> {
+    let (p, tag) = (home.path().to_path_buf(), sw.tag().to_string());
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    std::thread::spawn(move || cli_with(bin(), &p, &args, &[(TAG_VAR, tag.as_str())], timeout))
+}
+
+/// Sends a sync message on a thread; the handle yields `(response, elapsed)`.
+pub fn send_bg(addr: SocketAddr, chat: &str, text: &str) -> JoinHandle<(std::io::Result<HttpResponse>, Duration)> {
+    let (chat, text) = (chat.to_string(), text.to_string());
+    std::thread::spawn(move || {
+        let t0 = Instant::now();
+        let r = Api::new(addr).with_timeout(Duration::from_secs(60)).send(&chat, &chat, &text);
+        (r, t0.elapsed())
+    })
+}
+
+/// `active_runs` from `GET /v1/status` (`None` if it does not answer).
+pub fn active_runs(addr: SocketAddr) -> Option<u64> {
+    Api::new(addr).with_timeout(Duration::from_secs(2)).status()?.get("active_runs")?.as_u64()
+}
+
+/// Waits until the gateway at `addr` reports at least `n` active runs.
+#[track_caller]
+pub fn wait_active(addr: SocketAddr, n: u64) {
+    must_wait_until(Duration::from_secs(10), &format!("{n} active run(s) at {addr}"), || {
+        active_runs(addr).is_some_and(|a| a >= n)
+    });
+}
+
+/// Waits until `gateway_state.json` shows `state`.
+#[track_caller]
+pub fn wait_state(home: &TempHome, state: &str, timeout: Duration) {
+    must_wait_until(timeout, &format!("gateway_state {state}"), || home.state().as_deref() == Some(state));
+}
+
+/// Waits until message `id` is final (`done` / `failed`) and returns its record.
+#[track_caller]
+pub fn wait_final(api: &Api, id: &str, timeout: Duration) -> Value {
+    let mut last = None;
+    let ok = wait_until(timeout, || {
+        last = api.message(id);
+        last.as_ref().is_some_and(|m| m["state"] == "done" || m["state"] == "failed")
+    });
+    assert!(ok, "message {id} not final within {timeout:?}; last seen: {last:?}");
+    last.unwrap()
+}
+
+/// Waits until the ledger has at least `n` events named `name`.
+#[track_caller]
+pub fn wait_events(home: &TempHome, name: &str, n: usize, timeout: Duration) -> Vec<Value> {
+    let mut evs = Vec::new();
+    let ok = wait_until(timeout, || {
+        evs = home.events(name);
+        evs.len() >= n
+    });
+    assert!(ok, "ledger: wanted {n} `{name}` event(s) within {timeout:?}:\n{}", home.ledger_text());
+    evs
+}
+
+/// Waits until no live process is in process group `pgid`.
+pub fn group_gone(pgid: u32, timeout: Duration) -> bool {
+    wait_until(timeout, || sweep::group_members(pgid).is_empty())
+}
+
+/// The incarnation of the gateway `g` (from the ledger's `started` event with its pid).
+pub fn incarnation_of(home: &TempHome, pid: u32) -> Option<String> {
+    home.events("started")
+        .into_iter()
+        .find(|e| e["pid"] == json!(pid))
+        .and_then(|e| e["incarnation"].as_str().map(str::to_string))
+}
+
+/// The python interpreter name used by the Python client tests.
+pub fn python() -> String {
+    std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
+}
