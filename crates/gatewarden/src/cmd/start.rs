@@ -147,7 +147,7 @@ fn start_via_manager(home: &Home, m: &Managed, overrides: bool, timeout_s: u64) 
 
 /// What `start` found, after giving a silent lock holder a moment to either answer or go.
 enum Settled {
-    Answering(gatewarden_control::StatusReport),
+    Answering(Box<gatewarden_control::StatusReport>),
     /// Held the lock for the whole grace and never answered.
     Silent,
     NotRunning,
@@ -169,7 +169,7 @@ fn settled_presence(home: &Home) -> Settled {
         }
         let left = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(500));
         if let Ok(s) = Client::connect(&ep, left).and_then(|mut c| c.status(left)) {
-            return Settled::Answering(s);
+            return Settled::Answering(Box::new(s));
         }
         if Instant::now() >= deadline {
             return Settled::Silent;
