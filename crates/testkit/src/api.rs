@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::HttpResponse;
+use crate::http::parse;
 
 /// One HTTP/1.1 request. `headers` are sent as given; a body gets `Content-Type:
 /// application/json` unless a content type is among `headers`.
@@ -185,44 +186,4 @@ pub fn wait_new_ready(home: &Path, not: &[u32], timeout: Duration) -> Option<(u3
         false
     });
     found
-}
-
-fn parse(raw: &[u8]) -> Option<HttpResponse> {
-    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = String::from_utf8_lossy(&raw[..end]);
-    let mut lines = head.split("\r\n");
-    let status: u16 = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            Some((k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        })
-        .collect();
-    let rest = &raw[end + 4..];
-    let chunked = headers.iter().any(|(k, v)| k == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
-    let body = if chunked {
-        dechunk(rest)?
-    } else if let Some(len) =
-        headers.iter().find(|(k, _)| k == "content-length").and_then(|(_, v)| v.parse::<usize>().ok())
-    {
-        rest.get(..len)?.to_vec()
-    } else {
-        rest.to_vec()
-    };
-    Some(HttpResponse { status, headers, body })
-}
-
-fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let nl = b.windows(2).position(|w| w == b"\r\n")?;
-        let size_s = String::from_utf8_lossy(&b[..nl]);
-        let size = usize::from_str_radix(size_s.split(';').next()?.trim(), 16).ok()?;
-        b = &b[nl + 2..];
-        if size == 0 {
-            return Some(out);
-        }
-        out.extend_from_slice(b.get(..size)?);
-        b = b.get(size + 2..)?;
-    }
 }

@@ -39,7 +39,8 @@ pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Res
     })
 }
 
-fn parse(raw: &[u8]) -> Option<HttpResponse> {
+/// Parses a whole HTTP/1.1 response (content-length, chunked, or read-to-close).
+pub(crate) fn parse(raw: &[u8]) -> Option<HttpResponse> {
     let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = String::from_utf8_lossy(&raw[..end]);
     let mut lines = head.split("\r\n");

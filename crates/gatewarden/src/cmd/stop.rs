@@ -127,13 +127,8 @@ fn stop_direct(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<Exi
 
     let graceful = request_graceful(&home, deadline, control_timeout, &who);
     if !graceful {
-        let t = match lock_holder(&home) {
-            Ok(h) => {
-                if let Some(note) = h.note {
-                    eprintln!("{note}");
-                }
-                h.identity
-            }
+        let t = match target(&home) {
+            Ok(t) => t,
             Err(why) => {
                 anyhow::bail!("cannot identify the gateway in {}: {why}; not signalling anything", home.dir().display())
             }
@@ -154,13 +149,8 @@ fn stop_direct(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<Exi
         return Ok(ExitCode::from(1));
     }
     // Identified afresh: whoever holds the lock now, not whoever a file named at the start.
-    let t = match lock_holder(&home) {
-        Ok(h) => {
-            if let Some(note) = h.note {
-                eprintln!("{note}");
-            }
-            h.identity
-        }
+    let t = match target(&home) {
+        Ok(t) => t,
         Err(why) => {
             eprintln!(
                 "{who} is still running after {timeout_s}s and cannot be identified ({why}); not killing anything"
@@ -188,4 +178,15 @@ fn stop_direct(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<Exi
         eprintln!("{who} survived SIGKILL and still holds the lock");
         Ok(ExitCode::from(1))
     }
+}
+
+/// The lock holder to signal (see `lifecycle::holder`), saying so when the pid record
+/// disagreed with the kernel.
+fn target(home: &Home) -> Result<gatewarden_lifecycle::ProcessIdentity, String> {
+    lock_holder(home).map(|h| {
+        if let Some(note) = h.note {
+            eprintln!("{note}");
+        }
+        h.identity
+    })
 }
