@@ -22,6 +22,8 @@ use super::progress::Progress;
 
 const ORCHESTRATOR_ENV: &str = "GATEWARDEN_RESTART_ORCHESTRATOR";
 const POLL: Duration = Duration::from_millis(20);
+/// How long a lock holder may stay silent (between incarnations) before restart gives up.
+const SETTLE: Duration = Duration::from_secs(5);
 
 pub fn restart(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
     // Launched from inside the unit (chat `/restart`, an exec-backend run, an updater): the
@@ -46,6 +48,10 @@ fn relay_to_detached_orchestrator() -> Option<ExitCode> {
     let exe = std::env::current_exe().ok()?;
     let mut cmd = Command::new(exe);
     cmd.args(std::env::args_os().skip(1)).env(ORCHESTRATOR_ENV, "1");
+    // Launched from an agent run (chat-driven restarts), this process carries the run's tag,
+    // and the next incarnation kills what the old one's runs left behind; the orchestrator
+    // must not be mistaken for such a leftover.
+    cmd.env_remove(gatewarden_runtime::RUN_TAG);
     cmd.stdin(Stdio::null()).stdout(Stdio::inherit()).stderr(Stdio::inherit());
     spawn::detach(&mut cmd, None);
     let status = cmd.spawn().ok()?.wait().ok()?;
@@ -73,16 +79,35 @@ fn orchestrate(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
         Presence::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
         Presence::Running => {}
     }
-    let old = match status_of(&ep) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!(
-                "a gateway holds the lock but does not answer on its control endpoint ({e}); not restarting blindly"
-            );
-            eprintln!("recover with: gatewarden --home {} stop && {recovery}", home.dir().display());
-            return Ok(ExitCode::from(1));
+    // A gateway between incarnations (draining, or a successor taking over) may not answer for
+    // a moment: give it a bounded chance before giving up.
+    let settle = Instant::now() + SETTLE;
+    let old = loop {
+        match status_of(&ep) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() >= settle => {
+                eprintln!(
+                    "a gateway holds the lock but does not answer on its control endpoint ({e}); not restarting blindly"
+                );
+                eprintln!("recover with: gatewarden --home {} stop && {recovery}", home.dir().display());
+                return Ok(ExitCode::from(1));
+            }
+            Err(_) => std::thread::sleep(POLL),
         }
     };
+    // Concurrent restarts coalesce (H3): an incarnation that started after this request already
+    // satisfies it, and one that is already draining is joined instead of restarted twice.
+    let started_since_request = old.uptime_s.is_some_and(|up| up < t0.elapsed().as_secs_f64());
+    if started_since_request && old.state.as_deref() == Some("running") {
+        println!(
+            "restarted (by a concurrent request): incarnation {} (pid {}) is ready",
+            old.incarnation.clone().unwrap_or_default(),
+            old.pid.map_or("?".into(), |p| p.to_string())
+        );
+        let _ = ledger.append("restart_result", json!({"ok": true, "new": old.incarnation, "coalesced": true}));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let joining = matches!(old.state.as_deref(), Some("draining" | "stopping"));
     let old_inc = old.incarnation.clone().unwrap_or_default();
     // Under systemd the gateway exits 75 and systemd revives it after `RestartSec`; if that
     // does not happen promptly (a long RestartSec, a start limit), start the unit ourselves so
@@ -96,13 +121,17 @@ fn orchestrate(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
     let mut gone_since: Option<Instant> = None;
     let mut kick: Option<std::thread::JoinHandle<Result<(), String>>> = None;
     let progress = Progress::new();
-    progress.phase("requesting restart");
-    let requested = Client::connect(&ep, Duration::from_secs(2))
-        .and_then(|mut c| c.call(Op::Restart { requester: Requester::current("cli") }, Duration::from_secs(5)));
-    if let Err(e) = requested {
-        progress.finish();
-        eprintln!("the gateway refused the restart: {e}");
-        return Ok(ExitCode::from(1));
+    if joining {
+        progress.phase(&format!("joining the {} already in progress", old.state.as_deref().unwrap_or("stop")));
+    } else {
+        progress.phase("requesting restart");
+        let requested = Client::connect(&ep, Duration::from_secs(2))
+            .and_then(|mut c| c.call(Op::Restart { requester: Requester::current("cli") }, Duration::from_secs(5)));
+        if let Err(e) = requested {
+            progress.finish();
+            eprintln!("the gateway refused the restart: {e}");
+            return Ok(ExitCode::from(1));
+        }
     }
 
     // launchd relaunches asynchronously (throttles, pended spawns, unloaded labels): its ladder
