@@ -130,6 +130,18 @@ impl Gateway {
         self.handing_over.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// Whether a new sync run is taken: while `running`, and for the rest of a hand-over. A
+    /// request that arrives on a connection we already hold cannot reach the successor, so it
+    /// is served (the drain waits for it; the response sends the client to the successor)
+    /// instead of getting 503. Without a successor, `draining` answers 503 (protocol.md §5).
+    pub fn accepts_work(&self) -> bool {
+        match self.phase.get() {
+            GatewayState::Running => true,
+            GatewayState::Draining | GatewayState::Stopping => self.handing_over(),
+            _ => false,
+        }
+    }
+
     pub fn listen(&self) -> Option<&str> {
         self.listen.get().map(String::as_str)
     }

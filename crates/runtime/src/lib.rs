@@ -303,22 +303,10 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
         });
     }
 
-    let mut phase = gw.phase.subscribe();
-    let app = http::router(Arc::clone(&gw));
-    let handing_over = Arc::clone(&gw);
-    let server = tokio::spawn(async move {
-        // Stop accepting at `stopping`; when a successor holds our listener, already at
-        // `draining`, so new connections wait in the shared backlog for the successor.
-        let stopping = async move {
-            let _ = phase
-                .wait_for(|p| {
-                    matches!(p, GatewayState::Stopping | GatewayState::Stopped)
-                        || (*p == GatewayState::Draining && handing_over.handing_over())
-                })
-                .await;
-        };
-        axum::serve(listener, app).with_graceful_shutdown(stopping).await
-    });
+    // Accepts once `running`; stops at `stopping`, or at `draining` while a successor holds our
+    // listener; winds the open connections down without cutting a request (http/serve.rs).
+    let server =
+        tokio::spawn(http::serve::serve(listener, http::router(Arc::clone(&gw)), Arc::clone(&gw), opts.drain_timeout));
 
     // A signal that arrived during start-up is unexpected, whatever markers say (D1, #103191).
     let early = tokio::select! { biased; s = signals.recv() => Some(s), () = std::future::ready(()) => None };
@@ -352,7 +340,8 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
     info!("stopping: {}", decision.reason);
     drain(&gw, &mut signals, opts.drain_timeout).await;
     gw.advance(GatewayState::Stopping);
-    let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    // Bounded inside: the rest of the drain budget plus short graces.
+    let _ = server.await;
     decision
 }
 

@@ -64,10 +64,13 @@ fn spawn_successor(gw: &Gateway, opts: &ResolvedOptions) -> std::io::Result<u32>
         }
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::null());
-    if let Some(fd) = spawn::detach(&mut cmd, gw.kept_listener()) {
-        cmd.arg("--inherit-listener").arg(fd);
+    let handing_over =
+        spawn::detach(&mut cmd, gw.kept_listener()).map(|fd| cmd.arg("--inherit-listener").arg(fd)).is_some();
+    let child = cmd.spawn()?;
+    // Only a successor that exists holds the listener; a failed spawn leaves the gateway
+    // running with its ordinary drain semantics.
+    if handing_over {
         gw.set_handing_over();
     }
-    let child = cmd.spawn()?;
     Ok(child.id())
 }

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::gateway::Gateway;
-use crate::work::{RETRY_AFTER, parse_command};
+use crate::work::{Command, RETRY_AFTER, parse_command};
 
 #[derive(Debug, Deserialize)]
 pub struct MessageIn {
@@ -54,7 +54,8 @@ pub fn agent_error(e: &AgentError) -> Response {
 pub async fn post(State(gw): State<Arc<Gateway>>, Json(m): Json<MessageIn>) -> Response {
     let work = &gw.work;
     if let Some(cmd) = parse_command(&m.text) {
-        if !work.may_command(&m.user_id) {
+        // `/status` and `/help` are for everyone; `/restart` and `/stop` need an admin (protocol.md).
+        if matches!(cmd, Command::Restart | Command::Stop) && !work.may_command(&m.user_id) {
             return error(StatusCode::FORBIDDEN, "forbidden", "commands are for the admins listed in config.toml");
         }
         let out = work.command(&gw, cmd, &m.chat_id, &m.user_id);
@@ -79,14 +80,16 @@ pub async fn post(State(gw): State<Arc<Gateway>>, Json(m): Json<MessageIn>) -> R
         }
         return resp;
     }
-    let running = gw.phase.get() == GatewayState::Running;
     if m.is_async {
+        // Journaled in any phase; only a running gateway's worker starts it (else the next
+        // incarnation does).
+        let running = gw.phase.get() == GatewayState::Running;
         return match work.accept_async(&m.chat_id, &m.user_id, &m.text, running).await {
             Ok(id) => (StatusCode::ACCEPTED, Json(json!({"message_id": id}))).into_response(),
             Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e),
         };
     }
-    if !running {
+    if !gw.accepts_work() {
         return unavailable(&gw, &m.chat_id);
     }
     let run_id = work.next_run_id(&gw.me.id);

@@ -18,6 +18,7 @@ use crate::gateway::Gateway;
 mod messages;
 mod metrics;
 mod openai;
+pub mod serve;
 
 pub fn router(gw: Arc<Gateway>) -> Router {
     let api = Router::new()

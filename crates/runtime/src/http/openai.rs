@@ -12,7 +12,6 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use gatewarden_agent::AgentRequest;
-use gatewarden_lifecycle::records::GatewayState;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -64,7 +63,7 @@ pub async fn completions(State(gw): State<Arc<Gateway>>, Json(body): Json<Comple
     };
     let text = text_of(&last.content);
     let chat = body.user.clone().unwrap_or_else(|| "openai".into());
-    if gw.phase.get() != GatewayState::Running {
+    if !gw.accepts_work() {
         return unavailable(&gw, &chat);
     }
     let model = body.model.clone().unwrap_or_else(|| gw.work.model.clone());

@@ -1,0 +1,330 @@
+//! The HTTP accept loop: hyper HTTP/1 connections over our own listener, so that the phase
+//! decides when accepting stops and how every open connection ends (`axum::serve`'s graceful
+//! shutdown closes idle keep-alive connections at once, racing the client's next request).
+//!
+//! By phase:
+//! - `starting`: nothing is accepted; early connections wait in the backlog instead of meeting
+//!   a gateway that is not `running` yet (a successor finds the backlog full of clients).
+//! - `running`: accept and serve.
+//! - `draining`, no successor (plain stop, supervised restart): accept and serve as before;
+//!   the handlers answer new sync work 503 + `Retry-After` (protocol.md §5).
+//! - `draining` while handing over (a successor inherited our listening socket): stop accepting
+//!   and drop our listener — the successor's inherited fd (and [`Gateway::kept_listener`]) keep
+//!   the socket and its backlog, so new connections wait there for the successor. Open
+//!   connections keep being served: their requests are runs the drain waits for
+//!   ([`Gateway::accepts_work`]), and every response carries `Connection: close`, so each client
+//!   moves to a new connection — the successor's — after at most one more request. An idle
+//!   keep-alive connection is never closed here: the client may be sending on it right now.
+//! - `stopping`: without a hand-over, graceful shutdown (idle connections close, in-flight
+//!   responses finish) bounded by [`STOP_GRACE`], as before. While handing over, the connections
+//!   still open first get [`IDLE_GRACE`] (ending early once none remain), so a client that just
+//!   picked an idle connection still gets its response; then graceful shutdown, with in-flight
+//!   requests bounded by what is left of the drain budget (at least [`STOP_GRACE`]). Runs still
+//!   active then are cancelled, as the drain does, and get [`crate::CANCEL_GRACE`].
+
+use std::convert::Infallible;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{HeaderValue, Request, header};
+use gatewarden_lifecycle::records::GatewayState;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::{Service, service_fn};
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::gateway::Gateway;
+
+/// While handing over: how long connections still open at `stopping` stay served before the
+/// graceful shutdown closes the idle ones.
+pub const IDLE_GRACE: Duration = Duration::from_secs(1);
+/// How long in-flight responses get after the graceful shutdown starts (at least).
+pub const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// Serves `app` on `listener` until the phase says stop, then winds the connections down (see
+/// the module docs). Returns once every connection has ended or its bound ran out; every wait
+/// is bounded (at most the rest of `drain_timeout`, plus [`IDLE_GRACE`], [`STOP_GRACE`] and
+/// [`crate::CANCEL_GRACE`]).
+pub async fn serve(listener: TcpListener, app: Router, gw: Arc<Gateway>, drain_timeout: Duration) {
+    let mut phase = gw.phase.subscribe();
+    let router = TowerToHyperService::new(app);
+    let shutdown = CancellationToken::new();
+    let mut conns = JoinSet::new();
+    let mut draining_at = None;
+    let mut seen = |p: GatewayState| {
+        if p == GatewayState::Draining {
+            draining_at.get_or_insert_with(Instant::now);
+        }
+        p
+    };
+
+    let first = phase.wait_for(|p| *p != GatewayState::Starting).await.map(|p| *p).unwrap_or(GatewayState::Stopping);
+    if accepting(seen(first), &gw) {
+        loop {
+            tokio::select! {
+                biased;
+                changed = phase.changed() => {
+                    let p = if changed.is_ok() { *phase.borrow_and_update() } else { GatewayState::Stopping };
+                    if !accepting(seen(p), &gw) {
+                        break;
+                    }
+                }
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        conns.spawn(connection(stream, router.clone(), Arc::clone(&gw), shutdown.clone()));
+                    }
+                    Err(e) => accept_failed(e).await,
+                },
+            }
+        }
+    }
+    drop(listener);
+
+    // Handing over: the open connections are served until `stopping`, each ending after its
+    // next response.
+    let _ = phase.wait_for(|p| past_draining(*p)).await;
+    let stopping_at = Instant::now();
+    let handing_over = gw.handing_over();
+    if handing_over && !conns.is_empty() {
+        let _ = tokio::time::timeout(IDLE_GRACE, join_all(&mut conns)).await;
+    }
+    shutdown.cancel();
+    let floor = Instant::now() + STOP_GRACE;
+    let deadline = if handing_over { floor.max(draining_at.unwrap_or(stopping_at) + drain_timeout) } else { floor };
+    if tokio::time::timeout_at(deadline, join_all(&mut conns)).await.is_ok() {
+        return;
+    }
+    // Runs that came in on an open connection after the drain (handing over): cancelled like
+    // the drain's own leftovers, so their clients get an answer instead of a cut connection.
+    if gw.runs.active() > 0 && !gw.work.cancel.is_cancelled() {
+        gw.work.cancel_all();
+        let _ = tokio::time::timeout(crate::CANCEL_GRACE, join_all(&mut conns)).await;
+    }
+    if !conns.is_empty() {
+        crate::warn!("closing {} HTTP connection(s) that did not finish in time", conns.len());
+    }
+    conns.shutdown().await;
+}
+
+/// Whether the accept loop accepts in phase `p` (it starts once `starting` is over).
+fn accepting(p: GatewayState, gw: &Gateway) -> bool {
+    match p {
+        GatewayState::Running => true,
+        GatewayState::Draining => !gw.handing_over(),
+        _ => false,
+    }
+}
+
+fn past_draining(p: GatewayState) -> bool {
+    !matches!(p, GatewayState::Starting | GatewayState::Running | GatewayState::Draining)
+}
+
+/// Whether responses tell clients to reconnect: while handing over, a new connection lands in
+/// the backlog the successor serves.
+fn moving_clients(gw: &Gateway) -> bool {
+    gw.handing_over() && !matches!(gw.phase.get(), GatewayState::Starting | GatewayState::Running)
+}
+
+async fn join_all(conns: &mut JoinSet<()>) {
+    while conns.join_next().await.is_some() {}
+}
+
+/// One HTTP/1.1 connection (keep-alive), shut down gracefully once `shutdown` is cancelled.
+async fn connection(
+    stream: TcpStream,
+    router: TowerToHyperService<Router>,
+    gw: Arc<Gateway>,
+    shutdown: CancellationToken,
+) {
+    let svc = service_fn(move |req: Request<Incoming>| {
+        let response = router.call(req);
+        let gw = Arc::clone(&gw);
+        async move {
+            let mut res = response.await?;
+            // Decided when the response is ready: a request that came in while running and
+            // finishes during the hand-over moves its client too.
+            if moving_clients(&gw) {
+                res.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            Ok::<_, Infallible>(res)
+        }
+    });
+    let mut conn = pin!(http1::Builder::new().serve_connection(TokioIo::new(stream), svc));
+    tokio::select! {
+        // Errors are the client's (reset, malformed request); hyper already answered what it could.
+        _ = conn.as_mut() => return,
+        () = shutdown.cancelled() => conn.as_mut().graceful_shutdown(),
+    }
+    let _ = conn.await;
+}
+
+/// Per-connection failures are the client's business; anything else (out of descriptors) is
+/// logged and retried after a pause, as `axum::serve` does.
+async fn accept_failed(e: std::io::Error) {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    if matches!(e.kind(), ConnectionRefused | ConnectionAborted | ConnectionReset) {
+        return;
+    }
+    crate::warn!("cannot accept an HTTP connection: {e}; retrying in 1 s");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Instant as StdInstant, SystemTime};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::gateway::Incarnation;
+
+    struct Fixture {
+        gw: Arc<Gateway>,
+        addr: std::net::SocketAddr,
+        server: tokio::task::JoinHandle<()>,
+        _dir: tempfile::TempDir,
+    }
+
+    async fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let home = gatewarden_lifecycle::Home::at(dir.path());
+        let config = gatewarden_agent::Config::default();
+        let journal = gatewarden_agent::Journal::open_in(dir.path()).unwrap();
+        let work =
+            Arc::new(crate::work::Work::new(gatewarden_agent::build_agent(&config.agent), journal, &config, true));
+        let me = Incarnation::current(SystemTime::now(), StdInstant::now());
+        let gw = Arc::new(Gateway::new(home, me, gatewarden_lifecycle::Supervisor::None, "test".into(), work));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(
+            listener,
+            super::super::router(Arc::clone(&gw)),
+            Arc::clone(&gw),
+            Duration::from_secs(5),
+        ));
+        Fixture { gw, addr, server, _dir: dir }
+    }
+
+    /// One keep-alive `POST /v1/messages`: status and lower-cased head.
+    async fn post(c: &mut TcpStream) -> std::io::Result<(u16, String)> {
+        let body = r#"{"chat_id":"c","user_id":"u","text":"hi"}"#;
+        let req = format!(
+            "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        c.write_all(req.as_bytes()).await?;
+        let mut buf = Vec::new();
+        loop {
+            let mut chunk = [0u8; 4096];
+            let n = c.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+            let Some(end) = text.find("\r\n\r\n") else { continue };
+            let len: usize = text[..end]
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                let status = text[9..12].parse().unwrap();
+                return Ok((status, text[..end].to_string()));
+            }
+        }
+    }
+
+    /// Waits for the server to close `c`; returns how long that took.
+    async fn closed_within(c: &mut TcpStream, bound: Duration) -> Option<Duration> {
+        let t0 = StdInstant::now();
+        let mut b = [0u8; 64];
+        match tokio::time::timeout(bound, c.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => Some(t0.elapsed()),
+            _ => None,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nothing_is_accepted_before_running() {
+        let f = fixture().await;
+        let mut c = TcpStream::connect(f.addr).await.unwrap();
+        let early = tokio::time::timeout(Duration::from_millis(300), post(&mut c)).await;
+        assert!(early.is_err(), "answered while starting: {early:?}");
+        // The request waited in the backlog; it is answered once running (its bytes are
+        // already sent, so read on).
+        f.gw.advance(GatewayState::Running);
+        let mut b = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut b)).await.unwrap().unwrap();
+        assert!(String::from_utf8_lossy(&b[..n]).starts_with("HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&b[..n]));
+    }
+
+    /// A hand-over with a drain faster than the client: the request sent on a connection that
+    /// was idle through the whole drain is served (200, a run) and tells the client to
+    /// reconnect; the server ends as soon as no connection is left, well before IDLE_GRACE.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn handing_over_serves_open_connections_and_moves_their_clients() {
+        let f = fixture().await;
+        f.gw.advance(GatewayState::Running);
+        let mut c = TcpStream::connect(f.addr).await.unwrap();
+        let (status, head) = post(&mut c).await.unwrap();
+        assert_eq!(status, 200, "{head}");
+        assert!(!head.contains("connection: close"), "{head}");
+
+        f.gw.set_handing_over();
+        f.gw.advance(GatewayState::Draining);
+        f.gw.advance(GatewayState::Stopping);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (status, head) = post(&mut c).await.unwrap();
+        assert_eq!(status, 200, "a request on an open connection is served during the hand-over: {head}");
+        assert!(head.contains("connection: close"), "{head}");
+        assert!(closed_within(&mut c, Duration::from_secs(1)).await.is_some(), "closed after the response");
+        let t0 = StdInstant::now();
+        tokio::time::timeout(Duration::from_secs(5), f.server).await.unwrap().unwrap();
+        assert!(t0.elapsed() < IDLE_GRACE / 2, "the server waited {:?} with no connection left", t0.elapsed());
+    }
+
+    /// A connection idle through the hand-over is closed only after IDLE_GRACE.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn handing_over_gives_idle_connections_a_grace() {
+        let f = fixture().await;
+        f.gw.advance(GatewayState::Running);
+        let mut c = TcpStream::connect(f.addr).await.unwrap();
+        assert_eq!(post(&mut c).await.unwrap().0, 200);
+        f.gw.set_handing_over();
+        f.gw.advance(GatewayState::Draining);
+        f.gw.advance(GatewayState::Stopping);
+        let took = closed_within(&mut c, Duration::from_secs(5)).await.expect("closed after the grace");
+        assert!(took >= IDLE_GRACE - Duration::from_millis(100), "idle connection closed after {took:?}");
+        tokio::time::timeout(Duration::from_secs(5), f.server).await.unwrap().unwrap();
+    }
+
+    /// Without a successor: draining answers new sync work 503 + Retry-After on an open
+    /// connection, and stopping closes an idle connection at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_a_successor_draining_answers_503_and_stopping_closes_idle_connections() {
+        let f = fixture().await;
+        f.gw.advance(GatewayState::Running);
+        let mut c = TcpStream::connect(f.addr).await.unwrap();
+        assert_eq!(post(&mut c).await.unwrap().0, 200);
+        f.gw.advance(GatewayState::Draining);
+        let (status, head) = post(&mut c).await.unwrap();
+        assert_eq!(status, 503, "{head}");
+        assert!(head.contains("retry-after: 2") && !head.contains("connection: close"), "{head}");
+        // Still accepting while draining.
+        let mut c2 = TcpStream::connect(f.addr).await.unwrap();
+        assert_eq!(post(&mut c2).await.unwrap().0, 503);
+        f.gw.advance(GatewayState::Stopping);
+        let took = closed_within(&mut c, Duration::from_secs(1)).await.expect("idle connection closed at stopping");
+        assert!(took < IDLE_GRACE / 2, "{took:?}");
+        tokio::time::timeout(Duration::from_secs(5), f.server).await.unwrap().unwrap();
+    }
+}
