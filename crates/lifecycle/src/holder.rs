@@ -20,7 +20,22 @@ pub struct Holder {
 
 pub fn lock_holder(home: &Home) -> Result<Holder, String> {
     let recorded = read_pid_record(&home.pid_file()).ok().and_then(|r| r.identity());
-    decide(recorded, holder_pids(&home.lock()), platform::start_time)
+    // /proc/locks is generated page by page while other processes take and drop locks, so one
+    // read can miss a line. Before overruling the record (or finding nobody), look again.
+    let mut kernel = holder_pids(&home.lock());
+    for _ in 0..2 {
+        let settled = match (&kernel, recorded) {
+            (None, _) => true,
+            (Some(pids), Some(r)) => pids.contains(&r.pid),
+            (Some(pids), None) => !pids.is_empty(),
+        };
+        if settled {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        kernel = holder_pids(&home.lock());
+    }
+    decide(recorded, kernel, platform::start_time)
 }
 
 /// Pure decision behind [`lock_holder`].
