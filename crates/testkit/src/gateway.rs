@@ -68,6 +68,7 @@ impl GatewayBuilder {
     }
 
     pub fn spawn(self) -> Gateway {
+        #[cfg(target_os = "linux")]
         use std::os::unix::process::CommandExt;
         static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -51,7 +51,8 @@ pub fn lock_holders(path: &Path) -> Vec<u32> {
         return Vec::new();
     };
     let (ino, dev) = (meta.ino(), meta.dev());
-    let (maj, min) = (libc::major(dev), libc::minor(dev));
+    // dev_t is u64 on Linux and i32 on macOS.
+    let (maj, min) = (libc::major(dev as libc::dev_t), libc::minor(dev as libc::dev_t));
     let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
         return Vec::new();
     };
