@@ -56,17 +56,13 @@ impl Agent for EchoAgent {
         "echo"
     }
 
-    fn run(&self, req: AgentRequest, cancel: CancellationToken) -> AgentFuture<'_> {
-        Box::pin(self.go(req, cancel, None))
-    }
-
-    fn run_streaming(
+    fn start(
         &self,
         req: AgentRequest,
         cancel: CancellationToken,
-        chunks: mpsc::Sender<String>,
+        chunks: Option<mpsc::Sender<String>>,
     ) -> AgentFuture<'_> {
-        Box::pin(self.go(req, cancel, Some(chunks)))
+        Box::pin(self.go(req, cancel, chunks))
     }
 }
 

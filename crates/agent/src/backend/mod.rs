@@ -64,23 +64,37 @@ pub enum AgentError {
 /// A boxed, `Send` future returned by [`Agent`] methods.
 pub type AgentFuture<'a> = Pin<Box<dyn Future<Output = Result<AgentReply, AgentError>> + Send + 'a>>;
 
-/// Something that answers messages.
+/// Something that answers messages. A backend implements [`Agent::start`]; `run` and
+/// `run_streaming` are the two ways to call it.
 pub trait Agent: Send + Sync {
     /// The backend name (`echo`, `exec`, `openai`, or a test double's).
     fn name(&self) -> &str;
 
-    /// Runs one message to completion.
-    fn run(&self, req: AgentRequest, cancel: CancellationToken) -> AgentFuture<'_>;
+    /// Runs one message to completion, sending the reply in pieces to `chunks` as they are
+    /// produced when it is `Some` (echo: words, exec: stdout lines, openai: upstream deltas).
+    /// The returned reply is the whole answer. A dropped receiver does not stop the run (its
+    /// reply is still journaled); cancel for that.
+    fn start(
+        &self,
+        req: AgentRequest,
+        cancel: CancellationToken,
+        chunks: Option<mpsc::Sender<String>>,
+    ) -> AgentFuture<'_>;
 
-    /// Like [`Agent::run`], but also sends the reply in pieces as they are produced (echo: words,
-    /// exec: stdout lines, openai: upstream deltas). The returned reply is the whole answer. A
-    /// dropped receiver does not stop the run (its reply is still journaled); cancel for that.
+    /// Runs one message to completion.
+    fn run(&self, req: AgentRequest, cancel: CancellationToken) -> AgentFuture<'_> {
+        self.start(req, cancel, None)
+    }
+
+    /// Like [`Agent::run`], streaming the reply to `chunks` as well.
     fn run_streaming(
         &self,
         req: AgentRequest,
         cancel: CancellationToken,
         chunks: mpsc::Sender<String>,
-    ) -> AgentFuture<'_>;
+    ) -> AgentFuture<'_> {
+        self.start(req, cancel, Some(chunks))
+    }
 }
 
 /// Builds the backend chosen by `[agent]`. The config is expected to have been validated by
