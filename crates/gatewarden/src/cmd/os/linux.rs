@@ -181,13 +181,7 @@ pub fn drift(spec: &ServiceSpec) -> Vec<Finding> {
     let expected = match render(spec) {
         Ok(t) => t,
         Err(e) => {
-            return vec![Finding::new(
-                doctor::FindingId::DefinitionUnreadable,
-                doctor::Severity::Error,
-                "systemd unit",
-                format!("cannot render the expected unit: {e}"),
-                doctor::FixAction::None,
-            )];
+            return super::unrenderable("systemd unit", "unit", e);
         }
     };
     let Some(path) = definition_path(spec).filter(|p| p.exists()) else {

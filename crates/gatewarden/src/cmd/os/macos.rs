@@ -137,13 +137,7 @@ pub fn drift(spec: &ServiceSpec) -> Vec<Finding> {
     let expected = match launchd::launch_agent(spec) {
         Ok(a) => a,
         Err(e) => {
-            return vec![Finding::new(
-                doctor::FindingId::DefinitionUnreadable,
-                doctor::Severity::Error,
-                "LaunchAgent",
-                format!("cannot render the expected plist: {e}"),
-                doctor::FixAction::None,
-            )];
+            return super::unrenderable("LaunchAgent", "plist", e);
         }
     };
     let bytes = std::fs::read(target(spec).plist_path).ok();

@@ -66,3 +66,15 @@ pub enum Event {
     /// A stop was requested by a signal or console event (`channel`, `what`).
     Stop { channel: &'static str, what: &'static str },
 }
+
+/// The finding every OS reports when this version cannot even render its own definition.
+pub fn unrenderable(subject: &str, what: &str, e: impl std::fmt::Display) -> Vec<gatewarden_service::doctor::Finding> {
+    use gatewarden_service::doctor::{Finding, FindingId, FixAction, Severity};
+    vec![Finding::new(
+        FindingId::DefinitionUnreadable,
+        Severity::Error,
+        subject,
+        format!("cannot render the expected {what}: {e}"),
+        FixAction::None,
+    )]
+}

@@ -148,13 +148,7 @@ pub fn drift(spec: &ServiceSpec) -> Vec<Finding> {
     let expected = match render(spec) {
         Ok(x) => x,
         Err(e) => {
-            return vec![Finding::new(
-                doctor::FindingId::DefinitionUnreadable,
-                doctor::Severity::Error,
-                "scheduled task",
-                format!("cannot render the expected task: {e}"),
-                doctor::FixAction::None,
-            )];
+            return super::unrenderable("scheduled task", "task", e);
         }
     };
     let installed =
