@@ -9,7 +9,7 @@
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use gatewarden_control::{Client, Endpoint, Op, Requester, StatusReport};
+use gatewarden_control::{Client, ClientError, Endpoint, Op, Requester, StatusReport};
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
 use gatewarden_lifecycle::records::read_state;
 use gatewarden_lifecycle::{Home, InstanceLock};
@@ -127,10 +127,17 @@ fn orchestrate(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
         progress.phase("requesting restart");
         let requested = Client::connect(&ep, Duration::from_secs(2))
             .and_then(|mut c| c.call(Op::Restart { requester: Requester::current("cli") }, Duration::from_secs(5)));
-        if let Err(e) = requested {
-            progress.finish();
-            eprintln!("the gateway refused the restart: {e}");
-            return Ok(ExitCode::from(1));
+        match requested {
+            Ok(_) => {}
+            // An explicit refusal (or a protocol mismatch) is final.
+            Err(e @ (ClientError::Refused { .. } | ClientError::VersionMismatch { .. } | ClientError::Protocol(_))) => {
+                progress.finish();
+                eprintln!("the gateway refused the restart: {e}");
+                return Ok(ExitCode::from(1));
+            }
+            // The connection broke or timed out: the gateway is going away, most likely for a
+            // concurrent restart. Verification below decides whether a new incarnation came.
+            Err(e) => progress.phase(&format!("the gateway is going away ({e}); waiting for the next incarnation")),
         }
     }
 
