@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gatewarden_agent::journal::{Kind, NewMessage};
-use gatewarden_agent::{Agent, AgentError, AgentRequest, Journal};
+use gatewarden_agent::{Agent, AgentError, AgentRequest, Journal, JournalError};
 use gatewarden_control::Requester;
 use gatewarden_lifecycle::{fsio, timefmt};
 use serde_json::{Value, json};
@@ -180,13 +180,22 @@ impl Work {
         text: &str,
         reply: &str,
     ) -> Result<String, String> {
-        let journal = Arc::clone(&self.journal);
         let msg = NewMessage { chat_id: chat_id.into(), user_id: user_id.into(), text: text.into(), kind: Kind::Async };
         let reply = reply.to_owned();
-        tokio::task::spawn_blocking(move || journal.accept_command(&msg, &reply))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
+        self.with_journal(move |j| j.accept_command(&msg, &reply)).await
+    }
+
+    /// Runs `f` on the journal off the async workers (SQLite blocks, and fsyncs each commit);
+    /// a failed task and a journal error both come back as the message to report.
+    pub async fn with_journal<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Journal) -> Result<R, JournalError> + Send + 'static,
+    ) -> Result<R, String> {
+        let journal = Arc::clone(&self.journal);
+        match tokio::task::spawn_blocking(move || f(&journal)).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     /// Journals an async message (durable before returning) and queues it if `run_now`.
@@ -197,12 +206,8 @@ impl Work {
         text: &str,
         run_now: bool,
     ) -> Result<String, String> {
-        let journal = Arc::clone(&self.journal);
         let msg = NewMessage { chat_id: chat_id.into(), user_id: user_id.into(), text: text.into(), kind: Kind::Async };
-        let id = tokio::task::spawn_blocking(move || journal.accept(&msg))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+        let id = self.with_journal(move |j| j.accept(&msg)).await?;
         self.metrics.accepted_async.fetch_add(1, Ordering::Relaxed);
         if run_now {
             let _ = self.queue.send(id.clone());
@@ -308,10 +313,9 @@ impl Work {
         let Some(mut rx) = self.queue_rx.lock().ok().and_then(|mut g| g.take()) else { return };
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let journal = Arc::clone(&me.journal);
             let inc = gw.me.id.clone();
-            match tokio::task::spawn_blocking(move || journal.recover(&inc)).await {
-                Ok(Ok(ids)) => {
+            match me.with_journal(move |j| j.recover(&inc)).await {
+                Ok(ids) => {
                     if !ids.is_empty() {
                         crate::info!("resuming {} journaled message(s)", ids.len());
                     }
@@ -319,7 +323,6 @@ impl Work {
                         let _ = me.queue.send(id);
                     }
                 }
-                Ok(Err(e)) => crate::error!("journal recovery failed: {e}"),
                 Err(e) => crate::error!("journal recovery failed: {e}"),
             }
             let slots = Arc::new(Semaphore::new(ASYNC_CONCURRENCY));
@@ -339,19 +342,18 @@ impl Work {
     }
 
     async fn run_async(self: &Arc<Self>, gw: &crate::gateway::Gateway, id: String) {
-        let journal = Arc::clone(&self.journal);
         let (inc, id2) = (gw.me.id.clone(), id.clone());
-        let claimed = tokio::task::spawn_blocking(move || {
-            if !journal.claim(&id2, &inc)? {
-                return Ok(None);
-            }
-            journal.get(&id2)
-        })
-        .await;
+        let claimed = self
+            .with_journal(move |j| {
+                if !j.claim(&id2, &inc)? {
+                    return Ok(None);
+                }
+                j.get(&id2)
+            })
+            .await;
         let msg = match claimed {
-            Ok(Ok(Some(m))) => m,
-            Ok(Ok(None)) => return,
-            Ok(Err(e)) => return crate::error!("journal claim of {id} failed: {e}"),
+            Ok(Some(m)) => m,
+            Ok(None) => return,
             Err(e) => return crate::error!("journal claim of {id} failed: {e}"),
         };
         let req = AgentRequest { run_id: msg.id.clone(), chat_id: msg.chat_id, user_id: msg.user_id, text: msg.text };
@@ -360,14 +362,14 @@ impl Work {
             // Interrupted by the drain: stays `running` for the next incarnation to re-run once.
             return;
         }
-        let journal = Arc::clone(&self.journal);
         let inc = gw.me.id.clone();
-        let done = tokio::task::spawn_blocking(move || match r {
-            Ok(reply) => journal.complete(&id, &inc, &reply),
-            Err(e) => journal.fail(&id, &inc, &e.to_string()),
-        })
-        .await;
-        if let Ok(Err(e)) = done {
+        let done = self
+            .with_journal(move |j| match r {
+                Ok(reply) => j.complete(&id, &inc, &reply),
+                Err(e) => j.fail(&id, &inc, &e.to_string()),
+            })
+            .await;
+        if let Err(e) = done {
             crate::error!("journal update failed: {e}");
         }
     }

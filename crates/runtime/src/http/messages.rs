@@ -109,9 +109,8 @@ pub async fn post(State(gw): State<Arc<Gateway>>, Json(m): Json<MessageIn>) -> R
 }
 
 pub async fn get_one(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> Response {
-    let journal = Arc::clone(&gw.work.journal);
-    match tokio::task::spawn_blocking(move || journal.get(&id)).await {
-        Ok(Ok(Some(m))) => Json(json!({
+    match gw.work.with_journal(move |j| j.get(&id)).await {
+        Ok(Some(m)) => Json(json!({
             "message_id": m.id,
             "chat_id": m.chat_id,
             "state": m.state.as_str(),
@@ -123,9 +122,8 @@ pub async fn get_one(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> 
             "updated_at": m.updated_at,
         }))
         .into_response(),
-        Ok(Ok(None)) => error(StatusCode::NOT_FOUND, "not_found", "no such message"),
-        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e.to_string()),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e.to_string()),
+        Ok(None) => error(StatusCode::NOT_FOUND, "not_found", "no such message"),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e),
     }
 }
 

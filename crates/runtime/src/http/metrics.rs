@@ -12,8 +12,7 @@ use crate::gateway::Gateway;
 
 pub async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
     let m = &gw.work.metrics;
-    let journal = Arc::clone(&gw.work.journal);
-    let counts = tokio::task::spawn_blocking(move || journal.counts()).await.ok().and_then(Result::ok);
+    let counts = gw.work.with_journal(|j| j.counts()).await.ok();
     let mut out = String::with_capacity(1024);
     let _ = writeln!(out, "# HELP gatewarden_runs_total Agent runs by outcome, this incarnation.");
     let _ = writeln!(out, "# TYPE gatewarden_runs_total counter");
