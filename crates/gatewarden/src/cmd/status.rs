@@ -44,11 +44,27 @@ pub fn status(home: &Home, as_json: bool) -> anyhow::Result<ExitCode> {
                             SystemTime::now().duration_since(t).ok().map(|d| d.as_millis() as f64 / 1000.0)
                         });
                     }
-                    if let Some(s) = state.clone().ok() {
-                        report.state = Some(s.gateway_state.as_str().into());
-                        report.listen = s.listen;
-                        report.supervisor = s.supervisor;
-                        report.control = s.control;
+                    // The state file describes the lock holder only if it names the same
+                    // incarnation as its pid record; otherwise it is a predecessor's (the
+                    // holder is still starting, or crashed before writing its records).
+                    // (hermes records carry no incarnation: there the pid must match.)
+                    let current = state.clone().ok().filter(|s| match &report.incarnation {
+                        Some(_) => s.record.incarnation == report.incarnation,
+                        None => report.pid == Some(s.record.pid),
+                    });
+                    match current {
+                        Some(s) => {
+                            report.state = Some(s.gateway_state.as_str().into());
+                            report.listen = s.listen;
+                            report.supervisor = s.supervisor;
+                            report.control = s.control;
+                        }
+                        None => {
+                            report.extra.insert(
+                                "records".into(),
+                                json!("the lock holder has not published its records yet (starting?)"),
+                            );
+                        }
                     }
                     (0, Some(format!("control endpoint unreachable: {e}")))
                 }
