@@ -4,11 +4,13 @@
 //! - [`endpoint`]: where a home's endpoint lives (socket path or pipe name).
 //! - [`client`]: a blocking client with deadlines, for the CLI.
 //! - [`framing`]: newline-delimited JSON with a size cap.
+//! - [`stopper`]: the one stop escalation (control, marker + verified SIGTERM, verified kill).
 
 pub mod client;
 pub mod endpoint;
 pub mod framing;
 pub mod proto;
+pub mod stopper;
 mod transport;
 
 pub use client::{Client, ClientError};

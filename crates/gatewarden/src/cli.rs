@@ -51,6 +51,9 @@ pub enum Command {
         /// Seconds to wait for the new incarnation
         #[arg(long, default_value_t = 90, value_name = "SECS")]
         timeout: u64,
+        /// Internal: the gateway's backstop for a restart no CLI verifies (the old incarnation)
+        #[arg(long, hide = true, value_name = "INCARNATION")]
+        backstop: Option<String>,
     },
     /// Send a message (or a chat command such as /status) to the running gateway
     Send {
@@ -106,9 +109,10 @@ pub struct RunArgs {
     /// Seconds a stop waits for active runs, overriding config.toml (default 30)
     #[arg(long, value_name = "SECS")]
     pub drain_timeout: Option<u64>,
-    /// Declare the supervisor instead of detecting it
-    #[arg(long, value_enum, env = "GATEWARDEN_SUPERVISOR")]
-    pub supervisor: Option<SupervisorArg>,
+    /// Declare the supervisor instead of detecting it: systemd, launchd, container, external or
+    /// none (`GATEWARDEN_SUPERVISOR` declares it too, parsed by the same rules)
+    #[arg(long, value_name = "KIND", value_parser = parse_supervisor)]
+    pub supervisor: Option<gatewarden_lifecycle::Supervisor>,
     /// Log format
     #[arg(long, value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
@@ -126,13 +130,10 @@ pub struct RunArgs {
     pub ready_stdout: bool,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum SupervisorArg {
-    Systemd,
-    Launchd,
-    Container,
-    External,
-    None,
+/// `--supervisor` goes through the lifecycle crate's one parser, like `GATEWARDEN_SUPERVISOR`.
+fn parse_supervisor(s: &str) -> Result<gatewarden_lifecycle::Supervisor, String> {
+    gatewarden_lifecycle::Supervisor::parse(s)
+        .ok_or_else(|| format!("{s:?} is not a supervisor (systemd, launchd, container, external, none)"))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -215,9 +215,11 @@ fn restart_cli_verifies_the_new_incarnation() {
 }
 
 /// G1: a supervisor that never relaunches (`--supervisor external`, no manager). The gateway
-/// exits 75 as told; `gatewarden restart --timeout 5` exits 1 after ~5 s, names what it saw and
-/// prints the recovery command; the ledger has restart_result ok=false. Running the printed
-/// command recovers (and G6: nothing stale is reported afterwards).
+/// exits 75 as told; nothing revives it, so `restart` starts the next incarnation itself after
+/// the restart delay (issue 7: no route ends with nothing running) and records `kicked`.
+/// When even that cannot work (the config broke meanwhile), it exits 1, names what it saw and
+/// prints the recovery command; the ledger has `restart_result` ok=false. Running the printed
+/// command after fixing the cause recovers (and G6: nothing stale is reported afterwards).
 #[test]
 fn g1_supervisor_never_restarts_is_reported_with_the_recovery_command() {
     let home = TempHome::new();
@@ -225,23 +227,42 @@ fn g1_supervisor_never_restarts_is_reported_with_the_recovery_command() {
     write_config(home.path(), "listen = \"127.0.0.1:0\"\n");
     let mut g = builder(&home).supervisor("external").env(TAG_VAR, sw.tag()).spawn();
     g.wait_ready(READY);
-    let out = cli_tagged(&home, &sw, &["restart", "--timeout", "5"], Duration::from_secs(30));
-    assert_cli(&out, 1, "restart with a supervisor that never relaunches");
-    assert!(out.elapsed >= Duration::from_secs(5) && out.elapsed < Duration::from_secs(12), "took {:?}", out.elapsed);
+    let out = cli_tagged(&home, &sw, &["restart", "--timeout", "20"], Duration::from_secs(40));
+    assert_cli(&out, 0, "restart with a supervisor that never relaunches");
     let st = g.wait_exit(EXIT);
+
+    assert_exit_code(&g, st, 75, "supervised planned restart");
+    let res = home.events("restart_result");
+    assert_eq!(res.len(), 1, "{}", home.ledger_text());
+    assert_eq!((res[0]["ok"].clone(), res[0]["kicked"].clone()), (json!(true), json!(true)), "{}", res[0]);
+    assert!(home.events("successor_started").is_empty(), "a supervised gateway must not start its own successor");
+    let (pid, _, state, _) = current_gateway(home.path()).expect("the kicked gateway");
+    assert_eq!(state, "running");
+
+    // Now the config breaks, and the same restart cannot bring anything back.
+    let stop = run_cli(&home, &["stop"]);
+    assert_cli(&stop, 0, "stop");
+    assert!(wait_until(EXIT, || !pid_alive(pid)));
+    let mut g = builder(&home).supervisor("external").env(TAG_VAR, sw.tag()).spawn();
+    g.wait_ready(READY);
+    write_config(home.path(), "listen = \"127.0.0.1:0\"\nbogus_key = 1\n");
+    let out = cli_tagged(&home, &sw, &["restart", "--timeout", "8"], Duration::from_secs(30));
+    assert_cli(&out, 1, "restart when nothing can start");
+    let st = g.wait_exit(EXIT);
+
     assert_exit_code(&g, st, 75, "supervised planned restart");
     let recovery = format!("gatewarden --home {} start", home.path().display());
     assert!(out.stderr.contains(&recovery), "stderr should print `{recovery}`:\n{}", out.stderr);
     assert!(out.stderr.contains("no gateway holds the lock"), "should say what it saw:\n{}", out.stderr);
     assert!(!out.stdout.to_lowercase().contains("restarted"), "must not claim success: {out:?}");
     let res = home.events("restart_result");
-    assert_eq!(res.len(), 1, "{}", home.ledger_text());
-    assert_eq!(res[0]["ok"], json!(false), "{}", res[0]);
-    assert!(res[0]["seen"].as_str().is_some_and(|s| !s.is_empty()), "{}", res[0]);
-    assert!(home.events("successor_started").is_empty(), "a supervised gateway must not start its own successor");
+    assert_eq!(res.len(), 2, "{}", home.ledger_text());
+    assert_eq!(res[1]["ok"], json!(false), "{}", res[1]);
+    assert!(res[1]["seen"].as_str().is_some_and(|s| !s.is_empty()), "{}", res[1]);
     assert!(current_gateway(home.path()).is_none(), "nothing runs");
 
-    // The recovery command, verbatim (minus the binary name).
+    // The recovery command, verbatim (minus the binary name), once the cause is fixed.
+    write_config(home.path(), "listen = \"127.0.0.1:0\"\n");
     let args: Vec<&str> = recovery.split(' ').skip(3).collect();
     let rec = cli_tagged(&home, &sw, &args, Duration::from_secs(30));
     assert_cli(&rec, 0, "recovery command");

@@ -14,7 +14,8 @@ use crate::marker::{self, MarkerKind, SelfIdentity, Verdict};
 
 /// Removes what a dead gateway left behind: the pid record, bad markers, and `extra` files
 /// (e.g. the control socket). Markers naming another live process are kept. The state file is
-/// kept too (its last `gateway_state` is history, reported as such), unless it is unreadable.
+/// kept too (its last `gateway_state` is history, reported as such), unless it names another
+/// home.
 /// Returns the names removed, also recorded in the ledger as `stale_cleaned`.
 pub fn heal_stale(
     home: &Home,
@@ -29,6 +30,15 @@ pub fn heal_stale(
         me.is_some_and(|me| crate::records::read_pid_record(&pid_file).ok().is_some_and(|r| r.pid == me.pid));
     if !pid_is_ours && fsio::remove_if_exists(&pid_file).unwrap_or(false) {
         removed.push("gateway.pid".to_string());
+    }
+    // A state file copied from another home (a cloned profile, a restored backup) describes
+    // that home's gateway, not ours: it is not our history.
+    let state_file = home.state_file();
+    if let Some(other) = crate::records::read_state(&state_file).ok().and_then(|s| s.record.home)
+        && !same_home(&other, home)
+        && fsio::remove_if_exists(&state_file).unwrap_or(false)
+    {
+        removed.push(format!("gateway_state.json (names another home, {other})"));
     }
     for kind in [MarkerKind::PlannedStop, MarkerKind::Takeover] {
         if let Verdict::Removed { why } = marker::probe(home.dir(), kind, me, crate::probe::probe_u32) {
@@ -45,4 +55,11 @@ pub fn heal_stale(
         let _ = ledger.append("stale_cleaned", json!({"files": removed, "by": by}));
     }
     removed
+}
+
+/// Whether a recorded home is this one (canonical paths compared; an unresolvable path is
+/// compared as written).
+fn same_home(recorded: &str, home: &Home) -> bool {
+    let p = std::path::Path::new(recorded);
+    p == home.dir() || crate::platform::canonical(p).is_ok_and(|c| c == home.dir())
 }

@@ -28,6 +28,7 @@ pub mod lock;
 pub mod marker;
 pub mod platform;
 pub mod probe;
+pub mod procfs;
 pub mod records;
 pub mod supervisor;
 pub mod timefmt;

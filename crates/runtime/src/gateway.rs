@@ -37,6 +37,52 @@ impl Incarnation {
     }
 }
 
+impl Incarnation {
+    pub fn pid_record(&self, home: &str) -> PidRecord {
+        PidRecord {
+            pid: self.pid,
+            kind: Some("gatewarden".into()),
+            argv: self.argv.clone(),
+            start_time: self.start_time,
+            home: Some(home.to_owned()),
+            incarnation: Some(self.id.clone()),
+            version: Some(gatewarden_lifecycle::VERSION.into()),
+            started_at: Some(timefmt::format(self.started_at)),
+        }
+    }
+
+    fn ledger(&self, home: &Home) -> Ledger {
+        Ledger::new(
+            home.ledger(),
+            gatewarden_lifecycle::ledger::Writer {
+                pid: self.pid,
+                start_time: self.start_time,
+                incarnation: Some(self.id.clone()),
+            },
+        )
+    }
+}
+
+/// Records a start-up refusal (exit `code`, `reason`) so `status` and `history` show the
+/// latest truth: always in the ledger; in the state file only when the lock is free, i.e. no
+/// gateway whose state file it is runs (the lock is taken for the write, then released).
+pub fn record_refusal(home: &Home, me: &Incarnation, supervisor: Supervisor, code: i32, reason: &str) {
+    let _ = me.ledger(home).append("start_refused", json!({"code": code, "reason": reason}));
+    let Ok(_lock) = gatewarden_lifecycle::InstanceLock::try_acquire(&home.lock()) else { return };
+    let s = StateRecord {
+        record: me.pid_record(&home.dir().to_string_lossy()),
+        gateway_state: GatewayState::Stopped,
+        exit_reason: Some(reason.to_owned()),
+        exit_code: Some(code),
+        active_runs: 0,
+        listen: None,
+        control: None,
+        supervisor: Some(supervisor.as_str().into()),
+        updated_at: Some(timefmt::now()),
+    };
+    let _ = fsio::write_json(&home.state_file(), &s);
+}
+
 /// 16 hex digits from the OS-seeded keys of std's `RandomState`, mixed with pid and time.
 fn new_incarnation_id(pid: u32, at: SystemTime) -> String {
     use std::hash::{BuildHasher, Hasher};
@@ -52,6 +98,8 @@ pub struct Gateway {
     pub home_str: String,
     pub me: Incarnation,
     pub supervisor: Supervisor,
+    /// Why detection chose `supervisor` (shown by `status` and `doctor`).
+    pub supervisor_evidence: String,
     pub phase: Phase,
     pub runs: Arc<Runs>,
     pub ledger: Ledger,
@@ -59,6 +107,7 @@ pub struct Gateway {
     pub work: Arc<crate::work::Work>,
     pub notifier: crate::sdnotify::Notifier,
     listen: OnceLock<String>,
+    drain_budget: OnceLock<std::time::Duration>,
     listener: OnceLock<std::net::TcpListener>,
     handing_over: std::sync::atomic::AtomicBool,
     exit: Mutex<Option<(i32, String)>>,
@@ -68,31 +117,26 @@ impl Gateway {
     pub fn new(
         home: Home,
         me: Incarnation,
-        supervisor: Supervisor,
+        detection: gatewarden_lifecycle::supervisor::Detection,
         control: String,
         work: Arc<crate::work::Work>,
     ) -> Gateway {
         let home_str = home.dir().to_string_lossy().into_owned();
-        let ledger = Ledger::new(
-            home.ledger(),
-            gatewarden_lifecycle::ledger::Writer {
-                pid: me.pid,
-                start_time: me.start_time,
-                incarnation: Some(me.id.clone()),
-            },
-        );
+        let ledger = me.ledger(&home);
         Gateway {
             home,
             home_str,
             me,
-            supervisor,
+            supervisor: detection.supervisor,
+            supervisor_evidence: detection.evidence,
             phase: Phase::new(),
             runs: Arc::new(Runs::default()),
             ledger,
             control,
             work,
-            notifier: crate::sdnotify::Notifier::from_env(),
+            notifier: crate::sdnotify::Notifier::for_supervisor(detection.supervisor),
             listen: OnceLock::new(),
+            drain_budget: OnceLock::new(),
             listener: OnceLock::new(),
             handing_over: std::sync::atomic::AtomicBool::new(false),
             exit: Mutex::new(None),
@@ -110,6 +154,12 @@ impl Gateway {
 
     pub fn set_listen(&self, addr: String) {
         let _ = self.listen.set(addr);
+    }
+
+    /// The drain budget, published in status so a restarting CLI can tell a slow drain from a
+    /// wedged one.
+    pub fn set_drain_budget(&self, d: std::time::Duration) {
+        let _ = self.drain_budget.set(d);
     }
 
     /// Keeps a duplicate of the HTTP listener for handing over to a successor.
@@ -147,16 +197,7 @@ impl Gateway {
     }
 
     pub fn pid_record(&self) -> PidRecord {
-        PidRecord {
-            pid: self.me.pid,
-            kind: Some("gatewarden".into()),
-            argv: self.me.argv.clone(),
-            start_time: self.me.start_time,
-            home: Some(self.home_str.clone()),
-            incarnation: Some(self.me.id.clone()),
-            version: Some(gatewarden_lifecycle::VERSION.into()),
-            started_at: Some(timefmt::format(self.me.started_at)),
-        }
+        self.me.pid_record(&self.home_str)
     }
 
     /// Appends to the ledger; a full disk must not stop the gateway, so failures are logged.
@@ -228,7 +269,12 @@ impl Gateway {
             active_runs: Some(self.runs.active()),
             control: Some(self.control.clone()),
             files,
-            extra: Default::default(),
+            extra: [
+                ("supervisor_evidence".to_owned(), json!(self.supervisor_evidence)),
+                ("drain_timeout_s".to_owned(), json!(self.drain_budget.get().map(|d| d.as_secs()))),
+            ]
+            .into_iter()
+            .collect(),
         }
     }
 }

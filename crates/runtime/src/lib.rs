@@ -68,15 +68,18 @@ pub struct RunOptions {
 }
 
 /// How the incarnation ended.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Outcome {
     pub intent: ExitIntent,
     pub reason: String,
+    /// PID 1's planned restart: the binary executes this instead of exiting
+    /// (`restart::Reexec::exec`), after the lock and the runtime are gone.
+    pub reexec: Option<restart::Reexec>,
 }
 
 impl Outcome {
     fn new(intent: ExitIntent, reason: impl Into<String>) -> Outcome {
-        Outcome { intent, reason: reason.into() }
+        Outcome { intent, reason: reason.into(), reexec: None }
     }
 }
 
@@ -107,17 +110,19 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
         Err(e) => return Outcome::new(ExitIntent::FatalConfig, e.to_string()),
     };
     let me = Incarnation::current(started_at, started);
+    let detection = Supervisor::detect(opts.supervisor);
+    let supervisor = detection.supervisor;
     let (work, opts) = match prepare(&home, opts, &run_tag(&home, &me.id)) {
         Ok(w) => w,
-        Err(o) => return o,
+        Err(o) => return refused(&home, &me, supervisor, o),
     };
-    let supervisor = Supervisor::detect(opts.supervisor);
     let ep = Endpoint::for_home(home.dir());
-    let gw = Arc::new(Gateway::new(home.clone(), me, supervisor, ep.display(), work));
+    let gw = Arc::new(Gateway::new(home.clone(), me.clone(), detection, ep.display(), work));
+    gw.set_drain_budget(opts.drain_timeout);
 
     let mut lock = match claim(&gw, &opts) {
         Ok(l) => l,
-        Err(o) => return o,
+        Err(o) => return refused(&home, &me, supervisor, o),
     };
     let healed = heal_stale(&home, &lock, "run", Some(&gw.self_identity()), &[]);
     if !healed.is_empty() {
@@ -134,7 +139,14 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
         "started",
         json!({"argv": gw.me.argv, "home": gw.home_str, "supervisor": supervisor.as_str(), "version": gatewarden_lifecycle::VERSION}),
     );
-    info!("gateway {} starting in {} (pid {}, supervisor {})", gw.me.id, gw.home_str, gw.me.pid, supervisor.as_str());
+    info!(
+        "gateway {} starting in {} (pid {}, supervisor {}: {})",
+        gw.me.id,
+        gw.home_str,
+        gw.me.pid,
+        supervisor.as_str(),
+        gw.supervisor_evidence
+    );
 
     let outcome = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => {
@@ -152,8 +164,12 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
     outcome
 }
 
-/// Loads config.toml, applies command-line overrides, refuses an exposed listener without a
-/// token, opens the journal and builds the agent. Every failure is fatal configuration (78).
+/// A start-up refusal, recorded before it is returned (`gateway::record_refusal`).
+fn refused(home: &Home, me: &Incarnation, supervisor: Supervisor, o: Outcome) -> Outcome {
+    gateway::record_refusal(home, me, supervisor, i32::from(o.intent.code()), &o.reason);
+    o
+}
+
 /// The environment variable tagging every process an agent run starts.
 pub const RUN_TAG: &str = "GATEWARDEN_RUN_TAG";
 
@@ -176,6 +192,8 @@ fn sweep_orphan_runs(gw: &Gateway) {
     }
 }
 
+/// Loads config.toml, applies command-line overrides, refuses an exposed listener without a
+/// token, opens the journal and builds the agent. Every failure is fatal configuration (78).
 fn prepare(home: &Home, mut opts: RunOptions, tag: &str) -> Result<(Arc<work::Work>, ResolvedOptions), Outcome> {
     let fatal = |e: String| Outcome::new(ExitIntent::FatalConfig, e);
     let mut config = gatewarden_agent::Config::load(home.dir()).map_err(|e| fatal(e.to_string()))?;
@@ -234,10 +252,8 @@ fn claim(gw: &Gateway, opts: &ResolvedOptions) -> Result<InstanceLock, Outcome> 
     let patience = if opts.successor { opts.drain_timeout + SUCCESSOR_GRACE } else { LOCK_PATIENCE };
     match InstanceLock::acquire(&home.lock(), patience) {
         Ok(l) => Ok(l),
-        Err(LockError::Held { .. }) if opts.replace => {
-            takeover::take_over(home, &gw.home_str, opts.takeover_timeout, &gw.ledger)
-                .map_err(|e| Outcome::new(ExitIntent::FatalConfig, e))
-        }
+        Err(LockError::Held { .. }) if opts.replace => takeover::take_over(home, opts.takeover_timeout, &gw.ledger)
+            .map_err(|e| Outcome::new(ExitIntent::FatalConfig, e)),
         Err(LockError::Held { .. }) => Err(Outcome::new(ExitIntent::FatalConfig, describe_holder(home))),
         Err(e) => Err(Outcome::new(ExitIntent::FatalConfig, e.to_string())),
     }
@@ -368,18 +384,8 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause) -> Option<Outcom
             Some(Outcome::new(ExitIntent::PlannedStop, format!("planned stop: {}", sig.name())))
         }
         Cause::Signal(SignalKind::Restart) => {
-            if gw.supervisor.restarts_on_exit() {
-                gw.record("restart_requested", json!({"requester": {"channel": "signal"}, "reason": "SIGUSR1"}));
-                Some(Outcome::new(
-                    ExitIntent::PlannedRestart,
-                    format!("planned restart: SIGUSR1 (supervisor {})", gw.supervisor.as_str()),
-                ))
-            } else {
-                warn!(
-                    "SIGUSR1 ignored: no service manager supervises this gateway, so exiting would leave it down; use `gatewarden restart`"
-                );
-                None
-            }
+            gw.record("restart_requested", json!({"requester": {"channel": "signal"}, "reason": "SIGUSR1"}));
+            restart::begin(gw, opts, "requested by SIGUSR1", "signal")
         }
         Cause::Control { kind, requester } => {
             let who = requester.describe();
@@ -395,7 +401,7 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause) -> Option<Outcom
                 }
                 ControlKind::Restart => {
                     gw.record("restart_requested", json!({"requester": json_requester, "reason": "restart"}));
-                    return restart::begin(gw, opts, &format!("requested by {who}"));
+                    return restart::begin(gw, opts, &format!("requested by {who}"), &requester.channel);
                 }
             })
         }
@@ -488,6 +494,7 @@ fn startup_failed(gw: &Gateway, reason: String) -> Outcome {
 }
 
 fn startup_failed_with(gw: &Gateway, intent: ExitIntent, reason: String) -> Outcome {
+    gw.record("start_refused", json!({"code": intent.code(), "reason": reason}));
     gw.advance(GatewayState::Stopping);
     Outcome::new(intent, reason)
 }

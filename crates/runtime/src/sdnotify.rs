@@ -20,6 +20,15 @@ impl Notifier {
         Notifier { socket: std::env::var("NOTIFY_SOCKET").ok().filter(|s| !s.is_empty()) }
     }
 
+    /// Notifies only a manager proven to run us: an inherited `NOTIFY_SOCKET` belongs to some
+    /// other unit, which must not hear our READY=1 or STOPPING=1.
+    pub fn for_supervisor(s: gatewarden_lifecycle::Supervisor) -> Notifier {
+        match s {
+            gatewarden_lifecycle::Supervisor::Systemd => Notifier::from_env(),
+            _ => Notifier { socket: None },
+        }
+    }
+
     pub fn enabled(&self) -> bool {
         self.socket.is_some()
     }

@@ -49,9 +49,37 @@ pub fn cli_with<S: AsRef<OsStr>>(
     env: &[(&str, &str)],
     timeout: Duration,
 ) -> CliOutput {
+    cli_mode(bin, home, args, env, timeout, false)
+}
+
+/// Like [`cli_with`] in the host's real environment (see `GatewayBuilder::host_default`).
+#[track_caller]
+pub fn cli_host<S: AsRef<OsStr>>(
+    bin: impl AsRef<Path>,
+    home: &Path,
+    args: &[S],
+    env: &[(&str, &str)],
+    timeout: Duration,
+) -> CliOutput {
+    cli_mode(bin, home, args, env, timeout, true)
+}
+
+#[track_caller]
+fn cli_mode<S: AsRef<OsStr>>(
+    bin: impl AsRef<Path>,
+    home: &Path,
+    args: &[S],
+    env: &[(&str, &str)],
+    timeout: Duration,
+    host_default: bool,
+) -> CliOutput {
     let bin = bin.as_ref();
     let mut cmd = Command::new(bin);
-    crate::test_env(&mut cmd);
+    if host_default {
+        cmd.env_remove("GATEWARDEN_HOME");
+    } else {
+        crate::test_env(&mut cmd);
+    }
     cmd.arg("--home").arg(home).args(args);
     for (k, v) in env {
         cmd.env(k, v);

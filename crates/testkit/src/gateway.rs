@@ -26,6 +26,7 @@ pub struct GatewayBuilder {
     extra: Vec<OsString>,
     env: Vec<(OsString, Option<OsString>)>,
     home_via_env: bool,
+    host_default: bool,
 }
 
 impl GatewayBuilder {
@@ -38,6 +39,7 @@ impl GatewayBuilder {
             extra: Vec::new(),
             env: Vec::new(),
             home_via_env: false,
+            host_default: false,
         }
     }
     /// Override the listen address (tests use loopback only).
@@ -61,6 +63,17 @@ impl GatewayBuilder {
     pub fn supervisor(self, s: &str) -> Self {
         self.env("GATEWARDEN_SUPERVISOR", s)
     }
+    /// The host's real environment, as a user's shell has it: nothing scrubbed, no
+    /// `GATEWARDEN_SUPERVISOR` (only `GATEWARDEN_HOME` is removed; the home is `--home`).
+    pub fn host_default(mut self) -> Self {
+        self.host_default = true;
+        self
+    }
+    /// Remove a variable from the environment.
+    pub fn env_remove(mut self, k: impl Into<OsString>) -> Self {
+        self.env.push((k.into(), None));
+        self
+    }
     /// Pass the home as `GATEWARDEN_HOME` instead of `--home`.
     pub fn home_via_env(mut self) -> Self {
         self.home_via_env = true;
@@ -76,7 +89,11 @@ impl GatewayBuilder {
         let stderr_path = self.log_dir.join(format!("{tag}.stderr"));
         let stdout_path = self.log_dir.join(format!("{tag}.stdout"));
         let mut cmd = Command::new(&self.bin);
-        crate::test_env(&mut cmd);
+        if self.host_default {
+            cmd.env_remove("GATEWARDEN_HOME");
+        } else {
+            crate::test_env(&mut cmd);
+        }
         if self.home_via_env {
             cmd.env("GATEWARDEN_HOME", &self.home);
         } else {

@@ -31,7 +31,7 @@ pub mod sweep;
 mod time;
 mod wait;
 
-pub use cli::{CliOutput, cli, cli_env, cli_with};
+pub use cli::{CliOutput, cli, cli_env, cli_host, cli_with};
 pub use decoy::Decoy;
 pub use gateway::{Gateway, GatewayBuilder, exit_code, exit_signal};
 pub use home::TempHome;
@@ -52,10 +52,13 @@ pub const SCRUBBED_ENV: &[&str] = &[
     "WATCHDOG_USEC",
     "WATCHDOG_PID",
     "XPC_SERVICE_NAME",
+    "SYSTEMD_EXEC_PID",
     "RUST_LOG",
 ];
 
 /// Applies the deterministic test environment to a command: scrubbed env, supervisor `none`.
+/// Tests of the default detection path use `GatewayBuilder::host_default` / [`cli_host`]
+/// instead, so the suite also runs the binary as a user's shell does.
 pub fn test_env(cmd: &mut std::process::Command) {
     for k in SCRUBBED_ENV {
         cmd.env_remove(k);

@@ -129,6 +129,19 @@ impl Managed {
         os::svc::verify_restart(&self.spec, old, budget)
     }
 
+    /// Before a planned restart: keep it from counting as a crash (systemd's start limit).
+    pub fn prepare_restart(&self) {
+        os::svc::prepare_restart(&self.spec);
+    }
+
+    /// The manager gave up on the unit (a tripped start limit, `failed`, or inactive while we
+    /// wait for it): a restart must start it now instead of waiting for a revival.
+    pub fn gave_up(&self) -> bool {
+        let fresh = os::svc::query(&self.spec);
+        let get = |k: &str| fresh.detail.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+        get("result") == "start-limit-hit" || matches!(get("active_state").as_str(), "failed" | "inactive")
+    }
+
     /// Start now, bypassing any restart backoff or failed state.
     pub fn kick(&self) -> anyhow::Result<()> {
         os::svc::kick(&self.spec)

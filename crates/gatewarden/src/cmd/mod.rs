@@ -32,7 +32,7 @@ pub fn dispatch(cli: Cli, started_at: SystemTime, started: Instant) -> anyhow::R
         Command::Start { listen, timeout, drain_timeout } => {
             start::start(&home, listen.as_deref(), timeout, drain_timeout)
         }
-        Command::Restart { timeout } => restart::restart(&home, timeout),
+        Command::Restart { timeout, backstop } => restart::restart(&home, timeout, backstop),
         Command::Send { text, chat, user, is_async } => send::send(&home, &text, &chat, &user, is_async),
         Command::Logs { follow, n } => logs::logs(&home, follow, n),
         Command::History { n, json } => history::history(&home, n, json),

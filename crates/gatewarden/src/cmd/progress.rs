@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 pub struct Progress {
     phase: Arc<Mutex<Option<String>>>,
-    spinner: Option<std::thread::JoinHandle<()>>,
+    spinner: Mutex<Option<std::thread::JoinHandle<()>>>,
     tty: bool,
 }
 
@@ -31,7 +31,7 @@ impl Progress {
                 let _ = write!(std::io::stderr(), "\r\x1b[2K");
             })
         });
-        Progress { phase, spinner, tty }
+        Progress { phase, spinner: Mutex::new(spinner), tty }
     }
 
     pub fn phase(&self, p: &str) {
@@ -46,15 +46,13 @@ impl Progress {
         }
     }
 
-    pub fn finish(mut self) {
-        self.stop();
-    }
-
-    fn stop(&mut self) {
+    /// Ends the display (idempotent; by reference, so a shared progress can be finished
+    /// before a final message).
+    pub fn finish(&self) {
         if let Ok(mut g) = self.phase.lock() {
             *g = None;
         }
-        if let Some(h) = self.spinner.take() {
+        if let Some(h) = self.spinner.lock().ok().and_then(|mut s| s.take()) {
             let _ = h.join();
         }
     }
@@ -62,6 +60,6 @@ impl Progress {
 
 impl Drop for Progress {
     fn drop(&mut self) {
-        self.stop();
+        self.finish();
     }
 }

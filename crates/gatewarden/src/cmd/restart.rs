@@ -1,20 +1,35 @@
 //! `gatewarden restart`: request a restart and exit 0 only when a **new incarnation** holds
 //! the lock and is ready; otherwise exit 1 naming what was seen and the recovery command.
 //!
+//! One ladder, observation → action, bounded by `--timeout`:
+//! - the gateway answers: ask it to restart (a systemd unit's start-rate counter is reset
+//!   first, so planned restarts never trip its crash-loop brake), then watch;
+//! - it does not answer within [`UNRESPONSIVE`] (SIGSTOPped, wedged), or stays draining past its
+//!   drain budget plus [`DRAIN_GRACE`]: stop it with the one stopper (marker + verified SIGTERM,
+//!   verified SIGKILL) and start a new incarnation;
+//! - nobody holds the lock for longer than the owner's restart delay plus a margin, or the
+//!   manager gave up on the unit (start limit, failed): start it through the owner, or directly
+//!   (`kicked` in the ledger).
+//!
+//! `--backstop INCARNATION` is the same ladder without the request: the gateway launches it
+//! for every planned restart that no verifying CLI asked for (chat `/restart`, SIGUSR1, a control
+//! request), so no route ends with nothing running.
+//!
 //! The orchestrator first moves itself into its own session (a detached copy of this command
 //! does the work while this process relays its exit code), so killing the old gateway's
 //! process group — e.g. when `/restart` ran this from inside the gateway — cannot kill it.
-//! Its result is recorded in the ledger either way.
 
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
+use gatewarden_control::stopper::{self, StopOutcome, StopPlan};
 use gatewarden_control::{Client, ClientError, Endpoint, Op, Requester, StatusReport};
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
+use gatewarden_lifecycle::lock::LockProbe;
 use gatewarden_lifecycle::records::read_state;
 use gatewarden_lifecycle::{Home, InstanceLock};
 use gatewarden_runtime::spawn;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::manager::{self, Managed};
 use super::presence::{Presence, presence};
@@ -22,17 +37,29 @@ use super::progress::Progress;
 
 const ORCHESTRATOR_ENV: &str = "GATEWARDEN_RESTART_ORCHESTRATOR";
 const POLL: Duration = Duration::from_millis(20);
-/// How long a lock holder may stay silent (between incarnations) before restart gives up.
-const SETTLE: Duration = Duration::from_secs(5);
+/// A lock holder silent on its control endpoint for this long is wedged, not busy.
+const UNRESPONSIVE: Duration = Duration::from_secs(3);
+/// Beyond the drain budget: the cancelled runs' clean-up and the HTTP wind-down.
+const DRAIN_GRACE: Duration = Duration::from_secs(15);
+/// Beyond the owner's restart delay, how long a free lock is waited out before starting.
+const KICK_MARGIN: Duration = Duration::from_secs(2);
+/// The budget of the stopper for a wedged gateway (it is not draining anything useful).
+const WEDGED_STOP: Duration = Duration::from_secs(10);
 
-pub fn restart(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
-    // Launched from inside the unit (chat `/restart`, an exec-backend run, an updater): the
-    // manager kills the unit's whole cgroup when the old gateway exits, a new session does not
-    // help. Move into a transient scope first (H2); this returns only if that is not needed.
+pub fn restart(home: &Home, timeout_s: u64, backstop: Option<String>) -> anyhow::Result<ExitCode> {
+    // Launched from inside the unit (chat `/restart`, an exec-backend run, the gateway's own
+    // backstop): the manager kills the unit's whole cgroup when the old gateway exits, a new
+    // session does not help. Move into a transient scope first (H2); this returns only if that
+    // is not needed.
     if let Some(m) = manager::installed(&home.canonicalized())
         && let Some(why) = manager::escape_unit_cgroup(&m)
     {
         eprintln!("warning: {why}; restarting from inside {}", m.describe());
+    }
+    let home = home.canonicalized();
+    if let Some(old) = backstop {
+        // Already detached by the gateway that launched it.
+        return Ok(run_backstop(&home, &old, timeout_s));
     }
     if std::env::var_os(ORCHESTRATOR_ENV).is_none()
         && spawn::DETACH_KEEPS_OUTPUT
@@ -40,7 +67,7 @@ pub fn restart(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
     {
         return Ok(code);
     }
-    orchestrate(&home.canonicalized(), timeout_s)
+    orchestrate(&home, timeout_s)
 }
 
 /// Runs this same command line in a new session and relays its exit code.
@@ -58,42 +85,47 @@ fn relay_to_detached_orchestrator() -> Option<ExitCode> {
     Some(ExitCode::from(status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(1)))
 }
 
-fn status_of(ep: &Endpoint) -> Result<StatusReport, String> {
-    let t = Duration::from_millis(500);
+fn status_of(ep: &Endpoint, t: Duration) -> Result<StatusReport, String> {
     Client::connect(ep, t).and_then(|mut c| c.status(t)).map_err(|e| e.to_string())
+}
+
+fn lock_held(home: &Home) -> bool {
+    !matches!(InstanceLock::probe(&home.lock()), LockProbe::Free(_) | LockProbe::Missing)
+}
+
+/// The old gateway's status, retried for up to [`UNRESPONSIVE`] while it holds the lock.
+fn old_status(home: &Home, ep: &Endpoint) -> Result<StatusReport, String> {
+    let until = Instant::now() + UNRESPONSIVE;
+    loop {
+        match status_of(ep, Duration::from_millis(500)) {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() >= until || !lock_held(home) => return Err(e),
+            Err(_) => std::thread::sleep(POLL),
+        }
+    }
 }
 
 fn orchestrate(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
-    let deadline = t0 + Duration::from_secs(timeout_s);
-    let ledger = Ledger::new(home.ledger(), Writer::current());
-    let recovery = format!("gatewarden --home {} start", home.dir().display());
+    let ladder = Ladder::new(home, timeout_s, t0);
     let ep = Endpoint::for_home(home.dir());
 
     match presence(home, "restart") {
         Presence::NotRunning { .. } => {
-            let listen = read_state(&home.state_file()).ok().and_then(|s| s.listen);
             eprintln!("no gateway running in {}; starting one", home.dir().display());
-            return super::start::start(home, listen.as_deref(), timeout_s, None);
+            return ladder.start_fresh(None);
         }
         Presence::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
         Presence::Running => {}
     }
-    // A gateway between incarnations (draining, or a successor taking over) may not answer for
-    // a moment: give it a bounded chance before giving up.
-    let settle = Instant::now() + SETTLE;
-    let old = loop {
-        match status_of(&ep) {
-            Ok(s) => break s,
-            Err(e) if Instant::now() >= settle => {
-                eprintln!(
-                    "a gateway holds the lock but does not answer on its control endpoint ({e}); not restarting blindly"
-                );
-                eprintln!("recover with: gatewarden --home {} stop && {recovery}", home.dir().display());
-                return Ok(ExitCode::from(1));
-            }
-            Err(_) => std::thread::sleep(POLL),
+    let old = match old_status(home, &ep) {
+        Ok(s) => s,
+        Err(e) if lock_held(home) => {
+            let why = format!("the gateway holds the lock but its control endpoint is silent ({e})");
+            return ladder.recover_wedged(&why, None);
         }
+        // It went away while we looked: start (or join whoever starts) the next one.
+        Err(_) => return ladder.finish(ladder.await_new(None, None), None),
     };
     // Concurrent restarts coalesce (H3): an incarnation that started after this request already
     // satisfies it, and one that is already draining is joined instead of restarted twice.
@@ -104,131 +136,303 @@ fn orchestrate(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
             old.incarnation.clone().unwrap_or_default(),
             old.pid.map_or("?".into(), |p| p.to_string())
         );
-        let _ = ledger.append("restart_result", json!({"ok": true, "new": old.incarnation, "coalesced": true}));
+        let _ = ladder.ledger.append("restart_result", json!({"ok": true, "new": old.incarnation, "coalesced": true}));
         return Ok(ExitCode::SUCCESS);
     }
     let joining = matches!(old.state.as_deref(), Some("draining" | "stopping"));
-    let old_inc = old.incarnation.clone().unwrap_or_default();
-    // Under systemd the gateway exits 75 and systemd revives it after `RestartSec`; if that
-    // does not happen promptly (a long RestartSec, a start limit), start the unit ourselves so
-    // no backoff delays the restart (G2).
-    let managed = manager::owner(home, old.pid);
-    let owner = managed.clone().filter(Managed::runs_gateway_directly);
-    let kick_after = owner.as_ref().map(|m| match m.restart_delay_ms() {
-        Some(ms) if ms <= 1000 => Duration::from_millis(ms + 1000),
-        _ => Duration::ZERO,
-    });
-    let mut gone_since: Option<Instant> = None;
-    let mut kick: Option<std::thread::JoinHandle<Result<(), String>>> = None;
-    let progress = Progress::new();
     if joining {
-        progress.phase(&format!("joining the {} already in progress", old.state.as_deref().unwrap_or("stop")));
+        ladder.progress.phase(&format!("joining the {} already in progress", old.state.as_deref().unwrap_or("stop")));
     } else {
-        progress.phase("requesting restart");
+        if let Some(m) = &ladder.owner {
+            m.prepare_restart();
+        }
+        ladder.progress.phase("requesting restart");
         let requested = Client::connect(&ep, Duration::from_secs(2))
             .and_then(|mut c| c.call(Op::Restart { requester: Requester::current("cli") }, Duration::from_secs(5)));
         match requested {
             Ok(_) => {}
             // An explicit refusal (or a protocol mismatch) is final.
             Err(e @ (ClientError::Refused { .. } | ClientError::VersionMismatch { .. } | ClientError::Protocol(_))) => {
-                progress.finish();
+                ladder.progress.finish();
                 eprintln!("the gateway refused the restart: {e}");
                 return Ok(ExitCode::from(1));
             }
             // The connection broke or timed out: the gateway is going away, most likely for a
-            // concurrent restart. Verification below decides whether a new incarnation came.
-            Err(e) => progress.phase(&format!("the gateway is going away ({e}); waiting for the next incarnation")),
+            // concurrent restart. The ladder below decides whether a new incarnation came.
+            Err(e) => {
+                ladder.progress.phase(&format!("the gateway is going away ({e}); waiting for the next incarnation"))
+            }
+        }
+    }
+    ladder.finish(ladder.await_new(Some(&old), drain_budget(&old)), old.incarnation.as_deref())
+}
+
+fn drain_budget(s: &StatusReport) -> Option<Duration> {
+    s.extra.get("drain_timeout_s").and_then(Value::as_u64).map(Duration::from_secs)
+}
+
+/// A planned restart that no verifying CLI asked for: wait for the next incarnation, start one
+/// if none comes, record the result. Exit code as `restart`'s.
+fn run_backstop(home: &Home, old_inc: &str, timeout_s: u64) -> ExitCode {
+    let ladder = Ladder::new(home, timeout_s, Instant::now());
+    if let Some(m) = &ladder.owner {
+        m.prepare_restart();
+    }
+    let ep = Endpoint::for_home(home.dir());
+    let old = status_of(&ep, Duration::from_millis(500))
+        .ok()
+        .filter(|s| s.incarnation.as_deref() == Some(old_inc))
+        .unwrap_or_else(|| StatusReport { incarnation: Some(old_inc.to_owned()), ..Default::default() });
+    let result = ladder.await_new(Some(&old), drain_budget(&old));
+    let kicked = ladder.kicked.get();
+    let _ = ladder.ledger.append(
+        "restart_backstop",
+        json!({"ok": result.is_ok(), "old": old_inc, "kicked": kicked,
+               "new": result.as_ref().ok().and_then(|s| s.incarnation.clone()),
+               "seen": result.as_ref().err(), "elapsed_ms": ladder.t0.elapsed().as_millis() as u64}),
+    );
+    if result.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(1) }
+}
+
+/// The restart ladder's state: who owns the gateway, the deadline, and what was done.
+struct Ladder<'h> {
+    home: &'h Home,
+    t0: Instant,
+    deadline: Instant,
+    timeout_s: u64,
+    ledger: Ledger,
+    owner: Option<Managed>,
+    progress: Progress,
+    kicked: std::cell::Cell<bool>,
+}
+
+impl<'h> Ladder<'h> {
+    fn new(home: &'h Home, timeout_s: u64, t0: Instant) -> Ladder<'h> {
+        Ladder {
+            home,
+            t0,
+            deadline: t0 + Duration::from_secs(timeout_s),
+            timeout_s,
+            ledger: Ledger::new(home.ledger(), Writer::current()),
+            owner: manager::installed(home),
+            progress: Progress::new(),
+            kicked: std::cell::Cell::new(false),
         }
     }
 
-    // launchd relaunches asynchronously (throttles, pended spawns, unloaded labels): its ladder
-    // runs beside the status loop and may escalate; its failure ends the wait early.
-    let mut ladder = managed.filter(|m| !m.runs_gateway_directly()).map(|m| {
-        let old_id = old.pid.map(|p| (p, old_inc.clone()));
-        let budget = deadline.saturating_duration_since(Instant::now());
-        std::thread::spawn(move || m.verify_restart(old_id, budget).map(|r| r.map_err(|e| format!("{e:#}"))))
-    });
-    let mut seen = String::from("nothing yet");
-    let result = loop {
-        if Instant::now() >= deadline {
-            break Err(seen);
+    fn left(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Starts a new incarnation: through the owner when a service is installed, else directly.
+    fn start_fresh(&self, lock: Option<InstanceLock>) -> anyhow::Result<ExitCode> {
+        drop(lock);
+        let listen = read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
+        super::start::start(self.home, listen.as_deref(), self.left().as_secs().max(1), None)
+    }
+
+    /// Starts once while waiting (the owner's `kick`, or a direct start); recorded as `kicked`.
+    fn kick(&self, why: &str) {
+        if self.kicked.replace(true) {
+            return;
         }
-        if ladder.as_ref().is_some_and(|h| h.is_finished())
-            && let Some(Some(Err(why))) = ladder.take().and_then(|h| h.join().ok())
-        {
-            break Err(why);
+        self.progress.phase(&format!("{why}: starting a new incarnation"));
+        let result = match &self.owner {
+            Some(m) => m.kick().map_err(|e| format!("{e:#}")),
+            None => {
+                let listen = read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
+                start_detached(self.home, listen.as_deref())
+            }
+        };
+        if let Err(e) = result {
+            eprintln!("starting a new incarnation failed: {e}");
         }
-        match status_of(&ep) {
-            Ok(s) if s.incarnation.as_deref() != Some(old_inc.as_str()) && s.state.as_deref() == Some("running") => {
-                break Ok(s);
-            }
-            Ok(s) if s.incarnation.as_deref() == Some(old_inc.as_str()) => {
-                progress.phase(&format!("old gateway {} is {}", old_inc, s.state.as_deref().unwrap_or("?")));
-                seen = format!("the old incarnation {old_inc} still {}", s.state.unwrap_or_default());
-            }
-            Ok(s) => {
-                progress.phase("new incarnation starting");
-                seen = format!(
-                    "new incarnation {} in state {}",
-                    s.incarnation.unwrap_or_default(),
-                    s.state.unwrap_or_default()
+    }
+
+    /// A wedged gateway: the one stopper (no control: it is silent), then a new incarnation.
+    fn recover_wedged(&self, why: &str, old: Option<&StatusReport>) -> anyhow::Result<ExitCode> {
+        eprintln!("{why}; stopping it (verified escalation) and starting a new incarnation");
+        let mut plan = StopPlan::new(Requester::current("cli"), WEDGED_STOP.min(self.left()));
+        plan.skip_control = old.is_none();
+        plan.keep_lock = true;
+        plan.by = "restart";
+        let progress = &self.progress;
+        let outcome = stopper::stop(self.home, &plan, &mut |p| match p {
+            stopper::Phase::Terminating(t) => progress.phase(&format!("stopping {t}: marker and SIGTERM")),
+            stopper::Phase::Killing(t) => progress.phase(&format!("{t} did not stop: killing it")),
+            stopper::Phase::Draining => progress.phase("draining"),
+            stopper::Phase::Note(n) => eprintln!("{n}"),
+        });
+        let _ = self.ledger.append("restart_recovered", json!({"why": why, "stop": outcome.describe()}));
+        match outcome {
+            StopOutcome::Stopped { lock, .. } => {
+                self.progress.finish();
+                self.kicked.set(true);
+                let code = self.start_fresh(lock)?;
+                let ok = code == ExitCode::SUCCESS;
+                let _ = self.ledger.append(
+                    "restart_result",
+                    json!({"ok": ok, "old": old.and_then(|o| o.incarnation.clone()), "recovered": true, "kicked": true,
+                           "elapsed_ms": self.t0.elapsed().as_millis() as u64}),
                 );
+                Ok(code)
             }
-            Err(_) => {
-                let held = !matches!(InstanceLock::probe(&home.lock()), gatewarden_lifecycle::lock::LockProbe::Free(_));
-                progress.phase(if held {
-                    "waiting for the new gateway"
-                } else {
-                    "waiting for a gateway to take the lock"
-                });
-                seen = if held {
-                    "a process holds the lock but does not answer yet".into()
-                } else {
-                    "no gateway holds the lock".into()
-                };
-                if !held {
+            other => self.finish(
+                Err(format!("the wedged gateway could not be stopped: {}", other.describe())),
+                old.and_then(|o| o.incarnation.as_deref()),
+            ),
+        }
+    }
+
+    /// Watches until a new incarnation is `running`, acting on what it sees (module doc).
+    fn await_new(&self, old: Option<&StatusReport>, drain: Option<Duration>) -> Result<StatusReport, String> {
+        let ep = Endpoint::for_home(self.home.dir());
+        let old_inc = old.and_then(|o| o.incarnation.clone()).unwrap_or_default();
+        // systemd revives at once only with a short `RestartSec`; a long one (or one it does not
+        // report) is not waited for: its `kick` restarts a unit sitting in `auto-restart` now.
+        let kick_after = match &self.owner {
+            Some(m) if m.runs_gateway_directly() => match m.restart_delay_ms() {
+                Some(ms) if ms <= 1000 => Duration::from_millis(ms) + KICK_MARGIN,
+                _ => Duration::ZERO,
+            },
+            Some(_) => Duration::from_secs(15),
+            None => KICK_MARGIN,
+        };
+        let drain_limit = drain.map(|d| d + DRAIN_GRACE);
+        let mut draining_since: Option<Instant> = None;
+        let mut silent_since: Option<Instant> = None;
+        let mut gone_since: Option<Instant> = None;
+        let mut last_unit_check = Instant::now();
+        let mut seen = String::from("nothing yet");
+        // launchd relaunches asynchronously (throttles, pended spawns, unloaded labels): its
+        // ladder runs beside this loop and may escalate; its failure ends the wait early.
+        let mut launchd = self.owner.clone().filter(|m| !m.runs_gateway_directly()).map(|m| {
+            let old_id = old.and_then(|o| o.pid).map(|p| (p, old_inc.clone()));
+            let budget = self.left();
+            std::thread::spawn(move || m.verify_restart(old_id, budget).map(|r| r.map_err(|e| format!("{e:#}"))))
+        });
+        loop {
+            if Instant::now() >= self.deadline {
+                return Err(seen);
+            }
+            if launchd.as_ref().is_some_and(|h| h.is_finished())
+                && let Some(Some(Err(why))) = launchd.take().and_then(|h| h.join().ok())
+            {
+                return Err(why);
+            }
+            match status_of(&ep, Duration::from_millis(300)) {
+                Ok(s)
+                    if s.incarnation.as_deref() != Some(old_inc.as_str()) && s.state.as_deref() == Some("running") =>
+                {
+                    return Ok(s);
+                }
+                Ok(s) if s.incarnation.as_deref() == Some(old_inc.as_str()) => {
+                    silent_since = None;
+                    let state = s.state.clone().unwrap_or_default();
+                    self.progress.phase(&format!("old gateway {old_inc} is {state}"));
+                    seen = format!("the old incarnation {old_inc} still {state}");
+                    if matches!(state.as_str(), "draining" | "stopping") {
+                        let since = *draining_since.get_or_insert_with(Instant::now);
+                        if drain_limit.is_some_and(|l| since.elapsed() > l) {
+                            let why = format!("the old gateway {old_inc} is still {state} past its drain budget");
+                            return self.recover_wedged_inline(&why, old);
+                        }
+                    }
+                }
+                Ok(s) => {
+                    silent_since = None;
+                    self.progress.phase("new incarnation starting");
+                    seen = format!(
+                        "new incarnation {} in state {}",
+                        s.incarnation.unwrap_or_default(),
+                        s.state.unwrap_or_default()
+                    );
+                }
+                Err(_) if lock_held(self.home) => {
+                    gone_since = None;
+                    self.progress.phase("waiting for the new gateway");
+                    seen = "a process holds the lock but does not answer yet".into();
+                    let since = *silent_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > UNRESPONSIVE {
+                        let why = "the lock holder does not answer on its control endpoint".to_owned();
+                        return self.recover_wedged_inline(&why, None);
+                    }
+                }
+                Err(_) => {
+                    silent_since = None;
+                    self.progress.phase("waiting for a gateway to take the lock");
+                    seen = "no gateway holds the lock".into();
                     let since = *gone_since.get_or_insert_with(Instant::now);
-                    if let (Some(m), Some(after), None) = (&owner, kick_after, &kick)
-                        && since.elapsed() >= after
-                    {
-                        progress.phase(&format!("starting {} (not waiting for its restart delay)", m.state.unit));
-                        let m = m.clone();
-                        kick = Some(std::thread::spawn(move || m.kick().map_err(|e| format!("{e:#}"))));
+                    let gave_up = self.owner.as_ref().is_some_and(|m| {
+                        m.runs_gateway_directly() && last_unit_check.elapsed() >= Duration::from_millis(100) && {
+                            last_unit_check = Instant::now();
+                            m.gave_up()
+                        }
+                    });
+                    if gave_up {
+                        self.kick("the service manager gave up on the unit");
+                    } else if since.elapsed() >= kick_after {
+                        self.kick(&format!("no gateway took the lock within {:.1}s", kick_after.as_secs_f64()));
                     }
                 }
             }
-        }
-        std::thread::sleep(POLL);
-    };
-    progress.finish();
-    let kicked = kick.is_some();
-    if let Some(Err(e)) = kick.and_then(|h| if h.is_finished() { h.join().ok() } else { None }) {
-        eprintln!("starting the unit failed: {e}");
-    }
-    let elapsed_ms = t0.elapsed().as_millis() as u64;
-    match result {
-        Ok(new) => {
-            let _ = ledger.append(
-                "restart_result",
-                json!({"ok": true, "old": old_inc, "new": new.incarnation, "elapsed_ms": elapsed_ms, "kicked": kicked}),
-            );
-            println!(
-                "restarted: incarnation {} → {} (pid {}) ready in {:.2}s",
-                old_inc,
-                new.incarnation.unwrap_or_default(),
-                new.pid.map_or("?".into(), |p| p.to_string()),
-                elapsed_ms as f64 / 1000.0
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(seen) => {
-            let _ = ledger.append(
-                "restart_result",
-                json!({"ok": false, "old": old_inc, "seen": seen, "elapsed_ms": elapsed_ms, "kicked": kicked}),
-            );
-            eprintln!("restart not verified after {timeout_s}s: {seen}");
-            eprintln!("recover with: {recovery}");
-            Ok(ExitCode::from(1))
+            std::thread::sleep(POLL);
         }
     }
+
+    /// [`Self::recover_wedged`] from inside the wait: its result as the wait's.
+    fn recover_wedged_inline(&self, why: &str, old: Option<&StatusReport>) -> Result<StatusReport, String> {
+        match self.recover_wedged(why, old) {
+            Ok(code) if code == ExitCode::SUCCESS => {
+                let ep = Endpoint::for_home(self.home.dir());
+                status_of(&ep, Duration::from_secs(1)).map_err(|e| format!("recovered, but: {e}"))
+            }
+            _ => Err(format!("{why}; recovery failed")),
+        }
+    }
+
+    fn finish(&self, result: Result<StatusReport, String>, old: Option<&str>) -> anyhow::Result<ExitCode> {
+        self.progress.finish();
+        let elapsed_ms = self.t0.elapsed().as_millis() as u64;
+        let kicked = self.kicked.get();
+        match result {
+            Ok(new) => {
+                let _ = self.ledger.append(
+                    "restart_result",
+                    json!({"ok": true, "old": old, "new": new.incarnation, "elapsed_ms": elapsed_ms, "kicked": kicked}),
+                );
+                println!(
+                    "restarted: incarnation {} → {} (pid {}) ready in {:.2}s",
+                    old.unwrap_or("-"),
+                    new.incarnation.unwrap_or_default(),
+                    new.pid.map_or("?".into(), |p| p.to_string()),
+                    elapsed_ms as f64 / 1000.0
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(seen) => {
+                let _ = self.ledger.append(
+                    "restart_result",
+                    json!({"ok": false, "seen": seen, "elapsed_ms": elapsed_ms, "kicked": kicked}),
+                );
+                eprintln!("restart not verified after {}s: {seen}", self.timeout_s);
+                eprintln!("recover with: gatewarden --home {} start", self.home.dir().display());
+                Ok(ExitCode::from(1))
+            }
+        }
+    }
+}
+
+/// `gatewarden start` as a detached child (its own session), so the ladder keeps watching.
+fn start_detached(home: &Home, listen: Option<&str>) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("--home").arg(home.dir()).arg("start");
+    if let Some(l) = listen {
+        cmd.args(["--listen", l]);
+    }
+    cmd.env_remove(gatewarden_runtime::RUN_TAG);
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    spawn::detach(&mut cmd, None);
+    cmd.spawn().map(|_| ()).map_err(|e| e.to_string())
 }

@@ -3,10 +3,10 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime};
 
-use gatewarden_lifecycle::{ExitIntent, Home, Supervisor};
+use gatewarden_lifecycle::{ExitIntent, Home};
 use gatewarden_runtime::{RunOptions, log};
 
-use crate::cli::{LogFormat, RunArgs, SupervisorArg};
+use crate::cli::{LogFormat, RunArgs};
 
 pub fn run(home: Home, args: RunArgs, started_at: SystemTime, started: Instant) -> ExitCode {
     let format = match args.log_format {
@@ -28,20 +28,22 @@ pub fn run(home: Home, args: RunArgs, started_at: SystemTime, started: Instant) 
         replace: args.replace,
         takeover_timeout: Duration::from_secs(args.takeover_timeout),
         drain_timeout: args.drain_timeout.map(Duration::from_secs),
-        supervisor: args.supervisor.map(|s| match s {
-            SupervisorArg::Systemd => Supervisor::Systemd,
-            SupervisorArg::Launchd => Supervisor::Launchd,
-            SupervisorArg::Container => Supervisor::Container,
-            SupervisorArg::External => Supervisor::External,
-            SupervisorArg::None => Supervisor::None,
-        }),
+        supervisor: args.supervisor,
         successor: args.successor,
         inherit_listener: args.inherit_listener,
         ready_stdout: args.ready_stdout,
         log_file: args.log_file,
         log_json: args.log_format == LogFormat::Json,
     };
-    let outcome = gatewarden_runtime::run(opts, started_at, started);
+    let mut outcome = gatewarden_runtime::run(opts, started_at, started);
+    if let Some(plan) = outcome.reexec.take() {
+        // PID 1's planned restart: a new image in this same process. Returns only on failure,
+        // and then nothing would revive PID 1: exit as a crash so it is at least visible.
+        gatewarden_runtime::info!("re-executing in place: {}", outcome.reason);
+        let e = plan.exec();
+        gatewarden_runtime::error!("cannot re-execute in place: {e} (exit 1)");
+        return ExitCode::from(ExitIntent::Unexpected.code());
+    }
     let code = outcome.intent.code();
     match outcome.intent {
         ExitIntent::FatalConfig => gatewarden_runtime::error!("{} (exit {code})", outcome.reason),

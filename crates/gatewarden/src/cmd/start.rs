@@ -65,6 +65,12 @@ pub fn start(
     if let Some(d) = drain_timeout_s {
         cmd.args(["--drain-timeout", &d.to_string()]);
     }
+    // `start` is the launcher: what it launches is unsupervised (no manager owns this home, or
+    // it would have started it above), whatever unit this shell inherited its environment from.
+    cmd.args(["--supervisor", "none"]);
+    for k in gatewarden_lifecycle::supervisor::MANAGER_ENV {
+        cmd.env_remove(k);
+    }
     cmd.arg("--ready-stdout");
     cmd.arg("--log-file").arg(&log);
     // stderr catches anything printed before the logger is up (argument errors, panics).

@@ -12,7 +12,11 @@ use serde_json::json;
 use super::manager;
 use super::presence::{Presence, presence};
 
-const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
+/// The whole answer stays under 300 ms even for a wedged holder (a SIGSTOPped gateway accepts
+/// the connection in the kernel and then never answers).
+const CONTROL_TIMEOUT: Duration = Duration::from_millis(200);
+/// A lock holder this young that has not bound its endpoint yet is starting, not wedged.
+const STARTING_GRACE: Duration = Duration::from_secs(10);
 
 pub fn status(home: &Home, as_json: bool) -> anyhow::Result<ExitCode> {
     let home = home.canonicalized();
@@ -52,9 +56,9 @@ pub fn status(home: &Home, as_json: bool) -> anyhow::Result<ExitCode> {
                         Some(_) => s.record.incarnation == report.incarnation,
                         None => report.pid == Some(s.record.pid),
                     });
+                    let recorded_state = current.as_ref().map(|s| s.gateway_state.as_str().to_owned());
                     match current {
                         Some(s) => {
-                            report.state = Some(s.gateway_state.as_str().into());
                             report.listen = s.listen;
                             report.supervisor = s.supervisor;
                             report.control = s.control;
@@ -66,12 +70,30 @@ pub fn status(home: &Home, as_json: bool) -> anyhow::Result<ExitCode> {
                             );
                         }
                     }
-                    (0, Some(format!("control endpoint unreachable: {e}")))
+                    match unresponsive(&home, &report, recorded_state.as_deref(), &e.to_string()) {
+                        Some(why) => {
+                            report.state = Some("unresponsive".into());
+                            report.extra.insert("unresponsive".into(), json!(why));
+                            (4, None)
+                        }
+                        None => {
+                            report.state = Some(recorded_state.unwrap_or_else(|| "starting".into()));
+                            (0, Some(format!("control endpoint not answering yet: {e}")))
+                        }
+                    }
                 }
             }
         }
         Presence::NotRunning { healed } => {
-            if let Some(s) = state.clone().ok() {
+            // Re-read: healing removes a state file that names another home; where there was no
+            // lock to heal under (a foreign or hermes home), such a file is still not shown.
+            let ours = |s: &gatewarden_lifecycle::records::StateRecord| {
+                s.record.home.as_deref().is_none_or(|h| {
+                    let p = std::path::Path::new(h);
+                    p == home.dir() || gatewarden_lifecycle::platform::canonical(p).is_ok_and(|c| c == home.dir())
+                })
+            };
+            if let Some(s) = read_state(&home.state_file()).ok().filter(ours) {
                 report.extra.insert("last_state".into(), json!(s.gateway_state.as_str()));
                 report.extra.insert("last_exit_code".into(), json!(s.exit_code));
                 report.extra.insert("last_exit_reason".into(), json!(s.exit_reason));
@@ -110,6 +132,22 @@ pub fn status(home: &Home, as_json: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(code))
 }
 
+/// Why a lock holder whose control endpoint did not answer is wedged, or `None` while it is
+/// plausibly still starting (young, and no record says it got past `starting`).
+fn unresponsive(home: &Home, r: &StatusReport, recorded_state: Option<&str>, err: &str) -> Option<String> {
+    let holder = gatewarden_lifecycle::holder::lock_holder(home).ok().map(|h| h.identity.pid).or(r.pid);
+    if let Some(pid) = holder
+        && gatewarden_lifecycle::platform::is_stopped(pid) == Some(true)
+    {
+        return Some(format!("process {pid} is stopped (SIGSTOP or traced): it cannot answer"));
+    }
+    let young = r.uptime_s.is_none_or(|u| u < STARTING_GRACE.as_secs_f64());
+    if young && matches!(recorded_state, None | Some("starting")) {
+        return None;
+    }
+    Some(format!("control endpoint silent: {err}"))
+}
+
 fn print_human(r: &StatusReport, code: u8) {
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
     match code {
@@ -120,17 +158,24 @@ fn print_human(r: &StatusReport, code: u8) {
             r.uptime_s.map_or("?".into(), human_duration)
         ),
         3 => println!("gatewarden: not running"),
+        _ if r.state.as_deref() == Some("unresponsive") => println!(
+            "gatewarden: unresponsive (pid {} holds the lock but does not answer)",
+            r.pid.map_or("?".into(), |p| p.to_string())
+        ),
         _ => println!("gatewarden: unknown"),
     }
-    if code == 0 {
+    if code == 0 || r.state.as_deref() == Some("unresponsive") {
         println!("  state:       {}", opt(&r.state));
         println!("  listen:      {}", r.listen.as_deref().map_or("-".into(), |l| format!("http://{l}")));
         println!("  supervisor:  {}", opt(&r.supervisor));
+        if let Some(ev) = r.extra.get("supervisor_evidence").and_then(|v| v.as_str()) {
+            println!("               ({ev})");
+        }
         println!("  active runs: {}", r.active_runs.map_or("-".into(), |n| n.to_string()));
         println!("  version:     {}", opt(&r.version));
         println!("  control:     {}", opt(&r.control));
     }
-    for key in ["last_state", "last_exit_code", "last_exit_reason", "cleaned", "note"] {
+    for key in ["last_state", "last_exit_code", "last_exit_reason", "cleaned", "unresponsive", "note"] {
         if let Some(v) = r.extra.get(key).filter(|v| !v.is_null()) {
             let text = v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string());
             println!("  {:<12} {text}", format!("{}:", key.replace('_', " ")));

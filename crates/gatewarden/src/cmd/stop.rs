@@ -1,26 +1,19 @@
-//! `gatewarden stop`: graceful through the control channel (fallback: planned-stop marker plus
-//! a verified SIGTERM), wait for the lock, then — unless `--no-kill` — re-verify identity and
-//! kill. Never signals a process whose identity was not re-checked just before.
+//! `gatewarden stop`: through the owning service manager when there is one, else the one
+//! stopper (`gatewarden_control::stopper`): control stop, marker + verified SIGTERM, wait for
+//! the lock, then — unless `--no-kill` — a verified kill.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use gatewarden_control::{Client, Endpoint, Op, Requester, StopReason};
+use gatewarden_control::stopper::{self, How, StopOutcome, StopPlan};
+use gatewarden_control::{Requester, StopReason};
 use gatewarden_lifecycle::holder::lock_holder;
-use gatewarden_lifecycle::ledger::{Ledger, Writer};
 use gatewarden_lifecycle::marker::{self, MarkerKind};
-use gatewarden_lifecycle::platform::{Signal, SignalOutcome, signal_verified};
 use gatewarden_lifecycle::records::read_pid_record;
 use gatewarden_lifecycle::{Home, InstanceLock};
-use serde_json::json;
 
 use super::manager::{self, Managed};
 use super::presence::{Presence, presence};
-
-/// Upper bound for reaching the control endpoint; never more than a quarter of `--timeout`,
-/// so a wedged endpoint cannot eat the graceful fallback's share of the budget.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-const AFTER_KILL: Duration = Duration::from_secs(5);
 
 pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCode> {
     let home = home.canonicalized();
@@ -66,10 +59,17 @@ fn stop_via_manager(
         read_pid_record(&home.pid_file()).ok().map_or("the gateway".to_string(), |r| format!("gateway pid {}", r.pid));
     if running {
         eprintln!("{who} is owned by {}", m.describe());
-        if !request_graceful(home, deadline, CONNECT_TIMEOUT.min(budget / 4), &who)
-            && let Ok(h) = lock_holder(home)
-        {
-            // The marker makes the manager's stop signal a planned stop (exit 0).
+        // The graceful half of the one stopper: a control stop (the gateway exits 0, which the
+        // manager records as success); if the endpoint is silent, the marker makes the
+        // manager's own stop signal a planned stop (exit 0) too.
+        let progress = super::progress::Progress::new();
+        let graceful =
+            stopper::request_stop(home, &Requester::current("cli"), StopReason::Stop, deadline, &mut |p| match p {
+                stopper::Phase::Note(n) => eprintln!("{n}"),
+                _ => progress.phase(&format!("stopping {who}: draining active runs")),
+            });
+        progress.finish();
+        if !graceful && let Ok(h) = lock_holder(home) {
             marker::write(home.dir(), MarkerKind::PlannedStop, h.identity, &home.dir().to_string_lossy())?;
         }
     }
@@ -88,105 +88,57 @@ fn stop_via_manager(
     stop_direct(home, deadline.saturating_duration_since(Instant::now()).as_secs().max(1), no_kill)
 }
 
-/// Control `stop`, then wait for the connection's end (the gateway's exit). False if the
-/// control endpoint did not take the request.
-fn request_graceful(home: &Home, deadline: Instant, control_timeout: Duration, who: &str) -> bool {
-    let ep = Endpoint::for_home(home.dir());
-    match Client::connect(&ep, control_timeout) {
-        Ok(mut c) => {
-            match c.call(Op::Stop { requester: Requester::current("cli"), reason: StopReason::Stop }, control_timeout) {
-                Ok(_) => {
-                    // The drain happens now; its end is the connection's end-of-file.
-                    let progress = super::progress::Progress::new();
-                    progress.phase(&format!("stopping {who}: draining active runs"));
-                    c.wait_closed(deadline.saturating_duration_since(Instant::now()));
-                    progress.finish();
-                    true
-                }
-                Err(e) => {
-                    eprintln!("control request failed ({e}); falling back to a planned-stop marker and SIGTERM");
-                    false
-                }
-            }
-        }
-        Err(e) => {
-            eprintln!("control endpoint unavailable ({e}); falling back to a planned-stop marker and SIGTERM");
-            false
-        }
-    }
-}
-
-/// The gateway runs without a manager (or survived the manager's stop).
+/// The gateway runs without a manager (or survived the manager's stop): the one stopper.
 fn stop_direct(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCode> {
-    let home = home.clone();
-    let budget = Duration::from_secs(timeout_s);
-    let deadline = Instant::now() + budget;
-    let control_timeout = CONNECT_TIMEOUT.min(budget / 4);
-    let record = read_pid_record(&home.pid_file()).ok();
-    let who = record.as_ref().map_or("the gateway".to_string(), |r| format!("gateway pid {}", r.pid));
-
-    let graceful = request_graceful(&home, deadline, control_timeout, &who);
-    if !graceful {
-        let t = match target(&home) {
-            Ok(t) => t,
-            Err(why) => {
-                anyhow::bail!("cannot identify the gateway in {}: {why}; not signalling anything", home.dir().display())
-            }
-        };
-        marker::write(home.dir(), MarkerKind::PlannedStop, t, &home.dir().to_string_lossy())?;
-        match signal_verified(&t, Signal::Terminate) {
-            // Unsupported (Windows): the gateway's marker watch stops it.
-            SignalOutcome::Sent | SignalOutcome::Gone | SignalOutcome::Unsupported => {}
-            other => eprintln!("not sending SIGTERM to {t}: {other:?}"),
-        }
-    }
-    if InstanceLock::acquire(&home.lock(), deadline.saturating_duration_since(Instant::now())).is_ok() {
-        println!("stopped {who}");
-        return Ok(ExitCode::SUCCESS);
-    }
-    if no_kill {
-        eprintln!("{who} is still running after {timeout_s}s; not killing it (--no-kill)");
-        return Ok(ExitCode::from(1));
-    }
-    // Identified afresh: whoever holds the lock now, not whoever a file named at the start.
-    let t = match target(&home) {
-        Ok(t) => t,
-        Err(why) => {
-            eprintln!(
-                "{who} is still running after {timeout_s}s and cannot be identified ({why}); not killing anything"
-            );
-            return Ok(ExitCode::from(1));
-        }
-    };
-    let outcome = signal_verified(&t, Signal::Kill);
-    let ledger = Ledger::new(home.ledger(), Writer::current());
-    let _ = ledger.append(
-        "stop_escalated",
-        json!({"target": {"pid": t.pid, "start_time": t.start_time}, "after_s": timeout_s, "outcome": format!("{outcome:?}")}),
-    );
-    match outcome {
-        SignalOutcome::Sent | SignalOutcome::Gone => {}
-        other => {
-            eprintln!("{who} did not stop within {timeout_s}s and was not killed: {other:?}");
-            return Ok(ExitCode::from(1));
-        }
-    }
-    if InstanceLock::acquire(&home.lock(), AFTER_KILL).is_ok() {
-        println!("killed {who} after it did not stop within {timeout_s}s");
-        Ok(ExitCode::SUCCESS)
-    } else {
-        eprintln!("{who} survived SIGKILL and still holds the lock");
-        Ok(ExitCode::from(1))
-    }
+    let who =
+        read_pid_record(&home.pid_file()).ok().map_or("the gateway".to_string(), |r| format!("gateway pid {}", r.pid));
+    let mut plan = StopPlan::new(Requester::current("cli"), Duration::from_secs(timeout_s));
+    plan.kill = !no_kill;
+    let progress = super::progress::Progress::new();
+    let outcome = stopper::stop(home, &plan, &mut |p| match p {
+        stopper::Phase::Draining => progress.phase(&format!("stopping {who}: draining active runs")),
+        stopper::Phase::Terminating(t) => progress.phase(&format!("stopping {t}: planned-stop marker and SIGTERM")),
+        stopper::Phase::Killing(t) => progress.phase(&format!("{t} did not stop within {timeout_s}s: killing it")),
+        stopper::Phase::Note(n) => eprintln!("{n}"),
+    });
+    progress.finish();
+    Ok(report(&who, timeout_s, outcome))
 }
 
-/// The lock holder to signal (see `lifecycle::holder`), saying so when the pid record
-/// disagreed with the kernel.
-fn target(home: &Home) -> Result<gatewarden_lifecycle::ProcessIdentity, String> {
-    lock_holder(home).map(|h| {
-        if let Some(note) = h.note {
-            eprintln!("{note}");
+/// Prints a stopper outcome the way `stop` reports it; the exit code.
+fn report(who: &str, timeout_s: u64, outcome: StopOutcome) -> ExitCode {
+    match outcome {
+        StopOutcome::Stopped { how: How::Killed, .. } => {
+            println!("killed {who} after it did not stop within {timeout_s}s");
+            ExitCode::SUCCESS
         }
-        h.identity
-    })
+        StopOutcome::Stopped { how: How::NotRunning, .. } => {
+            println!("no gateway running (it exited before the stop)");
+            ExitCode::SUCCESS
+        }
+        StopOutcome::Stopped { .. } => {
+            println!("stopped {who}");
+            ExitCode::SUCCESS
+        }
+        StopOutcome::StillRunning { .. } => {
+            eprintln!("{who} is still running after {timeout_s}s; not killing it (--no-kill)");
+            ExitCode::from(1)
+        }
+        StopOutcome::Unidentifiable { why } => {
+            eprintln!("{who} is still running and cannot be identified ({why}); not signalling anything");
+            ExitCode::from(1)
+        }
+        StopOutcome::NotSignalled { target, why } => {
+            eprintln!("{who} did not stop and {target} was not signalled: {why}");
+            ExitCode::from(1)
+        }
+        StopOutcome::SurvivedKill { .. } => {
+            eprintln!("{who} survived SIGKILL and still holds the lock");
+            ExitCode::from(1)
+        }
+        StopOutcome::Unknown { why } => {
+            eprintln!("cannot tell whether a gateway runs: {why}");
+            ExitCode::from(4)
+        }
+    }
 }

@@ -7,23 +7,19 @@
 //! 0 stays down (supervise exits 0), 75 restarts at once, 1 / a signal restarts with backoff,
 //! 78 and the crash-loop brake park — `supervise_state.json` says why, `status` and `doctor`
 //! show it — and supervise exits 0 so an outer manager (launchd, Task Scheduler) does not
-//! loop either. SIGTERM / SIGINT / SIGHUP / console events become a graceful stop of the child
-//! (control `stop`; fallback: planned-stop marker plus a verified SIGTERM), then supervise
-//! waits for it and exits 0. As PID 1 it reaps every orphan re-parented to it.
+//! loop either. SIGTERM / SIGINT / SIGHUP / console events stop the child through the one
+//! stopper (`gatewarden_control::stopper`), then supervise waits for it and exits 0. As PID 1 it reaps every orphan re-parented to it.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
-use gatewarden_control::{Client, Endpoint, Op, Requester, StopReason};
+use gatewarden_control::Requester;
+use gatewarden_control::stopper::{self, StopPlan};
+use gatewarden_lifecycle::Home;
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
-use gatewarden_lifecycle::marker::{self, MarkerKind};
-use gatewarden_lifecycle::platform::{self, Signal, signal_verified};
-use gatewarden_lifecycle::records::read_pid_record;
-use gatewarden_lifecycle::{Home, ProcessIdentity};
 use gatewarden_service::naming::ServiceNames;
 use gatewarden_service::spec::stop_timeout_s;
 use gatewarden_service::supervise::{
@@ -172,11 +168,9 @@ impl Supervisor {
                     return 1;
                 }
             };
-            // Taken before we can reap it, so the pid cannot have been recycled yet.
-            let child = platform::start_time(pid).map(|start_time| ProcessIdentity { pid, start_time });
             history.child_started_at = self.now();
             log(&format!("started gateway pid {pid}"));
-            let (exit, stopping) = self.wait_child(rx, pid, child);
+            let (exit, stopping) = self.wait_child(rx, pid);
             if let Some(why) = stopping {
                 log(&format!("gateway pid {pid} ended ({exit}) after a stop request ({why}); exiting"));
                 return 0;
@@ -225,38 +219,14 @@ impl Supervisor {
         }
     }
 
-    /// Waits for child `pid` to end, turning stop events into a graceful stop (then a verified
-    /// kill after the drain budget plus grace). Returns its exit and, if a stop was requested,
-    /// what asked.
-    fn wait_child(
-        &mut self,
-        rx: &Receiver<Event>,
-        pid: u32,
-        child: Option<ProcessIdentity>,
-    ) -> (ChildExit, Option<String>) {
+    /// Waits for child `pid` to end, turning stop events into the one stopper (control stop,
+    /// marker + verified SIGTERM, verified kill after the drain budget plus grace) on its own
+    /// thread, so this loop keeps reaping meanwhile. Returns its exit and, if a stop was
+    /// requested, what asked.
+    fn wait_child(&mut self, rx: &Receiver<Event>, pid: u32) -> (ChildExit, Option<String>) {
         let mut stopping: Option<String> = None;
-        let mut kill_at: Option<Instant> = None;
         loop {
-            let ev = match kill_at {
-                Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
-                    Ok(ev) => ev,
-                    Err(RecvTimeoutError::Timeout) => {
-                        kill_at = None;
-                        let outcome = child.map(|id| signal_verified(&id, Signal::Kill));
-                        log(&format!("gateway pid {pid} did not stop in time; killed: {outcome:?}"));
-                        let _ = self.ledger.append(
-                            "stop_escalated",
-                            json!({"target": {"pid": pid}, "by": "supervise", "outcome": format!("{outcome:?}")}),
-                        );
-                        continue;
-                    }
-                    Err(RecvTimeoutError::Disconnected) => return (ChildExit::Unknown, stopping),
-                },
-                None => match rx.recv() {
-                    Ok(ev) => ev,
-                    Err(_) => return (ChildExit::Unknown, stopping),
-                },
-            };
+            let Ok(ev) = rx.recv() else { return (ChildExit::Unknown, stopping) };
             match ev {
                 Event::ChildExited { pid: p, exit } if p == pid => return (exit, stopping),
                 Event::ChildExited { .. } => {}
@@ -271,8 +241,20 @@ impl Supervisor {
                     }
                     log(&format!("{what}: stopping gateway pid {pid} gracefully"));
                     stopping = Some(what.to_owned());
-                    kill_at = Some(Instant::now() + Duration::from_secs(stop_timeout_s(self.drain_s, 0, 0)));
-                    request_graceful_stop(self.home.dir().to_owned(), pid, child, channel);
+                    let budget = Duration::from_secs(stop_timeout_s(self.drain_s, 0, 0));
+                    let home = self.home.clone();
+                    std::thread::spawn(move || {
+                        let mut plan = StopPlan::new(Requester::current(channel), budget);
+                        plan.by = "supervise";
+                        let outcome = stopper::stop(&home, &plan, &mut |p| {
+                            if let stopper::Phase::Note(n) = p {
+                                log(&n);
+                            }
+                        });
+                        if !matches!(outcome, stopper::StopOutcome::Stopped { .. }) {
+                            log(&format!("stopping gateway pid {pid}: {}", outcome.describe()));
+                        }
+                    });
                 }
             }
         }
@@ -289,50 +271,5 @@ impl Supervisor {
                 Err(RecvTimeoutError::Disconnected) => return Some("event channel closed".into()),
             }
         }
-    }
-}
-
-/// Control `stop` (the gateway drains and exits 0); if the control endpoint does not answer,
-/// a planned-stop marker naming the child plus a verified SIGTERM. Runs on its own thread so
-/// the supervisor keeps reaping and waiting meanwhile.
-fn request_graceful_stop(home: PathBuf, pid: u32, child: Option<ProcessIdentity>, channel: &'static str) {
-    std::thread::spawn(move || {
-        let ep = Endpoint::for_home(&home);
-        let t = Duration::from_secs(2);
-        let asked = Client::connect(&ep, t).and_then(|mut c| {
-            c.call(
-                Op::Stop { requester: Requester::current(channel), reason: StopReason::Stop },
-                Duration::from_secs(5),
-            )
-            .map(|_| c)
-        });
-        match asked {
-            // Keep the connection until the gateway closes it, so the request is not cut short.
-            Ok(mut c) => {
-                c.wait_closed(Duration::from_secs(3600));
-            }
-            Err(e) => {
-                log(&format!("control stop failed ({e}); falling back to a planned-stop marker and SIGTERM"));
-                marker_and_terminate(&home, pid, child);
-            }
-        }
-    });
-}
-
-fn marker_and_terminate(home: &Path, pid: u32, child: Option<ProcessIdentity>) {
-    // Prefer the record the gateway wrote (same identity source as `stop`), but only if it
-    // names our child.
-    let id =
-        read_pid_record(&home.join("gateway.pid")).ok().and_then(|r| r.identity()).filter(|id| id.pid == pid).or(child);
-    let Some(id) = id else {
-        log(&format!("cannot verify gateway pid {pid}'s identity; not signalling it"));
-        return;
-    };
-    if let Err(e) = marker::write(home, MarkerKind::PlannedStop, id, &home.to_string_lossy()) {
-        log(&format!("cannot write the planned-stop marker: {e}"));
-    }
-    let outcome = signal_verified(&id, Signal::Terminate);
-    if !outcome.sent() {
-        log(&format!("SIGTERM to gateway pid {pid}: {outcome:?} (the marker watch stops it)"));
     }
 }

@@ -112,6 +112,80 @@ pub fn kill_tagged(key: &str, accept: &dyn Fn(&str) -> bool) -> Vec<u32> {
     killed
 }
 
+/// `MainPID` of the systemd unit whose cgroup we are in (`systemctl show`, bounded): the
+/// evidence that the unit runs *this* process rather than an ancestor we inherited from.
+pub fn systemd_main_pid() -> Option<u32> {
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let (unit, user) = crate::procfs::cgroup_service(&cgroup)?;
+    let mut cmd = std::process::Command::new("systemctl");
+    if user {
+        cmd.arg("--user");
+    }
+    cmd.args(["show", "-p", "MainPID", "--value", &unit]);
+    cmd.stdin(std::process::Stdio::null()).stderr(std::process::Stdio::null()).stdout(std::process::Stdio::piped());
+    let mut child = cmd.spawn().ok()?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take()?, &mut out).ok()?;
+    out.trim().parse().ok().filter(|p| *p != 0)
+}
+
+/// Whether the process is stopped (`T`) or traced (`t`); `None` when it cannot be read.
+pub fn is_stopped(pid: u32) -> Option<bool> {
+    let bytes = std::fs::read(Path::new("/proc").join(pid.to_string()).join("stat")).ok()?;
+    crate::procfs::stat_state(&bytes).map(|c| c == 'T' || c == 't')
+}
+
+/// Who listens on TCP `port` (v4 or v6): socket inodes from `/proc/net/tcp*`, matched against
+/// every readable `/proc/<pid>/fd`; each listener's gateway home is the directory of a
+/// `gateway.lock` it holds open.
+pub fn port_listeners(port: u16) -> Vec<super::PortListener> {
+    let mut inodes = Vec::new();
+    for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        if let Ok(t) = std::fs::read_to_string(f) {
+            inodes.extend(crate::procfs::listening_inodes(&t, port));
+        }
+    }
+    if inodes.is_empty() {
+        return Vec::new();
+    }
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else { continue };
+        let mut listens = false;
+        let mut home = None;
+        for fd in fds.flatten() {
+            let Ok(target) = std::fs::read_link(fd.path()) else { continue };
+            let t = target.to_string_lossy();
+            if crate::procfs::socket_inode(&t).is_some_and(|i| inodes.contains(&i)) {
+                listens = true;
+            } else if target.file_name().is_some_and(|n| n == "gateway.lock") {
+                home = target.parent().map(Path::to_path_buf);
+            }
+        }
+        if listens {
+            let program = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default().trim().to_owned();
+            out.push(super::PortListener { pid, program, home });
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::process::ExitStatusExt;

@@ -15,6 +15,10 @@
 //!   processes carrying an environment tag (runs of a dead incarnation), where the OS allows
 //! - `lock_holders(path: &Path) -> Option<Vec<u32>>`: who the kernel says holds a file lock,
 //!   where the OS exposes it
+//! - `systemd_main_pid() -> Option<u32>`: `MainPID` of the systemd unit whose cgroup we are in
+//! - `is_stopped(pid: u32) -> Option<bool>`: whether a process is stopped (SIGSTOP, traced)
+//! - `port_listeners(port: u16) -> Vec<PortListener>`: who listens on a TCP port, where the OS
+//!   tells
 
 #[cfg_attr(target_os = "linux", path = "linux.rs")]
 #[cfg_attr(target_os = "macos", path = "macos.rs")]
@@ -59,5 +63,25 @@ pub enum SignalOutcome {
 impl SignalOutcome {
     pub fn sent(&self) -> bool {
         matches!(self, SignalOutcome::Sent)
+    }
+}
+
+/// A process listening on a TCP port, as far as the OS tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortListener {
+    pub pid: u32,
+    /// The program name (`comm` on Linux).
+    pub program: String,
+    /// The gatewarden (or hermes) home whose `gateway.lock` the process holds open, if any.
+    pub home: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Display for PortListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pid {} ({})", self.pid, self.program)?;
+        if let Some(h) = &self.home {
+            write!(f, ", the gateway of {}", h.display())?;
+        }
+        Ok(())
     }
 }

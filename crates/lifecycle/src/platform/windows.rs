@@ -141,3 +141,15 @@ pub fn parent_pid(_pid: u32) -> Option<u32> {
 pub fn kill_tagged(_key: &str, _accept: &dyn Fn(&str) -> bool) -> Vec<u32> {
     Vec::new()
 }
+
+pub fn systemd_main_pid() -> Option<u32> {
+    None
+}
+
+pub fn is_stopped(_pid: u32) -> Option<bool> {
+    None
+}
+
+pub fn port_listeners(_port: u16) -> Vec<super::PortListener> {
+    Vec::new()
+}

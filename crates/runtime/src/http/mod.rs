@@ -79,7 +79,18 @@ pub fn bind(addr: &str, patience: Duration) -> Result<std::net::TcpListener, Str
                 l.set_nonblocking(true).map_err(|e| format!("cannot configure {addr}: {e}"))?;
                 return Ok(l);
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                // A holder we can name is not going away for us: say who, at once. Only an
+                // unnamed one (another user's, or an OS that does not tell) is waited out,
+                // since it may be a predecessor releasing the port.
+                let holders = gatewarden_lifecycle::platform::port_listeners(parsed.port());
+                if !holders.is_empty() {
+                    let who: Vec<String> = holders.iter().map(ToString::to_string).collect();
+                    return Err(format!("cannot listen on {addr}: the port is taken by {}", who.join("; ")));
+                }
+                if Instant::now() >= deadline {
+                    return Err(format!("cannot listen on {addr}: {e} (held by a process this user cannot inspect)"));
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
             Err(e) => return Err(format!("cannot listen on {addr}: {e}")),

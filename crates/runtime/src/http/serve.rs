@@ -201,7 +201,16 @@ mod tests {
         let work =
             Arc::new(crate::work::Work::new(gatewarden_agent::build_agent(&config.agent), journal, &config, true));
         let me = Incarnation::current(SystemTime::now(), StdInstant::now());
-        let gw = Arc::new(Gateway::new(home, me, gatewarden_lifecycle::Supervisor::None, "test".into(), work));
+        let gw = Arc::new(Gateway::new(
+            home,
+            me,
+            gatewarden_lifecycle::supervisor::Detection {
+                supervisor: gatewarden_lifecycle::Supervisor::None,
+                evidence: "test".into(),
+            },
+            "test".into(),
+            work,
+        ));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(serve(

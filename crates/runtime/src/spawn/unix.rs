@@ -53,3 +53,21 @@ pub fn adopt_listener(value: &str) -> io::Result<TcpListener> {
 /// A detached child keeps our stdout/stderr here, so a CLI can hand its work to one and still
 /// show its output.
 pub const DETACH_KEEPS_OUTPUT: bool = true;
+
+/// The `--inherit-listener` value for a listener that survives an `exec` of this process.
+pub fn listener_handle(l: &TcpListener) -> Option<String> {
+    Some(l.as_raw_fd().to_string())
+}
+
+/// Replaces this process's image (same pid, same session), keeping `listener` open across the
+/// exec; returns only on failure.
+pub fn exec_in_place(mut cmd: Command, listener: Option<TcpListener>) -> io::Error {
+    if let Some(l) = &listener
+        && let Err(e) = rustix::io::fcntl_setfd(l, rustix::io::FdFlags::empty())
+    {
+        return e.into();
+    }
+    let err = cmd.exec();
+    drop(listener);
+    err
+}

@@ -20,3 +20,13 @@ pub fn adopt_listener(_value: &str) -> io::Result<TcpListener> {
 
 /// DETACHED_PROCESS drops the console, so a detached orchestrator could not print.
 pub const DETACH_KEEPS_OUTPUT: bool = false;
+
+/// No listener inheritance on Windows.
+pub fn listener_handle(_l: &TcpListener) -> Option<String> {
+    None
+}
+
+/// Windows has no exec; nothing runs as a PID-namespace init there.
+pub fn exec_in_place(_cmd: Command, _listener: Option<TcpListener>) -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, "re-executing in place is not supported on Windows")
+}

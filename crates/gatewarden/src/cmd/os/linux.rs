@@ -250,3 +250,11 @@ pub fn verify_restart(
 ) -> Option<anyhow::Result<u32>> {
     None
 }
+
+/// A planned restart is not a crash: `reset-failed` zeroes the unit's start-rate counter, so
+/// planned restarts never trip `StartLimitBurst`, which stays the crash-loop brake for real
+/// crashes (each of those is counted as before). Best effort and bounded.
+pub fn prepare_restart(spec: &ServiceSpec) {
+    let r = SystemRunner { timeout: Duration::from_secs(5) };
+    let _ = Systemctl::new(&r, spec.scope).reset_failed(&unit(spec));
+}

@@ -210,3 +210,6 @@ pub fn verify_restart(spec: &ServiceSpec, old: Option<(u32, String)>, budget: Du
         }
     }
 }
+
+/// Nothing to prepare: only systemd counts planned restarts against a start limit.
+pub fn prepare_restart(_spec: &ServiceSpec) {}

@@ -169,3 +169,6 @@ pub fn verify_restart(
 ) -> Option<anyhow::Result<u32>> {
     None
 }
+
+/// Nothing to prepare: only systemd counts planned restarts against a start limit.
+pub fn prepare_restart(_spec: &ServiceSpec) {}

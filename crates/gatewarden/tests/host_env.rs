@@ -1,0 +1,289 @@
+//! Issue 7: restarts never strand the gateway, in the environments users really run it in.
+//! These tests do NOT use the testkit's deterministic environment (`GATEWARDEN_SUPERVISOR=none`
+//! and scrubbed manager variables): the binary runs with the host's real environment, as PID 1
+//! of a PID namespace, and from a shell that inherited another unit's variables.
+#![cfg(target_os = "linux")]
+
+mod common;
+mod work_common;
+use common::*;
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use work_common::*;
+
+const RESTART_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `gatewarden <args>` in the host's environment, tagged for the sweeper.
+fn host_cli(home: &TempHome, sw: &Sweeper, args: &[&str]) -> CliOutput {
+    cli_host(bin(), home.path(), args, &[(TAG_VAR, sw.tag())], RESTART_TIMEOUT)
+}
+
+fn status_json(home: &TempHome, sw: &Sweeper) -> Value {
+    host_cli(home, sw, &["status", "--json"]).json()
+}
+
+/// Waits for a running incarnation other than `old`; returns its status.
+#[track_caller]
+fn wait_other_incarnation(home: &TempHome, sw: &Sweeper, old: &str) -> Value {
+    let mut last = Value::Null;
+    let ok = wait_until(Duration::from_secs(30), || {
+        let out = host_cli(home, sw, &["status", "--json"]);
+        last = serde_json::from_str(out.stdout.trim()).unwrap_or(Value::Null);
+        last["state"] == "running" && last["incarnation"].as_str().is_some_and(|i| i != old)
+    });
+    assert!(ok, "no new incarnation after {old}: {last:#}\n{}", home.ledger_text());
+    last
+}
+
+/// The host-default path: `start`, ten `restart`s in a row, chat `/restart`, SIGUSR1. Every one
+/// ends with exactly one new incarnation running (the bug: a container's default detection
+/// exited 75 for a manager that did not exist, and one restart in three left nothing running).
+#[test]
+fn host_default_restarts_never_strand_the_gateway() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let out = host_cli(&home, &sw, &["start", "--listen", "127.0.0.1:0"]);
+    assert_cli(&out, 0, "start");
+    let mut st = status_json(&home, &sw);
+    assert_eq!(st["state"], json!("running"), "{st:#}");
+    assert!(st["supervisor_evidence"].is_string(), "status shows the evidence: {st:#}");
+    let listen = st["listen"].clone();
+    for i in 0..10 {
+        let old = st["incarnation"].as_str().unwrap().to_owned();
+        let out = host_cli(&home, &sw, &["restart", "--timeout", "60"]);
+        assert_cli(&out, 0, &format!("restart #{i}"));
+        st = status_json(&home, &sw);
+        assert_eq!(st["state"], json!("running"), "after restart #{i}: {st:#}");
+        assert_ne!(st["incarnation"].as_str(), Some(old.as_str()), "restart #{i} changed nothing");
+        assert_eq!(st["listen"], listen, "the address survives restart #{i}");
+        assert_eq!(lock_holders(&home.lock_file()).len(), 1, "one lock holder after restart #{i}");
+    }
+    // Chat /restart.
+    let old = st["incarnation"].as_str().unwrap().to_owned();
+    let addr: std::net::SocketAddr = listen.as_str().unwrap().parse().unwrap();
+    let r = Api::new(addr).send("c1", "u1", "/restart").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    st = wait_other_incarnation(&home, &sw, &old);
+    // SIGUSR1 (a supervisor-less gateway used to ignore it).
+    let old = st["incarnation"].as_str().unwrap().to_owned();
+    send_signal(st["pid"].as_u64().unwrap() as u32, sig::SIGUSR1).unwrap();
+    st = wait_other_incarnation(&home, &sw, &old);
+    assert_eq!(st["listen"], listen);
+    let out = host_cli(&home, &sw, &["stop"]);
+    assert_cli(&out, 0, "stop");
+    assert!(lock_holders(&home.lock_file()).is_empty());
+}
+
+/// A gateway launched from a shell that inherited another unit's `INVOCATION_ID` and
+/// `NOTIFY_SOCKET` is not supervised by that unit: it says so, never notifies the foreign
+/// socket, and its planned restart starts a successor instead of exiting into nothing.
+#[test]
+fn inherited_unit_environment_is_not_evidence() {
+    use std::os::unix::net::UnixDatagram;
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let sock_path = home.scratch("foreign-notify", "sock");
+    let foreign = UnixDatagram::bind(&sock_path).unwrap();
+    foreign.set_nonblocking(true).unwrap();
+    let mut g = builder(&home)
+        .host_default()
+        .env("INVOCATION_ID", "0123456789abcdef0123456789abcdef")
+        .env("NOTIFY_SOCKET", sock_path.as_os_str())
+        .env_remove("GATEWARDEN_SUPERVISOR")
+        .env(TAG_VAR, sw.tag())
+        .spawn();
+    g.wait_ready(READY);
+    let st = status_json(&home, &sw);
+    assert_eq!(st["supervisor"], json!("none"), "{st:#}");
+    let ev = st["supervisor_evidence"].as_str().unwrap_or_default();
+    assert!(ev.contains("inherited"), "the evidence names what was ignored: {ev}");
+    let old = st["incarnation"].as_str().unwrap().to_owned();
+    g.signal(sig::SIGUSR1);
+    let st = wait_other_incarnation(&home, &sw, &old);
+    assert_ne!(st["pid"].as_u64(), Some(u64::from(g.pid())));
+    let st = g.try_wait_exit(EXIT).expect("the old incarnation exits");
+
+    assert_exit_code(&g, st, 75, "planned restart");
+    let mut buf = [0u8; 4096];
+    assert!(foreign.recv(&mut buf).is_err(), "the foreign unit's NOTIFY_SOCKET was notified");
+
+    // `start` from the same shell launches an unsupervised gateway too.
+    assert_cli(&host_cli(&home, &sw, &["stop"]), 0, "stop");
+    let out = cli_host(
+        bin(),
+        home.path(),
+        &["start", "--listen", "127.0.0.1:0"],
+        &[(TAG_VAR, sw.tag()), ("INVOCATION_ID", "feedface"), ("NOTIFY_SOCKET", sock_path.to_str().unwrap())],
+        RESTART_TIMEOUT,
+    );
+    assert_cli(&out, 0, "start");
+    assert_eq!(status_json(&home, &sw)["supervisor"], json!("none"));
+    assert_cli(&host_cli(&home, &sw, &["restart"]), 0, "restart");
+    assert_cli(&host_cli(&home, &sw, &["stop"]), 0, "stop");
+}
+
+/// PID 1 of a PID namespace (a container's init): nothing revives it, so a planned restart
+/// re-executes in place — same pid, new incarnation, same listener — and a stop exits 0.
+#[test]
+fn pid1_restarts_re_execute_in_place() {
+    if Command::new("unshare").arg("--version").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "CI needs unshare (util-linux)");
+        eprintln!("skipping: no unshare");
+        return;
+    }
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"]).arg(bin());
+    cmd.arg("--home").arg(home.path()).args(["run", "--listen", "127.0.0.1:0"]);
+    cmd.env_remove("GATEWARDEN_HOME").env_remove("GATEWARDEN_SUPERVISOR").env(TAG_VAR, sw.tag());
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(home.scratch("pid1", "log")).unwrap());
+    let mut child = cmd.spawn().expect("unshare");
+    let mut st = Value::Null;
+    let up = wait_until(READY, || {
+        st = serde_json::from_str(host_cli(&home, &sw, &["status", "--json"]).stdout.trim()).unwrap_or(Value::Null);
+        st["state"] == "running"
+    });
+    assert!(up, "PID 1 gateway not ready: {st:#}");
+    assert_eq!(st["pid"], json!(1), "{st:#}");
+    assert_eq!(st["supervisor"], json!("container"), "{st:#}");
+    let listen = st["listen"].clone();
+    let host_pid = lock_holders(&home.lock_file());
+    assert_eq!(host_pid.len(), 1);
+    for i in 0..3 {
+        let old = st["incarnation"].as_str().unwrap().to_owned();
+        let out = host_cli(&home, &sw, &["restart", "--timeout", "60"]);
+        assert_cli(&out, 0, &format!("PID 1 restart #{i}"));
+        st = status_json(&home, &sw);
+        assert_eq!(st["pid"], json!(1), "still PID 1 after restart #{i}: {st:#}");
+        assert_ne!(st["incarnation"].as_str(), Some(old.as_str()));
+        assert_eq!(st["listen"], listen);
+        assert_eq!(lock_holders(&home.lock_file()), host_pid, "the same process holds the lock");
+        assert!(child.try_wait().unwrap().is_none(), "the namespace's init exited");
+    }
+    let addr: std::net::SocketAddr = listen.as_str().unwrap().parse().unwrap();
+    assert_eq!(http_get(addr, "/readyz", Duration::from_secs(2)).unwrap().status, 200);
+    assert_cli(&host_cli(&home, &sw, &["stop"]), 0, "stop");
+    let mut status = None;
+    wait_until(EXIT, || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "PID 1 exits 0 on a planned stop");
+}
+
+/// A gateway that holds the lock but cannot answer (SIGSTOP): `status` says `unresponsive`
+/// (exit 4) and why; `restart` stops it by the verified escalation and starts a new one.
+#[test]
+fn wedged_gateway_is_reported_and_restarted() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let mut g = builder(&home).env(TAG_VAR, sw.tag()).spawn();
+    g.wait_ready(READY);
+    g.signal(sig::SIGSTOP);
+    let out = run_cli(&home, &["status", "--json"]);
+    assert_cli(&out, 4, "status of a stopped gateway");
+    let v = out.json();
+    assert_eq!(v["state"], json!("unresponsive"), "{v:#}");
+    assert!(v["unresponsive"].as_str().unwrap_or_default().contains("stopped"), "{v:#}");
+    let out = cli_tagged(&home, &sw, &["restart", "--timeout", "60"], RESTART_TIMEOUT);
+    assert_cli(&out, 0, "restart of a wedged gateway");
+    assert!(g.try_wait_exit(EXIT).is_some(), "the wedged gateway is gone");
+    let (pid, _, _) = wait_new_ready(home.path(), &[g.pid()], READY).expect("a new incarnation");
+    assert_ne!(pid, g.pid());
+    assert!(!home.events("restart_recovered").is_empty(), "{}", home.ledger_text());
+    assert_cli(&cli_tagged(&home, &sw, &["stop"], RESTART_TIMEOUT), 0, "stop");
+}
+
+/// A manager was declared but nothing revives the exit 75: the gateway's backstop starts the
+/// next incarnation itself and records that it had to.
+#[test]
+fn backstop_starts_a_gateway_no_manager_revives() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let mut g = builder(&home).supervisor("external").env(TAG_VAR, sw.tag()).spawn();
+    let addr = g.wait_ready(READY);
+    let r = Api::new(addr).send("c1", "u1", "/restart").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let st = g.wait_exit(EXIT);
+
+    assert_exit_code(&g, st, 75, "planned restart for a manager");
+    let (pid, _, _) = wait_new_ready(home.path(), &[g.pid()], Duration::from_secs(30)).expect("backstop started one");
+    assert_ne!(pid, g.pid());
+    let ev = wait_events(&home, "restart_backstop", 2, Duration::from_secs(30));
+    let result = ev.iter().find(|e| e.get("ok").is_some()).expect("a backstop result");
+    assert_eq!(result["ok"], json!(true), "{result}");
+    assert_eq!(result["kicked"], json!(true), "{result}");
+    assert_cli(&cli_tagged(&home, &sw, &["stop"], RESTART_TIMEOUT), 0, "stop");
+}
+
+/// Records copied from another home never pass for this home's state.
+#[test]
+fn records_of_another_home_heal() {
+    let a = TempHome::new();
+    let b = TempHome::new();
+    let mut g = start(&a);
+    stop_cleanly(&a, &mut g);
+    std::fs::create_dir_all(b.path()).unwrap();
+    for f in ["gateway_state.json", "gateway.pid"] {
+        let _ = std::fs::copy(a.file(f), b.file(f));
+    }
+    // Make it look live: A's last state as running.
+    let mut st: Value = serde_json::from_slice(&std::fs::read(b.state_file()).unwrap()).unwrap();
+    st["gateway_state"] = json!("running");
+    std::fs::write(b.state_file(), serde_json::to_vec(&st).unwrap()).unwrap();
+    let out = run_cli(&b, &["status", "--json"]);
+    assert_cli(&out, 3, "status in B");
+    let v = out.json();
+    assert!(v.get("last_state").is_none() || v["last_state"].is_null(), "A's state shown as B's: {v:#}");
+    // With B's lock present (B ran once), the foreign file is healed away and reported.
+    let mut gb = start(&b);
+    stop_cleanly(&b, &mut gb);
+    std::fs::write(b.state_file(), serde_json::to_vec(&st).unwrap()).unwrap();
+    let out = run_cli(&b, &["status", "--json"]);
+    assert_cli(&out, 3, "status in B");
+    let v = out.json();
+    assert_ne!(v["last_state"], json!("running"), "{v:#}");
+    assert!(!b.exists("gateway_state.json"), "A's state file stays in B");
+    let cleaned = v["cleaned"].to_string();
+    assert!(cleaned.contains("another home"), "{v:#}");
+}
+
+/// A start-up refusal (port taken) names the port's holder at once and is recorded: `status`
+/// and `history` show it, not the previous run's exit.
+#[test]
+fn startup_refusal_names_the_port_holder_and_is_recorded() {
+    let home = TempHome::new();
+    let mut g = start(&home);
+    stop_cleanly(&home, &mut g);
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let mut g = builder(&home).listen(format!("127.0.0.1:{port}")).spawn();
+    let t0 = Instant::now();
+    let st = g.wait_exit(EXIT);
+
+    assert_exit_code(&g, st, 78, "port taken");
+    let err = g.stderr();
+    let me = std::process::id();
+    assert!(err.contains(&format!("pid {me}")), "the holder (this test, pid {me}) is named: {err}");
+    println!("refused after {:?}", t0.elapsed());
+    let out = run_cli(&home, &["status", "--json"]);
+    assert_cli(&out, 3, "status");
+    let v = out.json();
+    assert_eq!(v["last_exit_code"], json!(78), "{v:#}");
+    assert!(v["last_exit_reason"].as_str().unwrap_or_default().contains("taken"), "{v:#}");
+    let refused = home.events("start_refused");
+    assert_eq!(refused.len(), 1, "{}", home.ledger_text());
+    assert_eq!(refused[0]["code"], json!(78));
+    // A refusal because another gateway runs leaves that gateway's state file alone.
+    let mut g1 = start(&home);
+    let mut g2 = builder(&home).spawn();
+    let st = g2.wait_exit(EXIT);
+
+    assert_exit_code(&g2, st, 78, "second gateway");
+    assert_eq!(home.state().as_deref(), Some("running"), "the running gateway's state was overwritten");
+    assert_eq!(home.events("start_refused").len(), 2);
+    stop_cleanly(&home, &mut g1);
+    drop(taken);
+}

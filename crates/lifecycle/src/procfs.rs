@@ -1,0 +1,77 @@
+//! Pure parsers for the Linux `/proc` texts the platform facade reads (total: garbage in,
+//! `None` or nothing out), kept here so they are unit-tested on every host.
+
+/// The state letter of `/proc/<pid>/stat` (field 3: `R`, `S`, `T` stopped, `t` traced, …).
+pub fn stat_state(content: &[u8]) -> Option<char> {
+    let close = content.iter().rposition(|&c| c == b')')?;
+    let rest = std::str::from_utf8(content.get(close + 1..)?).ok()?;
+    rest.split_ascii_whitespace().next()?.chars().next()
+}
+
+/// Socket inodes listening on `port` in a `/proc/net/tcp` or `/proc/net/tcp6` text.
+pub fn listening_inodes(text: &str, port: u16) -> Vec<u64> {
+    const LISTEN: &str = "0A";
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_ascii_whitespace().collect();
+            let local_port = f.get(1)?.rsplit_once(':').and_then(|(_, p)| u16::from_str_radix(p, 16).ok())?;
+            (local_port == port && *f.get(3)? == LISTEN).then(|| f.get(9)?.parse().ok()).flatten()
+        })
+        .collect()
+}
+
+/// The inode of a `socket:[12345]` fd link target.
+pub fn socket_inode(link: &str) -> Option<u64> {
+    link.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// The systemd unit (`*.service`) a `/proc/self/cgroup` text places us in, and whether it
+/// belongs to a user manager (`user@UID.service` in the path).
+pub fn cgroup_service(text: &str) -> Option<(String, bool)> {
+    let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let user = path.split('/').any(|seg| seg.starts_with("user@") && seg.ends_with(".service"));
+    let unit = path.split('/').rev().find(|seg| seg.ends_with(".service") && !seg.starts_with("user@"))?;
+    Some((unit.to_owned(), user))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_state_reads_the_letter_after_the_command() {
+        assert_eq!(stat_state(b"42 (a b) c) T 1 42 42"), Some('T'));
+        assert_eq!(stat_state(b"42 (gw) S 1"), Some('S'));
+        assert_eq!(stat_state(b"garbage"), None);
+        assert_eq!(stat_state(b"42 (x)"), None);
+    }
+
+    #[test]
+    fn listening_sockets_by_port() {
+        let t = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 0100007F:1EC6 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 31337 1 0 100 0 0 10 0\n\
+   1: 0100007F:1EC6 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 31338 1 0 100 0 0 10 0\n\
+   2: garbage\n";
+        assert_eq!(listening_inodes(t, 7878), vec![31337]);
+        assert!(listening_inodes(t, 80).is_empty());
+        assert!(listening_inodes("", 80).is_empty());
+    }
+
+    #[test]
+    fn socket_links() {
+        assert_eq!(socket_inode("socket:[31337]"), Some(31337));
+        assert_eq!(socket_inode("/dev/null"), None);
+        assert_eq!(socket_inode("socket:[x]"), None);
+    }
+
+    #[test]
+    fn cgroup_units() {
+        let user = "0::/user.slice/user-0.slice/user@0.service/app.slice/gatewarden-1a2b.service\n";
+        assert_eq!(cgroup_service(user), Some(("gatewarden-1a2b.service".into(), true)));
+        assert_eq!(cgroup_service("0::/system.slice/gw.service\n"), Some(("gw.service".into(), false)));
+        assert_eq!(cgroup_service("0::/user.slice/user-0.slice/user@0.service/init.scope\n"), None);
+        assert_eq!(cgroup_service("0::/\n"), None);
+        assert_eq!(cgroup_service("junk"), None);
+    }
+}
