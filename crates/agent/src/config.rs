@@ -26,7 +26,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 /// The configuration file's name inside the home.
 pub const CONFIG_FILE: &str = "config.toml";
 
-/// Exit code for every configuration error (`EX_CONFIG` from sysexits.h; protocol §5.1).
+/// Exit code for every configuration error (`EX_CONFIG` from sysexits.h; protocol.md §6.1).
 pub const EX_CONFIG: i32 = 78;
 
 /// Upper bound for every `*_s` duration, so that no consumer can overflow `Instant + Duration`

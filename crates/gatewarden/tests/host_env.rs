@@ -98,6 +98,11 @@ fn inherited_unit_environment_is_not_evidence() {
     assert_eq!(st["supervisor"], json!("none"), "{st:#}");
     let ev = st["supervisor_evidence"].as_str().unwrap_or_default();
     assert!(ev.contains("inherited"), "the evidence names what was ignored: {ev}");
+    // doctor shows the same verdict and evidence.
+    let doc = host_cli(&home, &sw, &["doctor", "--json"]).json();
+    let sup = doc["findings"].as_array().unwrap().iter().find(|f| f["id"] == "supervisor").cloned();
+    let msg = sup.as_ref().and_then(|f| f["message"].as_str()).unwrap_or_default().to_owned();
+    assert!(msg.contains("none") && msg.contains("inherited"), "doctor: {doc:#}");
     let old = st["incarnation"].as_str().unwrap().to_owned();
     g.signal(sig::SIGUSR1);
     let st = wait_other_incarnation(&home, &sw, &old);

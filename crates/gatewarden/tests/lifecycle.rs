@@ -1,4 +1,4 @@
-//! Stop paths, exit codes (class D1 / §5.1), crash recovery, stop/replace escalation (class I's
+//! Stop paths, exit codes (class D1 / protocol.md §6.1), crash recovery, stop/replace escalation (class I's
 //! drain-then-verify-then-kill on Unix). Real processes, loopback only.
 #![cfg(target_os = "linux")]
 
@@ -275,7 +275,7 @@ fn d1_sigterm_before_running_is_not_exit_0() {
     );
 }
 
-/// §5.1: listen address taken → 78 (fatal configuration), lock released.
+/// protocol.md §6.1: listen address taken → 78 (fatal configuration), lock released.
 #[test]
 fn d1_listen_address_taken_exits_78() {
     let home = TempHome::new();

@@ -405,3 +405,31 @@ fn d7_doctor_finds_drift_and_fix_rewrites_the_unit() {
     assert!(text.contains("SuccessExitStatus=75\n") && text.contains("TimeoutStopSec=100\n"), "{text}");
     assert_cli(&u.cli(&["doctor"]), 0, "doctor after --fix");
 }
+
+/// Issue 7, item 8: planned restarts do not count against the unit's start limit
+/// (`StartLimitBurst=5` in the default unit): eight `restart`s in a row are each revived by
+/// systemd itself (never `start-limit-hit`, never kicked), while `supervisor` in status is the
+/// proven `systemd` with its evidence.
+#[test]
+fn planned_restarts_never_trip_the_start_limit() {
+    if !have_user_manager() {
+        return;
+    }
+    let u = Unit::install(Some(LOOPBACK), &[]);
+    let mut st = u.wait_running(0, READY);
+    assert_eq!(st["supervisor"], json!("systemd"), "{st:#}");
+    let ev = st["supervisor_evidence"].as_str().unwrap_or_default().to_owned();
+    assert!(ev.contains("SYSTEMD_EXEC_PID") || ev.contains("MainPID"), "{ev}");
+    for i in 0..8 {
+        let old = st["pid"].as_u64().unwrap() as u32;
+        let out = u.cli(&["restart"]);
+        assert_cli(&out, 0, &format!("restart #{i}"));
+        st = u.wait_running(old, Duration::from_secs(5));
+        assert_ne!(u.prop("Result"), "start-limit-hit", "restart #{i}: {:?}", u.show());
+    }
+    let results = u.home.events("restart_result");
+    assert_eq!(results.len(), 8, "{}", u.home.ledger_text());
+    for r in &results {
+        assert_eq!((r["ok"].clone(), r["kicked"].clone()), (json!(true), json!(false)), "{r}");
+    }
+}

@@ -1,5 +1,6 @@
 //! gatewarden-service: service-manager definitions and the pure policy around them.
 //!
+//! - [`manager`]: [`ManagerKind`], every kind of owner, and its restart ladder's parameters.
 //! - [`naming`]: per-home unit / label / task names (several homes side by side).
 //! - [`spec`]: the manager-neutral [`ServiceSpec`] and the stop-timeout arithmetic.
 //! - [`systemd`]: unit rendering, parsing, drift, `systemctl show`, a `systemctl` wrapper.
@@ -17,6 +18,7 @@
 pub mod command;
 pub mod doctor;
 pub mod launchd;
+pub mod manager;
 pub mod naming;
 pub mod spec;
 pub mod supervise;
@@ -24,6 +26,7 @@ pub mod systemd;
 pub mod windows;
 pub mod windows_scm;
 
+pub use manager::ManagerKind;
 pub use spec::{Scope, ServiceSpec, SpecError};
 
 /// Process exit codes of `gatewarden run`, from the one table in `gatewarden_lifecycle::exit`.

@@ -204,6 +204,9 @@ fn check(home: &Home) -> Vec<Item> {
             false
         }
     };
+    if running {
+        extra.push(supervision(home));
+    }
     if let Ok(cfg) = &config
         && !running
         && cfg.listen.port() != 0
@@ -220,6 +223,45 @@ fn check(home: &Home) -> Vec<Item> {
     items.extend(extra);
     items.sort_by_key(|i| std::cmp::Reverse(i.severity));
     items
+}
+
+/// Who supervises the running gateway and the evidence for it (what a planned restart will do),
+/// or an error when it holds the lock but does not answer.
+fn supervision(home: &Home) -> Item {
+    let t = std::time::Duration::from_millis(500);
+    let subject = home.dir().display().to_string();
+    match gatewarden_control::Client::connect(&Endpoint::for_home(home.dir()), t).and_then(|mut c| c.status(t)) {
+        Ok(s) => {
+            let evidence = s.extra.get("supervisor_evidence").and_then(|v| v.as_str()).unwrap_or("not reported");
+            Item {
+                id: "supervisor".into(),
+                severity: Severity::Info,
+                subject,
+                message: format!(
+                    "the running gateway (pid {}) is supervised by {}: {evidence}",
+                    s.pid.map_or("?".into(), |p| p.to_string()),
+                    s.supervisor.as_deref().unwrap_or("?")
+                ),
+                fix: Fix::None,
+                fixed: None,
+            }
+        }
+        Err(e) => Item {
+            id: "gateway-unresponsive".into(),
+            severity: Severity::Error,
+            subject,
+            message: format!("a gateway holds the lock but does not answer on its control endpoint: {e}"),
+            fix: Fix::Run {
+                argv: vec![
+                    manager::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gatewarden".into()),
+                    "--home".into(),
+                    home.dir().display().to_string(),
+                    "restart".into(),
+                ],
+            },
+            fixed: None,
+        },
+    }
 }
 
 fn home_facts(home: &Home) -> HomeFacts {

@@ -11,7 +11,7 @@ use std::process::Command;
 
 use gatewarden_lifecycle::Home;
 use gatewarden_lifecycle::home::resolve_with;
-use gatewarden_service::{Scope, ServiceSpec};
+use gatewarden_service::{ManagerKind, Scope, ServiceSpec};
 use serde_json::{Value, json};
 
 use super::os::{self, ServiceState};
@@ -74,22 +74,16 @@ impl Managed {
     pub fn describe(&self) -> String {
         let scope = match self.state.scope {
             Some(Scope::System) => "system ",
-            Some(Scope::User) if self.state.manager == "systemd" => "user ",
+            Some(Scope::User) if self.state.manager == ManagerKind::Systemd => "user ",
             _ => "",
         };
-        let kind = match self.state.manager.as_str() {
-            "systemd" => "unit",
-            "launchd" => "job",
-            "task-scheduler" => "task",
-            _ => "service",
-        };
-        format!("{} {scope}{kind} {}", self.state.manager, self.state.unit)
+        format!("{} {scope}{} {}", self.state.manager, self.state.manager.unit_word(), self.state.unit)
     }
 
     /// Whether the manager's main process is the gateway itself (systemd), so a planned
     /// restart (exit 75) is revived by the manager, which may wait `RestartSec` first.
     pub fn runs_gateway_directly(&self) -> bool {
-        self.state.manager == "systemd"
+        self.state.manager.runs_gateway_directly()
     }
 
     /// `RestartSec` in milliseconds, when the manager reports it.
@@ -162,7 +156,10 @@ pub fn cgroup_has_unit(cgroup: &str, unit: &str) -> bool {
 /// that the manager killing `unit`'s cgroup cannot kill it (class H2). Returns only if that
 /// is not needed or not possible (with the reason, for a warning).
 pub fn escape_unit_cgroup(m: &Managed) -> Option<String> {
-    if m.state.manager != "systemd" || std::env::var_os(SCOPED_ENV).is_some() || !in_unit_cgroup(&m.state.unit) {
+    if !m.state.manager.runs_gateway_directly()
+        || std::env::var_os(SCOPED_ENV).is_some()
+        || !in_unit_cgroup(&m.state.unit)
+    {
         return None;
     }
     let exe = match current_exe() {

@@ -7,9 +7,9 @@
 //! - it does not answer within [`UNRESPONSIVE`] (SIGSTOPped, wedged), or stays draining past its
 //!   drain budget plus [`DRAIN_GRACE`]: stop it with the one stopper (marker + verified SIGTERM,
 //!   verified SIGKILL) and start a new incarnation;
-//! - nobody holds the lock for longer than the owner's restart delay plus a margin, or the
-//!   manager gave up on the unit (start limit, failed): start it through the owner, or directly
-//!   (`kicked` in the ledger).
+//! - nobody holds the lock for longer than the owner allows (`ManagerKind::kick_after`: its
+//!   restart delay plus a margin), or the manager gave up on the unit (start limit, failed):
+//!   start it through the owner, or directly (`kicked` in the ledger).
 //!
 //! `--backstop INCARNATION` is the same ladder without the request: the gateway launches it
 //! for every planned restart that no verifying CLI asked for (chat `/restart`, SIGUSR1, a control
@@ -41,8 +41,6 @@ const POLL: Duration = Duration::from_millis(20);
 const UNRESPONSIVE: Duration = Duration::from_secs(3);
 /// Beyond the drain budget: the cancelled runs' clean-up and the HTTP wind-down.
 const DRAIN_GRACE: Duration = Duration::from_secs(15);
-/// Beyond the owner's restart delay, how long a free lock is waited out before starting.
-const KICK_MARGIN: Duration = Duration::from_secs(2);
 /// The budget of the stopper for a wedged gateway (it is not draining anything useful).
 const WEDGED_STOP: Duration = Duration::from_secs(10);
 
@@ -225,10 +223,31 @@ impl<'h> Ladder<'h> {
     }
 
     /// Starts a new incarnation: through the owner when a service is installed, else directly.
+    /// Losing the lock race to a concurrent starter (another restart's successor) is success
+    /// once that gateway answers `running`.
     fn start_fresh(&self, lock: Option<InstanceLock>) -> anyhow::Result<ExitCode> {
         drop(lock);
         let listen = read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
-        super::start::start(self.home, listen.as_deref(), self.left().as_secs().max(1), None)
+        let code = super::start::start(self.home, listen.as_deref(), self.left().as_secs().max(1), None)?;
+        if code == ExitCode::SUCCESS {
+            return Ok(code);
+        }
+        let ep = Endpoint::for_home(self.home.dir());
+        let until = Instant::now() + UNRESPONSIVE.min(self.left());
+        while Instant::now() < until {
+            if let Ok(s) = status_of(&ep, Duration::from_millis(300))
+                && s.state.as_deref() == Some("running")
+            {
+                println!(
+                    "restarted (by a concurrent request): incarnation {} (pid {}) is ready",
+                    s.incarnation.unwrap_or_default(),
+                    s.pid.map_or("?".into(), |p| p.to_string())
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            std::thread::sleep(POLL);
+        }
+        Ok(code)
     }
 
     /// Starts once while waiting (the owner's `kick`, or a direct start); recorded as `kicked`.
@@ -288,15 +307,9 @@ impl<'h> Ladder<'h> {
     fn await_new(&self, old: Option<&StatusReport>, drain: Option<Duration>) -> Result<StatusReport, String> {
         let ep = Endpoint::for_home(self.home.dir());
         let old_inc = old.and_then(|o| o.incarnation.clone()).unwrap_or_default();
-        // systemd revives at once only with a short `RestartSec`; a long one (or one it does not
-        // report) is not waited for: its `kick` restarts a unit sitting in `auto-restart` now.
         let kick_after = match &self.owner {
-            Some(m) if m.runs_gateway_directly() => match m.restart_delay_ms() {
-                Some(ms) if ms <= 1000 => Duration::from_millis(ms) + KICK_MARGIN,
-                _ => Duration::ZERO,
-            },
-            Some(_) => Duration::from_secs(15),
-            None => KICK_MARGIN,
+            Some(m) => m.state.manager.kick_after(m.restart_delay_ms().map(Duration::from_millis)),
+            None => gatewarden_service::ManagerKind::None.kick_after(None),
         };
         let drain_limit = drain.map(|d| d + DRAIN_GRACE);
         let mut draining_since: Option<Instant> = None;
@@ -306,7 +319,7 @@ impl<'h> Ladder<'h> {
         let mut seen = String::from("nothing yet");
         // launchd relaunches asynchronously (throttles, pended spawns, unloaded labels): its
         // ladder runs beside this loop and may escalate; its failure ends the wait early.
-        let mut launchd = self.owner.clone().filter(|m| !m.runs_gateway_directly()).map(|m| {
+        let mut launchd = self.owner.clone().filter(|m| m.state.manager.needs_relaunch_ladder()).map(|m| {
             let old_id = old.and_then(|o| o.pid).map(|p| (p, old_inc.clone()));
             let budget = self.left();
             std::thread::spawn(move || m.verify_restart(old_id, budget).map(|r| r.map_err(|e| format!("{e:#}"))))

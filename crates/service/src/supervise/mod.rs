@@ -3,7 +3,7 @@
 //! `supervise` runs `gatewarden run` as a child and, on each exit, asks [`decide`] what to do.
 //! It is the supervisor under launchd and the Windows task (see [`crate::launchd`]); systemd
 //! plays the same role natively. The mapping is the exit-code contract of
-//! `docs/protocol.md` §5.1:
+//! `docs/protocol.md` §6.1:
 //!
 //! | child exit | action |
 //! |---|---|

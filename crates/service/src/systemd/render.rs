@@ -1,6 +1,6 @@
 //! Rendering the systemd unit from a [`ServiceSpec`].
 //!
-//! Every directive is there for an exit path of `docs/protocol.md` §5.1 (class D):
+//! Every directive is there for an exit path of `docs/protocol.md` §6.1 (class D):
 //!
 //! | exit | directive | effect |
 //! |---|---|---|

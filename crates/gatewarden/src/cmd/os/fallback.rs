@@ -7,7 +7,7 @@ use gatewarden_service::doctor::Finding;
 
 use super::ServiceState;
 
-pub const MANAGER: &str = "none";
+pub const MANAGER: gatewarden_service::ManagerKind = gatewarden_service::ManagerKind::None;
 
 fn unsupported<T>() -> anyhow::Result<T> {
     anyhow::bail!("no supported service manager on this platform; run `gatewarden supervise` from your init system")
@@ -26,7 +26,7 @@ pub fn uninstall(_spec: &ServiceSpec) -> anyhow::Result<()> {
     unsupported()
 }
 pub fn query(spec: &ServiceSpec) -> ServiceState {
-    ServiceState { manager: MANAGER.into(), scope: Some(spec.scope), ..ServiceState::default() }
+    ServiceState { manager: MANAGER, scope: Some(spec.scope), ..ServiceState::default() }
 }
 pub fn stop(_spec: &ServiceSpec) -> anyhow::Result<()> {
     unsupported()

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::ServiceState;
 
-pub const MANAGER: &str = "systemd";
+pub const MANAGER: gatewarden_service::ManagerKind = gatewarden_service::ManagerKind::Systemd;
 
 /// `$XDG_CONFIG_HOME`, else `~/.config`.
 fn user_config_dir() -> String {
@@ -104,7 +104,7 @@ pub fn query(spec: &ServiceSpec) -> ServiceState {
     let path = definition_path(spec);
     let installed = path.as_ref().is_some_and(|p| p.exists());
     let mut st = ServiceState {
-        manager: MANAGER.into(),
+        manager: MANAGER,
         scope: Some(spec.scope),
         unit: unit(spec),
         installed,

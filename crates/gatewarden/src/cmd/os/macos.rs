@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::ServiceState;
 
-pub const MANAGER: &str = "launchd";
+pub const MANAGER: gatewarden_service::ManagerKind = gatewarden_service::ManagerKind::Launchd;
 
 fn user_home() -> String {
     std::env::var("HOME").unwrap_or_default()
@@ -81,7 +81,7 @@ pub fn query(spec: &ServiceSpec) -> ServiceState {
     let t = target(spec);
     let path = PathBuf::from(&t.plist_path);
     let mut st = ServiceState {
-        manager: MANAGER.into(),
+        manager: MANAGER,
         scope: Some(Scope::User),
         unit: t.label.clone(),
         installed: path.exists(),

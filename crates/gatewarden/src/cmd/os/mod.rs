@@ -37,8 +37,8 @@ pub mod proc;
 /// What the service manager says about this home's service.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ServiceState {
-    /// `systemd`, `launchd`, `task-scheduler`, `windows-service`, or `none`.
-    pub manager: String,
+    /// Who manages the service (`systemd`, `launchd`, `task-scheduler`, `windows-service`, `none`).
+    pub manager: gatewarden_service::ManagerKind,
     /// `user` or `system`.
     pub scope: Option<Scope>,
     /// Unit name, launchd label, task or service name.

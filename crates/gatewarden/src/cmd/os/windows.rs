@@ -15,8 +15,8 @@ use serde_json::json;
 
 use super::ServiceState;
 
-pub const MANAGER: &str = "task-scheduler";
-const SCM_MANAGER: &str = "windows-service";
+pub const MANAGER: gatewarden_service::ManagerKind = gatewarden_service::ManagerKind::TaskScheduler;
+const SCM_MANAGER: gatewarden_service::ManagerKind = gatewarden_service::ManagerKind::Scm;
 
 fn name(spec: &ServiceSpec) -> String {
     spec.names().windows_name()
@@ -96,7 +96,7 @@ pub fn query(spec: &ServiceSpec) -> ServiceState {
     let mut st = ServiceState { scope: Some(spec.scope), unit: n.clone(), ..ServiceState::default() };
     match spec.scope {
         Scope::User => {
-            st.manager = MANAGER.into();
+            st.manager = MANAGER;
             if let Ok(out) = schtasks(&["/Query", "/TN", &n, "/FO", "CSV", "/NH"]) {
                 st.installed = out.success();
                 // "\gatewarden","N/A","Running" (the status word is localized; best effort).
@@ -107,7 +107,7 @@ pub fn query(spec: &ServiceSpec) -> ServiceState {
             }
         }
         Scope::System => {
-            st.manager = SCM_MANAGER.into();
+            st.manager = SCM_MANAGER;
             if let Ok(s) = windows_scm::query(&n) {
                 st.installed = true;
                 st.active = matches!(s.state, ScmState::Running | ScmState::StartPending);
