@@ -17,7 +17,7 @@ use gatewarden_service::supervise::read_parked_state;
 use serde::Serialize;
 use serde_json::json;
 
-use super::manager::{self, Managed};
+use super::manager::{self, Managed, ServiceManager};
 use super::os;
 
 #[derive(Debug, clap::Args)]

@@ -66,12 +66,42 @@ pub fn installed(home: &Home) -> Option<Managed> {
 /// The manager that owns the running gateway (pid `gateway_pid`, if known): installed, and
 /// active or running exactly that pid.
 pub fn owner(home: &Home, gateway_pid: Option<u32>) -> Option<Managed> {
-    installed(home).filter(|m| m.state.active || (gateway_pid.is_some() && m.state.main_pid == gateway_pid))
+    installed(home).filter(|m| m.owns(gateway_pid))
 }
 
-impl Managed {
+/// What gatewarden asks of whoever owns a home's gateway — one implementation per manager,
+/// behind the per-OS facade `os::svc` (systemd on Linux, launchd on macOS, Task Scheduler or
+/// SCM on Windows). The restart ladder (cmd/restart.rs) is one loop over this trait and the
+/// parameters its [`ManagerKind`] carries; no verb compares manager names.
+pub trait ServiceManager: Send + Sync {
+    fn kind(&self) -> ManagerKind;
     /// "systemd user unit gatewarden-1a2b3c4d.service".
-    pub fn describe(&self) -> String {
+    fn describe(&self) -> String;
+    /// Whether it owns the running gateway (pid `gateway_pid`, if known): active, or running
+    /// exactly that pid.
+    fn owns(&self, gateway_pid: Option<u32>) -> bool;
+    /// Stop and keep it down.
+    fn stop(&self) -> anyhow::Result<()>;
+    /// Start now, bypassing any restart backoff or failed state.
+    fn start(&self) -> anyhow::Result<()>;
+    /// The manager's own delay before it revives an exit (systemd's `RestartSec`), if known.
+    fn restart_delay(&self) -> Option<std::time::Duration>;
+    /// Before a planned restart: keep it from counting as a crash (systemd's start limit).
+    fn prepare_restart(&self);
+    /// The manager gave up on it (a tripped start limit, `failed`, inactive while we wait).
+    fn gave_up(&self) -> bool;
+    /// Where the manager relaunches asynchronously with quirks of its own (launchd): drive its
+    /// verification ladder until a new supervised incarnation holds the lock; `None` where the
+    /// restart loop's observation is the whole verification.
+    fn relaunch_ladder(&self, old: Option<(u32, String)>, budget: std::time::Duration) -> Option<anyhow::Result<u32>>;
+}
+
+impl ServiceManager for Managed {
+    fn kind(&self) -> ManagerKind {
+        self.state.manager
+    }
+
+    fn describe(&self) -> String {
         let scope = match self.state.scope {
             Some(Scope::System) => "system ",
             Some(Scope::User) if self.state.manager == ManagerKind::Systemd => "user ",
@@ -80,17 +110,38 @@ impl Managed {
         format!("{} {scope}{} {}", self.state.manager, self.state.manager.unit_word(), self.state.unit)
     }
 
-    /// Whether the manager's main process is the gateway itself (systemd), so a planned
-    /// restart (exit 75) is revived by the manager, which may wait `RestartSec` first.
-    pub fn runs_gateway_directly(&self) -> bool {
-        self.state.manager.runs_gateway_directly()
+    fn owns(&self, gateway_pid: Option<u32>) -> bool {
+        self.state.active || (gateway_pid.is_some() && self.state.main_pid == gateway_pid)
     }
 
-    /// `RestartSec` in milliseconds, when the manager reports it.
-    pub fn restart_delay_ms(&self) -> Option<u64> {
-        self.state.detail.get("restart_sec_ms").and_then(Value::as_u64)
+    fn stop(&self) -> anyhow::Result<()> {
+        os::svc::stop(&self.spec)
     }
 
+    fn start(&self) -> anyhow::Result<()> {
+        os::svc::kick(&self.spec)
+    }
+
+    fn restart_delay(&self) -> Option<std::time::Duration> {
+        self.state.detail.get("restart_sec_ms").and_then(Value::as_u64).map(std::time::Duration::from_millis)
+    }
+
+    fn prepare_restart(&self) {
+        os::svc::prepare_restart(&self.spec);
+    }
+
+    fn gave_up(&self) -> bool {
+        let fresh = os::svc::query(&self.spec);
+        let get = |k: &str| fresh.detail.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+        get("result") == "start-limit-hit" || matches!(get("active_state").as_str(), "failed" | "inactive")
+    }
+
+    fn relaunch_ladder(&self, old: Option<(u32, String)>, budget: std::time::Duration) -> Option<anyhow::Result<u32>> {
+        os::svc::verify_restart(&self.spec, old, budget)
+    }
+}
+
+impl Managed {
     /// The `service` object of `status --json`.
     pub fn status_json(&self) -> Value {
         let mut v = json!({
@@ -107,38 +158,6 @@ impl Managed {
             }
         }
         v
-    }
-
-    pub fn stop(&self) -> anyhow::Result<()> {
-        os::svc::stop(&self.spec)
-    }
-    /// Where the manager relaunches asynchronously with its own quirks (launchd), drive its
-    /// verification ladder until a new supervised incarnation holds the lock; `None` where the
-    /// caller's status loop is the whole verification.
-    pub fn verify_restart(
-        &self,
-        old: Option<(u32, String)>,
-        budget: std::time::Duration,
-    ) -> Option<anyhow::Result<u32>> {
-        os::svc::verify_restart(&self.spec, old, budget)
-    }
-
-    /// Before a planned restart: keep it from counting as a crash (systemd's start limit).
-    pub fn prepare_restart(&self) {
-        os::svc::prepare_restart(&self.spec);
-    }
-
-    /// The manager gave up on the unit (a tripped start limit, `failed`, or inactive while we
-    /// wait for it): a restart must start it now instead of waiting for a revival.
-    pub fn gave_up(&self) -> bool {
-        let fresh = os::svc::query(&self.spec);
-        let get = |k: &str| fresh.detail.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
-        get("result") == "start-limit-hit" || matches!(get("active_state").as_str(), "failed" | "inactive")
-    }
-
-    /// Start now, bypassing any restart backoff or failed state.
-    pub fn kick(&self) -> anyhow::Result<()> {
-        os::svc::kick(&self.spec)
     }
 }
 

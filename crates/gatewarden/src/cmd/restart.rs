@@ -31,7 +31,7 @@ use gatewarden_lifecycle::{Home, InstanceLock};
 use gatewarden_runtime::spawn;
 use serde_json::{Value, json};
 
-use super::manager::{self, Managed};
+use super::manager::{self, ServiceManager};
 use super::presence::{Presence, presence};
 use super::progress::Progress;
 
@@ -199,7 +199,7 @@ struct Ladder<'h> {
     deadline: Instant,
     timeout_s: u64,
     ledger: Ledger,
-    owner: Option<Managed>,
+    owner: Option<std::sync::Arc<dyn ServiceManager>>,
     progress: Progress,
     kicked: std::cell::Cell<bool>,
 }
@@ -212,7 +212,7 @@ impl<'h> Ladder<'h> {
             deadline: t0 + Duration::from_secs(timeout_s),
             timeout_s,
             ledger: Ledger::new(home.ledger(), Writer::current()),
-            owner: manager::installed(home),
+            owner: manager::installed(home).map(|m| std::sync::Arc::new(m) as std::sync::Arc<dyn ServiceManager>),
             progress: Progress::new(),
             kicked: std::cell::Cell::new(false),
         }
@@ -257,7 +257,7 @@ impl<'h> Ladder<'h> {
         }
         self.progress.phase(&format!("{why}: starting a new incarnation"));
         let result = match &self.owner {
-            Some(m) => m.kick().map_err(|e| format!("{e:#}")),
+            Some(m) => m.start().map_err(|e| format!("{e:#}")),
             None => {
                 let listen = read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
                 start_detached(self.home, listen.as_deref())
@@ -308,7 +308,7 @@ impl<'h> Ladder<'h> {
         let ep = Endpoint::for_home(self.home.dir());
         let old_inc = old.and_then(|o| o.incarnation.clone()).unwrap_or_default();
         let kick_after = match &self.owner {
-            Some(m) => m.state.manager.kick_after(m.restart_delay_ms().map(Duration::from_millis)),
+            Some(m) => m.kind().kick_after(m.restart_delay()),
             None => gatewarden_service::ManagerKind::None.kick_after(None),
         };
         let drain_limit = drain.map(|d| d + DRAIN_GRACE);
@@ -319,10 +319,10 @@ impl<'h> Ladder<'h> {
         let mut seen = String::from("nothing yet");
         // launchd relaunches asynchronously (throttles, pended spawns, unloaded labels): its
         // ladder runs beside this loop and may escalate; its failure ends the wait early.
-        let mut launchd = self.owner.clone().filter(|m| m.state.manager.needs_relaunch_ladder()).map(|m| {
+        let mut launchd = self.owner.clone().filter(|m| m.kind().needs_relaunch_ladder()).map(|m| {
             let old_id = old.and_then(|o| o.pid).map(|p| (p, old_inc.clone()));
             let budget = self.left();
-            std::thread::spawn(move || m.verify_restart(old_id, budget).map(|r| r.map_err(|e| format!("{e:#}"))))
+            std::thread::spawn(move || m.relaunch_ladder(old_id, budget).map(|r| r.map_err(|e| format!("{e:#}"))))
         });
         loop {
             if Instant::now() >= self.deadline {
@@ -377,7 +377,7 @@ impl<'h> Ladder<'h> {
                     seen = "no gateway holds the lock".into();
                     let since = *gone_since.get_or_insert_with(Instant::now);
                     let gave_up = self.owner.as_ref().is_some_and(|m| {
-                        m.runs_gateway_directly() && last_unit_check.elapsed() >= Duration::from_millis(100) && {
+                        m.kind().runs_gateway_directly() && last_unit_check.elapsed() >= Duration::from_millis(100) && {
                             last_unit_check = Instant::now();
                             m.gave_up()
                         }

@@ -10,7 +10,7 @@ use gatewarden_lifecycle::Home;
 use gatewarden_service::{Scope, ServiceSpec};
 use serde_json::json;
 
-use super::manager::{self, Managed};
+use super::manager::{self, Managed, ServiceManager};
 use super::os;
 use super::presence::{Presence, presence};
 

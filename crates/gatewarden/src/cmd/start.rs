@@ -12,7 +12,7 @@ use gatewarden_control::{Client, Endpoint};
 use gatewarden_lifecycle::Home;
 use gatewarden_runtime::spawn;
 
-use super::manager::{self, Managed};
+use super::manager::{self, Managed, ServiceManager};
 use super::presence::{Presence, presence};
 
 pub fn start(
@@ -127,7 +127,7 @@ fn start_via_manager(home: &Home, m: &Managed, overrides: bool, timeout_s: u64) 
         eprintln!("note: --listen / --drain-timeout are ignored: {} decides how the gateway runs", m.describe());
     }
     eprintln!("starting the gateway through {}…", m.describe());
-    if let Err(e) = m.kick() {
+    if let Err(e) = m.start() {
         eprintln!("{} could not start the gateway: {e:#}", m.state.manager);
         eprintln!("check: gatewarden --home {} service status; gatewarden --home {0} doctor", home.dir().display());
         return Ok(ExitCode::from(1));

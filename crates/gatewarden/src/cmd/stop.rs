@@ -12,7 +12,7 @@ use gatewarden_lifecycle::marker::{self, MarkerKind};
 use gatewarden_lifecycle::records::read_pid_record;
 use gatewarden_lifecycle::{Home, InstanceLock};
 
-use super::manager::{self, Managed};
+use super::manager::{self, Managed, ServiceManager};
 use super::presence::{Presence, presence};
 
 pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCode> {

@@ -46,14 +46,4 @@ pub fn kill_tagged(_key: &str, _accept: &dyn Fn(&str) -> bool) -> Vec<u32> {
     Vec::new()
 }
 
-pub fn systemd_main_pid() -> Option<u32> {
-    None
-}
-
-pub fn is_stopped(_pid: u32) -> Option<bool> {
-    None
-}
-
-pub fn port_listeners(_port: u16) -> Vec<super::PortListener> {
-    Vec::new()
-}
+pub use super::without_procfs::{is_stopped, port_listeners, systemd_main_pid};

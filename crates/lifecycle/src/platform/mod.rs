@@ -29,6 +29,9 @@ mod imp;
 #[cfg(unix)]
 mod unix;
 
+#[cfg(not(target_os = "linux"))]
+mod without_procfs;
+
 pub use imp::*;
 
 /// A signal the kernel may send. On Windows only [`Signal::Kill`] exists (TerminateProcess);

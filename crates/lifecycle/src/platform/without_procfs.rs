@@ -1,0 +1,15 @@
+//! What only Linux's `/proc` (and systemd) can tell, for every other OS: unknown. A gateway
+//! there is never proven to run under systemd, never reported as stopped, and a taken port is
+//! reported without a holder.
+
+pub fn systemd_main_pid() -> Option<u32> {
+    None
+}
+
+pub fn is_stopped(_pid: u32) -> Option<bool> {
+    None
+}
+
+pub fn port_listeners(_port: u16) -> Vec<super::PortListener> {
+    Vec::new()
+}
