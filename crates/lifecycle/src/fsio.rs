@@ -95,8 +95,13 @@ pub fn open_no_follow(path: &Path, opts: &OpenOptions) -> io::Result<File> {
 /// Opens a home file for appending (ledger, logs), creating it 0600, never through a symlink.
 pub fn open_append(path: &Path) -> io::Result<File> {
     let f = open_no_follow(path, OpenOptions::new().create(true).append(true))?;
-    if !f.metadata()?.is_file() {
+    let meta = f.metadata()?;
+    if !meta.is_file() {
         return Err(io::Error::other(format!("{} is not a regular file", path.display())));
+    }
+    if meta.len() == 0 {
+        // Just created (or empty): private like every other file in the home.
+        let _ = platform::set_private_file(&f);
     }
     Ok(f)
 }
