@@ -82,7 +82,7 @@ fn symlinked_records_ledger_and_log_are_never_written_through() {
         assert_untouched(t, "keep\n", 0o644);
     }
     // The records were replaced by regular files (rename replaces the link itself).
-    for n in ["gateway_state.json"] {
+    for n in ["gateway_state.json", "gateway.pid"] {
         assert!(std::fs::symlink_metadata(home.file(n)).unwrap().file_type().is_file(), "{n} is still a link");
     }
 }
@@ -286,6 +286,8 @@ fn a_swapped_control_socket_is_never_believed() {
     // The attacker's folder and fake server at the victim's /tmp socket name.
     let short = PathBuf::from(format!("/tmp/gatewarden-{}", victim.0));
     let _ = Command::new("rm").arg("-rf").arg(&short).status();
+    // Removed however the test ends: it is the test user's well-known folder.
+    let _cleanup = RemoveOnDrop(short.clone());
     let hash = gatewarden_control::endpoint::fnv1a(home.to_string_lossy().as_bytes());
     let fake_sock = short.join(format!("{hash:016x}.sock"));
     let mut mk = as_user(hostile, "mkdir");
@@ -338,7 +340,14 @@ fn a_swapped_control_socket_is_never_believed() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(st.code(), Some(0), "the gateway must drain and exit 0 (planned stop), not be killed: {st}");
-    let _ = Command::new("rm").arg("-rf").arg(&short).status();
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
