@@ -77,13 +77,13 @@ fn symlinked_records_ledger_and_log_are_never_written_through() {
     }
     let mut g = start(&home);
     assert_pid_record_names(&home, &g);
-    stop_cleanly(&home, &mut g);
-    for t in &targets {
-        assert_untouched(t, "keep\n", 0o644);
-    }
     // The records were replaced by regular files (rename replaces the link itself).
     for n in ["gateway_state.json", "gateway.pid"] {
         assert!(std::fs::symlink_metadata(home.file(n)).unwrap().file_type().is_file(), "{n} is still a link");
+    }
+    stop_cleanly(&home, &mut g);
+    for t in &targets {
+        assert_untouched(t, "keep\n", 0o644);
     }
 }
 
