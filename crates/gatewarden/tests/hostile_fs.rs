@@ -65,10 +65,10 @@ fn symlinked_lock_is_refused_with_78_and_its_target_untouched() {
     assert_untouched(&target, "root's data\n", 0o644);
 }
 
-/// Symlinks at the ledger, the pid record, the state file and a log file: the gateway runs,
+/// Symlinks at the ledger, the pid record and the state file: the gateway runs,
 /// and no target is ever written. Today the ledger's target got `started` lines appended.
 #[test]
-fn symlinked_records_ledger_and_log_are_never_written_through() {
+fn symlinked_records_and_ledger_are_never_written_through() {
     let home = TempHome::new();
     let names = ["lifecycle.jsonl", "gateway.pid", "gateway_state.json"];
     let targets: Vec<PathBuf> = names.iter().map(|_| precious(&home, "keep\n")).collect();
