@@ -15,6 +15,7 @@
 //! and use the same index for their line numbers. `crates/agent/config.example.toml` documents
 //! every key.
 
+use gatewarden_lifecycle::fsio::ReadOutcome;
 use std::fmt;
 use std::net::SocketAddr;
 use std::ops::Range;
@@ -228,14 +229,21 @@ impl AgentConfig {
     }
 }
 
+/// Largest accepted `config.toml`.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 impl Config {
     /// Reads `<home>/config.toml`; a missing file yields [`Config::default`].
     pub fn load(home: &Path) -> Result<Config, ConfigError> {
         let path = home.join(CONFIG_FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => Config::from_bytes(&path, &bytes),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
-            Err(source) => Err(ConfigError::Read { path, source }),
+        // The home's one read helper: no symlinks, FIFOs or devices, and a size cap checked
+        // before anything is allocated (a 1 GB config.toml is refused, not loaded).
+        match gatewarden_lifecycle::fsio::read_capped(&path, MAX_CONFIG_BYTES) {
+            ReadOutcome::Ok(bytes) => Config::from_bytes(&path, &bytes),
+            ReadOutcome::Missing => Ok(Config::default()),
+            ReadOutcome::Unreadable(why) | ReadOutcome::Transient(why) => {
+                Err(ConfigError::Read { path, source: std::io::Error::other(why) })
+            }
         }
     }
 

@@ -32,6 +32,10 @@ pub enum ClientError {
     Protocol(String),
     #[error("the gateway refused: {message} ({code})")]
     Refused { code: String, message: String },
+    /// The endpoint's folder, socket or listening process belongs to someone else: refused
+    /// before reading a byte from it.
+    #[error("refusing to talk to the control endpoint: {0}")]
+    Untrusted(String),
     #[error("control connection failed: {0}")]
     Io(#[from] io::Error),
 }
@@ -49,9 +53,14 @@ impl Client {
     /// Connects and completes the versioned handshake within `timeout`.
     pub fn connect(ep: &Endpoint, timeout: Duration) -> Result<Client, ClientError> {
         let deadline = Instant::now() + timeout;
-        let (r, writer) = transport::connect(ep, deadline).map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => ClientError::NotListening(ep.display()),
-            _ => ClientError::Io(e),
+        let (r, writer) = transport::connect(ep, deadline).map_err(|e| {
+            if let Some(u) = e.get_ref().and_then(|inner| inner.downcast_ref::<transport::Untrusted>()) {
+                return ClientError::Untrusted(u.0.clone());
+            }
+            match e.kind() {
+                io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => ClientError::NotListening(ep.display()),
+                _ => ClientError::Io(e),
+            }
         })?;
         let (want, want_rx) = mpsc::sync_channel::<()>(1);
         let (tx, lines) = mpsc::sync_channel::<LineResult>(1);

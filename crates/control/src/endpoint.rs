@@ -37,9 +37,33 @@ impl Endpoint {
     }
 }
 
-/// `/tmp/gatewarden-<uid>`: created 0700 by the server before binding.
+/// The folder for short socket paths: `$XDG_RUNTIME_DIR/gatewarden` when `XDG_RUNTIME_DIR` is
+/// an absolute directory of ours with mode 0700 (a per-user folder nobody else can pre-create),
+/// else `/tmp/gatewarden-<uid>`. Deterministic for a given user and environment, so the server
+/// and the client agree; both check the folder on every use ([`check_socket_dir`]).
 pub fn short_socket_dir() -> PathBuf {
-    PathBuf::from(format!("/tmp/gatewarden-{}", crate::transport::uid()))
+    let xdg = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute() && crate::transport::check_private_dir(p).is_ok());
+    short_socket_dir_for(xdg, crate::transport::uid())
+}
+
+fn short_socket_dir_for(xdg: Option<PathBuf>, uid: u32) -> PathBuf {
+    match xdg {
+        Some(run) => run.join("gatewarden"),
+        None => PathBuf::from(format!("/tmp/gatewarden-{uid}")),
+    }
+}
+
+/// Server side: creates the short-path folder 0700 if missing and refuses one that is not a
+/// directory of ours with mode 0700 (another user who created it first could swap sockets).
+pub fn prepare_socket_dir(dir: &Path) -> Result<(), String> {
+    crate::transport::prepare_private_dir(dir)
+}
+
+/// Client side: the same check, without creating anything.
+pub fn check_socket_dir(dir: &Path) -> Result<(), String> {
+    crate::transport::check_private_dir(dir)
 }
 
 /// FNV-1a 64: stable across runs and versions, unlike std's randomized hasher.
@@ -69,6 +93,28 @@ mod tests {
         let Endpoint::Socket(p) = Endpoint::for_home(&long) else { panic!() };
         assert!(p.as_os_str().len() <= MAX_SOCKET_PATH, "{}", p.display());
         assert_eq!(Endpoint::for_home(&long), Endpoint::for_home(&long));
+    }
+
+    #[test]
+    fn xdg_runtime_dir_is_preferred_when_usable() {
+        assert_eq!(short_socket_dir_for(None, 7), PathBuf::from("/tmp/gatewarden-7"));
+        assert_eq!(short_socket_dir_for(Some("/run/user/7".into()), 7), PathBuf::from("/run/user/7/gatewarden"));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn socket_dir_must_be_private_and_ours() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("gw");
+        prepare_socket_dir(&dir).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(prepare_socket_dir(&dir).unwrap_err().contains("755"));
+        assert!(check_socket_dir(&dir).is_err());
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        assert!(check_socket_dir(&link).unwrap_err().contains("not a directory"));
     }
 
     #[test]

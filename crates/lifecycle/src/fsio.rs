@@ -1,8 +1,13 @@
 //! Atomic writes and lenient reads for the small files in the home.
+//!
+//! Every file in the home is opened through [`open_no_follow`]: a symlink planted in the home
+//! (`gateway.lock -> /etc/shadow`) is refused, never followed. Every read goes through
+//! [`read_capped`]: non-blocking, regular files only, size-capped, so a FIFO, a device or a
+//! 1 GB file is reported as unreadable instead of hanging or exhausting memory.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::de::DeserializeOwned;
@@ -20,7 +25,9 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
     let result = (|| {
-        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        // O_EXCL|O_NOFOLLOW: never write through anything planted at the temp name. The rename
+        // below replaces a symlink at `path` rather than following it.
+        let mut f = open_no_follow(&tmp, OpenOptions::new().write(true).create_new(true))?;
         platform::set_private_file(&f)?;
         f.write_all(bytes)?;
         f.sync_all()?;
@@ -58,13 +65,58 @@ pub fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> io::Result<()>
     atomic_write(path, &bytes)
 }
 
+/// A file in the home is a symbolic link (or a Windows reparse point) and was not followed.
+#[derive(Debug, thiserror::Error)]
+#[error("{} is a symbolic link; refusing to follow it (a file in the gateway home must be a regular file)", path.display())]
+pub struct LinkRefused {
+    pub path: PathBuf,
+}
+
+/// Whether `e` is a [`LinkRefused`] from [`open_no_follow`].
+pub fn is_link_refused(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<LinkRefused>())
+}
+
+/// Opens `path` with `opts`, refusing (with [`LinkRefused`]) to follow a symlink at the last
+/// component. Non-blocking, so a FIFO planted at the name cannot hang the open; regular files
+/// ignore the flag.
+pub fn open_no_follow(path: &Path, opts: &OpenOptions) -> io::Result<File> {
+    let mut opts = opts.clone();
+    platform::no_follow(&mut opts, true);
+    let refused = || io::Error::other(LinkRefused { path: path.to_owned() });
+    match opts.open(path) {
+        Ok(f) if platform::is_link(&f) => Err(refused()),
+        Ok(f) => Ok(f),
+        Err(e) if platform::link_refused(&e) => Err(refused()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Opens a home file for appending (ledger, logs), creating it 0600, never through a symlink.
+pub fn open_append(path: &Path) -> io::Result<File> {
+    let f = open_no_follow(path, OpenOptions::new().create(true).append(true))?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::other(format!("{} is not a regular file", path.display())));
+    }
+    if meta.len() == 0 {
+        // Just created (or empty): private like every other file in the home.
+        let _ = platform::set_private_file(&f);
+    }
+    Ok(f)
+}
+
 /// The outcome of reading a file that may be missing, damaged or foreign.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ReadOutcome<T> {
     Missing,
     Ok(T),
-    /// Present but not usable; the string says why, for humans.
+    /// Present but not usable (bad content, not a regular file, a symlink, too big); the
+    /// string says why, for humans. Healers may remove such a file.
     Unreadable(String),
+    /// Could not be read for a reason that says nothing about the file (no free file
+    /// descriptors, no memory): try again later, never remove it as bad.
+    Transient(String),
 }
 
 impl<T> ReadOutcome<T> {
@@ -81,23 +133,66 @@ impl<T> ReadOutcome<T> {
             ReadOutcome::Missing => "missing".into(),
             ReadOutcome::Ok(_) => "ok".into(),
             ReadOutcome::Unreadable(why) => format!("unreadable: {why}"),
+            ReadOutcome::Transient(why) => format!("not readable right now: {why}"),
+        }
+    }
+
+    /// Keeps `Missing`, `Unreadable` and `Transient`, for callers that parse the bytes.
+    pub fn map<U>(self, f: impl FnOnce(T) -> ReadOutcome<U>) -> ReadOutcome<U> {
+        match self {
+            ReadOutcome::Ok(v) => f(v),
+            ReadOutcome::Missing => ReadOutcome::Missing,
+            ReadOutcome::Unreadable(why) => ReadOutcome::Unreadable(why),
+            ReadOutcome::Transient(why) => ReadOutcome::Transient(why),
         }
     }
 }
 
-/// Reads at most [`MAX_RECORD_BYTES`] from `path`.
-pub fn read_bytes(path: &Path) -> ReadOutcome<Vec<u8>> {
-    let f = match File::open(path) {
+/// Opens a home file for reading, for callers that read it their own way (the ledger's
+/// tail): non-blocking, never through a symlink, regular files only. `Ok` carries the file
+/// and its size.
+pub fn open_regular(path: &Path) -> ReadOutcome<(File, u64)> {
+    let f = match open_no_follow(path, OpenOptions::new().read(true)) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return ReadOutcome::Missing,
+        Err(e) if platform::is_transient(&e) => return ReadOutcome::Transient(e.to_string()),
         Err(e) => return ReadOutcome::Unreadable(e.to_string()),
     };
-    let mut buf = Vec::new();
-    match f.take(MAX_RECORD_BYTES + 1).read_to_end(&mut buf) {
-        Ok(_) if buf.len() as u64 > MAX_RECORD_BYTES => ReadOutcome::Unreadable("larger than 1 MiB".into()),
-        Ok(_) => ReadOutcome::Ok(buf),
-        Err(e) => ReadOutcome::Unreadable(e.to_string()),
+    let meta = match f.metadata() {
+        Ok(m) => m,
+        Err(e) if platform::is_transient(&e) => return ReadOutcome::Transient(e.to_string()),
+        Err(e) => return ReadOutcome::Unreadable(e.to_string()),
+    };
+    if !meta.is_file() {
+        let what = if meta.is_dir() { "a directory" } else { "not a regular file (a FIFO, socket or device)" };
+        return ReadOutcome::Unreadable(format!("{} is {what}", path.display()));
     }
+    ReadOutcome::Ok((f, meta.len()))
+}
+
+/// Reads a whole home file of at most `cap` bytes (see [`open_regular`]). A bigger file is
+/// refused from its size, before anything is allocated.
+pub fn read_capped(path: &Path, cap: u64) -> ReadOutcome<Vec<u8>> {
+    open_regular(path).map(|(f, len)| {
+        if len > cap {
+            return ReadOutcome::Unreadable(format!("{} is larger than {} bytes ({len})", path.display(), cap));
+        }
+        let mut buf = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+        // The size can grow after fstat: the cap holds for the read too.
+        match f.take(cap + 1).read_to_end(&mut buf) {
+            Ok(_) if buf.len() as u64 > cap => {
+                ReadOutcome::Unreadable(format!("{} is larger than {} bytes", path.display(), cap))
+            }
+            Ok(_) => ReadOutcome::Ok(buf),
+            Err(e) if platform::is_transient(&e) => ReadOutcome::Transient(e.to_string()),
+            Err(e) => ReadOutcome::Unreadable(e.to_string()),
+        }
+    })
+}
+
+/// Reads a record-sized home file: at most [`MAX_RECORD_BYTES`] (see [`read_capped`]).
+pub fn read_bytes(path: &Path) -> ReadOutcome<Vec<u8>> {
+    read_capped(path, MAX_RECORD_BYTES)
 }
 
 /// Parses bytes as a UTF-8 JSON value, naming what is wrong otherwise.
@@ -111,16 +206,12 @@ pub fn parse_json_value(bytes: &[u8]) -> Result<serde_json::Value, String> {
 
 /// Reads and deserializes a JSON file leniently.
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> ReadOutcome<T> {
-    match read_bytes(path) {
-        ReadOutcome::Ok(bytes) => {
-            match parse_json_value(&bytes).and_then(|v| serde_json::from_value(v).map_err(|e| e.to_string())) {
-                Ok(v) => ReadOutcome::Ok(v),
-                Err(why) => ReadOutcome::Unreadable(why),
-            }
+    read_bytes(path).map(|bytes| {
+        match parse_json_value(&bytes).and_then(|v| serde_json::from_value(v).map_err(|e| e.to_string())) {
+            Ok(v) => ReadOutcome::Ok(v),
+            Err(why) => ReadOutcome::Unreadable(why),
         }
-        ReadOutcome::Missing => ReadOutcome::Missing,
-        ReadOutcome::Unreadable(why) => ReadOutcome::Unreadable(why),
-    }
+    })
 }
 
 /// Removes a file, treating "already gone" as success. Returns whether this call removed it.
@@ -144,6 +235,33 @@ mod tests {
         atomic_write(&p, b"two").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"two");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn symlinks_fifos_and_huge_files_are_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, b"{}").unwrap();
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(matches!(read_bytes(&link), ReadOutcome::Unreadable(why) if why.contains("symbolic link")));
+        let e = open_append(&link).unwrap_err();
+        assert!(is_link_refused(&e), "{e}");
+        atomic_write(&link, b"x").unwrap();
+        // The rename replaced the link itself; the target is untouched.
+        assert_eq!(std::fs::read(&target).unwrap(), b"{}");
+        assert!(!std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+
+        let fifo = dir.path().join("fifo.json");
+        rustix::fs::mknodat(rustix::fs::CWD, &fifo, rustix::fs::FileType::Fifo, rustix::fs::Mode::from(0o600), 0)
+            .unwrap();
+        assert!(matches!(read_bytes(&fifo), ReadOutcome::Unreadable(why) if why.contains("FIFO")));
+
+        let huge = dir.path().join("huge.toml");
+        std::fs::File::create(&huge).unwrap().set_len(1 << 30).unwrap();
+        assert!(matches!(read_bytes(&huge), ReadOutcome::Unreadable(why) if why.contains("larger")));
+        assert!(matches!(read_bytes(dir.path()), ReadOutcome::Unreadable(why) if why.contains("directory")));
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::marker::MarkerKind;
-use crate::platform;
+use crate::platform::{self, DirFacts};
 
 /// A gateway home: a directory with the lock, records, markers, ledger and socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,13 +34,29 @@ impl Home {
         &self.dir
     }
 
-    /// Creates the home (0700 on Unix) and returns its canonical form.
+    /// Creates the home if missing (0700 on Unix), checks that it is safe to use, and returns
+    /// its canonical form. An existing directory's mode is never changed: a home owned by
+    /// another user, or writable by group or others, is refused ([`HomeError::Insecure`]).
     pub fn ensure(&self) -> Result<Home, HomeError> {
         platform::create_private_dir(&self.dir)
             .map_err(|source| HomeError::Unusable { dir: self.dir.clone(), source })?;
         let dir =
             platform::canonical(&self.dir).map_err(|source| HomeError::Unusable { dir: self.dir.clone(), source })?;
-        Ok(Home { dir })
+        let home = Home { dir };
+        home.check()?;
+        Ok(home)
+    }
+
+    /// Refuses a home another user could tamper with (see [`insecurity`]).
+    pub fn check(&self) -> Result<(), HomeError> {
+        match platform::dir_facts(&self.dir, true) {
+            Ok(Some(facts)) => match insecurity(&facts) {
+                Some(why) => Err(HomeError::Insecure { dir: self.dir.clone(), why }),
+                None => Ok(()),
+            },
+            Ok(None) => Ok(()),
+            Err(source) => Err(HomeError::Unusable { dir: self.dir.clone(), source }),
+        }
     }
 
     /// The canonical path when the home exists, else the path as given.
@@ -78,6 +94,26 @@ pub enum HomeError {
     NoDefault,
     #[error("home {} is not usable: {source}", dir.display())]
     Unusable { dir: PathBuf, source: io::Error },
+    #[error(
+        "refusing home {}: {why}; a gateway home must be a directory owned by the user running gatewarden and not writable by group or others",
+        dir.display()
+    )]
+    Insecure { dir: PathBuf, why: String },
+}
+
+/// Why a directory is not safe as a home, or `None`. Pure. Another user who can write to the
+/// home (or owns it) can plant `gateway.lock` or a marker that the gateway then obeys.
+pub fn insecurity(f: &DirFacts) -> Option<String> {
+    if !f.is_dir {
+        return Some("it is not a directory".into());
+    }
+    if f.owner != f.me {
+        return Some(format!("it is owned by uid {}, not by uid {}", f.owner, f.me));
+    }
+    if f.mode & 0o022 != 0 {
+        return Some(format!("it is writable by group or others (mode {:o})", f.mode));
+    }
+    None
 }
 
 /// Pure resolution, with the environment injected.
@@ -133,13 +169,34 @@ mod tests {
 
     #[cfg(unix)]
     #[test]
-    fn ensure_creates_private_dir() {
+    fn ensure_creates_private_dir_and_never_changes_an_existing_mode() {
         use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
         let dir = tempfile::tempdir().unwrap();
         let h = Home::at(dir.path().join("a/b")).ensure().unwrap();
-        assert_eq!(std::fs::metadata(h.dir()).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(mode(h.dir()), 0o700);
         let blocked = Home::at(dir.path().join("file/x"));
         std::fs::write(dir.path().join("file"), b"").unwrap();
         assert!(matches!(blocked.ensure(), Err(HomeError::Unusable { .. })));
+
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Home::at(&open).ensure().unwrap();
+        assert_eq!(mode(&open), 0o755, "a safe existing mode is left alone");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = Home::at(&open).ensure().unwrap_err();
+        assert!(matches!(&e, HomeError::Insecure { why, .. } if why.contains("1777")), "{e}");
+        assert_eq!(mode(&open), 0o1777, "a refused home is not chmodded either");
+    }
+
+    #[test]
+    fn insecurity_policy() {
+        let f = DirFacts { is_dir: true, is_link: false, owner: 5, me: 5, mode: 0o750 };
+        assert_eq!(insecurity(&f), None);
+        assert!(insecurity(&DirFacts { owner: 6, ..f }).is_some_and(|w| w.contains("uid 6")));
+        assert!(insecurity(&DirFacts { mode: 0o770, ..f }).is_some());
+        assert!(insecurity(&DirFacts { mode: 0o1777, ..f }).is_some());
+        assert!(insecurity(&DirFacts { is_dir: false, ..f }).is_some());
     }
 }

@@ -1,15 +1,21 @@
 //! `lifecycle.jsonl`: one JSON event per line, appended, rotated past 1 MiB.
 
-use std::fs::OpenOptions;
-use std::io::{self, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
 use crate::{fsio, timefmt};
 
-/// Rotate the ledger past this size (one older generation is kept).
+/// Rotate the ledger past this size (one older generation is kept). The only size policy.
 pub const ROTATE_BYTES: u64 = 1 << 20;
+
+/// A tail read scans at most this much from the end: a planted or legacy 200 MB ledger (or
+/// one giant line) costs a bounded read, never the whole file.
+pub const MAX_TAIL_BYTES: u64 = 16 << 20;
+
+/// Tail reads go backwards in chunks of this size.
+const TAIL_CHUNK: u64 = 64 << 10;
 
 /// Who writes: stamped on every event.
 #[derive(Debug, Clone)]
@@ -58,10 +64,12 @@ impl Ledger {
         }
         let mut line = serde_json::to_vec(&Value::Object(obj)).map_err(io::Error::other)?;
         line.push(b'\n');
-        if std::fs::metadata(&self.path).is_ok_and(|m| m.len() > ROTATE_BYTES) {
+        // Never through a symlink: a planted `lifecycle.jsonl -> /etc/passwd` is refused.
+        let mut f = fsio::open_append(&self.path)?;
+        if f.metadata().is_ok_and(|m| m.len() > ROTATE_BYTES) {
             let _ = std::fs::rename(&self.path, self.path.with_extension("jsonl.1"));
+            f = fsio::open_append(&self.path)?;
         }
-        let mut f = OpenOptions::new().create(true).append(true).open(&self.path)?;
         // One write call per line: appends of this size are not interleaved.
         f.write_all(&line)
     }
@@ -75,16 +83,48 @@ pub enum Line {
     Garbage(String),
 }
 
-/// Reads the last `n` lines (all when `None`), oldest first. Tolerates any bytes.
+/// Reads the last `n` lines (all when `None`), oldest first. Tolerates any bytes. Reads
+/// backwards from the end, only as far as `n` lines need (at most [`MAX_TAIL_BYTES`]), through
+/// the one read helper ([`fsio::open_regular`]): no symlinks, FIFOs or devices.
 pub fn read_tail(path: &Path, n: Option<usize>) -> fsio::ReadOutcome<Vec<Line>> {
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return fsio::ReadOutcome::Missing,
-        Err(e) => return fsio::ReadOutcome::Unreadable(e.to_string()),
-    };
-    let lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').filter(|l| !l.iter().all(u8::is_ascii_whitespace)).collect();
-    let skip = n.map_or(0, |n| lines.len().saturating_sub(n));
-    fsio::ReadOutcome::Ok(lines[skip..].iter().map(|l| parse_line(l)).collect())
+    fsio::open_regular(path).map(|(mut f, len)| match tail_bytes(&mut f, len, n) {
+        Ok(bytes) => {
+            let lines: Vec<&[u8]> =
+                bytes.split(|&b| b == b'\n').filter(|l| !l.iter().all(u8::is_ascii_whitespace)).collect();
+            let skip = n.map_or(0, |n| lines.len().saturating_sub(n));
+            fsio::ReadOutcome::Ok(lines[skip..].iter().map(|l| parse_line(l)).collect())
+        }
+        Err(e) => fsio::ReadOutcome::Unreadable(e.to_string()),
+    })
+}
+
+/// The bytes of the last `n` complete lines (or of the last [`MAX_TAIL_BYTES`]), starting at a
+/// line boundary.
+fn tail_bytes(f: &mut (impl Read + Seek), len: u64, n: Option<usize>) -> io::Result<Vec<u8>> {
+    let floor = len.saturating_sub(MAX_TAIL_BYTES);
+    let mut start = len;
+    let mut buf: Vec<u8> = Vec::new();
+    // A trailing newline ends the last line; it does not start another.
+    let want = n.map(|n| n + 1);
+    while start > floor {
+        let next = start.saturating_sub(TAIL_CHUNK).max(floor);
+        let mut chunk = vec![0; usize::try_from(start - next).unwrap_or(0)];
+        f.seek(SeekFrom::Start(next))?;
+        f.read_exact(&mut chunk)?;
+        chunk.extend_from_slice(&buf);
+        buf = chunk;
+        start = next;
+        let newlines = buf.iter().filter(|&&b| b == b'\n').count();
+        if want.is_some_and(|w| newlines >= w) {
+            break;
+        }
+    }
+    if start > 0 {
+        // Began mid-line: drop the partial first line.
+        let cut = buf.iter().position(|&b| b == b'\n').map_or(buf.len(), |i| i + 1);
+        buf.drain(..cut);
+    }
+    Ok(buf)
 }
 
 pub fn parse_line(l: &[u8]) -> Line {
@@ -112,5 +152,21 @@ mod tests {
         assert!(matches!(&lines[1], Line::Garbage(s) if s.contains("garbage")));
         let last = read_tail(&p, Some(1)).ok().unwrap();
         assert!(matches!(&last[0], Line::Event(m) if m["code"] == 0));
+    }
+
+    #[test]
+    fn tail_reads_only_what_it_needs_and_cuts_at_line_boundaries() {
+        let mut text = Vec::new();
+        for i in 0..50_000 {
+            text.extend_from_slice(format!("{{\"event\":\"e{i}\"}}\n").as_bytes());
+        }
+        let len = text.len() as u64;
+        let mut cur = std::io::Cursor::new(text);
+        let got = tail_bytes(&mut cur, len, Some(2)).unwrap();
+        assert!(got.ends_with(b"{\"event\":\"e49998\"}\n{\"event\":\"e49999\"}\n"));
+        assert!(got.starts_with(b"{\"event\""), "starts at a line boundary");
+        assert!(got.len() < 2 * TAIL_CHUNK as usize);
+        let all = tail_bytes(&mut cur, len, None).unwrap();
+        assert_eq!(all.len() as u64, len);
     }
 }

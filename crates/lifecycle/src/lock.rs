@@ -9,13 +9,17 @@ use std::io::{self, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::platform;
+use crate::{fsio, platform};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
     #[error("another process holds {}", path.display())]
     Held { path: PathBuf },
+    /// A symlink (or a FIFO, device, directory) planted at the lock's name: never followed,
+    /// never truncated. Fatal configuration (78): someone has to look at the home.
+    #[error("refusing to use {}: {why}", path.display())]
+    NotAFile { path: PathBuf, why: String },
     #[error("cannot open or lock {}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
 }
@@ -41,19 +45,47 @@ pub enum LockProbe {
     Error(String),
 }
 
-fn open(path: &Path, create: bool) -> io::Result<File> {
-    // Read+write, never append: Windows refuses locks on append-only handles.
-    let f = OpenOptions::new().read(true).write(true).create(create).truncate(false).open(path)?;
+/// Why an existing lock path is not a lock file we may use.
+enum OpenError {
+    NotAFile(String),
+    Io(io::Error),
+}
+
+fn open(path: &Path, create: bool) -> Result<File, OpenError> {
+    // Read+write, never append: Windows refuses locks on append-only handles. Never through a
+    // symlink: `gateway.lock -> /some/root/file` would otherwise be truncated by
+    // `write_content`.
+    let f = fsio::open_no_follow(path, OpenOptions::new().read(true).write(true).create(create).truncate(false))
+        .map_err(|e| {
+            if fsio::is_link_refused(&e) {
+                OpenError::NotAFile("it is a symbolic link".into())
+            } else {
+                OpenError::Io(e)
+            }
+        })?;
+    let meta = f.metadata().map_err(OpenError::Io)?;
+    if !meta.is_file() {
+        return Err(OpenError::NotAFile("it is not a regular file".into()));
+    }
     if create {
-        platform::set_private_file(&f)?;
+        platform::set_private_file(&f).map_err(OpenError::Io)?;
     }
     Ok(f)
+}
+
+impl OpenError {
+    fn into_lock_error(self, path: &Path) -> LockError {
+        match self {
+            OpenError::NotAFile(why) => LockError::NotAFile { path: path.to_owned(), why },
+            OpenError::Io(source) => LockError::Io { path: path.to_owned(), source },
+        }
+    }
 }
 
 impl InstanceLock {
     /// Tries once to take the lock, creating the file if needed.
     pub fn try_acquire(path: &Path) -> Result<InstanceLock, LockError> {
-        let file = open(path, true).map_err(|source| LockError::Io { path: path.to_owned(), source })?;
+        let file = open(path, true).map_err(|e| e.into_lock_error(path))?;
         match file.try_lock() {
             Ok(()) => Ok(InstanceLock { file, path: path.to_owned() }),
             Err(TryLockError::WouldBlock) => Err(LockError::Held { path: path.to_owned() }),
@@ -82,8 +114,11 @@ impl InstanceLock {
     pub fn probe(path: &Path) -> LockProbe {
         let file = match open(path, false) {
             Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return LockProbe::Missing,
-            Err(e) => return LockProbe::Error(format!("cannot open {}: {e}", path.display())),
+            Err(OpenError::Io(e)) if e.kind() == io::ErrorKind::NotFound => return LockProbe::Missing,
+            Err(OpenError::Io(e)) => return LockProbe::Error(format!("cannot open {}: {e}", path.display())),
+            Err(OpenError::NotAFile(why)) => {
+                return LockProbe::Error(format!("refusing to use {}: {why}", path.display()));
+            }
         };
         match file.try_lock() {
             Ok(()) => LockProbe::Free(InstanceLock { file, path: path.to_owned() }),
@@ -176,6 +211,21 @@ mod lock_tests {
         drop(held);
         assert!(matches!(InstanceLock::probe(&p), LockProbe::Free(_)));
         let _again = InstanceLock::acquire(&p, Duration::from_millis(10)).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_symlinked_lock_is_refused_and_its_target_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("precious");
+        std::fs::write(&target, b"keep me").unwrap();
+        let p = dir.path().join("gateway.lock");
+        std::os::unix::fs::symlink(&target, &p).unwrap();
+        let e = InstanceLock::try_acquire(&p).unwrap_err();
+        assert!(matches!(&e, LockError::NotAFile { why, .. } if why.contains("symbolic link")), "{e}");
+        assert!(e.to_string().contains("gateway.lock"), "{e}");
+        assert!(matches!(InstanceLock::probe(&p), LockProbe::Error(why) if why.contains("symbolic link")));
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep me");
     }
 
     #[test]

@@ -94,11 +94,7 @@ pub struct StateRecord {
 
 /// Reads `gateway.pid`, accepting the legacy bare-integer form.
 pub fn read_pid_record(path: &Path) -> ReadOutcome<PidRecord> {
-    match fsio::read_bytes(path) {
-        ReadOutcome::Ok(bytes) => parse_pid_record(&bytes),
-        ReadOutcome::Missing => ReadOutcome::Missing,
-        ReadOutcome::Unreadable(why) => ReadOutcome::Unreadable(why),
-    }
+    fsio::read_bytes(path).map(|bytes| parse_pid_record(&bytes))
 }
 
 /// Pure parser behind [`read_pid_record`]; total over arbitrary bytes.

@@ -348,7 +348,7 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
             s = signals.recv() => Cause::Signal(s),
             Some(c) = rx.recv() => c,
         };
-        if let Some(o) = classify(&gw, opts, cause) {
+        if let Some(o) = classify(&gw, opts, cause, &tx) {
             break o;
         }
     };
@@ -362,7 +362,7 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
 }
 
 /// Maps a cause to an exit decision, or `None` to keep running.
-fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause) -> Option<Outcome> {
+fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause, tx: &mpsc::UnboundedSender<Cause>) -> Option<Outcome> {
     let me = gw.self_identity();
     match cause {
         Cause::Signal(SignalKind::Terminate) => {
@@ -423,6 +423,11 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause) -> Option<Outcom
                     Verdict::Removed { why } => {
                         gw.record("marker_removed", json!({"file": kind.file_name(), "why": why}));
                         info!("removed {}: {why}", kind.file_name());
+                    }
+                    Verdict::Retry { why } => {
+                        // Kept, and looked at again: a resource shortage is not a bad marker.
+                        warn!("cannot read {} right now ({why}); retrying", kind.file_name());
+                        watch::recheck_later(tx);
                     }
                     Verdict::Absent | Verdict::ForOther(_) => {}
                 }

@@ -4,7 +4,7 @@
 //! Deliberately tiny: the gateway logs lifecycle events, not request traces, and every
 //! dependency costs start-up time and memory on the hot paths this project measures.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
@@ -26,7 +26,8 @@ pub fn init_file(path: &Path, format: Format) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let file = OpenOptions::new().create(true).append(true).open(path)?;
+    // Never through a symlink planted in the home's logs folder.
+    let file = gatewarden_lifecycle::fsio::open_append(path)?;
     let size = file.metadata()?.len();
     let _ = FILE.set(Mutex::new(FileSink { path: path.to_owned(), file, size }));
     let _ = FORMAT.set((format, false));
@@ -39,7 +40,7 @@ fn rotate(sink: &mut FileSink) {
         let _ = std::fs::rename(generation(n), generation(n + 1));
     }
     let _ = std::fs::rename(&sink.path, generation(1));
-    if let Ok(f) = OpenOptions::new().create(true).append(true).open(&sink.path) {
+    if let Ok(f) = gatewarden_lifecycle::fsio::open_append(&sink.path) {
         sink.file = f;
         sink.size = 0;
     }

@@ -55,3 +55,16 @@ pub fn start(home: &Path, tx: UnboundedSender<Cause>) -> MarkerWatch {
         }
     }
 }
+
+/// How long to wait before looking again at a marker that could not be read for lack of
+/// resources (see `Verdict::Retry` in crates/lifecycle/src/marker.rs).
+const RECHECK_AFTER: Duration = Duration::from_millis(250);
+
+/// Wakes the main loop again shortly, to re-probe a marker kept after a transient error.
+pub fn recheck_later(tx: &UnboundedSender<Cause>) {
+    let tx = tx.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(RECHECK_AFTER).await;
+        let _ = tx.send(Cause::MarkerChanged);
+    });
+}

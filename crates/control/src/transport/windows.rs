@@ -29,3 +29,14 @@ pub(crate) fn connect(ep: &Endpoint, deadline: Instant) -> io::Result<Halves> {
 pub(crate) fn uid() -> u32 {
     0
 }
+
+/// Named pipes have no folder. Who may create or open them is decided by the pipe's DACL
+/// (see crates/runtime/src/control/windows.rs); the client does not yet check the server
+/// process's owner (docs/security.md).
+pub(crate) fn check_private_dir(_dir: &std::path::Path) -> Result<(), String> {
+    Ok(())
+}
+
+pub(crate) fn prepare_private_dir(_dir: &std::path::Path) -> Result<(), String> {
+    Ok(())
+}

@@ -16,7 +16,9 @@ pub fn history(home: &Home, n: usize, as_json: bool) -> anyhow::Result<ExitCode>
             }
             return Ok(ExitCode::SUCCESS);
         }
-        ReadOutcome::Unreadable(why) => anyhow::bail!("cannot read {}: {why}", home.ledger().display()),
+        ReadOutcome::Unreadable(why) | ReadOutcome::Transient(why) => {
+            anyhow::bail!("cannot read {}: {why}", home.ledger().display())
+        }
     };
     for line in lines {
         match (line, as_json) {

@@ -1,10 +1,10 @@
 //! Unsupported OS: every probe is Unknown and nothing is ever signalled.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::{Signal, SignalOutcome};
+use super::{DirFacts, Signal, SignalOutcome};
 use crate::identity::ProcessIdentity;
 use crate::probe::Liveness;
 
@@ -22,6 +22,24 @@ pub fn signal_verified(_id: &ProcessIdentity, _sig: Signal) -> SignalOutcome {
 
 pub fn create_private_dir(path: &Path) -> io::Result<()> {
     std::fs::create_dir_all(path)
+}
+
+pub fn dir_facts(_path: &Path, _follow: bool) -> io::Result<Option<DirFacts>> {
+    Ok(None)
+}
+
+pub fn no_follow(_opts: &mut OpenOptions, _nonblocking: bool) {}
+
+pub fn link_refused(_e: &io::Error) -> bool {
+    false
+}
+
+pub fn is_link(file: &File) -> bool {
+    file.metadata().is_ok_and(|m| m.file_type().is_symlink())
+}
+
+pub fn is_transient(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::OutOfMemory | io::ErrorKind::Interrupted)
 }
 
 pub fn set_private_file(_file: &File) -> io::Result<()> {

@@ -5,7 +5,10 @@ use std::path::Path;
 use rustix::io::Errno;
 use rustix::process::{Pid, PidfdFlags, pidfd_open, pidfd_send_signal};
 
-pub use super::unix::{canonical, create_private_dir, set_private_file, sync_dir};
+pub use super::unix::{
+    canonical, create_private_dir, dir_facts, is_link, is_transient, link_refused, no_follow, set_private_file,
+    sync_dir,
+};
 use super::unix::{kill, kill_zero, to_rustix};
 use super::{Signal, SignalOutcome};
 use crate::identity::{IdentityCheck, ProcessIdentity, check_against};

@@ -6,7 +6,15 @@
 //! - `probe(pid: u32) -> Liveness`
 //! - `start_time(pid: u32) -> Option<u64>`
 //! - `signal_verified(id: &ProcessIdentity, sig: Signal) -> SignalOutcome`
-//! - `create_private_dir(path: &Path) -> io::Result<()>` (0700 on Unix)
+//! - `create_private_dir(path: &Path) -> io::Result<()>` (creates missing directories 0700 on
+//!   Unix; never changes an existing directory's mode)
+//! - `dir_facts(path: &Path, follow: bool) -> io::Result<Option<DirFacts>>`: owner and mode,
+//!   `None` where the OS has no Unix ownership (Windows: the profile's ACL protects the home)
+//! - `no_follow(opts: &mut OpenOptions, nonblocking: bool)`: never open through a symlink
+//!   (`O_NOFOLLOW`, `FILE_FLAG_OPEN_REPARSE_POINT`); optionally `O_NONBLOCK`
+//! - `link_refused(e: &io::Error) -> bool`: the open failed because the path is a symlink
+//! - `is_link(file: &File) -> bool`: the opened handle is a link (Windows reparse point)
+//! - `is_transient(e: &io::Error) -> bool`: a resource error (no fds, no memory), not bad content
 //! - `set_private_file(file: &File) -> io::Result<()>` (0600 on Unix)
 //! - `canonical(path: &Path) -> io::Result<PathBuf>`
 //! - `sync_dir(path: &Path)`: make a rename durable where the OS supports it
@@ -33,6 +41,18 @@ mod unix;
 mod without_procfs;
 
 pub use imp::*;
+
+/// Ownership facts about a directory, for the pure checks in [`crate::home`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirFacts {
+    pub is_dir: bool,
+    pub is_link: bool,
+    pub owner: u32,
+    /// Our effective uid.
+    pub me: u32,
+    /// Permission bits (`0o7777`).
+    pub mode: u32,
+}
 
 /// A signal the kernel may send. On Windows only [`Signal::Kill`] exists (TerminateProcess);
 /// the others report [`SignalOutcome::Unsupported`], and graceful stops go through the control

@@ -1,16 +1,18 @@
 //! Pieces shared by every Unix implementation.
 
 use std::fs::File;
+use std::fs::OpenOptions;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use rustix::fs::OFlags;
 use rustix::io::Errno;
 use rustix::process::{Pid, test_kill_process};
 
 use crate::probe::KillZero;
 
-use super::Signal;
+use super::{DirFacts, Signal};
 
 pub(crate) fn kill_zero(pid: u32) -> KillZero {
     let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
@@ -40,13 +42,44 @@ pub(crate) fn kill(pid: u32, sig: Signal) -> io::Result<()> {
 }
 
 pub fn create_private_dir(path: &Path) -> io::Result<()> {
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path)?;
-    // `recursive` leaves an existing directory's mode alone; tighten the leaf we own.
-    let meta = std::fs::metadata(path)?;
-    if meta.permissions().mode() & 0o077 != 0 {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))?;
+    // Directories created here are 0700; an existing directory's mode is never changed (a
+    // `--home /tmp` must not narrow /tmp for everyone): the caller checks it instead.
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path)
+}
+
+pub fn dir_facts(path: &Path, follow: bool) -> io::Result<Option<DirFacts>> {
+    let meta = if follow { std::fs::metadata(path)? } else { std::fs::symlink_metadata(path)? };
+    Ok(Some(DirFacts {
+        is_dir: meta.is_dir(),
+        is_link: meta.file_type().is_symlink(),
+        owner: meta.uid(),
+        me: rustix::process::geteuid().as_raw(),
+        mode: meta.mode() & 0o7777,
+    }))
+}
+
+pub fn no_follow(opts: &mut OpenOptions, nonblocking: bool) {
+    let mut flags = OFlags::NOFOLLOW;
+    if nonblocking {
+        // A FIFO opened for reading would otherwise block until a writer appears.
+        flags |= OFlags::NONBLOCK;
     }
-    Ok(())
+    opts.custom_flags(flags.bits() as i32);
+}
+
+pub fn link_refused(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(Errno::LOOP.raw_os_error())
+}
+
+pub fn is_link(_file: &File) -> bool {
+    // O_NOFOLLOW already refused every link at open time.
+    false
+}
+
+pub fn is_transient(e: &io::Error) -> bool {
+    [Errno::MFILE, Errno::NFILE, Errno::NOMEM, Errno::INTR, Errno::NOBUFS]
+        .iter()
+        .any(|n| e.raw_os_error() == Some(n.raw_os_error()))
 }
 
 pub fn set_private_file(file: &File) -> io::Result<()> {

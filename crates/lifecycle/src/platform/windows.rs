@@ -2,8 +2,9 @@
 //! which CPython maps to `TerminateProcess` and which is how hermes-agent killed processes it
 //! only meant to probe.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::windows::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use windows_sys::Win32::Foundation::{CloseHandle, FILETIME, GetLastError, HANDLE};
@@ -12,7 +13,7 @@ use windows_sys::Win32::System::Threading::{
     TerminateProcess, WaitForSingleObject,
 };
 
-use super::{Signal, SignalOutcome};
+use super::{DirFacts, Signal, SignalOutcome};
 use crate::identity::ProcessIdentity;
 use crate::probe::{Liveness, WinOpen, classify_windows, filetime_to_centis};
 
@@ -106,6 +107,34 @@ pub fn signal_verified(id: &ProcessIdentity, sig: Signal) -> SignalOutcome {
 pub fn create_private_dir(path: &Path) -> io::Result<()> {
     // The per-user profile directory already restricts access to the user.
     std::fs::create_dir_all(path)
+}
+
+pub fn dir_facts(_path: &Path, _follow: bool) -> io::Result<Option<DirFacts>> {
+    // No Unix owner or mode bits; the per-user profile directory's ACL protects the home.
+    Ok(None)
+}
+
+/// `FILE_FLAG_OPEN_REPARSE_POINT`: open a symlink or junction itself instead of its target, so
+/// [`is_link`] can refuse it.
+const FILE_FLAG_OPEN_REPARSE_POINT: u32 = 0x0020_0000;
+
+pub fn no_follow(opts: &mut OpenOptions, _nonblocking: bool) {
+    // Named pipes cannot live in a directory, so there is nothing to block on.
+    opts.custom_flags(FILE_FLAG_OPEN_REPARSE_POINT);
+}
+
+pub fn link_refused(_e: &io::Error) -> bool {
+    false
+}
+
+pub fn is_link(file: &File) -> bool {
+    file.metadata().is_ok_and(|m| m.file_type().is_symlink())
+}
+
+/// ERROR_TOO_MANY_OPEN_FILES, ERROR_NOT_ENOUGH_MEMORY, ERROR_OUTOFMEMORY,
+/// ERROR_SHARING_VIOLATION, ERROR_LOCK_VIOLATION (a scanner holding the file briefly).
+pub fn is_transient(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(4 | 8 | 14 | 32 | 33))
 }
 
 pub fn set_private_file(_file: &File) -> io::Result<()> {

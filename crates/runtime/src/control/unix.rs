@@ -17,8 +17,10 @@ pub fn bind(ep: &Endpoint, gw: Arc<Gateway>, tx: UnboundedSender<Cause>) -> Resu
     if let Some(dir) = path.parent()
         && dir == gatewarden_control::endpoint::short_socket_dir()
     {
-        gatewarden_lifecycle::platform::create_private_dir(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        // Checked on every start: another user who created the folder first could otherwise
+        // swap in a socket of their own.
+        gatewarden_control::endpoint::prepare_socket_dir(dir)
+            .map_err(|e| format!("refusing the control socket folder: {e}"))?;
     }
     let _ = std::fs::remove_file(path);
     let listener =

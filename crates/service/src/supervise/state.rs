@@ -4,6 +4,7 @@
 //! JSON file of the protocol; read leniently: missing, empty, truncated or non-JSON content is
 //! a typed [`ParkedStateRead`] outcome, never an error that stops `status`.
 
+use gatewarden_lifecycle::fsio::{self, ReadOutcome};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -114,7 +115,10 @@ pub fn write_parked_state(home: &Path, state: &ParkedState) -> Result<(), Parked
     let path = home.join(PARKED_STATE_FILE);
     let tmp = home.join(format!(".{PARKED_STATE_FILE}.tmp-{}", std::process::id()));
     let write = || -> std::io::Result<()> {
-        let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+        // Never through a symlink planted at the temp name; the rename replaces a link at
+        // `path` rather than following it.
+        let _ = fs::remove_file(&tmp);
+        let mut f = fsio::open_no_follow(&tmp, OpenOptions::new().write(true).create_new(true))?;
         f.write_all(&body)?;
         f.write_all(b"\n")?;
         f.sync_all()
@@ -137,10 +141,11 @@ pub fn write_parked_state(home: &Path, state: &ParkedState) -> Result<(), Parked
 #[must_use]
 pub fn read_parked_state(home: &Path) -> ParkedStateRead {
     let path = home.join(PARKED_STATE_FILE);
-    let bytes = match fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return ParkedStateRead::Missing,
-        Err(e) => return ParkedStateRead::Unreadable(e.to_string()),
+    // The home's one read helper: no symlinks, FIFOs or devices, size-capped.
+    let bytes = match gatewarden_lifecycle::fsio::read_bytes(&path) {
+        ReadOutcome::Ok(b) => b,
+        ReadOutcome::Missing => return ParkedStateRead::Missing,
+        ReadOutcome::Unreadable(why) | ReadOutcome::Transient(why) => return ParkedStateRead::Unreadable(why),
     };
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return ParkedStateRead::Unreadable("empty file".into());
