@@ -377,7 +377,8 @@ impl Connection {
         let mut sent = 0;
         for line in text.split('\n') {
             let line: String = line.chars().filter(|c| !matches!(c, '\r' | '\0')).collect();
-            for chunk in split_text(&line, MAX_TEXT_BYTES) {
+            // Servers strip trailing spaces; an all-space line would be an empty PRIVMSG (412).
+            for chunk in split_text(line.trim_end(), MAX_TEXT_BYTES) {
                 self.send_raw(&format!("PRIVMSG {target} :{chunk}"))?;
                 sent += 1;
             }
@@ -566,9 +567,10 @@ fn trailing(s: &str) -> Result<String, Error> {
     Ok(format!(":{s}"))
 }
 
-/// Splits `text` into pieces of at most `max` bytes on char boundaries, preferring to cut after
-/// a space in the second half of a piece. The pieces concatenate back to `text`; none is empty.
-/// (A single char wider than `max` becomes its own piece.)
+/// Splits `text` into pieces of at most `max` bytes on char boundaries. Where a space lies in the
+/// second half of a piece, the cut is made there and that one space is dropped: each piece is a
+/// line of its own for the reader, and servers strip trailing spaces anyway. No piece is empty;
+/// a single char wider than `max` becomes its own piece.
 pub fn split_text(text: &str, max: usize) -> Vec<&str> {
     let mut out = Vec::new();
     let mut rest = text;
@@ -583,14 +585,18 @@ pub fn split_text(text: &str, max: usize) -> Vec<&str> {
         }
         if cut == 0 {
             cut = rest.chars().next().map_or(rest.len(), char::len_utf8);
-        } else if let Some(sp) = rest[..cut].rfind(' ')
-            && sp + 1 > cut / 2
-        {
-            cut = sp + 1;
         }
-        let (piece, r) = rest.split_at(cut);
-        out.push(piece);
-        rest = r;
+        match rest[..cut].rfind(' ') {
+            // `sp > cut / 2` keeps the piece non-empty and the split from getting too short.
+            Some(sp) if sp > cut / 2 => {
+                out.push(&rest[..sp]);
+                rest = &rest[sp + 1..];
+            }
+            _ => {
+                out.push(&rest[..cut]);
+                rest = &rest[cut..];
+            }
+        }
     }
     out
 }
@@ -628,14 +634,16 @@ mod tests {
     fn splits_on_char_boundaries_preferring_spaces() {
         assert_eq!(split_text("", 400), Vec::<&str>::new());
         assert_eq!(split_text("short", 400), vec!["short"]);
-        assert_eq!(split_text("aaaa bbbb", 6), vec!["aaaa ", "bbbb"]);
+        assert_eq!(split_text("aaaa bbbb", 6), vec!["aaaa", "bbbb"]);
+        // No space in the second half: a hard cut, nothing dropped.
+        assert_eq!(split_text("a bbbbbbb", 6), vec!["a bbbb", "bbb"]);
         // "é" is 2 bytes: a cut at 3 would split one.
         assert_eq!(split_text("ééé", 3), vec!["é", "é", "é"]);
         // A char wider than the limit still makes progress.
         assert_eq!(split_text("🦀x", 2), vec!["🦀", "x"]);
         let long = "word ".repeat(200);
-        let parts = split_text(&long, MAX_TEXT_BYTES);
-        assert!(parts.iter().all(|p| p.len() <= MAX_TEXT_BYTES && p.ends_with(' ')), "{parts:?}");
+        let parts = split_text(long.trim_end(), MAX_TEXT_BYTES);
+        assert!(parts.iter().all(|p| p.len() <= MAX_TEXT_BYTES && p.ends_with("word")), "{parts:?}");
     }
 
     fn conn_pair() -> (Connection, TcpStream) {
@@ -716,6 +724,18 @@ mod tests {
     }
 
     #[test]
+    fn registration_against_a_silent_server_times_out() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut cfg = Config::new(l.local_addr().unwrap().to_string(), "bot");
+        cfg.connect_timeout = Duration::from_millis(300);
+        let started = Instant::now();
+        let e = Connection::connect(&cfg).unwrap_err();
+        assert!(matches!(e, Error::Timeout(_)), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        assert!(matches!(Connection::connect(&Config::new("127.0.0.1:1", "a b")), Err(Error::InvalidInput(_))));
+    }
+
+    #[test]
     fn error_kinds() {
         assert_eq!(Error::NickInUse { nick: "b".into() }.kind(), ErrorKind::Conflict);
         assert_eq!(Error::Rejected { code: "464".into(), message: String::new() }.kind(), ErrorKind::Rejected);
@@ -761,7 +781,15 @@ mod tests {
         #[test]
         fn split_text_preserves_content_and_bounds(text in ".{0,600}", max in 1usize..500) {
             let parts = split_text(&text, max);
-            prop_assert_eq!(parts.concat(), text.clone());
+            // The pieces rebuild the text with at most one dropped space between two of them.
+            let mut rest = text.as_str();
+            for p in &parts {
+                rest = match rest.strip_prefix(*p) {
+                    Some(r) => r,
+                    None => rest.strip_prefix(' ').and_then(|r| r.strip_prefix(*p)).unwrap_or_else(|| panic!("{p:?} not next in {rest:?}")),
+                };
+            }
+            prop_assert_eq!(rest, "");
             for p in &parts {
                 prop_assert!(!p.is_empty());
                 prop_assert!(p.len() <= max || p.chars().count() == 1, "{} bytes > {}", p.len(), max);

@@ -1,6 +1,7 @@
 //! The Matrix client against a real Synapse (testkit::servers; `scripts/setup-synapse`).
 //! Under `CI` a missing Synapse venv fails these tests; elsewhere they print SKIPPED and pass.
-//! A Synapse start costs ~4 s, so each test runs several scenarios on one server.
+//! A Synapse start costs ~4 s (more on a loaded machine), and nextest runs each test in its own
+//! process, so one test runs every scenario on one server, each with its own users and room.
 #![cfg(unix)]
 
 use std::time::{Duration, Instant};
@@ -57,8 +58,8 @@ struct Room {
     since: String,
 }
 
-fn two_users_in_a_room(s: &Synapse) -> Room {
-    let (ua, ub) = (s.register("alice", "alice-pw"), s.register("bob", "bob-pw"));
+fn two_users_in_a_room(s: &Synapse, alice: &str, bob: &str) -> Room {
+    let (ua, ub) = (s.register(alice, "alice-pw"), s.register(bob, "bob-pw"));
     let alice = login(s, &ua, "ALICEDEV");
     // bob uses the token from his registration, as an adapter configured with a token would.
     let mut bob = Client::new(&s.base_url(), CALL).unwrap();
@@ -75,9 +76,16 @@ fn two_users_in_a_room(s: &Synapse) -> Room {
 }
 
 #[test]
-fn round_trip_idempotent_resend_and_rejected_credentials() {
-    let Some(s) = Synapse::start() else { return };
-    let Room { alice_user, alice, bob, room, since } = two_users_in_a_room(&s);
+fn matrix_client_against_synapse() {
+    let Some(mut s) = Synapse::start() else { return };
+    eprintln!("scenario: round trip, idempotent resend, rejected credentials");
+    round_trip_idempotent_resend_and_rejected_credentials(&s);
+    eprintln!("scenario: server stopped is transient, sync resumes after restart");
+    server_stopped_is_transient_and_sync_resumes_after_restart(&mut s);
+}
+
+fn round_trip_idempotent_resend_and_rejected_credentials(s: &Synapse) {
+    let Room { alice_user, alice, bob, room, since } = two_users_in_a_room(s, "alice", "bob");
 
     // Round trip: alice sends, bob's long-poll returns it.
     let t0 = Instant::now();
@@ -93,7 +101,7 @@ fn round_trip_idempotent_resend_and_rejected_credentials() {
     // Resending txn-1 (same device, and again after a fresh login on the same device) returns the
     // same event and delivers nothing new; a marker sent after it proves bob has caught up.
     assert_eq!(alice.send_text(&room, "txn-1", "hello bob").unwrap(), ev);
-    let alice2 = login(&s, &alice_user, "ALICEDEV");
+    let alice2 = login(s, &alice_user, "ALICEDEV");
     assert_eq!(alice2.send_text(&room, "txn-1", "hello bob").unwrap(), ev);
     let marker = alice.send_text(&room, "txn-2", "marker").unwrap();
     assert_ne!(marker, ev);
@@ -123,15 +131,13 @@ fn round_trip_idempotent_resend_and_rejected_credentials() {
     assert_eq!(e.kind(), ErrorKind::Rejected, "{e}");
 
     // Joining a room one was not invited to is a permanent refusal.
-    let carol = login(&s, &s.register("carol", "carol-pw"), "CAROLDEV");
+    let carol = login(s, &s.register("carol", "carol-pw"), "CAROLDEV");
     let e = carol.join(&room).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Permanent, "{e}");
 }
 
-#[test]
-fn server_stopped_is_transient_and_sync_resumes_after_restart() {
-    let Some(mut s) = Synapse::start() else { return };
-    let Room { alice, bob, room, since, .. } = two_users_in_a_room(&s);
+fn server_stopped_is_transient_and_sync_resumes_after_restart(s: &mut Synapse) {
+    let Room { alice, bob, room, since, .. } = two_users_in_a_room(s, "alice2", "bob2");
     let before = alice.send_text(&room, "txn-a", "before the outage").unwrap();
     let (_, since) = sync_until(&bob, &since, ARRIVES, |m| m.iter().any(|m| m.event_id == before));
 
