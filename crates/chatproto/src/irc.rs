@@ -537,8 +537,14 @@ fn io_error(e: std::io::Error) -> Error {
 
 /// Connects to the first address of `addr` that answers within `timeout` (overall).
 fn connect_any(addr: &str, timeout: Duration) -> Result<TcpStream, Error> {
-    let addrs: Vec<_> =
-        addr.to_socket_addrs().map_err(|e| Error::InvalidInput(format!("address {addr:?}: {e}")))?.collect();
+    // A malformed address is permanent; a failed name lookup may heal.
+    let addrs: Vec<_> = addr
+        .to_socket_addrs()
+        .map_err(|e| match e.kind() {
+            IoKind::InvalidInput => Error::InvalidInput(format!("address {addr:?}: {e}")),
+            _ => Error::Io(e),
+        })?
+        .collect();
     let deadline = Instant::now() + timeout;
     let mut last = None;
     for a in addrs {
@@ -733,6 +739,8 @@ mod tests {
         assert!(matches!(e, Error::Timeout(_)), "{e}");
         assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
         assert!(matches!(Connection::connect(&Config::new("127.0.0.1:1", "a b")), Err(Error::InvalidInput(_))));
+        let e = Connection::connect(&Config::new("no-port-here", "bot")).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Permanent, "{e}");
     }
 
     #[test]

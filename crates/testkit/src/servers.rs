@@ -40,8 +40,8 @@ fn unavailable<T>(what: &str, reason: &str) -> Option<T> {
     None
 }
 
-/// A loopback port that was free a moment ago. The server binds it shortly after; the window is
-/// tiny and the kernel hands out ephemeral ports round-robin, so collisions are not a concern.
+/// A loopback port that was free a moment ago. The server binds it shortly after; another
+/// process would have to be handed the same ephemeral port inside that window.
 fn free_port() -> u16 {
     let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
     l.local_addr().expect("local_addr").port()
