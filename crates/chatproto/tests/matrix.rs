@@ -134,6 +134,35 @@ fn round_trip_idempotent_resend_and_rejected_credentials(s: &Synapse) {
     let carol = login(s, &s.register("carol", "carol-pw"), "CAROLDEV");
     let e = carol.join(&room).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Permanent, "{e}");
+
+    // Rate limiting: with 1 message per second (burst 1), quick sends soon get a real 429
+    // M_LIMIT_EXCEEDED carrying the server's wait; after that wait the same txn id goes through.
+    s.limit_messages("@bob:localhost", 1, 1);
+    let limited = (0..20)
+        .find_map(|i| match bob.send_text(&room, &format!("flood-{i}"), "flood") {
+            Ok(_) => None,
+            Err(e) => Some((i, e)),
+        })
+        .map(|(i, e)| {
+            assert_eq!(e.kind(), ErrorKind::RateLimited, "{e}");
+            (i, e.retry_after())
+        });
+    let Some((i, Some(wait))) = limited else { panic!("no 429 with retry_after in 20 quick sends: {limited:?}") };
+    assert!(wait <= Duration::from_secs(5), "{wait:?}");
+    let end = Instant::now() + ARRIVES;
+    let mut wait = wait;
+    loop {
+        // Waiting is what the server asked for, not synchronisation.
+        std::thread::sleep(wait);
+        match bob.send_text(&room, &format!("flood-{i}"), "flood") {
+            Ok(_) => break,
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::RateLimited, "{e}");
+                assert!(Instant::now() < end, "still limited: {e}");
+                wait = e.retry_after().unwrap_or(Duration::from_millis(200));
+            }
+        }
+    }
 }
 
 fn server_stopped_is_transient_and_sync_resumes_after_restart(s: &mut Synapse) {

@@ -165,6 +165,8 @@ pub struct Synapse {
     log: PathBuf,
     proc: Option<Proc>,
     startup: Duration,
+    /// The admin user behind [`Synapse::limit_messages`], registered on first use.
+    admin: std::cell::OnceCell<MatrixUser>,
 }
 
 /// The venv `scripts/setup-synapse` builds.
@@ -200,7 +202,16 @@ impl Synapse {
         let key = format!("ed25519 a_test {}\n", base64_unpadded(&random_bytes::<32>()));
         std::fs::write(dir.path().join("signing.key"), key).expect("write signing.key");
         let log = dir.path().join("synapse.log");
-        let mut s = Synapse { dir, python, port, shared_secret, log, proc: None, startup: Duration::ZERO };
+        let mut s = Synapse {
+            dir,
+            python,
+            port,
+            shared_secret,
+            log,
+            proc: None,
+            startup: Duration::ZERO,
+            admin: std::cell::OnceCell::new(),
+        };
         s.launch();
         eprintln!("[testkit] synapse ready on {} in {:.2} s", s.base_url(), s.startup.as_secs_f64());
         Some(s)
@@ -272,15 +283,20 @@ impl Synapse {
     /// HMAC-SHA1 over `nonce NUL user NUL password NUL notadmin` keyed by the shared secret).
     /// Panics on failure: it is test setup.
     pub fn register(&self, localpart: &str, password: &str) -> MatrixUser {
+        self.register_as(localpart, password, false)
+    }
+
+    fn register_as(&self, localpart: &str, password: &str, admin: bool) -> MatrixUser {
         let path = "/_synapse/admin/v1/register";
         let t = Duration::from_secs(20);
         let r = crate::http_get(self.addr(), path, t).expect("GET register nonce");
         let body = r.json().expect("register nonce JSON");
         let nonce = body["nonce"].as_str().unwrap_or_else(|| panic!("no nonce in {body}"));
-        let msg = format!("{nonce}\0{localpart}\0{password}\0notadmin");
+        let role = if admin { "admin" } else { "notadmin" };
+        let msg = format!("{nonce}\0{localpart}\0{password}\0{role}");
         let mac = hex(&sha1::hmac(self.shared_secret.as_bytes(), msg.as_bytes()));
         let req = json!({
-            "nonce": nonce, "username": localpart, "password": password, "admin": false, "mac": mac,
+            "nonce": nonce, "username": localpart, "password": password, "admin": admin, "mac": mac,
         });
         let r = crate::http_post_json(self.addr(), path, &req, t).expect("POST register");
         let out: Value = r.json().expect("register JSON");
@@ -292,6 +308,21 @@ impl Synapse {
             password: password.to_string(),
             access_token: field("access_token"),
         }
+    }
+
+    /// Gives `user_id` its own message rate limit (`messages_per_second`, `burst_count`; both
+    /// at least 1, since 0 means unlimited) through the admin API, so a test can provoke a real
+    /// 429 `M_LIMIT_EXCEEDED` while everyone else stays unthrottled. Registers an admin user on
+    /// first use.
+    pub fn limit_messages(&self, user_id: &str, per_second: u32, burst: u32) {
+        assert!(per_second >= 1 && burst >= 1, "0 would mean no limit");
+        let admin = self.admin.get_or_init(|| self.register_as("gw_admin", "gw-admin-pw", true));
+        let user: String = user_id.bytes().map(|b| format!("%{b:02X}")).collect();
+        let path = format!("/_synapse/admin/v1/users/{user}/override_ratelimit?access_token={}", admin.access_token);
+        let req = json!({"messages_per_second": per_second, "burst_count": burst});
+        let r =
+            crate::http_post_json(self.addr(), &path, &req, Duration::from_secs(20)).expect("POST override_ratelimit");
+        assert_eq!(r.status, 200, "override_ratelimit {user_id}: {}", r.text());
     }
 }
 
