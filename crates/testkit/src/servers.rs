@@ -222,10 +222,7 @@ impl Synapse {
         let mut cmd = Command::new(&self.python);
         cmd.args(["-m", "synapse.app.homeserver", "--config-path"])
             .arg(self.dir.path().join("homeserver.yaml"))
-            .current_dir(self.dir.path())
-            // A developer's proxy settings must not capture loopback traffic.
-            .env("NO_PROXY", "*")
-            .env_remove("SYNAPSE_CACHE_FACTOR");
+            .current_dir(self.dir.path());
         let started = Instant::now();
         let mut proc = Proc::spawn(cmd, &self.log).expect("spawn synapse");
         let addr = self.addr();
