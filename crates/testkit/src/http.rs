@@ -39,6 +39,35 @@ pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Res
     })
 }
 
+/// Blocking `POST path` with a JSON body, otherwise like [`http_get`] (loopback only, one
+/// request per connection, `timeout` bounds connect and each read/write).
+pub fn http_post_json(
+    addr: SocketAddr,
+    path: &str,
+    body: &serde_json::Value,
+    timeout: Duration,
+) -> std::io::Result<HttpResponse> {
+    assert!(addr.ip().is_loopback(), "testkit http_post_json is loopback-only, got {addr}");
+    let body = body.to_string();
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes())?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    parse(&raw).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("bad HTTP response: {:?}", String::from_utf8_lossy(&raw)),
+        )
+    })
+}
+
 /// Parses a whole HTTP/1.1 response (content-length, chunked, or read-to-close).
 pub(crate) fn parse(raw: &[u8]) -> Option<HttpResponse> {
     let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;

@@ -6,7 +6,8 @@
 //! * [`cli`]: run a CLI verb and capture `(code, stdout, stderr)` with a deadline.
 //! * [`Decoy`]: a live process that logs every catchable signal it receives (the "recycled PID").
 //! * [`wait_until`] / [`holds_for`]: condition waits with deadlines, no bare sleeps.
-//! * [`http_get`]: a tiny blocking HTTP/1.1 client, loopback only.
+//! * [`http_get`] / [`http_post_json`]: a tiny blocking HTTP/1.1 client, loopback only.
+//! * [`servers`]: real chat servers (Synapse for Matrix, ngIRCd for IRC) in temp dirs.
 //! * [`proc_start_time`], [`pid_alive`], [`lock_holders`]: read-only process / lock inspection.
 //! * [`marker_json`], [`rfc3339`]: build planned-stop / takeover markers.
 //!
@@ -27,6 +28,7 @@ mod gateway;
 mod home;
 mod http;
 mod proc;
+pub mod servers;
 pub mod sweep;
 mod time;
 mod wait;
@@ -35,7 +37,7 @@ pub use cli::{CliOutput, cli, cli_env, cli_host, cli_with};
 pub use decoy::Decoy;
 pub use gateway::{Gateway, GatewayBuilder, exit_code, exit_signal};
 pub use home::TempHome;
-pub use http::{HttpResponse, http_get};
+pub use http::{HttpResponse, http_get, http_post_json};
 pub use proc::{lock_holders, lock_is_held, pid_alive, proc_start_time, send_signal, sig};
 pub use time::{marker_json, rfc3339, rfc3339_now, rfc3339_offset};
 pub use wait::{holds_for, must_wait_until, wait_until};
