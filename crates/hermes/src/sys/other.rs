@@ -1,0 +1,13 @@
+//! Other OSes: no detaching.
+
+use std::process::Command;
+
+pub fn detach(_cmd: &mut Command) {}
+
+pub fn own_process_group(_cmd: &mut Command) {}
+
+pub fn kill_process_group(_pgid: u32) {}
+
+pub fn exit_signal(_status: std::process::ExitStatus) -> Option<i32> {
+    None
+}
