@@ -21,6 +21,7 @@
 //! - [`marker`]: the planned-stop marker.
 //! - [`stop`], [`start`], [`restart`]: verified lifecycle actions.
 //! - [`policy`]: what `supervise` does after each hermes exit.
+//! - [`supervise`]: the supervise loop for a hermes child.
 //! - [`supervisor`]: who supervises a running hermes.
 //! - [`history`], [`doctor`], [`unit`]: exit history, findings, a systemd unit.
 //! - [`sys`]: the per-OS facade (the only place with `cfg`).
@@ -37,6 +38,7 @@ pub mod restart;
 pub mod start;
 pub mod status;
 pub mod stop;
+pub mod supervise;
 pub mod supervisor;
 pub mod sys;
 pub mod unit;
