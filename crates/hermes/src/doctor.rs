@@ -50,6 +50,22 @@ pub struct Context {
     pub hermes_pids: Vec<u32>,
 }
 
+impl Context {
+    /// The context from this machine: scoped locks where hermes (with our environment) puts
+    /// them, whether our unit is installed or our supervisor runs hermes, and the
+    /// `hermes gateway run` processes whose `HERMES_HOME` is this home.
+    pub fn discover(home: &HermesHome) -> Context {
+        let holder_supervised = holder::find(home).identity().is_some_and(|id| {
+            matches!(crate::supervisor::detect(id), crate::supervisor::SupervisedBy::Gatewarden { .. })
+        });
+        Context {
+            scoped_lock_dir: scoped_lock_dir(|k| std::env::var_os(k)),
+            gatewarden_manages: holder_supervised || crate::unit::find_our_unit(home).is_some(),
+            hermes_pids: crate::sys::processes_with_env("HERMES_HOME", home.env_value(), &["gateway", "run"]),
+        }
+    }
+}
+
 /// The scoped-lock directory as hermes resolves it from `env`.
 pub fn scoped_lock_dir(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<std::path::PathBuf> {
     let set = |k: &str| env(k).filter(|v| !v.is_empty()).map(std::path::PathBuf::from);

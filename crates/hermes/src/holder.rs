@@ -51,10 +51,20 @@ impl Finding {
 /// Finds the holder. Reads `/proc/locks` and hermes's records only.
 pub fn find(home: &HermesHome) -> Finding {
     let lock = home.lock();
-    if !lock.exists() {
-        return Finding::Free;
-    }
     let recorded = recorded_identity(home);
+    if !lock.exists() {
+        // Someone unlinked it (hermes's own `gateway stop`/`status` do when they find it
+        // free): a gateway may still hold the lock on the old inode, and a new one can start
+        // beside it. Trust the record only for a live process with its start time.
+        return match recorded.map(|r| (r, r.check())) {
+            Some((identity, IdentityCheck::Same)) => Finding::Held {
+                identity,
+                source: Source::Record,
+                note: Some(format!("gateway.lock is missing while pid {} runs: someone unlinked it", identity.pid)),
+            },
+            _ => Finding::Free,
+        };
+    }
     // /proc/locks is generated page by page while other processes take and drop locks, so a
     // read can miss a line: look again before finding nobody or overruling the record.
     let mut kernel = holder_pids(&lock);

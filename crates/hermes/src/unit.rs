@@ -82,6 +82,14 @@ fn is_enabled(dir: &Path, name: &str) -> bool {
     entries.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".wants") && e.path().join(name).exists())
 }
 
+/// Our unit file for `home`, if installed (user or system scope).
+pub fn find_our_unit(home: &HermesHome) -> Option<PathBuf> {
+    let name = unit_name(home);
+    let user =
+        std::env::var_os("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".config/systemd/user"));
+    user.into_iter().chain([PathBuf::from("/etc/systemd/system")]).map(|d| d.join(&name)).find(|p| p.exists())
+}
+
 /// What rendering needs.
 #[derive(Debug, Clone)]
 pub struct UnitOptions {

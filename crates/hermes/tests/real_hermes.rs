@@ -340,3 +340,26 @@ fn supervise_parks_when_another_hermes_owns_the_home() {
     stop::stop(&lab.home, &StopOptions::default()).expect("stop");
     assert_eq!(wait_exit(&mut owner, Duration::from_secs(10)).code(), Some(0));
 }
+
+/// `hermes gateway stop`/`status` unlink a free `gateway.lock`; if that races a start, a
+/// gateway runs with its lock file gone. status still finds it (by its verified record),
+/// doctor names the hazard, and stop still stops it cleanly.
+#[test]
+fn a_hermes_whose_lock_file_was_unlinked_is_still_seen_and_stopped() {
+    let Some(lab) = Lab::new() else { return };
+    let (mut child, _) = start_polled(&lab);
+    std::fs::remove_file(lab.home.lock()).expect("simulate the foreign unlink");
+    let s = status(&lab.home);
+    assert_eq!((s.phase, s.pid), (Phase::Running, Some(child.id())));
+    assert!(s.notes.iter().any(|n| n.contains("gateway.lock is missing")), "{:?}", s.notes);
+    let ctx = Context::discover(&lab.home);
+    assert_eq!(ctx.hermes_pids, vec![child.id()]);
+    let found = doctor::doctor(&lab.home, &ctx);
+    assert!(found.iter().any(|f| f.code == doctor::Code::MissingLockFile), "{found:?}");
+    let StopOutcome::Stopped(r) = stop::stop(&lab.home, &StopOptions::default()).expect("stop") else {
+        panic!("stop must still find it")
+    };
+    assert_eq!(wait_exit(&mut child, Duration::from_secs(10)).code(), Some(0));
+    assert_eq!(r.gateway_state_after.as_deref(), Some("stopped"));
+    assert!(!lab.home.lock().exists(), "we never recreate hermes's lock file either");
+}

@@ -3,6 +3,8 @@
 //! - `environ(pid) -> Option<Vec<u8>>`: the NUL-separated environment of a process
 //! - `cmdline(pid) -> Option<Vec<String>>`
 //! - `cgroup(pid) -> Option<String>`
+//! - `processes_with_env(key, value, argv_words) -> Vec<u32>`: processes by environment
+//!   and argv (Linux; empty elsewhere)
 //! - `detach(cmd: &mut Command)`: run the child in its own session (Unix) or detached
 //!   process group (Windows), so a terminal's signals and hangup never reach it
 //! - `own_process_group(cmd: &mut Command)`: its own process group, for supervised children

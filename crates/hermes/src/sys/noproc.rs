@@ -11,3 +11,7 @@ pub fn cmdline(_pid: u32) -> Option<Vec<String>> {
 pub fn cgroup(_pid: u32) -> Option<String> {
     None
 }
+
+pub fn processes_with_env(_key: &str, _value: &std::ffi::OsStr, _argv_words: &[&str]) -> Vec<u32> {
+    Vec::new()
+}
