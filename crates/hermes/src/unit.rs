@@ -173,7 +173,8 @@ pub fn render(o: &UnitOptions) -> String {
          \n\
          [Install]\n\
          WantedBy={wanted}\n",
-        wd = word(&home),
+        // WorkingDirectory= takes the rest of the line verbatim: no quotes, only `%` escaped.
+        wd = home.replace('%', "%%"),
         env = word(&format!("HERMES_HOME={home}")),
         stop = o.drain_timeout_s.saturating_add(30),
     )
@@ -244,6 +245,7 @@ mod tests {
             "ExecStart=/usr/bin/gatewarden --hermes-home \"/srv/h 100%%\" supervise --hermes \"/opt/v env/bin/hermes\"\n"
         ), "{u}");
         assert!(u.contains("Environment=\"HERMES_HOME=/srv/h 100%%\"\n"));
+        assert!(u.contains("WorkingDirectory=/srv/h 100%%\n"));
         assert!(u.contains("Type=notify\n") && u.contains("Restart=on-failure\n") && u.contains("TimeoutStopSec=30\n"));
         assert!(!u.contains("network-online") && u.contains("WantedBy=default.target"));
         assert!(!u.contains("ExecReload") && !u.contains("--replace"));
