@@ -40,9 +40,25 @@ pub fn render_planned_stop(target: ProcessIdentity, stopper_pid: u32, now: Syste
     serde_json::to_vec(&m).unwrap_or_default()
 }
 
-/// Writes the marker atomically (temp file + rename: hermes's watcher never reads a torn one).
+/// Writes the marker atomically (temp file + rename: hermes's watcher never reads a torn one),
+/// owned by the home's owner: a root-owned 0600 marker is unreadable to a user's hermes, which
+/// then treats the stop as unplanned (hermes PR #24351).
 pub fn write_planned_stop(home: &HermesHome, target: ProcessIdentity) -> io::Result<()> {
-    fsio::atomic_write(&home.planned_stop_marker(), &render_planned_stop(target, std::process::id(), SystemTime::now()))
+    let path = home.planned_stop_marker();
+    let bytes = render_planned_stop(target, std::process::id(), SystemTime::now());
+    let tmp = home.dir().join(format!(".gateway-planned-stop.json.gatewarden-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+        crate::sys::give_to_owner_of(&f, home.dir())?;
+        io::Write::write_all(&mut f, &bytes)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, &path)
+    })();
+    if result.is_err() {
+        let _ = fsio::remove_if_exists(&tmp);
+    }
+    result
 }
 
 /// Whether a marker naming `target` is still in place (hermes unlinks it when its handler
@@ -79,6 +95,26 @@ mod tests {
             String::from_utf8(bytes).unwrap(),
             r#"{"target_pid":15184,"target_start_time":451406,"stopper_pid":15450,"written_at":"2026-11-30T15:28:04.758116+00:00"}"#
         );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_marker_belongs_to_the_homes_owner_and_is_readable() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let root = rustix::process::geteuid().is_root();
+        if root {
+            // A home owned by another user, as when root stops a user's hermes.
+            rustix::fs::chown(dir.path(), Some(rustix::fs::Uid::from_raw(65534)), None).unwrap();
+        }
+        let home = HermesHome::at(dir.path());
+        let target = ProcessIdentity { pid: 7, start_time: 8 };
+        write_planned_stop(&home, target).unwrap();
+        let meta = std::fs::metadata(home.planned_stop_marker()).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o644);
+        assert_eq!(meta.uid(), std::fs::metadata(dir.path()).unwrap().uid());
+        assert!(planned_stop_names(&home, target));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temp file left");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! - `own_process_group(cmd: &mut Command)`: its own process group, for supervised children
 //! - `kill_process_group(pgid: u32)`: SIGKILL what is left of a group (no-op elsewhere)
 //! - `exit_signal(status) -> Option<i32>`: the signal that ended a child (Unix)
+//! - `give_to_owner_of(file, dir)`: a file we write into hermes's home belongs to the home's owner
 
 #[cfg_attr(target_os = "linux", path = "linux.rs")]
 #[cfg_attr(not(target_os = "linux"), path = "noproc.rs")]
