@@ -75,9 +75,6 @@ impl Supervise {
             ledger::record(&self.home, "supervise.spawned", json!({"pid": pid}));
             let identity = platform::start_time(pid).map(|start_time| ProcessIdentity { pid, start_time });
             let (status, stop_requested) = self.watch(&mut child, identity, stop_flag, &mut on_event);
-            // What hermes leaves behind (the shutdown-diag helper, tool subprocesses) dies
-            // with its group, as hermes's own unit does with ExecStopPost.
-            sys::kill_process_group(pid);
             let exit = status.map_or(gatewarden_service::supervise::ChildExit::Unknown, policy::child_exit);
             let facts = match identity {
                 Some(id) => policy::facts_after_exit(&self.home, id, exit, stop_requested),
@@ -119,7 +116,9 @@ impl Supervise {
         let mut ready = false;
         let mut stop_requested = false;
         loop {
-            match child.try_wait() {
+            // What hermes leaves behind (the shutdown-diag helper, tool subprocesses) dies
+            // with its group, as hermes's own unit does with ExecStopPost.
+            match sys::reap_with_group(child) {
                 Ok(Some(status)) => return (Some(status), stop_requested),
                 Ok(None) => {}
                 Err(_) => return (None, stop_requested),

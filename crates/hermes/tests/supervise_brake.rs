@@ -50,3 +50,33 @@ fn six_fast_crashes_trip_the_brake_and_park() {
     let names: Vec<_> = std::fs::read_dir(dir.path()).expect("ls").flatten().map(|e| e.file_name()).collect();
     assert_eq!(names, ["gatewarden"]);
 }
+
+/// What a child leaves in its process group (hermes's shutdown-diag helper, tool
+/// subprocesses) is killed when the child exits, before it is reaped.
+#[test]
+fn leftovers_in_the_childs_group_die_with_it() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = HermesHome::at(dir.path().join("home"));
+    std::fs::create_dir_all(home.dir()).expect("mkdir");
+    let pidfile = dir.path().join("leftover.pid");
+    let script = format!("sleep 300 & echo $! > '{}'; exit 78", pidfile.display());
+    let sup = Supervise {
+        home: home.clone(),
+        command: Box::new(move || {
+            let mut c = Command::new("sh");
+            c.arg("-c").arg(&script).process_group(0);
+            c
+        }),
+        policy: SupervisePolicy::default(),
+        stop: StopOptions::default(),
+    };
+    let end = sup.run(&AtomicBool::new(false), |_| {}).expect("supervise");
+    assert!(matches!(end, End::Parked { kind: ParkKind::FatalConfig, .. }), "{end:?}");
+    let pid: u32 = std::fs::read_to_string(&pidfile).expect("pid file").trim().parse().expect("pid");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while gatewarden_lifecycle::probe::probe_u32(pid).is_alive() {
+        assert!(Instant::now() < deadline, "the leftover sleep {pid} survived its group");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -9,6 +9,7 @@
 //!   process group (Windows), so a terminal's signals and hangup never reach it
 //! - `own_process_group(cmd: &mut Command)`: its own process group, for supervised children
 //! - `kill_process_group(pgid: u32)`: SIGKILL what is left of a group (no-op elsewhere)
+//! - `reap_with_group(child)`: once the child exited, kill its group's leftovers, then reap
 //! - `exit_signal(status) -> Option<i32>`: the signal that ended a child (Unix)
 //! - `give_to_owner_of(file, dir)`: a file we write into hermes's home belongs to the home's owner
 

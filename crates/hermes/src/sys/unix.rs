@@ -37,3 +37,20 @@ pub fn give_to_owner_of(file: &std::fs::File, dir: &std::path::Path) -> std::io:
     }
     Ok(())
 }
+
+/// If `child` has exited: SIGKILL what is left of its process group, then reap it. The group
+/// is killed *before* the reap, while the exited child still reserves its pid (and so the
+/// group id): after the reap a new, unrelated group could get that id.
+pub fn reap_with_group(child: &mut std::process::Child) -> std::io::Result<Option<std::process::ExitStatus>> {
+    use rustix::process::{Pid, WaitId, WaitIdOptions, waitid};
+    let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) else { return child.try_wait() };
+    let opts = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+    match waitid(WaitId::Pid(pid), opts) {
+        Ok(Some(_)) => {
+            kill_process_group(child.id());
+            child.wait().map(Some)
+        }
+        Ok(None) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
