@@ -32,10 +32,10 @@ pub enum SupervisedBy {
 }
 
 impl SupervisedBy {
-    /// `systemd:<unit>`, `gatewarden`, `external`, `none`, …, as `status` prints it.
+    /// `systemd:<unit>`, `gatewarden:<supervise pid>`, `external`, `none`, …, as `status` prints it.
     pub fn label(&self) -> String {
         match self {
-            SupervisedBy::Gatewarden { supervisor } => format!("gatewarden (supervise pid {})", supervisor.pid),
+            SupervisedBy::Gatewarden { supervisor } => format!("gatewarden:{}", supervisor.pid),
             SupervisedBy::Systemd { unit: Some(u) } => format!("systemd:{u}"),
             SupervisedBy::Systemd { unit: None } => "systemd".into(),
             SupervisedBy::Launchd => "launchd".into(),
