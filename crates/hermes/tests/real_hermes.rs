@@ -2,7 +2,7 @@
 //!
 //! Each test runs real `hermes gateway run` processes in a hermetic temp home (see
 //! `common`). hermes needs ~2.5 s to become ready here, so the tests keep starts few.
-#![cfg(unix)]
+#![cfg(target_os = "linux")]
 
 mod common;
 

@@ -105,7 +105,19 @@ impl Drop for SetOnDrop<'_> {
 }
 
 /// Makes a hermes command hermetic (after [`start::command`], whose supervisor tag it keeps).
+/// The child also dies with the thread that spawned it: when nextest kills a timed-out test,
+/// no drop guard runs, and a detached hermes would otherwise live on.
 pub fn hermetic(cmd: &mut Command, root: &Path) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     for k in SCRUB {
         cmd.env_remove(k);
     }
