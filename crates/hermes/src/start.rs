@@ -1,0 +1,151 @@
+//! Starting `hermes gateway run`, detached or as a supervised child, verified ready.
+//!
+//! Ready = the child's pid holds `gateway.lock` (kernel lock table) and hermes's
+//! `gateway_state.json` says `running`/`degraded` for that very process. Never a hermes CLI
+//! verb: they print guidance, exit 0 whatever happened, and unlink `gateway.lock`.
+
+use std::ffi::OsString;
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use gatewarden_lifecycle::{ProcessIdentity, platform};
+use serde_json::json;
+
+use crate::holder::{self, Finding};
+use crate::home::HermesHome;
+use crate::status::is_ready;
+use crate::supervisor::{SUPERVISOR_TAG, render_tag};
+use crate::{ledger, sys};
+
+/// How the child is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `gatewarden start`: own session, outlives us, hermes's storm brake left as configured.
+    Detached,
+    /// A child of `gatewarden supervise` (this process): `--external-supervisor` (so chat
+    /// `/restart` exits 75 to us), hermes's own respawn-storm brake off (ours replaces it: it
+    /// would sleep 10–300 s before starts and count planned restarts as a storm), and the
+    /// supervisor tag that lets `restart` prove a supervisor revives exit 75.
+    Supervised,
+}
+
+/// The `hermes gateway run` command for `home`. Callers may add to it (tests make it
+/// hermetic) before passing it to [`spawn`].
+pub fn command(home: &HermesHome, hermes: &Path, mode: Mode) -> Command {
+    let mut cmd = Command::new(hermes);
+    cmd.args(["gateway", "run"]);
+    cmd.env("HERMES_HOME", home.env_value()).env("PYTHONUNBUFFERED", "1").stdin(Stdio::null());
+    match mode {
+        Mode::Detached => sys::detach(&mut cmd),
+        Mode::Supervised => {
+            cmd.arg("--external-supervisor").env("HERMES_GATEWAY_MAX_STARTS", "0");
+            if let Some(me) = ProcessIdentity::current() {
+                cmd.env(SUPERVISOR_TAG, render_tag(me));
+            }
+            sys::own_process_group(&mut cmd);
+        }
+    }
+    cmd
+}
+
+/// The hermes executable: `--hermes`, else `hermes` next to gatewarden's `PATH` lookup.
+pub fn default_hermes(flag: Option<PathBuf>, env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
+    flag.or_else(|| env("GATEWARDEN_HERMES").filter(|v| !v.is_empty()).map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("hermes"))
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    #[error("a hermes gateway already runs in this home ({0})")]
+    AlreadyRunning(ProcessIdentity),
+    #[error("cannot identify the process holding the hermes lock: {0}")]
+    Unidentified(String),
+    #[error("cannot start {}: {source}", program.display())]
+    Spawn { program: PathBuf, source: std::io::Error },
+    #[error("hermes exited ({status}) before it was ready; see {}", log.display())]
+    Exited { status: String, log: PathBuf },
+    #[error("hermes (pid {pid}) was not ready after {:.1} s", after.as_secs_f64())]
+    NotReady { pid: u32, after: Duration, child: Box<Child> },
+}
+
+/// A started, ready hermes.
+#[derive(Debug)]
+pub struct Started {
+    pub identity: ProcessIdentity,
+    pub elapsed: Duration,
+    /// The child handle: dropping it neither kills nor waits (a detached hermes outlives us).
+    pub child: Child,
+}
+
+/// Spawns `cmd` with stdout/stderr appended to `<home>/gatewarden/gateway-stdio.log`.
+pub fn spawn(home: &HermesHome, mut cmd: Command) -> Result<Child, StartError> {
+    let program = PathBuf::from(cmd.get_program());
+    let log = home.stdio_log();
+    let _ = std::fs::create_dir_all(home.ours_dir());
+    let out = OpenOptions::new().create(true).append(true).open(&log);
+    match out.and_then(|f| Ok((f.try_clone()?, f))) {
+        Ok((a, b)) => {
+            cmd.stdout(a).stderr(b);
+        }
+        Err(_) => {
+            cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        }
+    }
+    cmd.spawn().map_err(|source| StartError::Spawn { program, source })
+}
+
+/// Starts `cmd` (from [`command`]) unless a gateway already runs, and waits until ready.
+pub fn start(home: &HermesHome, cmd: Command, timeout: Duration) -> Result<Started, StartError> {
+    match holder::find(home) {
+        Finding::Held { identity, .. } => return Err(StartError::AlreadyRunning(identity)),
+        Finding::Unknown(why) => return Err(StartError::Unidentified(why)),
+        Finding::Free => {}
+    }
+    let started = Instant::now();
+    let child = spawn(home, cmd)?;
+    ledger::record(home, "start.spawned", json!({"pid": child.id()}));
+    let s = wait_ready(home, child, started + timeout)?;
+    ledger::record(home, "start.ready", json!({"pid": s.identity.pid, "start_time": s.identity.start_time}));
+    Ok(Started { elapsed: started.elapsed(), ..s })
+}
+
+/// Waits until `child` is ready, failing early if it exits.
+pub fn wait_ready(home: &HermesHome, mut child: Child, deadline: Instant) -> Result<Started, StartError> {
+    let started = Instant::now();
+    let pid = child.id();
+    let mut identity = None;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(StartError::Exited { status: describe(status), log: home.stdio_log() });
+        }
+        if identity.is_none() {
+            identity = platform::start_time(pid).map(|start_time| ProcessIdentity { pid, start_time });
+        }
+        if let Some(id) = identity
+            && is_ready(home, id)
+        {
+            return Ok(Started { identity: id, elapsed: started.elapsed(), child });
+        }
+        if Instant::now() >= deadline {
+            return Err(StartError::NotReady { pid, after: started.elapsed(), child: Box::new(child) });
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `exit code N` or `signal N`.
+pub fn describe(status: ExitStatus) -> String {
+    match (status.code(), exit_signal(status)) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("signal {s}"),
+        (None, None) => "unknown status".into(),
+    }
+}
+
+/// The signal that ended a process, where the OS has signals.
+pub fn exit_signal(status: ExitStatus) -> Option<i32> {
+    sys::exit_signal(status)
+}

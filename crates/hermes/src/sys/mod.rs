@@ -1,0 +1,26 @@
+//! The per-OS facade: identical signatures, no decisions.
+//!
+//! - `environ(pid) -> Option<Vec<u8>>`: the NUL-separated environment of a process
+//! - `cmdline(pid) -> Option<Vec<String>>`
+//! - `cgroup(pid) -> Option<String>`
+//! - `processes_with_env(key, value, argv_words) -> Vec<u32>`: processes by environment
+//!   and argv (Linux; empty elsewhere)
+//! - `detach(cmd: &mut Command)`: run the child in its own session (Unix) or detached
+//!   process group (Windows), so a terminal's signals and hangup never reach it
+//! - `own_process_group(cmd: &mut Command)`: its own process group, for supervised children
+//! - `kill_process_group(pgid: u32)`: SIGKILL what is left of a group (no-op elsewhere)
+//! - `reap_with_group(child)`: once the child exited, kill its group's leftovers, then reap
+//! - `exit_signal(status) -> Option<i32>`: the signal that ended a child (Unix)
+//! - `give_to_owner_of(file, dir)`: a file we write into hermes's home belongs to the home's owner
+
+#[cfg_attr(target_os = "linux", path = "linux.rs")]
+#[cfg_attr(not(target_os = "linux"), path = "noproc.rs")]
+mod procinfo;
+
+#[cfg_attr(unix, path = "unix.rs")]
+#[cfg_attr(windows, path = "windows.rs")]
+#[cfg_attr(not(any(unix, windows)), path = "other.rs")]
+mod spawn;
+
+pub use procinfo::*;
+pub use spawn::*;

@@ -1,0 +1,32 @@
+//! Windows: detached consoles and new process groups.
+
+use std::os::windows::process::CommandExt;
+use std::process::Command;
+
+const CREATE_NEW_PROCESS_GROUP: u32 = 0x0000_0200;
+const DETACHED_PROCESS: u32 = 0x0000_0008;
+
+pub fn detach(cmd: &mut Command) {
+    cmd.creation_flags(CREATE_NEW_PROCESS_GROUP | DETACHED_PROCESS);
+}
+
+pub fn own_process_group(cmd: &mut Command) {
+    cmd.creation_flags(CREATE_NEW_PROCESS_GROUP);
+}
+
+/// Windows has no process-group kill; a job object would be needed (not done).
+pub fn kill_process_group(_pgid: u32) {}
+
+pub fn exit_signal(_status: std::process::ExitStatus) -> Option<i32> {
+    None
+}
+
+/// Files inherit the directory's ACL here; nothing to hand over.
+pub fn give_to_owner_of(_file: &std::fs::File, _dir: &std::path::Path) -> std::io::Result<()> {
+    Ok(())
+}
+
+/// No process groups to clean here: reaping is all.
+pub fn reap_with_group(child: &mut std::process::Child) -> std::io::Result<Option<std::process::ExitStatus>> {
+    child.try_wait()
+}
