@@ -271,3 +271,34 @@ fn which(tool: &str) -> String {
     assert!(!path.is_empty(), "{tool} is required (util-linux)");
     path
 }
+
+/// Finding 6: the journal's retention. Finished messages past `[journal] max_size_mb` are
+/// pruned at start, oldest first; the newest stay readable.
+#[test]
+fn journal_retention_prunes_the_oldest_finished_messages_at_start() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let config = format!("[journal]\nmax_size_mb = 1\n{ECHO}");
+    let mut g = gateway(&home, &sw, &config);
+    let api = Api::new(g.listen());
+    let text = "y".repeat(100 * 1024);
+    let ids: Vec<String> = (0..30).map(|_| api.submit("big", &text)).collect();
+    for id in &ids {
+        wait_final(&api, id, READY);
+    }
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+    g.wait_exit(EXIT);
+    let journal = home.path().join("journal.sqlite3");
+    let before = std::fs::metadata(&journal).unwrap().len();
+    assert!(before > 4 * 1024 * 1024, "30 × 200 KiB of messages: {before} bytes");
+
+    let g = gateway(&home, &sw, &config);
+    let api = Api::new(g.listen());
+    must_wait_until(READY, "the oldest message pruned", || {
+        api.get(&format!("/v1/messages/{}", ids[0])).is_ok_and(|r| r.status == 404)
+    });
+    let newest = api.message(ids.last().unwrap()).expect("the newest message stays");
+    assert_eq!(newest["state"], json!("done"), "{newest}");
+    let kept = ids.iter().filter(|id| api.message(id).is_some()).count();
+    assert!((1..=10).contains(&kept), "{kept} of 30 messages of 200 KiB kept under 1 MiB");
+}

@@ -26,6 +26,8 @@ use crate::{Cause, ControlKind};
 
 /// Async runs in flight at once.
 const ASYNC_CONCURRENCY: usize = 64;
+/// How often the journal's retention bounds are applied (and once at start).
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// The file a `/restart` leaves for the next incarnation's "back online" notice.
 pub const RESTART_NOTIFY_FILE: &str = ".restart_notify.json";
 
@@ -348,8 +350,35 @@ impl Work {
         }
     }
 
-    /// Starts the async worker: recovers interrupted runs (once each), then runs queued ids.
+    /// Applies `[journal]` retention at start and every [`PRUNE_EVERY`], off the async workers;
+    /// unfinished messages are never pruned (`Journal::prune`).
+    pub fn start_pruning(self: &Arc<Self>) {
+        let (age, bytes) = (self.retention.max_age(), self.retention.max_bytes());
+        if age.is_none() && bytes.is_none() {
+            return;
+        }
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(PRUNE_EVERY);
+            loop {
+                tick.tick().await;
+                match me.with_journal(move |j| j.prune(age, bytes)).await {
+                    Ok(p) if p.by_age + p.by_size > 0 => crate::info!(
+                        "journal retention: deleted {} finished message(s) past max_age_days, {} past max_size_mb",
+                        p.by_age,
+                        p.by_size
+                    ),
+                    Ok(_) => {}
+                    Err(e) => crate::warn!("journal retention failed: {e}"),
+                }
+            }
+        });
+    }
+
+    /// Starts the async worker: recovers interrupted runs (once each), then runs queued ids;
+    /// and the journal's retention.
     pub fn start_worker(self: &Arc<Self>, gw: Arc<crate::gateway::Gateway>) {
+        self.start_pruning();
         let Some(mut rx) = self.queue_rx.lock().ok().and_then(|mut g| g.take()) else { return };
         let me = Arc::clone(self);
         tokio::spawn(async move {
