@@ -53,7 +53,7 @@ fn fd_count(pid: u32) -> usize {
 }
 
 /// Finding 3: ~1,100 slowloris connections (each stuck in its request head) against a gateway
-/// whose descriptor limit is 1,024. `/healthz` answers, `status` reports it running, and a
+/// whose descriptor limit is 1,024. `/healthz` answers (within seconds), `status` reports it running, and a
 /// graceful `stop` ends it with exit 0 recorded in the ledger; the gateway never holds more
 /// descriptors than the limit minus the lifecycle's reserve.
 #[test]
@@ -88,8 +88,14 @@ fn slowloris_at_a_1024_fd_limit_keeps_health_status_and_stop() {
     peak_fds = peak_fds.max(fd_count(g.pid()));
     assert!(peak_fds <= 1024 - 64, "the gateway held {peak_fds} descriptors under a 1,024 limit");
 
-    let health = http_get(addr, "/healthz", Duration::from_secs(5));
-    assert!(health.as_ref().is_ok_and(|r| r.status == 200), "/healthz under the flood: {health:?}\n{}", g.diag());
+    // The flood's connections become evictable a second after connecting; the probe may meet
+    // a 503 until then, never a hang.
+    let mut last = None;
+    let healthy = wait_until(Duration::from_secs(5), || {
+        last = Some(http_get(addr, "/healthz", Duration::from_secs(2)).map(|r| r.status));
+        matches!(last, Some(Ok(200)))
+    });
+    assert!(healthy, "/healthz under the flood: {last:?}\n{}", g.diag());
     let st = run_cli(&home, &["status"]);
     assert_cli(&st, 0, "status under the flood");
     assert!(st.text_lc().contains("running"), "{st:#?}");

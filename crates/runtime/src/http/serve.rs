@@ -26,8 +26,9 @@
 //! below the descriptor limit so the lifecycle always has descriptors). At the cap a new
 //! connection closes the oldest idle one (no request in flight: a slowloris head, an idle
 //! keep-alive) and is served; when every connection is busy it gets a 503 with
-//! `Connection: close` (a connection idle for less than [`EVICTABLE_AFTER`] counts as busy: it
-//! gets a moment to send its request). A connection must deliver each request head within
+//! `Connection: close` (a connection idle for less than [`EVICTABLE_AFTER`], or
+//! [`UNSERVED_EVICTABLE_AFTER`] before its first request, counts as busy: it gets a moment to
+//! send its request). A connection must deliver each request head within
 //! `[http] header_timeout_s` of connecting or of its previous response (hyper's header timer,
 //! which also bounds idle keep-alive); bodies are bounded in `super::body_deadline`.
 
@@ -193,12 +194,14 @@ Content-Type: application/json\r\nContent-Length: 69\r\n\r\n\
 }
 
 /// Refused connections that may linger at once, and for how long.
-const MAX_LINGERING: usize = 32;
+const MAX_LINGERING: usize = 64;
 const LINGER: Duration = Duration::from_millis(500);
 
-/// How long a connection must have been idle before the cap may evict it: a new connection
-/// gets a moment to send its request.
+/// How long a connection must have been idle before the cap may evict it: one that has been
+/// answered and waits for its next request, and one that has not completed a request yet (a
+/// loaded gateway may not have read a request that is already in the socket buffer).
 const EVICTABLE_AFTER: Duration = Duration::from_millis(250);
+const UNSERVED_EVICTABLE_AFTER: Duration = Duration::from_secs(1);
 
 /// The open connections, oldest first, for the cap and for evicting idle ones.
 struct Open {
@@ -214,6 +217,8 @@ struct Open {
 struct Slot {
     id: u64,
     busy: AtomicUsize,
+    /// Whether a request has been handled on it.
+    served: std::sync::atomic::AtomicBool,
     /// Milliseconds after [`Open::epoch`] when the connection last became idle.
     idle_since: AtomicU64,
     evict: CancellationToken,
@@ -255,10 +260,16 @@ impl Open {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
         if slots.len() >= self.cap {
-            let settled = now.saturating_sub(EVICTABLE_AFTER.as_millis() as u64);
+            let settled = |served: bool| {
+                let grace = if served { EVICTABLE_AFTER } else { UNSERVED_EVICTABLE_AFTER };
+                now.saturating_sub(u64::try_from(grace.as_millis()).unwrap_or(u64::MAX))
+            };
             let idle = slots
                 .values()
-                .find(|s| s.busy.load(Ordering::Acquire) == 0 && s.idle_since.load(Ordering::Acquire) <= settled)
+                .find(|s| {
+                    s.busy.load(Ordering::Acquire) == 0
+                        && s.idle_since.load(Ordering::Acquire) <= settled(s.served.load(Ordering::Acquire))
+                })
                 .map(|s| s.id)?;
             if let Some(victim) = slots.remove(&idle) {
                 victim.evict.cancel();
@@ -268,6 +279,7 @@ impl Open {
         let slot = Arc::new(Slot {
             id,
             busy: AtomicUsize::new(0),
+            served: std::sync::atomic::AtomicBool::new(false),
             idle_since: AtomicU64::new(now),
             evict: CancellationToken::new(),
             epoch: self.epoch,
@@ -288,6 +300,7 @@ struct Busy(Arc<Slot>);
 impl Busy {
     fn new(slot: &Arc<Slot>) -> Busy {
         slot.busy.fetch_add(1, Ordering::AcqRel);
+        slot.served.store(true, Ordering::Release);
         Busy(Arc::clone(slot))
     }
 }
