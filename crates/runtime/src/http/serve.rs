@@ -77,7 +77,7 @@ pub async fn serve(listener: TcpListener, app: Router, gw: Arc<Gateway>, drain_t
     );
     let open = Arc::new(Open::new(cap));
     let lingering = Arc::new(AtomicUsize::new(0));
-    let _trimmer = tokio::spawn(release_after_bursts(Arc::clone(&open)));
+    let _trimmer = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(release_after_bursts(Arc::clone(&open))));
     let header_timeout = gw.work.http.header_timeout();
     let mut phase = gw.phase.subscribe();
     let router = TowerToHyperService::new(app);
@@ -260,17 +260,11 @@ impl Open {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
         if slots.len() >= self.cap {
-            let settled = |served: bool| {
-                let grace = if served { EVICTABLE_AFTER } else { UNSERVED_EVICTABLE_AFTER };
-                now.saturating_sub(u64::try_from(grace.as_millis()).unwrap_or(u64::MAX))
+            let settled = |s: &Slot| {
+                let grace = if s.served.load(Ordering::Acquire) { EVICTABLE_AFTER } else { UNSERVED_EVICTABLE_AFTER };
+                u128::from(now.saturating_sub(s.idle_since.load(Ordering::Acquire))) >= grace.as_millis()
             };
-            let idle = slots
-                .values()
-                .find(|s| {
-                    s.busy.load(Ordering::Acquire) == 0
-                        && s.idle_since.load(Ordering::Acquire) <= settled(s.served.load(Ordering::Acquire))
-                })
-                .map(|s| s.id)?;
+            let idle = slots.values().find(|s| s.busy.load(Ordering::Acquire) == 0 && settled(s)).map(|s| s.id)?;
             if let Some(victim) = slots.remove(&idle) {
                 victim.evict.cancel();
             }
@@ -486,6 +480,24 @@ mod tests {
             Ok(Ok(0)) | Ok(Err(_)) => Some(t0.elapsed()),
             _ => None,
         }
+    }
+
+    /// At the cap: a busy or fresh connection is never evicted; the oldest settled idle one is.
+    #[test]
+    fn the_cap_evicts_only_settled_idle_connections() {
+        let open = Arc::new(Open::new(2));
+        let a = open.admit().expect("under the cap");
+        let b = open.admit().expect("under the cap");
+        assert!(open.admit().is_none(), "both connections are fresh");
+        // `a` served a request, then stays idle long enough; `b` is busy.
+        drop(Busy::new(&a.slot));
+        let _busy_b = Busy::new(&b.slot);
+        std::thread::sleep(EVICTABLE_AFTER + Duration::from_millis(20));
+        let c = open.admit().expect("evicts the settled idle connection");
+        assert!(a.slot.evict.is_cancelled() && !b.slot.evict.is_cancelled());
+        assert!(open.admit().is_none(), "b is busy and c is fresh");
+        drop((a, c));
+        assert_eq!(open.len(), 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
