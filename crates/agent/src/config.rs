@@ -37,7 +37,12 @@ pub const MAX_SECONDS: u64 = 7 * 24 * 3600;
 /// Upper bound for the millisecond knobs (one hour).
 pub const MAX_MILLIS: u64 = 3600 * 1000;
 
-const TOP_KEYS: &[&str] = &["listen", "api_token", "admins", "drain_timeout_s", "agent"];
+const TOP_KEYS: &[&str] = &["listen", "api_token", "admins", "drain_timeout_s", "agent", "http", "journal"];
+const HTTP_KEYS: &[&str] = &["allowed_hosts", "max_connections", "header_timeout_s", "body_timeout_s"];
+const JOURNAL_KEYS: &[&str] = &["max_age_days", "max_size_mb"];
+
+/// Upper bound for `[http] max_connections` (each connection costs at least one descriptor).
+pub const MAX_CONNECTIONS: usize = 1 << 20;
 const AGENT_KEYS: &[&str] =
     &["backend", "delay_ms", "command", "timeout_s", "kill_grace_ms", "base_url", "model", "api_key_env"];
 
@@ -124,6 +129,73 @@ pub struct Config {
     pub drain_timeout_s: u64,
     /// The agent backend.
     pub agent: AgentConfig,
+    /// The HTTP listener's limits and the `Host` names it answers to.
+    pub http: HttpConfig,
+    /// How long finished messages stay in the journal.
+    pub journal: JournalConfig,
+}
+
+/// The `[http]` table: what the listener accepts (docs/security.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// `Host` names (with or without a port) accepted besides the loopback names and the bound
+    /// address; a request naming any other host is refused (421), which defeats DNS rebinding.
+    pub allowed_hosts: Vec<String>,
+    /// Open connections at most; the effective cap is also bounded by the descriptor limit.
+    pub max_connections: usize,
+    /// A connection must deliver a complete request head within this long of connecting or of
+    /// its previous response: bounds both a slow header and an idle keep-alive connection.
+    pub header_timeout_s: u64,
+    /// A request body must arrive completely within this long of its head.
+    pub body_timeout_s: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig { allowed_hosts: Vec::new(), max_connections: 512, header_timeout_s: 10, body_timeout_s: 30 }
+    }
+}
+
+impl HttpConfig {
+    /// `header_timeout_s` as a duration.
+    pub fn header_timeout(&self) -> Duration {
+        Duration::from_secs(self.header_timeout_s)
+    }
+
+    /// `body_timeout_s` as a duration.
+    pub fn body_timeout(&self) -> Duration {
+        Duration::from_secs(self.body_timeout_s)
+    }
+}
+
+/// The `[journal]` table: retention of finished messages (queued and running ones are never
+/// pruned). `0` disables a bound.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JournalConfig {
+    /// Finished messages older than this many days are deleted.
+    pub max_age_days: u64,
+    /// Oldest finished messages are deleted while the journal's data exceeds this many MiB.
+    pub max_size_mb: u64,
+}
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        JournalConfig { max_age_days: 30, max_size_mb: 256 }
+    }
+}
+
+impl JournalConfig {
+    /// The age bound, `None` when disabled.
+    pub fn max_age(&self) -> Option<Duration> {
+        (self.max_age_days > 0).then(|| Duration::from_secs(self.max_age_days * 24 * 3600))
+    }
+
+    /// The size bound in bytes, `None` when disabled.
+    pub fn max_bytes(&self) -> Option<u64> {
+        (self.max_size_mb > 0).then(|| self.max_size_mb * 1024 * 1024)
+    }
 }
 
 impl Default for Config {
@@ -134,6 +206,8 @@ impl Default for Config {
             admins: Vec::new(),
             drain_timeout_s: 30,
             agent: AgentConfig::default(),
+            http: HttpConfig::default(),
+            journal: JournalConfig::default(),
         }
     }
 }
@@ -147,6 +221,8 @@ impl fmt::Debug for Config {
             .field("admins", &self.admins)
             .field("drain_timeout_s", &self.drain_timeout_s)
             .field("agent", &self.agent)
+            .field("http", &self.http)
+            .field("journal", &self.journal)
             .finish()
     }
 }
@@ -262,8 +338,10 @@ impl Config {
         let index = KeyIndex::build(path, text)?;
         // `[[agent]]` or `agent = 1` would otherwise surface as a confusing serde message about
         // the first field.
-        if index.find(&["agent"]).is_some_and(|e| !e.is_table) {
-            return Err(index.invalid(&["agent"], "expected a table ([agent])".into()));
+        for table in ["agent", "http", "journal"] {
+            if index.find(&[table]).is_some_and(|e| !e.is_table) {
+                return Err(index.invalid(&[table], format!("expected a table ([{table}])")));
+            }
         }
         let config: Config = toml::from_str(text).map_err(|e| index.serde_error(&e))?;
         config.validate(&index)?;
@@ -294,10 +372,39 @@ impl Config {
         let top = |key: &str, message: String| index.invalid(&[key], message);
         let agent = |key: &str, message: String| index.invalid(&["agent", key], message);
 
-        if let Some(token) = &self.api_token
-            && token.trim().is_empty()
-        {
-            return Err(top("api_token", "must not be empty".into()));
+        if let Some(token) = &self.api_token {
+            if token.trim().is_empty() {
+                return Err(top("api_token", "must not be empty".into()));
+            }
+            // It travels in an HTTP header, where only visible ASCII survives: any other token
+            // could never authenticate.
+            if !token.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(top("api_token", "must be printable ASCII without spaces".into()));
+            }
+        }
+        let http = |key: &str, message: String| index.invalid(&["http", key], message);
+        let h = &self.http;
+        if h.max_connections == 0 || h.max_connections > MAX_CONNECTIONS {
+            return Err(http("max_connections", format!("must be between 1 and {MAX_CONNECTIONS}")));
+        }
+        if h.header_timeout_s == 0 || h.header_timeout_s > MAX_SECONDS {
+            return Err(http("header_timeout_s", format!("must be between 1 and {MAX_SECONDS} seconds")));
+        }
+        if h.body_timeout_s == 0 || h.body_timeout_s > MAX_SECONDS {
+            return Err(http("body_timeout_s", format!("must be between 1 and {MAX_SECONDS} seconds")));
+        }
+        if let Some(bad) = h.allowed_hosts.iter().find(|n| !valid_host(n)) {
+            return Err(http(
+                "allowed_hosts",
+                format!("{bad:?} is not a host name (expected e.g. \"gw.example.com\")"),
+            ));
+        }
+        let journal = |key: &str, message: String| index.invalid(&["journal", key], message);
+        if self.journal.max_age_days > 100 * 365 {
+            return Err(journal("max_age_days", "must be at most 36500 days (0 keeps messages forever)".into()));
+        }
+        if self.journal.max_size_mb > 1 << 30 {
+            return Err(journal("max_size_mb", format!("must be at most {} MiB (0 means no bound)", 1u64 << 30)));
         }
         if self.admins.iter().any(|a| a.trim().is_empty()) {
             return Err(top("admins", "user ids must not be empty".into()));
@@ -366,6 +473,14 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// A `Host` header value as configured: a name or address, optionally with a port; no scheme,
+/// path or whitespace.
+fn valid_host(h: &str) -> bool {
+    !h.is_empty()
+        && h.len() <= 255
+        && h.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']' | b'_'))
 }
 
 fn de_socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
@@ -451,6 +566,8 @@ impl<'a> KeyIndex<'a> {
             let expected = match table.as_deref() {
                 None => TOP_KEYS.join(", "),
                 Some("agent") => AGENT_KEYS.join(", "),
+                Some("http") => HTTP_KEYS.join(", "),
+                Some("journal") => JOURNAL_KEYS.join(", "),
                 Some(_) => String::from("(no keys)"),
             };
             return ConfigError::UnknownKey { path: self.path.to_path_buf(), line, key, table, expected };
@@ -529,7 +646,7 @@ mod tests {
         let c = parse(text).expect("config.example.toml must parse");
         assert_eq!(c.agent.backend, BackendKind::Echo);
         // The example shows every key commented out or set; each must be mentioned.
-        for key in TOP_KEYS.iter().chain(AGENT_KEYS) {
+        for key in TOP_KEYS.iter().chain(AGENT_KEYS).chain(HTTP_KEYS).chain(JOURNAL_KEYS) {
             assert!(
                 text.contains(&format!("{key} =")) || text.contains(&format!("[{key}]")),
                 "config.example.toml does not document '{key}'"
@@ -678,6 +795,22 @@ api_key_env = "MY_KEY"
         assert!(e.contains("'drain_timeout_s'"), "{e}");
         let e = err("api_token = \"\"\n");
         assert!(e.starts_with("/h/config.toml:1: invalid value for 'api_token'"), "{e}");
+        let e = err("api_token = \"caf\u{e9}\"\n");
+        assert!(e.starts_with("/h/config.toml:1: invalid value for 'api_token'"), "{e}");
+        let e = err("api_token = \"two words\"\n");
+        assert!(e.contains("'api_token'"), "{e}");
+        let e = err("[http]\nmax_connections = 0\n");
+        assert!(e.starts_with("/h/config.toml:2: invalid value for 'max_connections' in [http]"), "{e}");
+        let e = err("[http]\nallowed_hosts = [\"http://x/\"]\n");
+        assert!(e.contains("'allowed_hosts' in [http]"), "{e}");
+        let e = err("[http]\nheader_timeout_s = 0\n");
+        assert!(e.contains("'header_timeout_s' in [http]"), "{e}");
+        let e = err("[journal]\nmax_age = 3\n");
+        assert!(e.contains("unknown key 'max_age' in [journal] (expected one of: max_age_days, max_size_mb)"), "{e}");
+        let c = parse("[http]\nallowed_hosts = [\"gw.example.com\", \"[::1]:8080\"]\n[journal]\nmax_age_days = 0\n")
+            .unwrap();
+        assert_eq!(c.http.allowed_hosts.len(), 2);
+        assert_eq!(c.journal.max_age(), None);
         let e = err("[agent]\napi_key_env = \"A=B\"\n");
         assert!(e.contains("'api_key_env'"), "{e}");
         // Keys of another backend are accepted.

@@ -16,6 +16,9 @@
 //!   older incarnation exactly once (attempts < 2), fails the rest with "interrupted twice", and
 //!   returns every queued id in acceptance order.
 //!
+//! - [`Journal::prune`] deletes finished (done / failed) rows past the retention bounds of
+//!   `[journal]` in config.toml, by age and by size; a queued or running row is never deleted.
+//!
 //! Durability: WAL with `synchronous=FULL`. In WAL mode `NORMAL` survives a process crash but may
 //! lose the last transactions on power loss or an OS crash; the 202 is a promise to the client,
 //! so each commit is fsynced. A chat gateway's message rate makes the fsync per commit cheap.
@@ -197,6 +200,8 @@ impl Journal {
                  updated_at  TEXT NOT NULL
              );
              CREATE INDEX IF NOT EXISTS messages_state ON messages (state);
+             CREATE INDEX IF NOT EXISTS messages_finished ON messages (updated_at)
+                 WHERE state IN ('done', 'failed');
              PRAGMA user_version = 1;",
         )
         .map_err(wrap)?;
@@ -375,6 +380,73 @@ impl Journal {
         }
         Ok(counts)
     }
+}
+
+/// What [`Journal::prune`] deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// Finished rows older than the age bound.
+    pub by_age: u64,
+    /// The oldest finished rows, deleted while the data exceeded the size bound.
+    pub by_size: u64,
+}
+
+/// Finished rows deleted per statement while enforcing the size bound: about the excess over
+/// the average row size, within these bounds.
+const PRUNE_BATCH: (u64, u64) = (1, 4096);
+
+impl Journal {
+    /// Applies the retention bounds: finished rows last updated more than `max_age` ago go,
+    /// then the oldest finished rows (by acceptance) while the live data (pages in use) exceeds `max_bytes`.
+    /// Queued and running rows are never deleted, whatever their age or size. Freed pages are
+    /// reused by later rows, so the file stops growing at about the bound.
+    pub fn prune(&self, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError> {
+        let conn = self.conn();
+        let mut pruned = Pruned::default();
+        if let Some(age) = max_age {
+            let cutoff = std::time::SystemTime::now().checked_sub(age).unwrap_or(std::time::UNIX_EPOCH);
+            let cutoff = gatewarden_lifecycle::timefmt::format(cutoff);
+            let n = conn.execute(
+                "DELETE FROM messages WHERE state IN ('done', 'failed') AND updated_at < ?1",
+                params![cutoff],
+            )?;
+            pruned.by_age = n as u64;
+        }
+        if let Some(max) = max_bytes {
+            loop {
+                let used = data_bytes(&conn)?;
+                if used <= max {
+                    break;
+                }
+                let rows: i64 = conn.query_row("SELECT COUNT(*) FROM messages", [], |r| r.get(0))?;
+                let avg = used / u64::try_from(rows.max(1)).unwrap_or(1);
+                let batch = ((used - max).div_ceil(avg.max(1))).clamp(PRUNE_BATCH.0, PRUNE_BATCH.1);
+                let n = conn.execute(
+                    "DELETE FROM messages WHERE rowid IN (
+                         SELECT rowid FROM messages WHERE state IN ('done', 'failed')
+                         ORDER BY rowid LIMIT ?1)",
+                    params![i64::try_from(batch).unwrap_or(PRUNE_BATCH.0 as i64)],
+                )?;
+                if n == 0 {
+                    break; // only unfinished rows left: they stay
+                }
+                pruned.by_size += n as u64;
+            }
+        }
+        if pruned != Pruned::default() {
+            // Fold the deletions into the main file so the WAL does not keep their size.
+            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        }
+        Ok(pruned)
+    }
+}
+
+/// Bytes of the database in use (pages minus free pages).
+fn data_bytes(conn: &Connection) -> Result<u64, JournalError> {
+    let pages: i64 = conn.pragma_query_value(None, "page_count", |r| r.get(0))?;
+    let free: i64 = conn.pragma_query_value(None, "freelist_count", |r| r.get(0))?;
+    let size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
+    Ok(u64::try_from((pages - free).max(0) * size).unwrap_or(0))
 }
 
 /// A row as stored, before its enums are checked.
@@ -584,6 +656,76 @@ mod tests {
         assert_eq!(pending, vec![a, c.clone()]);
         assert_eq!(j.get(&c).unwrap().unwrap().kind, Kind::Sync);
         assert_eq!(j.counts().unwrap(), Counts { queued: 1, running: 1, done: 0, failed: 1 });
+    }
+
+    /// Backdates a row's timestamps by `days`.
+    fn age(j: &Journal, id: &str, days: u64) {
+        let t = std::time::SystemTime::now() - Duration::from_secs(days * 24 * 3600);
+        let t = gatewarden_lifecycle::timefmt::format(t);
+        j.conn().execute("UPDATE messages SET created_at = ?2, updated_at = ?2 WHERE id = ?1", params![id, t]).unwrap();
+    }
+
+    #[test]
+    fn prune_by_age_keeps_unfinished_and_recent_rows() {
+        let (_d, j) = journal();
+        let old_done = j.accept(&msg("old done")).unwrap();
+        let old_failed = j.accept(&msg("old failed")).unwrap();
+        let old_queued = j.accept(&msg("old queued")).unwrap();
+        let old_running = j.accept(&msg("old running")).unwrap();
+        let new_done = j.accept(&msg("new done")).unwrap();
+        for id in [&old_done, &old_failed, &old_running, &new_done] {
+            assert!(j.claim(id, "i").unwrap());
+        }
+        assert!(j.complete(&old_done, "i", "r").unwrap());
+        assert!(j.fail(&old_failed, "i", "boom").unwrap());
+        assert!(j.complete(&new_done, "i", "r").unwrap());
+        for id in [&old_done, &old_failed, &old_queued, &old_running] {
+            age(&j, id, 40);
+        }
+        let p = j.prune(Some(Duration::from_secs(30 * 24 * 3600)), None).unwrap();
+        assert_eq!(p, Pruned { by_age: 2, by_size: 0 });
+        assert_eq!(j.get(&old_done).unwrap(), None);
+        assert_eq!(j.get(&old_failed).unwrap(), None);
+        assert_eq!(j.get(&old_queued).unwrap().unwrap().state, State::Queued);
+        assert_eq!(j.get(&old_running).unwrap().unwrap().state, State::Running);
+        assert_eq!(j.get(&new_done).unwrap().unwrap().state, State::Done);
+        assert_eq!(j.prune(Some(Duration::from_secs(30 * 24 * 3600)), None).unwrap(), Pruned::default());
+    }
+
+    #[test]
+    fn prune_by_size_deletes_oldest_finished_rows_only() {
+        let (_d, j) = journal();
+        let big = "x".repeat(64 * 1024);
+        let mut finished = Vec::new();
+        for _ in 0..40 {
+            let id = j.accept(&msg(&big)).unwrap();
+            assert!(j.claim(&id, "i").unwrap());
+            assert!(j.complete(&id, "i", &big).unwrap());
+            finished.push(id);
+        }
+        let pending: Vec<_> = (0..10).map(|_| j.accept(&msg(&big)).unwrap()).collect();
+        assert!(data_bytes(&j.conn()).unwrap() > 5 * 1024 * 1024);
+        // Smaller than the unfinished rows alone: every finished row goes, no unfinished one.
+        let p = j.prune(None, Some(256 * 1024)).unwrap();
+        assert_eq!(p.by_size, 40, "{p:?}");
+        for id in &pending {
+            assert_eq!(j.get(id).unwrap().unwrap().state, State::Queued);
+        }
+        // A bound that fits: only the oldest finished rows go.
+        let (_d2, j) = journal();
+        let mut ids = Vec::new();
+        for _ in 0..40 {
+            let id = j.accept(&msg(&big)).unwrap();
+            assert!(j.claim(&id, "i").unwrap());
+            assert!(j.complete(&id, "i", "ok").unwrap());
+            ids.push(id);
+        }
+        let p = j.prune(None, Some(1024 * 1024)).unwrap();
+        assert!(p.by_size > 0 && p.by_size < 40, "{p:?}");
+        assert!(data_bytes(&j.conn()).unwrap() <= 1024 * 1024);
+        let kept: Vec<_> = ids.iter().filter(|id| j.get(id).unwrap().is_some()).collect();
+        assert_eq!(kept.len() as u64, 40 - p.by_size);
+        assert_eq!(kept.first().copied(), ids.get(p.by_size as usize), "the oldest went first");
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub enum Command {
         /// Chat id
         #[arg(long, default_value = "cli")]
         chat: String,
-        /// User id (commands like /restart need an admin, or a loopback listener without a token)
+        /// User id (/stop and /restart go through the control socket as the local owner)
         #[arg(long, default_value = "cli")]
         user: String,
         /// Journal the message and return its id instead of waiting for the reply

@@ -12,6 +12,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use work_common::*;
 
+/// Chat `/restart` needs an admin who came with the API token (issue 8, docs/security.md).
+const ADMIN: &str = "api_token = \"t\"\nadmins = [\"u-s\", \"u\"]\n";
+
 /// F1: drain_timeout_s = 180 and the restart comes from a chat message. The requester is
 /// answered "restarting…" at once, the old incarnation exits 75 and a new one is ready within
 /// seconds: the drain did not wait on the request that caused it.
@@ -19,12 +22,12 @@ use work_common::*;
 fn f1_restart_requester_is_not_waited_on() {
     let home = TempHome::new();
     let sw = Sweeper::new();
-    let mut g = gateway(&home, &sw, "drain_timeout_s = 180\n[agent]\nbackend = \"echo\"\n");
+    let mut g = gateway(&home, &sw, &format!("{ADMIN}drain_timeout_s = 180\n[agent]\nbackend = \"echo\"\n"));
     let addr = g.listen();
     let old_inc = incarnation_of(&home, g.pid()).unwrap();
 
     let t0 = Instant::now();
-    let r = Api::new(addr).send("S", "u-s", "/restart").unwrap();
+    let r = Api::new(addr).with_token("t").send("S", "u-s", "/restart").unwrap();
     let answered = t0.elapsed();
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json().unwrap();
@@ -60,7 +63,10 @@ fn f1_restart_requester_is_not_waited_on() {
         home.ledger_text()
     );
     // The new incarnation works.
-    assert_eq!(Api::new(addr).send("S", "u-s", "after").unwrap().json().unwrap()["reply"], json!("after"));
+    assert_eq!(
+        Api::new(addr).with_token("t").send("S", "u-s", "after").unwrap().json().unwrap()["reply"],
+        json!("after")
+    );
 }
 
 /// F2: a bystander B with a 3 s run is in flight when S asks for a restart. S is answered at
@@ -70,14 +76,16 @@ fn f1_restart_requester_is_not_waited_on() {
 fn f2_bystander_is_drained_and_requester_not_interrupted() {
     let home = TempHome::new();
     let sw = Sweeper::new();
-    let mut g = gateway(&home, &sw, "drain_timeout_s = 180\n[agent]\nbackend = \"echo\"\ndelay_ms = 3000\n");
+    let mut g =
+        gateway(&home, &sw, &format!("{ADMIN}drain_timeout_s = 180\n[agent]\nbackend = \"echo\"\ndelay_ms = 3000\n"));
     let addr = g.listen();
+    let api = Api::new(addr).with_token("t");
     let t_b = Instant::now();
-    let b = send_bg(addr, "B", "bystander text");
-    wait_active(addr, 1);
+    let b = send_bg_as(&api, "B", "bystander text");
+    wait_active_as(&api, 1);
 
     let t_s = Instant::now();
-    let r = Api::new(addr).send("S", "u-s", "/restart").unwrap();
+    let r = api.send("S", "u-s", "/restart").unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json().unwrap()["reply"], json!("restarting…"));
     assert!(t_s.elapsed() < Duration::from_secs(1), "S answered after {:?}: S waited on B", t_s.elapsed());
@@ -112,9 +120,9 @@ fn f2_bystander_is_drained_and_requester_not_interrupted() {
 fn f3_async_restart_is_never_replayed_and_notice_comes_once() {
     let home = TempHome::new();
     let sw = Sweeper::new();
-    let mut g = gateway(&home, &sw, "drain_timeout_s = 180\n[agent]\nbackend = \"echo\"\n");
+    let mut g = gateway(&home, &sw, &format!("{ADMIN}drain_timeout_s = 180\n[agent]\nbackend = \"echo\"\n"));
     let addr = g.listen();
-    let api = Api::new(addr);
+    let api = Api::new(addr).with_token("t");
 
     let r = api.send_async("S", "u-s", "/restart").unwrap();
     assert_eq!(r.status, 202, "{}", r.text());
@@ -165,8 +173,8 @@ fn f3_async_restart_is_never_replayed_and_notice_comes_once() {
 fn f3_sync_restart_notice_rides_on_the_next_reply_once() {
     let home = TempHome::new();
     let sw = Sweeper::new();
-    let mut g = gateway(&home, &sw, "[agent]\nbackend = \"echo\"\n");
-    let api = Api::new(g.listen());
+    let mut g = gateway(&home, &sw, &format!("{ADMIN}[agent]\nbackend = \"echo\"\n"));
+    let api = Api::new(g.listen()).with_token("t");
     assert_eq!(api.send("S", "u", "/restart").unwrap().status, 200);
     g.wait_exit(Duration::from_secs(10));
     let (_, inc2, _) = wait_new_ready(home.path(), &[g.pid()], Duration::from_secs(10)).expect("new incarnation");

@@ -26,6 +26,8 @@ use crate::{Cause, ControlKind};
 
 /// Async runs in flight at once.
 const ASYNC_CONCURRENCY: usize = 64;
+/// How often the journal's retention bounds are applied (and once at start).
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// The file a `/restart` leaves for the next incarnation's "back online" notice.
 pub const RESTART_NOTIFY_FILE: &str = ".restart_notify.json";
 
@@ -89,9 +91,11 @@ pub struct Work {
     pub agent: Box<dyn Agent>,
     pub journal: Arc<Journal>,
     pub admins: Vec<String>,
-    /// A loopback listener without a token: every caller may run commands.
-    pub open_commands: bool,
     pub api_token: Option<String>,
+    /// The listener's limits and accepted `Host` names.
+    pub http: gatewarden_agent::config::HttpConfig,
+    /// Retention of finished journal rows.
+    pub retention: gatewarden_agent::config::JournalConfig,
     pub model: String,
     pub metrics: Metrics,
     /// Cancelled when the drain budget runs out.
@@ -102,6 +106,9 @@ pub struct Work {
     queue_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
     causes: Mutex<Option<mpsc::UnboundedSender<Cause>>>,
     run_counter: AtomicU64,
+    /// Whether `Host` headers are checked: always on a loopback listener (DNS rebinding), and
+    /// on another listener once `[http] allowed_hosts` names its public names.
+    host_check: bool,
     /// Set when the main loop decides how this incarnation ends: a restart comes back, a stop
     /// does not, and the notice says which.
     restarting: std::sync::atomic::AtomicBool,
@@ -115,8 +122,10 @@ impl Work {
             agent,
             journal: Arc::new(journal),
             admins: config.admins.clone(),
-            open_commands: loopback && config.api_token.is_none(),
             api_token: config.api_token.clone(),
+            http: config.http.clone(),
+            retention: config.journal.clone(),
+            host_check: loopback || !config.http.allowed_hosts.is_empty(),
             metrics: Metrics::default(),
             cancel: CancellationToken::new(),
             noticed: Mutex::new(HashSet::new()),
@@ -136,8 +145,41 @@ impl Work {
         }
     }
 
+    /// Whether `user_id`, as authenticated by its channel, may run admin commands (`/restart`,
+    /// `/stop`): only a listed admin.
     pub fn may_command(&self, user_id: &str) -> bool {
-        self.open_commands || self.admins.iter().any(|a| a == user_id)
+        self.admins.iter().any(|a| a == user_id)
+    }
+
+    /// The HTTP form of [`Work::may_command`]: a user id in a request body is only an identity
+    /// when the request carried the API token, so without a token nobody is an admin over HTTP
+    /// (the local owner uses the control socket: `gatewarden stop`, `gatewarden send /stop`).
+    pub fn may_command_http(&self, user_id: &str) -> bool {
+        self.api_token.is_some() && self.may_command(user_id)
+    }
+
+    /// Whether a request's `Host` header names this gateway: a loopback name, the bound
+    /// address, or one of `[http] allowed_hosts` (a configured name without a port matches
+    /// every port).
+    pub fn host_allowed(&self, host: &str, bound: Option<&str>) -> bool {
+        if !self.host_check {
+            return true;
+        }
+        let host = host.trim().to_ascii_lowercase();
+        let name = host_name(&host);
+        if matches!(name, "localhost" | "127.0.0.1" | "[::1]") {
+            return true;
+        }
+        if let Some(b) = bound.and_then(|b| b.parse::<std::net::SocketAddr>().ok())
+            && !b.ip().is_unspecified()
+            && name == host_name(&b.to_string())
+        {
+            return true;
+        }
+        self.http.allowed_hosts.iter().any(|a| {
+            let a = a.to_ascii_lowercase();
+            if host_name(&a) == a { a == name } else { a == host }
+        })
     }
 
     pub fn next_run_id(&self, incarnation: &str) -> String {
@@ -308,8 +350,35 @@ impl Work {
         }
     }
 
-    /// Starts the async worker: recovers interrupted runs (once each), then runs queued ids.
+    /// Applies `[journal]` retention at start and every [`PRUNE_EVERY`], off the async workers;
+    /// unfinished messages are never pruned (`Journal::prune`).
+    pub fn start_pruning(self: &Arc<Self>) {
+        let (age, bytes) = (self.retention.max_age(), self.retention.max_bytes());
+        if age.is_none() && bytes.is_none() {
+            return;
+        }
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(PRUNE_EVERY);
+            loop {
+                tick.tick().await;
+                match me.with_journal(move |j| j.prune(age, bytes)).await {
+                    Ok(p) if p.by_age + p.by_size > 0 => crate::info!(
+                        "journal retention: deleted {} finished message(s) past max_age_days, {} past max_size_mb",
+                        p.by_age,
+                        p.by_size
+                    ),
+                    Ok(_) => {}
+                    Err(e) => crate::warn!("journal retention failed: {e}"),
+                }
+            }
+        });
+    }
+
+    /// Starts the async worker: recovers interrupted runs (once each), then runs queued ids;
+    /// and the journal's retention.
     pub fn start_worker(self: &Arc<Self>, gw: Arc<crate::gateway::Gateway>) {
+        self.start_pruning();
         let Some(mut rx) = self.queue_rx.lock().ok().and_then(|mut g| g.take()) else { return };
         let me = Arc::clone(self);
         tokio::spawn(async move {
@@ -386,6 +455,17 @@ impl Work {
     }
 }
 
+/// The name part of a `Host` value (`name[:port]` or `[v6][:port]`), brackets kept.
+fn host_name(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.find(']').map_or(host, |end| &host[..=end]);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if !name.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
 /// Constant-time comparison for bearer tokens (the length is not secret).
 pub fn token_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -408,6 +488,15 @@ mod tests {
         assert_eq!(parse_command("please /restart"), None);
         assert_eq!(parse_command("/unknown"), None);
         assert_eq!(parse_command(""), None);
+    }
+
+    #[test]
+    fn host_names() {
+        assert_eq!(host_name("localhost:7878"), "localhost");
+        assert_eq!(host_name("[::1]:7878"), "[::1]");
+        assert_eq!(host_name("[::1]"), "[::1]");
+        assert_eq!(host_name("evil.example"), "evil.example");
+        assert_eq!(host_name("127.0.0.1"), "127.0.0.1");
     }
 
     #[test]

@@ -1,11 +1,17 @@
 //! `gatewarden send TEXT`: a client for `POST /v1/messages`, handy for chat commands.
+//!
+//! `/stop` and `/restart` go through the control socket instead: over HTTP they need an admin
+//! with the API token (docs/security.md), and the local owner is the one who can open the
+//! owner-only socket. The gateway records the requester as `cli-send`.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use gatewarden_control::{Client, Endpoint};
+use gatewarden_control::proto::{Op, StopReason};
+use gatewarden_control::{Client, Endpoint, Requester};
 use gatewarden_lifecycle::Home;
 use gatewarden_lifecycle::records::read_state;
+use gatewarden_runtime::work::{Command, parse_command};
 use serde_json::{Value, json};
 
 pub fn send(home: &Home, text: &str, chat: &str, user: &str, is_async: bool) -> anyhow::Result<ExitCode> {
@@ -15,6 +21,20 @@ pub fn send(home: &Home, text: &str, chat: &str, user: &str, is_async: bool) -> 
     }
     let ep = Endpoint::for_home(home.dir());
     let t = Duration::from_secs(2);
+    let control = match parse_command(text) {
+        Some(Command::Stop) => {
+            Some((Op::Stop { requester: Requester::current("cli-send"), reason: StopReason::Stop }, "stopping…"))
+        }
+        Some(Command::Restart) => Some((Op::Restart { requester: Requester::current("cli-send") }, "restarting…")),
+        _ => None,
+    };
+    if let Some((op, reply)) = control {
+        Client::connect(&ep, t)
+            .and_then(|mut c| c.call(op, t))
+            .map_err(|e| anyhow::anyhow!("cannot reach the gateway's control socket: {e}"))?;
+        println!("{reply}");
+        return Ok(ExitCode::SUCCESS);
+    }
     let listen = Client::connect(&ep, t)
         .and_then(|mut c| c.status(t))
         .ok()

@@ -43,6 +43,24 @@ pub fn send_bg(addr: SocketAddr, chat: &str, text: &str) -> JoinHandle<(std::io:
     })
 }
 
+/// [`send_bg`] through `api` (its token and timeout).
+pub fn send_bg_as(api: &Api, chat: &str, text: &str) -> JoinHandle<(std::io::Result<HttpResponse>, Duration)> {
+    let (api, chat, text) = (api.clone().with_timeout(Duration::from_secs(60)), chat.to_string(), text.to_string());
+    std::thread::spawn(move || {
+        let t0 = Instant::now();
+        let r = api.send(&chat, &chat, &text);
+        (r, t0.elapsed())
+    })
+}
+
+/// [`wait_active`] through `api` (its token).
+#[track_caller]
+pub fn wait_active_as(api: &Api, n: u64) {
+    must_wait_until(Duration::from_secs(10), &format!("{n} active run(s) at {}", api.addr), || {
+        api.status().and_then(|s| s.get("active_runs")?.as_u64()).is_some_and(|a| a >= n)
+    });
+}
+
 /// `active_runs` from `GET /v1/status` (`None` if it does not answer).
 pub fn active_runs(addr: SocketAddr) -> Option<u64> {
     Api::new(addr).with_timeout(Duration::from_secs(2)).status()?.get("active_runs")?.as_u64()

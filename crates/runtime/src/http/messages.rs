@@ -54,9 +54,15 @@ pub fn agent_error(e: &AgentError) -> Response {
 pub async fn post(State(gw): State<Arc<Gateway>>, Json(m): Json<MessageIn>) -> Response {
     let work = &gw.work;
     if let Some(cmd) = parse_command(&m.text) {
-        // `/status` and `/help` are for everyone; `/restart` and `/stop` need an admin (protocol.md).
-        if matches!(cmd, Command::Restart | Command::Stop) && !work.may_command(&m.user_id) {
-            return error(StatusCode::FORBIDDEN, "forbidden", "commands are for the admins listed in config.toml");
+        // `/status` and `/help` are for everyone; `/restart` and `/stop` need an admin who came
+        // with the API token, never an anonymous caller (docs/security.md).
+        if matches!(cmd, Command::Restart | Command::Stop) && !work.may_command_http(&m.user_id) {
+            let why = if work.api_token.is_some() {
+                "commands are for the admins listed in config.toml"
+            } else {
+                "commands need api_token and your user id in admins (config.toml); on this machine use `gatewarden stop`, `gatewarden restart` or `gatewarden send /stop`"
+            };
+            return error(StatusCode::FORBIDDEN, "forbidden", why);
         }
         let out = work.command(&gw, cmd, &m.chat_id, &m.user_id);
         let resp = if m.is_async {

@@ -1,5 +1,7 @@
 //! The HTTP API. Health and readiness are open (they are probes); everything under `/v1` and
-//! `/metrics` requires the bearer token when one is configured.
+//! `/metrics` requires the bearer token when one is configured. Every request's `Host` header
+//! must name this gateway (loopback names, the bound address, `[http] allowed_hosts`), so a web
+//! page cannot reach a loopback API by rebinding its own DNS name (docs/security.md).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use crate::gateway::Gateway;
 mod messages;
 mod metrics;
 mod openai;
+pub mod resources;
 pub mod serve;
 
 pub fn router(gw: Arc<Gateway>) -> Router {
@@ -29,18 +32,64 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/chat/completions", post(openai::completions))
         .route("/v1/models", get(openai::models))
         .route("/metrics", get(metrics::metrics))
+        // The last layer runs first: authenticate before buffering a body.
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&gw), body_deadline))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&gw), auth));
-    Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)).merge(api).with_state(gw)
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .merge(api)
+        .layer(middleware::from_fn_with_state(Arc::clone(&gw), host_check))
+        .with_state(gw)
 }
+
+/// Refuses a request whose `Host` names another site (421 Misdirected Request). A request
+/// without `Host` (HTTP/1.0 tools) passes: browsers always send one.
+async fn host_check(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
+    let host = req.headers().get(header::HOST).map(|v| v.to_str().unwrap_or("\u{fffd}").to_owned());
+    match host {
+        Some(h) if !gw.work.host_allowed(&h, gw.listen()) => messages::error(
+            StatusCode::MISDIRECTED_REQUEST,
+            "misdirected",
+            format!(
+                "this gateway does not answer to Host {h:?}; add it to [http] allowed_hosts in config.toml if clients use that name"
+            ),
+        ),
+        _ => next.run(req).await,
+    }
+}
+
+/// Reads the whole request body within `[http] body_timeout_s` (408 past it) and within the
+/// JSON extractor's limit (413 past it), so a slow sender cannot hold a connection and a
+/// handler forever.
+async fn body_deadline(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let timeout = gw.work.http.body_timeout();
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY)).await {
+        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
+        Ok(Err(_)) => messages::error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the request body is larger than {MAX_BODY} bytes or was cut off"),
+        ),
+        Err(_) => {
+            let mut r = messages::error(
+                StatusCode::REQUEST_TIMEOUT,
+                "timeout",
+                format!("the request body did not arrive within {timeout:?}"),
+            );
+            r.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+            r
+        }
+    }
+}
+
+/// axum's default body limit for extractors (2 MiB), enforced while buffering.
+const MAX_BODY: usize = 2 * 1024 * 1024;
 
 async fn auth(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
     let Some(token) = gw.work.api_token.as_deref() else { return next.run(req).await };
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+    let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer).unwrap_or("");
     if crate::work::token_eq(given.as_bytes(), token.as_bytes()) {
         next.run(req).await
     } else {
@@ -51,6 +100,12 @@ async fn auth(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Respo
         )
             .into_response()
     }
+}
+
+/// The credentials of an `Authorization` value: the scheme is case-insensitive (RFC 9110 §11.1).
+fn bearer(v: &str) -> Option<&str> {
+    let (scheme, rest) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
 }
 
 async fn healthz() -> &'static str {
@@ -95,5 +150,17 @@ pub fn bind(addr: &str, patience: Duration) -> Result<std::net::TcpListener, Str
             }
             Err(e) => return Err(format!("cannot listen on {addr}: {e}")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(super::bearer("Bearer abc"), Some("abc"));
+        assert_eq!(super::bearer("bearer abc"), Some("abc"));
+        assert_eq!(super::bearer("BEARER  abc "), Some("abc"));
+        assert_eq!(super::bearer("Basic abc"), None);
+        assert_eq!(super::bearer("Bearerabc"), None);
     }
 }

@@ -21,19 +21,33 @@
 //!   picked an idle connection still gets its response; then graceful shutdown, with in-flight
 //!   requests bounded by what is left of the drain budget (at least [`STOP_GRACE`]). Runs still
 //!   active then are cancelled, as the drain does, and get [`crate::CANCEL_GRACE`].
+//!
+//! Floods (docs/security.md): open connections are capped ([`super::resources::connection_cap`],
+//! below the descriptor limit so the lifecycle always has descriptors). At the cap a new
+//! connection closes the oldest idle one (no request in flight: a slowloris head, an idle
+//! keep-alive) and is served; when every connection is busy it gets a 503 with
+//! `Connection: close` (a connection idle for less than [`EVICTABLE_AFTER`], or
+//! [`UNSERVED_EVICTABLE_AFTER`] before its first request, counts as busy: it gets a moment to
+//! send its request). A connection must deliver each request head within
+//! `[http] header_timeout_s` of connecting or of its previous response (hyper's header timer,
+//! which also bounds idle keep-alive); bodies are bounded in `super::body_deadline`.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::pin::pin;
-use std::sync::Arc;
+use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, Request, header};
 use gatewarden_lifecycle::records::GatewayState;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::{Service, service_fn};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -53,6 +67,18 @@ pub const STOP_GRACE: Duration = Duration::from_secs(2);
 /// is bounded (at most the rest of `drain_timeout`, plus [`IDLE_GRACE`], [`STOP_GRACE`] and
 /// [`crate::CANCEL_GRACE`]).
 pub async fn serve(listener: TcpListener, app: Router, gw: Arc<Gateway>, drain_timeout: Duration) {
+    super::resources::tune_allocator();
+    let nofile = super::resources::raise_nofile();
+    let cap = super::resources::connection_cap(gw.work.http.max_connections, nofile);
+    crate::info!(
+        "HTTP: at most {cap} connection(s) (max_connections {}, descriptor limit {})",
+        gw.work.http.max_connections,
+        nofile.map_or("none".to_string(), |n| n.to_string())
+    );
+    let open = Arc::new(Open::new(cap));
+    let lingering = Arc::new(AtomicUsize::new(0));
+    let _trimmer = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(release_after_bursts(Arc::clone(&open))));
+    let header_timeout = gw.work.http.header_timeout();
     let mut phase = gw.phase.subscribe();
     let router = TowerToHyperService::new(app);
     let shutdown = CancellationToken::new();
@@ -78,9 +104,12 @@ pub async fn serve(listener: TcpListener, app: Router, gw: Arc<Gateway>, drain_t
                 }
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => {
-                        conns.spawn(connection(stream, router.clone(), Arc::clone(&gw), shutdown.clone()));
-                    }
+                    Ok((stream, _)) => match open.admit() {
+                        Some(slot) => {
+                            conns.spawn(connection(stream, router.clone(), Arc::clone(&gw), shutdown.clone(), slot, header_timeout));
+                        }
+                        None => refuse(stream, &lingering),
+                    },
                     Err(e) => accept_failed(e).await,
                 },
             }
@@ -137,18 +166,207 @@ async fn join_all(conns: &mut JoinSet<()>) {
     while conns.join_next().await.is_some() {}
 }
 
-/// One HTTP/1.1 connection (keep-alive), shut down gracefully once `shutdown` is cancelled.
+/// Past the cap with every connection busy: a 503 the client can read at once, then close.
+/// Written without waiting (a fresh socket's send buffer is empty), so the accept loop never
+/// blocks. Closing a socket with the request unread would reset it and could destroy the 503
+/// before the client reads it, so a few refused connections linger briefly, reading; past
+/// [`MAX_LINGERING`] they are closed at once.
+fn refuse(stream: TcpStream, lingering: &Arc<AtomicUsize>) {
+    const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n\
+Content-Type: application/json\r\nContent-Length: 69\r\n\r\n\
+{\"error\":{\"type\":\"overloaded\",\"message\":\"too many open connections\"}}";
+    if stream.try_write(BUSY).is_err() || lingering.fetch_add(1, Ordering::AcqRel) >= MAX_LINGERING {
+        lingering.fetch_sub(1, Ordering::AcqRel);
+        return;
+    }
+    let lingering = Arc::clone(lingering);
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = stream;
+        let _ = stream.shutdown().await;
+        let _ = tokio::time::timeout(LINGER, async {
+            let mut sink = [0u8; 1024];
+            while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+        })
+        .await;
+        lingering.fetch_sub(1, Ordering::AcqRel);
+    });
+}
+
+/// Refused connections that may linger at once, and for how long.
+const MAX_LINGERING: usize = 64;
+const LINGER: Duration = Duration::from_millis(500);
+
+/// How long a connection must have been idle before the cap may evict it: one that has been
+/// answered and waits for its next request, and one that has not completed a request yet (a
+/// loaded gateway may not have read a request that is already in the socket buffer).
+const EVICTABLE_AFTER: Duration = Duration::from_millis(250);
+const UNSERVED_EVICTABLE_AFTER: Duration = Duration::from_secs(1);
+
+/// The open connections, oldest first, for the cap and for evicting idle ones.
+struct Open {
+    cap: usize,
+    epoch: std::time::Instant,
+    next: AtomicU64,
+    slots: Mutex<BTreeMap<u64, Arc<Slot>>>,
+    /// The most connections open at once since the last memory release.
+    peak: AtomicUsize,
+}
+
+/// One open connection: how many of its requests are in flight, and how to close it now.
+struct Slot {
+    id: u64,
+    busy: AtomicUsize,
+    /// Whether a request has been handled on it.
+    served: std::sync::atomic::AtomicBool,
+    /// Milliseconds after [`Open::epoch`] when the connection last became idle.
+    idle_since: AtomicU64,
+    evict: CancellationToken,
+    epoch: std::time::Instant,
+}
+
+impl Slot {
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// A connection's registration; dropped when its task ends, which frees its place.
+struct Registered {
+    slot: Arc<Slot>,
+    open: Arc<Open>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.open.slots.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.slot.id);
+    }
+}
+
+impl Open {
+    fn new(cap: usize) -> Open {
+        Open {
+            cap,
+            epoch: std::time::Instant::now(),
+            next: AtomicU64::new(0),
+            slots: Mutex::new(BTreeMap::new()),
+            peak: AtomicUsize::new(0),
+        }
+    }
+
+    /// A slot for a new connection: under the cap, or by evicting the oldest idle connection;
+    /// `None` when every connection is busy.
+    fn admit(self: &Arc<Self>) -> Option<Registered> {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if slots.len() >= self.cap {
+            let settled = |s: &Slot| {
+                let grace = if s.served.load(Ordering::Acquire) { EVICTABLE_AFTER } else { UNSERVED_EVICTABLE_AFTER };
+                u128::from(now.saturating_sub(s.idle_since.load(Ordering::Acquire))) >= grace.as_millis()
+            };
+            let idle = slots.values().find(|s| s.busy.load(Ordering::Acquire) == 0 && settled(s)).map(|s| s.id)?;
+            if let Some(victim) = slots.remove(&idle) {
+                victim.evict.cancel();
+            }
+        }
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let slot = Arc::new(Slot {
+            id,
+            busy: AtomicUsize::new(0),
+            served: std::sync::atomic::AtomicBool::new(false),
+            idle_since: AtomicU64::new(now),
+            evict: CancellationToken::new(),
+            epoch: self.epoch,
+        });
+        slots.insert(id, Arc::clone(&slot));
+        self.peak.fetch_max(slots.len(), Ordering::Relaxed);
+        Some(Registered { slot, open: Arc::clone(self) })
+    }
+
+    fn len(&self) -> usize {
+        self.slots.lock().map(|s| s.len()).unwrap_or(0)
+    }
+}
+
+/// Marks its connection busy while a request is handled and its response body is sent.
+struct Busy(Arc<Slot>);
+
+impl Busy {
+    fn new(slot: &Arc<Slot>) -> Busy {
+        slot.busy.fetch_add(1, Ordering::AcqRel);
+        slot.served.store(true, Ordering::Release);
+        Busy(Arc::clone(slot))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.idle_since.store(self.0.now(), Ordering::Release);
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its connection marked busy until it is sent or dropped.
+struct BusyBody {
+    inner: Body,
+    _busy: Busy,
+}
+
+impl http_body::Body for BusyBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Hands memory freed after a burst of connections back to the OS: checked every few seconds,
+/// acted on once the open connections fell well below their peak (the issue 8 measurement:
+/// RSS stayed at 120-275 MB after 10k connections, idle is 7 MB).
+async fn release_after_bursts(open: Arc<Open>) {
+    const BURST: usize = 64;
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tick.tick().await;
+        let (peak, now) = (open.peak.load(Ordering::Relaxed), open.len());
+        if peak >= BURST && now <= peak / 4 {
+            open.peak.store(now, Ordering::Relaxed);
+            tokio::task::spawn_blocking(super::resources::release_memory);
+        }
+    }
+}
+
+/// One HTTP/1.1 connection (keep-alive), shut down gracefully once `shutdown` is cancelled,
+/// closed at once when evicted by the cap.
 async fn connection(
     stream: TcpStream,
     router: TowerToHyperService<Router>,
     gw: Arc<Gateway>,
     shutdown: CancellationToken,
+    registered: Registered,
+    header_timeout: Duration,
 ) {
+    let evicted = registered.slot.evict.clone();
+    let svc_slot = Arc::clone(&registered.slot);
     let svc = service_fn(move |req: Request<Incoming>| {
+        let busy = Busy::new(&svc_slot);
         let response = router.call(req);
         let gw = Arc::clone(&gw);
         async move {
-            let mut res = response.await?;
+            let res = response.await?;
+            let mut res = res.map(|inner| Body::new(BusyBody { inner, _busy: busy }));
             // Decided when the response is ready: a request that came in while running and
             // finishes during the hand-over moves its client too.
             if moving_clients(&gw) {
@@ -157,13 +375,24 @@ async fn connection(
             Ok::<_, Infallible>(res)
         }
     });
-    let mut conn = pin!(http1::Builder::new().serve_connection(TokioIo::new(stream), svc));
+    let mut conn = pin!(
+        http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .serve_connection(TokioIo::new(stream), svc)
+    );
     tokio::select! {
-        // Errors are the client's (reset, malformed request); hyper already answered what it could.
+        // Errors are the client's (reset, malformed request, header timeout); hyper already
+        // answered what it could.
         _ = conn.as_mut() => return,
+        () = evicted.cancelled() => return,
         () = shutdown.cancelled() => conn.as_mut().graceful_shutdown(),
     }
-    let _ = conn.await;
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        () = evicted.cancelled() => {}
+    }
+    drop(registered);
 }
 
 /// Per-connection failures are the client's business; anything else (out of descriptors) is
@@ -226,7 +455,7 @@ mod tests {
     async fn post(c: &mut TcpStream) -> std::io::Result<(u16, String)> {
         let body = r#"{"chat_id":"c","user_id":"u","text":"hi"}"#;
         let req = format!(
-            "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST /v1/messages HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
         c.write_all(req.as_bytes()).await?;
@@ -260,6 +489,24 @@ mod tests {
             Ok(Ok(0)) | Ok(Err(_)) => Some(t0.elapsed()),
             _ => None,
         }
+    }
+
+    /// At the cap: a busy or fresh connection is never evicted; the oldest settled idle one is.
+    #[test]
+    fn the_cap_evicts_only_settled_idle_connections() {
+        let open = Arc::new(Open::new(2));
+        let a = open.admit().expect("under the cap");
+        let b = open.admit().expect("under the cap");
+        assert!(open.admit().is_none(), "both connections are fresh");
+        // `a` served a request, then stays idle long enough; `b` is busy.
+        drop(Busy::new(&a.slot));
+        let _busy_b = Busy::new(&b.slot);
+        std::thread::sleep(EVICTABLE_AFTER + Duration::from_millis(20));
+        let c = open.admit().expect("evicts the settled idle connection");
+        assert!(a.slot.evict.is_cancelled() && !b.slot.evict.is_cancelled());
+        assert!(open.admit().is_none(), "b is busy and c is fresh");
+        drop((a, c));
+        assert_eq!(open.len(), 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
