@@ -329,6 +329,8 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
     if let Some(sig) = early {
         return startup_failed_with(&gw, ExitIntent::Unexpected, format!("{} during start-up", sig.name()));
     }
+    // Queued before `running`: the first reply after a restart must already carry the notice.
+    gw.work.restart_notice(&gw);
     gw.advance(GatewayState::Running);
     gw.record("ready", json!({"listen": addr, "control": gw.control}));
     info!("gateway {} ready: http://{addr} (control {})", gw.me.id, gw.control);
@@ -338,7 +340,6 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
         let _ = writeln!(out, "ready {} {} {addr}", gw.me.id, gw.me.pid);
         let _ = out.flush();
     }
-    gw.work.restart_notice(&gw);
     gw.work.start_worker(Arc::clone(&gw));
     // A marker may have landed before the watch was set up.
     let _ = tx.send(Cause::MarkerChanged);
