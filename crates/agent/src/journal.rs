@@ -389,6 +389,16 @@ impl Journal {
         Ok(id)
     }
 
+    /// Whether `(platform, event_id)` is journaled already.
+    pub fn has_event(&self, platform: &str, event_id: &str) -> Result<bool, JournalError> {
+        let n: i64 = self.conn().query_row(
+            "SELECT COUNT(*) FROM messages WHERE platform = ?1 AND event_id = ?2",
+            params![platform, event_id],
+            |r| r.get(0),
+        )?;
+        Ok(n > 0)
+    }
+
     /// Queues a message to a platform chat that answers no journaled message (a notice).
     pub fn enqueue(&self, platform: &str, chat_id: &str, text: &str) -> Result<i64, JournalError> {
         let now = now_rfc3339();

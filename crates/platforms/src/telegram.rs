@@ -254,10 +254,34 @@ impl Receiver {
     fn run(mut self) {
         let mut backoff = BACKOFF_MIN;
         let mut conflict_since: Option<Instant> = None;
+        let mut hello = true;
         while !self.stopping() {
             if self.shared.flags.take_kick() {
                 self.api = Api::new(&self.base, &self.token);
                 self.set(State::Connecting);
+                hello = true;
+            }
+            if hello {
+                // `getMe` first: "connected" and "credentials rejected" are known at once, not
+                // after the first long poll ends.
+                match self.api.call("getMe", &json!({}), Duration::from_secs(10)) {
+                    Ok(_) => {
+                        hello = false;
+                        self.status.progress();
+                        self.set(State::Connected);
+                    }
+                    Err(ApiError::Unauthorized(desc)) => {
+                        self.set(State::Parked(format!("credentials rejected: {desc}")));
+                        return;
+                    }
+                    Err(ApiError::Flood(d)) => self.pause(d.min(MAX_RETRY_AFTER)),
+                    Err(e) => {
+                        self.set(State::Degraded(e.to_string()));
+                        self.pause(backoff);
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                    }
+                }
+                continue;
             }
             let offset = self.shared.offset.load(Ordering::Acquire);
             let body =
@@ -350,7 +374,11 @@ impl Sender {
                     empty
                 }
                 Err(e) => {
-                    crate_log(&self.name, &e);
+                    // The receiver sets `connected` again at its next successful poll.
+                    let state = State::Degraded(format!("cannot send: {e}"));
+                    if self.status.set(state.clone()) {
+                        self.host.state_changed(&self.name, &state);
+                    }
                     if self.closing_done(false) {
                         return;
                     }
@@ -407,12 +435,6 @@ impl Sender {
         }
         Ok(false)
     }
-}
-
-/// Adapter threads have no logger of their own; the host records state changes. Send errors
-/// go to stderr like the gateway's log lines (crates/runtime/src/log.rs writes there too).
-fn crate_log(name: &str, e: &str) {
-    eprintln!("{} WARN  [[platform]] {name}: send failed: {e}", gatewarden_lifecycle::timefmt::now());
 }
 
 impl Adapter for Telegram {

@@ -228,7 +228,14 @@ impl Gateway {
             active_runs: Some(self.runs.active()),
             control: Some(self.control.clone()),
             files,
-            extra: Default::default(),
+            extra: {
+                let mut extra = std::collections::BTreeMap::new();
+                let platforms = self.work.platforms();
+                if !platforms.is_empty() {
+                    extra.insert("platforms".to_owned(), Value::Array(platforms.report()));
+                }
+                extra
+            },
         }
     }
 }
