@@ -400,6 +400,12 @@ impl Config {
         {
             return Err(agent("api_key_env", "must be the name of an environment variable".into()));
         }
+        if a.history_turns > 1000 {
+            return Err(agent("history_turns", "must be at most 1000".into()));
+        }
+        if a.history_chars > 10_000_000 {
+            return Err(agent("history_chars", "must be at most 10000000 characters".into()));
+        }
         self.validate_platforms(index)?;
         match a.backend {
             BackendKind::Echo => {}

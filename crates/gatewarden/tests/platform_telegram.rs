@@ -33,8 +33,9 @@ fn fake() -> FakeTelegram {
 }
 
 fn config(fake: &FakeTelegram, agent: &str, extra: &str) -> String {
+    let backend = if agent.contains("backend") { "" } else { "backend = \"echo\"" };
     format!(
-        "drain_timeout_s = 10\n[agent]\nbackend = \"echo\"\n{agent}\n\
+        "drain_timeout_s = 10\n[agent]\n{backend}\n{agent}\n\
          [[platform]]\nkind = \"telegram\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\nadmins = [\"{ADMIN}\"]\n\
          poll_timeout_s = 2\nconflict_standby_s = 2\n{extra}",
         fake.base_url()
@@ -315,4 +316,54 @@ fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
     assert!(holds_for(Duration::from_millis(500), || fake.sent(&tok).len() == total as usize).is_ok());
     let out = run_cli(&home, &["stop"]);
     assert_cli(&out, 0, "stop");
+}
+
+/// Conversations: each run gets its chat's earlier turns (exec: a JSON file named by
+/// GATEWARDEN_HISTORY_FILE), per chat, across a restart; `/new` starts afresh.
+/// `/v1/chat/completions` passes the caller's whole `messages` array through.
+#[test]
+fn conversations_remember_per_chat_across_restarts_and_new_forgets() {
+    let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), fake(), token());
+    let agent = "backend = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", \"cat \\\"$GATEWARDEN_HISTORY_FILE\\\"\"]\nhistory_turns = 2";
+    let g = start_gw(&home, &sw, &tok, &config(&fake, agent, ""));
+    let history = |chat: i64, text: &str| -> Value {
+        let before = fake.sent(&tok).len();
+        fake.inject(&tok, chat, 1, text);
+        let sent = fake
+            .wait_sent(&tok, REPLY, |s| s.len() > before)
+            .unwrap_or_else(|s| panic!("no reply to {text:?}: {s:#?}"));
+        let reply = &sent[before].text;
+        serde_json::from_str(reply).unwrap_or_else(|e| panic!("reply to {text:?} is not JSON ({e}): {reply}"))
+    };
+    assert_eq!(history(1, "one"), json!([]));
+    let h = history(1, "two");
+    assert_eq!(h, json!([{"role": "user", "content": "one"}, {"role": "assistant", "content": "[]"}]));
+    assert_eq!(history(2, "elsewhere"), json!([]), "another chat has its own conversation");
+
+    // Sessions survive a restart.
+    let old = g.pid();
+    assert_cli(&cli_tagged(&home, &sw, &["restart", "--timeout", "30"], Duration::from_secs(40)), 0, "restart");
+    wait_new_ready(home.path(), &[old], READY).expect("successor");
+    let h = history(1, "three");
+    let users: Vec<&str> =
+        h.as_array().unwrap().iter().filter(|t| t["role"] == "user").filter_map(|t| t["content"].as_str()).collect();
+    assert_eq!(users, vec!["one", "two"], "history_turns = 2 keeps the last two turns: {h}");
+
+    fake.inject(&tok, 1, 1, "/new");
+    wait_reply(&fake, &tok, 1, |t| t.starts_with("new conversation"));
+    assert_eq!(history(1, "four"), json!([]), "/new forgets");
+
+    // The OpenAI-compatible endpoint: the caller's conversation goes through whole.
+    let addr = wait_new_ready(home.path(), &[old], READY).expect("running").2;
+    let body = json!({"model": "x", "messages": [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]});
+    let r = Api::new(addr).post_json("/v1/chat/completions", &body).unwrap();
+    let content = r.json().unwrap()["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned();
+    let passed: Value = serde_json::from_str(&content).unwrap_or_else(|e| panic!("{e}: {content}"));
+    assert_eq!(
+        passed,
+        json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
+    );
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
 }

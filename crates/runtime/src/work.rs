@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gatewarden_agent::journal::{Kind, NewMessage};
-use gatewarden_agent::{Agent, AgentError, AgentRequest, Journal, JournalError};
+use gatewarden_agent::{Agent, AgentError, AgentRequest, Journal, JournalError, Turn};
 use gatewarden_control::Requester;
 use gatewarden_lifecycle::{fsio, timefmt};
 use serde_json::{Value, json};
@@ -113,6 +113,8 @@ pub struct Work {
     platforms: std::sync::OnceLock<Arc<crate::platforms::Platforms>>,
     /// `[agent] history_turns`.
     pub history_turns: usize,
+    /// `[agent] history_chars`.
+    pub history_chars: usize,
 }
 
 impl Work {
@@ -136,6 +138,7 @@ impl Work {
             restarting: std::sync::atomic::AtomicBool::new(true),
             platforms: std::sync::OnceLock::new(),
             history_turns: config.agent.history_turns,
+            history_chars: config.agent.history_chars,
         }
     }
 
@@ -407,11 +410,28 @@ impl Work {
             Ok(None) => return,
             Err(e) => return crate::error!("journal claim of {id} failed: {e}"),
         };
+        // A chat platform's conversation: the session's last turns, within the char budget.
+        let history = if msg.platform.is_some() && self.history_turns > 0 {
+            let (id, turns, chars) = (msg.id.clone(), self.history_turns, self.history_chars);
+            match self.with_journal(move |j| j.history(&id, turns)).await {
+                Ok(pairs) => gatewarden_agent::within_budget(
+                    pairs.into_iter().flat_map(|(q, a)| [Turn::new("user", q), Turn::new("assistant", a)]).collect(),
+                    chars,
+                ),
+                Err(e) => {
+                    crate::warn!("cannot read the conversation of {}: {e}; running it without history", msg.id);
+                    Vec::new()
+                }
+            }
+        } else {
+            Vec::new()
+        };
         let req = AgentRequest {
             run_id: msg.id.clone(),
             chat_id: msg.chat_id.clone(),
             user_id: msg.user_id.clone(),
             text: msg.text.clone(),
+            history,
         };
         let r = self.run_sync(gw, req, None).await;
         if matches!(r, Err(AgentError::Cancelled)) {
