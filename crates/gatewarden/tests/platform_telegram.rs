@@ -303,7 +303,12 @@ fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
     stop.store(true, Ordering::Relaxed);
     stream.join().unwrap();
     let total = injected.load(Ordering::Relaxed);
-    eprintln!("{restarts} restarts in {:?}, {total} messages", t0.elapsed());
+    let st = fake.stats(&tok);
+    eprintln!(
+        "{restarts} restarts in {:?}, {total} messages, longest polling gap {} ms",
+        t0.elapsed(),
+        st.max_poll_gap_ms
+    );
     let done = fake.wait_sent(&tok, Duration::from_secs(30), |s| s.len() >= total as usize);
     let sent = done.unwrap_or_else(|s| s);
     let mut seen: HashMap<&str, usize> = HashMap::new();

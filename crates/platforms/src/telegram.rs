@@ -374,10 +374,13 @@ impl Sender {
                     empty
                 }
                 Err(e) => {
-                    // The receiver sets `connected` again at its next successful poll.
-                    let state = State::Degraded(format!("cannot send: {e}"));
-                    if self.status.set(state.clone()) {
-                        self.host.state_changed(&self.name, &state);
+                    // The receiver sets `connected` again at its next successful poll; a parked
+                    // adapter stays parked (its reason is the one that matters).
+                    if !matches!(self.status.state(), State::Parked(_)) {
+                        let state = State::Degraded(format!("cannot send: {e}"));
+                        if self.status.set(state.clone()) {
+                            self.host.state_changed(&self.name, &state);
+                        }
                     }
                     if self.closing_done(false) {
                         return;

@@ -76,6 +76,9 @@ pub struct Stats {
     /// Updates confirmed by an offset.
     pub confirmed: u64,
     pub sent: usize,
+    /// The longest time no `getUpdates` was in flight, since the last reset: the polling gap a
+    /// restart causes.
+    pub max_poll_gap_ms: u64,
 }
 
 #[derive(Default)]
@@ -90,6 +93,8 @@ struct Bot {
     sent: Vec<SentMessage>,
     stats: Stats,
     notify: Arc<Notify>,
+    /// Since when no `getUpdates` is in flight.
+    idle_since: Option<Instant>,
 }
 
 struct Shared {
@@ -236,6 +241,14 @@ impl FakeTelegram {
     /// The next `calls` API calls of this bot answer 429 with `retry_after` seconds.
     pub fn flood(&self, token: &str, retry_after: u64, calls: u32) {
         self.shared.with(token, |b| b.flood = Some((retry_after, calls)));
+    }
+
+    /// Restarts the polling-gap measurement.
+    pub fn reset_gap(&self, token: &str) {
+        self.shared.with(token, |b| {
+            b.stats.max_poll_gap_ms = 0;
+            b.idle_since = None;
+        });
     }
 
     /// Every later call with this token answers 401 Unauthorized.
@@ -411,7 +424,25 @@ impl Drop for Abandon {
     }
 }
 
+/// Marks the end of a `getUpdates` (however it ends): no poll in flight from then on, unless a
+/// newer one took over.
+struct PollEnd {
+    shared: Arc<Shared>,
+    token: String,
+}
+
+impl Drop for PollEnd {
+    fn drop(&mut self) {
+        self.shared.with(&self.token, |b| {
+            if b.poll.is_none() {
+                b.idle_since = Some(Instant::now());
+            }
+        });
+    }
+}
+
 async fn get_updates(shared: Arc<Shared>, token: String, p: HashMap<String, Value>) -> Response {
+    let _end = PollEnd { shared: Arc::clone(&shared), token: token.clone() };
     let offset = int(&p, "offset").unwrap_or(0);
     let limit = int(&p, "limit").unwrap_or(100).clamp(1, 100) as usize;
     let timeout = Duration::from_secs(int(&p, "timeout").unwrap_or(0).clamp(0, 3600) as u64);
@@ -423,6 +454,9 @@ async fn get_updates(shared: Arc<Shared>, token: String, p: HashMap<String, Valu
         let b =
             bots.entry(token.clone()).or_insert_with(|| Bot { next_update: 1000, next_message: 1, ..Bot::default() });
         b.stats.get_updates += 1;
+        if let Some(t) = b.idle_since.take() {
+            b.stats.max_poll_gap_ms = b.stats.max_poll_gap_ms.max(t.elapsed().as_millis() as u64);
+        }
         if b.webhook.is_some() {
             b.stats.conflicts += 1;
             return fail(409, WEBHOOK_ACTIVE);
@@ -498,8 +532,15 @@ async fn http_sent(State(shared): State<Arc<Shared>>, Query(q): Query<HashMap<St
 
 async fn http_stats(State(shared): State<Arc<Shared>>, Query(q): Query<HashMap<String, String>>) -> Response {
     let token = q.get("token").cloned().unwrap_or_default();
-    let s = shared.with(&token, |b| Stats { pending: b.queue.len(), sent: b.sent.len(), ..b.stats.clone() });
-    ok(
-        json!({"get_updates": s.get_updates, "conflicts": s.conflicts, "pending": s.pending, "confirmed": s.confirmed, "sent": s.sent}),
-    )
+    let reset = q.contains_key("reset_gap");
+    let s = shared.with(&token, |b| {
+        let s = Stats { pending: b.queue.len(), sent: b.sent.len(), ..b.stats.clone() };
+        if reset {
+            b.stats.max_poll_gap_ms = 0;
+            b.idle_since = None;
+        }
+        s
+    });
+    ok(json!({"get_updates": s.get_updates, "conflicts": s.conflicts, "pending": s.pending, "confirmed": s.confirmed,
+              "sent": s.sent, "max_poll_gap_ms": s.max_poll_gap_ms}))
 }
