@@ -202,38 +202,7 @@ impl Journal {
         )
         .map_err(wrap)?;
         if version < 2 {
-            // Schema 2 (chat platforms): where an inbound message came from and its platform
-            // event id (deduplication), the durable outbox, and per-chat sessions.
-            conn.execute_batch(
-                "BEGIN;
-                 ALTER TABLE messages ADD COLUMN platform TEXT;
-                 ALTER TABLE messages ADD COLUMN event_id TEXT;
-                 CREATE UNIQUE INDEX messages_event ON messages (platform, event_id)
-                     WHERE event_id IS NOT NULL;
-                 CREATE INDEX messages_chat ON messages (platform, chat_id, created_at);
-                 CREATE TABLE outbox (
-                     seq        INTEGER PRIMARY KEY AUTOINCREMENT,
-                     platform   TEXT NOT NULL,
-                     chat_id    TEXT NOT NULL,
-                     text       TEXT NOT NULL,
-                     message_id TEXT,
-                     state      TEXT NOT NULL DEFAULT 'pending'
-                                CHECK (state IN ('pending', 'sent', 'failed')),
-                     reason     TEXT,
-                     created_at TEXT NOT NULL,
-                     updated_at TEXT NOT NULL
-                 );
-                 CREATE INDEX outbox_pending ON outbox (platform, state, seq);
-                 CREATE TABLE sessions (
-                     platform   TEXT NOT NULL,
-                     chat_id    TEXT NOT NULL,
-                     started_at TEXT NOT NULL,
-                     PRIMARY KEY (platform, chat_id)
-                 );
-                 PRAGMA user_version = 2;
-                 COMMIT;",
-            )
-            .map_err(wrap)?;
+            migrate_to_2(&conn).map_err(wrap)?;
         }
         Ok(Journal { conn: Mutex::new(conn), path: path.to_path_buf() })
     }
@@ -589,6 +558,54 @@ impl Journal {
     }
 }
 
+/// Schema 2 (chat platforms): where an inbound message came from and its platform event id
+/// (deduplication), the durable outbox, and per-chat sessions. The journal is opened before the
+/// instance lock is taken, so two starting gateways may race here: the write lock is taken first
+/// (`BEGIN IMMEDIATE`, waiting out the busy timeout) and the version read again under it.
+fn migrate_to_2(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let migrate = || -> rusqlite::Result<()> {
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if version >= 2 {
+            return Ok(());
+        }
+        conn.execute_batch(
+            "ALTER TABLE messages ADD COLUMN platform TEXT;
+             ALTER TABLE messages ADD COLUMN event_id TEXT;
+             CREATE UNIQUE INDEX messages_event ON messages (platform, event_id)
+                 WHERE event_id IS NOT NULL;
+             CREATE INDEX messages_chat ON messages (platform, chat_id, created_at);
+             CREATE TABLE outbox (
+                 seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+                 platform   TEXT NOT NULL,
+                 chat_id    TEXT NOT NULL,
+                 text       TEXT NOT NULL,
+                 message_id TEXT,
+                 state      TEXT NOT NULL DEFAULT 'pending'
+                            CHECK (state IN ('pending', 'sent', 'failed')),
+                 reason     TEXT,
+                 created_at TEXT NOT NULL,
+                 updated_at TEXT NOT NULL
+             );
+             CREATE INDEX outbox_pending ON outbox (platform, state, seq);
+             CREATE TABLE sessions (
+                 platform   TEXT NOT NULL,
+                 chat_id    TEXT NOT NULL,
+                 started_at TEXT NOT NULL,
+                 PRIMARY KEY (platform, chat_id)
+             );
+             PRAGMA user_version = 2;",
+        )
+    };
+    match migrate() {
+        Ok(()) => conn.execute_batch("COMMIT"),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
 /// A reply waiting in (or gone through) the outbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outgoing {
@@ -874,6 +891,26 @@ mod tests {
         std::thread::sleep(Duration::from_millis(2));
         let fresh = j.accept_inbound("tg", "5", &msg("four")).unwrap().unwrap();
         assert!(j.history(&fresh, 10).unwrap().is_empty(), "/new forgets the earlier turns");
+    }
+
+    #[test]
+    fn concurrent_first_opens_migrate_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(JOURNAL_FILE);
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let (path, barrier) = (path.clone(), std::sync::Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    Journal::open(&path).map(|_| ())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap().unwrap();
+        }
+        assert!(Journal::open(&path).unwrap().accept_inbound("tg", "1", &msg("x")).unwrap().is_some());
     }
 
     #[test]
