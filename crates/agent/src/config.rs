@@ -37,14 +37,26 @@ pub const MAX_SECONDS: u64 = 7 * 24 * 3600;
 /// Upper bound for the millisecond knobs (one hour).
 pub const MAX_MILLIS: u64 = 3600 * 1000;
 
-const TOP_KEYS: &[&str] = &["listen", "api_token", "admins", "drain_timeout_s", "agent", "http", "journal"];
+const TOP_KEYS: &[&str] = &["listen", "api_token", "admins", "drain_timeout_s", "agent", "http", "journal", "platform"];
 const HTTP_KEYS: &[&str] = &["allowed_hosts", "max_connections", "header_timeout_s", "body_timeout_s"];
 const JOURNAL_KEYS: &[&str] = &["max_age_days", "max_size_mb"];
 
 /// Upper bound for `[http] max_connections` (each connection costs at least one descriptor).
 pub const MAX_CONNECTIONS: usize = 1 << 20;
-const AGENT_KEYS: &[&str] =
-    &["backend", "delay_ms", "command", "timeout_s", "kill_grace_ms", "base_url", "model", "api_key_env"];
+const AGENT_KEYS: &[&str] = &[
+    "backend",
+    "delay_ms",
+    "command",
+    "timeout_s",
+    "kill_grace_ms",
+    "base_url",
+    "model",
+    "api_key_env",
+    "history_turns",
+    "history_chars",
+];
+const PLATFORM_KEYS: &[&str] =
+    &["kind", "name", "token_env", "api_base", "allowed_chats", "admins", "poll_timeout_s", "conflict_standby_s"];
 
 /// Why the configuration cannot be used. Every variant maps to exit code [`EX_CONFIG`].
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +145,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// How long finished messages stay in the journal.
     pub journal: JournalConfig,
+    /// `[[platform]]` tables: the chat platform adapters.
+    pub platform: Vec<PlatformConfig>,
 }
 
 /// The `[http]` table: what the listener accepts (docs/security.md).
@@ -198,6 +212,72 @@ impl JournalConfig {
     }
 }
 
+/// Which chat platform an adapter speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlatformKind {
+    /// The Telegram Bot API (getUpdates long-poll).
+    Telegram,
+    /// Matrix client-server API (not in this build yet; refused with a message).
+    Matrix,
+    /// IRC (not in this build yet; refused with a message).
+    Irc,
+}
+
+impl PlatformKind {
+    /// The name used in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlatformKind::Telegram => "telegram",
+            PlatformKind::Matrix => "matrix",
+            PlatformKind::Irc => "irc",
+        }
+    }
+}
+
+/// One `[[platform]]` table. Credentials come only from environment variables named here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlatformConfig {
+    pub kind: PlatformKind,
+    /// Unique adapter name (journal rows, status, metrics); defaults to `kind`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The environment variable holding the credential (Telegram: the bot token).
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// The platform's API base URL (Telegram: `https://api.telegram.org`).
+    #[serde(default)]
+    pub api_base: Option<String>,
+    /// Chats served; empty = every chat.
+    #[serde(default)]
+    pub allowed_chats: Vec<String>,
+    /// Platform user ids allowed to run `/restart` and `/stop` from this platform.
+    #[serde(default)]
+    pub admins: Vec<String>,
+    /// Telegram: the long-poll `timeout` of getUpdates.
+    #[serde(default = "default_poll_timeout")]
+    pub poll_timeout_s: u64,
+    /// How long a conflict signal (Telegram 409) may persist before the adapter stands by.
+    #[serde(default = "default_conflict_standby")]
+    pub conflict_standby_s: u64,
+}
+
+fn default_poll_timeout() -> u64 {
+    25
+}
+
+fn default_conflict_standby() -> u64 {
+    60
+}
+
+impl PlatformConfig {
+    /// The adapter's name: `name`, else the kind.
+    pub fn adapter_name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| self.kind.as_str().to_owned())
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -208,6 +288,7 @@ impl Default for Config {
             agent: AgentConfig::default(),
             http: HttpConfig::default(),
             journal: JournalConfig::default(),
+            platform: Vec::new(),
         }
     }
 }
@@ -223,6 +304,7 @@ impl fmt::Debug for Config {
             .field("agent", &self.agent)
             .field("http", &self.http)
             .field("journal", &self.journal)
+            .field("platform", &self.platform)
             .finish()
     }
 }
@@ -271,6 +353,10 @@ pub struct AgentConfig {
     pub model: Option<String>,
     /// openai: name of the environment variable holding the API key (`None` = no key sent).
     pub api_key_env: Option<String>,
+    /// Chat platforms: how many earlier turns of the conversation a run gets.
+    pub history_turns: usize,
+    /// openai: the character budget for those turns (the oldest are dropped first).
+    pub history_chars: usize,
 }
 
 impl Default for AgentConfig {
@@ -284,6 +370,8 @@ impl Default for AgentConfig {
             base_url: None,
             model: None,
             api_key_env: None,
+            history_turns: 10,
+            history_chars: 8000,
         }
     }
 }
@@ -427,6 +515,13 @@ impl Config {
         {
             return Err(agent("api_key_env", "must be the name of an environment variable".into()));
         }
+        if a.history_turns > 1000 {
+            return Err(agent("history_turns", "must be at most 1000".into()));
+        }
+        if a.history_chars > 10_000_000 {
+            return Err(agent("history_chars", "must be at most 10000000 characters".into()));
+        }
+        self.validate_platforms(index)?;
         match a.backend {
             BackendKind::Echo => {}
             BackendKind::Exec => {
@@ -481,6 +576,68 @@ fn valid_host(h: &str) -> bool {
     !h.is_empty()
         && h.len() <= 255
         && h.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']' | b'_'))
+}
+
+impl Config {
+    fn validate_platforms(&self, index: &KeyIndex) -> Result<(), ConfigError> {
+        let bad = |key: &str, message: String| index.invalid(&["platform", key], message);
+        let mut names = std::collections::HashSet::new();
+        for p in &self.platform {
+            let name = p.adapter_name();
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+                return Err(bad("name", format!("{name:?}: use letters, digits, '-' and '_'")));
+            }
+            if !names.insert(name.clone()) {
+                return Err(bad(
+                    "name",
+                    format!("two [[platform]] tables are named {name:?}; give each a unique name"),
+                ));
+            }
+            if matches!(p.kind, PlatformKind::Matrix | PlatformKind::Irc) {
+                return Err(bad("kind", format!("{:?} adapters are not in this build yet", p.kind.as_str())));
+            }
+            match p.token_env.as_deref() {
+                None | Some("") => {
+                    return Err(bad(
+                        "token_env",
+                        format!(
+                            "[[platform]] {name:?} needs token_env, the name of the environment variable holding its token"
+                        ),
+                    ));
+                }
+                Some(v) if v.contains(['=', '\0']) => {
+                    return Err(bad("token_env", "must be the name of an environment variable".into()));
+                }
+                Some(_) => {}
+            }
+            if let Some(url) = p.api_base.as_deref().map(str::trim) {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(bad("api_base", format!("{url:?} must start with http:// or https://")));
+                }
+                if url.starts_with("https://") && !cfg!(feature = "tls") {
+                    return Err(bad(
+                        "api_base",
+                        format!("{url:?} is https, but this build has no TLS support (features tls)"),
+                    ));
+                }
+            } else if !cfg!(feature = "tls") {
+                return Err(bad(
+                    "api_base",
+                    "the default https://api.telegram.org needs a build with TLS (features tls); set api_base to an http:// Bot API server otherwise".into(),
+                ));
+            }
+            if p.admins.iter().chain(&p.allowed_chats).any(|a| a.trim().is_empty()) {
+                return Err(bad("admins", "ids must not be empty".into()));
+            }
+            if p.poll_timeout_s > 300 {
+                return Err(bad("poll_timeout_s", "must be at most 300 seconds".into()));
+            }
+            if p.conflict_standby_s == 0 || p.conflict_standby_s > MAX_SECONDS {
+                return Err(bad("conflict_standby_s", format!("must be between 1 and {MAX_SECONDS} seconds")));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn de_socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
@@ -568,6 +725,7 @@ impl<'a> KeyIndex<'a> {
                 Some("agent") => AGENT_KEYS.join(", "),
                 Some("http") => HTTP_KEYS.join(", "),
                 Some("journal") => JOURNAL_KEYS.join(", "),
+                Some("platform") => PLATFORM_KEYS.join(", "),
                 Some(_) => String::from("(no keys)"),
             };
             return ConfigError::UnknownKey { path: self.path.to_path_buf(), line, key, table, expected };

@@ -41,7 +41,7 @@ pub const MAX_ATTEMPTS: i64 = 2;
 /// Reason recorded for a message whose run was interrupted on both attempts.
 pub const REASON_INTERRUPTED_TWICE: &str = "interrupted twice";
 
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 /// Why a journal operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -146,6 +146,8 @@ pub struct Message {
     pub incarnation: Option<String>,
     /// The run requested a restart (or another lifecycle command) and must never be replayed.
     pub is_command: bool,
+    /// The chat platform adapter it came from (`None`: the HTTP API).
+    pub platform: Option<String>,
     /// RFC 3339 UTC with microseconds.
     pub created_at: String,
     pub updated_at: String,
@@ -168,7 +170,7 @@ pub struct Journal {
 }
 
 const COLUMNS: &str = "id, chat_id, user_id, text, kind, state, reply, reason, attempts, \
-                       incarnation, is_command, created_at, updated_at";
+                       incarnation, is_command, created_at, updated_at, platform";
 
 impl Journal {
     /// Opens (creating if needed) the journal at `path`, usually `<home>/journal.sqlite3`.
@@ -201,10 +203,12 @@ impl Journal {
              );
              CREATE INDEX IF NOT EXISTS messages_state ON messages (state);
              CREATE INDEX IF NOT EXISTS messages_finished ON messages (updated_at)
-                 WHERE state IN ('done', 'failed');
-             PRAGMA user_version = 1;",
+                 WHERE state IN ('done', 'failed');",
         )
         .map_err(wrap)?;
+        if version < 2 {
+            migrate_to_2(&conn).map_err(wrap)?;
+        }
         Ok(Journal { conn: Mutex::new(conn), path: path.to_path_buf() })
     }
 
@@ -270,23 +274,200 @@ impl Journal {
     }
 
     /// `running → done` with the reply, only if `incarnation` owns the run.
+    /// A message that came from a chat platform also queues its reply in the outbox, in the
+    /// same transaction: a reply is never lost between the two, nor queued twice.
     pub fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError> {
-        let n = self.conn().execute(
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let now = now_rfc3339();
+        let n = tx.execute(
             "UPDATE messages SET state = 'done', reply = ?3, reason = NULL, updated_at = ?4
              WHERE id = ?1 AND state = 'running' AND incarnation = ?2",
-            params![id, incarnation, reply, now_rfc3339()],
+            params![id, incarnation, reply, now],
+        )?;
+        if n == 1 {
+            queue_reply(&tx, id, reply, &now)?;
+        }
+        tx.commit()?;
+        Ok(n == 1)
+    }
+
+    /// `running → failed` with a reason, only if `incarnation` owns the run. A platform
+    /// message's chat is told that it failed (through the outbox, in the same transaction).
+    pub fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let now = now_rfc3339();
+        let n = tx.execute(
+            "UPDATE messages SET state = 'failed', reason = ?3, updated_at = ?4
+             WHERE id = ?1 AND state = 'running' AND incarnation = ?2",
+            params![id, incarnation, reason, now],
+        )?;
+        if n == 1 {
+            queue_reply(&tx, id, &format!("sorry, that failed: {reason}"), &now)?;
+        }
+        tx.commit()?;
+        Ok(n == 1)
+    }
+
+    /// Journals a message from a chat platform, keyed by its platform event id: `None` when that
+    /// event is already journaled (a redelivery after a crash between commit and the platform's
+    /// acknowledgement). Durable when this returns.
+    pub fn accept_inbound(
+        &self,
+        platform: &str,
+        event_id: &str,
+        msg: &NewMessage,
+    ) -> Result<Option<String>, JournalError> {
+        let now = now_rfc3339();
+        let conn = self.conn();
+        let id = conn
+            .query_row(
+                "INSERT OR IGNORE INTO messages (id, chat_id, user_id, text, kind, state, attempts,
+                                       is_command, platform, event_id, created_at, updated_at)
+                 VALUES (lower(hex(randomblob(12))), ?1, ?2, ?3, 'async', 'queued', 0, 0, ?4, ?5, ?6, ?6)
+                 RETURNING id",
+                params![msg.chat_id, msg.user_id, msg.text, platform, event_id, now],
+                |r| r.get::<_, String>(0),
+            )
+            .optional()?;
+        Ok(id)
+    }
+
+    /// Journals a chat command from a platform as a finished command row and queues its reply,
+    /// in one transaction. `None` when the event is already journaled (nothing is queued again).
+    pub fn accept_inbound_command(
+        &self,
+        platform: &str,
+        event_id: &str,
+        msg: &NewMessage,
+        reply: &str,
+    ) -> Result<Option<String>, JournalError> {
+        let now = now_rfc3339();
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let id = tx
+            .query_row(
+                "INSERT OR IGNORE INTO messages (id, chat_id, user_id, text, kind, state, reply, attempts,
+                                       is_command, platform, event_id, created_at, updated_at)
+                 VALUES (lower(hex(randomblob(12))), ?1, ?2, ?3, 'async', 'done', ?4, 0, 1, ?5, ?6, ?7, ?7)
+                 RETURNING id",
+                params![msg.chat_id, msg.user_id, msg.text, reply, platform, event_id, now],
+                |r| r.get::<_, String>(0),
+            )
+            .optional()?;
+        if let Some(id) = &id {
+            queue_reply(&tx, id, reply, &now)?;
+        }
+        tx.commit()?;
+        Ok(id)
+    }
+
+    /// Whether `(platform, event_id)` is journaled already.
+    pub fn has_event(&self, platform: &str, event_id: &str) -> Result<bool, JournalError> {
+        let n: i64 = self.conn().query_row(
+            "SELECT COUNT(*) FROM messages WHERE platform = ?1 AND event_id = ?2",
+            params![platform, event_id],
+            |r| r.get(0),
+        )?;
+        Ok(n > 0)
+    }
+
+    /// Queues a message to a platform chat that answers no journaled message (a notice).
+    pub fn enqueue(&self, platform: &str, chat_id: &str, text: &str) -> Result<i64, JournalError> {
+        let now = now_rfc3339();
+        let seq = self.conn().query_row(
+            "INSERT INTO outbox (platform, chat_id, text, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?4) RETURNING seq",
+            params![platform, chat_id, text, now],
+            |r| r.get(0),
+        )?;
+        Ok(seq)
+    }
+
+    /// Pending outbox entries for `platform`, oldest first.
+    pub fn outbox_pending(&self, platform: &str, limit: usize) -> Result<Vec<Outgoing>, JournalError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT seq, chat_id, text, message_id, created_at FROM outbox
+             WHERE platform = ?1 AND state = 'pending' ORDER BY seq LIMIT ?2",
+        )?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = stmt.query_map(params![platform, limit], |r| {
+            Ok(Outgoing {
+                seq: r.get(0)?,
+                chat_id: r.get(1)?,
+                text: r.get(2)?,
+                message_id: r.get(3)?,
+                created_at: r.get(4)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// An outbox entry left for good: `sent`, or `failed` with the platform's reason (a chat
+    /// that no longer exists; retrying cannot help).
+    pub fn outbox_done(&self, seq: i64, failed: Option<&str>) -> Result<bool, JournalError> {
+        let state = if failed.is_some() { "failed" } else { "sent" };
+        let n = self.conn().execute(
+            "UPDATE outbox SET state = ?2, reason = ?3, updated_at = ?4 WHERE seq = ?1 AND state = 'pending'",
+            params![seq, state, failed, now_rfc3339()],
         )?;
         Ok(n == 1)
     }
 
-    /// `running → failed` with a reason, only if `incarnation` owns the run.
-    pub fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError> {
-        let n = self.conn().execute(
-            "UPDATE messages SET state = 'failed', reason = ?3, updated_at = ?4
-             WHERE id = ?1 AND state = 'running' AND incarnation = ?2",
-            params![id, incarnation, reason, now_rfc3339()],
+    /// Outbox entries by state for `platform`: (pending, sent, failed).
+    pub fn outbox_counts(&self, platform: &str) -> Result<(u64, u64, u64), JournalError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT state, COUNT(*) FROM outbox WHERE platform = ?1 GROUP BY state")?;
+        let mut out = (0, 0, 0);
+        let rows = stmt.query_map(params![platform], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        for row in rows {
+            let (state, n) = row?;
+            let n = u64::try_from(n).unwrap_or(0);
+            match state.as_str() {
+                "pending" => out.0 = n,
+                "sent" => out.1 = n,
+                _ => out.2 = n,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Starts a fresh conversation in `(platform, chat)`: earlier turns are no longer history.
+    pub fn new_session(&self, platform: &str, chat_id: &str) -> Result<(), JournalError> {
+        self.conn().execute(
+            "INSERT INTO sessions (platform, chat_id, started_at) VALUES (?1, ?2, ?3)
+             ON CONFLICT (platform, chat_id) DO UPDATE SET started_at = excluded.started_at",
+            params![platform, chat_id, now_rfc3339()],
         )?;
-        Ok(n == 1)
+        Ok(())
+    }
+
+    /// The conversation before message `before` in its `(platform, chat)`: the last `turns`
+    /// answered (non-command) messages of the current session, oldest first, as
+    /// `(user text, reply)` pairs.
+    pub fn history(&self, before: &str, turns: usize) -> Result<Vec<(String, String)>, JournalError> {
+        if turns == 0 {
+            return Ok(Vec::new());
+        }
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT h.text, h.reply FROM messages m
+             JOIN messages h ON h.platform = m.platform AND h.chat_id = m.chat_id
+             LEFT JOIN sessions s ON s.platform = m.platform AND s.chat_id = m.chat_id
+             WHERE m.id = ?1 AND m.platform IS NOT NULL AND h.id != m.id
+               AND h.state = 'done' AND h.is_command = 0 AND h.reply IS NOT NULL
+               AND (h.created_at < m.created_at OR (h.created_at = m.created_at AND h.rowid < m.rowid))
+               AND (s.started_at IS NULL OR h.created_at > s.started_at)
+             ORDER BY h.created_at DESC, h.rowid DESC LIMIT ?2",
+        )?;
+        let limit = i64::try_from(turns).unwrap_or(i64::MAX);
+        let mut rows = stmt
+            .query_map(params![before, limit], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?
+            .collect::<Result<Vec<_>, _>>()?;
+        rows.reverse();
+        Ok(rows)
     }
 
     /// Marks a message as a lifecycle command (e.g. the run that requested a restart) and
@@ -449,6 +630,75 @@ fn data_bytes(conn: &Connection) -> Result<u64, JournalError> {
     Ok(u64::try_from((pages - free).max(0) * size).unwrap_or(0))
 }
 
+/// Schema 2 (chat platforms): where an inbound message came from and its platform event id
+/// (deduplication), the durable outbox, and per-chat sessions. The journal is opened before the
+/// instance lock is taken, so two starting gateways may race here: the write lock is taken first
+/// (`BEGIN IMMEDIATE`, waiting out the busy timeout) and the version read again under it.
+fn migrate_to_2(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let migrate = || -> rusqlite::Result<()> {
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if version >= 2 {
+            return Ok(());
+        }
+        conn.execute_batch(
+            "ALTER TABLE messages ADD COLUMN platform TEXT;
+             ALTER TABLE messages ADD COLUMN event_id TEXT;
+             CREATE UNIQUE INDEX messages_event ON messages (platform, event_id)
+                 WHERE event_id IS NOT NULL;
+             CREATE INDEX messages_chat ON messages (platform, chat_id, created_at);
+             CREATE TABLE outbox (
+                 seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+                 platform   TEXT NOT NULL,
+                 chat_id    TEXT NOT NULL,
+                 text       TEXT NOT NULL,
+                 message_id TEXT,
+                 state      TEXT NOT NULL DEFAULT 'pending'
+                            CHECK (state IN ('pending', 'sent', 'failed')),
+                 reason     TEXT,
+                 created_at TEXT NOT NULL,
+                 updated_at TEXT NOT NULL
+             );
+             CREATE INDEX outbox_pending ON outbox (platform, state, seq);
+             CREATE TABLE sessions (
+                 platform   TEXT NOT NULL,
+                 chat_id    TEXT NOT NULL,
+                 started_at TEXT NOT NULL,
+                 PRIMARY KEY (platform, chat_id)
+             );
+             PRAGMA user_version = 2;",
+        )
+    };
+    match migrate() {
+        Ok(()) => conn.execute_batch("COMMIT"),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// A reply waiting in (or gone through) the outbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    pub seq: i64,
+    pub chat_id: String,
+    pub text: String,
+    /// The journaled message this answers (`None` for notices).
+    pub message_id: Option<String>,
+    pub created_at: String,
+}
+
+/// Queues `text` for the chat of message `id` if that message came from a platform.
+fn queue_reply(tx: &rusqlite::Transaction<'_>, id: &str, text: &str, now: &str) -> Result<(), JournalError> {
+    tx.execute(
+        "INSERT INTO outbox (platform, chat_id, text, message_id, created_at, updated_at)
+         SELECT platform, chat_id, ?2, id, ?3, ?3 FROM messages WHERE id = ?1 AND platform IS NOT NULL",
+        params![id, text, now],
+    )?;
+    Ok(())
+}
+
 /// A row as stored, before its enums are checked.
 struct RawRow {
     id: String,
@@ -464,6 +714,7 @@ struct RawRow {
     is_command: bool,
     created_at: String,
     updated_at: String,
+    platform: Option<String>,
 }
 
 impl RawRow {
@@ -482,6 +733,7 @@ impl RawRow {
             is_command: r.get::<_, i64>(10)? != 0,
             created_at: r.get(11)?,
             updated_at: r.get(12)?,
+            platform: r.get(13)?,
         })
     }
 
@@ -508,6 +760,7 @@ impl RawRow {
             attempts: self.attempts,
             incarnation: self.incarnation,
             is_command: self.is_command,
+            platform: self.platform,
             created_at: self.created_at,
             updated_at: self.updated_at,
         })
@@ -726,6 +979,105 @@ mod tests {
         let kept: Vec<_> = ids.iter().filter(|id| j.get(id).unwrap().is_some()).collect();
         assert_eq!(kept.len() as u64, 40 - p.by_size);
         assert_eq!(kept.first().copied(), ids.get(p.by_size as usize), "the oldest went first");
+    }
+
+    #[test]
+    fn platform_messages_dedupe_and_replies_leave_through_the_outbox() {
+        let (_d, j) = journal();
+        let id = j.accept_inbound("tg", "1001", &msg("hi")).unwrap().expect("new event");
+        assert_eq!(j.accept_inbound("tg", "1001", &msg("hi")).unwrap(), None, "redelivery is deduplicated");
+        let other = j.accept_inbound("other", "1001", &msg("hi")).unwrap().expect("ids are per platform");
+        assert_eq!(j.get(&id).unwrap().unwrap().platform.as_deref(), Some("tg"));
+        assert!(j.outbox_pending("tg", 10).unwrap().is_empty());
+        assert!(j.claim(&id, "a").unwrap());
+        assert!(j.complete(&id, "a", "hello").unwrap());
+        let out = j.outbox_pending("tg", 10).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].chat_id.as_str(), out[0].text.as_str()), ("c1", "hello"));
+        assert_eq!(out[0].message_id.as_deref(), Some(id.as_str()));
+        assert!(j.outbox_done(out[0].seq, None).unwrap());
+        assert!(!j.outbox_done(out[0].seq, None).unwrap(), "sent once");
+        assert_eq!(j.outbox_counts("tg").unwrap(), (0, 1, 0));
+        // An HTTP message's completion queues nothing.
+        let http = j.accept(&msg("x")).unwrap();
+        assert!(j.claim(&http, "a").unwrap());
+        assert!(j.complete(&http, "a", "y").unwrap());
+        assert!(j.outbox_pending("tg", 10).unwrap().is_empty());
+        // A command is final at once, its reply queued once, never again on redelivery.
+        assert!(j.accept_inbound_command("tg", "1002", &msg("/status"), "fine").unwrap().is_some());
+        assert!(j.accept_inbound_command("tg", "1002", &msg("/status"), "fine").unwrap().is_none());
+        assert_eq!(j.outbox_pending("tg", 10).unwrap().len(), 1);
+        assert_eq!(j.recover("b").unwrap(), vec![other], "only the unanswered message is work");
+    }
+
+    #[test]
+    fn history_is_per_chat_and_session() {
+        let (_d, j) = journal();
+        let turn = |ev: &str, text: &str, reply: &str| {
+            let id = j.accept_inbound("tg", ev, &msg(text)).unwrap().unwrap();
+            assert!(j.claim(&id, "a").unwrap());
+            assert!(j.complete(&id, "a", reply).unwrap());
+            id
+        };
+        turn("1", "one", "r1");
+        turn("2", "two", "r2");
+        let other = NewMessage { chat_id: "c2".into(), ..msg("elsewhere") };
+        j.accept_inbound("tg", "3", &other).unwrap();
+        let now = j.accept_inbound("tg", "4", &msg("three")).unwrap().unwrap();
+        assert_eq!(
+            j.history(&now, 10).unwrap(),
+            vec![("one".to_owned(), "r1".to_owned()), ("two".to_owned(), "r2".to_owned())]
+        );
+        assert_eq!(j.history(&now, 1).unwrap(), vec![("two".to_owned(), "r2".to_owned())]);
+        j.new_session("tg", "c1").unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let fresh = j.accept_inbound("tg", "5", &msg("four")).unwrap().unwrap();
+        assert!(j.history(&fresh, 10).unwrap().is_empty(), "/new forgets the earlier turns");
+    }
+
+    #[test]
+    fn concurrent_first_opens_migrate_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(JOURNAL_FILE);
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let (path, barrier) = (path.clone(), std::sync::Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    Journal::open(&path).map(|_| ())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap().unwrap();
+        }
+        assert!(Journal::open(&path).unwrap().accept_inbound("tg", "1", &msg("x")).unwrap().is_some());
+    }
+
+    #[test]
+    fn schema_1_journals_are_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(JOURNAL_FILE);
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(
+                "CREATE TABLE messages (id TEXT PRIMARY KEY, chat_id TEXT NOT NULL, user_id TEXT NOT NULL,
+                 text TEXT NOT NULL, kind TEXT NOT NULL, state TEXT NOT NULL, reply TEXT, reason TEXT,
+                 attempts INTEGER NOT NULL DEFAULT 0, incarnation TEXT, is_command INTEGER NOT NULL DEFAULT 0,
+                 created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
+                 INSERT INTO messages VALUES ('old', 'c', 'u', 't', 'async', 'queued', NULL, NULL, 0, NULL, 0,
+                 '2026-01-01T00:00:00.000000+00:00', '2026-01-01T00:00:00.000000+00:00');
+                 PRAGMA user_version = 1;",
+            )
+            .unwrap();
+        }
+        let j = Journal::open(&path).unwrap();
+        assert_eq!(j.recover("x").unwrap(), vec!["old".to_owned()]);
+        assert_eq!(j.get("old").unwrap().unwrap().platform, None);
+        assert!(j.accept_inbound("tg", "1", &msg("new")).unwrap().is_some());
+        drop(j);
+        Journal::open(&path).unwrap();
     }
 
     #[test]

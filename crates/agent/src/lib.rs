@@ -9,6 +9,8 @@ pub mod backend;
 pub mod config;
 pub mod journal;
 
-pub use backend::{Agent, AgentError, AgentFuture, AgentReply, AgentRequest, build_agent, build_agent_with_env};
+pub use backend::{
+    Agent, AgentError, AgentFuture, AgentReply, AgentRequest, Turn, build_agent, build_agent_with_env, within_budget,
+};
 pub use config::{AgentConfig, BackendKind, Config, ConfigError, EX_CONFIG};
 pub use journal::{Journal, JournalError};

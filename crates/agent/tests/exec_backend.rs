@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use gatewarden_agent::backend::ExecAgent;
 use gatewarden_agent::config::{AgentConfig, BackendKind};
-use gatewarden_agent::{Agent, AgentError, AgentRequest, build_agent};
+use gatewarden_agent::{Agent, AgentError, AgentRequest, Turn, build_agent};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -19,7 +19,13 @@ fn sh(script: &str, timeout: Duration, grace: Duration) -> ExecAgent {
 }
 
 fn req(text: &str) -> AgentRequest {
-    AgentRequest { run_id: "run-1".into(), chat_id: "chat-1".into(), user_id: "user-1".into(), text: text.into() }
+    AgentRequest {
+        run_id: "run-1".into(),
+        chat_id: "chat-1".into(),
+        user_id: "user-1".into(),
+        text: text.into(),
+        history: Vec::new(),
+    }
 }
 
 /// True once `pid` no longer names a live process (gone, or a zombie nobody has reaped yet:
@@ -202,4 +208,24 @@ async fn dropping_the_run_future_kills_the_group() {
     assert!(run.await.unwrap_err().is_cancelled());
     assert!(wait_dead(child).await, "child {child} survived");
     assert!(wait_dead(grandchild).await, "grandchild {grandchild} survived");
+}
+
+/// The conversation so far is a private JSON file named by GATEWARDEN_HISTORY_FILE, removed
+/// after the run.
+#[tokio::test]
+async fn history_is_a_json_file_named_in_the_environment() {
+    let a = sh(
+        r#"cat "$GATEWARDEN_HISTORY_FILE"; printf '\n%s' "$GATEWARDEN_HISTORY_FILE""#,
+        DEADLINE,
+        Duration::from_secs(1),
+    );
+    let mut r = req("now");
+    r.history = vec![Turn::new("user", "hi"), Turn::new("assistant", "hello")];
+    let out = a.run(r, CancellationToken::new()).await.unwrap().text;
+    let (json_text, path) = out.split_once('\n').unwrap();
+    let v: serde_json::Value = serde_json::from_str(json_text).unwrap();
+    assert_eq!(v, serde_json::json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]));
+    assert!(!std::path::Path::new(path).exists(), "{path} left behind");
+    let single = a.run(req("x"), CancellationToken::new()).await.unwrap().text;
+    assert!(single.starts_with("[]"), "{single}");
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use gatewarden_agent::backend::{ApiKey, OpenAiAgent};
 use gatewarden_agent::config::{AgentConfig, BackendKind};
-use gatewarden_agent::{Agent, AgentError, AgentRequest, build_agent};
+use gatewarden_agent::{Agent, AgentError, AgentRequest, Turn, build_agent};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -104,7 +104,13 @@ fn agent(addr: SocketAddr, key: ApiKey, timeout: Duration) -> OpenAiAgent {
 }
 
 fn req(text: &str) -> AgentRequest {
-    AgentRequest { run_id: "r1".into(), chat_id: "c1".into(), user_id: "u1".into(), text: text.into() }
+    AgentRequest {
+        run_id: "r1".into(),
+        chat_id: "c1".into(),
+        user_id: "u1".into(),
+        text: text.into(),
+        history: Vec::new(),
+    }
 }
 
 #[tokio::test]
@@ -126,6 +132,26 @@ async fn non_streaming_round_trip() {
     assert_eq!(
         seen.body,
         json!({"model": "test-model", "messages": [{"role": "user", "content": "hello"}], "stream": false})
+    );
+}
+
+/// The conversation so far goes upstream before the new message, in order.
+#[tokio::test]
+async fn history_is_sent_before_the_message() {
+    let (addr, seen) = upstream(|mut sock| async move {
+        let body = json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]});
+        sock.write_all(json_response("200 OK", &body.to_string()).as_bytes()).await.unwrap();
+    })
+    .await;
+    let a = agent(addr, ApiKey::None, DEADLINE);
+    let mut r = req("and now?");
+    r.history = vec![Turn::new("system", "be brief"), Turn::new("user", "hi"), Turn::new("assistant", "hello")];
+    a.run(r, CancellationToken::new()).await.unwrap();
+    let seen = seen.await.unwrap();
+    assert_eq!(
+        seen.body["messages"],
+        json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+               {"role": "assistant", "content": "hello"}, {"role": "user", "content": "and now?"}])
     );
 }
 

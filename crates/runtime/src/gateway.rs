@@ -269,12 +269,16 @@ impl Gateway {
             active_runs: Some(self.runs.active()),
             control: Some(self.control.clone()),
             files,
-            extra: [
-                ("supervisor_evidence".to_owned(), json!(self.supervisor_evidence)),
-                ("drain_timeout_s".to_owned(), json!(self.drain_budget.get().map(|d| d.as_secs()))),
-            ]
-            .into_iter()
-            .collect(),
+            extra: {
+                let mut extra = std::collections::BTreeMap::new();
+                extra.insert("supervisor_evidence".to_owned(), json!(self.supervisor_evidence));
+                extra.insert("drain_timeout_s".to_owned(), json!(self.drain_budget.get().map(|d| d.as_secs())));
+                let platforms = self.work.platforms();
+                if !platforms.is_empty() {
+                    extra.insert("platforms".to_owned(), Value::Array(platforms.report()));
+                }
+                extra
+            },
         }
     }
 }

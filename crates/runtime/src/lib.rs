@@ -10,6 +10,7 @@ pub mod drain;
 pub mod gateway;
 pub mod http;
 pub mod log;
+pub mod platforms;
 pub mod restart;
 pub mod sdnotify;
 pub mod signals;
@@ -205,6 +206,7 @@ fn prepare(home: &Home, mut opts: RunOptions, tag: &str) -> Result<(Arc<work::Wo
         gatewarden_agent::Journal::open_in(home.dir()).map_err(|e| fatal(format!("cannot open the journal: {e}")))?;
     let agent = gatewarden_agent::build_agent_with_env(&config.agent, vec![(RUN_TAG.to_owned(), tag.to_owned())]);
     let work = Arc::new(work::Work::new(agent, journal, &config, config.is_loopback_listen()));
+    work.set_platforms(Arc::new(platforms::Platforms::build(&config).map_err(fatal)?));
     seed_metrics(home, &work.metrics);
     opts.listen = Some(config.listen.to_string());
     let drain_timeout = opts.drain_timeout.unwrap_or(config.drain_timeout());
@@ -329,9 +331,22 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
     if let Some(sig) = early {
         return startup_failed_with(&gw, ExitIntent::Unexpected, format!("{} during start-up", sig.name()));
     }
+    // Chat platforms: after the lock is held, before `running` (each behind its credential lock).
+    let platforms = Arc::clone(gw.work.platforms());
+    let started = {
+        let gw = Arc::clone(&gw);
+        let p = Arc::clone(&platforms);
+        tokio::task::spawn_blocking(move || p.start(&gw)).await
+    };
+    match started {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return startup_failed(&gw, e),
+        Err(e) => return startup_failed(&gw, format!("cannot start the chat platform adapters: {e}")),
+    }
     // Queued before `running`: the first reply after a restart must already carry the notice.
     gw.work.restart_notice(&gw);
     gw.advance(GatewayState::Running);
+    platforms.watchdog(Arc::clone(&gw));
     gw.record("ready", json!({"listen": addr, "control": gw.control}));
     info!("gateway {} ready: http://{addr} (control {})", gw.me.id, gw.control);
     if opts.ready_stdout {
@@ -451,6 +466,13 @@ fn stop_requested(gw: &Gateway, marker: Option<&marker::Marker>, channel: &str, 
 /// Waits for active runs, bounded by `timeout`; a second SIGINT forces.
 async fn drain(gw: &Gateway, signals: &mut Signals, timeout: Duration) {
     gw.work.reset_notices_for_drain();
+    // Chat platforms stop receiving first: what arrives from now on stays with the platform for
+    // the successor (no poll of ours lingers to fight its first one).
+    let platforms = Arc::clone(gw.work.platforms());
+    if !platforms.is_empty() {
+        let p = Arc::clone(&platforms);
+        let _ = tokio::task::spawn_blocking(move || p.stop_intake()).await;
+    }
     if !gw.advance(GatewayState::Draining) {
         return;
     }
@@ -488,6 +510,12 @@ async fn drain(gw: &Gateway, signals: &mut Signals, timeout: Duration) {
         if !gw.runs.wait_idle(CANCEL_GRACE).await {
             warn!("{} run(s) did not finish cleaning up within {CANCEL_GRACE:?}", gw.runs.active());
         }
+    }
+    if !platforms.is_empty() {
+        // Replies of the runs that finished go out; what does not make it stays in the outbox.
+        let deadline =
+            std::time::Instant::now() + platforms::Platforms::flush_budget(timeout.saturating_sub(t0.elapsed()));
+        let _ = tokio::task::spawn_blocking(move || platforms.close(deadline)).await;
     }
     gw.record(
         "drained",

@@ -5,7 +5,9 @@
 //! - Async messages are journaled durably before the 202, run by a bounded worker pool,
 //!   and finish as done or failed. A run cut short by a stop, restart or crash is left
 //!   `running` in the journal so the next incarnation re-runs it once.
-//! - Chat commands (`/status`, `/restart`, `/stop`, `/help`) are answered immediately, are
+//! - Messages from chat platforms (crates/runtime/src/platforms.rs) are async messages keyed by
+//!   their platform event id; their replies leave through the journal's outbox.
+//! - Chat commands (`/status`, `/restart`, `/stop`, `/help`, `/new`) are answered immediately, are
 //!   never counted as runs (the drain never waits on its own requester) and are journaled as
 //!   finished commands, never replayed.
 
@@ -15,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gatewarden_agent::journal::{Kind, NewMessage};
-use gatewarden_agent::{Agent, AgentError, AgentRequest, Journal, JournalError};
+use gatewarden_agent::{Agent, AgentError, AgentRequest, Journal, JournalError, Turn};
 use gatewarden_control::Requester;
 use gatewarden_lifecycle::{fsio, timefmt};
 use serde_json::{Value, json};
@@ -65,6 +67,8 @@ pub enum Command {
     Restart,
     Stop,
     Help,
+    /// Start a fresh conversation in this chat.
+    New,
 }
 
 /// `/restart`, `/restart@botname` and `/restart now` are commands; `/unknown` and text that
@@ -77,6 +81,7 @@ pub fn parse_command(text: &str) -> Option<Command> {
         "restart" => Command::Restart,
         "stop" => Command::Stop,
         "help" => Command::Help,
+        "new" => Command::New,
         _ => return None,
     })
 }
@@ -112,6 +117,11 @@ pub struct Work {
     /// Set when the main loop decides how this incarnation ends: a restart comes back, a stop
     /// does not, and the notice says which.
     restarting: std::sync::atomic::AtomicBool,
+    platforms: std::sync::OnceLock<Arc<crate::platforms::Platforms>>,
+    /// `[agent] history_turns`.
+    pub history_turns: usize,
+    /// `[agent] history_chars`.
+    pub history_chars: usize,
 }
 
 impl Work {
@@ -135,7 +145,26 @@ impl Work {
             causes: Mutex::new(None),
             run_counter: AtomicU64::new(0),
             restarting: std::sync::atomic::AtomicBool::new(true),
+            platforms: std::sync::OnceLock::new(),
+            history_turns: config.agent.history_turns,
+            history_chars: config.agent.history_chars,
         }
+    }
+
+    /// Attaches the chat platform adapters (once, at start-up).
+    pub fn set_platforms(&self, p: Arc<crate::platforms::Platforms>) {
+        let _ = self.platforms.set(p);
+    }
+
+    /// The chat platform adapters (none unless configured).
+    pub fn platforms(&self) -> &Arc<crate::platforms::Platforms> {
+        static NONE: std::sync::OnceLock<Arc<crate::platforms::Platforms>> = std::sync::OnceLock::new();
+        self.platforms.get().unwrap_or_else(|| NONE.get_or_init(Default::default))
+    }
+
+    /// Queues a journaled message id for the async worker.
+    pub fn enqueue(&self, id: String) {
+        let _ = self.queue.send(id);
     }
 
     /// Connects chat commands to the main loop.
@@ -281,8 +310,20 @@ impl Work {
         r
     }
 
-    /// Handles a chat command. `async_id` is the journal row when it came in asynchronously.
+    /// Handles a chat command from the HTTP API.
     pub fn command(&self, gw: &crate::gateway::Gateway, cmd: Command, chat_id: &str, user_id: &str) -> CommandOutcome {
+        self.command_from(gw, cmd, None, chat_id, user_id)
+    }
+
+    /// Handles a chat command; `platform` is the adapter it came through (`None`: HTTP).
+    pub fn command_from(
+        &self,
+        gw: &crate::gateway::Gateway,
+        cmd: Command,
+        platform: Option<&str>,
+        chat_id: &str,
+        user_id: &str,
+    ) -> CommandOutcome {
         let requester = Requester {
             pid: std::process::id(),
             argv: vec![format!("chat:{chat_id}"), format!("user:{user_id}")],
@@ -290,9 +331,17 @@ impl Work {
         };
         match cmd {
             Command::Help => CommandOutcome {
-                reply: "commands: /status, /restart (admins), /stop (admins), /help".into(),
+                reply: "commands: /status, /new (fresh conversation), /restart (admins), /stop (admins), /help".into(),
                 then: None,
             },
+            Command::New => {
+                let reply = match platform.map(|p| self.journal.new_session(p, chat_id)) {
+                    Some(Err(e)) => format!("cannot start a new conversation: {e}"),
+                    // The HTTP API keeps no history: each /v1/chat/completions call brings its own.
+                    _ => "new conversation: earlier messages are forgotten".into(),
+                };
+                CommandOutcome { reply, then: None }
+            }
             Command::Status => {
                 let s = gw.status();
                 CommandOutcome {
@@ -308,7 +357,7 @@ impl Work {
                 }
             }
             Command::Restart => {
-                let note = json!({"chat_id": chat_id, "user_id": user_id, "requested_at": timefmt::now(), "incarnation": gw.me.id});
+                let note = json!({"chat_id": chat_id, "user_id": user_id, "platform": platform, "requested_at": timefmt::now(), "incarnation": gw.me.id});
                 if let Err(e) = fsio::write_json(&gw.home.dir().join(RESTART_NOTIFY_FILE), &note) {
                     crate::warn!("cannot record the restart requester: {e}");
                 }
@@ -343,10 +392,15 @@ impl Work {
         }
         let _ = fsio::remove_if_exists(&path);
         if let Some(chat) = v.get("chat_id").and_then(Value::as_str) {
-            self.push_notice(
-                chat,
-                format!("back online: gatewarden {}, incarnation {}", gatewarden_lifecycle::VERSION, gw.me.id),
-            );
+            let text = format!("back online: gatewarden {}, incarnation {}", gatewarden_lifecycle::VERSION, gw.me.id);
+            match v.get("platform").and_then(Value::as_str) {
+                // Asked from a chat platform: the notice goes to that chat, through the outbox.
+                Some(p) => match self.journal.enqueue(p, chat, &text) {
+                    Ok(_) => self.platforms().wake(p),
+                    Err(e) => crate::warn!("cannot queue the back-online notice for {p}: {e}"),
+                },
+                None => self.push_notice(chat, text),
+            }
         }
     }
 
@@ -425,7 +479,29 @@ impl Work {
             Ok(None) => return,
             Err(e) => return crate::error!("journal claim of {id} failed: {e}"),
         };
-        let req = AgentRequest { run_id: msg.id.clone(), chat_id: msg.chat_id, user_id: msg.user_id, text: msg.text };
+        // A chat platform's conversation: the session's last turns, within the char budget.
+        let history = if msg.platform.is_some() && self.history_turns > 0 {
+            let (id, turns, chars) = (msg.id.clone(), self.history_turns, self.history_chars);
+            match self.with_journal(move |j| j.history(&id, turns)).await {
+                Ok(pairs) => gatewarden_agent::within_budget(
+                    pairs.into_iter().flat_map(|(q, a)| [Turn::new("user", q), Turn::new("assistant", a)]).collect(),
+                    chars,
+                ),
+                Err(e) => {
+                    crate::warn!("cannot read the conversation of {}: {e}; running it without history", msg.id);
+                    Vec::new()
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        let req = AgentRequest {
+            run_id: msg.id.clone(),
+            chat_id: msg.chat_id.clone(),
+            user_id: msg.user_id.clone(),
+            text: msg.text.clone(),
+            history,
+        };
         let r = self.run_sync(gw, req, None).await;
         if matches!(r, Err(AgentError::Cancelled)) {
             // Interrupted by the drain: stays `running` for the next incarnation to re-run once.
@@ -440,6 +516,9 @@ impl Work {
             .await;
         if let Err(e) = done {
             crate::error!("journal update failed: {e}");
+        }
+        if let Some(p) = &msg.platform {
+            self.platforms().wake(p);
         }
     }
 
@@ -485,6 +564,7 @@ mod tests {
         assert_eq!(parse_command("/stop@gatewarden_bot"), Some(Command::Stop));
         assert_eq!(parse_command("/status"), Some(Command::Status));
         assert_eq!(parse_command("/help"), Some(Command::Help));
+        assert_eq!(parse_command("/new"), Some(Command::New));
         assert_eq!(parse_command("please /restart"), None);
         assert_eq!(parse_command("/unknown"), None);
         assert_eq!(parse_command(""), None);

@@ -71,7 +71,13 @@ mod tests {
     use super::*;
 
     fn req(text: &str) -> AgentRequest {
-        AgentRequest { run_id: "r".into(), chat_id: "c".into(), user_id: "u".into(), text: text.into() }
+        AgentRequest {
+            run_id: "r".into(),
+            chat_id: "c".into(),
+            user_id: "u".into(),
+            text: text.into(),
+            history: Vec::new(),
+        }
     }
 
     #[tokio::test]

@@ -2,8 +2,10 @@
 //!
 //! The argv from `[agent] command` is spawned directly (no shell) with
 //! - stdin: the message text, then end-of-file;
-//! - environment: the gateway's, plus `GATEWARDEN_CHAT_ID`, `GATEWARDEN_USER_ID` and
-//!   `GATEWARDEN_RUN_ID`;
+//! - environment: the gateway's, plus `GATEWARDEN_CHAT_ID`, `GATEWARDEN_USER_ID`,
+//!   `GATEWARDEN_RUN_ID` and `GATEWARDEN_HISTORY_FILE`: a private temporary file holding the
+//!   conversation so far as a JSON array of `{"role", "content"}` (oldest first; `[]` for a
+//!   single turn), removed after the run;
 //! - stdout: the reply, at most [`MAX_STDOUT_BYTES`] (more fails the run, because a reply that
 //!   size is a runaway, not an answer), decoded as lossy UTF-8 with trailing line breaks removed;
 //!   streamed line by line (each chunk ends with its `\n`);
@@ -98,7 +100,10 @@ impl ExecAgent {
         if cancel.is_cancelled() {
             return Err(AgentError::Cancelled);
         }
+        let history = HistoryFile::write(&req.run_id, &req.history)
+            .map_err(|e| AgentError::Failed(format!("exec backend: cannot write the history file: {e}")))?;
         let mut cmd = Command::new(program);
+        cmd.env(HISTORY_ENV, history.path());
         cmd.args(args)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("GATEWARDEN_CHAT_ID", &req.chat_id)
@@ -216,6 +221,38 @@ impl ExecAgent {
 }
 
 /// Reads stdout to end-of-file (bounded), sending each complete line as a chunk.
+/// Names the file holding the conversation so far.
+pub const HISTORY_ENV: &str = "GATEWARDEN_HISTORY_FILE";
+
+/// The history file of one run; removed when dropped (the run's end, however it ends).
+struct HistoryFile(std::path::PathBuf);
+
+impl HistoryFile {
+    fn write(run_id: &str, history: &[super::Turn]) -> std::io::Result<HistoryFile> {
+        use std::io::Write;
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let safe: String = run_id.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(64).collect();
+        let path = std::env::temp_dir().join(format!("gatewarden-history-{}-{n}-{safe}.json", std::process::id()));
+        // create_new: never follow a planted file or link; private: it is the user's conversation.
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
+        let file = HistoryFile(path);
+        gatewarden_lifecycle::platform::set_private_file(&f)?;
+        f.write_all(&serde_json::to_vec(history).map_err(std::io::Error::other)?)?;
+        Ok(file)
+    }
+
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for HistoryFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 async fn read_stdout(
     stdout: Option<impl AsyncRead + Unpin>,
     chunks: Option<mpsc::Sender<String>>,

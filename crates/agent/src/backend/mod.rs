@@ -36,6 +36,42 @@ pub struct AgentRequest {
     pub chat_id: String,
     pub user_id: String,
     pub text: String,
+    /// The conversation before `text`, oldest first (empty for a single turn). From the journal
+    /// for chat platforms, from the caller's `messages` for `/v1/chat/completions`.
+    pub history: Vec<Turn>,
+}
+
+/// One earlier message of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Turn {
+    /// `user`, `assistant` or `system`.
+    pub role: String,
+    pub content: String,
+}
+
+impl Turn {
+    pub fn new(role: &str, content: impl Into<String>) -> Turn {
+        Turn { role: role.to_owned(), content: content.into() }
+    }
+}
+
+/// The newest turns of `history` whose contents fit in `chars` characters (oldest dropped
+/// first; a pair is never split from its question).
+pub fn within_budget(history: Vec<Turn>, chars: usize) -> Vec<Turn> {
+    let mut used = 0usize;
+    let mut keep = history.len();
+    for (i, t) in history.iter().enumerate().rev() {
+        used += t.content.chars().count();
+        if used > chars {
+            break;
+        }
+        keep = i;
+    }
+    // Start at a user turn, so the first kept message is not an orphaned answer.
+    while keep < history.len() && history[keep].role == "assistant" {
+        keep += 1;
+    }
+    history.into_iter().skip(keep).collect()
 }
 
 /// The agent's full answer.
@@ -219,5 +255,25 @@ mod tests {
         })
         .await;
         assert_eq!(r, Err(AgentError::Cancelled));
+    }
+}
+
+#[cfg(test)]
+mod history_tests {
+    use super::*;
+
+    #[test]
+    fn budget_keeps_the_newest_whole_turns() {
+        let h = vec![
+            Turn::new("user", "aaaa"),
+            Turn::new("assistant", "bbbb"),
+            Turn::new("user", "cc"),
+            Turn::new("assistant", "dd"),
+        ];
+        assert_eq!(within_budget(h.clone(), 100), h);
+        assert_eq!(within_budget(h.clone(), 4), h[2..].to_vec());
+        // 6 chars fit "bbbb" + "cc" + "dd" minus one: never start on an orphaned answer.
+        assert_eq!(within_budget(h.clone(), 9), h[2..].to_vec());
+        assert!(within_budget(h, 1).is_empty());
     }
 }

@@ -1,6 +1,6 @@
 //! `openai`: any OpenAI-compatible chat-completions upstream.
 //!
-//! Each run POSTs `{"model": …, "messages": [{"role": "user", "content": <text>}], "stream": …}`
+//! Each run POSTs `{"model": …, "messages": [<history>…, {"role": "user", "content": <text>}], "stream": …}`
 //! to `<base_url>/chat/completions`, with `Authorization: Bearer <key>` when a key is configured
 //! (`api_key_env` names the environment variable; it is read at each run, and a missing variable
 //! fails the run with a message naming it). The reply is `choices[0].message.content`; streaming
@@ -133,11 +133,10 @@ impl OpenAiAgent {
         }
         let key = self.key.resolve()?;
         let streaming = chunks.is_some();
-        let body = json!({
-            "model": self.model,
-            "messages": [{"role": "user", "content": req.text}],
-            "stream": streaming,
-        });
+        let mut messages: Vec<Value> =
+            req.history.iter().map(|t| json!({"role": t.role, "content": t.content})).collect();
+        messages.push(json!({"role": "user", "content": req.text}));
+        let body = json!({"model": self.model, "messages": messages, "stream": streaming});
         let call = Call { http: self.http.clone(), url: self.url.clone(), key, body, cancel: cancel.clone() };
         let (delta_tx, mut delta_rx) = mpsc::channel::<String>(64);
         let (result_tx, mut worker) = oneshot::channel();

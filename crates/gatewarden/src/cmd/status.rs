@@ -193,6 +193,17 @@ fn print_human(r: &StatusReport, code: u8) {
             if active { "active" } else { "inactive" }
         );
     }
+    if let Some(list) = r.extra.get("platforms").and_then(serde_json::Value::as_array) {
+        for p in list {
+            let get = |k: &str| p.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_owned();
+            let reason = p.get("reason").and_then(|v| v.as_str()).map(|r| format!(": {r}")).unwrap_or_default();
+            let age = p
+                .get("progress_age_s")
+                .and_then(serde_json::Value::as_f64)
+                .map_or("never".into(), |s| format!("{} ago", human_duration(s)));
+            println!("  platform:    {} ({}) {}{reason}; last progress {age}", get("name"), get("kind"), get("state"));
+        }
+    }
     if let Some(p) = r.extra.get("parked") {
         let text = p.get("reason").or_else(|| p.get("unreadable")).and_then(|v| v.as_str()).unwrap_or("?");
         println!("  parked:      {text}");

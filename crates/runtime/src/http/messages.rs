@@ -99,7 +99,13 @@ pub async fn post(State(gw): State<Arc<Gateway>>, Json(m): Json<MessageIn>) -> R
         return unavailable(&gw, &m.chat_id);
     }
     let run_id = work.next_run_id(&gw.me.id);
-    let req = AgentRequest { run_id: run_id.clone(), chat_id: m.chat_id.clone(), user_id: m.user_id, text: m.text };
+    let req = AgentRequest {
+        run_id: run_id.clone(),
+        chat_id: m.chat_id.clone(),
+        user_id: m.user_id,
+        text: m.text,
+        history: Vec::new(),
+    };
     match work.run_sync(&gw, req, None).await {
         Ok(reply) => {
             let notices = work.take_notices(&m.chat_id);

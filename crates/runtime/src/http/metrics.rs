@@ -43,8 +43,71 @@ pub async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
             let _ = writeln!(out, "gatewarden_journal_messages{{state=\"{state}\"}} {n}");
         }
     }
+    platform_metrics(&gw, &mut out).await;
     let _ = writeln!(out, "# HELP gatewarden_up 1 while the gateway serves; state as a label.");
     let _ = writeln!(out, "# TYPE gatewarden_up gauge");
     let _ = writeln!(out, "gatewarden_up{{state=\"{}\",incarnation=\"{}\"}} 1", gw.phase.get(), gw.me.id);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+/// Per chat-platform adapter gauges and counters (crates/runtime/src/platforms.rs).
+async fn platform_metrics(gw: &Arc<Gateway>, out: &mut String) {
+    let snaps = gw.work.platforms().snapshots();
+    if snaps.is_empty() {
+        return;
+    }
+    let names: Vec<String> = snaps.iter().map(|s| s.0.clone()).collect();
+    let outbox = gw
+        .work
+        .with_journal(move |j| names.iter().map(|n| j.outbox_counts(n)).collect::<Result<Vec<_>, _>>())
+        .await
+        .unwrap_or_default();
+    let _ = writeln!(out, "# HELP gatewarden_platform_state 1 for each adapter's current state.");
+    let _ = writeln!(out, "# TYPE gatewarden_platform_state gauge");
+    for (name, kind, s) in &snaps {
+        let _ = writeln!(
+            out,
+            "gatewarden_platform_state{{platform=\"{name}\",kind=\"{kind}\",state=\"{}\"}} 1",
+            s.state.name()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP gatewarden_platform_progress_age_seconds Seconds since the adapter last received or sent."
+    );
+    let _ = writeln!(out, "# TYPE gatewarden_platform_progress_age_seconds gauge");
+    for (name, _, s) in &snaps {
+        if let Some(age) = s.progress_age_s {
+            let _ = writeln!(out, "gatewarden_platform_progress_age_seconds{{platform=\"{name}\"}} {age:.3}");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP gatewarden_platform_lag_seconds Platform timestamp to journal commit, last inbound message."
+    );
+    let _ = writeln!(out, "# TYPE gatewarden_platform_lag_seconds gauge");
+    for (name, _, s) in &snaps {
+        if let Some(lag) = s.lag_s {
+            let _ = writeln!(out, "gatewarden_platform_lag_seconds{{platform=\"{name}\"}} {lag:.3}");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP gatewarden_platform_events_total Inbound messages received, replies sent, conflicts seen (this incarnation)."
+    );
+    let _ = writeln!(out, "# TYPE gatewarden_platform_events_total counter");
+    for (name, _, s) in &snaps {
+        for (what, n) in [("received", s.received), ("sent", s.sent), ("conflict", s.conflicts)] {
+            let _ = writeln!(out, "gatewarden_platform_events_total{{platform=\"{name}\",event=\"{what}\"}} {n}");
+        }
+    }
+    if outbox.len() == snaps.len() {
+        let _ = writeln!(out, "# HELP gatewarden_platform_outbox Outbox entries by state.");
+        let _ = writeln!(out, "# TYPE gatewarden_platform_outbox gauge");
+        for ((name, _, _), (pending, sent, failed)) in snaps.iter().zip(outbox) {
+            for (state, n) in [("pending", pending), ("sent", sent), ("failed", failed)] {
+                let _ = writeln!(out, "gatewarden_platform_outbox{{platform=\"{name}\",state=\"{state}\"}} {n}");
+            }
+        }
+    }
 }

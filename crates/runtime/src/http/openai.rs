@@ -11,7 +11,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use gatewarden_agent::AgentRequest;
+use gatewarden_agent::{AgentRequest, Turn};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -58,10 +58,13 @@ pub async fn models(State(gw): State<Arc<Gateway>>) -> Response {
 }
 
 pub async fn completions(State(gw): State<Arc<Gateway>>, Json(body): Json<CompletionIn>) -> Response {
-    let Some(last) = body.messages.iter().rev().find(|m| m.role == "user") else {
+    let Some(last_at) = body.messages.iter().rposition(|m| m.role == "user") else {
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", "no message with role \"user\"");
     };
-    let text = text_of(&last.content);
+    let text = text_of(&body.messages[last_at].content);
+    // The caller's whole conversation goes through: everything before its last user message is
+    // history (system prompts included), in order.
+    let history: Vec<Turn> = body.messages[..last_at].iter().map(|m| Turn::new(&m.role, text_of(&m.content))).collect();
     let chat = body.user.clone().unwrap_or_else(|| "openai".into());
     if !gw.accepts_work() {
         return unavailable(&gw, &chat);
@@ -69,7 +72,7 @@ pub async fn completions(State(gw): State<Arc<Gateway>>, Json(body): Json<Comple
     let model = body.model.clone().unwrap_or_else(|| gw.work.model.clone());
     let run_id = gw.work.next_run_id(&gw.me.id);
     let id = format!("chatcmpl-{run_id}");
-    let req = AgentRequest { run_id, chat_id: chat.clone(), user_id: chat, text };
+    let req = AgentRequest { run_id, chat_id: chat.clone(), user_id: chat, text, history };
     if !body.stream {
         return match gw.work.run_sync(&gw, req, None).await {
             Ok(reply) => Json(json!({

@@ -1,0 +1,374 @@
+//! Issue 10: the Telegram adapter in real gateway processes against the in-repo fake Bot API
+//! (crates/telegram-fake). Loopback only; every wait is bounded.
+#![cfg(target_os = "linux")]
+
+mod common;
+mod work_common;
+use common::*;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use work_common::*;
+
+use gatewarden_telegram_fake::{FakeTelegram, Options, SentMessage};
+
+const TOKEN_ENV: &str = "GW_TEST_TELEGRAM_TOKEN";
+const ADMIN: i64 = 42;
+const REPLY: Duration = Duration::from_secs(15);
+
+/// A token no other test uses (the credential lock is keyed by it).
+fn token() -> String {
+    static N: AtomicU32 = AtomicU32::new(1);
+    format!("{}{:04}:tok-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), std::process::id())
+}
+
+/// One credential-lock directory per test binary run, so parallel test binaries never share.
+fn creds_dir() -> String {
+    std::env::temp_dir().join(format!("gw-creds-test-{}", std::process::id())).to_string_lossy().into_owned()
+}
+
+fn fake() -> FakeTelegram {
+    FakeTelegram::start(Options { linger: Duration::from_millis(800), ..Options::default() }).expect("fake Bot API")
+}
+
+fn config(fake: &FakeTelegram, agent: &str, extra: &str) -> String {
+    let backend = if agent.contains("backend") { "" } else { "backend = \"echo\"" };
+    format!(
+        "drain_timeout_s = 10\n[agent]\n{backend}\n{agent}\n\
+         [[platform]]\nkind = \"telegram\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\nadmins = [\"{ADMIN}\"]\n\
+         poll_timeout_s = 2\nconflict_standby_s = 2\n{extra}",
+        fake.base_url()
+    )
+}
+
+fn spawn(home: &TempHome, sw: &Sweeper, token: &str, config: &str) -> Gateway {
+    write_config(home.path(), config);
+    builder(home).env(TAG_VAR, sw.tag()).env(TOKEN_ENV, token).env("GATEWARDEN_CREDS_DIR", creds_dir()).spawn()
+}
+
+fn start_gw(home: &TempHome, sw: &Sweeper, token: &str, config: &str) -> Gateway {
+    let mut g = spawn(home, sw, token, config);
+    g.wait_ready(READY);
+    g
+}
+
+/// The `platforms` array of `status --json`.
+fn platforms(home: &TempHome) -> Value {
+    let out = run_cli(home, &["status", "--json"]);
+    serde_json::from_str::<Value>(&out.stdout).map(|v| v["platforms"].clone()).unwrap_or(Value::Null)
+}
+
+#[track_caller]
+fn wait_adapter(home: &TempHome, state: &str, timeout: Duration) {
+    let mut last = Value::Null;
+    let ok = wait_until(timeout, || {
+        last = platforms(home);
+        last[0]["state"] == state
+    });
+    assert!(ok, "adapter not {state} within {timeout:?}: {last}");
+}
+
+fn count(sent: &[SentMessage], chat: i64, text: &str) -> usize {
+    sent.iter().filter(|m| m.chat_id == json!(chat) && m.text == text).count()
+}
+
+#[track_caller]
+fn wait_reply(fake: &FakeTelegram, token: &str, chat: i64, pred: impl Fn(&str) -> bool) -> String {
+    let got = fake.wait_sent(token, REPLY, |s| s.iter().any(|m| m.chat_id == json!(chat) && pred(&m.text)));
+    let sent = got.unwrap_or_else(|s| panic!("no matching reply in chat {chat} within {REPLY:?}; sent: {s:#?}"));
+    sent.into_iter().rev().find(|m| m.chat_id == json!(chat) && pred(&m.text)).map(|m| m.text).unwrap_or_default()
+}
+
+/// Round trip through the echo agent; /status, /help and /new; a non-admin's /restart is
+/// refused; an admin's /restart is answered, the successor says "back online" in that same
+/// chat, once; status and /metrics show the adapter.
+#[test]
+fn round_trip_commands_and_restart_notice() {
+    let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), fake(), token());
+    let mut g = start_gw(&home, &sw, &tok, &config(&fake, "", ""));
+    fake.inject(&tok, 7, ADMIN, "hello there");
+    wait_reply(&fake, &tok, 7, |t| t == "hello there");
+    fake.inject(&tok, 7, ADMIN, "/status");
+    assert!(wait_reply(&fake, &tok, 7, |t| t.contains("incarnation")).contains("running"));
+    fake.inject(&tok, 7, ADMIN, "/help");
+    assert!(wait_reply(&fake, &tok, 7, |t| t.starts_with("commands:")).contains("/new"));
+
+    wait_adapter(&home, "connected", READY);
+    let p = platforms(&home);
+    assert_eq!((p[0]["name"].as_str(), p[0]["kind"].as_str()), (Some("telegram"), Some("telegram")), "{p}");
+    assert!(p[0]["last_progress"].is_string() && p[0]["received"].as_u64() >= Some(3), "{p}");
+    let human = run_cli(&home, &["status"]).stdout;
+    assert!(human.contains("platform:    telegram (telegram) connected"), "{human}");
+    let metrics = http_get(g.listen(), "/metrics", Duration::from_secs(5)).unwrap().text();
+    assert!(
+        metrics.contains("gatewarden_platform_state{platform=\"telegram\",kind=\"telegram\",state=\"connected\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("gatewarden_platform_outbox{platform=\"telegram\",state=\"sent\"}"), "{metrics}");
+
+    fake.inject(&tok, 8, 99, "/restart");
+    assert!(wait_reply(&fake, &tok, 8, |t| t.contains("admins")).contains("/restart"));
+    assert!(g.alive(), "a non-admin's /restart must not restart");
+
+    let old = g.pid();
+    fake.inject(&tok, 7, ADMIN, "/restart");
+    wait_reply(&fake, &tok, 7, |t| t == "restarting…");
+    let st = g.wait_exit(EXIT);
+    assert_exit_code(&g, st, 75, "chat /restart (unsupervised: successor started)");
+    let (_, inc2, _) = wait_new_ready(home.path(), &[old], READY).expect("successor ready");
+    let notice = wait_reply(&fake, &tok, 7, |t| t.contains("back online"));
+    assert!(notice.contains(&inc2), "the notice names the new incarnation {inc2}: {notice}");
+    fake.inject(&tok, 7, ADMIN, "after the restart");
+    wait_reply(&fake, &tok, 7, |t| t == "after the restart");
+    let sent = fake.sent(&tok);
+    for text in ["hello there", "restarting…", "after the restart", notice.as_str()] {
+        assert_eq!(count(&sent, 7, text), 1, "{text:?} sent once: {sent:#?}");
+    }
+    assert_eq!(count(&sent, 8, "back online"), 0);
+    let out = run_cli(&home, &["stop"]);
+    assert_cli(&out, 0, "stop");
+}
+
+/// Mid-conversation restart: a run is in flight and more messages arrive during the drain.
+/// Every message is answered exactly once (the later ones by the successor), and the old poll
+/// was ended by its owner, so the successor's first poll meets no 409.
+#[test]
+fn restart_mid_conversation_loses_and_repeats_nothing() {
+    let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), fake(), token());
+    let g = start_gw(&home, &sw, &tok, &config(&fake, "delay_ms = 1500", ""));
+    fake.inject(&tok, 5, 1, "m1");
+    wait_active(g.listen(), 1);
+    let restart = cli_bg(&home, &sw, &["restart", "--timeout", "30"], Duration::from_secs(40));
+    wait_until(Duration::from_secs(5), || home.state().as_deref() == Some("draining"));
+    fake.inject(&tok, 5, 1, "m2");
+    fake.inject(&tok, 5, 1, "m3");
+    let out = restart.join().unwrap();
+    assert_cli(&out, 0, "restart");
+    for m in ["m1", "m2", "m3"] {
+        wait_reply(&fake, &tok, 5, |t| t == m);
+    }
+    let quiet = holds_for(Duration::from_millis(500), || fake.sent(&tok).len() == 3);
+    assert!(quiet.is_ok(), "duplicates: {:#?}", fake.sent(&tok));
+    let p = platforms(&home);
+    assert_eq!(p[0]["conflicts"], json!(0), "the successor met a 409: {p}");
+    assert_eq!(p[0]["state"], json!("connected"), "{p}");
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
+/// The Bot API dies and comes back: degraded in between, then connected, and the message sent
+/// meanwhile is answered once.
+#[test]
+fn bot_api_killed_and_revived() {
+    let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), fake(), token());
+    let mut g = start_gw(&home, &sw, &tok, &config(&fake, "", ""));
+    wait_adapter(&home, "connected", READY);
+    fake.kill();
+    wait_adapter(&home, "degraded", Duration::from_secs(15));
+    assert!(serving(&mut g), "a degraded adapter never stops the gateway");
+    fake.inject(&tok, 9, 1, "sent while the API was down");
+    fake.revive().unwrap();
+    wait_reply(&fake, &tok, 9, |t| t == "sent while the API was down");
+    wait_adapter(&home, "connected", Duration::from_secs(10));
+    assert!(home.events("platform_state").iter().any(|e| e["state"] == "degraded"), "{}", home.ledger_text());
+    assert_eq!(count(&fake.sent(&tok), 9, "sent while the API was down"), 1);
+    stop_cleanly(&home, &mut g);
+}
+
+/// kill -9 while the agent runs: the next incarnation answers the message exactly once (the
+/// journal re-runs it; the redelivered update is deduplicated).
+#[test]
+fn kill_9_mid_run_is_answered_once_by_the_next_incarnation() {
+    let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), fake(), token());
+    let cfg = config(&fake, "delay_ms = 1000", "");
+    let mut g = start_gw(&home, &sw, &tok, &cfg);
+    fake.inject(&tok, 3, 1, "survive me");
+    wait_active(g.listen(), 1);
+    g.kill();
+    assert!(fake.sent(&tok).is_empty());
+    let mut g2 = start_gw(&home, &sw, &tok, &cfg);
+    wait_reply(&fake, &tok, 3, |t| t == "survive me");
+    let quiet = holds_for(Duration::from_millis(1500), || fake.sent(&tok).len() == 1);
+    assert!(quiet.is_ok(), "answered more than once: {:#?}", fake.sent(&tok));
+    stop_cleanly(&home, &mut g2);
+}
+
+/// Two homes with the same token: the second gateway exits 78 naming the holder's home and pid;
+/// with a second adapter it runs and parks the shared one, and status says why.
+#[test]
+fn two_homes_same_token() {
+    let (a, b, c, sw, fake, tok) = (TempHome::new(), TempHome::new(), TempHome::new(), Sweeper::new(), fake(), token());
+    let mut ga = start_gw(&a, &sw, &tok, &config(&fake, "", ""));
+    wait_adapter(&a, "connected", READY);
+
+    let mut gb = spawn(&b, &sw, &tok, &config(&fake, "", ""));
+    let st = gb.wait_exit(EXIT);
+    assert_exit_code(&gb, st, 78, "second gateway with the same (only) token");
+    let err = gb.stderr();
+    assert!(err.contains(&a.path().to_string_lossy().to_string()) && err.contains(&ga.pid().to_string()), "{err}");
+
+    let other = token();
+    let two = format!(
+        "{}\n[[platform]]\nkind = \"telegram\"\nname = \"second\"\ntoken_env = \"GW_OTHER_TOKEN\"\napi_base = \"{}\"\n",
+        config(&fake, "", ""),
+        fake.base_url()
+    );
+    write_config(c.path(), &two);
+    let mut gc = builder(&c)
+        .env(TAG_VAR, sw.tag())
+        .env(TOKEN_ENV, &tok)
+        .env("GW_OTHER_TOKEN", &other)
+        .env("GATEWARDEN_CREDS_DIR", creds_dir())
+        .spawn();
+    gc.wait_ready(READY);
+    let p = platforms(&c);
+    assert_eq!(p[0]["state"], json!("parked"), "{p}");
+    assert!(p[0]["reason"].as_str().is_some_and(|r| r.contains(&ga.pid().to_string())), "{p}");
+    wait_until(READY, || platforms(&c)[1]["state"] == "connected");
+    assert_eq!(platforms(&c)[1]["state"], json!("connected"));
+    // Only the holder answers.
+    fake.inject(&tok, 11, 1, "who answers");
+    wait_reply(&fake, &tok, 11, |t| t == "who answers");
+    assert!(holds_for(Duration::from_millis(500), || fake.sent(&tok).len() == 1).is_ok());
+    stop_cleanly(&c, &mut gc);
+    stop_cleanly(&a, &mut ga);
+    // A dead holder never blocks: B starts now.
+    let mut gb2 = start_gw(&b, &sw, &tok, &config(&fake, "", ""));
+    wait_adapter(&b, "connected", READY);
+    stop_cleanly(&b, &mut gb2);
+}
+
+/// An outside poller with the same token makes the adapter stand by ("another consumer is
+/// active") without fighting or dropping updates; once it goes, the adapter takes over.
+#[test]
+fn outside_poller_means_standby_then_recovery() {
+    let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), fake(), token());
+    let mut g = start_gw(&home, &sw, &tok, &config(&fake, "", ""));
+    wait_adapter(&home, "connected", READY);
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (stop, url) = (Arc::clone(&stop), format!("{}/bot{tok}/getUpdates?timeout=1", fake.base_url()));
+        let addr = fake.addr();
+        std::thread::spawn(move || {
+            let path = url.trim_start_matches(&format!("http://{addr}")).to_owned();
+            while !stop.load(Ordering::Relaxed) {
+                let _ = http_get(addr, &path, Duration::from_secs(5));
+            }
+        })
+    };
+    wait_adapter(&home, "standby", Duration::from_secs(20));
+    let p = platforms(&home);
+    assert!(p[0]["reason"].as_str().is_some_and(|r| r.contains("another consumer is active")), "{p}");
+    fake.inject(&tok, 4, 1, "queued during the conflict");
+    stop.store(true, Ordering::Relaxed);
+    poller.join().unwrap();
+    wait_reply(&fake, &tok, 4, |t| t == "queued during the conflict");
+    wait_adapter(&home, "connected", Duration::from_secs(10));
+    stop_cleanly(&home, &mut g);
+}
+
+/// 50 restarts (GW_PLATFORM_RESTARTS) under a steady inbound stream: every message answered,
+/// none twice. Prints and replays its seed (GW_PLATFORM_SEED) for the stream's pacing.
+#[test]
+fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
+    let restarts: u32 = std::env::var("GW_PLATFORM_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+    let seed: u64 = std::env::var("GW_PLATFORM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    eprintln!("seed {seed} (replay with GW_PLATFORM_SEED={seed}), {restarts} restarts");
+    let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), Arc::new(fake()), token());
+    let _g = start_gw(&home, &sw, &tok, &config(&fake, "", ""));
+    let stop = Arc::new(AtomicBool::new(false));
+    let injected = Arc::new(AtomicU32::new(0));
+    let stream = {
+        let (fake, tok, stop, injected) = (Arc::clone(&fake), tok.clone(), Arc::clone(&stop), Arc::clone(&injected));
+        std::thread::spawn(move || {
+            let mut x = seed | 1;
+            while !stop.load(Ordering::Relaxed) {
+                let n = injected.fetch_add(1, Ordering::Relaxed);
+                fake.inject(&tok, 1, 1, &format!("msg {n}"));
+                // xorshift: 10..50 ms between messages.
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                std::thread::sleep(Duration::from_millis(10 + x % 40));
+            }
+        })
+    };
+    let t0 = Instant::now();
+    for i in 0..restarts {
+        let out = cli_tagged(&home, &sw, &["restart", "--timeout", "30"], Duration::from_secs(40));
+        assert!(out.code == Some(0), "restart {i} failed: {out:#?}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    stream.join().unwrap();
+    let total = injected.load(Ordering::Relaxed);
+    let st = fake.stats(&tok);
+    eprintln!(
+        "{restarts} restarts in {:?}, {total} messages, longest polling gap {} ms",
+        t0.elapsed(),
+        st.max_poll_gap_ms
+    );
+    let done = fake.wait_sent(&tok, Duration::from_secs(30), |s| s.len() >= total as usize);
+    let sent = done.unwrap_or_else(|s| s);
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for m in &sent {
+        *seen.entry(m.text.as_str()).or_default() += 1;
+    }
+    let lost: Vec<u32> = (0..total).filter(|n| !seen.contains_key(format!("msg {n}").as_str())).collect();
+    let dup: Vec<(&&str, &usize)> = seen.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(lost.is_empty() && dup.is_empty(), "seed {seed}: lost {lost:?}, duplicated {dup:?}");
+    assert!(holds_for(Duration::from_millis(500), || fake.sent(&tok).len() == total as usize).is_ok());
+    let out = run_cli(&home, &["stop"]);
+    assert_cli(&out, 0, "stop");
+}
+
+/// Conversations: each run gets its chat's earlier turns (exec: a JSON file named by
+/// GATEWARDEN_HISTORY_FILE), per chat, across a restart; `/new` starts afresh.
+/// `/v1/chat/completions` passes the caller's whole `messages` array through.
+#[test]
+fn conversations_remember_per_chat_across_restarts_and_new_forgets() {
+    let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), fake(), token());
+    let agent = "backend = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", \"cat \\\"$GATEWARDEN_HISTORY_FILE\\\"\"]\nhistory_turns = 2";
+    let g = start_gw(&home, &sw, &tok, &config(&fake, agent, ""));
+    let history = |chat: i64, text: &str| -> Value {
+        let before = fake.sent(&tok).len();
+        fake.inject(&tok, chat, 1, text);
+        let sent = fake
+            .wait_sent(&tok, REPLY, |s| s.len() > before)
+            .unwrap_or_else(|s| panic!("no reply to {text:?}: {s:#?}"));
+        let reply = &sent[before].text;
+        serde_json::from_str(reply).unwrap_or_else(|e| panic!("reply to {text:?} is not JSON ({e}): {reply}"))
+    };
+    assert_eq!(history(1, "one"), json!([]));
+    let h = history(1, "two");
+    assert_eq!(h, json!([{"role": "user", "content": "one"}, {"role": "assistant", "content": "[]"}]));
+    assert_eq!(history(2, "elsewhere"), json!([]), "another chat has its own conversation");
+
+    // Sessions survive a restart.
+    let old = g.pid();
+    assert_cli(&cli_tagged(&home, &sw, &["restart", "--timeout", "30"], Duration::from_secs(40)), 0, "restart");
+    wait_new_ready(home.path(), &[old], READY).expect("successor");
+    let h = history(1, "three");
+    let users: Vec<&str> =
+        h.as_array().unwrap().iter().filter(|t| t["role"] == "user").filter_map(|t| t["content"].as_str()).collect();
+    assert_eq!(users, vec!["one", "two"], "history_turns = 2 keeps the last two turns: {h}");
+
+    fake.inject(&tok, 1, 1, "/new");
+    wait_reply(&fake, &tok, 1, |t| t.starts_with("new conversation"));
+    assert_eq!(history(1, "four"), json!([]), "/new forgets");
+
+    // The OpenAI-compatible endpoint: the caller's conversation goes through whole.
+    let addr = wait_new_ready(home.path(), &[old], READY).expect("running").2;
+    let body = json!({"model": "x", "messages": [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]});
+    let r = Api::new(addr).post_json("/v1/chat/completions", &body).unwrap();
+    let content = r.json().unwrap()["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned();
+    let passed: Value = serde_json::from_str(&content).unwrap_or_else(|e| panic!("{e}: {content}"));
+    assert_eq!(
+        passed,
+        json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
+    );
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}

@@ -1,0 +1,283 @@
+//! Chat platform adapters: one trait, a module per platform.
+//!
+//! An adapter's life, driven by the gateway (crates/runtime/src/platforms.rs):
+//! 1. the gateway takes the adapter's credential lock ([`credlock`]) — before any connection;
+//! 2. [`Adapter::start`] connects and receives on its own OS threads (blocking HTTP with ureq,
+//!    as the openai backend does), handing each inbound message to the [`Host`], which journals
+//!    it durably before the adapter acknowledges it to the platform;
+//! 3. replies leave through the journal's durable outbox: the host calls [`Adapter::wake`] when
+//!    there is something to send, and the adapter reports each entry sent or failed;
+//! 4. the adapter publishes its [`State`] and the time of its last successful receive or send
+//!    ([`Status::last_progress`]); the gateway's watchdog, not the adapter, decides that a deaf
+//!    adapter is reconnected ([`Adapter::reconnect`]);
+//! 5. drain: [`Adapter::stop_intake`] first (no new polls), then, once runs are idle,
+//!    [`Adapter::close`] flushes the outbox within a deadline and stops the threads.
+//!
+//! A Matrix or IRC adapter is another module implementing [`Adapter`] and one more arm in
+//! [`build`].
+
+pub mod credlock;
+mod sha256;
+pub mod telegram;
+mod wait;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use gatewarden_agent::config::{PlatformConfig, PlatformKind};
+use serde::Serialize;
+
+pub use sha256::sha256_hex;
+
+/// Where an adapter is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", content = "reason", rename_all = "snake_case")]
+pub enum State {
+    /// Not started, or (re)connecting.
+    Connecting,
+    /// Receiving.
+    Connected,
+    /// The platform cannot be reached; retried with backoff.
+    Degraded(String),
+    /// Will not run until the configuration or the other holder changes (rejected credentials,
+    /// the credential held by another gateway).
+    Parked(String),
+    /// A platform conflict signal persisted: another consumer is active; this adapter waits.
+    Standby(String),
+    /// Closed by the drain.
+    Closed,
+}
+
+impl State {
+    /// The state's name, as in `status --json` and the metrics label.
+    pub fn name(&self) -> &'static str {
+        match self {
+            State::Connecting => "connecting",
+            State::Connected => "connected",
+            State::Degraded(_) => "degraded",
+            State::Parked(_) => "parked",
+            State::Standby(_) => "standby",
+            State::Closed => "closed",
+        }
+    }
+
+    /// The reason, for the states that have one.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            State::Degraded(r) | State::Parked(r) | State::Standby(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+/// An adapter's published facts, shared with the gateway (status, metrics, watchdog).
+#[derive(Debug)]
+pub struct Status {
+    inner: Mutex<StatusInner>,
+}
+
+#[derive(Debug, Clone)]
+struct StatusInner {
+    state: State,
+    since: SystemTime,
+    last_progress: Option<SystemTime>,
+    last_progress_at: Option<Instant>,
+    lag_s: Option<f64>,
+    received: u64,
+    sent: u64,
+    conflicts: u64,
+}
+
+/// A copy of [`Status`] at one instant.
+#[derive(Debug, Clone, Serialize)]
+pub struct Snapshot {
+    #[serde(flatten)]
+    pub state: State,
+    /// RFC 3339: when the state last changed.
+    pub since: String,
+    /// RFC 3339: the last successful receive or send.
+    pub last_progress: Option<String>,
+    /// Seconds since `last_progress`.
+    pub progress_age_s: Option<f64>,
+    /// Seconds between the platform's timestamp of the last inbound message and its commit.
+    pub lag_s: Option<f64>,
+    pub received: u64,
+    pub sent: u64,
+    pub conflicts: u64,
+}
+
+impl Default for Status {
+    fn default() -> Self {
+        Status {
+            inner: Mutex::new(StatusInner {
+                state: State::Connecting,
+                since: SystemTime::now(),
+                last_progress: None,
+                last_progress_at: None,
+                lag_s: None,
+                received: 0,
+                sent: 0,
+                conflicts: 0,
+            }),
+        }
+    }
+}
+
+impl Status {
+    fn with<R>(&self, f: impl FnOnce(&mut StatusInner) -> R) -> R {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut g)
+    }
+
+    /// Moves to `state`; returns whether it changed (by name or reason).
+    pub fn set(&self, state: State) -> bool {
+        self.with(|s| {
+            if s.state == state {
+                return false;
+            }
+            s.state = state;
+            s.since = SystemTime::now();
+            true
+        })
+    }
+
+    pub fn state(&self) -> State {
+        self.with(|s| s.state.clone())
+    }
+
+    /// A successful receive or send.
+    pub fn progress(&self) {
+        self.with(|s| {
+            s.last_progress = Some(SystemTime::now());
+            s.last_progress_at = Some(Instant::now());
+        });
+    }
+
+    /// How long since the last progress (since start when there was none).
+    pub fn progress_age(&self, started: Instant) -> Duration {
+        self.with(|s| s.last_progress_at.unwrap_or(started).elapsed())
+    }
+
+    pub fn received(&self, lag_s: Option<f64>) {
+        self.with(|s| {
+            s.received += 1;
+            if lag_s.is_some() {
+                s.lag_s = lag_s;
+            }
+        });
+    }
+
+    pub fn sent(&self) {
+        self.with(|s| s.sent += 1);
+    }
+
+    pub fn conflict(&self) {
+        self.with(|s| s.conflicts += 1);
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        self.with(|s| Snapshot {
+            state: s.state.clone(),
+            since: gatewarden_lifecycle::timefmt::format(s.since),
+            last_progress: s.last_progress.map(gatewarden_lifecycle::timefmt::format),
+            progress_age_s: s.last_progress_at.map(|t| t.elapsed().as_secs_f64()),
+            lag_s: s.lag_s,
+            received: s.received,
+            sent: s.sent,
+            conflicts: s.conflicts,
+        })
+    }
+}
+
+/// One message from a platform.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inbound {
+    /// The platform's id for this event (Telegram: update_id); deduplicates redeliveries.
+    pub event_id: String,
+    pub chat_id: String,
+    pub user_id: String,
+    pub text: String,
+    /// When the platform says it was sent.
+    pub sent_at: Option<SystemTime>,
+}
+
+/// A reply to send, from the journal's outbox.
+pub use gatewarden_agent::journal::Outgoing;
+
+/// How a send ended, for the outbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sent {
+    Ok,
+    /// The platform refused it for good (unknown chat, bot blocked): never retried.
+    Rejected(String),
+}
+
+/// What the gateway offers an adapter. Every method blocks (journal commits) and is called
+/// from the adapter's own threads.
+pub trait Host: Send + Sync {
+    /// Journals `msg` durably (a duplicate event id is not journaled again) and routes it (a
+    /// run, or a chat command). `Ok` means committed: the adapter may now acknowledge it to the
+    /// platform. `Err` means nothing was committed; the adapter must not acknowledge it.
+    fn deliver(&self, adapter: &str, msg: Inbound) -> Result<(), String>;
+    /// Up to `limit` outbox entries waiting for `adapter`, oldest first.
+    fn outbox(&self, adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String>;
+    /// Records how sending entry `seq` ended.
+    fn sent(&self, seq: i64, outcome: Sent);
+    /// A state change worth a ledger line (parked, standby, recovered).
+    fn state_changed(&self, adapter: &str, state: &State);
+}
+
+/// Why an adapter cannot be built or started.
+#[derive(Debug, thiserror::Error)]
+pub enum AdapterError {
+    #[error("[[platform]] {name}: environment variable {var} (token_env) is not set or empty")]
+    MissingCredential { name: String, var: String },
+    #[error("[[platform]] {name}: cannot start: {message}")]
+    Start { name: String, message: String },
+}
+
+/// The adapter contract. Every method returns promptly except [`Adapter::close`], which is
+/// bounded by its deadline.
+pub trait Adapter: Send + Sync {
+    /// The unique adapter name (`[[platform]] name`).
+    fn name(&self) -> &str;
+    /// The platform (`telegram`, …).
+    fn kind(&self) -> &'static str;
+    /// What the credential lock is keyed by: the secret that only one consumer may use.
+    fn credential(&self) -> &str;
+    fn status(&self) -> &Arc<Status>;
+    /// Connects and starts receiving and sending on the adapter's own threads.
+    fn start(&self, host: Arc<dyn Host>) -> Result<(), AdapterError>;
+    /// The outbox has something for this adapter.
+    fn wake(&self);
+    /// The watchdog found no progress for too long: drop connections and reconnect.
+    fn reconnect(&self);
+    /// Drain, step 1: no new receives; the platform keeps what arrives for the successor.
+    fn stop_intake(&self);
+    /// Drain, step 2: send what the outbox holds until `deadline`, then stop. Returns whether
+    /// the outbox was empty at the end.
+    fn close(&self, deadline: Instant) -> bool;
+    /// Parks the adapter without starting it (its credential is held elsewhere).
+    fn park(&self, reason: String) {
+        self.status().set(State::Parked(reason));
+    }
+    /// How long without progress before the watchdog reconnects.
+    fn watchdog_after(&self) -> Duration;
+}
+
+/// Builds the adapter for one `[[platform]]` table, reading its credential from the environment.
+pub fn build(cfg: &PlatformConfig) -> Result<Arc<dyn Adapter>, AdapterError> {
+    let name = cfg.adapter_name();
+    let var = cfg.token_env.clone().unwrap_or_default();
+    let token = std::env::var(&var).ok().map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
+    let Some(token) = token else {
+        return Err(AdapterError::MissingCredential { name, var });
+    };
+    match cfg.kind {
+        PlatformKind::Telegram => Ok(Arc::new(telegram::Telegram::new(cfg, token))),
+        // Refused by config validation; kept total for when the modules land.
+        PlatformKind::Matrix | PlatformKind::Irc => {
+            Err(AdapterError::Start { name, message: format!("{} is not in this build", cfg.kind.as_str()) })
+        }
+    }
+}

@@ -1,0 +1,546 @@
+//! A fake Telegram Bot API server, faithful to the semantics gatewarden's lifecycle depends on
+//! (https://core.telegram.org/bots/api#getupdates; the reference notes are in the repository's
+//! docs/architecture.md, "Chat platforms"):
+//!
+//! - **Long polls.** `getUpdates` blocks up to `timeout` seconds until an update arrives.
+//! - **Offset confirmation.** Updates below `offset` are confirmed and forgotten; a negative
+//!   offset keeps the last `-offset` updates.
+//! - **Single consumer.** A new `getUpdates` ends the in-flight one with 409 "Conflict:
+//!   terminated by other getUpdates request; make sure that only one bot instance is running".
+//! - **Lingering sessions.** A poll whose client went away stays held for [`Options::linger`]
+//!   (Telegram: about 30 s): a `getUpdates` in that window gets that 409.
+//! - **Webhooks.** While a webhook is set, `getUpdates` gets 409 "Conflict: can't use
+//!   getUpdates method while webhook is active; use deleteWebhook to delete the webhook first".
+//! - **Flood control.** [`FakeTelegram::flood`] makes the next calls answer 429 with
+//!   `parameters.retry_after`.
+//! - `sendMessage` (logged for [`FakeTelegram::sent`]), `getMe`, `setWebhook`,
+//!   `deleteWebhook`, `getWebhookInfo` (`pending_update_count`).
+//!
+//! The server runs on its own thread and runtime; [`FakeTelegram::kill`] drops every
+//! connection at once and [`FakeTelegram::revive`] listens again on the same port with the same
+//! queues. The test API is both Rust methods and HTTP (`/_fake/...`, for scripts and benches).
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tokio::sync::{Notify, oneshot};
+
+/// The 409 a poll gets when another `getUpdates` replaces it.
+pub const TERMINATED: &str =
+    "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running";
+/// The 409 `getUpdates` gets while a webhook is set.
+pub const WEBHOOK_ACTIVE: &str =
+    "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first";
+
+/// Server options.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// How long a poll abandoned by its client keeps the consumer slot.
+    pub linger: Duration,
+    /// Where to listen (default: an ephemeral loopback port).
+    pub addr: SocketAddr,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { linger: Duration::from_secs(30), addr: SocketAddr::from(([127, 0, 0, 1], 0)) }
+    }
+}
+
+/// A message the bot sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SentMessage {
+    pub message_id: i64,
+    pub chat_id: Value,
+    pub text: String,
+}
+
+/// Counters for one bot.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub get_updates: u64,
+    /// 409s answered (terminated polls, lingering sessions, webhook).
+    pub conflicts: u64,
+    /// Updates not yet confirmed.
+    pub pending: usize,
+    /// Updates confirmed by an offset.
+    pub confirmed: u64,
+    pub sent: usize,
+    /// The longest time no `getUpdates` was in flight, since the last reset: the polling gap a
+    /// restart causes.
+    pub max_poll_gap_ms: u64,
+}
+
+#[derive(Default)]
+struct Bot {
+    queue: VecDeque<Value>,
+    next_update: i64,
+    next_message: i64,
+    poll: Option<(u64, oneshot::Sender<()>)>,
+    linger_until: Option<Instant>,
+    webhook: Option<String>,
+    flood: Option<(u64, u32)>,
+    sent: Vec<SentMessage>,
+    stats: Stats,
+    notify: Arc<Notify>,
+    /// Since when no `getUpdates` is in flight.
+    idle_since: Option<Instant>,
+}
+
+struct Shared {
+    opts: Options,
+    bots: Mutex<HashMap<String, Bot>>,
+    revoked: Mutex<Vec<String>>,
+    poll_ids: AtomicU64,
+}
+
+impl Shared {
+    fn bots(&self) -> MutexGuard<'_, HashMap<String, Bot>> {
+        self.bots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn with<R>(&self, token: &str, f: impl FnOnce(&mut Bot) -> R) -> R {
+        let mut bots = self.bots();
+        let bot = bots.entry(token.to_owned()).or_insert_with(|| Bot {
+            next_update: 1000,
+            next_message: 1,
+            ..Bot::default()
+        });
+        f(bot)
+    }
+}
+
+/// A running fake server.
+pub struct FakeTelegram {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    kill: Mutex<Option<(oneshot::Sender<()>, std::thread::JoinHandle<()>)>>,
+}
+
+impl FakeTelegram {
+    /// Starts a server with `opts`.
+    pub fn start(opts: Options) -> std::io::Result<FakeTelegram> {
+        let shared = Arc::new(Shared {
+            opts: opts.clone(),
+            bots: Mutex::new(HashMap::new()),
+            revoked: Mutex::new(Vec::new()),
+            poll_ids: AtomicU64::new(1),
+        });
+        let listener = std::net::TcpListener::bind(opts.addr)?;
+        let addr = listener.local_addr()?;
+        let fake = FakeTelegram { shared, addr, kill: Mutex::new(None) };
+        fake.serve(listener)?;
+        Ok(fake)
+    }
+
+    fn serve(&self, listener: std::net::TcpListener) -> std::io::Result<()> {
+        listener.set_nonblocking(true)?;
+        let (tx, rx) = oneshot::channel::<()>();
+        let app = router(Arc::clone(&self.shared));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let handle = std::thread::Builder::new().name("telegram-fake".into()).spawn(move || {
+            rt.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
+                tokio::select! {
+                    _ = axum::serve(listener, app) => {}
+                    _ = rx => {}
+                }
+            });
+            // Dropping the runtime cancels every connection task: sockets close at once.
+            drop(rt);
+        })?;
+        *self.kill.lock().unwrap_or_else(|p| p.into_inner()) = Some((tx, handle));
+        Ok(())
+    }
+
+    /// `http://127.0.0.1:<port>`, the `api_base` to configure.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops listening and drops every connection (in-flight polls included). Queues, sent
+    /// messages and counters are kept for [`FakeTelegram::revive`].
+    pub fn kill(&self) {
+        if let Some((tx, handle)) = self.kill.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = tx.send(());
+            let _ = handle.join();
+        }
+        for bot in self.shared.bots().values_mut() {
+            bot.poll = None;
+            bot.linger_until = None;
+        }
+    }
+
+    /// Listens again on the same port (retrying briefly while the port is in TIME_WAIT).
+    pub fn revive(&self) -> std::io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match std::net::TcpListener::bind(self.addr) {
+                Ok(l) => return self.serve(l),
+                Err(e) if Instant::now() < deadline && e.kind() == std::io::ErrorKind::AddrInUse => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A user writes `text` in `chat_id`; returns the update id.
+    pub fn inject(&self, token: &str, chat_id: i64, user_id: i64, text: &str) -> i64 {
+        inject(&self.shared, token, chat_id, user_id, text)
+    }
+
+    /// What the bot sent, oldest first.
+    pub fn sent(&self, token: &str) -> Vec<SentMessage> {
+        self.shared.with(token, |b| b.sent.clone())
+    }
+
+    /// Waits until `pred` holds for what the bot sent, at most `timeout`; returns the last view.
+    pub fn wait_sent(
+        &self,
+        token: &str,
+        timeout: Duration,
+        pred: impl Fn(&[SentMessage]) -> bool,
+    ) -> Result<Vec<SentMessage>, Vec<SentMessage>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let sent = self.sent(token);
+            if pred(&sent) {
+                return Ok(sent);
+            }
+            if Instant::now() >= deadline {
+                return Err(sent);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn stats(&self, token: &str) -> Stats {
+        self.shared.with(token, |b| Stats { pending: b.queue.len(), sent: b.sent.len(), ..b.stats.clone() })
+    }
+
+    /// Sets (`Some`) or deletes the webhook, as `setWebhook`/`deleteWebhook` would.
+    pub fn set_webhook(&self, token: &str, url: Option<&str>) {
+        self.shared.with(token, |b| b.webhook = url.map(str::to_owned));
+    }
+
+    /// The next `calls` API calls of this bot answer 429 with `retry_after` seconds.
+    pub fn flood(&self, token: &str, retry_after: u64, calls: u32) {
+        self.shared.with(token, |b| b.flood = Some((retry_after, calls)));
+    }
+
+    /// Restarts the polling-gap measurement.
+    pub fn reset_gap(&self, token: &str) {
+        self.shared.with(token, |b| {
+            b.stats.max_poll_gap_ms = 0;
+            b.idle_since = None;
+        });
+    }
+
+    /// Every later call with this token answers 401 Unauthorized.
+    pub fn revoke(&self, token: &str) {
+        self.shared.revoked.lock().unwrap_or_else(|p| p.into_inner()).push(token.to_owned());
+    }
+}
+
+impl Drop for FakeTelegram {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn inject(shared: &Shared, token: &str, chat_id: i64, user_id: i64, text: &str) -> i64 {
+    shared.with(token, |b| {
+        let id = b.next_update;
+        b.next_update += 1;
+        let date = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        b.queue.push_back(json!({
+            "update_id": id,
+            "message": {
+                "message_id": id,
+                "date": date,
+                "chat": {"id": chat_id, "type": "private"},
+                "from": {"id": user_id, "is_bot": false, "first_name": format!("user{user_id}")},
+                "text": text,
+            }
+        }));
+        b.notify.notify_waiters();
+        id
+    })
+}
+
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/_fake/inject", post(http_inject))
+        .route("/_fake/sent", get(http_sent))
+        .route("/_fake/stats", get(http_stats))
+        .route("/{bot}/{method}", post(api).get(api))
+        .with_state(shared)
+}
+
+fn ok(result: Value) -> Response {
+    Json(json!({"ok": true, "result": result})).into_response()
+}
+
+fn fail(code: u16, description: &str) -> Response {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST);
+    (status, Json(json!({"ok": false, "error_code": code, "description": description}))).into_response()
+}
+
+/// Query parameters and a JSON body, merged (the body wins), as the Bot API accepts either.
+fn params(query: HashMap<String, String>, body: &Bytes) -> HashMap<String, Value> {
+    let mut p: HashMap<String, Value> = query
+        .into_iter()
+        .map(|(k, v)| {
+            let parsed = serde_json::from_str(&v).unwrap_or(Value::String(v));
+            (k, parsed)
+        })
+        .collect();
+    if let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(body) {
+        p.extend(m);
+    }
+    p
+}
+
+fn int(p: &HashMap<String, Value>, key: &str) -> Option<i64> {
+    match p.get(key)? {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+async fn api(
+    State(shared): State<Arc<Shared>>,
+    Path((bot, method)): Path<(String, String)>,
+    Query(query): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Response {
+    let Some(token) =
+        bot.strip_prefix("bot").filter(|t| t.split_once(':').is_some_and(|(id, _)| id.parse::<u64>().is_ok()))
+    else {
+        return fail(404, "Not Found");
+    };
+    if shared.revoked.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|t| t == token) {
+        return fail(401, "Unauthorized");
+    }
+    let flooded = shared.with(token, |b| match b.flood {
+        Some((after, n)) if n > 0 => {
+            b.flood = (n > 1).then_some((after, n - 1));
+            Some(after)
+        }
+        _ => None,
+    });
+    if let Some(after) = flooded {
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            Json(json!({"ok": false, "error_code": 429, "description": format!("Too Many Requests: retry after {after}"), "parameters": {"retry_after": after}})),
+        )
+            .into_response();
+    }
+    let p = params(query, &body);
+    match method.as_str() {
+        "getUpdates" => get_updates(shared, token.to_owned(), p).await,
+        "sendMessage" => send_message(&shared, token, &p),
+        "getMe" => {
+            let id = token.split(':').next().unwrap_or("0").parse::<u64>().unwrap_or(0);
+            ok(json!({"id": id, "is_bot": true, "first_name": "fake", "username": format!("fake{id}_bot")}))
+        }
+        "setWebhook" => {
+            let url = p.get("url").and_then(Value::as_str).unwrap_or("").to_owned();
+            shared.with(token, |b| b.webhook = (!url.is_empty()).then_some(url));
+            ok(json!(true))
+        }
+        "deleteWebhook" => {
+            let drop_pending = p.get("drop_pending_updates").and_then(Value::as_bool).unwrap_or(false);
+            shared.with(token, |b| {
+                b.webhook = None;
+                if drop_pending {
+                    b.queue.clear();
+                }
+            });
+            ok(json!(true))
+        }
+        "getWebhookInfo" => shared.with(token, |b| {
+            ok(json!({"url": b.webhook.clone().unwrap_or_default(), "pending_update_count": b.queue.len()}))
+        }),
+        _ => fail(404, "Not Found: method not found"),
+    }
+}
+
+fn send_message(shared: &Shared, token: &str, p: &HashMap<String, Value>) -> Response {
+    let Some(chat) = p.get("chat_id").cloned().filter(|c| c.is_i64() || c.as_str().is_some_and(|s| !s.is_empty()))
+    else {
+        return fail(400, "Bad Request: chat_id is empty");
+    };
+    let text = p.get("text").and_then(Value::as_str).unwrap_or("");
+    if text.is_empty() {
+        return fail(400, "Bad Request: message text is empty");
+    }
+    if text.chars().count() > 4096 {
+        return fail(400, "Bad Request: message is too long");
+    }
+    shared.with(token, |b| {
+        let id = b.next_message;
+        b.next_message += 1;
+        b.sent.push(SentMessage { message_id: id, chat_id: chat.clone(), text: text.to_owned() });
+        ok(json!({"message_id": id, "chat": {"id": chat}, "text": text}))
+    })
+}
+
+/// Marks the poll abandoned if its handler is dropped before answering (the client went away).
+struct Abandon {
+    shared: Arc<Shared>,
+    token: String,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        let mut bots = self.shared.bots();
+        if let Some(b) = bots.get_mut(&self.token)
+            && b.poll.as_ref().is_some_and(|(id, _)| *id == self.id)
+        {
+            b.poll = None;
+            if self.armed {
+                b.linger_until = Some(Instant::now() + self.shared.opts.linger);
+            }
+        }
+    }
+}
+
+/// Marks the end of a `getUpdates` (however it ends): no poll in flight from then on, unless a
+/// newer one took over.
+struct PollEnd {
+    shared: Arc<Shared>,
+    token: String,
+}
+
+impl Drop for PollEnd {
+    fn drop(&mut self) {
+        self.shared.with(&self.token, |b| {
+            if b.poll.is_none() {
+                b.idle_since = Some(Instant::now());
+            }
+        });
+    }
+}
+
+async fn get_updates(shared: Arc<Shared>, token: String, p: HashMap<String, Value>) -> Response {
+    let _end = PollEnd { shared: Arc::clone(&shared), token: token.clone() };
+    let offset = int(&p, "offset").unwrap_or(0);
+    let limit = int(&p, "limit").unwrap_or(100).clamp(1, 100) as usize;
+    let timeout = Duration::from_secs(int(&p, "timeout").unwrap_or(0).clamp(0, 3600) as u64);
+    let id = shared.poll_ids.fetch_add(1, Ordering::Relaxed);
+    let (tx, mut rx) = oneshot::channel();
+    let take = |b: &mut Bot| -> Vec<Value> { b.queue.iter().take(limit).cloned().collect() };
+    let notify = {
+        let mut bots = shared.bots();
+        let b =
+            bots.entry(token.clone()).or_insert_with(|| Bot { next_update: 1000, next_message: 1, ..Bot::default() });
+        b.stats.get_updates += 1;
+        if let Some(t) = b.idle_since.take() {
+            b.stats.max_poll_gap_ms = b.stats.max_poll_gap_ms.max(t.elapsed().as_millis() as u64);
+        }
+        if b.webhook.is_some() {
+            b.stats.conflicts += 1;
+            return fail(409, WEBHOOK_ACTIVE);
+        }
+        if b.linger_until.is_some_and(|t| Instant::now() < t) {
+            b.stats.conflicts += 1;
+            return fail(409, TERMINATED);
+        }
+        b.linger_until = None;
+        if let Some((_, old)) = b.poll.take() {
+            let _ = old.send(());
+        }
+        // Confirmation: everything below a positive offset is forgotten.
+        if offset > 0 {
+            let before = b.queue.len();
+            b.queue.retain(|u| u["update_id"].as_i64().unwrap_or(0) >= offset);
+            b.stats.confirmed += (before - b.queue.len()) as u64;
+        } else if offset < 0 {
+            let keep = offset.unsigned_abs() as usize;
+            while b.queue.len() > keep {
+                b.queue.pop_front();
+                b.stats.confirmed += 1;
+            }
+        }
+        if !b.queue.is_empty() || timeout.is_zero() {
+            return ok(Value::Array(take(b)));
+        }
+        b.poll = Some((id, tx));
+        Arc::clone(&b.notify)
+    };
+    let mut guard = Abandon { shared: Arc::clone(&shared), token: token.clone(), id, armed: true };
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let ready = shared.with(&token, |b| (!b.queue.is_empty()).then(|| take(b)));
+        if let Some(updates) = ready {
+            guard.armed = false;
+            return ok(Value::Array(updates));
+        }
+        tokio::select! {
+            _ = &mut rx => {
+                guard.armed = false;
+                shared.with(&token, |b| b.stats.conflicts += 1);
+                return fail(409, TERMINATED);
+            }
+            () = &mut notified => {}
+            () = tokio::time::sleep_until(deadline) => {
+                guard.armed = false;
+                return ok(json!([]));
+            }
+        }
+    }
+}
+
+async fn http_inject(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let (Some(token), Some(chat), Some(text)) = (v["token"].as_str(), v["chat_id"].as_i64(), v["text"].as_str()) else {
+        return fail(400, "inject needs token, chat_id and text");
+    };
+    let user = v["user_id"].as_i64().unwrap_or(chat);
+    ok(json!(inject(&shared, token, chat, user, text)))
+}
+
+async fn http_sent(State(shared): State<Arc<Shared>>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let token = q.get("token").cloned().unwrap_or_default();
+    let sent = shared.with(&token, |b| b.sent.clone());
+    ok(Value::Array(
+        sent.into_iter().map(|s| json!({"message_id": s.message_id, "chat_id": s.chat_id, "text": s.text})).collect(),
+    ))
+}
+
+async fn http_stats(State(shared): State<Arc<Shared>>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let token = q.get("token").cloned().unwrap_or_default();
+    let reset = q.contains_key("reset_gap");
+    let s = shared.with(&token, |b| {
+        let s = Stats { pending: b.queue.len(), sent: b.sent.len(), ..b.stats.clone() };
+        if reset {
+            b.stats.max_poll_gap_ms = 0;
+            b.idle_since = None;
+        }
+        s
+    });
+    ok(json!({"get_updates": s.get_updates, "conflicts": s.conflicts, "pending": s.pending, "confirmed": s.confirmed,
+              "sent": s.sent, "max_poll_gap_ms": s.max_poll_gap_ms}))
+}
