@@ -26,6 +26,7 @@ mod decoy;
 mod gateway;
 mod home;
 mod http;
+pub mod postgres;
 mod proc;
 pub mod sweep;
 mod time;
