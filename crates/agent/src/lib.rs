@@ -10,5 +10,5 @@ pub mod config;
 pub mod journal;
 
 pub use backend::{Agent, AgentError, AgentFuture, AgentReply, AgentRequest, build_agent, build_agent_with_env};
-pub use config::{AgentConfig, BackendKind, Config, ConfigError, EX_CONFIG};
+pub use config::{AgentConfig, BackendKind, ClusterConfig, Config, ConfigError, EX_CONFIG};
 pub use journal::{Journal, JournalError};

@@ -95,11 +95,13 @@ pub enum Change {
         epoch: i64,
         since: String,
     },
-    /// `fence_refused`: whether the store refused our last write under `epoch` (`None` when
-    /// it could not be asked).
+    /// `at`: when intake stopped (the event itself follows the last fenced write attempt).
+    /// `fence_refused`: whether the store refused that write under `epoch` (`None` when it
+    /// could not be asked).
     Demoted {
         epoch: i64,
         reason: DemoteReason,
+        at: std::time::SystemTime,
         fence_refused: Option<bool>,
     },
 }
@@ -287,6 +289,7 @@ impl<B: LeaseBackend> Driver<B> {
             }
             Action::Demote { epoch, reason } => {
                 // Intake stops first: readers see standby before anything else happens.
+                let at = std::time::SystemTime::now();
                 self.snap.send_modify(|s| {
                     s.role = RoleView::Standby;
                     s.deadline = None;
@@ -309,7 +312,7 @@ impl<B: LeaseBackend> Driver<B> {
                         }
                     }
                 };
-                let _ = self.changes.send(Change::Demoted { epoch, reason, fence_refused });
+                let _ = self.changes.send(Change::Demoted { epoch, reason, at, fence_refused });
             }
         }
     }

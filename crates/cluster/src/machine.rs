@@ -28,10 +28,10 @@ impl Timing {
     }
 
     /// How long a standby waits before it tries again, knowing the holder's lease expires in
-    /// `expires_in` (database clock): just after the expiry, but never longer than one
-    /// renewal interval, so a released lease is taken within one interval.
+    /// `expires_in` (database clock): just after the expiry, but never longer than 9/10 of a
+    /// renewal interval, so a released lease is taken within one interval, query time included.
     pub fn standby_wait(&self, expires_in: Duration) -> Duration {
-        (expires_in + Duration::from_millis(20)).min(self.renew_every)
+        (expires_in + Duration::from_millis(20)).min(self.renew_every * 9 / 10)
     }
 }
 
@@ -204,7 +204,7 @@ mod tests {
         let t = timing();
         assert_eq!(t.margin, Duration::from_secs(1));
         assert_eq!(t.standby_wait(Duration::from_millis(100)), Duration::from_millis(120));
-        assert_eq!(t.standby_wait(Duration::from_secs(30)), Duration::from_secs(1));
+        assert_eq!(t.standby_wait(Duration::from_secs(30)), Duration::from_millis(900));
     }
 
     #[test]

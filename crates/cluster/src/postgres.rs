@@ -39,6 +39,13 @@ impl PgLease {
         Ok(PgLease { config, name: name.to_owned(), client: None })
     }
 
+    /// Names the connection in `pg_stat_activity` (default `gatewarden`), so an operator (or a
+    /// test) can tell the gateways' sessions apart.
+    pub fn with_application_name(mut self, name: &str) -> PgLease {
+        self.config.application_name(name);
+        self
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

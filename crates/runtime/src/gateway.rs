@@ -58,6 +58,8 @@ pub struct Gateway {
     pub control: String,
     pub work: Arc<crate::work::Work>,
     pub notifier: crate::sdnotify::Notifier,
+    /// The lease driver's handle when `[cluster]` is configured (cluster.rs).
+    pub cluster: OnceLock<gatewarden_cluster::Handle>,
     listen: OnceLock<String>,
     listener: OnceLock<std::net::TcpListener>,
     handing_over: std::sync::atomic::AtomicBool,
@@ -92,6 +94,7 @@ impl Gateway {
             control,
             work,
             notifier: crate::sdnotify::Notifier::from_env(),
+            cluster: OnceLock::new(),
             listen: OnceLock::new(),
             listener: OnceLock::new(),
             handing_over: std::sync::atomic::AtomicBool::new(false),
@@ -142,6 +145,11 @@ impl Gateway {
         }
     }
 
+    /// The cluster's active (always, without `[cluster]`): may take intake and run work.
+    pub fn is_active(&self) -> bool {
+        self.cluster.get().is_none_or(gatewarden_cluster::Handle::is_active)
+    }
+
     pub fn listen(&self) -> Option<&str> {
         self.listen.get().map(String::as_str)
     }
@@ -161,6 +169,10 @@ impl Gateway {
 
     /// Appends to the ledger; a full disk must not stop the gateway, so failures are logged.
     pub fn record(&self, event: &str, fields: Value) {
+        // A fenced copy for the cluster's store (dropped while standby).
+        if let Some(c) = self.cluster.get() {
+            c.record(event, fields.clone());
+        }
         if let Err(e) = self.ledger.append(event, fields) {
             crate::warn!("cannot append to {}: {e}", self.ledger.path().display());
         }
@@ -214,6 +226,10 @@ impl Gateway {
         let mut files = std::collections::BTreeMap::new();
         files.insert("pid".into(), "ok".into());
         files.insert("state".into(), "ok".into());
+        let mut extra = std::collections::BTreeMap::new();
+        if let Some(c) = crate::cluster::status_json(self) {
+            extra.insert("cluster".into(), c);
+        }
         StatusReport {
             running: true,
             pid: Some(self.me.pid),
@@ -228,7 +244,7 @@ impl Gateway {
             active_runs: Some(self.runs.active()),
             control: Some(self.control.clone()),
             files,
-            extra: Default::default(),
+            extra,
         }
     }
 }

@@ -29,6 +29,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/chat/completions", post(openai::completions))
         .route("/v1/models", get(openai::models))
         .route("/metrics", get(metrics::metrics))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&gw), crate::cluster::standby_gate))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&gw), auth));
     Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)).merge(api).with_state(gw)
 }
@@ -59,6 +60,7 @@ async fn healthz() -> &'static str {
 
 async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     match gw.phase.get() {
+        GatewayState::Running if !gw.is_active() => (StatusCode::SERVICE_UNAVAILABLE, "standby\n".to_string()),
         GatewayState::Running => (StatusCode::OK, "ready\n".to_string()),
         other => (StatusCode::SERVICE_UNAVAILABLE, format!("{other}\n")),
     }
