@@ -150,6 +150,13 @@ impl Gateway {
         self.cluster.get().is_none_or(gatewarden_cluster::Handle::is_active)
     }
 
+    /// The longest a platform long poll may last (it cannot be fenced; docs/architecture.md,
+    /// cluster): `None` without `[cluster]`, the lease time left while active, zero on a standby.
+    pub fn poll_budget(&self) -> Option<std::time::Duration> {
+        let c = self.cluster.get()?;
+        Some(c.snapshot().lease_left(std::time::Instant::now()).unwrap_or_default())
+    }
+
     pub fn listen(&self) -> Option<&str> {
         self.listen.get().map(String::as_str)
     }
