@@ -20,6 +20,8 @@ pub struct PgLease {
     config: tokio_postgres::Config,
     name: String,
     client: Option<Client>,
+    /// The lease row exists (checked once per connection, not on every attempt).
+    row_exists: bool,
 }
 
 impl PgLease {
@@ -36,7 +38,7 @@ impl PgLease {
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(5))
             .application_name("gatewarden");
-        Ok(PgLease { config, name: name.to_owned(), client: None })
+        Ok(PgLease { config, name: name.to_owned(), client: None, row_exists: false })
     }
 
     /// Names the connection in `pg_stat_activity` (default `gatewarden`), so an operator (or a
@@ -145,10 +147,15 @@ impl LeaseBackend for PgLease {
     async fn acquire(&mut self, me: &Holder, ttl: Duration) -> Result<Acquired, ClusterError> {
         let (name, id, ttl_ms) = (self.name.clone(), me.id(), ms(ttl));
         let holder = serde_json::to_string(me).map_err(|e| ClusterError::Store(e.to_string()))?;
+        if !self.row_exists {
+            self.client()
+                .await?
+                .execute("INSERT INTO gw_lease (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", &[&name])
+                .await
+                .map_err(store)?;
+            self.row_exists = true;
+        }
         let c = self.client().await?;
-        c.execute("INSERT INTO gw_lease (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", &[&name])
-            .await
-            .map_err(store)?;
         // One statement: the grant and its history row commit together. Concurrent standbys
         // serialise on the row lock; the loser re-checks the WHERE against the winner's expiry.
         let granted = c

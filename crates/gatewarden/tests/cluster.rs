@@ -443,3 +443,53 @@ fn chaos_seeded() {
     }
     at_most_one_active_per_epoch(&pg, "chaos");
 }
+
+/// Failover times (scripts/bench-cluster; ignored in the normal suite): kill -9, a pause past
+/// the TTL, and a graceful stop of the active, `GW_BENCH_ROUNDS` each, TTL 3 s, renewal 1 s.
+/// Measured from the fault to the other gateway's status saying `active`.
+#[test]
+#[ignore = "benchmark: scripts/bench-cluster"]
+fn bench_failover() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let rounds: usize = std::env::var("GW_BENCH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(10);
+    let mut nodes = vec![Node::spawn("bench", &pg.url()), Node::spawn("bench", &pg.url())];
+    for kind in ["kill -9", "pause", "graceful"] {
+        let mut times = Vec::new();
+        for _ in 0..rounds {
+            let a = wait_one_active(&mut nodes, TTL * 4);
+            let b = 1 - a;
+            let a_pid = nodes[a].g.pid();
+            nodes[b].wait_standby_of(a_pid, READY);
+            let t0 = Instant::now();
+            match kind {
+                "kill -9" => {
+                    nodes[a].g.kill();
+                }
+                "pause" => nodes[a].g.signal(sig::SIGSTOP),
+                _ => {
+                    assert_cli(&run_cli(&nodes[a].home, &["stop"]), 0, "stop");
+                }
+            }
+            nodes[b].wait_role("active", TTL * 3);
+            times.push(t0.elapsed());
+            match kind {
+                "pause" => nodes[a].g.signal(sig::SIGCONT),
+                _ => {
+                    nodes[a].g.wait_exit(EXIT);
+                    nodes[a].respawn();
+                }
+            }
+        }
+        times.sort();
+        let pct = |p: f64| times[((times.len() as f64 - 1.0) * p).round() as usize].as_millis();
+        println!(
+            "bench-cluster failover ({kind}, ttl {}s, renew {}s, {rounds} rounds): p50 {} ms, p99 {} ms, max {} ms",
+            TTL.as_secs(),
+            RENEW.as_secs(),
+            pct(0.5),
+            pct(0.99),
+            times.last().map_or(0, Duration::as_millis)
+        );
+    }
+    at_most_one_active_per_epoch(&pg, "bench");
+}

@@ -226,6 +226,39 @@ impl Cluster {
         self.start_server().unwrap_or_else(|e| panic!("start: {e}"));
     }
 
+    /// CPU seconds (user + system) used so far by the server: the postmaster and every
+    /// backend and auxiliary process it started (Linux `/proc`; 0 elsewhere). Backends that
+    /// already exited are not counted: measure with long-lived connections.
+    pub fn cpu_seconds(&self) -> f64 {
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        self.cpu_ticks() as f64 / hz
+    }
+
+    fn cpu_ticks(&self) -> u64 {
+        let pm: Option<u32> = std::fs::read_to_string(self.data_dir().join("postmaster.pid"))
+            .ok()
+            .and_then(|s| s.lines().next().and_then(|l| l.trim().parse().ok()));
+        let Some(pm) = pm else { return 0 };
+        let ticks = |stat: &str| -> Option<(u32, u64)> {
+            // Fields after the parenthesised command: state ppid … utime(14) stime(15).
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some((f.get(1)?.parse().ok()?, f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?))
+        };
+        let mut total = 0;
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+            let Some((ppid, t)) = std::fs::read_to_string(e.path().join("stat")).ok().as_deref().and_then(ticks) else {
+                continue;
+            };
+            if pid == pm || ppid == pm {
+                total += t;
+            }
+        }
+        total
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
     }
