@@ -14,6 +14,7 @@
 //! own, earlier, monotonic deadline (see `machine.rs`), so no two clocks are compared.
 
 pub mod driver;
+pub mod journal;
 pub mod machine;
 mod migrations;
 pub mod postgres;

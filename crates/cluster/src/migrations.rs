@@ -3,7 +3,7 @@
 //! which ran. Never edit a shipped migration: append a new one.
 
 /// `(version, SQL)`, ascending.
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1_LEASE)];
+pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1_LEASE), (2, V2_JOURNAL)];
 
 /// The lease, its grant history, the fenced event log (a copy of the lifecycle ledger), and
 /// the fence itself.
@@ -50,6 +50,28 @@ BEGIN
             p_epoch, p_name, cur, live USING ERRCODE = 'GW001';
     END IF;
 END $$;
+"#;
+
+/// The shared message journal (journal.rs): the rows crates/agent/src/journal.rs keeps in
+/// SQLite, per cluster, with the epoch of the last write.
+const V2_JOURNAL: &str = r#"
+CREATE TABLE gw_messages (
+    name        text NOT NULL,
+    id          text NOT NULL,
+    chat_id     text NOT NULL,
+    user_id     text NOT NULL,
+    text        text NOT NULL,
+    state       text NOT NULL CHECK (state IN ('queued', 'running', 'done', 'failed')),
+    reply       text,
+    reason      text,
+    attempts    integer NOT NULL DEFAULT 0,
+    incarnation text,
+    epoch       bigint NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (name, id)
+);
+CREATE INDEX gw_messages_pending ON gw_messages (name, created_at) WHERE state IN ('queued', 'running');
 "#;
 
 /// The SQLSTATE `gw_fence` raises.

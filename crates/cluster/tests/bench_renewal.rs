@@ -2,6 +2,7 @@
 //! N lease drivers, each on its own connection as a gateway would be, against one throwaway
 //! PostgreSQL: in clusters of two (an active and a standby each) and in one cluster (one active,
 //! N-1 standbys polling the same row). Reports transactions per second and the server's CPU.
+#![cfg(target_os = "linux")]
 
 use std::time::{Duration, Instant};
 

@@ -3,6 +3,7 @@
 //!
 //! Every test ends by checking the database's own grant history: epochs strictly increase and
 //! each has exactly one holder (`at_most_one_active_per_epoch`).
+#![cfg(target_os = "linux")]
 
 mod common;
 
