@@ -177,6 +177,11 @@ fn standby_refuses_intake_and_points_at_the_active_then_kill9_fails_over_within_
     // The active serves.
     let r = api_a.send("c1", "u1", "hello").unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
+    let out = run_cli(&nodes[b].home, &["status"]);
+    assert_cli(&out, 0, "status of the standby");
+    let line = format!("cluster:     standby in k9 (epoch {epoch}); active: ");
+    assert!(out.stdout.contains(&line), "{}", out.stdout);
+    assert!(out.stdout.contains(&format!("pid {}", nodes[a].g.pid())), "{}", out.stdout);
     // `status --json` shows the same object.
     let out = run_cli(&nodes[a].home, &["status", "--json"]);
     assert_cli(&out, 0, "status");
