@@ -349,7 +349,9 @@ fn a_graceful_stop_hands_over_within_one_renewal_interval() {
         .parse()
         .unwrap_or(f64::MAX);
     eprintln!("graceful handover gap: {gap_ms:.0} ms");
-    assert!(gap_ms >= 0.0 && gap_ms <= RENEW.as_millis() as f64 + 100.0, "handover gap {gap_ms} ms");
+    // Standbys retry every 0.9 interval; the rest is query latency (allowed 0.2 s on a loaded
+    // CI machine).
+    assert!(gap_ms >= 0.0 && gap_ms <= RENEW.as_millis() as f64 + 200.0, "handover gap {gap_ms} ms");
     at_most_one_active_per_epoch(&pg, "grace");
 }
 
