@@ -37,7 +37,8 @@ pub const MAX_SECONDS: u64 = 7 * 24 * 3600;
 /// Upper bound for the millisecond knobs (one hour).
 pub const MAX_MILLIS: u64 = 3600 * 1000;
 
-const TOP_KEYS: &[&str] = &["listen", "api_token", "admins", "drain_timeout_s", "agent", "http", "journal", "platform"];
+const TOP_KEYS: &[&str] =
+    &["listen", "api_token", "admins", "drain_timeout_s", "agent", "http", "journal", "platform", "cluster"];
 const HTTP_KEYS: &[&str] = &["allowed_hosts", "max_connections", "header_timeout_s", "body_timeout_s"];
 const JOURNAL_KEYS: &[&str] = &["max_age_days", "max_size_mb"];
 
@@ -57,6 +58,7 @@ const AGENT_KEYS: &[&str] = &[
 ];
 const PLATFORM_KEYS: &[&str] =
     &["kind", "name", "token_env", "api_base", "allowed_chats", "admins", "poll_timeout_s", "conflict_standby_s"];
+const CLUSTER_KEYS: &[&str] = &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s"];
 
 /// Why the configuration cannot be used. Every variant maps to exit code [`EX_CONFIG`].
 #[derive(Debug, thiserror::Error)]
@@ -147,6 +149,8 @@ pub struct Config {
     pub journal: JournalConfig,
     /// `[[platform]]` tables: the chat platform adapters.
     pub platform: Vec<PlatformConfig>,
+    /// Active/standby with other gateways through a shared store (`None` = standalone).
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// The `[http]` table: what the listener accepts (docs/security.md).
@@ -289,6 +293,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             journal: JournalConfig::default(),
             platform: Vec::new(),
+            cluster: None,
         }
     }
 }
@@ -305,6 +310,7 @@ impl fmt::Debug for Config {
             .field("http", &self.http)
             .field("journal", &self.journal)
             .field("platform", &self.platform)
+            .field("cluster", &self.cluster)
             .finish()
     }
 }
@@ -395,6 +401,94 @@ impl AgentConfig {
 
 /// Largest accepted `config.toml`.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// The `[cluster]` table: gateways (on any host) with the same `name` and `store` elect one
+/// active through a fenced lease (crates/cluster). The store URL carries no password: it
+/// comes from `password_env` or `password_file`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    pub name: String,
+    /// `postgres://user@host:port/database`.
+    pub store: String,
+    pub password_env: Option<String>,
+    /// Relative paths are relative to the home.
+    pub password_file: Option<PathBuf>,
+    #[serde(default = "default_lease_ttl_s")]
+    pub lease_ttl_s: u64,
+    #[serde(default = "default_renew_interval_s")]
+    pub renew_interval_s: u64,
+}
+
+fn default_lease_ttl_s() -> u64 {
+    15
+}
+
+fn default_renew_interval_s() -> u64 {
+    5
+}
+
+impl ClusterConfig {
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_secs(self.lease_ttl_s)
+    }
+
+    pub fn renew_interval(&self) -> Duration {
+        Duration::from_secs(self.renew_interval_s)
+    }
+
+    /// The store password from the environment or the file (trailing newline removed);
+    /// `Ok(None)` when neither is configured (e.g. peer or trust authentication).
+    pub fn password(&self, home: &Path) -> Result<Option<String>, String> {
+        if let Some(var) = &self.password_env {
+            return std::env::var(var)
+                .map(Some)
+                .map_err(|_| format!("[cluster] password_env names {var}, which is not set in the environment"));
+        }
+        if let Some(file) = &self.password_file {
+            let path = home.join(file);
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("[cluster] password_file {}: {e}", path.display()))?;
+            return Ok(Some(text.trim_end_matches(['\r', '\n']).to_owned()));
+        }
+        Ok(None)
+    }
+
+    fn validate(&self, index: &KeyIndex) -> Result<(), ConfigError> {
+        let bad = |key: &str, message: String| index.invalid(&["cluster", key], message);
+        if self.name.is_empty()
+            || self.name.len() > 64
+            || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(bad("name", "must be 1 to 64 characters from A-Z, a-z, 0-9, '-', '_', '.'".into()));
+        }
+        let Some(rest) = self.store.strip_prefix("postgres://").or_else(|| self.store.strip_prefix("postgresql://"))
+        else {
+            return Err(bad("store", "must be a postgres://user@host:port/database URL".into()));
+        };
+        let authority = rest.split(['/', '?']).next().unwrap_or_default();
+        if authority.rsplit_once('@').is_some_and(|(userinfo, _)| userinfo.contains(':')) {
+            return Err(bad("store", "must not contain a password; use password_env or password_file".into()));
+        }
+        if self.password_env.is_some() && self.password_file.is_some() {
+            return Err(bad("password_file", "set password_env or password_file, not both".into()));
+        }
+        if let Some(name) = &self.password_env
+            && (name.is_empty() || name.contains(['=', '\0']))
+        {
+            return Err(bad("password_env", "must be the name of an environment variable".into()));
+        }
+        if self.lease_ttl_s < 2 || self.lease_ttl_s > 3600 {
+            return Err(bad("lease_ttl_s", "must be between 2 and 3600 seconds".into()));
+        }
+        if self.renew_interval_s == 0 || self.renew_interval_s * 2 > self.lease_ttl_s {
+            return Err(bad(
+                "renew_interval_s",
+                format!("must be at least 1 and at most half of lease_ttl_s ({})", self.lease_ttl_s),
+            ));
+        }
+        Ok(())
+    }
+}
 
 impl Config {
     /// Reads `<home>/config.toml`; a missing file yields [`Config::default`].
@@ -499,6 +593,9 @@ impl Config {
         }
         if self.drain_timeout_s > MAX_SECONDS {
             return Err(top("drain_timeout_s", format!("must be at most {MAX_SECONDS} seconds")));
+        }
+        if let Some(c) = &self.cluster {
+            c.validate(index)?;
         }
         let a = &self.agent;
         if a.timeout_s == 0 || a.timeout_s > MAX_SECONDS {
@@ -726,6 +823,7 @@ impl<'a> KeyIndex<'a> {
                 Some("http") => HTTP_KEYS.join(", "),
                 Some("journal") => JOURNAL_KEYS.join(", "),
                 Some("platform") => PLATFORM_KEYS.join(", "),
+                Some("cluster") => CLUSTER_KEYS.join(", "),
                 Some(_) => String::from("(no keys)"),
             };
             return ConfigError::UnknownKey { path: self.path.to_path_buf(), line, key, table, expected };
@@ -804,7 +902,7 @@ mod tests {
         let c = parse(text).expect("config.example.toml must parse");
         assert_eq!(c.agent.backend, BackendKind::Echo);
         // The example shows every key commented out or set; each must be mentioned.
-        for key in TOP_KEYS.iter().chain(AGENT_KEYS).chain(HTTP_KEYS).chain(JOURNAL_KEYS) {
+        for key in TOP_KEYS.iter().chain(AGENT_KEYS).chain(HTTP_KEYS).chain(JOURNAL_KEYS).chain(CLUSTER_KEYS) {
             assert!(
                 text.contains(&format!("{key} =")) || text.contains(&format!("[{key}]")),
                 "config.example.toml does not document '{key}'"
@@ -973,6 +1071,50 @@ api_key_env = "MY_KEY"
         assert!(e.contains("'api_key_env'"), "{e}");
         // Keys of another backend are accepted.
         parse("[agent]\nbackend = \"echo\"\ncommand = [\"x\"]\nmodel = \"m\"\n").unwrap();
+    }
+
+    #[test]
+    fn cluster_table() {
+        let c =
+            parse("[cluster]\nname = \"prod\"\nstore = \"postgres://gw@127.0.0.1:5432/gw\"\npassword_env = \"PGPW\"\n")
+                .unwrap();
+        let cl = c.cluster.unwrap();
+        assert_eq!((cl.lease_ttl_s, cl.renew_interval_s), (15, 5));
+        assert_eq!(cl.password_env.as_deref(), Some("PGPW"));
+        let e = err("[cluster]\nname = \"p\"\nstore = \"postgres://gw:hunter2@db/gw\"\n");
+        assert!(
+            e.starts_with("/h/config.toml:3: invalid value for 'store' in [cluster]: must not contain a password"),
+            "{e}"
+        );
+        let e = err("[cluster]\nname = \"p\"\nstore = \"mysql://db/gw\"\n");
+        assert!(e.contains("'store' in [cluster]"), "{e}");
+        let e = err("[cluster]\nname = \"a b\"\nstore = \"postgres://db/gw\"\n");
+        assert!(e.starts_with("/h/config.toml:2: invalid value for 'name' in [cluster]"), "{e}");
+        let e = err("[cluster]\nname = \"p\"\nstore = \"postgres://db/gw\"\nlease_ttl_s = 4\nrenew_interval_s = 3\n");
+        assert!(e.starts_with("/h/config.toml:5: invalid value for 'renew_interval_s' in [cluster]"), "{e}");
+        let e = err("[cluster]\nname = \"p\"\nstore = \"postgres://db/gw\"\nttl = 4\n");
+        assert!(e.contains("unknown key 'ttl' in [cluster] (expected one of: name, store,"), "{e}");
+        let e = err("[cluster]\nstore = \"postgres://db/gw\"\n");
+        assert!(e.contains("name"), "{e}");
+    }
+
+    #[test]
+    fn cluster_password_sources() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("pw"), "s3cret\n").unwrap();
+        let mut c = ClusterConfig {
+            name: "n".into(),
+            store: "postgres://u@h/d".into(),
+            password_env: None,
+            password_file: Some("pw".into()),
+            lease_ttl_s: 15,
+            renew_interval_s: 5,
+        };
+        assert_eq!(c.password(dir.path()).unwrap().as_deref(), Some("s3cret"));
+        c.password_file = None;
+        assert_eq!(c.password(dir.path()).unwrap(), None);
+        c.password_env = Some("GATEWARDEN_TEST_SURELY_UNSET_VAR".into());
+        assert!(c.password(dir.path()).unwrap_err().contains("GATEWARDEN_TEST_SURELY_UNSET_VAR"));
     }
 
     #[test]

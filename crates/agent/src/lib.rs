@@ -12,5 +12,5 @@ pub mod journal;
 pub use backend::{
     Agent, AgentError, AgentFuture, AgentReply, AgentRequest, Turn, build_agent, build_agent_with_env, within_budget,
 };
-pub use config::{AgentConfig, BackendKind, Config, ConfigError, EX_CONFIG};
+pub use config::{AgentConfig, BackendKind, ClusterConfig, Config, ConfigError, EX_CONFIG};
 pub use journal::{Journal, JournalError};

@@ -106,6 +106,8 @@ pub struct Gateway {
     pub control: String,
     pub work: Arc<crate::work::Work>,
     pub notifier: crate::sdnotify::Notifier,
+    /// The lease driver's handle when `[cluster]` is configured (cluster.rs).
+    pub cluster: OnceLock<gatewarden_cluster::Handle>,
     listen: OnceLock<String>,
     drain_budget: OnceLock<std::time::Duration>,
     listener: OnceLock<std::net::TcpListener>,
@@ -135,6 +137,7 @@ impl Gateway {
             control,
             work,
             notifier: crate::sdnotify::Notifier::for_supervisor(detection.supervisor),
+            cluster: OnceLock::new(),
             listen: OnceLock::new(),
             drain_budget: OnceLock::new(),
             listener: OnceLock::new(),
@@ -192,6 +195,18 @@ impl Gateway {
         }
     }
 
+    /// The cluster's active (always, without `[cluster]`): may take intake and run work.
+    pub fn is_active(&self) -> bool {
+        self.cluster.get().is_none_or(gatewarden_cluster::Handle::is_active)
+    }
+
+    /// The longest a platform long poll may last (it cannot be fenced; docs/architecture.md,
+    /// cluster): `None` without `[cluster]`, the lease time left while active, zero on a standby.
+    pub fn poll_budget(&self) -> Option<std::time::Duration> {
+        let c = self.cluster.get()?;
+        Some(c.snapshot().lease_left(std::time::Instant::now()).unwrap_or_default())
+    }
+
     pub fn listen(&self) -> Option<&str> {
         self.listen.get().map(String::as_str)
     }
@@ -202,6 +217,10 @@ impl Gateway {
 
     /// Appends to the ledger; a full disk must not stop the gateway, so failures are logged.
     pub fn record(&self, event: &str, fields: Value) {
+        // A fenced copy for the cluster's store (dropped while standby).
+        if let Some(c) = self.cluster.get() {
+            c.record(event, fields.clone());
+        }
         if let Err(e) = self.ledger.append(event, fields) {
             crate::warn!("cannot append to {}: {e}", self.ledger.path().display());
         }
@@ -255,6 +274,10 @@ impl Gateway {
         let mut files = std::collections::BTreeMap::new();
         files.insert("pid".into(), "ok".into());
         files.insert("state".into(), "ok".into());
+        let mut extra = std::collections::BTreeMap::new();
+        if let Some(c) = crate::cluster::status_json(self) {
+            extra.insert("cluster".into(), c);
+        }
         StatusReport {
             running: true,
             pid: Some(self.me.pid),
@@ -270,7 +293,7 @@ impl Gateway {
             control: Some(self.control.clone()),
             files,
             extra: {
-                let mut extra = std::collections::BTreeMap::new();
+                let mut extra = extra;
                 extra.insert("supervisor_evidence".to_owned(), json!(self.supervisor_evidence));
                 extra.insert("drain_timeout_s".to_owned(), json!(self.drain_budget.get().map(|d| d.as_secs())));
                 let platforms = self.work.platforms();

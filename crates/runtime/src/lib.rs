@@ -5,6 +5,7 @@
 //! shutdown cause, drain, and report an [`ExitIntent`]. The binary maps that intent to the
 //! process exit code through the one table in `gatewarden_lifecycle::exit`.
 
+pub mod cluster;
 pub mod control;
 pub mod drain;
 pub mod gateway;
@@ -205,18 +206,24 @@ fn prepare(home: &Home, mut opts: RunOptions, tag: &str) -> Result<(Arc<work::Wo
     let journal =
         gatewarden_agent::Journal::open_in(home.dir()).map_err(|e| fatal(format!("cannot open the journal: {e}")))?;
     let agent = gatewarden_agent::build_agent_with_env(&config.agent, vec![(RUN_TAG.to_owned(), tag.to_owned())]);
+    let cluster = match &config.cluster {
+        Some(c) => Some(cluster::Settings { config: c.clone(), password: c.password(home.dir()).map_err(fatal)? }),
+        None => None,
+    };
     let work = Arc::new(work::Work::new(agent, journal, &config, config.is_loopback_listen()));
     work.set_platforms(Arc::new(platforms::Platforms::build(&config).map_err(fatal)?));
     seed_metrics(home, &work.metrics);
     opts.listen = Some(config.listen.to_string());
     let drain_timeout = opts.drain_timeout.unwrap_or(config.drain_timeout());
-    Ok((work, ResolvedOptions { listen: config.listen.to_string(), drain_timeout, opts }))
+    Ok((work, ResolvedOptions { listen: config.listen.to_string(), drain_timeout, cluster, opts }))
 }
 
 /// Options after config.toml and the command line are merged.
 pub struct ResolvedOptions {
     pub listen: String,
     pub drain_timeout: Duration,
+    /// `[cluster]`: compete for the lease; `None` = always active.
+    pub cluster: Option<cluster::Settings>,
     pub opts: RunOptions,
 }
 
@@ -355,7 +362,15 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
         let _ = writeln!(out, "ready {} {} {addr}", gw.me.id, gw.me.pid);
         let _ = out.flush();
     }
-    gw.work.start_worker(Arc::clone(&gw));
+    match &opts.cluster {
+        // The worker starts when this gateway becomes the active (cluster.rs).
+        Some(c) => {
+            if let Err(e) = cluster::start(&gw, c) {
+                return startup_failed(&gw, e);
+            }
+        }
+        None => gw.work.start_worker(Arc::clone(&gw)),
+    }
     // A marker may have landed before the watch was set up.
     let _ = tx.send(Cause::MarkerChanged);
 
@@ -371,6 +386,8 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
     gw.work.set_restarting(decision.intent == ExitIntent::PlannedRestart);
     info!("stopping: {}", decision.reason);
     drain(&gw, &mut signals, opts.drain_timeout).await;
+    // Drained: hand the lease to a standby now rather than at its expiry.
+    cluster::release(&gw).await;
     gw.advance(GatewayState::Stopping);
     // Bounded inside: the rest of the drain budget plus short graces.
     let _ = server.await;

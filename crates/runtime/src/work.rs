@@ -450,8 +450,8 @@ impl Work {
             }
             let slots = Arc::new(Semaphore::new(ASYNC_CONCURRENCY));
             while let Some(id) = rx.recv().await {
-                if gw.phase.get() != gatewarden_lifecycle::records::GatewayState::Running {
-                    // Left queued: the next incarnation runs it.
+                if gw.phase.get() != gatewarden_lifecycle::records::GatewayState::Running || !gw.is_active() {
+                    // Left queued: the next incarnation (or promotion) runs it.
                     continue;
                 }
                 let Ok(permit) = Arc::clone(&slots).acquire_owned().await else { return };
@@ -460,6 +460,23 @@ impl Work {
                     me.run_async(&gw, id).await;
                     drop(permit);
                 });
+            }
+        });
+    }
+
+    /// After a later promotion: queues what the journal holds again (the worker skipped it
+    /// while this gateway was a standby). A row queued twice runs once: `claim` is atomic.
+    pub fn resume_queued(self: &Arc<Self>, gw: Arc<crate::gateway::Gateway>) {
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            let inc = gw.me.id.clone();
+            match me.with_journal(move |j| j.recover(&inc)).await {
+                Ok(ids) => {
+                    for id in ids {
+                        let _ = me.queue.send(id);
+                    }
+                }
+                Err(e) => crate::error!("journal recovery failed: {e}"),
             }
         });
     }

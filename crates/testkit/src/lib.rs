@@ -27,6 +27,7 @@ mod decoy;
 mod gateway;
 mod home;
 mod http;
+pub mod postgres;
 mod proc;
 pub mod servers;
 pub mod sweep;

@@ -181,6 +181,25 @@ fn print_human(r: &StatusReport, code: u8) {
             println!("  {:<12} {text}", format!("{}:", key.replace('_', " ")));
         }
     }
+    if let Some(c) = r.extra.get("cluster") {
+        let get =
+            |v: Option<&serde_json::Value>| v.map(|v| v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string()));
+        let active = c.get("active").filter(|a| !a.is_null()).map_or("none known".into(), |a| {
+            format!(
+                "{} {} pid {} since {}",
+                get(a.get("host")).unwrap_or_default(),
+                get(a.get("home")).unwrap_or_default(),
+                get(a.get("pid")).unwrap_or_default(),
+                get(a.get("since")).unwrap_or_default()
+            )
+        });
+        println!(
+            "  cluster:     {} in {} (epoch {}); active: {active}",
+            get(c.get("role")).unwrap_or_default(),
+            get(c.get("name")).unwrap_or_default(),
+            get(c.get("epoch")).unwrap_or_else(|| "-".into()),
+        );
+    }
     if let Some(svc) = r.extra.get("service") {
         let get = |k: &str| svc.get(k).and_then(|v| v.as_str()).unwrap_or("?").to_owned();
         let active = svc.get("active").and_then(serde_json::Value::as_bool).unwrap_or(false);

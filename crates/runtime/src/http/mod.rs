@@ -34,6 +34,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/metrics", get(metrics::metrics))
         // The last layer runs first: authenticate before buffering a body.
         .route_layer(middleware::from_fn_with_state(Arc::clone(&gw), body_deadline))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&gw), crate::cluster::standby_gate))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&gw), auth));
     Router::new()
         .route("/healthz", get(healthz))
@@ -114,6 +115,7 @@ async fn healthz() -> &'static str {
 
 async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     match gw.phase.get() {
+        GatewayState::Running if !gw.is_active() => (StatusCode::SERVICE_UNAVAILABLE, "standby\n".to_string()),
         GatewayState::Running => (StatusCode::OK, "ready\n".to_string()),
         other => (StatusCode::SERVICE_UNAVAILABLE, format!("{other}\n")),
     }

@@ -1,0 +1,78 @@
+//! Versioned schema. A migration is applied once, in order, under a transaction-scoped
+//! advisory lock so that gateways starting together do not race; `gw_schema_version` says
+//! which ran. Never edit a shipped migration: append a new one.
+
+/// `(version, SQL)`, ascending.
+pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1_LEASE), (2, V2_JOURNAL)];
+
+/// The lease, its grant history, the fenced event log (a copy of the lifecycle ledger), and
+/// the fence itself.
+const V1_LEASE: &str = r#"
+CREATE TABLE gw_lease (
+    name        text PRIMARY KEY,
+    epoch       bigint NOT NULL DEFAULT 0,
+    holder_id   text,
+    holder      jsonb,
+    acquired_at timestamptz,
+    renewed_at  timestamptz,
+    expires_at  timestamptz NOT NULL DEFAULT '-infinity'
+);
+-- One row per grant: the primary key makes "at most one holder per epoch" a constraint.
+CREATE TABLE gw_lease_history (
+    name       text NOT NULL,
+    epoch      bigint NOT NULL,
+    holder_id  text NOT NULL,
+    holder     jsonb NOT NULL,
+    granted_at timestamptz NOT NULL,
+    PRIMARY KEY (name, epoch)
+);
+CREATE TABLE gw_events (
+    id        bigserial PRIMARY KEY,
+    name      text NOT NULL,
+    epoch     bigint NOT NULL,
+    holder_id text NOT NULL,
+    event     text NOT NULL,
+    detail    jsonb NOT NULL DEFAULT '{}',
+    at        timestamptz NOT NULL
+);
+-- The fence: called first in every write of an active. FOR SHARE makes a concurrent grant
+-- (an UPDATE of the row) wait for the write to commit, so no write of epoch N can commit
+-- after epoch N+1 was granted.
+CREATE FUNCTION gw_fence(p_name text, p_epoch bigint) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    cur  bigint;
+    live boolean;
+BEGIN
+    SELECT epoch, expires_at > clock_timestamp() INTO cur, live
+      FROM gw_lease WHERE name = p_name FOR SHARE;
+    IF cur IS DISTINCT FROM p_epoch OR NOT live THEN
+        RAISE EXCEPTION 'epoch % is not the live lease of % (current epoch %, live %)',
+            p_epoch, p_name, cur, live USING ERRCODE = 'GW001';
+    END IF;
+END $$;
+"#;
+
+/// The shared message journal (journal.rs): the rows crates/agent/src/journal.rs keeps in
+/// SQLite, per cluster, with the epoch of the last write.
+const V2_JOURNAL: &str = r#"
+CREATE TABLE gw_messages (
+    name        text NOT NULL,
+    id          text NOT NULL,
+    chat_id     text NOT NULL,
+    user_id     text NOT NULL,
+    text        text NOT NULL,
+    state       text NOT NULL CHECK (state IN ('queued', 'running', 'done', 'failed')),
+    reply       text,
+    reason      text,
+    attempts    integer NOT NULL DEFAULT 0,
+    incarnation text,
+    epoch       bigint NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (name, id)
+);
+CREATE INDEX gw_messages_pending ON gw_messages (name, created_at) WHERE state IN ('queued', 'running');
+"#;
+
+/// The SQLSTATE `gw_fence` raises.
+pub const FENCED_SQLSTATE: &str = "GW001";
