@@ -36,7 +36,8 @@ pub const MAX_SECONDS: u64 = 7 * 24 * 3600;
 /// Upper bound for the millisecond knobs (one hour).
 pub const MAX_MILLIS: u64 = 3600 * 1000;
 
-const TOP_KEYS: &[&str] = &["listen", "api_token", "admins", "drain_timeout_s", "agent"];
+const TOP_KEYS: &[&str] = &["listen", "api_token", "admins", "drain_timeout_s", "agent", "update"];
+const UPDATE_KEYS: &[&str] = &["public_key", "probation_s"];
 const AGENT_KEYS: &[&str] =
     &["backend", "delay_ms", "command", "timeout_s", "kill_grace_ms", "base_url", "model", "api_key_env"];
 
@@ -123,6 +124,25 @@ pub struct Config {
     pub drain_timeout_s: u64,
     /// The agent backend.
     pub agent: AgentConfig,
+    /// `gatewarden update`: signature key and probation.
+    pub update: UpdateConfig,
+}
+
+/// `[update]`: how `gatewarden update` verifies and probes a new release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpdateConfig {
+    /// A minisign public key (base64, the second line of a `.pub` file). When set, every
+    /// release needs a detached signature made with it.
+    pub public_key: Option<String>,
+    /// How long the new incarnation must stay up after it is ready before it is blessed.
+    pub probation_s: u64,
+}
+
+impl Default for UpdateConfig {
+    fn default() -> Self {
+        UpdateConfig { public_key: None, probation_s: 10 }
+    }
 }
 
 impl Default for Config {
@@ -133,6 +153,7 @@ impl Default for Config {
             admins: Vec::new(),
             drain_timeout_s: 30,
             agent: AgentConfig::default(),
+            update: UpdateConfig::default(),
         }
     }
 }
@@ -146,6 +167,7 @@ impl fmt::Debug for Config {
             .field("admins", &self.admins)
             .field("drain_timeout_s", &self.drain_timeout_s)
             .field("agent", &self.agent)
+            .field("update", &self.update)
             .finish()
     }
 }
@@ -297,6 +319,12 @@ impl Config {
         if self.drain_timeout_s > MAX_SECONDS {
             return Err(top("drain_timeout_s", format!("must be at most {MAX_SECONDS} seconds")));
         }
+        if self.update.probation_s > MAX_SECONDS {
+            return Err(index.invalid(&["update", "probation_s"], format!("must be at most {MAX_SECONDS} seconds")));
+        }
+        if self.update.public_key.as_ref().is_some_and(|k| k.trim().is_empty()) {
+            return Err(index.invalid(&["update", "public_key"], "must not be empty".into()));
+        }
         let a = &self.agent;
         if a.timeout_s == 0 || a.timeout_s > MAX_SECONDS {
             return Err(agent("timeout_s", format!("must be between 1 and {MAX_SECONDS} seconds")));
@@ -443,6 +471,7 @@ impl<'a> KeyIndex<'a> {
             let expected = match table.as_deref() {
                 None => TOP_KEYS.join(", "),
                 Some("agent") => AGENT_KEYS.join(", "),
+                Some("update") => UPDATE_KEYS.join(", "),
                 Some(_) => String::from("(no keys)"),
             };
             return ConfigError::UnknownKey { path: self.path.to_path_buf(), line, key, table, expected };
@@ -521,7 +550,7 @@ mod tests {
         let c = parse(text).expect("config.example.toml must parse");
         assert_eq!(c.agent.backend, BackendKind::Echo);
         // The example shows every key commented out or set; each must be mentioned.
-        for key in TOP_KEYS.iter().chain(AGENT_KEYS) {
+        for key in TOP_KEYS.iter().chain(AGENT_KEYS).chain(UPDATE_KEYS) {
             assert!(
                 text.contains(&format!("{key} =")) || text.contains(&format!("[{key}]")),
                 "config.example.toml does not document '{key}'"

@@ -33,9 +33,10 @@ pub fn is_default_home(home: &Home) -> bool {
     default.is_ok_and(|d| canon(&d) == canon(home.dir()))
 }
 
-/// This executable, canonical (service definitions need an absolute path).
+/// This executable, canonical (service definitions need an absolute path). The path captured
+/// at start (`spawn::self_exe`): an update may have renamed a new binary over it since.
 pub fn current_exe() -> io::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
+    let exe = gatewarden_runtime::spawn::self_exe()?;
     Ok(gatewarden_lifecycle::platform::canonical(&exe).unwrap_or(exe))
 }
 

@@ -45,32 +45,53 @@ const DRAIN_GRACE: Duration = Duration::from_secs(15);
 const WEDGED_STOP: Duration = Duration::from_secs(10);
 
 pub fn restart(home: &Home, timeout_s: u64, backstop: Option<String>) -> anyhow::Result<ExitCode> {
-    // Launched from inside the unit (chat `/restart`, an exec-backend run, the gateway's own
-    // backstop): the manager kills the unit's whole cgroup when the old gateway exits, a new
-    // session does not help. Move into a transient scope first (H2); this returns only if that
-    // is not needed.
-    if let Some(m) = manager::installed(&home.canonicalized())
-        && let Some(why) = manager::escape_unit_cgroup(&m)
-    {
-        eprintln!("warning: {why}; restarting from inside {}", m.describe());
-    }
+    escape_unit(home);
     let home = home.canonicalized();
     if let Some(old) = backstop {
         // Already detached by the gateway that launched it.
         return Ok(run_backstop(&home, &old, timeout_s));
     }
-    if std::env::var_os(ORCHESTRATOR_ENV).is_none()
-        && spawn::DETACH_KEEPS_OUTPUT
-        && let Some(code) = relay_to_detached_orchestrator()
-    {
+    if let Some(code) = detach() {
         return Ok(code);
     }
     orchestrate(&home, timeout_s)
 }
 
+/// Launched from inside the unit (chat `/restart` or `/update`, an exec-backend run, the
+/// gateway's own backstop): the manager kills the unit's whole cgroup when the old gateway
+/// exits, a new session does not help. Move into a transient scope first (H2); this returns
+/// only if that is not needed.
+pub(super) fn escape_unit(home: &Home) {
+    if let Some(m) = manager::installed(&home.canonicalized())
+        && let Some(why) = manager::escape_unit_cgroup(&m)
+    {
+        eprintln!("warning: {why}; restarting from inside {}", m.describe());
+    }
+}
+
+/// In the first process of a restarting verb: runs the same command line detached (module
+/// doc) and returns its exit code; `None` in the detached copy, which does the work.
+pub(super) fn detach() -> Option<ExitCode> {
+    if std::env::var_os(ORCHESTRATOR_ENV).is_none() && spawn::DETACH_KEEPS_OUTPUT {
+        return relay_to_detached_orchestrator();
+    }
+    None
+}
+
+/// `update`'s restart: the whole ladder in this (already detached) process; the status of the
+/// new incarnation once it is verified `running`, else what was seen.
+pub(super) fn restart_verified(home: &Home, timeout_s: u64) -> Result<StatusReport, String> {
+    match orchestrate(home, timeout_s) {
+        Ok(code) if code == ExitCode::SUCCESS => status_of(&Endpoint::for_home(home.dir()), Duration::from_secs(2))
+            .map_err(|e| format!("after the restart: {e}")),
+        Ok(_) => Err("the restart was not verified (see above)".into()),
+        Err(e) => Err(format!("{e:#}")),
+    }
+}
+
 /// Runs this same command line in a new session and relays its exit code.
 fn relay_to_detached_orchestrator() -> Option<ExitCode> {
-    let exe = std::env::current_exe().ok()?;
+    let exe = manager::current_exe().ok()?;
     let mut cmd = Command::new(exe);
     cmd.args(std::env::args_os().skip(1)).env(ORCHESTRATOR_ENV, "1");
     // Launched from an agent run (chat-driven restarts), this process carries the run's tag,
@@ -83,11 +104,11 @@ fn relay_to_detached_orchestrator() -> Option<ExitCode> {
     Some(ExitCode::from(status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(1)))
 }
 
-fn status_of(ep: &Endpoint, t: Duration) -> Result<StatusReport, String> {
+pub(super) fn status_of(ep: &Endpoint, t: Duration) -> Result<StatusReport, String> {
     Client::connect(ep, t).and_then(|mut c| c.status(t)).map_err(|e| e.to_string())
 }
 
-fn lock_held(home: &Home) -> bool {
+pub(super) fn lock_held(home: &Home) -> bool {
     !matches!(InstanceLock::probe(&home.lock()), LockProbe::Free(_) | LockProbe::Missing)
 }
 
@@ -438,7 +459,7 @@ impl<'h> Ladder<'h> {
 
 /// `gatewarden start` as a detached child (its own session), so the ladder keeps watching.
 fn start_detached(home: &Home, listen: Option<&str>) -> Result<(), String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = manager::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = Command::new(exe);
     cmd.arg("--home").arg(home.dir()).arg("start");
     if let Some(l) = listen {

@@ -1,0 +1,398 @@
+//! Issue 9, `gatewarden update`: a verified transaction with rollback (bug class G). Real
+//! processes, unsupervised (the successor route) and under `supervise`; loopback only.
+//!
+//! Each test copies the built binary into its own directory (the update swaps that file) and
+//! makes the candidates there: a real gatewarden build reporting another version (the same
+//! binary with its version string patched, which is what `GATEWARDEN_BUILD_VERSION` stamps at
+//! build time, without a second build), and shell-script candidates for the broken cases.
+//! After every test exactly one gateway runs, with the version the outcome claims.
+#![cfg(target_os = "linux")]
+
+mod common;
+mod work_common;
+use common::*;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use work_common::*;
+
+const UPDATE_LIMIT: Duration = Duration::from_secs(90);
+
+struct Rig {
+    home: TempHome,
+    sw: Sweeper,
+    dir: tempfile::TempDir,
+    /// The installed executable the update swaps.
+    exe: PathBuf,
+    /// A pristine copy of the old version (script candidates delegate to it).
+    pristine: PathBuf,
+    version: String,
+}
+
+fn version_of(bin: &Path) -> String {
+    let out = std::process::Command::new(bin).arg("--version").output().expect("--version");
+    String::from_utf8_lossy(&out.stdout).trim().strip_prefix("gatewarden ").expect("gatewarden X").to_owned()
+}
+
+/// A home with `config`, the binary installed in a private directory, and a gateway running it.
+fn rig(config: &str) -> (Rig, Gateway) {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("bin")).unwrap();
+    std::fs::create_dir(dir.path().join("rel")).unwrap();
+    let exe = dir.path().join("bin/gatewarden");
+    std::fs::copy(bin(), &exe).unwrap();
+    let pristine = dir.path().join("rel/pristine");
+    std::fs::copy(bin(), &pristine).unwrap();
+    let version = version_of(&exe);
+    write_config(home.path(), &format!("[agent]\nbackend = \"echo\"\n{config}"));
+    let mut g = GatewayBuilder::new(&exe, &home).env(TAG_VAR, sw.tag()).spawn();
+    g.wait_ready(READY);
+    (Rig { home, sw, dir, exe, pristine, version }, g)
+}
+
+impl Rig {
+    /// The same build with every occurrence of its version string replaced by `to` (same
+    /// length): a real gatewarden that reports `to` everywhere.
+    fn release(&self, to: &str) -> PathBuf {
+        assert_eq!(to.len(), self.version.len(), "the patched version must keep the length");
+        let bytes = std::fs::read(&self.pristine).unwrap();
+        let (old, new) = (self.version.as_bytes(), to.as_bytes());
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        let mut n = 0;
+        let edge = |b: Option<&u8>| b.is_none_or(|c| !(c.is_ascii_digit() || *c == b'.'));
+        while i < bytes.len() {
+            if bytes[i..].starts_with(old)
+                && edge(i.checked_sub(1).and_then(|j| bytes.get(j)))
+                && edge(bytes.get(i + old.len()))
+            {
+                out.extend_from_slice(new);
+                i += old.len();
+                n += 1;
+            } else {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        assert!(n > 0, "version string not found in the binary");
+        let path = self.dir.path().join(format!("rel/gatewarden-{to}"));
+        std::fs::write(&path, out).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(version_of(&path), to);
+        path
+    }
+
+    /// A shell-script candidate: `--version` says `version`, `check` runs the real check of
+    /// the pristine binary, and `run` does `run_body`.
+    fn script(&self, name: &str, version: &str, run_body: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("rel/{name}"));
+        let text = format!(
+            "#!/bin/sh\ncase \"$*\" in\n  *--version*) echo \"gatewarden {version}\";;\n  *\" check\"*) exec {} \"$@\";;\n  *) {run_body};;\nesac\n",
+            self.pristine.display()
+        );
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    fn update(&self, args: &[&str]) -> CliOutput {
+        let mut all = vec!["update"];
+        all.extend_from_slice(args);
+        cli_with(&self.exe, self.home.path(), &all, &[(TAG_VAR, self.sw.tag())], UPDATE_LIMIT)
+    }
+
+    fn txn(&self) -> Value {
+        self.home.read_json("update.json").unwrap_or(Value::Null)
+    }
+
+    /// Exactly one gateway process runs, it holds the lock, answers `running`, reports
+    /// `version`, and the installed executable is that version.
+    #[track_caller]
+    fn assert_one_gateway(&self, version: &str) {
+        let mut seen = String::new();
+        let ok = wait_until(READY, || {
+            let gateways: Vec<u32> = self
+                .sw
+                .tagged()
+                .into_iter()
+                .filter(|&p| {
+                    let c = sweep::cmdline_of(p);
+                    // Script candidates (`sh …`) are not gateways; the wrong-version one runs
+                    // the pristine copy of the old build.
+                    c.first().is_some_and(|a| !a.ends_with("sh")) && c.iter().any(|a| a == "run")
+                })
+                .collect();
+            let holders = lock_holders(&self.home.lock_file());
+            let st = cli(&self.exe, self.home.path(), &["status", "--json"]);
+            let v = if st.code == Some(0) { st.json() } else { Value::Null };
+            seen = format!("gateways {gateways:?}, lock holders {holders:?}, status {v}");
+            gateways.len() == 1
+                && holders == gateways
+                && v["state"] == json!("running")
+                && v["version"] == json!(version)
+                && v["pid"] == json!(gateways[0])
+        });
+        assert!(ok, "expected exactly one gateway running {version}: {seen}\n{}", self.home.ledger_text());
+        assert_eq!(version_of(&self.exe), version, "the installed executable");
+    }
+}
+
+#[track_caller]
+fn assert_failed_and_back(r: &Rig, out: &CliOutput, what: &str, reason: &str) {
+    assert_cli(out, 1, what);
+    assert!(out.text_lc().contains(reason), "{what}: expected {reason:?} in the output: {out:#?}");
+    let t = r.txn();
+    assert_eq!(t["phase"], json!("rolled_back"), "{what}: {t}");
+    assert!(out.stderr.contains(&format!("still on {}", r.version)), "{what}: {out:#?}");
+    let res = r.home.events("update_result");
+    assert_eq!(res.last().map(|e| e["ok"].clone()), Some(json!(false)), "{}", r.home.ledger_text());
+    r.assert_one_gateway(&r.version);
+}
+
+/// A refusal before anything changed: exit 1, the same gateway still runs, no transaction.
+#[track_caller]
+fn assert_refused_unchanged(r: &Rig, g: &mut Gateway, out: &CliOutput, reason: &str) {
+    assert_cli(out, 1, reason);
+    assert!(out.text_lc().contains(reason), "expected {reason:?}: {out:#?}");
+    assert!(out.text_lc().contains("nothing changed"), "{out:#?}");
+    assert!(g.alive(), "the gateway must not be restarted");
+    assert_eq!(r.txn(), Value::Null, "no transaction is recorded");
+    assert!(r.home.events("update_started").is_empty(), "{}", r.home.ledger_text());
+    r.assert_one_gateway(&r.version);
+}
+
+/// The happy path: stage, preflight, swap, restart, probation, receipt; then `--rollback`.
+#[test]
+fn update_to_a_real_build_then_roll_back_by_hand() {
+    let (r, g) = rig("[update]\nprobation_s = 1\n");
+    let b = r.release("9.9.9");
+    let t0 = Instant::now();
+    let out = r.update(&["--from", b.to_str().unwrap(), "--timeout", "20"]);
+    assert_cli(&out, 0, "update");
+    let took = t0.elapsed();
+    assert!(out.stdout.contains(&format!("updated {} → 9.9.9", r.version)), "{out:#?}");
+    let t = r.txn();
+    assert_eq!(t["phase"], json!("committed"), "{t}");
+    assert_eq!(t["from"], json!(r.version));
+    assert_eq!(t["to"], json!("9.9.9"));
+    assert!(Path::new(t["previous"].as_str().unwrap()).is_file(), "last known good kept: {t}");
+    assert!(
+        Path::new(t["staged"].as_str().unwrap()).starts_with(r.home.path().join("releases")),
+        "staged under <home>/releases: {t}"
+    );
+    r.assert_one_gateway("9.9.9");
+    assert_ne!(current_gateway(r.home.path()).unwrap().0, g.pid(), "a new incarnation runs");
+    let ok = r.home.events("update_result");
+    assert_eq!(ok.len(), 1, "{}", r.home.ledger_text());
+    assert_eq!(ok[0]["ok"], json!(true));
+    // Probation (1 s) is part of it: the update was not declared before it.
+    assert!(took >= Duration::from_secs(1), "{took:?}");
+
+    let st = r.update(&["--status", "--json"]);
+    assert_cli(&st, 0, "update --status");
+    assert_eq!(st.json()["update"]["running_version"], json!("9.9.9"), "{st:#?}");
+
+    let back = r.update(&["--rollback"]);
+    assert_cli(&back, 0, "update --rollback");
+    assert!(back.stdout.contains(&format!("rolled back 9.9.9 → {}", r.version)), "{back:#?}");
+    r.assert_one_gateway(&r.version);
+}
+
+#[test]
+fn candidate_that_exits_1_at_start_is_rolled_back() {
+    let (r, _g) = rig("[update]\nprobation_s = 1\n");
+    let c = r.script("exit1", "9.9.9", "exit 1");
+    let out = r.update(&["--from", c.to_str().unwrap(), "--timeout", "4"]);
+    assert_failed_and_back(&r, &out, "exits 1", "no gateway holds the lock");
+}
+
+#[test]
+fn candidate_that_exits_78_on_this_config_is_rolled_back() {
+    let (r, _g) = rig("[update]\nprobation_s = 1\n");
+    let c = r.script("exit78", "9.9.9", "echo 'config.toml: unknown key' >&2; exit 78");
+    let out = r.update(&["--from", c.to_str().unwrap(), "--timeout", "4"]);
+    assert_failed_and_back(&r, &out, "exits 78", "restart was not verified");
+}
+
+#[test]
+fn candidate_that_hangs_before_ready_is_rolled_back() {
+    let (r, _g) = rig("[update]\nprobation_s = 1\n");
+    let c = r.script("hang", "9.9.9", "exec sleep 600");
+    let out = r.update(&["--from", c.to_str().unwrap(), "--timeout", "4"]);
+    assert_failed_and_back(&r, &out, "hangs", "restart was not verified");
+}
+
+#[test]
+fn candidate_reporting_the_wrong_version_is_rolled_back() {
+    let (r, _g) = rig("[update]\nprobation_s = 1\n");
+    // Says 9.9.9 but runs the old build.
+    let run = format!("exec {} \"$@\"", r.pristine.display());
+    let c = r.script("liar", "9.9.9", &run);
+    let out = r.update(&["--from", c.to_str().unwrap(), "--timeout", "10"]);
+    assert_failed_and_back(&r, &out, "wrong version", &format!("reports version {}, expected 9.9.9", r.version));
+}
+
+#[test]
+fn candidate_that_crashes_during_probation_is_rolled_back() {
+    let (r, _g) = rig("[update]\nprobation_s = 3\n");
+    let b = r.release("9.9.9");
+    // The real build, killed 1 s after it starts: ready, then gone within the probation.
+    let run = format!("{} \"$@\" & pid=$!; sleep 1.5; kill -9 $pid; exit 1", b.display());
+    let c = r.script("crashy", "9.9.9", &run);
+    let out = r.update(&["--from", c.to_str().unwrap(), "--timeout", "10"]);
+    assert_failed_and_back(&r, &out, "crash in probation", "during probation");
+}
+
+#[test]
+fn checksum_mismatch_changes_nothing() {
+    let (r, mut g) = rig("");
+    let b = r.release("9.9.9");
+    let out = r.update(&["--from", b.to_str().unwrap(), "--sha256", &"0".repeat(64)]);
+    assert_refused_unchanged(&r, &mut g, &out, "checksum mismatch");
+}
+
+#[test]
+fn not_an_executable_changes_nothing() {
+    let (r, mut g) = rig("");
+    let junk = r.dir.path().join("rel/junk");
+    std::fs::write(&junk, b"this is not a program\n").unwrap();
+    let out = r.update(&["--from", junk.to_str().unwrap()]);
+    assert_refused_unchanged(&r, &mut g, &out, "not an executable");
+}
+
+#[test]
+fn failed_preflight_changes_nothing() {
+    let (r, mut g) = rig("");
+    let path = r.dir.path().join("rel/nocheck");
+    std::fs::write(&path, "#!/bin/sh\ncase \"$*\" in *--version*) echo gatewarden 9.9.9;; *) echo 'journal schema 7 is too new' >&2; exit 1;; esac\n").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = r.update(&["--from", path.to_str().unwrap()]);
+    assert_refused_unchanged(&r, &mut g, &out, "preflight");
+    assert!(out.stderr.contains("journal schema 7 is too new"), "{out:#?}");
+}
+
+/// Two updates at once: one runs, the other is refused; never two swaps.
+#[test]
+fn two_updates_at_once_never_swap_twice() {
+    let (r, _g) = rig("[update]\nprobation_s = 2\n");
+    let b = r.release("9.9.9");
+    let c = r.release("8.8.8");
+    let (exe, home, tag) = (r.exe.clone(), r.home.path().to_path_buf(), r.sw.tag().to_owned());
+    let spawn = |from: PathBuf| {
+        let (exe, home, tag) = (exe.clone(), home.clone(), tag.clone());
+        std::thread::spawn(move || {
+            cli_with(
+                &exe,
+                &home,
+                &["update", "--from", from.to_str().unwrap()],
+                &[(TAG_VAR, tag.as_str())],
+                UPDATE_LIMIT,
+            )
+        })
+    };
+    let h1 = spawn(b);
+    let h2 = spawn(c);
+    let (o1, o2) = (h1.join().unwrap(), h2.join().unwrap());
+    let (won, lost) = if o1.code == Some(0) { (o1, o2) } else { (o2, o1) };
+    assert_cli(&won, 0, "the update that ran");
+    assert_cli(&lost, 1, "the concurrent update");
+    assert!(lost.text_lc().contains("another update is in progress"), "{lost:#?}");
+    assert_eq!(r.home.events("update_started").len(), 1, "{}", r.home.ledger_text());
+    let to = r.txn()["to"].as_str().unwrap().to_owned();
+    r.assert_one_gateway(&to);
+}
+
+/// SIGKILL of the updater at each phase: the next start finishes the transaction (completes
+/// or reverts), and exactly one gateway runs the version update.json ends with.
+#[test]
+fn updater_killed_at_each_phase_is_finished_by_the_next_start() {
+    for phase in ["swapped", "restarting", "probation"] {
+        let (r, _g) = rig("[update]\nprobation_s = 2\n");
+        let b = r.release("9.9.9");
+        let (exe, home, tag) = (r.exe.clone(), r.home.path().to_path_buf(), r.sw.tag().to_owned());
+        let from = b.to_str().unwrap().to_owned();
+        let h = std::thread::spawn(move || {
+            let env = [(TAG_VAR, tag.as_str()), ("GATEWARDEN_TEST_UPDATE_PAUSE", phase)];
+            cli_with(&exe, &home, &["update", "--from", &from, "--timeout", "20"], &env, UPDATE_LIMIT)
+        });
+        let mut killed = None;
+        must_wait_until(Duration::from_secs(30), &format!("phase {phase}"), || {
+            let t = r.txn();
+            if t["phase"] == json!(phase) {
+                let pid = t["updater_pid"].as_u64().unwrap() as u32;
+                send_signal(pid, sig::SIGKILL).unwrap();
+                killed = Some(pid);
+                return true;
+            }
+            false
+        });
+        let out = h.join().unwrap();
+        assert_ne!(out.code, Some(0), "{phase}: the killed updater cannot report success: {out:#?}");
+        let pid = killed.unwrap();
+        must_wait_until(EXIT, "the updater is gone", || !pid_alive(pid));
+        // The next start: a plain restart.
+        let re =
+            cli_with(&r.exe, r.home.path(), &["restart", "--timeout", "30"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
+        assert_cli(&re, 0, &format!("{phase}: restart after the killed updater"));
+        let mut t = Value::Null;
+        must_wait_until(Duration::from_secs(30), &format!("{phase}: the transaction is finished"), || {
+            t = r.txn();
+            matches!(t["phase"].as_str(), Some("committed" | "rolled_back" | "failed"))
+        });
+        let want = if t["phase"] == json!("committed") { "9.9.9".to_owned() } else { r.version.clone() };
+        assert_ne!(t["phase"], json!("failed"), "{phase}: {t}\n{}", r.home.ledger_text());
+        eprintln!("killed in {phase}: finished as {} ({})", t["phase"], t["reason"]);
+        r.assert_one_gateway(&want);
+    }
+}
+
+/// Under `supervise`, a candidate that dies at once is reverted by supervise itself (no
+/// updater alive), so the next child is the old binary.
+#[test]
+fn supervise_reverts_a_candidate_that_dies_at_once() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("gatewarden");
+    std::fs::copy(bin(), &exe).unwrap();
+    let version = version_of(&exe);
+    write_config(home.path(), "[agent]\nbackend = \"echo\"\n");
+    let mut sup = std::process::Command::new(&exe);
+    sup.arg("--home").arg(home.path()).args(["supervise", "--listen", "127.0.0.1:0"]);
+    sup.env(TAG_VAR, sw.tag()).env_remove("GATEWARDEN_SUPERVISOR");
+    sup.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    let mut child = sup.spawn().unwrap();
+    must_wait_until(READY, "supervised gateway running", || {
+        current_gateway(home.path()).is_some_and(|(_, _, s, _)| s == "running")
+    });
+    // An updater that died right after the swap left this behind.
+    let prev = dir.path().join("previous");
+    std::fs::copy(&exe, &prev).unwrap();
+    let bad = "#!/bin/sh\nexit 1\n";
+    let sha = |p: &Path| {
+        let out = std::process::Command::new("sha256sum").arg(p).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().to_owned()
+    };
+    let from_sha = sha(&exe);
+    let tmp = dir.path().join(".swap");
+    std::fs::write(&tmp, bad).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&tmp, &exe).unwrap();
+    let txn = json!({"from": version, "to": "9.9.9", "phase": "restarting", "started": rfc3339_offset(0),
+        "target": exe, "staged": exe, "previous": prev, "from_sha256": from_sha, "to_sha256": sha(&exe),
+        "updater_pid": dead_pid()});
+    home.write("update.json", serde_json::to_vec(&txn).unwrap());
+    // The restart the updater asked for: supervise relaunches the (broken) new binary.
+    let re = cli_with(&prev, home.path(), &["restart", "--timeout", "30"], &[(TAG_VAR, sw.tag())], UPDATE_LIMIT);
+    assert_cli(&re, 0, "restart under supervise");
+    let t = home.read_json("update.json").unwrap();
+    assert_eq!(t["phase"], json!("rolled_back"), "{t}\n{}", home.ledger_text());
+    assert!(t["reason"].as_str().unwrap().contains("reverted by supervise"), "{t}");
+    assert_eq!(version_of(&exe), version);
+    let st = cli(&exe, home.path(), &["status", "--json"]);
+    assert_eq!(st.json()["version"], json!(version), "{st:#?}");
+    let _ = send_signal(child.id(), sig::SIGTERM);
+    let _ = child.wait();
+}
