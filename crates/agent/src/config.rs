@@ -37,7 +37,7 @@ pub const MAX_SECONDS: u64 = 7 * 24 * 3600;
 pub const MAX_MILLIS: u64 = 3600 * 1000;
 
 const TOP_KEYS: &[&str] = &["listen", "api_token", "admins", "drain_timeout_s", "agent", "update"];
-const UPDATE_KEYS: &[&str] = &["public_key", "probation_s"];
+const UPDATE_KEYS: &[&str] = &["public_key", "probation_s", "source"];
 const AGENT_KEYS: &[&str] =
     &["backend", "delay_ms", "command", "timeout_s", "kill_grace_ms", "base_url", "model", "api_key_env"];
 
@@ -137,11 +137,13 @@ pub struct UpdateConfig {
     pub public_key: Option<String>,
     /// How long the new incarnation must stay up after it is ready before it is blessed.
     pub probation_s: u64,
+    /// What chat `/update` installs: a path, or a URL (which then needs `public_key`).
+    pub source: Option<String>,
 }
 
 impl Default for UpdateConfig {
     fn default() -> Self {
-        UpdateConfig { public_key: None, probation_s: 10 }
+        UpdateConfig { public_key: None, probation_s: 10, source: None }
     }
 }
 

@@ -396,3 +396,84 @@ fn supervise_reverts_a_candidate_that_dies_at_once() {
     let _ = send_signal(child.id(), sig::SIGTERM);
     let _ = child.wait();
 }
+
+/// The notices `chat` has collected so far, polled until `n` arrived (or the deadline).
+fn notices_until(addr: std::net::SocketAddr, chat: &str, n: usize, timeout: Duration) -> Vec<String> {
+    let mut all = Vec::new();
+    wait_until(timeout, || {
+        if let Ok(mut got) = Api::new(addr).notices(chat) {
+            all.append(&mut got);
+        }
+        all.len() >= n
+    });
+    all
+}
+
+/// Chat `/update` while another chat's run is active: answered at once, never a run (the
+/// bystander's run is drained, not cut), and exactly one outcome notice for the asking chat.
+#[test]
+fn chat_update_while_another_chat_runs() {
+    let (r, g) = rig("");
+    let b = r.release("9.9.9");
+    write_config(
+        r.home.path(),
+        &format!(
+            "[agent]\nbackend = \"echo\"\ndelay_ms = 2000\n[update]\nprobation_s = 1\nsource = \"{}\"\n",
+            b.display()
+        ),
+    );
+    // The config is read at start: restart once so the gateway knows the source.
+    let re = cli_with(&r.exe, r.home.path(), &["restart"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
+    assert_cli(&re, 0, "restart to load the config");
+    let addr = g.listen();
+    let bystander = send_bg(addr, "B", "bystander text");
+    wait_active(addr, 1);
+    let t0 = Instant::now();
+    let resp = Api::new(addr).send("S", "u-s", "/update").unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(1), "/update answered after {:?}", t0.elapsed());
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let v = resp.json().unwrap();
+    assert!(v["reply"].as_str().unwrap().starts_with("updating from"), "{v}");
+    assert_eq!(v["command"], json!(true), "{v}");
+    let (br, _) = bystander.join().unwrap();
+    let br = br.unwrap();
+    assert_eq!(br.status, 200, "the bystander's run is drained, not cut: {}", br.text());
+    assert_eq!(br.json().unwrap()["reply"], json!("bystander text"));
+    must_wait_until(Duration::from_secs(60), "update committed", || r.txn()["phase"] == json!("committed"));
+    let got = notices_until(addr, "S", 1, Duration::from_secs(10));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0].starts_with(&format!("updated {} → 9.9.9 (incarnation ", r.version)), "{got:?}");
+    // Exactly one: nothing more arrives, for this chat or the bystander's.
+    assert!(notices_until(addr, "S", 1, Duration::from_secs(1)).is_empty());
+    assert!(Api::new(addr).notices("B").unwrap().iter().all(|n| !n.contains("updated")));
+    assert!(r.home.events("drained").iter().any(|d| d["runs_at_start"] == json!(1)), "{}", r.home.ledger_text());
+    r.assert_one_gateway("9.9.9");
+}
+
+/// `/update` twice at once: never two swaps, and each chat gets exactly one outcome notice.
+#[test]
+fn chat_update_twice_at_once() {
+    let (r, g) = rig("");
+    let b = r.release("9.9.9");
+    write_config(
+        r.home.path(),
+        &format!("[agent]\nbackend = \"echo\"\n[update]\nprobation_s = 1\nsource = \"{}\"\n", b.display()),
+    );
+    let re = cli_with(&r.exe, r.home.path(), &["restart"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
+    assert_cli(&re, 0, "restart to load the config");
+    let addr = g.listen();
+    let h1 = std::thread::spawn(move || Api::new(addr).send("C1", "u1", "/update"));
+    let h2 = std::thread::spawn(move || Api::new(addr).send("C2", "u2", "/update"));
+    for h in [h1, h2] {
+        let resp = h.join().unwrap().unwrap();
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    }
+    let n1 = notices_until(addr, "C1", 1, Duration::from_secs(60));
+    let n2 = notices_until(addr, "C2", 1, Duration::from_secs(60));
+    assert_eq!((n1.len(), n2.len()), (1, 1), "{n1:?} {n2:?}\n{}", r.home.ledger_text());
+    let updated = n1.iter().chain(&n2).filter(|n| n.starts_with("updated")).count();
+    let refused = n1.iter().chain(&n2).filter(|n| n.starts_with("update refused")).count();
+    assert_eq!((updated, refused), (1, 1), "{n1:?} {n2:?}");
+    assert_eq!(r.home.events("update_started").len(), 1, "{}", r.home.ledger_text());
+    r.assert_one_gateway("9.9.9");
+}

@@ -5,9 +5,9 @@
 //! - Async messages are journaled durably before the 202, run by a bounded worker pool,
 //!   and finish as done or failed. A run cut short by a stop, restart or crash is left
 //!   `running` in the journal so the next incarnation re-runs it once.
-//! - Chat commands (`/status`, `/restart`, `/stop`, `/help`) are answered immediately, are
-//!   never counted as runs (the drain never waits on its own requester) and are journaled as
-//!   finished commands, never replayed.
+//! - Chat commands (`/status`, `/restart`, `/stop`, `/update`, `/help`) are answered
+//!   immediately, are never counted as runs (the drain never waits on its own requester) and
+//!   are journaled as finished commands, never replayed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +26,10 @@ use crate::{Cause, ControlKind};
 
 /// Async runs in flight at once.
 const ASYNC_CONCURRENCY: usize = 64;
+/// `/update`'s outcome notices: `gatewarden update --chat` leaves `<prefix><pid>.json`
+/// (`{chat_id, text}`) in the home; whichever incarnation is asked for that chat's notices
+/// claims it with one rename, so it is delivered exactly once.
+pub const UPDATE_NOTIFY_PREFIX: &str = ".update_notify.";
 /// The file a `/restart` leaves for the next incarnation's "back online" notice.
 pub const RESTART_NOTIFY_FILE: &str = ".restart_notify.json";
 
@@ -63,6 +67,7 @@ pub enum Command {
     Restart,
     Stop,
     Help,
+    Update,
 }
 
 /// `/restart`, `/restart@botname` and `/restart now` are commands; `/unknown` and text that
@@ -75,6 +80,7 @@ pub fn parse_command(text: &str) -> Option<Command> {
         "restart" => Command::Restart,
         "stop" => Command::Stop,
         "help" => Command::Help,
+        "update" => Command::Update,
         _ => return None,
     })
 }
@@ -105,6 +111,10 @@ pub struct Work {
     /// Set when the main loop decides how this incarnation ends: a restart comes back, a stop
     /// does not, and the notice says which.
     restarting: std::sync::atomic::AtomicBool,
+    /// `[update] source`: what `/update` installs.
+    update_source: Option<String>,
+    /// The home, known from the first command or boot notice (for `/update`'s notices).
+    home: std::sync::OnceLock<std::path::PathBuf>,
 }
 
 impl Work {
@@ -126,6 +136,8 @@ impl Work {
             causes: Mutex::new(None),
             run_counter: AtomicU64::new(0),
             restarting: std::sync::atomic::AtomicBool::new(true),
+            update_source: config.update.source.clone(),
+            home: std::sync::OnceLock::new(),
         }
     }
 
@@ -168,7 +180,11 @@ impl Work {
     }
 
     pub fn take_notices(&self, chat: &str) -> Vec<String> {
-        self.notices.lock().ok().and_then(|mut n| n.remove(chat)).unwrap_or_default()
+        let mut out = self.notices.lock().ok().and_then(|mut n| n.remove(chat)).unwrap_or_default();
+        if let Some(home) = self.home.get() {
+            out.extend(claim_update_notices(home, chat));
+        }
+        out
     }
 
     /// Journals an async command as already finished (one statement, so a crash can never
@@ -248,7 +264,7 @@ impl Work {
         };
         match cmd {
             Command::Help => CommandOutcome {
-                reply: "commands: /status, /restart (admins), /stop (admins), /help".into(),
+                reply: "commands: /status, /restart (admins), /stop (admins), /update (admins), /help".into(),
                 then: None,
             },
             Command::Status => {
@@ -279,6 +295,38 @@ impl Work {
                 reply: "stopping…".into(),
                 then: Some(Cause::Control { kind: ControlKind::Stop, requester }),
             },
+            Command::Update => CommandOutcome { reply: self.start_update(gw, chat_id, user_id), then: None },
+        }
+    }
+
+    /// `/update`: a detached `gatewarden update --from <[update] source> --chat <chat>`. It
+    /// restarts us through the restart ladder like `/restart` (never a run, so the drain does
+    /// not wait on it) and leaves exactly one outcome notice for this chat.
+    fn start_update(&self, gw: &crate::gateway::Gateway, chat_id: &str, user_id: &str) -> String {
+        // Admins only, whatever the transport checked.
+        if !self.may_command(user_id) {
+            return "/update is for the admins listed in config.toml".into();
+        }
+        let _ = self.home.set(gw.home.dir().to_path_buf());
+        let Some(source) = &self.update_source else {
+            return "no release to install: set [update] source in config.toml".into();
+        };
+        let Ok(exe) = crate::spawn::self_exe() else { return "cannot locate the gatewarden executable".into() };
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("--home").arg(gw.home.dir()).args(["update", "--from", source, "--chat", chat_id]);
+        // Not one of our runs: the next incarnation's sweep must not kill it.
+        cmd.env_remove(crate::RUN_TAG);
+        cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+        crate::spawn::detach(&mut cmd, None);
+        match cmd.spawn() {
+            Ok(child) => {
+                gw.record(
+                    "update_requested",
+                    json!({"chat_id": chat_id, "user_id": user_id, "updater_pid": child.id()}),
+                );
+                format!("updating from {source}…")
+            }
+            Err(e) => format!("cannot start the update: {e}"),
         }
     }
 
@@ -291,6 +339,7 @@ impl Work {
 
     /// At boot: turn a predecessor's `/restart` record into one "back online" notice.
     pub fn restart_notice(&self, gw: &crate::gateway::Gateway) {
+        let _ = self.home.set(gw.home.dir().to_path_buf());
         let path = gw.home.dir().join(RESTART_NOTIFY_FILE);
         let Some(v) = fsio::read_json::<Value>(&path).ok() else {
             let _ = fsio::remove_if_exists(&path);
@@ -393,6 +442,30 @@ pub fn token_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// How long a client should wait before retrying during a drain.
 pub const RETRY_AFTER: Duration = Duration::from_secs(2);
+
+/// Claims (renames, then reads and removes) every `/update` outcome notice left for `chat`.
+fn claim_update_notices(home: &std::path::Path, chat: &str) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(home) else { return Vec::new() };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(UPDATE_NOTIFY_PREFIX) || !name.ends_with(".json") {
+            continue;
+        }
+        let Some(v) = fsio::read_json::<Value>(&entry.path()).ok() else { continue };
+        if v.get("chat_id").and_then(Value::as_str) != Some(chat) {
+            continue;
+        }
+        let claimed = home.join(format!(".claimed{name}"));
+        if std::fs::rename(entry.path(), &claimed).is_ok() {
+            let _ = std::fs::remove_file(&claimed);
+            if let Some(t) = v.get("text").and_then(Value::as_str) {
+                out.push(t.to_owned());
+            }
+        }
+    }
+    out
+}
 
 #[cfg(test)]
 mod tests {

@@ -39,8 +39,6 @@ use super::restart::{restart_verified, status_of};
 /// The transaction record's file name in the home.
 pub const UPDATE_FILE: &str = "update.json";
 const LOCK_FILE: &str = "update.lock";
-/// A chat's outcome notice, delivered once by the gateway (`runtime/src/work.rs`).
-pub const NOTIFY_FILE: &str = ".update_notify.json";
 const RELEASES: &str = "releases";
 /// Bigger than any release binary; a cap on what a URL may make us download.
 const MAX_RELEASE_BYTES: u64 = 512 << 20;
@@ -147,10 +145,15 @@ pub fn update(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS); // a live updater carries on
         }
         let who = read_txn(&home).map(|t| format!(" (pid {}, {} → {}, {:?})", t.updater_pid, t.from, t.to, t.phase));
-        eprintln!("another update is in progress{}; nothing changed", who.unwrap_or_default());
+        let why = format!("another update is in progress{}", who.unwrap_or_default());
+        eprintln!("{why}; nothing changed");
+        if let Some(chat) = &args.chat {
+            notify_chat(&home, chat, &format!("update refused: {why}; nothing changed"));
+        }
         return Ok(ExitCode::from(1));
     };
-    let u = Updater::new(&home, args.timeout, args.json);
+    let mut u = Updater::new(&home, args.timeout, args.json);
+    u.chat = args.chat.clone();
     // A transaction a killed updater left behind is finished first.
     if let Some(t) = read_txn(&home).filter(|t| !t.phase.is_final()) {
         let code = u.resume(t);
@@ -221,11 +224,20 @@ struct Updater<'h> {
     timeout_s: u64,
     json: bool,
     t0: Instant,
+    /// The chat that asked (`/update`), told about refusals too.
+    chat: Option<String>,
 }
 
 impl<'h> Updater<'h> {
     fn new(home: &'h Home, timeout_s: u64, json: bool) -> Updater<'h> {
-        Updater { home, ledger: Ledger::new(home.ledger(), Writer::current()), timeout_s, json, t0: Instant::now() }
+        Updater {
+            home,
+            ledger: Ledger::new(home.ledger(), Writer::current()),
+            timeout_s,
+            json,
+            t0: Instant::now(),
+            chat: None,
+        }
     }
 
     fn save(&self, t: &Txn) {
@@ -245,6 +257,9 @@ impl<'h> Updater<'h> {
             println!("{}", json!({"ok": false, "changed": false, "reason": why}));
         }
         eprintln!("update refused: {why}; nothing changed");
+        if let Some(chat) = &self.chat {
+            notify_chat(self.home, chat, &format!("update refused: {why}; still on {VERSION}"));
+        }
         Ok(ExitCode::from(1))
     }
 
@@ -475,10 +490,7 @@ impl<'h> Updater<'h> {
     /// The chat that asked gets exactly one outcome notice (delivered by the gateway).
     fn notify(&self, t: &Txn, text: &str) {
         if let Some(chat) = &t.chat {
-            let v = json!({"chat_id": chat, "text": text, "at": timefmt::now()});
-            if let Err(e) = fsio::write_json(&self.home.dir().join(NOTIFY_FILE), &v) {
-                eprintln!("warning: cannot leave the chat notice: {e}");
-            }
+            notify_chat(self.home, chat, text);
         }
     }
 
@@ -508,8 +520,10 @@ impl<'h> Updater<'h> {
     /// Fetches, verifies and stages the release.
     fn stage(&self, from: &str, args: &UpdateArgs, public_key: Option<&str>) -> Result<Staged, String> {
         let is_url = from.starts_with("http://") || from.starts_with("https://");
-        if is_url && args.sha256.is_none() {
-            return Err("--sha256 is required for a URL".into());
+        // A configured signing key authenticates a URL by itself (chat `/update` has no
+        // per-release hash to give); without one, the hash is required.
+        if is_url && args.sha256.is_none() && public_key.is_none() {
+            return Err("--sha256 is required for a URL (or set [update] public_key)".into());
         }
         let bytes = fetch(from)?;
         let sha = hex(&sha2::Sha256::digest(&bytes));
@@ -631,6 +645,15 @@ impl<'h> Updater<'h> {
             }
             _ => self.roll_back(t, "no gateway became ready after the updater died"),
         }
+    }
+}
+
+/// Leaves one outcome notice for `chat`; the gateway delivers it once (`runtime/src/work.rs`).
+fn notify_chat(home: &Home, chat: &str, text: &str) {
+    let v = json!({"chat_id": chat, "text": text, "at": timefmt::now()});
+    let name = format!("{}{}.json", gatewarden_runtime::work::UPDATE_NOTIFY_PREFIX, std::process::id());
+    if let Err(e) = fsio::write_json(&home.dir().join(name), &v) {
+        eprintln!("warning: cannot leave the chat notice: {e}");
     }
 }
 
