@@ -477,3 +477,96 @@ fn chat_update_twice_at_once() {
     assert_eq!(r.home.events("update_started").len(), 1, "{}", r.home.ledger_text());
     r.assert_one_gateway("9.9.9");
 }
+
+/// Whether a systemd user manager answers; under CI its absence is a failure.
+fn have_user_manager() -> bool {
+    let state = std::process::Command::new("systemctl")
+        .args(["--user", "is-system-running"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    if matches!(state.as_str(), "running" | "degraded") {
+        return true;
+    }
+    let why = format!("no systemd user manager (`systemctl --user is-system-running` says {state:?})");
+    assert!(std::env::var_os("CI").is_none(), "{why}");
+    eprintln!("skipped: {why}");
+    false
+}
+
+/// Removes the unit installed for a home (through the binary that installed it) on drop.
+struct InstalledUnit {
+    exe: PathBuf,
+    home: PathBuf,
+}
+
+impl Drop for InstalledUnit {
+    fn drop(&mut self) {
+        let _ = cli_with(&self.exe, &self.home, &["service", "uninstall"], &[], Duration::from_secs(120));
+    }
+}
+
+/// Under a systemd unit whose `ExecStart` is the swapped path: an update reaches the new
+/// version through systemd's own relaunch, and a candidate that dies at start is rolled back
+/// with the old version running under the unit again.
+#[test]
+fn update_under_a_systemd_unit() {
+    if !have_user_manager() {
+        return;
+    }
+    let home = TempHome::new();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("bin")).unwrap();
+    std::fs::create_dir(dir.path().join("rel")).unwrap();
+    let exe = dir.path().join("bin/gatewarden");
+    std::fs::copy(bin(), &exe).unwrap();
+    let pristine = dir.path().join("rel/pristine");
+    std::fs::copy(bin(), &pristine).unwrap();
+    let version = version_of(&exe);
+    write_config(home.path(), "listen = \"127.0.0.1:0\"\n[update]\nprobation_s = 1\n");
+    let r = Rig { home, sw: Sweeper::new(), dir, exe: exe.clone(), pristine, version: version.clone() };
+    let install = cli_with(&exe, r.home.path(), &["service", "install", "--restart-sec-ms", "100"], &[], UPDATE_LIMIT);
+    let _unit = InstalledUnit { exe: exe.clone(), home: r.home.path().to_path_buf() };
+    assert_cli(&install, 0, "service install");
+    let svc = cli(&exe, r.home.path(), &["service", "status", "--json"]).json();
+    let unit_file = std::fs::read_to_string(svc["path"].as_str().unwrap()).unwrap();
+    assert!(unit_file.contains(&format!("ExecStart={} run", exe.display())), "{unit_file}");
+    let systemd_gateway = |version: &str| {
+        let mut last = Value::Null;
+        let ok = wait_until(READY, || {
+            let st = cli(&exe, r.home.path(), &["status", "--json"]);
+            last = if st.code == Some(0) { st.json() } else { Value::Null };
+            let main: Option<u32> = svc_main_pid(&exe, r.home.path());
+            last["state"] == json!("running")
+                && last["version"] == json!(version)
+                && last["supervisor"] == json!("systemd")
+                && main.is_some()
+                && last["pid"] == json!(main.unwrap())
+        });
+        assert!(ok, "no {version} gateway running as the unit's MainPID: {last}\n{}", r.home.ledger_text());
+    };
+    systemd_gateway(&version);
+
+    let b = r.release("9.9.9");
+    let out = r.update(&["--from", b.to_str().unwrap(), "--timeout", "20"]);
+    assert_cli(&out, 0, "update under systemd");
+    assert_eq!(r.txn()["phase"], json!("committed"));
+    systemd_gateway("9.9.9");
+
+    let back = r.update(&["--rollback"]);
+    assert_cli(&back, 0, "rollback under systemd");
+    systemd_gateway(&version);
+
+    let c = r.script("exit1", "8.8.8", "exit 1");
+    let out = r.update(&["--from", c.to_str().unwrap(), "--timeout", "5"]);
+    assert_cli(&out, 1, "a candidate that dies at start, under systemd");
+    assert_eq!(r.txn()["phase"], json!("rolled_back"), "{out:#?}");
+    systemd_gateway(&version);
+    assert_eq!(version_of(&exe), version);
+}
+
+/// The unit's `MainPID` as `service status --json` reports it.
+fn svc_main_pid(exe: &Path, home: &Path) -> Option<u32> {
+    let v = cli(exe, home, &["service", "status", "--json"]).json();
+    v["main_pid"].as_u64().map(|p| p as u32).filter(|p| *p != 0)
+}
