@@ -204,8 +204,11 @@ fn update_to_a_real_build_then_roll_back_by_hand() {
 fn candidate_that_exits_1_at_start_is_rolled_back() {
     let (r, _g) = rig("[update]\nprobation_s = 1\n");
     let c = r.script("exit1", "9.9.9", "exit 1");
-    let out = r.update(&["--from", c.to_str().unwrap(), "--timeout", "4"]);
-    assert_failed_and_back(&r, &out, "exits 1", "no gateway holds the lock");
+    // The default --timeout (60 s): a release that cannot start fails fast, not at the deadline.
+    let t0 = Instant::now();
+    let out = r.update(&["--from", c.to_str().unwrap()]);
+    assert_failed_and_back(&r, &out, "exits 1", "no gateway took the lock, not even one started");
+    assert!(t0.elapsed() < Duration::from_secs(15), "the failure took {:?} to be handled", t0.elapsed());
 }
 
 #[test]

@@ -41,6 +41,9 @@ const POLL: Duration = Duration::from_millis(20);
 const UNRESPONSIVE: Duration = Duration::from_secs(3);
 /// Beyond the drain budget: the cancelled runs' clean-up and the HTTP wind-down.
 const DRAIN_GRACE: Duration = Duration::from_secs(15);
+/// `update`: after the ladder started a new incarnation itself, how long the lock may stay free
+/// before the restart counts as failed (a started gateway takes the lock within milliseconds).
+const FAIL_FAST: Duration = Duration::from_secs(3);
 /// The budget of the stopper for a wedged gateway (it is not draining anything useful).
 const WEDGED_STOP: Duration = Duration::from_secs(10);
 
@@ -79,12 +82,15 @@ pub(super) fn detach() -> Option<ExitCode> {
 }
 
 /// `update`'s restart: the whole ladder in this (already detached) process; the status of the
-/// new incarnation once it is verified `running`, else what was seen.
+/// new incarnation once it is verified `running`, else what was seen. Unlike `restart`, it
+/// gives up early when even a new incarnation the ladder started itself takes no lock within
+/// [`FAIL_FAST`]: a release that cannot start fails at once instead of at the deadline.
 pub(super) fn restart_verified(home: &Home, timeout_s: u64) -> Result<StatusReport, String> {
-    match orchestrate(home, timeout_s) {
+    let (result, failure) = orchestrate_with(home, timeout_s, Some(FAIL_FAST));
+    match result {
         Ok(code) if code == ExitCode::SUCCESS => status_of(&Endpoint::for_home(home.dir()), Duration::from_secs(2))
             .map_err(|e| format!("after the restart: {e}")),
-        Ok(_) => Err("the restart was not verified (see above)".into()),
+        Ok(_) => Err(format!("the restart was not verified: {}", failure.unwrap_or_else(|| "see above".into()))),
         Err(e) => Err(format!("{e:#}")),
     }
 }
@@ -125,8 +131,23 @@ fn old_status(home: &Home, ep: &Endpoint) -> Result<StatusReport, String> {
 }
 
 fn orchestrate(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
+    orchestrate_with(home, timeout_s, None).0
+}
+
+/// The ladder's exit code, and what it saw when it failed.
+fn orchestrate_with(
+    home: &Home,
+    timeout_s: u64,
+    fail_fast: Option<Duration>,
+) -> (anyhow::Result<ExitCode>, Option<String>) {
     let t0 = Instant::now();
-    let ladder = Ladder::new(home, timeout_s, t0);
+    let mut ladder = Ladder::new(home, timeout_s, t0);
+    ladder.fail_fast = fail_fast;
+    let code = run_ladder(home, &ladder, t0);
+    (code, ladder.failure.take())
+}
+
+fn run_ladder(home: &Home, ladder: &Ladder, t0: Instant) -> anyhow::Result<ExitCode> {
     let ep = Endpoint::for_home(home.dir());
 
     match presence(home, "restart") {
@@ -218,11 +239,14 @@ struct Ladder<'h> {
     home: &'h Home,
     t0: Instant,
     deadline: Instant,
-    timeout_s: u64,
     ledger: Ledger,
     owner: Option<Managed>,
     progress: Progress,
     kicked: std::cell::Cell<bool>,
+    /// See [`restart_verified`].
+    fail_fast: Option<Duration>,
+    /// What [`Self::finish`] saw when the restart was not verified.
+    failure: std::cell::RefCell<Option<String>>,
 }
 
 impl<'h> Ladder<'h> {
@@ -231,11 +255,12 @@ impl<'h> Ladder<'h> {
             home,
             t0,
             deadline: t0 + Duration::from_secs(timeout_s),
-            timeout_s,
             ledger: Ledger::new(home.ledger(), Writer::current()),
             owner: manager::installed(home),
             progress: Progress::new(),
             kicked: std::cell::Cell::new(false),
+            fail_fast: None,
+            failure: std::cell::RefCell::new(None),
         }
     }
 
@@ -403,6 +428,15 @@ impl<'h> Ladder<'h> {
                             m.gave_up()
                         }
                     });
+                    if let Some(extra) = self.fail_fast
+                        && self.kicked.get()
+                        && since.elapsed() >= kick_after + extra
+                    {
+                        return Err(format!(
+                            "no gateway took the lock, not even one started {:.1}s ago",
+                            (since.elapsed() - kick_after).as_secs_f64()
+                        ));
+                    }
                     if gave_up {
                         self.kick("the service manager gave up on the unit");
                     } else if since.elapsed() >= kick_after {
@@ -449,7 +483,8 @@ impl<'h> Ladder<'h> {
                     "restart_result",
                     json!({"ok": false, "seen": seen, "elapsed_ms": elapsed_ms, "kicked": kicked}),
                 );
-                eprintln!("restart not verified after {}s: {seen}", self.timeout_s);
+                eprintln!("restart not verified after {:.1}s: {seen}", elapsed_ms as f64 / 1000.0);
+                self.failure.replace(Some(seen));
                 eprintln!("recover with: gatewarden --home {} start", self.home.dir().display());
                 Ok(ExitCode::from(1))
             }
