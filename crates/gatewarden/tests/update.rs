@@ -573,3 +573,33 @@ fn svc_main_pid(exe: &Path, home: &Path) -> Option<u32> {
     let v = cli(exe, home, &["service", "status", "--json"]).json();
     v["main_pid"].as_u64().map(|p| p as u32).filter(|p| *p != 0)
 }
+
+/// With `[update] public_key` set, a release needs a valid minisign signature: a signed one
+/// gets past the check (and here fails its preflight, by design of the fixture), a tampered or
+/// unsigned one is refused; nothing changes in any case. Fixture: `fixtures/update/`.
+#[test]
+fn signatures_are_required_when_a_key_is_configured() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/update");
+    let key = std::fs::read_to_string(fixtures.join("key.pub")).unwrap();
+    let (r, mut g) = rig(&format!("[update]\npublic_key = \"{}\"\n", key.trim()));
+    let rel = r.dir.path().join("rel");
+    for f in ["release.sh", "release.sh.minisig"] {
+        std::fs::copy(fixtures.join(f), rel.join(f)).unwrap();
+    }
+    let signed = rel.join("release.sh");
+    let out = r.update(&["--from", signed.to_str().unwrap()]);
+    assert_refused_unchanged(&r, &mut g, &out, "preflight");
+    assert!(out.stderr.contains("signed test release"), "the signature was accepted: {out:#?}");
+
+    let tampered = rel.join("tampered.sh");
+    let mut bytes = std::fs::read(&signed).unwrap();
+    bytes.extend_from_slice(b"# one more line\n");
+    std::fs::write(&tampered, bytes).unwrap();
+    let sig = rel.join("release.sh.minisig");
+    let out = r.update(&["--from", tampered.to_str().unwrap(), "--signature", sig.to_str().unwrap()]);
+    assert_refused_unchanged(&r, &mut g, &out, "signature check failed");
+
+    let unsigned = r.release("9.9.9");
+    let out = r.update(&["--from", unsigned.to_str().unwrap()]);
+    assert_refused_unchanged(&r, &mut g, &out, "a signature is required");
+}
