@@ -509,14 +509,9 @@ impl Drop for InstalledUnit {
     }
 }
 
-/// Under a systemd unit whose `ExecStart` is the swapped path: an update reaches the new
-/// version through systemd's own relaunch, and a candidate that dies at start is rolled back
-/// with the old version running under the unit again.
-#[test]
-fn update_under_a_systemd_unit() {
-    if !have_user_manager() {
-        return;
-    }
+/// A home with a systemd user unit installed by a private copy of the binary (so `ExecStart=`
+/// is the path an update swaps), running the old version.
+fn systemd_rig() -> (Rig, InstalledUnit) {
     let home = TempHome::new();
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("bin")).unwrap();
@@ -529,43 +524,96 @@ fn update_under_a_systemd_unit() {
     write_config(home.path(), "listen = \"127.0.0.1:0\"\n[update]\nprobation_s = 1\n");
     let r = Rig { home, sw: Sweeper::new(), dir, exe: exe.clone(), pristine, version: version.clone() };
     let install = cli_with(&exe, r.home.path(), &["service", "install", "--restart-sec-ms", "100"], &[], UPDATE_LIMIT);
-    let _unit = InstalledUnit { exe: exe.clone(), home: r.home.path().to_path_buf() };
+    let unit = InstalledUnit { exe: exe.clone(), home: r.home.path().to_path_buf() };
     assert_cli(&install, 0, "service install");
     let svc = cli(&exe, r.home.path(), &["service", "status", "--json"]).json();
     let unit_file = std::fs::read_to_string(svc["path"].as_str().unwrap()).unwrap();
     assert!(unit_file.contains(&format!("ExecStart={} run", exe.display())), "{unit_file}");
-    let systemd_gateway = |version: &str| {
-        let mut last = Value::Null;
-        let ok = wait_until(READY, || {
-            let st = cli(&exe, r.home.path(), &["status", "--json"]);
-            last = if st.code == Some(0) { st.json() } else { Value::Null };
-            let main: Option<u32> = svc_main_pid(&exe, r.home.path());
-            last["state"] == json!("running")
-                && last["version"] == json!(version)
-                && last["supervisor"] == json!("systemd")
-                && main.is_some()
-                && last["pid"] == json!(main.unwrap())
-        });
-        assert!(ok, "no {version} gateway running as the unit's MainPID: {last}\n{}", r.home.ledger_text());
-    };
-    systemd_gateway(&version);
+    assert!(unit_file.contains("ExecStopPost=-"), "{unit_file}");
+    systemd_gateway(&r, &version);
+    (r, unit)
+}
 
+/// One gateway runs `version` as the unit's `MainPID`, and the installed file is that version.
+#[track_caller]
+fn systemd_gateway(r: &Rig, version: &str) {
+    let mut last = Value::Null;
+    let ok = wait_until(READY, || {
+        let st = cli(&r.pristine, r.home.path(), &["status", "--json"]);
+        last = if st.code == Some(0) { st.json() } else { Value::Null };
+        let main = svc_main_pid(&r.pristine, r.home.path());
+        last["state"] == json!("running")
+            && last["version"] == json!(version)
+            && last["supervisor"] == json!("systemd")
+            && main.is_some_and(|m| last["pid"] == json!(m))
+    });
+    assert!(ok, "no {version} gateway running as the unit's MainPID: {last}\n{}", r.home.ledger_text());
+    assert_eq!(version_of(&r.exe), version, "the installed executable");
+}
+
+/// Under a systemd unit whose `ExecStart` is the swapped path: an update reaches the new
+/// version through systemd's own relaunch, and a candidate that dies at start is rolled back
+/// with the old version running under the unit again.
+#[test]
+fn update_under_a_systemd_unit() {
+    if !have_user_manager() {
+        return;
+    }
+    let (r, _unit) = systemd_rig();
     let b = r.release("9.9.9");
     let out = r.update(&["--from", b.to_str().unwrap(), "--timeout", "20"]);
     assert_cli(&out, 0, "update under systemd");
     assert_eq!(r.txn()["phase"], json!("committed"));
-    systemd_gateway("9.9.9");
+    systemd_gateway(&r, "9.9.9");
 
     let back = r.update(&["--rollback"]);
     assert_cli(&back, 0, "rollback under systemd");
-    systemd_gateway(&version);
+    systemd_gateway(&r, &r.version);
 
     let c = r.script("exit1", "8.8.8", "exit 1");
-    let out = r.update(&["--from", c.to_str().unwrap(), "--timeout", "5"]);
+    let out = r.update(&["--from", c.to_str().unwrap()]);
     assert_cli(&out, 1, "a candidate that dies at start, under systemd");
     assert_eq!(r.txn()["phase"], json!("rolled_back"), "{out:#?}");
-    systemd_gateway(&version);
-    assert_eq!(version_of(&exe), version);
+    systemd_gateway(&r, &r.version);
+}
+
+/// The updater is SIGKILLed before the restart, and the release cannot run a line of our
+/// code: the unit's `ExecStopPost=` (the last known good copy) reverts the file, so systemd's
+/// relaunch runs the old version again.
+#[test]
+fn systemd_reverts_a_dead_release_when_the_updater_died() {
+    if !have_user_manager() {
+        return;
+    }
+    let (r, _unit) = systemd_rig();
+    let c = r.script("exit1", "8.8.8", "exit 1");
+    let (exe, home) = (r.exe.clone(), r.home.path().to_path_buf());
+    let from = c.to_str().unwrap().to_owned();
+    let h = std::thread::spawn(move || {
+        cli_with(
+            &exe,
+            &home,
+            &["update", "--from", &from],
+            &[("GATEWARDEN_TEST_UPDATE_PAUSE", "restarting")],
+            UPDATE_LIMIT,
+        )
+    });
+    let mut pid = 0;
+    must_wait_until(Duration::from_secs(30), "phase restarting", || {
+        let t = r.txn();
+        pid = t["updater_pid"].as_u64().unwrap_or(0) as u32;
+        t["phase"] == json!("restarting")
+    });
+    send_signal(pid, sig::SIGKILL).unwrap();
+    let _ = h.join();
+    // The restart the updater never did (`restart` of the old binary: the installed file is
+    // the broken release now).
+    let re = cli_with(&r.pristine, r.home.path(), &["restart", "--timeout", "30"], &[], UPDATE_LIMIT);
+    assert_cli(&re, 0, "restart after the updater died");
+    let t = r.txn();
+    assert_eq!(t["phase"], json!("rolled_back"), "{t}\n{}", r.home.ledger_text());
+    assert!(t["reason"].as_str().unwrap().contains("ExecStopPost"), "{t}");
+    systemd_gateway(&r, &r.version);
 }
 
 /// The unit's `MainPID` as `service status --json` reports it.

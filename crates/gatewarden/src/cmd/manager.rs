@@ -44,6 +44,7 @@ pub fn current_exe() -> io::Result<PathBuf> {
 /// `config.toml` (an unreadable config keeps the default; `run` reports it).
 pub fn spec_for(home: &Home, scope: Scope) -> io::Result<ServiceSpec> {
     let mut spec = ServiceSpec::new(current_exe()?, home.dir());
+    spec.revert_exe = Some(super::update::good_copy(home));
     spec.is_default_home = is_default_home(home);
     spec.scope = scope;
     if let Ok(cfg) = gatewarden_agent::Config::load(home.dir()) {

@@ -178,7 +178,9 @@ impl Supervisor {
             let now = self.now();
             // A swapped-in release that ended before it was blessed: the old binary goes back
             // and runs next, at once (`cmd/update.rs`).
-            if exit != ChildExit::Code(75) && super::update::revert_after_crash(&self.home, &exit.to_string()) {
+            if exit != ChildExit::Code(75)
+                && super::update::revert_after_crash(&self.home, &exit.to_string(), "supervise")
+            {
                 log(&format!(
                     "gateway pid {pid} ({exit}) ran an unblessed update: reverted, restarting the previous binary"
                 ));

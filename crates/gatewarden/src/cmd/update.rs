@@ -74,6 +74,10 @@ pub struct UpdateArgs {
     /// Internal: finish an unfinished transaction whose updater died
     #[arg(long, hide = true)]
     pub resume: bool,
+    /// Internal: run by systemd's `ExecStopPost=` (from the last known good copy) after the
+    /// gateway exited: reverts an unfinished update whose release died
+    #[arg(long, hide = true)]
+    pub after_exit: bool,
     /// Internal: the chat that asked (`/update`); it gets the outcome notice
     #[arg(long, hide = true, value_name = "CHAT")]
     pub chat: Option<String>,
@@ -131,6 +135,9 @@ pub fn update(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
     let home = home.ensure()?;
     if args.status {
         return status(&home, args.json);
+    }
+    if args.after_exit {
+        return Ok(after_exit(&home));
     }
     if args.from.is_none() && !args.rollback && !args.resume {
         bail!("say what to install: `gatewarden update --from PATH|URL` (or --status, --rollback)");
@@ -350,9 +357,17 @@ impl<'h> Updater<'h> {
                 );
                 println!("{msg}");
                 self.notify(&t, &msg);
+                self.bless(&t);
                 self.finish(&mut t, Phase::Committed, None, s.incarnation)
             }
             Err(why) => self.roll_back(t, &why),
+        }
+    }
+
+    /// The running binary is now the good one; `ExecStopPost=` reverts to it from here on.
+    fn bless(&self, t: &Txn) {
+        if let Err(e) = refresh_good_copy(self.home, &t.target) {
+            eprintln!("warning: cannot refresh the last known good copy: {e}");
         }
     }
 
@@ -581,6 +596,7 @@ impl<'h> Updater<'h> {
                     s.incarnation.clone().unwrap_or_default(),
                     self.t0.elapsed().as_secs_f64()
                 );
+                self.bless(&t);
                 let _ = self.finish(&mut t, Phase::RolledBack, Some(why), s.incarnation);
                 Ok(ExitCode::SUCCESS)
             }
@@ -628,6 +644,7 @@ impl<'h> Updater<'h> {
                         );
                         println!("{msg}");
                         self.notify(&t, &msg);
+                        self.bless(&t);
                         self.finish(&mut t, Phase::Committed, None, s.incarnation)
                     }
                     Err(why) => self.roll_back(t, &why),
@@ -690,13 +707,13 @@ pub fn on_gateway_start(home: &Home) {
 /// blessed: put the old binary back so the next child is the old version. With no updater
 /// alive this finishes the transaction; a live updater sees the old version come back and
 /// finishes its roll back. True when it reverted.
-pub fn revert_after_crash(home: &Home, exit: &str) -> bool {
+pub fn revert_after_crash(home: &Home, exit: &str, by: &str) -> bool {
     let Some(mut t) = read_txn(home).filter(|t| !t.phase.is_final()) else { return false };
     if sha256_file(&t.target).ok().as_deref() != Some(t.to_sha256.as_str()) || swap_in(&t.previous, &t.target).is_err()
     {
         return false;
     }
-    let why = format!("the new version exited ({exit}) before probation ended; reverted by supervise");
+    let why = format!("the new version exited ({exit}) before probation ended; reverted by {by}");
     let u = Updater::new(home, 0, false);
     match take_update_lock(home, false) {
         Ok(Some(_lock)) => {
@@ -704,10 +721,37 @@ pub fn revert_after_crash(home: &Home, exit: &str) -> bool {
             let _ = u.finish(&mut t, Phase::RolledBack, Some(why), None);
         }
         _ => {
-            let _ = u.ledger.append("update_reverted", json!({"by": "supervise", "reason": why}));
+            let _ = u.ledger.append("update_reverted", json!({"by": by, "reason": why}));
         }
     }
     true
+}
+
+/// `update --after-exit` under systemd's `ExecStopPost=`: the unit's main process ended; a
+/// planned restart (75) or a clean stop changes nothing, anything else during an unfinished
+/// update reverts it ([`revert_after_crash`]) so the relaunch runs the old binary.
+fn after_exit(home: &Home) -> ExitCode {
+    let result = std::env::var("SERVICE_RESULT").unwrap_or_default();
+    let status = std::env::var("EXIT_STATUS").unwrap_or_default();
+    if status == "75" || (result == "success" && status == "0") {
+        return ExitCode::SUCCESS;
+    }
+    let exit = format!("{result}, exit status {}", if status.is_empty() { "?" } else { &status });
+    if revert_after_crash(home, &exit, "the unit's ExecStopPost") {
+        eprintln!("reverted an unfinished update after the gateway ended ({exit})");
+    }
+    ExitCode::SUCCESS
+}
+
+/// Where the last blessed binary is kept for `ExecStopPost=` (a stable path the unit names).
+pub fn good_copy(home: &Home) -> PathBuf {
+    let name = if cfg!(windows) { "gatewarden.exe" } else { "gatewarden" };
+    home.dir().join(RELEASES).join("good").join(name)
+}
+
+/// Refreshes [`good_copy`] from `exe` (at `service install` and at every blessing).
+pub fn refresh_good_copy(home: &Home, exe: &Path) -> std::io::Result<()> {
+    copy_executable(exe, &good_copy(home))
 }
 
 /// The staged binary's `check` against the live home.
