@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
-#[command(name = "gatewarden", version, about = "An agent gateway whose lifecycle cannot wedge")]
+// `--version` prints the stamped VERSION: `update` reads a release's version from it.
+#[command(name = "gatewarden", version = gatewarden_lifecycle::VERSION, about = "An agent gateway whose lifecycle cannot wedge")]
 pub struct Cli {
     /// State directory of the gateway [default: per-OS state dir, e.g. ~/.local/state/gatewarden]
     #[arg(long, global = true, env = "GATEWARDEN_HOME", value_name = "DIR")]

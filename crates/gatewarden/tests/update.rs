@@ -64,10 +64,9 @@ impl Rig {
         let mut n = 0;
         let edge = |b: Option<&u8>| b.is_none_or(|c| !(c.is_ascii_digit() || *c == b'.'));
         while i < bytes.len() {
-            if bytes[i..].starts_with(old)
-                && edge(i.checked_sub(1).and_then(|j| bytes.get(j)))
-                && edge(bytes.get(i + old.len()))
-            {
+            // Only the end is checked: the linker merges string literals, so the version may
+            // follow another string's last digit ("WATCHDOG=1" + "0.1.0").
+            if bytes[i..].starts_with(old) && edge(bytes.get(i + old.len())) {
                 out.extend_from_slice(new);
                 i += old.len();
                 n += 1;

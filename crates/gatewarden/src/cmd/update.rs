@@ -177,8 +177,11 @@ pub fn update(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
 
 fn take_update_lock(home: &Home, patient: bool) -> anyhow::Result<Option<InstanceLock>> {
     let path = home.dir().join(LOCK_FILE);
-    let patience = if patient { Duration::from_secs(2) } else { Duration::from_millis(300) };
-    match InstanceLock::acquire(&path, patience) {
+    // Only updaters take this lock, and they hold it for a whole transaction: there is no
+    // brief probe to wait out, except a resuming updater racing the one that launched it.
+    let taken =
+        if patient { InstanceLock::acquire(&path, Duration::from_secs(2)) } else { InstanceLock::try_acquire(&path) };
+    match taken {
         Ok(l) => Ok(Some(l)),
         Err(gatewarden_lifecycle::LockError::Held { .. }) => Ok(None),
         Err(e) => Err(e.into()),
