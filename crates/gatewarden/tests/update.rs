@@ -655,3 +655,35 @@ fn signatures_are_required_when_a_key_is_configured() {
     let out = r.update(&["--from", unsigned.to_str().unwrap()]);
     assert_refused_unchanged(&r, &mut g, &out, "a signature is required");
 }
+
+/// SIGKILL while rolling back (here from a release that reports the wrong version): the next
+/// start carries the decided rollback out, and the old version runs from the old file.
+#[test]
+fn updater_killed_while_rolling_back_is_finished_by_the_next_start() {
+    let (r, _g) = rig("[update]\nprobation_s = 1\n");
+    let run = format!("exec {} \"$@\"", r.pristine.display());
+    let c = r.script("liar", "9.9.9", &run);
+    let (exe, home, tag) = (r.exe.clone(), r.home.path().to_path_buf(), r.sw.tag().to_owned());
+    let from = c.to_str().unwrap().to_owned();
+    let h = std::thread::spawn(move || {
+        let env = [(TAG_VAR, tag.as_str()), ("GATEWARDEN_TEST_UPDATE_PAUSE", "rolling_back")];
+        cli_with(&exe, &home, &["update", "--from", &from, "--timeout", "20"], &env, UPDATE_LIMIT)
+    });
+    let mut pid = 0;
+    must_wait_until(Duration::from_secs(30), "phase rolling_back", || {
+        let t = r.txn();
+        pid = t["updater_pid"].as_u64().unwrap_or(0) as u32;
+        t["phase"] == json!("rolling_back")
+    });
+    send_signal(pid, sig::SIGKILL).unwrap();
+    let _ = h.join();
+    let re =
+        cli_with(&r.pristine, r.home.path(), &["restart", "--timeout", "30"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
+    assert_cli(&re, 0, "restart after the updater died");
+    let mut t = Value::Null;
+    must_wait_until(Duration::from_secs(30), "the transaction is finished", || {
+        t = r.txn();
+        t["phase"] == json!("rolled_back")
+    });
+    r.assert_one_gateway(&r.version);
+}

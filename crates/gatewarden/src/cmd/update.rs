@@ -473,7 +473,12 @@ impl<'h> Updater<'h> {
             Err(e) => {
                 let msg = format!("update to {} failed: {why}; the rollback to {} failed too: {e}", t.to, t.from);
                 eprintln!("{msg}");
-                eprintln!("recover with: gatewarden --home {} update --rollback", self.home.dir().display());
+                // The installed binary may be the broken release: recover with the kept one.
+                eprintln!(
+                    "recover with: {} --home {} update --rollback",
+                    t.previous.display(),
+                    self.home.dir().display()
+                );
                 self.notify(&t, &msg);
                 self.finish(&mut t, Phase::Failed, Some(msg.clone()), None)
             }
@@ -579,7 +584,8 @@ impl<'h> Updater<'h> {
             eprintln!("no update recorded in {}: nothing to roll back to", self.home.dir().display());
             return Ok(ExitCode::from(1));
         };
-        if t.phase != Phase::Committed {
+        // A failed transaction may have left the new file in place (its rollback failed).
+        if !matches!(t.phase, Phase::Committed | Phase::Failed) {
             eprintln!("the last update ({} → {}) is {:?}: the binary is already {}", t.from, t.to, t.phase, t.from);
             return Ok(ExitCode::from(1));
         }
@@ -620,6 +626,11 @@ impl<'h> Updater<'h> {
             // Never swapped, or already swapped back: the old binary is in place.
             let why = format!("the updater died in phase {:?}", t.phase);
             return self.finish(&mut t, Phase::Failed, Some(why), None);
+        }
+        if t.phase == Phase::RollingBack {
+            // The rollback was decided: carry it out, whatever runs now.
+            let why = t.reason.clone().unwrap_or_else(|| "the updater died while rolling back".into());
+            return self.roll_back(t, &why);
         }
         let ep = Endpoint::for_home(self.home.dir());
         let until = Instant::now() + Duration::from_secs(self.timeout_s);
