@@ -38,7 +38,7 @@ pub const MAX_SECONDS: u64 = 7 * 24 * 3600;
 pub const MAX_MILLIS: u64 = 3600 * 1000;
 
 const TOP_KEYS: &[&str] =
-    &["listen", "api_token", "admins", "drain_timeout_s", "agent", "http", "journal", "platform", "cluster"];
+    &["listen", "api_token", "admins", "drain_timeout_s", "agent", "http", "journal", "platform", "cluster", "update"];
 const HTTP_KEYS: &[&str] = &["allowed_hosts", "max_connections", "header_timeout_s", "body_timeout_s"];
 const JOURNAL_KEYS: &[&str] = &["max_age_days", "max_size_mb"];
 
@@ -59,6 +59,7 @@ const AGENT_KEYS: &[&str] = &[
 const PLATFORM_KEYS: &[&str] =
     &["kind", "name", "token_env", "api_base", "allowed_chats", "admins", "poll_timeout_s", "conflict_standby_s"];
 const CLUSTER_KEYS: &[&str] = &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s"];
+const UPDATE_KEYS: &[&str] = &["public_key", "probation_s", "source"];
 
 /// Why the configuration cannot be used. Every variant maps to exit code [`EX_CONFIG`].
 #[derive(Debug, thiserror::Error)]
@@ -151,6 +152,8 @@ pub struct Config {
     pub platform: Vec<PlatformConfig>,
     /// Active/standby with other gateways through a shared store (`None` = standalone).
     pub cluster: Option<ClusterConfig>,
+    /// `gatewarden update`: signature key and probation.
+    pub update: UpdateConfig,
 }
 
 /// The `[http]` table: what the listener accepts (docs/security.md).
@@ -282,6 +285,25 @@ impl PlatformConfig {
     }
 }
 
+/// `[update]`: how `gatewarden update` verifies and probes a new release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpdateConfig {
+    /// A minisign public key (base64, the second line of a `.pub` file). When set, every
+    /// release needs a detached signature made with it.
+    pub public_key: Option<String>,
+    /// How long the new incarnation must stay up after it is ready before it is blessed.
+    pub probation_s: u64,
+    /// What chat `/update` installs: a path, or a URL (which then needs `public_key`).
+    pub source: Option<String>,
+}
+
+impl Default for UpdateConfig {
+    fn default() -> Self {
+        UpdateConfig { public_key: None, probation_s: 10, source: None }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -294,6 +316,7 @@ impl Default for Config {
             journal: JournalConfig::default(),
             platform: Vec::new(),
             cluster: None,
+            update: UpdateConfig::default(),
         }
     }
 }
@@ -311,6 +334,7 @@ impl fmt::Debug for Config {
             .field("journal", &self.journal)
             .field("platform", &self.platform)
             .field("cluster", &self.cluster)
+            .field("update", &self.update)
             .finish()
     }
 }
@@ -597,6 +621,12 @@ impl Config {
         if let Some(c) = &self.cluster {
             c.validate(index)?;
         }
+        if self.update.probation_s > MAX_SECONDS {
+            return Err(index.invalid(&["update", "probation_s"], format!("must be at most {MAX_SECONDS} seconds")));
+        }
+        if self.update.public_key.as_ref().is_some_and(|k| k.trim().is_empty()) {
+            return Err(index.invalid(&["update", "public_key"], "must not be empty".into()));
+        }
         let a = &self.agent;
         if a.timeout_s == 0 || a.timeout_s > MAX_SECONDS {
             return Err(agent("timeout_s", format!("must be between 1 and {MAX_SECONDS} seconds")));
@@ -824,6 +854,7 @@ impl<'a> KeyIndex<'a> {
                 Some("journal") => JOURNAL_KEYS.join(", "),
                 Some("platform") => PLATFORM_KEYS.join(", "),
                 Some("cluster") => CLUSTER_KEYS.join(", "),
+                Some("update") => UPDATE_KEYS.join(", "),
                 Some(_) => String::from("(no keys)"),
             };
             return ConfigError::UnknownKey { path: self.path.to_path_buf(), line, key, table, expected };
@@ -902,7 +933,14 @@ mod tests {
         let c = parse(text).expect("config.example.toml must parse");
         assert_eq!(c.agent.backend, BackendKind::Echo);
         // The example shows every key commented out or set; each must be mentioned.
-        for key in TOP_KEYS.iter().chain(AGENT_KEYS).chain(HTTP_KEYS).chain(JOURNAL_KEYS).chain(CLUSTER_KEYS) {
+        for key in TOP_KEYS
+            .iter()
+            .chain(AGENT_KEYS)
+            .chain(HTTP_KEYS)
+            .chain(JOURNAL_KEYS)
+            .chain(CLUSTER_KEYS)
+            .chain(UPDATE_KEYS)
+        {
             assert!(
                 text.contains(&format!("{key} =")) || text.contains(&format!("[{key}]")),
                 "config.example.toml does not document '{key}'"

@@ -774,6 +774,25 @@ fn now_rfc3339() -> String {
     gatewarden_lifecycle::timefmt::now()
 }
 
+/// The migration dry run for `gatewarden check` (a staged release against the live home):
+/// opens the journal read-only — never creating, migrating or locking it for long — and says
+/// which schema version it has; an error when this build could not open it. A missing journal
+/// is version 0 (created at first start).
+pub fn check_schema(home: &Path) -> Result<i64, JournalError> {
+    let path = home.join(JOURNAL_FILE);
+    if !path.exists() {
+        return Ok(0);
+    }
+    let wrap = |source| JournalError::Open { path: path.clone(), source };
+    let conn = Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(wrap)?;
+    conn.busy_timeout(Duration::from_secs(5)).map_err(wrap)?;
+    let found: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(wrap)?;
+    if found > SCHEMA_VERSION {
+        return Err(JournalError::SchemaTooNew { path, found });
+    }
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
-#[command(name = "gatewarden", version, about = "An agent gateway whose lifecycle cannot wedge")]
+// `--version` prints the stamped VERSION: `update` reads a release's version from it.
+#[command(name = "gatewarden", version = gatewarden_lifecycle::VERSION, about = "An agent gateway whose lifecycle cannot wedge")]
 pub struct Cli {
     /// State directory of the gateway [default: per-OS state dir, e.g. ~/.local/state/gatewarden]
     #[arg(long, global = true, env = "GATEWARDEN_HOME", value_name = "DIR")]
@@ -84,6 +85,19 @@ pub enum Command {
     Supervise(crate::cmd::supervise::SuperviseArgs),
     /// Check the service definition, stale files, port, permissions and a parked supervisor
     Doctor(crate::cmd::doctor::DoctorArgs),
+    /// Replace the gateway binary as a verified transaction (stage, preflight, swap, restart,
+    /// probation), rolling back on failure
+    Update(crate::cmd::update::UpdateArgs),
+    /// Would this binary start in this home? Config, journal schema, listen address, service
+    /// definition (read-only; `update` runs it from the staged release)
+    Check {
+        /// The executable the service definition should run [default: this one]
+        #[arg(long, hide = true, value_name = "PATH")]
+        target: Option<PathBuf>,
+        /// Print the findings as JSON
+        #[arg(long)]
+        json: bool,
+    },
     /// Show the lifecycle ledger, newest last
     History {
         /// Number of events to show

@@ -40,5 +40,9 @@ pub use lock::{InstanceLock, LockError};
 pub use probe::Liveness;
 pub use supervisor::Supervisor;
 
-/// The version every record, hello and ledger line carries.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The version every record, hello and ledger line carries. A build may override it (never a
+/// running process): `GATEWARDEN_BUILD_VERSION=0.2.0-rc1 cargo build` stamps release candidates.
+pub const VERSION: &str = match option_env!("GATEWARDEN_BUILD_VERSION") {
+    Some(v) => v,
+    None => env!("CARGO_PKG_VERSION"),
+};

@@ -111,7 +111,7 @@ fn successor_args(gw: &Gateway, opts: &ResolvedOptions) -> Vec<std::ffi::OsStrin
 }
 
 fn reexec_plan(gw: &Gateway, opts: &ResolvedOptions) -> std::io::Result<Reexec> {
-    let exe = std::env::current_exe()?;
+    let exe = spawn::self_exe()?;
     let listener = gw.kept_listener().map(std::net::TcpListener::try_clone).transpose()?;
     let mut args = successor_args(gw, opts);
     if let Some(fd) = listener.as_ref().and_then(spawn::listener_handle) {
@@ -121,7 +121,7 @@ fn reexec_plan(gw: &Gateway, opts: &ResolvedOptions) -> std::io::Result<Reexec> 
 }
 
 fn spawn_successor(gw: &Gateway, opts: &ResolvedOptions) -> std::io::Result<u32> {
-    let exe = std::env::current_exe()?;
+    let exe = spawn::self_exe()?;
     let mut cmd = Command::new(exe);
     cmd.args(successor_args(gw, opts));
     // The successor is as unsupervised as we are; say so rather than let it re-detect.
@@ -149,7 +149,7 @@ fn spawn_successor(gw: &Gateway, opts: &ResolvedOptions) -> std::io::Result<u32>
 /// `gatewarden restart --backstop <incarnation>` in its own session: it outlives us, waits
 /// for the next incarnation, and starts one if none comes (see `cmd/restart.rs`).
 fn spawn_backstop(gw: &Gateway, opts: &ResolvedOptions) {
-    let Ok(exe) = std::env::current_exe() else { return };
+    let Ok(exe) = spawn::self_exe() else { return };
     let mut cmd = Command::new(exe);
     let budget = opts.drain_timeout + BACKSTOP_GRACE;
     cmd.arg("--home").arg(gw.home.dir()).arg("restart");

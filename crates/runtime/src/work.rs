@@ -7,9 +7,9 @@
 //!   `running` in the journal so the next incarnation re-runs it once.
 //! - Messages from chat platforms (crates/runtime/src/platforms.rs) are async messages keyed by
 //!   their platform event id; their replies leave through the journal's outbox.
-//! - Chat commands (`/status`, `/restart`, `/stop`, `/help`, `/new`) are answered immediately, are
-//!   never counted as runs (the drain never waits on its own requester) and are journaled as
-//!   finished commands, never replayed.
+//! - Chat commands (`/status`, `/restart`, `/stop`, `/update`, `/help`, `/new`) are answered
+//!   immediately, are never counted as runs (the drain never waits on its own requester) and
+//!   are journaled as finished commands, never replayed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +30,10 @@ use crate::{Cause, ControlKind};
 const ASYNC_CONCURRENCY: usize = 64;
 /// How often the journal's retention bounds are applied (and once at start).
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// `/update`'s outcome notices: `gatewarden update --chat` leaves `<prefix><pid>.json`
+/// (`{chat_id, text}`) in the home; whichever incarnation is asked for that chat's notices
+/// claims it with one rename, so it is delivered exactly once.
+pub const UPDATE_NOTIFY_PREFIX: &str = ".update_notify.";
 /// The file a `/restart` leaves for the next incarnation's "back online" notice.
 pub const RESTART_NOTIFY_FILE: &str = ".restart_notify.json";
 
@@ -69,6 +73,7 @@ pub enum Command {
     Help,
     /// Start a fresh conversation in this chat.
     New,
+    Update,
 }
 
 /// `/restart`, `/restart@botname` and `/restart now` are commands; `/unknown` and text that
@@ -82,6 +87,7 @@ pub fn parse_command(text: &str) -> Option<Command> {
         "stop" => Command::Stop,
         "help" => Command::Help,
         "new" => Command::New,
+        "update" => Command::Update,
         _ => return None,
     })
 }
@@ -122,6 +128,10 @@ pub struct Work {
     pub history_turns: usize,
     /// `[agent] history_chars`.
     pub history_chars: usize,
+    /// `[update] source`: what `/update` installs.
+    update_source: Option<String>,
+    /// The home, known from the first command or boot notice (for `/update`'s notices).
+    home: std::sync::OnceLock<std::path::PathBuf>,
 }
 
 impl Work {
@@ -148,6 +158,8 @@ impl Work {
             platforms: std::sync::OnceLock::new(),
             history_turns: config.agent.history_turns,
             history_chars: config.agent.history_chars,
+            update_source: config.update.source.clone(),
+            home: std::sync::OnceLock::new(),
         }
     }
 
@@ -239,7 +251,11 @@ impl Work {
     }
 
     pub fn take_notices(&self, chat: &str) -> Vec<String> {
-        self.notices.lock().ok().and_then(|mut n| n.remove(chat)).unwrap_or_default()
+        let mut out = self.notices.lock().ok().and_then(|mut n| n.remove(chat)).unwrap_or_default();
+        if let Some(home) = self.home.get() {
+            out.extend(claim_update_notices(home, chat));
+        }
+        out
     }
 
     /// Journals an async command as already finished (one statement, so a crash can never
@@ -331,7 +347,7 @@ impl Work {
         };
         match cmd {
             Command::Help => CommandOutcome {
-                reply: "commands: /status, /new (fresh conversation), /restart (admins), /stop (admins), /help".into(),
+                reply: "commands: /status, /new (fresh conversation), /restart (admins), /stop (admins), /update (admins), /help".into(),
                 then: None,
             },
             Command::New => {
@@ -370,6 +386,38 @@ impl Work {
                 reply: "stopping…".into(),
                 then: Some(Cause::Control { kind: ControlKind::Stop, requester }),
             },
+            Command::Update => CommandOutcome { reply: self.start_update(gw, chat_id, user_id), then: None },
+        }
+    }
+
+    /// `/update`: a detached `gatewarden update --from <[update] source> --chat <chat>`. It
+    /// restarts us through the restart ladder like `/restart` (never a run, so the drain does
+    /// not wait on it) and leaves exactly one outcome notice for this chat.
+    fn start_update(&self, gw: &crate::gateway::Gateway, chat_id: &str, user_id: &str) -> String {
+        // Admins only, whatever the transport checked.
+        if !self.may_command(user_id) {
+            return "/update is for the admins listed in config.toml".into();
+        }
+        let _ = self.home.set(gw.home.dir().to_path_buf());
+        let Some(source) = &self.update_source else {
+            return "no release to install: set [update] source in config.toml".into();
+        };
+        let Ok(exe) = crate::spawn::self_exe() else { return "cannot locate the gatewarden executable".into() };
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("--home").arg(gw.home.dir()).args(["update", "--from", source, "--chat", chat_id]);
+        // Not one of our runs: the next incarnation's sweep must not kill it.
+        cmd.env_remove(crate::RUN_TAG);
+        cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+        crate::spawn::detach(&mut cmd, None);
+        match cmd.spawn() {
+            Ok(child) => {
+                gw.record(
+                    "update_requested",
+                    json!({"chat_id": chat_id, "user_id": user_id, "updater_pid": child.id()}),
+                );
+                format!("updating from {source}…")
+            }
+            Err(e) => format!("cannot start the update: {e}"),
         }
     }
 
@@ -382,6 +430,7 @@ impl Work {
 
     /// At boot: turn a predecessor's `/restart` record into one "back online" notice.
     pub fn restart_notice(&self, gw: &crate::gateway::Gateway) {
+        let _ = self.home.set(gw.home.dir().to_path_buf());
         let path = gw.home.dir().join(RESTART_NOTIFY_FILE);
         let Some(v) = fsio::read_json::<Value>(&path).ok() else {
             let _ = fsio::remove_if_exists(&path);
@@ -569,6 +618,30 @@ pub fn token_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// How long a client should wait before retrying during a drain.
 pub const RETRY_AFTER: Duration = Duration::from_secs(2);
+
+/// Claims (renames, then reads and removes) every `/update` outcome notice left for `chat`.
+fn claim_update_notices(home: &std::path::Path, chat: &str) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(home) else { return Vec::new() };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(UPDATE_NOTIFY_PREFIX) || !name.ends_with(".json") {
+            continue;
+        }
+        let Some(v) = fsio::read_json::<Value>(&entry.path()).ok() else { continue };
+        if v.get("chat_id").and_then(Value::as_str) != Some(chat) {
+            continue;
+        }
+        let claimed = home.join(format!(".claimed{name}"));
+        if std::fs::rename(entry.path(), &claimed).is_ok() {
+            let _ = std::fs::remove_file(&claimed);
+            if let Some(t) = v.get("text").and_then(Value::as_str) {
+                out.push(t.to_owned());
+            }
+        }
+    }
+    out
+}
 
 #[cfg(test)]
 mod tests {

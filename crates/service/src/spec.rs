@@ -82,6 +82,10 @@ pub struct ServiceSpec {
     pub start_limit_burst: u32,
     /// launchd `ThrottleInterval` in seconds (minimum time between spawns of the job).
     pub throttle_interval_s: u64,
+    /// The last known good binary (`<home>/releases/good/`), run by systemd's `ExecStopPost=`
+    /// as `update --after-exit`: a release that dies before it runs a line of our code cannot
+    /// revert itself, this copy can. `None` omits the directive.
+    pub revert_exe: Option<PathBuf>,
 }
 
 /// Why a spec cannot be rendered.
@@ -145,6 +149,7 @@ impl ServiceSpec {
             start_limit_interval_s: 60,
             start_limit_burst: 5,
             throttle_interval_s: 10,
+            revert_exe: None,
         }
     }
 

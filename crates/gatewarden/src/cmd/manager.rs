@@ -33,9 +33,10 @@ pub fn is_default_home(home: &Home) -> bool {
     default.is_ok_and(|d| canon(&d) == canon(home.dir()))
 }
 
-/// This executable, canonical (service definitions need an absolute path).
+/// This executable, canonical (service definitions need an absolute path). The path captured
+/// at start (`spawn::self_exe`): an update may have renamed a new binary over it since.
 pub fn current_exe() -> io::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
+    let exe = gatewarden_runtime::spawn::self_exe()?;
     Ok(gatewarden_lifecycle::platform::canonical(&exe).unwrap_or(exe))
 }
 
@@ -43,6 +44,7 @@ pub fn current_exe() -> io::Result<PathBuf> {
 /// `config.toml` (an unreadable config keeps the default; `run` reports it).
 pub fn spec_for(home: &Home, scope: Scope) -> io::Result<ServiceSpec> {
     let mut spec = ServiceSpec::new(current_exe()?, home.dir());
+    spec.revert_exe = Some(super::update::good_copy(home));
     spec.is_default_home = is_default_home(home);
     spec.scope = scope;
     if let Ok(cfg) = gatewarden_agent::Config::load(home.dir()) {

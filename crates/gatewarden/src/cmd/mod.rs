@@ -1,5 +1,6 @@
 //! One file per verb; [`dispatch`] is the table of contents.
 
+mod check;
 pub mod doctor;
 mod history;
 mod logs;
@@ -15,6 +16,7 @@ mod start;
 mod status;
 mod stop;
 pub mod supervise;
+pub mod update;
 
 use std::process::ExitCode;
 use std::time::{Instant, SystemTime};
@@ -39,5 +41,7 @@ pub fn dispatch(cli: Cli, started_at: SystemTime, started: Instant) -> anyhow::R
         Command::Service(args) => service::service(&home, args),
         Command::Supervise(args) => supervise::supervise(&home, args),
         Command::Doctor(args) => doctor::doctor(&home, &args),
+        Command::Check { target, json } => check::check(&home, target.as_deref(), json),
+        Command::Update(args) => update::update(&home, args),
     }
 }

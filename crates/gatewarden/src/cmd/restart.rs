@@ -41,36 +41,63 @@ const POLL: Duration = Duration::from_millis(20);
 const UNRESPONSIVE: Duration = Duration::from_secs(3);
 /// Beyond the drain budget: the cancelled runs' clean-up and the HTTP wind-down.
 const DRAIN_GRACE: Duration = Duration::from_secs(15);
+/// `update`: after the ladder started a new incarnation itself, how long the lock may stay free
+/// before the restart counts as failed (a started gateway takes the lock within milliseconds).
+const FAIL_FAST: Duration = Duration::from_secs(3);
 /// The budget of the stopper for a wedged gateway (it is not draining anything useful).
 const WEDGED_STOP: Duration = Duration::from_secs(10);
 
 pub fn restart(home: &Home, timeout_s: u64, backstop: Option<String>) -> anyhow::Result<ExitCode> {
-    // Launched from inside the unit (chat `/restart`, an exec-backend run, the gateway's own
-    // backstop): the manager kills the unit's whole cgroup when the old gateway exits, a new
-    // session does not help. Move into a transient scope first (H2); this returns only if that
-    // is not needed.
-    if let Some(m) = manager::installed(&home.canonicalized())
-        && let Some(why) = manager::escape_unit_cgroup(&m)
-    {
-        eprintln!("warning: {why}; restarting from inside {}", m.describe());
-    }
+    escape_unit(home);
     let home = home.canonicalized();
     if let Some(old) = backstop {
         // Already detached by the gateway that launched it.
         return Ok(run_backstop(&home, &old, timeout_s));
     }
-    if std::env::var_os(ORCHESTRATOR_ENV).is_none()
-        && spawn::DETACH_KEEPS_OUTPUT
-        && let Some(code) = relay_to_detached_orchestrator()
-    {
+    if let Some(code) = detach() {
         return Ok(code);
     }
     orchestrate(&home, timeout_s)
 }
 
+/// Launched from inside the unit (chat `/restart` or `/update`, an exec-backend run, the
+/// gateway's own backstop): the manager kills the unit's whole cgroup when the old gateway
+/// exits, a new session does not help. Move into a transient scope first (H2); this returns
+/// only if that is not needed.
+pub(super) fn escape_unit(home: &Home) {
+    if let Some(m) = manager::installed(&home.canonicalized())
+        && let Some(why) = manager::escape_unit_cgroup(&m)
+    {
+        eprintln!("warning: {why}; restarting from inside {}", m.describe());
+    }
+}
+
+/// In the first process of a restarting verb: runs the same command line detached (module
+/// doc) and returns its exit code; `None` in the detached copy, which does the work.
+pub(super) fn detach() -> Option<ExitCode> {
+    if std::env::var_os(ORCHESTRATOR_ENV).is_none() && spawn::DETACH_KEEPS_OUTPUT {
+        return relay_to_detached_orchestrator();
+    }
+    None
+}
+
+/// `update`'s restart: the whole ladder in this (already detached) process; the status of the
+/// new incarnation once it is verified `running`, else what was seen. Unlike `restart`, it
+/// gives up early when even a new incarnation the ladder started itself takes no lock within
+/// [`FAIL_FAST`]: a release that cannot start fails at once instead of at the deadline.
+pub(super) fn restart_verified(home: &Home, timeout_s: u64) -> Result<StatusReport, String> {
+    let (result, failure) = orchestrate_with(home, timeout_s, Some(FAIL_FAST));
+    match result {
+        Ok(code) if code == ExitCode::SUCCESS => status_of(&Endpoint::for_home(home.dir()), Duration::from_secs(2))
+            .map_err(|e| format!("after the restart: {e}")),
+        Ok(_) => Err(format!("the restart was not verified: {}", failure.unwrap_or_else(|| "see above".into()))),
+        Err(e) => Err(format!("{e:#}")),
+    }
+}
+
 /// Runs this same command line in a new session and relays its exit code.
 fn relay_to_detached_orchestrator() -> Option<ExitCode> {
-    let exe = std::env::current_exe().ok()?;
+    let exe = manager::current_exe().ok()?;
     let mut cmd = Command::new(exe);
     cmd.args(std::env::args_os().skip(1)).env(ORCHESTRATOR_ENV, "1");
     // Launched from an agent run (chat-driven restarts), this process carries the run's tag,
@@ -83,11 +110,11 @@ fn relay_to_detached_orchestrator() -> Option<ExitCode> {
     Some(ExitCode::from(status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(1)))
 }
 
-fn status_of(ep: &Endpoint, t: Duration) -> Result<StatusReport, String> {
+pub(super) fn status_of(ep: &Endpoint, t: Duration) -> Result<StatusReport, String> {
     Client::connect(ep, t).and_then(|mut c| c.status(t)).map_err(|e| e.to_string())
 }
 
-fn lock_held(home: &Home) -> bool {
+pub(super) fn lock_held(home: &Home) -> bool {
     !matches!(InstanceLock::probe(&home.lock()), LockProbe::Free(_) | LockProbe::Missing)
 }
 
@@ -104,8 +131,23 @@ fn old_status(home: &Home, ep: &Endpoint) -> Result<StatusReport, String> {
 }
 
 fn orchestrate(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
+    orchestrate_with(home, timeout_s, None).0
+}
+
+/// The ladder's exit code, and what it saw when it failed.
+fn orchestrate_with(
+    home: &Home,
+    timeout_s: u64,
+    fail_fast: Option<Duration>,
+) -> (anyhow::Result<ExitCode>, Option<String>) {
     let t0 = Instant::now();
-    let ladder = Ladder::new(home, timeout_s, t0);
+    let mut ladder = Ladder::new(home, timeout_s, t0);
+    ladder.fail_fast = fail_fast;
+    let code = run_ladder(home, &ladder, t0);
+    (code, ladder.failure.take())
+}
+
+fn run_ladder(home: &Home, ladder: &Ladder, t0: Instant) -> anyhow::Result<ExitCode> {
     let ep = Endpoint::for_home(home.dir());
 
     match presence(home, "restart") {
@@ -197,11 +239,14 @@ struct Ladder<'h> {
     home: &'h Home,
     t0: Instant,
     deadline: Instant,
-    timeout_s: u64,
     ledger: Ledger,
     owner: Option<std::sync::Arc<dyn ServiceManager>>,
     progress: Progress,
     kicked: std::cell::Cell<bool>,
+    /// See [`restart_verified`].
+    fail_fast: Option<Duration>,
+    /// What [`Self::finish`] saw when the restart was not verified.
+    failure: std::cell::RefCell<Option<String>>,
 }
 
 impl<'h> Ladder<'h> {
@@ -210,11 +255,12 @@ impl<'h> Ladder<'h> {
             home,
             t0,
             deadline: t0 + Duration::from_secs(timeout_s),
-            timeout_s,
             ledger: Ledger::new(home.ledger(), Writer::current()),
             owner: manager::installed(home).map(|m| std::sync::Arc::new(m) as std::sync::Arc<dyn ServiceManager>),
             progress: Progress::new(),
             kicked: std::cell::Cell::new(false),
+            fail_fast: None,
+            failure: std::cell::RefCell::new(None),
         }
     }
 
@@ -382,6 +428,15 @@ impl<'h> Ladder<'h> {
                             m.gave_up()
                         }
                     });
+                    if let Some(extra) = self.fail_fast
+                        && self.kicked.get()
+                        && since.elapsed() >= kick_after + extra
+                    {
+                        return Err(format!(
+                            "no gateway took the lock, not even one started {:.1}s ago",
+                            (since.elapsed() - kick_after).as_secs_f64()
+                        ));
+                    }
                     if gave_up {
                         self.kick("the service manager gave up on the unit");
                     } else if since.elapsed() >= kick_after {
@@ -428,7 +483,8 @@ impl<'h> Ladder<'h> {
                     "restart_result",
                     json!({"ok": false, "seen": seen, "elapsed_ms": elapsed_ms, "kicked": kicked}),
                 );
-                eprintln!("restart not verified after {}s: {seen}", self.timeout_s);
+                eprintln!("restart not verified after {:.1}s: {seen}", elapsed_ms as f64 / 1000.0);
+                self.failure.replace(Some(seen));
                 eprintln!("recover with: gatewarden --home {} start", self.home.dir().display());
                 Ok(ExitCode::from(1))
             }
@@ -438,7 +494,7 @@ impl<'h> Ladder<'h> {
 
 /// `gatewarden start` as a detached child (its own session), so the ladder keeps watching.
 fn start_detached(home: &Home, listen: Option<&str>) -> Result<(), String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = manager::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = Command::new(exe);
     cmd.arg("--home").arg(home.dir()).arg("start");
     if let Some(l) = listen {

@@ -124,6 +124,10 @@ fn install(home: &Home, a: &InstallArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let start_now = !a.no_start && !owned;
+    // The copy `ExecStopPost=` runs to revert a release that cannot start (`cmd/update.rs`).
+    if let Err(e) = super::update::refresh_good_copy(&home, &spec.exe) {
+        eprintln!("warning: cannot keep a last known good copy of {}: {e}", spec.exe.display());
+    }
     os::svc::install(&spec, start_now)?;
     let m = Managed { state: os::svc::query(&spec), spec };
     let where_ = m.state.path.as_ref().map(|p| format!(" ({})", p.display())).unwrap_or_default();

@@ -57,7 +57,7 @@ pub fn start(
         .open(&log)
         .with_context(|| format!("cannot open {}", log.display()))?;
 
-    let mut cmd = Command::new(std::env::current_exe()?);
+    let mut cmd = Command::new(super::manager::current_exe()?);
     cmd.arg("--home").arg(home.dir()).arg("run");
     if let Some(l) = listen {
         cmd.args(["--listen", l]);

@@ -176,6 +176,16 @@ impl Supervisor {
                 return 0;
             }
             let now = self.now();
+            // A swapped-in release that ended before it was blessed: the old binary goes back
+            // and runs next, at once (`cmd/update.rs`).
+            if exit != ChildExit::Code(75)
+                && super::update::revert_after_crash(&self.home, &exit.to_string(), "supervise")
+            {
+                log(&format!(
+                    "gateway pid {pid} ({exit}) ran an unblessed update: reverted, restarting the previous binary"
+                ));
+                continue;
+            }
             let action = self.policy.decide(exit, &history, now);
             let _ = self.ledger.append(
                 "supervise_child_exited",

@@ -14,3 +14,24 @@
 mod imp;
 
 pub use imp::{DETACH_KEEPS_OUTPUT, adopt_listener, detach, exec_in_place, listener_handle};
+
+/// This executable's path, as it was when [`remember_self_exe`] first ran (early in `main`).
+///
+/// An update renames a new binary over ours while we run; Linux then reports our image as
+/// `<path> (deleted)`, which cannot be started. Successors, backstops and re-executions must
+/// start the *path* (now the new binary), so the path is captured before any swap can happen.
+pub fn self_exe() -> std::io::Result<std::path::PathBuf> {
+    match SELF_EXE.get() {
+        Some(p) => Ok(p.clone()),
+        None => std::env::current_exe(),
+    }
+}
+
+/// Captures [`self_exe`]; call first thing in `main`.
+pub fn remember_self_exe() {
+    if let Ok(p) = std::env::current_exe() {
+        let _ = SELF_EXE.set(p);
+    }
+}
+
+static SELF_EXE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();

@@ -17,6 +17,8 @@
 //! sends the planned-stop signal to the main process only (our drain; `systemctl stop` is a
 //! clean exit 0), and SIGKILL to leftovers in the cgroup after the timeout.
 //! `ExecStart=` never carries `--replace`: a supervised respawn must not evict anyone.
+//! `ExecStopPost=` runs the last known good copy as `update --after-exit` (failure ignored):
+//! after a crash during an unfinished update it puts the old binary back before the relaunch.
 
 use super::syntax::{format_ms, quote_command, quote_word};
 use crate::spec::{Scope, ServiceSpec, SpecError, utf8};
@@ -51,6 +53,10 @@ pub fn render_unit(spec: &ServiceSpec) -> Result<String, SpecError> {
     line("Type=notify");
     line("NotifyAccess=main");
     line(&format!("ExecStart={}", quote_command(&argv)));
+    if let Some(good) = &spec.revert_exe {
+        let good = utf8("revert_exe", good)?;
+        line(&format!("ExecStopPost=-{}", quote_command(&[good, "--home", home, "update", "--after-exit"])));
+    }
     line(&format!("Environment={}", quote_word(&format!("GATEWARDEN_HOME={home}"), false)));
     if spec.scope == Scope::System
         && let Some(user) = &spec.run_as_user

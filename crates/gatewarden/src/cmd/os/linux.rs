@@ -162,7 +162,16 @@ pub fn kick(spec: &ServiceSpec) -> anyhow::Result<()> {
     let r = runner(spec);
     let sc = Systemctl::new(&r, spec.scope);
     let u = unit(spec);
-    let map = show(spec, "ActiveState,SubState").unwrap_or_default();
+    // A unit still deactivating (its `ExecStopPost=` running) is about to enter `auto-restart`;
+    // a `start` issued now would queue behind the `RestartSec` timer, so wait for it (bounded).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let map = loop {
+        let map = show(spec, "ActiveState,SubState").unwrap_or_default();
+        if map.get("ActiveState").map(String::as_str) != Some("deactivating") || std::time::Instant::now() >= deadline {
+            break map;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    };
     let active = map.get("ActiveState").map(String::as_str).unwrap_or("");
     let sub = map.get("SubState").map(String::as_str).unwrap_or("");
     match (active, sub) {

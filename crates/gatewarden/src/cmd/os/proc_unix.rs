@@ -96,3 +96,9 @@ pub fn mode(meta: &std::fs::Metadata) -> Option<u32> {
     use std::os::unix::fs::PermissionsExt;
     Some(meta.permissions().mode())
 }
+
+/// `update`: a staged or swapped binary is runnable by its owner and readable by all (0755).
+pub fn make_executable(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+}

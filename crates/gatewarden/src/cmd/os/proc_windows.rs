@@ -76,3 +76,8 @@ pub fn exec_replace(_cmd: &mut Command) -> io::Error {
 pub fn mode(_meta: &std::fs::Metadata) -> Option<u32> {
     None
 }
+
+/// `update`: on Windows any file named `.exe` is runnable; nothing to set.
+pub fn make_executable(_path: &std::path::Path) -> std::io::Result<()> {
+    Ok(())
+}

@@ -1,0 +1,985 @@
+//! `gatewarden update`: replace this home's gateway binary as a verified transaction.
+//!
+//! 1. **Stage** the release into `<home>/releases/<version>-<sha12>/gatewarden` after checking
+//!    its sha256 (`--sha256`, required for URLs) and, when `[update] public_key` is set, its
+//!    minisign signature. The version is what the staged binary itself prints.
+//! 2. **Preflight**: the staged binary runs `check` against the live home (no lock taken).
+//! 3. **Record** the transaction in `<home>/update.json` and the ledger; `<home>/update.lock`
+//!    (an OS lock, released by death) is held for the whole transaction, so a second update
+//!    is refused and a dead updater is told apart from a busy one.
+//! 4. **Swap**: copy the current binary to its own release directory (last known good), then
+//!    rename the staged copy over the executable (on Windows the running image is renamed
+//!    aside first).
+//! 5. **Restart** through the one restart ladder (`cmd/restart.rs`).
+//! 6. **Probation**: the new incarnation reports the expected version and stays up for
+//!    `[update] probation_s`.
+//! 7. Success: `committed` with a receipt. Failure: swap back, restart, verify the old version
+//!    runs, exit 1 with the reason and the log tail.
+//!
+//! A transaction left unfinished (the updater was killed) is finished by whoever finds it
+//! with `update.lock` free: the next `run` of either binary (see [`on_gateway_start`]), the
+//! next `update`, `supervise` when the candidate crashes, or `update --resume`.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use gatewarden_control::{Endpoint, StatusReport};
+use gatewarden_lifecycle::ledger::{Ledger, Writer};
+use gatewarden_lifecycle::{Home, InstanceLock, VERSION, fsio, timefmt};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::Digest;
+
+use super::manager;
+use super::restart::{restart_verified, status_of};
+
+/// The transaction record's file name in the home.
+pub const UPDATE_FILE: &str = "update.json";
+const LOCK_FILE: &str = "update.lock";
+const RELEASES: &str = "releases";
+/// Bigger than any release binary; a cap on what a URL may make us download.
+const MAX_RELEASE_BYTES: u64 = 512 << 20;
+/// Internal (tests): the phase in which the updater pauses, to be killed there.
+const PAUSE_ENV: &str = "GATEWARDEN_TEST_UPDATE_PAUSE";
+const POLL: Duration = Duration::from_millis(50);
+/// A new incarnation silent on its control endpoint this long during probation has failed.
+const SILENT_LIMIT: Duration = Duration::from_secs(3);
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct UpdateArgs {
+    /// The release: a gatewarden binary, as a local path or an http(s) URL
+    #[arg(long, value_name = "PATH|URL", conflicts_with_all = ["status", "rollback"])]
+    pub from: Option<String>,
+    /// Expected sha256 of the release (hex); required for URLs
+    #[arg(long, value_name = "HEX")]
+    pub sha256: Option<String>,
+    /// Detached minisign signature [default: <from>.minisig] (needed when [update] public_key is set)
+    #[arg(long, value_name = "PATH|URL")]
+    pub signature: Option<String>,
+    /// Seconds the new incarnation has to become ready with the new version
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    pub timeout: u64,
+    /// Print the outcome as JSON
+    #[arg(long)]
+    pub json: bool,
+    /// Show the last (or the unfinished) update transaction
+    #[arg(long)]
+    pub status: bool,
+    /// Go back to the last known good binary (the one the last update replaced)
+    #[arg(long, conflicts_with = "status")]
+    pub rollback: bool,
+    /// Internal: finish an unfinished transaction whose updater died
+    #[arg(long, hide = true)]
+    pub resume: bool,
+    /// Internal: run by systemd's `ExecStopPost=` (from the last known good copy) after the
+    /// gateway exited: reverts an unfinished update whose release died
+    #[arg(long, hide = true)]
+    pub after_exit: bool,
+    /// Internal: the chat that asked (`/update`); it gets the outcome notice
+    #[arg(long, hide = true, value_name = "CHAT")]
+    pub chat: Option<String>,
+}
+
+/// Where a transaction is. `committed`, `rolled_back` and `failed` are final.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Swapping,
+    Swapped,
+    Restarting,
+    Probation,
+    RollingBack,
+    Committed,
+    RolledBack,
+    Failed,
+}
+
+impl Phase {
+    pub fn is_final(self) -> bool {
+        matches!(self, Phase::Committed | Phase::RolledBack | Phase::Failed)
+    }
+}
+
+/// `<home>/update.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Txn {
+    pub from: String,
+    pub to: String,
+    pub phase: Phase,
+    pub started: String,
+    /// The executable that is swapped.
+    pub target: PathBuf,
+    /// The staged release.
+    pub staged: PathBuf,
+    /// The last known good copy of the replaced binary.
+    pub previous: PathBuf,
+    pub from_sha256: String,
+    pub to_sha256: String,
+    pub updater_pid: u32,
+    #[serde(default)]
+    pub chat: Option<String>,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub incarnation: Option<String>,
+    #[serde(default)]
+    pub finished: Option<String>,
+    #[serde(default)]
+    pub elapsed_ms: Option<u64>,
+}
+
+pub fn update(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
+    let home = home.ensure()?;
+    if args.status {
+        return status(&home, args.json);
+    }
+    if args.after_exit {
+        return Ok(after_exit(&home));
+    }
+    if args.from.is_none() && !args.rollback && !args.resume {
+        bail!("say what to install: `gatewarden update --from PATH|URL` (or --status, --rollback)");
+    }
+    // The updater outlives the gateway it restarts (chat `/update` runs it from inside).
+    super::restart::escape_unit(&home);
+    if let Some(code) = super::restart::detach() {
+        return Ok(code);
+    }
+    let Some(lock) = take_update_lock(&home, args.resume)? else {
+        if args.resume {
+            return Ok(ExitCode::SUCCESS); // a live updater carries on
+        }
+        let who = read_txn(&home).map(|t| format!(" (pid {}, {} → {}, {:?})", t.updater_pid, t.from, t.to, t.phase));
+        let why = format!("another update is in progress{}", who.unwrap_or_default());
+        eprintln!("{why}; nothing changed");
+        if let Some(chat) = &args.chat {
+            notify_chat(&home, chat, &format!("update refused: {why}; nothing changed"));
+        }
+        return Ok(ExitCode::from(1));
+    };
+    let mut u = Updater::new(&home, args.timeout, args.json);
+    u.chat = args.chat.clone();
+    // A transaction a killed updater left behind is finished first.
+    if let Some(t) = read_txn(&home).filter(|t| !t.phase.is_final()) {
+        let code = u.resume(t);
+        if args.resume {
+            return Ok(code);
+        }
+    } else if args.resume {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let code = if args.rollback { u.rollback_by_hand() } else { u.install(&args) };
+    drop(lock);
+    code
+}
+
+fn take_update_lock(home: &Home, patient: bool) -> anyhow::Result<Option<InstanceLock>> {
+    let path = home.dir().join(LOCK_FILE);
+    // Only updaters take this lock, and they hold it for a whole transaction: there is no
+    // brief probe to wait out, except a resuming updater racing the one that launched it.
+    let taken =
+        if patient { InstanceLock::acquire(&path, Duration::from_secs(2)) } else { InstanceLock::try_acquire(&path) };
+    match taken {
+        Ok(l) => Ok(Some(l)),
+        Err(gatewarden_lifecycle::LockError::Held { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub fn read_txn(home: &Home) -> Option<Txn> {
+    fsio::read_json::<Txn>(&home.dir().join(UPDATE_FILE)).ok()
+}
+
+fn status(home: &Home, json_out: bool) -> anyhow::Result<ExitCode> {
+    let Some(t) = read_txn(home) else {
+        if json_out {
+            println!("{}", json!({"update": null}));
+        } else {
+            println!("no update recorded in {}", home.dir().display());
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let running = status_of(&Endpoint::for_home(home.dir()), Duration::from_secs(1)).ok();
+    if json_out {
+        let mut v = serde_json::to_value(&t)?;
+        v["running_version"] = json!(running.as_ref().and_then(|s| s.version.clone()));
+        println!("{}", json!({"update": v}));
+    } else {
+        println!("update {} → {}: {:?} (started {})", t.from, t.to, t.phase, t.started);
+        if let Some(r) = &t.reason {
+            println!("  reason: {r}");
+        }
+        println!("  executable: {}", t.target.display());
+        println!("  last known good: {}", t.previous.display());
+        match running.and_then(|s| s.version) {
+            Some(v) => println!("  running now: {v}"),
+            None => println!("  running now: no gateway answers"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A staged release, verified and ready to swap in.
+struct Staged {
+    path: PathBuf,
+    version: String,
+    sha256: String,
+}
+
+struct Updater<'h> {
+    home: &'h Home,
+    ledger: Ledger,
+    timeout_s: u64,
+    json: bool,
+    t0: Instant,
+    /// The chat that asked (`/update`), told about refusals too.
+    chat: Option<String>,
+}
+
+impl<'h> Updater<'h> {
+    fn new(home: &'h Home, timeout_s: u64, json: bool) -> Updater<'h> {
+        Updater {
+            home,
+            ledger: Ledger::new(home.ledger(), Writer::current()),
+            timeout_s,
+            json,
+            t0: Instant::now(),
+            chat: None,
+        }
+    }
+
+    fn save(&self, t: &Txn) {
+        if let Err(e) = fsio::write_json(&self.home.dir().join(UPDATE_FILE), t) {
+            eprintln!("warning: cannot write {UPDATE_FILE}: {e}");
+        }
+        // Tests kill the updater in a chosen phase: it waits there (bounded) to be killed.
+        if std::env::var(PAUSE_ENV).ok().is_some_and(|p| json!(p) == json!(t.phase)) {
+            std::thread::sleep(Duration::from_secs(30));
+        }
+    }
+
+    /// A refusal before anything changed: exit 1 with the reason.
+    fn refuse(&self, why: &str) -> anyhow::Result<ExitCode> {
+        let _ = self.ledger.append("update_refused", json!({"reason": why}));
+        if self.json {
+            println!("{}", json!({"ok": false, "changed": false, "reason": why}));
+        }
+        eprintln!("update refused: {why}; nothing changed");
+        if let Some(chat) = &self.chat {
+            notify_chat(self.home, chat, &format!("update refused: {why}; still on {VERSION}"));
+        }
+        Ok(ExitCode::from(1))
+    }
+
+    fn install(&self, args: &UpdateArgs) -> anyhow::Result<ExitCode> {
+        let Some(from) = args.from.as_deref() else { bail!("--from is required") };
+        let target = manager::current_exe().context("cannot locate this executable")?;
+        if let Some(why) = package_manager_owner(&target) {
+            return self.refuse(&why);
+        }
+        if let Some(why) = self.runs_elsewhere(&target) {
+            return self.refuse(&why);
+        }
+        let config = gatewarden_agent::Config::load(self.home.dir()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let staged = match self.stage(from, args, config.update.public_key.as_deref()) {
+            Ok(s) => s,
+            Err(why) => return self.refuse(&why),
+        };
+        if staged.version == VERSION {
+            return self.refuse(&format!("the release is version {VERSION}, the version this binary already is"));
+        }
+        println!("staged gatewarden {} ({})", staged.version, staged.path.display());
+        if let Err(why) = preflight(self.home, &staged.path, &target) {
+            return self.refuse(&format!("preflight of {} failed: {why}", staged.version));
+        }
+        println!("preflight passed");
+        let from_sha = match sha256_file(&target) {
+            Ok(h) => h,
+            Err(e) => return self.refuse(&format!("cannot read {}: {e}", target.display())),
+        };
+        let previous = release_path(self.home, VERSION, &from_sha);
+        if let Err(e) = copy_executable(&target, &previous) {
+            return self.refuse(&format!("cannot keep the current binary as last known good: {e}"));
+        }
+        let mut t = Txn {
+            from: VERSION.into(),
+            to: staged.version.clone(),
+            phase: Phase::Swapping,
+            started: timefmt::now(),
+            target: target.clone(),
+            staged: staged.path.clone(),
+            previous,
+            from_sha256: from_sha,
+            to_sha256: staged.sha256.clone(),
+            updater_pid: std::process::id(),
+            chat: args.chat.clone(),
+            reason: None,
+            incarnation: None,
+            finished: None,
+            elapsed_ms: None,
+        };
+        self.save(&t);
+        let _ = self.ledger.append(
+            "update_started",
+            json!({"from": t.from, "to": t.to, "target": t.target, "sha256": t.to_sha256, "chat": t.chat}),
+        );
+        if let Err(e) = swap_in(&staged.path, &target) {
+            return Ok(self.fail_before_restart(&mut t, &format!("cannot swap the executable: {e}")));
+        }
+        t.phase = Phase::Swapped;
+        self.save(&t);
+        println!("swapped {} → {}", t.from, t.to);
+        Ok(self.restart_and_probe(t))
+    }
+
+    /// The swap failed: nothing ran the new binary; put the old one back if needed.
+    fn fail_before_restart(&self, t: &mut Txn, why: &str) -> ExitCode {
+        if sha256_file(&t.target).ok().as_deref() != Some(t.from_sha256.as_str()) {
+            let _ = swap_in(&t.previous, &t.target);
+        }
+        self.finish(t, Phase::Failed, Some(why.to_owned()), None)
+    }
+
+    /// Phases 5–8: restart, probation, then commit or roll back.
+    fn restart_and_probe(&self, mut t: Txn) -> ExitCode {
+        t.phase = Phase::Restarting;
+        self.save(&t);
+        let new = restart_verified(self.home, self.timeout_s);
+        let verdict = new.and_then(|s| self.probation(&t, s));
+        match verdict {
+            Ok(s) => {
+                let msg = format!(
+                    "updated {} → {} (incarnation {}, pid {}) in {:.2}s",
+                    t.from,
+                    t.to,
+                    s.incarnation.clone().unwrap_or_default(),
+                    s.pid.map_or("?".into(), |p| p.to_string()),
+                    self.t0.elapsed().as_secs_f64()
+                );
+                println!("{msg}");
+                self.notify(&t, &msg);
+                self.bless(&t);
+                self.finish(&mut t, Phase::Committed, None, s.incarnation)
+            }
+            Err(why) => self.roll_back(t, &why),
+        }
+    }
+
+    /// The running binary is now the good one; `ExecStopPost=` reverts to it from here on.
+    fn bless(&self, t: &Txn) {
+        if let Err(e) = refresh_good_copy(self.home, &t.target) {
+            eprintln!("warning: cannot refresh the last known good copy: {e}");
+        }
+    }
+
+    /// The new incarnation must be the expected version and stay up for `probation_s`.
+    fn probation(&self, t: &Txn, s: StatusReport) -> Result<StatusReport, String> {
+        if s.version.as_deref() != Some(t.to.as_str()) {
+            return Err(format!(
+                "the new incarnation reports version {}, expected {}",
+                s.version.unwrap_or_else(|| "?".into()),
+                t.to
+            ));
+        }
+        let mut t2 = t.clone();
+        t2.phase = Phase::Probation;
+        t2.incarnation = s.incarnation.clone();
+        self.save(&t2);
+        let probation = gatewarden_agent::Config::load(self.home.dir()).map(|c| c.update.probation_s).unwrap_or(10);
+        println!("{} is ready; probation {probation}s", t.to);
+        let until = Instant::now() + Duration::from_secs(probation);
+        let ep = Endpoint::for_home(self.home.dir());
+        let mut silent_since: Option<Instant> = None;
+        while Instant::now() < until {
+            match status_of(&ep, Duration::from_millis(500)) {
+                Ok(now) if now.incarnation == s.incarnation && now.state.as_deref() == Some("running") => {
+                    silent_since = None
+                }
+                Ok(now) => {
+                    return Err(format!(
+                        "during probation the gateway became incarnation {} in state {}",
+                        now.incarnation.unwrap_or_default(),
+                        now.state.unwrap_or_default()
+                    ));
+                }
+                Err(e) if !super::restart::lock_held(self.home) => {
+                    return Err(format!("the new incarnation exited during probation ({e})"));
+                }
+                Err(e) => {
+                    let since = *silent_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > SILENT_LIMIT {
+                        return Err(format!("the new incarnation stopped answering during probation ({e})"));
+                    }
+                }
+            }
+            std::thread::sleep(POLL);
+        }
+        Ok(s)
+    }
+
+    /// Puts the last known good binary back, restarts, and verifies the old version runs.
+    fn revert(&self, t: &Txn) -> Result<StatusReport, String> {
+        self.kill_unready_candidates();
+        swap_in(&t.previous, &t.target).map_err(|e| format!("cannot swap the old binary back: {e}"))?;
+        let s = restart_verified(self.home, self.timeout_s.max(30))?;
+        match s.version.as_deref() {
+            Some(v) if v == t.from => Ok(s),
+            v => Err(format!("after the swap back the gateway reports version {}", v.unwrap_or("?"))),
+        }
+    }
+
+    /// A candidate that hangs before it takes the lock may still hold the listening socket it
+    /// inherited, and the old version could not bind it: kill what listens on the gateway's
+    /// port without holding a gateway lock, if it started after this updater (so it is one of
+    /// ours, never a bystander that was there before), pinned by its identity.
+    fn kill_unready_candidates(&self) {
+        let Some(me) = gatewarden_lifecycle::ProcessIdentity::current() else { return };
+        let listen = gatewarden_lifecycle::records::read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
+        let Some(port) = listen.and_then(|l| l.parse::<std::net::SocketAddr>().ok()).map(|a| a.port()) else { return };
+        use gatewarden_lifecycle::platform;
+        for l in platform::port_listeners(port) {
+            let Some(start_time) = platform::start_time(l.pid) else { continue };
+            if l.home.is_some() || l.pid == me.pid || start_time < me.start_time {
+                continue;
+            }
+            let id = gatewarden_lifecycle::ProcessIdentity { pid: l.pid, start_time };
+            let sent = platform::signal_verified(&id, platform::Signal::Kill);
+            eprintln!("killing {l}, a new-version process that never became ready: {sent:?}");
+            let _ = self.ledger.append("update_killed_candidate", json!({"pid": l.pid, "program": l.program}));
+        }
+    }
+
+    /// Swap back, restart, verify the old version runs, exit 1 with the reason.
+    fn roll_back(&self, mut t: Txn, why: &str) -> ExitCode {
+        eprintln!("update to {} failed: {why}; rolling back to {}", t.to, t.from);
+        let tail = log_tail(self.home, &t.started, 20);
+        t.phase = Phase::RollingBack;
+        t.reason = Some(why.to_owned());
+        self.save(&t);
+        let detected = Instant::now();
+        let outcome = match self.revert(&t) {
+            Ok(s) => {
+                let msg = format!("update to {} failed: {why}; still on {}", t.to, t.from);
+                eprintln!(
+                    "{msg} (incarnation {}, back in {:.2}s)",
+                    s.incarnation.clone().unwrap_or_default(),
+                    detected.elapsed().as_secs_f64()
+                );
+                self.notify(&t, &msg);
+                self.finish(&mut t, Phase::RolledBack, Some(why.to_owned()), s.incarnation)
+            }
+            Err(e) => {
+                let msg = format!("update to {} failed: {why}; the rollback to {} failed too: {e}", t.to, t.from);
+                eprintln!("{msg}");
+                // The installed binary may be the broken release: recover with the kept one.
+                eprintln!(
+                    "recover with: {} --home {} update --rollback",
+                    t.previous.display(),
+                    self.home.dir().display()
+                );
+                self.notify(&t, &msg);
+                self.finish(&mut t, Phase::Failed, Some(msg.clone()), None)
+            }
+        };
+        if !tail.is_empty() {
+            eprintln!("--- the gateway log since the update started ---\n{tail}");
+        }
+        outcome
+    }
+
+    fn finish(&self, t: &mut Txn, phase: Phase, reason: Option<String>, inc: Option<String>) -> ExitCode {
+        t.phase = phase;
+        t.reason = reason;
+        if inc.is_some() {
+            t.incarnation = inc;
+        }
+        t.finished = Some(timefmt::now());
+        t.elapsed_ms = Some(self.t0.elapsed().as_millis() as u64);
+        self.save(t);
+        let ok = phase == Phase::Committed;
+        let _ = self.ledger.append(
+            "update_result",
+            json!({"ok": ok, "phase": phase, "from": t.from, "to": t.to, "reason": t.reason,
+                   "incarnation": t.incarnation, "elapsed_ms": t.elapsed_ms}),
+        );
+        if self.json {
+            println!("{}", json!({"ok": ok, "update": t}));
+        }
+        if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
+    }
+
+    /// The chat that asked gets exactly one outcome notice (delivered by the gateway).
+    fn notify(&self, t: &Txn, text: &str) {
+        if let Some(chat) = &t.chat {
+            notify_chat(self.home, chat, text);
+        }
+    }
+
+    /// Refuses when the running gateway executes another binary than this one (the swap would
+    /// not reach it).
+    fn runs_elsewhere(&self, target: &Path) -> Option<String> {
+        let rec = gatewarden_lifecycle::records::read_pid_record(&self.home.pid_file()).ok()?;
+        let running = status_of(&Endpoint::for_home(self.home.dir()), Duration::from_secs(1)).ok()?;
+        if running.pid != Some(rec.pid) {
+            return None;
+        }
+        let argv0 = PathBuf::from(rec.argv.first()?);
+        if !argv0.is_absolute() {
+            return None;
+        }
+        let theirs = gatewarden_lifecycle::platform::canonical(&argv0).ok()?;
+        (theirs != target).then(|| {
+            format!(
+                "the running gateway executes {}, not this binary ({}); run `{} update` instead",
+                theirs.display(),
+                target.display(),
+                theirs.display()
+            )
+        })
+    }
+
+    /// Fetches, verifies and stages the release.
+    fn stage(&self, from: &str, args: &UpdateArgs, public_key: Option<&str>) -> Result<Staged, String> {
+        let is_url = from.starts_with("http://") || from.starts_with("https://");
+        // A configured signing key authenticates a URL by itself (chat `/update` has no
+        // per-release hash to give); without one, the hash is required.
+        if is_url && args.sha256.is_none() && public_key.is_none() {
+            return Err("--sha256 is required for a URL (or set [update] public_key)".into());
+        }
+        let bytes = fetch(from)?;
+        let sha = hex(&sha2::Sha256::digest(&bytes));
+        if let Some(want) = &args.sha256
+            && !want.trim().eq_ignore_ascii_case(&sha)
+        {
+            return Err(format!("checksum mismatch: {from} has sha256 {sha}, expected {}", want.trim()));
+        }
+        if let Some(key) = public_key {
+            let sig_src = args.signature.clone().unwrap_or_else(|| format!("{from}.minisig"));
+            verify_signature(key, &bytes, &sig_src)?;
+        }
+        let dir = self.home.dir().join(RELEASES);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let tmp = dir.join(format!(".incoming-{}", std::process::id()));
+        write_executable(&tmp, &bytes).map_err(|e| format!("cannot stage {}: {e}", tmp.display()))?;
+        let version = match release_version(&tmp) {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        let path = release_path(self.home, &version, &sha);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        }
+        std::fs::rename(&tmp, &path).map_err(|e| format!("cannot stage {}: {e}", path.display()))?;
+        Ok(Staged { path, version, sha256: sha })
+    }
+
+    /// `update --rollback`: the last update's previous binary back in place, verified running.
+    fn rollback_by_hand(&self) -> anyhow::Result<ExitCode> {
+        let Some(mut t) = read_txn(self.home) else {
+            eprintln!("no update recorded in {}: nothing to roll back to", self.home.dir().display());
+            return Ok(ExitCode::from(1));
+        };
+        // A failed transaction may have left the new file in place (its rollback failed).
+        if !matches!(t.phase, Phase::Committed | Phase::Failed) {
+            eprintln!("the last update ({} → {}) is {:?}: the binary is already {}", t.from, t.to, t.phase, t.from);
+            return Ok(ExitCode::from(1));
+        }
+        if !t.previous.is_file() {
+            eprintln!("the last known good binary {} is gone", t.previous.display());
+            return Ok(ExitCode::from(1));
+        }
+        println!("rolling back {} → {}", t.to, t.from);
+        t.chat = None;
+        let why = "rolled back by hand (`update --rollback`)".to_owned();
+        match self.revert(&t) {
+            Ok(s) => {
+                println!(
+                    "rolled back {} → {} (incarnation {}) in {:.2}s",
+                    t.to,
+                    t.from,
+                    s.incarnation.clone().unwrap_or_default(),
+                    self.t0.elapsed().as_secs_f64()
+                );
+                self.bless(&t);
+                let _ = self.finish(&mut t, Phase::RolledBack, Some(why), s.incarnation);
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(e) => {
+                eprintln!("the rollback to {} failed: {e}", t.from);
+                Ok(self.finish(&mut t, Phase::Failed, Some(format!("{why}: {e}")), None))
+            }
+        }
+    }
+
+    /// Finishes a transaction whose updater died (module doc): a new incarnation of the new
+    /// version that is running now goes through probation; anything else is reverted.
+    fn resume(&self, mut t: Txn) -> ExitCode {
+        let _ = self.ledger.append("update_resumed", json!({"phase": t.phase, "from": t.from, "to": t.to}));
+        eprintln!("finishing the update {} → {} left {:?} by pid {}", t.from, t.to, t.phase, t.updater_pid);
+        let on_disk = sha256_file(&t.target).ok();
+        if on_disk.as_deref() != Some(t.to_sha256.as_str()) {
+            // Never swapped, or already swapped back: the old binary is in place.
+            let why = format!("the updater died in phase {:?}", t.phase);
+            return self.finish(&mut t, Phase::Failed, Some(why), None);
+        }
+        if t.phase == Phase::RollingBack {
+            // The rollback was decided: carry it out, whatever runs now.
+            let why = t.reason.clone().unwrap_or_else(|| "the updater died while rolling back".into());
+            return self.roll_back(t, &why);
+        }
+        let ep = Endpoint::for_home(self.home.dir());
+        let until = Instant::now() + Duration::from_secs(self.timeout_s);
+        let mut last = None;
+        while Instant::now() < until {
+            match status_of(&ep, Duration::from_millis(500)) {
+                Ok(s) if s.state.as_deref() == Some("running") => {
+                    last = Some(s);
+                    break;
+                }
+                Ok(s) => last = Some(s),
+                Err(_) => {}
+            }
+            std::thread::sleep(POLL);
+        }
+        match last {
+            Some(s) if s.state.as_deref() == Some("running") && s.version.as_deref() == Some(t.to.as_str()) => {
+                match self.probation(&t, s) {
+                    Ok(s) => {
+                        let msg = format!(
+                            "updated {} → {} (incarnation {})",
+                            t.from,
+                            t.to,
+                            s.incarnation.clone().unwrap_or_default()
+                        );
+                        println!("{msg}");
+                        self.notify(&t, &msg);
+                        self.bless(&t);
+                        self.finish(&mut t, Phase::Committed, None, s.incarnation)
+                    }
+                    Err(why) => self.roll_back(t, &why),
+                }
+            }
+            Some(s) if s.state.as_deref() == Some("running") => {
+                // The old version still runs (the restart never happened): revert the file.
+                let why = format!("the updater died in phase {:?} before the new version ran", t.phase);
+                if let Err(e) = swap_in(&t.previous, &t.target) {
+                    let msg = format!("{why}; cannot swap the old binary back: {e}");
+                    return self.finish(&mut t, Phase::Failed, Some(msg), s.incarnation);
+                }
+                self.notify(&t, &format!("update to {} failed: {why}; still on {}", t.to, t.from));
+                self.finish(&mut t, Phase::RolledBack, Some(why), s.incarnation)
+            }
+            _ => self.roll_back(t, "no gateway became ready after the updater died"),
+        }
+    }
+}
+
+/// Leaves one outcome notice for `chat`; the gateway delivers it once (`runtime/src/work.rs`).
+fn notify_chat(home: &Home, chat: &str, text: &str) {
+    let v = json!({"chat_id": chat, "text": text, "at": timefmt::now()});
+    let name = format!("{}{}.json", gatewarden_runtime::work::UPDATE_NOTIFY_PREFIX, std::process::id());
+    if let Err(e) = fsio::write_json(&home.dir().join(name), &v) {
+        eprintln!("warning: cannot leave the chat notice: {e}");
+    }
+}
+
+/// At the start of `run`, before the gateway claims the home: an unfinished transaction
+/// whose updater is dead (its lock is free) is finished here or handed to `update --resume`.
+/// - This binary is the old version and the file on disk is the new one: the restart never
+///   happened, so the swap is reverted at once (file operations only) and this start goes on.
+/// - This binary is the new version: a detached `update --resume` runs the probation beside
+///   this gateway and commits or rolls back.
+pub fn on_gateway_start(home: &Home) {
+    let Some(t) = read_txn(home).filter(|t| !t.phase.is_final()) else { return };
+    let Ok(Some(lock)) = take_update_lock(home, false) else { return };
+    if VERSION == t.from && sha256_file(&t.target).ok().as_deref() == Some(t.to_sha256.as_str()) {
+        let why = format!("the updater died in phase {:?} before the new version ran; reverted at start", t.phase);
+        let mut t = t;
+        if swap_in(&t.previous, &t.target).is_ok() {
+            let u = Updater::new(home, 0, false);
+            u.notify(&t, &format!("update to {} failed: {why}; still on {}", t.to, t.from));
+            let _ = u.finish(&mut t, Phase::RolledBack, Some(why), None);
+        }
+        return;
+    }
+    drop(lock);
+    let Ok(exe) = manager::current_exe() else { return };
+    let mut cmd = Command::new(exe);
+    cmd.arg("--home").arg(home.dir()).args(["update", "--resume"]);
+    cmd.env_remove(gatewarden_runtime::RUN_TAG);
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    gatewarden_runtime::spawn::detach(&mut cmd, None);
+    let _ = cmd.spawn();
+}
+
+/// For `supervise`: its child (running the swapped binary) ended before the update was
+/// blessed: put the old binary back so the next child is the old version. With no updater
+/// alive this finishes the transaction; a live updater sees the old version come back and
+/// finishes its roll back. True when it reverted.
+pub fn revert_after_crash(home: &Home, exit: &str, by: &str) -> bool {
+    let Some(mut t) = read_txn(home).filter(|t| !t.phase.is_final()) else { return false };
+    if sha256_file(&t.target).ok().as_deref() != Some(t.to_sha256.as_str()) || swap_in(&t.previous, &t.target).is_err()
+    {
+        return false;
+    }
+    let why = format!("the new version exited ({exit}) before probation ended; reverted by {by}");
+    let u = Updater::new(home, 0, false);
+    match take_update_lock(home, false) {
+        Ok(Some(_lock)) => {
+            u.notify(&t, &format!("update to {} failed: {why}; still on {}", t.to, t.from));
+            let _ = u.finish(&mut t, Phase::RolledBack, Some(why), None);
+        }
+        _ => {
+            let _ = u.ledger.append("update_reverted", json!({"by": by, "reason": why}));
+        }
+    }
+    true
+}
+
+/// `update --after-exit` under systemd's `ExecStopPost=`: the unit's main process ended; a
+/// planned restart (75) or a clean stop changes nothing, anything else during an unfinished
+/// update reverts it ([`revert_after_crash`]) so the relaunch runs the old binary.
+fn after_exit(home: &Home) -> ExitCode {
+    let result = std::env::var("SERVICE_RESULT").unwrap_or_default();
+    let status = std::env::var("EXIT_STATUS").unwrap_or_default();
+    if status == "75" || (result == "success" && status == "0") {
+        return ExitCode::SUCCESS;
+    }
+    let exit = format!("{result}, exit status {}", if status.is_empty() { "?" } else { &status });
+    if revert_after_crash(home, &exit, "the unit's ExecStopPost") {
+        eprintln!("reverted an unfinished update after the gateway ended ({exit})");
+    }
+    ExitCode::SUCCESS
+}
+
+/// Where the last blessed binary is kept for `ExecStopPost=` (a stable path the unit names).
+pub fn good_copy(home: &Home) -> PathBuf {
+    let name = if cfg!(windows) { "gatewarden.exe" } else { "gatewarden" };
+    home.dir().join(RELEASES).join("good").join(name)
+}
+
+/// Refreshes [`good_copy`] from `exe` (at `service install` and at every blessing).
+pub fn refresh_good_copy(home: &Home, exe: &Path) -> std::io::Result<()> {
+    copy_executable(exe, &good_copy(home))
+}
+
+/// The staged binary's `check` against the live home.
+fn preflight(home: &Home, staged: &Path, target: &Path) -> Result<(), String> {
+    let mut cmd = Command::new(staged);
+    cmd.arg("--home").arg(home.dir()).arg("check").arg("--target").arg(target);
+    let out = run_bounded(cmd, Duration::from_secs(30))?;
+    if out.0 == Some(0) {
+        return Ok(());
+    }
+    let text = format!("{}{}", out.1, out.2);
+    Err(format!("exit {}: {}", out.0.map_or("?".into(), |c| c.to_string()), text.trim()))
+}
+
+/// What the staged binary says its version is (`gatewarden X` from `--version`).
+fn release_version(path: &Path) -> Result<String, String> {
+    let mut cmd = Command::new(path);
+    cmd.arg("--version");
+    let (code, out, err) = run_bounded(cmd, Duration::from_secs(10))
+        .map_err(|e| format!("{} is not an executable gatewarden release: {e}", path.display()))?;
+    parse_version(&out).filter(|_| code == Some(0)).ok_or_else(|| {
+        format!("{} is not a gatewarden release: `--version` printed {:?} {:?}", path.display(), out.trim(), err.trim())
+    })
+}
+
+fn parse_version(out: &str) -> Option<String> {
+    let v = out.trim().strip_prefix("gatewarden ")?.trim();
+    let ok = !v.is_empty() && v.len() <= 64 && v.chars().all(|c| c.is_ascii_alphanumeric() || ".-+_".contains(c));
+    ok.then(|| v.to_owned())
+}
+
+/// Runs `cmd`, killing it after `limit`: (exit code, stdout, stderr).
+fn run_bounded(mut cmd: Command, limit: Duration) -> Result<(Option<i32>, String, String), String> {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+    let mut out = child.stdout.take();
+    let mut err = child.stderr.take();
+    let reader = std::thread::spawn(move || {
+        let mut o = String::new();
+        let mut e = String::new();
+        if let Some(s) = out.as_mut() {
+            let _ = s.take(1 << 20).read_to_string(&mut o);
+        }
+        if let Some(s) = err.as_mut() {
+            let _ = s.take(1 << 20).read_to_string(&mut e);
+        }
+        (o, e)
+    });
+    let until = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("did not finish within {}s", limit.as_secs()));
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    };
+    let (o, e) = reader.join().unwrap_or_default();
+    Ok((status.code(), o, e))
+}
+
+fn fetch(src: &str) -> Result<Vec<u8>, String> {
+    if src.starts_with("http://") || src.starts_with("https://") {
+        let resp = ureq::get(src).call().map_err(|e| format!("cannot download {src}: {e}"))?;
+        let mut body = resp.into_body();
+        return body
+            .with_config()
+            .limit(MAX_RELEASE_BYTES)
+            .read_to_vec()
+            .map_err(|e| format!("cannot download {src}: {e}"));
+    }
+    let meta = std::fs::metadata(src).map_err(|e| format!("cannot read {src}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("{src} is not a file"));
+    }
+    std::fs::read(src).map_err(|e| format!("cannot read {src}: {e}"))
+}
+
+fn verify_signature(public_key: &str, bytes: &[u8], sig_src: &str) -> Result<(), String> {
+    let pk = minisign_verify::PublicKey::from_base64(public_key.trim())
+        .map_err(|e| format!("[update] public_key is not a minisign public key: {e}"))?;
+    let sig_bytes = fetch(sig_src).map_err(|e| format!("a signature is required ([update] public_key is set): {e}"))?;
+    let text = String::from_utf8(sig_bytes).map_err(|_| format!("{sig_src} is not a minisign signature"))?;
+    let sig = minisign_verify::Signature::decode(&text).map_err(|e| format!("{sig_src}: {e}"))?;
+    pk.verify(bytes, &sig, false).map_err(|e| format!("signature check failed ({sig_src}): {e}"))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+fn release_path(home: &Home, version: &str, sha: &str) -> PathBuf {
+    let name = if cfg!(windows) { "gatewarden.exe" } else { "gatewarden" };
+    home.dir().join(RELEASES).join(format!("{version}-{}", &sha[..sha.len().min(12)])).join(name)
+}
+
+fn write_executable(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    super::os::proc::make_executable(path)
+}
+
+/// Copies an executable (keeping it runnable), unless an identical copy is there already.
+fn copy_executable(from: &Path, to: &Path) -> std::io::Result<()> {
+    if to.is_file() && sha256_file(to).ok() == sha256_file(from).ok() {
+        return Ok(());
+    }
+    if let Some(p) = to.parent() {
+        std::fs::create_dir_all(p)?;
+    }
+    let tmp = to.with_extension("partial");
+    std::fs::copy(from, &tmp)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    super::os::proc::make_executable(&tmp)?;
+    std::fs::rename(&tmp, to)
+}
+
+/// Puts a copy of `release` at `target` with one rename in the target's directory. Windows
+/// refuses to replace a running executable but lets it be renamed: it is moved aside first.
+fn swap_in(release: &Path, target: &Path) -> std::io::Result<()> {
+    let dir = target.parent().ok_or_else(|| std::io::Error::other("the executable has no directory"))?;
+    let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.update-{}", std::process::id()));
+    std::fs::copy(release, &tmp)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    super::os::proc::make_executable(&tmp)?;
+    match std::fs::rename(&tmp, target) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            let aside = dir.join(format!(".{name}.old-{}", std::process::id()));
+            std::fs::rename(target, &aside)?;
+            std::fs::rename(&tmp, target)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Refuses binaries a package manager owns (axoupdater's rule): its next upgrade would undo
+/// ours, or fail on the changed file. Returns what to run instead.
+pub fn package_manager_owner(exe: &Path) -> Option<String> {
+    let p = exe.to_string_lossy();
+    let (who, instead) = if p.starts_with("/nix/store/") {
+        ("Nix", "update it through your Nix configuration (nix profile upgrade / nixos-rebuild)")
+    } else if p.starts_with("/opt/homebrew/") || p.contains("/Cellar/") || p.starts_with("/home/linuxbrew/") {
+        ("Homebrew", "brew upgrade gatewarden")
+    } else if p.starts_with("/snap/") {
+        ("snap", "snap refresh gatewarden")
+    } else if ["/usr/bin/", "/usr/sbin/", "/bin/", "/sbin/"].iter().any(|d| p.starts_with(d)) {
+        ("the system package manager", "apt upgrade gatewarden (or dnf/pacman upgrade)")
+    } else {
+        return None;
+    };
+    Some(format!("{} is installed by {who}; update it with: {instead}", exe.display()))
+}
+
+/// The last `n` lines of the gateway's log (background starts write it) written since `since`
+/// (lines start with an RFC 3339 timestamp in the same format, so they compare as text).
+fn log_tail(home: &Home, since: &str, n: usize) -> String {
+    let text = std::fs::read(home.logs_dir().join("gateway.log")).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text.lines().filter(|l| l.get(..since.len()).is_some_and(|t| t >= since)).collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn package_managers_are_named() {
+        assert!(package_manager_owner(Path::new("/usr/bin/gatewarden")).unwrap().contains("apt upgrade"));
+        assert!(package_manager_owner(Path::new("/nix/store/abc-gatewarden/bin/gatewarden")).unwrap().contains("Nix"));
+        assert!(package_manager_owner(Path::new("/opt/homebrew/bin/gatewarden")).unwrap().contains("brew upgrade"));
+        assert!(package_manager_owner(Path::new("/home/a/.local/bin/gatewarden")).is_none());
+        assert!(package_manager_owner(Path::new("/usr/local/bin/gatewarden")).is_none());
+    }
+
+    #[test]
+    fn versions_parse_strictly() {
+        assert_eq!(parse_version("gatewarden 0.2.0-rc1\n").as_deref(), Some("0.2.0-rc1"));
+        assert_eq!(parse_version("gatewarden \n"), None);
+        assert_eq!(parse_version("other 1.0"), None);
+        assert_eq!(parse_version("gatewarden 1.0; rm -rf /"), None);
+    }
+
+    #[test]
+    fn unfinished_phases() {
+        assert!(!Phase::Swapped.is_final());
+        assert!(Phase::RolledBack.is_final());
+        let t: Phase = serde_json::from_value(json!("rolling_back")).unwrap();
+        assert_eq!(t, Phase::RollingBack);
+    }
+}

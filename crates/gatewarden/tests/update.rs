@@ -1,0 +1,694 @@
+//! Issue 9, `gatewarden update`: a verified transaction with rollback (bug class G). Real
+//! processes, unsupervised (the successor route) and under `supervise`; loopback only.
+//!
+//! Each test copies the built binary into its own directory (the update swaps that file) and
+//! makes the candidates there: a real gatewarden build reporting another version (the same
+//! binary with its version string patched, which is what `GATEWARDEN_BUILD_VERSION` stamps at
+//! build time, without a second build), and shell-script candidates for the broken cases.
+//! After every test exactly one gateway runs, with the version the outcome claims.
+#![cfg(target_os = "linux")]
+
+mod common;
+mod work_common;
+use common::*;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use work_common::*;
+
+const UPDATE_LIMIT: Duration = Duration::from_secs(90);
+
+struct Rig {
+    home: TempHome,
+    sw: Sweeper,
+    dir: tempfile::TempDir,
+    /// The installed executable the update swaps.
+    exe: PathBuf,
+    /// A pristine copy of the old version (script candidates delegate to it).
+    pristine: PathBuf,
+    version: String,
+}
+
+fn version_of(bin: &Path) -> String {
+    let out = std::process::Command::new(bin).arg("--version").output().expect("--version");
+    String::from_utf8_lossy(&out.stdout).trim().strip_prefix("gatewarden ").expect("gatewarden X").to_owned()
+}
+
+/// A home with `config`, the binary installed in a private directory, and a gateway running it.
+fn rig(config: &str) -> (Rig, Gateway) {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("bin")).unwrap();
+    std::fs::create_dir(dir.path().join("rel")).unwrap();
+    let exe = dir.path().join("bin/gatewarden");
+    std::fs::copy(bin(), &exe).unwrap();
+    let pristine = dir.path().join("rel/pristine");
+    std::fs::copy(bin(), &pristine).unwrap();
+    let version = version_of(&exe);
+    write_config(home.path(), &format!("[agent]\nbackend = \"echo\"\n{config}"));
+    let mut g = GatewayBuilder::new(&exe, &home).env(TAG_VAR, sw.tag()).spawn();
+    g.wait_ready(READY);
+    (Rig { home, sw, dir, exe, pristine, version }, g)
+}
+
+impl Rig {
+    /// The same build with every occurrence of its version string replaced by `to` (same
+    /// length): a real gatewarden that reports `to` everywhere.
+    fn release(&self, to: &str) -> PathBuf {
+        assert_eq!(to.len(), self.version.len(), "the patched version must keep the length");
+        let bytes = std::fs::read(&self.pristine).unwrap();
+        let (old, new) = (self.version.as_bytes(), to.as_bytes());
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        let mut n = 0;
+        let edge = |b: Option<&u8>| b.is_none_or(|c| !(c.is_ascii_digit() || *c == b'.'));
+        while i < bytes.len() {
+            // Only the end is checked: the linker merges string literals, so the version may
+            // follow another string's last digit ("WATCHDOG=1" + "0.1.0").
+            if bytes[i..].starts_with(old) && edge(bytes.get(i + old.len())) {
+                out.extend_from_slice(new);
+                i += old.len();
+                n += 1;
+            } else {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        assert!(n > 0, "version string not found in the binary");
+        let path = self.dir.path().join(format!("rel/gatewarden-{to}"));
+        std::fs::write(&path, out).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(version_of(&path), to);
+        path
+    }
+
+    /// A shell-script candidate: `--version` says `version`, `check` runs the real check of
+    /// the pristine binary, and `run` does `run_body`.
+    fn script(&self, name: &str, version: &str, run_body: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("rel/{name}"));
+        let text = format!(
+            "#!/bin/sh\ncase \"$*\" in\n  *--version*) echo \"gatewarden {version}\";;\n  *\" check\"*) exec {} \"$@\";;\n  *) {run_body};;\nesac\n",
+            self.pristine.display()
+        );
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    fn update(&self, args: &[&str]) -> CliOutput {
+        let mut all = vec!["update"];
+        all.extend_from_slice(args);
+        cli_with(&self.exe, self.home.path(), &all, &[(TAG_VAR, self.sw.tag())], UPDATE_LIMIT)
+    }
+
+    fn txn(&self) -> Value {
+        self.home.read_json("update.json").unwrap_or(Value::Null)
+    }
+
+    /// Exactly one gateway process runs, it holds the lock, answers `running`, reports
+    /// `version`, and the installed executable is that version.
+    #[track_caller]
+    fn assert_one_gateway(&self, version: &str) {
+        let mut seen = String::new();
+        let ok = wait_until(READY, || {
+            let gateways: Vec<u32> = self
+                .sw
+                .tagged()
+                .into_iter()
+                .filter(|&p| {
+                    let c = sweep::cmdline_of(p);
+                    // Script candidates (`sh …`) are not gateways; the wrong-version one runs
+                    // the pristine copy of the old build.
+                    c.first().is_some_and(|a| !a.ends_with("sh")) && c.iter().any(|a| a == "run")
+                })
+                .collect();
+            let holders = lock_holders(&self.home.lock_file());
+            let st = cli(&self.exe, self.home.path(), &["status", "--json"]);
+            let v = if st.code == Some(0) { st.json() } else { Value::Null };
+            seen = format!("gateways {gateways:?}, lock holders {holders:?}, status {v}");
+            gateways.len() == 1
+                && holders == gateways
+                && v["state"] == json!("running")
+                && v["version"] == json!(version)
+                && v["pid"] == json!(gateways[0])
+        });
+        assert!(ok, "expected exactly one gateway running {version}: {seen}\n{}", self.home.ledger_text());
+        assert_eq!(version_of(&self.exe), version, "the installed executable");
+    }
+}
+
+#[track_caller]
+fn assert_failed_and_back(r: &Rig, out: &CliOutput, what: &str, reason: &str) {
+    assert_cli(out, 1, what);
+    assert!(out.text_lc().contains(reason), "{what}: expected {reason:?} in the output: {out:#?}");
+    let t = r.txn();
+    assert_eq!(t["phase"], json!("rolled_back"), "{what}: {t}");
+    assert!(out.stderr.contains(&format!("still on {}", r.version)), "{what}: {out:#?}");
+    let res = r.home.events("update_result");
+    assert_eq!(res.last().map(|e| e["ok"].clone()), Some(json!(false)), "{}", r.home.ledger_text());
+    r.assert_one_gateway(&r.version);
+}
+
+/// A refusal before anything changed: exit 1, the same gateway still runs, no transaction.
+#[track_caller]
+fn assert_refused_unchanged(r: &Rig, g: &mut Gateway, out: &CliOutput, reason: &str) {
+    assert_cli(out, 1, reason);
+    assert!(out.text_lc().contains(reason), "expected {reason:?}: {out:#?}");
+    assert!(out.text_lc().contains("nothing changed"), "{out:#?}");
+    assert!(g.alive(), "the gateway must not be restarted");
+    assert_eq!(r.txn(), Value::Null, "no transaction is recorded");
+    assert!(r.home.events("update_started").is_empty(), "{}", r.home.ledger_text());
+    r.assert_one_gateway(&r.version);
+}
+
+/// The happy path: stage, preflight, swap, restart, probation, receipt; then `--rollback`.
+#[test]
+fn update_to_a_real_build_then_roll_back_by_hand() {
+    let (r, g) = rig("[update]\nprobation_s = 1\n");
+    let b = r.release("9.9.9");
+    let t0 = Instant::now();
+    let out = r.update(&["--from", b.to_str().unwrap(), "--timeout", "20"]);
+    assert_cli(&out, 0, "update");
+    let took = t0.elapsed();
+    assert!(out.stdout.contains(&format!("updated {} → 9.9.9", r.version)), "{out:#?}");
+    let t = r.txn();
+    assert_eq!(t["phase"], json!("committed"), "{t}");
+    assert_eq!(t["from"], json!(r.version));
+    assert_eq!(t["to"], json!("9.9.9"));
+    assert!(Path::new(t["previous"].as_str().unwrap()).is_file(), "last known good kept: {t}");
+    assert!(
+        Path::new(t["staged"].as_str().unwrap()).starts_with(r.home.path().join("releases")),
+        "staged under <home>/releases: {t}"
+    );
+    r.assert_one_gateway("9.9.9");
+    assert_ne!(current_gateway(r.home.path()).unwrap().0, g.pid(), "a new incarnation runs");
+    let ok = r.home.events("update_result");
+    assert_eq!(ok.len(), 1, "{}", r.home.ledger_text());
+    assert_eq!(ok[0]["ok"], json!(true));
+    // Probation (1 s) is part of it: the update was not declared before it.
+    assert!(took >= Duration::from_secs(1), "{took:?}");
+
+    let st = r.update(&["--status", "--json"]);
+    assert_cli(&st, 0, "update --status");
+    assert_eq!(st.json()["update"]["running_version"], json!("9.9.9"), "{st:#?}");
+
+    let back = r.update(&["--rollback"]);
+    assert_cli(&back, 0, "update --rollback");
+    assert!(back.stdout.contains(&format!("rolled back 9.9.9 → {}", r.version)), "{back:#?}");
+    r.assert_one_gateway(&r.version);
+}
+
+#[test]
+fn candidate_that_exits_1_at_start_is_rolled_back() {
+    let (r, _g) = rig("[update]\nprobation_s = 1\n");
+    let c = r.script("exit1", "9.9.9", "exit 1");
+    // The default --timeout (60 s): a release that cannot start fails fast, not at the deadline.
+    let t0 = Instant::now();
+    let out = r.update(&["--from", c.to_str().unwrap()]);
+    assert_failed_and_back(&r, &out, "exits 1", "no gateway took the lock, not even one started");
+    assert!(t0.elapsed() < Duration::from_secs(15), "the failure took {:?} to be handled", t0.elapsed());
+}
+
+#[test]
+fn candidate_that_exits_78_on_this_config_is_rolled_back() {
+    let (r, _g) = rig("[update]\nprobation_s = 1\n");
+    let c = r.script("exit78", "9.9.9", "echo 'config.toml: unknown key' >&2; exit 78");
+    let out = r.update(&["--from", c.to_str().unwrap(), "--timeout", "4"]);
+    assert_failed_and_back(&r, &out, "exits 78", "restart was not verified");
+}
+
+#[test]
+fn candidate_that_hangs_before_ready_is_rolled_back() {
+    let (r, _g) = rig("[update]\nprobation_s = 1\n");
+    let c = r.script("hang", "9.9.9", "exec sleep 600");
+    let out = r.update(&["--from", c.to_str().unwrap(), "--timeout", "4"]);
+    assert_failed_and_back(&r, &out, "hangs", "restart was not verified");
+}
+
+#[test]
+fn candidate_reporting_the_wrong_version_is_rolled_back() {
+    let (r, _g) = rig("[update]\nprobation_s = 1\n");
+    // Says 9.9.9 but runs the old build.
+    let run = format!("exec {} \"$@\"", r.pristine.display());
+    let c = r.script("liar", "9.9.9", &run);
+    let out = r.update(&["--from", c.to_str().unwrap(), "--timeout", "10"]);
+    assert_failed_and_back(&r, &out, "wrong version", &format!("reports version {}, expected 9.9.9", r.version));
+}
+
+#[test]
+fn candidate_that_crashes_during_probation_is_rolled_back() {
+    let (r, _g) = rig("[update]\nprobation_s = 3\n");
+    let b = r.release("9.9.9");
+    // The real build, killed 1 s after it starts: ready, then gone within the probation.
+    let run = format!("{} \"$@\" & pid=$!; sleep 1.5; kill -9 $pid; exit 1", b.display());
+    let c = r.script("crashy", "9.9.9", &run);
+    let out = r.update(&["--from", c.to_str().unwrap(), "--timeout", "10"]);
+    assert_failed_and_back(&r, &out, "crash in probation", "during probation");
+}
+
+#[test]
+fn checksum_mismatch_changes_nothing() {
+    let (r, mut g) = rig("");
+    let b = r.release("9.9.9");
+    let out = r.update(&["--from", b.to_str().unwrap(), "--sha256", &"0".repeat(64)]);
+    assert_refused_unchanged(&r, &mut g, &out, "checksum mismatch");
+}
+
+#[test]
+fn not_an_executable_changes_nothing() {
+    let (r, mut g) = rig("");
+    let junk = r.dir.path().join("rel/junk");
+    std::fs::write(&junk, b"this is not a program\n").unwrap();
+    let out = r.update(&["--from", junk.to_str().unwrap()]);
+    assert_refused_unchanged(&r, &mut g, &out, "not an executable");
+}
+
+#[test]
+fn failed_preflight_changes_nothing() {
+    let (r, mut g) = rig("");
+    let path = r.dir.path().join("rel/nocheck");
+    std::fs::write(&path, "#!/bin/sh\ncase \"$*\" in *--version*) echo gatewarden 9.9.9;; *) echo 'journal schema 7 is too new' >&2; exit 1;; esac\n").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = r.update(&["--from", path.to_str().unwrap()]);
+    assert_refused_unchanged(&r, &mut g, &out, "preflight");
+    assert!(out.stderr.contains("journal schema 7 is too new"), "{out:#?}");
+}
+
+/// Two updates at once: one runs, the other is refused; never two swaps.
+#[test]
+fn two_updates_at_once_never_swap_twice() {
+    let (r, _g) = rig("[update]\nprobation_s = 2\n");
+    let b = r.release("9.9.9");
+    let c = r.release("8.8.8");
+    let (exe, home, tag) = (r.exe.clone(), r.home.path().to_path_buf(), r.sw.tag().to_owned());
+    let spawn = |from: PathBuf| {
+        let (exe, home, tag) = (exe.clone(), home.clone(), tag.clone());
+        std::thread::spawn(move || {
+            cli_with(
+                &exe,
+                &home,
+                &["update", "--from", from.to_str().unwrap()],
+                &[(TAG_VAR, tag.as_str())],
+                UPDATE_LIMIT,
+            )
+        })
+    };
+    let h1 = spawn(b);
+    let h2 = spawn(c);
+    let (o1, o2) = (h1.join().unwrap(), h2.join().unwrap());
+    let (won, lost) = if o1.code == Some(0) { (o1, o2) } else { (o2, o1) };
+    assert_cli(&won, 0, "the update that ran");
+    assert_cli(&lost, 1, "the concurrent update");
+    assert!(lost.text_lc().contains("another update is in progress"), "{lost:#?}");
+    assert_eq!(r.home.events("update_started").len(), 1, "{}", r.home.ledger_text());
+    let to = r.txn()["to"].as_str().unwrap().to_owned();
+    r.assert_one_gateway(&to);
+}
+
+/// SIGKILL of the updater at each phase: the next start finishes the transaction (completes
+/// or reverts), and exactly one gateway runs the version update.json ends with.
+#[test]
+fn updater_killed_at_each_phase_is_finished_by_the_next_start() {
+    for phase in ["swapping", "swapped", "restarting", "probation"] {
+        let (r, _g) = rig("[update]\nprobation_s = 2\n");
+        let b = r.release("9.9.9");
+        let (exe, home, tag) = (r.exe.clone(), r.home.path().to_path_buf(), r.sw.tag().to_owned());
+        let from = b.to_str().unwrap().to_owned();
+        let h = std::thread::spawn(move || {
+            let env = [(TAG_VAR, tag.as_str()), ("GATEWARDEN_TEST_UPDATE_PAUSE", phase)];
+            cli_with(&exe, &home, &["update", "--from", &from, "--timeout", "20"], &env, UPDATE_LIMIT)
+        });
+        let mut killed = None;
+        must_wait_until(Duration::from_secs(30), &format!("phase {phase}"), || {
+            let t = r.txn();
+            if t["phase"] == json!(phase) {
+                let pid = t["updater_pid"].as_u64().unwrap() as u32;
+                send_signal(pid, sig::SIGKILL).unwrap();
+                killed = Some(pid);
+                return true;
+            }
+            false
+        });
+        let out = h.join().unwrap();
+        assert_ne!(out.code, Some(0), "{phase}: the killed updater cannot report success: {out:#?}");
+        let pid = killed.unwrap();
+        must_wait_until(EXIT, "the updater is gone", || !pid_alive(pid));
+        // The next start: a plain restart.
+        let re =
+            cli_with(&r.exe, r.home.path(), &["restart", "--timeout", "30"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
+        assert_cli(&re, 0, &format!("{phase}: restart after the killed updater"));
+        let mut t = Value::Null;
+        must_wait_until(Duration::from_secs(30), &format!("{phase}: the transaction is finished"), || {
+            t = r.txn();
+            matches!(t["phase"].as_str(), Some("committed" | "rolled_back" | "failed"))
+        });
+        let want = if t["phase"] == json!("committed") { "9.9.9".to_owned() } else { r.version.clone() };
+        // Killed before the swap: nothing changed, the transaction is closed as failed.
+        if phase == "swapping" && t["phase"] == json!("failed") {
+            assert!(t["reason"].as_str().unwrap().contains("updater died"), "{t}");
+        } else {
+            assert_ne!(t["phase"], json!("failed"), "{phase}: {t}\n{}", r.home.ledger_text());
+        }
+        eprintln!("killed in {phase}: finished as {} ({})", t["phase"], t["reason"]);
+        r.assert_one_gateway(&want);
+    }
+}
+
+/// Under `supervise`, a candidate that dies at once is reverted by supervise itself (no
+/// updater alive), so the next child is the old binary.
+#[test]
+fn supervise_reverts_a_candidate_that_dies_at_once() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("gatewarden");
+    std::fs::copy(bin(), &exe).unwrap();
+    let version = version_of(&exe);
+    write_config(home.path(), "[agent]\nbackend = \"echo\"\n");
+    let mut sup = std::process::Command::new(&exe);
+    sup.arg("--home").arg(home.path()).args(["supervise", "--listen", "127.0.0.1:0"]);
+    sup.env(TAG_VAR, sw.tag()).env_remove("GATEWARDEN_SUPERVISOR");
+    sup.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    let mut child = sup.spawn().unwrap();
+    must_wait_until(READY, "supervised gateway running", || {
+        current_gateway(home.path()).is_some_and(|(_, _, s, _)| s == "running")
+    });
+    // An updater that died right after the swap left this behind.
+    let prev = dir.path().join("previous");
+    std::fs::copy(&exe, &prev).unwrap();
+    let bad = "#!/bin/sh\nexit 1\n";
+    let sha = |p: &Path| {
+        let out = std::process::Command::new("sha256sum").arg(p).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().to_owned()
+    };
+    let from_sha = sha(&exe);
+    let tmp = dir.path().join(".swap");
+    std::fs::write(&tmp, bad).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&tmp, &exe).unwrap();
+    let txn = json!({"from": version, "to": "9.9.9", "phase": "restarting", "started": rfc3339_offset(0),
+        "target": exe, "staged": exe, "previous": prev, "from_sha256": from_sha, "to_sha256": sha(&exe),
+        "updater_pid": dead_pid()});
+    home.write("update.json", serde_json::to_vec(&txn).unwrap());
+    // The restart the updater asked for: supervise relaunches the (broken) new binary.
+    let re = cli_with(&prev, home.path(), &["restart", "--timeout", "30"], &[(TAG_VAR, sw.tag())], UPDATE_LIMIT);
+    assert_cli(&re, 0, "restart under supervise");
+    let t = home.read_json("update.json").unwrap();
+    assert_eq!(t["phase"], json!("rolled_back"), "{t}\n{}", home.ledger_text());
+    assert!(t["reason"].as_str().unwrap().contains("reverted by supervise"), "{t}");
+    assert_eq!(version_of(&exe), version);
+    let st = cli(&exe, home.path(), &["status", "--json"]);
+    assert_eq!(st.json()["version"], json!(version), "{st:#?}");
+    let _ = send_signal(child.id(), sig::SIGTERM);
+    let _ = child.wait();
+}
+
+/// The notices `chat` has collected so far, polled until `n` arrived (or the deadline).
+/// Chat `/update` needs an admin who came with the API token (docs/security.md).
+const TOKEN: &str = "t";
+const ADMINS: &str = "api_token = \"t\"\nadmins = [\"u-s\", \"u1\", \"u2\"]\n";
+
+fn notices_until(addr: std::net::SocketAddr, chat: &str, n: usize, timeout: Duration) -> Vec<String> {
+    let mut all = Vec::new();
+    wait_until(timeout, || {
+        if let Ok(mut got) = Api::new(addr).with_token(TOKEN).notices(chat) {
+            all.append(&mut got);
+        }
+        all.len() >= n
+    });
+    all
+}
+
+/// Chat `/update` while another chat's run is active: answered at once, never a run (the
+/// bystander's run is drained, not cut), and exactly one outcome notice for the asking chat.
+#[test]
+fn chat_update_while_another_chat_runs() {
+    let (r, g) = rig("");
+    let b = r.release("9.9.9");
+    write_config(
+        r.home.path(),
+        &format!(
+            "{ADMINS}[agent]\nbackend = \"echo\"\ndelay_ms = 2000\n[update]\nprobation_s = 1\nsource = \"{}\"\n",
+            b.display()
+        ),
+    );
+    // The config is read at start: restart once so the gateway knows the source.
+    let re = cli_with(&r.exe, r.home.path(), &["restart"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
+    assert_cli(&re, 0, "restart to load the config");
+    let addr = g.listen();
+    let api = Api::new(addr).with_token(TOKEN);
+    let bystander = send_bg_as(&api, "B", "bystander text");
+    wait_active_as(&api, 1);
+    let t0 = Instant::now();
+    let resp = api.send("S", "u-s", "/update").unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(1), "/update answered after {:?}", t0.elapsed());
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let v = resp.json().unwrap();
+    assert!(v["reply"].as_str().unwrap().starts_with("updating from"), "{v}");
+    assert_eq!(v["command"], json!(true), "{v}");
+    let (br, _) = bystander.join().unwrap();
+    let br = br.unwrap();
+    assert_eq!(br.status, 200, "the bystander's run is drained, not cut: {}", br.text());
+    assert_eq!(br.json().unwrap()["reply"], json!("bystander text"));
+    must_wait_until(Duration::from_secs(60), "update committed", || r.txn()["phase"] == json!("committed"));
+    let got = notices_until(addr, "S", 1, Duration::from_secs(10));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0].starts_with(&format!("updated {} → 9.9.9 (incarnation ", r.version)), "{got:?}");
+    // Exactly one: nothing more arrives, for this chat or the bystander's.
+    assert!(notices_until(addr, "S", 1, Duration::from_secs(1)).is_empty());
+    assert!(api.notices("B").unwrap().iter().all(|n| !n.contains("updated")));
+    assert!(r.home.events("drained").iter().any(|d| d["runs_at_start"] == json!(1)), "{}", r.home.ledger_text());
+    r.assert_one_gateway("9.9.9");
+}
+
+/// `/update` twice at once: never two swaps, and each chat gets exactly one outcome notice.
+#[test]
+fn chat_update_twice_at_once() {
+    let (r, g) = rig("");
+    let b = r.release("9.9.9");
+    write_config(
+        r.home.path(),
+        &format!("{ADMINS}[agent]\nbackend = \"echo\"\n[update]\nprobation_s = 1\nsource = \"{}\"\n", b.display()),
+    );
+    let re = cli_with(&r.exe, r.home.path(), &["restart"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
+    assert_cli(&re, 0, "restart to load the config");
+    let addr = g.listen();
+    let h1 = std::thread::spawn(move || Api::new(addr).with_token(TOKEN).send("C1", "u1", "/update"));
+    let h2 = std::thread::spawn(move || Api::new(addr).with_token(TOKEN).send("C2", "u2", "/update"));
+    for h in [h1, h2] {
+        let resp = h.join().unwrap().unwrap();
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    }
+    let n1 = notices_until(addr, "C1", 1, Duration::from_secs(60));
+    let n2 = notices_until(addr, "C2", 1, Duration::from_secs(60));
+    assert_eq!((n1.len(), n2.len()), (1, 1), "{n1:?} {n2:?}\n{}", r.home.ledger_text());
+    let updated = n1.iter().chain(&n2).filter(|n| n.starts_with("updated")).count();
+    let refused = n1.iter().chain(&n2).filter(|n| n.starts_with("update refused")).count();
+    assert_eq!((updated, refused), (1, 1), "{n1:?} {n2:?}");
+    assert_eq!(r.home.events("update_started").len(), 1, "{}", r.home.ledger_text());
+    r.assert_one_gateway("9.9.9");
+}
+
+/// Whether a systemd user manager answers; under CI its absence is a failure.
+fn have_user_manager() -> bool {
+    let state = std::process::Command::new("systemctl")
+        .args(["--user", "is-system-running"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    if matches!(state.as_str(), "running" | "degraded") {
+        return true;
+    }
+    let why = format!("no systemd user manager (`systemctl --user is-system-running` says {state:?})");
+    assert!(std::env::var_os("CI").is_none(), "{why}");
+    eprintln!("skipped: {why}");
+    false
+}
+
+/// Removes the unit installed for a home (through the binary that installed it) on drop.
+struct InstalledUnit {
+    exe: PathBuf,
+    home: PathBuf,
+}
+
+impl Drop for InstalledUnit {
+    fn drop(&mut self) {
+        let _ = cli_with(&self.exe, &self.home, &["service", "uninstall"], &[], Duration::from_secs(120));
+    }
+}
+
+/// A home with a systemd user unit installed by a private copy of the binary (so `ExecStart=`
+/// is the path an update swaps), running the old version.
+fn systemd_rig() -> (Rig, InstalledUnit) {
+    let home = TempHome::new();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("bin")).unwrap();
+    std::fs::create_dir(dir.path().join("rel")).unwrap();
+    let exe = dir.path().join("bin/gatewarden");
+    std::fs::copy(bin(), &exe).unwrap();
+    let pristine = dir.path().join("rel/pristine");
+    std::fs::copy(bin(), &pristine).unwrap();
+    let version = version_of(&exe);
+    write_config(home.path(), "listen = \"127.0.0.1:0\"\n[update]\nprobation_s = 1\n");
+    let r = Rig { home, sw: Sweeper::new(), dir, exe: exe.clone(), pristine, version: version.clone() };
+    let install = cli_with(&exe, r.home.path(), &["service", "install", "--restart-sec-ms", "100"], &[], UPDATE_LIMIT);
+    let unit = InstalledUnit { exe: exe.clone(), home: r.home.path().to_path_buf() };
+    assert_cli(&install, 0, "service install");
+    let svc = cli(&exe, r.home.path(), &["service", "status", "--json"]).json();
+    let unit_file = std::fs::read_to_string(svc["path"].as_str().unwrap()).unwrap();
+    assert!(unit_file.contains(&format!("ExecStart={} run", exe.display())), "{unit_file}");
+    assert!(unit_file.contains("ExecStopPost=-"), "{unit_file}");
+    systemd_gateway(&r, &version);
+    (r, unit)
+}
+
+/// One gateway runs `version` as the unit's `MainPID`, and the installed file is that version.
+#[track_caller]
+fn systemd_gateway(r: &Rig, version: &str) {
+    let mut last = Value::Null;
+    let ok = wait_until(READY, || {
+        let st = cli(&r.pristine, r.home.path(), &["status", "--json"]);
+        last = if st.code == Some(0) { st.json() } else { Value::Null };
+        let main = svc_main_pid(&r.pristine, r.home.path());
+        last["state"] == json!("running")
+            && last["version"] == json!(version)
+            && last["supervisor"] == json!("systemd")
+            && main.is_some_and(|m| last["pid"] == json!(m))
+    });
+    assert!(ok, "no {version} gateway running as the unit's MainPID: {last}\n{}", r.home.ledger_text());
+    assert_eq!(version_of(&r.exe), version, "the installed executable");
+}
+
+/// Under a systemd unit whose `ExecStart` is the swapped path: an update reaches the new
+/// version through systemd's own relaunch, and a candidate that dies at start is rolled back
+/// with the old version running under the unit again.
+#[test]
+fn update_under_a_systemd_unit() {
+    if !have_user_manager() {
+        return;
+    }
+    let (r, _unit) = systemd_rig();
+    let b = r.release("9.9.9");
+    let out = r.update(&["--from", b.to_str().unwrap(), "--timeout", "20"]);
+    assert_cli(&out, 0, "update under systemd");
+    assert_eq!(r.txn()["phase"], json!("committed"));
+    systemd_gateway(&r, "9.9.9");
+
+    let back = r.update(&["--rollback"]);
+    assert_cli(&back, 0, "rollback under systemd");
+    systemd_gateway(&r, &r.version);
+
+    let c = r.script("exit1", "8.8.8", "exit 1");
+    let out = r.update(&["--from", c.to_str().unwrap()]);
+    assert_cli(&out, 1, "a candidate that dies at start, under systemd");
+    assert_eq!(r.txn()["phase"], json!("rolled_back"), "{out:#?}");
+    systemd_gateway(&r, &r.version);
+}
+
+/// The updater is SIGKILLed before the restart, and the release cannot run a line of our
+/// code: the unit's `ExecStopPost=` (the last known good copy) reverts the file, so systemd's
+/// relaunch runs the old version again.
+#[test]
+fn systemd_reverts_a_dead_release_when_the_updater_died() {
+    if !have_user_manager() {
+        return;
+    }
+    let (r, _unit) = systemd_rig();
+    let c = r.script("exit1", "8.8.8", "exit 1");
+    let (exe, home) = (r.exe.clone(), r.home.path().to_path_buf());
+    let from = c.to_str().unwrap().to_owned();
+    let h = std::thread::spawn(move || {
+        cli_with(
+            &exe,
+            &home,
+            &["update", "--from", &from],
+            &[("GATEWARDEN_TEST_UPDATE_PAUSE", "restarting")],
+            UPDATE_LIMIT,
+        )
+    });
+    let mut pid = 0;
+    must_wait_until(Duration::from_secs(30), "phase restarting", || {
+        let t = r.txn();
+        pid = t["updater_pid"].as_u64().unwrap_or(0) as u32;
+        t["phase"] == json!("restarting")
+    });
+    send_signal(pid, sig::SIGKILL).unwrap();
+    let _ = h.join();
+    // The restart the updater never did (`restart` of the old binary: the installed file is
+    // the broken release now).
+    let re = cli_with(&r.pristine, r.home.path(), &["restart", "--timeout", "30"], &[], UPDATE_LIMIT);
+    assert_cli(&re, 0, "restart after the updater died");
+    let t = r.txn();
+    assert_eq!(t["phase"], json!("rolled_back"), "{t}\n{}", r.home.ledger_text());
+    assert!(t["reason"].as_str().unwrap().contains("ExecStopPost"), "{t}");
+    systemd_gateway(&r, &r.version);
+}
+
+/// The unit's `MainPID` as `service status --json` reports it.
+fn svc_main_pid(exe: &Path, home: &Path) -> Option<u32> {
+    let v = cli(exe, home, &["service", "status", "--json"]).json();
+    v["main_pid"].as_u64().map(|p| p as u32).filter(|p| *p != 0)
+}
+
+/// With `[update] public_key` set, a release needs a valid minisign signature: a signed one
+/// gets past the check (and here fails its preflight, by design of the fixture), a tampered or
+/// unsigned one is refused; nothing changes in any case. Fixture: `fixtures/update/`.
+#[test]
+fn signatures_are_required_when_a_key_is_configured() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/update");
+    let key = std::fs::read_to_string(fixtures.join("key.pub")).unwrap();
+    let (r, mut g) = rig(&format!("[update]\npublic_key = \"{}\"\n", key.trim()));
+    let rel = r.dir.path().join("rel");
+    for f in ["release.sh", "release.sh.minisig"] {
+        std::fs::copy(fixtures.join(f), rel.join(f)).unwrap();
+    }
+    let signed = rel.join("release.sh");
+    let out = r.update(&["--from", signed.to_str().unwrap()]);
+    assert_refused_unchanged(&r, &mut g, &out, "preflight");
+    assert!(out.stderr.contains("signed test release"), "the signature was accepted: {out:#?}");
+
+    let tampered = rel.join("tampered.sh");
+    let mut bytes = std::fs::read(&signed).unwrap();
+    bytes.extend_from_slice(b"# one more line\n");
+    std::fs::write(&tampered, bytes).unwrap();
+    let sig = rel.join("release.sh.minisig");
+    let out = r.update(&["--from", tampered.to_str().unwrap(), "--signature", sig.to_str().unwrap()]);
+    assert_refused_unchanged(&r, &mut g, &out, "signature check failed");
+
+    let unsigned = r.release("9.9.9");
+    let out = r.update(&["--from", unsigned.to_str().unwrap()]);
+    assert_refused_unchanged(&r, &mut g, &out, "a signature is required");
+}
+
+/// SIGKILL while rolling back (here from a release that reports the wrong version): the next
+/// start carries the decided rollback out, and the old version runs from the old file.
+#[test]
+fn updater_killed_while_rolling_back_is_finished_by_the_next_start() {
+    let (r, _g) = rig("[update]\nprobation_s = 1\n");
+    let run = format!("exec {} \"$@\"", r.pristine.display());
+    let c = r.script("liar", "9.9.9", &run);
+    let (exe, home, tag) = (r.exe.clone(), r.home.path().to_path_buf(), r.sw.tag().to_owned());
+    let from = c.to_str().unwrap().to_owned();
+    let h = std::thread::spawn(move || {
+        let env = [(TAG_VAR, tag.as_str()), ("GATEWARDEN_TEST_UPDATE_PAUSE", "rolling_back")];
+        cli_with(&exe, &home, &["update", "--from", &from, "--timeout", "20"], &env, UPDATE_LIMIT)
+    });
+    let mut pid = 0;
+    must_wait_until(Duration::from_secs(30), "phase rolling_back", || {
+        let t = r.txn();
+        pid = t["updater_pid"].as_u64().unwrap_or(0) as u32;
+        t["phase"] == json!("rolling_back")
+    });
+    send_signal(pid, sig::SIGKILL).unwrap();
+    let _ = h.join();
+    let re =
+        cli_with(&r.pristine, r.home.path(), &["restart", "--timeout", "30"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
+    assert_cli(&re, 0, "restart after the updater died");
+    let mut t = Value::Null;
+    must_wait_until(Duration::from_secs(30), "the transaction is finished", || {
+        t = r.txn();
+        t["phase"] == json!("rolled_back")
+    });
+    r.assert_one_gateway(&r.version);
+}
