@@ -294,13 +294,15 @@ fn status_start_restart_stop_through_the_binary() {
     assert_eq!(lab.cli(&["start", "--listen", "127.0.0.1:0"]).code, Some(1));
 }
 
-/// `supervise` through the CLI: a real exit 75 (SIGUSR1 to hermes) is respawned at once;
+/// `supervise` through the CLI: a real exit 75 (SIGUSR1 to hermes) is respawned at once, and
+/// planned restarts never trip the crash-loop brake;
 /// `restart` proves the supervisor and takes the SIGUSR1 path; SIGTERM to supervise is a
 /// planned stop (hermes exits 0, records `stopped`; supervise exits 0).
 #[test]
 fn supervise_respawns_a_real_exit_75_and_stops_planned() {
     let Some(lab) = Lab::new() else { return };
-    let mut cmd = lab.command(&["supervise", "--hermes"]);
+    // A brake of one restart: planned restarts (75) must not count, or the second parks.
+    let mut cmd = lab.command(&["supervise", "--brake-restarts", "1", "--hermes"]);
     cmd.arg(&lab.hermes);
     {
         use std::os::unix::process::CommandExt;
