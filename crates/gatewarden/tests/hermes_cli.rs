@@ -54,6 +54,8 @@ const SCRUB: &[&str] = &[
     "GATEWARDEN_HERMES_HOME",
     "GATEWARDEN_HOME",
     "GATEWARDEN_SUPERVISOR",
+    // Unit directories follow the lab's HOME unless a test points at the real manager's.
+    "XDG_CONFIG_HOME",
 ];
 
 struct Lab {
@@ -401,6 +403,22 @@ fn service_install_refuses_beside_an_enabled_hermes_unit() {
 
 // ---- the unit under the real systemd user manager ----
 
+/// The manager's environment is not the lab's: a drop-in makes a unit's hermes hermetic.
+fn hermetic_dropin(lab: &Lab, unit: &str) {
+    let dropin = real_config_dir().join(format!("systemd/user/{unit}.d"));
+    std::fs::create_dir_all(&dropin).unwrap();
+    let d = lab.dir.path();
+    std::fs::write(
+        dropin.join("hermetic.conf"),
+        format!(
+            "[Service]\nEnvironment=\"HOME={}\" \"XDG_STATE_HOME={}\" TIRITH_ENABLED=false\n",
+            d.join("user").display(),
+            d.join("xdg").display()
+        ),
+    )
+    .unwrap();
+}
+
 fn have_user_manager() -> bool {
     let state = Command::new("systemctl")
         .args(["--user", "is-system-running"])
@@ -428,10 +446,12 @@ fn real_config_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".config"))
 }
 
-/// Our unit for the lab's home, removed (stopped, disabled, deleted) on drop.
+/// Our unit for the lab's home, removed (stopped, disabled, deleted) on drop; `hermes_unit`
+/// is a hermes-generated unit for the same home, removed too.
 struct Unit<'a> {
     lab: &'a Lab,
     name: String,
+    hermes_unit: Option<String>,
 }
 
 impl Unit<'_> {
@@ -450,10 +470,13 @@ impl Unit<'_> {
 impl Drop for Unit<'_> {
     fn drop(&mut self) {
         let _ = self.cli(&["service", "uninstall"]);
-        let _ = systemctl(&["stop", &self.name]);
         let dir = real_config_dir().join("systemd/user");
-        let _ = std::fs::remove_file(dir.join(&self.name));
-        let _ = std::fs::remove_dir_all(dir.join(format!("{}.d", self.name)));
+        for name in std::iter::once(&self.name).chain(self.hermes_unit.as_ref()) {
+            let _ = systemctl(&["disable", "--now", name]);
+            let _ = std::fs::remove_file(dir.join(name));
+            let _ = std::fs::remove_dir_all(dir.join(format!("{name}.d")));
+            let _ = systemctl(&["reset-failed", name]);
+        }
         let _ = systemctl(&["daemon-reload"]);
         let _ = systemctl(&["reset-failed", &self.name]);
     }
@@ -470,20 +493,8 @@ fn unit_under_the_real_user_manager() {
         return;
     }
     let name = lab.cli(&["service", "status", "--json"]).json()["unit"].as_str().expect("unit name").to_owned();
-    let unit = Unit { lab: &lab, name };
-    // The manager's environment is not the lab's: a drop-in makes the unit's hermes hermetic.
-    let dropin = real_config_dir().join(format!("systemd/user/{}.d", unit.name));
-    std::fs::create_dir_all(&dropin).unwrap();
-    let d = lab.dir.path();
-    std::fs::write(
-        dropin.join("hermetic.conf"),
-        format!(
-            "[Service]\nEnvironment=\"HOME={}\" \"XDG_STATE_HOME={}\" TIRITH_ENABLED=false\n",
-            d.join("user").display(),
-            d.join("xdg").display()
-        ),
-    )
-    .unwrap();
+    let unit = Unit { lab: &lab, name, hermes_unit: None };
+    hermetic_dropin(&lab, &unit.name);
     let hermes = lab.hermes.to_string_lossy().into_owned();
     let t = Instant::now();
     let out = unit.cli(&["service", "install", "--hermes", &hermes]);
@@ -518,5 +529,66 @@ fn unit_under_the_real_user_manager() {
     assert_eq!(unit.show("ActiveState"), "inactive");
     assert_eq!(lab.hermes_state()["gateway_state"], "stopped");
     assert_eq!(lab.status().0, Some(3));
+    lab.assert_hermes_files_kept();
+}
+
+/// hermes's own generated unit (`generate_systemd_unit()` of the real package) runs the home:
+/// `service install` refuses; `--adopt` disables it, stops its gateway the planned way, stops
+/// the unit before its `RestartSec=5` revives it, and installs ours, which then owns hermes.
+#[test]
+fn adopt_takes_over_from_hermes_own_unit() {
+    let Some(lab) = Lab::new() else { return };
+    if !have_user_manager() {
+        return;
+    }
+    let name = lab.cli(&["service", "status", "--json"]).json()["unit"].as_str().expect("unit name").to_owned();
+    let theirs = format!("hermes-gateway-gwtest-{}.service", std::process::id());
+    let unit = Unit { lab: &lab, name, hermes_unit: Some(theirs.clone()) };
+    let python = lab.hermes.with_file_name("python");
+    let generated = Command::new(&python)
+        .args(["-c", "from hermes_cli.gateway import generate_systemd_unit; print(generate_systemd_unit())"])
+        .env("HERMES_HOME", &lab.home)
+        .env("HOME", lab.user_home())
+        .env("TIRITH_ENABLED", "false")
+        .output()
+        .expect("run the venv's python");
+    let text = String::from_utf8_lossy(&generated.stdout).into_owned();
+    assert!(text.contains("RestartSec=5") && text.contains("HERMES_HOME="), "{text}");
+    let dir = real_config_dir().join("systemd/user");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(&theirs), text).unwrap();
+    hermetic_dropin(&lab, &theirs);
+    assert!(systemctl(&["daemon-reload"]).status.success());
+    let o = systemctl(&["enable", "--now", &theirs]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let label = format!("systemd:{theirs}");
+    must(Duration::from_secs(30), "hermes running under its own unit", || {
+        let (code, v) = lab.status();
+        code == Some(0) && v["phase"] == "running" && v["supervisor"] == label.as_str()
+    });
+    let old = pid_of(&lab.status().1);
+
+    let hermes = lab.hermes.to_string_lossy().into_owned();
+    let refused = unit.cli(&["service", "install", "--hermes", &hermes]);
+    assert_eq!(refused.code, Some(1), "{}\n{}", refused.stdout, refused.stderr);
+    assert!(refused.stderr.contains(&theirs) && refused.stderr.contains("--adopt"), "{}", refused.stderr);
+    assert!(!dir.join(&unit.name).exists(), "nothing installed on refusal");
+    assert_eq!(pid_of(&lab.status().1), old, "the refusal left hermes alone");
+
+    let out = unit.cli(&["service", "install", "--adopt", "--hermes", &hermes]);
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("ready under"), "{}", out.stdout);
+    let show = |u: &str, p: &str| {
+        String::from_utf8_lossy(&systemctl(&["show", "-p", p, "--value", u]).stdout).trim().to_owned()
+    };
+    // hermes's unit: disabled, stopped, and no restart pending (SubState would be auto-restart).
+    assert_eq!(String::from_utf8_lossy(&systemctl(&["is-enabled", &theirs]).stdout).trim(), "disabled");
+    assert_eq!((show(&theirs, "ActiveState"), show(&theirs, "SubState")), ("inactive".into(), "dead".into()));
+    assert_eq!(show(&unit.name, "ActiveState"), "active");
+    let (code, v) = lab.status();
+    assert_eq!(code, Some(0), "{v}");
+    assert_ne!(pid_of(&v), old);
+    assert_eq!(v["supervisor"], format!("gatewarden:{}", show(&unit.name, "MainPID")), "{v}");
+    assert!(lab.ledger().iter().any(|e| e["event"] == "service.adopt" && e["hermes_unit"] == theirs.as_str()));
     lab.assert_hermes_files_kept();
 }

@@ -4,7 +4,6 @@
 //! action). hermes's own files are never deleted or rewritten here; our records live in
 //! `<home>/gatewarden/` (docs/architecture.md "hermes homes").
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -335,23 +334,22 @@ fn service_scope(s: unit::Scope) -> Scope {
     }
 }
 
-/// `$XDG_CONFIG_HOME`, else `~/.config`: where the user manager reads units.
-fn user_config_dir() -> String {
-    let set = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(OsString::into_string);
-    match (set("XDG_CONFIG_HOME"), set("HOME")) {
-        (Some(Ok(x)), _) if x.starts_with('/') => x,
-        (_, Some(Ok(h))) => format!("{h}/.config"),
-        _ => "/root/.config".into(),
+fn unit_path(home: &HermesHome, scope: unit::Scope) -> anyhow::Result<PathBuf> {
+    let name = unit::unit_name(home);
+    match scope {
+        unit::Scope::User => unit::user_unit_dir()
+            .map(|d| d.join(&name))
+            .context("neither XDG_CONFIG_HOME nor HOME is set: no user unit directory"),
+        unit::Scope::System => Ok(PathBuf::from(systemd::unit_path(Scope::System, "", &name))),
     }
-}
-
-fn unit_path(home: &HermesHome, scope: unit::Scope) -> PathBuf {
-    PathBuf::from(systemd::unit_path(service_scope(scope), &user_config_dir(), &unit::unit_name(home)))
 }
 
 /// Our installed unit for `home`: the user's first, then the system's.
 fn installed_unit(home: &HermesHome) -> Option<(PathBuf, unit::Scope)> {
-    [unit::Scope::User, unit::Scope::System].into_iter().map(|s| (unit_path(home, s), s)).find(|(p, _)| p.exists())
+    [unit::Scope::User, unit::Scope::System]
+        .into_iter()
+        .filter_map(|s| unit_path(home, s).ok().map(|p| (p, s)))
+        .find(|(p, _)| p.exists())
 }
 
 fn unit_options(home: &HermesHome, scope: unit::Scope, hermes: Option<PathBuf>) -> anyhow::Result<UnitOptions> {
@@ -434,7 +432,7 @@ fn service_install(
     for u in &enabled {
         adopt_from(home, u)?;
     }
-    let path = unit_path(home, uscope);
+    let path = unit_path(home, uscope)?;
     write_unit(&path, &unit::render(&opts), uscope)?;
     let name = unit::unit_name(home);
     let r = runner();
@@ -490,7 +488,7 @@ fn adopt_from(home: &HermesHome, u: &unit::HermesUnit) -> anyhow::Result<()> {
 
 fn service_uninstall(home: &HermesHome, system: bool) -> anyhow::Result<ExitCode> {
     let found = if system {
-        Some((unit_path(home, unit::Scope::System), unit::Scope::System)).filter(|(p, _)| p.exists())
+        Some((unit_path(home, unit::Scope::System)?, unit::Scope::System)).filter(|(p, _)| p.exists())
     } else {
         installed_unit(home)
     };
