@@ -116,6 +116,15 @@ fn stop_options(timeout_s: u64, no_kill: bool) -> StopOptions {
 }
 
 fn stop(home: &HermesHome, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCode> {
+    // hermes's own unit (Restart=always) revives any exit 5 s later; say how to stop it for good.
+    if let Some(u) = hstatus::status(home).supervisor.as_deref().and_then(|s| s.strip_prefix("systemd:"))
+        && u.starts_with("hermes-gateway")
+    {
+        eprintln!("note: hermes's own unit {u} runs this gateway and restarts it 5 s after any exit;");
+        eprintln!(
+            "      to keep it down: systemctl [--user] stop {u} (or adopt it: gatewarden service install --adopt)"
+        );
+    }
     match stop::stop(home, &stop_options(timeout_s, no_kill)) {
         Ok(StopOutcome::NotRunning) => {
             println!("no hermes gateway running in {}", home.display());
