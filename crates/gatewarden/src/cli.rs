@@ -12,6 +12,11 @@ pub struct Cli {
     #[arg(long, global = true, env = "GATEWARDEN_HOME", value_name = "DIR")]
     pub home: Option<PathBuf>,
 
+    /// Manage the hermes-agent gateway whose home ($HERMES_HOME) is DIR, with the same verbs
+    /// [env: GATEWARDEN_HERMES_HOME=]
+    #[arg(long, global = true, value_name = "DIR")]
+    pub hermes_home: Option<PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }

@@ -4,7 +4,7 @@
 //!
 //! | child exit | facts after the exit | action |
 //! |---|---|---|
-//! | 75 | — | restart at once (brake applies) |
+//! | 75 | — | restart at once; a planned restart is not counted by the brake (see [`counts_for_brake`]) |
 //! | 0 | we asked it to stop, or its state says `stopped` | stay down |
 //! | 0 | state `startup_failed` | park, with hermes's `exit_reason` |
 //! | 0 | anything else (SIGTERM during start-up, hermes #103191) | unplanned: restart with backoff |
@@ -85,6 +85,9 @@ pub fn facts_after_exit(home: &HermesHome, child: ProcessIdentity, exit: ChildEx
 /// The decision for an exit at `now` (monotonic, see [`RestartHistory`]).
 pub fn decide(f: &ExitFacts, policy: &SupervisePolicy, history: &RestartHistory, now: Duration) -> HermesAction {
     match f.exit {
+        // Someone asked for it (SIGUSR1, chat /restart, `gatewarden restart`): never parked,
+        // or the sixth `restart` within a minute would leave the gateway down.
+        ChildExit::Code(PLANNED_RESTART) => HermesAction::RestartNow,
         ChildExit::Code(0) => {
             if f.stop_requested || f.state.as_deref() == Some("stopped") {
                 return HermesAction::StayDown;
@@ -112,6 +115,15 @@ pub fn decide(f: &ExitFacts, policy: &SupervisePolicy, history: &RestartHistory,
         exit => crash(policy, history, now, exit),
     }
 }
+
+/// Whether a restart after `exit` goes into the brake's history: crashes do, planned
+/// restarts (75) do not.
+pub fn counts_for_brake(exit: ChildExit) -> bool {
+    exit != ChildExit::Code(PLANNED_RESTART)
+}
+
+/// hermes's (and gatewarden's) planned-restart exit code.
+const PLANNED_RESTART: i32 = gatewarden_service::exit_code::PLANNED_RESTART;
 
 fn crash(policy: &SupervisePolicy, history: &RestartHistory, now: Duration, exit: ChildExit) -> HermesAction {
     match policy.decide(exit, history, now) {
@@ -198,5 +210,17 @@ mod tests {
         }
         assert!(matches!(actions.last(), Some(HermesAction::Park { kind: ParkKind::CrashLoop, .. })), "{actions:?}");
         assert_eq!(actions.len(), 6);
+    }
+
+    #[test]
+    fn planned_restarts_never_trip_the_brake() {
+        let p = SupervisePolicy::default();
+        let mut h = RestartHistory::new(Duration::ZERO);
+        // A full brake window of crashes, then a planned restart: still at once.
+        for i in 0..5 {
+            h.record_restart(&p, ChildExit::Code(1), Duration::from_millis(10 * i));
+        }
+        assert_eq!(decide(&facts(ChildExit::Code(75)), &p, &h, Duration::from_millis(60)), HermesAction::RestartNow);
+        assert!(!counts_for_brake(ChildExit::Code(75)) && counts_for_brake(ChildExit::Code(1)));
     }
 }

@@ -101,7 +101,11 @@ impl Supervise {
                     }
                 }
             }
-            history.record_restart(&self.policy, exit, epoch.elapsed());
+            if policy::counts_for_brake(exit) {
+                history.record_restart(&self.policy, exit, epoch.elapsed());
+            } else {
+                history.child_started_at = epoch.elapsed();
+            }
         }
     }
 

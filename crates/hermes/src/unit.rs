@@ -31,8 +31,8 @@ pub struct HermesUnit {
 pub fn find_hermes_units(home: &HermesHome) -> Vec<HermesUnit> {
     let user_home = std::env::var_os("HOME").filter(|h| !h.is_empty()).map(PathBuf::from);
     let mut dirs = Vec::new();
-    if let Some(h) = &user_home {
-        dirs.push((h.join(".config/systemd/user"), Scope::User));
+    if let Some(d) = user_unit_dir() {
+        dirs.push((d, Scope::User));
     }
     dirs.push((PathBuf::from("/etc/systemd/system"), Scope::System));
     find_hermes_units_in(home, &dirs, user_home.map(|h| h.join(".hermes")).as_deref())
@@ -82,11 +82,20 @@ fn is_enabled(dir: &Path, name: &str) -> bool {
     entries.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".wants") && e.path().join(name).exists())
 }
 
+/// Where the user manager reads units: `$XDG_CONFIG_HOME/systemd/user`, else
+/// `~/.config/systemd/user`.
+pub fn user_unit_dir() -> Option<PathBuf> {
+    let set = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    set("XDG_CONFIG_HOME")
+        .filter(|p| p.is_absolute())
+        .or_else(|| set("HOME").map(|h| h.join(".config")))
+        .map(|c| c.join("systemd/user"))
+}
+
 /// Our unit file for `home`, if installed (user or system scope).
 pub fn find_our_unit(home: &HermesHome) -> Option<PathBuf> {
     let name = unit_name(home);
-    let user =
-        std::env::var_os("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".config/systemd/user"));
+    let user = user_unit_dir();
     user.into_iter().chain([PathBuf::from("/etc/systemd/system")]).map(|d| d.join(&name)).find(|p| p.exists())
 }
 

@@ -2,6 +2,7 @@
 
 mod check;
 pub mod doctor;
+mod hermes;
 mod history;
 mod logs;
 mod manager;
@@ -26,6 +27,11 @@ use gatewarden_lifecycle::Home;
 use crate::cli::{Cli, Command};
 
 pub fn dispatch(cli: Cli, started_at: SystemTime, started: Instant) -> anyhow::Result<ExitCode> {
+    // A hermes-agent home: flag, env, or a `--home` whose records say hermes (cmd/hermes.rs).
+    let env = |k: &str| std::env::var_os(k);
+    if let Some((h, by)) = gatewarden_hermes::home::select(cli.hermes_home.as_deref(), cli.home.as_deref(), env) {
+        return hermes::dispatch(h, by, cli.command);
+    }
     let home = Home::resolve(cli.home)?;
     match cli.command {
         Command::Run(args) => Ok(run::run(home, args, started_at, started)),

@@ -50,6 +50,12 @@ pub struct InstallArgs {
     /// Install and enable, but do not start now
     #[arg(long)]
     pub no_start: bool,
+    /// hermes homes: disable hermes's own enabled unit for the home (after a planned stop) and install ours
+    #[arg(long)]
+    pub adopt: bool,
+    /// hermes homes: the hermes executable the unit runs [default: $GATEWARDEN_HERMES, else `hermes` on PATH]
+    #[arg(long, value_name = "CMD")]
+    pub hermes: Option<std::path::PathBuf>,
     /// Internal (tests): systemd RestartSec in milliseconds
     #[arg(long, hide = true, value_name = "MS")]
     pub restart_sec_ms: Option<u64>,

@@ -38,6 +38,9 @@ pub struct SuperviseArgs {
     /// Seconds a stop waits for active runs, passed to the gateway (overrides config.toml)
     #[arg(long, value_name = "SECS")]
     pub drain_timeout: Option<u64>,
+    /// hermes homes: the hermes executable to run [default: $GATEWARDEN_HERMES, else `hermes` on PATH]
+    #[arg(long, value_name = "CMD")]
+    pub hermes: Option<std::path::PathBuf>,
     /// Internal: run as a Windows SCM service (the service definition passes it)
     #[arg(long, hide = true)]
     pub scm: bool,
