@@ -13,8 +13,8 @@
 //! | 78 fatal configuration | [`Action::Park`]: record why, exit 0 (no respawn loop) |
 //!
 //! Backoff starts at 100 ms and doubles per consecutive crash up to 30 s; a child that ran
-//! healthy for 60 s resets it. The crash-loop brake parks after 5 restarts within 60 s (of
-//! any kind: a gateway that exits 75 at every start also spins), with a reason `status` can
+//! healthy for 60 s resets it. The crash-loop brake parks after 5 restarts within 60 s (crashes;
+//! planned restarts are asked for and never count, as systemd's start limit is reset for them), with a reason `status` can
 //! show (hermes #56519: surface the brake, do not spin at 100% CPU for days, #64432).
 //!
 //! Time is a monotonic [`Duration`] since an arbitrary epoch (the supervisor's start), so the
@@ -129,7 +129,9 @@ impl RestartHistory {
         } else if uptime >= policy.healthy_uptime {
             self.consecutive_crashes = 0;
         }
-        self.restarts.push_back(now);
+        if exit != ChildExit::Code(exit_code::PLANNED_RESTART) {
+            self.restarts.push_back(now);
+        }
         prune(&mut self.restarts, policy.brake_window, now);
         self.child_started_at = now;
     }
@@ -180,6 +182,11 @@ impl SupervisePolicy {
             }
             _ => {}
         }
+        // A planned restart is asked for, not a crash: it never trips the crash-loop brake (as
+        // `gatewarden restart` resets systemd's start limit for the same reason).
+        if exit == ChildExit::Code(exit_code::PLANNED_RESTART) {
+            return Action::RestartNow;
+        }
         let recent = history.restarts_within(self.brake_window, now);
         if recent >= self.brake_max_restarts {
             return Action::Park {
@@ -189,9 +196,6 @@ impl SupervisePolicy {
                     self.brake_window.as_secs()
                 ),
             };
-        }
-        if exit == ChildExit::Code(exit_code::PLANNED_RESTART) {
-            return Action::RestartNow;
         }
         let uptime = now.saturating_sub(history.child_started_at);
         let crashes = if uptime >= self.healthy_uptime { 1 } else { history.consecutive_crashes.saturating_add(1) };
@@ -214,6 +218,29 @@ mod tests {
     }
     const fn ms(v: u64) -> Duration {
         Duration::from_millis(v)
+    }
+
+    #[test]
+    fn planned_restarts_never_trip_the_brake() {
+        let p = SupervisePolicy::default();
+        let mut h = RestartHistory::new(s(0));
+        for i in 0..20 {
+            let now = s(1) + ms(100 * i);
+            assert_eq!(p.decide(ChildExit::Code(75), &h, now), Action::RestartNow, "planned restart #{i}");
+            h.record_restart(&p, ChildExit::Code(75), now);
+        }
+        assert_eq!(h.restarts_within(p.brake_window, s(3)), 0);
+        // Real crashes still do.
+        let mut parked = false;
+        for i in 0..20 {
+            let now = s(4) + ms(100 * i);
+            if matches!(p.decide(ChildExit::Code(1), &h, now), Action::Park { .. }) {
+                parked = true;
+                break;
+            }
+            h.record_restart(&p, ChildExit::Code(1), now);
+        }
+        assert!(parked, "a crash loop must still park");
     }
 
     #[test]
@@ -277,8 +304,8 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        // Planned restarts count too, but a stop is still a stop.
-        assert!(matches!(p.decide(ChildExit::Code(75), &h, now), Action::Park { .. }));
+        // A planned restart is not a crash, even inside a crash loop; a stop is still a stop.
+        assert_eq!(p.decide(ChildExit::Code(75), &h, now), Action::RestartNow);
         assert_eq!(p.decide(ChildExit::Code(0), &h, now), Action::StayDown);
         // Once the window has passed, restarts are allowed again.
         assert!(matches!(p.decide(ChildExit::Code(1), &h, now + s(61)), Action::Restart { .. }));
