@@ -23,6 +23,14 @@ mod openai;
 pub mod resources;
 pub mod serve;
 
+/// The request-body types and their pure helpers, for the fuzz targets (fuzz/fuzz_targets);
+/// not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::messages::MessageIn;
+    pub use super::openai::{ChatMessage, CompletionIn, text_of};
+}
+
 pub fn router(gw: Arc<Gateway>) -> Router {
     let api = Router::new()
         .route("/v1/status", get(status))

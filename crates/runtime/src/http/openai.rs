@@ -38,7 +38,7 @@ pub struct ChatMessage {
 }
 
 /// `content` is a string or a list of parts (`{"type":"text","text":…}`); only text counts.
-fn text_of(content: &Value) -> String {
+pub fn text_of(content: &Value) -> String {
     match content {
         Value::String(s) => s.clone(),
         Value::Array(parts) => {
