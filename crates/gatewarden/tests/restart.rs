@@ -426,10 +426,15 @@ fn h1_orchestrator_survives_sigkill_of_the_old_gateways_group() {
 fn concurrent_restarts_coalesce_into_one_new_incarnation() {
     let home = TempHome::new();
     let sw = Sweeper::new();
-    let mut g = gateway(&home, &sw, "[agent]\nbackend = \"echo\"\n");
+    // A 3 s run keeps the first restart's drain open, so the second request surely arrives
+    // while it is in progress (under load the two CLIs may start a second apart).
+    let mut g = gateway(&home, &sw, "[agent]\nbackend = \"echo\"\ndelay_ms = 3000\n");
+    let run = send_bg(g.listen(), "bystander", "slow");
+    wait_active(g.listen(), 1);
     let a = cli_bg(&home, &sw, &["restart", "--timeout", "20"], Duration::from_secs(30));
     let b = cli_bg(&home, &sw, &["restart", "--timeout", "20"], Duration::from_secs(30));
     let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    assert_eq!(run.join().unwrap().0.unwrap().status, 200, "the bystander's run is drained");
     assert_cli(&a, 0, "restart A");
     assert_cli(&b, 0, "restart B");
     g.wait_exit(EXIT);
