@@ -274,7 +274,13 @@ fn home_facts(home: &Home) -> HomeFacts {
         let _ = std::fs::remove_file(&probe);
         ok
     };
-    HomeFacts { exists: true, is_dir: meta.is_dir(), writable, mode: os::proc::mode(&meta) }
+    HomeFacts {
+        exists: true,
+        is_dir: meta.is_dir(),
+        writable,
+        mode: os::proc::mode(&meta),
+        foreign_owner: os::proc::foreign_owner(&meta),
+    }
 }
 
 /// Runtime files that are stale when the lock is free.

@@ -163,6 +163,8 @@ pub struct HomeFacts {
     pub writable: bool,
     /// Unix permission bits, if known.
     pub mode: Option<u32>,
+    /// The owner's uid, when it is not ours (`None`: ours, or unknown).
+    pub foreign_owner: Option<u32>,
 }
 
 /// Checks the home directory. A missing home is fine (`run` creates it).
@@ -178,12 +180,35 @@ pub fn check_home(home: &str, f: &HomeFacts) -> Vec<Finding> {
             FixAction::Manual { hint: "fix the path or its permissions, or choose another --home".into() },
         ));
     }
-    if let Some(mode) = f.mode.filter(|m| f.exists && f.is_dir && m & 0o077 != 0) {
+    // Never an automatic chmod of a directory others share or own (`--home /tmp` must not
+    // narrow /tmp for everyone): `run` refuses those homes, and the fix is another home.
+    if let Some(uid) = f.foreign_owner.filter(|_| f.exists && f.is_dir) {
+        out.push(Finding::new(
+            FindingId::HomeUnusable,
+            Severity::Error,
+            home,
+            format!("the home belongs to another user (uid {uid}); `run` refuses it (exit 78)"),
+            FixAction::Manual { hint: "choose a home you own (--home or GATEWARDEN_HOME)".into() },
+        ));
+    } else if let Some(mode) = f.mode.filter(|m| f.exists && f.is_dir && m & 0o022 != 0) {
+        out.push(Finding::new(
+            FindingId::HomeUnusable,
+            Severity::Error,
+            home,
+            format!(
+                "other users can write to the home (mode {:o}); `run` refuses it (exit 78): they could plant files the gateway trusts",
+                mode & 0o7777
+            ),
+            FixAction::Manual {
+                hint: "choose a private home; if this directory is yours alone, `chmod 700` it (never a shared one such as /tmp)".into(),
+            },
+        ));
+    } else if let Some(mode) = f.mode.filter(|m| f.exists && f.is_dir && m & 0o077 != 0) {
         out.push(Finding::new(
             FindingId::HomePermissions,
             Severity::Warning,
             home,
-            format!("the home is accessible to other users (mode {:o}); it should be 0700", mode & 0o7777),
+            format!("the home is readable by other users (mode {:o}); it should be 0700", mode & 0o7777),
             FixAction::Run { argv: vec!["chmod".into(), "700".into(), home.into()] },
         ));
     }
@@ -296,14 +321,32 @@ mod tests {
     #[test]
     fn home_port_and_linger_checks() {
         assert!(check_home("/h", &HomeFacts::default()).is_empty());
-        let f = check_home("/h", &HomeFacts { exists: true, is_dir: true, writable: true, mode: Some(0o40755) });
+        let f = check_home(
+            "/h",
+            &HomeFacts { exists: true, is_dir: true, writable: true, mode: Some(0o40755), foreign_owner: None },
+        );
         assert_eq!(f[0].id, FindingId::HomePermissions);
         assert!(f[0].message.contains("755"));
-        let f = check_home("/h", &HomeFacts { exists: true, is_dir: false, writable: true, mode: None });
+        let f = check_home(
+            "/h",
+            &HomeFacts { exists: true, is_dir: false, writable: true, mode: None, foreign_owner: None },
+        );
         assert_eq!(f[0].id, FindingId::HomeUnusable);
         assert!(
-            check_home("/h", &HomeFacts { exists: true, is_dir: true, writable: true, mode: Some(0o700) }).is_empty()
+            check_home(
+                "/h",
+                &HomeFacts { exists: true, is_dir: true, writable: true, mode: Some(0o700), foreign_owner: None }
+            )
+            .is_empty()
         );
+        // A shared or foreign directory is an error with no automatic chmod (never narrow /tmp).
+        let tmp = HomeFacts { exists: true, is_dir: true, writable: true, mode: Some(0o41777), foreign_owner: None };
+        let f = check_home("/tmp", &tmp);
+        assert_eq!((f[0].id, f[0].severity), (FindingId::HomeUnusable, Severity::Error));
+        assert!(matches!(f[0].fix, FixAction::Manual { .. }), "{:?}", f[0].fix);
+        let foreign = HomeFacts { foreign_owner: Some(1001), mode: Some(0o40700), ..tmp };
+        let f = check_home("/srv/x", &foreign);
+        assert!(f[0].message.contains("uid 1001") && matches!(f[0].fix, FixAction::Manual { .. }));
 
         let mine = PortFacts { addr: "127.0.0.1:7878".into(), in_use: true, held_by_own_gateway: true };
         assert!(check_port(&mine).is_empty());

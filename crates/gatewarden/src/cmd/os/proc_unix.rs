@@ -97,6 +97,13 @@ pub fn mode(meta: &std::fs::Metadata) -> Option<u32> {
     Some(meta.permissions().mode())
 }
 
+/// The owner's uid when it is not our effective uid.
+pub fn foreign_owner(meta: &std::fs::Metadata) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let me = rustix::process::geteuid().as_raw();
+    (meta.uid() != me).then_some(meta.uid())
+}
+
 /// `update`: a staged or swapped binary is runnable by its owner and readable by all (0755).
 pub fn make_executable(path: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;

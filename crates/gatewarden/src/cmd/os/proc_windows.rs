@@ -77,6 +77,11 @@ pub fn mode(_meta: &std::fs::Metadata) -> Option<u32> {
     None
 }
 
+/// Windows homes live in the per-user profile; ownership is the ACL's business.
+pub fn foreign_owner(_meta: &std::fs::Metadata) -> Option<u32> {
+    None
+}
+
 /// `update`: on Windows any file named `.exe` is runnable; nothing to set.
 pub fn make_executable(_path: &std::path::Path) -> std::io::Result<()> {
     Ok(())
