@@ -175,6 +175,24 @@ const COLUMNS: &str = "id, chat_id, user_id, text, kind, state, reply, reason, a
 impl Journal {
     /// Opens (creating if needed) the journal at `path`, usually `<home>/journal.sqlite3`.
     pub fn open(path: &Path) -> Result<Journal, JournalError> {
+        // Two gateways (or a gateway and a CLI) opening a fresh journal at once contend for the
+        // lock that switching to WAL needs, and SQLite answers that with SQLITE_BUSY at once
+        // rather than through the busy handler (seen on Windows): retry the open, bounded.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match Journal::open_once(path) {
+                Err(JournalError::Open { source: rusqlite::Error::SqliteFailure(e, _), .. })
+                    if matches!(e.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn open_once(path: &Path) -> Result<Journal, JournalError> {
         let wrap = |source| JournalError::Open { path: path.to_path_buf(), source };
         let conn = Connection::open(path).map_err(wrap)?;
         // Another process (a CLI reading history) may hold the lock briefly.
