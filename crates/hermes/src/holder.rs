@@ -9,7 +9,6 @@
 
 use gatewarden_lifecycle::holder::decide;
 use gatewarden_lifecycle::identity::IdentityCheck;
-use gatewarden_lifecycle::lock::holder_pids;
 use gatewarden_lifecycle::{ProcessIdentity, platform};
 
 use crate::files::recorded_identity;
@@ -65,21 +64,7 @@ pub fn find(home: &HermesHome) -> Finding {
             _ => Finding::Free,
         };
     }
-    // /proc/locks is generated page by page while other processes take and drop locks, so a
-    // read can miss a line: look again before finding nobody or overruling the record.
-    let mut kernel = holder_pids(&lock);
-    for _ in 0..2 {
-        let settled = match (&kernel, recorded) {
-            (None, _) => true,
-            (Some(pids), Some(r)) => pids.contains(&r.pid),
-            (Some(pids), None) => !pids.is_empty(),
-        };
-        if settled {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        kernel = holder_pids(&lock);
-    }
+    let kernel = gatewarden_lifecycle::holder::settled_holder_pids(&lock, recorded);
     let source = if kernel.is_some() { Source::Kernel } else { Source::Record };
     match (kernel, recorded) {
         (Some(pids), _) if pids.is_empty() => Finding::Free,

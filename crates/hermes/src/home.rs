@@ -48,7 +48,7 @@ impl HermesHome {
 
     /// The canonical path when it exists, for display and our own records.
     pub fn display(&self) -> String {
-        std::fs::canonicalize(&self.dir).unwrap_or_else(|_| self.dir.clone()).to_string_lossy().into_owned()
+        self.as_lifecycle().canonical_string()
     }
 
     /// The same directory as a lifecycle home (identical names for lock, pid and state).
@@ -57,13 +57,13 @@ impl HermesHome {
     }
 
     pub fn lock(&self) -> PathBuf {
-        self.dir.join("gateway.lock")
+        self.as_lifecycle().lock()
     }
     pub fn pid_file(&self) -> PathBuf {
-        self.dir.join("gateway.pid")
+        self.as_lifecycle().pid_file()
     }
     pub fn state_file(&self) -> PathBuf {
-        self.dir.join("gateway_state.json")
+        self.as_lifecycle().state_file()
     }
     pub fn heartbeat(&self) -> PathBuf {
         self.dir.join("state").join("gateway.heartbeat")
@@ -72,10 +72,10 @@ impl HermesHome {
         self.dir.join("gateway-starts.log")
     }
     pub fn planned_stop_marker(&self) -> PathBuf {
-        self.dir.join(".gateway-planned-stop.json")
+        self.as_lifecycle().marker(gatewarden_lifecycle::marker::MarkerKind::PlannedStop)
     }
     pub fn takeover_marker(&self) -> PathBuf {
-        self.dir.join(".gateway-takeover.json")
+        self.as_lifecycle().marker(gatewarden_lifecycle::marker::MarkerKind::Takeover)
     }
     pub fn restart_pending(&self) -> PathBuf {
         self.dir.join(".restart_pending.json")

@@ -35,7 +35,7 @@ pub fn heal_stale(
     // that home's gateway, not ours: it is not our history.
     let state_file = home.state_file();
     if let Some(other) = crate::records::read_state(&state_file).ok().and_then(|s| s.record.home)
-        && !same_home(&other, home)
+        && !home.is(&other)
         && fsio::remove_if_exists(&state_file).unwrap_or(false)
     {
         removed.push(format!("gateway_state.json (names another home, {other})"));
@@ -55,11 +55,4 @@ pub fn heal_stale(
         let _ = ledger.append("stale_cleaned", json!({"files": removed, "by": by}));
     }
     removed
-}
-
-/// Whether a recorded home is this one (canonical paths compared; an unresolvable path is
-/// compared as written).
-fn same_home(recorded: &str, home: &Home) -> bool {
-    let p = std::path::Path::new(recorded);
-    p == home.dir() || crate::platform::canonical(p).is_ok_and(|c| c == home.dir())
 }

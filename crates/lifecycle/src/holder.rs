@@ -20,9 +20,15 @@ pub struct Holder {
 
 pub fn lock_holder(home: &Home) -> Result<Holder, String> {
     let recorded = read_pid_record(&home.pid_file()).ok().and_then(|r| r.identity());
-    // /proc/locks is generated page by page while other processes take and drop locks, so one
-    // read can miss a line. Before overruling the record (or finding nobody), look again.
-    let mut kernel = holder_pids(&home.lock());
+    decide(recorded, settled_holder_pids(&home.lock(), recorded), platform::start_time)
+}
+
+/// The kernel's holders of `lock` (`None` where the OS does not tell), read again when the
+/// answer disagrees with `recorded`: /proc/locks is generated page by page while other
+/// processes take and drop locks, so one read can miss a line. Look again before overruling
+/// the record or finding nobody.
+pub fn settled_holder_pids(lock: &std::path::Path, recorded: Option<ProcessIdentity>) -> Option<Vec<u32>> {
+    let mut kernel = holder_pids(lock);
     for _ in 0..2 {
         let settled = match (&kernel, recorded) {
             (None, _) => true,
@@ -33,9 +39,9 @@ pub fn lock_holder(home: &Home) -> Result<Holder, String> {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
-        kernel = holder_pids(&home.lock());
+        kernel = holder_pids(lock);
     }
-    decide(recorded, kernel, platform::start_time)
+    kernel
 }
 
 /// Pure decision behind [`lock_holder`].

@@ -64,6 +64,13 @@ impl Home {
         platform::canonical(&self.dir).unwrap_or_else(|_| self.dir.clone()).to_string_lossy().into_owned()
     }
 
+    /// Whether a home path recorded in a file names this home (compared as written, then
+    /// canonically).
+    pub fn is(&self, recorded: &str) -> bool {
+        let p = Path::new(recorded);
+        p == self.dir || platform::canonical(p).is_ok_and(|c| c == self.dir)
+    }
+
     pub fn lock(&self) -> PathBuf {
         self.dir.join("gateway.lock")
     }

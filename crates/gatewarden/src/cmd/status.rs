@@ -87,12 +87,8 @@ pub fn status(home: &Home, as_json: bool) -> anyhow::Result<ExitCode> {
         Presence::NotRunning { healed } => {
             // Re-read: healing removes a state file that names another home; where there was no
             // lock to heal under (a foreign or hermes home), such a file is still not shown.
-            let ours = |s: &gatewarden_lifecycle::records::StateRecord| {
-                s.record.home.as_deref().is_none_or(|h| {
-                    let p = std::path::Path::new(h);
-                    p == home.dir() || gatewarden_lifecycle::platform::canonical(p).is_ok_and(|c| c == home.dir())
-                })
-            };
+            let ours =
+                |s: &gatewarden_lifecycle::records::StateRecord| s.record.home.as_deref().is_none_or(|h| home.is(h));
             if let Some(s) = read_state(&home.state_file()).ok().filter(ours) {
                 report.extra.insert("last_state".into(), json!(s.gateway_state.as_str()));
                 report.extra.insert("last_exit_code".into(), json!(s.exit_code));
