@@ -14,6 +14,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use gatewarden_testkit::have_user_manager;
+
 use serde_json::Value;
 
 fn bin() -> &'static str {
@@ -417,21 +419,6 @@ fn hermetic_dropin(lab: &Lab, unit: &str) {
         ),
     )
     .unwrap();
-}
-
-fn have_user_manager() -> bool {
-    let state = Command::new("systemctl")
-        .args(["--user", "is-system-running"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
-    if matches!(state.as_str(), "running" | "degraded") {
-        return true;
-    }
-    let why = format!("no systemd user manager (state {state:?}); run `eval \"$(scripts/systemd-user)\"` first");
-    assert!(!under_ci(), "{why}");
-    eprintln!("SKIPPED: {why}");
-    false
 }
 
 fn systemctl(args: &[&str]) -> Output {

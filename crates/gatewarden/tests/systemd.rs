@@ -18,25 +18,6 @@ fn systemctl(args: &[&str]) -> std::process::Output {
     Command::new("systemctl").arg("--user").args(args).output().expect("run systemctl")
 }
 
-/// Whether a user manager answers; panics under CI when it does not.
-fn have_user_manager() -> bool {
-    let state = Command::new("systemctl")
-        .args(["--user", "is-system-running"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
-    if matches!(state.as_str(), "running" | "degraded") {
-        return true;
-    }
-    let why = format!(
-        "no systemd user manager (`systemctl --user is-system-running` says {state:?}); \
-         run `eval \"$(scripts/systemd-user)\"` first"
-    );
-    assert!(std::env::var_os("CI").is_none(), "{why}");
-    eprintln!("skipped: {why}");
-    false
-}
-
 fn config_dir() -> PathBuf {
     std::env::var_os("XDG_CONFIG_HOME")
         .map(PathBuf::from)

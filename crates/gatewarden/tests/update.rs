@@ -490,22 +490,6 @@ fn chat_update_twice_at_once() {
     r.assert_one_gateway("9.9.9");
 }
 
-/// Whether a systemd user manager answers; under CI its absence is a failure.
-fn have_user_manager() -> bool {
-    let state = std::process::Command::new("systemctl")
-        .args(["--user", "is-system-running"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
-    if matches!(state.as_str(), "running" | "degraded") {
-        return true;
-    }
-    let why = format!("no systemd user manager (`systemctl --user is-system-running` says {state:?})");
-    assert!(std::env::var_os("CI").is_none(), "{why}");
-    eprintln!("skipped: {why}");
-    false
-}
-
 /// Removes the unit installed for a home (through the binary that installed it) on drop.
 struct InstalledUnit {
     exe: PathBuf,

@@ -68,3 +68,23 @@ pub fn test_env(cmd: &mut std::process::Command) {
     }
     cmd.env("GATEWARDEN_SUPERVISOR", "none");
 }
+
+/// Whether a systemd user manager answers (`scripts/systemd-user` starts one). Without one a
+/// test prints why and returns `false` to skip — except under `CI`, where it fails instead.
+pub fn have_user_manager() -> bool {
+    let state = std::process::Command::new("systemctl")
+        .args(["--user", "is-system-running"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    if matches!(state.as_str(), "running" | "degraded") {
+        return true;
+    }
+    let why = format!(
+        "no systemd user manager (`systemctl --user is-system-running` says {state:?}); \
+         run `eval \"$(scripts/systemd-user)\"` first"
+    );
+    assert!(std::env::var_os("CI").is_none(), "{why}");
+    eprintln!("skipped: {why}");
+    false
+}
