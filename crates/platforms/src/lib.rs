@@ -225,6 +225,12 @@ pub trait Host: Send + Sync {
     fn sent(&self, seq: i64, outcome: Sent);
     /// A state change worth a ledger line (parked, standby, recovered).
     fn state_changed(&self, adapter: &str, state: &State);
+    /// The longest one receive may block (a long poll's or a sync's `timeout`), when the gateway
+    /// bounds it: a cluster active never waits on a platform longer than the lease it has left
+    /// (docs/architecture.md, "Cluster"). `None`: the adapter's own setting.
+    fn receive_budget(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// Why an adapter cannot be built or started.
@@ -246,7 +252,8 @@ pub trait Adapter: Send + Sync {
     /// What the credential lock is keyed by: the secret that only one consumer may use.
     fn credential(&self) -> &str;
     fn status(&self) -> &Arc<Status>;
-    /// Connects and starts receiving and sending on the adapter's own threads.
+    /// Connects and starts receiving and sending on the adapter's own threads. Called again
+    /// after [`Adapter::close`] (a cluster standby promoted anew), it starts afresh.
     fn start(&self, host: Arc<dyn Host>) -> Result<(), AdapterError>;
     /// The outbox has something for this adapter.
     fn wake(&self);
