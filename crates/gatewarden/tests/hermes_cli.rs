@@ -15,6 +15,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use gatewarden_testkit::have_user_manager;
+use gatewarden_testkit::hermes::{SCRUB, venv};
 
 use serde_json::Value;
 
@@ -22,38 +23,9 @@ fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_gatewarden")
 }
 
-fn under_ci() -> bool {
-    std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false")
-}
-
-fn venv() -> Option<PathBuf> {
-    let dir = std::env::var_os("GATEWARDEN_HERMES_VENV")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/gatewarden/hermes-venv")))?;
-    if dir.join("bin/hermes").is_file() {
-        return Some(dir);
-    }
-    let why = format!("no hermes-agent venv at {} (run scripts/hermes-venv)", dir.display());
-    assert!(!under_ci(), "{why}; CI needs it");
-    eprintln!("SKIPPED: {why}");
-    None
-}
-
-/// Variables neither the CLI nor its hermes may inherit from the test's environment.
-const SCRUB: &[&str] = &[
-    "INVOCATION_ID",
-    "NOTIFY_SOCKET",
-    "JOURNAL_STREAM",
-    "WATCHDOG_USEC",
-    "WATCHDOG_PID",
-    "LISTEN_PID",
-    "LISTEN_FDS",
-    "XPC_SERVICE_NAME",
-    "HERMES_GATEWAY_EXTERNAL_SUPERVISOR",
-    "HERMES_S6_SUPERVISED_CHILD",
-    "HERMES_GATEWAY_LOCK_DIR",
-    "GATEWARDEN_HERMES_HOME",
+/// Variables neither the CLI nor its hermes may inherit from the test's environment: the
+/// hermes ones, and gatewarden's own.
+const SCRUB_MORE: &[&str] = &[
     "GATEWARDEN_HOME",
     "GATEWARDEN_SUPERVISOR",
     // Unit directories follow the lab's HOME unless a test points at the real manager's.
@@ -104,7 +76,7 @@ impl Lab {
     }
 
     fn hermetic(&self, cmd: &mut Command) {
-        for k in SCRUB {
+        for k in SCRUB.iter().chain(SCRUB_MORE) {
             cmd.env_remove(k);
         }
         cmd.env("HOME", self.user_home())

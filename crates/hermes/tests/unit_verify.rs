@@ -9,8 +9,7 @@ use gatewarden_hermes::unit::{Scope, UnitOptions, render, unit_name};
 #[test]
 fn rendered_units_pass_systemd_analyze_verify() {
     if Command::new("systemd-analyze").arg("--version").output().is_err() {
-        assert!(std::env::var_os("CI").is_none_or(|v| v.is_empty() || v == "false"), "CI needs systemd-analyze");
-        eprintln!("SKIPPED: no systemd-analyze");
+        gatewarden_testkit::unavailable::<()>("systemd-analyze", "not installed");
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");

@@ -31,15 +31,6 @@ const NGIRCD_READY: Duration = Duration::from_secs(10);
 /// Matrix server name: user ids are `@name:localhost`. Federation is off, so it is never resolved.
 pub const SYNAPSE_SERVER_NAME: &str = "localhost";
 
-/// A server that cannot run here: `None` and a `SKIPPED:` line, or a panic under `CI`.
-fn unavailable<T>(what: &str, reason: &str) -> Option<T> {
-    if std::env::var_os("CI").is_some() {
-        panic!("CI: {what} unavailable: {reason}");
-    }
-    eprintln!("SKIPPED: {what} unavailable: {reason}");
-    None
-}
-
 /// A loopback port that was free a moment ago. The server binds it shortly after; another
 /// process would have to be handed the same ephemeral port inside that window.
 fn free_port() -> u16 {
@@ -188,7 +179,7 @@ impl Synapse {
         let venv = synapse_venv();
         let python = venv.join("bin").join("python");
         if !venv.join("bin").join("synapse_homeserver").exists() || !python.exists() {
-            return unavailable(
+            return crate::unavailable(
                 "Synapse",
                 &format!("no Synapse venv at {} (run scripts/setup-synapse)", venv.display()),
             );
@@ -405,7 +396,7 @@ impl Ngircd {
     /// line) when ngIRCd is not installed, a panic under `CI`.
     pub fn start() -> Option<Ngircd> {
         let Some(bin) = ngircd_bin() else {
-            return unavailable("ngIRCd", "no ngircd binary (run scripts/setup-ngircd)");
+            return crate::unavailable("ngIRCd", "no ngircd binary (run scripts/setup-ngircd)");
         };
         let dir = tempfile::Builder::new().prefix("gw-ngircd-").tempdir().expect("ngircd temp dir");
         let port = free_port();

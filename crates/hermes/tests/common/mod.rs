@@ -16,38 +16,7 @@ use std::time::{Duration, Instant};
 use gatewarden_hermes::HermesHome;
 use gatewarden_hermes::start::{self, Mode};
 
-pub fn venv() -> Option<PathBuf> {
-    let dir = std::env::var_os("GATEWARDEN_HERMES_VENV")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/gatewarden/hermes-venv")))?;
-    if dir.join("bin/hermes").is_file() {
-        return Some(dir);
-    }
-    let why = format!("no hermes-agent venv at {} (run scripts/hermes-venv)", dir.display());
-    if std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false") {
-        panic!("{why}; CI needs it");
-    }
-    eprintln!("SKIPPED: {why}");
-    None
-}
-
-/// Variables a hermes child must not inherit: they would make it believe it is supervised
-/// (or point it at the real user's state).
-const SCRUB: &[&str] = &[
-    "INVOCATION_ID",
-    "NOTIFY_SOCKET",
-    "JOURNAL_STREAM",
-    "WATCHDOG_USEC",
-    "WATCHDOG_PID",
-    "LISTEN_PID",
-    "LISTEN_FDS",
-    "XPC_SERVICE_NAME",
-    "HERMES_GATEWAY_EXTERNAL_SUPERVISOR",
-    "HERMES_S6_SUPERVISED_CHILD",
-    "HERMES_GATEWAY_LOCK_DIR",
-    "GATEWARDEN_HERMES_HOME",
-];
+pub use gatewarden_testkit::hermes::{SCRUB, venv};
 
 pub struct Lab {
     pub dir: tempfile::TempDir,
