@@ -132,6 +132,9 @@ mod tests {
         let t = from_micros(1_764_428_645_123_456);
         assert_eq!(format(t), "2025-11-29T15:04:05.123456+00:00");
         assert_eq!(format(UNIX_EPOCH), "1970-01-01T00:00:00.000000+00:00");
+        // 2000-02-29: a leap day of a century year.
+        assert_eq!(format(from_micros(951_782_400_000_000)), "2000-02-29T00:00:00.000000+00:00");
+        assert_eq!(format(UNIX_EPOCH), "1970-01-01T00:00:00.000000+00:00");
     }
 
     #[test]
