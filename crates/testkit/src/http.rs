@@ -1,5 +1,4 @@
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -22,21 +21,7 @@ impl HttpResponse {
 /// otherwise: tests never talk to the network). Handles `Content-Length`, chunked, and
 /// read-to-EOF bodies. `timeout` bounds connect and each read/write.
 pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<HttpResponse> {
-    assert!(addr.ip().is_loopback(), "testkit http_get is loopback-only, got {addr}");
-    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
-    // One write: a server that reads once and closes must not see a half-sent request.
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n\r\n");
-    s.write_all(req.as_bytes())?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    parse(&raw).ok_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("bad HTTP response: {:?}", String::from_utf8_lossy(&raw)),
-        )
-    })
+    crate::api::request(addr, "GET", path, &[], None, timeout)
 }
 
 /// Blocking `POST path` with a JSON body, otherwise like [`http_get`] (loopback only, one
@@ -47,25 +32,7 @@ pub fn http_post_json(
     body: &serde_json::Value,
     timeout: Duration,
 ) -> std::io::Result<HttpResponse> {
-    assert!(addr.ip().is_loopback(), "testkit http_post_json is loopback-only, got {addr}");
-    let body = body.to_string();
-    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes())?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    parse(&raw).ok_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("bad HTTP response: {:?}", String::from_utf8_lossy(&raw)),
-        )
-    })
+    crate::api::request(addr, "POST", path, &[], Some(body.to_string().as_bytes()), timeout)
 }
 
 /// Parses a whole HTTP/1.1 response (content-length, chunked, or read-to-close).
@@ -124,6 +91,7 @@ mod tests {
 
     #[test]
     fn talks_to_a_loopback_server() {
+        use std::io::{Read, Write};
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let t = std::thread::spawn(move || {
