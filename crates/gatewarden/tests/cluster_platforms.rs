@@ -212,7 +212,7 @@ fn a_graceful_stop_hands_the_bot_over_without_a_409_storm() {
 
 /// SIGSTOP of the active past its lease: it never had a poll outstanding past its lease (the
 /// fake's poll log against the database's grant history); on SIGCONT it demotes and stops its
-/// adapter without polling again.
+/// adapter without polling again; promoted once more, it runs the adapter again.
 #[test]
 fn a_paused_active_never_polls_past_its_lease() {
     let Some(pg) = Cluster::start_or_skip() else { return };
@@ -243,6 +243,13 @@ fn a_paused_active_never_polls_past_its_lease() {
     }
     let sent = fake.sent(&tok).iter().filter(|m| m.text == "after the pause").count();
     assert_eq!(sent, 1, "answered once");
+
+    // Promoted again (the other one dies): the demoted gateway's adapter starts afresh.
+    b.g.kill();
+    a.wait_role("active", TTL + Duration::from_secs(3));
+    a.wait_adapter("bot", |p| p["state"] == "connected", READY);
+    fake.inject(&tok, 5, 1, "promoted again");
+    wait_reply(&fake, &tok, 5, "promoted again");
 }
 
 /// Two clusters, one token, one store: the second cluster's adapter is parked naming the
