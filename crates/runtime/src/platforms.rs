@@ -11,7 +11,7 @@
 //!   zero), then the adapters close (a bounded outbox flush) and the leases are released.
 //!   A later promotion starts them again.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -210,7 +210,7 @@ impl Platforms {
             ttl: c.lease_ttl(),
             every: c.renew_interval(),
             epoch: None,
-            held: HashMap::new(),
+            held: HashSet::new(),
         };
         tokio::spawn(task.run(rx));
         Ok(())
@@ -396,7 +396,7 @@ fn receive_budget(lease_left: Option<Duration>) -> Option<Duration> {
 enum Refusal {
     /// Another live holder: parked until it goes.
     Held(String),
-    /// The store did not answer; retried at the next renewal.
+    /// The store did not answer: degraded, retried at the next renewal.
     Store(String),
 }
 
@@ -412,8 +412,8 @@ struct RoleTask {
     every: Duration,
     /// Our epoch while active.
     epoch: Option<i64>,
-    /// Entries whose lease we hold (index → its adapter runs).
-    held: HashMap<usize, ()>,
+    /// Entries whose lease we hold (their adapters run).
+    held: HashSet<usize>,
 }
 
 impl RoleTask {
@@ -477,7 +477,8 @@ impl RoleTask {
     async fn take_missing(&mut self, epoch: i64) {
         let only = self.platforms.entries.len() == 1;
         for i in 0..self.platforms.entries.len() {
-            if self.held.contains_key(&i) || !self.gw.is_active() {
+            // Nothing starts once the drain began (the gateway is still active until it releases).
+            if self.held.contains(&i) || !self.gw.is_active() || self.gw.phase.get() != GatewayState::Running {
                 continue;
             }
             let (key, me) = {
@@ -502,7 +503,7 @@ impl RoleTask {
             match refusal {
                 None => {
                     e.set_guard(Some(CredGuard::Lease));
-                    self.held.insert(i, ());
+                    self.held.insert(i);
                     let host: Arc<dyn Host> = Arc::clone(&self.host) as Arc<dyn Host>;
                     let started = {
                         let a = Arc::clone(&a);
@@ -527,7 +528,7 @@ impl RoleTask {
                     }
                 }
                 Some(Refusal::Store(reason)) => {
-                    let state = State::Standby(reason);
+                    let state = State::Degraded(reason);
                     if a.status().set(state.clone()) {
                         self.host.state_changed(a.name(), &state);
                     }
@@ -544,7 +545,7 @@ impl RoleTask {
             return; // the demotion event follows
         }
         let mut lost = Vec::new();
-        let held: Vec<usize> = self.held.keys().copied().collect();
+        let held: Vec<usize> = self.held.iter().copied().collect();
         for i in held {
             let (key, me) = {
                 let e = &self.platforms.entries[i];
@@ -575,7 +576,7 @@ impl RoleTask {
 
     /// Stops every adapter we hold a lease for, then releases the leases.
     async fn stop_all(&mut self, deadline: Instant) {
-        let held: Vec<usize> = self.held.keys().copied().collect();
+        let held: Vec<usize> = self.held.iter().copied().collect();
         for i in held {
             self.stop(i, deadline).await;
         }
@@ -588,6 +589,7 @@ impl RoleTask {
         let e = &platforms.entries[i];
         let a = Arc::clone(&e.adapter);
         let key = e.key();
+        // Release matches the holder id only, not the epoch.
         let me = self.me(0, a.name());
         let closed = tokio::task::spawn_blocking(move || {
             a.stop_intake();
@@ -596,7 +598,7 @@ impl RoleTask {
         .await;
         if !matches!(closed, Ok(true)) {
             crate::warn!(
-                "[[platform]] {}: replies still queued after the demotion's flush (the next incarnation of this home sends them)",
+                "[[platform]] {}: replies still queued after the flush (this home sends them when it runs the adapter again)",
                 e.adapter.name()
             );
         }
