@@ -181,13 +181,16 @@ fn only_the_active_polls_and_after_kill9_the_standby_polls_within_ttl() {
     assert_eq!(b.adapter("bot")["state"], "connected");
 }
 
-/// `gatewarden stop` of the active: its adapter stops, its credential lease is released, the
-/// standby takes over and polls, with no 409 on the new active's side.
+/// `gatewarden stop` of the active: its adapter stops (confirming the offset), its credential
+/// lease is released, the standby takes over and polls, with no 409 on the new active's side
+/// and nothing answered twice.
 #[test]
 fn a_graceful_stop_hands_the_bot_over_without_a_409_storm() {
     let Some(pg) = Cluster::start_or_skip() else { return };
     let (fake, tok) = (fake(), token());
     let (mut a, mut b) = pair(&pg, &fake, "tggrace", &tok);
+    fake.inject(&tok, 9, 1, "before the stop");
+    wait_reply(&fake, &tok, 9, "before the stop");
     let out = run_cli(&a.home, &["stop"]);
     assert_cli(&out, 0, "stop");
     a.g.wait_exit(EXIT);
@@ -200,6 +203,9 @@ fn a_graceful_stop_hands_the_bot_over_without_a_409_storm() {
     // At most our own in-flight poll, ended by the stopping active's terminating poll.
     assert!(conflicts <= 1, "{conflicts} conflicts: {polls:#?}");
     assert!(polls_of(&polls, "b").iter().all(|p| !p.conflict), "{polls:#?}");
+    // The stop confirmed the offset: the successor does not fetch (and answer) it again.
+    let again = fake.sent(&tok).iter().filter(|m| m.text == "before the stop").count();
+    assert_eq!(again, 1, "answered twice across the hand-over");
     // The stopped active's last poll ended before the standby's first started.
     let a_end = polls_of(&polls, "a").iter().filter_map(|p| p.end).max().unwrap();
     assert!(a_end <= polls_of(&polls, "b")[0].start, "{polls:#?}");

@@ -537,9 +537,10 @@ impl Adapter for Telegram {
         let already = shared.flags.get().stop;
         shared.flags.update(|b| b.stop = true);
         let started = self.host.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        // Without any budget left (a demoted cluster active) our last poll ended before the
-        // lease did, and a successor may be polling now: a terminating poll would cut its.
-        let no_budget = started.as_ref().and_then(|h| h.receive_budget()).is_some_and(|b| b < MIN_BUDGETED_POLL);
+        // A zero budget is a demoted cluster active: our last poll ended before the lease did,
+        // and a successor may be polling now, which a terminating poll would cut. (A graceful
+        // stop comes here while still active, so it confirms the offset.)
+        let no_budget = started.as_ref().and_then(|h| h.receive_budget()).is_some_and(|b| b.is_zero());
         if !already && started.is_some() && !no_budget && !matches!(self.status.state(), State::Parked(_)) {
             self.terminate_poll();
         }

@@ -184,7 +184,8 @@ fn polls_follow_the_receive_budget_and_start_after_close_works() {
     assert_eq!(fake.polls(TOKEN).len(), before, "polled without budget");
     assert!(host.inbox.lock().unwrap().is_empty());
 
-    // Stopping without budget sends no terminating getUpdates either.
+    // Stopping without budget (demoted) sends no terminating getUpdates either.
+    *host.budget.lock().unwrap() = Some(Duration::ZERO);
     t.stop_intake();
     assert!(t.close(Instant::now() + Duration::from_secs(3)));
     assert_eq!(fake.polls(TOKEN).len(), before, "a stop without budget must not poll");
