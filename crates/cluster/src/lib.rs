@@ -7,12 +7,15 @@
 //!   (`gw_schema_version`) and a `gw_lease_history` table recording every epoch grant.
 //! - [`machine::Machine`] is the renewal/demotion state machine as plain data: it never reads a
 //!   clock or a socket, so its rules (demote before the lease can expire) are unit-tested.
+//! - [`credlease::PgCredLeases`] holds `(platform, sha256(credential))` leases for a cluster's
+//!   active, so two clusters (or two gateways) never poll one bot token, whatever host they run on.
 //! - [`driver`] runs the machine against a backend in a tokio task and publishes a [`Snapshot`]
 //!   that the gateway reads on every request.
 //!
 //! The expiry is computed by the database's clock (`now + ttl` in SQL); the holder keeps its
 //! own, earlier, monotonic deadline (see `machine.rs`), so no two clocks are compared.
 
+pub mod credlease;
 pub mod driver;
 pub mod journal;
 pub mod machine;

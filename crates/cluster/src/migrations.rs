@@ -3,7 +3,7 @@
 //! which ran. Never edit a shipped migration: append a new one.
 
 /// `(version, SQL)`, ascending.
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1_LEASE), (2, V2_JOURNAL)];
+pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1_LEASE), (2, V2_JOURNAL), (3, V3_CREDENTIAL_LEASE)];
 
 /// The lease, its grant history, the fenced event log (a copy of the lifecycle ledger), and
 /// the fence itself.
@@ -72,6 +72,24 @@ CREATE TABLE gw_messages (
     PRIMARY KEY (name, id)
 );
 CREATE INDEX gw_messages_pending ON gw_messages (name, created_at) WHERE state IN ('queued', 'running');
+"#;
+
+/// Credential leases (credlease.rs): one row per `(platform, sha256(credential))`, held by one
+/// gateway of one cluster at a time, expiring like the cluster lease. Keyed by the hash, never
+/// the secret.
+const V3_CREDENTIAL_LEASE: &str = r#"
+CREATE TABLE gw_credential_lease (
+    platform    text NOT NULL,
+    credential  text NOT NULL,
+    cluster     text NOT NULL,
+    holder_id   text NOT NULL,
+    holder      jsonb NOT NULL,
+    epoch       bigint NOT NULL,
+    acquired_at timestamptz NOT NULL,
+    renewed_at  timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    PRIMARY KEY (platform, credential)
+);
 "#;
 
 /// The SQLSTATE `gw_fence` raises.

@@ -92,18 +92,18 @@ fn active_info(epoch: i64, holder: Option<String>, since: Option<String>, live: 
     Some(ActiveInfo { epoch, holder, since: since.unwrap_or_default(), live })
 }
 
-fn describe(e: &tokio_postgres::Error) -> String {
+pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{}: {}", db.code().code(), db.message()),
         None => e.to_string(),
     }
 }
 
-fn store(e: tokio_postgres::Error) -> ClusterError {
+pub(crate) fn store(e: tokio_postgres::Error) -> ClusterError {
     ClusterError::Store(describe(&e))
 }
 
-fn ms(d: Duration) -> i64 {
+pub(crate) fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 

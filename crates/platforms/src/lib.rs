@@ -1,7 +1,8 @@
 //! Chat platform adapters: one trait, a module per platform.
 //!
 //! An adapter's life, driven by the gateway (crates/runtime/src/platforms.rs):
-//! 1. the gateway takes the adapter's credential lock ([`credlock`]) — before any connection;
+//! 1. the gateway takes the adapter's credential lock ([`credlock`]; with `[cluster]`, a credential
+//!    lease in the store instead) — before any connection;
 //! 2. [`Adapter::start`] connects and receives on its own OS threads (blocking HTTP with ureq,
 //!    as the openai backend does), handing each inbound message to the [`Host`], which journals
 //!    it durably before the adapter acknowledges it to the platform;

@@ -15,6 +15,11 @@
 //!   (Telegram answers it 409 "terminated by other getUpdates request"), so no abandoned poll
 //!   lingers into the successor's first poll.
 //! - **Flood control.** A 429 waits the `retry_after` it names (capped) before the same call.
+//! - **Bounded polls.** A long poll's `timeout` is never longer than [`Host::receive_budget`]
+//!   (a cluster active's lease left; docs/architecture.md, "Cluster"); under one second left,
+//!   the receiver does not poll at all and looks again shortly.
+//! - **Restartable.** [`Adapter::start`] after [`Adapter::close`] starts afresh: new threads and
+//!   new flags; the committed offset carries over (the journal deduplicates anyway).
 //!
 //! Two OS threads per adapter (a receiver that blocks in the long poll, a sender that drains
 //! the outbox), blocking ureq like the openai backend (crates/agent/src/backend/openai.rs):
@@ -39,6 +44,11 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 /// Telegram's limit on one message's text, in characters.
 const MAX_TEXT_CHARS: usize = 4096;
 const MAX_BODY_BYTES: u64 = 16 << 20;
+/// The shortest long poll worth starting under a receive budget (the Bot API's `timeout` is
+/// whole seconds).
+const MIN_BUDGETED_POLL: Duration = Duration::from_secs(1);
+/// How long the receiver waits before looking at a too-small receive budget again.
+const NO_BUDGET_WAIT: Duration = Duration::from_millis(200);
 
 /// Why a Bot API call failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,7 +143,13 @@ pub struct Telegram {
     poll_timeout: Duration,
     conflict_bound: Duration,
     status: Arc<Status>,
-    shared: Arc<Shared>,
+    /// The current start's flags; replaced by every [`Adapter::start`], so threads of an
+    /// earlier start (stopped, maybe still finishing) never see the new start's flags.
+    shared: Mutex<Arc<Shared>>,
+    /// The next offset, kept across starts.
+    offset: Arc<AtomicI64>,
+    /// The host of the current start ([`Adapter::stop_intake`] asks it for the budget).
+    host: Mutex<Option<Arc<dyn Host>>>,
     done: Mutex<Vec<mpsc::Receiver<()>>>,
 }
 
@@ -141,7 +157,7 @@ pub struct Telegram {
 struct Shared {
     flags: Flags,
     /// The next offset: every update below it is committed to the journal.
-    offset: AtomicI64,
+    offset: Arc<AtomicI64>,
     close_deadline: Mutex<Option<Instant>>,
 }
 
@@ -155,13 +171,15 @@ impl Telegram {
             poll_timeout: Duration::from_secs(cfg.poll_timeout_s),
             conflict_bound: Duration::from_secs(cfg.conflict_standby_s),
             status: Arc::new(Status::default()),
-            shared: Arc::new(Shared {
-                flags: Flags::default(),
-                offset: AtomicI64::new(0),
-                close_deadline: Mutex::new(None),
-            }),
+            shared: Mutex::new(Arc::new(Shared::new(Arc::new(AtomicI64::new(0))))),
+            offset: Arc::new(AtomicI64::new(0)),
+            host: Mutex::new(None),
             done: Mutex::new(Vec::new()),
         }
+    }
+
+    fn shared(&self) -> Arc<Shared> {
+        Arc::clone(&self.shared.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     fn spawn(&self, what: &str, f: impl FnOnce() + Send + 'static) -> Result<(), AdapterError> {
@@ -184,8 +202,25 @@ impl Telegram {
     /// in-flight long poll on the server.
     fn terminate_poll(&self) {
         let api = Api::new(&self.base, &self.token);
-        let offset = self.shared.offset.load(Ordering::Acquire);
+        let offset = self.offset.load(Ordering::Acquire);
         let _ = api.call("getUpdates", &json!({"offset": offset, "timeout": 0, "limit": 1}), Duration::from_secs(5));
+    }
+}
+
+impl Shared {
+    fn new(offset: Arc<AtomicI64>) -> Shared {
+        Shared { flags: Flags::default(), offset, close_deadline: Mutex::new(None) }
+    }
+}
+
+/// The `timeout` of the next long poll: the configured one, bounded by the host's receive
+/// budget and rounded down to whole seconds; `None` when less than [`MIN_BUDGETED_POLL`] is
+/// left (do not poll now).
+fn budgeted_poll(own: Duration, budget: Option<Duration>) -> Option<Duration> {
+    match budget {
+        None => Some(own),
+        Some(b) if b < MIN_BUDGETED_POLL => None,
+        Some(b) => Some(Duration::from_secs(own.min(b).as_secs())),
     }
 }
 
@@ -283,10 +318,14 @@ impl Receiver {
                 }
                 continue;
             }
+            // A poll cannot be fenced: it must end before our lease can (receive_budget).
+            let Some(timeout) = budgeted_poll(self.poll_timeout, self.host.receive_budget()) else {
+                self.pause(NO_BUDGET_WAIT);
+                continue;
+            };
             let offset = self.shared.offset.load(Ordering::Acquire);
-            let body =
-                json!({"offset": offset, "timeout": self.poll_timeout.as_secs(), "allowed_updates": ["message"]});
-            let result = self.api.call("getUpdates", &body, self.poll_timeout + Duration::from_secs(10));
+            let body = json!({"offset": offset, "timeout": timeout.as_secs(), "allowed_updates": ["message"]});
+            let result = self.api.call("getUpdates", &body, timeout + Duration::from_secs(10));
             if self.stopping() && result.is_err() {
                 break;
             }
@@ -459,6 +498,9 @@ impl Adapter for Telegram {
 
     fn start(&self, host: Arc<dyn Host>) -> Result<(), AdapterError> {
         self.status.set(State::Connecting);
+        let shared = Arc::new(Shared::new(Arc::clone(&self.offset)));
+        *self.shared.lock().unwrap_or_else(|p| p.into_inner()) = Arc::clone(&shared);
+        *self.host.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&host));
         let rx = Receiver {
             name: self.name.clone(),
             api: Api::new(&self.base, &self.token),
@@ -468,14 +510,14 @@ impl Adapter for Telegram {
             poll_timeout: self.poll_timeout,
             conflict_bound: self.conflict_bound,
             status: Arc::clone(&self.status),
-            shared: Arc::clone(&self.shared),
+            shared: Arc::clone(&shared),
             host: Arc::clone(&host),
         };
         let tx = Sender {
             name: self.name.clone(),
             api: Api::new(&self.base, &self.token),
             status: Arc::clone(&self.status),
-            shared: Arc::clone(&self.shared),
+            shared,
             host,
         };
         self.spawn("recv", move || rx.run())?;
@@ -483,25 +525,32 @@ impl Adapter for Telegram {
     }
 
     fn wake(&self) {
-        self.shared.flags.update(|b| b.wake = true);
+        self.shared().flags.update(|b| b.wake = true);
     }
 
     fn reconnect(&self) {
-        self.shared.flags.update(|b| b.kick = true);
+        self.shared().flags.update(|b| b.kick = true);
     }
 
     fn stop_intake(&self) {
-        let already = self.shared.flags.get().stop;
-        self.shared.flags.update(|b| b.stop = true);
-        if !already && !matches!(self.status.state(), State::Parked(_)) {
+        let shared = self.shared();
+        let already = shared.flags.get().stop;
+        shared.flags.update(|b| b.stop = true);
+        let started = self.host.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // A zero budget is a demoted cluster active: our last poll ended before the lease did,
+        // and a successor may be polling now, which a terminating poll would cut. (A graceful
+        // stop comes here while still active, so it confirms the offset.)
+        let no_budget = started.as_ref().and_then(|h| h.receive_budget()).is_some_and(|b| b.is_zero());
+        if !already && started.is_some() && !no_budget && !matches!(self.status.state(), State::Parked(_)) {
             self.terminate_poll();
         }
     }
 
     fn close(&self, deadline: Instant) -> bool {
         self.stop_intake();
-        *self.shared.close_deadline.lock().unwrap_or_else(|p| p.into_inner()) = Some(deadline);
-        self.shared.flags.update(|b| b.close = true);
+        let shared = self.shared();
+        *shared.close_deadline.lock().unwrap_or_else(|p| p.into_inner()) = Some(deadline);
+        shared.flags.update(|b| b.close = true);
         let done = std::mem::take(&mut *self.done.lock().unwrap_or_else(|p| p.into_inner()));
         let mut all = true;
         for rx in done {
@@ -532,6 +581,17 @@ mod tests {
         assert!(parse_update(&json!({"update_id": 8, "edited_message": {}})).is_none());
         assert!(parse_update(&json!({"update_id": 9, "message": {"photo": [], "chat": {"id": 1}}})).is_none());
         assert!(parse_update(&json!("garbage")).is_none());
+    }
+
+    #[test]
+    fn polls_never_outlast_the_receive_budget() {
+        let s = Duration::from_secs;
+        assert_eq!(budgeted_poll(s(25), None), Some(s(25)));
+        assert_eq!(budgeted_poll(s(25), Some(s(60))), Some(s(25)));
+        assert_eq!(budgeted_poll(s(25), Some(Duration::from_millis(2900))), Some(s(2)), "rounded down");
+        assert_eq!(budgeted_poll(s(25), Some(Duration::from_millis(999))), None, "too little left: no poll");
+        assert_eq!(budgeted_poll(s(25), Some(Duration::ZERO)), None);
+        assert_eq!(budgeted_poll(s(0), Some(s(5))), Some(s(0)), "short polls stay short");
     }
 
     #[test]

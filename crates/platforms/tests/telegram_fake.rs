@@ -18,6 +18,8 @@ struct MemHost {
     outbox: Mutex<Vec<Outgoing>>,
     refuse: Mutex<bool>,
     seq: Mutex<i64>,
+    /// What `receive_budget` answers.
+    budget: Mutex<Option<Duration>>,
 }
 
 impl Host for MemHost {
@@ -48,6 +50,9 @@ impl Host for MemHost {
         self.outbox.lock().unwrap().retain(|o| o.seq != seq);
     }
     fn state_changed(&self, _adapter: &str, _state: &State) {}
+    fn receive_budget(&self) -> Option<Duration> {
+        *self.budget.lock().unwrap()
+    }
 }
 
 fn config(base: &str, conflict_s: u64) -> PlatformConfig {
@@ -152,4 +157,47 @@ fn rejected_credentials_park_the_adapter() {
     wait("parked", Duration::from_secs(5), || matches!(t.status().state(), State::Parked(_)));
     assert!(t.status().state().reason().unwrap_or_default().contains("Unauthorized"));
     t.close(Instant::now() + Duration::from_secs(1));
+}
+
+/// A cluster active's receive budget bounds every long poll; without budget the adapter does
+/// not poll, and its stop does not send the terminating poll (a successor may be polling);
+/// `start` after `close` starts afresh and receives again.
+#[test]
+fn polls_follow_the_receive_budget_and_start_after_close_works() {
+    let fake = FakeTelegram::start(Options { linger: Duration::from_millis(300), ..Options::default() }).unwrap();
+    let host = Arc::new(MemHost::default());
+    *host.budget.lock().unwrap() = Some(Duration::from_millis(1500));
+    let cfg = config(&format!("{}/c/a", fake.base_url()), 30);
+    let t = Arc::new(Telegram::new(&cfg, TOKEN.into()));
+    t.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
+    wait("three polls", Duration::from_secs(10), || fake.polls(TOKEN).len() >= 3);
+    let polls = fake.polls(TOKEN);
+    assert!(polls.iter().all(|p| p.consumer == "a" && p.timeout_s == 1), "{polls:#?}");
+
+    // Under a second left: no poll at all.
+    *host.budget.lock().unwrap() = Some(Duration::from_millis(300));
+    wait("the last budgeted poll ends", Duration::from_secs(5), || fake.polls(TOKEN).iter().all(|p| p.end.is_some()));
+    let before = fake.polls(TOKEN).len();
+    fake.inject(TOKEN, 7, 42, "held back");
+    // An observation window for an absence: three would-be polls long.
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(fake.polls(TOKEN).len(), before, "polled without budget");
+    assert!(host.inbox.lock().unwrap().is_empty());
+
+    // Stopping without budget (demoted) sends no terminating getUpdates either.
+    *host.budget.lock().unwrap() = Some(Duration::ZERO);
+    t.stop_intake();
+    assert!(t.close(Instant::now() + Duration::from_secs(3)));
+    assert_eq!(fake.polls(TOKEN).len(), before, "a stop without budget must not poll");
+    assert_eq!(t.status().state(), State::Closed);
+
+    // Started again (a new promotion): new threads, and the message arrives.
+    *host.budget.lock().unwrap() = None;
+    t.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
+    fake.wait_sent(TOKEN, Duration::from_secs(10), |s| s.iter().any(|m| m.text == "echo: held back")).unwrap();
+    wait("connected", Duration::from_secs(5), || t.status().state() == State::Connected);
+    assert!(fake.polls(TOKEN).iter().skip(before).any(|p| p.timeout_s == 2), "unbudgeted polls use poll_timeout_s");
+    t.stop_intake();
+    assert!(t.close(Instant::now() + Duration::from_secs(3)));
+    assert_eq!(fake.stats(TOKEN).pending, 0, "the stop with budget confirmed the offset");
 }

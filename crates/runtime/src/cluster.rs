@@ -23,6 +23,7 @@ use gatewarden_cluster::{Change, Holder, PgLease, Timing};
 use serde_json::json;
 
 use crate::gateway::Gateway;
+use crate::platforms::RoleEvent;
 
 /// How long a stopping active waits for its release to reach the store.
 const RELEASE_BUDGET: Duration = Duration::from_secs(3);
@@ -57,6 +58,8 @@ pub fn start(gw: &Arc<Gateway>, s: &Settings) -> Result<(), String> {
     if gw.cluster.set(handle).is_err() {
         return Err("cluster already started".into());
     }
+    // The adapters run on the active only (platforms.rs).
+    gw.work.platforms().follow_role(gw, s)?;
     crate::info!(
         "cluster {}: standby, competing for the lease (ttl {}s, renewal every {}s)",
         c.name,
@@ -75,6 +78,7 @@ pub fn start(gw: &Arc<Gateway>, s: &Settings) -> Result<(), String> {
                 Change::Promoted { epoch, since } => {
                     crate::info!("cluster: active, epoch {epoch}");
                     gw.record("cluster_promoted", json!({"epoch": epoch, "since": since}));
+                    gw.work.platforms().role_changed(RoleEvent::Promoted { epoch });
                     if started {
                         gw.work.resume_queued(Arc::clone(&gw));
                     } else {
@@ -83,6 +87,8 @@ pub fn start(gw: &Arc<Gateway>, s: &Settings) -> Result<(), String> {
                     }
                 }
                 Change::Demoted { epoch, reason, at, fence_refused } => {
+                    // Intake stopped already (the receive budget is zero); now close them.
+                    gw.work.platforms().role_changed(RoleEvent::Demoted);
                     crate::warn!(
                         "cluster: demoted from epoch {epoch} ({}){}",
                         reason.as_str(),
@@ -110,6 +116,9 @@ pub fn start(gw: &Arc<Gateway>, s: &Settings) -> Result<(), String> {
 /// Gives the lease up after the drain (a no-op without `[cluster]` or when not active).
 pub async fn release(gw: &Gateway) {
     let Some(h) = gw.cluster.get() else { return };
+    // The credentials first: the adapters closed in the drain, and the successor takes them at
+    // its promotion.
+    gw.work.platforms().release_leases(RELEASE_BUDGET).await;
     let was = h.snapshot();
     h.release(RELEASE_BUDGET).await;
     if was.is_active_at(Instant::now()) {
@@ -152,7 +161,7 @@ pub async fn standby_gate(State(gw): State<Arc<Gateway>>, req: Request, next: Ne
 
 /// This machine's name, for the holder identity: `$GATEWARDEN_HOST`, else the kernel's or
 /// `/etc/hostname`, else the environment (`COMPUTERNAME` on Windows).
-fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     let from_env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     let from_file = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty());
     from_env("GATEWARDEN_HOST")

@@ -103,6 +103,9 @@ pub enum Cause {
     },
     /// A marker file changed; the main loop re-probes.
     MarkerChanged,
+    /// The gateway cannot serve as configured (a cluster active's only adapter finds its
+    /// credential held by another gateway): exit 78.
+    Fatal(String),
 }
 
 /// Runs one incarnation to its end. Never panics on bad state; every failure is an outcome.
@@ -338,17 +341,22 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
     if let Some(sig) = early {
         return startup_failed_with(&gw, ExitIntent::Unexpected, format!("{} during start-up", sig.name()));
     }
-    // Chat platforms: after the lock is held, before `running` (each behind its credential lock).
+    // Chat platforms: after the lock is held, before `running` (each behind its credential lock);
+    // with `[cluster]` on promotion only (platforms.rs).
     let platforms = Arc::clone(gw.work.platforms());
-    let started = {
-        let gw = Arc::clone(&gw);
-        let p = Arc::clone(&platforms);
-        tokio::task::spawn_blocking(move || p.start(&gw)).await
-    };
-    match started {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return startup_failed(&gw, e),
-        Err(e) => return startup_failed(&gw, format!("cannot start the chat platform adapters: {e}")),
+    if opts.cluster.is_some() {
+        platforms.standby_all(&gw);
+    } else {
+        let started = {
+            let gw = Arc::clone(&gw);
+            let p = Arc::clone(&platforms);
+            tokio::task::spawn_blocking(move || p.start(&gw)).await
+        };
+        match started {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return startup_failed(&gw, e),
+            Err(e) => return startup_failed(&gw, format!("cannot start the chat platform adapters: {e}")),
+        }
     }
     // Queued before `running`: the first reply after a restart must already carry the notice.
     gw.work.restart_notice(&gw);
@@ -437,6 +445,10 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause, tx: &mpsc::Unbou
                     return restart::begin(gw, opts, &format!("requested by {who}"), &requester.channel);
                 }
             })
+        }
+        Cause::Fatal(reason) => {
+            error!("{reason}");
+            Some(Outcome::new(ExitIntent::FatalConfig, reason))
         }
         Cause::MarkerChanged => {
             for (kind, intent) in

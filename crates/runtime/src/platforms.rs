@@ -1,15 +1,28 @@
 //! The gateway's chat platform adapters (crates/platforms): built from `[[platform]]` tables,
-//! started after the home lock is held and before `running`, each behind its credential lock;
-//! inbound messages journaled through [`GatewayHost`]; drained intake-first.
+//! each behind its credential guard; inbound messages journaled through [`GatewayHost`];
+//! drained intake-first.
+//!
+//! - Without `[cluster]`: started after the home lock is held and before `running`, each
+//!   behind the host-local credential lock ([`CredGuard::Local`]).
+//! - With `[cluster]`: they follow the role ([`Platforms::follow_role`]). A standby runs none
+//!   (each shows `standby`, [`STANDBY_REASON`]). On promotion each adapter's credential lease
+//!   is taken in the store ([`CredGuard::Lease`]) and the adapter started; the leases are
+//!   renewed with the cluster lease; on demotion intake stops at once (the receive budget is
+//!   zero), then the adapters close (a bounded outbox flush) and the leases are released.
+//!   A later promotion starts them again.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use gatewarden_agent::journal::{Kind, NewMessage};
+use gatewarden_cluster::ClusterError;
+use gatewarden_cluster::credlease::{CredAcquired, CredHolder, CredKey, PgCredLeases};
 use gatewarden_lifecycle::records::GatewayState;
 use gatewarden_platforms::credlock::{self, CredLock, CredLockError, Holder};
 use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
 use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::gateway::Gateway;
 use crate::work::{Command, parse_command};
@@ -20,11 +33,51 @@ const WATCHDOG_EVERY: Duration = Duration::from_secs(5);
 const MIN_FLUSH: Duration = Duration::from_secs(2);
 /// The most time a drain gives the outboxes.
 const MAX_FLUSH: Duration = Duration::from_secs(10);
+/// Taken off the lease left for a receive: the request's transit and the platform's own
+/// timer (docs/architecture.md, "Cluster").
+const RECEIVE_MARGIN: Duration = Duration::from_millis(500);
+/// How long a demoted active lets its outboxes flush before it releases the credentials.
+const DEMOTION_FLUSH: Duration = Duration::from_secs(2);
+/// The state reason of every adapter of a cluster standby (`status --json`).
+pub const STANDBY_REASON: &str = "waiting for promotion: this gateway is a cluster standby";
+
+/// What keeps an adapter's credential ours while it runs.
+enum CredGuard {
+    /// The host-local OS lock (crates/platforms/src/credlock.rs), released on drop.
+    Local { _lock: CredLock },
+    /// A lease row in the cluster store, renewed and released by the role task.
+    Lease,
+}
 
 struct Entry {
     adapter: Arc<dyn Adapter>,
     admins: Vec<String>,
-    lock: Mutex<Option<CredLock>>,
+    guard: Mutex<Option<CredGuard>>,
+}
+
+impl Entry {
+    fn set_guard(&self, g: Option<CredGuard>) {
+        *self.guard.lock().unwrap_or_else(|p| p.into_inner()) = g;
+    }
+
+    fn key(&self) -> CredKey {
+        let a = &self.adapter;
+        CredKey {
+            platform: a.kind().to_owned(),
+            credential: gatewarden_platforms::sha256_hex(a.credential().as_bytes()),
+        }
+    }
+}
+
+/// A role change, for [`Platforms::follow_role`]'s task.
+#[derive(Debug)]
+pub enum RoleEvent {
+    Promoted {
+        epoch: i64,
+    },
+    Demoted,
+    /// Graceful stop, after the drain: release every credential lease, then end.
+    Release(oneshot::Sender<()>),
 }
 
 /// Every configured adapter.
@@ -32,6 +85,8 @@ struct Entry {
 pub struct Platforms {
     entries: Vec<Entry>,
     started: Mutex<Option<Instant>>,
+    /// The role task's inbox, with `[cluster]`.
+    role: OnceLock<mpsc::UnboundedSender<RoleEvent>>,
 }
 
 impl Platforms {
@@ -40,9 +95,9 @@ impl Platforms {
         let mut entries = Vec::new();
         for p in &config.platform {
             let adapter = gatewarden_platforms::build(p).map_err(|e| e.to_string())?;
-            entries.push(Entry { adapter, admins: p.admins.clone(), lock: Mutex::new(None) });
+            entries.push(Entry { adapter, admins: p.admins.clone(), guard: Mutex::new(None) });
         }
-        Ok(Platforms { entries, started: Mutex::new(None) })
+        Ok(Platforms { entries, started: Mutex::new(None), role: OnceLock::new() })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -71,7 +126,7 @@ impl Platforms {
                 adapter: Some(a.name().to_owned()),
             };
             match credlock::acquire(a.kind(), a.credential(), &me) {
-                Ok(lock) => *e.lock.lock().unwrap_or_else(|p| p.into_inner()) = Some(lock),
+                Ok(lock) => e.set_guard(Some(CredGuard::Local { _lock: lock })),
                 Err(err @ CredLockError::Held { .. }) if self.entries.len() == 1 => {
                     return Err(format!(
                         "[[platform]] {}: {err}; one bot credential serves one gateway (stop the other one, or remove this [[platform]] table)",
@@ -116,7 +171,65 @@ impl Platforms {
                     e.adapter.name()
                 );
             }
-            drop(e.lock.lock().unwrap_or_else(|p| p.into_inner()).take());
+            // A local lock is released here; a lease by the role task, after this.
+            e.set_guard(None);
+        }
+    }
+
+    /// A cluster standby at boot: no adapter runs; each says why.
+    pub fn standby_all(&self, gw: &Arc<Gateway>) {
+        let host = GatewayHost { gw: Arc::downgrade(gw) };
+        for e in &self.entries {
+            let state = State::Standby(STANDBY_REASON.to_owned());
+            if e.adapter.status().set(state.clone()) {
+                host.state_changed(e.adapter.name(), &state);
+            }
+        }
+    }
+
+    /// With `[cluster]`: starts the task that runs the adapters on the active only (module
+    /// notes). Role changes arrive through [`Platforms::role_changed`].
+    pub fn follow_role(self: &Arc<Self>, gw: &Arc<Gateway>, s: &crate::cluster::Settings) -> Result<(), String> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let c = &s.config;
+        let leases = PgCredLeases::new(&c.store, s.password.as_deref(), &c.name)
+            .map_err(|e| format!("[cluster] store: {e}"))?
+            .with_application_name(&format!("gatewarden pid {} credentials", gw.me.pid));
+        let (tx, rx) = mpsc::unbounded_channel();
+        if self.role.set(tx).is_err() {
+            return Err("the platforms already follow the cluster role".into());
+        }
+        let task = RoleTask {
+            platforms: Arc::clone(self),
+            gw: Arc::clone(gw),
+            host: Arc::new(GatewayHost { gw: Arc::downgrade(gw) }),
+            leases,
+            cluster: c.name.clone(),
+            ttl: c.lease_ttl(),
+            every: c.renew_interval(),
+            epoch: None,
+            held: HashSet::new(),
+        };
+        tokio::spawn(task.run(rx));
+        Ok(())
+    }
+
+    /// Tells the role task (if any) about a role change.
+    pub fn role_changed(&self, ev: RoleEvent) {
+        if let Some(tx) = self.role.get() {
+            let _ = tx.send(ev);
+        }
+    }
+
+    /// After the drain: releases every credential lease (with `[cluster]`), waiting at most
+    /// `budget`.
+    pub async fn release_leases(&self, budget: Duration) {
+        let Some(tx) = self.role.get() else { return };
+        let (ack, done) = oneshot::channel();
+        if tx.send(RoleEvent::Release(ack)).is_ok() {
+            let _ = tokio::time::timeout(budget, done).await;
         }
     }
 
@@ -255,6 +368,11 @@ impl Host for GatewayHost {
         }
     }
 
+    fn receive_budget(&self) -> Option<Duration> {
+        // A gateway that is gone receives nothing more.
+        self.gw.upgrade().map_or(Some(Duration::ZERO), |gw| receive_budget(gw.poll_budget()))
+    }
+
     fn state_changed(&self, adapter: &str, state: &State) {
         let Ok(gw) = self.gw() else { return };
         match state {
@@ -264,5 +382,242 @@ impl Host for GatewayHost {
             _ => crate::info!("[[platform]] {adapter}: {}", state.name()),
         }
         gw.record("platform_state", json!({"platform": adapter, "state": state.name(), "reason": state.reason()}));
+    }
+}
+
+/// The longest one receive may block: without a cluster, unbounded (`None`); with one, the
+/// lease left (zero on a standby) minus [`RECEIVE_MARGIN`], so a poll that cannot be fenced
+/// ends before the lease can.
+fn receive_budget(lease_left: Option<Duration>) -> Option<Duration> {
+    lease_left.map(|l| l.saturating_sub(RECEIVE_MARGIN))
+}
+
+/// Why an adapter could not take its credential lease.
+enum Refusal {
+    /// Another live holder: parked until it goes.
+    Held(String),
+    /// The store did not answer: degraded, retried at the next renewal.
+    Store(String),
+}
+
+/// Runs the adapters on the cluster's active only (module notes). Role events are handled one
+/// at a time, in order; between them the credential leases are renewed every renewal interval.
+struct RoleTask {
+    platforms: Arc<Platforms>,
+    gw: Arc<Gateway>,
+    host: Arc<GatewayHost>,
+    leases: PgCredLeases,
+    cluster: String,
+    ttl: Duration,
+    every: Duration,
+    /// Our epoch while active.
+    epoch: Option<i64>,
+    /// Entries whose lease we hold (their adapters run).
+    held: HashSet<usize>,
+}
+
+impl RoleTask {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<RoleEvent>) {
+        let mut tick = tokio::time::interval(self.every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                ev = rx.recv() => match ev {
+                    None => return,
+                    Some(RoleEvent::Promoted { epoch }) => self.promoted(epoch).await,
+                    Some(RoleEvent::Demoted) => self.demoted().await,
+                    Some(RoleEvent::Release(ack)) => {
+                        self.epoch = None;
+                        self.stop_all(Instant::now() + MIN_FLUSH).await;
+                        let _ = ack.send(());
+                        return;
+                    }
+                },
+                _ = tick.tick() => self.renew().await,
+            }
+        }
+    }
+
+    fn me(&self, epoch: i64, adapter: &str) -> CredHolder {
+        CredHolder {
+            cluster: self.cluster.clone(),
+            host: crate::cluster::host_name(),
+            home: self.gw.home_str.clone(),
+            pid: self.gw.me.pid,
+            incarnation: self.gw.me.id.clone(),
+            epoch,
+            adapter: Some(adapter.to_owned()),
+        }
+    }
+
+    /// One store call, bounded by a renewal interval (a timeout forgets the connection).
+    async fn bounded<T>(
+        &mut self,
+        f: impl AsyncFnOnce(&mut PgCredLeases) -> Result<T, ClusterError>,
+    ) -> Result<T, ClusterError> {
+        match tokio::time::timeout(self.every, f(&mut self.leases)).await {
+            Ok(r) => r,
+            Err(_) => {
+                self.leases.reset();
+                Err(ClusterError::Timeout(self.every))
+            }
+        }
+    }
+
+    async fn promoted(&mut self, epoch: i64) {
+        if self.gw.phase.get() != GatewayState::Running {
+            return; // draining: nothing starts any more
+        }
+        self.epoch = Some(epoch);
+        *self.platforms.started.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        self.take_missing(epoch).await;
+    }
+
+    /// Takes the lease of, and starts, every adapter that does not run yet.
+    async fn take_missing(&mut self, epoch: i64) {
+        let only = self.platforms.entries.len() == 1;
+        for i in 0..self.platforms.entries.len() {
+            // Nothing starts once the drain began (the gateway is still active until it releases).
+            if self.held.contains(&i) || !self.gw.is_active() || self.gw.phase.get() != GatewayState::Running {
+                continue;
+            }
+            let (key, me) = {
+                let e = &self.platforms.entries[i];
+                (e.key(), self.me(epoch, e.adapter.name()))
+            };
+            let ttl = self.ttl;
+            let r = self.bounded(async |l| l.acquire(&key, &me, ttl).await).await;
+            let refusal = match r {
+                Ok(CredAcquired::Granted) => None,
+                // Stable wording (no countdown): it is re-checked every renewal interval.
+                Ok(CredAcquired::Held { holder, .. }) => Some(Refusal::Held(format!(
+                    "this {} credential is in use by {}; one bot credential serves one gateway (retried until that lease expires)",
+                    key.platform,
+                    holder.map_or_else(|| "another gateway".to_owned(), |h| h.to_string()),
+                ))),
+                Err(ClusterError::Fenced { .. }) => return, // demoted: the event follows
+                Err(e) => Some(Refusal::Store(format!("cannot take the credential lease: {e}; retrying"))),
+            };
+            let e = &self.platforms.entries[i];
+            let a = Arc::clone(&e.adapter);
+            match refusal {
+                None => {
+                    e.set_guard(Some(CredGuard::Lease));
+                    self.held.insert(i);
+                    let host: Arc<dyn Host> = Arc::clone(&self.host) as Arc<dyn Host>;
+                    let started = {
+                        let a = Arc::clone(&a);
+                        tokio::task::spawn_blocking(move || a.start(host)).await
+                    };
+                    match started {
+                        Ok(Ok(())) => {
+                            crate::info!("[[platform]] {} ({}) started (cluster epoch {epoch})", a.name(), a.kind());
+                        }
+                        Ok(Err(err)) => crate::error!("[[platform]] {}: {err}", a.name()),
+                        Err(err) => crate::error!("[[platform]] {}: cannot start: {err}", a.name()),
+                    }
+                }
+                Some(Refusal::Held(reason)) => {
+                    if only {
+                        // Same rule as the local lock: the only adapter cannot serve; exit 78.
+                        self.gw.work.send_cause(crate::Cause::Fatal(format!("[[platform]] {}: {reason}", a.name())));
+                    }
+                    if !matches!(a.status().state(), State::Parked(ref r) if *r == reason) {
+                        a.park(reason);
+                        self.host.state_changed(a.name(), &a.status().state());
+                    }
+                }
+                Some(Refusal::Store(reason)) => {
+                    let state = State::Degraded(reason);
+                    if a.status().set(state.clone()) {
+                        self.host.state_changed(a.name(), &state);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every renewal interval while active: renew what we hold (a lease lost stops its
+    /// adapter), and retry what is parked.
+    async fn renew(&mut self) {
+        let Some(epoch) = self.epoch else { return };
+        if !self.gw.is_active() {
+            return; // the demotion event follows
+        }
+        let mut lost = Vec::new();
+        let held: Vec<usize> = self.held.iter().copied().collect();
+        for i in held {
+            let (key, me) = {
+                let e = &self.platforms.entries[i];
+                (e.key(), self.me(epoch, e.adapter.name()))
+            };
+            let ttl = self.ttl;
+            if let Ok(false) = self.bounded(async |l| l.renew(&key, &me, ttl).await).await {
+                lost.push(i);
+            }
+        }
+        for i in lost {
+            let a = Arc::clone(&self.platforms.entries[i].adapter);
+            crate::warn!("[[platform]] {}: credential lease lost (it expired and was taken); stopping", a.name());
+            self.stop(i, Instant::now() + MIN_FLUSH).await;
+            a.park("the credential lease was lost to another gateway; retried every renewal".into());
+            self.host.state_changed(a.name(), &a.status().state());
+        }
+        self.take_missing(epoch).await;
+    }
+
+    async fn demoted(&mut self) {
+        self.epoch = None;
+        self.stop_all(Instant::now() + DEMOTION_FLUSH).await;
+        if self.gw.phase.get() == GatewayState::Running {
+            self.platforms.standby_all(&self.gw);
+        }
+    }
+
+    /// Stops every adapter we hold a lease for, then releases the leases.
+    async fn stop_all(&mut self, deadline: Instant) {
+        let held: Vec<usize> = self.held.iter().copied().collect();
+        for i in held {
+            self.stop(i, deadline).await;
+        }
+    }
+
+    /// Intake first, then close (bounded flush), then the lease.
+    async fn stop(&mut self, i: usize, deadline: Instant) {
+        self.held.remove(&i);
+        let platforms = Arc::clone(&self.platforms);
+        let e = &platforms.entries[i];
+        let a = Arc::clone(&e.adapter);
+        let key = e.key();
+        // Release matches the holder id only, not the epoch.
+        let me = self.me(0, a.name());
+        let closed = tokio::task::spawn_blocking(move || {
+            a.stop_intake();
+            a.close(deadline)
+        })
+        .await;
+        if !matches!(closed, Ok(true)) {
+            crate::warn!(
+                "[[platform]] {}: replies still queued after the flush (this home sends them when it runs the adapter again)",
+                e.adapter.name()
+            );
+        }
+        e.set_guard(None);
+        if let Err(err) = self.bounded(async |l| l.release(&key, &me).await).await {
+            crate::warn!("[[platform]] {}: cannot release the credential lease ({err}); it expires", e.adapter.name());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receive_budget_is_the_lease_left_minus_the_margin() {
+        assert_eq!(receive_budget(None), None, "no cluster: the adapter's own setting");
+        assert_eq!(receive_budget(Some(Duration::ZERO)), Some(Duration::ZERO), "a standby: no receive");
+        assert_eq!(receive_budget(Some(Duration::from_millis(300))), Some(Duration::ZERO));
+        assert_eq!(receive_budget(Some(Duration::from_millis(2250))), Some(Duration::from_millis(1750)));
     }
 }

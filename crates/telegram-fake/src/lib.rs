@@ -16,6 +16,11 @@
 //! - `sendMessage` (logged for [`FakeTelegram::sent`]), `getMe`, `setWebhook`,
 //!   `deleteWebhook`, `getWebhookInfo` (`pending_update_count`).
 //!
+//! - **Consumers told apart.** `<base>/c/<consumer>` is the same API as `<base>`, with every
+//!   `getUpdates` logged under that consumer's name ([`FakeTelegram::polls`]: start, end,
+//!   requested timeout, whether it ended in a 409), so a test with two gateways on one token
+//!   (each configured with its own `api_base`) knows which of them polled, and when.
+//!
 //! The server runs on its own thread and runtime; [`FakeTelegram::kill`] drops every
 //! connection at once and [`FakeTelegram::revive`] listens again on the same port with the same
 //! queues. The test API is both Rust methods and HTTP (`/_fake/...`, for scripts and benches).
@@ -81,8 +86,23 @@ pub struct Stats {
     pub max_poll_gap_ms: u64,
 }
 
+/// One `getUpdates`, as the server saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PollRecord {
+    /// The `<consumer>` of a `/c/<consumer>/…` address; empty for the plain address.
+    pub consumer: String,
+    pub start: SystemTime,
+    /// When the answer was produced, or the client went away (`None`: still in flight).
+    pub end: Option<SystemTime>,
+    /// The `timeout` the client asked for.
+    pub timeout_s: u64,
+    /// Answered 409.
+    pub conflict: bool,
+}
+
 #[derive(Default)]
 struct Bot {
+    polls: Vec<PollRecord>,
     queue: VecDeque<Value>,
     next_update: i64,
     next_message: i64,
@@ -251,6 +271,11 @@ impl FakeTelegram {
         });
     }
 
+    /// Every `getUpdates` of this bot so far, oldest first.
+    pub fn polls(&self, token: &str) -> Vec<PollRecord> {
+        self.shared.with(token, |b| b.polls.clone())
+    }
+
     /// Every later call with this token answers 401 Unauthorized.
     pub fn revoke(&self, token: &str) {
         self.shared.revoked.lock().unwrap_or_else(|p| p.into_inner()).push(token.to_owned());
@@ -289,6 +314,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/_fake/sent", get(http_sent))
         .route("/_fake/stats", get(http_stats))
         .route("/{bot}/{method}", post(api).get(api))
+        .route("/c/{consumer}/{bot}/{method}", post(consumer_api).get(consumer_api))
         .with_state(shared)
 }
 
@@ -324,10 +350,49 @@ fn int(p: &HashMap<String, Value>, key: &str) -> Option<i64> {
     }
 }
 
+async fn consumer_api(
+    State(shared): State<Arc<Shared>>,
+    Path((consumer, bot, method)): Path<(String, String, String)>,
+    Query(query): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Response {
+    call(shared, consumer, bot, method, query, body).await
+}
+
 async fn api(
     State(shared): State<Arc<Shared>>,
     Path((bot, method)): Path<(String, String)>,
     Query(query): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Response {
+    call(shared, String::new(), bot, method, query, body).await
+}
+
+/// Ends a [`PollRecord`] however its handler ends (answered, or dropped with the client).
+struct PollLog {
+    shared: Arc<Shared>,
+    token: String,
+    index: usize,
+    conflict: bool,
+}
+
+impl Drop for PollLog {
+    fn drop(&mut self) {
+        self.shared.with(&self.token, |b| {
+            if let Some(p) = b.polls.get_mut(self.index) {
+                p.end.get_or_insert_with(SystemTime::now);
+                p.conflict = self.conflict;
+            }
+        });
+    }
+}
+
+async fn call(
+    shared: Arc<Shared>,
+    consumer: String,
+    bot: String,
+    method: String,
+    query: HashMap<String, String>,
     body: Bytes,
 ) -> Response {
     let Some(token) =
@@ -354,7 +419,18 @@ async fn api(
     }
     let p = params(query, &body);
     match method.as_str() {
-        "getUpdates" => get_updates(shared, token.to_owned(), p).await,
+        "getUpdates" => {
+            let timeout_s = int(&p, "timeout").unwrap_or(0).clamp(0, 3600) as u64;
+            let index = shared.with(token, |b| {
+                let start = SystemTime::now();
+                b.polls.push(PollRecord { consumer, start, end: None, timeout_s, conflict: false });
+                b.polls.len() - 1
+            });
+            let mut log = PollLog { shared: Arc::clone(&shared), token: token.to_owned(), index, conflict: false };
+            let r = get_updates(Arc::clone(&shared), token.to_owned(), p).await;
+            log.conflict = r.status() == StatusCode::CONFLICT;
+            r
+        }
         "sendMessage" => send_message(&shared, token, &p),
         "getMe" => {
             let id = token.split(':').next().unwrap_or("0").parse::<u64>().unwrap_or(0);
