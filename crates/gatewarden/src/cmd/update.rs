@@ -33,6 +33,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::Digest;
 
+mod archive;
+
 use super::manager;
 use super::restart::{restart_verified, status_of};
 
@@ -50,7 +52,7 @@ const SILENT_LIMIT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct UpdateArgs {
-    /// The release: a gatewarden binary, as a local path or an http(s) URL
+    /// The release: a gatewarden binary or a .tar.gz holding one, as a local path or an http(s) URL
     #[arg(long, value_name = "PATH|URL", conflicts_with_all = ["status", "rollback"])]
     pub from: Option<String>,
     /// Expected sha256 of the release (hex); required for URLs
@@ -81,6 +83,10 @@ pub struct UpdateArgs {
     /// Internal: the chat that asked (`/update`); it gets the outcome notice
     #[arg(long, hide = true, value_name = "CHAT")]
     pub chat: Option<String>,
+    /// Internal: the chat platform adapter `--chat` belongs to (its notice goes through the
+    /// outbox); without it the chat is an HTTP one
+    #[arg(long, hide = true, value_name = "ADAPTER", requires = "chat")]
+    pub chat_platform: Option<String>,
 }
 
 /// Where a transaction is. `committed`, `rolled_back` and `failed` are final.
@@ -121,6 +127,9 @@ pub struct Txn {
     pub updater_pid: u32,
     #[serde(default)]
     pub chat: Option<String>,
+    /// The adapter `chat` belongs to (`None`: an HTTP chat).
+    #[serde(default)]
+    pub platform: Option<String>,
     #[serde(default)]
     pub reason: Option<String>,
     #[serde(default)]
@@ -155,12 +164,12 @@ pub fn update(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
         let why = format!("another update is in progress{}", who.unwrap_or_default());
         eprintln!("{why}; nothing changed");
         if let Some(chat) = &args.chat {
-            notify_chat(&home, chat, &format!("update refused: {why}; nothing changed"));
+            notify_chat(&home, chat, args.chat_platform.as_deref(), &format!("update refused: {why}; nothing changed"));
         }
         return Ok(ExitCode::from(1));
     };
     let mut u = Updater::new(&home, args.timeout, args.json);
-    u.chat = args.chat.clone();
+    u.chat = args.chat.clone().map(|c| (c, args.chat_platform.clone()));
     // A transaction a killed updater left behind is finished first.
     if let Some(t) = read_txn(&home).filter(|t| !t.phase.is_final()) {
         let code = u.resume(t);
@@ -234,8 +243,8 @@ struct Updater<'h> {
     timeout_s: u64,
     json: bool,
     t0: Instant,
-    /// The chat that asked (`/update`), told about refusals too.
-    chat: Option<String>,
+    /// The chat that asked (`/update`) and its adapter, told about refusals too.
+    chat: Option<(String, Option<String>)>,
 }
 
 impl<'h> Updater<'h> {
@@ -267,8 +276,8 @@ impl<'h> Updater<'h> {
             println!("{}", json!({"ok": false, "changed": false, "reason": why}));
         }
         eprintln!("update refused: {why}; nothing changed");
-        if let Some(chat) = &self.chat {
-            notify_chat(self.home, chat, &format!("update refused: {why}; still on {VERSION}"));
+        if let Some((chat, platform)) = &self.chat {
+            notify_chat(self.home, chat, platform.as_deref(), &format!("update refused: {why}; still on {VERSION}"));
         }
         Ok(ExitCode::from(1))
     }
@@ -315,6 +324,7 @@ impl<'h> Updater<'h> {
             to_sha256: staged.sha256.clone(),
             updater_pid: std::process::id(),
             chat: args.chat.clone(),
+            platform: args.chat.as_ref().and(args.chat_platform.clone()),
             reason: None,
             incarnation: None,
             finished: None,
@@ -513,7 +523,7 @@ impl<'h> Updater<'h> {
     /// The chat that asked gets exactly one outcome notice (delivered by the gateway).
     fn notify(&self, t: &Txn, text: &str) {
         if let Some(chat) = &t.chat {
-            notify_chat(self.home, chat, text);
+            notify_chat(self.home, chat, t.platform.as_deref(), text);
         }
     }
 
@@ -548,17 +558,29 @@ impl<'h> Updater<'h> {
         if is_url && args.sha256.is_none() && public_key.is_none() {
             return Err("--sha256 is required for a URL (or set [update] public_key)".into());
         }
-        let bytes = fetch(from)?;
-        let sha = hex(&sha2::Sha256::digest(&bytes));
+        let fetched = fetch(from)?;
+        let fetched_sha = hex(&sha2::Sha256::digest(&fetched));
         if let Some(want) = &args.sha256
-            && !want.trim().eq_ignore_ascii_case(&sha)
+            && !want.trim().eq_ignore_ascii_case(&fetched_sha)
         {
-            return Err(format!("checksum mismatch: {from} has sha256 {sha}, expected {}", want.trim()));
+            return Err(format!("checksum mismatch: {from} has sha256 {fetched_sha}, expected {}", want.trim()));
         }
         if let Some(key) = public_key {
             let sig_src = args.signature.clone().unwrap_or_else(|| format!("{from}.minisig"));
-            verify_signature(key, &bytes, &sig_src)?;
+            verify_signature(key, &fetched, &sig_src)?;
         }
+        // The hash and signature cover what was downloaded; an archive is opened only after.
+        let bytes = match archive::Format::detect(&fetched) {
+            archive::Format::Binary => fetched,
+            archive::Format::TarGz => {
+                archive::tar_gz_executable(&fetched, MAX_RELEASE_BYTES).map_err(|e| format!("{from}: {e}"))?
+            }
+            archive::Format::Zip => {
+                return Err(format!("{from} is a zip archive: use the .tar.gz release or the bare binary"));
+            }
+        };
+        // The executable's own hash: what tells the new file from the old one on disk.
+        let sha = hex(&sha2::Sha256::digest(&bytes));
         let dir = self.home.dir().join(RELEASES);
         std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let tmp = dir.join(format!(".incoming-{}", std::process::id()));
@@ -679,9 +701,10 @@ impl<'h> Updater<'h> {
     }
 }
 
-/// Leaves one outcome notice for `chat`; the gateway delivers it once (`runtime/src/work.rs`).
-fn notify_chat(home: &Home, chat: &str, text: &str) {
-    let v = json!({"chat_id": chat, "text": text, "at": timefmt::now()});
+/// Leaves one outcome notice for `chat` (of the adapter `platform`, or an HTTP chat); the
+/// gateway delivers it once (`runtime/src/work.rs`).
+fn notify_chat(home: &Home, chat: &str, platform: Option<&str>, text: &str) {
+    let v = json!({"chat_id": chat, "platform": platform, "text": text, "at": timefmt::now()});
     let name = format!("{}{}.json", gatewarden_runtime::work::UPDATE_NOTIFY_PREFIX, std::process::id());
     if let Err(e) = fsio::write_json(&home.dir().join(name), &v) {
         eprintln!("warning: cannot leave the chat notice: {e}");

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::gateway::Gateway;
-use crate::work::{Command, RETRY_AFTER, parse_command};
+use crate::work::{RETRY_AFTER, parse_command};
 
 #[derive(Debug, Deserialize)]
 pub struct MessageIn {
@@ -56,7 +56,7 @@ pub async fn post(State(gw): State<Arc<Gateway>>, Json(m): Json<MessageIn>) -> R
     if let Some(cmd) = parse_command(&m.text) {
         // `/status` and `/help` are for everyone; `/restart` and `/stop` need an admin who came
         // with the API token, never an anonymous caller (docs/security.md).
-        if matches!(cmd, Command::Restart | Command::Stop | Command::Update) && !work.may_command_http(&m.user_id) {
+        if !work.may_run(cmd, None, &m.user_id) {
             let why = if work.api_token.is_some() {
                 "commands are for the admins listed in config.toml"
             } else {
