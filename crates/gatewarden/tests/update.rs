@@ -725,9 +725,13 @@ fn update_from_a_tar_gz_then_roll_back_by_hand() {
     // The name says nothing: the format is told by its bytes.
     let path = r.dir.path().join("rel/release.bin");
     std::fs::write(&path, &archive).unwrap();
-    let out = r.update(&["--from", path.to_str().unwrap(), "--sha256", &sha256_hex(&archive), "--timeout", "20"]);
+    let sha = sha256_hex(&archive);
+    let out = r.update(&["--from", path.to_str().unwrap(), "--sha256", &sha, "--timeout", "20", "--json"]);
     assert_cli(&out, 0, "update from a .tar.gz");
-    assert!(out.stdout.contains(&format!("updated {} → 9.9.9", r.version)), "{out:#?}");
+    // Under --json stdout is the one outcome document; progress goes to stderr.
+    assert!(out.stderr.contains(&format!("updated {} → 9.9.9", r.version)), "{out:#?}");
+    let v = out.json();
+    assert_eq!((&v["ok"], &v["update"]["phase"]), (&json!(true), &json!("committed")), "{out:#?}");
     let t = r.txn();
     assert_eq!(t["phase"], json!("committed"), "{t}");
     // update.json keeps the executable's hash (what tells the new file on disk), not the archive's.
@@ -736,9 +740,15 @@ fn update_from_a_tar_gz_then_roll_back_by_hand() {
     r.assert_one_gateway("9.9.9");
     assert_ne!(current_gateway(r.home.path()).unwrap().0, g.pid(), "a new incarnation runs");
 
-    let back = r.update(&["--rollback"]);
+    let back = r.update(&["--rollback", "--json"]);
     assert_cli(&back, 0, "update --rollback");
+    let v = back.json();
+    assert_eq!((&v["ok"], &v["update"]["phase"]), (&json!(true), &json!("rolled_back")), "{back:#?}");
     r.assert_one_gateway(&r.version);
+    // Nothing left to roll back: refused, still as one JSON document.
+    let again = r.update(&["--rollback", "--json"]);
+    assert_cli(&again, 1, "a second --rollback");
+    assert_eq!((&again.json()["ok"], &again.json()["changed"]), (&json!(false), &json!(false)), "{again:#?}");
 }
 
 /// Hostile, ambiguous or broken archives are refused before anything changes.
@@ -760,8 +770,11 @@ fn bad_archives_change_nothing() {
     for (name, bytes, why) in cases {
         let path = r.dir.path().join(format!("rel/{name}.tar.gz"));
         std::fs::write(&path, &bytes).unwrap();
-        let out = r.update(&["--from", path.to_str().unwrap(), "--sha256", &sha256_hex(&bytes)]);
+        let out = r.update(&["--from", path.to_str().unwrap(), "--sha256", &sha256_hex(&bytes), "--json"]);
         assert_refused_unchanged(&r, &mut g, &out, why);
+        let v = out.json();
+        assert_eq!((&v["ok"], &v["changed"]), (&json!(false), &json!(false)), "{name}: {out:#?}");
+        assert!(v["reason"].as_str().is_some_and(|r| r.contains(why)), "{name}: {v}");
     }
 }
 

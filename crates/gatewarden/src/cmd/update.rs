@@ -162,6 +162,9 @@ pub fn update(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
         }
         let who = read_txn(&home).map(|t| format!(" (pid {}, {} → {}, {:?})", t.updater_pid, t.from, t.to, t.phase));
         let why = format!("another update is in progress{}", who.unwrap_or_default());
+        if args.json {
+            println!("{}", json!({"ok": false, "changed": false, "reason": why}));
+        }
         eprintln!("{why}; nothing changed");
         if let Some(chat) = &args.chat {
             notify_chat(&home, chat, args.chat_platform.as_deref(), &format!("update refused: {why}; nothing changed"));
@@ -170,9 +173,10 @@ pub fn update(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
     };
     let mut u = Updater::new(&home, args.timeout, args.json);
     u.chat = args.chat.clone().map(|c| (c, args.chat_platform.clone()));
-    // A transaction a killed updater left behind is finished first.
+    // A transaction a killed updater left behind is finished first (reported as text: the
+    // JSON outcome is this command's own).
     if let Some(t) = read_txn(&home).filter(|t| !t.phase.is_final()) {
-        let code = u.resume(t);
+        let code = if args.resume { u.resume(t) } else { Updater::new(&home, args.timeout, false).resume(t) };
         if args.resume {
             return Ok(code);
         }
@@ -269,6 +273,16 @@ impl<'h> Updater<'h> {
         }
     }
 
+    /// Progress for people: stdout, or stderr under `--json` (whose stdout is the one JSON
+    /// outcome).
+    fn say(&self, line: &str) {
+        if self.json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    }
+
     /// A refusal before anything changed: exit 1 with the reason.
     fn refuse(&self, why: &str) -> anyhow::Result<ExitCode> {
         let _ = self.ledger.append("update_refused", json!({"reason": why}));
@@ -291,7 +305,10 @@ impl<'h> Updater<'h> {
         if let Some(why) = self.runs_elsewhere(&target) {
             return self.refuse(&why);
         }
-        let config = gatewarden_agent::Config::load(self.home.dir()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let config = match gatewarden_agent::Config::load(self.home.dir()) {
+            Ok(c) => c,
+            Err(e) => return self.refuse(&format!("cannot read the configuration: {e}")),
+        };
         let staged = match self.stage(from, args, config.update.public_key.as_deref()) {
             Ok(s) => s,
             Err(why) => return self.refuse(&why),
@@ -299,11 +316,11 @@ impl<'h> Updater<'h> {
         if staged.version == VERSION {
             return self.refuse(&format!("the release is version {VERSION}, the version this binary already is"));
         }
-        println!("staged gatewarden {} ({})", staged.version, staged.path.display());
+        self.say(&format!("staged gatewarden {} ({})", staged.version, staged.path.display()));
         if let Err(why) = preflight(self.home, &staged.path, &target) {
             return self.refuse(&format!("preflight of {} failed: {why}", staged.version));
         }
-        println!("preflight passed");
+        self.say("preflight passed");
         let from_sha = match sha256_file(&target) {
             Ok(h) => h,
             Err(e) => return self.refuse(&format!("cannot read {}: {e}", target.display())),
@@ -340,7 +357,7 @@ impl<'h> Updater<'h> {
         }
         t.phase = Phase::Swapped;
         self.save(&t);
-        println!("swapped {} → {}", t.from, t.to);
+        self.say(&format!("swapped {} → {}", t.from, t.to));
         Ok(self.restart_and_probe(t))
     }
 
@@ -368,7 +385,7 @@ impl<'h> Updater<'h> {
                     s.pid.map_or("?".into(), |p| p.to_string()),
                     self.t0.elapsed().as_secs_f64()
                 );
-                println!("{msg}");
+                self.say(&msg);
                 self.notify(&t, &msg);
                 self.bless(&t);
                 self.finish(&mut t, Phase::Committed, None, s.incarnation)
@@ -398,7 +415,7 @@ impl<'h> Updater<'h> {
         t2.incarnation = s.incarnation.clone();
         self.save(&t2);
         let probation = gatewarden_agent::Config::load(self.home.dir()).map(|c| c.update.probation_s).unwrap_or(10);
-        println!("{} is ready; probation {probation}s", t.to);
+        self.say(&format!("{} is ready; probation {probation}s", t.to));
         let until = Instant::now() + Duration::from_secs(probation);
         let ep = Endpoint::for_home(self.home.dir());
         let mut silent_since: Option<Instant> = None;
@@ -500,6 +517,12 @@ impl<'h> Updater<'h> {
     }
 
     fn finish(&self, t: &mut Txn, phase: Phase, reason: Option<String>, inc: Option<String>) -> ExitCode {
+        self.finish_as(t, phase, reason, inc, phase == Phase::Committed)
+    }
+
+    /// [`Updater::finish`]; `ok` is whether this command did what it was asked (a rollback
+    /// by hand succeeds by ending `rolled_back`).
+    fn finish_as(&self, t: &mut Txn, phase: Phase, reason: Option<String>, inc: Option<String>, ok: bool) -> ExitCode {
         t.phase = phase;
         t.reason = reason;
         if inc.is_some() {
@@ -508,10 +531,9 @@ impl<'h> Updater<'h> {
         t.finished = Some(timefmt::now());
         t.elapsed_ms = Some(self.t0.elapsed().as_millis() as u64);
         self.save(t);
-        let ok = phase == Phase::Committed;
         let _ = self.ledger.append(
             "update_result",
-            json!({"ok": ok, "phase": phase, "from": t.from, "to": t.to, "reason": t.reason,
+            json!({"ok": phase == Phase::Committed, "phase": phase, "from": t.from, "to": t.to, "reason": t.reason,
                    "incarnation": t.incarnation, "elapsed_ms": t.elapsed_ms}),
         );
         if self.json {
@@ -602,33 +624,40 @@ impl<'h> Updater<'h> {
 
     /// `update --rollback`: the last update's previous binary back in place, verified running.
     fn rollback_by_hand(&self) -> anyhow::Result<ExitCode> {
+        let nothing = |why: String| {
+            if self.json {
+                println!("{}", json!({"ok": false, "changed": false, "reason": why}));
+            }
+            eprintln!("{why}");
+            Ok(ExitCode::from(1))
+        };
         let Some(mut t) = read_txn(self.home) else {
-            eprintln!("no update recorded in {}: nothing to roll back to", self.home.dir().display());
-            return Ok(ExitCode::from(1));
+            return nothing(format!("no update recorded in {}: nothing to roll back to", self.home.dir().display()));
         };
         // A failed transaction may have left the new file in place (its rollback failed).
         if !matches!(t.phase, Phase::Committed | Phase::Failed) {
-            eprintln!("the last update ({} → {}) is {:?}: the binary is already {}", t.from, t.to, t.phase, t.from);
-            return Ok(ExitCode::from(1));
+            return nothing(format!(
+                "the last update ({} → {}) is {:?}: the binary is already {}",
+                t.from, t.to, t.phase, t.from
+            ));
         }
         if !t.previous.is_file() {
-            eprintln!("the last known good binary {} is gone", t.previous.display());
-            return Ok(ExitCode::from(1));
+            return nothing(format!("the last known good binary {} is gone", t.previous.display()));
         }
-        println!("rolling back {} → {}", t.to, t.from);
+        self.say(&format!("rolling back {} → {}", t.to, t.from));
         t.chat = None;
         let why = "rolled back by hand (`update --rollback`)".to_owned();
         match self.revert(&t) {
             Ok(s) => {
-                println!(
+                self.say(&format!(
                     "rolled back {} → {} (incarnation {}) in {:.2}s",
                     t.to,
                     t.from,
                     s.incarnation.clone().unwrap_or_default(),
                     self.t0.elapsed().as_secs_f64()
-                );
+                ));
                 self.bless(&t);
-                let _ = self.finish(&mut t, Phase::RolledBack, Some(why), s.incarnation);
+                let _ = self.finish_as(&mut t, Phase::RolledBack, Some(why), s.incarnation, true);
                 Ok(ExitCode::SUCCESS)
             }
             Err(e) => {
@@ -678,7 +707,7 @@ impl<'h> Updater<'h> {
                             t.to,
                             s.incarnation.clone().unwrap_or_default()
                         );
-                        println!("{msg}");
+                        self.say(&msg);
                         self.notify(&t, &msg);
                         self.bless(&t);
                         self.finish(&mut t, Phase::Committed, None, s.incarnation)
@@ -745,9 +774,8 @@ pub fn on_gateway_start(home: &Home) {
 /// alive this finishes the transaction; a live updater sees the old version come back and
 /// finishes its roll back. True when it reverted.
 pub fn revert_after_crash(home: &Home, exit: &str, by: &str) -> bool {
-    let Some(mut t) = read_txn(home).filter(|t| !t.phase.is_final()) else { return false };
-    if sha256_file(&t.target).ok().as_deref() != Some(t.to_sha256.as_str()) || swap_in(&t.previous, &t.target).is_err()
-    {
+    let Some(mut t) = read_txn(home) else { return false };
+    if !runs_unblessed(&t, sha256_file(&t.target).ok().as_deref()) || swap_in(&t.previous, &t.target).is_err() {
         return false;
     }
     let why = format!("the new version exited ({exit}) before probation ended; reverted by {by}");
@@ -764,13 +792,28 @@ pub fn revert_after_crash(home: &Home, exit: &str, by: &str) -> bool {
     true
 }
 
+/// The rule every route without the updater applies to a gateway that ended unplanned
+/// (`supervise`, and through it launchd, whose LaunchAgent runs `supervise`; systemd's
+/// `ExecStopPost=`): it ran an unblessed release when a transaction is unfinished and the file
+/// on disk (`on_disk`, its sha256) is that transaction's new release. Otherwise it was the
+/// old or the blessed binary crashing, which is the service manager's business.
+pub fn runs_unblessed(t: &Txn, on_disk: Option<&str>) -> bool {
+    !t.phase.is_final() && on_disk == Some(t.to_sha256.as_str())
+}
+
+/// Whether systemd's `$SERVICE_RESULT`/`$EXIT_STATUS` (as `ExecStopPost=` sees them) describe
+/// a planned end: a planned restart (75) or a clean stop. Anything else is a crash.
+fn systemd_end_is_planned(result: &str, status: &str) -> bool {
+    status == "75" || (result == "success" && status == "0")
+}
+
 /// `update --after-exit` under systemd's `ExecStopPost=`: the unit's main process ended; a
 /// planned restart (75) or a clean stop changes nothing, anything else during an unfinished
 /// update reverts it ([`revert_after_crash`]) so the relaunch runs the old binary.
 fn after_exit(home: &Home) -> ExitCode {
     let result = std::env::var("SERVICE_RESULT").unwrap_or_default();
     let status = std::env::var("EXIT_STATUS").unwrap_or_default();
-    if status == "75" || (result == "success" && status == "0") {
+    if systemd_end_is_planned(&result, &status) {
         return ExitCode::SUCCESS;
     }
     let exit = format!("{result}, exit status {}", if status.is_empty() { "?" } else { &status });
@@ -996,6 +1039,52 @@ mod tests {
         assert_eq!(parse_version("gatewarden \n"), None);
         assert_eq!(parse_version("other 1.0"), None);
         assert_eq!(parse_version("gatewarden 1.0; rm -rf /"), None);
+    }
+
+    fn txn(phase: Phase) -> Txn {
+        Txn {
+            from: "1.0.0".into(),
+            to: "1.1.0".into(),
+            phase,
+            started: "2026-01-01T00:00:00Z".into(),
+            target: "/opt/gw/gatewarden".into(),
+            staged: "/h/releases/1.1.0-bbbb/gatewarden".into(),
+            previous: "/h/releases/1.0.0-aaaa/gatewarden".into(),
+            from_sha256: "aaaa".into(),
+            to_sha256: "bbbb".into(),
+            updater_pid: 1,
+            chat: None,
+            platform: None,
+            reason: None,
+            incarnation: None,
+            finished: None,
+            elapsed_ms: None,
+        }
+    }
+
+    /// supervise (and launchd through it) and ExecStopPost revert exactly when the new file
+    /// of an unfinished transaction is what ran.
+    #[test]
+    fn only_an_unblessed_release_on_disk_is_reverted() {
+        for phase in [Phase::Swapped, Phase::Restarting, Phase::Probation, Phase::RollingBack] {
+            assert!(runs_unblessed(&txn(phase), Some("bbbb")), "{phase:?}");
+            assert!(!runs_unblessed(&txn(phase), Some("aaaa")), "the old binary is in place: {phase:?}");
+            assert!(!runs_unblessed(&txn(phase), None), "unreadable: leave it: {phase:?}");
+        }
+        for phase in [Phase::Committed, Phase::RolledBack, Phase::Failed] {
+            assert!(!runs_unblessed(&txn(phase), Some("bbbb")), "a finished transaction: {phase:?}");
+        }
+    }
+
+    #[test]
+    fn systemd_planned_ends_are_told_from_crashes() {
+        assert!(systemd_end_is_planned("success", "75"));
+        assert!(systemd_end_is_planned("exit-code", "75"));
+        assert!(systemd_end_is_planned("success", "0"));
+        assert!(!systemd_end_is_planned("exit-code", "1"));
+        assert!(!systemd_end_is_planned("signal", "KILL"));
+        assert!(!systemd_end_is_planned("exit-code", "78"));
+        assert!(!systemd_end_is_planned("", ""));
     }
 
     #[test]
