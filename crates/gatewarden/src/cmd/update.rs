@@ -2,7 +2,9 @@
 //!
 //! 1. **Stage** the release into `<home>/releases/<version>-<sha12>/gatewarden` after checking
 //!    its sha256 (`--sha256`, required for URLs) and, when `[update] public_key` is set, its
-//!    minisign signature. The version is what the staged binary itself prints.
+//!    minisign signature, both over the bytes as fetched; a `.tar.gz` is then opened in memory
+//!    for its one `gatewarden` executable (`update/archive.rs`). The version is what the
+//!    staged binary itself prints.
 //! 2. **Preflight**: the staged binary runs `check` against the live home (no lock taken).
 //! 3. **Record** the transaction in `<home>/update.json` and the ledger; `<home>/update.lock`
 //!    (an OS lock, released by death) is held for the whole transaction, so a second update

@@ -54,8 +54,9 @@ pub fn agent_error(e: &AgentError) -> Response {
 pub async fn post(State(gw): State<Arc<Gateway>>, Json(m): Json<MessageIn>) -> Response {
     let work = &gw.work;
     if let Some(cmd) = parse_command(&m.text) {
-        // `/status` and `/help` are for everyone; `/restart` and `/stop` need an admin who came
-        // with the API token, never an anonymous caller (docs/security.md).
+        // `/status` and `/help` are for everyone; `/restart`, `/stop` and `/update` need an admin
+        // who came with the API token, never an anonymous caller (docs/security.md; the one
+        // rule is `Work::may_run`).
         if !work.may_run(cmd, None, &m.user_id) {
             let why = if work.api_token.is_some() {
                 "commands are for the admins listed in config.toml"
