@@ -440,7 +440,9 @@ fn chat_update_while_another_chat_runs() {
     write_config(
         r.home.path(),
         &format!(
-            "{ADMINS}[agent]\nbackend = \"echo\"\ndelay_ms = 2000\n[update]\nprobation_s = 1\nsource = \"{}\"\n",
+            // The bystander's run outlasts staging and preflight even on a loaded machine, so the
+            // update's drain meets it.
+            "{ADMINS}[agent]\nbackend = \"echo\"\ndelay_ms = 5000\n[update]\nprobation_s = 1\nsource = \"{}\"\n",
             b.display()
         ),
     );

@@ -287,8 +287,10 @@ impl Work {
     pub fn take_notices(&self, chat: &str) -> Vec<String> {
         let mut out = self.notices.lock().ok().and_then(|mut n| n.remove(chat)).unwrap_or_default();
         if let Some(home) = self.home.get() {
-            let mine = claim_update_notices(home, |n| n.platform.is_none() && n.chat == chat);
-            out.extend(mine.into_iter().map(|n| n.text));
+            for n in claim_update_notices(home, |n| n.platform.is_none() && n.chat == chat) {
+                n.done();
+                out.push(n.text);
+            }
         }
         out
     }
@@ -491,10 +493,18 @@ impl Work {
                 let (home, journal, platforms) = (home.clone(), Arc::clone(&journal), Arc::clone(&platforms));
                 let _ = tokio::task::spawn_blocking(move || {
                     for n in claim_update_notices(&home, |n| n.platform.is_some()) {
-                        let p = n.platform.unwrap_or_default();
+                        let p = n.platform.clone().unwrap_or_default();
+                        // Durable in the outbox before the file goes; a journal error puts it
+                        // back for the next look.
                         match journal.enqueue(&p, &n.chat, &n.text) {
-                            Ok(_) => platforms.wake(&p),
-                            Err(e) => crate::warn!("cannot queue the /update notice for {p}: {e}"),
+                            Ok(_) => {
+                                n.done();
+                                platforms.wake(&p);
+                            }
+                            Err(e) => {
+                                crate::warn!("cannot queue the /update notice for {p}: {e}");
+                                n.unclaim();
+                            }
                         }
                     }
                 })
@@ -696,15 +706,32 @@ pub fn token_eq(a: &[u8], b: &[u8]) -> bool {
 /// How long a client should wait before retrying during a drain.
 pub const RETRY_AFTER: Duration = Duration::from_secs(2);
 
-/// One `/update` outcome notice (`.update_notify.<pid>.json`, written by `cmd/update.rs`).
+/// One claimed `/update` outcome notice (`.update_notify.<pid>.json`, written by
+/// `cmd/update.rs`).
 struct UpdateNotice {
     /// The adapter whose chat asked; `None` for an HTTP chat.
     platform: Option<String>,
     chat: String,
     text: String,
+    /// Where it was, and where it is while claimed (no other claimer looks there).
+    path: std::path::PathBuf,
+    claimed: std::path::PathBuf,
 }
 
-/// Claims (renames, then reads and removes) the `/update` outcome notices that `want` picks.
+impl UpdateNotice {
+    /// Delivered (or durably queued): the file goes.
+    fn done(&self) {
+        let _ = std::fs::remove_file(&self.claimed);
+    }
+
+    /// Not delivered: back where the next look finds it.
+    fn unclaim(&self) {
+        let _ = std::fs::rename(&self.claimed, &self.path);
+    }
+}
+
+/// Claims (renames away) the `/update` outcome notices that `want` picks; the caller removes
+/// each once it is delivered ([`UpdateNotice::done`]).
 fn claim_update_notices(home: &std::path::Path, want: impl Fn(&UpdateNotice) -> bool) -> Vec<UpdateNotice> {
     let Ok(dir) = std::fs::read_dir(home) else { return Vec::new() };
     let mut out = Vec::new();
@@ -719,13 +746,10 @@ fn claim_update_notices(home: &std::path::Path, want: impl Fn(&UpdateNotice) -> 
             platform: field("platform"),
             chat: field("chat_id").unwrap_or_default(),
             text: field("text").unwrap_or_default(),
+            path: entry.path(),
+            claimed: home.join(format!(".claimed{name}")),
         };
-        if !want(&n) {
-            continue;
-        }
-        let claimed = home.join(format!(".claimed{name}"));
-        if std::fs::rename(entry.path(), &claimed).is_ok() {
-            let _ = std::fs::remove_file(&claimed);
+        if want(&n) && std::fs::rename(&n.path, &n.claimed).is_ok() {
             out.push(n);
         }
     }
@@ -735,6 +759,34 @@ fn claim_update_notices(home: &std::path::Path, want: impl Fn(&UpdateNotice) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// HTTP chats collect only their own notices, the platform relay only platform ones; a
+    /// claimed notice is seen by nobody else, and an undelivered one comes back.
+    #[test]
+    fn update_notices_are_claimed_by_their_transport_once() {
+        let home = tempfile::tempdir().unwrap();
+        let write = |pid: u32, v: Value| {
+            fsio::write_json(&home.path().join(format!("{UPDATE_NOTIFY_PREFIX}{pid}.json")), &v).unwrap();
+        };
+        write(1, json!({"chat_id": "A", "text": "http A"}));
+        write(2, json!({"chat_id": "7", "platform": "telegram", "text": "tg 7"}));
+        write(3, json!({"chat_id": "B", "platform": null, "text": "http B"}));
+        let http_a = claim_update_notices(home.path(), |n| n.platform.is_none() && n.chat == "A");
+        assert_eq!(http_a.iter().map(|n| n.text.as_str()).collect::<Vec<_>>(), ["http A"]);
+        http_a[0].done();
+        let relay = claim_update_notices(home.path(), |n| n.platform.is_some());
+        assert_eq!(relay.len(), 1);
+        assert_eq!((relay[0].platform.as_deref(), relay[0].chat.as_str()), (Some("telegram"), "7"));
+        assert!(claim_update_notices(home.path(), |n| n.platform.is_some()).is_empty(), "claimed once");
+        relay[0].unclaim();
+        let again = claim_update_notices(home.path(), |n| n.platform.is_some());
+        assert_eq!(again.len(), 1, "an undelivered notice comes back");
+        again[0].done();
+        assert!(claim_update_notices(home.path(), |n| n.platform.is_some()).is_empty());
+        let left: Vec<String> =
+            std::fs::read_dir(home.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert_eq!(left, [format!("{UPDATE_NOTIFY_PREFIX}3.json")], "only chat B's notice is left");
+    }
 
     #[test]
     fn commands_are_recognised_only_at_the_start() {
