@@ -36,6 +36,12 @@ fn version_of(bin: &Path) -> String {
 
 /// A home with `config`, the binary installed in a private directory, and a gateway running it.
 fn rig(config: &str) -> (Rig, Gateway) {
+    rig_then(|_| config.to_owned(), &[])
+}
+
+/// [`rig`] whose config is made from the rig (to name its candidates), and a gateway started
+/// with `env` too.
+fn rig_then(config: impl FnOnce(&Rig) -> String, env: &[(&str, &str)]) -> (Rig, Gateway) {
     let home = TempHome::new();
     let sw = Sweeper::new();
     let dir = tempfile::tempdir().unwrap();
@@ -46,10 +52,15 @@ fn rig(config: &str) -> (Rig, Gateway) {
     let pristine = dir.path().join("rel/pristine");
     std::fs::copy(bin(), &pristine).unwrap();
     let version = version_of(&exe);
-    write_config(home.path(), &format!("[agent]\nbackend = \"echo\"\n{config}"));
-    let mut g = GatewayBuilder::new(&exe, &home).env(TAG_VAR, sw.tag()).spawn();
+    let r = Rig { home, sw, dir, exe, pristine, version };
+    write_config(r.home.path(), &format!("[agent]\nbackend = \"echo\"\n{}", config(&r)));
+    let mut b = GatewayBuilder::new(&r.exe, &r.home).env(TAG_VAR, r.sw.tag());
+    for (k, v) in env {
+        b = b.env(*k, *v);
+    }
+    let mut g = b.spawn();
     g.wait_ready(READY);
-    (Rig { home, sw, dir, exe, pristine, version }, g)
+    (r, g)
 }
 
 impl Rig {
@@ -429,7 +440,9 @@ fn chat_update_while_another_chat_runs() {
     write_config(
         r.home.path(),
         &format!(
-            "{ADMINS}[agent]\nbackend = \"echo\"\ndelay_ms = 2000\n[update]\nprobation_s = 1\nsource = \"{}\"\n",
+            // The bystander's run outlasts staging and preflight even on a loaded machine, so the
+            // update's drain meets it.
+            "{ADMINS}[agent]\nbackend = \"echo\"\ndelay_ms = 5000\n[update]\nprobation_s = 1\nsource = \"{}\"\n",
             b.display()
         ),
     );
@@ -675,4 +688,196 @@ fn updater_killed_while_rolling_back_is_finished_by_the_next_start() {
         t["phase"] == json!("rolled_back")
     });
     r.assert_one_gateway(&r.version);
+}
+
+/// A `.tar.gz` of `(name, data)` members (mode 755), names written raw: the `tar` builder
+/// refuses `..` itself, which is just what a hostile archive holds.
+fn tar_gz(members: &[(&str, &[u8])]) -> Vec<u8> {
+    use std::io::Write;
+    let mut raw = Vec::new();
+    for (name, data) in members {
+        let mut h = tar::Header::new_gnu();
+        h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(0o755);
+        h.set_size(data.len() as u64);
+        h.set_cksum();
+        raw.extend_from_slice(h.as_bytes());
+        raw.extend_from_slice(data);
+        raw.resize(raw.len().div_ceil(512) * 512, 0);
+    }
+    raw.extend_from_slice(&[0; 1024]);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&raw).unwrap();
+    gz.finish().unwrap()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A release archive (`gatewarden-9.9.9/gatewarden` beside a README, a real build), checked
+/// by the archive's sha256 as downloaded: staged, committed, then rolled back by hand.
+#[test]
+fn update_from_a_tar_gz_then_roll_back_by_hand() {
+    let (r, g) = rig("[update]\nprobation_s = 1\n");
+    let b = std::fs::read(r.release("9.9.9")).unwrap();
+    let archive = tar_gz(&[("gatewarden-9.9.9/README.md", b"hello\n"), ("gatewarden-9.9.9/gatewarden", &b)]);
+    // The name says nothing: the format is told by its bytes.
+    let path = r.dir.path().join("rel/release.bin");
+    std::fs::write(&path, &archive).unwrap();
+    let sha = sha256_hex(&archive);
+    let out = r.update(&["--from", path.to_str().unwrap(), "--sha256", &sha, "--timeout", "20", "--json"]);
+    assert_cli(&out, 0, "update from a .tar.gz");
+    // Under --json stdout is the one outcome document; progress goes to stderr.
+    assert!(out.stderr.contains(&format!("updated {} → 9.9.9", r.version)), "{out:#?}");
+    let v = out.json();
+    assert_eq!((&v["ok"], &v["update"]["phase"]), (&json!(true), &json!("committed")), "{out:#?}");
+    let t = r.txn();
+    assert_eq!(t["phase"], json!("committed"), "{t}");
+    // update.json keeps the executable's hash (what tells the new file on disk), not the archive's.
+    assert_eq!(t["to_sha256"], json!(sha256_hex(&b)), "{t}");
+    assert_eq!(std::fs::read(t["staged"].as_str().unwrap()).unwrap(), b, "the staged file is the member");
+    r.assert_one_gateway("9.9.9");
+    assert_ne!(current_gateway(r.home.path()).unwrap().0, g.pid(), "a new incarnation runs");
+
+    let back = r.update(&["--rollback", "--json"]);
+    assert_cli(&back, 0, "update --rollback");
+    let v = back.json();
+    assert_eq!((&v["ok"], &v["update"]["phase"]), (&json!(true), &json!("rolled_back")), "{back:#?}");
+    r.assert_one_gateway(&r.version);
+    // Nothing left to roll back: refused, still as one JSON document.
+    let again = r.update(&["--rollback", "--json"]);
+    assert_cli(&again, 1, "a second --rollback");
+    assert_eq!((&again.json()["ok"], &again.json()["changed"]), (&json!(false), &json!(false)), "{again:#?}");
+}
+
+/// Hostile, ambiguous or broken archives are refused before anything changes.
+#[test]
+fn bad_archives_change_nothing() {
+    let (r, mut g) = rig("");
+    let b = std::fs::read(r.release("9.9.9")).unwrap();
+    let good = tar_gz(&[("gatewarden", &b)]);
+    let mut corrupt = good.clone();
+    let mid = corrupt.len() / 2;
+    corrupt[mid] ^= 0xff;
+    let cases: [(&str, Vec<u8>, &str); 5] = [
+        ("traversal", tar_gz(&[("../../bin/gatewarden", &b)]), "path traversal"),
+        ("two", tar_gz(&[("a/gatewarden", &b), ("b/gatewarden", &b)]), "two executables"),
+        ("none", tar_gz(&[("README.md", b"hello\n")]), "no executable named gatewarden"),
+        ("corrupt", corrupt, "not a valid .tar.gz"),
+        ("zip", b"PK\x03\x04 not really a zip".to_vec(), "is a zip archive"),
+    ];
+    for (name, bytes, why) in cases {
+        let path = r.dir.path().join(format!("rel/{name}.tar.gz"));
+        std::fs::write(&path, &bytes).unwrap();
+        let out = r.update(&["--from", path.to_str().unwrap(), "--sha256", &sha256_hex(&bytes), "--json"]);
+        assert_refused_unchanged(&r, &mut g, &out, why);
+        let v = out.json();
+        assert_eq!((&v["ok"], &v["changed"]), (&json!(false), &json!(false)), "{name}: {out:#?}");
+        assert!(v["reason"].as_str().is_some_and(|r| r.contains(why)), "{name}: {v}");
+    }
+}
+
+mod telegram {
+    //! Chat `/update` from a chat platform (the in-repo fake Bot API, crates/telegram-fake):
+    //! the per-platform admins decide, and the one outcome notice reaches the asking chat
+    //! through the outbox.
+    use super::*;
+    use gatewarden_telegram_fake::{FakeTelegram, Options, SentMessage};
+
+    const TOKEN_ENV: &str = "GW_TEST_TELEGRAM_TOKEN";
+    const ADMIN: i64 = 42;
+    const REPLY: Duration = Duration::from_secs(15);
+
+    /// A gateway with a Telegram adapter whose admin is [`ADMIN`] (and no global `admins`),
+    /// installing `source(rig)` on `/update`.
+    fn tg_rig(source: impl FnOnce(&Rig) -> PathBuf) -> (Rig, Gateway, FakeTelegram, String) {
+        let fake = FakeTelegram::start(Options { linger: Duration::from_millis(800), ..Options::default() })
+            .expect("fake Bot API");
+        // One credential per test (the credential lock is keyed by the token).
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tok = format!("{}{n:04}:tok-update-{}", std::process::id(), std::process::id());
+        let creds = std::env::temp_dir().join(format!("gw-creds-update-{}", std::process::id()));
+        let base = fake.base_url();
+        let (r, g) = rig_then(
+            |r| {
+                format!(
+                    "[[platform]]\nkind = \"telegram\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{base}\"\n\
+                     admins = [\"{ADMIN}\"]\npoll_timeout_s = 2\n[update]\nprobation_s = 1\nsource = \"{}\"\n",
+                    source(r).display()
+                )
+            },
+            &[(TOKEN_ENV, &tok), ("GATEWARDEN_CREDS_DIR", creds.to_str().unwrap())],
+        );
+        (r, g, fake, tok)
+    }
+
+    fn in_chat(sent: &[SentMessage], chat: i64, pred: impl Fn(&str) -> bool) -> Vec<String> {
+        sent.iter().filter(|m| m.chat_id == json!(chat) && pred(&m.text)).map(|m| m.text.clone()).collect()
+    }
+
+    #[track_caller]
+    fn wait_reply(fake: &FakeTelegram, tok: &str, chat: i64, pred: impl Fn(&str) -> bool) -> String {
+        let got = fake.wait_sent(tok, REPLY, |s| !in_chat(s, chat, &pred).is_empty());
+        let sent = got.unwrap_or_else(|s| panic!("no matching message in chat {chat} within {REPLY:?}: {s:#?}"));
+        in_chat(&sent, chat, &pred).pop().unwrap_or_default()
+    }
+
+    /// The outcome notices (`updated …` / `update to … failed`) in `chat`: exactly one, and no
+    /// second one follows within a few relay polls.
+    #[track_caller]
+    fn one_outcome_notice(fake: &FakeTelegram, tok: &str, chat: i64) -> String {
+        let outcome = |t: &str| t.starts_with("updated ") || t.starts_with("update to ");
+        let first = wait_reply(fake, tok, chat, outcome);
+        let more = fake.wait_sent(tok, Duration::from_secs(2), |s| in_chat(s, chat, outcome).len() > 1);
+        assert!(more.is_err(), "a second outcome notice in chat {chat}: {more:#?}");
+        first
+    }
+
+    /// A non-admin's `/update` is refused and changes nothing; the platform admin's (not in
+    /// the global `admins`) installs the new build, and that chat gets exactly one notice.
+    #[test]
+    fn telegram_admin_updates_and_others_are_refused() {
+        let (r, mut g, fake, tok) = tg_rig(|r| r.release("9.9.9"));
+        fake.inject(&tok, 8, 99, "/update");
+        let no = wait_reply(&fake, &tok, 8, |t| t.contains("admins"));
+        assert!(no.starts_with("/update is for this platform's admins"), "{no}");
+        fake.inject(&tok, 8, 99, "/status");
+        wait_reply(&fake, &tok, 8, |t| t.contains("incarnation"));
+        assert!(g.alive(), "a refused /update must not restart");
+        assert_eq!(r.txn(), Value::Null, "no transaction");
+        assert!(r.home.events("update_requested").is_empty(), "{}", r.home.ledger_text());
+
+        fake.inject(&tok, 7, ADMIN, "/update");
+        let ack = wait_reply(&fake, &tok, 7, |t| t.starts_with("updating from"));
+        assert!(ack.contains("gatewarden-9.9.9"), "{ack}");
+        let notice = one_outcome_notice(&fake, &tok, 7);
+        assert!(notice.starts_with(&format!("updated {} → 9.9.9 (incarnation ", r.version)), "{notice}");
+        assert_eq!(r.txn()["phase"], json!("committed"), "{}", r.txn());
+        assert_eq!(r.txn()["platform"], json!("telegram"), "{}", r.txn());
+        r.assert_one_gateway("9.9.9");
+        let inc = current_gateway(r.home.path()).unwrap().1;
+        assert!(notice.contains(&inc), "the notice names the running incarnation {inc}: {notice}");
+        assert!(in_chat(&fake.sent(&tok), 8, |t| t.contains("updated")).is_empty(), "only the asking chat");
+        // The new incarnation answers in the same chat.
+        fake.inject(&tok, 7, ADMIN, "/status");
+        assert!(wait_reply(&fake, &tok, 7, |t| t.starts_with("gatewarden 9.9.9")).contains("running"));
+    }
+
+    /// A candidate that cannot start: exactly one failure notice in the asking chat, and the
+    /// old version runs again.
+    #[test]
+    fn telegram_update_to_a_failing_candidate_says_so_once() {
+        let (r, _g, fake, tok) = tg_rig(|r| r.script("exit1", "9.9.9", "exit 1"));
+        fake.inject(&tok, 7, ADMIN, "/update");
+        wait_reply(&fake, &tok, 7, |t| t.starts_with("updating from"));
+        let notice = one_outcome_notice(&fake, &tok, 7);
+        assert!(notice.starts_with("update to 9.9.9 failed: "), "{notice}");
+        assert!(notice.ends_with(&format!("still on {}", r.version)), "{notice}");
+        assert_eq!(r.txn()["phase"], json!("rolled_back"), "{}", r.txn());
+        r.assert_one_gateway(&r.version);
+    }
 }

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::gateway::Gateway;
-use crate::work::{Command, parse_command};
+use crate::work::parse_command;
 
 /// How often the watchdog looks at the adapters.
 const WATCHDOG_EVERY: Duration = Duration::from_secs(5);
@@ -335,16 +335,11 @@ impl Host for GatewayHost {
         if j.has_event(adapter, &m.event_id).map_err(|e| e.to_string())? {
             return Ok(());
         }
-        let admin = work.platforms().is_admin(adapter, &m.user_id);
-        let (reply, then) = if matches!(cmd, Command::Restart | Command::Stop) && !admin {
-            ("/restart and /stop are for this platform's admins ([[platform]] admins in config.toml)".to_owned(), None)
-        } else {
-            let out = work.command_from(&gw, cmd, Some(adapter), &m.chat_id, &m.user_id);
-            (out.reply, out.then)
-        };
-        j.accept_inbound_command(adapter, &m.event_id, &msg, &reply).map_err(|e| e.to_string())?;
+        // Who may run it is decided in one place (`Work::may_run`: this platform's admins).
+        let out = work.command_from(&gw, cmd, Some(adapter), &m.chat_id, &m.user_id);
+        j.accept_inbound_command(adapter, &m.event_id, &msg, &out.reply).map_err(|e| e.to_string())?;
         work.platforms().wake(adapter);
-        if let Some(cause) = then {
+        if let Some(cause) = out.then {
             work.send_cause(cause);
         }
         Ok(())

@@ -31,9 +31,12 @@ const ASYNC_CONCURRENCY: usize = 64;
 /// How often the journal's retention bounds are applied (and once at start).
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// `/update`'s outcome notices: `gatewarden update --chat` leaves `<prefix><pid>.json`
-/// (`{chat_id, text}`) in the home; whichever incarnation is asked for that chat's notices
-/// claims it with one rename, so it is delivered exactly once.
+/// (`{chat_id, platform?, text}`) in the home; whichever incarnation is asked for that HTTP
+/// chat's notices, or relays platform notices to the outbox, claims it with one rename, so it
+/// is delivered exactly once.
 pub const UPDATE_NOTIFY_PREFIX: &str = ".update_notify.";
+/// How often an incarnation with chat platforms looks for `/update` notices to relay.
+const NOTICE_POLL: Duration = Duration::from_millis(500);
 /// The file a `/restart` leaves for the next incarnation's "back online" notice.
 pub const RESTART_NOTIFY_FILE: &str = ".restart_notify.json";
 
@@ -74,6 +77,25 @@ pub enum Command {
     /// Start a fresh conversation in this chat.
     New,
     Update,
+}
+
+impl Command {
+    /// What the user typed, for replies.
+    pub fn name(self) -> &'static str {
+        match self {
+            Command::Status => "/status",
+            Command::Restart => "/restart",
+            Command::Stop => "/stop",
+            Command::Help => "/help",
+            Command::New => "/new",
+            Command::Update => "/update",
+        }
+    }
+
+    /// Whether only an admin may run it (see [`Work::may_run`]).
+    pub fn needs_admin(self) -> bool {
+        matches!(self, Command::Restart | Command::Stop | Command::Update)
+    }
 }
 
 /// `/restart`, `/restart@botname` and `/restart now` are commands; `/unknown` and text that
@@ -199,6 +221,18 @@ impl Work {
         self.api_token.is_some() && self.may_command(user_id)
     }
 
+    /// The one rule for who may run which command: `/restart`, `/stop` and `/update` need an
+    /// admin of the channel the command came through — a chat platform's `[[platform]] admins`
+    /// (its identities are the platform's), or over HTTP a top-level `admins` entry that came
+    /// with the API token. Everything else is for everyone.
+    pub fn may_run(&self, cmd: Command, platform: Option<&str>, user_id: &str) -> bool {
+        !cmd.needs_admin()
+            || match platform {
+                Some(p) => self.platforms().is_admin(p, user_id),
+                None => self.may_command_http(user_id),
+            }
+    }
+
     /// Whether a request's `Host` header names this gateway: a loopback name, the bound
     /// address, or one of `[http] allowed_hosts` (a configured name without a port matches
     /// every port).
@@ -253,7 +287,10 @@ impl Work {
     pub fn take_notices(&self, chat: &str) -> Vec<String> {
         let mut out = self.notices.lock().ok().and_then(|mut n| n.remove(chat)).unwrap_or_default();
         if let Some(home) = self.home.get() {
-            out.extend(claim_update_notices(home, chat));
+            for n in claim_update_notices(home, |n| n.platform.is_none() && n.chat == chat) {
+                n.done();
+                out.push(n.text);
+            }
         }
         out
     }
@@ -340,6 +377,13 @@ impl Work {
         chat_id: &str,
         user_id: &str,
     ) -> CommandOutcome {
+        if !self.may_run(cmd, platform, user_id) {
+            let reply = match platform {
+                Some(_) => format!("{} is for this platform's admins ([[platform]] admins in config.toml)", cmd.name()),
+                None => format!("{} is for the admins listed in config.toml", cmd.name()),
+            };
+            return CommandOutcome { reply, then: None };
+        }
         let requester = Requester {
             pid: std::process::id(),
             argv: vec![format!("chat:{chat_id}"), format!("user:{user_id}")],
@@ -386,18 +430,22 @@ impl Work {
                 reply: "stopping…".into(),
                 then: Some(Cause::Control { kind: ControlKind::Stop, requester }),
             },
-            Command::Update => CommandOutcome { reply: self.start_update(gw, chat_id, user_id), then: None },
+            Command::Update => CommandOutcome { reply: self.start_update(gw, platform, chat_id, user_id), then: None },
         }
     }
 
     /// `/update`: a detached `gatewarden update --from <[update] source> --chat <chat>`. It
     /// restarts us through the restart ladder like `/restart` (never a run, so the drain does
-    /// not wait on it) and leaves exactly one outcome notice for this chat.
-    fn start_update(&self, gw: &crate::gateway::Gateway, chat_id: &str, user_id: &str) -> String {
-        // Admins only, whatever the transport checked.
-        if !self.may_command(user_id) {
-            return "/update is for the admins listed in config.toml".into();
-        }
+    /// not wait on it) and leaves exactly one outcome notice for this chat: an HTTP chat
+    /// collects it with its notices, a platform chat gets it through the outbox
+    /// ([`Work::relay_update_notices`]). The caller checked [`Work::may_run`].
+    fn start_update(
+        &self,
+        gw: &crate::gateway::Gateway,
+        platform: Option<&str>,
+        chat_id: &str,
+        user_id: &str,
+    ) -> String {
         let _ = self.home.set(gw.home.dir().to_path_buf());
         let Some(source) = &self.update_source else {
             return "no release to install: set [update] source in config.toml".into();
@@ -405,6 +453,9 @@ impl Work {
         let Ok(exe) = crate::spawn::self_exe() else { return "cannot locate the gatewarden executable".into() };
         let mut cmd = std::process::Command::new(exe);
         cmd.arg("--home").arg(gw.home.dir()).args(["update", "--from", source, "--chat", chat_id]);
+        if let Some(p) = platform {
+            cmd.args(["--chat-platform", p]);
+        }
         // Not one of our runs: the next incarnation's sweep must not kill it.
         cmd.env_remove(crate::RUN_TAG);
         cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
@@ -413,7 +464,7 @@ impl Work {
             Ok(child) => {
                 gw.record(
                     "update_requested",
-                    json!({"chat_id": chat_id, "user_id": user_id, "updater_pid": child.id()}),
+                    json!({"chat_id": chat_id, "platform": platform, "user_id": user_id, "updater_pid": child.id()}),
                 );
                 format!("updating from {source}…")
             }
@@ -428,9 +479,45 @@ impl Work {
         }
     }
 
-    /// At boot: turn a predecessor's `/restart` record into one "back online" notice.
+    /// `/update`'s outcome notices for platform chats: the updater leaves them in the home
+    /// while some incarnation (the new one, or the old one after a rollback) runs, so every
+    /// incarnation with platforms looks for them every [`NOTICE_POLL`] and queues each one,
+    /// claimed by one rename, in the outbox (which survives a restart).
+    fn relay_update_notices(&self) {
+        let (Some(home), false) = (self.home.get().cloned(), self.platforms().is_empty()) else { return };
+        let (journal, platforms) = (Arc::clone(&self.journal), Arc::clone(self.platforms()));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(NOTICE_POLL);
+            loop {
+                tick.tick().await;
+                let (home, journal, platforms) = (home.clone(), Arc::clone(&journal), Arc::clone(&platforms));
+                let _ = tokio::task::spawn_blocking(move || {
+                    for n in claim_update_notices(&home, |n| n.platform.is_some()) {
+                        let p = n.platform.clone().unwrap_or_default();
+                        // Durable in the outbox before the file goes; a journal error puts it
+                        // back for the next look.
+                        match journal.enqueue(&p, &n.chat, &n.text) {
+                            Ok(_) => {
+                                n.done();
+                                platforms.wake(&p);
+                            }
+                            Err(e) => {
+                                crate::warn!("cannot queue the /update notice for {p}: {e}");
+                                n.unclaim();
+                            }
+                        }
+                    }
+                })
+                .await;
+            }
+        });
+    }
+
+    /// At boot: turn a predecessor's `/restart` record into one "back online" notice, and
+    /// start relaying `/update` notices to platform chats.
     pub fn restart_notice(&self, gw: &crate::gateway::Gateway) {
         let _ = self.home.set(gw.home.dir().to_path_buf());
+        self.relay_update_notices();
         let path = gw.home.dir().join(RESTART_NOTIFY_FILE);
         let Some(v) = fsio::read_json::<Value>(&path).ok() else {
             let _ = fsio::remove_if_exists(&path);
@@ -619,8 +706,33 @@ pub fn token_eq(a: &[u8], b: &[u8]) -> bool {
 /// How long a client should wait before retrying during a drain.
 pub const RETRY_AFTER: Duration = Duration::from_secs(2);
 
-/// Claims (renames, then reads and removes) every `/update` outcome notice left for `chat`.
-fn claim_update_notices(home: &std::path::Path, chat: &str) -> Vec<String> {
+/// One claimed `/update` outcome notice (`.update_notify.<pid>.json`, written by
+/// `cmd/update.rs`).
+struct UpdateNotice {
+    /// The adapter whose chat asked; `None` for an HTTP chat.
+    platform: Option<String>,
+    chat: String,
+    text: String,
+    /// Where it was, and where it is while claimed (no other claimer looks there).
+    path: std::path::PathBuf,
+    claimed: std::path::PathBuf,
+}
+
+impl UpdateNotice {
+    /// Delivered (or durably queued): the file goes.
+    fn done(&self) {
+        let _ = std::fs::remove_file(&self.claimed);
+    }
+
+    /// Not delivered: back where the next look finds it.
+    fn unclaim(&self) {
+        let _ = std::fs::rename(&self.claimed, &self.path);
+    }
+}
+
+/// Claims (renames away) the `/update` outcome notices that `want` picks; the caller removes
+/// each once it is delivered ([`UpdateNotice::done`]).
+fn claim_update_notices(home: &std::path::Path, want: impl Fn(&UpdateNotice) -> bool) -> Vec<UpdateNotice> {
     let Ok(dir) = std::fs::read_dir(home) else { return Vec::new() };
     let mut out = Vec::new();
     for entry in dir.flatten() {
@@ -629,15 +741,16 @@ fn claim_update_notices(home: &std::path::Path, chat: &str) -> Vec<String> {
             continue;
         }
         let Some(v) = fsio::read_json::<Value>(&entry.path()).ok() else { continue };
-        if v.get("chat_id").and_then(Value::as_str) != Some(chat) {
-            continue;
-        }
-        let claimed = home.join(format!(".claimed{name}"));
-        if std::fs::rename(entry.path(), &claimed).is_ok() {
-            let _ = std::fs::remove_file(&claimed);
-            if let Some(t) = v.get("text").and_then(Value::as_str) {
-                out.push(t.to_owned());
-            }
+        let field = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+        let n = UpdateNotice {
+            platform: field("platform"),
+            chat: field("chat_id").unwrap_or_default(),
+            text: field("text").unwrap_or_default(),
+            path: entry.path(),
+            claimed: home.join(format!(".claimed{name}")),
+        };
+        if want(&n) && std::fs::rename(&n.path, &n.claimed).is_ok() {
+            out.push(n);
         }
     }
     out
@@ -646,6 +759,34 @@ fn claim_update_notices(home: &std::path::Path, chat: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// HTTP chats collect only their own notices, the platform relay only platform ones; a
+    /// claimed notice is seen by nobody else, and an undelivered one comes back.
+    #[test]
+    fn update_notices_are_claimed_by_their_transport_once() {
+        let home = tempfile::tempdir().unwrap();
+        let write = |pid: u32, v: Value| {
+            fsio::write_json(&home.path().join(format!("{UPDATE_NOTIFY_PREFIX}{pid}.json")), &v).unwrap();
+        };
+        write(1, json!({"chat_id": "A", "text": "http A"}));
+        write(2, json!({"chat_id": "7", "platform": "telegram", "text": "tg 7"}));
+        write(3, json!({"chat_id": "B", "platform": null, "text": "http B"}));
+        let http_a = claim_update_notices(home.path(), |n| n.platform.is_none() && n.chat == "A");
+        assert_eq!(http_a.iter().map(|n| n.text.as_str()).collect::<Vec<_>>(), ["http A"]);
+        http_a[0].done();
+        let relay = claim_update_notices(home.path(), |n| n.platform.is_some());
+        assert_eq!(relay.len(), 1);
+        assert_eq!((relay[0].platform.as_deref(), relay[0].chat.as_str()), (Some("telegram"), "7"));
+        assert!(claim_update_notices(home.path(), |n| n.platform.is_some()).is_empty(), "claimed once");
+        relay[0].unclaim();
+        let again = claim_update_notices(home.path(), |n| n.platform.is_some());
+        assert_eq!(again.len(), 1, "an undelivered notice comes back");
+        again[0].done();
+        assert!(claim_update_notices(home.path(), |n| n.platform.is_some()).is_empty());
+        let left: Vec<String> =
+            std::fs::read_dir(home.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert_eq!(left, [format!("{UPDATE_NOTIFY_PREFIX}3.json")], "only chat B's notice is left");
+    }
 
     #[test]
     fn commands_are_recognised_only_at_the_start() {

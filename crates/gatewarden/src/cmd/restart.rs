@@ -143,6 +143,7 @@ fn orchestrate_with(
     let t0 = Instant::now();
     let mut ladder = Ladder::new(home, timeout_s, t0);
     ladder.fail_fast = fail_fast;
+    ladder.inner = fail_fast.is_some();
     let code = run_ladder(home, &ladder, t0);
     (code, ladder.failure.take())
 }
@@ -171,11 +172,11 @@ fn run_ladder(home: &Home, ladder: &Ladder, t0: Instant) -> anyhow::Result<ExitC
     // satisfies it, and one that is already draining is joined instead of restarted twice.
     let started_since_request = old.uptime_s.is_some_and(|up| up < t0.elapsed().as_secs_f64());
     if started_since_request && old.state.as_deref() == Some("running") {
-        println!(
+        ladder.report(&format!(
             "restarted (by a concurrent request): incarnation {} (pid {}) is ready",
             old.incarnation.clone().unwrap_or_default(),
             old.pid.map_or("?".into(), |p| p.to_string())
-        );
+        ));
         let _ = ladder.ledger.append("restart_result", json!({"ok": true, "new": old.incarnation, "coalesced": true}));
         return Ok(ExitCode::SUCCESS);
     }
@@ -247,6 +248,9 @@ struct Ladder<'h> {
     fail_fast: Option<Duration>,
     /// What [`Self::finish`] saw when the restart was not verified.
     failure: std::cell::RefCell<Option<String>>,
+    /// Run inside `update` ([`restart_verified`]): the ladder's outcome lines are progress
+    /// there, so they go to stderr and `update --json` keeps stdout to its one document.
+    inner: bool,
 }
 
 impl<'h> Ladder<'h> {
@@ -261,6 +265,16 @@ impl<'h> Ladder<'h> {
             kicked: std::cell::Cell::new(false),
             fail_fast: None,
             failure: std::cell::RefCell::new(None),
+            inner: false,
+        }
+    }
+
+    /// The ladder's outcome line: stdout, or stderr when run inside `update`.
+    fn report(&self, line: &str) {
+        if self.inner {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
         }
     }
 
@@ -284,11 +298,11 @@ impl<'h> Ladder<'h> {
             if let Ok(s) = status_of(&ep, Duration::from_millis(300))
                 && s.state.as_deref() == Some("running")
             {
-                println!(
+                self.report(&format!(
                     "restarted (by a concurrent request): incarnation {} (pid {}) is ready",
                     s.incarnation.unwrap_or_default(),
                     s.pid.map_or("?".into(), |p| p.to_string())
-                );
+                ));
                 return Ok(ExitCode::SUCCESS);
             }
             std::thread::sleep(POLL);
@@ -469,13 +483,13 @@ impl<'h> Ladder<'h> {
                     "restart_result",
                     json!({"ok": true, "old": old, "new": new.incarnation, "elapsed_ms": elapsed_ms, "kicked": kicked}),
                 );
-                println!(
+                self.report(&format!(
                     "restarted: incarnation {} → {} (pid {}) ready in {:.2}s",
                     old.unwrap_or("-"),
                     new.incarnation.unwrap_or_default(),
                     new.pid.map_or("?".into(), |p| p.to_string()),
                     elapsed_ms as f64 / 1000.0
-                );
+                ));
                 Ok(ExitCode::SUCCESS)
             }
             Err(seen) => {

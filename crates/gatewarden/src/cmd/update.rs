@@ -2,7 +2,9 @@
 //!
 //! 1. **Stage** the release into `<home>/releases/<version>-<sha12>/gatewarden` after checking
 //!    its sha256 (`--sha256`, required for URLs) and, when `[update] public_key` is set, its
-//!    minisign signature. The version is what the staged binary itself prints.
+//!    minisign signature, both over the bytes as fetched; a `.tar.gz` is then opened in memory
+//!    for its one `gatewarden` executable (`update/archive.rs`). The version is what the
+//!    staged binary itself prints.
 //! 2. **Preflight**: the staged binary runs `check` against the live home (no lock taken).
 //! 3. **Record** the transaction in `<home>/update.json` and the ledger; `<home>/update.lock`
 //!    (an OS lock, released by death) is held for the whole transaction, so a second update
@@ -33,6 +35,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::Digest;
 
+mod archive;
+
 use super::manager;
 use super::restart::{restart_verified, status_of};
 
@@ -50,7 +54,7 @@ const SILENT_LIMIT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct UpdateArgs {
-    /// The release: a gatewarden binary, as a local path or an http(s) URL
+    /// The release: a gatewarden binary or a .tar.gz holding one, as a local path or an http(s) URL
     #[arg(long, value_name = "PATH|URL", conflicts_with_all = ["status", "rollback"])]
     pub from: Option<String>,
     /// Expected sha256 of the release (hex); required for URLs
@@ -81,6 +85,10 @@ pub struct UpdateArgs {
     /// Internal: the chat that asked (`/update`); it gets the outcome notice
     #[arg(long, hide = true, value_name = "CHAT")]
     pub chat: Option<String>,
+    /// Internal: the chat platform adapter `--chat` belongs to (its notice goes through the
+    /// outbox); without it the chat is an HTTP one
+    #[arg(long, hide = true, value_name = "ADAPTER", requires = "chat")]
+    pub chat_platform: Option<String>,
 }
 
 /// Where a transaction is. `committed`, `rolled_back` and `failed` are final.
@@ -121,6 +129,9 @@ pub struct Txn {
     pub updater_pid: u32,
     #[serde(default)]
     pub chat: Option<String>,
+    /// The adapter `chat` belongs to (`None`: an HTTP chat).
+    #[serde(default)]
+    pub platform: Option<String>,
     #[serde(default)]
     pub reason: Option<String>,
     #[serde(default)]
@@ -153,17 +164,21 @@ pub fn update(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
         }
         let who = read_txn(&home).map(|t| format!(" (pid {}, {} → {}, {:?})", t.updater_pid, t.from, t.to, t.phase));
         let why = format!("another update is in progress{}", who.unwrap_or_default());
+        if args.json {
+            println!("{}", json!({"ok": false, "changed": false, "reason": why}));
+        }
         eprintln!("{why}; nothing changed");
         if let Some(chat) = &args.chat {
-            notify_chat(&home, chat, &format!("update refused: {why}; nothing changed"));
+            notify_chat(&home, chat, args.chat_platform.as_deref(), &format!("update refused: {why}; nothing changed"));
         }
         return Ok(ExitCode::from(1));
     };
     let mut u = Updater::new(&home, args.timeout, args.json);
-    u.chat = args.chat.clone();
-    // A transaction a killed updater left behind is finished first.
+    u.chat = args.chat.clone().map(|c| (c, args.chat_platform.clone()));
+    // A transaction a killed updater left behind is finished first (reported as text: the
+    // JSON outcome is this command's own).
     if let Some(t) = read_txn(&home).filter(|t| !t.phase.is_final()) {
-        let code = u.resume(t);
+        let code = if args.resume { u.resume(t) } else { Updater::new(&home, args.timeout, false).resume(t) };
         if args.resume {
             return Ok(code);
         }
@@ -234,8 +249,8 @@ struct Updater<'h> {
     timeout_s: u64,
     json: bool,
     t0: Instant,
-    /// The chat that asked (`/update`), told about refusals too.
-    chat: Option<String>,
+    /// The chat that asked (`/update`) and its adapter, told about refusals too.
+    chat: Option<(String, Option<String>)>,
 }
 
 impl<'h> Updater<'h> {
@@ -260,6 +275,16 @@ impl<'h> Updater<'h> {
         }
     }
 
+    /// Progress for people: stdout, or stderr under `--json` (whose stdout is the one JSON
+    /// outcome).
+    fn say(&self, line: &str) {
+        if self.json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    }
+
     /// A refusal before anything changed: exit 1 with the reason.
     fn refuse(&self, why: &str) -> anyhow::Result<ExitCode> {
         let _ = self.ledger.append("update_refused", json!({"reason": why}));
@@ -267,8 +292,8 @@ impl<'h> Updater<'h> {
             println!("{}", json!({"ok": false, "changed": false, "reason": why}));
         }
         eprintln!("update refused: {why}; nothing changed");
-        if let Some(chat) = &self.chat {
-            notify_chat(self.home, chat, &format!("update refused: {why}; still on {VERSION}"));
+        if let Some((chat, platform)) = &self.chat {
+            notify_chat(self.home, chat, platform.as_deref(), &format!("update refused: {why}; still on {VERSION}"));
         }
         Ok(ExitCode::from(1))
     }
@@ -282,7 +307,10 @@ impl<'h> Updater<'h> {
         if let Some(why) = self.runs_elsewhere(&target) {
             return self.refuse(&why);
         }
-        let config = gatewarden_agent::Config::load(self.home.dir()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let config = match gatewarden_agent::Config::load(self.home.dir()) {
+            Ok(c) => c,
+            Err(e) => return self.refuse(&format!("cannot read the configuration: {e}")),
+        };
         let staged = match self.stage(from, args, config.update.public_key.as_deref()) {
             Ok(s) => s,
             Err(why) => return self.refuse(&why),
@@ -290,11 +318,11 @@ impl<'h> Updater<'h> {
         if staged.version == VERSION {
             return self.refuse(&format!("the release is version {VERSION}, the version this binary already is"));
         }
-        println!("staged gatewarden {} ({})", staged.version, staged.path.display());
+        self.say(&format!("staged gatewarden {} ({})", staged.version, staged.path.display()));
         if let Err(why) = preflight(self.home, &staged.path, &target) {
             return self.refuse(&format!("preflight of {} failed: {why}", staged.version));
         }
-        println!("preflight passed");
+        self.say("preflight passed");
         let from_sha = match sha256_file(&target) {
             Ok(h) => h,
             Err(e) => return self.refuse(&format!("cannot read {}: {e}", target.display())),
@@ -315,6 +343,7 @@ impl<'h> Updater<'h> {
             to_sha256: staged.sha256.clone(),
             updater_pid: std::process::id(),
             chat: args.chat.clone(),
+            platform: args.chat.as_ref().and(args.chat_platform.clone()),
             reason: None,
             incarnation: None,
             finished: None,
@@ -330,7 +359,7 @@ impl<'h> Updater<'h> {
         }
         t.phase = Phase::Swapped;
         self.save(&t);
-        println!("swapped {} → {}", t.from, t.to);
+        self.say(&format!("swapped {} → {}", t.from, t.to));
         Ok(self.restart_and_probe(t))
     }
 
@@ -358,7 +387,7 @@ impl<'h> Updater<'h> {
                     s.pid.map_or("?".into(), |p| p.to_string()),
                     self.t0.elapsed().as_secs_f64()
                 );
-                println!("{msg}");
+                self.say(&msg);
                 self.notify(&t, &msg);
                 self.bless(&t);
                 self.finish(&mut t, Phase::Committed, None, s.incarnation)
@@ -388,7 +417,7 @@ impl<'h> Updater<'h> {
         t2.incarnation = s.incarnation.clone();
         self.save(&t2);
         let probation = gatewarden_agent::Config::load(self.home.dir()).map(|c| c.update.probation_s).unwrap_or(10);
-        println!("{} is ready; probation {probation}s", t.to);
+        self.say(&format!("{} is ready; probation {probation}s", t.to));
         let until = Instant::now() + Duration::from_secs(probation);
         let ep = Endpoint::for_home(self.home.dir());
         let mut silent_since: Option<Instant> = None;
@@ -490,6 +519,12 @@ impl<'h> Updater<'h> {
     }
 
     fn finish(&self, t: &mut Txn, phase: Phase, reason: Option<String>, inc: Option<String>) -> ExitCode {
+        self.finish_as(t, phase, reason, inc, phase == Phase::Committed)
+    }
+
+    /// [`Updater::finish`]; `ok` is whether this command did what it was asked (a rollback
+    /// by hand succeeds by ending `rolled_back`).
+    fn finish_as(&self, t: &mut Txn, phase: Phase, reason: Option<String>, inc: Option<String>, ok: bool) -> ExitCode {
         t.phase = phase;
         t.reason = reason;
         if inc.is_some() {
@@ -498,10 +533,9 @@ impl<'h> Updater<'h> {
         t.finished = Some(timefmt::now());
         t.elapsed_ms = Some(self.t0.elapsed().as_millis() as u64);
         self.save(t);
-        let ok = phase == Phase::Committed;
         let _ = self.ledger.append(
             "update_result",
-            json!({"ok": ok, "phase": phase, "from": t.from, "to": t.to, "reason": t.reason,
+            json!({"ok": phase == Phase::Committed, "phase": phase, "from": t.from, "to": t.to, "reason": t.reason,
                    "incarnation": t.incarnation, "elapsed_ms": t.elapsed_ms}),
         );
         if self.json {
@@ -513,7 +547,7 @@ impl<'h> Updater<'h> {
     /// The chat that asked gets exactly one outcome notice (delivered by the gateway).
     fn notify(&self, t: &Txn, text: &str) {
         if let Some(chat) = &t.chat {
-            notify_chat(self.home, chat, text);
+            notify_chat(self.home, chat, t.platform.as_deref(), text);
         }
     }
 
@@ -548,17 +582,29 @@ impl<'h> Updater<'h> {
         if is_url && args.sha256.is_none() && public_key.is_none() {
             return Err("--sha256 is required for a URL (or set [update] public_key)".into());
         }
-        let bytes = fetch(from)?;
-        let sha = hex(&sha2::Sha256::digest(&bytes));
+        let fetched = fetch(from)?;
+        let fetched_sha = hex(&sha2::Sha256::digest(&fetched));
         if let Some(want) = &args.sha256
-            && !want.trim().eq_ignore_ascii_case(&sha)
+            && !want.trim().eq_ignore_ascii_case(&fetched_sha)
         {
-            return Err(format!("checksum mismatch: {from} has sha256 {sha}, expected {}", want.trim()));
+            return Err(format!("checksum mismatch: {from} has sha256 {fetched_sha}, expected {}", want.trim()));
         }
         if let Some(key) = public_key {
             let sig_src = args.signature.clone().unwrap_or_else(|| format!("{from}.minisig"));
-            verify_signature(key, &bytes, &sig_src)?;
+            verify_signature(key, &fetched, &sig_src)?;
         }
+        // The hash and signature cover what was downloaded; an archive is opened only after.
+        let bytes = match archive::Format::detect(&fetched) {
+            archive::Format::Binary => fetched,
+            archive::Format::TarGz => {
+                archive::tar_gz_executable(&fetched, MAX_RELEASE_BYTES).map_err(|e| format!("{from}: {e}"))?
+            }
+            archive::Format::Zip => {
+                return Err(format!("{from} is a zip archive: use the .tar.gz release or the bare binary"));
+            }
+        };
+        // The executable's own hash: what tells the new file from the old one on disk.
+        let sha = hex(&sha2::Sha256::digest(&bytes));
         let dir = self.home.dir().join(RELEASES);
         std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let tmp = dir.join(format!(".incoming-{}", std::process::id()));
@@ -580,33 +626,40 @@ impl<'h> Updater<'h> {
 
     /// `update --rollback`: the last update's previous binary back in place, verified running.
     fn rollback_by_hand(&self) -> anyhow::Result<ExitCode> {
+        let nothing = |why: String| {
+            if self.json {
+                println!("{}", json!({"ok": false, "changed": false, "reason": why}));
+            }
+            eprintln!("{why}");
+            Ok(ExitCode::from(1))
+        };
         let Some(mut t) = read_txn(self.home) else {
-            eprintln!("no update recorded in {}: nothing to roll back to", self.home.dir().display());
-            return Ok(ExitCode::from(1));
+            return nothing(format!("no update recorded in {}: nothing to roll back to", self.home.dir().display()));
         };
         // A failed transaction may have left the new file in place (its rollback failed).
         if !matches!(t.phase, Phase::Committed | Phase::Failed) {
-            eprintln!("the last update ({} → {}) is {:?}: the binary is already {}", t.from, t.to, t.phase, t.from);
-            return Ok(ExitCode::from(1));
+            return nothing(format!(
+                "the last update ({} → {}) is {:?}: the binary is already {}",
+                t.from, t.to, t.phase, t.from
+            ));
         }
         if !t.previous.is_file() {
-            eprintln!("the last known good binary {} is gone", t.previous.display());
-            return Ok(ExitCode::from(1));
+            return nothing(format!("the last known good binary {} is gone", t.previous.display()));
         }
-        println!("rolling back {} → {}", t.to, t.from);
+        self.say(&format!("rolling back {} → {}", t.to, t.from));
         t.chat = None;
         let why = "rolled back by hand (`update --rollback`)".to_owned();
         match self.revert(&t) {
             Ok(s) => {
-                println!(
+                self.say(&format!(
                     "rolled back {} → {} (incarnation {}) in {:.2}s",
                     t.to,
                     t.from,
                     s.incarnation.clone().unwrap_or_default(),
                     self.t0.elapsed().as_secs_f64()
-                );
+                ));
                 self.bless(&t);
-                let _ = self.finish(&mut t, Phase::RolledBack, Some(why), s.incarnation);
+                let _ = self.finish_as(&mut t, Phase::RolledBack, Some(why), s.incarnation, true);
                 Ok(ExitCode::SUCCESS)
             }
             Err(e) => {
@@ -656,7 +709,7 @@ impl<'h> Updater<'h> {
                             t.to,
                             s.incarnation.clone().unwrap_or_default()
                         );
-                        println!("{msg}");
+                        self.say(&msg);
                         self.notify(&t, &msg);
                         self.bless(&t);
                         self.finish(&mut t, Phase::Committed, None, s.incarnation)
@@ -679,9 +732,10 @@ impl<'h> Updater<'h> {
     }
 }
 
-/// Leaves one outcome notice for `chat`; the gateway delivers it once (`runtime/src/work.rs`).
-fn notify_chat(home: &Home, chat: &str, text: &str) {
-    let v = json!({"chat_id": chat, "text": text, "at": timefmt::now()});
+/// Leaves one outcome notice for `chat` (of the adapter `platform`, or an HTTP chat); the
+/// gateway delivers it once (`runtime/src/work.rs`).
+fn notify_chat(home: &Home, chat: &str, platform: Option<&str>, text: &str) {
+    let v = json!({"chat_id": chat, "platform": platform, "text": text, "at": timefmt::now()});
     let name = format!("{}{}.json", gatewarden_runtime::work::UPDATE_NOTIFY_PREFIX, std::process::id());
     if let Err(e) = fsio::write_json(&home.dir().join(name), &v) {
         eprintln!("warning: cannot leave the chat notice: {e}");
@@ -722,9 +776,8 @@ pub fn on_gateway_start(home: &Home) {
 /// alive this finishes the transaction; a live updater sees the old version come back and
 /// finishes its roll back. True when it reverted.
 pub fn revert_after_crash(home: &Home, exit: &str, by: &str) -> bool {
-    let Some(mut t) = read_txn(home).filter(|t| !t.phase.is_final()) else { return false };
-    if sha256_file(&t.target).ok().as_deref() != Some(t.to_sha256.as_str()) || swap_in(&t.previous, &t.target).is_err()
-    {
+    let Some(mut t) = read_txn(home) else { return false };
+    if !runs_unblessed(&t, sha256_file(&t.target).ok().as_deref()) || swap_in(&t.previous, &t.target).is_err() {
         return false;
     }
     let why = format!("the new version exited ({exit}) before probation ended; reverted by {by}");
@@ -741,13 +794,28 @@ pub fn revert_after_crash(home: &Home, exit: &str, by: &str) -> bool {
     true
 }
 
+/// The rule every route without the updater applies to a gateway that ended unplanned
+/// (`supervise`, and through it launchd, whose LaunchAgent runs `supervise`; systemd's
+/// `ExecStopPost=`): it ran an unblessed release when a transaction is unfinished and the file
+/// on disk (`on_disk`, its sha256) is that transaction's new release. Otherwise it was the
+/// old or the blessed binary crashing, which is the service manager's business.
+pub fn runs_unblessed(t: &Txn, on_disk: Option<&str>) -> bool {
+    !t.phase.is_final() && on_disk == Some(t.to_sha256.as_str())
+}
+
+/// Whether systemd's `$SERVICE_RESULT`/`$EXIT_STATUS` (as `ExecStopPost=` sees them) describe
+/// a planned end: a planned restart (75) or a clean stop. Anything else is a crash.
+fn systemd_end_is_planned(result: &str, status: &str) -> bool {
+    status == "75" || (result == "success" && status == "0")
+}
+
 /// `update --after-exit` under systemd's `ExecStopPost=`: the unit's main process ended; a
 /// planned restart (75) or a clean stop changes nothing, anything else during an unfinished
 /// update reverts it ([`revert_after_crash`]) so the relaunch runs the old binary.
 fn after_exit(home: &Home) -> ExitCode {
     let result = std::env::var("SERVICE_RESULT").unwrap_or_default();
     let status = std::env::var("EXIT_STATUS").unwrap_or_default();
-    if status == "75" || (result == "success" && status == "0") {
+    if systemd_end_is_planned(&result, &status) {
         return ExitCode::SUCCESS;
     }
     let exit = format!("{result}, exit status {}", if status.is_empty() { "?" } else { &status });
@@ -973,6 +1041,52 @@ mod tests {
         assert_eq!(parse_version("gatewarden \n"), None);
         assert_eq!(parse_version("other 1.0"), None);
         assert_eq!(parse_version("gatewarden 1.0; rm -rf /"), None);
+    }
+
+    fn txn(phase: Phase) -> Txn {
+        Txn {
+            from: "1.0.0".into(),
+            to: "1.1.0".into(),
+            phase,
+            started: "2026-01-01T00:00:00Z".into(),
+            target: "/opt/gw/gatewarden".into(),
+            staged: "/h/releases/1.1.0-bbbb/gatewarden".into(),
+            previous: "/h/releases/1.0.0-aaaa/gatewarden".into(),
+            from_sha256: "aaaa".into(),
+            to_sha256: "bbbb".into(),
+            updater_pid: 1,
+            chat: None,
+            platform: None,
+            reason: None,
+            incarnation: None,
+            finished: None,
+            elapsed_ms: None,
+        }
+    }
+
+    /// supervise (and launchd through it) and ExecStopPost revert exactly when the new file
+    /// of an unfinished transaction is what ran.
+    #[test]
+    fn only_an_unblessed_release_on_disk_is_reverted() {
+        for phase in [Phase::Swapped, Phase::Restarting, Phase::Probation, Phase::RollingBack] {
+            assert!(runs_unblessed(&txn(phase), Some("bbbb")), "{phase:?}");
+            assert!(!runs_unblessed(&txn(phase), Some("aaaa")), "the old binary is in place: {phase:?}");
+            assert!(!runs_unblessed(&txn(phase), None), "unreadable: leave it: {phase:?}");
+        }
+        for phase in [Phase::Committed, Phase::RolledBack, Phase::Failed] {
+            assert!(!runs_unblessed(&txn(phase), Some("bbbb")), "a finished transaction: {phase:?}");
+        }
+    }
+
+    #[test]
+    fn systemd_planned_ends_are_told_from_crashes() {
+        assert!(systemd_end_is_planned("success", "75"));
+        assert!(systemd_end_is_planned("exit-code", "75"));
+        assert!(systemd_end_is_planned("success", "0"));
+        assert!(!systemd_end_is_planned("exit-code", "1"));
+        assert!(!systemd_end_is_planned("signal", "KILL"));
+        assert!(!systemd_end_is_planned("exit-code", "78"));
+        assert!(!systemd_end_is_planned("", ""));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::gateway::Gateway;
-use crate::work::{Command, RETRY_AFTER, parse_command};
+use crate::work::{RETRY_AFTER, parse_command};
 
 #[derive(Debug, Deserialize)]
 pub struct MessageIn {
@@ -54,9 +54,10 @@ pub fn agent_error(e: &AgentError) -> Response {
 pub async fn post(State(gw): State<Arc<Gateway>>, Json(m): Json<MessageIn>) -> Response {
     let work = &gw.work;
     if let Some(cmd) = parse_command(&m.text) {
-        // `/status` and `/help` are for everyone; `/restart` and `/stop` need an admin who came
-        // with the API token, never an anonymous caller (docs/security.md).
-        if matches!(cmd, Command::Restart | Command::Stop | Command::Update) && !work.may_command_http(&m.user_id) {
+        // `/status` and `/help` are for everyone; `/restart`, `/stop` and `/update` need an admin
+        // who came with the API token, never an anonymous caller (docs/security.md; the one
+        // rule is `Work::may_run`).
+        if !work.may_run(cmd, None, &m.user_id) {
             let why = if work.api_token.is_some() {
                 "commands are for the admins listed in config.toml"
             } else {
