@@ -178,6 +178,14 @@ impl Message {
         Some(p.split(['!', '@']).next().unwrap_or(p))
     }
 
+    /// The raw value of IRCv3 tag `key` (`Some("")` for a tag without a value).
+    pub fn tag(&self, key: &str) -> Option<&str> {
+        self.tags.as_deref()?.split(';').find_map(|t| {
+            let (k, v) = t.split_once('=').unwrap_or((t, ""));
+            (k == key).then_some(v)
+        })
+    }
+
     /// Parameter `i`, or `""`.
     pub fn param(&self, i: usize) -> &str {
         self.params.get(i).map_or("", String::as_str)
@@ -200,6 +208,8 @@ pub enum Event {
         target: String,
         /// The text (lossy UTF-8).
         text: String,
+        /// The IRCv3 `msgid` tag, when the server sends one (a server-assigned unique id).
+        msgid: Option<String>,
     },
     /// Someone (possibly us) joined a channel.
     Join {
@@ -437,6 +447,7 @@ impl Connection {
                     from: m.nick().unwrap_or_default().to_string(),
                     target: m.param(0).to_string(),
                     text: text.to_string(),
+                    msgid: m.tag("msgid").filter(|v| !v.is_empty()).map(str::to_string),
                 })
             }
             "JOIN" if !m.params.is_empty() => {
@@ -624,6 +635,7 @@ mod tests {
 
         let m = Message::parse("@time=2024-01-01T00:00:00Z;id=1 :srv 433 * bot :Nickname already in use").unwrap();
         assert_eq!(m.tags.as_deref(), Some("time=2024-01-01T00:00:00Z;id=1"));
+        assert_eq!((m.tag("id"), m.tag("time"), m.tag("msgid")), (Some("1"), Some("2024-01-01T00:00:00Z"), None));
         assert_eq!((m.command.as_str(), m.param(1), m.last()), ("433", "bot", "Nickname already in use"));
 
         // Empty trailing, repeated spaces, no params.
@@ -690,9 +702,18 @@ mod tests {
     #[test]
     fn answers_ping_decodes_lossy_and_reports_error_lines() {
         let (mut c, mut server) = conn_pair();
-        server.write_all(b"PING :token1\r\n:a!u@h PRIVMSG #c :caf\xe9\r\nERROR :Closing link\r\n").unwrap();
+        server
+            .write_all(b"@msgid=Ab1;time=x :b!u@h PRIVMSG #c :tagged\r\nPING :token1\r\n:a!u@h PRIVMSG #c :caf\xe9\r\nERROR :Closing link\r\n")
+            .unwrap();
         let ev = c.next_event(Duration::from_secs(5)).unwrap().unwrap();
-        assert_eq!(ev, Event::Privmsg { from: "a".into(), target: "#c".into(), text: "caf\u{fffd}".into() });
+        let want =
+            Event::Privmsg { from: "b".into(), target: "#c".into(), text: "tagged".into(), msgid: Some("Ab1".into()) };
+        assert_eq!(ev, want);
+        let ev = c.next_event(Duration::from_secs(5)).unwrap().unwrap();
+        assert_eq!(
+            ev,
+            Event::Privmsg { from: "a".into(), target: "#c".into(), text: "caf\u{fffd}".into(), msgid: None }
+        );
         let mut got = [0u8; 64];
         server.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let n = server.read(&mut got).unwrap();
