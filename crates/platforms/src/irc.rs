@@ -15,8 +15,9 @@
 //!   one, else `<connection id>:<counter>` (the connection id is the connect time and the pid),
 //!   unique across restarts. What arrives while no incarnation is connected (the gap of a
 //!   restart, a server outage) is not seen. To narrow the restart gap, the connection keeps
-//!   listening through the drain (the messages are journaled and run by the successor) and
-//!   quits only at [`Adapter::close`], after the outbox is flushed.
+//!   listening through the drain (the messages are journaled and run by the successor), quits
+//!   only at [`Adapter::close`] after the outbox is flushed, and reads on until the server
+//!   closes it, so nothing relayed before the `QUIT` is dropped.
 //! - **At least once outbound.** An entry is marked sent after all its lines went out: a crash in
 //!   between sends it once more (worst case one duplicate).
 //! - **Flood control.** Lines leave through a token bucket ([`Bucket`]: a burst of
@@ -45,6 +46,8 @@ const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
 pub const FLOOD_BURST: u32 = 5;
 /// The pace after a burst.
 pub const FLOOD_EVERY: Duration = Duration::from_millis(500);
+/// How long the connection is read after our QUIT, for what the server relayed before it.
+const QUIT_DRAIN: Duration = Duration::from_secs(2);
 /// Tries to journal one inbound message before it is given up (IRC cannot redeliver it).
 const DELIVER_TRIES: u32 = 5;
 
@@ -189,7 +192,7 @@ impl Worker {
             let flags = self.shared.flags.get();
             if flags.close {
                 // Flush what the outbox holds while connected and before the deadline, then go.
-                if let Some((mut c, _, _)) = conn.take() {
+                if let Some((mut c, cid, mut n)) = conn.take() {
                     let deadline = self.close_deadline().unwrap_or_else(Instant::now);
                     while Instant::now() < deadline {
                         match self.flush(&mut c, Some(deadline)) {
@@ -197,7 +200,23 @@ impl Worker {
                             Ok(false) => {}
                         }
                     }
-                    c.quit("gatewarden: restarting or stopping");
+                    // QUIT, then read until the server closes: what it relayed to us before it
+                    // handled the QUIT is journaled (the successor runs it), not dropped.
+                    if c.send_raw("QUIT :gatewarden: restarting or stopping").is_ok() {
+                        let end = Instant::now() + QUIT_DRAIN;
+                        loop {
+                            let left = end.saturating_duration_since(Instant::now());
+                            match c.next_event(left) {
+                                Ok(Some(Event::Privmsg { from, target, text, msgid })) => {
+                                    n += 1;
+                                    let own = c.nick().to_owned();
+                                    self.inbound(&own, event_id(msgid.as_deref(), &cid, n), from, target, text);
+                                }
+                                Ok(Some(_)) if !left.is_zero() => {}
+                                _ => break,
+                            }
+                        }
+                    }
                 }
                 return;
             }
@@ -272,11 +291,26 @@ impl Worker {
                 Ok(ev) => {
                     // No error means the connection answered within its keepalive bound.
                     self.status.progress();
-                    if let Some(Event::Privmsg { from, target, text, msgid }) = ev {
-                        *n += 1;
-                        let id = event_id(msgid.as_deref(), cid, *n);
-                        let own = c.nick().to_owned();
-                        self.inbound(&own, id, from, target, text);
+                    match ev {
+                        Some(Event::Privmsg { from, target, text, msgid }) => {
+                            *n += 1;
+                            let id = event_id(msgid.as_deref(), cid, *n);
+                            let own = c.nick().to_owned();
+                            self.inbound(&own, id, from, target, text);
+                        }
+                        // Kicked from a served channel: join it again (a ban makes that fail,
+                        // and the reconnect loop reports why).
+                        Some(Event::Other(m)) if m.command == "KICK" && m.param(1).eq_ignore_ascii_case(c.nick()) => {
+                            let channel = m.param(0).to_owned();
+                            if let Err(e) = c.join(&channel, JOIN_TIMEOUT) {
+                                self.lost(
+                                    &mut conn,
+                                    &format!("kicked from {channel}, cannot rejoin: {e}"),
+                                    &mut backoff,
+                                );
+                            }
+                        }
+                        _ => {}
                     }
                 }
                 Err(e) => {
