@@ -25,22 +25,26 @@
 //! - **Liveness.** The client answers PINGs and pings a silent server; a dead connection is an
 //!   error, then `degraded` and a reconnect with backoff.
 //!
-//! One OS thread per adapter: it reads with a short timeout and flushes the outbox between
-//! reads (one socket, one writer: a PONG never interleaves with a PRIVMSG).
+//! Two OS threads per adapter: a reader that owns the connection (connect, join, read, PONG,
+//! reconnect, `QUIT`) and a sender that drains the outbox through the connection's
+//! [`Writer`] (one lock per line: a PONG never interleaves with a PRIVMSG), so a reply never
+//! waits for a read to time out.
 
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
 use gatewarden_agent::config::PlatformConfig;
-use gatewarden_chatproto::irc::{Config, Connection, Error as IrcError, ErrorKind, Event, MAX_TEXT_BYTES, split_text};
+use gatewarden_chatproto::irc::{
+    Config, Connection, Error as IrcError, ErrorKind, Event, MAX_TEXT_BYTES, Writer, split_text,
+};
 
 use crate::wait::Flags;
 use crate::{Adapter, AdapterError, Host, Inbound, Sent, State, Status};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(15);
-/// How long one read waits before the outbox is looked at again.
-const READ_SLICE: Duration = Duration::from_millis(50);
+/// How long one read waits before the reader looks at its flags (reconnect, quit) again.
+const READ_SLICE: Duration = Duration::from_millis(250);
 const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Lines sent back to back before flood control paces them.
 pub const FLOOD_BURST: u32 = 5;
@@ -120,12 +124,33 @@ pub struct Irc {
 
 struct Run {
     shared: Arc<Shared>,
-    done: mpsc::Receiver<()>,
+    reader_done: mpsc::Receiver<()>,
+    sender_done: mpsc::Receiver<()>,
 }
 
+/// What the reader and the sender share.
 struct Shared {
+    /// `stop`: draining (no reconnect); `close`: the sender flushes then ends; `kick`: reconnect.
     flags: Flags,
     close_deadline: Mutex<Option<Instant>>,
+    /// Set once the sender is done: the reader quits.
+    quit: Mutex<bool>,
+    /// The live connection's write side (`None` while disconnected).
+    writer: Mutex<Option<Writer>>,
+}
+
+impl Shared {
+    fn writer(&self) -> Option<Writer> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_writer(&self, w: Option<Writer>) {
+        *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = w;
+    }
+
+    fn quitting(&self) -> bool {
+        *self.quit.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl Irc {
@@ -155,7 +180,20 @@ impl Irc {
     }
 }
 
-struct Worker {
+fn spawn(name: &str, what: &str, f: impl FnOnce() + Send + 'static) -> Result<mpsc::Receiver<()>, AdapterError> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name(format!("gw-{name}-{what}"))
+        .spawn(move || {
+            f();
+            let _ = tx.send(());
+        })
+        .map_err(|e| AdapterError::Start { name: name.to_owned(), message: format!("cannot start a thread: {e}") })?;
+    Ok(rx)
+}
+
+/// Owns the connection: connects, joins, reads, reconnects; quits when the sender is done.
+struct Reader {
     name: String,
     cfg: Config,
     channels: Vec<String>,
@@ -165,10 +203,16 @@ struct Worker {
     status: Arc<Status>,
     shared: Arc<Shared>,
     host: Arc<dyn Host>,
-    bucket: Bucket,
 }
 
-impl Worker {
+/// The live connection, its id (for event ids) and its message counter.
+struct Live {
+    conn: Connection,
+    id: String,
+    n: u64,
+}
+
+impl Reader {
     fn set(&self, s: State) {
         if self.status.set(s.clone()) {
             self.host.state_changed(&self.name, &s);
@@ -179,66 +223,41 @@ impl Worker {
         self.shared.flags.sleep(d, |b| b.close || b.kick);
     }
 
-    fn close_deadline(&self) -> Option<Instant> {
-        *self.shared.close_deadline.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn run(mut self) {
-        let mut conn: Option<(Connection, String, u64)> = None;
+    fn run(self) {
+        let mut live: Option<Live> = None;
         let mut backoff = BACKOFF_MIN;
         let mut conflict_since: Option<Instant> = None;
-        let mut last_flush = Instant::now();
         loop {
-            let flags = self.shared.flags.get();
-            if flags.close {
-                // Flush what the outbox holds while connected and before the deadline, then go.
-                if let Some((mut c, cid, mut n)) = conn.take() {
-                    let deadline = self.close_deadline().unwrap_or_else(Instant::now);
-                    while Instant::now() < deadline {
-                        match self.flush(&mut c, Some(deadline)) {
-                            Ok(true) | Err(_) => break,
-                            Ok(false) => {}
-                        }
-                    }
-                    // QUIT, then read until the server closes: what it relayed to us before it
-                    // handled the QUIT is journaled (the successor runs it), not dropped.
-                    if c.send_raw("QUIT :gatewarden: restarting or stopping").is_ok() {
-                        let end = Instant::now() + QUIT_DRAIN;
-                        loop {
-                            let left = end.saturating_duration_since(Instant::now());
-                            match c.next_event(left) {
-                                Ok(Some(Event::Privmsg { from, target, text, msgid })) => {
-                                    n += 1;
-                                    let own = c.nick().to_owned();
-                                    self.inbound(&own, event_id(msgid.as_deref(), &cid, n), from, target, text);
-                                }
-                                Ok(Some(_)) if !left.is_zero() => {}
-                                _ => break,
-                            }
-                        }
-                    }
+            if self.shared.quitting() {
+                if let Some(l) = live.take() {
+                    self.quit(l);
                 }
                 return;
             }
+            let flags = self.shared.flags.get();
             if self.shared.flags.take_kick()
-                && let Some((c, _, _)) = conn.take()
+                && let Some(l) = live.take()
             {
-                c.quit("gatewarden: reconnecting");
+                self.shared.set_writer(None);
+                l.conn.quit("gatewarden: reconnecting");
                 self.set(State::Connecting);
             }
-            let Some((c, cid, n)) = conn.as_mut() else {
-                if flags.stop {
+            let Some(l) = live.as_mut() else {
+                if flags.stop || flags.close {
                     // Draining without a connection: the successor connects.
-                    self.pause(Duration::from_secs(1));
+                    self.shared.flags.sleep(Duration::from_millis(200), |_| false);
                     continue;
                 }
                 match self.connect() {
-                    Ok(c) => {
-                        conn = Some((c, connection_id(SystemTime::now()), 0));
+                    Ok(conn) => {
+                        self.shared.set_writer(Some(conn.writer()));
+                        live = Some(Live { conn, id: connection_id(SystemTime::now()), n: 0 });
                         backoff = BACKOFF_MIN;
                         conflict_since = None;
                         self.status.progress();
                         self.set(State::Connected);
+                        // Whatever waits in the outbox (a predecessor's replies) goes out now.
+                        self.shared.flags.update(|b| b.wake = true);
                     }
                     Err(e) => match e.kind() {
                         ErrorKind::Conflict => {
@@ -259,8 +278,8 @@ impl Worker {
                         ErrorKind::Rejected => {
                             // Retrying cannot help: wait for the drain.
                             self.set(State::Parked(format!("credentials rejected: {e}")));
-                            while !self.shared.flags.get().close {
-                                self.shared.flags.sleep(Duration::from_secs(3600), |b| b.close);
+                            while !self.shared.quitting() {
+                                self.shared.flags.sleep(Duration::from_secs(1), |_| false);
                             }
                             return;
                         }
@@ -274,37 +293,26 @@ impl Worker {
                 }
                 continue;
             };
-            // A wake, or once a second for entries queued without one.
-            if self.shared.flags.take_wake() || last_flush.elapsed() >= Duration::from_secs(1) {
-                last_flush = Instant::now();
-                match self.flush(c, None) {
-                    Ok(true) => {}
-                    // More may wait: next round.
-                    Ok(false) => self.shared.flags.update(|b| b.wake = true),
-                    Err(e) => {
-                        self.lost(&mut conn, &e, &mut backoff);
-                        continue;
-                    }
-                }
-            }
-            match c.next_event(READ_SLICE) {
+            match l.conn.next_event(READ_SLICE) {
                 Ok(ev) => {
                     // No error means the connection answered within its keepalive bound.
                     self.status.progress();
                     match ev {
                         Some(Event::Privmsg { from, target, text, msgid }) => {
-                            *n += 1;
-                            let id = event_id(msgid.as_deref(), cid, *n);
-                            let own = c.nick().to_owned();
+                            l.n += 1;
+                            let id = event_id(msgid.as_deref(), &l.id, l.n);
+                            let own = l.conn.nick().to_owned();
                             self.inbound(&own, id, from, target, text);
                         }
                         // Kicked from a served channel: join it again (a ban makes that fail,
                         // and the reconnect loop reports why).
-                        Some(Event::Other(m)) if m.command == "KICK" && m.param(1).eq_ignore_ascii_case(c.nick()) => {
+                        Some(Event::Other(m))
+                            if m.command == "KICK" && m.param(1).eq_ignore_ascii_case(l.conn.nick()) =>
+                        {
                             let channel = m.param(0).to_owned();
-                            if let Err(e) = c.join(&channel, JOIN_TIMEOUT) {
+                            if let Err(e) = l.conn.join(&channel, JOIN_TIMEOUT) {
                                 self.lost(
-                                    &mut conn,
+                                    &mut live,
                                     &format!("kicked from {channel}, cannot rejoin: {e}"),
                                     &mut backoff,
                                 );
@@ -313,15 +321,36 @@ impl Worker {
                         _ => {}
                     }
                 }
-                Err(e) => {
-                    self.lost(&mut conn, &e.to_string(), &mut backoff);
-                }
+                Err(e) => self.lost(&mut live, &e.to_string(), &mut backoff),
             }
         }
     }
 
-    fn lost(&self, conn: &mut Option<(Connection, String, u64)>, e: &str, backoff: &mut Duration) {
-        *conn = None;
+    /// `QUIT`, then reads until the server closes: what it relayed to us before it handled the
+    /// `QUIT` is journaled (the successor runs it), not dropped.
+    fn quit(&self, mut l: Live) {
+        self.shared.set_writer(None);
+        if l.conn.send_raw("QUIT :gatewarden: restarting or stopping").is_err() {
+            return;
+        }
+        let end = Instant::now() + QUIT_DRAIN;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match l.conn.next_event(left) {
+                Ok(Some(Event::Privmsg { from, target, text, msgid })) => {
+                    l.n += 1;
+                    let own = l.conn.nick().to_owned();
+                    self.inbound(&own, event_id(msgid.as_deref(), &l.id, l.n), from, target, text);
+                }
+                Ok(Some(_)) if !left.is_zero() => {}
+                _ => return,
+            }
+        }
+    }
+
+    fn lost(&self, live: &mut Option<Live>, e: &str, backoff: &mut Duration) {
+        *live = None;
+        self.shared.set_writer(None);
         self.set(State::Degraded(format!("connection lost: {e}")));
         self.pause(*backoff);
         *backoff = (*backoff * 2).min(BACKOFF_MAX);
@@ -332,8 +361,6 @@ impl Worker {
         for ch in &self.channels {
             c.join(ch, JOIN_TIMEOUT)?;
         }
-        // Whatever waits in the outbox (a predecessor's replies) goes out now.
-        self.shared.flags.update(|b| b.wake = true);
         Ok(c)
     }
 
@@ -363,14 +390,87 @@ impl Worker {
                     // IRC cannot redeliver: the message is lost (at most once), and says so.
                     self.set(State::Degraded(format!("cannot journal an inbound message (lost): {e}")));
                 }
-                Err(_) => self.pause(Duration::from_millis(100 << i)),
+                Err(_) => {
+                    self.shared.flags.sleep(Duration::from_millis(100 << i), |_| false);
+                }
+            }
+        }
+    }
+}
+
+/// Why a flush stopped: `wire` when the connection failed (the reader reports and reconnects),
+/// else the journal or the drain deadline.
+struct FlushError {
+    wire: bool,
+    /// The journal's error, worth a `degraded`.
+    journal: Option<String>,
+}
+
+/// Drains the outbox through the live connection's [`Writer`], paced by a [`Bucket`].
+struct Sender {
+    name: String,
+    status: Arc<Status>,
+    shared: Arc<Shared>,
+    host: Arc<dyn Host>,
+    bucket: Bucket,
+}
+
+impl Sender {
+    fn deadline(&self) -> Option<Instant> {
+        *self.shared.close_deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn run(mut self) {
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            let flags = self.shared.flags.get();
+            let deadline = self.deadline();
+            if flags.close && deadline.is_some_and(|d| Instant::now() >= d) {
+                return;
+            }
+            let Some(w) = self.shared.writer() else {
+                if flags.close {
+                    // No connection at the end of a drain (none is made now): the successor
+                    // sends what is left.
+                    return;
+                }
+                self.shared.flags.sleep(Duration::from_millis(200), |b| b.close);
+                continue;
+            };
+            match self.flush(&w, deadline) {
+                Ok(true) => {
+                    backoff = BACKOFF_MIN;
+                    if flags.close {
+                        return;
+                    }
+                    self.shared.flags.sleep(Duration::from_secs(1), |b| b.wake || b.close);
+                    self.shared.flags.take_wake();
+                }
+                Ok(false) => backoff = BACKOFF_MIN,
+                Err(e) => {
+                    if e.wire {
+                        // The reader sees the closed socket, reports it and reconnects.
+                        w.shutdown();
+                    }
+                    if let Some(why) = e.journal {
+                        let state = State::Degraded(format!("cannot read the outbox: {why}"));
+                        if self.status.set(state.clone()) {
+                            self.host.state_changed(&self.name, &state);
+                        }
+                    }
+                    if flags.close {
+                        return;
+                    }
+                    self.shared.flags.sleep(backoff, |b| b.close);
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
             }
         }
     }
 
     /// Sends one batch of the outbox. `Ok(true)` when it was empty.
-    fn flush(&mut self, c: &mut Connection, deadline: Option<Instant>) -> Result<bool, String> {
-        let batch = self.host.outbox(&self.name, 16)?;
+    fn flush(&mut self, w: &Writer, deadline: Option<Instant>) -> Result<bool, FlushError> {
+        let batch = self.host.outbox(&self.name, 16).map_err(|e| FlushError { wire: false, journal: Some(e) })?;
         if batch.is_empty() {
             return Ok(true);
         }
@@ -379,18 +479,19 @@ impl Worker {
             for line in reply_lines(&item.text) {
                 let wait = self.bucket.take(Instant::now());
                 if deadline.is_some_and(|d| Instant::now() + wait >= d) {
-                    return Err("flood control past the drain deadline".into());
+                    // Flood control past the drain deadline: the successor sends the rest.
+                    return Err(FlushError { wire: false, journal: None });
                 }
                 if !wait.is_zero() {
                     self.shared.flags.sleep(wait, |_| false);
                 }
-                match c.privmsg(target, &line) {
+                match w.privmsg(target, &line) {
                     Ok(_) => {}
                     Err(e) if e.kind() == ErrorKind::Permanent => {
                         self.host.sent(item.seq, Sent::Rejected(e.to_string()));
                         break;
                     }
-                    Err(e) => return Err(e.to_string()),
+                    Err(_) => return Err(FlushError { wire: true, journal: None }),
                 }
             }
             self.status.sent();
@@ -422,9 +523,14 @@ impl Adapter for Irc {
         self.status.set(State::Connecting);
         let mut cfg = Config::new(self.server.clone(), self.nick.clone());
         cfg.password = self.password.clone();
-        let shared = Arc::new(Shared { flags: Flags::default(), close_deadline: Mutex::new(None) });
+        let shared = Arc::new(Shared {
+            flags: Flags::default(),
+            close_deadline: Mutex::new(None),
+            quit: Mutex::new(false),
+            writer: Mutex::new(None),
+        });
         let (channels, nicks) = self.allowed.iter().cloned().partition(|c| is_channel(c));
-        let w = Worker {
+        let reader = Reader {
             name: self.name.clone(),
             cfg,
             channels,
@@ -432,21 +538,18 @@ impl Adapter for Irc {
             conflict_bound: self.conflict_bound,
             status: Arc::clone(&self.status),
             shared: Arc::clone(&shared),
+            host: Arc::clone(&host),
+        };
+        let sender = Sender {
+            name: self.name.clone(),
+            status: Arc::clone(&self.status),
+            shared: Arc::clone(&shared),
             host,
             bucket: Bucket::new(Instant::now()),
         };
-        let (tx, done) = mpsc::channel();
-        std::thread::Builder::new()
-            .name(format!("gw-{}-irc", self.name))
-            .spawn(move || {
-                w.run();
-                let _ = tx.send(());
-            })
-            .map_err(|e| AdapterError::Start {
-                name: self.name.clone(),
-                message: format!("cannot start a thread: {e}"),
-            })?;
-        *self.run.lock().unwrap_or_else(|p| p.into_inner()) = Some(Run { shared, done });
+        let reader_done = spawn(&self.name, "irc", move || reader.run())?;
+        let sender_done = spawn(&self.name, "send", move || sender.run())?;
+        *self.run.lock().unwrap_or_else(|p| p.into_inner()) = Some(Run { shared, reader_done, sender_done });
         Ok(())
     }
 
@@ -473,8 +576,11 @@ impl Adapter for Irc {
                 b.stop = true;
                 b.close = true;
             });
-            let left = deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(500);
-            all = !matches!(r.done.recv_timeout(left), Err(mpsc::RecvTimeoutError::Timeout));
+            let left = deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(200);
+            all = !matches!(r.sender_done.recv_timeout(left), Err(mpsc::RecvTimeoutError::Timeout));
+            // The replies are out (or the deadline passed): now the connection may go.
+            *r.shared.quit.lock().unwrap_or_else(|p| p.into_inner()) = true;
+            let _ = r.reader_done.recv_timeout(READ_SLICE + QUIT_DRAIN + Duration::from_millis(500));
         }
         self.status.set(State::Closed);
         all
