@@ -84,6 +84,7 @@ impl Chat {
 
 struct Setup {
     synapse: Synapse,
+    bot_id: String,
     bot_token: String,
     admin: String,
     chat: Chat,
@@ -100,7 +101,7 @@ fn setup() -> Option<Setup> {
     let room = client.create_room(&[&bot.user_id]).unwrap();
     let mut chat = Chat { client, room, bot: bot.user_id.clone(), since: None, said: Vec::new() };
     chat.poll(Duration::ZERO);
-    Some(Setup { synapse, bot_token: bot.access_token, admin: alice.user_id, chat })
+    Some(Setup { synapse, bot_id: bot.user_id, bot_token: bot.access_token, admin: alice.user_id, chat })
 }
 
 fn config(s: &Setup, agent: &str) -> String {
@@ -250,5 +251,34 @@ fn unknown_token_parks_the_adapter() {
     wait_adapter(&home, "parked", Duration::from_secs(10));
     let p = platforms(&home);
     assert!(p[0]["reason"].as_str().is_some_and(|r| r.contains("credentials rejected")), "{p}");
+    stop_cleanly(&home, &mut g);
+}
+
+/// The homeserver rate-limits the bot (a real 429 `M_LIMIT_EXCEEDED` with `retry_after_ms`):
+/// every reply still arrives, each once, and the adapter never leaves `connected`.
+#[test]
+fn rate_limited_replies_wait_and_arrive_once() {
+    let Some(mut s) = setup() else { return };
+    s.synapse.limit_messages(&s.bot_id, 1, 1);
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let mut g = start_gw(&home, &sw, &s, &config(&s, ""));
+    wait_adapter(&home, "connected", READY);
+    let texts: Vec<String> = (0..5).map(|i| format!("burst {i}")).collect();
+    for t in &texts {
+        s.chat.send(t);
+    }
+    for t in &texts {
+        s.chat.wait_reply(|r| r == t);
+    }
+    s.chat.quiet_for(Duration::from_millis(1500));
+    for t in &texts {
+        assert_eq!(s.chat.count(t), 1, "{t:?} once: {:#?}", s.chat.said);
+    }
+    assert!(!home.events("platform_state").iter().any(|e| e["state"] == "degraded"), "{}", home.ledger_text());
+    // The limit really bit: Synapse logged 429 answers to the bot's sends.
+    let log = std::fs::read_to_string(s.synapse.log_path()).unwrap_or_default();
+    let limited = log.lines().filter(|l| l.contains("/send/m.room.message/") && l.contains(" 429 ")).count();
+    assert!(limited >= 1, "no 429 in the Synapse log: {}", s.synapse.log_tail());
+    eprintln!("{limited} sends answered 429 and retried");
     stop_cleanly(&home, &mut g);
 }
