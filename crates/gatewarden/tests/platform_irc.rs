@@ -271,3 +271,24 @@ fn nick_held_elsewhere_means_standby_then_takeover() {
     assert!(home.events("platform_state").iter().any(|e| e["state"] == "standby"), "{}", home.ledger_text());
     stop_cleanly(&home, &mut g);
 }
+
+/// The credential lock is keyed by server/nick: a second home configured with the same nick on
+/// the same server is refused (exit 78 naming the holder) before it connects; a dead holder
+/// never blocks.
+#[test]
+fn two_homes_same_server_and_nick() {
+    let Some(s) = Ngircd::start() else { return };
+    let (a, b, sw) = (TempHome::new(), TempHome::new(), Sweeper::new());
+    let mut ga = start_gw(&a, &sw, &config(&s, ""));
+    wait_adapter(&a, "connected", READY);
+    let mut gb = spawn(&b, &sw, &config(&s, ""));
+    let st = gb.wait_exit(EXIT);
+    assert_exit_code(&gb, st, 78, "second gateway with the same IRC server and nick");
+    let err = gb.stderr();
+    assert!(err.contains(&a.path().to_string_lossy().to_string()) && err.contains(&ga.pid().to_string()), "{err}");
+    assert_eq!(platforms(&a)[0]["state"], json!("connected"), "the holder is undisturbed");
+    stop_cleanly(&a, &mut ga);
+    let mut gb2 = start_gw(&b, &sw, &config(&s, ""));
+    wait_adapter(&b, "connected", READY);
+    stop_cleanly(&b, &mut gb2);
+}
