@@ -11,7 +11,8 @@
 //!    ([`Status::last_progress`]); the gateway's watchdog, not the adapter, decides that a deaf
 //!    adapter is reconnected ([`Adapter::reconnect`]);
 //! 5. drain: [`Adapter::stop_intake`] first (no new polls), then, once runs are idle,
-//!    [`Adapter::close`] flushes the outbox within a deadline and stops the threads.
+//!    [`Adapter::close`] flushes the outbox within a deadline and stops the threads. (IRC's
+//!    server keeps nothing for a successor, so its adapter listens on until `close`.)
 //!
 //! A platform is a module implementing [`Adapter`] and one arm in [`build`]: [`telegram`],
 //! [`matrix`] and [`irc`].
