@@ -292,3 +292,20 @@ fn two_homes_same_server_and_nick() {
     wait_adapter(&b, "connected", READY);
     stop_cleanly(&b, &mut gb2);
 }
+
+/// Kicked from the channel, the adapter joins it again and keeps answering there.
+#[test]
+fn kicked_bot_rejoins() {
+    let Some(s) = Ngircd::start() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    // First in the channel: alice is its operator.
+    let mut alice = User::new(&s, ADMIN);
+    let mut g = start_gw(&home, &sw, &config(&s, ""));
+    alice.wait_bot_joins(1);
+    alice.conn.as_mut().expect("connected").send_raw(&format!("KICK {CHANNEL} {BOT} :out")).unwrap();
+    alice.wait_bot_joins(2);
+    alice.say(CHANNEL, "still there?");
+    alice.wait_reply(CHANNEL, |t| t == "still there?");
+    assert_eq!(platforms(&home)[0]["state"], json!("connected"));
+    stop_cleanly(&home, &mut g);
+}

@@ -282,3 +282,23 @@ fn rate_limited_replies_wait_and_arrive_once() {
     eprintln!("{limited} sends answered 429 and retried");
     stop_cleanly(&home, &mut g);
 }
+
+/// kill -9 while the agent runs: the next incarnation answers the message exactly once (the
+/// journal re-runs it; the sync token was saved after the commit, so nothing is re-delivered
+/// as new, and a redelivery would be deduplicated by event id anyway).
+#[test]
+fn kill_9_mid_run_is_answered_once_by_the_next_incarnation() {
+    let Some(mut s) = setup() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let cfg = config(&s, "delay_ms = 1000");
+    let mut g = start_gw(&home, &sw, &s, &cfg);
+    wait_adapter(&home, "connected", READY);
+    s.chat.send("survive me");
+    wait_active(g.listen(), 1);
+    g.kill();
+    let mut g2 = start_gw(&home, &sw, &s, &cfg);
+    s.chat.wait_reply(|t| t == "survive me");
+    s.chat.quiet_for(Duration::from_millis(1500));
+    assert_eq!(s.chat.count("survive me"), 1, "{:#?}", s.chat.said);
+    stop_cleanly(&home, &mut g2);
+}
