@@ -474,7 +474,7 @@ impl Sender {
         if batch.is_empty() {
             return Ok(true);
         }
-        for item in batch {
+        'items: for item in batch {
             let target = item.chat_id.trim();
             for line in reply_lines(&item.text) {
                 let wait = self.bucket.take(Instant::now());
@@ -488,8 +488,9 @@ impl Sender {
                 match w.privmsg(target, &line) {
                     Ok(_) => {}
                     Err(e) if e.kind() == ErrorKind::Permanent => {
+                        // A target that cannot go on the wire: never retried.
                         self.host.sent(item.seq, Sent::Rejected(e.to_string()));
-                        break;
+                        continue 'items;
                     }
                     Err(_) => return Err(FlushError { wire: true, journal: None }),
                 }
