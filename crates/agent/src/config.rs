@@ -56,8 +56,18 @@ const AGENT_KEYS: &[&str] = &[
     "history_turns",
     "history_chars",
 ];
-const PLATFORM_KEYS: &[&str] =
-    &["kind", "name", "token_env", "api_base", "allowed_chats", "admins", "poll_timeout_s", "conflict_standby_s"];
+const PLATFORM_KEYS: &[&str] = &[
+    "kind",
+    "name",
+    "token_env",
+    "api_base",
+    "server",
+    "nick",
+    "allowed_chats",
+    "admins",
+    "poll_timeout_s",
+    "conflict_standby_s",
+];
 const CLUSTER_KEYS: &[&str] = &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s"];
 const UPDATE_KEYS: &[&str] = &["public_key", "probation_s", "source"];
 
@@ -225,9 +235,9 @@ impl JournalConfig {
 pub enum PlatformKind {
     /// The Telegram Bot API (getUpdates long-poll).
     Telegram,
-    /// Matrix client-server API (not in this build yet; refused with a message).
+    /// Matrix client-server API (`/sync` long-poll, unencrypted rooms only).
     Matrix,
-    /// IRC (not in this build yet; refused with a message).
+    /// IRC (one TCP connection, one nick).
     Irc,
 }
 
@@ -250,22 +260,32 @@ pub struct PlatformConfig {
     /// Unique adapter name (journal rows, status, metrics); defaults to `kind`.
     #[serde(default)]
     pub name: Option<String>,
-    /// The environment variable holding the credential (Telegram: the bot token).
+    /// The environment variable holding the credential (Telegram: the bot token; Matrix: the
+    /// access token; IRC, optional: the server password sent as `PASS`).
     #[serde(default)]
     pub token_env: Option<String>,
-    /// The platform's API base URL (Telegram: `https://api.telegram.org`).
+    /// The platform's API base URL (Telegram: `https://api.telegram.org`; Matrix: the
+    /// homeserver, required).
     #[serde(default)]
     pub api_base: Option<String>,
-    /// Chats served; empty = every chat.
+    /// IRC: the server, `host:port`.
+    #[serde(default)]
+    pub server: Option<String>,
+    /// IRC: the nick; never replaced by another one on a collision.
+    #[serde(default)]
+    pub nick: Option<String>,
+    /// Chats served (Telegram chat ids, Matrix room ids, IRC channels or nicks for private
+    /// messages); empty = every chat (IRC: no channel, private messages from anyone).
     #[serde(default)]
     pub allowed_chats: Vec<String>,
     /// Platform user ids allowed to run `/restart` and `/stop` from this platform.
     #[serde(default)]
     pub admins: Vec<String>,
-    /// Telegram: the long-poll `timeout` of getUpdates.
+    /// Telegram: the long-poll `timeout` of getUpdates; Matrix: the `/sync` timeout.
     #[serde(default = "default_poll_timeout")]
     pub poll_timeout_s: u64,
-    /// How long a conflict signal (Telegram 409) may persist before the adapter stands by.
+    /// How long a conflict signal (Telegram 409, IRC 433) may persist before the adapter
+    /// stands by.
     #[serde(default = "default_conflict_standby")]
     pub conflict_standby_s: u64,
 }
@@ -705,6 +725,49 @@ fn valid_host(h: &str) -> bool {
         && h.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']' | b'_'))
 }
 
+/// `api_base`: an http(s) URL; https needs the `tls` feature. `None` is Telegram's public
+/// https API when `default_https`.
+fn validate_api_base(
+    bad: &dyn Fn(&str, String) -> ConfigError,
+    api_base: Option<&str>,
+    default_https: bool,
+) -> Result<(), ConfigError> {
+    if let Some(url) = api_base.map(str::trim) {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(bad("api_base", format!("{url:?} must start with http:// or https://")));
+        }
+        if url.starts_with("https://") && !cfg!(feature = "tls") {
+            return Err(bad("api_base", format!("{url:?} is https, but this build has no TLS support (features tls)")));
+        }
+    } else if default_https && !cfg!(feature = "tls") {
+        return Err(bad(
+            "api_base",
+            "the default https://api.telegram.org needs a build with TLS (features tls); set api_base to an http:// Bot API server otherwise".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// IRC `server`: `host:port` with a numeric port.
+fn irc_server_ok(server: Option<&str>) -> Result<(), String> {
+    let Some(s) = server.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Err("needs server = \"host:port\"".into());
+    };
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return Err(format!("server {s:?} must be host:port"));
+    };
+    if host.is_empty() || host.contains(char::is_whitespace) || port.parse::<u16>().map_or(true, |p| p == 0) {
+        return Err(format!("server {s:?} must be host:port with a port between 1 and 65535"));
+    }
+    Ok(())
+}
+
+/// One IRC word (a nick or a channel): non-empty, no space, comma or control character, no
+/// leading `:`.
+fn irc_word_ok(s: &str) -> bool {
+    !s.is_empty() && !s.starts_with(':') && !s.contains(|c: char| c == ' ' || c == ',' || c.is_control())
+}
+
 impl Config {
     fn validate_platforms(&self, index: &KeyIndex) -> Result<(), ConfigError> {
         let bad = |key: &str, message: String| index.invalid(&["platform", key], message);
@@ -720,10 +783,10 @@ impl Config {
                     format!("two [[platform]] tables are named {name:?}; give each a unique name"),
                 ));
             }
-            if matches!(p.kind, PlatformKind::Matrix | PlatformKind::Irc) {
-                return Err(bad("kind", format!("{:?} adapters are not in this build yet", p.kind.as_str())));
-            }
+            let irc = p.kind == PlatformKind::Irc;
             match p.token_env.as_deref() {
+                // IRC's password is optional: many servers need none.
+                None if irc => {}
                 None | Some("") => {
                     return Err(bad(
                         "token_env",
@@ -732,26 +795,55 @@ impl Config {
                         ),
                     ));
                 }
-                Some(v) if v.contains(['=', '\0']) => {
+                Some(v) if v.is_empty() || v.contains(['=', '\0']) => {
                     return Err(bad("token_env", "must be the name of an environment variable".into()));
                 }
                 Some(_) => {}
             }
-            if let Some(url) = p.api_base.as_deref().map(str::trim) {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return Err(bad("api_base", format!("{url:?} must start with http:// or https://")));
+            for (key, set) in [("server", p.server.is_some()), ("nick", p.nick.is_some())] {
+                if set && !irc {
+                    return Err(bad(key, format!("{key} is for kind = \"irc\" only")));
                 }
-                if url.starts_with("https://") && !cfg!(feature = "tls") {
-                    return Err(bad(
-                        "api_base",
-                        format!("{url:?} is https, but this build has no TLS support (features tls)"),
-                    ));
+            }
+            match p.kind {
+                PlatformKind::Telegram => validate_api_base(&bad, p.api_base.as_deref(), true)?,
+                PlatformKind::Matrix => {
+                    if p.api_base.is_none() {
+                        return Err(bad(
+                            "api_base",
+                            format!(
+                                "[[platform]] {name:?} (matrix) needs api_base, the homeserver URL (http://host:port or https://…)"
+                            ),
+                        ));
+                    }
+                    validate_api_base(&bad, p.api_base.as_deref(), false)?;
                 }
-            } else if !cfg!(feature = "tls") {
-                return Err(bad(
-                    "api_base",
-                    "the default https://api.telegram.org needs a build with TLS (features tls); set api_base to an http:// Bot API server otherwise".into(),
-                ));
+                PlatformKind::Irc => {
+                    if p.api_base.is_some() {
+                        return Err(bad("api_base", "irc has no api_base; use server = \"host:port\"".into()));
+                    }
+                    if let Err(why) = irc_server_ok(p.server.as_deref()) {
+                        return Err(bad("server", format!("[[platform]] {name:?} (irc): {why}")));
+                    }
+                    if !p.nick.as_deref().is_some_and(irc_word_ok)
+                        || p.nick.as_deref().is_some_and(|n| n.starts_with(['#', '&']))
+                    {
+                        return Err(bad(
+                            "nick",
+                            format!(
+                                "[[platform]] {name:?} (irc) needs nick, one word without spaces, commas or control characters"
+                            ),
+                        ));
+                    }
+                    if let Some(c) = p.allowed_chats.iter().find(|c| !irc_word_ok(c)) {
+                        return Err(bad(
+                            "allowed_chats",
+                            format!(
+                                "{c:?}: IRC channels (#name) or nicks, without spaces, commas or control characters"
+                            ),
+                        ));
+                    }
+                }
             }
             if p.admins.iter().chain(&p.allowed_chats).any(|a| a.trim().is_empty()) {
                 return Err(bad("admins", "ids must not be empty".into()));
@@ -1174,5 +1266,48 @@ api_key_env = "MY_KEY"
         let e = Config::load(dir.path()).unwrap_err();
         assert!(matches!(e, ConfigError::Read { .. }), "{e}");
         assert_eq!(e.exit_code(), 78);
+    }
+
+    #[test]
+    fn matrix_and_irc_platforms_validate_their_keys() {
+        let m = parse("[[platform]]\nkind = \"matrix\"\ntoken_env = \"MX\"\napi_base = \"http://127.0.0.1:8008\"\nallowed_chats = [\"!r:hs\"]\n").unwrap();
+        assert_eq!((m.platform[0].kind, m.platform[0].adapter_name().as_str()), (PlatformKind::Matrix, "matrix"));
+        assert!(err("[[platform]]\nkind = \"matrix\"\ntoken_env = \"MX\"\n").contains("needs api_base"));
+        assert!(err("[[platform]]\nkind = \"matrix\"\napi_base = \"http://h:1\"\n").contains("needs token_env"));
+        assert!(err("[[platform]]\nkind = \"matrix\"\ntoken_env = \"MX\"\napi_base = \"h:1\"\n").contains("http://"));
+        assert!(
+            err("[[platform]]\nkind = \"matrix\"\ntoken_env = \"MX\"\napi_base = \"http://h:1\"\nnick = \"x\"\n")
+                .contains("irc")
+        );
+
+        // IRC: the password is optional; server and nick are required.
+        let i = parse("[[platform]]\nkind = \"irc\"\nserver = \"127.0.0.1:6667\"\nnick = \"gwbot\"\nallowed_chats = [\"#gw\", \"alice\"]\n").unwrap();
+        assert_eq!(
+            (i.platform[0].server.as_deref(), i.platform[0].nick.as_deref()),
+            (Some("127.0.0.1:6667"), Some("gwbot"))
+        );
+        assert!(err("[[platform]]\nkind = \"irc\"\nnick = \"gwbot\"\n").contains("server"));
+        assert!(err("[[platform]]\nkind = \"irc\"\nserver = \"h\"\nnick = \"gwbot\"\n").contains("host:port"));
+        assert!(err("[[platform]]\nkind = \"irc\"\nserver = \"h:0\"\nnick = \"gwbot\"\n").contains("port"));
+        assert!(err("[[platform]]\nkind = \"irc\"\nserver = \"h:6667\"\n").contains("needs nick"));
+        assert!(
+            err("[[platform]]\nkind = \"irc\"\nserver = \"h:6667\"\nnick = \"two words\"\n").contains("needs nick")
+        );
+        assert!(
+            err("[[platform]]\nkind = \"irc\"\nserver = \"h:6667\"\nnick = \"b\"\nallowed_chats = [\"#a,#b\"]\n")
+                .contains("allowed_chats")
+        );
+        assert!(
+            err("[[platform]]\nkind = \"irc\"\nserver = \"h:6667\"\nnick = \"b\"\napi_base = \"http://h\"\n")
+                .contains("no api_base")
+        );
+        assert!(
+            err("[[platform]]\nkind = \"irc\"\nserver = \"h:6667\"\nnick = \"b\"\ntoken_env = \"\"\n")
+                .contains("token_env")
+        );
+        assert!(
+            err("[[platform]]\nkind = \"irc\"\nserver = \"h:6667\"\nnick = \"b\"\nchannels = []\n")
+                .contains("channels")
+        );
     }
 }

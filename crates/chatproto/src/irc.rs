@@ -26,6 +26,7 @@
 use std::collections::VecDeque;
 use std::io::{ErrorKind as IoKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Longest incoming line kept (IRCv3 allows 8191 bytes of tags plus the 512-byte message).
@@ -178,6 +179,14 @@ impl Message {
         Some(p.split(['!', '@']).next().unwrap_or(p))
     }
 
+    /// The raw value of IRCv3 tag `key` (`Some("")` for a tag without a value).
+    pub fn tag(&self, key: &str) -> Option<&str> {
+        self.tags.as_deref()?.split(';').find_map(|t| {
+            let (k, v) = t.split_once('=').unwrap_or((t, ""));
+            (k == key).then_some(v)
+        })
+    }
+
     /// Parameter `i`, or `""`.
     pub fn param(&self, i: usize) -> &str {
         self.params.get(i).map_or("", String::as_str)
@@ -200,6 +209,8 @@ pub enum Event {
         target: String,
         /// The text (lossy UTF-8).
         text: String,
+        /// The IRCv3 `msgid` tag, when the server sends one (a server-assigned unique id).
+        msgid: Option<String>,
     },
     /// Someone (possibly us) joined a channel.
     Join {
@@ -254,7 +265,10 @@ impl Config {
 /// A registered IRC connection.
 #[derive(Debug)]
 pub struct Connection {
+    /// Read side (only [`Connection`] reads).
     stream: TcpStream,
+    /// Write side, shared with every [`Writer`]: one lock per line, so lines never interleave.
+    out: Arc<Mutex<TcpStream>>,
     /// Bytes received but not yet cut into lines.
     buf: Vec<u8>,
     /// Bytes of the unfinished line at the end of `buf`.
@@ -282,8 +296,10 @@ impl Connection {
         let stream = connect_any(&cfg.addr, cfg.connect_timeout)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(cfg.connect_timeout.max(Duration::from_secs(1))))?;
+        let out = Arc::new(Mutex::new(stream.try_clone()?));
         let mut c = Connection {
             stream,
+            out,
             buf: Vec::new(),
             line_len: 0,
             discarding: false,
@@ -371,19 +387,13 @@ impl Connection {
     /// each split further at [`MAX_TEXT_BYTES`]; empty lines are skipped. Returns the number of
     /// `PRIVMSG` lines sent.
     pub fn privmsg(&mut self, target: &str, text: &str) -> Result<usize, Error> {
-        if !is_word(target) || target.contains(',') {
-            return Err(Error::InvalidInput(format!("target {target:?}")));
-        }
-        let mut sent = 0;
-        for line in text.split('\n') {
-            let line: String = line.chars().filter(|c| !matches!(c, '\r' | '\0')).collect();
-            // Servers strip trailing spaces; an all-space line would be an empty PRIVMSG (412).
-            for chunk in split_text(line.trim_end(), MAX_TEXT_BYTES) {
-                self.send_raw(&format!("PRIVMSG {target} :{chunk}"))?;
-                sent += 1;
-            }
-        }
-        Ok(sent)
+        privmsg(&self.out, target, text)
+    }
+
+    /// A handle that sends on this connection from another thread (its lines and ours, PONGs
+    /// included, never interleave). It fails once the connection is gone.
+    pub fn writer(&self) -> Writer {
+        Writer { out: Arc::clone(&self.out) }
     }
 
     /// The next event, waiting at most `timeout`; `Ok(None)` when nothing arrived in time.
@@ -411,16 +421,7 @@ impl Connection {
     /// Sends one raw line (CRLF appended). Refuses CR, LF and NUL and lines over
     /// [`MAX_OUT_BYTES`].
     pub fn send_raw(&mut self, line: &str) -> Result<(), Error> {
-        if line.contains(['\r', '\n', '\0']) {
-            return Err(Error::InvalidInput("line contains CR, LF or NUL".into()));
-        }
-        if line.len() > MAX_OUT_BYTES {
-            return Err(Error::InvalidInput(format!("line of {} bytes (max {MAX_OUT_BYTES})", line.len())));
-        }
-        let mut out = Vec::with_capacity(line.len() + 2);
-        out.extend_from_slice(line.as_bytes());
-        out.extend_from_slice(b"\r\n");
-        self.stream.write_all(&out).map_err(io_error)
+        write_line(&self.out, line)
     }
 
     /// Filters a message into an event; `None` for what is handled here (PING, PONG).
@@ -437,6 +438,7 @@ impl Connection {
                     from: m.nick().unwrap_or_default().to_string(),
                     target: m.param(0).to_string(),
                     text: text.to_string(),
+                    msgid: m.tag("msgid").filter(|v| !v.is_empty()).map(str::to_string),
                 })
             }
             "JOIN" if !m.params.is_empty() => {
@@ -523,6 +525,60 @@ impl Connection {
             }
         }
     }
+}
+
+/// The sending half of a [`Connection`], for a thread other than the reader's.
+#[derive(Debug, Clone)]
+pub struct Writer {
+    out: Arc<Mutex<TcpStream>>,
+}
+
+impl Writer {
+    /// As [`Connection::privmsg`].
+    pub fn privmsg(&self, target: &str, text: &str) -> Result<usize, Error> {
+        privmsg(&self.out, target, text)
+    }
+
+    /// As [`Connection::send_raw`].
+    pub fn send_raw(&self, line: &str) -> Result<(), Error> {
+        write_line(&self.out, line)
+    }
+
+    /// Closes the socket: the reader's next read fails, so it reconnects.
+    pub fn shutdown(&self) {
+        let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = out.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+fn privmsg(out: &Mutex<TcpStream>, target: &str, text: &str) -> Result<usize, Error> {
+    if !is_word(target) || target.contains(',') {
+        return Err(Error::InvalidInput(format!("target {target:?}")));
+    }
+    let mut sent = 0;
+    for line in text.split('\n') {
+        let line: String = line.chars().filter(|c| !matches!(c, '\r' | '\0')).collect();
+        // Servers strip trailing spaces; an all-space line would be an empty PRIVMSG (412).
+        for chunk in split_text(line.trim_end(), MAX_TEXT_BYTES) {
+            write_line(out, &format!("PRIVMSG {target} :{chunk}"))?;
+            sent += 1;
+        }
+    }
+    Ok(sent)
+}
+
+fn write_line(out: &Mutex<TcpStream>, line: &str) -> Result<(), Error> {
+    if line.contains(['\r', '\n', '\0']) {
+        return Err(Error::InvalidInput("line contains CR, LF or NUL".into()));
+    }
+    if line.len() > MAX_OUT_BYTES {
+        return Err(Error::InvalidInput(format!("line of {} bytes (max {MAX_OUT_BYTES})", line.len())));
+    }
+    let mut bytes = Vec::with_capacity(line.len() + 2);
+    bytes.extend_from_slice(line.as_bytes());
+    bytes.extend_from_slice(b"\r\n");
+    let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
+    out.write_all(&bytes).map_err(io_error)
 }
 
 fn io_error(e: std::io::Error) -> Error {
@@ -624,6 +680,7 @@ mod tests {
 
         let m = Message::parse("@time=2024-01-01T00:00:00Z;id=1 :srv 433 * bot :Nickname already in use").unwrap();
         assert_eq!(m.tags.as_deref(), Some("time=2024-01-01T00:00:00Z;id=1"));
+        assert_eq!((m.tag("id"), m.tag("time"), m.tag("msgid")), (Some("1"), Some("2024-01-01T00:00:00Z"), None));
         assert_eq!((m.command.as_str(), m.param(1), m.last()), ("433", "bot", "Nickname already in use"));
 
         // Empty trailing, repeated spaces, no params.
@@ -657,6 +714,7 @@ mod tests {
         let client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (server, _) = l.accept().unwrap();
         let c = Connection {
+            out: Arc::new(Mutex::new(client.try_clone().unwrap())),
             stream: client,
             buf: Vec::new(),
             line_len: 0,
@@ -690,15 +748,39 @@ mod tests {
     #[test]
     fn answers_ping_decodes_lossy_and_reports_error_lines() {
         let (mut c, mut server) = conn_pair();
-        server.write_all(b"PING :token1\r\n:a!u@h PRIVMSG #c :caf\xe9\r\nERROR :Closing link\r\n").unwrap();
+        server
+            .write_all(b"@msgid=Ab1;time=x :b!u@h PRIVMSG #c :tagged\r\nPING :token1\r\n:a!u@h PRIVMSG #c :caf\xe9\r\nERROR :Closing link\r\n")
+            .unwrap();
         let ev = c.next_event(Duration::from_secs(5)).unwrap().unwrap();
-        assert_eq!(ev, Event::Privmsg { from: "a".into(), target: "#c".into(), text: "caf\u{fffd}".into() });
+        let want =
+            Event::Privmsg { from: "b".into(), target: "#c".into(), text: "tagged".into(), msgid: Some("Ab1".into()) };
+        assert_eq!(ev, want);
+        let ev = c.next_event(Duration::from_secs(5)).unwrap().unwrap();
+        assert_eq!(
+            ev,
+            Event::Privmsg { from: "a".into(), target: "#c".into(), text: "caf\u{fffd}".into(), msgid: None }
+        );
         let mut got = [0u8; 64];
         server.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let n = server.read(&mut got).unwrap();
         assert_eq!(&got[..n], b"PONG :token1\r\n");
         let e = c.next_event(Duration::from_secs(5)).unwrap_err();
         assert!(matches!(&e, Error::Closed(m) if m.contains("Closing link")), "{e}");
+    }
+
+    #[test]
+    fn a_writer_sends_from_another_thread_and_its_shutdown_ends_the_reader() {
+        let (mut c, mut server) = conn_pair();
+        let w = c.writer();
+        std::thread::spawn(move || w.privmsg("#c", "from the side").unwrap()).join().unwrap();
+        let mut got = [0u8; 64];
+        server.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let n = server.read(&mut got).unwrap();
+        assert_eq!(&got[..n], b"PRIVMSG #c :from the side\r\n");
+        assert!(matches!(c.writer().send_raw("A\r\nB"), Err(Error::InvalidInput(_))));
+        c.writer().shutdown();
+        let e = c.next_event(Duration::from_secs(5)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Transient, "{e}");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! * [`matrix`]: a blocking Matrix client-server API client (password or token login, `/sync`
 //!   long-poll, idempotent sends with transaction ids) over ureq.
 //! * [`irc`]: a blocking IRC client over `std::net::TcpStream` (registration, PING/PONG, JOIN,
-//!   PRIVMSG with splitting, 433 as a typed conflict) and a total line parser.
+//!   PRIVMSG with splitting, 433 as a typed conflict, a [`irc::Writer`] for sending from another
+//!   thread) and a total line parser.
 //!
 //! Both are blocking by design: an adapter runs each connection on a dedicated thread, as the
 //! `openai` backend does with ureq (`crates/agent/src/backend/openai.rs`), and every call is

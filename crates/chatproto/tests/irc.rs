@@ -27,7 +27,7 @@ fn next_privmsg(c: &mut Connection) -> (String, String, String) {
     loop {
         let left = end.saturating_duration_since(Instant::now());
         assert!(!left.is_zero(), "no PRIVMSG within {WAIT:?}");
-        if let Some(Event::Privmsg { from, target, text }) = c.next_event(left).unwrap() {
+        if let Some(Event::Privmsg { from, target, text, .. }) = c.next_event(left).unwrap() {
             return (from, target, text);
         }
     }

@@ -12,16 +12,20 @@
 //!    ([`Status::last_progress`]); the gateway's watchdog, not the adapter, decides that a deaf
 //!    adapter is reconnected ([`Adapter::reconnect`]);
 //! 5. drain: [`Adapter::stop_intake`] first (no new polls), then, once runs are idle,
-//!    [`Adapter::close`] flushes the outbox within a deadline and stops the threads.
+//!    [`Adapter::close`] flushes the outbox within a deadline and stops the threads. (IRC's
+//!    server keeps nothing for a successor, so its adapter listens on until `close`.)
 //!
-//! A Matrix or IRC adapter is another module implementing [`Adapter`] and one more arm in
-//! [`build`].
+//! A platform is a module implementing [`Adapter`] and one arm in [`build`]: [`telegram`],
+//! [`matrix`] and [`irc`].
 
 pub mod credlock;
+pub mod irc;
+pub mod matrix;
 mod sha256;
 pub mod telegram;
 mod wait;
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -232,6 +236,11 @@ pub trait Host: Send + Sync {
     fn receive_budget(&self) -> Option<Duration> {
         None
     }
+    /// A directory in the home where an adapter keeps small durable state (the Matrix `since`
+    /// token), created by the adapter when needed. `None`: nothing survives a restart.
+    fn state_dir(&self) -> Option<PathBuf> {
+        None
+    }
 }
 
 /// Why an adapter cannot be built or started.
@@ -278,14 +287,12 @@ pub fn build(cfg: &PlatformConfig) -> Result<Arc<dyn Adapter>, AdapterError> {
     let name = cfg.adapter_name();
     let var = cfg.token_env.clone().unwrap_or_default();
     let token = std::env::var(&var).ok().map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
-    let Some(token) = token else {
-        return Err(AdapterError::MissingCredential { name, var });
-    };
+    let missing = || AdapterError::MissingCredential { name: name.clone(), var: var.clone() };
     match cfg.kind {
-        PlatformKind::Telegram => Ok(Arc::new(telegram::Telegram::new(cfg, token))),
-        // Refused by config validation; kept total for when the modules land.
-        PlatformKind::Matrix | PlatformKind::Irc => {
-            Err(AdapterError::Start { name, message: format!("{} is not in this build", cfg.kind.as_str()) })
-        }
+        PlatformKind::Telegram => Ok(Arc::new(telegram::Telegram::new(cfg, token.ok_or_else(missing)?))),
+        PlatformKind::Matrix => Ok(Arc::new(matrix::Matrix::new(cfg, token.ok_or_else(missing)?)?)),
+        // The password is optional; a named variable that is unset is still an error.
+        PlatformKind::Irc if cfg.token_env.is_some() && token.is_none() => Err(missing()),
+        PlatformKind::Irc => Ok(Arc::new(irc::Irc::new(cfg, token)?)),
     }
 }

@@ -61,6 +61,8 @@ fn config(base: &str, conflict_s: u64) -> PlatformConfig {
         name: None,
         token_env: Some("UNUSED".into()),
         api_base: Some(base.into()),
+        server: None,
+        nick: None,
         allowed_chats: Vec::new(),
         admins: Vec::new(),
         poll_timeout_s: 2,

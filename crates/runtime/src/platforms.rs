@@ -368,6 +368,10 @@ impl Host for GatewayHost {
         self.gw.upgrade().map_or(Some(Duration::ZERO), |gw| receive_budget(gw.poll_budget()))
     }
 
+    fn state_dir(&self) -> Option<std::path::PathBuf> {
+        self.gw.upgrade().map(|gw| gw.home.dir().join("platforms"))
+    }
+
     fn state_changed(&self, adapter: &str, state: &State) {
         let Ok(gw) = self.gw() else { return };
         match state {

@@ -1,0 +1,304 @@
+//! Issue 10: the Matrix adapter in real gateway processes against a real Synapse
+//! (testkit::servers; `scripts/setup-synapse`). Under `CI` a missing Synapse fails these tests;
+//! elsewhere they print SKIPPED and pass. Loopback only; every wait is bounded.
+#![cfg(target_os = "linux")]
+
+mod common;
+mod work_common;
+use common::*;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use work_common::*;
+
+use gatewarden_chatproto::matrix::Client;
+use gatewarden_testkit::servers::Synapse;
+
+const TOKEN_ENV: &str = "GW_TEST_MATRIX_TOKEN";
+const REPLY: Duration = Duration::from_secs(20);
+
+fn creds_dir() -> String {
+    std::env::temp_dir().join(format!("gw-creds-test-{}", std::process::id())).to_string_lossy().into_owned()
+}
+
+/// A user's view of one room: sends, and collects what the bot says there.
+struct Chat {
+    client: Client,
+    room: String,
+    bot: String,
+    since: Option<String>,
+    /// The bot's messages in the room, in order.
+    said: Vec<String>,
+}
+
+impl Chat {
+    fn send(&self, text: &str) {
+        static TXN: AtomicU32 = AtomicU32::new(0);
+        let txn = format!("t{}-{}", std::process::id(), TXN.fetch_add(1, Ordering::Relaxed));
+        let end = Instant::now() + REPLY;
+        // Retried: the homeserver may be restarting.
+        while let Err(e) = self.client.send_text(&self.room, &txn, text) {
+            assert!(Instant::now() < end, "cannot send {text:?}: {e}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn poll(&mut self, timeout: Duration) {
+        match self.client.sync(self.since.as_deref(), timeout) {
+            Ok(b) => {
+                self.since = Some(b.next_batch);
+                let (room, bot) = (&self.room, &self.bot);
+                self.said
+                    .extend(b.messages.into_iter().filter(|m| &m.room_id == room && &m.sender == bot).map(|m| m.body));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+
+    #[track_caller]
+    fn wait_reply(&mut self, pred: impl Fn(&str) -> bool) -> String {
+        let end = Instant::now() + REPLY;
+        loop {
+            if let Some(t) = self.said.iter().rev().find(|t| pred(t)) {
+                return t.clone();
+            }
+            assert!(Instant::now() < end, "no matching reply within {REPLY:?}; the bot said: {:#?}", self.said);
+            self.poll(Duration::from_millis(500));
+        }
+    }
+
+    fn count(&self, text: &str) -> usize {
+        self.said.iter().filter(|t| *t == text).count()
+    }
+
+    /// Asserts that the bot says nothing more for `d`.
+    #[track_caller]
+    fn quiet_for(&mut self, d: Duration) {
+        let before = self.said.len();
+        let end = Instant::now() + d;
+        while Instant::now() < end {
+            self.poll(Duration::from_millis(300));
+        }
+        assert_eq!(self.said.len(), before, "the bot said more: {:#?}", &self.said[before..]);
+    }
+}
+
+struct Setup {
+    synapse: Synapse,
+    bot_id: String,
+    bot_token: String,
+    admin: String,
+    chat: Chat,
+}
+
+/// A Synapse with a bot and an admin user; the admin made a room and invited the bot.
+fn setup() -> Option<Setup> {
+    let synapse = Synapse::start()?;
+    let bot = synapse.register("gwbot", "pw-gwbot");
+    let alice = synapse.register("alice", "pw-alice");
+    let mut client = Client::new(&synapse.base_url(), Duration::from_secs(30)).unwrap();
+    client.set_access_token(alice.access_token.clone());
+    client.whoami().unwrap();
+    let room = client.create_room(&[&bot.user_id]).unwrap();
+    let mut chat = Chat { client, room, bot: bot.user_id.clone(), since: None, said: Vec::new() };
+    chat.poll(Duration::ZERO);
+    Some(Setup { synapse, bot_id: bot.user_id, bot_token: bot.access_token, admin: alice.user_id, chat })
+}
+
+fn config(s: &Setup, agent: &str) -> String {
+    format!(
+        "drain_timeout_s = 10\n[agent]\nbackend = \"echo\"\n{agent}\n\
+         [[platform]]\nkind = \"matrix\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\n\
+         allowed_chats = [\"{}\"]\nadmins = [\"{}\"]\npoll_timeout_s = 2\n",
+        s.synapse.base_url(),
+        s.chat.room,
+        s.admin
+    )
+}
+
+fn start_gw(home: &TempHome, sw: &Sweeper, s: &Setup, config: &str) -> Gateway {
+    write_config(home.path(), config);
+    let mut g = builder(home)
+        .env(TAG_VAR, sw.tag())
+        .env(TOKEN_ENV, &s.bot_token)
+        .env("GATEWARDEN_CREDS_DIR", creds_dir())
+        .spawn();
+    g.wait_ready(READY);
+    g
+}
+
+fn platforms(home: &TempHome) -> Value {
+    let out = run_cli(home, &["status", "--json"]);
+    serde_json::from_str::<Value>(&out.stdout).map(|v| v["platforms"].clone()).unwrap_or(Value::Null)
+}
+
+#[track_caller]
+fn wait_adapter(home: &TempHome, state: &str, timeout: Duration) {
+    let mut last = Value::Null;
+    let ok = wait_until(timeout, || {
+        last = platforms(home);
+        last[0]["state"] == state
+    });
+    assert!(ok, "adapter not {state} within {timeout:?}: {last}");
+}
+
+/// Round trip through the echo agent; /status and /help; an admin's /restart is answered and
+/// the successor says "back online" in the same room, once; the sync token is kept in the home.
+#[test]
+fn round_trip_commands_and_restart_notice() {
+    let Some(mut s) = setup() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let mut g = start_gw(&home, &sw, &s, &config(&s, ""));
+    wait_adapter(&home, "connected", READY);
+    s.chat.send("hello there");
+    s.chat.wait_reply(|t| t == "hello there");
+    s.chat.send("/status");
+    assert!(s.chat.wait_reply(|t| t.contains("incarnation")).contains("running"));
+    s.chat.send("/help");
+    assert!(s.chat.wait_reply(|t| t.starts_with("commands:")).contains("/new"));
+
+    let p = platforms(&home);
+    assert_eq!((p[0]["name"].as_str(), p[0]["kind"].as_str()), (Some("matrix"), Some("matrix")), "{p}");
+    assert!(p[0]["received"].as_u64() >= Some(3) && p[0]["lag_s"].is_number(), "{p}");
+    let metrics = http_get(g.listen(), "/metrics", Duration::from_secs(5)).unwrap().text();
+    assert!(
+        metrics.contains("gatewarden_platform_state{platform=\"matrix\",kind=\"matrix\",state=\"connected\"} 1"),
+        "{metrics}"
+    );
+    let cursor = std::fs::read_to_string(home.path().join("platforms/matrix-matrix.json")).unwrap();
+    assert!(cursor.contains("\"since\":\"") && cursor.contains("txn_prefix"), "{cursor}");
+
+    let old = g.pid();
+    s.chat.send("/restart");
+    s.chat.wait_reply(|t| t == "restarting…");
+    let st = g.wait_exit(EXIT);
+    assert_exit_code(&g, st, 75, "chat /restart (unsupervised: successor started)");
+    let (_, inc2, _) = wait_new_ready(home.path(), &[old], READY).expect("successor ready");
+    let notice = s.chat.wait_reply(|t| t.contains("back online"));
+    assert!(notice.contains(&inc2), "the notice names the new incarnation {inc2}: {notice}");
+    s.chat.send("after the restart");
+    s.chat.wait_reply(|t| t == "after the restart");
+    s.chat.quiet_for(Duration::from_millis(1500));
+    for text in ["hello there", "restarting…", "after the restart", notice.as_str()] {
+        assert_eq!(s.chat.count(text), 1, "{text:?} sent once: {:#?}", s.chat.said);
+    }
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
+/// Mid-conversation restart: a run is in flight and more messages arrive during the drain.
+/// Every message is answered exactly once (the later ones by the successor, which resumes from
+/// the saved sync token).
+#[test]
+fn restart_mid_conversation_loses_and_repeats_nothing() {
+    let Some(mut s) = setup() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let g = start_gw(&home, &sw, &s, &config(&s, "delay_ms = 1500"));
+    wait_adapter(&home, "connected", READY);
+    s.chat.send("m1");
+    wait_active(g.listen(), 1);
+    let restart = cli_bg(&home, &sw, &["restart", "--timeout", "30"], Duration::from_secs(40));
+    wait_until(Duration::from_secs(5), || home.state().as_deref() == Some("draining"));
+    s.chat.send("m2");
+    s.chat.send("m3");
+    assert_cli(&restart.join().unwrap(), 0, "restart");
+    s.chat.send("m4");
+    for m in ["m1", "m2", "m3", "m4"] {
+        s.chat.wait_reply(|t| t == m);
+    }
+    s.chat.quiet_for(Duration::from_secs(2));
+    for m in ["m1", "m2", "m3", "m4"] {
+        assert_eq!(s.chat.count(m), 1, "{m} answered once: {:#?}", s.chat.said);
+    }
+    assert_eq!(platforms(&home)[0]["state"], json!("connected"));
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
+/// The homeserver dies and comes back: `degraded` in between (the gateway keeps serving), then
+/// `connected`, and the conversation goes on.
+#[test]
+fn homeserver_killed_and_revived() {
+    let Some(mut s) = setup() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let mut g = start_gw(&home, &sw, &s, &config(&s, ""));
+    wait_adapter(&home, "connected", READY);
+    s.chat.send("before");
+    s.chat.wait_reply(|t| t == "before");
+    s.synapse.stop();
+    wait_adapter(&home, "degraded", Duration::from_secs(20));
+    assert!(serving(&mut g), "a degraded adapter never stops the gateway");
+    s.synapse.restart();
+    wait_adapter(&home, "connected", Duration::from_secs(30));
+    s.chat.send("after the outage");
+    s.chat.wait_reply(|t| t == "after the outage");
+    assert!(home.events("platform_state").iter().any(|e| e["state"] == "degraded"), "{}", home.ledger_text());
+    s.chat.quiet_for(Duration::from_millis(1000));
+    assert_eq!((s.chat.count("before"), s.chat.count("after the outage")), (1, 1), "{:#?}", s.chat.said);
+    stop_cleanly(&home, &mut g);
+}
+
+/// A token the homeserver does not know parks the adapter "credentials rejected"; the gateway
+/// itself runs.
+#[test]
+fn unknown_token_parks_the_adapter() {
+    let Some(s) = setup() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    write_config(home.path(), &config(&s, ""));
+    let mut g = builder(&home)
+        .env(TAG_VAR, sw.tag())
+        .env(TOKEN_ENV, "syt_not_a_real_token")
+        .env("GATEWARDEN_CREDS_DIR", creds_dir())
+        .spawn();
+    g.wait_ready(READY);
+    wait_adapter(&home, "parked", Duration::from_secs(10));
+    let p = platforms(&home);
+    assert!(p[0]["reason"].as_str().is_some_and(|r| r.contains("credentials rejected")), "{p}");
+    stop_cleanly(&home, &mut g);
+}
+
+/// The homeserver rate-limits the bot (a real 429 `M_LIMIT_EXCEEDED` with `retry_after_ms`):
+/// every reply still arrives, each once, and the adapter never leaves `connected`.
+#[test]
+fn rate_limited_replies_wait_and_arrive_once() {
+    let Some(mut s) = setup() else { return };
+    s.synapse.limit_messages(&s.bot_id, 1, 1);
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let mut g = start_gw(&home, &sw, &s, &config(&s, ""));
+    wait_adapter(&home, "connected", READY);
+    let texts: Vec<String> = (0..5).map(|i| format!("burst {i}")).collect();
+    for t in &texts {
+        s.chat.send(t);
+    }
+    for t in &texts {
+        s.chat.wait_reply(|r| r == t);
+    }
+    s.chat.quiet_for(Duration::from_millis(1500));
+    for t in &texts {
+        assert_eq!(s.chat.count(t), 1, "{t:?} once: {:#?}", s.chat.said);
+    }
+    assert!(!home.events("platform_state").iter().any(|e| e["state"] == "degraded"), "{}", home.ledger_text());
+    // The limit really bit: Synapse logged 429 answers to the bot's sends.
+    let log = std::fs::read_to_string(s.synapse.log_path()).unwrap_or_default();
+    let limited = log.lines().filter(|l| l.contains("/send/m.room.message/") && l.contains(" 429 ")).count();
+    assert!(limited >= 1, "no 429 in the Synapse log: {}", s.synapse.log_tail());
+    eprintln!("{limited} sends answered 429 and retried");
+    stop_cleanly(&home, &mut g);
+}
+
+/// kill -9 while the agent runs: the next incarnation answers the message exactly once (the
+/// journal re-runs it; the sync token was saved after the commit, so nothing is re-delivered
+/// as new, and a redelivery would be deduplicated by event id anyway).
+#[test]
+fn kill_9_mid_run_is_answered_once_by_the_next_incarnation() {
+    let Some(mut s) = setup() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let cfg = config(&s, "delay_ms = 1000");
+    let mut g = start_gw(&home, &sw, &s, &cfg);
+    wait_adapter(&home, "connected", READY);
+    s.chat.send("survive me");
+    wait_active(g.listen(), 1);
+    g.kill();
+    let mut g2 = start_gw(&home, &sw, &s, &cfg);
+    s.chat.wait_reply(|t| t == "survive me");
+    s.chat.quiet_for(Duration::from_millis(1500));
+    assert_eq!(s.chat.count("survive me"), 1, "{:#?}", s.chat.said);
+    stop_cleanly(&home, &mut g2);
+}
