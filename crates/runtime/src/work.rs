@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gatewarden_agent::journal::{Kind, NewMessage};
-use gatewarden_agent::{Agent, AgentError, AgentRequest, Journal, JournalError, Turn};
+use gatewarden_agent::{Agent, AgentError, AgentRequest, JournalError, Store, Turn};
 use gatewarden_control::Requester;
 use gatewarden_lifecycle::{fsio, timefmt};
 use serde_json::{Value, json};
@@ -100,7 +100,8 @@ pub struct CommandOutcome {
 
 pub struct Work {
     pub agent: Box<dyn Agent>,
-    pub journal: Arc<Journal>,
+    /// The home's SQLite journal, or the cluster's PostgreSQL one (`[cluster]`; lib.rs).
+    pub journal: Arc<dyn Store>,
     pub admins: Vec<String>,
     pub api_token: Option<String>,
     /// The listener's limits and accepted `Host` names.
@@ -135,12 +136,17 @@ pub struct Work {
 }
 
 impl Work {
-    pub fn new(agent: Box<dyn Agent>, journal: Journal, config: &gatewarden_agent::Config, loopback: bool) -> Work {
+    pub fn new(
+        agent: Box<dyn Agent>,
+        journal: Arc<dyn Store>,
+        config: &gatewarden_agent::Config,
+        loopback: bool,
+    ) -> Work {
         let (queue, rx) = mpsc::unbounded_channel();
         Work {
             model: format!("gatewarden-{}", agent.name()),
             agent,
-            journal: Arc::new(journal),
+            journal,
             admins: config.admins.clone(),
             api_token: config.api_token.clone(),
             http: config.http.clone(),
@@ -272,14 +278,15 @@ impl Work {
         self.with_journal(move |j| j.accept_command(&msg, &reply)).await
     }
 
-    /// Runs `f` on the journal off the async workers (SQLite blocks, and fsyncs each commit);
-    /// a failed task and a journal error both come back as the message to report.
+    /// Runs `f` on the journal off the async workers (SQLite blocks, and fsyncs each commit; the
+    /// PostgreSQL store waits for its own thread); a failed task and a journal error both come
+    /// back as the message to report.
     pub async fn with_journal<R: Send + 'static>(
         &self,
-        f: impl FnOnce(&Journal) -> Result<R, JournalError> + Send + 'static,
+        f: impl FnOnce(&dyn Store) -> Result<R, JournalError> + Send + 'static,
     ) -> Result<R, String> {
         let journal = Arc::clone(&self.journal);
-        match tokio::task::spawn_blocking(move || f(&journal)).await {
+        match tokio::task::spawn_blocking(move || f(&*journal)).await {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         }
