@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use gatewarden_agent::JournalError;
-use gatewarden_agent::journal::{Counts, Message, NewMessage, Outgoing, Pruned, Store};
+use gatewarden_agent::journal::{Counts, Message, NewMessage, Outgoing, Pruned, State, Store};
 use tokio::sync::mpsc;
 
 use crate::driver::Handle;
@@ -158,6 +158,34 @@ impl PgStore {
     }
 }
 
+/// Who runs a message: the process incarnation *and* the epoch it claimed it under. A run is
+/// finished only by its incarnation while that epoch is current: after a demotion and a later
+/// promotion of the same process, `recover` (under the new epoch) requeues the runs of the old
+/// term like any other gateway's, and a late completion of such a run matches nothing.
+fn run_tag(incarnation: &str, epoch: i64) -> String {
+    format!("{incarnation}/e{epoch}")
+}
+
+/// A claim or finish whose answer was lost (a dropped connection after the commit) is settled
+/// by reading the row: it is ours if it is in `want` under our run tag. Without this, a lost
+/// acknowledgement would leave a row `running` under a live run that no longer runs it.
+async fn settle(
+    j: &mut PgJournal,
+    r: Result<bool, ClusterError>,
+    id: &str,
+    run: &str,
+    want: State,
+) -> Result<bool, ClusterError> {
+    match r {
+        Err(e) if !matches!(e, ClusterError::Fenced { .. }) => match j.message(id).await {
+            Ok(Some(m)) => Ok(m.state == want && m.incarnation.as_deref() == Some(run)),
+            Ok(None) => Ok(false),
+            Err(_) => Err(e),
+        },
+        r => r,
+    }
+}
+
 impl Store for PgStore {
     fn describe(&self) -> String {
         format!("postgres cluster {}", self.name)
@@ -175,17 +203,35 @@ impl Store for PgStore {
 
     fn claim(&self, id: &str, incarnation: &str) -> Result<bool, JournalError> {
         let (id, inc) = (id.to_owned(), incarnation.to_owned());
-        self.write(move |j, e| Box::pin(async move { j.claim(e, &id, &inc).await }))
+        self.write(move |j, e| {
+            Box::pin(async move {
+                let run = run_tag(&inc, e);
+                let r = j.claim(e, &id, &run).await;
+                settle(j, r, &id, &run, State::Running).await
+            })
+        })
     }
 
     fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError> {
         let (id, inc, reply) = (id.to_owned(), incarnation.to_owned(), reply.to_owned());
-        self.write(move |j, e| Box::pin(async move { j.complete(e, &id, &inc, &reply).await }))
+        self.write(move |j, e| {
+            Box::pin(async move {
+                let run = run_tag(&inc, e);
+                let r = j.complete(e, &id, &run, &reply).await;
+                settle(j, r, &id, &run, State::Done).await
+            })
+        })
     }
 
     fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError> {
         let (id, inc, reason) = (id.to_owned(), incarnation.to_owned(), reason.to_owned());
-        self.write(move |j, e| Box::pin(async move { j.fail(e, &id, &inc, &reason).await }))
+        self.write(move |j, e| {
+            Box::pin(async move {
+                let run = run_tag(&inc, e);
+                let r = j.fail(e, &id, &run, &reason).await;
+                settle(j, r, &id, &run, State::Failed).await
+            })
+        })
     }
 
     fn accept_inbound(&self, platform: &str, event_id: &str, msg: &NewMessage) -> Result<Option<String>, JournalError> {
@@ -246,7 +292,7 @@ impl Store for PgStore {
 
     fn recover(&self, new_incarnation: &str) -> Result<Vec<String>, JournalError> {
         let inc = new_incarnation.to_owned();
-        self.write(move |j, e| Box::pin(async move { j.recover(e, &inc).await }))
+        self.write(move |j, e| Box::pin(async move { j.recover(e, &run_tag(&inc, e)).await }))
     }
 
     fn get(&self, id: &str) -> Result<Option<Message>, JournalError> {

@@ -6,6 +6,7 @@
 #![cfg(target_os = "linux")]
 
 mod common;
+mod work_common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use gatewarden_testkit::api::{Api, header};
 use gatewarden_testkit::postgres::{Cluster, PASSWORD, Proxy, ProxyMode};
+use work_common::wait_final;
 
 const TTL: Duration = Duration::from_secs(3);
 const RENEW: Duration = Duration::from_secs(1);
@@ -25,9 +27,45 @@ struct Node {
 
 impl Node {
     fn spawn(name: &str, url: &str) -> Node {
+        Node::spawn_with(name, url, "")
+    }
+
+    /// A gateway whose config.toml starts with `top` (top-level keys and tables before
+    /// `[cluster]`).
+    fn spawn_with(name: &str, url: &str, top: &str) -> Node {
         let home = TempHome::new();
-        let g = Node::configure(&home, name, url);
+        let g = Node::configure(&home, name, url, top);
         Node { home, g }
+    }
+
+    /// A gateway whose exec agent takes `secs` per message, appends each run id to `<home>/runs`
+    /// (the test's readiness signal that a run started here) and replies `<text> by <label>`;
+    /// the drain gives runs `drain_s` before cancelling them.
+    fn spawn_slow(name: &str, url: &str, label: &str, secs: f64, drain_s: u64) -> Node {
+        let home = TempHome::new();
+        let script = home.path().join("agent.sh");
+        let runs = home.path().join("runs");
+        std::fs::write(
+            &script,
+            format!(
+                "echo \"$GATEWARDEN_RUN_ID\" >> '{}'\nsleep {secs}\nprintf '%s by {label}' \"$(cat)\"\n",
+                runs.display()
+            ),
+        )
+        .unwrap();
+        let top = format!(
+            "drain_timeout_s = {drain_s}\n[agent]\nbackend = \"exec\"\ncommand = [\"sh\", '{}']\n",
+            script.display()
+        );
+        let g = Node::configure(&home, name, url, &top);
+        Node { home, g }
+    }
+
+    /// The run ids this node's slow agent started.
+    fn runs(&self) -> Vec<String> {
+        std::fs::read_to_string(self.home.path().join("runs"))
+            .map(|s| s.lines().map(str::to_owned).collect())
+            .unwrap_or_default()
     }
 
     /// A new process in the same home (after a kill or a stop).
@@ -36,11 +74,11 @@ impl Node {
         self.g = builder(&self.home).env(PW_ENV, PASSWORD).spawn();
     }
 
-    fn configure(home: &TempHome, name: &str, url: &str) -> Gateway {
+    fn configure(home: &TempHome, name: &str, url: &str, top: &str) -> Gateway {
         gatewarden_testkit::api::write_config(
             home.path(),
             &format!(
-                "[cluster]\nname = \"{name}\"\nstore = \"{url}\"\npassword_env = \"{PW_ENV}\"\nlease_ttl_s = {}\nrenew_interval_s = {}\n",
+                "{top}[cluster]\nname = \"{name}\"\nstore = \"{url}\"\npassword_env = \"{PW_ENV}\"\nlease_ttl_s = {}\nrenew_interval_s = {}\n",
                 TTL.as_secs(),
                 RENEW.as_secs()
             ),
@@ -353,6 +391,108 @@ fn a_graceful_stop_hands_over_within_one_renewal_interval() {
     // CI machine).
     assert!(gap_ms >= 0.0 && gap_ms <= RENEW.as_millis() as f64 + 200.0, "handover gap {gap_ms} ms");
     at_most_one_active_per_epoch(&pg, "grace");
+}
+
+/// A message's row in the cluster's journal: `state|finishes|attempts|reply` (finishes counts
+/// running → done/failed transitions, so 1 means finished exactly once).
+fn journal_row(pg: &Cluster, id: &str) -> String {
+    pg.sql(&format!(
+        "SELECT state || '|' || finishes || '|' || attempts || '|' || coalesce(reply, '') FROM gw_messages WHERE id = '{id}'"
+    ))
+}
+
+/// Waits until `n` runs started on `node` (its slow agent's own record).
+#[track_caller]
+fn wait_runs(node: &Node, n: usize) {
+    let ok = wait_until(READY, || node.runs().len() >= n);
+    assert!(ok, "{n} run(s) not started on pid {}: {:?}\n{}", node.g.pid(), node.runs(), node.g.diag());
+}
+
+/// An async message accepted by the active, which is SIGKILLed mid-run: the standby becomes
+/// active, recovers the interrupted run and completes it exactly once; the API of the new
+/// active answers for a message the old one accepted.
+#[test]
+fn an_async_message_interrupted_by_kill9_is_done_once_by_the_successor() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let mut nodes = vec![Node::spawn_slow("jk9", &pg.url(), "A", 30.0, 1)];
+    nodes[0].wait_role("active", READY);
+    nodes.push(Node::spawn_slow("jk9", &pg.url(), "B", 0.2, 1));
+    let a_pid = nodes[0].g.pid();
+    nodes[1].wait_standby_of(a_pid, READY);
+    let id = nodes[0].api().unwrap().submit("c1", "hello");
+    wait_runs(&nodes[0], 1);
+    assert_eq!(journal_row(&pg, &id), "running|0|1|");
+    nodes[0].g.kill();
+    nodes[1].wait_role("active", TTL + Duration::from_secs(3));
+    let api_b = nodes[1].api().unwrap();
+    let m = wait_final(&api_b, &id, Duration::from_secs(15));
+    assert_eq!(
+        (m["state"].as_str(), m["reply"].as_str(), m["attempts"].as_i64()),
+        (Some("done"), Some("hello by B"), Some(2)),
+        "{m}"
+    );
+    assert_eq!(journal_row(&pg, &id), "done|1|2|hello by B");
+    assert_eq!(nodes[1].runs().len(), 1, "the successor ran it once");
+    at_most_one_active_per_epoch(&pg, "jk9");
+}
+
+/// Messages accepted before a graceful stop whose runs the drain cut short are run again by
+/// the successor (once each), as the SQLite journal does across a restart.
+#[test]
+fn messages_accepted_before_a_graceful_stop_are_done_by_the_successor() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let mut nodes = vec![Node::spawn_slow("jgr", &pg.url(), "A", 30.0, 1)];
+    nodes[0].wait_role("active", READY);
+    nodes.push(Node::spawn_slow("jgr", &pg.url(), "B", 0.2, 1));
+    let a_pid = nodes[0].g.pid();
+    nodes[1].wait_standby_of(a_pid, READY);
+    let api_a = nodes[0].api().unwrap();
+    let ids: Vec<String> = (0..3).map(|i| api_a.submit("c1", &format!("m{i}"))).collect();
+    wait_runs(&nodes[0], 3);
+    assert_cli(&run_cli(&nodes[0].home, &["stop"]), 0, "stop");
+    nodes[0].g.wait_exit(EXIT);
+    nodes[1].wait_role("active", TTL);
+    let api_b = nodes[1].api().unwrap();
+    for (i, id) in ids.iter().enumerate() {
+        let m = wait_final(&api_b, id, Duration::from_secs(15));
+        assert_eq!(m["reply"].as_str(), Some(format!("m{i} by B").as_str()), "{m}");
+        assert_eq!(journal_row(&pg, id), format!("done|1|2|m{i} by B"));
+    }
+    assert_eq!(nodes[1].runs().len(), 3);
+    at_most_one_active_per_epoch(&pg, "jgr");
+}
+
+/// A paused active's run finishes while it is stopped; meanwhile the successor re-ran and
+/// completed the message. On waking, the old active's completion is refused (it demotes, the
+/// store's fence refusing its writes) and the row keeps the successor's one completion.
+#[test]
+fn a_paused_old_actives_completion_is_refused() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let mut nodes = vec![Node::spawn_slow("jps", &pg.url(), "A", 1.0, 1)];
+    nodes[0].wait_role("active", READY);
+    nodes.push(Node::spawn_slow("jps", &pg.url(), "B", 0.2, 1));
+    let a_pid = nodes[0].g.pid();
+    nodes[1].wait_standby_of(a_pid, READY);
+    let old = nodes[0].epoch().unwrap();
+    let id = nodes[0].api().unwrap().submit("c1", "hello");
+    wait_runs(&nodes[0], 1);
+    nodes[0].g.signal(sig::SIGSTOP);
+    nodes[1].wait_role("active", TTL + Duration::from_secs(3));
+    let m = wait_final(&nodes[1].api().unwrap(), &id, Duration::from_secs(15));
+    assert_eq!(m["reply"].as_str(), Some("hello by B"), "{m}");
+    nodes[0].g.signal(sig::SIGCONT);
+    let refused = wait_until(Duration::from_secs(10), || {
+        ledger_has(&nodes[0], "cluster_demoted", |e| e["epoch"] == old)
+            && nodes[0].g.stderr().contains("journal update failed: journal store: fenced")
+    });
+    assert!(
+        refused,
+        "the old active's completion was not refused:\n{}\n{}",
+        nodes[0].home.ledger_text(),
+        nodes[0].g.diag()
+    );
+    assert_eq!(journal_row(&pg, &id), "done|1|2|hello by B");
+    at_most_one_active_per_epoch(&pg, "jps");
 }
 
 /// Seeded chaos: random kills, pauses, store partitions and graceful stops of the active
