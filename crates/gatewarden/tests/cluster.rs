@@ -495,11 +495,67 @@ fn a_paused_old_actives_completion_is_refused() {
     at_most_one_active_per_epoch(&pg, "jps");
 }
 
+/// The chaos test's steady load, driven against whichever gateway is active: a sync message
+/// and an async one per visit. Accepted async ids are recorded for the end's invariant. A new
+/// kind of load (a platform fake's inbound messages) is one more field and one more line in
+/// [`Load::visit`], with its own check in [`Load::check`].
+#[derive(Default)]
+struct Load {
+    served: u64,
+    refused: u64,
+    /// Async messages answered 202: each must end exactly once.
+    accepted: Vec<String>,
+    /// Why async messages were refused (a standby's 503, a store error's 500, a timeout).
+    async_refused: Vec<String>,
+}
+
+impl Load {
+    fn visit(&mut self, api: &Api) {
+        match api.send("load", "u", "ping").map(|r| r.status) {
+            Ok(200) => self.served += 1,
+            _ => self.refused += 1,
+        }
+        let n = self.accepted.len();
+        match api.send_async("load-async", "u", &format!("a{n}")) {
+            Ok(r) if r.status == 202 => match r.json().ok().and_then(|v| v["message_id"].as_str().map(str::to_owned)) {
+                Some(id) => self.accepted.push(id),
+                None => panic!("a 202 without a message id: {}", r.text()),
+            },
+            Ok(r) => self.async_refused.push(format!("{} {}", r.status, r.text())),
+            Err(e) => self.async_refused.push(e.to_string()),
+        }
+    }
+
+    /// Every accepted async message is in the cluster's journal once and ends exactly once:
+    /// done or failed by one completion, or failed by recovery after two interrupted runs.
+    #[track_caller]
+    fn check(&self, pg: &Cluster, name: &str, seed: u64) {
+        assert!(!self.accepted.is_empty(), "no async message was accepted (seed {seed})");
+        let ids = self.accepted.iter().map(|id| format!("'{id}'")).collect::<Vec<_>>().join(",");
+        let unfinished = || {
+            pg.sql(&format!(
+                "SELECT count(*) FROM gw_messages WHERE name = '{name}' AND id IN ({ids}) AND state IN ('queued', 'running')"
+            ))
+        };
+        let settled = wait_until(Duration::from_secs(30), || unfinished() == "0");
+        assert!(settled, "{} accepted message(s) never finished (seed {seed})", unfinished());
+        let summary = pg.sql(&format!(
+            "SELECT count(*), count(*) FILTER (WHERE state IN ('done', 'failed')),
+                    count(*) FILTER (WHERE finishes = 1 OR (finishes = 0 AND reason = 'interrupted twice')),
+                    count(*) FILTER (WHERE attempts > 2)
+               FROM gw_messages WHERE name = '{name}' AND id IN ({ids})"
+        ));
+        let n = self.accepted.len();
+        assert_eq!(summary, format!("{n}|{n}|{n}|0"), "accepted {n}: found|final|finished once|over-run (seed {seed})");
+    }
+}
+
 /// Seeded chaos: random kills, pauses, store partitions and graceful stops of the active
-/// under a steady sync load. `GW_CHAOS_SEED` replays a run, `GW_CHAOS_STEPS` lengthens it
-/// (scripts/soak-cluster). Invariants: after every fault exactly one gateway is active again
-/// within a bound; no epoch was ever seen active on two gateways (sampled every few ms from
-/// their own status); and the database's grant history has one holder per epoch.
+/// under a steady sync and async load ([`Load`]). `GW_CHAOS_SEED` replays a run,
+/// `GW_CHAOS_STEPS` lengthens it (scripts/soak-cluster). Invariants: after every fault exactly
+/// one gateway is active again within a bound; no epoch was ever seen active on two gateways
+/// (sampled every few ms from their own status); the database's grant history has one holder
+/// per epoch; and every accepted async message is done exactly once, none lost.
 #[test]
 fn chaos_seeded() {
     let Some(pg) = Cluster::start_or_skip() else { return };
@@ -527,7 +583,7 @@ fn chaos_seeded() {
         let stop = std::sync::Arc::clone(&stop);
         std::thread::spawn(move || {
             let mut seen: std::collections::BTreeMap<i64, std::collections::BTreeSet<String>> = Default::default();
-            let (mut served, mut refused) = (0u64, 0u64);
+            let mut load = Load::default();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for h in &homes {
                     let Some(addr) = gatewarden_testkit::api::current_gateway(h).and_then(|g| g.3) else { continue };
@@ -537,15 +593,12 @@ fn chaos_seeded() {
                         && let Some(e) = c["epoch"].as_i64()
                     {
                         seen.entry(e).or_default().insert(h.display().to_string());
-                        match api.send("load", "u", "ping").map(|r| r.status) {
-                            Ok(200) => served += 1,
-                            _ => refused += 1,
-                        }
+                        load.visit(&api);
                     }
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
-            (seen, served, refused)
+            (seen, load)
         })
     };
 
@@ -584,12 +637,19 @@ fn chaos_seeded() {
     }
     wait_one_active(&mut nodes, TTL * 4);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (seen, served, refused) = sampler.join().expect("sampler");
-    eprintln!("chaos: served {served}, refused {refused}, epochs seen active: {seen:?}");
+    let (seen, load) = sampler.join().expect("sampler");
+    eprintln!(
+        "chaos: served {}, refused {}, async accepted {}, epochs seen active: {seen:?}; async refused: {:?}",
+        load.served,
+        load.refused,
+        load.accepted.len(),
+        load.async_refused
+    );
     for (e, homes) in &seen {
         assert_eq!(homes.len(), 1, "epoch {e} seen active on {homes:?} (seed {seed})");
     }
     at_most_one_active_per_epoch(&pg, "chaos");
+    load.check(&pg, "chaos", seed);
 }
 
 /// Failover times (scripts/bench-cluster; ignored in the normal suite): kill -9, a pause past
@@ -640,4 +700,82 @@ fn bench_failover() {
         );
     }
     at_most_one_active_per_epoch(&pg, "bench");
+}
+
+/// Seconds since midnight UTC of a protocol timestamp (`2026-11-30T19:30:00.123456+00:00`).
+fn day_seconds(ts: &str) -> Option<f64> {
+    let t = ts.get(11..26)?;
+    let (h, m, s) =
+        (t.get(0..2)?.parse::<f64>().ok()?, t.get(3..5)?.parse::<f64>().ok()?, t.get(6..)?.parse::<f64>().ok()?);
+    Some(h * 3600.0 + m * 60.0 + s)
+}
+
+/// Per-message journal cost through the real gateway (scripts/bench-cluster; ignored in the
+/// normal suite): the same async load (`GW_BENCH_MESSAGES` messages from 4 client threads,
+/// echo agent) against one gateway on the home's SQLite journal and one active on the
+/// cluster's PostgreSQL journal. Reports the 202's latency, accepted → done per message (the
+/// journal's own timestamps) and the throughput until the last one is done.
+#[test]
+#[ignore = "benchmark: scripts/bench-cluster"]
+fn bench_journal() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let total: usize = std::env::var("GW_BENCH_MESSAGES").ok().and_then(|s| s.parse().ok()).unwrap_or(400);
+    let threads = 4;
+    for store in ["sqlite", "postgres"] {
+        let node = match store {
+            "postgres" => {
+                let mut n = Node::spawn("benchj", &pg.url());
+                n.wait_role("active", READY);
+                n
+            }
+            _ => {
+                let home = TempHome::new();
+                let mut g = builder(&home).spawn();
+                g.wait_ready(READY);
+                Node { home, g }
+            }
+        };
+        let addr = node.home.state_record().and_then(|v| v["listen"].as_str()?.parse().ok()).expect("listen");
+        let t0 = Instant::now();
+        let clients: Vec<_> = (0..threads)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let api = Api::new(addr).with_timeout(Duration::from_secs(10));
+                    let mut out = Vec::new();
+                    for i in 0..total / threads {
+                        let sent = Instant::now();
+                        let id = api.submit(&format!("c{t}"), &format!("m{i}"));
+                        out.push((id, sent.elapsed()));
+                    }
+                    out
+                })
+            })
+            .collect();
+        let accepted: Vec<(String, Duration)> = clients.into_iter().flat_map(|c| c.join().expect("client")).collect();
+        let api = Api::new(addr).with_timeout(Duration::from_secs(10));
+        let mut e2e = Vec::new();
+        for (id, _) in &accepted {
+            let m = work_common::wait_final(&api, id, Duration::from_secs(60));
+            assert_eq!(m["state"], "done", "{m}");
+            let (a, b) =
+                (m["created_at"].as_str().and_then(day_seconds), m["updated_at"].as_str().and_then(day_seconds));
+            if let (Some(a), Some(b)) = (a, b) {
+                e2e.push(((b - a).rem_euclid(86_400.0) * 1000.0).max(0.0));
+            }
+        }
+        let took = t0.elapsed();
+        let mut lat: Vec<f64> = accepted.iter().map(|(_, d)| d.as_secs_f64() * 1000.0).collect();
+        lat.sort_by(f64::total_cmp);
+        e2e.sort_by(f64::total_cmp);
+        let pct = |v: &[f64], p: f64| v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(f64::NAN);
+        println!(
+            "bench-cluster journal ({store}, {total} async messages, {threads} clients, echo agent): {:.0} msg/s to done; \
+             202 p50 {:.1} ms p99 {:.1} ms; accepted→done p50 {:.1} ms p99 {:.1} ms",
+            accepted.len() as f64 / took.as_secs_f64(),
+            pct(&lat, 0.5),
+            pct(&lat, 0.99),
+            pct(&e2e, 0.5),
+            pct(&e2e, 0.99)
+        );
+    }
 }
