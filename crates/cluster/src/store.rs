@@ -309,6 +309,10 @@ impl Store for PgStore {
     }
 
     fn prune(&self, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError> {
+        // Retention is the active's job: a standby's timer finds nothing to do.
+        if self.epoch().is_err() {
+            return Ok(Pruned::default());
+        }
         self.write(move |j, e| Box::pin(async move { j.prune(e, max_age, max_bytes).await }))
     }
 }

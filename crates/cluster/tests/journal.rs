@@ -247,4 +247,16 @@ fn an_unreachable_store_fails_within_its_timeout_and_recovers() {
         assert!(t0.elapsed() < Duration::from_secs(10), "the store did not reconnect");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // A terminated backend (an operator's pg_terminate_backend, a failover of the pooler):
+    // the next call reconnects.
+    let killed = pg.sql(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'gatewarden journal test'",
+    );
+    // (The connection forgotten after the stall may still have its backend too.)
+    assert_ne!(killed, "0");
+    let t0 = Instant::now();
+    while s.counts().is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the store did not reconnect after termination");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

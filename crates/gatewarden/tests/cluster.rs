@@ -225,6 +225,7 @@ fn standby_refuses_intake_and_points_at_the_active_then_kill9_fails_over_within_
     assert_cli(&out, 0, "status");
     assert_eq!(out.json()["cluster"]["role"], "active");
     assert_eq!(out.json()["cluster"]["epoch"], epoch);
+    assert_eq!(out.json()["cluster"]["journal"], "postgres cluster k9");
 
     nodes[a].g.kill();
     let killed = Instant::now();
@@ -433,6 +434,9 @@ fn an_async_message_interrupted_by_kill9_is_done_once_by_the_successor() {
     );
     assert_eq!(journal_row(&pg, &id), "done|1|2|hello by B");
     assert_eq!(nodes[1].runs().len(), 1, "the successor ran it once");
+    // The journal counts of /metrics are the cluster's (B's own home journal is empty).
+    let metrics = api_b.get("/metrics").unwrap().text();
+    assert!(metrics.contains("gatewarden_journal_messages{state=\"done\"} 1"), "{metrics}");
     at_most_one_active_per_epoch(&pg, "jk9");
 }
 

@@ -136,7 +136,9 @@ pub async fn release(gw: &Gateway) {
 
 /// The `cluster` object of the status report, if clustered.
 pub fn status_json(gw: &Gateway) -> Option<serde_json::Value> {
-    gw.cluster.get().map(|h| h.snapshot().to_json(Instant::now()))
+    let mut v = gw.cluster.get().map(|h| h.snapshot().to_json(Instant::now()))?;
+    v["journal"] = json!(gw.work.journal.describe());
+    Some(v)
 }
 
 /// A standby answers everything but `/v1/status` and `/metrics` with 503 and the active's
