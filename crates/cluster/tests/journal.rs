@@ -75,7 +75,10 @@ fn msg(text: &str) -> NewMessage {
 /// A lease driver for cluster `name` on `rt` (long renewals: only the tests' own moves change
 /// the role), once it is active.
 fn active_driver(rt: &tokio::runtime::Runtime, pg: &Cluster, name: &str, n: u32) -> Handle {
-    let timing = Timing::new(Duration::from_secs(30), Duration::from_secs(10)).unwrap();
+    active_driver_with(rt, pg, name, n, Timing::new(Duration::from_secs(30), Duration::from_secs(10)).unwrap())
+}
+
+fn active_driver_with(rt: &tokio::runtime::Runtime, pg: &Cluster, name: &str, n: u32, timing: Timing) -> Handle {
     let lease = PgLease::new(&pg.url(), Some(PASSWORD), name).unwrap();
     let (h, _changes) = rt.block_on(async { gatewarden_cluster::spawn(lease, name, holder(n), timing) });
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -259,4 +262,34 @@ fn an_unreachable_store_fails_within_its_timeout_and_recovers() {
         assert!(t0.elapsed() < Duration::from_secs(5), "the store did not reconnect after termination");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The same process demoted and promoted again (a lost renewal, then a new grant) is a new run:
+/// its new term recovers the old term's claim like any other gateway's, and the old run's late
+/// completion matches nothing, so the message is still completed exactly once.
+#[test]
+fn a_re_promoted_process_recovers_its_own_earlier_terms_runs() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let s = store(&pg, "rp");
+    let timing = Timing::new(Duration::from_secs(2), Duration::from_millis(200)).unwrap();
+    let h = active_driver_with(&rt, &pg, "rp", 1, timing);
+    s.attach(h.clone());
+    let e1 = h.snapshot().epoch.unwrap();
+    let id = s.accept(&msg("m")).unwrap();
+    assert!(s.claim(&id, "inc1").unwrap());
+    // The lease is lost (expired by the database), and the same driver is granted it again.
+    pg.sql("UPDATE gw_lease SET expires_at = '-infinity' WHERE name = 'rp'");
+    let t0 = Instant::now();
+    while !(h.is_active() && h.snapshot().epoch.is_some_and(|e| e > e1)) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "not re-promoted: {:?}", h.snapshot());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!s.complete(&id, "inc1", "late").unwrap(), "the old term's run cannot complete");
+    assert_eq!(s.recover("inc1").unwrap(), vec![id.clone()], "the old term's run is requeued");
+    assert!(s.claim(&id, "inc1").unwrap());
+    assert!(s.complete(&id, "inc1", "ok").unwrap());
+    let m = s.get(&id).unwrap().unwrap();
+    assert_eq!((m.state, m.reply.as_deref(), m.attempts), (State::Done, Some("ok"), 2));
+    assert_eq!(pg.sql(&format!("SELECT finishes FROM gw_messages WHERE id = '{id}'")), "1");
 }
