@@ -492,18 +492,7 @@ impl Work {
         let Some(mut rx) = self.queue_rx.lock().ok().and_then(|mut g| g.take()) else { return };
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let inc = gw.me.id.clone();
-            match me.with_journal(move |j| j.recover(&inc)).await {
-                Ok(ids) => {
-                    if !ids.is_empty() {
-                        crate::info!("resuming {} journaled message(s)", ids.len());
-                    }
-                    for id in ids {
-                        let _ = me.queue.send(id);
-                    }
-                }
-                Err(e) => crate::error!("journal recovery failed: {e}"),
-            }
+            me.recover_into_queue(&gw).await;
             let slots = Arc::new(Semaphore::new(ASYNC_CONCURRENCY));
             while let Some(id) = rx.recv().await {
                 if gw.phase.get() != gatewarden_lifecycle::records::GatewayState::Running || !gw.is_active() {
@@ -524,17 +513,35 @@ impl Work {
     /// while this gateway was a standby). A row queued twice runs once: `claim` is atomic.
     pub fn resume_queued(self: &Arc<Self>, gw: Arc<crate::gateway::Gateway>) {
         let me = Arc::clone(self);
-        tokio::spawn(async move {
+        tokio::spawn(async move { me.recover_into_queue(&gw).await });
+    }
+
+    /// Recovers interrupted runs and queues every queued id. A failure is retried while this
+    /// gateway may still run work: on the cluster's store a transient error at promotion would
+    /// otherwise leave the messages an earlier active accepted unrun for this whole term.
+    async fn recover_into_queue(self: &Arc<Self>, gw: &crate::gateway::Gateway) {
+        let mut pause = Duration::from_millis(200);
+        loop {
             let inc = gw.me.id.clone();
-            match me.with_journal(move |j| j.recover(&inc)).await {
+            match self.with_journal(move |j| j.recover(&inc)).await {
                 Ok(ids) => {
-                    for id in ids {
-                        let _ = me.queue.send(id);
+                    if !ids.is_empty() {
+                        crate::info!("resuming {} journaled message(s)", ids.len());
                     }
+                    for id in ids {
+                        let _ = self.queue.send(id);
+                    }
+                    return;
                 }
                 Err(e) => crate::error!("journal recovery failed: {e}"),
             }
-        });
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
+            let running = gw.phase.get() == gatewarden_lifecycle::records::GatewayState::Running;
+            if !running || !gw.is_active() {
+                return;
+            }
+        }
     }
 
     async fn run_async(self: &Arc<Self>, gw: &crate::gateway::Gateway, id: String) {
