@@ -433,7 +433,7 @@ impl PgJournal {
     /// [`MAX_ATTEMPTS`]; a command row never runs again. Returns the queued ids, oldest first.
     pub async fn recover(&mut self, epoch: i64, incarnation: &str) -> Result<Vec<String>, ClusterError> {
         let rows = self
-            .lease_query(
+            .query_all(
                 epoch,
                 "WITH f AS MATERIALIZED (SELECT gw_fence($1, $2)),
                  commands AS (
@@ -465,7 +465,7 @@ impl PgJournal {
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
-    async fn lease_query(
+    async fn query_all(
         &mut self,
         epoch: i64,
         sql: &str,
@@ -566,7 +566,7 @@ impl PgJournal {
         if let Some(age) = max_age {
             let ms = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
             let rows = self
-                .lease_query(
+                .query_all(
                     epoch,
                     "WITH d AS (
                         DELETE FROM gw_messages m USING (SELECT gw_fence($1, $2)) AS f
@@ -584,7 +584,7 @@ impl PgJournal {
             // One statement: the oldest finished rows beyond the bound, by running total from
             // the newest row down.
             let rows = self
-                .lease_query(
+                .query_all(
                     epoch,
                     "WITH f AS MATERIALIZED (SELECT gw_fence($1, $2)),
                      sized AS (
