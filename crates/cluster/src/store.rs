@@ -15,9 +15,10 @@
 //! `JournalError::Fenced` and tells the driver, which demotes now (stops intake) rather than
 //! at its next renewal.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use gatewarden_agent::JournalError;
@@ -37,6 +38,9 @@ type Job = Box<dyn FnOnce(&mut PgJournal) -> Pin<Box<dyn Future<Output = ()> + S
 /// The journal of one cluster, shared by all of its gateways.
 pub struct PgStore {
     jobs: mpsc::UnboundedSender<Job>,
+    /// `(message id, run tag)` of claims whose answer was lost: retried, they count as ours if
+    /// the row is `running` under that run (see `claim`).
+    unsettled: Arc<Mutex<HashSet<(String, String)>>>,
     handle: OnceLock<Handle>,
     name: String,
     timeout: Duration,
@@ -70,7 +74,13 @@ impl PgStore {
                 });
             })
             .map_err(|e| ClusterError::Store(format!("cannot start the store's thread: {e}")))?;
-        Ok(PgStore { jobs, handle: OnceLock::new(), name: name.to_owned(), timeout: DEFAULT_TIMEOUT })
+        Ok(PgStore {
+            jobs,
+            unsettled: Arc::default(),
+            handle: OnceLock::new(),
+            name: name.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+        })
     }
 
     /// Bounds every call (default [`DEFAULT_TIMEOUT`]).
@@ -202,12 +212,26 @@ impl Store for PgStore {
     }
 
     fn claim(&self, id: &str, incarnation: &str) -> Result<bool, JournalError> {
-        let (id, inc) = (id.to_owned(), incarnation.to_owned());
+        let (id, inc, unsettled) = (id.to_owned(), incarnation.to_owned(), Arc::clone(&self.unsettled));
         self.write(move |j, e| {
             Box::pin(async move {
-                let run = run_tag(&inc, e);
-                let r = j.claim(e, &id, &run).await;
-                settle(j, r, &id, &run, State::Running).await
+                let key = (id.clone(), run_tag(&inc, e));
+                let run = key.1.clone();
+                // Marked before the statement and cleared on a definite answer, so that a claim
+                // cut short (an error, a timeout dropping this future) leaves the mark behind.
+                let retry = !unsettled.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone());
+                let r = match j.claim(e, &id, &run).await {
+                    // The earlier attempt of this same run may have committed: then it is ours.
+                    Ok(false) if retry => {
+                        let lost = ClusterError::Store("the answer to an earlier claim was lost".into());
+                        settle(j, Err(lost), &id, &run, State::Running).await
+                    }
+                    r => settle(j, r, &id, &run, State::Running).await,
+                };
+                if !matches!(r, Err(ClusterError::Store(_) | ClusterError::Connect(_) | ClusterError::Timeout(_))) {
+                    unsettled.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+                }
+                r
             })
         })
     }

@@ -293,3 +293,40 @@ fn a_re_promoted_process_recovers_its_own_earlier_terms_runs() {
     assert_eq!((m.state, m.reply.as_deref(), m.attempts), (State::Done, Some("ok"), 2));
     assert_eq!(pg.sql(&format!("SELECT finishes FROM gw_messages WHERE id = '{id}'")), "1");
 }
+
+/// A claim whose answer is lost (the caller timed out while the statement waited on a row lock,
+/// then committed) is settled when the same run retries it: the row is `running` under that
+/// run, so the retry answers "claimed" instead of leaving the message to nobody.
+#[test]
+fn a_retried_claim_whose_first_answer_was_lost_is_ours() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let s = store(&pg, "lost").with_timeout(Duration::from_millis(700));
+    s.attach(active_driver(&rt, &pg, "lost", 1));
+    let id = s.accept(&msg("m")).unwrap();
+    std::thread::scope(|scope| {
+        let locker = scope.spawn(|| {
+            pg.sql(&format!(
+                "BEGIN; SELECT 1 FROM gw_messages WHERE id = '{id}' FOR UPDATE; SELECT pg_sleep(2); COMMIT;"
+            ))
+        });
+        let t0 = Instant::now();
+        while pg.sql("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'") != "1" {
+            assert!(t0.elapsed() < Duration::from_secs(5), "the row lock was not taken");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let r = s.claim(&id, "inc1");
+        assert!(matches!(r, Err(JournalError::Store(_))), "the claim waits on the lock past the timeout: {r:?}");
+        locker.join().unwrap();
+    });
+    // The blocked statement committed after the caller gave up.
+    let t0 = Instant::now();
+    while pg.sql(&format!("SELECT state FROM gw_messages WHERE id = '{id}'")) != "running" {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the first claim never committed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(s.claim(&id, "inc1").unwrap(), "the retry finds its own run");
+    assert!(!s.claim(&id, "inc1").unwrap(), "and only the retry: a later claim is a duplicate");
+    assert!(!s.claim(&id, "inc2").unwrap(), "another run's claim is not settled as ours");
+    assert!(s.complete(&id, "inc1", "ok").unwrap());
+}

@@ -511,6 +511,8 @@ struct Load {
     accepted: Vec<String>,
     /// Why async messages were refused (a standby's 503, a store error's 500, a timeout).
     async_refused: Vec<String>,
+    /// How many async messages were accepted so far, for the fault loop to wait on.
+    progress: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Load {
@@ -522,7 +524,10 @@ impl Load {
         let n = self.accepted.len();
         match api.send_async("load-async", "u", &format!("a{n}")) {
             Ok(r) if r.status == 202 => match r.json().ok().and_then(|v| v["message_id"].as_str().map(str::to_owned)) {
-                Some(id) => self.accepted.push(id),
+                Some(id) => {
+                    self.accepted.push(id);
+                    self.progress.store(self.accepted.len(), std::sync::atomic::Ordering::Relaxed);
+                }
                 None => panic!("a 202 without a message id: {}", r.text()),
             },
             Ok(r) => self.async_refused.push(format!("{} {}", r.status, r.text())),
@@ -542,7 +547,17 @@ impl Load {
             ))
         };
         let settled = wait_until(Duration::from_secs(30), || unfinished() == "0");
-        assert!(settled, "{} accepted message(s) never finished (seed {seed})", unfinished());
+        assert!(
+            settled,
+            "{} accepted message(s) never finished (seed {seed}): {}; lease: {}",
+            unfinished(),
+            pg.sql(&format!(
+                "SELECT string_agg(id || ' ' || state || ' ' || coalesce(incarnation, '-') || ' attempts ' || attempts
+                                   || ' epoch ' || epoch || ' at ' || updated_at, '; ')
+                   FROM gw_messages WHERE name = '{name}' AND id IN ({ids}) AND state IN ('queued', 'running')"
+            )),
+            pg.sql(&format!("SELECT epoch || ' ' || holder_id FROM gw_lease WHERE name = '{name}'"))
+        );
         let summary = pg.sql(&format!(
             "SELECT count(*), count(*) FILTER (WHERE state IN ('done', 'failed')),
                     count(*) FILTER (WHERE finishes = 1 OR (finishes = 0 AND reason = 'interrupted twice')),
@@ -583,11 +598,13 @@ fn chaos_seeded() {
     // Sampler and load: every few ms, each home's status; any active answers a sync message.
     let homes: Vec<std::path::PathBuf> = nodes.iter().map(|n| n.home.path().to_path_buf()).collect();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let progress = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let sampler = {
         let stop = std::sync::Arc::clone(&stop);
+        let progress = std::sync::Arc::clone(&progress);
         std::thread::spawn(move || {
             let mut seen: std::collections::BTreeMap<i64, std::collections::BTreeSet<String>> = Default::default();
-            let mut load = Load::default();
+            let mut load = Load { progress, ..Load::default() };
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for h in &homes {
                     let Some(addr) = gatewarden_testkit::api::current_gateway(h).and_then(|g| g.3) else { continue };
@@ -608,6 +625,11 @@ fn chaos_seeded() {
 
     for step in 0..steps {
         let a = wait_one_active(&mut nodes, TTL * 4);
+        // Each active takes some of the load before its fault: a healthy active with a healthy
+        // store accepts async messages.
+        let before = progress.load(std::sync::atomic::Ordering::Relaxed);
+        let took = wait_until(Duration::from_secs(5), || progress.load(std::sync::atomic::Ordering::Relaxed) > before);
+        assert!(took, "step {step}: the active accepted no async message within 5 s (seed {seed})");
         let fault = next(5);
         eprintln!("chaos step {step}: fault {fault} on node {a}");
         let hold = Duration::from_millis(1000 + next(3500));

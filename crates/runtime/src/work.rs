@@ -292,6 +292,38 @@ impl Work {
         }
     }
 
+    /// One journal step of a run (claim, read, finish). A store that failed (not a fence that
+    /// refused) is retried while this gateway is still the active: a dropped connection must
+    /// not leave the message queued or `running` under a run that gave up on it. The store
+    /// settles a retried claim whose first answer was lost (crates/cluster/src/store.rs); once
+    /// demoted, the successor recovers the run instead.
+    async fn journal_step<R: Send + 'static>(
+        &self,
+        gw: &crate::gateway::Gateway,
+        f: impl Fn(&dyn Store) -> Result<R, JournalError> + Clone + Send + 'static,
+    ) -> Result<R, JournalError> {
+        let mut pause = Duration::from_millis(100);
+        // A store down for longer demotes us anyway; an error that persists while the lease
+        // holds is not one that waiting cures.
+        let give_up = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let (journal, step) = (Arc::clone(&self.journal), f.clone());
+            let r = tokio::task::spawn_blocking(move || step(&*journal))
+                .await
+                .unwrap_or_else(|e| Err(JournalError::Store(e.to_string())));
+            match r {
+                Err(JournalError::Store(e))
+                    if gw.cluster.get().is_some() && gw.is_active() && std::time::Instant::now() < give_up =>
+                {
+                    crate::warn!("journal: {e}; retrying in {pause:?}");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// Journals an async message (durable before returning) and queues it if `run_now`.
     pub async fn accept_async(
         &self,
@@ -546,18 +578,16 @@ impl Work {
 
     async fn run_async(self: &Arc<Self>, gw: &crate::gateway::Gateway, id: String) {
         let (inc, id2) = (gw.me.id.clone(), id.clone());
-        let claimed = self
-            .with_journal(move |j| {
-                if !j.claim(&id2, &inc)? {
-                    return Ok(None);
-                }
-                j.get(&id2)
-            })
-            .await;
-        let msg = match claimed {
+        match self.journal_step(gw, move |j| j.claim(&id2, &inc)).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => return crate::error!("journal claim of {id} failed: {e}"),
+        }
+        let id2 = id.clone();
+        let msg = match self.journal_step(gw, move |j| j.get(&id2)).await {
             Ok(Some(m)) => m,
             Ok(None) => return,
-            Err(e) => return crate::error!("journal claim of {id} failed: {e}"),
+            Err(e) => return crate::error!("journal read of {id} failed: {e}"),
         };
         // A chat platform's conversation: the session's last turns, within the char budget.
         let history = if msg.platform.is_some() && self.history_turns > 0 {
@@ -588,10 +618,11 @@ impl Work {
             return;
         }
         let inc = gw.me.id.clone();
+        let outcome = r.map_err(|e| e.to_string());
         let done = self
-            .with_journal(move |j| match r {
-                Ok(reply) => j.complete(&id, &inc, &reply),
-                Err(e) => j.fail(&id, &inc, &e.to_string()),
+            .journal_step(gw, move |j| match &outcome {
+                Ok(reply) => j.complete(&id, &inc, reply),
+                Err(e) => j.fail(&id, &inc, e),
             })
             .await;
         if let Err(e) = done {
