@@ -58,6 +58,12 @@ pub enum JournalError {
     Sqlite(#[from] rusqlite::Error),
     #[error("journal: row {id} has an unknown {column} value {value:?}")]
     Corrupt { id: String, column: &'static str, value: String },
+    /// A shared store (the cluster's PostgreSQL) failed or did not answer in time.
+    #[error("journal store: {0}")]
+    Store(String),
+    /// The shared store refused a write: this gateway is not (or no longer) the active.
+    #[error("journal store: fenced: {0}")]
+    Fenced(String),
 }
 
 /// How the client waits for the reply.
@@ -578,6 +584,114 @@ impl Journal {
             }
         }
         Ok(counts)
+    }
+}
+
+/// The journal as the runtime uses it: the home's SQLite [`Journal`], or a shared store
+/// (crates/cluster's `PgStore`, when `[cluster]` is configured) whose writes are fenced by the
+/// lease epoch. Synchronous like SQLite: callers on an async runtime use `spawn_blocking`, and
+/// an implementation never blocks on a runtime of its caller. The methods mean what the
+/// [`Journal`] methods of the same names document.
+pub trait Store: Send + Sync + std::fmt::Debug {
+    /// Where the journal lives, for logs (`sqlite <path>`, `postgres cluster <name>`).
+    fn describe(&self) -> String;
+    fn accept(&self, msg: &NewMessage) -> Result<String, JournalError>;
+    fn accept_command(&self, msg: &NewMessage, reply: &str) -> Result<String, JournalError>;
+    fn claim(&self, id: &str, incarnation: &str) -> Result<bool, JournalError>;
+    fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError>;
+    fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError>;
+    fn accept_inbound(&self, platform: &str, event_id: &str, msg: &NewMessage) -> Result<Option<String>, JournalError>;
+    fn accept_inbound_command(
+        &self,
+        platform: &str,
+        event_id: &str,
+        msg: &NewMessage,
+        reply: &str,
+    ) -> Result<Option<String>, JournalError>;
+    fn has_event(&self, platform: &str, event_id: &str) -> Result<bool, JournalError>;
+    fn enqueue(&self, platform: &str, chat_id: &str, text: &str) -> Result<i64, JournalError>;
+    fn outbox_pending(&self, platform: &str, limit: usize) -> Result<Vec<Outgoing>, JournalError>;
+    fn outbox_done(&self, seq: i64, failed: Option<&str>) -> Result<bool, JournalError>;
+    fn outbox_counts(&self, platform: &str) -> Result<(u64, u64, u64), JournalError>;
+    fn new_session(&self, platform: &str, chat_id: &str) -> Result<(), JournalError>;
+    fn history(&self, before: &str, turns: usize) -> Result<Vec<(String, String)>, JournalError>;
+    fn mark_command(&self, id: &str) -> Result<bool, JournalError>;
+    fn recover(&self, new_incarnation: &str) -> Result<Vec<String>, JournalError>;
+    fn get(&self, id: &str) -> Result<Option<Message>, JournalError>;
+    fn pending(&self) -> Result<Vec<Message>, JournalError>;
+    fn counts(&self) -> Result<Counts, JournalError>;
+    fn prune(&self, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError>;
+}
+
+impl Store for Journal {
+    fn describe(&self) -> String {
+        format!("sqlite {}", self.path.display())
+    }
+    fn accept(&self, msg: &NewMessage) -> Result<String, JournalError> {
+        Journal::accept(self, msg)
+    }
+    fn accept_command(&self, msg: &NewMessage, reply: &str) -> Result<String, JournalError> {
+        Journal::accept_command(self, msg, reply)
+    }
+    fn claim(&self, id: &str, incarnation: &str) -> Result<bool, JournalError> {
+        Journal::claim(self, id, incarnation)
+    }
+    fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError> {
+        Journal::complete(self, id, incarnation, reply)
+    }
+    fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError> {
+        Journal::fail(self, id, incarnation, reason)
+    }
+    fn accept_inbound(&self, platform: &str, event_id: &str, msg: &NewMessage) -> Result<Option<String>, JournalError> {
+        Journal::accept_inbound(self, platform, event_id, msg)
+    }
+    fn accept_inbound_command(
+        &self,
+        platform: &str,
+        event_id: &str,
+        msg: &NewMessage,
+        reply: &str,
+    ) -> Result<Option<String>, JournalError> {
+        Journal::accept_inbound_command(self, platform, event_id, msg, reply)
+    }
+    fn has_event(&self, platform: &str, event_id: &str) -> Result<bool, JournalError> {
+        Journal::has_event(self, platform, event_id)
+    }
+    fn enqueue(&self, platform: &str, chat_id: &str, text: &str) -> Result<i64, JournalError> {
+        Journal::enqueue(self, platform, chat_id, text)
+    }
+    fn outbox_pending(&self, platform: &str, limit: usize) -> Result<Vec<Outgoing>, JournalError> {
+        Journal::outbox_pending(self, platform, limit)
+    }
+    fn outbox_done(&self, seq: i64, failed: Option<&str>) -> Result<bool, JournalError> {
+        Journal::outbox_done(self, seq, failed)
+    }
+    fn outbox_counts(&self, platform: &str) -> Result<(u64, u64, u64), JournalError> {
+        Journal::outbox_counts(self, platform)
+    }
+    fn new_session(&self, platform: &str, chat_id: &str) -> Result<(), JournalError> {
+        Journal::new_session(self, platform, chat_id)
+    }
+    fn history(&self, before: &str, turns: usize) -> Result<Vec<(String, String)>, JournalError> {
+        Journal::history(self, before, turns)
+    }
+    fn mark_command(&self, id: &str) -> Result<bool, JournalError> {
+        Journal::mark_command(self, id)
+    }
+    fn recover(&self, new_incarnation: &str) -> Result<Vec<String>, JournalError> {
+        Journal::recover(self, new_incarnation)
+    }
+    fn get(&self, id: &str) -> Result<Option<Message>, JournalError> {
+        Journal::get(self, id)
+    }
+    fn pending(&self) -> Result<Vec<Message>, JournalError> {
+        Journal::pending(self)
+    }
+    fn counts(&self) -> Result<Counts, JournalError> {
+        Journal::counts(self)
+    }
+    fn prune(&self, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError> {
+        Journal::prune(self, max_age, max_bytes)
     }
 }
 

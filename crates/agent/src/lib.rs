@@ -13,4 +13,4 @@ pub use backend::{
     Agent, AgentError, AgentFuture, AgentReply, AgentRequest, Turn, build_agent, build_agent_with_env, within_budget,
 };
 pub use config::{AgentConfig, BackendKind, ClusterConfig, Config, ConfigError, EX_CONFIG};
-pub use journal::{Journal, JournalError};
+pub use journal::{Journal, JournalError, Store};

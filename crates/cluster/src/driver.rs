@@ -107,7 +107,12 @@ pub enum Change {
 }
 
 enum Cmd {
-    Record { event: String, detail: Value },
+    Record {
+        event: String,
+        detail: Value,
+    },
+    /// A journal write under this epoch was refused by the store's fence.
+    Fenced(i64),
     Release(oneshot::Sender<()>),
 }
 
@@ -130,6 +135,12 @@ impl Handle {
     /// Copies a lifecycle event to the store, fenced by our epoch (dropped while standby).
     pub fn record(&self, event: &str, detail: Value) {
         let _ = self.cmds.send(Cmd::Record { event: event.to_owned(), detail });
+    }
+
+    /// Reports that the store's fence refused a write under `epoch` (crates/cluster/src/store.rs):
+    /// a newer epoch exists, so the driver demotes now instead of at its next renewal.
+    pub fn fenced(&self, epoch: i64) {
+        let _ = self.cmds.send(Cmd::Fenced(epoch));
     }
 
     /// Releases the lease (after the drain) and stops competing; waits at most `budget`.
@@ -187,6 +198,15 @@ impl<B: LeaseBackend> Driver<B> {
                     }
                     Some(Cmd::Record { event, detail }) => {
                         self.record(&event, &detail).await;
+                        continue;
+                    }
+                    Some(Cmd::Fenced(epoch)) => {
+                        // Only for the epoch we still hold: a late report must not demote a
+                        // newer term of ours.
+                        if self.machine.active_epoch(Instant::now()) == Some(epoch) {
+                            let action = self.machine.step(Input::Fenced, Instant::now());
+                            self.act(action, Some(true)).await;
+                        }
                         continue;
                     }
                 },

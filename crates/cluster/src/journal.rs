@@ -6,13 +6,27 @@
 //! and every write carries the writer's epoch: each statement joins `gw_fence(name, epoch)`,
 //! so a write of a deposed active fails with [`ClusterError::Fenced`] instead of committing.
 //!
-//! Not wired into the gateway yet: the runtime still uses the SQLite journal. This is the
-//! store side, tested against a real server (crates/cluster/tests/journal.rs).
+//! The runtime reaches it through `store::PgStore` (the synchronous `gatewarden_agent::Store`
+//! bridge); reads are not fenced. Statements that change two tables (a completion and its
+//! outbox reply) are one statement with data-modifying CTEs, so the fence's row lock covers
+//! both until they commit.
 
+use std::time::Duration;
+
+use gatewarden_agent::journal::{Counts, Kind, NewMessage, Outgoing, Pruned, State};
+use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 
 use crate::migrations::FENCED_SQLSTATE;
 use crate::{ClusterError, PgLease};
+
+/// The protocol's timestamp format (RFC 3339 UTC with microseconds, as
+/// crates/lifecycle/src/timefmt.rs writes it), formatted by the database.
+const TS: &str = r#"'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'"#;
+
+/// A fresh message id: 96 random bits as hex, like the SQLite journal's.
+const NEW_ID: &str = "substr(replace(gen_random_uuid()::text, '-', ''), 1, 24)";
 
 /// Attempts before a run interrupted again is failed (as in crates/agent/src/journal.rs).
 pub const MAX_ATTEMPTS: i32 = 2;
@@ -38,6 +52,8 @@ pub struct PgJournal {
     lease: PgLease,
 }
 
+type Params<'a> = Vec<&'a (dyn ToSql + Sync)>;
+
 fn fenced(epoch: i64, e: tokio_postgres::Error) -> ClusterError {
     if e.code() == Some(&SqlState::from_code(FENCED_SQLSTATE)) {
         ClusterError::Fenced { epoch, detail: e.to_string() }
@@ -51,7 +67,17 @@ impl PgJournal {
         PgJournal { lease }
     }
 
-    /// Journals a new message as queued, under `epoch`; returns its id.
+    /// The cluster name the rows are kept under.
+    pub fn name(&self) -> &str {
+        self.lease.name()
+    }
+
+    /// Forgets the connection (after a timeout its state is unknown); the next call reconnects.
+    pub fn reset(&mut self) {
+        crate::LeaseBackend::reset(&mut self.lease);
+    }
+
+    /// Journals a new async message as queued, under `epoch`; returns its id.
     pub async fn accept(
         &mut self,
         epoch: i64,
@@ -59,19 +85,110 @@ impl PgJournal {
         user_id: &str,
         text: &str,
     ) -> Result<String, ClusterError> {
-        let name = self.lease.name().to_owned();
+        let msg = NewMessage { chat_id: chat_id.into(), user_id: user_id.into(), text: text.into(), kind: Kind::Async };
+        self.accept_message(epoch, &msg).await
+    }
+
+    /// Journals `msg` as queued, under `epoch`; returns its id.
+    pub async fn accept_message(&mut self, epoch: i64, msg: &NewMessage) -> Result<String, ClusterError> {
+        let kind = msg.kind.as_str();
+        let row = self
+            .query_one(
+                epoch,
+                &format!(
+                    "INSERT INTO gw_messages (name, id, chat_id, user_id, text, kind, state, epoch)
+                     SELECT $1, {NEW_ID}, $3, $4, $5, $6, 'queued', $2 FROM (SELECT gw_fence($1, $2)) AS f
+                     RETURNING id"
+                ),
+                &[&msg.chat_id, &msg.user_id, &msg.text, &kind],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// A lifecycle command answered at once: a row that is already done, flagged as a command.
+    pub async fn accept_command(&mut self, epoch: i64, msg: &NewMessage, reply: &str) -> Result<String, ClusterError> {
+        let kind = msg.kind.as_str();
+        let row = self
+            .query_one(
+                epoch,
+                &format!(
+                    "INSERT INTO gw_messages (name, id, chat_id, user_id, text, kind, state, reply, is_command, epoch)
+                     SELECT $1, {NEW_ID}, $3, $4, $5, $6, 'done', $7, true, $2 FROM (SELECT gw_fence($1, $2)) AS f
+                     RETURNING id"
+                ),
+                &[&msg.chat_id, &msg.user_id, &msg.text, &kind, &reply],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// A platform message keyed by its event id: `None` when that event is journaled already.
+    pub async fn accept_inbound(
+        &mut self,
+        epoch: i64,
+        platform: &str,
+        event_id: &str,
+        msg: &NewMessage,
+    ) -> Result<Option<String>, ClusterError> {
+        let row = self
+            .query_opt(
+                epoch,
+                &format!(
+                    "INSERT INTO gw_messages (name, id, chat_id, user_id, text, kind, state, platform, event_id, epoch)
+                     SELECT $1, {NEW_ID}, $3, $4, $5, 'async', 'queued', $6, $7, $2 FROM (SELECT gw_fence($1, $2)) AS f
+                     ON CONFLICT (name, platform, event_id) WHERE event_id IS NOT NULL DO NOTHING
+                     RETURNING id"
+                ),
+                &[&msg.chat_id, &msg.user_id, &msg.text, &platform, &event_id],
+            )
+            .await?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    /// A platform chat command: a finished command row and its queued reply, together; `None`
+    /// (and nothing queued) when the event is journaled already.
+    pub async fn accept_inbound_command(
+        &mut self,
+        epoch: i64,
+        platform: &str,
+        event_id: &str,
+        msg: &NewMessage,
+        reply: &str,
+    ) -> Result<Option<String>, ClusterError> {
+        let row = self
+            .query_opt(
+                epoch,
+                &format!(
+                    "WITH m AS (
+                        INSERT INTO gw_messages (name, id, chat_id, user_id, text, kind, state, reply, is_command,
+                                                 platform, event_id, epoch)
+                        SELECT $1, {NEW_ID}, $3, $4, $5, 'async', 'done', $6, true, $7, $8, $2
+                          FROM (SELECT gw_fence($1, $2)) AS f
+                        ON CONFLICT (name, platform, event_id) WHERE event_id IS NOT NULL DO NOTHING
+                        RETURNING id, platform, chat_id),
+                     o AS (
+                        INSERT INTO gw_outbox (name, platform, chat_id, text, message_id, epoch)
+                        SELECT $1, platform, chat_id, $6, id, $2 FROM m)
+                     SELECT id FROM m"
+                ),
+                &[&msg.chat_id, &msg.user_id, &msg.text, &reply, &platform, &event_id],
+            )
+            .await?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    /// Whether `(platform, event_id)` is journaled already (a read).
+    pub async fn has_event(&mut self, platform: &str, event_id: &str) -> Result<bool, ClusterError> {
+        let name = self.name().to_owned();
         let c = self.lease.client().await?;
         let row = c
             .query_one(
-                "INSERT INTO gw_messages (name, id, chat_id, user_id, text, state, epoch)
-                 SELECT $1, 'msg-' || $2::text || '-' || md5(random()::text || clock_timestamp()::text),
-                        $3, $4, $5, 'queued', $2
-                   FROM (SELECT gw_fence($1, $2)) AS f
-                 RETURNING id",
-                &[&name, &epoch, &chat_id, &user_id, &text],
+                "SELECT EXISTS (SELECT 1 FROM gw_messages WHERE name = $1 AND platform = $2 AND event_id = $3)",
+                &[&name, &platform, &event_id],
             )
             .await
-            .map_err(|e| fenced(epoch, e))?;
+            .map_err(read)?;
         Ok(row.get(0))
     }
 
@@ -88,7 +205,8 @@ impl PgJournal {
         .await
     }
 
-    /// `running → done` with the reply, only by the incarnation that runs it.
+    /// `running → done` with the reply, only by the incarnation that runs it; a platform
+    /// message's reply is queued in the outbox by the same statement.
     pub async fn complete(
         &mut self,
         epoch: i64,
@@ -96,74 +214,268 @@ impl PgJournal {
         incarnation: &str,
         reply: &str,
     ) -> Result<bool, ClusterError> {
-        self.update(
-            epoch,
-            "UPDATE gw_messages m SET state = 'done', reply = $5, reason = NULL, epoch = $2,
-                    updated_at = clock_timestamp()
-               FROM (SELECT gw_fence($1, $2)) AS f
-              WHERE m.name = $1 AND m.id = $3 AND m.state = 'running' AND m.incarnation = $4",
-            &[&id, &incarnation, &reply],
-        )
-        .await
+        self.finish(epoch, id, incarnation, "done", reply, reply).await
     }
 
-    /// `running → failed` with a reason, only by the incarnation that runs it.
+    /// `running → failed` with a reason, only by the incarnation that runs it; a platform
+    /// message's chat is told through the outbox.
     pub async fn fail(&mut self, epoch: i64, id: &str, incarnation: &str, reason: &str) -> Result<bool, ClusterError> {
-        self.update(
-            epoch,
-            "UPDATE gw_messages m SET state = 'failed', reason = $5, epoch = $2, updated_at = clock_timestamp()
-               FROM (SELECT gw_fence($1, $2)) AS f
-              WHERE m.name = $1 AND m.id = $3 AND m.state = 'running' AND m.incarnation = $4",
-            &[&id, &incarnation, &reason],
-        )
-        .await
+        let notice = format!("sorry, that failed: {reason}");
+        self.finish(epoch, id, incarnation, "failed", reason, &notice).await
     }
 
-    async fn update(
+    async fn finish(
         &mut self,
         epoch: i64,
-        sql: &str,
-        rest: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        id: &str,
+        incarnation: &str,
+        state: &str,
+        detail: &str,
+        outgoing: &str,
     ) -> Result<bool, ClusterError> {
-        let name = self.lease.name().to_owned();
-        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&name, &epoch];
+        let row = self
+            .query_one(
+                epoch,
+                "WITH f AS MATERIALIZED (SELECT gw_fence($1, $2)),
+                 u AS (
+                    UPDATE gw_messages m
+                       SET state = $5,
+                           reply = CASE WHEN $5 = 'done' THEN $6 ELSE m.reply END,
+                           reason = CASE WHEN $5 = 'done' THEN NULL ELSE $6 END,
+                           finishes = finishes + 1, epoch = $2, updated_at = clock_timestamp()
+                      FROM f
+                     WHERE m.name = $1 AND m.id = $3 AND m.state = 'running' AND m.incarnation = $4
+                    RETURNING m.id, m.platform, m.chat_id),
+                 o AS (
+                    INSERT INTO gw_outbox (name, platform, chat_id, text, message_id, epoch)
+                    SELECT $1, platform, chat_id, $7, id, $2 FROM u WHERE platform IS NOT NULL)
+                 SELECT count(*) FROM u",
+                &[&id, &incarnation, &state, &detail, &outgoing],
+            )
+            .await?;
+        Ok(row.get::<_, i64>(0) == 1)
+    }
+
+    /// Marks a message as a lifecycle command and finishes it now; false if it was already
+    /// final (it is still flagged) or unknown.
+    pub async fn mark_command(&mut self, epoch: i64, id: &str) -> Result<bool, ClusterError> {
+        let row = self
+            .query_one(
+                epoch,
+                "WITH f AS MATERIALIZED (SELECT gw_fence($1, $2)),
+                 u AS (
+                    UPDATE gw_messages m
+                       SET is_command = true,
+                           state = CASE WHEN m.state IN ('queued', 'running') THEN 'done' ELSE m.state END,
+                           reason = CASE WHEN m.state IN ('queued', 'running') THEN NULL ELSE m.reason END,
+                           epoch = $2, updated_at = clock_timestamp()
+                      FROM f
+                     WHERE m.name = $1 AND m.id = $3
+                    RETURNING (SELECT state FROM gw_messages o WHERE o.name = $1 AND o.id = $3) AS was)
+                 SELECT count(*) FILTER (WHERE was IN ('queued', 'running')) FROM u",
+                &[&id],
+            )
+            .await?;
+        Ok(row.get::<_, i64>(0) == 1)
+    }
+
+    /// Queues a notice for a platform chat (no journaled message behind it).
+    pub async fn enqueue(
+        &mut self,
+        epoch: i64,
+        platform: &str,
+        chat_id: &str,
+        text: &str,
+    ) -> Result<i64, ClusterError> {
+        let row = self
+            .query_one(
+                epoch,
+                "INSERT INTO gw_outbox (name, platform, chat_id, text, epoch)
+                 SELECT $1, $3, $4, $5, $2 FROM (SELECT gw_fence($1, $2)) AS f RETURNING seq",
+                &[&platform, &chat_id, &text],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// Pending outbox entries for `platform`, oldest first (a read).
+    pub async fn outbox_pending(&mut self, platform: &str, limit: usize) -> Result<Vec<Outgoing>, ClusterError> {
+        let name = self.name().to_owned();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let c = self.lease.client().await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT seq, chat_id, text, message_id, to_char(created_at AT TIME ZONE 'UTC', {TS})
+                       FROM gw_outbox WHERE name = $1 AND platform = $2 AND state = 'pending'
+                      ORDER BY seq LIMIT $3"
+                ),
+                &[&name, &platform, &limit],
+            )
+            .await
+            .map_err(read)?;
+        Ok(rows
+            .iter()
+            .map(|r| Outgoing {
+                seq: r.get(0),
+                chat_id: r.get(1),
+                text: r.get(2),
+                message_id: r.get(3),
+                created_at: r.get::<_, Option<String>>(4).unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    /// An outbox entry left for good: sent, or failed with the platform's reason.
+    pub async fn outbox_done(&mut self, epoch: i64, seq: i64, failed: Option<&str>) -> Result<bool, ClusterError> {
+        let state = if failed.is_some() { "failed" } else { "sent" };
+        self.update(
+            epoch,
+            "UPDATE gw_outbox o SET state = $4, reason = $5, epoch = $2, updated_at = clock_timestamp()
+               FROM (SELECT gw_fence($1, $2)) AS f
+              WHERE o.name = $1 AND o.seq = $3 AND o.state = 'pending'",
+            &[&seq, &state, &failed],
+        )
+        .await
+    }
+
+    /// Outbox entries by state for `platform`: (pending, sent, failed) (a read).
+    pub async fn outbox_counts(&mut self, platform: &str) -> Result<(u64, u64, u64), ClusterError> {
+        let name = self.name().to_owned();
+        let c = self.lease.client().await?;
+        let row = c
+            .query_one(
+                "SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'sent'),
+                        count(*) FILTER (WHERE state = 'failed')
+                   FROM gw_outbox WHERE name = $1 AND platform = $2",
+                &[&name, &platform],
+            )
+            .await
+            .map_err(read)?;
+        let n = |i: usize| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
+        Ok((n(0), n(1), n(2)))
+    }
+
+    /// Starts a fresh conversation in `(platform, chat)`.
+    pub async fn new_session(&mut self, epoch: i64, platform: &str, chat_id: &str) -> Result<(), ClusterError> {
+        self.update(
+            epoch,
+            "INSERT INTO gw_sessions (name, platform, chat_id, started_at, epoch)
+             SELECT $1, $3, $4, clock_timestamp(), $2 FROM (SELECT gw_fence($1, $2)) AS f
+             ON CONFLICT (name, platform, chat_id)
+             DO UPDATE SET started_at = excluded.started_at, epoch = excluded.epoch",
+            &[&platform, &chat_id],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// The conversation before message `before`: the last `turns` answered, non-command
+    /// messages of its chat's current session, oldest first (a read).
+    pub async fn history(&mut self, before: &str, turns: usize) -> Result<Vec<(String, String)>, ClusterError> {
+        if turns == 0 {
+            return Ok(Vec::new());
+        }
+        let name = self.name().to_owned();
+        let limit = i64::try_from(turns).unwrap_or(i64::MAX);
+        let c = self.lease.client().await?;
+        let rows = c
+            .query(
+                "SELECT h.text, h.reply FROM gw_messages m
+                   JOIN gw_messages h ON h.name = m.name AND h.platform = m.platform AND h.chat_id = m.chat_id
+                   LEFT JOIN gw_sessions s ON s.name = m.name AND s.platform = m.platform AND s.chat_id = m.chat_id
+                  WHERE m.name = $1 AND m.id = $2 AND m.platform IS NOT NULL AND h.id <> m.id
+                    AND h.state = 'done' AND NOT h.is_command AND h.reply IS NOT NULL
+                    AND (h.created_at < m.created_at OR (h.created_at = m.created_at AND h.seq < m.seq))
+                    AND (s.started_at IS NULL OR h.created_at > s.started_at)
+                  ORDER BY h.created_at DESC, h.seq DESC LIMIT $3",
+                &[&name, &before, &limit],
+            )
+            .await
+            .map_err(read)?;
+        let mut out: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        out.reverse();
+        Ok(out)
+    }
+
+    async fn update(&mut self, epoch: i64, sql: &str, rest: &[&(dyn ToSql + Sync)]) -> Result<bool, ClusterError> {
+        let name = self.name().to_owned();
+        let mut params: Params<'_> = vec![&name, &epoch];
         params.extend_from_slice(rest);
         let c = self.lease.client().await?;
         let n = c.execute(sql, &params).await.map_err(|e| fenced(epoch, e))?;
         Ok(n == 1)
     }
 
-    /// Called by a newly promoted active under its epoch: runs of other incarnations were
-    /// interrupted (a crash, a failover) and are requeued once, or failed after
-    /// [`MAX_ATTEMPTS`]. Returns the queued ids, oldest first.
-    pub async fn recover(&mut self, epoch: i64, incarnation: &str) -> Result<Vec<String>, ClusterError> {
-        let name = self.lease.name().to_owned();
+    async fn query_one(&mut self, epoch: i64, sql: &str, rest: &[&(dyn ToSql + Sync)]) -> Result<Row, ClusterError> {
+        let name = self.name().to_owned();
+        let mut params: Params<'_> = vec![&name, &epoch];
+        params.extend_from_slice(rest);
         let c = self.lease.client().await?;
-        let rows = c
-            .query(
+        c.query_one(sql, &params).await.map_err(|e| fenced(epoch, e))
+    }
+
+    async fn query_opt(
+        &mut self,
+        epoch: i64,
+        sql: &str,
+        rest: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, ClusterError> {
+        let name = self.name().to_owned();
+        let mut params: Params<'_> = vec![&name, &epoch];
+        params.extend_from_slice(rest);
+        let c = self.lease.client().await?;
+        c.query_opt(sql, &params).await.map_err(|e| fenced(epoch, e))
+    }
+
+    /// Called by a newly promoted active under its epoch: runs of other incarnations (of any
+    /// gateway) were interrupted (a crash, a failover) and are requeued once, or failed after
+    /// [`MAX_ATTEMPTS`]; a command row never runs again. Returns the queued ids, oldest first.
+    pub async fn recover(&mut self, epoch: i64, incarnation: &str) -> Result<Vec<String>, ClusterError> {
+        let rows = self
+            .query_all(
+                epoch,
                 "WITH f AS MATERIALIZED (SELECT gw_fence($1, $2)),
+                 commands AS (
+                    UPDATE gw_messages m SET state = 'done', epoch = $2, updated_at = clock_timestamp()
+                      FROM f
+                     WHERE m.name = $1 AND m.is_command AND m.state IN ('queued', 'running')
+                    RETURNING m.id),
                  failed AS (
                     UPDATE gw_messages m SET state = 'failed', reason = $5, epoch = $2, updated_at = clock_timestamp()
                       FROM f
-                     WHERE m.name = $1 AND m.state = 'running' AND m.incarnation IS DISTINCT FROM $3
-                       AND m.attempts >= $4
+                     WHERE m.name = $1 AND m.state = 'running' AND NOT m.is_command
+                       AND m.incarnation IS DISTINCT FROM $3 AND m.attempts >= $4
                     RETURNING m.id),
                  requeued AS (
                     UPDATE gw_messages m SET state = 'queued', epoch = $2, updated_at = clock_timestamp()
                       FROM f
-                     WHERE m.name = $1 AND m.state = 'running' AND m.incarnation IS DISTINCT FROM $3
-                       AND m.attempts < $4
-                    RETURNING m.id, m.created_at)
+                     WHERE m.name = $1 AND m.state = 'running' AND NOT m.is_command
+                       AND m.incarnation IS DISTINCT FROM $3 AND m.attempts < $4
+                    RETURNING m.id, m.created_at, m.seq)
                  SELECT id FROM (
-                    SELECT id, created_at FROM requeued
+                    SELECT id, created_at, seq FROM requeued
                     UNION ALL
-                    SELECT id, created_at FROM gw_messages, f WHERE name = $1 AND state = 'queued'
-                 ) q ORDER BY created_at, id",
-                &[&name, &epoch, &incarnation, &MAX_ATTEMPTS, &REASON_INTERRUPTED_TWICE],
+                    SELECT id, created_at, seq FROM gw_messages, f
+                     WHERE name = $1 AND state = 'queued' AND NOT is_command
+                 ) q ORDER BY created_at, seq",
+                &[&incarnation, &MAX_ATTEMPTS, &REASON_INTERRUPTED_TWICE],
             )
-            .await
-            .map_err(|e| fenced(epoch, e))?;
+            .await?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn query_all(
+        &mut self,
+        epoch: i64,
+        sql: &str,
+        rest: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, ClusterError> {
+        let name = self.name().to_owned();
+        let mut params: Params<'_> = vec![&name, &epoch];
+        params.extend_from_slice(rest);
+        let c = self.lease.client().await?;
+        c.query(sql, &params).await.map_err(|e| fenced(epoch, e))
     }
 
     /// One message (a read: not fenced).
@@ -190,4 +502,147 @@ impl PgJournal {
             epoch: r.get(8),
         }))
     }
+
+    /// One message as the runtime sees it (a read).
+    pub async fn message(&mut self, id: &str) -> Result<Option<gatewarden_agent::journal::Message>, ClusterError> {
+        let name = self.name().to_owned();
+        let c = self.lease.client().await?;
+        let row = c
+            .query_opt(&format!("SELECT {COLUMNS} FROM gw_messages WHERE name = $1 AND id = $2"), &[&name, &id])
+            .await
+            .map_err(read)?;
+        row.map(|r| to_message(&r)).transpose()
+    }
+
+    /// Messages not yet final, oldest first (a read).
+    pub async fn pending(&mut self) -> Result<Vec<gatewarden_agent::journal::Message>, ClusterError> {
+        let name = self.name().to_owned();
+        let c = self.lease.client().await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {COLUMNS} FROM gw_messages WHERE name = $1 AND state IN ('queued', 'running')
+                      ORDER BY created_at, seq"
+                ),
+                &[&name],
+            )
+            .await
+            .map_err(read)?;
+        rows.iter().map(to_message).collect()
+    }
+
+    /// Row counts by state (a read).
+    pub async fn counts(&mut self) -> Result<Counts, ClusterError> {
+        let name = self.name().to_owned();
+        let c = self.lease.client().await?;
+        let rows = c
+            .query("SELECT state, count(*) FROM gw_messages WHERE name = $1 GROUP BY state", &[&name])
+            .await
+            .map_err(read)?;
+        let mut counts = Counts::default();
+        for r in rows {
+            let n = u64::try_from(r.get::<_, i64>(1)).unwrap_or(0);
+            match r.get::<_, &str>(0) {
+                "queued" => counts.queued = n,
+                "running" => counts.running = n,
+                "done" => counts.done = n,
+                "failed" => counts.failed = n,
+                _ => {}
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Retention: finished rows last updated more than `max_age` ago go, then the oldest
+    /// finished rows while this cluster's rows take more than `max_bytes` (their stored size,
+    /// `pg_column_size`; PostgreSQL reuses the space after autovacuum). Unfinished rows stay.
+    pub async fn prune(
+        &mut self,
+        epoch: i64,
+        max_age: Option<Duration>,
+        max_bytes: Option<u64>,
+    ) -> Result<Pruned, ClusterError> {
+        let mut pruned = Pruned::default();
+        if let Some(age) = max_age {
+            let ms = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+            let rows = self
+                .query_all(
+                    epoch,
+                    "WITH d AS (
+                        DELETE FROM gw_messages m USING (SELECT gw_fence($1, $2)) AS f
+                         WHERE m.name = $1 AND m.state IN ('done', 'failed')
+                           AND m.updated_at < clock_timestamp() - $3::bigint * interval '1 millisecond'
+                        RETURNING 1)
+                     SELECT count(*) FROM d",
+                    &[&ms],
+                )
+                .await?;
+            pruned.by_age = rows.first().map_or(0, |r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0));
+        }
+        if let Some(max) = max_bytes {
+            let max = i64::try_from(max).unwrap_or(i64::MAX);
+            // One statement: the oldest finished rows beyond the bound, by running total from
+            // the newest row down.
+            let rows = self
+                .query_all(
+                    epoch,
+                    "WITH f AS MATERIALIZED (SELECT gw_fence($1, $2)),
+                     sized AS (
+                        SELECT seq, state, sum(pg_column_size(m.*)) OVER (ORDER BY seq DESC) AS upto
+                          FROM gw_messages m WHERE name = $1),
+                     d AS (
+                        DELETE FROM gw_messages m USING f
+                         WHERE m.name = $1 AND m.state IN ('done', 'failed')
+                           AND m.seq IN (SELECT seq FROM sized WHERE upto > $3)
+                        RETURNING 1)
+                     SELECT count(*) FROM d",
+                    &[&max],
+                )
+                .await?;
+            pruned.by_size = rows.first().map_or(0, |r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0));
+        }
+        Ok(pruned)
+    }
+}
+
+const COLUMNS: &str = "id, chat_id, user_id, text, kind, state, reply, reason, attempts, incarnation, is_command, \
+                       platform, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"+00:00\"'), \
+                       to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"+00:00\"')";
+
+fn read(e: tokio_postgres::Error) -> ClusterError {
+    ClusterError::Store(e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_owned()))
+}
+
+fn to_message(r: &Row) -> Result<gatewarden_agent::journal::Message, ClusterError> {
+    let id: String = r.get(0);
+    let corrupt =
+        |column: &str, value: &str| ClusterError::Store(format!("row {id} has an unknown {column} {value:?}"));
+    let kind = match r.get::<_, &str>(4) {
+        "sync" => Kind::Sync,
+        "async" => Kind::Async,
+        other => return Err(corrupt("kind", other)),
+    };
+    let state = match r.get::<_, &str>(5) {
+        "queued" => State::Queued,
+        "running" => State::Running,
+        "done" => State::Done,
+        "failed" => State::Failed,
+        other => return Err(corrupt("state", other)),
+    };
+    Ok(gatewarden_agent::journal::Message {
+        id: id.clone(),
+        chat_id: r.get(1),
+        user_id: r.get(2),
+        text: r.get(3),
+        kind,
+        state,
+        reply: r.get(6),
+        reason: r.get(7),
+        attempts: i64::from(r.get::<_, i32>(8)),
+        incarnation: r.get(9),
+        is_command: r.get(10),
+        platform: r.get(11),
+        created_at: r.get::<_, Option<String>>(12).unwrap_or_default(),
+        updated_at: r.get::<_, Option<String>>(13).unwrap_or_default(),
+    })
 }

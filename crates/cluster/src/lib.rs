@@ -11,6 +11,8 @@
 //!   active, so two clusters (or two gateways) never poll one bot token, whatever host they run on.
 //! - [`driver`] runs the machine against a backend in a tokio task and publishes a [`Snapshot`]
 //!   that the gateway reads on every request.
+//! - [`journal::PgJournal`] is the gateway's journal on PostgreSQL, every write fenced by the
+//!   epoch; [`store::PgStore`] puts it behind the runtime's synchronous `Store` trait.
 //!
 //! The expiry is computed by the database's clock (`now + ttl` in SQL); the holder keeps its
 //! own, earlier, monotonic deadline (see `machine.rs`), so no two clocks are compared.
@@ -21,6 +23,7 @@ pub mod journal;
 pub mod machine;
 mod migrations;
 pub mod postgres;
+pub mod store;
 
 use std::future::Future;
 use std::time::Duration;
@@ -30,6 +33,7 @@ use serde::{Deserialize, Serialize};
 pub use driver::{Change, Handle, Snapshot, spawn};
 pub use machine::{DemoteReason, Timing};
 pub use postgres::PgLease;
+pub use store::PgStore;
 
 /// Who holds (or wants) the lease: enough to find the process on its host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

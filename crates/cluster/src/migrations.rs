@@ -3,7 +3,8 @@
 //! which ran. Never edit a shipped migration: append a new one.
 
 /// `(version, SQL)`, ascending.
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, V1_LEASE), (2, V2_JOURNAL), (3, V3_CREDENTIAL_LEASE)];
+pub const MIGRATIONS: &[(i32, &str)] =
+    &[(1, V1_LEASE), (2, V2_JOURNAL), (3, V3_CREDENTIAL_LEASE), (4, V4_GATEWAY_JOURNAL)];
 
 /// The lease, its grant history, the fenced event log (a copy of the lifecycle ledger), and
 /// the fence itself.
@@ -89,6 +90,48 @@ CREATE TABLE gw_credential_lease (
     renewed_at  timestamptz NOT NULL,
     expires_at  timestamptz NOT NULL,
     PRIMARY KEY (platform, credential)
+);
+"#;
+
+/// Everything else the gateway's journal holds (crates/agent/src/journal.rs schema 2), so that
+/// the runtime can run on PostgreSQL: where an inbound message came from and its platform event
+/// id (deduplication across every gateway of the cluster), command rows, the durable outbox,
+/// and per-chat sessions. `seq` orders rows accepted in the same microsecond (SQLite's rowid);
+/// `finishes` counts the running → done/failed transitions, so "finished exactly once" can be
+/// checked from the database itself.
+const V4_GATEWAY_JOURNAL: &str = r#"
+ALTER TABLE gw_messages
+    ADD COLUMN seq        bigserial,
+    ADD COLUMN kind       text NOT NULL DEFAULT 'async' CHECK (kind IN ('sync', 'async')),
+    ADD COLUMN is_command boolean NOT NULL DEFAULT false,
+    ADD COLUMN platform   text,
+    ADD COLUMN event_id   text,
+    ADD COLUMN finishes   integer NOT NULL DEFAULT 0;
+CREATE UNIQUE INDEX gw_messages_event ON gw_messages (name, platform, event_id) WHERE event_id IS NOT NULL;
+CREATE INDEX gw_messages_chat ON gw_messages (name, platform, chat_id, created_at);
+CREATE INDEX gw_messages_finished ON gw_messages (name, updated_at) WHERE state IN ('done', 'failed');
+CREATE INDEX gw_messages_state ON gw_messages (name, state);
+CREATE TABLE gw_outbox (
+    seq        bigserial PRIMARY KEY,
+    name       text NOT NULL,
+    platform   text NOT NULL,
+    chat_id    text NOT NULL,
+    text       text NOT NULL,
+    message_id text,
+    state      text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'sent', 'failed')),
+    reason     text,
+    epoch      bigint NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX gw_outbox_pending ON gw_outbox (name, platform, state, seq);
+CREATE TABLE gw_sessions (
+    name       text NOT NULL,
+    platform   text NOT NULL,
+    chat_id    text NOT NULL,
+    started_at timestamptz NOT NULL,
+    epoch      bigint NOT NULL,
+    PRIMARY KEY (name, platform, chat_id)
 );
 "#;
 

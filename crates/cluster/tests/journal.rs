@@ -3,8 +3,13 @@
 
 use std::time::Duration;
 
+use std::time::Instant;
+
+use gatewarden_agent::JournalError;
+use gatewarden_agent::journal::{Counts, Kind, NewMessage, State, Store};
+use gatewarden_cluster::driver::RoleView;
 use gatewarden_cluster::journal::PgJournal;
-use gatewarden_cluster::{Acquired, ClusterError, Holder, LeaseBackend, PgLease};
+use gatewarden_cluster::{Acquired, ClusterError, Handle, Holder, LeaseBackend, PgLease, PgStore, Timing};
 use gatewarden_testkit::postgres::{Cluster, PASSWORD};
 
 fn holder(n: u32) -> Holder {
@@ -59,5 +64,269 @@ fn a_deposed_active_cannot_complete_and_the_new_one_reruns_once() {
         assert!(jb.recover(gb.epoch, "inc2").await.unwrap().is_empty());
     });
     assert_eq!(pg.sql("SELECT count(*) FROM gw_messages WHERE name = 'j'"), "2", "the late accept left no row");
-    assert_eq!(pg.sql("SELECT string_agg(version::text, ',' ORDER BY version) FROM gw_schema_version"), "1,2,3");
+    assert_eq!(pg.sql("SELECT string_agg(version::text, ',' ORDER BY version) FROM gw_schema_version"), "1,2,3,4");
+    assert_eq!(pg.sql("SELECT string_agg(finishes::text, ',') FROM gw_messages WHERE name = 'j'"), "1,1");
+}
+
+fn msg(text: &str) -> NewMessage {
+    NewMessage { chat_id: "c1".into(), user_id: "u1".into(), text: text.into(), kind: Kind::Async }
+}
+
+/// A lease driver for cluster `name` on `rt` (long renewals: only the tests' own moves change
+/// the role), once it is active.
+fn active_driver(rt: &tokio::runtime::Runtime, pg: &Cluster, name: &str, n: u32) -> Handle {
+    active_driver_with(rt, pg, name, n, Timing::new(Duration::from_secs(30), Duration::from_secs(10)).unwrap())
+}
+
+fn active_driver_with(rt: &tokio::runtime::Runtime, pg: &Cluster, name: &str, n: u32, timing: Timing) -> Handle {
+    let lease = PgLease::new(&pg.url(), Some(PASSWORD), name).unwrap();
+    let (h, _changes) = rt.block_on(async { gatewarden_cluster::spawn(lease, name, holder(n), timing) });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !h.is_active() {
+        assert!(Instant::now() < deadline, "driver {n} not active: {:?}", h.snapshot().error);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    h
+}
+
+fn store(pg: &Cluster, name: &str) -> PgStore {
+    PgStore::start(&pg.url(), Some(PASSWORD), name, "gatewarden journal test").unwrap()
+}
+
+/// The runtime's `Store` on PostgreSQL keeps the SQLite journal's semantics
+/// (crates/agent/src/journal.rs tests): dedup, commands, the outbox, sessions and history,
+/// recovery, counts and retention.
+#[test]
+fn the_store_trait_on_postgres_behaves_like_the_sqlite_journal() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let s = store(&pg, "st");
+    // Before the cluster role starts, and so without an epoch, nothing is written.
+    assert!(matches!(s.accept(&msg("early")), Err(JournalError::Fenced(_))));
+    s.attach(active_driver(&rt, &pg, "st", 1));
+
+    let id = s.accept_inbound("tg", "1001", &msg("hi")).unwrap().expect("new event");
+    assert_eq!(s.accept_inbound("tg", "1001", &msg("hi")).unwrap(), None, "redelivery is deduplicated");
+    assert!(s.has_event("tg", "1001").unwrap());
+    assert!(!s.has_event("tg", "9999").unwrap());
+    let other = s.accept_inbound("other", "1001", &msg("hi")).unwrap().expect("ids are per platform");
+    let m = s.get(&id).unwrap().unwrap();
+    assert_eq!((m.platform.as_deref(), m.state, m.kind, m.attempts), (Some("tg"), State::Queued, Kind::Async, 0));
+    assert!(m.created_at.ends_with("+00:00") && m.created_at.len() == 32, "{}", m.created_at);
+    assert!(s.claim(&id, "a").unwrap());
+    assert!(!s.claim(&id, "a").unwrap(), "claimed once");
+    assert!(!s.complete(&id, "b", "stolen").unwrap(), "only the claiming incarnation completes");
+    assert!(s.complete(&id, "a", "hello").unwrap());
+    assert!(!s.complete(&id, "a", "again").unwrap(), "completed once");
+    let out = s.outbox_pending("tg", 10).unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!((out[0].chat_id.as_str(), out[0].text.as_str()), ("c1", "hello"));
+    assert_eq!(out[0].message_id.as_deref(), Some(id.as_str()));
+    assert!(s.outbox_done(out[0].seq, None).unwrap());
+    assert!(!s.outbox_done(out[0].seq, None).unwrap(), "sent once");
+    assert_eq!(s.outbox_counts("tg").unwrap(), (0, 1, 0));
+    // A failed platform message tells its chat.
+    let f = s.accept_inbound("tg", "1003", &msg("boom")).unwrap().unwrap();
+    assert!(s.claim(&f, "a").unwrap());
+    assert!(s.fail(&f, "a", "agent crashed").unwrap());
+    let failed = s.get(&f).unwrap().unwrap();
+    assert_eq!((failed.state, failed.reason.as_deref()), (State::Failed, Some("agent crashed")));
+    let out = s.outbox_pending("tg", 10).unwrap();
+    assert_eq!(out.last().map(|o| o.text.as_str()), Some("sorry, that failed: agent crashed"));
+    assert!(s.outbox_done(out[0].seq, Some("chat gone")).unwrap());
+    assert_eq!(s.outbox_counts("tg").unwrap(), (0, 1, 1));
+    // A command is final at once, its reply queued once, never again on redelivery.
+    assert!(s.accept_inbound_command("tg", "1002", &msg("/status"), "fine").unwrap().is_some());
+    assert!(s.accept_inbound_command("tg", "1002", &msg("/status"), "fine").unwrap().is_none());
+    assert_eq!(s.outbox_pending("tg", 10).unwrap().len(), 1);
+    let cmd = s.accept_command(&msg("/help"), "commands").unwrap();
+    assert!(s.get(&cmd).unwrap().unwrap().is_command);
+    let marked = s.accept(&msg("restart me")).unwrap();
+    assert!(s.mark_command(&marked).unwrap());
+    assert!(!s.mark_command(&marked).unwrap(), "already final");
+    assert!(s.enqueue("tg", "c9", "back online").unwrap() > 0);
+    // Only the unanswered message is work; a run of another incarnation is requeued.
+    let http = s.accept(&NewMessage { kind: Kind::Sync, ..msg("x") }).unwrap();
+    assert_eq!(s.get(&http).unwrap().unwrap().kind, Kind::Sync);
+    assert!(s.claim(&http, "old").unwrap());
+    assert_eq!(s.pending().unwrap().len(), 2);
+    assert_eq!(s.recover("b").unwrap(), vec![other.clone(), http.clone()]);
+    assert_eq!(s.counts().unwrap(), Counts { queued: 2, running: 0, done: 4, failed: 1 });
+
+    // History: per chat and session.
+    let turn = |ev: &str, text: &str, reply: &str| {
+        let id = s.accept_inbound("chat", ev, &msg(text)).unwrap().unwrap();
+        assert!(s.claim(&id, "b").unwrap());
+        assert!(s.complete(&id, "b", reply).unwrap());
+    };
+    turn("1", "one", "r1");
+    turn("2", "two", "r2");
+    s.accept_inbound("chat", "3", &NewMessage { chat_id: "c2".into(), ..msg("elsewhere") }).unwrap();
+    let now = s.accept_inbound("chat", "4", &msg("three")).unwrap().unwrap();
+    assert_eq!(s.history(&now, 10).unwrap(), vec![("one".into(), "r1".into()), ("two".into(), "r2".into())]);
+    assert_eq!(s.history(&now, 1).unwrap(), vec![("two".to_owned(), "r2".to_owned())]);
+    s.new_session("chat", "c1").unwrap();
+    let fresh = s.accept_inbound("chat", "5", &msg("four")).unwrap().unwrap();
+    assert!(s.history(&fresh, 10).unwrap().is_empty(), "/new forgets the earlier turns");
+
+    // Retention: finished rows past the age go, unfinished ones stay whatever their age.
+    pg.sql("UPDATE gw_messages SET updated_at = updated_at - interval '40 days' WHERE name = 'st'");
+    let p = s.prune(Some(Duration::from_secs(30 * 24 * 3600)), None).unwrap();
+    let c = s.counts().unwrap();
+    assert_eq!((c.done, c.failed), (0, 0), "{p:?}");
+    assert_eq!(p.by_age, 7);
+    assert!(c.queued >= 2);
+    assert!(s.get(&other).unwrap().is_some());
+    // By size: a bound below the unfinished rows deletes every finished row and nothing else.
+    let big = "x".repeat(4096);
+    for _ in 0..5 {
+        let id = s.accept(&msg(&big)).unwrap();
+        assert!(s.claim(&id, "b").unwrap());
+        assert!(s.complete(&id, "b", &big).unwrap());
+    }
+    let before = s.counts().unwrap();
+    let p = s.prune(None, Some(1)).unwrap();
+    assert_eq!(p.by_size, 5);
+    assert_eq!(s.counts().unwrap(), Counts { done: 0, ..before });
+}
+
+/// A write under an epoch the store no longer considers live is refused, and the refusal
+/// demotes the writer at once (well before its next renewal); the successor recovers the
+/// interrupted run exactly once.
+#[test]
+fn a_fenced_store_write_is_refused_and_demotes_the_writer() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let a = store(&pg, "fx");
+    let ha = active_driver(&rt, &pg, "fx", 1);
+    a.attach(ha.clone());
+    let id = a.accept(&msg("slow")).unwrap();
+    assert!(a.claim(&id, "inc1").unwrap());
+    let old = ha.snapshot().epoch.unwrap();
+    // A newer epoch exists (as after a pause longer than the TTL): B is granted the lease.
+    pg.sql("UPDATE gw_lease SET expires_at = '-infinity' WHERE name = 'fx'");
+    let b = store(&pg, "fx");
+    let hb = active_driver(&rt, &pg, "fx", 2);
+    b.attach(hb.clone());
+    assert!(hb.snapshot().epoch.unwrap() > old);
+    // A still believes it is active (its renewal is 10 s away): its completion is refused.
+    assert!(ha.is_active());
+    let late = a.complete(&id, "inc1", "late");
+    assert!(matches!(late, Err(JournalError::Fenced(_))), "{late:?}");
+    let t0 = Instant::now();
+    while ha.snapshot().role != RoleView::Standby {
+        assert!(t0.elapsed() < Duration::from_secs(2), "the fenced writer did not demote: {:?}", ha.snapshot());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(matches!(a.accept(&msg("after")), Err(JournalError::Fenced(_))), "a demoted gateway writes nothing");
+    // B re-runs it once.
+    assert_eq!(b.recover("inc2").unwrap(), vec![id.clone()]);
+    assert!(b.claim(&id, "inc2").unwrap());
+    assert!(b.complete(&id, "inc2", "done by B").unwrap());
+    let m = b.get(&id).unwrap().unwrap();
+    assert_eq!((m.state, m.reply.as_deref(), m.attempts), (State::Done, Some("done by B"), 2));
+    assert_eq!(pg.sql(&format!("SELECT finishes FROM gw_messages WHERE id = '{id}'")), "1");
+    assert_eq!(pg.sql("SELECT count(*) FROM gw_messages WHERE name = 'fx'"), "1", "the refused accept left no row");
+}
+
+/// A store that does not answer is an error within the timeout, never a hang, and the store
+/// reconnects once the database is back.
+#[test]
+fn an_unreachable_store_fails_within_its_timeout_and_recovers() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let proxy = gatewarden_testkit::postgres::Proxy::start(pg.addr());
+    let s = PgStore::start(&pg.url_via(proxy.addr()), Some(PASSWORD), "un", "gatewarden journal test")
+        .unwrap()
+        .with_timeout(Duration::from_millis(800));
+    assert_eq!(s.counts().unwrap(), Counts::default());
+    proxy.set(gatewarden_testkit::postgres::ProxyMode::Stall);
+    let t0 = Instant::now();
+    let r = s.counts();
+    assert!(matches!(r, Err(JournalError::Store(_))), "{r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2), "took {:?}", t0.elapsed());
+    proxy.set(gatewarden_testkit::postgres::ProxyMode::Pass);
+    let t0 = Instant::now();
+    while s.counts().is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the store did not reconnect");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A terminated backend (an operator's pg_terminate_backend, a failover of the pooler):
+    // the next call reconnects.
+    let killed = pg.sql(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'gatewarden journal test'",
+    );
+    // (The connection forgotten after the stall may still have its backend too.)
+    assert_ne!(killed, "0");
+    let t0 = Instant::now();
+    while s.counts().is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the store did not reconnect after termination");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The same process demoted and promoted again (a lost renewal, then a new grant) is a new run:
+/// its new term recovers the old term's claim like any other gateway's, and the old run's late
+/// completion matches nothing, so the message is still completed exactly once.
+#[test]
+fn a_re_promoted_process_recovers_its_own_earlier_terms_runs() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let s = store(&pg, "rp");
+    let timing = Timing::new(Duration::from_secs(2), Duration::from_millis(200)).unwrap();
+    let h = active_driver_with(&rt, &pg, "rp", 1, timing);
+    s.attach(h.clone());
+    let e1 = h.snapshot().epoch.unwrap();
+    let id = s.accept(&msg("m")).unwrap();
+    assert!(s.claim(&id, "inc1").unwrap());
+    // The lease is lost (expired by the database), and the same driver is granted it again.
+    pg.sql("UPDATE gw_lease SET expires_at = '-infinity' WHERE name = 'rp'");
+    let t0 = Instant::now();
+    while !(h.is_active() && h.snapshot().epoch.is_some_and(|e| e > e1)) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "not re-promoted: {:?}", h.snapshot());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!s.complete(&id, "inc1", "late").unwrap(), "the old term's run cannot complete");
+    assert_eq!(s.recover("inc1").unwrap(), vec![id.clone()], "the old term's run is requeued");
+    assert!(s.claim(&id, "inc1").unwrap());
+    assert!(s.complete(&id, "inc1", "ok").unwrap());
+    let m = s.get(&id).unwrap().unwrap();
+    assert_eq!((m.state, m.reply.as_deref(), m.attempts), (State::Done, Some("ok"), 2));
+    assert_eq!(pg.sql(&format!("SELECT finishes FROM gw_messages WHERE id = '{id}'")), "1");
+}
+
+/// A claim whose answer is lost (the caller timed out while the statement waited on a row lock,
+/// then committed) is settled when the same run retries it: the row is `running` under that
+/// run, so the retry answers "claimed" instead of leaving the message to nobody.
+#[test]
+fn a_retried_claim_whose_first_answer_was_lost_is_ours() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let s = store(&pg, "lost").with_timeout(Duration::from_millis(700));
+    s.attach(active_driver(&rt, &pg, "lost", 1));
+    let id = s.accept(&msg("m")).unwrap();
+    std::thread::scope(|scope| {
+        let locker = scope.spawn(|| {
+            pg.sql(&format!(
+                "BEGIN; SELECT 1 FROM gw_messages WHERE id = '{id}' FOR UPDATE; SELECT pg_sleep(2); COMMIT;"
+            ))
+        });
+        let t0 = Instant::now();
+        while pg.sql("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'") != "1" {
+            assert!(t0.elapsed() < Duration::from_secs(5), "the row lock was not taken");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let r = s.claim(&id, "inc1");
+        assert!(matches!(r, Err(JournalError::Store(_))), "the claim waits on the lock past the timeout: {r:?}");
+        locker.join().unwrap();
+    });
+    // The blocked statement committed after the caller gave up.
+    let t0 = Instant::now();
+    while pg.sql(&format!("SELECT state FROM gw_messages WHERE id = '{id}'")) != "running" {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the first claim never committed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(s.claim(&id, "inc1").unwrap(), "the retry finds its own run");
+    assert!(!s.claim(&id, "inc1").unwrap(), "and only the retry: a later claim is a duplicate");
+    assert!(!s.claim(&id, "inc2").unwrap(), "another run's claim is not settled as ours");
+    assert!(s.complete(&id, "inc1", "ok").unwrap());
 }

@@ -6,6 +6,7 @@
 #![cfg(target_os = "linux")]
 
 mod common;
+mod work_common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use gatewarden_testkit::api::{Api, header};
 use gatewarden_testkit::postgres::{Cluster, PASSWORD, Proxy, ProxyMode};
+use work_common::wait_final;
 
 const TTL: Duration = Duration::from_secs(3);
 const RENEW: Duration = Duration::from_secs(1);
@@ -25,9 +27,45 @@ struct Node {
 
 impl Node {
     fn spawn(name: &str, url: &str) -> Node {
+        Node::spawn_with(name, url, "")
+    }
+
+    /// A gateway whose config.toml starts with `top` (top-level keys and tables before
+    /// `[cluster]`).
+    fn spawn_with(name: &str, url: &str, top: &str) -> Node {
         let home = TempHome::new();
-        let g = Node::configure(&home, name, url);
+        let g = Node::configure(&home, name, url, top);
         Node { home, g }
+    }
+
+    /// A gateway whose exec agent takes `secs` per message, appends each run id to `<home>/runs`
+    /// (the test's readiness signal that a run started here) and replies `<text> by <label>`;
+    /// the drain gives runs `drain_s` before cancelling them.
+    fn spawn_slow(name: &str, url: &str, label: &str, secs: f64, drain_s: u64) -> Node {
+        let home = TempHome::new();
+        let script = home.path().join("agent.sh");
+        let runs = home.path().join("runs");
+        std::fs::write(
+            &script,
+            format!(
+                "echo \"$GATEWARDEN_RUN_ID\" >> '{}'\nsleep {secs}\nprintf '%s by {label}' \"$(cat)\"\n",
+                runs.display()
+            ),
+        )
+        .unwrap();
+        let top = format!(
+            "drain_timeout_s = {drain_s}\n[agent]\nbackend = \"exec\"\ncommand = [\"sh\", '{}']\n",
+            script.display()
+        );
+        let g = Node::configure(&home, name, url, &top);
+        Node { home, g }
+    }
+
+    /// The run ids this node's slow agent started.
+    fn runs(&self) -> Vec<String> {
+        std::fs::read_to_string(self.home.path().join("runs"))
+            .map(|s| s.lines().map(str::to_owned).collect())
+            .unwrap_or_default()
     }
 
     /// A new process in the same home (after a kill or a stop).
@@ -36,11 +74,11 @@ impl Node {
         self.g = builder(&self.home).env(PW_ENV, PASSWORD).spawn();
     }
 
-    fn configure(home: &TempHome, name: &str, url: &str) -> Gateway {
+    fn configure(home: &TempHome, name: &str, url: &str, top: &str) -> Gateway {
         gatewarden_testkit::api::write_config(
             home.path(),
             &format!(
-                "[cluster]\nname = \"{name}\"\nstore = \"{url}\"\npassword_env = \"{PW_ENV}\"\nlease_ttl_s = {}\nrenew_interval_s = {}\n",
+                "{top}[cluster]\nname = \"{name}\"\nstore = \"{url}\"\npassword_env = \"{PW_ENV}\"\nlease_ttl_s = {}\nrenew_interval_s = {}\n",
                 TTL.as_secs(),
                 RENEW.as_secs()
             ),
@@ -187,6 +225,7 @@ fn standby_refuses_intake_and_points_at_the_active_then_kill9_fails_over_within_
     assert_cli(&out, 0, "status");
     assert_eq!(out.json()["cluster"]["role"], "active");
     assert_eq!(out.json()["cluster"]["epoch"], epoch);
+    assert_eq!(out.json()["cluster"]["journal"], "postgres cluster k9");
 
     nodes[a].g.kill();
     let killed = Instant::now();
@@ -355,11 +394,187 @@ fn a_graceful_stop_hands_over_within_one_renewal_interval() {
     at_most_one_active_per_epoch(&pg, "grace");
 }
 
+/// A message's row in the cluster's journal: `state|finishes|attempts|reply` (finishes counts
+/// running → done/failed transitions, so 1 means finished exactly once).
+fn journal_row(pg: &Cluster, id: &str) -> String {
+    pg.sql(&format!(
+        "SELECT state || '|' || finishes || '|' || attempts || '|' || coalesce(reply, '') FROM gw_messages WHERE id = '{id}'"
+    ))
+}
+
+/// Waits until `n` runs started on `node` (its slow agent's own record).
+#[track_caller]
+fn wait_runs(node: &Node, n: usize) {
+    let ok = wait_until(READY, || node.runs().len() >= n);
+    assert!(ok, "{n} run(s) not started on pid {}: {:?}\n{}", node.g.pid(), node.runs(), node.g.diag());
+}
+
+/// An async message accepted by the active, which is SIGKILLed mid-run: the standby becomes
+/// active, recovers the interrupted run and completes it exactly once; the API of the new
+/// active answers for a message the old one accepted.
+#[test]
+fn an_async_message_interrupted_by_kill9_is_done_once_by_the_successor() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let mut nodes = vec![Node::spawn_slow("jk9", &pg.url(), "A", 30.0, 1)];
+    nodes[0].wait_role("active", READY);
+    nodes.push(Node::spawn_slow("jk9", &pg.url(), "B", 0.2, 1));
+    let a_pid = nodes[0].g.pid();
+    nodes[1].wait_standby_of(a_pid, READY);
+    let id = nodes[0].api().unwrap().submit("c1", "hello");
+    wait_runs(&nodes[0], 1);
+    assert_eq!(journal_row(&pg, &id), "running|0|1|");
+    nodes[0].g.kill();
+    nodes[1].wait_role("active", TTL + Duration::from_secs(3));
+    let api_b = nodes[1].api().unwrap();
+    let m = wait_final(&api_b, &id, Duration::from_secs(15));
+    assert_eq!(
+        (m["state"].as_str(), m["reply"].as_str(), m["attempts"].as_i64()),
+        (Some("done"), Some("hello by B"), Some(2)),
+        "{m}"
+    );
+    assert_eq!(journal_row(&pg, &id), "done|1|2|hello by B");
+    assert_eq!(nodes[1].runs().len(), 1, "the successor ran it once");
+    // The journal counts of /metrics are the cluster's (B's own home journal is empty).
+    let metrics = api_b.get("/metrics").unwrap().text();
+    assert!(metrics.contains("gatewarden_journal_messages{state=\"done\"} 1"), "{metrics}");
+    at_most_one_active_per_epoch(&pg, "jk9");
+}
+
+/// Messages accepted before a graceful stop whose runs the drain cut short are run again by
+/// the successor (once each), as the SQLite journal does across a restart.
+#[test]
+fn messages_accepted_before_a_graceful_stop_are_done_by_the_successor() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let mut nodes = vec![Node::spawn_slow("jgr", &pg.url(), "A", 30.0, 1)];
+    nodes[0].wait_role("active", READY);
+    nodes.push(Node::spawn_slow("jgr", &pg.url(), "B", 0.2, 1));
+    let a_pid = nodes[0].g.pid();
+    nodes[1].wait_standby_of(a_pid, READY);
+    let api_a = nodes[0].api().unwrap();
+    let ids: Vec<String> = (0..3).map(|i| api_a.submit("c1", &format!("m{i}"))).collect();
+    wait_runs(&nodes[0], 3);
+    assert_cli(&run_cli(&nodes[0].home, &["stop"]), 0, "stop");
+    nodes[0].g.wait_exit(EXIT);
+    nodes[1].wait_role("active", TTL);
+    let api_b = nodes[1].api().unwrap();
+    for (i, id) in ids.iter().enumerate() {
+        let m = wait_final(&api_b, id, Duration::from_secs(15));
+        assert_eq!(m["reply"].as_str(), Some(format!("m{i} by B").as_str()), "{m}");
+        assert_eq!(journal_row(&pg, id), format!("done|1|2|m{i} by B"));
+    }
+    assert_eq!(nodes[1].runs().len(), 3);
+    at_most_one_active_per_epoch(&pg, "jgr");
+}
+
+/// A paused active's run finishes while it is stopped; meanwhile the successor re-ran and
+/// completed the message. On waking, the old active's completion is refused (it demotes, the
+/// store's fence refusing its writes) and the row keeps the successor's one completion.
+#[test]
+fn a_paused_old_actives_completion_is_refused() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let mut nodes = vec![Node::spawn_slow("jps", &pg.url(), "A", 1.0, 1)];
+    nodes[0].wait_role("active", READY);
+    nodes.push(Node::spawn_slow("jps", &pg.url(), "B", 0.2, 1));
+    let a_pid = nodes[0].g.pid();
+    nodes[1].wait_standby_of(a_pid, READY);
+    let old = nodes[0].epoch().unwrap();
+    let id = nodes[0].api().unwrap().submit("c1", "hello");
+    wait_runs(&nodes[0], 1);
+    nodes[0].g.signal(sig::SIGSTOP);
+    nodes[1].wait_role("active", TTL + Duration::from_secs(3));
+    let m = wait_final(&nodes[1].api().unwrap(), &id, Duration::from_secs(15));
+    assert_eq!(m["reply"].as_str(), Some("hello by B"), "{m}");
+    nodes[0].g.signal(sig::SIGCONT);
+    let refused = wait_until(Duration::from_secs(10), || {
+        ledger_has(&nodes[0], "cluster_demoted", |e| e["epoch"] == old)
+            && nodes[0].g.stderr().contains("journal update failed: journal store: fenced")
+    });
+    assert!(
+        refused,
+        "the old active's completion was not refused:\n{}\n{}",
+        nodes[0].home.ledger_text(),
+        nodes[0].g.diag()
+    );
+    assert_eq!(journal_row(&pg, &id), "done|1|2|hello by B");
+    at_most_one_active_per_epoch(&pg, "jps");
+}
+
+/// The chaos test's steady load, driven against whichever gateway is active: a sync message
+/// and an async one per visit. Accepted async ids are recorded for the end's invariant. A new
+/// kind of load (a platform fake's inbound messages) is one more field and one more line in
+/// [`Load::visit`], with its own check in [`Load::check`].
+#[derive(Default)]
+struct Load {
+    served: u64,
+    refused: u64,
+    /// Async messages answered 202: each must end exactly once.
+    accepted: Vec<String>,
+    /// Why async messages were refused (a standby's 503, a store error's 500, a timeout).
+    async_refused: Vec<String>,
+    /// How many async messages were accepted so far, for the fault loop to wait on.
+    progress: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Load {
+    fn visit(&mut self, api: &Api) {
+        match api.send("load", "u", "ping").map(|r| r.status) {
+            Ok(200) => self.served += 1,
+            _ => self.refused += 1,
+        }
+        let n = self.accepted.len();
+        match api.send_async("load-async", "u", &format!("a{n}")) {
+            Ok(r) if r.status == 202 => match r.json().ok().and_then(|v| v["message_id"].as_str().map(str::to_owned)) {
+                Some(id) => {
+                    self.accepted.push(id);
+                    self.progress.store(self.accepted.len(), std::sync::atomic::Ordering::Relaxed);
+                }
+                None => panic!("a 202 without a message id: {}", r.text()),
+            },
+            Ok(r) => self.async_refused.push(format!("{} {}", r.status, r.text())),
+            Err(e) => self.async_refused.push(e.to_string()),
+        }
+    }
+
+    /// Every accepted async message is in the cluster's journal once and ends exactly once:
+    /// done or failed by one completion, or failed by recovery after two interrupted runs.
+    #[track_caller]
+    fn check(&self, pg: &Cluster, name: &str, seed: u64) {
+        assert!(!self.accepted.is_empty(), "no async message was accepted (seed {seed})");
+        let ids = self.accepted.iter().map(|id| format!("'{id}'")).collect::<Vec<_>>().join(",");
+        let unfinished = || {
+            pg.sql(&format!(
+                "SELECT count(*) FROM gw_messages WHERE name = '{name}' AND id IN ({ids}) AND state IN ('queued', 'running')"
+            ))
+        };
+        let settled = wait_until(Duration::from_secs(30), || unfinished() == "0");
+        assert!(
+            settled,
+            "{} accepted message(s) never finished (seed {seed}): {}; lease: {}",
+            unfinished(),
+            pg.sql(&format!(
+                "SELECT string_agg(id || ' ' || state || ' ' || coalesce(incarnation, '-') || ' attempts ' || attempts
+                                   || ' epoch ' || epoch || ' at ' || updated_at, '; ')
+                   FROM gw_messages WHERE name = '{name}' AND id IN ({ids}) AND state IN ('queued', 'running')"
+            )),
+            pg.sql(&format!("SELECT epoch || ' ' || holder_id FROM gw_lease WHERE name = '{name}'"))
+        );
+        let summary = pg.sql(&format!(
+            "SELECT count(*), count(*) FILTER (WHERE state IN ('done', 'failed')),
+                    count(*) FILTER (WHERE finishes = 1 OR (finishes = 0 AND reason = 'interrupted twice')),
+                    count(*) FILTER (WHERE attempts > 2)
+               FROM gw_messages WHERE name = '{name}' AND id IN ({ids})"
+        ));
+        let n = self.accepted.len();
+        assert_eq!(summary, format!("{n}|{n}|{n}|0"), "accepted {n}: found|final|finished once|over-run (seed {seed})");
+    }
+}
+
 /// Seeded chaos: random kills, pauses, store partitions and graceful stops of the active
-/// under a steady sync load. `GW_CHAOS_SEED` replays a run, `GW_CHAOS_STEPS` lengthens it
-/// (scripts/soak-cluster). Invariants: after every fault exactly one gateway is active again
-/// within a bound; no epoch was ever seen active on two gateways (sampled every few ms from
-/// their own status); and the database's grant history has one holder per epoch.
+/// under a steady sync and async load ([`Load`]). `GW_CHAOS_SEED` replays a run,
+/// `GW_CHAOS_STEPS` lengthens it (scripts/soak-cluster). Invariants: after every fault exactly
+/// one gateway is active again within a bound; no epoch was ever seen active on two gateways
+/// (sampled every few ms from their own status); the database's grant history has one holder
+/// per epoch; and every accepted async message is done exactly once, none lost.
 #[test]
 fn chaos_seeded() {
     let Some(pg) = Cluster::start_or_skip() else { return };
@@ -383,11 +598,13 @@ fn chaos_seeded() {
     // Sampler and load: every few ms, each home's status; any active answers a sync message.
     let homes: Vec<std::path::PathBuf> = nodes.iter().map(|n| n.home.path().to_path_buf()).collect();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let progress = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let sampler = {
         let stop = std::sync::Arc::clone(&stop);
+        let progress = std::sync::Arc::clone(&progress);
         std::thread::spawn(move || {
             let mut seen: std::collections::BTreeMap<i64, std::collections::BTreeSet<String>> = Default::default();
-            let (mut served, mut refused) = (0u64, 0u64);
+            let mut load = Load { progress, ..Load::default() };
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for h in &homes {
                     let Some(addr) = gatewarden_testkit::api::current_gateway(h).and_then(|g| g.3) else { continue };
@@ -397,20 +614,22 @@ fn chaos_seeded() {
                         && let Some(e) = c["epoch"].as_i64()
                     {
                         seen.entry(e).or_default().insert(h.display().to_string());
-                        match api.send("load", "u", "ping").map(|r| r.status) {
-                            Ok(200) => served += 1,
-                            _ => refused += 1,
-                        }
+                        load.visit(&api);
                     }
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
-            (seen, served, refused)
+            (seen, load)
         })
     };
 
     for step in 0..steps {
         let a = wait_one_active(&mut nodes, TTL * 4);
+        // Each active takes some of the load before its fault: a healthy active with a healthy
+        // store accepts async messages.
+        let before = progress.load(std::sync::atomic::Ordering::Relaxed);
+        let took = wait_until(Duration::from_secs(5), || progress.load(std::sync::atomic::Ordering::Relaxed) > before);
+        assert!(took, "step {step}: the active accepted no async message within 5 s (seed {seed})");
         let fault = next(5);
         eprintln!("chaos step {step}: fault {fault} on node {a}");
         let hold = Duration::from_millis(1000 + next(3500));
@@ -444,12 +663,19 @@ fn chaos_seeded() {
     }
     wait_one_active(&mut nodes, TTL * 4);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (seen, served, refused) = sampler.join().expect("sampler");
-    eprintln!("chaos: served {served}, refused {refused}, epochs seen active: {seen:?}");
+    let (seen, load) = sampler.join().expect("sampler");
+    eprintln!(
+        "chaos: served {}, refused {}, async accepted {}, epochs seen active: {seen:?}; async refused: {:?}",
+        load.served,
+        load.refused,
+        load.accepted.len(),
+        load.async_refused
+    );
     for (e, homes) in &seen {
         assert_eq!(homes.len(), 1, "epoch {e} seen active on {homes:?} (seed {seed})");
     }
     at_most_one_active_per_epoch(&pg, "chaos");
+    load.check(&pg, "chaos", seed);
 }
 
 /// Failover times (scripts/bench-cluster; ignored in the normal suite): kill -9, a pause past
@@ -500,4 +726,82 @@ fn bench_failover() {
         );
     }
     at_most_one_active_per_epoch(&pg, "bench");
+}
+
+/// Seconds since midnight UTC of a protocol timestamp (`2026-11-30T19:30:00.123456+00:00`).
+fn day_seconds(ts: &str) -> Option<f64> {
+    let t = ts.get(11..26)?;
+    let (h, m, s) =
+        (t.get(0..2)?.parse::<f64>().ok()?, t.get(3..5)?.parse::<f64>().ok()?, t.get(6..)?.parse::<f64>().ok()?);
+    Some(h * 3600.0 + m * 60.0 + s)
+}
+
+/// Per-message journal cost through the real gateway (scripts/bench-cluster; ignored in the
+/// normal suite): the same async load (`GW_BENCH_MESSAGES` messages from 4 client threads,
+/// echo agent) against one gateway on the home's SQLite journal and one active on the
+/// cluster's PostgreSQL journal. Reports the 202's latency, accepted → done per message (the
+/// journal's own timestamps) and the throughput until the last one is done.
+#[test]
+#[ignore = "benchmark: scripts/bench-cluster"]
+fn bench_journal() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let total: usize = std::env::var("GW_BENCH_MESSAGES").ok().and_then(|s| s.parse().ok()).unwrap_or(400);
+    let threads = 4;
+    for store in ["sqlite", "postgres"] {
+        let node = match store {
+            "postgres" => {
+                let mut n = Node::spawn("benchj", &pg.url());
+                n.wait_role("active", READY);
+                n
+            }
+            _ => {
+                let home = TempHome::new();
+                let mut g = builder(&home).spawn();
+                g.wait_ready(READY);
+                Node { home, g }
+            }
+        };
+        let addr = node.home.state_record().and_then(|v| v["listen"].as_str()?.parse().ok()).expect("listen");
+        let t0 = Instant::now();
+        let clients: Vec<_> = (0..threads)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let api = Api::new(addr).with_timeout(Duration::from_secs(10));
+                    let mut out = Vec::new();
+                    for i in 0..total / threads {
+                        let sent = Instant::now();
+                        let id = api.submit(&format!("c{t}"), &format!("m{i}"));
+                        out.push((id, sent.elapsed()));
+                    }
+                    out
+                })
+            })
+            .collect();
+        let accepted: Vec<(String, Duration)> = clients.into_iter().flat_map(|c| c.join().expect("client")).collect();
+        let api = Api::new(addr).with_timeout(Duration::from_secs(10));
+        let mut e2e = Vec::new();
+        for (id, _) in &accepted {
+            let m = work_common::wait_final(&api, id, Duration::from_secs(60));
+            assert_eq!(m["state"], "done", "{m}");
+            let (a, b) =
+                (m["created_at"].as_str().and_then(day_seconds), m["updated_at"].as_str().and_then(day_seconds));
+            if let (Some(a), Some(b)) = (a, b) {
+                e2e.push(((b - a).rem_euclid(86_400.0) * 1000.0).max(0.0));
+            }
+        }
+        let took = t0.elapsed();
+        let mut lat: Vec<f64> = accepted.iter().map(|(_, d)| d.as_secs_f64() * 1000.0).collect();
+        lat.sort_by(f64::total_cmp);
+        e2e.sort_by(f64::total_cmp);
+        let pct = |v: &[f64], p: f64| v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(f64::NAN);
+        println!(
+            "bench-cluster journal ({store}, {total} async messages, {threads} clients, echo agent): {:.0} msg/s to done; \
+             202 p50 {:.1} ms p99 {:.1} ms; accepted→done p50 {:.1} ms p99 {:.1} ms",
+            accepted.len() as f64 / took.as_secs_f64(),
+            pct(&lat, 0.5),
+            pct(&lat, 0.99),
+            pct(&e2e, 0.5),
+            pct(&e2e, 0.99)
+        );
+    }
 }

@@ -7,6 +7,9 @@
 //! - the async worker starts on the first promotion and re-reads the journal on every later one;
 //! - `/readyz` is 200 only on the active, and a standby answers the message APIs with 503 and
 //!   the active's address ([`standby_gate`]; docs/protocol.md);
+//! - the journal (messages, sessions, outbox, inbound dedup ids) is the cluster's, in
+//!   PostgreSQL ([`Settings::store`], crates/cluster/src/store.rs): every write carries the
+//!   epoch of the driver's snapshot, and a write the fence refuses demotes at once;
 //! - lifecycle ledger events are copied to the store, fenced by the epoch;
 //! - after the drain the lease is released ([`release`]), so a standby takes over within one
 //!   renewal interval.
@@ -19,7 +22,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Json, Response};
 use gatewarden_agent::ClusterConfig;
-use gatewarden_cluster::{Change, Holder, PgLease, Timing};
+use gatewarden_cluster::{Change, Holder, PgLease, PgStore, Timing};
 use serde_json::json;
 
 use crate::gateway::Gateway;
@@ -35,6 +38,17 @@ pub const ACTIVE_HEADER: &str = "x-gatewarden-active";
 pub struct Settings {
     pub config: ClusterConfig,
     pub password: Option<String>,
+    /// The cluster's journal; its writes take their epoch from the driver once [`start`]ed.
+    pub store: Option<Arc<PgStore>>,
+}
+
+impl Settings {
+    pub fn new(config: ClusterConfig, password: Option<String>) -> Result<Settings, String> {
+        let app = format!("gatewarden journal pid {}", std::process::id());
+        let store = PgStore::start(&config.store, password.as_deref(), &config.name, &app)
+            .map_err(|e| format!("[cluster] store: {e}"))?;
+        Ok(Settings { config, password, store: Some(Arc::new(store)) })
+    }
 }
 
 /// Starts competing for the lease. Called once the HTTP address is known (it goes into the
@@ -55,6 +69,9 @@ pub fn start(gw: &Arc<Gateway>, s: &Settings) -> Result<(), String> {
         listen: gw.listen().map(str::to_owned),
     };
     let (handle, mut changes) = gatewarden_cluster::spawn(backend, &c.name, me, timing);
+    if let Some(store) = &s.store {
+        store.attach(handle.clone());
+    }
     if gw.cluster.set(handle).is_err() {
         return Err("cluster already started".into());
     }
@@ -128,7 +145,9 @@ pub async fn release(gw: &Gateway) {
 
 /// The `cluster` object of the status report, if clustered.
 pub fn status_json(gw: &Gateway) -> Option<serde_json::Value> {
-    gw.cluster.get().map(|h| h.snapshot().to_json(Instant::now()))
+    let mut v = gw.cluster.get().map(|h| h.snapshot().to_json(Instant::now()))?;
+    v["journal"] = json!(gw.work.journal.describe());
+    Some(v)
 }
 
 /// A standby answers everything but `/v1/status` and `/metrics` with 503 and the active's

@@ -206,12 +206,18 @@ fn prepare(home: &Home, mut opts: RunOptions, tag: &str) -> Result<(Arc<work::Wo
         config.listen = l.parse().map_err(|e| fatal(format!("invalid --listen {l:?}: {e}")))?;
     }
     config.check_exposure().map_err(|e| fatal(e.to_string()))?;
-    let journal =
-        gatewarden_agent::Journal::open_in(home.dir()).map_err(|e| fatal(format!("cannot open the journal: {e}")))?;
     let agent = gatewarden_agent::build_agent_with_env(&config.agent, vec![(RUN_TAG.to_owned(), tag.to_owned())]);
     let cluster = match &config.cluster {
-        Some(c) => Some(cluster::Settings { config: c.clone(), password: c.password(home.dir()).map_err(fatal)? }),
+        Some(c) => Some(cluster::Settings::new(c.clone(), c.password(home.dir()).map_err(fatal)?).map_err(fatal)?),
         None => None,
+    };
+    // With `[cluster]` the journal is the cluster's, in PostgreSQL (cluster.rs); else the home's.
+    let journal: Arc<dyn gatewarden_agent::Store> = match cluster.as_ref().and_then(|c| c.store.clone()) {
+        Some(store) => store,
+        None => Arc::new(
+            gatewarden_agent::Journal::open_in(home.dir())
+                .map_err(|e| fatal(format!("cannot open the journal: {e}")))?,
+        ),
     };
     let work = Arc::new(work::Work::new(agent, journal, &config, config.is_loopback_listen()));
     work.set_platforms(Arc::new(platforms::Platforms::build(&config).map_err(fatal)?));

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gatewarden_agent::journal::{Kind, NewMessage};
-use gatewarden_agent::{Agent, AgentError, AgentRequest, Journal, JournalError, Turn};
+use gatewarden_agent::{Agent, AgentError, AgentRequest, JournalError, Store, Turn};
 use gatewarden_control::Requester;
 use gatewarden_lifecycle::{fsio, timefmt};
 use serde_json::{Value, json};
@@ -122,7 +122,8 @@ pub struct CommandOutcome {
 
 pub struct Work {
     pub agent: Box<dyn Agent>,
-    pub journal: Arc<Journal>,
+    /// The home's SQLite journal, or the cluster's PostgreSQL one (`[cluster]`; lib.rs).
+    pub journal: Arc<dyn Store>,
     pub admins: Vec<String>,
     pub api_token: Option<String>,
     /// The listener's limits and accepted `Host` names.
@@ -157,12 +158,17 @@ pub struct Work {
 }
 
 impl Work {
-    pub fn new(agent: Box<dyn Agent>, journal: Journal, config: &gatewarden_agent::Config, loopback: bool) -> Work {
+    pub fn new(
+        agent: Box<dyn Agent>,
+        journal: Arc<dyn Store>,
+        config: &gatewarden_agent::Config,
+        loopback: bool,
+    ) -> Work {
         let (queue, rx) = mpsc::unbounded_channel();
         Work {
             model: format!("gatewarden-{}", agent.name()),
             agent,
-            journal: Arc::new(journal),
+            journal,
             admins: config.admins.clone(),
             api_token: config.api_token.clone(),
             http: config.http.clone(),
@@ -309,16 +315,49 @@ impl Work {
         self.with_journal(move |j| j.accept_command(&msg, &reply)).await
     }
 
-    /// Runs `f` on the journal off the async workers (SQLite blocks, and fsyncs each commit);
-    /// a failed task and a journal error both come back as the message to report.
+    /// Runs `f` on the journal off the async workers (SQLite blocks, and fsyncs each commit; the
+    /// PostgreSQL store waits for its own thread); a failed task and a journal error both come
+    /// back as the message to report.
     pub async fn with_journal<R: Send + 'static>(
         &self,
-        f: impl FnOnce(&Journal) -> Result<R, JournalError> + Send + 'static,
+        f: impl FnOnce(&dyn Store) -> Result<R, JournalError> + Send + 'static,
     ) -> Result<R, String> {
         let journal = Arc::clone(&self.journal);
-        match tokio::task::spawn_blocking(move || f(&journal)).await {
+        match tokio::task::spawn_blocking(move || f(&*journal)).await {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// One journal step of a run (claim, read, finish). A store that failed (not a fence that
+    /// refused) is retried while this gateway is still the active: a dropped connection must
+    /// not leave the message queued or `running` under a run that gave up on it. The store
+    /// settles a retried claim whose first answer was lost (crates/cluster/src/store.rs); once
+    /// demoted, the successor recovers the run instead.
+    async fn journal_step<R: Send + 'static>(
+        &self,
+        gw: &crate::gateway::Gateway,
+        f: impl Fn(&dyn Store) -> Result<R, JournalError> + Clone + Send + 'static,
+    ) -> Result<R, JournalError> {
+        let mut pause = Duration::from_millis(100);
+        // A store down for longer demotes us anyway; an error that persists while the lease
+        // holds is not one that waiting cures.
+        let give_up = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let (journal, step) = (Arc::clone(&self.journal), f.clone());
+            let r = tokio::task::spawn_blocking(move || step(&*journal))
+                .await
+                .unwrap_or_else(|e| Err(JournalError::Store(e.to_string())));
+            match r {
+                Err(JournalError::Store(e))
+                    if gw.cluster.get().is_some() && gw.is_active() && std::time::Instant::now() < give_up =>
+                {
+                    crate::warn!("journal: {e}; retrying in {pause:?}");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                r => return r,
+            }
         }
     }
 
@@ -572,18 +611,7 @@ impl Work {
         let Some(mut rx) = self.queue_rx.lock().ok().and_then(|mut g| g.take()) else { return };
         let me = Arc::clone(self);
         tokio::spawn(async move {
-            let inc = gw.me.id.clone();
-            match me.with_journal(move |j| j.recover(&inc)).await {
-                Ok(ids) => {
-                    if !ids.is_empty() {
-                        crate::info!("resuming {} journaled message(s)", ids.len());
-                    }
-                    for id in ids {
-                        let _ = me.queue.send(id);
-                    }
-                }
-                Err(e) => crate::error!("journal recovery failed: {e}"),
-            }
+            me.recover_into_queue(&gw).await;
             let slots = Arc::new(Semaphore::new(ASYNC_CONCURRENCY));
             while let Some(id) = rx.recv().await {
                 if gw.phase.get() != gatewarden_lifecycle::records::GatewayState::Running || !gw.is_active() {
@@ -604,33 +632,49 @@ impl Work {
     /// while this gateway was a standby). A row queued twice runs once: `claim` is atomic.
     pub fn resume_queued(self: &Arc<Self>, gw: Arc<crate::gateway::Gateway>) {
         let me = Arc::clone(self);
-        tokio::spawn(async move {
+        tokio::spawn(async move { me.recover_into_queue(&gw).await });
+    }
+
+    /// Recovers interrupted runs and queues every queued id. A failure is retried while this
+    /// gateway may still run work: on the cluster's store a transient error at promotion would
+    /// otherwise leave the messages an earlier active accepted unrun for this whole term.
+    async fn recover_into_queue(self: &Arc<Self>, gw: &crate::gateway::Gateway) {
+        let mut pause = Duration::from_millis(200);
+        loop {
             let inc = gw.me.id.clone();
-            match me.with_journal(move |j| j.recover(&inc)).await {
+            match self.with_journal(move |j| j.recover(&inc)).await {
                 Ok(ids) => {
-                    for id in ids {
-                        let _ = me.queue.send(id);
+                    if !ids.is_empty() {
+                        crate::info!("resuming {} journaled message(s)", ids.len());
                     }
+                    for id in ids {
+                        let _ = self.queue.send(id);
+                    }
+                    return;
                 }
                 Err(e) => crate::error!("journal recovery failed: {e}"),
             }
-        });
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
+            let running = gw.phase.get() == gatewarden_lifecycle::records::GatewayState::Running;
+            if !running || !gw.is_active() {
+                return;
+            }
+        }
     }
 
     async fn run_async(self: &Arc<Self>, gw: &crate::gateway::Gateway, id: String) {
         let (inc, id2) = (gw.me.id.clone(), id.clone());
-        let claimed = self
-            .with_journal(move |j| {
-                if !j.claim(&id2, &inc)? {
-                    return Ok(None);
-                }
-                j.get(&id2)
-            })
-            .await;
-        let msg = match claimed {
+        match self.journal_step(gw, move |j| j.claim(&id2, &inc)).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => return crate::error!("journal claim of {id} failed: {e}"),
+        }
+        let id2 = id.clone();
+        let msg = match self.journal_step(gw, move |j| j.get(&id2)).await {
             Ok(Some(m)) => m,
             Ok(None) => return,
-            Err(e) => return crate::error!("journal claim of {id} failed: {e}"),
+            Err(e) => return crate::error!("journal read of {id} failed: {e}"),
         };
         // A chat platform's conversation: the session's last turns, within the char budget.
         let history = if msg.platform.is_some() && self.history_turns > 0 {
@@ -661,10 +705,11 @@ impl Work {
             return;
         }
         let inc = gw.me.id.clone();
+        let outcome = r.map_err(|e| e.to_string());
         let done = self
-            .with_journal(move |j| match r {
-                Ok(reply) => j.complete(&id, &inc, &reply),
-                Err(e) => j.fail(&id, &inc, &e.to_string()),
+            .journal_step(gw, move |j| match &outcome {
+                Ok(reply) => j.complete(&id, &inc, reply),
+                Err(e) => j.fail(&id, &inc, e),
             })
             .await;
         if let Err(e) = done {
