@@ -113,6 +113,10 @@ pub struct Gateway {
     listener: OnceLock<std::net::TcpListener>,
     handing_over: std::sync::atomic::AtomicBool,
     exit: Mutex<Option<(i32, String)>>,
+    /// Open until the home lock is about to be released: a platform delivery commits under the
+    /// read side, so every message this incarnation journaled is committed before its successor
+    /// holds the lock and recovers the journal (a late commit would sit queued, unrun).
+    intake: std::sync::RwLock<bool>,
 }
 
 impl Gateway {
@@ -143,7 +147,20 @@ impl Gateway {
             listener: OnceLock::new(),
             handing_over: std::sync::atomic::AtomicBool::new(false),
             exit: Mutex::new(None),
+            intake: std::sync::RwLock::new(true),
         }
+    }
+
+    /// Runs `f` unless the intake is sealed ([`Gateway::seal_intake`]); `None` when sealed.
+    pub fn with_intake<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
+        let open = self.intake.read().unwrap_or_else(|p| p.into_inner());
+        open.then(f)
+    }
+
+    /// Closes the intake for good, waiting for deliveries in progress to commit. Called just
+    /// before the home lock is released.
+    pub fn seal_intake(&self) {
+        *self.intake.write().unwrap_or_else(|p| p.into_inner()) = false;
     }
 
     pub fn self_identity(&self) -> SelfIdentity {

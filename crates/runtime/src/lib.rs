@@ -580,5 +580,8 @@ fn finish(gw: &Gateway, o: &Outcome, ep: &Endpoint, lock: InstanceLock) {
         let _ = fsio::remove_if_exists(&gw.home.pid_file());
     }
     control::unbind(ep);
+    // After this, a delivery is refused (the platform keeps it for the successor) instead of
+    // being journaled behind the successor's recovery.
+    gw.seal_intake();
     drop(lock);
 }

@@ -308,11 +308,9 @@ impl GatewayHost {
     fn gw(&self) -> Result<Arc<Gateway>, String> {
         self.gw.upgrade().ok_or_else(|| "the gateway is shutting down".to_owned())
     }
-}
 
-impl Host for GatewayHost {
-    fn deliver(&self, adapter: &str, m: Inbound) -> Result<(), String> {
-        let gw = self.gw()?;
+    /// [`Host::deliver`] while the intake is open.
+    fn deliver_open(gw: &Arc<Gateway>, adapter: &str, m: Inbound) -> Result<(), String> {
         let work = &gw.work;
         let j = &work.journal;
         let msg = NewMessage {
@@ -336,13 +334,22 @@ impl Host for GatewayHost {
             return Ok(());
         }
         // Who may run it is decided in one place (`Work::may_run`: this platform's admins).
-        let out = work.command_from(&gw, cmd, Some(adapter), &m.chat_id, &m.user_id);
+        let out = work.command_from(gw, cmd, Some(adapter), &m.chat_id, &m.user_id);
         j.accept_inbound_command(adapter, &m.event_id, &msg, &out.reply).map_err(|e| e.to_string())?;
         work.platforms().wake(adapter);
         if let Some(cause) = out.then {
             work.send_cause(cause);
         }
         Ok(())
+    }
+}
+
+impl Host for GatewayHost {
+    fn deliver(&self, adapter: &str, m: Inbound) -> Result<(), String> {
+        let gw = self.gw()?;
+        gw.with_intake(|| Self::deliver_open(&gw, adapter, m)).unwrap_or_else(|| {
+            Err("the gateway is handing over: the platform keeps this message for the next incarnation".into())
+        })
     }
 
     fn outbox(&self, adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
