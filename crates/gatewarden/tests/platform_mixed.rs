@@ -1,7 +1,7 @@
-//! Issue 10: one gateway with a Telegram (fake Bot API), a Matrix (real Synapse) and an IRC
+//! One gateway with a Telegram (fake Bot API), a Matrix (real Synapse) and an IRC
 //! (real ngIRCd) adapter, restarted over and over under a steady inbound stream on all three.
 //! Under `CI` a missing Synapse or ngIRCd fails the test. Prints and replays its seed
-//! (GW_PLATFORM_SEED); the restart count is GW_PLATFORM_RESTARTS (default 20).
+//! (GW_PLATFORM_SEED); the restart count is GW_PLATFORM_RESTARTS (default 50).
 #![cfg(target_os = "linux")]
 
 mod common;
