@@ -129,22 +129,6 @@ fn start_gw(home: &TempHome, sw: &Sweeper, config: &str) -> Gateway {
     g
 }
 
-fn platforms(home: &TempHome) -> Value {
-    let out = run_cli(home, &["status", "--json"]);
-    serde_json::from_str::<Value>(&out.stdout).map(|v| v["platforms"].clone()).unwrap_or(Value::Null)
-}
-
-#[track_caller]
-fn wait_adapter(home: &TempHome, state: &str, timeout: Duration) -> Value {
-    let mut last = Value::Null;
-    let ok = wait_until(timeout, || {
-        last = platforms(home);
-        last[0]["state"] == state
-    });
-    assert!(ok, "adapter not {state} within {timeout:?}: {last}");
-    last
-}
-
 /// Round trip in the channel and in a private message; /status, /help; a non-admin's
 /// /restart is refused; an admin's /restart is answered and the successor says "back online"
 /// in the channel that asked, once.

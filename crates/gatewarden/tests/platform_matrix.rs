@@ -126,21 +126,6 @@ fn start_gw(home: &TempHome, sw: &Sweeper, s: &Setup, config: &str) -> Gateway {
     g
 }
 
-fn platforms(home: &TempHome) -> Value {
-    let out = run_cli(home, &["status", "--json"]);
-    serde_json::from_str::<Value>(&out.stdout).map(|v| v["platforms"].clone()).unwrap_or(Value::Null)
-}
-
-#[track_caller]
-fn wait_adapter(home: &TempHome, state: &str, timeout: Duration) {
-    let mut last = Value::Null;
-    let ok = wait_until(timeout, || {
-        last = platforms(home);
-        last[0]["state"] == state
-    });
-    assert!(ok, "adapter not {state} within {timeout:?}: {last}");
-}
-
 /// Round trip through the echo agent; /status and /help; an admin's /restart is answered and
 /// the successor says "back online" in the same room, once; the sync token is kept in the home.
 #[test]

@@ -53,22 +53,6 @@ fn start_gw(home: &TempHome, sw: &Sweeper, token: &str, config: &str) -> Gateway
     g
 }
 
-/// The `platforms` array of `status --json`.
-fn platforms(home: &TempHome) -> Value {
-    let out = run_cli(home, &["status", "--json"]);
-    serde_json::from_str::<Value>(&out.stdout).map(|v| v["platforms"].clone()).unwrap_or(Value::Null)
-}
-
-#[track_caller]
-fn wait_adapter(home: &TempHome, state: &str, timeout: Duration) {
-    let mut last = Value::Null;
-    let ok = wait_until(timeout, || {
-        last = platforms(home);
-        last[0]["state"] == state
-    });
-    assert!(ok, "adapter not {state} within {timeout:?}: {last}");
-}
-
 fn count(sent: &[SentMessage], chat: i64, text: &str) -> usize {
     sent.iter().filter(|m| m.chat_id == json!(chat) && m.text == text).count()
 }

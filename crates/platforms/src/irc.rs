@@ -38,7 +38,7 @@ use gatewarden_chatproto::irc::{
     Config, Connection, Error as IrcError, ErrorKind, Event, MAX_TEXT_BYTES, Writer, split_text,
 };
 
-use crate::wait::Flags;
+use crate::wait::{self, Flags, spawn};
 use crate::{Adapter, AdapterError, Host, Inbound, Sent, State, Status};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(250);
@@ -178,18 +178,6 @@ impl Irc {
             f(r);
         }
     }
-}
-
-fn spawn(name: &str, what: &str, f: impl FnOnce() + Send + 'static) -> Result<mpsc::Receiver<()>, AdapterError> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name(format!("gw-{name}-{what}"))
-        .spawn(move || {
-            f();
-            let _ = tx.send(());
-        })
-        .map_err(|e| AdapterError::Start { name: name.to_owned(), message: format!("cannot start a thread: {e}") })?;
-    Ok(rx)
 }
 
 /// Owns the connection: connects, joins, reads, reconnects; quits when the sender is done.
@@ -572,13 +560,8 @@ impl Adapter for Irc {
         let run = self.run.lock().unwrap_or_else(|p| p.into_inner()).take();
         let mut all = true;
         if let Some(r) = run {
-            *r.shared.close_deadline.lock().unwrap_or_else(|p| p.into_inner()) = Some(deadline);
-            r.shared.flags.update(|b| {
-                b.stop = true;
-                b.close = true;
-            });
-            let left = deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(200);
-            all = !matches!(r.sender_done.recv_timeout(left), Err(mpsc::RecvTimeoutError::Timeout));
+            wait::begin_close(&r.shared.flags, &r.shared.close_deadline, deadline);
+            all = wait::ended_by(&r.sender_done, deadline, Duration::from_millis(200));
             // The replies are out (or the deadline passed): now the connection may go.
             *r.shared.quit.lock().unwrap_or_else(|p| p.into_inner()) = true;
             let _ = r.reader_done.recv_timeout(READ_SLICE + QUIT_DRAIN + Duration::from_millis(500));

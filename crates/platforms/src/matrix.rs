@@ -37,7 +37,7 @@ use gatewarden_chatproto::matrix::{Client, Error as MxError, ErrorKind, TextMess
 use gatewarden_lifecycle::fsio;
 use serde::{Deserialize, Serialize};
 
-use crate::wait::Flags;
+use crate::wait::{self, Flags, spawn};
 use crate::{Adapter, AdapterError, Host, Inbound, Sent, State, Status};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(250);
@@ -164,18 +164,6 @@ fn save_cursor(path: &Path, c: &Cursor) -> Result<(), String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     fsio::write_json(path, c).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-fn spawn(name: &str, what: &str, f: impl FnOnce() + Send + 'static) -> Result<mpsc::Receiver<()>, AdapterError> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name(format!("gw-{name}-{what}"))
-        .spawn(move || {
-            f();
-            let _ = tx.send(());
-        })
-        .map_err(|e| AdapterError::Start { name: name.to_owned(), message: format!("cannot start a thread: {e}") })?;
-    Ok(rx)
 }
 
 struct Receiver {
@@ -515,17 +503,11 @@ impl Adapter for Matrix {
         let run = self.run.lock().unwrap_or_else(|p| p.into_inner()).take();
         let mut all = true;
         if let Some(r) = run {
-            *r.shared.close_deadline.lock().unwrap_or_else(|p| p.into_inner()) = Some(deadline);
-            r.shared.flags.update(|b| {
-                b.stop = true;
-                b.close = true;
-            });
-            let left = deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(200);
-            all = !matches!(r.send_done.recv_timeout(left), Err(mpsc::RecvTimeoutError::Timeout));
+            wait::begin_close(&r.shared.flags, &r.shared.close_deadline, deadline);
+            all = wait::ended_by(&r.send_done, deadline, Duration::from_millis(200));
             // The receiver may sit in a long poll whose answer it will drop: not worth waiting
             // past the deadline for.
-            let left = deadline.saturating_duration_since(Instant::now());
-            let _ = r.recv_done.recv_timeout(left);
+            wait::ended_by(&r.recv_done, deadline, Duration::ZERO);
         }
         self.status.set(State::Closed);
         all

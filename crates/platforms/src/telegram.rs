@@ -32,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime};
 use gatewarden_agent::config::PlatformConfig;
 use serde_json::{Value, json};
 
-use crate::wait::Flags;
+use crate::wait::{self, Flags};
 use crate::{Adapter, AdapterError, Host, Inbound, Sent, State, Status};
 
 /// The public Bot API.
@@ -183,18 +183,8 @@ impl Telegram {
     }
 
     fn spawn(&self, what: &str, f: impl FnOnce() + Send + 'static) -> Result<(), AdapterError> {
-        let (tx, rx) = mpsc::channel();
-        std::thread::Builder::new()
-            .name(format!("gw-{}-{what}", self.name))
-            .spawn(move || {
-                f();
-                let _ = tx.send(());
-            })
-            .map_err(|e| AdapterError::Start {
-                name: self.name.clone(),
-                message: format!("cannot start a thread: {e}"),
-            })?;
-        self.done.lock().unwrap_or_else(|p| p.into_inner()).push(rx);
+        let done = wait::spawn(&self.name, what, f)?;
+        self.done.lock().unwrap_or_else(|p| p.into_inner()).push(done);
         Ok(())
     }
 
@@ -549,13 +539,11 @@ impl Adapter for Telegram {
     fn close(&self, deadline: Instant) -> bool {
         self.stop_intake();
         let shared = self.shared();
-        *shared.close_deadline.lock().unwrap_or_else(|p| p.into_inner()) = Some(deadline);
-        shared.flags.update(|b| b.close = true);
+        wait::begin_close(&shared.flags, &shared.close_deadline, deadline);
         let done = std::mem::take(&mut *self.done.lock().unwrap_or_else(|p| p.into_inner()));
         let mut all = true;
         for rx in done {
-            let left = deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(200);
-            all &= !matches!(rx.recv_timeout(left), Err(mpsc::RecvTimeoutError::Timeout));
+            all &= wait::ended_by(&rx, deadline, Duration::from_millis(200));
         }
         self.status.set(State::Closed);
         all

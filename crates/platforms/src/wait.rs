@@ -1,6 +1,9 @@
-//! A stop flag with an interruptible sleep, shared by an adapter's threads.
+//! An adapter's threads: the flags they wait on (with an interruptible sleep), how they are
+//! started, and how a close waits for them.
 
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, mpsc};
+
+use crate::AdapterError;
 use std::time::{Duration, Instant};
 
 /// Flags an adapter's threads wait on: `stop` ends intake, `close` ends sending, `wake` says
@@ -58,4 +61,32 @@ impl Flags {
             g = self.cv.wait_timeout(g, left).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
         }
     }
+}
+
+/// Starts one of adapter `name`'s threads; the receiver hears `()` when it has ended.
+pub fn spawn(name: &str, what: &str, f: impl FnOnce() + Send + 'static) -> Result<mpsc::Receiver<()>, AdapterError> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name(format!("gw-{name}-{what}"))
+        .spawn(move || {
+            f();
+            let _ = tx.send(());
+        })
+        .map_err(|e| AdapterError::Start { name: name.to_owned(), message: format!("cannot start a thread: {e}") })?;
+    Ok(rx)
+}
+
+/// Close, step 1: record the deadline the sender flushes against, then stop intake and sending.
+pub fn begin_close(flags: &Flags, close_deadline: &Mutex<Option<Instant>>, deadline: Instant) {
+    *close_deadline.lock().unwrap_or_else(|p| p.into_inner()) = Some(deadline);
+    flags.update(|b| {
+        b.stop = true;
+        b.close = true;
+    });
+}
+
+/// Waits for a thread started by [`spawn`] until `deadline` plus `grace`; whether it ended.
+pub fn ended_by(done: &mpsc::Receiver<()>, deadline: Instant, grace: Duration) -> bool {
+    let left = deadline.saturating_duration_since(Instant::now()) + grace;
+    !matches!(done.recv_timeout(left), Err(mpsc::RecvTimeoutError::Timeout))
 }

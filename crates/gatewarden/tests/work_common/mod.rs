@@ -1,4 +1,4 @@
-//! Helpers shared by the message / drain / restart / durability tests (issue 3).
+//! Helpers shared by the message / drain / restart / durability / platform tests.
 //! Each of those files does `mod common; mod work_common;`.
 #![allow(dead_code)]
 
@@ -120,4 +120,22 @@ pub fn incarnation_of(home: &TempHome, pid: u32) -> Option<String> {
 /// The python interpreter name used by the Python client tests.
 pub fn python() -> String {
     std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// The `platforms` array of `status --json` (null when status gave no JSON).
+pub fn platforms(home: &TempHome) -> Value {
+    let out = run_cli(home, &["status", "--json"]);
+    serde_json::from_str::<Value>(&out.stdout).map(|v| v["platforms"].clone()).unwrap_or(Value::Null)
+}
+
+/// Waits until the first adapter is in `state`; returns the `platforms` array seen then.
+#[track_caller]
+pub fn wait_adapter(home: &TempHome, state: &str, timeout: Duration) -> Value {
+    let mut last = Value::Null;
+    let ok = wait_until(timeout, || {
+        last = platforms(home);
+        last[0]["state"] == state
+    });
+    assert!(ok, "adapter not {state} within {timeout:?}: {last}");
+    last
 }
