@@ -408,11 +408,9 @@ impl PgJournal {
     }
 
     async fn query_one(&mut self, epoch: i64, sql: &str, rest: &[&(dyn ToSql + Sync)]) -> Result<Row, ClusterError> {
-        let name = self.name().to_owned();
-        let mut params: Params<'_> = vec![&name, &epoch];
-        params.extend_from_slice(rest);
-        let c = self.lease.client().await?;
-        c.query_one(sql, &params).await.map_err(|e| fenced(epoch, e))
+        self.query_opt(epoch, sql, rest)
+            .await?
+            .ok_or_else(|| ClusterError::Store("the statement returned no row".into()))
     }
 
     async fn query_opt(
@@ -421,11 +419,7 @@ impl PgJournal {
         sql: &str,
         rest: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, ClusterError> {
-        let name = self.name().to_owned();
-        let mut params: Params<'_> = vec![&name, &epoch];
-        params.extend_from_slice(rest);
-        let c = self.lease.client().await?;
-        c.query_opt(sql, &params).await.map_err(|e| fenced(epoch, e))
+        Ok(self.query_all(epoch, sql, rest).await?.into_iter().next())
     }
 
     /// Called by a newly promoted active under its epoch: runs of other incarnations (of any
