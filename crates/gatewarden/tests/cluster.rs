@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::*;
+use gatewarden_telegram_fake::{FakeTelegram, Options, PollRecord};
 use gatewarden_testkit::api::{Api, header};
 use gatewarden_testkit::postgres::{Cluster, PASSWORD, Proxy, ProxyMode};
 use work_common::wait_final;
@@ -19,10 +20,16 @@ use work_common::wait_final;
 const TTL: Duration = Duration::from_secs(3);
 const RENEW: Duration = Duration::from_secs(1);
 const PW_ENV: &str = "GW_TEST_STORE_PASSWORD";
+const TOKEN_ENV: &str = "GW_TEST_TELEGRAM_TOKEN";
+/// The chaos load's Telegram pace and chat count.
+const TG_PACE: Duration = Duration::from_millis(150);
+const TG_CHATS: usize = 4;
 
 struct Node {
     home: TempHome,
     g: Gateway,
+    /// Extra environment of every process in this home (a platform token).
+    envs: Vec<(&'static str, String)>,
 }
 
 impl Node {
@@ -34,8 +41,21 @@ impl Node {
     /// `[cluster]`).
     fn spawn_with(name: &str, url: &str, top: &str) -> Node {
         let home = TempHome::new();
-        let g = Node::configure(&home, name, url, top);
-        Node { home, g }
+        let g = Node::configure(&home, name, url, top, &[]);
+        Node { home, g, envs: Vec::new() }
+    }
+
+    /// A gateway with the echo agent and a Telegram adapter on `token` polling through
+    /// `api_base` (a per-consumer address of the fake, so its poll log names this gateway).
+    fn spawn_telegram(name: &str, url: &str, api_base: &str, token: &str) -> Node {
+        let home = TempHome::new();
+        let top = format!(
+            "[agent]\nbackend = \"echo\"\n[[platform]]\nkind = \"telegram\"\nname = \"bot\"\ntoken_env = \"{TOKEN_ENV}\"\n\
+             api_base = \"{api_base}\"\npoll_timeout_s = 20\nconflict_standby_s = 2\n"
+        );
+        let envs = vec![(TOKEN_ENV, token.to_owned())];
+        let g = Node::configure(&home, name, url, &top, &envs);
+        Node { home, g, envs }
     }
 
     /// A gateway whose exec agent takes `secs` per message, appends each run id to `<home>/runs`
@@ -57,8 +77,8 @@ impl Node {
             "drain_timeout_s = {drain_s}\n[agent]\nbackend = \"exec\"\ncommand = [\"sh\", '{}']\n",
             script.display()
         );
-        let g = Node::configure(&home, name, url, &top);
-        Node { home, g }
+        let g = Node::configure(&home, name, url, &top, &[]);
+        Node { home, g, envs: Vec::new() }
     }
 
     /// The run ids this node's slow agent started.
@@ -71,10 +91,14 @@ impl Node {
     /// A new process in the same home (after a kill or a stop).
     fn respawn(&mut self) {
         let _ = self.g.kill();
-        self.g = builder(&self.home).env(PW_ENV, PASSWORD).spawn();
+        let mut b = builder(&self.home).env(PW_ENV, PASSWORD);
+        for (k, v) in &self.envs {
+            b = b.env(*k, v.as_str());
+        }
+        self.g = b.spawn();
     }
 
-    fn configure(home: &TempHome, name: &str, url: &str, top: &str) -> Gateway {
+    fn configure(home: &TempHome, name: &str, url: &str, top: &str, envs: &[(&str, String)]) -> Gateway {
         gatewarden_testkit::api::write_config(
             home.path(),
             &format!(
@@ -83,7 +107,11 @@ impl Node {
                 RENEW.as_secs()
             ),
         );
-        builder(home).env(PW_ENV, PASSWORD).spawn()
+        let mut b = builder(home).env(PW_ENV, PASSWORD);
+        for (k, v) in envs {
+            b = b.env(*k, v.as_str());
+        }
+        b.spawn()
     }
 
     /// The API address once this process runs (standby or active).
@@ -500,11 +528,15 @@ fn a_paused_old_actives_completion_is_refused() {
 }
 
 /// The chaos test's steady load, driven against whichever gateway is active: a sync message
-/// and an async one per visit. Accepted async ids are recorded for the end's invariant. A new
-/// kind of load (a platform fake's inbound messages) is one more field and one more line in
-/// [`Load::visit`], with its own check in [`Load::check`].
+/// and an async one per visit. Accepted async ids are recorded for the end's invariant. Beside
+/// it, users write to the Telegram bot at a steady pace whoever is active ([`users`]), checked
+/// by [`Load::check_telegram`].
 #[derive(Default)]
 struct Load {
+    /// The fake Bot API and the bot's token, when the gateways run a Telegram adapter.
+    telegram: Option<(std::sync::Arc<FakeTelegram>, String)>,
+    /// What users wrote: `(update_id, chat, text)`, every text distinct.
+    injected: Vec<(i64, i64, String)>,
     served: u64,
     refused: u64,
     /// Async messages answered 202: each must end exactly once.
@@ -533,6 +565,124 @@ impl Load {
             Ok(r) => self.async_refused.push(format!("{} {}", r.status, r.text())),
             Err(e) => self.async_refused.push(e.to_string()),
         }
+    }
+
+    /// No inbound Telegram message lost or run twice: every injected one is journalled once
+    /// (its `update_id` is the event id) and ends once, like an async message: done by one
+    /// completion (`finishes = 1`) with its echo in the fake's sent messages for its chat, or
+    /// failed by recovery after two interrupted runs (`MAX_ATTEMPTS`, docs/architecture.md
+    /// "cluster"; no reply then). A reply sent more than once is the documented duplicate (the
+    /// Bot API takes no idempotency key, so a gateway that dies between `sendMessage` and the
+    /// outbox commit has it sent again by its successor): at most `crashes` of them.
+    /// Returns `(answered, given up, duplicate replies)`.
+    #[track_caller]
+    fn check_telegram(
+        &self,
+        pg: &Cluster,
+        name: &str,
+        seed: u64,
+        crashes: usize,
+        diag: &dyn Fn() -> String,
+    ) -> (usize, usize, usize) {
+        let Some((fake, token)) = &self.telegram else { return (0, 0, 0) };
+        let n = self.injected.len();
+        assert!(n > 0, "no Telegram message injected (seed {seed})");
+        let ids = self.injected.iter().map(|(id, _, _)| format!("'{id}'")).collect::<Vec<_>>().join(",");
+        let rows = |filter: &str| {
+            pg.sql(&format!(
+                "SELECT coalesce(string_agg(platform || '/' || event_id || ' ' || id || ' ' || state || ' finishes ' || finishes
+                                            || ' attempts ' || attempts || ' reason ' || coalesce(reason, '-')
+                                            || ' epoch ' || epoch, '; '), 'none')
+                   FROM gw_messages WHERE name = '{name}' AND event_id IN ({ids}) AND ({filter})"
+            ))
+        };
+        // Every update is fetched, journalled and settled (the last ones after the chaos).
+        let settled = || {
+            pg.sql(&format!(
+                "SELECT count(*) FROM gw_messages WHERE name = '{name}' AND event_id IN ({ids}) AND state IN ('done', 'failed')"
+            ))
+        };
+        let ok = wait_until(Duration::from_secs(30), || settled() == n.to_string());
+        assert!(
+            ok,
+            "{} of {n} Telegram messages journalled and settled (seed {seed}); unsettled: {}; fake: {:?}\n{}",
+            settled(),
+            rows("state NOT IN ('done', 'failed')"),
+            fake.stats(token),
+            diag()
+        );
+        let summary = pg.sql(&format!(
+            "SELECT count(DISTINCT event_id), count(*),
+                    count(*) FILTER (WHERE state = 'done' AND finishes = 1
+                                        OR state = 'failed' AND finishes = 0 AND attempts = 2 AND reason = 'interrupted twice')
+               FROM gw_messages WHERE name = '{name}' AND event_id IN ({ids})"
+        ));
+        assert_eq!(
+            summary,
+            format!("{n}|{n}|{n}"),
+            "injected {n}: journalled|rows|ended once (seed {seed}); not once: {}\n{}",
+            rows(&format!(
+                "NOT (state = 'done' AND finishes = 1
+                      OR state = 'failed' AND finishes = 0 AND attempts = 2 AND reason = 'interrupted twice')
+                 OR event_id IN (SELECT event_id FROM gw_messages WHERE name = '{name}' GROUP BY event_id HAVING count(*) > 1)"
+            )),
+            diag()
+        );
+        let done = pg.sql(&format!(
+            "SELECT coalesce(string_agg(event_id, ','), '') FROM gw_messages WHERE name = '{name}' AND event_id IN ({ids}) AND state = 'done'"
+        ));
+        let done: std::collections::BTreeSet<&str> = done.split(',').filter(|s| !s.is_empty()).collect();
+        let answer: Vec<&(i64, i64, String)> =
+            self.injected.iter().filter(|(id, _, _)| done.contains(id.to_string().as_str())).collect();
+        let given_up = n - answer.len();
+        // How many times each (chat, text) was sent.
+        let tally = |sent: &[gatewarden_telegram_fake::SentMessage]| {
+            let mut t: std::collections::HashMap<(String, String), usize> = Default::default();
+            for m in sent {
+                *t.entry((m.chat_id.to_string(), m.text.clone())).or_default() += 1;
+            }
+            t
+        };
+        let count = |t: &std::collections::HashMap<(String, String), usize>, chat: i64, text: &str| {
+            t.get(&(chat.to_string(), text.to_owned())).copied().unwrap_or(0)
+        };
+        let sent = fake
+            .wait_sent(token, Duration::from_secs(30), |sent| {
+                let t = tally(sent);
+                answer.iter().all(|(_, chat, text)| count(&t, *chat, text) > 0)
+            })
+            .map(|sent| tally(&sent))
+            .unwrap_or_else(|sent| {
+                let t = tally(&sent);
+                let missing: Vec<_> = answer.iter().filter(|(_, chat, text)| count(&t, *chat, text) == 0).collect();
+                panic!(
+                    "{} of {} done Telegram messages never answered (seed {seed}): {missing:?}\noutbox: {}\n{}",
+                    missing.len(),
+                    answer.len(),
+                    pg.sql(&format!(
+                        "SELECT coalesce(string_agg(chat_id || ' ' || text || ' ' || state || ' epoch ' || epoch, '; '), 'none')
+                           FROM gw_outbox WHERE name = '{name}' AND state <> 'sent'"
+                    )),
+                    diag()
+                )
+            });
+        if given_up > 0 {
+            eprintln!("chaos: Telegram messages given up after two interrupted runs: {}", rows("state = 'failed'"));
+        }
+        let dups: Vec<(i64, &str, usize)> = self
+            .injected
+            .iter()
+            .map(|(_, chat, text)| (*chat, text.as_str(), count(&sent, *chat, text)))
+            .filter(|(_, _, c)| *c > 1)
+            .collect();
+        let extra: usize = dups.iter().map(|(_, _, c)| c - 1).sum();
+        eprintln!("chaos: duplicate Telegram replies (chat, text, times sent): {dups:?}");
+        assert!(
+            extra <= crashes,
+            "{extra} duplicate replies, more than one per lost lease ({crashes} faults) allows (seed {seed}): {dups:?}\n{}",
+            diag()
+        );
+        (answer.len(), given_up, extra)
     }
 
     /// Every accepted async message is in the cluster's journal once and ends exactly once:
@@ -592,7 +742,19 @@ fn chaos_seeded() {
         rng % n
     };
     let proxies: Vec<Proxy> = (0..3).map(|_| Proxy::start(pg.addr())).collect();
-    let mut nodes: Vec<Node> = proxies.iter().map(|p| Node::spawn("chaos", &pg.url_via(p.addr()))).collect();
+    // One bot for the whole cluster; each gateway polls it as its own consumer `n<i>`.
+    let fake = std::sync::Arc::new(
+        FakeTelegram::start(Options { linger: Duration::from_millis(800), ..Options::default() })
+            .expect("fake Bot API"),
+    );
+    let token = format!("{}:chaos-{seed}", std::process::id());
+    let mut nodes: Vec<Node> = proxies
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            Node::spawn_telegram("chaos", &pg.url_via(p.addr()), &format!("{}/c/n{i}", fake.base_url()), &token)
+        })
+        .collect();
     wait_one_active(&mut nodes, READY);
 
     // Sampler and load: every few ms, each home's status; any active answers a sync message.
@@ -602,9 +764,10 @@ fn chaos_seeded() {
     let sampler = {
         let stop = std::sync::Arc::clone(&stop);
         let progress = std::sync::Arc::clone(&progress);
+        let (fake, token) = (std::sync::Arc::clone(&fake), token.clone());
         std::thread::spawn(move || {
             let mut seen: std::collections::BTreeMap<i64, std::collections::BTreeSet<String>> = Default::default();
-            let mut load = Load { progress, ..Load::default() };
+            let mut load = Load { progress, telegram: Some((fake, token)), ..Load::default() };
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for h in &homes {
                     let Some(addr) = gatewarden_testkit::api::current_gateway(h).and_then(|g| g.3) else { continue };
@@ -623,6 +786,10 @@ fn chaos_seeded() {
         })
     };
 
+    let users = users(std::sync::Arc::clone(&fake), token.clone(), std::sync::Arc::clone(&stop));
+
+    // How many of each fault: kill -9, pause, stall, drop, stop.
+    let mut faults = [0usize; 5];
     for step in 0..steps {
         let a = wait_one_active(&mut nodes, TTL * 4);
         // Each active takes some of the load before its fault: a healthy active with a healthy
@@ -631,7 +798,8 @@ fn chaos_seeded() {
         let took = wait_until(Duration::from_secs(5), || progress.load(std::sync::atomic::Ordering::Relaxed) > before);
         assert!(took, "step {step}: the active accepted no async message within 5 s (seed {seed})");
         let fault = next(5);
-        eprintln!("chaos step {step}: fault {fault} on node {a}");
+        faults[fault as usize] += 1;
+        eprintln!("chaos step {step}: fault {fault} on node {a} at {:.3}", secs_now());
         let hold = Duration::from_millis(1000 + next(3500));
         match fault {
             0 => {
@@ -663,7 +831,8 @@ fn chaos_seeded() {
     }
     wait_one_active(&mut nodes, TTL * 4);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (seen, load) = sampler.join().expect("sampler");
+    let (seen, mut load) = sampler.join().expect("sampler");
+    load.injected = users.join().expect("users");
     eprintln!(
         "chaos: served {}, refused {}, async accepted {}, epochs seen active: {seen:?}; async refused: {:?}",
         load.served,
@@ -676,6 +845,82 @@ fn chaos_seeded() {
     }
     at_most_one_active_per_epoch(&pg, "chaos");
     load.check(&pg, "chaos", seed);
+    // A reply can be sent again only when its active lost the lease between `sendMessage` and
+    // the outbox commit: killed, paused, or cut off from the store (a stall, or a drop that
+    // outlasted its deadline). A graceful stop records before it releases.
+    let diag = || nodes.iter().map(|n| n.g.diag()).collect::<Vec<_>>().join("\n");
+    let crashes = faults[..4].iter().sum();
+    let (answered, given_up, dups) = load.check_telegram(&pg, "chaos", seed, crashes, &diag);
+    let polls = fake.polls(&token);
+    let overlaps = overlapping_polls(&polls);
+    eprintln!(
+        "chaos summary (GW_CHAOS_SEED={seed}): faults kill/pause/stall/drop/stop {faults:?}; telegram injected {}, \
+         answered {answered}, given up {given_up}, duplicate replies {dups}, polls {}, 409s {}, overlapping polls {}",
+        load.injected.len(),
+        polls.len(),
+        polls.iter().filter(|p| p.conflict).count(),
+        overlaps.len()
+    );
+    if std::env::var_os("GW_CHAOS_POLLS").is_some() {
+        let t0 = polls.first().map_or(std::time::UNIX_EPOCH, |p| p.start);
+        let at = |t: std::time::SystemTime| t.duration_since(t0).unwrap_or_default().as_secs_f64();
+        for p in &polls {
+            eprintln!(
+                "poll {} {:.3}..{:?} timeout {} conflict {}",
+                p.consumer,
+                at(p.start),
+                p.end.map(at),
+                p.timeout_s,
+                p.conflict
+            );
+        }
+        eprintln!("t0 {:.3}\n{}", t0.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64(), diag());
+    }
+    assert!(overlaps.is_empty(), "polls of two gateways overlapped (seed {seed}): {overlaps:#?}");
+}
+
+/// Users writing to the bot until `stop`: one message every [`TG_PACE`] (a load generator's
+/// pace, not a wait), over [`TG_CHATS`] chats, texts `tg<n>`; returns `(update_id, chat, text)`.
+fn users(
+    fake: std::sync::Arc<FakeTelegram>,
+    token: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<(i64, i64, String)>> {
+    std::thread::spawn(move || {
+        let mut injected = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let n = injected.len();
+            let chat = 100 + (n % TG_CHATS) as i64;
+            let text = format!("tg{n}");
+            let id = fake.inject(&token, chat, 7, &text);
+            injected.push((id, chat, text));
+            std::thread::sleep(TG_PACE);
+        }
+        injected
+    })
+}
+
+fn secs_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64()
+}
+
+/// Pairs of `getUpdates` from different consumers (gateways) that were in flight at the same
+/// time on the Bot API's side. docs/architecture.md ("What cannot be fenced") claims none: every
+/// poll of an active ends before its lease can expire, and a successor is granted only after
+/// that expiry, so the duplicate poll window is about updates fetched twice, never two polls at
+/// once. A poll still in flight counts as ending now.
+fn overlapping_polls(polls: &[PollRecord]) -> Vec<(&PollRecord, &PollRecord)> {
+    let now = std::time::SystemTime::now();
+    let end = |p: &PollRecord| p.end.unwrap_or(now);
+    let mut out = Vec::new();
+    for (i, a) in polls.iter().enumerate() {
+        for b in &polls[i + 1..] {
+            if a.consumer != b.consumer && a.start < end(b) && b.start < end(a) {
+                out.push((a, b));
+            }
+        }
+    }
+    out
 }
 
 /// Failover times (scripts/bench-cluster; ignored in the normal suite): kill -9, a pause past
@@ -758,7 +1003,7 @@ fn bench_journal() {
                 let home = TempHome::new();
                 let mut g = builder(&home).spawn();
                 g.wait_ready(READY);
-                Node { home, g }
+                Node { home, g, envs: Vec::new() }
             }
         };
         let addr = node.home.state_record().and_then(|v| v["listen"].as_str()?.parse().ok()).expect("listen");

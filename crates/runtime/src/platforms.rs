@@ -11,7 +11,7 @@
 //!   zero), then the adapters close (a bounded outbox flush) and the leases are released.
 //!   A later promotion starts them again.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -116,7 +116,7 @@ impl Platforms {
     /// gateway parks that adapter, or fails the start (exit 78) when it is the only one.
     pub fn start(&self, gw: &Arc<Gateway>) -> Result<(), String> {
         *self.started.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-        let host: Arc<dyn Host> = Arc::new(GatewayHost { gw: Arc::downgrade(gw) });
+        let host: Arc<dyn Host> = Arc::new(GatewayHost::new(gw));
         for e in &self.entries {
             let a = &e.adapter;
             let me = Holder {
@@ -178,7 +178,7 @@ impl Platforms {
 
     /// A cluster standby at boot: no adapter runs; each says why.
     pub fn standby_all(&self, gw: &Arc<Gateway>) {
-        let host = GatewayHost { gw: Arc::downgrade(gw) };
+        let host = GatewayHost::new(gw);
         for e in &self.entries {
             let state = State::Standby(STANDBY_REASON.to_owned());
             if e.adapter.status().set(state.clone()) {
@@ -204,7 +204,7 @@ impl Platforms {
         let task = RoleTask {
             platforms: Arc::clone(self),
             gw: Arc::clone(gw),
-            host: Arc::new(GatewayHost { gw: Arc::downgrade(gw) }),
+            host: Arc::new(GatewayHost::new(gw)),
             leases,
             cluster: c.name.clone(),
             ttl: c.lease_ttl(),
@@ -302,9 +302,31 @@ impl Platforms {
 /// alive.
 struct GatewayHost {
     gw: Weak<Gateway>,
+    /// Outbox entries this process sent but could not record (`seq` → the platform's refusal):
+    /// never sent again by it, only recorded once the journal takes writes again. Without this
+    /// an adapter's flush re-reads the same pending entry and sends it in a loop for as long as
+    /// the write fails (a fenced, just-deposed active sent one reply hundreds of times).
+    unrecorded: Mutex<BTreeMap<i64, Option<String>>>,
 }
 
 impl GatewayHost {
+    fn new(gw: &Arc<Gateway>) -> GatewayHost {
+        GatewayHost { gw: Arc::downgrade(gw), unrecorded: Mutex::new(BTreeMap::new()) }
+    }
+
+    fn unrecorded(&self) -> std::sync::MutexGuard<'_, BTreeMap<i64, Option<String>>> {
+        self.unrecorded.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Up to `limit` pending entries of `adapter`, less those sent but not yet recorded (first
+    /// recorded, when the journal takes writes again).
+    fn pending(&self, gw: &Gateway, adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
+        let mut unrecorded = self.unrecorded();
+        unrecorded.retain(|seq, failed| gw.work.journal.outbox_done(*seq, failed.as_deref()).is_err());
+        let batch = gw.work.journal.outbox_pending(adapter, limit + unrecorded.len()).map_err(|e| e.to_string())?;
+        Ok(batch.into_iter().filter(|o| !unrecorded.contains_key(&o.seq)).take(limit).collect())
+    }
+
     fn gw(&self) -> Result<Arc<Gateway>, String> {
         self.gw.upgrade().ok_or_else(|| "the gateway is shutting down".to_owned())
     }
@@ -353,7 +375,19 @@ impl Host for GatewayHost {
     }
 
     fn outbox(&self, adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
-        self.gw()?.work.journal.outbox_pending(adapter, limit).map_err(|e| e.to_string())
+        let gw = self.gw()?;
+        // A cluster gateway that is not the live active (no lease left) cannot record a send,
+        // and its successor sends the same shared outbox: whatever it sent would go twice.
+        let Some(left) = gw.poll_budget() else {
+            return self.pending(&gw, adapter, limit);
+        };
+        if left.is_zero() {
+            return Ok(Vec::new());
+        }
+        // One entry per read: an adapter sends a whole batch before reading again, so an active
+        // paused mid-batch would wake up deposed and still send the rest, each one also sent by
+        // its successor. Read one at a time, a pause costs at most the one entry in hand.
+        self.pending(&gw, adapter, 1)
     }
 
     fn sent(&self, seq: i64, outcome: Sent) {
@@ -367,6 +401,7 @@ impl Host for GatewayHost {
         }
         if let Err(e) = gw.work.journal.outbox_done(seq, failed) {
             crate::error!("cannot record outbox entry {seq} as sent: {e}");
+            self.unrecorded().insert(seq, failed.map(str::to_owned));
         }
     }
 
