@@ -328,7 +328,7 @@ impl Journal {
             params![id, incarnation, reason, now],
         )?;
         if n == 1 {
-            queue_reply(&tx, id, &format!("sorry, that failed: {reason}"), &now)?;
+            queue_reply(&tx, id, &failure_notice(reason), &now)?;
         }
         tx.commit()?;
         Ok(n == 1)
@@ -524,6 +524,14 @@ impl Journal {
             "UPDATE messages SET state = 'done', updated_at = ?1
              WHERE is_command = 1 AND state IN ('queued', 'running')",
             params![now],
+        )?;
+        // A platform chat whose message is given up is told so, as for any failed run.
+        tx.execute(
+            "INSERT INTO outbox (platform, chat_id, text, message_id, created_at, updated_at)
+             SELECT platform, chat_id, ?3, id, ?2, ?2 FROM messages
+             WHERE state = 'running' AND incarnation IS NOT ?1 AND attempts >= ?4
+               AND is_command = 0 AND platform IS NOT NULL",
+            params![new_incarnation, now, failure_notice(REASON_INTERRUPTED_TWICE), MAX_ATTEMPTS],
         )?;
         tx.execute(
             "UPDATE messages SET state = 'failed', reason = ?3, updated_at = ?2
@@ -822,6 +830,11 @@ pub struct Outgoing {
 }
 
 /// Queues `text` for the chat of message `id` if that message came from a platform.
+/// What a platform chat is told when its message failed (one wording for every store).
+pub fn failure_notice(reason: &str) -> String {
+    format!("sorry, that failed: {reason}")
+}
+
 fn queue_reply(tx: &rusqlite::Transaction<'_>, id: &str, text: &str, now: &str) -> Result<(), JournalError> {
     tx.execute(
         "INSERT INTO outbox (platform, chat_id, text, message_id, created_at, updated_at)
@@ -994,6 +1007,23 @@ mod tests {
         assert_eq!(m.attempts, 2);
         // Recovery is idempotent for the same incarnation.
         assert_eq!(j.recover("c").unwrap(), vec![queued]);
+    }
+
+    #[test]
+    fn a_platform_message_given_up_is_told_to_its_chat_once() {
+        let (_d, j) = journal();
+        let id = j.accept_inbound("tg", "7", &msg("x")).unwrap().unwrap();
+        for (inc, next) in [("a", "b"), ("b", "c")] {
+            assert!(j.claim(&id, inc).unwrap());
+            j.recover(next).unwrap();
+        }
+        assert_eq!(j.get(&id).unwrap().unwrap().state, State::Failed);
+        let out = j.outbox_pending("tg", 10).unwrap();
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].text, failure_notice(REASON_INTERRUPTED_TWICE));
+        assert_eq!(out[0].message_id.as_deref(), Some(id.as_str()));
+        j.recover("d").unwrap();
+        assert_eq!(j.outbox_pending("tg", 10).unwrap().len(), 1, "told once");
     }
 
     #[test]

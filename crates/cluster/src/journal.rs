@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use gatewarden_agent::journal::failure_notice;
 use gatewarden_agent::journal::{Counts, Kind, NewMessage, Outgoing, Pruned, State};
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
@@ -220,7 +221,7 @@ impl PgJournal {
     /// `running → failed` with a reason, only by the incarnation that runs it; a platform
     /// message's chat is told through the outbox.
     pub async fn fail(&mut self, epoch: i64, id: &str, incarnation: &str, reason: &str) -> Result<bool, ClusterError> {
-        let notice = format!("sorry, that failed: {reason}");
+        let notice = failure_notice(reason);
         self.finish(epoch, id, incarnation, "failed", reason, &notice).await
     }
 
@@ -440,7 +441,10 @@ impl PgJournal {
                       FROM f
                      WHERE m.name = $1 AND m.state = 'running' AND NOT m.is_command
                        AND m.incarnation IS DISTINCT FROM $3 AND m.attempts >= $4
-                    RETURNING m.id),
+                    RETURNING m.id, m.platform, m.chat_id),
+                 notices AS (
+                    INSERT INTO gw_outbox (name, platform, chat_id, text, message_id, epoch)
+                    SELECT $1, platform, chat_id, $6, id, $2 FROM failed WHERE platform IS NOT NULL),
                  requeued AS (
                     UPDATE gw_messages m SET state = 'queued', epoch = $2, updated_at = clock_timestamp()
                       FROM f
@@ -453,7 +457,7 @@ impl PgJournal {
                     SELECT id, created_at, seq FROM gw_messages, f
                      WHERE name = $1 AND state = 'queued' AND NOT is_command
                  ) q ORDER BY created_at, seq",
-                &[&incarnation, &MAX_ATTEMPTS, &REASON_INTERRUPTED_TWICE],
+                &[&incarnation, &MAX_ATTEMPTS, &REASON_INTERRUPTED_TWICE, &failure_notice(REASON_INTERRUPTED_TWICE)],
             )
             .await?;
         Ok(rows.iter().map(|r| r.get(0)).collect())

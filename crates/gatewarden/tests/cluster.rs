@@ -571,7 +571,7 @@ impl Load {
     /// (its `update_id` is the event id) and ends once, like an async message: done by one
     /// completion (`finishes = 1`) with its echo in the fake's sent messages for its chat, or
     /// failed by recovery after two interrupted runs (`MAX_ATTEMPTS`, docs/architecture.md
-    /// "cluster"; no reply then). A reply sent more than once is the documented duplicate (the
+    /// "cluster"; its chat gets the failure notice instead). A reply sent more than once is the documented duplicate (the
     /// Bot API takes no idempotency key, so a gateway that dies between `sendMessage` and the
     /// outbox commit has it sent again by its successor): at most `crashes` of them.
     /// Returns `(answered, given up, duplicate replies)`.
@@ -635,6 +635,12 @@ impl Load {
         let answer: Vec<&(i64, i64, String)> =
             self.injected.iter().filter(|(id, _, _)| done.contains(id.to_string().as_str())).collect();
         let given_up = n - answer.len();
+        // A message given up is told to its chat (the journal's failure notice), once per message.
+        let notice = gatewarden_agent::journal::failure_notice("interrupted twice");
+        let mut owed: std::collections::BTreeMap<i64, usize> = Default::default();
+        for (_, chat, _) in self.injected.iter().filter(|(id, _, _)| !done.contains(id.to_string().as_str())) {
+            *owed.entry(*chat).or_default() += 1;
+        }
         // How many times each (chat, text) was sent.
         let tally = |sent: &[gatewarden_telegram_fake::SentMessage]| {
             let mut t: std::collections::HashMap<(String, String), usize> = Default::default();
@@ -650,13 +656,15 @@ impl Load {
             .wait_sent(token, Duration::from_secs(30), |sent| {
                 let t = tally(sent);
                 answer.iter().all(|(_, chat, text)| count(&t, *chat, text) > 0)
+                    && owed.iter().all(|(chat, n)| count(&t, *chat, &notice) >= *n)
             })
             .map(|sent| tally(&sent))
             .unwrap_or_else(|sent| {
                 let t = tally(&sent);
                 let missing: Vec<_> = answer.iter().filter(|(_, chat, text)| count(&t, *chat, text) == 0).collect();
+                let untold: Vec<_> = owed.iter().filter(|(chat, n)| count(&t, **chat, &notice) < **n).collect();
                 panic!(
-                    "{} of {} done Telegram messages never answered (seed {seed}): {missing:?}\noutbox: {}\n{}",
+                    "{} of {} done Telegram messages never answered, chats owed a failure notice {untold:?} (seed {seed}): {missing:?}\noutbox: {}\n{}",
                     missing.len(),
                     answer.len(),
                     pg.sql(&format!(
