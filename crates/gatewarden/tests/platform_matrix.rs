@@ -287,3 +287,69 @@ fn kill_9_mid_run_is_answered_once_by_the_next_incarnation() {
     assert_eq!(s.chat.count("survive me"), 1, "{:#?}", s.chat.said);
     stop_cleanly(&home, &mut g2);
 }
+
+/// The `cluster.role` of the gateway in `home` (status --json).
+fn role(home: &TempHome) -> Option<String> {
+    let v: Value = serde_json::from_str(&run_cli(home, &["status", "--json"]).stdout).ok()?;
+    v["cluster"]["role"].as_str().map(str::to_owned)
+}
+
+#[track_caller]
+fn wait_role(home: &TempHome, want: &str, within: Duration) {
+    assert!(
+        wait_until(within, || role(home).as_deref() == Some(want)),
+        "not {want} within {within:?}: {:?}",
+        role(home)
+    );
+}
+
+/// A cluster (issue 11) on Matrix: the standby, promoted in another home after kill -9 of the
+/// active, has no sync token of its own. It answers what was sent while no active listened (the
+/// cluster's fresh-start window, `Host::fresh_start_window`) and nothing the old active already
+/// answered (the journal, shared in PostgreSQL, drops event ids seen before).
+///
+/// The standby logs in as its own device: Synapse caches a device's initial sync for a while,
+/// and a cached answer (the old active's, from before these messages) would hide the fresh
+/// start this test is about.
+#[test]
+fn a_promoted_standby_answers_what_arrived_during_the_failover_once() {
+    const PW_ENV: &str = "GW_TEST_STORE_PASSWORD";
+    let Some(pg) = gatewarden_testkit::postgres::Cluster::start_or_skip() else { return };
+    let Some(mut s) = setup() else { return };
+    let mut c = Client::new(&s.synapse.base_url(), Duration::from_secs(30)).unwrap();
+    let b_token = c.login_password("gwbot", "pw-gwbot", Some("GWSTANDBY")).unwrap().access_token;
+    let sw = Sweeper::new();
+    let cfg = format!(
+        "{}[cluster]\nname = \"mx\"\nstore = \"{}\"\npassword_env = \"{PW_ENV}\"\nlease_ttl_s = 3\nrenew_interval_s = 1\n",
+        config(&s, ""),
+        pg.url()
+    );
+    let spawn = |home: &TempHome, token: &str| {
+        write_config(home.path(), &cfg);
+        builder(home)
+            .env(TAG_VAR, sw.tag())
+            .env(TOKEN_ENV, token)
+            .env(PW_ENV, gatewarden_testkit::postgres::PASSWORD)
+            .spawn()
+    };
+    let (ha, hb) = (TempHome::new(), TempHome::new());
+    let mut a = spawn(&ha, &s.bot_token);
+    wait_role(&ha, "active", READY);
+    wait_adapter(&ha, "connected", READY);
+    let b = spawn(&hb, &b_token);
+    wait_role(&hb, "standby", READY);
+    s.chat.send("before the failover");
+    s.chat.wait_reply(|t| t == "before the failover");
+
+    a.kill();
+    s.chat.send("during the failover");
+    wait_role(&hb, "active", Duration::from_secs(10));
+    s.chat.wait_reply(|t| t == "during the failover");
+    s.chat.send("after the failover");
+    s.chat.wait_reply(|t| t == "after the failover");
+    s.chat.quiet_for(Duration::from_secs(2));
+    for m in ["before the failover", "during the failover", "after the failover"] {
+        assert_eq!(s.chat.count(m), 1, "{m:?} answered once: {:#?}\n{}", s.chat.said, b.diag());
+    }
+    assert_cli(&run_cli(&hb, &["stop"]), 0, "stop");
+}

@@ -236,6 +236,14 @@ pub trait Host: Send + Sync {
     fn receive_budget(&self) -> Option<Duration> {
         None
     }
+    /// How far back an adapter starting without a saved receive position (Matrix: no sync token
+    /// in this home) takes messages as new rather than as history. `None`: nothing before the
+    /// start is answered (one home: a missing token is a first start). With a cluster, whose
+    /// journal deduplicates event ids across gateways, a standby promoted on another host has
+    /// no token of its own: the window lets it answer what arrived while no active listened.
+    fn fresh_start_window(&self) -> Option<Duration> {
+        None
+    }
     /// A directory in the home where an adapter keeps small durable state (the Matrix `since`
     /// token), created by the adapter when needed. `None`: nothing survives a restart.
     fn state_dir(&self) -> Option<PathBuf> {

@@ -299,11 +299,19 @@ impl Receiver {
                 }
             }
             let first = self.cursor.since.is_none() && !resync;
-            if !first {
+            // A first sync is history, except within the host's fresh-start window.
+            let since_ok = if first { self.host.fresh_start_window().map(|w| SystemTime::now() - w) } else { None };
+            if !first || since_ok.is_some() {
                 let mut committed = true;
                 let mut delivered = 0usize;
                 for m in batch.messages {
                     if !self.allowed_room(&m.room_id) {
+                        continue;
+                    }
+                    if let Some(t0) = since_ok
+                        && m.origin_server_ts
+                            < t0.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+                    {
                         continue;
                     }
                     let msg = inbound(m);

@@ -39,6 +39,12 @@ const RECEIVE_MARGIN: Duration = Duration::from_millis(500);
 /// How long a demoted active lets its outboxes flush before it releases the credentials.
 const DEMOTION_FLUSH: Duration = Duration::from_secs(2);
 /// The state reason of every adapter of a cluster standby (`status --json`).
+/// With a cluster: how far back a promoted gateway's adapter without a saved receive position
+/// takes messages as new (`Host::fresh_start_window`). It covers a failover (the lease TTL plus
+/// a renewal or two) with room to spare; the shared journal drops what an earlier active
+/// already took, so the cost of a wider window is only a first-ever start answering the last
+/// minutes of a room.
+const FRESH_START_WINDOW: Duration = Duration::from_secs(300);
 pub const STANDBY_REASON: &str = "waiting for promotion: this gateway is a cluster standby";
 
 /// What keeps an adapter's credential ours while it runs.
@@ -408,6 +414,10 @@ impl Host for GatewayHost {
     fn receive_budget(&self) -> Option<Duration> {
         // A gateway that is gone receives nothing more.
         self.gw.upgrade().map_or(Some(Duration::ZERO), |gw| receive_budget(gw.poll_budget()))
+    }
+
+    fn fresh_start_window(&self) -> Option<Duration> {
+        self.gw.upgrade().and_then(|gw| gw.cluster.get().map(|_| FRESH_START_WINDOW))
     }
 
     fn state_dir(&self) -> Option<std::path::PathBuf> {
