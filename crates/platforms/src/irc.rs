@@ -30,7 +30,7 @@
 //! [`Writer`] (one lock per line: a PONG never interleaves with a PRIVMSG), so a reply never
 //! waits for a read to time out.
 
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use gatewarden_agent::config::PlatformConfig;
@@ -38,7 +38,7 @@ use gatewarden_chatproto::irc::{
     Config, Connection, Error as IrcError, ErrorKind, Event, MAX_TEXT_BYTES, Writer, split_text,
 };
 
-use crate::wait::{self, Flags, spawn};
+use crate::wait::{self, Flags, Running, Slot, spawn};
 use crate::{Adapter, AdapterError, Host, Inbound, Sent, State, Status};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(250);
@@ -119,13 +119,7 @@ pub struct Irc {
     allowed: Vec<String>,
     conflict_bound: Duration,
     status: Arc<Status>,
-    run: Mutex<Option<Run>>,
-}
-
-struct Run {
-    shared: Arc<Shared>,
-    reader_done: mpsc::Receiver<()>,
-    sender_done: mpsc::Receiver<()>,
+    run: Slot<Shared>,
 }
 
 /// What the reader and the sender share.
@@ -137,6 +131,12 @@ struct Shared {
     quit: Mutex<bool>,
     /// The live connection's write side (`None` while disconnected).
     writer: Mutex<Option<Writer>>,
+}
+
+impl AsRef<Flags> for Shared {
+    fn as_ref(&self) -> &Flags {
+        &self.flags
+    }
 }
 
 impl Shared {
@@ -169,14 +169,8 @@ impl Irc {
             allowed: cfg.allowed_chats.clone(),
             conflict_bound: Duration::from_secs(cfg.conflict_standby_s),
             status: Arc::new(Status::default()),
-            run: Mutex::new(None),
+            run: Slot::default(),
         })
-    }
-
-    fn with_run(&self, f: impl FnOnce(&Run)) {
-        if let Some(r) = self.run.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            f(r);
-        }
     }
 }
 
@@ -538,33 +532,33 @@ impl Adapter for Irc {
         };
         let reader_done = spawn(&self.name, "irc", move || reader.run())?;
         let sender_done = spawn(&self.name, "send", move || sender.run())?;
-        *self.run.lock().unwrap_or_else(|p| p.into_inner()) = Some(Run { shared, reader_done, sender_done });
+        self.run.set(Running { shared, recv_done: reader_done, send_done: sender_done });
         Ok(())
     }
 
     fn wake(&self) {
-        self.with_run(|r| r.shared.flags.update(|b| b.wake = true));
+        self.run.signal(|b| b.wake = true);
     }
 
     fn reconnect(&self) {
-        self.with_run(|r| r.shared.flags.update(|b| b.kick = true));
+        self.run.signal(|b| b.kick = true);
     }
 
     /// IRC keeps nothing for a successor: the connection keeps listening (and journaling) until
     /// [`Adapter::close`]; it only stops reconnecting.
     fn stop_intake(&self) {
-        self.with_run(|r| r.shared.flags.update(|b| b.stop = true));
+        self.run.signal(|b| b.stop = true);
     }
 
     fn close(&self, deadline: Instant) -> bool {
-        let run = self.run.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let run = self.run.take();
         let mut all = true;
         if let Some(r) = run {
             wait::begin_close(&r.shared.flags, &r.shared.close_deadline, deadline);
-            all = wait::ended_by(&r.sender_done, deadline, Duration::from_millis(200));
+            all = wait::ended_by(&r.send_done, deadline, Duration::from_millis(200));
             // The replies are out (or the deadline passed): now the connection may go.
             *r.shared.quit.lock().unwrap_or_else(|p| p.into_inner()) = true;
-            let _ = r.reader_done.recv_timeout(READ_SLICE + QUIT_DRAIN + Duration::from_millis(500));
+            let _ = r.recv_done.recv_timeout(READ_SLICE + QUIT_DRAIN + Duration::from_millis(500));
         }
         self.status.set(State::Closed);
         all

@@ -29,7 +29,7 @@
 //! for Telegram (crates/platforms/src/telegram.rs).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use gatewarden_agent::config::PlatformConfig;
@@ -37,7 +37,7 @@ use gatewarden_chatproto::matrix::{Client, Error as MxError, ErrorKind, TextMess
 use gatewarden_lifecycle::fsio;
 use serde::{Deserialize, Serialize};
 
-use crate::wait::{self, Flags, spawn};
+use crate::wait::{self, Flags, Running, Slot, spawn};
 use crate::{Adapter, AdapterError, Host, Inbound, Sent, State, Status};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(250);
@@ -96,19 +96,18 @@ pub struct Matrix {
     allowed: Vec<String>,
     poll_timeout: Duration,
     status: Arc<Status>,
-    run: Mutex<Option<Run>>,
-}
-
-/// One start's threads and what they share.
-struct Run {
-    shared: Arc<Shared>,
-    recv_done: mpsc::Receiver<()>,
-    send_done: mpsc::Receiver<()>,
+    run: Slot<Shared>,
 }
 
 struct Shared {
     flags: Flags,
     close_deadline: Mutex<Option<Instant>>,
+}
+
+impl AsRef<Flags> for Shared {
+    fn as_ref(&self) -> &Flags {
+        &self.flags
+    }
 }
 
 impl Matrix {
@@ -125,7 +124,7 @@ impl Matrix {
             allowed: cfg.allowed_chats.clone(),
             poll_timeout: Duration::from_secs(cfg.poll_timeout_s),
             status: Arc::new(Status::default()),
-            run: Mutex::new(None),
+            run: Slot::default(),
         })
     }
 
@@ -134,12 +133,6 @@ impl Matrix {
             .map_err(|e| AdapterError::Start { name: self.name.clone(), message: e.to_string() })?;
         c.set_access_token(self.token.clone());
         Ok(c)
-    }
-
-    fn with_run(&self, f: impl FnOnce(&Run)) {
-        if let Some(r) = self.run.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            f(r);
-        }
     }
 }
 
@@ -291,7 +284,17 @@ impl Receiver {
             };
             backoff = BACKOFF_MIN;
             self.status.progress();
-            self.set(State::Connected);
+            // A limited timeline skipped events between our token and this batch (more than the
+            // filter's limit arrived, e.g. during a long outage): they are not answered. Not
+            // silent: the state (and the ledger's `platform_state`) says so until the next batch.
+            let skipped: Vec<&String> = batch.gaps.iter().filter(|r| self.allowed_room(r)).collect();
+            if self.cursor.since.is_some() && !skipped.is_empty() {
+                self.set(State::Degraded(format!(
+                    "the homeserver skipped messages in {skipped:?} (more than one sync's timeline arrived since the last one); they are not answered"
+                )));
+            } else {
+                self.set(State::Connected);
+            }
             for room in &batch.invites {
                 if self.allowed.is_empty() || self.allowed.iter().any(|a| a == room) {
                     // A failure is retried at the next sync, which reports the invite again.
@@ -491,24 +494,24 @@ impl Adapter for Matrix {
         };
         let recv_done = spawn(&self.name, "recv", move || rx.run())?;
         let send_done = spawn(&self.name, "send", move || tx.run())?;
-        *self.run.lock().unwrap_or_else(|p| p.into_inner()) = Some(Run { shared, recv_done, send_done });
+        self.run.set(Running { shared, recv_done, send_done });
         Ok(())
     }
 
     fn wake(&self) {
-        self.with_run(|r| r.shared.flags.update(|b| b.wake = true));
+        self.run.signal(|b| b.wake = true);
     }
 
     fn reconnect(&self) {
-        self.with_run(|r| r.shared.flags.update(|b| b.kick = true));
+        self.run.signal(|b| b.kick = true);
     }
 
     fn stop_intake(&self) {
-        self.with_run(|r| r.shared.flags.update(|b| b.stop = true));
+        self.run.signal(|b| b.stop = true);
     }
 
     fn close(&self, deadline: Instant) -> bool {
-        let run = self.run.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let run = self.run.take();
         let mut all = true;
         if let Some(r) = run {
             wait::begin_close(&r.shared.flags, &r.shared.close_deadline, deadline);

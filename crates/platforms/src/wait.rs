@@ -1,7 +1,7 @@
 //! An adapter's threads: the flags they wait on (with an interruptible sleep), how they are
 //! started, and how a close waits for them.
 
-use std::sync::{Condvar, Mutex, mpsc};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
 
 use crate::AdapterError;
 use std::time::{Duration, Instant};
@@ -74,6 +74,43 @@ pub fn spawn(name: &str, what: &str, f: impl FnOnce() + Send + 'static) -> Resul
         })
         .map_err(|e| AdapterError::Start { name: name.to_owned(), message: format!("cannot start a thread: {e}") })?;
     Ok(rx)
+}
+
+/// An adapter's receiver and sender threads while started, with what they share.
+pub struct Running<S> {
+    pub shared: Arc<S>,
+    pub recv_done: mpsc::Receiver<()>,
+    pub send_done: mpsc::Receiver<()>,
+}
+
+/// Where an adapter keeps its [`Running`] threads: empty before `start` and after `close`.
+pub struct Slot<S>(Mutex<Option<Running<S>>>);
+
+impl<S> Default for Slot<S> {
+    fn default() -> Self {
+        Slot(Mutex::new(None))
+    }
+}
+
+impl<S: AsRef<Flags>> Slot<S> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Running<S>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set(&self, r: Running<S>) {
+        *self.lock() = Some(r);
+    }
+
+    pub fn take(&self) -> Option<Running<S>> {
+        self.lock().take()
+    }
+
+    /// Sets flags for the running threads (nothing when not started).
+    pub fn signal(&self, f: impl FnOnce(&mut Bits)) {
+        if let Some(r) = self.lock().as_ref() {
+            r.shared.as_ref().as_ref().update(f);
+        }
+    }
 }
 
 /// Close, step 1: record the deadline the sender flushes against, then stop intake and sending.
