@@ -171,8 +171,19 @@ pub struct SyncBatch {
     /// Rooms the user has been invited to (join them with [`Client::join`]).
     pub invites: Vec<String>,
     /// Rooms whose timeline was `limited`: the server skipped events between the last batch and
-    /// this one (the gap can be read with `/messages`; this client reports it only).
+    /// this one (read them with [`Client::messages_before`] from the room's `prev_batch`).
     pub gaps: Vec<String>,
+    /// `(room, prev_batch)` of each room in [`SyncBatch::gaps`] that gave one.
+    pub prev_batches: Vec<(String, String)>,
+}
+
+/// One page of a room's history, newest first ([`Client::messages_before`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HistoryPage {
+    /// Text messages from others, newest first.
+    pub messages: Vec<TextMessage>,
+    /// Where the next (older) page starts; `None` when the history (or the range) is exhausted.
+    pub next: Option<String>,
 }
 
 /// A blocking Matrix client for one homeserver.
@@ -294,6 +305,19 @@ impl Client {
         }
         let v = self.request(Method::Get, "/_matrix/client/v3/sync", &query, None, Some(timeout), false)?;
         parse_sync(&v, &own)
+    }
+
+    /// One page (up to `limit` events) of `room_id`'s history backwards from `from` (a sync's
+    /// `prev_batch`, or an earlier page's `next`), stopping at `to` (the `since` token the gap
+    /// started after).
+    pub fn messages_before(&self, room_id: &str, from: &str, to: &str, limit: u32) -> Result<HistoryPage, Error> {
+        let own = self.user_id().ok_or(Error::NotLoggedIn)?.to_string();
+        let path = format!("/_matrix/client/v3/rooms/{}/messages", encode_segment(room_id));
+        let limit = limit.to_string();
+        let filter = json!({"types": ["m.room.message"]}).to_string();
+        let query = [("dir", "b"), ("from", from), ("to", to), ("limit", limit.as_str()), ("filter", filter.as_str())];
+        let v = self.request(Method::Get, &path, &query, None, None, false)?;
+        Ok(parse_history(&v, room_id, &own))
     }
 
     /// Sends a text message with transaction id `txn_id`; returns the event id. Re-sending with
@@ -432,6 +456,9 @@ pub fn parse_sync(v: &Value, own_user_id: &str) -> Result<SyncBatch, Error> {
             let timeline = &room["timeline"];
             if timeline["limited"].as_bool() == Some(true) {
                 batch.gaps.push(room_id.clone());
+                if let Some(p) = timeline["prev_batch"].as_str().filter(|p| !p.is_empty()) {
+                    batch.prev_batches.push((room_id.clone(), p.to_owned()));
+                }
             }
             let Some(events) = timeline["events"].as_array() else { continue };
             batch.messages.extend(events.iter().filter_map(|e| text_message(room_id, e, own_user_id)));
@@ -441,6 +468,15 @@ pub fn parse_sync(v: &Value, own_user_id: &str) -> Result<SyncBatch, Error> {
         batch.invites.extend(invite.keys().cloned());
     }
     Ok(batch)
+}
+
+/// Parses a `/messages` answer (`chunk` newest first with `dir=b`, `end`). Pure.
+pub fn parse_history(v: &Value, room_id: &str, own_user_id: &str) -> HistoryPage {
+    let chunk = v["chunk"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let messages = chunk.iter().filter_map(|e| text_message(room_id, e, own_user_id)).collect();
+    // An empty chunk ends the range even if the server still gives an `end`.
+    let next = v["end"].as_str().filter(|e| !e.is_empty() && !chunk.is_empty()).map(str::to_owned);
+    HistoryPage { messages, next }
 }
 
 fn text_message(room_id: &str, e: &Value, own_user_id: &str) -> Option<TextMessage> {

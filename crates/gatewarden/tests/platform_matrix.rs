@@ -353,3 +353,33 @@ fn a_promoted_standby_answers_what_arrived_during_the_failover_once() {
     }
     assert_cli(&run_cli(&hb, &["stop"]), 0, "stop");
 }
+
+/// More messages than one sync's timeline holds (100 per room) arrive while the gateway is
+/// stopped: the sync after the restart is `limited`, and the adapter reads the skipped ones back
+/// from the room's history. Every message is answered once.
+#[test]
+fn a_limited_sync_is_read_back_and_nothing_is_skipped() {
+    let Some(mut s) = setup() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let cfg = config(&s, "");
+    let mut g = start_gw(&home, &sw, &s, &cfg);
+    wait_adapter(&home, "connected", READY);
+    s.chat.send("first");
+    s.chat.wait_reply(|t| t == "first");
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+    g.wait_exit(EXIT);
+    let texts: Vec<String> = (0..130).map(|i| format!("backlog {i}")).collect();
+    for t in &texts {
+        s.chat.send(t);
+    }
+    let _g = start_gw(&home, &sw, &s, &cfg);
+    for t in &texts {
+        s.chat.wait_reply(|r| r == t);
+    }
+    s.chat.quiet_for(Duration::from_secs(2));
+    for t in &texts {
+        assert_eq!(s.chat.count(t), 1, "{t:?} answered once");
+    }
+    assert_eq!(platforms(&home)[0]["state"], json!("connected"), "{}", platforms(&home));
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}

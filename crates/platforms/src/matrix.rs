@@ -48,6 +48,10 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Characters per message event (events are capped at 64 KiB of JSON).
 const MAX_TEXT_CHARS: usize = 8000;
+/// Events per page, and pages at most, when reading back what a limited sync skipped (50,000
+/// events: far beyond any outage the adapter should silently absorb).
+const BACKFILL_PAGE: u32 = 500;
+const MAX_BACKFILL_PAGES: usize = 100;
 /// An idle sync saves its token at most this often (a batch with messages saves at once).
 const SAVE_IDLE_EVERY: Duration = Duration::from_secs(60);
 
@@ -223,6 +227,27 @@ impl Receiver {
         Ok(())
     }
 
+    /// The messages of `room` a limited sync skipped, oldest first: pages back from `prev` (the
+    /// sync's `prev_batch`) to `since`. `false` with them when the page bound ran out first.
+    fn backfill(&self, room: &str, prev: &str, since: &str) -> Result<(Vec<TextMessage>, bool), MxError> {
+        let mut out = Vec::new();
+        let mut from = prev.to_owned();
+        let mut whole = false;
+        for _ in 0..MAX_BACKFILL_PAGES {
+            let page = self.client.messages_before(room, &from, since, BACKFILL_PAGE)?;
+            out.extend(page.messages);
+            match page.next {
+                Some(next) => from = next,
+                None => {
+                    whole = true;
+                    break;
+                }
+            }
+        }
+        out.reverse();
+        Ok((out, whole))
+    }
+
     fn save(&mut self, since: String) {
         self.cursor.since = Some(since);
         if let Some(p) = &self.cursor_path
@@ -239,7 +264,7 @@ impl Receiver {
         // A token the server no longer accepts: the fresh sync's messages are delivered (and
         // deduplicated) rather than skipped as history.
         let mut resync = false;
-        while !self.stopping() {
+        'sync: while !self.stopping() {
             if self.shared.flags.take_kick() {
                 self.ready = false;
                 self.set(State::Connecting);
@@ -285,16 +310,41 @@ impl Receiver {
             backoff = BACKOFF_MIN;
             self.status.progress();
             // A limited timeline skipped events between our token and this batch (more than the
-            // filter's limit arrived, e.g. during a long outage): they are not answered. Not
-            // silent: the state (and the ledger's `platform_state`) says so until the next batch.
-            let skipped: Vec<&String> = batch.gaps.iter().filter(|r| self.allowed_room(r)).collect();
-            if self.cursor.since.is_some() && !skipped.is_empty() {
-                self.set(State::Degraded(format!(
-                    "the homeserver skipped messages in {skipped:?} (more than one sync's timeline arrived since the last one); they are not answered"
-                )));
-            } else {
-                self.set(State::Connected);
+            // filter's limit arrived, e.g. during a long outage or a slow restart): read them back
+            // from each room's `prev_batch` to our token, oldest first, before the batch's own.
+            // A gap that cannot be read whole is not silent: the state (and the ledger's
+            // `platform_state`) names the rooms until the next batch.
+            let mut messages = Vec::new();
+            let mut skipped: Vec<&String> = Vec::new();
+            if let Some(since) = self.cursor.since.clone() {
+                for room in batch.gaps.iter().filter(|r| self.allowed_room(r)) {
+                    let prev = batch.prev_batches.iter().find(|(r, _)| r == room).map(|(_, p)| p.as_str());
+                    match prev.map(|p| self.backfill(room, p, &since)) {
+                        Some(Ok((mut older, whole))) => {
+                            messages.append(&mut older);
+                            if !whole {
+                                skipped.push(room);
+                            }
+                        }
+                        Some(Err(e)) => {
+                            // The same sync again from the unchanged token, once the server answers.
+                            if !self.failed("cannot read the messages a sync skipped", &e, &mut backoff) {
+                                return;
+                            }
+                            continue 'sync;
+                        }
+                        None => skipped.push(room),
+                    }
+                }
             }
+            if skipped.is_empty() {
+                self.set(State::Connected);
+            } else {
+                self.set(State::Degraded(format!(
+                    "the homeserver skipped messages in {skipped:?} that could not be read back; they are not answered"
+                )));
+            }
+            messages.extend(batch.messages);
             for room in &batch.invites {
                 if self.allowed.is_empty() || self.allowed.iter().any(|a| a == room) {
                     // A failure is retried at the next sync, which reports the invite again.
@@ -307,7 +357,7 @@ impl Receiver {
             if !first || since_ok.is_some() {
                 let mut committed = true;
                 let mut delivered = 0usize;
-                for m in batch.messages {
+                for m in messages {
                     if !self.allowed_room(&m.room_id) {
                         continue;
                     }
