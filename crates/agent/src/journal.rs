@@ -83,7 +83,8 @@ impl Kind {
         }
     }
 
-    fn parse(s: &str) -> Option<Kind> {
+    /// The inverse of [`Kind::as_str`] (every store keeps the same words).
+    pub fn parse(s: &str) -> Option<Kind> {
         match s {
             "sync" => Some(Kind::Sync),
             "async" => Some(Kind::Async),
@@ -116,7 +117,8 @@ impl State {
         matches!(self, State::Done | State::Failed)
     }
 
-    fn parse(s: &str) -> Option<State> {
+    /// The inverse of [`State::as_str`].
+    pub fn parse(s: &str) -> Option<State> {
         match s {
             "queued" => Some(State::Queued),
             "running" => Some(State::Running),

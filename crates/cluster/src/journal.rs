@@ -13,8 +13,9 @@
 
 use std::time::Duration;
 
-use gatewarden_agent::journal::failure_notice;
-use gatewarden_agent::journal::{Counts, Kind, NewMessage, Outgoing, Pruned, State};
+use gatewarden_agent::journal::{
+    Counts, Kind, MAX_ATTEMPTS, NewMessage, Outgoing, Pruned, REASON_INTERRUPTED_TWICE, State, failure_notice,
+};
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
@@ -29,25 +30,6 @@ const TS: &str = r#"'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'"#;
 /// A fresh message id: 96 random bits as hex, like the SQLite journal's.
 const NEW_ID: &str = "substr(replace(gen_random_uuid()::text, '-', ''), 1, 24)";
 
-/// Attempts before a run interrupted again is failed (as in crates/agent/src/journal.rs).
-pub const MAX_ATTEMPTS: i32 = 2;
-/// The reason of a message failed after [`MAX_ATTEMPTS`] interrupted runs.
-pub const REASON_INTERRUPTED_TWICE: &str = "interrupted twice";
-
-/// One journal row.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Message {
-    pub id: String,
-    pub chat_id: String,
-    pub user_id: String,
-    pub text: String,
-    pub state: String,
-    pub reply: Option<String>,
-    pub reason: Option<String>,
-    pub attempts: i32,
-    pub epoch: i64,
-}
-
 /// The fenced journal of one cluster, on the lease's connection.
 pub struct PgJournal {
     lease: PgLease,
@@ -59,7 +41,7 @@ fn fenced(epoch: i64, e: tokio_postgres::Error) -> ClusterError {
     if e.code() == Some(&SqlState::from_code(FENCED_SQLSTATE)) {
         ClusterError::Fenced { epoch, detail: e.to_string() }
     } else {
-        ClusterError::Store(e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_owned()))
+        read(e)
     }
 }
 
@@ -440,7 +422,7 @@ impl PgJournal {
                     UPDATE gw_messages m SET state = 'failed', reason = $5, epoch = $2, updated_at = clock_timestamp()
                       FROM f
                      WHERE m.name = $1 AND m.state = 'running' AND NOT m.is_command
-                       AND m.incarnation IS DISTINCT FROM $3 AND m.attempts >= $4
+                       AND m.incarnation IS DISTINCT FROM $3 AND m.attempts >= $4::bigint
                     RETURNING m.id, m.platform, m.chat_id),
                  notices AS (
                     INSERT INTO gw_outbox (name, platform, chat_id, text, message_id, epoch)
@@ -449,7 +431,7 @@ impl PgJournal {
                     UPDATE gw_messages m SET state = 'queued', epoch = $2, updated_at = clock_timestamp()
                       FROM f
                      WHERE m.name = $1 AND m.state = 'running' AND NOT m.is_command
-                       AND m.incarnation IS DISTINCT FROM $3 AND m.attempts < $4
+                       AND m.incarnation IS DISTINCT FROM $3 AND m.attempts < $4::bigint
                     RETURNING m.id, m.created_at, m.seq)
                  SELECT id FROM (
                     SELECT id, created_at, seq FROM requeued
@@ -474,31 +456,6 @@ impl PgJournal {
         params.extend_from_slice(rest);
         let c = self.lease.client().await?;
         c.query(sql, &params).await.map_err(|e| fenced(epoch, e))
-    }
-
-    /// One message (a read: not fenced).
-    pub async fn get(&mut self, id: &str) -> Result<Option<Message>, ClusterError> {
-        let name = self.lease.name().to_owned();
-        let c = self.lease.client().await?;
-        let row = c
-            .query_opt(
-                "SELECT id, chat_id, user_id, text, state, reply, reason, attempts, epoch
-                   FROM gw_messages WHERE name = $1 AND id = $2",
-                &[&name, &id],
-            )
-            .await
-            .map_err(|e| ClusterError::Store(e.to_string()))?;
-        Ok(row.map(|r| Message {
-            id: r.get(0),
-            chat_id: r.get(1),
-            user_id: r.get(2),
-            text: r.get(3),
-            state: r.get(4),
-            reply: r.get(5),
-            reason: r.get(6),
-            attempts: r.get(7),
-            epoch: r.get(8),
-        }))
     }
 
     /// One message as the runtime sees it (a read).
@@ -615,18 +572,10 @@ fn to_message(r: &Row) -> Result<gatewarden_agent::journal::Message, ClusterErro
     let id: String = r.get(0);
     let corrupt =
         |column: &str, value: &str| ClusterError::Store(format!("row {id} has an unknown {column} {value:?}"));
-    let kind = match r.get::<_, &str>(4) {
-        "sync" => Kind::Sync,
-        "async" => Kind::Async,
-        other => return Err(corrupt("kind", other)),
-    };
-    let state = match r.get::<_, &str>(5) {
-        "queued" => State::Queued,
-        "running" => State::Running,
-        "done" => State::Done,
-        "failed" => State::Failed,
-        other => return Err(corrupt("state", other)),
-    };
+    let kind = r.get::<_, &str>(4);
+    let kind = Kind::parse(kind).ok_or_else(|| corrupt("kind", kind))?;
+    let state = r.get::<_, &str>(5);
+    let state = State::parse(state).ok_or_else(|| corrupt("state", state))?;
     Ok(gatewarden_agent::journal::Message {
         id: id.clone(),
         chat_id: r.get(1),
