@@ -149,8 +149,9 @@ mod tests {
     fn sweeper_kills_a_tagged_detached_grandchild() {
         let sw = Sweeper::new();
         let mut c = std::process::Command::new("/bin/sh");
-        // The grandchild leaves the group and the session: only the tag finds it.
-        c.args(["-c", "setsid sleep 300 >/dev/null 2>&1 & echo $!"]);
+        // The grandchild leaves the group and the session: only the tag finds it. It prints its
+        // own pid: `$!` would name setsid, which forks (and exits) when it leads its group.
+        c.args(["-c", "setsid sh -c 'echo $$ >&3; exec sleep 300 3>&-' 3>&1 >/dev/null 2>&1 &"]);
         sw.tag_command(&mut c);
         let out = c.output().unwrap();
         let pid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
