@@ -82,6 +82,9 @@ pub fn restart(
     let started = Instant::now();
     let old = match holder::find(home) {
         Finding::Unknown(why) => return Err(RestartError::Unidentified(why)),
+        Finding::Unproven { identity, why, .. } => {
+            return Err(RestartError::Stop(StopError::Unproven { pid: identity.pid, why }));
+        }
         Finding::Free => None,
         Finding::Held { identity, .. } => Some(identity),
     };

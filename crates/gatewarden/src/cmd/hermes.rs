@@ -203,7 +203,7 @@ fn supervise(home: &HermesHome, args: SuperviseArgs) -> anyhow::Result<ExitCode>
     )?;
     let hermes = hermes_exe(args.hermes.clone());
     // A new supervisor is a new decision: an old park no longer applies.
-    let _ = gatewarden_lifecycle::fsio::remove_if_exists(&home.parked_state());
+    let _ = home.open_ours().and_then(|d| d.remove(gatewarden_hermes::home::PARKED_STATE));
     // SIGTERM / SIGINT / SIGHUP (a service manager's stop) become the loop's stop flag.
     let flag = Arc::new(AtomicBool::new(false));
     let (tx, rx) = std::sync::mpsc::channel::<os::Event>();
@@ -266,7 +266,8 @@ fn supervise(home: &HermesHome, args: SuperviseArgs) -> anyhow::Result<ExitCode>
 }
 
 fn logs(home: &HermesHome, follow: bool, n: usize) -> anyhow::Result<ExitCode> {
-    super::logs::tail(&home.gateway_log(), follow, n, "hermes has not written its gateway log yet")
+    let open = || home.open_read(gatewarden_hermes::home::GATEWAY_LOG);
+    super::logs::tail(&home.gateway_log(), open, follow, n, "hermes has not written its gateway log yet")
 }
 
 fn history(home: &HermesHome, n: usize, as_json: bool) -> anyhow::Result<ExitCode> {
@@ -368,12 +369,15 @@ fn installed_unit(home: &HermesHome) -> Option<(PathBuf, unit::Scope)> {
 fn unit_options(home: &HermesHome, scope: unit::Scope, hermes: Option<PathBuf>) -> anyhow::Result<UnitOptions> {
     let canon = std::fs::canonicalize(home.dir()).unwrap_or_else(|_| home.dir().to_path_buf());
     let dir = if canon.is_absolute() { canon } else { std::env::current_dir()?.join(canon) };
+    let me = gatewarden_hermes::sys::effective_uid();
+    let run_as = unit::run_as_for(scope, home.owner(), me).map_err(anyhow::Error::msg)?;
     Ok(UnitOptions {
         home: HermesHome::at(dir),
         gatewarden: super::manager::current_exe()?,
         hermes: hermes_exe_absolute(hermes)?,
         scope,
         drain_timeout_s: 0,
+        run_as,
     })
 }
 
