@@ -169,7 +169,9 @@ impl HomeDir {
     fn give_to_owner(&self, fd: &OwnedFd) -> io::Result<()> {
         if me() == 0 && self.owner.0 != 0 {
             let st = rustix::fs::fstat(fd)?;
-            if st.st_uid == 0 && st.st_nlink <= 1 {
+            // Folders cannot be hard-linked; a file with a second link may be someone else's.
+            let single = FileType::from_raw_mode(st.st_mode) == FileType::Directory || st.st_nlink <= 1;
+            if st.st_uid == 0 && single {
                 let (u, g) = (Uid::from_raw(self.owner.0), Gid::from_raw(self.owner.1));
                 rustix::fs::fchown(fd, Some(u), Some(g))?;
             }
