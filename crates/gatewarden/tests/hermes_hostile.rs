@@ -300,7 +300,7 @@ fn history_and_logs_refuse_fifos_and_links() {
     let Some(lab) = Lab::new() else { return };
     let logs = lab.mkdir("logs");
     for name in ["gateway-exit-diag.log", "gateway.log"] {
-        rustix::fs::mkfifoat(rustix::fs::CWD, &logs.join(name), rustix::fs::Mode::from_raw_mode(0o644)).unwrap();
+        rustix::fs::mkfifoat(rustix::fs::CWD, logs.join(name), rustix::fs::Mode::from_raw_mode(0o644)).unwrap();
         lab.give(&logs.join(name));
     }
     // A hang is the failure: each verb is bounded well above its normal few milliseconds.
