@@ -14,6 +14,7 @@ use serde_json::json;
 
 use crate::holder::{self, Finding};
 use crate::home::{HermesHome, STDIO_LOG};
+use crate::launch::{self, Launch};
 use crate::status::is_ready;
 use crate::supervisor::{SUPERVISOR_TAG, render_tag};
 use crate::{ledger, sys};
@@ -33,8 +34,13 @@ pub enum Mode {
 /// The `hermes gateway run` command for `home`. Callers may add to it (tests make it
 /// hermetic) before passing it to [`spawn`].
 pub fn command(home: &HermesHome, hermes: &Path, mode: Mode) -> Command {
-    let mut cmd = Command::new(hermes);
-    cmd.args(["gateway", "run"]);
+    command_for(home, &Launch::hermes(hermes, launch::Source::Explicit), mode)
+}
+
+/// [`command`] for a resolved [`Launch`] (what ran before, see [`crate::launch`]).
+pub fn command_for(home: &HermesHome, launch: &Launch, mode: Mode) -> Command {
+    let mut cmd = Command::new(&launch.program);
+    cmd.args(&launch.args);
     cmd.env("HERMES_HOME", home.env_value()).env("PYTHONUNBUFFERED", "1").stdin(Stdio::null());
     match mode {
         Mode::Detached => sys::detach(&mut cmd),
@@ -51,8 +57,12 @@ pub fn command(home: &HermesHome, hermes: &Path, mode: Mode) -> Command {
 
 /// The hermes executable: `--hermes`, else `hermes` next to gatewarden's `PATH` lookup.
 pub fn default_hermes(flag: Option<PathBuf>, env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
+    explicit_hermes(flag, env).unwrap_or_else(|| PathBuf::from("hermes"))
+}
+
+/// The hermes executable the operator named: `--hermes`, else `GATEWARDEN_HERMES`.
+pub fn explicit_hermes(flag: Option<PathBuf>, env: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
     flag.or_else(|| env("GATEWARDEN_HERMES").filter(|v| !v.is_empty()).map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("hermes"))
 }
 
 #[derive(Debug, thiserror::Error)]

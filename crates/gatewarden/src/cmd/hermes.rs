@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use gatewarden_hermes::doctor::{self, Context as DoctorContext};
+use gatewarden_hermes::launch::{self, Launch};
 use gatewarden_hermes::restart::{self, RestartOptions};
 use gatewarden_hermes::start::{self, Mode, StartError};
 use gatewarden_hermes::status as hstatus;
@@ -97,8 +98,8 @@ fn hermes_exe_absolute(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 }
 
 /// `hermes gateway run` for `home`, without our own manager's variables.
-fn command(home: &HermesHome, hermes: &Path, mode: Mode) -> std::process::Command {
-    let mut cmd = start::command(home, hermes, mode);
+fn command(home: &HermesHome, launch: &Launch, mode: Mode) -> std::process::Command {
+    let mut cmd = start::command_for(home, launch, mode);
     for k in NOT_FOR_CHILD {
         cmd.env_remove(k);
     }
@@ -155,9 +156,21 @@ fn stop(home: &HermesHome, timeout_s: u64, no_kill: bool) -> anyhow::Result<Exit
     }
 }
 
+/// What `start` and `restart` run: `GATEWARDEN_HERMES`, else what ran last (hermes's record),
+/// else `hermes` on `PATH` ([`launch::resolve`]).
+fn explicit_hermes() -> Option<PathBuf> {
+    start::explicit_hermes(None, |k| std::env::var_os(k))
+}
+
 fn start(home: &HermesHome, timeout_s: u64) -> anyhow::Result<ExitCode> {
-    let hermes = hermes_exe(None);
-    match start::start(home, command(home, &hermes, Mode::Detached), Duration::from_secs(timeout_s)) {
+    let launch = match launch::resolve(home, explicit_hermes(), None) {
+        Ok(l) => l,
+        Err(why) => {
+            eprintln!("cannot start hermes: {why}");
+            return Ok(ExitCode::from(1));
+        }
+    };
+    match start::start(home, command(home, &launch, Mode::Detached), Duration::from_secs(timeout_s)) {
         Ok(s) => {
             println!("hermes gateway {} ready in {} ms", s.identity, s.elapsed.as_millis());
             Ok(ExitCode::SUCCESS)
@@ -175,9 +188,8 @@ fn start(home: &HermesHome, timeout_s: u64) -> anyhow::Result<ExitCode> {
 }
 
 fn restart(home: &HermesHome, timeout_s: u64) -> anyhow::Result<ExitCode> {
-    let hermes = hermes_exe(None);
     let opts = RestartOptions { ready_timeout: Duration::from_secs(timeout_s), ..RestartOptions::default() };
-    match restart::restart(home, &opts, || command(home, &hermes, Mode::Detached)) {
+    match restart::restart(home, &opts, explicit_hermes(), |l| command(home, l, Mode::Detached)) {
         Ok(r) => {
             let old = r.old.map_or("nothing running".into(), |o| format!("pid {}", o.pid));
             let path =
@@ -223,7 +235,9 @@ fn supervise(home: &HermesHome, args: SuperviseArgs) -> anyhow::Result<ExitCode>
     let cmd_home = home.clone();
     let sup = Supervise {
         home: home.clone(),
-        command: Box::new(move || command(&cmd_home, &hermes, Mode::Supervised)),
+        command: Box::new(move || {
+            command(&cmd_home, &Launch::hermes(&hermes, launch::Source::Explicit), Mode::Supervised)
+        }),
         policy: SupervisePolicy {
             initial_backoff: Duration::from_millis(args.backoff_ms),
             brake_window: Duration::from_secs(args.brake_window_s),

@@ -10,6 +10,7 @@
 //! - `own_process_group(cmd: &mut Command)`: its own process group, for supervised children
 //! - `kill_process_group(pgid: u32)`: SIGKILL what is left of a group (no-op elsewhere)
 //! - `reap_with_group(child)`: once the child exited, kill its group's leftovers, then reap
+//! - `is_executable(path) -> bool`: a file we could run
 //! - `exit_signal(status) -> Option<i32>`: the signal that ended a child (Unix)
 //! - `process_uid(pid) -> Option<u32>`: the uid a process runs as (Linux; `None` elsewhere)
 //! - `HomeDir`: a folder of a hermes home held open; every file in it opened without following

@@ -41,3 +41,9 @@ pub fn reap_with_group(child: &mut std::process::Child) -> std::io::Result<Optio
         Err(e) => Err(e.into()),
     }
 }
+
+/// A regular file with an execute bit (following links: a venv's `bin/python` is one).
+pub fn is_executable(p: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}

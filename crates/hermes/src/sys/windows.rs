@@ -25,3 +25,7 @@ pub fn exit_signal(_status: std::process::ExitStatus) -> Option<i32> {
 pub fn reap_with_group(child: &mut std::process::Child) -> std::io::Result<Option<std::process::ExitStatus>> {
     child.try_wait()
 }
+
+pub fn is_executable(p: &std::path::Path) -> bool {
+    p.is_file()
+}
