@@ -288,7 +288,10 @@ impl<'h> Ladder<'h> {
     fn start_fresh(&self, lock: Option<InstanceLock>) -> anyhow::Result<ExitCode> {
         drop(lock);
         let listen = read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
-        let code = super::start::start(self.home, listen.as_deref(), self.left().as_secs().max(1), None)?;
+        // Inside `update` stdout is the update's own (`--json`): the start reports to stderr.
+        let report = if self.inner { super::start::Report::Stderr } else { super::start::Report::Stdout };
+        let code =
+            super::start::start_reporting(self.home, listen.as_deref(), self.left().as_secs().max(1), None, report)?;
         if code == ExitCode::SUCCESS {
             return Ok(code);
         }
