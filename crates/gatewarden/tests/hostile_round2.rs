@@ -625,3 +625,64 @@ fn start_fails_when_its_only_platform_cannot_run() {
     assert!(text.contains("credential lock") && text.contains(&squatted.display().to_string()), "{out:?}");
     assert!(sw.sweep().is_empty(), "no gateway left running");
 }
+
+/// The processes tagged for `sw` whose command line mentions `word`.
+fn tagged_running(sw: &Sweeper, word: &str) -> Vec<(u32, Vec<String>)> {
+    sw.tagged()
+        .into_iter()
+        .map(|p| (p, sweep::cmdline_of(p)))
+        .filter(|(_, c)| c.iter().any(|a| a.contains(word)))
+        .collect()
+}
+
+/// The shell that finds `--home` among a candidate's arguments.
+const FIND_HOME: &str = "H=; prev=; for a in \"$@\"; do [ \"$prev\" = --home ] && H=\"$a\"; prev=\"$a\"; done";
+
+/// Item 10: every process an update's candidate started is ended before the transaction ends:
+/// a candidate that hangs without taking the lock (and without the listener), and a candidate
+/// whose forked child takes the lock and keeps it after the candidate exited. Both roll back to
+/// the old version, which runs alone.
+#[test]
+fn an_updates_candidates_and_their_children_are_ended_before_it_finishes() {
+    let cases = [
+        ("hangs", "exec 3>&-; sleep 300".to_owned()),
+        (
+            "forks",
+            format!(
+                "exec 3>&-; {FIND_HOME}; ( exec 9>>\"$H/gateway.lock\"; flock -x 9; exec sleep 301 ) & sleep 0.2; exit 3"
+            ),
+        ),
+    ];
+    for (name, body) in cases {
+        let home = TempHome::new();
+        let sw = Sweeper::new();
+        let (exe, pristine, _g) = update_rig(&home, &sw, "[update]\nprobation_s = 1\n");
+        let c = candidate(&home, &pristine, &format!("{name}.sh"), "9.9.9", &body);
+        let out = cli_with(
+            &exe,
+            home.path(),
+            &["update", "--from", c.to_str().unwrap(), "--timeout", "15"],
+            &[(TAG_VAR, sw.tag())],
+            Duration::from_secs(150),
+        );
+        assert_cli(&out, 1, &format!("{name}: update to a candidate that never serves"));
+        let t = home.read_json("update.json").unwrap_or(Value::Null);
+        assert_eq!(t["phase"], json!("rolled_back"), "{name}: {t}\n{out:?}\n{}", home.ledger_text());
+        let left = tagged_running(&sw, "sleep");
+        assert!(
+            left.is_empty(),
+            "{name}: the candidate's processes outlived the update: {left:?}\n{out:?}\n{}",
+            home.ledger_text()
+        );
+        let st = cli(&exe, home.path(), &["status", "--json"]);
+        assert_eq!(st.json()["state"], json!("running"), "{name}: {st:?}");
+        assert_eq!(st.json()["version"], json!(version_of_bin()), "{name}: {st:?}");
+        assert_cli(&run_cli_at(home.path(), &["stop"]), 0, &format!("{name}: stop"));
+        let _ = sw.sweep();
+    }
+}
+
+fn version_of_bin() -> String {
+    let out = std::process::Command::new(bin()).arg("--version").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().trim_start_matches("gatewarden ").to_owned()
+}

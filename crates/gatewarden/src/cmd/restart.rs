@@ -520,5 +520,7 @@ fn start_detached(home: &Home, listen: Option<&str>) -> Result<(), String> {
     cmd.env_remove(gatewarden_runtime::RUN_TAG);
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     spawn::detach(&mut cmd, None);
-    cmd.spawn().map(|_| ()).map_err(|e| e.to_string())
+    let child = cmd.spawn().map_err(|e| e.to_string())?;
+    super::start::note_spawned(home, child.id());
+    Ok(())
 }

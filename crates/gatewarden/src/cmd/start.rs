@@ -103,6 +103,7 @@ pub fn start_reporting(
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(early));
     spawn::detach(&mut cmd, None);
     let mut child = cmd.spawn().context("cannot start the gateway process")?;
+    note_spawned(&home, child.id());
     let stdout = child.stdout.take().context("no stdout pipe")?;
     let (tx, rx) = mpsc::channel::<String>();
     std::thread::spawn(move || {
@@ -232,4 +233,12 @@ fn tail_since(path: &std::path::Path, offset: u64, n: usize) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Records a process this command started in its own process group, for whoever must end it
+/// (an update ends every group its candidates started: cmd/update.rs `end_candidates`).
+pub(super) fn note_spawned(home: &Home, pid: u32) {
+    let ledger =
+        gatewarden_lifecycle::ledger::Ledger::new(home.ledger(), gatewarden_lifecycle::ledger::Writer::current());
+    let _ = ledger.append("gateway_spawned", serde_json::json!({"spawned_pid": pid}));
 }

@@ -423,6 +423,7 @@ impl<'h> Updater<'h> {
                 self.say(&msg);
                 self.notify(&t, &msg);
                 self.bless(&t);
+                self.end_candidates(&t, s.pid);
                 self.finish(&mut t, Phase::Committed, None, s.incarnation)
             }
             Err(why) => self.roll_back(t, &why),
@@ -484,6 +485,9 @@ impl<'h> Updater<'h> {
     /// Puts the last known good binary back, restarts, and verifies the old version runs.
     fn revert(&self, t: &Txn) -> Result<StatusReport, String> {
         self.kill_unready_candidates();
+        // A gateway that answers is restarted by the ladder (drained, not killed).
+        let answering = status_of(&Endpoint::for_home(self.home.dir()), Duration::from_millis(500)).ok();
+        self.end_candidates(t, answering.and_then(|s| s.pid));
         swap_in(&t.previous, &t.target).map_err(|e| format!("cannot swap the old binary back: {e}"))?;
         let s = restart_verified(self.home, self.timeout_s.max(30))?;
         match s.version.as_deref() {
@@ -513,6 +517,69 @@ impl<'h> Updater<'h> {
         }
     }
 
+    /// Ends every process group a candidate of this transaction started, except the one of
+    /// `keep` (the gateway the transaction ends with) and this updater's own. The leaders are
+    /// the gateways the ledger names since the transaction began (`successor_started`,
+    /// `gateway_spawned`, and the writers of gateway events); a group is ended only when every member started after this
+    /// updater (so never a group that was there before, like the one a test harness or shell
+    /// started the old gateway in), each member pinned by (pid, start time) and killed through
+    /// `signal_verified`. Without this a candidate that hangs without taking the lock outlives
+    /// the rollback, and a forked child that holds the lock after its candidate exited keeps the
+    /// old version from starting (issue 18, item 10).
+    fn end_candidates(&self, t: &Txn, keep: Option<u32>) {
+        use gatewarden_lifecycle::{ProcessIdentity, platform};
+        let Some(me) = ProcessIdentity::current() else { return };
+        let started_after_me = |pid: u32| platform::start_time(pid).is_some_and(|st| st >= me.start_time);
+        let groups = super::os::proc::process_groups();
+        let pgid_of = |pid: u32| groups.iter().find(|(p, _)| *p == pid).map(|(_, g)| *g);
+        let (mine, kept) = (pgid_of(me.pid), keep.and_then(pgid_of));
+        let mut leaders: Vec<u32> = Vec::new();
+        if let fsio::ReadOutcome::Ok(lines) = gatewarden_lifecycle::ledger::read_tail(&self.home.ledger(), Some(2000)) {
+            for line in lines {
+                let gatewarden_lifecycle::ledger::Line::Event(e) = line else { continue };
+                if e.get("ts").and_then(|v| v.as_str()).is_none_or(|ts| ts < t.started.as_str()) {
+                    continue;
+                }
+                let pid = |k: &str| e.get(k).and_then(|v| v.as_u64()).and_then(|p| u32::try_from(p).ok());
+                leaders.extend(pid("successor_pid"));
+                leaders.extend(pid("spawned_pid"));
+                if e.contains_key("incarnation") {
+                    leaders.extend(pid("pid"));
+                }
+            }
+        }
+        leaders.sort_unstable();
+        leaders.dedup();
+        let mut ended = Vec::new();
+        for leader in leaders {
+            if Some(leader) == mine || Some(leader) == kept || leader == me.pid {
+                continue;
+            }
+            let members: Vec<u32> = groups.iter().filter(|(_, g)| *g == leader).map(|(p, _)| *p).collect();
+            if members.is_empty() || !members.iter().all(|&p| started_after_me(p)) {
+                continue;
+            }
+            for pid in members {
+                let Some(start_time) = platform::start_time(pid) else { continue };
+                let id = ProcessIdentity { pid, start_time };
+                if matches!(platform::signal_verified(&id, platform::Signal::Kill), platform::SignalOutcome::Sent) {
+                    ended.push(id);
+                }
+            }
+        }
+        if ended.is_empty() {
+            return;
+        }
+        let pids: Vec<u32> = ended.iter().map(|i| i.pid).collect();
+        eprintln!("ended {} process(es) that candidates of this update left: {pids:?}", pids.len());
+        let _ = self.ledger.append("update_ended_candidates", json!({"pids": pids}));
+        // Their locks and sockets are released at exit: wait for it (bounded).
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until && ended.iter().any(|i| platform::start_time(i.pid) == Some(i.start_time)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Swap back, restart, verify the old version runs, exit 1 with the reason.
     fn roll_back(&self, mut t: Txn, why: &str) -> ExitCode {
         eprintln!("update to {} failed: {why}; rolling back to {}", t.to, t.from);
@@ -530,6 +597,7 @@ impl<'h> Updater<'h> {
                     detected.elapsed().as_secs_f64()
                 );
                 self.notify(&t, &msg);
+                self.end_candidates(&t, s.pid);
                 self.finish(&mut t, Phase::RolledBack, Some(why.to_owned()), s.incarnation)
             }
             Err(e) => {
@@ -542,6 +610,8 @@ impl<'h> Updater<'h> {
                     self.home.dir().display()
                 );
                 self.notify(&t, &msg);
+                let answering = status_of(&Endpoint::for_home(self.home.dir()), Duration::from_millis(500)).ok();
+                self.end_candidates(&t, answering.and_then(|s| s.pid));
                 self.finish(&mut t, Phase::Failed, Some(msg.clone()), None)
             }
         };
