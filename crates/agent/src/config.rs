@@ -218,7 +218,7 @@ pub struct JournalConfig {
 
 impl Default for JournalConfig {
     fn default() -> Self {
-        JournalConfig { max_age_days: 30, max_size_mb: 256, max_queued_per_chat: 100, max_queued: 10_000 }
+        JournalConfig { max_age_days: 30, max_size_mb: 256, max_queued_per_chat: 500, max_queued: 5_000 }
     }
 }
 
