@@ -828,18 +828,35 @@ fn make_private(path: &Path) -> Result<(), JournalError> {
     use gatewarden_lifecycle::{fsio, platform};
     let fix = |p: &Path, create: bool| -> Result<(), JournalError> {
         let unsafe_ = |why: String| JournalError::Unsafe { path: p.to_path_buf(), why };
-        let f = match fsio::open_no_follow(p, std::fs::OpenOptions::new().read(true).write(true).create(create)) {
-            Ok(f) => f,
-            Err(e) if !create && e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(unsafe_(e.to_string())),
+        let rw = || std::fs::OpenOptions::new().read(true).write(true).clone();
+        let open_existing = || match fsio::open_no_follow(p, &rw()) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(unsafe_(e.to_string())),
         };
+        let (f, created) = if create {
+            match fsio::open_no_follow(p, rw().create_new(true)) {
+                Ok(f) => (Some(f), true),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => (open_existing()?, false),
+                Err(e) => return Err(unsafe_(e.to_string())),
+            }
+        } else {
+            (open_existing()?, false)
+        };
+        let Some(f) = f else { return Ok(()) };
         let meta = f.metadata().map_err(|e| unsafe_(e.to_string()))?;
         if !meta.is_file() {
             return Err(unsafe_(
                 "not a regular file (a FIFO, socket, device or directory); refusing to open it".into(),
             ));
         }
-        platform::set_private_file(&f).map_err(|e| unsafe_(format!("cannot make it private (0600): {e}")))
+        match platform::set_private_file(&f) {
+            // Ours, just made: it must be private before SQLite copies its mode to the sidecars.
+            Err(e) if created => Err(unsafe_(format!("cannot make it private (0600): {e}"))),
+            // Someone else's journal opened by a reader allowed to write it: best effort, the
+            // owner's next start narrows it.
+            _ => Ok(()),
+        }
     };
     fix(path, true)?;
     for suffix in SIDECARS {
