@@ -347,6 +347,29 @@ fn stalling_server(how: Stall) -> std::net::SocketAddr {
     addr
 }
 
+/// A loopback address whose accept queue is full (backlog 0, already filled and never
+/// accepted): a connect to it hangs, as to a host that drops SYNs. The sockets are leaked for
+/// the test's life.
+fn unconnectable() -> std::net::SocketAddr {
+    use rustix::net::{AddressFamily, SocketType, bind, connect, listen, socket};
+    let l = socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+    bind(&l, &std::net::SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    listen(&l, 0).unwrap();
+    let addr: std::net::SocketAddr = match rustix::net::getsockname(&l).unwrap().try_into() {
+        Ok(a) => a,
+        Err(_) => panic!("not an inet address"),
+    };
+    // Fill the queue: these handshakes complete, later SYNs are dropped.
+    for _ in 0..4 {
+        let c = socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+        rustix::io::ioctl_fionbio(&c, true).unwrap();
+        let _ = connect(&c, &addr);
+        std::mem::forget(c);
+    }
+    std::mem::forget(l);
+    addr
+}
+
 /// Internal bounds for downloads in these tests: connect, first byte, idle gap, total (ms).
 const DOWNLOAD_LIMITS: (&str, &str) = ("GATEWARDEN_TEST_DOWNLOAD_LIMITS_MS", "3000,1000,2000,4000");
 
@@ -363,16 +386,22 @@ fn private_exe(home: &TempHome) -> PathBuf {
 /// is in the ledger.
 #[test]
 fn update_downloads_are_bounded_and_name_the_bound_that_fired() {
-    for (how, bound) in [
-        (Stall::Silent, "first-byte timeout"),
-        (Stall::AfterHeaders, "idle timeout"),
-        (Stall::Trickle, "total timeout"),
-    ] {
+    let cases = [
+        (None, "connect timeout"),
+        (Some(Stall::Silent), "first-byte timeout"),
+        (Some(Stall::AfterHeaders), "idle timeout"),
+        (Some(Stall::Trickle), "total timeout"),
+    ];
+    for (how, bound) in cases {
         let home = TempHome::new();
         let sw = Sweeper::new();
         let exe = private_exe(&home);
         write_config(home.path(), ECHO);
-        let url = format!("http://{}/gatewarden", stalling_server(how));
+        let server = match how {
+            Some(how) => stalling_server(how),
+            None => unconnectable(),
+        };
+        let url = format!("http://{server}/gatewarden");
         let t0 = Instant::now();
         let out = cli_with(
             &exe,
