@@ -365,15 +365,17 @@ impl GatewayHost {
         let Some(cmd) = parse_command(&m.text) else {
             // Queued work is never pruned: past the queue caps the message is refused (taken
             // off the platform, not journaled) and the chat told, once while it stays full.
-            let full = work.queue_refusal(Some(adapter), &m.chat_id).map_err(|e| e.to_string())?;
-            if work.note_full(adapter, &m.chat_id, full.is_some()) {
-                let why = full.as_deref().unwrap_or_default();
-                j.enqueue(adapter, &m.chat_id, &format!("not taken: {why}")).map_err(|e| e.to_string())?;
-                work.platforms().wake(adapter);
-            }
-            if full.is_some() {
+            // A redelivery of a message already journaled was taken: it is not told otherwise.
+            if let Some(why) = work.queue_refusal(Some(adapter), &m.chat_id).map_err(|e| e.to_string())? {
+                if !j.has_event(adapter, &m.event_id).map_err(|e| e.to_string())?
+                    && work.note_full(adapter, &m.chat_id, true)
+                {
+                    j.enqueue(adapter, &m.chat_id, &format!("not taken: {why}")).map_err(|e| e.to_string())?;
+                    work.platforms().wake(adapter);
+                }
                 return Ok(());
             }
+            work.note_full(adapter, &m.chat_id, false);
             if let Some(id) = j.accept_inbound(adapter, &m.event_id, &msg).map_err(|e| e.to_string())? {
                 work.metrics.accepted_async.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 // Only a running gateway runs it; otherwise the next incarnation does.
