@@ -550,6 +550,9 @@ fn update_json_prints_only_the_json_document_on_the_rollback_path() {
     assert_eq!(v["ok"], json!(false), "{v}");
     assert_eq!(v["update"]["phase"], json!("rolled_back"), "{v}");
     assert!(out.stderr.contains("started gateway"), "the restart's lines go to stderr: {out:?}");
+    // The releases the update kept live in private folders (item 8), whatever the umask.
+    let open_dirs: Vec<_> = exposed(home.path()).into_iter().filter(|(p, _)| p.is_dir()).collect();
+    assert!(open_dirs.is_empty(), "folders open to others in the home: {open_dirs:?}");
     // An error before any transaction is JSON too.
     let out = cli_with(&exe, home.path(), &["update", "--json"], &[(TAG_VAR, sw.tag())], Duration::from_secs(30));
     assert_cli(&out, 1, "update --json without --from");

@@ -1187,7 +1187,8 @@ fn copy_executable(from: &Path, to: &Path) -> std::io::Result<()> {
         return Ok(());
     }
     if let Some(p) = to.parent() {
-        std::fs::create_dir_all(p)?;
+        // 0700 whatever the umask (the home's releases; an existing folder is left alone).
+        gatewarden_lifecycle::platform::create_private_dir(p)?;
     }
     let tmp = to.with_extension("partial");
     std::fs::copy(from, &tmp)?;
