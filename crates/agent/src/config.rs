@@ -55,6 +55,7 @@ const AGENT_KEYS: &[&str] = &[
     "api_key_env",
     "history_turns",
     "history_chars",
+    "ca_file",
 ];
 const PLATFORM_KEYS: &[&str] = &[
     "kind",
@@ -67,9 +68,12 @@ const PLATFORM_KEYS: &[&str] = &[
     "admins",
     "poll_timeout_s",
     "conflict_standby_s",
+    "ca_file",
+    "proxy",
 ];
-const CLUSTER_KEYS: &[&str] = &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s"];
-const UPDATE_KEYS: &[&str] = &["public_key", "probation_s", "source"];
+const CLUSTER_KEYS: &[&str] =
+    &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s", "ca_file"];
+const UPDATE_KEYS: &[&str] = &["public_key", "probation_s", "source", "ca_file"];
 
 /// Why the configuration cannot be used. Every variant maps to exit code [`EX_CONFIG`].
 #[derive(Debug, thiserror::Error)]
@@ -288,6 +292,14 @@ pub struct PlatformConfig {
     /// stands by.
     #[serde(default = "default_conflict_standby")]
     pub conflict_standby_s: u64,
+    /// A private CA (PEM): this connection trusts it and nothing else (crates/net). Relative
+    /// paths are relative to the home.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// This platform's own proxy, `http://host:port` or `socks5h://host:port`, instead of
+    /// `HTTPS_PROXY` / `ALL_PROXY`; credentials only through the environment.
+    #[serde(default)]
+    pub proxy: Option<String>,
 }
 
 fn default_poll_timeout() -> u64 {
@@ -316,11 +328,13 @@ pub struct UpdateConfig {
     pub probation_s: u64,
     /// What chat `/update` installs: a path, or a URL (which then needs `public_key`).
     pub source: Option<String>,
+    /// A private CA (PEM) for https update URLs (crates/net).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for UpdateConfig {
     fn default() -> Self {
-        UpdateConfig { public_key: None, probation_s: 10, source: None }
+        UpdateConfig { public_key: None, probation_s: 10, source: None, ca_file: None }
     }
 }
 
@@ -407,6 +421,8 @@ pub struct AgentConfig {
     pub history_turns: usize,
     /// openai: the character budget for those turns (the oldest are dropped first).
     pub history_chars: usize,
+    /// openai: a private CA (PEM) for an https upstream (crates/net).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for AgentConfig {
@@ -422,6 +438,7 @@ impl Default for AgentConfig {
             api_key_env: None,
             history_turns: 10,
             history_chars: 8000,
+            ca_file: None,
         }
     }
 }
@@ -461,6 +478,9 @@ pub struct ClusterConfig {
     pub lease_ttl_s: u64,
     #[serde(default = "default_renew_interval_s")]
     pub renew_interval_s: u64,
+    /// A private CA (PEM) for the store's TLS (crates/net).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
 }
 
 fn default_lease_ttl_s() -> u64 {
@@ -569,9 +589,53 @@ impl Config {
                 return Err(index.invalid(&[table], format!("expected a table ([{table}])")));
             }
         }
-        let config: Config = toml::from_str(text).map_err(|e| index.serde_error(&e))?;
+        let mut config: Config = toml::from_str(text).map_err(|e| index.serde_error(&e))?;
         config.validate(&index)?;
+        // The config file lives in the home: relative CA files are relative to it.
+        config.resolve_ca_files(path.parent().unwrap_or(Path::new(".")));
+        config.validate_outbound(&index)?;
         Ok(config)
+    }
+
+    /// Every `ca_file` made absolute against `home`.
+    fn resolve_ca_files(&mut self, home: &Path) {
+        let fix = |f: &mut Option<PathBuf>| {
+            if let Some(p) = f.as_mut()
+                && p.is_relative()
+            {
+                *p = home.join(&*p);
+            }
+        };
+        fix(&mut self.agent.ca_file);
+        fix(&mut self.update.ca_file);
+        if let Some(c) = self.cluster.as_mut() {
+            fix(&mut c.ca_file);
+        }
+        self.platform.iter_mut().for_each(|p| fix(&mut p.ca_file));
+    }
+
+    /// Each `ca_file` is read and must hold certificates, and each `proxy` must be a proxy URL
+    /// without credentials. A CA file that cannot be used is a configuration error; a server
+    /// whose certificate it does not verify is a connection failure later (crates/net).
+    fn validate_outbound(&self, index: &KeyIndex) -> Result<(), ConfigError> {
+        let check = |table: &str, ca: Option<&Path>| match ca {
+            Some(path) => gatewarden_net::ClientTls::from_ca_file(path)
+                .map(drop)
+                .map_err(|e| index.invalid(&[table, "ca_file"], e.to_string())),
+            None => Ok(()),
+        };
+        check("agent", self.agent.ca_file.as_deref())?;
+        check("update", self.update.ca_file.as_deref())?;
+        check("cluster", self.cluster.as_ref().and_then(|c| c.ca_file.as_deref()))?;
+        for p in &self.platform {
+            check("platform", p.ca_file.as_deref())?;
+            if let Some(proxy) = &p.proxy
+                && let Err(e) = gatewarden_net::ProxyUrl::parse(proxy)
+            {
+                return Err(index.invalid(&["platform", "proxy"], e.to_string()));
+            }
+        }
+        Ok(())
     }
 
     /// True when `listen` is a loopback address (127.0.0.0/8 or ::1).
@@ -697,14 +761,8 @@ impl Config {
                     Some(url) if !(url.starts_with("http://") || url.starts_with("https://")) => {
                         return Err(agent("base_url", format!("{url:?} must start with http:// or https://")));
                     }
-                    Some(url) if url.starts_with("https://") && !cfg!(feature = "tls") => {
-                        return Err(agent(
-                            "base_url",
-                            format!(
-                                "{url:?} is https, but this build has no TLS support: \
-                                 build with `cargo install --path crates/gatewarden --features tls`"
-                            ),
-                        ));
+                    Some(url) if url.starts_with("https://") && !gatewarden_net::TLS => {
+                        return Err(agent("base_url", format!("{url:?} is https, but {NO_TLS}")));
                     }
                     Some(_) => {}
                 }
@@ -725,8 +783,12 @@ fn valid_host(h: &str) -> bool {
         && h.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']' | b'_'))
 }
 
-/// `api_base`: an http(s) URL; https needs the `tls` feature. `None` is Telegram's public
-/// https API when `default_https`.
+/// What a build without the `tls` feature says about an https URL.
+const NO_TLS: &str =
+    "this build has no TLS (it was built with --no-default-features); build it with the default features";
+
+/// `api_base`: an http(s) URL (https needs TLS, which default builds have). `None` is
+/// Telegram's public https API when `default_https`.
 fn validate_api_base(
     bad: &dyn Fn(&str, String) -> ConfigError,
     api_base: Option<&str>,
@@ -736,14 +798,11 @@ fn validate_api_base(
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(bad("api_base", format!("{url:?} must start with http:// or https://")));
         }
-        if url.starts_with("https://") && !cfg!(feature = "tls") {
-            return Err(bad("api_base", format!("{url:?} is https, but this build has no TLS support (features tls)")));
+        if url.starts_with("https://") && !gatewarden_net::TLS {
+            return Err(bad("api_base", format!("{url:?} is https, but {NO_TLS}")));
         }
-    } else if default_https && !cfg!(feature = "tls") {
-        return Err(bad(
-            "api_base",
-            "the default https://api.telegram.org needs a build with TLS (features tls); set api_base to an http:// Bot API server otherwise".into(),
-        ));
+    } else if default_https && !gatewarden_net::TLS {
+        return Err(bad("api_base", format!("the default https://api.telegram.org is https, but {NO_TLS}")));
     }
     Ok(())
 }
@@ -1203,6 +1262,28 @@ api_key_env = "MY_KEY"
         parse("[agent]\nbackend = \"echo\"\ncommand = [\"x\"]\nmodel = \"m\"\n").unwrap();
     }
 
+    /// `ca_file` is read when the configuration is (relative to the home), and a broken one is
+    /// a configuration error naming the key; a proxy URL must not carry credentials.
+    #[test]
+    fn ca_files_and_proxies() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join(CONFIG_FILE);
+        let load = |text: &str| Config::from_toml_str(&cfg, text);
+        let e = load("[agent]\nca_file = \"missing.pem\"\n").unwrap_err();
+        assert_eq!(e.exit_code(), 78);
+        let m = e.to_string();
+        assert!(m.contains("'ca_file' in [agent]") && m.contains("missing.pem: no such file"), "{m}");
+        std::fs::write(dir.path().join("junk.pem"), "not a certificate").unwrap();
+        let m = load("[update]\nca_file = \"junk.pem\"\n").unwrap_err().to_string();
+        assert!(m.contains("'ca_file' in [update]") && m.contains("holds no PEM certificate"), "{m}");
+        let tg = "[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\n";
+        let m = load(&format!("{tg}proxy = \"http://me:pw123@p:3128\"\n")).unwrap_err().to_string();
+        assert!(m.contains("'proxy' in [platform]") && m.contains("credentials") && !m.contains("pw123"), "{m}");
+        let c = load(&format!("{tg}proxy = \"socks5h://127.0.0.1:1080\"\n")).unwrap();
+        assert_eq!(c.platform[0].proxy.as_deref(), Some("socks5h://127.0.0.1:1080"));
+        assert_eq!(c.platform[0].ca_file, None);
+    }
+
     #[test]
     fn cluster_table() {
         let c =
@@ -1239,6 +1320,7 @@ api_key_env = "MY_KEY"
             password_file: Some("pw".into()),
             lease_ttl_s: 15,
             renew_interval_s: 5,
+            ca_file: None,
         };
         assert_eq!(c.password(dir.path()).unwrap().as_deref(), Some("s3cret"));
         c.password_file = None;
