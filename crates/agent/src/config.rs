@@ -70,6 +70,7 @@ const PLATFORM_KEYS: &[&str] = &[
     "conflict_standby_s",
     "ca_file",
     "proxy",
+    "tls",
 ];
 const CLUSTER_KEYS: &[&str] =
     &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s", "ca_file"];
@@ -300,6 +301,9 @@ pub struct PlatformConfig {
     /// `HTTPS_PROXY` / `ALL_PROXY`; credentials only through the environment.
     #[serde(default)]
     pub proxy: Option<String>,
+    /// IRC: TLS (verified like every connection, crates/net); the default port becomes 6697.
+    #[serde(default)]
+    pub tls: bool,
 }
 
 fn default_poll_timeout() -> u64 {
@@ -314,6 +318,14 @@ impl PlatformConfig {
     /// The adapter's name: `name`, else the kind.
     pub fn adapter_name(&self) -> String {
         self.name.clone().unwrap_or_else(|| self.kind.as_str().to_owned())
+    }
+
+    /// IRC: `server` as `host:port`, the port defaulting to 6697 with `tls`, else 6667.
+    pub fn irc_addr(&self) -> Option<String> {
+        let s = self.server.as_deref()?.trim();
+        let has_port =
+            s.rsplit_once(':').is_some_and(|(h, p)| p.parse::<u16>().is_ok() && (!h.contains(':') || h.ends_with(']')));
+        Some(if has_port { s.to_owned() } else { format!("{s}:{}", if self.tls { 6697 } else { 6667 }) })
     }
 }
 
@@ -807,13 +819,16 @@ fn validate_api_base(
     Ok(())
 }
 
-/// IRC `server`: `host:port` with a numeric port.
+/// IRC `server`: `host:port` with a numeric port, or `host` (the port then follows `tls`).
 fn irc_server_ok(server: Option<&str>) -> Result<(), String> {
     let Some(s) = server.map(str::trim).filter(|s| !s.is_empty()) else {
         return Err("needs server = \"host:port\"".into());
     };
     let Some((host, port)) = s.rsplit_once(':') else {
-        return Err(format!("server {s:?} must be host:port"));
+        if s.contains(char::is_whitespace) {
+            return Err(format!("server {s:?} must be host or host:port"));
+        }
+        return Ok(());
     };
     if host.is_empty() || host.contains(char::is_whitespace) || port.parse::<u16>().map_or(true, |p| p == 0) {
         return Err(format!("server {s:?} must be host:port with a port between 1 and 65535"));
@@ -859,7 +874,7 @@ impl Config {
                 }
                 Some(_) => {}
             }
-            for (key, set) in [("server", p.server.is_some()), ("nick", p.nick.is_some())] {
+            for (key, set) in [("server", p.server.is_some()), ("nick", p.nick.is_some()), ("tls", p.tls)] {
                 if set && !irc {
                     return Err(bad(key, format!("{key} is for kind = \"irc\" only")));
                 }
@@ -878,6 +893,9 @@ impl Config {
                     validate_api_base(&bad, p.api_base.as_deref(), false)?;
                 }
                 PlatformKind::Irc => {
+                    if p.proxy.is_some() {
+                        return Err(bad("proxy", "irc connects directly; proxy is for telegram and matrix".into()));
+                    }
                     if p.api_base.is_some() {
                         return Err(bad("api_base", "irc has no api_base; use server = \"host:port\"".into()));
                     }
@@ -1369,7 +1387,18 @@ api_key_env = "MY_KEY"
             (Some("127.0.0.1:6667"), Some("gwbot"))
         );
         assert!(err("[[platform]]\nkind = \"irc\"\nnick = \"gwbot\"\n").contains("server"));
-        assert!(err("[[platform]]\nkind = \"irc\"\nserver = \"h\"\nnick = \"gwbot\"\n").contains("host:port"));
+        // A bare host takes the port from `tls`: 6697 with TLS, else 6667.
+        let irc = |extra: &str| parse(&format!("[[platform]]\nkind = \"irc\"\nnick = \"gwbot\"\n{extra}")).unwrap();
+        assert_eq!(irc("server = \"h\"\n").platform[0].irc_addr().as_deref(), Some("h:6667"));
+        assert_eq!(irc("server = \"h\"\ntls = true\n").platform[0].irc_addr().as_deref(), Some("h:6697"));
+        assert_eq!(irc("server = \"h:7000\"\ntls = true\n").platform[0].irc_addr().as_deref(), Some("h:7000"));
+        assert_eq!(irc("server = \"[::1]:7000\"\n").platform[0].irc_addr().as_deref(), Some("[::1]:7000"));
+        assert!(err("[[platform]]\nkind = \"irc\"\nserver = \"h h\"\nnick = \"gwbot\"\n").contains("host:port"));
+        assert!(err("[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\ntls = true\n").contains("irc"));
+        assert!(
+            err("[[platform]]\nkind = \"irc\"\nserver = \"h\"\nnick = \"b\"\nproxy = \"http://p:1\"\n")
+                .contains("proxy")
+        );
         assert!(err("[[platform]]\nkind = \"irc\"\nserver = \"h:0\"\nnick = \"gwbot\"\n").contains("port"));
         assert!(err("[[platform]]\nkind = \"irc\"\nserver = \"h:6667\"\n").contains("needs nick"));
         assert!(

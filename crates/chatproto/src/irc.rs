@@ -29,6 +29,8 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use gatewarden_net::rustls;
+
 /// Longest incoming line kept (IRCv3 allows 8191 bytes of tags plus the 512-byte message).
 pub const MAX_LINE_BYTES: usize = 8704;
 /// Longest outgoing line, CRLF excluded (RFC 1459: 512 with CRLF).
@@ -94,6 +96,15 @@ pub enum Error {
     /// A deadline passed (connect, registration, join, or a dead connection).
     #[error("irc: timed out: {0}")]
     Timeout(String),
+    /// The TLS handshake failed: the certificate did not verify (unknown issuer, wrong host
+    /// name, expired) or the server does not speak TLS on this port.
+    #[error("irc: TLS with {host} failed: {reason}")]
+    Tls {
+        /// `host:port`.
+        host: String,
+        /// The problem in words (crates/net).
+        reason: String,
+    },
     /// Any other socket error (refused, reset, ...).
     #[error("irc: i/o error: {0}")]
     Io(#[from] std::io::Error),
@@ -108,7 +119,9 @@ impl Error {
         match self {
             Error::NickInUse { .. } => ErrorKind::Conflict,
             Error::NickRefused { .. } | Error::Rejected { .. } => ErrorKind::Rejected,
-            Error::Closed(_) | Error::Timeout(_) | Error::Io(_) => ErrorKind::Transient,
+            // A certificate may be fixed on the server side: retried with backoff like any
+            // connection failure, and reported with its reason meanwhile.
+            Error::Closed(_) | Error::Timeout(_) | Error::Io(_) | Error::Tls { .. } => ErrorKind::Transient,
             Error::JoinRefused { .. } | Error::InvalidInput(_) => ErrorKind::Permanent,
         }
     }
@@ -236,6 +249,9 @@ pub struct Config {
     pub realname: String,
     /// Server password (`PASS`), if any.
     pub password: Option<String>,
+    /// TLS with these settings (crates/net; SNI and verification against the server's host
+    /// name); `None`: plain TCP.
+    pub tls: Option<gatewarden_net::ClientTls>,
     /// Bound on TCP connect plus registration.
     pub connect_timeout: Duration,
     /// Silence after which we PING the server.
@@ -255,6 +271,7 @@ impl Config {
             realname: "gatewarden".into(),
             nick,
             password: None,
+            tls: None,
             connect_timeout: Duration::from_secs(10),
             ping_interval: Duration::from_secs(60),
             ping_timeout: Duration::from_secs(30),
@@ -265,10 +282,14 @@ impl Config {
 /// A registered IRC connection.
 #[derive(Debug)]
 pub struct Connection {
-    /// Read side (only [`Connection`] reads).
+    /// Read side (only [`Connection`] reads): the socket's raw bytes.
     stream: TcpStream,
+    /// The TLS session, when there is one: the reader feeds it what `stream` receives, the
+    /// writers encrypt through it (each holds the lock only for one record's worth of work, so
+    /// reading never blocks writing).
+    tls: Option<Arc<Mutex<rustls::ClientConnection>>>,
     /// Write side, shared with every [`Writer`]: one lock per line, so lines never interleave.
-    out: Arc<Mutex<TcpStream>>,
+    out: Arc<Mutex<Sink>>,
     /// Bytes received but not yet cut into lines.
     buf: Vec<u8>,
     /// Bytes of the unfinished line at the end of `buf`.
@@ -293,12 +314,17 @@ impl Connection {
             }
         }
         let deadline = Instant::now() + cfg.connect_timeout;
-        let stream = connect_any(&cfg.addr, cfg.connect_timeout)?;
+        let mut stream = connect_any(&cfg.addr, cfg.connect_timeout)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(cfg.connect_timeout.max(Duration::from_secs(1))))?;
-        let out = Arc::new(Mutex::new(stream.try_clone()?));
+        let tls = match &cfg.tls {
+            Some(settings) => Some(Arc::new(Mutex::new(handshake(&mut stream, &cfg.addr, settings, deadline)?))),
+            None => None,
+        };
+        let out = Arc::new(Mutex::new(Sink { sock: stream.try_clone()?, tls: tls.clone() }));
         let mut c = Connection {
             stream,
+            tls,
             out,
             buf: Vec::new(),
             line_len: 0,
@@ -485,7 +511,7 @@ impl Connection {
             let wait = deadline.min(keepalive_at).saturating_duration_since(now).max(Duration::from_millis(1));
             self.stream.set_read_timeout(Some(wait))?;
             let mut chunk = [0u8; 4096];
-            match self.stream.read(&mut chunk) {
+            match self.read_some(&mut chunk) {
                 Ok(0) => return Err(Error::Closed("server closed the connection".into())),
                 Ok(n) => {
                     self.last_rx = Instant::now();
@@ -494,6 +520,37 @@ impl Connection {
                 }
                 Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut | IoKind::Interrupted) => {}
                 Err(e) => return Err(io_error(e)),
+            }
+        }
+    }
+
+    /// Reads what arrived: the socket's bytes, or with TLS the plaintext they decrypt to.
+    /// `Ok(0)` is the end of the stream; a read timeout surfaces as `WouldBlock`/`TimedOut`.
+    fn read_some(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let Some(tls) = &self.tls else { return self.stream.read(buf) };
+        loop {
+            {
+                let mut conn = tls.lock().unwrap_or_else(|p| p.into_inner());
+                match conn.reader().read(buf) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == IoKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let mut raw = [0u8; 4096];
+            let n = self.stream.read(&mut raw)?;
+            if n == 0 {
+                return Ok(0);
+            }
+            let mut conn = tls.lock().unwrap_or_else(|p| p.into_inner());
+            let mut rest = &raw[..n];
+            while !rest.is_empty() {
+                conn.read_tls(&mut rest)?;
+                conn.process_new_packets().map_err(|e| std::io::Error::new(IoKind::InvalidData, e))?;
+            }
+            // Post-handshake records we owe the server (a key update's answer, an alert).
+            while conn.wants_write() {
+                conn.write_tls(&mut self.stream)?;
             }
         }
     }
@@ -527,10 +584,68 @@ impl Connection {
     }
 }
 
+/// Where lines are written: the socket, through the TLS session when there is one.
+#[derive(Debug)]
+struct Sink {
+    sock: TcpStream,
+    tls: Option<Arc<Mutex<rustls::ClientConnection>>>,
+}
+
+impl Sink {
+    fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        let Some(tls) = &self.tls else { return self.sock.write_all(bytes) };
+        // Every socket write happens under the session's lock (the reader's too), so records
+        // never interleave.
+        let mut conn = tls.lock().unwrap_or_else(|p| p.into_inner());
+        conn.writer().write_all(bytes)?;
+        while conn.wants_write() {
+            conn.write_tls(&mut self.sock)?;
+        }
+        Ok(())
+    }
+
+    fn shutdown(&self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// The TLS handshake on a fresh connection to `addr` (`host:port`), bounded by `deadline`;
+/// verification against `host` as crates/net configures it.
+fn handshake(
+    sock: &mut TcpStream,
+    addr: &str,
+    settings: &gatewarden_net::ClientTls,
+    deadline: Instant,
+) -> Result<rustls::ClientConnection, Error> {
+    let tls_error = |reason: String| Error::Tls { host: addr.to_owned(), reason };
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|_| tls_error(format!("{host:?} is not a host name or address")))?;
+    let config = settings.rustls_config().map_err(|e| tls_error(e.to_string()))?;
+    let mut conn = rustls::ClientConnection::new(config, name).map_err(|e| tls_error(e.to_string()))?;
+    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    sock.set_read_timeout(Some(left))?;
+    while conn.is_handshaking() {
+        if let Err(e) = conn.complete_io(sock) {
+            return Err(match gatewarden_net::io_tls_reason(&e) {
+                Some(reason) => tls_error(reason),
+                None if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut) => {
+                    Error::Timeout(format!("TLS handshake with {addr}"))
+                }
+                None if e.kind() == IoKind::UnexpectedEof => {
+                    tls_error("the server closed the connection during the handshake (no TLS on this port?)".into())
+                }
+                None => io_error(e),
+            });
+        }
+    }
+    Ok(conn)
+}
+
 /// The sending half of a [`Connection`], for a thread other than the reader's.
 #[derive(Debug, Clone)]
 pub struct Writer {
-    out: Arc<Mutex<TcpStream>>,
+    out: Arc<Mutex<Sink>>,
 }
 
 impl Writer {
@@ -546,12 +661,11 @@ impl Writer {
 
     /// Closes the socket: the reader's next read fails, so it reconnects.
     pub fn shutdown(&self) {
-        let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = out.shutdown(std::net::Shutdown::Both);
+        self.out.lock().unwrap_or_else(|p| p.into_inner()).shutdown();
     }
 }
 
-fn privmsg(out: &Mutex<TcpStream>, target: &str, text: &str) -> Result<usize, Error> {
+fn privmsg(out: &Mutex<Sink>, target: &str, text: &str) -> Result<usize, Error> {
     if !is_word(target) || target.contains(',') {
         return Err(Error::InvalidInput(format!("target {target:?}")));
     }
@@ -567,7 +681,7 @@ fn privmsg(out: &Mutex<TcpStream>, target: &str, text: &str) -> Result<usize, Er
     Ok(sent)
 }
 
-fn write_line(out: &Mutex<TcpStream>, line: &str) -> Result<(), Error> {
+fn write_line(out: &Mutex<Sink>, line: &str) -> Result<(), Error> {
     if line.contains(['\r', '\n', '\0']) {
         return Err(Error::InvalidInput("line contains CR, LF or NUL".into()));
     }
@@ -714,8 +828,9 @@ mod tests {
         let client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (server, _) = l.accept().unwrap();
         let c = Connection {
-            out: Arc::new(Mutex::new(client.try_clone().unwrap())),
+            out: Arc::new(Mutex::new(Sink { sock: client.try_clone().unwrap(), tls: None })),
             stream: client,
+            tls: None,
             buf: Vec::new(),
             line_len: 0,
             discarding: false,

@@ -32,6 +32,9 @@ use ureq::tls::{Certificate, TlsConfig};
 use ureq::tls::{RootCerts, TlsProvider};
 use ureq::typestate::AgentScope;
 
+/// The rustls these settings are for (IRC and PostgreSQL drive it directly).
+pub use rustls;
+
 /// Largest accepted `ca_file` (a bundle of a few hundred certificates fits).
 pub const MAX_CA_FILE_BYTES: u64 = 1 << 20;
 

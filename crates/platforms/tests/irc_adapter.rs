@@ -86,6 +86,7 @@ fn routes_inbound_refuses_bad_targets_paces_lines_and_quits() {
         conflict_standby_s: 5,
         ca_file: None,
         proxy: None,
+        tls: false,
     };
     let irc = Irc::new(&cfg, None).unwrap();
     assert_eq!(irc.credential(), format!("{}/gwbot", s.addr()));

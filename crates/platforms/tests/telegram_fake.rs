@@ -69,6 +69,7 @@ fn config(base: &str, conflict_s: u64) -> PlatformConfig {
         conflict_standby_s: conflict_s,
         ca_file: None,
         proxy: None,
+        tls: false,
     }
 }
 

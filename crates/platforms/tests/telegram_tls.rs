@@ -60,6 +60,7 @@ fn config(base: &str, ca_file: &Path) -> PlatformConfig {
         conflict_standby_s: 30,
         ca_file: Some(ca_file.to_owned()),
         proxy: None,
+        tls: false,
     }
 }
 
