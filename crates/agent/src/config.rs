@@ -512,6 +512,21 @@ impl ClusterConfig {
         Duration::from_secs(self.renew_interval_s)
     }
 
+    /// The store URL the cluster connects with: `store`, plus `sslrootcert=<ca_file>` when
+    /// `ca_file` is set (crates/cluster/src/tls.rs reads both).
+    pub fn store_url(&self) -> String {
+        let Some(ca) = &self.ca_file else { return self.store.clone() };
+        let mut path = String::new();
+        for b in ca.to_string_lossy().bytes() {
+            match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'/' | b'~' => path.push(char::from(b)),
+                _ => path.push_str(&format!("%{b:02X}")),
+            }
+        }
+        let sep = if self.store.contains('?') { '&' } else { '?' };
+        format!("{}{sep}sslrootcert={path}", self.store)
+    }
+
     /// The store password from the environment or the file (trailing newline removed);
     /// `Ok(None)` when neither is configured (e.g. peer or trust authentication).
     pub fn password(&self, home: &Path) -> Result<Option<String>, String> {
@@ -544,6 +559,18 @@ impl ClusterConfig {
         let authority = rest.split(['/', '?']).next().unwrap_or_default();
         if authority.rsplit_once('@').is_some_and(|(userinfo, _)| userinfo.contains(':')) {
             return Err(bad("store", "must not contain a password; use password_env or password_file".into()));
+        }
+        let query = rest.split_once('?').map_or("", |(_, q)| q);
+        for (k, v) in query.split('&').filter_map(|p| p.split_once('=')) {
+            if k == "sslmode" && !matches!(v, "disable" | "prefer" | "require" | "verify-ca" | "verify-full") {
+                return Err(bad(
+                    "store",
+                    format!("sslmode={v:?} is not one of disable, prefer, require, verify-ca, verify-full"),
+                ));
+            }
+            if k == "sslrootcert" {
+                return Err(bad("store", "use ca_file in [cluster] instead of sslrootcert".into()));
+            }
         }
         if self.password_env.is_some() && self.password_file.is_some() {
             return Err(bad("password_file", "set password_env or password_file, not both".into()));
@@ -1315,6 +1342,15 @@ api_key_env = "MY_KEY"
             e.starts_with("/h/config.toml:3: invalid value for 'store' in [cluster]: must not contain a password"),
             "{e}"
         );
+        let e = err("[cluster]\nname = \"p\"\nstore = \"postgres://gw@db/gw?sslmode=allow\"\n");
+        assert!(e.contains("'store' in [cluster]") && e.contains("sslmode"), "{e}");
+        let mut c = parse("[cluster]\nname = \"p\"\nstore = \"postgres://gw@db/gw?sslmode=verify-full\"\n")
+            .unwrap()
+            .cluster
+            .unwrap();
+        assert_eq!(c.store_url(), "postgres://gw@db/gw?sslmode=verify-full");
+        c.ca_file = Some("/etc/gw/store ca.pem".into());
+        assert_eq!(c.store_url(), "postgres://gw@db/gw?sslmode=verify-full&sslrootcert=/etc/gw/store%20ca.pem");
         let e = err("[cluster]\nname = \"p\"\nstore = \"mysql://db/gw\"\n");
         assert!(e.contains("'store' in [cluster]"), "{e}");
         let e = err("[cluster]\nname = \"a b\"\nstore = \"postgres://db/gw\"\n");

@@ -164,6 +164,26 @@ impl ClientTls {
         Ok(Arc::new(config))
     }
 
+    /// [`ClientTls::rustls_config`] that verifies the chain (issuer, validity, signatures) but
+    /// not the host name: PostgreSQL's `sslmode=verify-ca`, for a store reached by an address
+    /// its certificate does not name. Never weaker than that.
+    pub fn rustls_config_chain_only(&self) -> Result<Arc<rustls::ClientConfig>, NetError> {
+        let provider = provider()?;
+        let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(self.root_store()),
+            Arc::clone(&provider),
+        )
+        .build()
+        .map_err(|e| NetError::Tls(e.to_string()))?;
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| NetError::Tls(e.to_string()))?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))
+            .with_no_client_auth();
+        Ok(Arc::new(config))
+    }
+
     /// The same trust for a ureq agent (the HTTP clients).
     #[cfg(feature = "tls")]
     pub fn ureq_config(&self) -> TlsConfig {
@@ -183,6 +203,53 @@ impl ClientTls {
     #[cfg(not(feature = "tls"))]
     pub fn ureq_config(&self) -> TlsConfig {
         TlsConfig::builder().provider(ureq::tls::TlsProvider::NativeTls).build()
+    }
+}
+
+/// webpki's verification with one outcome accepted: a chain that verifies for a certificate
+/// that names another host. webpki checks the chain first and the name last, so a
+/// `NotValidForName` means everything else passed.
+#[derive(Debug)]
+struct ChainOnly(Arc<rustls::client::WebPkiServerVerifier>);
+
+impl rustls::client::danger::ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &rustls::pki_types::ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        use rustls::CertificateError as C;
+        match self.0.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+            Err(rustls::Error::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. })) => {
+                Ok(rustls::client::danger::ServerCertVerified::assertion())
+            }
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
     }
 }
 
