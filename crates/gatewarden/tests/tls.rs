@@ -262,3 +262,32 @@ fn update_downloads_over_https() {
     assert!(front.handshakes() >= 1);
     stop_cleanly(&home, &mut g);
 }
+
+/// The `openai` backend against an https upstream whose certificate is not trusted: the run
+/// fails, nothing reaches the upstream (zero handshakes, so the key was never sent), and
+/// `status --json` names the host and the reason; the gateway keeps serving.
+#[test]
+fn openai_certificate_failure_is_in_status() {
+    let ca = TestCa::new("gatewarden test CA");
+    let upstream = StaticHttp::start(b"{}".to_vec()).unwrap();
+    let front = TlsFront::start(upstream.addr(), &ca.leaf(&["localhost"], Validity::Now)).unwrap();
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let cfg = format!(
+        "[agent]\nbackend = \"openai\"\nbase_url = \"https://localhost:{}/v1\"\nmodel = \"m\"\napi_key_env = \"GW_TEST_OPENAI_KEY\"\n",
+        front.addr().port()
+    );
+    write_config(home.path(), &cfg);
+    let mut g = builder(&home).env(TAG_VAR, sw.tag()).env("GW_TEST_OPENAI_KEY", "sk-never-sent").spawn();
+    g.wait_ready(READY);
+    let r = Api::new(g.listen()).send("c", "u", "hello").unwrap();
+    assert_ne!(r.status, 200, "the run must fail: {}", r.text());
+    let status: Value = serde_json::from_str(&run_cli(&home, &["status", "--json"]).stdout).unwrap();
+    let why = status["agent"]["last_failure"]["reason"].as_str().unwrap_or_default().to_owned();
+    let host = format!("localhost:{}", front.addr().port());
+    assert!(why.contains(&host) && why.contains("unknown issuer"), "{status}");
+    assert_eq!(status["agent"]["backend"], json!("openai"), "{status}");
+    assert!(!status.to_string().contains("sk-never-sent"));
+    assert_eq!((front.handshakes(), upstream.requests()), (0, 0), "nothing was sent");
+    assert!(front.accepted() >= 1);
+    stop_cleanly(&home, &mut g);
+}
