@@ -71,6 +71,7 @@ const PLATFORM_KEYS: &[&str] = &[
     "ca_file",
     "proxy",
     "tls",
+    "sasl_password_env",
 ];
 const CLUSTER_KEYS: &[&str] =
     &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s", "ca_file"];
@@ -304,6 +305,10 @@ pub struct PlatformConfig {
     /// IRC: TLS (verified like every connection, crates/net); the default port becomes 6697.
     #[serde(default)]
     pub tls: bool,
+    /// IRC: SASL PLAIN as the account named `nick`, with the password in this environment
+    /// variable; registration fails (the adapter is parked) if the server cannot do it.
+    #[serde(default)]
+    pub sasl_password_env: Option<String>,
 }
 
 fn default_poll_timeout() -> u64 {
@@ -901,7 +906,12 @@ impl Config {
                 }
                 Some(_) => {}
             }
-            for (key, set) in [("server", p.server.is_some()), ("nick", p.nick.is_some()), ("tls", p.tls)] {
+            for (key, set) in [
+                ("server", p.server.is_some()),
+                ("nick", p.nick.is_some()),
+                ("tls", p.tls),
+                ("sasl_password_env", p.sasl_password_env.is_some()),
+            ] {
                 if set && !irc {
                     return Err(bad(key, format!("{key} is for kind = \"irc\" only")));
                 }
@@ -922,6 +932,9 @@ impl Config {
                 PlatformKind::Irc => {
                     if p.proxy.is_some() {
                         return Err(bad("proxy", "irc connects directly; proxy is for telegram and matrix".into()));
+                    }
+                    if p.sasl_password_env.as_deref().is_some_and(|v| v.is_empty() || v.contains(['=', '\0'])) {
+                        return Err(bad("sasl_password_env", "must be the name of an environment variable".into()));
                     }
                     if p.api_base.is_some() {
                         return Err(bad("api_base", "irc has no api_base; use server = \"host:port\"".into()));

@@ -252,6 +252,10 @@ pub struct Config {
     /// TLS with these settings (crates/net; SNI and verification against the server's host
     /// name); `None`: plain TCP.
     pub tls: Option<gatewarden_net::ClientTls>,
+    /// SASL PLAIN as this account (`(account, password)`) before registration ends: the
+    /// server's services then know the bot as that account. A server without SASL, or one
+    /// that refuses the credentials, fails the connection as [`Error::Rejected`].
+    pub sasl: Option<(String, String)>,
     /// Bound on TCP connect plus registration.
     pub connect_timeout: Duration,
     /// Silence after which we PING the server.
@@ -272,6 +276,7 @@ impl Config {
             nick,
             password: None,
             tls: None,
+            sasl: None,
             connect_timeout: Duration::from_secs(10),
             ping_interval: Duration::from_secs(60),
             ping_timeout: Duration::from_secs(30),
@@ -336,11 +341,16 @@ impl Connection {
             ping_interval: cfg.ping_interval,
             ping_timeout: cfg.ping_timeout,
         };
+        if cfg.sasl.is_some() {
+            // Registration waits for `CAP END` (IRCv3 capability negotiation).
+            c.send_raw("CAP REQ :sasl")?;
+        }
         if let Some(p) = &cfg.password {
             c.send_raw(&format!("PASS {}", trailing(p)?))?;
         }
         c.send_raw(&format!("NICK {}", cfg.nick))?;
         c.send_raw(&format!("USER {} 0 * {}", cfg.user, trailing(&cfg.realname)?))?;
+        let mut sasl_done = cfg.sasl.is_none();
         loop {
             let Some(m) = c.read_message(deadline)? else {
                 return Err(Error::Timeout(format!(
@@ -348,6 +358,35 @@ impl Connection {
                     cfg.addr, cfg.connect_timeout
                 )));
             };
+            if let Some((account, password)) = cfg.sasl.as_ref().filter(|_| !sasl_done) {
+                let no_sasl = |why: &str| Error::Rejected { code: "SASL".into(), message: why.to_owned() };
+                let cap_reply = m.command == "CAP" && m.param(2).split(' ').any(|c| c == "sasl");
+                match m.command.as_str() {
+                    "CAP" if cap_reply && m.param(1) == "ACK" => c.send_raw("AUTHENTICATE PLAIN")?,
+                    "CAP" if cap_reply && m.param(1) == "NAK" => {
+                        return Err(no_sasl("the server does not offer SASL (CAP NAK)"));
+                    }
+                    "AUTHENTICATE" if m.param(0) == "+" => {
+                        let token = base64(format!("{account}\0{account}\0{password}").as_bytes());
+                        if token.len() >= 400 {
+                            return Err(Error::InvalidInput("SASL account and password too long".into()));
+                        }
+                        c.send_raw(&format!("AUTHENTICATE {token}"))?;
+                    }
+                    "903" => {
+                        sasl_done = true;
+                        c.send_raw("CAP END")?;
+                    }
+                    "902" | "904" | "905" | "906" | "908" => {
+                        // The text names the account, never the password.
+                        return Err(Error::Rejected { code: m.command.clone(), message: m.last().to_string() });
+                    }
+                    // A server that registers us without negotiating has no SASL.
+                    "001" | "421" => return Err(no_sasl("the server does not support SASL (no CAP negotiation)")),
+                    _ => {}
+                }
+                continue;
+            }
             match m.command.as_str() {
                 "001" => {
                     // The server may have normalised the nick (case, truncation).
@@ -730,6 +769,24 @@ fn connect_any(addr: &str, timeout: Duration) -> Result<TcpStream, Error> {
     Err(last.map_or_else(|| Error::Timeout(format!("connect to {addr}")), Error::Io))
 }
 
+/// Standard base64 with padding (RFC 4648), for SASL's one token.
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [chunk[0], chunk.get(1).copied().unwrap_or(0), chunk.get(2).copied().unwrap_or(0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(A[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// A middle parameter: non-empty, no space, no control characters, no leading `:`.
 fn is_word(s: &str) -> bool {
     !s.is_empty() && !s.starts_with(':') && !s.contains(|c: char| c == ' ' || c.is_control())
@@ -821,6 +878,70 @@ mod tests {
         let long = "word ".repeat(200);
         let parts = split_text(long.trim_end(), MAX_TEXT_BYTES);
         assert!(parts.iter().all(|p| p.len() <= MAX_TEXT_BYTES && p.ends_with("word")), "{parts:?}");
+    }
+
+    #[test]
+    fn base64_matches_rfc4648() {
+        for (i, o) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foobar", "Zm9vYmFy")] {
+            assert_eq!(base64(i.as_bytes()), o);
+        }
+        assert_eq!(base64(b"gw\0gw\0pw"), "Z3cAZ3cAcHc=");
+    }
+
+    /// A server that speaks CAP/SASL the way Libera and Solanum do; `accept` decides 903 or 904.
+    fn sasl_server(accept: bool) -> (std::net::SocketAddr, std::thread::JoinHandle<Vec<String>>) {
+        use std::io::BufRead;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut w = s.try_clone().unwrap();
+            let mut seen = Vec::new();
+            for line in std::io::BufReader::new(s).lines() {
+                let Ok(line) = line else { break };
+                let reply: &[u8] = match line.as_str() {
+                    "CAP REQ :sasl" => b":srv CAP * ACK :sasl\r\n",
+                    "AUTHENTICATE PLAIN" => b"AUTHENTICATE +\r\n",
+                    l if l.starts_with("AUTHENTICATE ") && accept => b":srv 900 gw gw!gw@h gw :You are now logged in as gw\r\n:srv 903 gw :SASL authentication successful\r\n",
+                    l if l.starts_with("AUTHENTICATE ") => b":srv 904 gw :SASL authentication failed\r\n",
+                    "CAP END" => b":srv 001 gw :Welcome\r\n",
+                    _ => b"",
+                };
+                seen.push(line);
+                if w.write_all(reply).is_err() {
+                    break;
+                }
+                if reply.starts_with(b":srv 001") || reply.starts_with(b":srv 904") {
+                    break;
+                }
+            }
+            seen
+        });
+        (addr, t)
+    }
+
+    #[test]
+    fn sasl_plain_authenticates_before_registration_ends() {
+        let (addr, server) = sasl_server(true);
+        let mut cfg = Config::new(addr.to_string(), "gw");
+        cfg.sasl = Some(("gw".into(), "pw".into()));
+        let c = Connection::connect(&cfg).unwrap();
+        assert_eq!(c.nick(), "gw");
+        drop(c);
+        let seen = server.join().unwrap();
+        assert_eq!(seen.first().map(String::as_str), Some("CAP REQ :sasl"), "{seen:?}");
+        assert!(seen.contains(&"AUTHENTICATE Z3cAZ3cAcHc=".to_owned()), "{seen:?}");
+        assert_eq!(seen.last().map(String::as_str), Some("CAP END"), "{seen:?}");
+
+        let (addr, server) = sasl_server(false);
+        let mut cfg = Config::new(addr.to_string(), "gw");
+        cfg.sasl = Some(("gw".into(), "wrong".into()));
+        let e = Connection::connect(&cfg).unwrap_err();
+        assert!(matches!(&e, Error::Rejected { code, .. } if code == "904"), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Rejected);
+        assert!(!e.to_string().contains("wrong"));
+        server.join().unwrap();
     }
 
     fn conn_pair() -> (Connection, TcpStream) {

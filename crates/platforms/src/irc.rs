@@ -118,6 +118,8 @@ pub struct Irc {
     password: Option<String>,
     /// `tls = true`: the TLS settings (crates/net; `ca_file`), else plain TCP.
     tls: Option<gatewarden_net::ClientTls>,
+    /// SASL PLAIN: the account (the nick) and its password (`sasl_password_env`).
+    sasl: Option<(String, String)>,
     /// `server/nick`: what two consumers must not share.
     credential: String,
     allowed: Vec<String>,
@@ -170,8 +172,19 @@ impl Irc {
             ),
             false => None,
         };
+        let sasl = match &cfg.sasl_password_env {
+            None => None,
+            Some(var) => match std::env::var(var).ok().filter(|p| !p.is_empty()) {
+                Some(password) => Some((nick.clone(), password)),
+                None => {
+                    let message = format!("environment variable {var} (sasl_password_env) is not set or empty");
+                    return Err(AdapterError::Start { name, message });
+                }
+            },
+        };
         Ok(Irc {
             tls,
+            sasl,
             credential: format!("{}/{}", server.to_ascii_lowercase(), nick.to_ascii_lowercase()),
             name,
             server,
@@ -518,6 +531,7 @@ impl Adapter for Irc {
         let mut cfg = Config::new(self.server.clone(), self.nick.clone());
         cfg.password = self.password.clone();
         cfg.tls = self.tls.clone();
+        cfg.sasl = self.sasl.clone();
         let shared = Arc::new(Shared {
             flags: Flags::default(),
             close_deadline: Mutex::new(None),

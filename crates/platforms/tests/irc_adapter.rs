@@ -87,6 +87,7 @@ fn routes_inbound_refuses_bad_targets_paces_lines_and_quits() {
         ca_file: None,
         proxy: None,
         tls: false,
+        sasl_password_env: None,
     };
     let irc = Irc::new(&cfg, None).unwrap();
     assert_eq!(irc.credential(), format!("{}/gwbot", s.addr()));

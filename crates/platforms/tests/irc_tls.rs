@@ -70,6 +70,7 @@ fn config(server: String, ca_file: &Path) -> PlatformConfig {
         ca_file: Some(ca_file.to_owned()),
         proxy: None,
         tls: true,
+        sasl_password_env: None,
     }
 }
 
@@ -127,5 +128,25 @@ fn the_adapter_talks_over_tls_and_refuses_an_untrusted_server() {
         reason.contains(&format!("localhost:{}", tls_addr.port())) && reason.contains("unknown issuer"),
         "{reason}"
     );
+    irc.close(Instant::now() + Duration::from_secs(3));
+}
+
+/// SASL asked of a server that cannot do it (ngIRCd has no SASL): the adapter is parked with
+/// the reason instead of registering without the account it was told to prove.
+#[test]
+fn sasl_against_a_server_without_it_parks_the_adapter() {
+    let Some(s) = Ngircd::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = TestCa::new("unused").write_pem(dir.path(), "ca.pem");
+    let mut cfg = config(s.addr().to_string(), &ca_file);
+    cfg.tls = false;
+    cfg.sasl_password_env = Some("GW_TEST_IRC_SASL_PW".into());
+    // SAFETY: set before any thread of this test reads the environment; no other test uses it.
+    unsafe { std::env::set_var("GW_TEST_IRC_SASL_PW", "sasl-secret") };
+    let irc = Irc::new(&cfg, None).unwrap();
+    irc.start(Arc::new(MemHost::default())).unwrap();
+    wait("parked", || matches!(irc.status().state(), State::Parked(_)));
+    let reason = irc.status().state().reason().unwrap_or_default().to_owned();
+    assert!(reason.contains("SASL") && !reason.contains("sasl-secret"), "{reason}");
     irc.close(Instant::now() + Duration::from_secs(3));
 }

@@ -70,6 +70,7 @@ fn config(base: &str, conflict_s: u64) -> PlatformConfig {
         ca_file: None,
         proxy: None,
         tls: false,
+        sasl_password_env: None,
     }
 }
 

@@ -61,6 +61,7 @@ fn config(base: &str, ca_file: &Path) -> PlatformConfig {
         ca_file: Some(ca_file.to_owned()),
         proxy: None,
         tls: false,
+        sasl_password_env: None,
     }
 }
 
