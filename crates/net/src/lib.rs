@@ -450,6 +450,25 @@ mod tests {
         assert_eq!(io_tls_reason(&plain), None);
     }
 
+    /// An OS with no roots (SSL_CERT_FILE and SSL_CERT_DIR name empty places): the bundled
+    /// Mozilla roots are used, not an empty store. The only test here that loads the system
+    /// roots, which happens once per process.
+    #[test]
+    fn no_system_roots_means_the_bundled_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        // SAFETY: set before anything in this test process reads the environment.
+        unsafe {
+            std::env::set_var("SSL_CERT_FILE", &empty);
+            std::env::set_var("SSL_CERT_DIR", dir.path().join("no-such-dir"));
+        }
+        let tls = ClientTls::system();
+        assert_eq!(tls.source(), &RootSource::Bundled);
+        assert!(tls.root_store().roots.len() > 100, "Mozilla's roots");
+        assert!(tls.rustls_config().is_ok());
+    }
+
     #[test]
     fn ca_files_are_read_carefully() {
         let dir = tempfile::tempdir().unwrap();
