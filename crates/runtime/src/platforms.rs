@@ -215,7 +215,7 @@ impl Platforms {
             return Ok(());
         }
         let c = &s.config;
-        let leases = PgCredLeases::new(&c.store, s.password.as_deref(), &c.name)
+        let leases = PgCredLeases::new(&c.store_url(), s.password.as_deref(), &c.name)
             .map_err(|e| format!("[cluster] store: {e}"))?
             .with_application_name(&format!("gatewarden pid {} credentials", gw.me.pid));
         let (tx, rx) = mpsc::unbounded_channel();

@@ -53,6 +53,9 @@ pub struct Metrics {
     pub restarts_before: AtomicU64,
     pub drains_before: AtomicU64,
     pub drain_ms_before: AtomicU64,
+    /// The last run that failed (not cancelled) and why, for `status`: an upstream that cannot
+    /// be reached (a certificate that does not verify, crates/net) shows there by name.
+    pub last_failure: Mutex<Option<(std::time::SystemTime, String)>>,
 }
 
 impl Metrics {
@@ -64,6 +67,20 @@ impl Metrics {
             Err(_) => &self.failed,
         };
         c.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = r
+            && !matches!(e, AgentError::Cancelled)
+        {
+            *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((std::time::SystemTime::now(), e.to_string()));
+        }
+    }
+
+    /// `{"at", "reason"}` of the last failed run, or null.
+    pub fn last_failure_json(&self) -> serde_json::Value {
+        match &*self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some((at, why)) => serde_json::json!({"at": gatewarden_lifecycle::timefmt::format(*at), "reason": why}),
+            None => serde_json::Value::Null,
+        }
     }
 }
 

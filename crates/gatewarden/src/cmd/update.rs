@@ -335,7 +335,8 @@ impl<'h> Updater<'h> {
             Ok(c) => c,
             Err(e) => return self.refuse(&format!("cannot read the configuration: {e}")),
         };
-        let staged = match self.stage(from, args, config.update.public_key.as_deref()) {
+        let staged = match self.stage(from, args, config.update.public_key.as_deref(), config.update.ca_file.as_deref())
+        {
             Ok(s) => s,
             Err(why) => return self.refuse(&why),
         };
@@ -678,14 +679,20 @@ impl<'h> Updater<'h> {
     }
 
     /// Fetches, verifies and stages the release.
-    fn stage(&self, from: &str, args: &UpdateArgs, public_key: Option<&str>) -> Result<Staged, String> {
+    fn stage(
+        &self,
+        from: &str,
+        args: &UpdateArgs,
+        public_key: Option<&str>,
+        ca_file: Option<&Path>,
+    ) -> Result<Staged, String> {
         let is_url = from.starts_with("http://") || from.starts_with("https://");
         // A configured signing key authenticates a URL by itself (chat `/update` has no
         // per-release hash to give); without one, the hash is required.
         if is_url && args.sha256.is_none() && public_key.is_none() {
             return Err("--sha256 is required for a URL (or set [update] public_key)".into());
         }
-        let fetched = fetch(from)?;
+        let fetched = fetch(from, ca_file)?;
         let fetched_sha = hex(&sha2::Sha256::digest(&fetched));
         if let Some(want) = &args.sha256
             && !want.trim().eq_ignore_ascii_case(&fetched_sha)
@@ -694,7 +701,7 @@ impl<'h> Updater<'h> {
         }
         if let Some(key) = public_key {
             let sig_src = args.signature.clone().unwrap_or_else(|| format!("{from}.minisig"));
-            verify_signature(key, &fetched, &sig_src)?;
+            verify_signature(key, &fetched, &sig_src, ca_file)?;
         }
         // The hash and signature cover what was downloaded; an archive is opened only after.
         let bytes = match archive::Format::detect(&fetched) {
@@ -1115,19 +1122,22 @@ impl DownloadLimits {
     }
 }
 
-fn fetch(src: &str) -> Result<Vec<u8>, String> {
+/// A path, or an http(s) URL fetched with crates/net's TLS (the system roots or `[update]
+/// ca_file) and the environment's proxy, within [`DownloadLimits`].
+fn fetch(src: &str, ca_file: Option<&Path>) -> Result<Vec<u8>, String> {
     if src.starts_with("http://") || src.starts_with("https://") {
         let limits = DownloadLimits::current();
-        let agent: ureq::Agent = ureq::Agent::config_builder()
+        let out = gatewarden_net::Outbound::new(ca_file, None).map_err(|e| format!("[update] {e}"))?;
+        let agent = gatewarden_net::http_config(&out)
             .timeout_connect(Some(limits.connect))
             .timeout_recv_response(Some(limits.first_byte))
             .timeout_per_read(Some(limits.idle))
             .timeout_global(Some(limits.total))
             .build()
-            .into();
+            .new_agent();
         let why = |e: ureq::Error| match e {
             ureq::Error::Timeout(t) => format!("cannot download {src}: {}", limits.describe(t)),
-            e => format!("cannot download {src}: {e}"),
+            e => format!("cannot download {src}: {}", gatewarden_net::describe(&e, src)),
         };
         let resp = agent.get(src).call().map_err(why)?;
         let mut body = resp.into_body();
@@ -1140,10 +1150,11 @@ fn fetch(src: &str) -> Result<Vec<u8>, String> {
     std::fs::read(src).map_err(|e| format!("cannot read {src}: {e}"))
 }
 
-fn verify_signature(public_key: &str, bytes: &[u8], sig_src: &str) -> Result<(), String> {
+fn verify_signature(public_key: &str, bytes: &[u8], sig_src: &str, ca_file: Option<&Path>) -> Result<(), String> {
     let pk = minisign_verify::PublicKey::from_base64(public_key.trim())
         .map_err(|e| format!("[update] public_key is not a minisign public key: {e}"))?;
-    let sig_bytes = fetch(sig_src).map_err(|e| format!("a signature is required ([update] public_key is set): {e}"))?;
+    let sig_bytes =
+        fetch(sig_src, ca_file).map_err(|e| format!("a signature is required ([update] public_key is set): {e}"))?;
     let text = String::from_utf8(sig_bytes).map_err(|_| format!("{sig_src} is not a minisign signature"))?;
     let sig = minisign_verify::Signature::decode(&text).map_err(|e| format!("{sig_src}: {e}"))?;
     pk.verify(bytes, &sig, false).map_err(|e| format!("signature check failed ({sig_src}): {e}"))
