@@ -298,14 +298,16 @@ impl Journal {
         let msg = msg.clone();
         self.write(move |conn| {
             // 96 random bits from SQLite's CSPRNG: unique without coordination.
-            let id = conn.query_row(
-                "INSERT INTO messages (id, chat_id, user_id, text, kind, state, attempts, is_command,
+            let id = conn
+                .prepare_cached(
+                    "INSERT INTO messages (id, chat_id, user_id, text, kind, state, attempts, is_command,
                                        created_at, updated_at)
                  VALUES (lower(hex(randomblob(12))), ?1, ?2, ?3, ?4, 'queued', 0, 0, ?5, ?5)
                  RETURNING id",
-                params![msg.chat_id, msg.user_id, msg.text, msg.kind.as_str(), now_rfc3339()],
-                |r| r.get(0),
-            )?;
+                )?
+                .query_row(params![msg.chat_id, msg.user_id, msg.text, msg.kind.as_str(), now_rfc3339()], |r| {
+                    r.get(0)
+                })?;
             Ok(id)
         })
     }
@@ -316,14 +318,17 @@ impl Journal {
     pub fn accept_command(&self, msg: &NewMessage, reply: &str) -> Result<String, JournalError> {
         let (msg, reply) = (msg.clone(), reply.to_owned());
         self.write(move |conn| {
-            let id = conn.query_row(
-                "INSERT INTO messages (id, chat_id, user_id, text, kind, state, reply, attempts,
+            let id = conn
+                .prepare_cached(
+                    "INSERT INTO messages (id, chat_id, user_id, text, kind, state, reply, attempts,
                                        is_command, created_at, updated_at)
                  VALUES (lower(hex(randomblob(12))), ?1, ?2, ?3, ?4, 'done', ?5, 0, 1, ?6, ?6)
                  RETURNING id",
-                params![msg.chat_id, msg.user_id, msg.text, msg.kind.as_str(), reply, now_rfc3339()],
-                |r| r.get(0),
-            )?;
+                )?
+                .query_row(
+                    params![msg.chat_id, msg.user_id, msg.text, msg.kind.as_str(), reply, now_rfc3339()],
+                    |r| r.get(0),
+                )?;
             Ok(id)
         })
     }
@@ -333,12 +338,13 @@ impl Journal {
     pub fn claim(&self, id: &str, incarnation: &str) -> Result<bool, JournalError> {
         let (id, incarnation) = (id.to_owned(), incarnation.to_owned());
         self.write(move |conn| {
-            let n = conn.execute(
-                "UPDATE messages SET state = 'running', attempts = attempts + 1, incarnation = ?2,
+            let n = conn
+                .prepare_cached(
+                    "UPDATE messages SET state = 'running', attempts = attempts + 1, incarnation = ?2,
                                      updated_at = ?3
                  WHERE id = ?1 AND state = 'queued'",
-                params![id, incarnation, now_rfc3339()],
-            )?;
+                )?
+                .execute(params![id, incarnation, now_rfc3339()])?;
             Ok(n == 1)
         })
     }
@@ -350,11 +356,12 @@ impl Journal {
         let (id, incarnation, reply) = (id.to_owned(), incarnation.to_owned(), reply.to_owned());
         self.write(move |conn| {
             let now = now_rfc3339();
-            let n = conn.execute(
-                "UPDATE messages SET state = 'done', reply = ?3, reason = NULL, updated_at = ?4
+            let n = conn
+                .prepare_cached(
+                    "UPDATE messages SET state = 'done', reply = ?3, reason = NULL, updated_at = ?4
                  WHERE id = ?1 AND state = 'running' AND incarnation = ?2",
-                params![id, incarnation, reply, now],
-            )?;
+                )?
+                .execute(params![id, incarnation, reply, now])?;
             if n == 1 {
                 queue_reply(conn, &id, &reply, &now)?;
             }
@@ -368,11 +375,12 @@ impl Journal {
         let (id, incarnation, reason) = (id.to_owned(), incarnation.to_owned(), reason.to_owned());
         self.write(move |conn| {
             let now = now_rfc3339();
-            let n = conn.execute(
-                "UPDATE messages SET state = 'failed', reason = ?3, updated_at = ?4
+            let n = conn
+                .prepare_cached(
+                    "UPDATE messages SET state = 'failed', reason = ?3, updated_at = ?4
                  WHERE id = ?1 AND state = 'running' AND incarnation = ?2",
-                params![id, incarnation, reason, now],
-            )?;
+                )?
+                .execute(params![id, incarnation, reason, now])?;
             if n == 1 {
                 queue_reply(conn, &id, &failure_notice(&reason), &now)?;
             }
@@ -392,14 +400,15 @@ impl Journal {
         let (platform, event_id, msg) = (platform.to_owned(), event_id.to_owned(), msg.clone());
         self.write(move |conn| {
             let id = conn
-                .query_row(
+                .prepare_cached(
                     "INSERT OR IGNORE INTO messages (id, chat_id, user_id, text, kind, state, attempts,
                                            is_command, platform, event_id, created_at, updated_at)
                      VALUES (lower(hex(randomblob(12))), ?1, ?2, ?3, 'async', 'queued', 0, 0, ?4, ?5, ?6, ?6)
                      RETURNING id",
-                    params![msg.chat_id, msg.user_id, msg.text, platform, event_id, now_rfc3339()],
-                    |r| r.get::<_, String>(0),
-                )
+                )?
+                .query_row(params![msg.chat_id, msg.user_id, msg.text, platform, event_id, now_rfc3339()], |r| {
+                    r.get::<_, String>(0)
+                })
                 .optional()?;
             Ok(id)
         })
@@ -419,14 +428,15 @@ impl Journal {
         self.write(move |conn| {
             let now = now_rfc3339();
             let id = conn
-                .query_row(
+                .prepare_cached(
                     "INSERT OR IGNORE INTO messages (id, chat_id, user_id, text, kind, state, reply, attempts,
                                            is_command, platform, event_id, created_at, updated_at)
                      VALUES (lower(hex(randomblob(12))), ?1, ?2, ?3, 'async', 'done', ?4, 0, 1, ?5, ?6, ?7, ?7)
                      RETURNING id",
-                    params![msg.chat_id, msg.user_id, msg.text, reply, platform, event_id, now],
-                    |r| r.get::<_, String>(0),
-                )
+                )?
+                .query_row(params![msg.chat_id, msg.user_id, msg.text, reply, platform, event_id, now], |r| {
+                    r.get::<_, String>(0)
+                })
                 .optional()?;
             if let Some(id) = &id {
                 queue_reply(conn, id, &reply, &now)?;
@@ -485,10 +495,11 @@ impl Journal {
         let failed = failed.map(str::to_owned);
         self.write(move |conn| {
             let state = if failed.is_some() { "failed" } else { "sent" };
-            let n = conn.execute(
-                "UPDATE outbox SET state = ?2, reason = ?3, updated_at = ?4 WHERE seq = ?1 AND state = 'pending'",
-                params![seq, state, failed, now_rfc3339()],
-            )?;
+            let n = conn
+                .prepare_cached(
+                    "UPDATE outbox SET state = ?2, reason = ?3, updated_at = ?4 WHERE seq = ?1 AND state = 'pending'",
+                )?
+                .execute(params![seq, state, failed, now_rfc3339()])?;
             Ok(n == 1)
         })
     }
@@ -1173,11 +1184,11 @@ pub fn failure_notice(reason: &str) -> String {
 }
 
 fn queue_reply(conn: &Connection, id: &str, text: &str, now: &str) -> Result<(), JournalError> {
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO outbox (platform, chat_id, text, message_id, created_at, updated_at)
          SELECT platform, chat_id, ?2, id, ?3, ?3 FROM messages WHERE id = ?1 AND platform IS NOT NULL",
-        params![id, text, now],
-    )?;
+    )?
+    .execute(params![id, text, now])?;
     Ok(())
 }
 
