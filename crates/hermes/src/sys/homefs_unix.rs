@@ -116,10 +116,10 @@ impl HomeDir {
     pub fn write_atomic(&self, name: &str, bytes: &[u8], mode: u32) -> io::Result<()> {
         let tmp = format!(".{name}.gatewarden-{}-{:016x}", std::process::id(), random());
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat(&self.fd, tmp.as_str(), flags, Mode::from_raw_mode(mode))?;
+        let fd = rustix::fs::openat(&self.fd, tmp.as_str(), flags, Mode::from_raw_mode(mode as rustix::fs::RawMode))?;
         let result = (|| {
             // Exactly `mode`, whatever the umask.
-            rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
+            rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode as rustix::fs::RawMode))?;
             self.give_to_owner(&fd)?;
             let mut f = File::from(fd.try_clone()?);
             f.write_all(bytes)?;
