@@ -40,7 +40,7 @@ pub const MAX_MILLIS: u64 = 3600 * 1000;
 const TOP_KEYS: &[&str] =
     &["listen", "api_token", "admins", "drain_timeout_s", "agent", "http", "journal", "platform", "cluster", "update"];
 const HTTP_KEYS: &[&str] = &["allowed_hosts", "max_connections", "header_timeout_s", "body_timeout_s"];
-const JOURNAL_KEYS: &[&str] = &["max_age_days", "max_size_mb"];
+const JOURNAL_KEYS: &[&str] = &["max_age_days", "max_size_mb", "max_queued_per_chat", "max_queued"];
 
 /// Upper bound for `[http] max_connections` (each connection costs at least one descriptor).
 pub const MAX_CONNECTIONS: usize = 1 << 20;
@@ -215,13 +215,26 @@ pub struct JournalConfig {
     pub max_age_days: u64,
     /// Oldest finished messages are deleted while the journal's data exceeds this many MiB.
     pub max_size_mb: u64,
+    /// Queued messages one chat may have waiting; past it its new messages are refused (HTTP
+    /// 429, a chat notice). Retention never deletes queued work, so this is what bounds it.
+    pub max_queued_per_chat: u64,
+    /// Queued messages in all chats together, refused the same way past it.
+    pub max_queued: u64,
 }
 
 impl Default for JournalConfig {
     fn default() -> Self {
-        JournalConfig { max_age_days: 30, max_size_mb: 256 }
+        JournalConfig { max_age_days: 30, max_size_mb: 256, max_queued_per_chat: 500, max_queued: 5_000 }
     }
 }
+
+/// The shortest `api_token` accepted.
+pub const MIN_API_TOKEN_BYTES: usize = 16;
+/// How to make a good `api_token` (config errors and `doctor` say it).
+pub const MAKE_API_TOKEN: &str = "openssl rand -hex 32";
+
+/// Bounds for the `[journal]` queue caps (0 disables a cap).
+const MAX_QUEUED: u64 = 10_000_000;
 
 impl JournalConfig {
     /// The age bound, `None` when disabled.
@@ -232,6 +245,24 @@ impl JournalConfig {
     /// The size bound in bytes, `None` when disabled.
     pub fn max_bytes(&self) -> Option<u64> {
         (self.max_size_mb > 0).then(|| self.max_size_mb * 1024 * 1024)
+    }
+
+    /// Why a new message is refused when its chat has `chat` queued messages and all chats
+    /// `all`: `None` takes it. A cap of 0 is no cap.
+    pub fn queue_refusal(&self, chat: u64, all: u64) -> Option<String> {
+        let over = |n: u64, cap: u64| cap > 0 && n >= cap;
+        if over(chat, self.max_queued_per_chat) {
+            return Some(format!(
+                "this chat has {chat} messages waiting (max_queued_per_chat = {}); send it again once they are answered",
+                self.max_queued_per_chat
+            ));
+        }
+        over(all, self.max_queued).then(|| {
+            format!(
+                "the gateway has {all} messages waiting (max_queued = {}); send it again in a while",
+                self.max_queued
+            )
+        })
     }
 }
 
@@ -715,6 +746,13 @@ impl Config {
             if !token.bytes().all(|b| b.is_ascii_graphic()) {
                 return Err(top("api_token", "must be printable ASCII without spaces".into()));
             }
+            // A short token is guessable over loopback at HTTP speed.
+            if token.len() < MIN_API_TOKEN_BYTES {
+                return Err(top(
+                    "api_token",
+                    format!("must be at least {MIN_API_TOKEN_BYTES} bytes (make one with: {MAKE_API_TOKEN})"),
+                ));
+            }
         }
         let http = |key: &str, message: String| index.invalid(&["http", key], message);
         let h = &self.http;
@@ -739,6 +777,13 @@ impl Config {
         }
         if self.journal.max_size_mb > 1 << 30 {
             return Err(journal("max_size_mb", format!("must be at most {} MiB (0 means no bound)", 1u64 << 30)));
+        }
+        for (key, n) in
+            [("max_queued_per_chat", self.journal.max_queued_per_chat), ("max_queued", self.journal.max_queued)]
+        {
+            if n > MAX_QUEUED {
+                return Err(journal(key, format!("must be at most {MAX_QUEUED} (0 means no cap)")));
+            }
         }
         if self.admins.iter().any(|a| a.trim().is_empty()) {
             return Err(top("admins", "user ids must not be empty".into()));
@@ -1190,7 +1235,7 @@ mod tests {
         let c = parse(
             r#"
 listen = "0.0.0.0:9000"
-api_token = "s3cret"
+api_token = "s3cret-0123456789"
 admins = ["42", "alice"]
 drain_timeout_s = 5
 
@@ -1302,6 +1347,9 @@ api_key_env = "MY_KEY"
         assert!(e.starts_with("/h/config.toml:1: invalid value for 'api_token'"), "{e}");
         let e = err("api_token = \"two words\"\n");
         assert!(e.contains("'api_token'"), "{e}");
+        let e = err("api_token = \"x\"\n");
+        assert!(e.contains("'api_token'") && e.contains("at least 16 bytes") && e.contains("openssl rand"), "{e}");
+        parse("api_token = \"0123456789abcdef\"\n").unwrap();
         let e = err("[http]\nmax_connections = 0\n");
         assert!(e.starts_with("/h/config.toml:2: invalid value for 'max_connections' in [http]"), "{e}");
         let e = err("[http]\nallowed_hosts = [\"http://x/\"]\n");
@@ -1309,11 +1357,21 @@ api_key_env = "MY_KEY"
         let e = err("[http]\nheader_timeout_s = 0\n");
         assert!(e.contains("'header_timeout_s' in [http]"), "{e}");
         let e = err("[journal]\nmax_age = 3\n");
-        assert!(e.contains("unknown key 'max_age' in [journal] (expected one of: max_age_days, max_size_mb)"), "{e}");
+        assert!(
+            e.contains("unknown key 'max_age' in [journal] (expected one of: max_age_days, max_size_mb, max_queued_per_chat, max_queued)"),
+            "{e}"
+        );
         let c = parse("[http]\nallowed_hosts = [\"gw.example.com\", \"[::1]:8080\"]\n[journal]\nmax_age_days = 0\n")
             .unwrap();
         assert_eq!(c.http.allowed_hosts.len(), 2);
         assert_eq!(c.journal.max_age(), None);
+        let c = parse("[journal]\nmax_queued_per_chat = 2\nmax_queued = 3\n").unwrap();
+        assert_eq!(c.journal.queue_refusal(1, 2), None);
+        assert!(c.journal.queue_refusal(2, 2).is_some_and(|w| w.contains("max_queued_per_chat = 2")));
+        assert!(c.journal.queue_refusal(0, 3).is_some_and(|w| w.contains("max_queued = 3")));
+        let c = parse("[journal]\nmax_queued_per_chat = 0\nmax_queued = 0\n").unwrap();
+        assert_eq!(c.journal.queue_refusal(u64::MAX, u64::MAX), None, "0 is no cap");
+        assert!(err("[journal]\nmax_queued = 99999999999\n").contains("'max_queued' in [journal]"));
         let e = err("[agent]\napi_key_env = \"A=B\"\n");
         assert!(e.contains("'api_key_env'"), "{e}");
         // Keys of another backend are accepted.

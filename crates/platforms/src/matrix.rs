@@ -163,7 +163,8 @@ fn load_cursor(path: Option<&PathBuf>) -> Result<Cursor, String> {
 
 fn save_cursor(path: &Path, c: &Cursor) -> Result<(), String> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        // `<home>/platforms`: 0700 whatever the umask, like every folder in the home.
+        gatewarden_lifecycle::platform::create_private_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     fsio::write_json(path, c).map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -168,7 +168,7 @@ fn check(home: &Home) -> Vec<Item> {
             severity: Severity::Error,
             subject: home.config_file().display().to_string(),
             message: format!("the gateway would exit 78 (fatal configuration): {e}"),
-            fix: Fix::Manual { hint: "edit config.toml (see crates/agent/config.example.toml)".into() },
+            fix: Fix::Manual { hint: config_hint(e) },
             fixed: None,
         });
     }
@@ -213,6 +213,19 @@ fn check(home: &Home) -> Vec<Item> {
     {
         let in_use = std::net::TcpListener::bind(cfg.listen).is_err_and(|e| e.kind() == std::io::ErrorKind::AddrInUse);
         out.extend(doctor::check_port(&PortFacts { addr: cfg.listen.to_string(), in_use, held_by_own_gateway: false }));
+    }
+    // A crash loop, named whoever restarts it (the unit's growing delay keeps it trying).
+    if let Some(c) = super::crash_backoff::crash_loop(home, running) {
+        extra.push(Item {
+            id: "crash-loop".into(),
+            severity: if running { Severity::Warning } else { Severity::Error },
+            subject: home.ledger().display().to_string(),
+            message: format!("the gateway is crash-looping: {}", c.sentence()),
+            fix: Fix::Manual {
+                hint: format!("find the cause in `gatewarden --home {} logs` and `history`", home.dir().display()),
+            },
+            fixed: None,
+        });
     }
     // Parked supervisor.
     let exe = manager::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gatewarden".into());
@@ -334,5 +347,18 @@ fn refresh(home: &Home) -> bool {
             eprintln!("doctor: cannot rewrite {}: {e:#}", m.describe());
             false
         }
+    }
+}
+
+/// What to do about an invalid config: edit it, and for `api_token` how to make a good one.
+fn config_hint(e: &gatewarden_agent::ConfigError) -> String {
+    let edit = "edit config.toml (see crates/agent/config.example.toml)";
+    match e {
+        gatewarden_agent::ConfigError::InvalidValue { key, table: None, .. } if key == "api_token" => format!(
+            "{edit}; make a token of at least {} bytes with `{}` and put it in api_token",
+            gatewarden_agent::config::MIN_API_TOKEN_BYTES,
+            gatewarden_agent::config::MAKE_API_TOKEN
+        ),
+        _ => edit.into(),
     }
 }

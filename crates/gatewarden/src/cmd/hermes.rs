@@ -66,6 +66,7 @@ pub fn dispatch(home: HermesHome, by: SelectedBy, command: Command) -> anyhow::R
             bail!("`update` replaces gatewarden's own binary; update hermes-agent with `hermes update`")
         }
         Command::Check { .. } => bail!("`check` validates a native home; for a hermes home use `doctor`"),
+        Command::CrashBackoff => bail!("`crash-backoff` belongs to a native home's systemd unit"),
     }
 }
 

@@ -288,7 +288,10 @@ impl<'h> Ladder<'h> {
     fn start_fresh(&self, lock: Option<InstanceLock>) -> anyhow::Result<ExitCode> {
         drop(lock);
         let listen = read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
-        let code = super::start::start(self.home, listen.as_deref(), self.left().as_secs().max(1), None)?;
+        // Inside `update` stdout is the update's own (`--json`): the start reports to stderr.
+        let report = if self.inner { super::start::Report::Stderr } else { super::start::Report::Stdout };
+        let code =
+            super::start::start_reporting(self.home, listen.as_deref(), self.left().as_secs().max(1), None, report)?;
         if code == ExitCode::SUCCESS {
             return Ok(code);
         }
@@ -517,5 +520,7 @@ fn start_detached(home: &Home, listen: Option<&str>) -> Result<(), String> {
     cmd.env_remove(gatewarden_runtime::RUN_TAG);
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     spawn::detach(&mut cmd, None);
-    cmd.spawn().map(|_| ()).map_err(|e| e.to_string())
+    let child = cmd.spawn().map_err(|e| e.to_string())?;
+    super::start::note_spawned(home, child.id());
+    Ok(())
 }
