@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use gatewarden_control::{Client, Endpoint};
-use gatewarden_lifecycle::Home;
+use gatewarden_lifecycle::desired::{self, Starter};
+use gatewarden_lifecycle::{ExitIntent, Home};
 use gatewarden_runtime::spawn;
 
 use super::manager::{self, Managed, ServiceManager};
@@ -20,26 +21,23 @@ pub fn start(
     listen: Option<&str>,
     timeout_s: u64,
     drain_timeout_s: Option<u64>,
+    on_behalf: Option<u64>,
 ) -> anyhow::Result<ExitCode> {
     let home = home.ensure()?;
-    match settled_presence(&home) {
-        Settled::Answering(s) => {
-            println!(
-                "already running: pid {} on http://{}",
-                s.pid.map_or("?".into(), |p| p.to_string()),
-                s.listen.unwrap_or_default()
-            );
-            return Ok(ExitCode::SUCCESS);
-        }
-        Settled::Silent => {
-            println!(
-                "already running in {} (it holds the lock but does not answer on its control endpoint)",
-                home.dir().display()
-            );
-            return Ok(ExitCode::SUCCESS);
-        }
-        Settled::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
-        Settled::NotRunning => {}
+    // The operator's start records `run` first (a start of a stopped gateway is what ends the
+    // stop); a start on behalf of an earlier request (a restart's kick) obeys a later stop.
+    let seq = match on_behalf {
+        None => super::intent::record_run(&home, "start"),
+        Some(seq) => match super::intent::may_start(&home, "start", Starter::Resume) {
+            Ok(_) => seq,
+            Err(r) => {
+                eprintln!("not starting: {}", r.describe());
+                return Ok(ExitCode::from(1));
+            }
+        },
+    };
+    if let Some(code) = already_running(&home)? {
+        return Ok(code);
     }
     // An explicit start clears a supervisor's park: the operator has decided.
     let _ = gatewarden_service::supervise::clear_parked_state(home.dir());
@@ -68,9 +66,14 @@ pub fn start(
     // `start` is the launcher: what it launches is unsupervised (no manager owns this home, or
     // it would have started it above), whatever unit this shell inherited its environment from.
     cmd.args(["--supervisor", "none"]);
+    // The child checks the desired state again once it holds the lock: a stop recorded after
+    // this line still wins (crates/runtime/src/lib.rs, `obey_desired`).
+    cmd.args(["--desired-seq", &seq.to_string()]);
     for k in gatewarden_lifecycle::supervisor::MANAGER_ENV {
         cmd.env_remove(k);
     }
+    // Started by a restart's orchestrator: the gateway is not part of that restart.
+    cmd.env_remove(super::restart::ORCHESTRATOR_ENV);
     cmd.arg("--ready-stdout");
     cmd.arg("--log-file").arg(&log);
     // stderr catches anything printed before the logger is up (argument errors, panics).
@@ -102,6 +105,17 @@ pub fn start(
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 // stdout closed before readiness: the child exited (or is exiting).
                 let status = child.wait()?;
+                if let Err(r) = desired::check(home.dir(), Starter::Resume) {
+                    eprintln!("the gateway did not start: {}", r.describe());
+                    return Ok(ExitCode::from(1));
+                }
+                // Lost the lock race to a concurrent start (issue 22, item 7): that gateway
+                // runs, which is what was asked.
+                if status.code() == Some(i32::from(ExitIntent::FatalConfig.code()))
+                    && let Some(code) = already_running(&home)?
+                {
+                    return Ok(code);
+                }
                 eprintln!("the gateway exited during start-up ({status}); its log says:");
                 eprint!("{}", tail_since(&log, log_start, 30));
                 let code = status.code().and_then(|c| u8::try_from(c).ok()).filter(|c| *c != 0).unwrap_or(1);
@@ -117,6 +131,29 @@ pub fn start(
                 return Ok(ExitCode::from(1));
             }
         }
+    }
+}
+
+/// `Some(0)` with the "already running" line when a gateway runs (or holds the lock silently).
+fn already_running(home: &Home) -> anyhow::Result<Option<ExitCode>> {
+    match settled_presence(home) {
+        Settled::Answering(s) => {
+            println!(
+                "already running: pid {} on http://{}",
+                s.pid.map_or("?".into(), |p| p.to_string()),
+                s.listen.unwrap_or_default()
+            );
+            Ok(Some(ExitCode::SUCCESS))
+        }
+        Settled::Silent => {
+            println!(
+                "already running in {} (it holds the lock but does not answer on its control endpoint)",
+                home.dir().display()
+            );
+            Ok(Some(ExitCode::SUCCESS))
+        }
+        Settled::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
+        Settled::NotRunning => Ok(None),
     }
 }
 

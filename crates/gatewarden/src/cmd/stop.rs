@@ -1,6 +1,10 @@
 //! `gatewarden stop`: through the owning service manager when there is one, else the one
 //! stopper (`gatewarden_control::stopper`): control stop, marker + verified SIGTERM, wait for
 //! the lock, then — unless `--no-kill` — a verified kill.
+//!
+//! Before it signals anything it records `stopped` (`cmd/intent.rs`): every actor that could
+//! start a gateway afterwards — a restart's successor or backstop, an update's rollback,
+//! `doctor --fix`, a service manager's launch — reads that record first and stays down.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -17,6 +21,8 @@ use super::presence::{Presence, presence};
 
 pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCode> {
     let home = home.canonicalized();
+    // First: the intent is durable before any signal, so nothing mid-flight can undo it.
+    let _ = super::intent::record_stop(&home);
     let presence = presence(&home, "stop");
     let gateway_pid = match &presence {
         Presence::Running => read_pid_record(&home.pid_file()).ok().map(|r| r.pid),

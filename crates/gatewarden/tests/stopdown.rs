@@ -1,0 +1,156 @@
+//! Issue 22, item 6: a stop stays down when another actor is mid-flight. The operator's
+//! intent is a durable record (`desired_state.json`, crates/lifecycle/src/desired.rs) that every
+//! starter obeys: a restart's successor and backstop, `doctor --fix`. (Updates and rollbacks:
+//! tests/update.rs.) Real processes, unsupervised (the successor route), loopback only; every
+//! detached process is tagged, and "stays down" is checked once every one of them has ended, so
+//! nothing is left that could still start a gateway.
+#![cfg(target_os = "linux")]
+
+mod common;
+mod work_common;
+use common::*;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use work_common::*;
+
+/// Chat `/restart` needs an admin who came with the API token (docs/security.md).
+const ADMIN: &str = "api_token = \"t\"\nadmins = [\"u\"]\n";
+/// Every process of a scenario has ended by then (the backstop gives up on a stop at once).
+const SETTLE: Duration = Duration::from_secs(20);
+
+/// A CLI verb as a child process, tagged, started now (for "B 5 ms after A").
+fn spawn_cli(home: &TempHome, sw: &Sweeper, args: &[&str]) -> Child {
+    let mut cmd = Command::new(bin());
+    test_env(&mut cmd);
+    cmd.arg("--home").arg(home.path()).args(args).env(TAG_VAR, sw.tag());
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    cmd.spawn().expect("spawn gatewarden")
+}
+
+/// `start` on a free port; the gateway's address.
+fn start_cli(home: &TempHome, sw: &Sweeper) -> std::net::SocketAddr {
+    let out = cli_tagged(home, sw, &["start", "--listen", "127.0.0.1:0", "--timeout", "20"], Duration::from_secs(30));
+    assert_cli(&out, 0, "start");
+    current_gateway(home.path()).and_then(|g| g.3).expect("the started gateway's address")
+}
+
+fn wait_child(c: &mut Child, timeout: Duration) -> Option<i32> {
+    let mut code = None;
+    let done = wait_until(timeout, || {
+        code = c.try_wait().ok().flatten().map(|s| s.code().unwrap_or(-1));
+        code.is_some()
+    });
+    assert!(done, "pid {} did not exit within {timeout:?}", c.id());
+    code
+}
+
+/// Once every tagged process has ended, nothing holds the lock and the record says stopped.
+#[track_caller]
+fn assert_stays_down(home: &TempHome, sw: &Sweeper, what: &str) {
+    let mut left = Vec::new();
+    let settled = wait_until(SETTLE, || {
+        left = sw.tagged();
+        left.is_empty()
+    });
+    let cmdlines: Vec<_> = left.iter().map(|&p| (p, sweep::cmdline_of(p))).collect();
+    assert!(settled, "{what}: still running after {SETTLE:?}: {cmdlines:?}\n{}", home.ledger_text());
+    assert!(!home.lock_held(), "{what}: a gateway runs again after the stop\n{}", home.ledger_text());
+    let d = home.read_json("desired_state.json").unwrap_or(Value::Null);
+    assert_eq!(d["want"], json!("stopped"), "{what}: {d}");
+}
+
+/// `restart`, then `stop` 2–10 ms later: the gateway ends stopped, every time, and the ledger
+/// has the stop. (Before: running again in 8 of 16 tries, and no `stop_requested`.)
+#[test]
+fn stop_right_after_restart_stays_down() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    write_config(home.path(), "[agent]\nbackend = \"echo\"\n");
+    for (i, delay_ms) in [2u64, 4, 7, 10].into_iter().enumerate() {
+        start_cli(&home, &sw);
+        let mut restart = spawn_cli(&home, &sw, &["restart", "--timeout", "20"]);
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let stop = cli_tagged(&home, &sw, &["stop", "--timeout", "20"], Duration::from_secs(30));
+        assert_cli(&stop, 0, &format!("stop {delay_ms} ms after restart"));
+        wait_child(&mut restart, Duration::from_secs(30));
+        assert_stays_down(&home, &sw, &format!("stop {delay_ms} ms after restart"));
+        assert_eq!(home.events("stop_requested").iter().filter(|e| e["seq"].is_u64()).count(), i + 1);
+    }
+}
+
+/// A `stop` during a restart's drain, with a 2.5 s run in flight: the run finishes (200, its
+/// reply), and the gateway stays down; the successor that was waiting exits before it is ready.
+#[test]
+fn stop_during_a_restart_drain_keeps_it_down_and_the_run_finishes() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    write_config(home.path(), "drain_timeout_s = 30\n[agent]\nbackend = \"echo\"\ndelay_ms = 2500\n");
+    let addr = start_cli(&home, &sw);
+    let run = send_bg(addr, "B", "in flight");
+    wait_active(addr, 1);
+    let mut restart = spawn_cli(&home, &sw, &["restart", "--timeout", "30"]);
+    wait_state(&home, "draining", Duration::from_secs(10));
+    let stop = cli_tagged(&home, &sw, &["stop", "--timeout", "30"], Duration::from_secs(40));
+    assert_cli(&stop, 0, "stop during the drain");
+    let (r, took) = run.join().unwrap();
+    let r = r.expect("the run's connection");
+    assert_eq!(r.status, 200, "the run must finish, not be cut: {}", r.text());
+    assert_eq!(r.json().unwrap()["reply"], json!("in flight"));
+    assert!(took >= Duration::from_millis(2400), "the run was cut short ({took:?})");
+    let code = wait_child(&mut restart, Duration::from_secs(30));
+    assert_ne!(code, Some(0), "the restart did not happen, so it must not claim it did");
+    assert_stays_down(&home, &sw, "stop during the drain");
+    let prevented = home.events("start_prevented");
+    assert!(prevented.iter().any(|e| e["by"] == json!("successor")), "{}", home.ledger_text());
+}
+
+/// Chat `/restart` (`gatewarden send /restart`), then `stop`: the restart's backstop does not
+/// start the gateway again. (Before: it did, 2 s later, 4 of 4.)
+#[test]
+fn stop_after_a_chat_restart_beats_the_backstop() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    write_config(home.path(), &format!("{ADMIN}[agent]\nbackend = \"echo\"\n"));
+    start_cli(&home, &sw);
+    let sent = cli_tagged(&home, &sw, &["send", "/restart"], Duration::from_secs(10));
+    assert_cli(&sent, 0, "send /restart");
+    let stop = cli_tagged(&home, &sw, &["stop", "--timeout", "20"], Duration::from_secs(30));
+    assert_cli(&stop, 0, "stop after /restart");
+    assert_stays_down(&home, &sw, "stop after chat /restart");
+    let backstop = home.events("restart_backstop");
+    let result = backstop.iter().find(|e| e.get("ok").is_some()).expect("the backstop's result");
+    assert_eq!(result["ok"], json!(false), "{}", home.ledger_text());
+    assert!(!home.events("start_prevented").is_empty(), "{}", home.ledger_text());
+}
+
+/// `doctor --fix` right after `restart` (from 12 ms on, again and again until the restart is
+/// done): the handover is recognised, and the brand-new incarnation is not restarted again.
+#[test]
+fn doctor_fix_during_a_restart_does_not_restart_again() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    write_config(home.path(), "[agent]\nbackend = \"echo\"\n");
+    start_cli(&home, &sw);
+    let mut restart = spawn_cli(&home, &sw, &["restart", "--timeout", "20"]);
+    std::thread::sleep(Duration::from_millis(12));
+    let t0 = Instant::now();
+    let mut doctors = 0;
+    let mut fixes = Vec::new();
+    while restart.try_wait().ok().flatten().is_none() && t0.elapsed() < Duration::from_secs(20) {
+        let out = cli_tagged(&home, &sw, &["doctor", "--fix"], Duration::from_secs(30));
+        doctors += 1;
+        if out.stderr.contains("doctor: running") {
+            fixes.push(out.stderr);
+        }
+    }
+    assert_eq!(wait_child(&mut restart, Duration::from_secs(20)), Some(0), "the restart");
+    assert!(fixes.is_empty(), "doctor restarted during the handover ({doctors} runs): {fixes:#?}");
+    let requested = home.events("restart_requested");
+    assert_eq!(requested.len(), 1, "one restart, not two:\n{}", home.ledger_text());
+    assert_eq!(home.events("ready").len(), 2, "the first gateway and one successor:\n{}", home.ledger_text());
+    // The new incarnation is healthy: doctor now finds nothing to fix.
+    let after = cli_tagged(&home, &sw, &["doctor", "--fix"], Duration::from_secs(30));
+    assert!(!after.stderr.contains("doctor: running"), "{after:#?}");
+    let stop = cli_tagged(&home, &sw, &["stop"], Duration::from_secs(30));
+    assert_cli(&stop, 0, "stop");
+}
