@@ -274,14 +274,16 @@ fn seed_metrics(home: &Home, m: &work::Metrics) {
 
 /// The desired state (`gatewarden_lifecycle::desired`), with the lock held. A foreground `run`
 /// without a sequence is the operator's own start and records `run` (on the `first` check);
-/// everything else — `start`'s child, a successor, a service manager's launch — carries out an
+/// everything else — `start`'s child, a successor, a systemd or launchd launch — carries out an
 /// earlier request and exits before it is ready (planned stop, exit 0: no manager retries it)
 /// when the operator stopped the gateway since.
 fn obey_desired(gw: &Gateway, opts: &ResolvedOptions, first: bool) -> Result<(), Outcome> {
     use gatewarden_lifecycle::desired::{self, Starter, Want};
+    // `external` (s6, runit, PM2) is started by the operator's own tooling, which `gatewarden
+    // start` cannot drive; `supervise` passes a sequence. systemd and launchd obey.
     let operator = opts.desired_seq.is_none()
         && !opts.successor
-        && matches!(gw.supervisor, Supervisor::None | Supervisor::Container);
+        && matches!(gw.supervisor, Supervisor::None | Supervisor::Container | Supervisor::External);
     if operator && first {
         if let Err(e) = desired::record(gw.home.dir(), Want::Run, "cli run", false) {
             warn!("cannot record the desired state: {e}");

@@ -5,7 +5,7 @@
 use gatewarden_control::Requester;
 use gatewarden_lifecycle::Home;
 use gatewarden_lifecycle::desired::{self, Desired, Refusal, Starter, Want};
-use gatewarden_lifecycle::ledger::{Ledger, Writer};
+use gatewarden_lifecycle::ledger::{Ledger, Line, Writer, read_tail};
 use serde_json::json;
 
 fn ledger(home: &Home) -> Ledger {
@@ -17,38 +17,40 @@ fn requester_json() -> serde_json::Value {
     json!({"pid": r.pid, "argv": r.argv, "channel": r.channel})
 }
 
-/// `stop`: records `stopped` before anything is signalled, and `stop_requested` in the ledger.
-/// A home that cannot record it still gets its stop (a full disk must not keep a gateway up).
+/// `stop`: records `stopped` before anything is signalled. A home that cannot record it
+/// still gets its stop (a full disk must not keep a gateway up).
 pub fn record_stop(home: &Home) -> Option<Desired> {
     if !home.dir().is_dir() {
         return None;
     }
-    match desired::record(home.dir(), Want::Stopped, "cli stop", false) {
-        Ok(d) => {
-            let _ = ledger(home).append(
-                "stop_requested",
-                json!({"requester": requester_json(), "reason": "stop", "want": "stopped", "seq": d.seq}),
-            );
-            Some(d)
-        }
-        Err(e) => {
-            eprintln!("warning: cannot record the stop in {}: {e}", desired::path(home.dir()).display());
-            None
-        }
+    desired::record(home.dir(), Want::Stopped, "cli stop", false)
+        .inspect_err(|e| eprintln!("warning: cannot record the stop in {}: {e}", desired::path(home.dir()).display()))
+        .ok()
+}
+
+/// After a stop of a running gateway: the ledger has the stop exactly once. The gateway
+/// records a stop it receives; one that reached it only while it was already draining for a
+/// restart (or reached only its successor) is recorded here.
+pub fn ledger_stop_if_unrecorded(home: &Home, d: Option<&Desired>) {
+    let me = u64::from(std::process::id());
+    let recorded = read_tail(&home.ledger(), Some(500)).ok().unwrap_or_default().iter().any(|l| {
+        matches!(l, Line::Event(e) if e.get("event").and_then(|v| v.as_str()) == Some("stop_requested")
+            && e.get("requester").and_then(|r| r.get("pid")).and_then(|p| p.as_u64()) == Some(me))
+    });
+    if !recorded {
+        let _ = ledger(home).append(
+            "stop_requested",
+            json!({"requester": requester_json(), "reason": "stop", "want": "stopped", "seq": d.map(|d| d.seq)}),
+        );
     }
 }
 
 /// `start` / `restart` by the operator: records `run` (this process carries it out, so it is
-/// in flight while this process lives) and returns the sequence it runs under.
+/// in flight while this process lives) and returns the sequence it runs under. The gateway's
+/// own `started` / `restart_requested` lines are the ledger's record of it.
 pub fn record_run(home: &Home, verb: &str) -> u64 {
     match desired::record(home.dir(), Want::Run, &format!("cli {verb}"), true) {
-        Ok(d) => {
-            let _ = ledger(home).append(
-                "start_requested",
-                json!({"requester": requester_json(), "verb": verb, "want": "run", "seq": d.seq}),
-            );
-            d.seq
-        }
+        Ok(d) => d.seq,
         Err(e) => {
             eprintln!("warning: cannot record the {verb} in {}: {e}", desired::path(home.dir()).display());
             desired::current(home.dir()).seq

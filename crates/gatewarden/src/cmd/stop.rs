@@ -22,17 +22,27 @@ use super::presence::{Presence, presence};
 pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCode> {
     let home = home.canonicalized();
     // First: the intent is durable before any signal, so nothing mid-flight can undo it.
-    let _ = super::intent::record_stop(&home);
+    let desired = super::intent::record_stop(&home);
     let presence = presence(&home, "stop");
+    let running = matches!(presence, Presence::Running);
+    let code = stop_present(&home, presence, timeout_s, no_kill);
+    if running {
+        super::intent::ledger_stop_if_unrecorded(&home, desired.as_ref());
+    }
+    code
+}
+
+/// `stop` once the intent is recorded: what the presence probe found decides the path.
+fn stop_present(home: &Home, presence: Presence, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCode> {
     let gateway_pid = match &presence {
         Presence::Running => read_pid_record(&home.pid_file()).ok().map(|r| r.pid),
         _ => None,
     };
     // Every lifecycle verb goes through whoever owns the running gateway.
     if !matches!(presence, Presence::Unknown(_))
-        && let Some(m) = manager::owner(&home, gateway_pid)
+        && let Some(m) = manager::owner(home, gateway_pid)
     {
-        return stop_via_manager(&home, &m, matches!(presence, Presence::Running), timeout_s, no_kill);
+        return stop_via_manager(home, &m, matches!(presence, Presence::Running), timeout_s, no_kill);
     }
     match presence {
         Presence::NotRunning { healed } => {
@@ -45,7 +55,7 @@ pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCo
         Presence::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
         Presence::Running => {}
     }
-    stop_direct(&home, timeout_s, no_kill)
+    stop_direct(home, timeout_s, no_kill)
 }
 
 /// Under a manager: a graceful stop request first (so the gateway exits 0, a planned stop, and
