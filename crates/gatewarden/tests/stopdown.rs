@@ -157,3 +157,61 @@ fn doctor_fix_during_a_restart_does_not_restart_again() {
     let stop = cli_tagged(&home, &sw, &["stop"], Duration::from_secs(30));
     assert_cli(&stop, 0, "stop");
 }
+
+/// A CLI verb as a child process with its output captured.
+fn spawn_cli_piped(home: &TempHome, sw: &Sweeper, args: &[&str]) -> Child {
+    let mut cmd = Command::new(bin());
+    test_env(&mut cmd);
+    cmd.arg("--home").arg(home.path()).args(args).env(TAG_VAR, sw.tag());
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.spawn().expect("spawn gatewarden")
+}
+
+fn output(c: Child) -> (Option<i32>, String) {
+    let o = c.wait_with_output().expect("wait");
+    (o.status.code(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+}
+
+/// Issue 22, item 7: of two `start`s 5 ms apart, one starts the gateway and the other says
+/// "already running" with exit 0 (before: 78, "the gateway exited during start-up").
+#[test]
+fn two_starts_5_ms_apart_both_succeed_with_one_gateway() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    write_config(home.path(), "[agent]\nbackend = \"echo\"\n");
+    for i in 0..3 {
+        let args = ["start", "--listen", "127.0.0.1:0", "--timeout", "20"];
+        let a = spawn_cli_piped(&home, &sw, &args);
+        std::thread::sleep(Duration::from_millis(5));
+        let b = spawn_cli_piped(&home, &sw, &args);
+        let ((ca, oa), (cb, ob)) = (output(a), output(b));
+        assert_eq!((ca, cb), (Some(0), Some(0)), "try {i}:\n--- A\n{oa}\n--- B\n{ob}");
+        let started = [&oa, &ob].iter().filter(|o| o.contains("started gateway pid")).count();
+        let already = [&oa, &ob].iter().filter(|o| o.contains("already running")).count();
+        assert_eq!((started, already), (1, 1), "try {i}:\n--- A\n{oa}\n--- B\n{ob}");
+        assert_eq!(lock_holders(&home.lock_file()).len(), 1);
+        assert_cli(&cli_tagged(&home, &sw, &["stop"], Duration::from_secs(30)), 0, "stop");
+    }
+}
+
+/// Issue 22, item 7: a `restart` while a `start` is starting the gateway exits 0 and writes
+/// its `restart_result` (before: "restarted (by a concurrent request)" and nothing in the
+/// ledger).
+#[test]
+fn restart_during_a_start_records_its_result() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    write_config(home.path(), "[agent]\nbackend = \"echo\"\n");
+    for (i, delay_ms) in [0u64, 2, 5].into_iter().enumerate() {
+        let start = spawn_cli_piped(&home, &sw, &["start", "--listen", "127.0.0.1:0", "--timeout", "20"]);
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let restart = cli_tagged(&home, &sw, &["restart", "--timeout", "20"], Duration::from_secs(30));
+        let (cs, os) = output(start);
+        assert_eq!(cs, Some(0), "start: {os}");
+        assert_cli(&restart, 0, "restart during a start");
+        let results = home.events("restart_result");
+        assert_eq!(results.len(), i + 1, "every restart has its result:\n{}", home.ledger_text());
+        assert_eq!(results[i]["ok"], json!(true), "{}", results[i]);
+        assert_cli(&cli_tagged(&home, &sw, &["stop"], Duration::from_secs(30)), 0, "stop");
+    }
+}

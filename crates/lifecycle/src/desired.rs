@@ -12,7 +12,7 @@
 //! means `run` at sequence 0, which is what every home meant before the record existed.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
@@ -60,12 +60,27 @@ pub struct Desired {
     /// silent gateway for a moment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_flight: Option<ProcessIdentity>,
+    /// When the requester was invoked (µs since the epoch), see [`overrides`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issued_us: Option<i128>,
+    /// When this record was written (µs since the epoch), see [`overrides`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded_us: Option<i128>,
 }
 
 impl Desired {
     /// What a home without a record means.
     pub fn initial() -> Desired {
-        Desired { want: Want::Run, seq: 0, requester: String::new(), pid: None, at: None, in_flight: None }
+        Desired {
+            want: Want::Run,
+            seq: 0,
+            requester: String::new(),
+            pid: None,
+            at: None,
+            in_flight: None,
+            issued_us: None,
+            recorded_us: None,
+        }
     }
 
     /// "`cli stop` (pid 5151, seq 7)", for messages and the ledger.
@@ -94,24 +109,40 @@ pub fn current(home_dir: &Path) -> Desired {
     read(home_dir).ok().unwrap_or_else(Desired::initial)
 }
 
+/// Whether a request for `want`, whose command was invoked at `issued_us`, may replace
+/// `current`. Pure. A stop always may. A `run` replaces a stop only when its command began
+/// after that stop was recorded: `restart`, then `stop` 2 ms later reach the file in either
+/// order (a loaded machine schedules the two processes as it likes), and requests that
+/// overlap like that resolve to the stop — a stop stays down. `stop; start` in a script is
+/// sequential and starts.
+pub fn overrides(want: Want, issued_us: Option<i128>, current: &Desired) -> bool {
+    match (want, current.want, issued_us, current.recorded_us) {
+        (Want::Run, Want::Stopped, Some(mine), Some(stopped_at)) => mine > stopped_at,
+        _ => true,
+    }
+}
+
 /// Records the operator's `want`, with the next sequence number. `in_flight` is set for verbs
 /// whose process lives exactly as long as the request (`start`, `restart`).
 pub fn record(home_dir: &Path, want: Want, requester: &str, in_flight: bool) -> std::io::Result<Desired> {
-    record_if(home_dir, want, requester, in_flight, |_| true).map(|(d, _)| d)
+    record_if(home_dir, want, requester, in_flight, None, |_| true).map(|(d, _)| d)
 }
 
-/// [`record`], only when `cond` holds for the record in force (checked under the lock);
-/// otherwise the record in force. The flag says whether it was written.
+/// [`record`], stamped with when the requester was `issued` (see [`overrides`]), and only when
+/// `cond` holds for the record in force (checked under the lock); otherwise the record in
+/// force. The flag says whether it was written.
 pub fn record_if(
     home_dir: &Path,
     want: Want,
     requester: &str,
     in_flight: bool,
+    issued: Option<SystemTime>,
     cond: impl FnOnce(&Desired) -> bool,
 ) -> std::io::Result<(Desired, bool)> {
     let _lock = InstanceLock::acquire(&home_dir.join(LOCK_FILE), LOCK_PATIENCE).map_err(std::io::Error::other)?;
     let now = current(home_dir);
-    if !cond(&now) {
+    let issued_us = issued.map(timefmt::to_micros);
+    if !cond(&now) || !overrides(want, issued_us, &now) {
         return Ok((now, false));
     }
     let pid = std::process::id();
@@ -122,6 +153,8 @@ pub fn record_if(
         pid: Some(pid),
         at: Some(timefmt::now()),
         in_flight: if in_flight { ProcessIdentity::current() } else { None },
+        issued_us,
+        recorded_us: Some(timefmt::to_micros(SystemTime::now())),
     };
     fsio::write_json(&path(home_dir), &d)?;
     Ok((d, true))
@@ -248,7 +281,8 @@ mod tests {
         assert_eq!(a.in_flight, ProcessIdentity::current());
         assert_eq!(current(dir.path()), b);
         // Conditional: a gateway's own stop does not bump a stop already recorded.
-        let (c, wrote) = record_if(dir.path(), Want::Stopped, "chat", false, |d| d.want != Want::Stopped).unwrap();
+        let (c, wrote) =
+            record_if(dir.path(), Want::Stopped, "chat", false, None, |d| d.want != Want::Stopped).unwrap();
         assert!(!wrote);
         assert_eq!(c, b);
         // The caller's own in-flight record is never "in flight" for itself.
@@ -256,6 +290,30 @@ mod tests {
         std::fs::write(path(dir.path()), b"\x00garbage").unwrap();
         assert_eq!(current(dir.path()), Desired::initial());
         assert_eq!(record(dir.path(), Want::Stopped, "cli stop", false).unwrap().seq, 1);
+    }
+
+    #[test]
+    fn a_run_replaces_only_a_stop_recorded_before_it_began() {
+        let stop =
+            Desired { want: Want::Stopped, issued_us: Some(1_000), recorded_us: Some(1_500), ..Desired::initial() };
+        assert!(!overrides(Want::Run, Some(999), &stop), "restart issued before the stop");
+        assert!(!overrides(Want::Run, Some(1_200), &stop), "overlapping requests resolve to the stop");
+        assert!(overrides(Want::Run, Some(2_000), &stop), "a start after the stop ends it");
+        assert!(overrides(Want::Run, None, &stop), "unstamped writers (a foreground run) start");
+        let run = Desired { want: Want::Run, issued_us: Some(5_000), ..Desired::initial() };
+        assert!(overrides(Want::Stopped, Some(1), &run), "a stop always lands");
+
+        let dir = tempfile::tempdir().unwrap();
+        let invoked = SystemTime::now();
+        let (s, _) = record_if(dir.path(), Want::Stopped, "cli stop", false, Some(invoked), |_| true).unwrap();
+        let earlier = invoked - Duration::from_millis(2);
+        let (d, wrote) = record_if(dir.path(), Want::Run, "cli restart", true, Some(earlier), |_| true).unwrap();
+        assert!(!wrote);
+        assert_eq!(d, s);
+        let later = SystemTime::now() + Duration::from_millis(1);
+        let (d, wrote) = record_if(dir.path(), Want::Run, "cli start", true, Some(later), |_| true).unwrap();
+        assert!(wrote);
+        assert_eq!((d.want, d.seq), (Want::Run, 2));
     }
 
     #[cfg(unix)]

@@ -547,7 +547,9 @@ fn record_operator_stop(gw: &Gateway, channel: &str) -> Option<u64> {
     if !matches!(channel, "chat" | "cli-send" | "http") {
         return None;
     }
-    match desired::record_if(gw.home.dir(), Want::Stopped, channel, false, |d| d.want != Want::Stopped) {
+    match desired::record_if(gw.home.dir(), Want::Stopped, channel, false, Some(SystemTime::now()), |d| {
+        d.want != Want::Stopped
+    }) {
         Ok((d, _)) => Some(d.seq),
         Err(e) => {
             warn!("cannot record the desired state: {e}");

@@ -2,11 +2,26 @@
 //! verbs record what they want, every starter checks before it starts, and the ledger keeps
 //! both the decision and every start it prevented.
 
+use std::sync::OnceLock;
+use std::time::SystemTime;
+
 use gatewarden_control::Requester;
 use gatewarden_lifecycle::Home;
 use gatewarden_lifecycle::desired::{self, Desired, Refusal, Starter, Want};
 use gatewarden_lifecycle::ledger::{Ledger, Line, Writer, read_tail};
 use serde_json::json;
+
+/// When the operator invoked this command (the first line of `main`): orders a `run` against a
+/// stop issued after it (`desired::overrides`), whichever process reaches the file first.
+static ISSUED: OnceLock<SystemTime> = OnceLock::new();
+
+pub fn set_issued(at: SystemTime) {
+    let _ = ISSUED.set(at);
+}
+
+fn issued() -> Option<SystemTime> {
+    ISSUED.get().copied()
+}
 
 fn ledger(home: &Home) -> Ledger {
     Ledger::new(home.ledger(), Writer::current())
@@ -23,7 +38,8 @@ pub fn record_stop(home: &Home) -> Option<Desired> {
     if !home.dir().is_dir() {
         return None;
     }
-    desired::record(home.dir(), Want::Stopped, "cli stop", false)
+    desired::record_if(home.dir(), Want::Stopped, "cli stop", false, issued(), |_| true)
+        .map(|(d, _)| d)
         .inspect_err(|e| eprintln!("warning: cannot record the stop in {}: {e}", desired::path(home.dir()).display()))
         .ok()
 }
@@ -47,13 +63,19 @@ pub fn ledger_stop_if_unrecorded(home: &Home, d: Option<&Desired>) {
 
 /// `start` / `restart` by the operator: records `run` (this process carries it out, so it is
 /// in flight while this process lives) and returns the sequence it runs under. The gateway's
-/// own `started` / `restart_requested` lines are the ledger's record of it.
-pub fn record_run(home: &Home, verb: &str) -> u64 {
-    match desired::record(home.dir(), Want::Run, &format!("cli {verb}"), true) {
-        Ok(d) => d.seq,
+/// own `started` / `restart_requested` lines are the ledger's record of it. A stop issued
+/// after this command was invoked overrides it: refused (and in the ledger).
+pub fn record_run(home: &Home, verb: &str) -> Result<u64, Refusal> {
+    match desired::record_if(home.dir(), Want::Run, &format!("cli {verb}"), true, issued(), |_| true) {
+        Ok((d, true)) => Ok(d.seq),
+        Ok((d, false)) => {
+            let r = Refusal::Stopped(d);
+            prevented(home, verb, &r);
+            Err(r)
+        }
         Err(e) => {
             eprintln!("warning: cannot record the {verb} in {}: {e}", desired::path(home.dir()).display());
-            desired::current(home.dir()).seq
+            Ok(desired::current(home.dir()).seq)
         }
     }
 }

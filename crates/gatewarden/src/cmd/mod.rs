@@ -34,6 +34,7 @@ pub fn dispatch(cli: Cli, started_at: SystemTime, started: Instant) -> anyhow::R
         return hermes::dispatch(h, by, cli.command);
     }
     let home = Home::resolve(cli.home)?;
+    intent::set_issued(started_at);
     match cli.command {
         Command::Run(args) => Ok(run::run(home, args, started_at, started)),
         Command::Status { json } => status::status(&home, json),

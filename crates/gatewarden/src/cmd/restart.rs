@@ -72,7 +72,13 @@ pub fn restart(
     // after this command is ordered after it. The detached copy inherits the sequence.
     let seq = match std::env::var(ORCHESTRATOR_ENV).ok().and_then(|v| v.parse::<u64>().ok()) {
         Some(seq) => seq,
-        None => super::intent::record_run(&home.canonicalized(), "restart"),
+        None => match super::intent::record_run(&home.canonicalized(), "restart") {
+            Ok(seq) => seq,
+            Err(r) => {
+                eprintln!("not restarting: {}", r.describe());
+                return Ok(ExitCode::from(1));
+            }
+        },
     };
     escape_unit(home);
     let home = home.canonicalized();
@@ -181,7 +187,13 @@ fn run_ladder(home: &Home, ladder: &Ladder, t0: Instant) -> anyhow::Result<ExitC
     match presence(home, "restart") {
         Presence::NotRunning { .. } => {
             eprintln!("no gateway running in {}; starting one", home.dir().display());
-            return ladder.start_fresh(None);
+            let code = ladder.start_fresh(None)?;
+            // Every outcome is in the ledger, a restart that only had to start one too.
+            if !ladder.recorded.get() {
+                ladder.record_result(json!({"ok": code == ExitCode::SUCCESS, "old": null, "started": true,
+                                            "elapsed_ms": ladder.t0.elapsed().as_millis() as u64}));
+            }
+            return Ok(code);
         }
         Presence::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
         Presence::Running => {}
@@ -284,6 +296,8 @@ struct Ladder<'h> {
     by: &'static str,
     /// A stop recorded during the restart was already written to the ledger.
     prevented: std::cell::Cell<bool>,
+    /// This restart's `restart_result` is in the ledger.
+    recorded: std::cell::Cell<bool>,
 }
 
 impl<'h> Ladder<'h> {
@@ -302,7 +316,14 @@ impl<'h> Ladder<'h> {
             seq,
             by,
             prevented: std::cell::Cell::new(false),
+            recorded: std::cell::Cell::new(false),
         }
+    }
+
+    /// Appends this restart's `restart_result` (the one place that does).
+    fn record_result(&self, fields: Value) {
+        self.recorded.set(true);
+        let _ = self.ledger.append("restart_result", fields);
     }
 
     /// A stop recorded since the restart was requested (or any stop in force): the ladder
@@ -349,11 +370,8 @@ impl<'h> Ladder<'h> {
                 && s.state.as_deref() == Some("running")
             {
                 // Every outcome is in the ledger, this one too (issue 22, item 7).
-                let _ = self.ledger.append(
-                    "restart_result",
-                    json!({"ok": true, "new": s.incarnation, "coalesced": true,
-                           "elapsed_ms": self.t0.elapsed().as_millis() as u64, "kicked": self.kicked.get()}),
-                );
+                self.record_result(json!({"ok": true, "new": s.incarnation, "coalesced": true,
+                           "elapsed_ms": self.t0.elapsed().as_millis() as u64, "kicked": self.kicked.get()}));
                 self.report(&format!(
                     "restarted (by a concurrent request): incarnation {} (pid {}) is ready",
                     s.incarnation.unwrap_or_default(),
@@ -408,8 +426,10 @@ impl<'h> Ladder<'h> {
                 self.kicked.set(true);
                 let code = self.start_fresh(lock)?;
                 let ok = code == ExitCode::SUCCESS;
-                let _ = self.ledger.append(
-                    "restart_result",
+                if self.recorded.get() {
+                    return Ok(code);
+                }
+                self.record_result(
                     json!({"ok": ok, "old": old.and_then(|o| o.incarnation.clone()), "recovered": true, "kicked": true,
                            "elapsed_ms": self.t0.elapsed().as_millis() as u64}),
                 );
@@ -542,8 +562,7 @@ impl<'h> Ladder<'h> {
         let kicked = self.kicked.get();
         match result {
             Ok(new) => {
-                let _ = self.ledger.append(
-                    "restart_result",
+                self.record_result(
                     json!({"ok": true, "old": old, "new": new.incarnation, "elapsed_ms": elapsed_ms, "kicked": kicked}),
                 );
                 self.report(&format!(
@@ -556,10 +575,7 @@ impl<'h> Ladder<'h> {
                 Ok(ExitCode::SUCCESS)
             }
             Err(seen) => {
-                let _ = self.ledger.append(
-                    "restart_result",
-                    json!({"ok": false, "seen": seen, "elapsed_ms": elapsed_ms, "kicked": kicked}),
-                );
+                self.record_result(json!({"ok": false, "seen": seen, "elapsed_ms": elapsed_ms, "kicked": kicked}));
                 eprintln!("restart not verified after {:.1}s: {seen}", elapsed_ms as f64 / 1000.0);
                 self.failure.replace(Some(seen));
                 if !self.prevented.get() {

@@ -28,13 +28,14 @@ pub fn start(
     // stop); a start on behalf of an earlier request (a restart's kick) obeys a later stop.
     let seq = match on_behalf {
         None => super::intent::record_run(&home, "start"),
-        Some(seq) => match super::intent::may_start(&home, "start", Starter::Resume) {
-            Ok(_) => seq,
-            Err(r) => {
-                eprintln!("not starting: {}", r.describe());
-                return Ok(ExitCode::from(1));
-            }
-        },
+        Some(seq) => super::intent::may_start(&home, "start", Starter::Resume).map(|_| seq),
+    };
+    let seq = match seq {
+        Ok(seq) => seq,
+        Err(r) => {
+            eprintln!("not starting: {}", r.describe());
+            return Ok(ExitCode::from(1));
+        }
     };
     if let Some(code) = already_running(&home)? {
         return Ok(code);

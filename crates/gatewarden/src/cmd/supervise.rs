@@ -142,11 +142,13 @@ impl Supervisor {
     fn desired_seq(&self, first: bool) -> Option<u64> {
         use gatewarden_lifecycle::Supervisor as Sup;
         let managed = self.args.scm || !matches!(Sup::detect(None).supervisor, Sup::None | Sup::Container) || !first;
-        if !managed {
-            return Some(super::intent::record_run(&self.home, "supervise"));
-        }
-        match super::intent::may_start(&self.home, "supervise", gatewarden_lifecycle::desired::Starter::Resume) {
-            Ok(d) => Some(d.seq),
+        let decided = match managed {
+            false => super::intent::record_run(&self.home, "supervise"),
+            true => super::intent::may_start(&self.home, "supervise", gatewarden_lifecycle::desired::Starter::Resume)
+                .map(|d| d.seq),
+        };
+        match decided {
+            Ok(seq) => Some(seq),
             Err(r) => {
                 log(&format!("not starting the gateway: {}", r.describe()));
                 None
