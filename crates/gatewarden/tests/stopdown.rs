@@ -9,6 +9,7 @@
 mod common;
 mod work_common;
 use common::*;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use work_common::*;
@@ -214,4 +215,35 @@ fn restart_during_a_start_records_its_result() {
         assert_eq!(results[i]["ok"], json!(true), "{}", results[i]);
         assert_cli(&cli_tagged(&home, &sw, &["stop"], Duration::from_secs(30)), 0, "stop");
     }
+}
+
+/// Issue 22, item 1: `flock gateway.lock sleep 30`, then `stop`: the flock process is not a
+/// gateway, so it is never signalled; `stop` names it, and `start` does not call it "already
+/// running". (Before: SIGTERM to flock.)
+#[test]
+fn a_lock_holder_that_is_not_a_gateway_is_named_never_signalled() {
+    let home = TempHome::new();
+    // Its own process group, so its `sleep` child goes with it at the end.
+    let mut flock = Command::new("flock")
+        .arg(home.lock_file())
+        .args(["sleep", "30"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("flock(1) from util-linux");
+    must_wait_until(Duration::from_secs(5), "flock holds gateway.lock", || home.lock_held());
+    let stop = run_cli(&home, &["stop", "--timeout", "3"]);
+    assert!(flock.try_wait().unwrap().is_none(), "stop signalled flock: {stop:#?}");
+    let named = format!("pid {} (flock), which is not a gateway", flock.id());
+    assert!(stop.text_lc().contains(&named), "{stop:#?}");
+    assert_eq!(stop.code, Some(1), "nothing was stopped: {stop:#?}");
+    let start = run_cli(&home, &["start", "--listen", "127.0.0.1:0", "--timeout", "10"]);
+    assert!(flock.try_wait().unwrap().is_none(), "start signalled flock: {start:#?}");
+    assert!(!start.text_lc().contains("already running"), "{start:#?}");
+    assert!(start.text_lc().contains(&named), "{start:#?}");
+    assert_eq!(start.code, Some(1), "{start:#?}");
+    let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", flock.id())]).status();
+    let _ = flock.wait();
 }

@@ -153,6 +153,11 @@ fn already_running(home: &Home) -> anyhow::Result<Option<ExitCode>> {
             );
             Ok(Some(ExitCode::SUCCESS))
         }
+        // Not a gateway at all (issue 22, item 1): never "already running".
+        Settled::Foreign(why) => {
+            eprintln!("cannot start a gateway in {}: {why}", home.dir().display());
+            Ok(Some(ExitCode::from(1)))
+        }
         Settled::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
         Settled::NotRunning => Ok(None),
     }
@@ -194,6 +199,8 @@ enum Settled {
     Answering(Box<gatewarden_control::StatusReport>),
     /// Held the lock for the whole grace and never answered.
     Silent,
+    /// Held the lock for the whole grace, and the holder is not a gateway (`flock`, …).
+    Foreign(String),
     NotRunning,
     Unknown(String),
 }
@@ -216,7 +223,7 @@ fn settled_presence(home: &Home) -> Settled {
             return Settled::Answering(Box::new(s));
         }
         if Instant::now() >= deadline {
-            return Settled::Silent;
+            return gatewarden_lifecycle::holder::foreign_holder(home).map_or(Settled::Silent, Settled::Foreign);
         }
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -141,7 +141,7 @@ fn report(who: &str, timeout_s: u64, outcome: StopOutcome) -> ExitCode {
             ExitCode::from(1)
         }
         StopOutcome::Unidentifiable { why } => {
-            eprintln!("{who} is still running and cannot be identified ({why}); not signalling anything");
+            eprintln!("not signalling anything: {why}");
             ExitCode::from(1)
         }
         StopOutcome::NotSignalled { target, why } => {
