@@ -301,6 +301,9 @@ fn obey_desired(gw: &Gateway, opts: &ResolvedOptions, first: bool) -> Result<(),
         v["basis"] = json!(opts.desired_seq);
         gw.record("start_prevented", v);
         info!("not starting: {}", r.describe());
+        // Under systemd a main process that exits before READY=1 is a failed start ("protocol"),
+        // which Restart=on-failure repeats: this start ends cleanly instead, and says why.
+        gw.notifier.send(&format!("READY=1\nSTATUS=not starting: {}", r.describe()));
         Outcome::new(ExitIntent::PlannedStop, format!("start prevented: {}", r.describe()))
     })
 }
