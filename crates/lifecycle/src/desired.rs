@@ -176,11 +176,11 @@ pub enum Starter {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     /// The operator stopped the gateway.
-    Stopped(Desired),
+    Stopped(Box<Desired>),
     /// The operator asked for something since the repair looked.
-    Superseded(Desired),
+    Superseded(Box<Desired>),
     /// An operator's start or restart is still being carried out.
-    InFlight(Desired),
+    InFlight(Box<Desired>),
 }
 
 impl Refusal {
@@ -218,10 +218,12 @@ impl Refusal {
 /// still that process (see [`in_flight_alive`]).
 pub fn decide(current: &Desired, starter: Starter, in_flight_alive: bool) -> Result<(), Refusal> {
     match (current.want, starter) {
-        (Want::Stopped, _) => Err(Refusal::Stopped(current.clone())),
+        (Want::Stopped, _) => Err(Refusal::Stopped(Box::new(current.clone()))),
         (Want::Run, Starter::Resume) => Ok(()),
-        (Want::Run, Starter::Repair { basis }) if current.seq > basis => Err(Refusal::Superseded(current.clone())),
-        (Want::Run, Starter::Repair { .. }) if in_flight_alive => Err(Refusal::InFlight(current.clone())),
+        (Want::Run, Starter::Repair { basis }) if current.seq > basis => {
+            Err(Refusal::Superseded(Box::new(current.clone())))
+        }
+        (Want::Run, Starter::Repair { .. }) if in_flight_alive => Err(Refusal::InFlight(Box::new(current.clone()))),
         (Want::Run, Starter::Repair { .. }) => Ok(()),
     }
 }

@@ -69,7 +69,7 @@ pub fn record_run(home: &Home, verb: &str) -> Result<u64, Refusal> {
     match desired::record_if(home.dir(), Want::Run, &format!("cli {verb}"), true, issued(), |_| true) {
         Ok((d, true)) => Ok(d.seq),
         Ok((d, false)) => {
-            let r = Refusal::Stopped(d);
+            let r = Refusal::Stopped(Box::new(d));
             prevented(home, verb, &r);
             Err(r)
         }
