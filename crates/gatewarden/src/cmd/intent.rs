@@ -33,20 +33,26 @@ fn requester_json() -> serde_json::Value {
 }
 
 /// `stop`: records `stopped` before anything is signalled. A home that cannot record it
-/// still gets its stop (a full disk must not keep a gateway up).
-pub fn record_stop(home: &Home) -> Option<Desired> {
+/// still gets its stop (a full disk must not keep a gateway up). Also says whether this stop
+/// is news (the record wanted `run` until now).
+pub fn record_stop(home: &Home) -> Option<(Desired, bool)> {
     if !home.dir().is_dir() {
         return None;
     }
-    desired::record_if(home.dir(), Want::Stopped, "cli stop", false, issued(), |_| true)
-        .map(|(d, _)| d)
-        .inspect_err(|e| eprintln!("warning: cannot record the stop in {}: {e}", desired::path(home.dir()).display()))
-        .ok()
+    let mut was_run = false;
+    desired::record_if(home.dir(), Want::Stopped, "cli stop", false, issued(), |d| {
+        was_run = d.want == Want::Run;
+        true
+    })
+    .map(|(d, _)| (d, was_run))
+    .inspect_err(|e| eprintln!("warning: cannot record the stop in {}: {e}", desired::path(home.dir()).display()))
+    .ok()
 }
 
-/// After a stop of a running gateway: the ledger has the stop exactly once. The gateway
-/// records a stop it receives; one that reached it only while it was already draining for a
-/// restart (or reached only its successor) is recorded here.
+/// After a stop that stopped a gateway or ended a `run` intent: the ledger has the stop
+/// exactly once. The gateway records a stop it receives; one that reached it only while it
+/// was already draining for a restart, or reached nobody (between a restart's old incarnation
+/// and its successor, which then stays down), is recorded here.
 pub fn ledger_stop_if_unrecorded(home: &Home, d: Option<&Desired>) {
     let me = u64::from(std::process::id());
     let recorded = read_tail(&home.ledger(), Some(500)).ok().unwrap_or_default().iter().any(|l| {

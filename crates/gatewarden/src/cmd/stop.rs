@@ -24,10 +24,10 @@ pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCo
     // First: the intent is durable before any signal, so nothing mid-flight can undo it.
     let desired = super::intent::record_stop(&home);
     let presence = presence(&home, "stop");
-    let running = matches!(presence, Presence::Running);
+    let news = matches!(presence, Presence::Running) || desired.as_ref().is_some_and(|(_, was_run)| *was_run);
     let code = stop_present(&home, presence, timeout_s, no_kill);
-    if running {
-        super::intent::ledger_stop_if_unrecorded(&home, desired.as_ref());
+    if news {
+        super::intent::ledger_stop_if_unrecorded(&home, desired.as_ref().map(|(d, _)| d));
     }
     code
 }
