@@ -110,6 +110,10 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Internal: the systemd unit's `ExecStopPost=` where systemd has no `RestartSteps=` (< 254):
+    /// after an unplanned exit, waits the crash loop's growing delay before systemd restarts
+    #[command(hide = true)]
+    CrashBackoff,
     /// Show the lifecycle ledger, newest last
     History {
         /// Number of events to show

@@ -44,7 +44,8 @@ fn tally<'a>(said: impl Iterator<Item = &'a str>) -> HashMap<&'a str, usize> {
 
 #[test]
 fn three_adapters_restarted_under_a_steady_stream_lose_and_repeat_nothing() {
-    let restarts: u32 = std::env::var("GW_PLATFORM_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+    // CI runs the short form; scripts/soak-platforms the long one (50 restarts, issue 10).
+    let restarts: u32 = std::env::var("GW_PLATFORM_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
     let seed: u64 = std::env::var("GW_PLATFORM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
     });

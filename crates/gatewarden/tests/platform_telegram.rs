@@ -251,11 +251,12 @@ fn outside_poller_means_standby_then_recovery() {
     stop_cleanly(&home, &mut g);
 }
 
-/// 50 restarts (GW_PLATFORM_RESTARTS) under a steady inbound stream: every message answered,
+/// 15 restarts in CI, 50 in scripts/soak-platforms (GW_PLATFORM_RESTARTS), under a steady inbound stream: every message answered,
 /// none twice. Prints and replays its seed (GW_PLATFORM_SEED) for the stream's pacing.
 #[test]
 fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
-    let restarts: u32 = std::env::var("GW_PLATFORM_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+    // CI runs the short form; scripts/soak-platforms the long one (50 restarts, issue 10).
+    let restarts: u32 = std::env::var("GW_PLATFORM_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
     let seed: u64 = std::env::var("GW_PLATFORM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
     });

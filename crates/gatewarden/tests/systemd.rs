@@ -458,3 +458,51 @@ fn d9_stop_after_a_chat_restart_stays_down() {
     assert_cli(&u.cli(&["start"]), 0, "start");
     u.wait_running(0, READY);
 }
+
+/// Issue 22, item 5: seven kill -9 in a row, each as soon as the gateway is back. With the old
+/// unit (`StartLimitBurst=5` in 60 s) the fifth or sixth left it `failed` for good while
+/// `status` said "last state: running" and `doctor` found nothing. Now the unit never gives
+/// up: every kill is revived, after a growing delay (`crash-backoff`, systemd < 254, or
+/// `RestartSteps=`), and `status`, `doctor` and the ledger name the crash loop.
+#[test]
+fn a_crash_loop_is_named_and_never_ends_the_unit() {
+    if !have_user_manager() {
+        return;
+    }
+    let u = Unit::install(Some(LOOPBACK), &[]);
+    let mut pid = u.wait_running(0, READY)["pid"].as_u64().unwrap() as u32;
+    for i in 0..7 {
+        send_signal(pid, sig::SIGKILL).unwrap();
+        // The ladder after crash n waits backoff(n-1): at most 3.2 s by the seventh.
+        let st = u.wait_running(pid, Duration::from_secs(15));
+        assert_ne!(u.prop("Result"), "start-limit-hit", "kill #{i}: {:?}", u.show());
+        pid = st["pid"].as_u64().unwrap() as u32;
+    }
+    // While it runs again: the loop that led here is named.
+    let status = u.cli(&["status", "--json"]).json();
+    let sentence = status["crash_loop"]["sentence"].as_str().unwrap_or_default().to_owned();
+    assert!(sentence.starts_with("7 crashes in a row"), "{status:#}");
+    let doctor = u.cli(&["doctor", "--json"]);
+    assert!(doctor.stdout.contains("crash-loop"), "{}", doctor.stdout);
+    // The growing delay is in the ledger (the helper on systemd < 254; systemd's own otherwise).
+    let unit_text = std::fs::read_to_string(u.path()).unwrap();
+    if unit_text.contains("crash-backoff") {
+        let delays: Vec<u64> =
+            u.home.events("crash_backoff").iter().map(|e| e["delay_ms"].as_u64().unwrap_or(0)).collect();
+        assert_eq!(delays, [0, 100, 200, 400, 800, 1600, 3200], "{}", u.home.ledger_text());
+        let exits = u.home.events("crash_backoff");
+        assert!(exits.iter().all(|e| e["exit"] == "killed by SIGKILL"), "{exits:?}");
+    } else {
+        assert!(unit_text.contains("RestartSteps="), "{unit_text}");
+    }
+    // Down, waiting out the eighth delay: status says what happened, not "last state: running".
+    send_signal(pid, sig::SIGKILL).unwrap();
+    let mut st = Value::Null;
+    let named = wait_until(Duration::from_secs(3), || {
+        st = u.cli(&["status", "--json"]).json();
+        st["running"] == json!(false)
+            && st["crash_loop"]["sentence"].as_str().is_some_and(|s| s.starts_with("8 crashes"))
+    });
+    assert!(named, "{st:#}");
+    assert!(st["last_exit_reason"].as_str().unwrap_or_default().contains("killed"), "{st:#}");
+}

@@ -108,7 +108,11 @@ impl Heartbeat {
 }
 
 pub fn read_heartbeat(home: &HermesHome) -> Option<Heartbeat> {
-    let v = fsio::read_json::<Value>(&home.heartbeat()).ok()?;
+    // `state/` is a folder the home's owner controls: reached without following links.
+    let f = home.open_read(crate::home::HEARTBEAT).ok()??;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(f, fsio::MAX_RECORD_BYTES), &mut bytes).ok()?;
+    let v = fsio::parse_json_value(&bytes).ok()?;
     Some(Heartbeat {
         pid: v.get("pid").and_then(Value::as_u64).and_then(|p| u32::try_from(p).ok()),
         updated_at: v.get("updated_at").and_then(Value::as_str).map(str::to_owned),
@@ -136,38 +140,22 @@ pub fn starts_within(starts: &[f64], now: f64, window_s: f64) -> usize {
 pub const STORM_MAX_STARTS: usize = 5;
 pub const STORM_WINDOW_S: f64 = 120.0;
 
-/// The last `n` JSON lines of a log (hermes's exit diagnostics, our ledger), oldest first.
-/// Lines that are not JSON objects are skipped.
-pub fn read_json_lines(path: &Path, n: usize) -> Vec<Map<String, Value>> {
+/// The last `n` JSON lines of a log in the home (`rel`: hermes's exit diagnostics, our
+/// ledger), oldest first, read through [`HermesHome::open_read`] (no links, no FIFOs, owner
+/// checked). Lines that are not JSON objects are skipped; a file that cannot be read safely
+/// reads as empty.
+pub fn read_json_lines(home: &HermesHome, rel: &str, n: usize) -> Vec<Map<String, Value>> {
+    let Ok(Some(f)) = home.open_read(rel) else { return Vec::new() };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     // Tail only: these logs are append-only and may be large.
-    let Ok(bytes) = read_tail_bytes(path, 256 * 1024) else { return Vec::new() };
-    let mut out: Vec<Map<String, Value>> = String::from_utf8_lossy(&bytes)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter_map(|v| match v {
-            Value::Object(m) => Some(m),
-            _ => None,
+    let Ok(lines) = gatewarden_lifecycle::ledger::tail_lines(f, len, Some(n)) else { return Vec::new() };
+    lines
+        .into_iter()
+        .filter_map(|l| match l {
+            gatewarden_lifecycle::ledger::Line::Event(m) => Some(m),
+            gatewarden_lifecycle::ledger::Line::Garbage(_) => None,
         })
-        .collect();
-    let skip = out.len().saturating_sub(n);
-    out.drain(..skip);
-    out
-}
-
-fn read_tail_bytes(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path)?;
-    let len = f.metadata()?.len();
-    let start = len.saturating_sub(max);
-    f.seek(SeekFrom::Start(start))?;
-    let mut buf = Vec::new();
-    f.take(max).read_to_end(&mut buf)?;
-    if start > 0 {
-        // Drop the partial first line.
-        let cut = buf.iter().position(|&b| b == b'\n').map_or(buf.len(), |i| i + 1);
-        buf.drain(..cut);
-    }
-    Ok(buf)
+        .collect()
 }
 
 /// Epoch seconds of `t`.
@@ -208,10 +196,16 @@ mod tests {
     #[test]
     fn json_lines_tail_skips_garbage() {
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("x.log");
-        std::fs::write(&p, "{\"tag\":\"a\"}\nnot json\n[1]\n{\"tag\":\"b\"}\n{\"tag\":\"c\"}\n").unwrap();
-        let tags: Vec<_> = read_json_lines(&p, 2).iter().map(|m| m["tag"].clone()).collect();
+        let home = HermesHome::at(dir.path());
+        std::fs::create_dir(dir.path().join("logs")).unwrap();
+        std::fs::write(
+            dir.path().join("logs/x.log"),
+            "{\"tag\":\"a\"}\nnot json\n[1]\n{\"tag\":\"b\"}\n{\"tag\":\"c\"}\n",
+        )
+        .unwrap();
+        let tags: Vec<_> = read_json_lines(&home, "logs/x.log", 2).iter().map(|m| m["tag"].clone()).collect();
         assert_eq!(tags, vec!["b", "c"]);
-        assert!(read_json_lines(&dir.path().join("missing"), 5).is_empty());
+        assert!(read_json_lines(&home, "logs/missing", 5).is_empty());
+        assert!(read_json_lines(&home, "nope/missing", 5).is_empty());
     }
 }

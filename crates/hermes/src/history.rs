@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use gatewarden_lifecycle::timefmt;
 
 use crate::files;
-use crate::home::HermesHome;
+use crate::home::{ACTIONS_LEDGER, EXIT_DIAG_LOG, HermesHome, OURS};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -36,10 +36,9 @@ pub struct Entry {
 /// The last `n` entries of every source, merged oldest first.
 pub fn history(home: &HermesHome, n: usize) -> Vec<Entry> {
     let mut all = Vec::new();
-    for (path, source, key) in
-        [(home.exit_diag_log(), Source::ExitDiag, "tag"), (home.actions_ledger(), Source::Gatewarden, "event")]
-    {
-        all.extend(files::read_json_lines(&path, n).into_iter().map(|mut m| {
+    let ours = format!("{OURS}/{ACTIONS_LEDGER}");
+    for (rel, source, key) in [(EXIT_DIAG_LOG, Source::ExitDiag, "tag"), (ours.as_str(), Source::Gatewarden, "event")] {
+        all.extend(files::read_json_lines(home, rel, n).into_iter().map(|mut m| {
             let at = m.get("ts").and_then(Value::as_str).and_then(timefmt::parse).map(files::epoch_s);
             let event = m.remove(key).and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
             let pid = m.get("pid").and_then(Value::as_u64);

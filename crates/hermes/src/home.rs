@@ -10,6 +10,18 @@ use std::path::{Path, PathBuf};
 use gatewarden_lifecycle::fsio::{self, ReadOutcome};
 
 use crate::HERMES_KIND;
+use crate::sys::HomeDir;
+
+/// gatewarden's own folder inside a hermes home.
+pub const OURS: &str = "gatewarden";
+/// In [`OURS`]: the ledger of our actions, and a started hermes's stdout/stderr.
+pub const ACTIONS_LEDGER: &str = "actions.jsonl";
+pub const STDIO_LOG: &str = "gateway-stdio.log";
+pub const PARKED_STATE: &str = "supervise_state.json";
+/// hermes's logs, relative to the home.
+pub const GATEWAY_LOG: &str = "logs/gateway.log";
+pub const HEARTBEAT: &str = "state/gateway.heartbeat";
+pub const EXIT_DIAG_LOG: &str = "logs/gateway-exit-diag.log";
 
 /// The environment variable that selects a hermes home, like `--hermes-home`.
 pub const HERMES_HOME_ENV: &str = "GATEWARDEN_HERMES_HOME";
@@ -66,7 +78,7 @@ impl HermesHome {
         self.as_lifecycle().state_file()
     }
     pub fn heartbeat(&self) -> PathBuf {
-        self.dir.join("state").join("gateway.heartbeat")
+        self.dir.join(HEARTBEAT)
     }
     pub fn starts_log(&self) -> PathBuf {
         self.dir.join("gateway-starts.log")
@@ -84,26 +96,61 @@ impl HermesHome {
         self.dir.join("logs")
     }
     pub fn gateway_log(&self) -> PathBuf {
-        self.logs_dir().join("gateway.log")
+        self.dir.join(GATEWAY_LOG)
     }
     pub fn exit_diag_log(&self) -> PathBuf {
-        self.logs_dir().join("gateway-exit-diag.log")
+        self.dir.join(EXIT_DIAG_LOG)
     }
     /// gatewarden's own folder inside the home: never one of hermes's files.
     pub fn ours_dir(&self) -> PathBuf {
-        self.dir.join("gatewarden")
+        self.dir.join(OURS)
     }
     /// Our ledger of the actions we took on this home.
     pub fn actions_ledger(&self) -> PathBuf {
-        self.ours_dir().join("actions.jsonl")
+        self.ours_dir().join(ACTIONS_LEDGER)
     }
     /// stdout/stderr of a hermes we started or supervise.
     pub fn stdio_log(&self) -> PathBuf {
-        self.ours_dir().join("gateway-stdio.log")
+        self.ours_dir().join(STDIO_LOG)
     }
     /// Why our supervisor parked, for `status` and `doctor`.
     pub fn parked_state(&self) -> PathBuf {
-        self.ours_dir().join("supervise_state.json")
+        self.ours_dir().join(PARKED_STATE)
+    }
+
+    /// The home's folder, held open: every file we read or write in the home goes through it
+    /// (no links followed, regular files only, owners checked: [`crate::sys::HomeDir`]). The
+    /// home may belong to someone less privileged than us.
+    pub fn open_dir(&self) -> std::io::Result<HomeDir> {
+        HomeDir::open(&self.dir)
+    }
+
+    /// `<home>/gatewarden/`, created 0700 for the home's owner when missing.
+    pub fn open_ours(&self) -> std::io::Result<HomeDir> {
+        self.open_dir()?.subdir(OURS, true)
+    }
+
+    /// Opens `rel` (`logs/gateway.log`, `gatewarden/actions.jsonl`) for reading, each folder
+    /// and the file itself without following links. `Ok(None)`: it (or a folder) is missing.
+    pub fn open_read(&self, rel: &str) -> std::io::Result<Option<std::fs::File>> {
+        let mut parts: Vec<&str> = rel.split('/').filter(|p| !p.is_empty()).collect();
+        let name = parts.pop().unwrap_or_default();
+        let mut dir = match self.open_dir() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            d => d?,
+        };
+        for p in parts {
+            dir = match dir.subdir(p, false) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                d => d?,
+            };
+        }
+        dir.open_read(name)
+    }
+
+    /// The uid of the home's owner (Unix).
+    pub fn owner(&self) -> Option<(u32, u32)> {
+        self.open_dir().ok().and_then(|d| d.owner())
     }
 }
 

@@ -19,6 +19,7 @@
 //! - [`holder`]: who holds the lock, without taking it.
 //! - [`status`]: the status report and its text rendering.
 //! - [`marker`]: the planned-stop marker.
+//! - [`launch`]: what `start`/`restart` will run, resolved before anything is stopped.
 //! - [`stop`], [`start`], [`restart`]: verified lifecycle actions.
 //! - [`policy`]: what `supervise` does after each hermes exit.
 //! - [`supervise`]: the supervise loop for a hermes child.
@@ -31,6 +32,7 @@ pub mod files;
 pub mod history;
 pub mod holder;
 pub mod home;
+pub mod launch;
 pub mod ledger;
 pub mod marker;
 pub mod policy;

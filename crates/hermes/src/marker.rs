@@ -40,25 +40,15 @@ pub fn render_planned_stop(target: ProcessIdentity, stopper_pid: u32, now: Syste
     serde_json::to_vec(&m).unwrap_or_default()
 }
 
-/// Writes the marker atomically (temp file + rename: hermes's watcher never reads a torn one),
-/// owned by the home's owner: a root-owned 0600 marker is unreadable to a user's hermes, which
-/// then treats the stop as unplanned (hermes PR #24351).
+/// Writes the marker atomically (a randomly named `O_EXCL|O_NOFOLLOW` temp file + rename:
+/// hermes's watcher never reads a torn one), 0644 and owned by the home's owner: a root-owned
+/// 0600 marker is unreadable to a user's hermes, which then treats the stop as unplanned
+/// (hermes PR #24351). The home may be someone else's: nothing planted in it is followed.
 pub fn write_planned_stop(home: &HermesHome, target: ProcessIdentity) -> io::Result<()> {
-    let path = home.planned_stop_marker();
     let bytes = render_planned_stop(target, std::process::id(), SystemTime::now());
-    let tmp = home.dir().join(format!(".gateway-planned-stop.json.gatewarden-{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
-        crate::sys::give_to_owner_of(&f, home.dir())?;
-        io::Write::write_all(&mut f, &bytes)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, &path)
-    })();
-    if result.is_err() {
-        let _ = fsio::remove_if_exists(&tmp);
-    }
-    result
+    let path = home.planned_stop_marker();
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or(".gateway-planned-stop.json");
+    home.open_dir()?.write_atomic(name, &bytes, 0o644)
 }
 
 /// Whether a marker naming `target` is still in place (hermes unlinks it when its handler

@@ -4,6 +4,7 @@
 //! (measured: unsupervised, it stays down). So SIGUSR1 is sent only when a supervisor that
 //! revives 75 is proven ([`SupervisedBy::revives_exit_75`]); otherwise stop, then start.
 
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,7 @@ use serde_json::json;
 
 use crate::holder::{self, Finding};
 use crate::home::HermesHome;
+use crate::launch::{self, Launch};
 use crate::ledger;
 use crate::start::{self, StartError};
 use crate::status::is_ready;
@@ -47,6 +49,8 @@ pub struct Restarted {
 pub enum RestartError {
     #[error("cannot identify the process holding the hermes lock: {0}")]
     Unidentified(String),
+    #[error("nothing could start hermes again, so it was not stopped: {0}")]
+    NothingToStart(String),
     #[error(transparent)]
     Stop(#[from] StopError),
     #[error(transparent)]
@@ -72,21 +76,28 @@ impl Default for RestartOptions {
     }
 }
 
-/// Restarts the gateway of `home`. `start_cmd` builds the detached `hermes gateway run` used
-/// when no proven supervisor will (see [`start::command`]).
+/// Restarts the gateway of `home`. `start_cmd` builds the detached command used when no
+/// proven supervisor will (see [`start::command_for`]) from what [`launch::resolve`] chose
+/// (`explicit`: `--hermes`), which is resolved before anything is stopped: a gateway is never
+/// stopped when nothing could start it again.
 pub fn restart(
     home: &HermesHome,
     opts: &RestartOptions,
-    start_cmd: impl FnOnce() -> Command,
+    explicit: Option<PathBuf>,
+    start_cmd: impl FnOnce(&Launch) -> Command,
 ) -> Result<Restarted, RestartError> {
     let started = Instant::now();
     let old = match holder::find(home) {
         Finding::Unknown(why) => return Err(RestartError::Unidentified(why)),
+        Finding::Unproven { identity, why, .. } => {
+            return Err(RestartError::Stop(StopError::Unproven { pid: identity.pid, why }));
+        }
         Finding::Free => None,
         Finding::Held { identity, .. } => Some(identity),
     };
     let Some(old) = old else {
-        let s = start::start(home, start_cmd(), opts.ready_timeout)?;
+        let launch = launch::resolve(home, explicit, None).map_err(RestartError::NothingToStart)?;
+        let s = start::start(home, start_cmd(&launch), opts.ready_timeout)?;
         return Ok(done(home, None, s.identity, RestartPath::Start, started, Some(s.child)));
     };
     let sup = supervisor::detect(old);
@@ -116,8 +127,16 @@ pub fn restart(
         // start beside it would make two owners, the loser exiting 1 every 5 s.
         return Err(RestartError::ServiceManager(sup.label()));
     }
+    let launch = match launch::resolve(home, explicit, Some(old)) {
+        Ok(l) => l,
+        Err(why) => {
+            ledger::record(home, "restart.refused", json!({"target_pid": old.pid, "why": why}));
+            return Err(RestartError::NothingToStart(why));
+        }
+    };
+    ledger::record(home, "restart.launch", json!({"command": launch.display(), "source": launch.source}));
     stop::stop_identity(home, old, &opts.stop)?;
-    let s = start::start(home, start_cmd(), opts.ready_timeout)?;
+    let s = start::start(home, start_cmd(&launch), opts.ready_timeout)?;
     Ok(done(home, Some(old), s.identity, RestartPath::StopStart, started, Some(s.child)))
 }
 

@@ -5,7 +5,6 @@
 //! verb: they print guidance, exit 0 whatever happened, and unlink `gateway.lock`.
 
 use std::ffi::OsString;
-use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -14,7 +13,8 @@ use gatewarden_lifecycle::{ProcessIdentity, platform};
 use serde_json::json;
 
 use crate::holder::{self, Finding};
-use crate::home::HermesHome;
+use crate::home::{HermesHome, STDIO_LOG};
+use crate::launch::{self, Launch};
 use crate::status::is_ready;
 use crate::supervisor::{SUPERVISOR_TAG, render_tag};
 use crate::{ledger, sys};
@@ -34,8 +34,13 @@ pub enum Mode {
 /// The `hermes gateway run` command for `home`. Callers may add to it (tests make it
 /// hermetic) before passing it to [`spawn`].
 pub fn command(home: &HermesHome, hermes: &Path, mode: Mode) -> Command {
-    let mut cmd = Command::new(hermes);
-    cmd.args(["gateway", "run"]);
+    command_for(home, &Launch::hermes(hermes, launch::Source::Explicit), mode)
+}
+
+/// [`command`] for a resolved [`Launch`] (what ran before, see [`crate::launch`]).
+pub fn command_for(home: &HermesHome, launch: &Launch, mode: Mode) -> Command {
+    let mut cmd = Command::new(&launch.program);
+    cmd.args(&launch.args);
     cmd.env("HERMES_HOME", home.env_value()).env("PYTHONUNBUFFERED", "1").stdin(Stdio::null());
     match mode {
         Mode::Detached => sys::detach(&mut cmd),
@@ -52,8 +57,12 @@ pub fn command(home: &HermesHome, hermes: &Path, mode: Mode) -> Command {
 
 /// The hermes executable: `--hermes`, else `hermes` next to gatewarden's `PATH` lookup.
 pub fn default_hermes(flag: Option<PathBuf>, env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
+    explicit_hermes(flag, env).unwrap_or_else(|| PathBuf::from("hermes"))
+}
+
+/// The hermes executable the operator named: `--hermes`, else `GATEWARDEN_HERMES`.
+pub fn explicit_hermes(flag: Option<PathBuf>, env: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
     flag.or_else(|| env("GATEWARDEN_HERMES").filter(|v| !v.is_empty()).map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("hermes"))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +72,8 @@ pub enum StartError {
     AlreadyRunning(ProcessIdentity),
     #[error("cannot identify the process holding the hermes lock: {0}")]
     Unidentified(String),
+    #[error("cannot open hermes's output log {}: {source}", log.display())]
+    Log { log: PathBuf, source: std::io::Error },
     #[error("cannot start {}: {source}", program.display())]
     Spawn { program: PathBuf, source: std::io::Error },
     #[error("hermes exited ({status}) before it was ready; see {}", log.display())]
@@ -81,20 +92,27 @@ pub struct Started {
 }
 
 /// Spawns `cmd` with stdout/stderr appended to `<home>/gatewarden/gateway-stdio.log`.
+/// The log is opened through the home's folder handle (no link followed, owner checked); one
+/// that cannot be opened safely is refused with the reason, never replaced by a null sink.
+/// When we run as root in a home that belongs to another user, hermes runs as that user: a
+/// root hermes would obey a configuration the home's owner writes.
 pub fn spawn(home: &HermesHome, mut cmd: Command) -> Result<Child, StartError> {
     let program = PathBuf::from(cmd.get_program());
     let log = home.stdio_log();
-    let _ = std::fs::create_dir_all(home.ours_dir());
-    let out = OpenOptions::new().create(true).append(true).open(&log);
-    match out.and_then(|f| Ok((f.try_clone()?, f))) {
-        Ok((a, b)) => {
-            cmd.stdout(a).stderr(b);
-        }
-        Err(_) => {
-            cmd.stdout(Stdio::null()).stderr(Stdio::null());
-        }
+    let out = home.open_ours().and_then(|d| d.open_append(STDIO_LOG)).and_then(|f| Ok((f.try_clone()?, f)));
+    let (a, b) = out.map_err(|source| StartError::Log { log, source })?;
+    cmd.stdout(a).stderr(b);
+    if let Some((uid, gid)) = run_as(home) {
+        sys::run_as(&mut cmd, uid, gid);
     }
     cmd.spawn().map_err(|source| StartError::Spawn { program, source })
+}
+
+/// Whom hermes must run as: the home's owner, when that is not us (we are root, or the spawn
+/// fails on its own for lack of rights).
+pub fn run_as(home: &HermesHome) -> Option<(u32, u32)> {
+    let (uid, gid) = home.owner()?;
+    (Some(uid) != sys::effective_uid()).then_some((uid, gid))
 }
 
 /// Starts `cmd` (from [`command`]) unless a gateway already runs, and waits until ready.
@@ -102,7 +120,10 @@ pub fn start(home: &HermesHome, cmd: Command, timeout: Duration) -> Result<Start
     match holder::find(home) {
         Finding::Held { identity, .. } => return Err(StartError::AlreadyRunning(identity)),
         Finding::Unknown(why) => return Err(StartError::Unidentified(why)),
-        Finding::Free => {}
+        // Something foreign holds the lock: hermes could not take it.
+        Finding::Unproven { holds_lock: true, why, .. } => return Err(StartError::Unidentified(why)),
+        // Only a record names a process that is not this home's gateway: nothing runs here.
+        Finding::Unproven { holds_lock: false, .. } | Finding::Free => {}
     }
     let started = Instant::now();
     let child = spawn(home, cmd)?;

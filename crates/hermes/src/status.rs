@@ -109,6 +109,10 @@ pub fn status(home: &HermesHome) -> HermesStatus {
             (phase_of(state.as_ref(), *identity), Some(*identity), Some(*source))
         }
         Finding::Free => (Phase::NotRunning, None, None),
+        Finding::Unproven { holds_lock, why, .. } => {
+            notes.push(format!("not this home's gateway: {why}"));
+            (if *holds_lock { Phase::Unknown } else { Phase::NotRunning }, None, None)
+        }
         Finding::Unknown(why) => {
             notes.push(format!("cannot identify the lock holder: {why}"));
             (Phase::Unknown, None, None)

@@ -95,6 +95,8 @@ pub enum StopOutcome {
 pub enum StopError {
     #[error("cannot identify the process holding the hermes lock: {0}")]
     Unidentified(String),
+    #[error("not stopping pid {pid}: it is not proven to be this home's hermes gateway ({why})")]
+    Unproven { pid: u32, why: String },
     #[error("cannot write the planned-stop marker: {0}")]
     Marker(#[source] std::io::Error),
     #[error("not signalling pid {pid}: {why}")]
@@ -108,6 +110,10 @@ pub fn stop(home: &HermesHome, opts: &StopOptions) -> Result<StopOutcome, StopEr
     let id = match holder::find(home) {
         Finding::Free => return Ok(StopOutcome::NotRunning),
         Finding::Unknown(why) => return Err(StopError::Unidentified(why)),
+        Finding::Unproven { identity, why, .. } => {
+            ledger::record(home, "stop.refused", json!({"target_pid": identity.pid, "why": why}));
+            return Err(StopError::Unproven { pid: identity.pid, why });
+        }
         Finding::Held { identity, .. } => identity,
     };
     stop_identity(home, id, opts).map(StopOutcome::Stopped)

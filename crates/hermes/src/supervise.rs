@@ -13,7 +13,7 @@ use gatewarden_service::supervise::{RestartHistory, SupervisePolicy};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::home::HermesHome;
+use crate::home::{HermesHome, PARKED_STATE};
 use crate::policy::{self, ExitFacts, HermesAction, ParkKind};
 use crate::start::{self, StartError};
 use crate::status::is_ready;
@@ -87,10 +87,12 @@ impl Supervise {
             match action {
                 HermesAction::StayDown | HermesAction::StayDownAnomaly { .. } => return Ok(End::StayedDown),
                 HermesAction::Park { kind, reason } => {
-                    let _ = std::fs::create_dir_all(self.home.ours_dir());
                     let record = json!({"v": 1, "state": "parked", "kind": kind, "reason": reason, "last_exit": facts.exit,
                         "supervisor_pid": std::process::id(), "parked_at": gatewarden_lifecycle::timefmt::now()});
-                    let _ = gatewarden_lifecycle::fsio::write_json(&self.home.parked_state(), &record);
+                    let _ = self
+                        .home
+                        .open_ours()
+                        .and_then(|d| d.write_atomic(PARKED_STATE, record.to_string().as_bytes(), 0o600));
                     return Ok(End::Parked { kind, reason });
                 }
                 HermesAction::RestartNow => {}

@@ -110,6 +110,27 @@ pub struct UnitOptions {
     pub scope: Scope,
     /// hermes's `restart_drain_timeout` (default 0); the stop timeout adds 30 s to it.
     pub drain_timeout_s: u64,
+    /// `User=`/`Group=` (numeric) for a system unit of a home owned by someone other than
+    /// root: supervise and hermes run as the home's owner, never as root against a folder
+    /// another user controls. See [`run_as_for`].
+    pub run_as: Option<(u32, u32)>,
+}
+
+/// Whom a unit for a home owned by `owner` (uid, gid) runs as, installed by `me` in `scope`:
+/// `Ok(None)` as the manager's own user, `Ok(Some(..))` as the owner, `Err` when the scope
+/// cannot run as the owner (a user manager runs everything as its user).
+pub fn run_as_for(scope: Scope, owner: Option<(u32, u32)>, me: Option<u32>) -> Result<Option<(u32, u32)>, String> {
+    let Some((uid, gid)) = owner else { return Ok(None) };
+    match scope {
+        Scope::System if uid == 0 => Ok(None),
+        Scope::System => Ok(Some((uid, gid))),
+        Scope::User if me.is_none_or(|me| me == uid) => Ok(None),
+        Scope::User => Err(format!(
+            "the home belongs to uid {uid}, and a user unit of uid {} would run hermes as that user against it; \
+             install it as the home's owner, or with --system (then it runs as uid {uid})",
+            me.unwrap_or_default()
+        )),
+    }
 }
 
 /// Our unit's name for a home: never `hermes-gateway*`, so hermes's boot-time unit refresh
@@ -157,6 +178,7 @@ pub fn render(o: &UnitOptions) -> String {
     .map(|w| word(w))
     .collect::<Vec<_>>()
     .join(" ");
+    let user = o.run_as.map_or(String::new(), |(u, g)| format!("User={u}\nGroup={g}\n"));
     let (after, wanted) = match o.scope {
         Scope::System => ("After=network-online.target\nWants=network-online.target\n", "multi-user.target"),
         Scope::User => ("", "default.target"),
@@ -171,6 +193,7 @@ pub fn render(o: &UnitOptions) -> String {
          [Service]\n\
          Type=notify\n\
          NotifyAccess=main\n\
+         {user}\
          ExecStart={exec}\n\
          WorkingDirectory={wd}\n\
          Environment={env}\n\
@@ -244,6 +267,7 @@ mod tests {
             hermes: "/opt/v env/bin/hermes".into(),
             scope,
             drain_timeout_s: 0,
+            run_as: None,
         }
     }
 
@@ -267,6 +291,18 @@ mod tests {
         );
         let p = render_print(&opts("/srv/h", Scope::User));
         assert!(p.starts_with("# gatewarden-hermes-") && p.contains("#   RestartSec=5: "));
+        assert!(!s.contains("User="));
+        let owned = render(&UnitOptions { run_as: Some((1001, 1002)), ..opts("/srv/h", Scope::System) });
+        assert!(owned.contains("User=1001\nGroup=1002\nExecStart="), "{owned}");
+    }
+
+    #[test]
+    fn a_unit_runs_as_the_homes_owner_or_is_refused() {
+        assert_eq!(run_as_for(Scope::System, Some((1001, 1002)), Some(0)), Ok(Some((1001, 1002))));
+        assert_eq!(run_as_for(Scope::System, Some((0, 0)), Some(0)), Ok(None));
+        assert_eq!(run_as_for(Scope::User, Some((1001, 1002)), Some(1001)), Ok(None));
+        assert!(run_as_for(Scope::User, Some((1001, 1002)), Some(0)).unwrap_err().contains("--system"));
+        assert_eq!(run_as_for(Scope::System, None, None), Ok(None));
     }
 
     #[test]

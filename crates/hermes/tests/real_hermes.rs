@@ -211,7 +211,10 @@ fn restart_of_an_unsupervised_hermes_is_stop_then_start() {
     let Some(lab) = Lab::new() else { return };
     let (mut old_child, _) = start_polled(&lab);
     let old = status(&lab.home).identity().expect("identity");
-    let r = restart::restart(&lab.home, &RestartOptions::default(), || lab.command(Mode::Detached)).expect("restart");
+    let r = restart::restart(&lab.home, &RestartOptions::default(), Some(lab.hermes.clone()), |l| {
+        lab.command_for(l, Mode::Detached)
+    })
+    .expect("restart");
     let mut new_child = r.child.expect("we started the new one");
     lab.track(new_child.id());
     assert_eq!(r.path, RestartPath::StopStart);
@@ -263,8 +266,10 @@ fn restart_under_supervise_uses_sigusr1_and_is_revived_at_once() {
         let s0 = status(&lab.home);
         assert!(s0.supervisor.as_deref().is_some_and(|l| l.starts_with("gatewarden")), "{:?}", s0.supervisor);
         let t0 = Instant::now();
-        let r = restart::restart(&lab.home, &RestartOptions::default(), || panic!("must not start a detached hermes"))
-            .expect("restart");
+        let r = restart::restart(&lab.home, &RestartOptions::default(), None, |_| {
+            panic!("must not start a detached hermes")
+        })
+        .expect("restart");
         eprintln!("supervised restart in {:.2} s", t0.elapsed().as_secs_f64());
         assert_eq!(r.path, RestartPath::Sigusr1);
         assert_ne!(Some(r.new), s0.identity());

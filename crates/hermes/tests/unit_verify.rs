@@ -15,13 +15,15 @@ fn rendered_units_pass_systemd_analyze_verify() {
     let dir = tempfile::tempdir().expect("tempdir");
     let home = HermesHome::at(dir.path().join("hermes home"));
     std::fs::create_dir_all(home.dir()).expect("mkdir");
-    for scope in [Scope::User, Scope::System] {
+    // A system unit of a home owned by another user runs as that user (numeric User=/Group=).
+    for (scope, run_as) in [(Scope::User, None), (Scope::System, None), (Scope::System, Some((65534, 65534)))] {
         let o = UnitOptions {
             home: home.clone(),
             gatewarden: "/bin/true".into(),
             hermes: "/bin/true".into(),
             scope,
             drain_timeout_s: 0,
+            run_as,
         };
         let path = dir.path().join(unit_name(&home));
         std::fs::write(&path, render(&o)).expect("write unit");

@@ -51,19 +51,7 @@ impl Ledger {
     /// Appends one event. `fields` must be a JSON object (or null); its keys are merged in.
     /// Errors are returned, not swallowed; callers that must not fail on a full disk log them.
     pub fn append(&self, event: &str, fields: Value) -> io::Result<()> {
-        let mut obj = Map::new();
-        obj.insert("ts".into(), json!(timefmt::now()));
-        obj.insert("event".into(), json!(event));
-        obj.insert("pid".into(), json!(self.writer.pid));
-        obj.insert("start_time".into(), json!(self.writer.start_time));
-        if let Some(inc) = &self.writer.incarnation {
-            obj.insert("incarnation".into(), json!(inc));
-        }
-        if let Value::Object(extra) = fields {
-            obj.extend(extra);
-        }
-        let mut line = serde_json::to_vec(&Value::Object(obj)).map_err(io::Error::other)?;
-        line.push(b'\n');
+        let line = self.writer.render(event, fields)?;
         // Never through a symlink: a planted `lifecycle.jsonl -> /etc/passwd` is refused.
         let mut f = fsio::open_append(&self.path)?;
         if f.metadata().is_ok_and(|m| m.len() > ROTATE_BYTES) {
@@ -72,6 +60,27 @@ impl Ledger {
         }
         // One write call per line: appends of this size are not interleaved.
         f.write_all(&line)
+    }
+}
+
+impl Writer {
+    /// One ledger line (with its newline): `ts`, `event`, the writer's stamp, then `fields`
+    /// (a JSON object, or null). Shared with ledgers kept elsewhere (a hermes home's).
+    pub fn render(&self, event: &str, fields: Value) -> io::Result<Vec<u8>> {
+        let mut obj = Map::new();
+        obj.insert("ts".into(), json!(timefmt::now()));
+        obj.insert("event".into(), json!(event));
+        obj.insert("pid".into(), json!(self.pid));
+        obj.insert("start_time".into(), json!(self.start_time));
+        if let Some(inc) = &self.incarnation {
+            obj.insert("incarnation".into(), json!(inc));
+        }
+        if let Value::Object(extra) = fields {
+            obj.extend(extra);
+        }
+        let mut line = serde_json::to_vec(&Value::Object(obj)).map_err(io::Error::other)?;
+        line.push(b'\n');
+        Ok(line)
     }
 }
 
@@ -87,20 +96,24 @@ pub enum Line {
 /// backwards from the end, only as far as `n` lines need (at most [`MAX_TAIL_BYTES`]), through
 /// the one read helper ([`fsio::open_regular`]): no symlinks, FIFOs or devices.
 pub fn read_tail(path: &Path, n: Option<usize>) -> fsio::ReadOutcome<Vec<Line>> {
-    fsio::open_regular(path).map(|(mut f, len)| match tail_bytes(&mut f, len, n) {
-        Ok(bytes) => {
-            let lines: Vec<&[u8]> =
-                bytes.split(|&b| b == b'\n').filter(|l| !l.iter().all(u8::is_ascii_whitespace)).collect();
-            let skip = n.map_or(0, |n| lines.len().saturating_sub(n));
-            fsio::ReadOutcome::Ok(lines[skip..].iter().map(|l| parse_line(l)).collect())
-        }
+    fsio::open_regular(path).map(|(f, len)| match tail_lines(f, len, n) {
+        Ok(lines) => fsio::ReadOutcome::Ok(lines),
         Err(e) => fsio::ReadOutcome::Unreadable(e.to_string()),
     })
 }
 
+/// The last `n` lines (all when `None`) of an open regular file of `len` bytes, oldest first,
+/// read backwards as [`read_tail`] does. For files opened by other rules (a hermes home's).
+pub fn tail_lines(mut f: impl Read + Seek, len: u64, n: Option<usize>) -> io::Result<Vec<Line>> {
+    let bytes = tail_bytes(&mut f, len, n)?;
+    let lines: Vec<&[u8]> = bytes.split(|&b| b == b'\n').filter(|l| !l.iter().all(u8::is_ascii_whitespace)).collect();
+    let skip = n.map_or(0, |n| lines.len().saturating_sub(n));
+    Ok(lines[skip..].iter().map(|l| parse_line(l)).collect())
+}
+
 /// The bytes of the last `n` complete lines (or of the last [`MAX_TAIL_BYTES`]), starting at a
-/// line boundary.
-fn tail_bytes(f: &mut (impl Read + Seek), len: u64, n: Option<usize>) -> io::Result<Vec<u8>> {
+/// line boundary (possibly a few lines more than `n`). Read backwards from `len`.
+pub fn tail_bytes(f: &mut (impl Read + Seek), len: u64, n: Option<usize>) -> io::Result<Vec<u8>> {
     let floor = len.saturating_sub(MAX_TAIL_BYTES);
     let mut start = len;
     let mut buf: Vec<u8> = Vec::new();

@@ -18,6 +18,7 @@
 //! - [`home`]: where state lives and the names of its files.
 //! - [`platform`]: the per-OS facade; the only place with `cfg`.
 
+pub mod crashes;
 pub mod desired;
 pub mod exit;
 pub mod fsio;

@@ -76,10 +76,17 @@ pub struct ServiceSpec {
     pub restart_sec_ms: u64,
     /// systemd `WatchdogSec=` in seconds; 0 omits the directive.
     pub watchdog_s: u64,
-    /// Crash-loop brake window (`StartLimitIntervalSec=`), seconds.
+    /// `StartLimitIntervalSec=`, seconds. 0 (the default): systemd never stops restarting a
+    /// crashing gateway; the brake is a growing delay instead (see `restart_steps`), so a
+    /// crash loop ends by itself once its cause is gone (issue 22: a unit that hit its start
+    /// limit stayed down for good, silently).
     pub start_limit_interval_s: u64,
     /// Crash-loop brake burst (`StartLimitBurst=`).
     pub start_limit_burst: u32,
+    /// systemd ≥ 254: the growing delay is systemd's own (`RestartSteps=`/`RestartMaxDelaySec=`).
+    /// Older systemd: `ExecStopPost=` runs `gatewarden crash-backoff`, which waits the same
+    /// growing delay after an unplanned exit (read from the ledger) before systemd's restart.
+    pub restart_steps: bool,
     /// launchd `ThrottleInterval` in seconds (minimum time between spawns of the job).
     pub throttle_interval_s: u64,
     /// The last known good binary (`<home>/releases/good/`), run by systemd's `ExecStopPost=`
@@ -146,8 +153,9 @@ impl ServiceSpec {
             run_as_user: None,
             restart_sec_ms: 100,
             watchdog_s: 30,
-            start_limit_interval_s: 60,
+            start_limit_interval_s: 0,
             start_limit_burst: 5,
+            restart_steps: false,
             throttle_interval_s: 10,
             revert_exe: None,
         }

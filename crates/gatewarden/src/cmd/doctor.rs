@@ -217,6 +217,19 @@ fn check(home: &Home) -> Vec<Item> {
         let in_use = std::net::TcpListener::bind(cfg.listen).is_err_and(|e| e.kind() == std::io::ErrorKind::AddrInUse);
         out.extend(doctor::check_port(&PortFacts { addr: cfg.listen.to_string(), in_use, held_by_own_gateway: false }));
     }
+    // A crash loop, named whoever restarts it (the unit's growing delay keeps it trying).
+    if let Some(c) = super::crash_backoff::crash_loop(home, running) {
+        extra.push(Item {
+            id: "crash-loop".into(),
+            severity: if running { Severity::Warning } else { Severity::Error },
+            subject: home.ledger().display().to_string(),
+            message: format!("the gateway is crash-looping: {}", c.sentence()),
+            fix: Fix::Manual {
+                hint: format!("find the cause in `gatewarden --home {} logs` and `history`", home.dir().display()),
+            },
+            fixed: None,
+        });
+    }
     // Parked supervisor.
     let exe = manager::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gatewarden".into());
     out.extend(doctor::check_parked(&read_parked_state(home.dir()), &exe, &home.dir().to_string_lossy()));

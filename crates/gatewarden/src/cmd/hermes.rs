@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use gatewarden_hermes::doctor::{self, Context as DoctorContext};
+use gatewarden_hermes::launch::{self, Launch};
 use gatewarden_hermes::restart::{self, RestartOptions};
 use gatewarden_hermes::start::{self, Mode, StartError};
 use gatewarden_hermes::status as hstatus;
@@ -65,6 +66,7 @@ pub fn dispatch(home: HermesHome, by: SelectedBy, command: Command) -> anyhow::R
             bail!("`update` replaces gatewarden's own binary; update hermes-agent with `hermes update`")
         }
         Command::Check { .. } => bail!("`check` validates a native home; for a hermes home use `doctor`"),
+        Command::CrashBackoff => bail!("`crash-backoff` belongs to a native home's systemd unit"),
     }
 }
 
@@ -97,8 +99,8 @@ fn hermes_exe_absolute(flag: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 }
 
 /// `hermes gateway run` for `home`, without our own manager's variables.
-fn command(home: &HermesHome, hermes: &Path, mode: Mode) -> std::process::Command {
-    let mut cmd = start::command(home, hermes, mode);
+fn command(home: &HermesHome, launch: &Launch, mode: Mode) -> std::process::Command {
+    let mut cmd = start::command_for(home, launch, mode);
     for k in NOT_FOR_CHILD {
         cmd.env_remove(k);
     }
@@ -155,9 +157,21 @@ fn stop(home: &HermesHome, timeout_s: u64, no_kill: bool) -> anyhow::Result<Exit
     }
 }
 
+/// What `start` and `restart` run: `GATEWARDEN_HERMES`, else what ran last (hermes's record),
+/// else `hermes` on `PATH` ([`launch::resolve`]).
+fn explicit_hermes() -> Option<PathBuf> {
+    start::explicit_hermes(None, |k| std::env::var_os(k))
+}
+
 fn start(home: &HermesHome, timeout_s: u64) -> anyhow::Result<ExitCode> {
-    let hermes = hermes_exe(None);
-    match start::start(home, command(home, &hermes, Mode::Detached), Duration::from_secs(timeout_s)) {
+    let launch = match launch::resolve(home, explicit_hermes(), None) {
+        Ok(l) => l,
+        Err(why) => {
+            eprintln!("cannot start hermes: {why}");
+            return Ok(ExitCode::from(1));
+        }
+    };
+    match start::start(home, command(home, &launch, Mode::Detached), Duration::from_secs(timeout_s)) {
         Ok(s) => {
             println!("hermes gateway {} ready in {} ms", s.identity, s.elapsed.as_millis());
             Ok(ExitCode::SUCCESS)
@@ -175,9 +189,8 @@ fn start(home: &HermesHome, timeout_s: u64) -> anyhow::Result<ExitCode> {
 }
 
 fn restart(home: &HermesHome, timeout_s: u64) -> anyhow::Result<ExitCode> {
-    let hermes = hermes_exe(None);
     let opts = RestartOptions { ready_timeout: Duration::from_secs(timeout_s), ..RestartOptions::default() };
-    match restart::restart(home, &opts, || command(home, &hermes, Mode::Detached)) {
+    match restart::restart(home, &opts, explicit_hermes(), |l| command(home, l, Mode::Detached)) {
         Ok(r) => {
             let old = r.old.map_or("nothing running".into(), |o| format!("pid {}", o.pid));
             let path =
@@ -203,7 +216,7 @@ fn supervise(home: &HermesHome, args: SuperviseArgs) -> anyhow::Result<ExitCode>
     )?;
     let hermes = hermes_exe(args.hermes.clone());
     // A new supervisor is a new decision: an old park no longer applies.
-    let _ = gatewarden_lifecycle::fsio::remove_if_exists(&home.parked_state());
+    let _ = home.open_ours().and_then(|d| d.remove(gatewarden_hermes::home::PARKED_STATE));
     // SIGTERM / SIGINT / SIGHUP (a service manager's stop) become the loop's stop flag.
     let flag = Arc::new(AtomicBool::new(false));
     let (tx, rx) = std::sync::mpsc::channel::<os::Event>();
@@ -223,7 +236,9 @@ fn supervise(home: &HermesHome, args: SuperviseArgs) -> anyhow::Result<ExitCode>
     let cmd_home = home.clone();
     let sup = Supervise {
         home: home.clone(),
-        command: Box::new(move || command(&cmd_home, &hermes, Mode::Supervised)),
+        command: Box::new(move || {
+            command(&cmd_home, &Launch::hermes(&hermes, launch::Source::Explicit), Mode::Supervised)
+        }),
         policy: SupervisePolicy {
             initial_backoff: Duration::from_millis(args.backoff_ms),
             brake_window: Duration::from_secs(args.brake_window_s),
@@ -266,7 +281,8 @@ fn supervise(home: &HermesHome, args: SuperviseArgs) -> anyhow::Result<ExitCode>
 }
 
 fn logs(home: &HermesHome, follow: bool, n: usize) -> anyhow::Result<ExitCode> {
-    super::logs::tail(&home.gateway_log(), follow, n, "hermes has not written its gateway log yet")
+    let open = || home.open_read(gatewarden_hermes::home::GATEWAY_LOG);
+    super::logs::tail(&home.gateway_log(), open, follow, n, "hermes has not written its gateway log yet")
 }
 
 fn history(home: &HermesHome, n: usize, as_json: bool) -> anyhow::Result<ExitCode> {
@@ -368,12 +384,15 @@ fn installed_unit(home: &HermesHome) -> Option<(PathBuf, unit::Scope)> {
 fn unit_options(home: &HermesHome, scope: unit::Scope, hermes: Option<PathBuf>) -> anyhow::Result<UnitOptions> {
     let canon = std::fs::canonicalize(home.dir()).unwrap_or_else(|_| home.dir().to_path_buf());
     let dir = if canon.is_absolute() { canon } else { std::env::current_dir()?.join(canon) };
+    let me = gatewarden_hermes::sys::effective_uid();
+    let run_as = unit::run_as_for(scope, home.owner(), me).map_err(anyhow::Error::msg)?;
     Ok(UnitOptions {
         home: HermesHome::at(dir),
         gatewarden: super::manager::current_exe()?,
         hermes: hermes_exe_absolute(hermes)?,
         scope,
         drain_timeout_s: 0,
+        run_as,
     })
 }
 

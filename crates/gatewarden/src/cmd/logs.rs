@@ -1,34 +1,52 @@
 //! `gatewarden logs [-f] [-n N]`: the gateway's own log file.
 
+use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use gatewarden_lifecycle::Home;
+use gatewarden_lifecycle::fsio::{self, ReadOutcome};
+use gatewarden_lifecycle::{Home, ledger};
 
 pub fn logs(home: &Home, follow: bool, n: usize) -> anyhow::Result<ExitCode> {
     let path = home.logs_dir().join("gateway.log");
-    tail(&path, follow, n, "only background starts write one; `run` logs to stderr")
+    let open = || match fsio::open_regular(&path) {
+        ReadOutcome::Ok((f, _)) => Ok(Some(f)),
+        ReadOutcome::Missing => Ok(None),
+        ReadOutcome::Unreadable(why) | ReadOutcome::Transient(why) => Err(std::io::Error::other(why)),
+    };
+    tail(&path, open, follow, n, "only background starts write one; `run` logs to stderr")
 }
 
-/// The last `n` lines of `path`, then (with `follow`) what is appended; `missing` says why
-/// there may be no file yet. Shared with a hermes home's `logs` (cmd/hermes.rs).
-pub fn tail(path: &Path, follow: bool, n: usize, missing: &str) -> anyhow::Result<ExitCode> {
-    let mut pos = match std::fs::read(path) {
-        Ok(bytes) => {
+/// The last `n` lines of the log that `open` opens (`Ok(None)`: not there yet), then (with
+/// `follow`) what is appended; `missing` says why there may be no file yet. `open` decides
+/// what may be opened: the native home's rules here, a hermes home's (cmd/hermes.rs) there,
+/// so a link, FIFO or foreign file planted at the name is refused by both.
+pub fn tail(
+    path: &Path,
+    open: impl Fn() -> std::io::Result<Option<File>>,
+    follow: bool,
+    n: usize,
+    missing: &str,
+) -> anyhow::Result<ExitCode> {
+    let mut pos = match open() {
+        Ok(Some(mut f)) => {
+            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+            // Backwards from the end: a huge log costs a bounded read.
+            let bytes = ledger::tail_bytes(&mut f, len, Some(n))?;
             let text = String::from_utf8_lossy(&bytes);
             let lines: Vec<&str> = text.lines().collect();
             for l in &lines[lines.len().saturating_sub(n)..] {
                 println!("{l}");
             }
-            bytes.len() as u64
+            len
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !follow => {
+        Ok(None) if !follow => {
             println!("no log yet at {} ({missing})", path.display());
             return Ok(ExitCode::SUCCESS);
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Ok(None) => 0,
         Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
     };
     if !follow {
@@ -37,7 +55,7 @@ pub fn tail(path: &Path, follow: bool, n: usize, missing: &str) -> anyhow::Resul
     // Following a file has no readiness event to wait on portably; a short poll is the tool.
     loop {
         std::thread::sleep(Duration::from_millis(200));
-        let Ok(mut f) = std::fs::File::open(path) else { continue };
+        let Ok(Some(mut f)) = open() else { continue };
         let len = f.metadata().map(|m| m.len()).unwrap_or(0);
         if len < pos {
             pos = 0; // rotated

@@ -1,6 +1,7 @@
 //! One file per verb; [`dispatch`] is the table of contents.
 
 mod check;
+mod crash_backoff;
 pub mod doctor;
 mod hermes;
 mod history;
@@ -51,5 +52,6 @@ pub fn dispatch(cli: Cli, started_at: SystemTime, started: Instant) -> anyhow::R
         Command::Doctor(args) => doctor::doctor(&home, &args),
         Command::Check { target, json } => check::check(&home, target.as_deref(), json),
         Command::Update(args) => update::update(&home, args),
+        Command::CrashBackoff => crash_backoff::crash_backoff(&home),
     }
 }

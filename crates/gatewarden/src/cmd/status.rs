@@ -104,6 +104,20 @@ pub fn status(home: &Home, as_json: bool) -> anyhow::Result<ExitCode> {
     if let Some(n) = &note {
         report.extra.insert("note".into(), json!(n));
     }
+    // A state file still saying `running` with nobody holding the lock: the process ended
+    // without its exit path (killed). Say so instead of "last state: running".
+    if code == 3
+        && report.extra.get("last_exit_code").is_some_and(serde_json::Value::is_null)
+        && report.extra.get("last_state").and_then(|v| v.as_str()).is_some_and(|s| s != "stopped")
+    {
+        report.extra.insert(
+            "last_exit_reason".into(),
+            json!("ended without recording an exit: killed (SIGKILL, the OOM killer) or crashed"),
+        );
+    }
+    if let Some(c) = super::crash_backoff::crash_loop(&home, code == 0) {
+        report.extra.insert("crash_loop".into(), json!({"sentence": c.sentence(), "detail": c}));
+    }
     // The service manager's view next to the gateway's own.
     if let Some(m) = manager::installed(&home) {
         report.extra.insert("service".into(), m.status_json());
@@ -170,6 +184,9 @@ fn print_human(r: &StatusReport, code: u8) {
         println!("  active runs: {}", r.active_runs.map_or("-".into(), |n| n.to_string()));
         println!("  version:     {}", opt(&r.version));
         println!("  control:     {}", opt(&r.control));
+    }
+    if let Some(c) = r.extra.get("crash_loop").and_then(|c| c.get("sentence")).and_then(|v| v.as_str()) {
+        println!("  crash loop:  {c}");
     }
     for key in ["last_state", "last_exit_code", "last_exit_reason", "cleaned", "unresponsive", "note"] {
         if let Some(v) = r.extra.get(key).filter(|v| !v.is_null()) {

@@ -39,3 +39,9 @@ pub fn processes_with_env(key: &str, value: &std::ffi::OsStr, argv_words: &[&str
     out.sort_unstable();
     out
 }
+
+/// The uid a process runs as: `/proc/<pid>` belongs to it.
+pub fn process_uid(pid: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(PathBuf::from("/proc").join(pid.to_string())).ok().map(|m| m.uid())
+}

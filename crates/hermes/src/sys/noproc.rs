@@ -15,3 +15,7 @@ pub fn cgroup(_pid: u32) -> Option<String> {
 pub fn processes_with_env(_key: &str, _value: &std::ffi::OsStr, _argv_words: &[&str]) -> Vec<u32> {
     Vec::new()
 }
+
+pub fn process_uid(_pid: u32) -> Option<u32> {
+    None
+}

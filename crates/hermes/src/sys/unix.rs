@@ -25,19 +25,6 @@ pub fn exit_signal(status: std::process::ExitStatus) -> Option<i32> {
     status.signal()
 }
 
-/// When we run as root, hands `file` to the owner of `dir` (mode 0644, like hermes's own
-/// JSON files), so the process that owns the home can read and unlink it.
-pub fn give_to_owner_of(file: &std::fs::File, dir: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-    if rustix::process::geteuid().is_root() {
-        let meta = std::fs::metadata(dir)?;
-        let (uid, gid) = (rustix::fs::Uid::from_raw(meta.uid()), rustix::fs::Gid::from_raw(meta.gid()));
-        rustix::fs::fchown(file, Some(uid), Some(gid))?;
-    }
-    Ok(())
-}
-
 /// If `child` has exited: SIGKILL what is left of its process group, then reap it. The group
 /// is killed *before* the reap, while the exited child still reserves its pid (and so the
 /// group id): after the reap a new, unrelated group could get that id.
@@ -53,4 +40,10 @@ pub fn reap_with_group(child: &mut std::process::Child) -> std::io::Result<Optio
         Ok(None) => Ok(None),
         Err(e) => Err(e.into()),
     }
+}
+
+/// A regular file with an execute bit (following links: a venv's `bin/python` is one).
+pub fn is_executable(p: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }

@@ -21,12 +21,11 @@ pub fn exit_signal(_status: std::process::ExitStatus) -> Option<i32> {
     None
 }
 
-/// Files inherit the directory's ACL here; nothing to hand over.
-pub fn give_to_owner_of(_file: &std::fs::File, _dir: &std::path::Path) -> std::io::Result<()> {
-    Ok(())
-}
-
 /// No process groups to clean here: reaping is all.
 pub fn reap_with_group(child: &mut std::process::Child) -> std::io::Result<Option<std::process::ExitStatus>> {
     child.try_wait()
+}
+
+pub fn is_executable(p: &std::path::Path) -> bool {
+    p.is_file()
 }

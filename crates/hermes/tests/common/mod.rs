@@ -51,6 +51,13 @@ impl Lab {
         cmd
     }
 
+    /// A resolved command (`launch::resolve`), hermetic.
+    pub fn command_for(&self, launch: &gatewarden_hermes::launch::Launch, mode: Mode) -> Command {
+        let mut cmd = start::command_for(&self.home, launch, mode);
+        hermetic(&mut cmd, self.dir.path());
+        cmd
+    }
+
     /// Remembers a process group to kill on drop.
     pub fn track(&self, pgid: u32) {
         self.groups.lock().unwrap_or_else(|e| e.into_inner()).push(pgid);

@@ -334,6 +334,8 @@ mod tests {
             [
                 (FindingId::WrongBinary, "Service.ExecStart"),
                 (FindingId::WrongHome, "Service.ExecStart"),
+                // The crash-backoff helper names the home too.
+                (FindingId::DirectiveMissing, "Service.ExecStopPost"),
                 (FindingId::WrongHome, "Service.Environment.GATEWARDEN_HOME"),
             ]
         );

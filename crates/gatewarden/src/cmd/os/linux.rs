@@ -38,7 +38,16 @@ pub fn definition_path(spec: &ServiceSpec) -> Option<PathBuf> {
 }
 
 pub fn render(spec: &ServiceSpec) -> anyhow::Result<String> {
-    Ok(systemd::render_unit(spec)?)
+    // systemd ≥ 254 grows the restart delay itself; older ones run the crash-backoff helper.
+    let mut spec = spec.clone();
+    spec.restart_steps = systemd_version().is_some_and(|v| v >= 254);
+    Ok(systemd::render_unit(&spec)?)
+}
+
+/// The running systemd's version (`systemctl --version`: `systemd 252 (252.38-1~deb12u1)`).
+fn systemd_version() -> Option<u32> {
+    let out = SystemRunner { timeout: Duration::from_secs(5) }.run("systemctl", &["--version"]).ok()?;
+    out.stdout.lines().next()?.split_whitespace().nth(1)?.parse().ok()
 }
 
 pub fn install(spec: &ServiceSpec, start: bool) -> anyhow::Result<()> {

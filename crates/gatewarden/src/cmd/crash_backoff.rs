@@ -1,0 +1,151 @@
+//! `gatewarden crash-backoff`: the growing delay between restarts of a crashing gateway, for
+//! systemd without `RestartSteps=` (< 254; crates/service/src/systemd/render.rs).
+//!
+//! The unit runs it as `ExecStopPost=`, where systemd says how the main process ended
+//! (systemd.exec(5): `$EXIT_CODE` exited/killed/dumped, `$EXIT_STATUS` the code or signal
+//! name). A planned exit (0, 75) or 78 returns at once. After a crash, the ledger's crash run
+//! (gatewarden-lifecycle `crashes`) gives the count, and the supervise policy's ladder the
+//! delay: the first crash is restarted at once, then 100 ms, 200 ms, … up to 30 s. The delay
+//! and its cause go to the ledger (`crash_backoff`), where `status` and `doctor` read them.
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use gatewarden_lifecycle::crashes::crash_run;
+use gatewarden_lifecycle::ledger::{self, Ledger, Line, Writer};
+use gatewarden_lifecycle::{ExitIntent, Home};
+use gatewarden_service::supervise::SupervisePolicy;
+use serde_json::json;
+
+/// Ledger lines read back: more than any crash run worth a delay.
+const TAIL: usize = 400;
+
+/// A crash loop as `status` and `doctor` name it (two or more crashes in a row).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CrashLoop {
+    pub crashes: u32,
+    pub since: Option<String>,
+    /// How the newest crash ended: systemd's words when its `crash-backoff` recorded them
+    /// ("killed by SIGKILL"), else the ledger's.
+    pub last_exit: String,
+    /// The delay `crash-backoff` chose after the newest crash, in ms.
+    pub delay_ms: Option<u64>,
+}
+
+impl CrashLoop {
+    pub fn sentence(&self) -> String {
+        let since = self.since.as_deref().map(|s| format!(" since {s}")).unwrap_or_default();
+        let delay =
+            self.delay_ms.map(|d| format!("; next restart after {:.1} s", d as f64 / 1000.0)).unwrap_or_default();
+        format!("{} crashes in a row{since}; last exit: {}{delay}", self.crashes, self.last_exit)
+    }
+}
+
+/// The ledger's events, oldest first (at most [`TAIL`]).
+fn events(home: &Home) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    match ledger::read_tail(&home.ledger(), Some(TAIL)).ok() {
+        Some(lines) => lines
+            .into_iter()
+            .filter_map(|l| match l {
+                Line::Event(m) => Some(m),
+                Line::Garbage(_) => None,
+            })
+            .collect(),
+        None => Vec::new(),
+    }
+}
+
+/// The crash loop at the end of the ledger, if any (`running_now`: a gateway holds the lock,
+/// so the newest incarnation is alive, not crashed).
+pub fn crash_loop(home: &Home, running_now: bool) -> Option<CrashLoop> {
+    let events = events(home);
+    let run = crash_run(&events, SystemTime::now(), running_now);
+    if run.crashes < 2 {
+        return None;
+    }
+    // systemd's description of the newest exit, when crash-backoff ran after it.
+    let newest_start = events.iter().rposition(|e| e.get("event").and_then(|v| v.as_str()) == Some("started"));
+    let backoff = events
+        .iter()
+        .enumerate()
+        .rev()
+        .find(|(_, e)| e.get("event").and_then(|v| v.as_str()) == Some("crash_backoff"))
+        .filter(|(i, _)| running_now || newest_start.is_none_or(|s| *i > s))
+        .map(|(_, e)| e);
+    let last_exit = backoff
+        .and_then(|e| e.get("exit").and_then(|v| v.as_str()).map(str::to_owned))
+        .or_else(|| run.last.as_ref().map(|l| l.describe()))
+        .unwrap_or_default();
+    let delay_ms = backoff.and_then(|e| e.get("delay_ms").and_then(serde_json::Value::as_u64));
+    Some(CrashLoop { crashes: run.crashes, since: run.since, last_exit, delay_ms })
+}
+
+pub fn crash_backoff(home: &Home) -> anyhow::Result<ExitCode> {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let (Some(how), Some(status)) = (var("EXIT_CODE"), var("EXIT_STATUS")) else {
+        eprintln!(
+            "crash-backoff: no $EXIT_CODE/$EXIT_STATUS (it runs as the systemd unit's ExecStopPost=); nothing to do"
+        );
+        return Ok(ExitCode::SUCCESS);
+    };
+    let Some(exit) = describe(&how, &status) else { return Ok(ExitCode::SUCCESS) };
+    let home = home.canonicalized();
+    let run = crash_run(&events(&home), SystemTime::now(), false);
+    let crashes = run.crashes.max(1);
+    let delay = delay_after(crashes);
+    let _ = Ledger::new(home.ledger(), Writer::current()).append(
+        "crash_backoff",
+        json!({"crashes": crashes, "since": run.since, "exit": exit, "delay_ms": delay.as_millis() as u64}),
+    );
+    if !delay.is_zero() {
+        eprintln!(
+            "crash-backoff: {crashes} crashes in a row (last: {exit}); restarting in {:.1} s",
+            delay.as_secs_f64()
+        );
+        std::thread::sleep(delay);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// How the main process ended, in words; `None` for an exit that is not a crash.
+fn describe(how: &str, status: &str) -> Option<String> {
+    match how {
+        "exited" => {
+            let code: i32 = status.parse().ok()?;
+            (ExitIntent::from_code(code) == ExitIntent::Unexpected).then(|| format!("exit {code}"))
+        }
+        "killed" | "dumped" => {
+            Some(format!("killed by SIG{status}{}", if how == "dumped" { " (core dumped)" } else { "" }))
+        }
+        _ => None,
+    }
+}
+
+/// No extra wait after the first crash (systemd's `RestartSec=` alone: a one-off kill -9 is
+/// back at once), then the supervise ladder one step behind.
+fn delay_after(crashes: u32) -> Duration {
+    if crashes <= 1 { Duration::ZERO } else { SupervisePolicy::default().backoff(crashes - 1) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_crashes_wait() {
+        assert_eq!(describe("exited", "0"), None);
+        assert_eq!(describe("exited", "75"), None);
+        assert_eq!(describe("exited", "78"), None);
+        assert_eq!(describe("exited", "1").as_deref(), Some("exit 1"));
+        assert_eq!(describe("killed", "KILL").as_deref(), Some("killed by SIGKILL"));
+        assert_eq!(describe("dumped", "SEGV").as_deref(), Some("killed by SIGSEGV (core dumped)"));
+        assert_eq!(describe("weird", "x"), None);
+    }
+
+    #[test]
+    fn the_ladder_grows_to_its_cap() {
+        let ms: Vec<u128> = (1..=12).map(|c| delay_after(c).as_millis()).collect();
+        assert_eq!(&ms[..6], &[0, 100, 200, 400, 800, 1600]);
+        assert_eq!(ms[11], 30_000);
+    }
+}
