@@ -159,6 +159,24 @@ fn doctor_fix_during_a_restart_does_not_restart_again() {
     assert_cli(&stop, 0, "stop");
 }
 
+/// The other side of the handover rule: a gateway that is really wedged (SIGSTOP) while no
+/// restart is in flight is still restarted by `doctor --fix`.
+#[test]
+fn doctor_fix_still_restarts_a_wedged_gateway() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    write_config(home.path(), "[agent]\nbackend = \"echo\"\n");
+    start_cli(&home, &sw);
+    let (old, ..) = current_gateway(home.path()).expect("the started gateway");
+    send_signal(old, sig::SIGSTOP).unwrap();
+    let out = cli_tagged(&home, &sw, &["doctor", "--fix"], Duration::from_secs(60));
+    assert!(out.stderr.contains("doctor: running"), "{out:#?}");
+    let (new, ..) = wait_new_ready(home.path(), &[old], READY).expect("a new incarnation");
+    assert_ne!(new, old);
+    assert!(wait_until(EXIT, || !pid_alive(old)), "the wedged gateway is gone");
+    assert_cli(&cli_tagged(&home, &sw, &["stop"], Duration::from_secs(30)), 0, "stop");
+}
+
 /// A CLI verb as a child process with its output captured.
 fn spawn_cli_piped(home: &TempHome, sw: &Sweeper, args: &[&str]) -> Child {
     let mut cmd = Command::new(bin());

@@ -337,13 +337,27 @@ fn stale_files(home: &Home) -> Vec<String> {
     v
 }
 
+/// How long a lock holder must stay silent before `--fix` restarts it (as `cmd/restart.rs`).
+const UNRESPONSIVE: std::time::Duration = std::time::Duration::from_secs(3);
+
 fn apply(home: &Home, items: &mut [Item], basis: u64) {
     let mut refreshed: Option<bool> = None;
     for i in items.iter_mut() {
         if i.id == "gateway-unresponsive" {
-            // Looked again right before acting: it may have answered since (a handover that
-            // ended), or the operator may have asked for something since doctor looked.
-            if supervision(home).id != "gateway-unresponsive" {
+            // Silent for as long as `restart` calls a holder wedged, not for one slow answer on
+            // a loaded machine, and looked at again right before acting: it may have answered
+            // since (a handover that ended), or the operator asked for something since.
+            let until = std::time::Instant::now() + UNRESPONSIVE;
+            let still = loop {
+                if supervision(home).id != "gateway-unresponsive" {
+                    break false;
+                }
+                if std::time::Instant::now() >= until {
+                    break true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            };
+            if !still {
                 continue;
             }
             if let Err(r) = super::intent::may_start(home, "doctor", Starter::Repair { basis }) {
