@@ -127,6 +127,27 @@ fn stop_after_a_chat_restart_beats_the_backstop() {
     assert!(!home.events("start_prevented").is_empty(), "{}", home.ledger_text());
 }
 
+/// Chat `/restart`, then `send /stop` while the old incarnation drains a run: the stop reaches
+/// a gateway that no longer classifies requests, and is recorded on receipt all the same; the
+/// successor and the backstop stay down, and the run finishes.
+#[test]
+fn a_control_stop_during_a_chat_restarts_drain_stays_down() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    write_config(home.path(), &format!("{ADMIN}drain_timeout_s = 30\n[agent]\nbackend = \"echo\"\ndelay_ms = 2000\n"));
+    let api = Api::new(start_cli(&home, &sw)).with_token("t");
+    let run = send_bg_as(&api, "B", "in flight");
+    wait_active_as(&api, 1);
+    assert_cli(&cli_tagged(&home, &sw, &["send", "/restart"], Duration::from_secs(10)), 0, "send /restart");
+    wait_state(&home, "draining", Duration::from_secs(10));
+    assert_cli(&cli_tagged(&home, &sw, &["send", "/stop"], Duration::from_secs(10)), 0, "send /stop");
+    let (r, _) = run.join().unwrap();
+    assert_eq!(r.expect("the run's connection").status, 200, "the run finishes");
+    assert_stays_down(&home, &sw, "send /stop during a chat restart's drain");
+    let d = home.read_json("desired_state.json").unwrap();
+    assert_eq!(d["requester"], json!("cli-send"), "{d}");
+}
+
 /// `doctor --fix` right after `restart` (from 12 ms on, again and again until the restart is
 /// done): the handover is recognised, and the brand-new incarnation is not restarted again.
 #[test]
