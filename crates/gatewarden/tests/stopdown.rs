@@ -286,3 +286,34 @@ fn a_lock_holder_that_is_not_a_gateway_is_named_never_signalled() {
     let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", flock.id())]).status();
     let _ = flock.wait();
 }
+
+/// `supervise` launched by a service manager (the LaunchAgent runs it; declared here the way
+/// the environment says so) obeys a recorded stop: it starts no gateway and exits 0, so the
+/// manager does not loop. Launched by the operator it is a start, as before.
+#[test]
+fn supervise_launched_by_a_manager_obeys_a_recorded_stop() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    write_config(home.path(), "listen = \"127.0.0.1:0\"\n[agent]\nbackend = \"echo\"\n");
+    assert_cli(&cli_tagged(&home, &sw, &["stop"], Duration::from_secs(30)), 0, "stop (records it)");
+    let supervise = |supervisor: &str| {
+        let mut cmd = Command::new(bin());
+        test_env(&mut cmd);
+        cmd.arg("--home").arg(home.path()).arg("supervise").env(TAG_VAR, sw.tag());
+        cmd.env("GATEWARDEN_SUPERVISOR", supervisor);
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        cmd.spawn().expect("spawn supervise")
+    };
+    let mut managed = supervise("launchd");
+    assert_eq!(wait_child(&mut managed, Duration::from_secs(10)), Some(0), "supervise under a manager");
+    assert!(!home.lock_held() && home.events("started").is_empty(), "{}", home.ledger_text());
+    let prevented = home.events("start_prevented");
+    assert!(prevented.iter().any(|e| e["by"] == json!("supervise")), "{}", home.ledger_text());
+
+    let mut by_hand = supervise("none");
+    must_wait_until(READY, "the operator's supervise to start a gateway", || {
+        current_gateway(home.path()).is_some_and(|g| g.2 == "running")
+    });
+    send_signal(by_hand.id(), sig::SIGTERM).unwrap();
+    assert_eq!(wait_child(&mut by_hand, EXIT), Some(0));
+}
