@@ -106,6 +106,14 @@ pub fn read(home_dir: &Path) -> ReadOutcome<Desired> {
 /// before this record existed), so a planted file can only ever be overwritten, not obeyed
 /// wrongly by a start that the operator asked for.
 pub fn current(home_dir: &Path) -> Desired {
+    // No free descriptor or memory says nothing about the record: look again briefly rather
+    // than read a stop as `run` (as `marker::consume` does for markers).
+    for _ in 0..5 {
+        match read(home_dir) {
+            ReadOutcome::Transient(_) => std::thread::sleep(Duration::from_millis(20)),
+            other => return other.ok().unwrap_or_else(Desired::initial),
+        }
+    }
     read(home_dir).ok().unwrap_or_else(Desired::initial)
 }
 
