@@ -40,7 +40,7 @@ pub const MAX_MILLIS: u64 = 3600 * 1000;
 const TOP_KEYS: &[&str] =
     &["listen", "api_token", "admins", "drain_timeout_s", "agent", "http", "journal", "platform", "cluster", "update"];
 const HTTP_KEYS: &[&str] = &["allowed_hosts", "max_connections", "header_timeout_s", "body_timeout_s"];
-const JOURNAL_KEYS: &[&str] = &["max_age_days", "max_size_mb"];
+const JOURNAL_KEYS: &[&str] = &["max_age_days", "max_size_mb", "max_queued_per_chat", "max_queued"];
 
 /// Upper bound for `[http] max_connections` (each connection costs at least one descriptor).
 pub const MAX_CONNECTIONS: usize = 1 << 20;
@@ -55,6 +55,7 @@ const AGENT_KEYS: &[&str] = &[
     "api_key_env",
     "history_turns",
     "history_chars",
+    "ca_file",
 ];
 const PLATFORM_KEYS: &[&str] = &[
     "kind",
@@ -67,9 +68,14 @@ const PLATFORM_KEYS: &[&str] = &[
     "admins",
     "poll_timeout_s",
     "conflict_standby_s",
+    "ca_file",
+    "proxy",
+    "tls",
+    "sasl_password_env",
 ];
-const CLUSTER_KEYS: &[&str] = &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s"];
-const UPDATE_KEYS: &[&str] = &["public_key", "probation_s", "source"];
+const CLUSTER_KEYS: &[&str] =
+    &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s", "ca_file"];
+const UPDATE_KEYS: &[&str] = &["public_key", "probation_s", "source", "ca_file"];
 
 /// Why the configuration cannot be used. Every variant maps to exit code [`EX_CONFIG`].
 #[derive(Debug, thiserror::Error)]
@@ -209,13 +215,26 @@ pub struct JournalConfig {
     pub max_age_days: u64,
     /// Oldest finished messages are deleted while the journal's data exceeds this many MiB.
     pub max_size_mb: u64,
+    /// Queued messages one chat may have waiting; past it its new messages are refused (HTTP
+    /// 429, a chat notice). Retention never deletes queued work, so this is what bounds it.
+    pub max_queued_per_chat: u64,
+    /// Queued messages in all chats together, refused the same way past it.
+    pub max_queued: u64,
 }
 
 impl Default for JournalConfig {
     fn default() -> Self {
-        JournalConfig { max_age_days: 30, max_size_mb: 256 }
+        JournalConfig { max_age_days: 30, max_size_mb: 256, max_queued_per_chat: 500, max_queued: 5_000 }
     }
 }
+
+/// The shortest `api_token` accepted.
+pub const MIN_API_TOKEN_BYTES: usize = 16;
+/// How to make a good `api_token` (config errors and `doctor` say it).
+pub const MAKE_API_TOKEN: &str = "openssl rand -hex 32";
+
+/// Bounds for the `[journal]` queue caps (0 disables a cap).
+const MAX_QUEUED: u64 = 10_000_000;
 
 impl JournalConfig {
     /// The age bound, `None` when disabled.
@@ -226,6 +245,24 @@ impl JournalConfig {
     /// The size bound in bytes, `None` when disabled.
     pub fn max_bytes(&self) -> Option<u64> {
         (self.max_size_mb > 0).then(|| self.max_size_mb * 1024 * 1024)
+    }
+
+    /// Why a new message is refused when its chat has `chat` queued messages and all chats
+    /// `all`: `None` takes it. A cap of 0 is no cap.
+    pub fn queue_refusal(&self, chat: u64, all: u64) -> Option<String> {
+        let over = |n: u64, cap: u64| cap > 0 && n >= cap;
+        if over(chat, self.max_queued_per_chat) {
+            return Some(format!(
+                "this chat has {chat} messages waiting (max_queued_per_chat = {}); send it again once they are answered",
+                self.max_queued_per_chat
+            ));
+        }
+        over(all, self.max_queued).then(|| {
+            format!(
+                "the gateway has {all} messages waiting (max_queued = {}); send it again in a while",
+                self.max_queued
+            )
+        })
     }
 }
 
@@ -288,6 +325,21 @@ pub struct PlatformConfig {
     /// stands by.
     #[serde(default = "default_conflict_standby")]
     pub conflict_standby_s: u64,
+    /// A private CA (PEM): this connection trusts it and nothing else (crates/net). Relative
+    /// paths are relative to the home.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// This platform's own proxy, `http://host:port` or `socks5h://host:port`, instead of
+    /// `HTTPS_PROXY` / `ALL_PROXY`; credentials only through the environment.
+    #[serde(default)]
+    pub proxy: Option<String>,
+    /// IRC: TLS (verified like every connection, crates/net); the default port becomes 6697.
+    #[serde(default)]
+    pub tls: bool,
+    /// IRC: SASL PLAIN as the account named `nick`, with the password in this environment
+    /// variable; registration fails (the adapter is parked) if the server cannot do it.
+    #[serde(default)]
+    pub sasl_password_env: Option<String>,
 }
 
 fn default_poll_timeout() -> u64 {
@@ -303,6 +355,14 @@ impl PlatformConfig {
     pub fn adapter_name(&self) -> String {
         self.name.clone().unwrap_or_else(|| self.kind.as_str().to_owned())
     }
+
+    /// IRC: `server` as `host:port`, the port defaulting to 6697 with `tls`, else 6667.
+    pub fn irc_addr(&self) -> Option<String> {
+        let s = self.server.as_deref()?.trim();
+        let has_port =
+            s.rsplit_once(':').is_some_and(|(h, p)| p.parse::<u16>().is_ok() && (!h.contains(':') || h.ends_with(']')));
+        Some(if has_port { s.to_owned() } else { format!("{s}:{}", if self.tls { 6697 } else { 6667 }) })
+    }
 }
 
 /// `[update]`: how `gatewarden update` verifies and probes a new release.
@@ -316,11 +376,13 @@ pub struct UpdateConfig {
     pub probation_s: u64,
     /// What chat `/update` installs: a path, or a URL (which then needs `public_key`).
     pub source: Option<String>,
+    /// A private CA (PEM) for https update URLs (crates/net).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for UpdateConfig {
     fn default() -> Self {
-        UpdateConfig { public_key: None, probation_s: 10, source: None }
+        UpdateConfig { public_key: None, probation_s: 10, source: None, ca_file: None }
     }
 }
 
@@ -407,6 +469,8 @@ pub struct AgentConfig {
     pub history_turns: usize,
     /// openai: the character budget for those turns (the oldest are dropped first).
     pub history_chars: usize,
+    /// openai: a private CA (PEM) for an https upstream (crates/net).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for AgentConfig {
@@ -422,6 +486,7 @@ impl Default for AgentConfig {
             api_key_env: None,
             history_turns: 10,
             history_chars: 8000,
+            ca_file: None,
         }
     }
 }
@@ -461,6 +526,9 @@ pub struct ClusterConfig {
     pub lease_ttl_s: u64,
     #[serde(default = "default_renew_interval_s")]
     pub renew_interval_s: u64,
+    /// A private CA (PEM) for the store's TLS (crates/net).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
 }
 
 fn default_lease_ttl_s() -> u64 {
@@ -478,6 +546,21 @@ impl ClusterConfig {
 
     pub fn renew_interval(&self) -> Duration {
         Duration::from_secs(self.renew_interval_s)
+    }
+
+    /// The store URL the cluster connects with: `store`, plus `sslrootcert=<ca_file>` when
+    /// `ca_file` is set (crates/cluster/src/tls.rs reads both).
+    pub fn store_url(&self) -> String {
+        let Some(ca) = &self.ca_file else { return self.store.clone() };
+        let mut path = String::new();
+        for b in ca.to_string_lossy().bytes() {
+            match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'/' | b'~' => path.push(char::from(b)),
+                _ => path.push_str(&format!("%{b:02X}")),
+            }
+        }
+        let sep = if self.store.contains('?') { '&' } else { '?' };
+        format!("{}{sep}sslrootcert={path}", self.store)
     }
 
     /// The store password from the environment or the file (trailing newline removed);
@@ -512,6 +595,18 @@ impl ClusterConfig {
         let authority = rest.split(['/', '?']).next().unwrap_or_default();
         if authority.rsplit_once('@').is_some_and(|(userinfo, _)| userinfo.contains(':')) {
             return Err(bad("store", "must not contain a password; use password_env or password_file".into()));
+        }
+        let query = rest.split_once('?').map_or("", |(_, q)| q);
+        for (k, v) in query.split('&').filter_map(|p| p.split_once('=')) {
+            if k == "sslmode" && !matches!(v, "disable" | "prefer" | "require" | "verify-ca" | "verify-full") {
+                return Err(bad(
+                    "store",
+                    format!("sslmode={v:?} is not one of disable, prefer, require, verify-ca, verify-full"),
+                ));
+            }
+            if k == "sslrootcert" {
+                return Err(bad("store", "use ca_file in [cluster] instead of sslrootcert".into()));
+            }
         }
         if self.password_env.is_some() && self.password_file.is_some() {
             return Err(bad("password_file", "set password_env or password_file, not both".into()));
@@ -569,9 +664,53 @@ impl Config {
                 return Err(index.invalid(&[table], format!("expected a table ([{table}])")));
             }
         }
-        let config: Config = toml::from_str(text).map_err(|e| index.serde_error(&e))?;
+        let mut config: Config = toml::from_str(text).map_err(|e| index.serde_error(&e))?;
         config.validate(&index)?;
+        // The config file lives in the home: relative CA files are relative to it.
+        config.resolve_ca_files(path.parent().unwrap_or(Path::new(".")));
+        config.validate_outbound(&index)?;
         Ok(config)
+    }
+
+    /// Every `ca_file` made absolute against `home`.
+    fn resolve_ca_files(&mut self, home: &Path) {
+        let fix = |f: &mut Option<PathBuf>| {
+            if let Some(p) = f.as_mut()
+                && p.is_relative()
+            {
+                *p = home.join(&*p);
+            }
+        };
+        fix(&mut self.agent.ca_file);
+        fix(&mut self.update.ca_file);
+        if let Some(c) = self.cluster.as_mut() {
+            fix(&mut c.ca_file);
+        }
+        self.platform.iter_mut().for_each(|p| fix(&mut p.ca_file));
+    }
+
+    /// Each `ca_file` is read and must hold certificates, and each `proxy` must be a proxy URL
+    /// without credentials. A CA file that cannot be used is a configuration error; a server
+    /// whose certificate it does not verify is a connection failure later (crates/net).
+    fn validate_outbound(&self, index: &KeyIndex) -> Result<(), ConfigError> {
+        let check = |table: &str, ca: Option<&Path>| match ca {
+            Some(path) => gatewarden_net::ClientTls::from_ca_file(path)
+                .map(drop)
+                .map_err(|e| index.invalid(&[table, "ca_file"], e.to_string())),
+            None => Ok(()),
+        };
+        check("agent", self.agent.ca_file.as_deref())?;
+        check("update", self.update.ca_file.as_deref())?;
+        check("cluster", self.cluster.as_ref().and_then(|c| c.ca_file.as_deref()))?;
+        for p in &self.platform {
+            check("platform", p.ca_file.as_deref())?;
+            if let Some(proxy) = &p.proxy
+                && let Err(e) = gatewarden_net::ProxyUrl::parse(proxy)
+            {
+                return Err(index.invalid(&["platform", "proxy"], e.to_string()));
+            }
+        }
+        Ok(())
     }
 
     /// True when `listen` is a loopback address (127.0.0.0/8 or ::1).
@@ -607,6 +746,13 @@ impl Config {
             if !token.bytes().all(|b| b.is_ascii_graphic()) {
                 return Err(top("api_token", "must be printable ASCII without spaces".into()));
             }
+            // A short token is guessable over loopback at HTTP speed.
+            if token.len() < MIN_API_TOKEN_BYTES {
+                return Err(top(
+                    "api_token",
+                    format!("must be at least {MIN_API_TOKEN_BYTES} bytes (make one with: {MAKE_API_TOKEN})"),
+                ));
+            }
         }
         let http = |key: &str, message: String| index.invalid(&["http", key], message);
         let h = &self.http;
@@ -631,6 +777,13 @@ impl Config {
         }
         if self.journal.max_size_mb > 1 << 30 {
             return Err(journal("max_size_mb", format!("must be at most {} MiB (0 means no bound)", 1u64 << 30)));
+        }
+        for (key, n) in
+            [("max_queued_per_chat", self.journal.max_queued_per_chat), ("max_queued", self.journal.max_queued)]
+        {
+            if n > MAX_QUEUED {
+                return Err(journal(key, format!("must be at most {MAX_QUEUED} (0 means no cap)")));
+            }
         }
         if self.admins.iter().any(|a| a.trim().is_empty()) {
             return Err(top("admins", "user ids must not be empty".into()));
@@ -697,14 +850,8 @@ impl Config {
                     Some(url) if !(url.starts_with("http://") || url.starts_with("https://")) => {
                         return Err(agent("base_url", format!("{url:?} must start with http:// or https://")));
                     }
-                    Some(url) if url.starts_with("https://") && !cfg!(feature = "tls") => {
-                        return Err(agent(
-                            "base_url",
-                            format!(
-                                "{url:?} is https, but this build has no TLS support: \
-                                 build with `cargo install --path crates/gatewarden --features tls`"
-                            ),
-                        ));
+                    Some(url) if url.starts_with("https://") && !gatewarden_net::TLS => {
+                        return Err(agent("base_url", format!("{url:?} is https, but {NO_TLS}")));
                     }
                     Some(_) => {}
                 }
@@ -725,8 +872,12 @@ fn valid_host(h: &str) -> bool {
         && h.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']' | b'_'))
 }
 
-/// `api_base`: an http(s) URL; https needs the `tls` feature. `None` is Telegram's public
-/// https API when `default_https`.
+/// What a build without the `tls` feature says about an https URL.
+const NO_TLS: &str =
+    "this build has no TLS (it was built with --no-default-features); build it with the default features";
+
+/// `api_base`: an http(s) URL (https needs TLS, which default builds have). `None` is
+/// Telegram's public https API when `default_https`.
 fn validate_api_base(
     bad: &dyn Fn(&str, String) -> ConfigError,
     api_base: Option<&str>,
@@ -736,25 +887,25 @@ fn validate_api_base(
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(bad("api_base", format!("{url:?} must start with http:// or https://")));
         }
-        if url.starts_with("https://") && !cfg!(feature = "tls") {
-            return Err(bad("api_base", format!("{url:?} is https, but this build has no TLS support (features tls)")));
+        if url.starts_with("https://") && !gatewarden_net::TLS {
+            return Err(bad("api_base", format!("{url:?} is https, but {NO_TLS}")));
         }
-    } else if default_https && !cfg!(feature = "tls") {
-        return Err(bad(
-            "api_base",
-            "the default https://api.telegram.org needs a build with TLS (features tls); set api_base to an http:// Bot API server otherwise".into(),
-        ));
+    } else if default_https && !gatewarden_net::TLS {
+        return Err(bad("api_base", format!("the default https://api.telegram.org is https, but {NO_TLS}")));
     }
     Ok(())
 }
 
-/// IRC `server`: `host:port` with a numeric port.
+/// IRC `server`: `host:port` with a numeric port, or `host` (the port then follows `tls`).
 fn irc_server_ok(server: Option<&str>) -> Result<(), String> {
     let Some(s) = server.map(str::trim).filter(|s| !s.is_empty()) else {
         return Err("needs server = \"host:port\"".into());
     };
     let Some((host, port)) = s.rsplit_once(':') else {
-        return Err(format!("server {s:?} must be host:port"));
+        if s.contains(char::is_whitespace) {
+            return Err(format!("server {s:?} must be host or host:port"));
+        }
+        return Ok(());
     };
     if host.is_empty() || host.contains(char::is_whitespace) || port.parse::<u16>().map_or(true, |p| p == 0) {
         return Err(format!("server {s:?} must be host:port with a port between 1 and 65535"));
@@ -800,7 +951,12 @@ impl Config {
                 }
                 Some(_) => {}
             }
-            for (key, set) in [("server", p.server.is_some()), ("nick", p.nick.is_some())] {
+            for (key, set) in [
+                ("server", p.server.is_some()),
+                ("nick", p.nick.is_some()),
+                ("tls", p.tls),
+                ("sasl_password_env", p.sasl_password_env.is_some()),
+            ] {
                 if set && !irc {
                     return Err(bad(key, format!("{key} is for kind = \"irc\" only")));
                 }
@@ -819,6 +975,12 @@ impl Config {
                     validate_api_base(&bad, p.api_base.as_deref(), false)?;
                 }
                 PlatformKind::Irc => {
+                    if p.proxy.is_some() {
+                        return Err(bad("proxy", "irc connects directly; proxy is for telegram and matrix".into()));
+                    }
+                    if p.sasl_password_env.as_deref().is_some_and(|v| v.is_empty() || v.contains(['=', '\0'])) {
+                        return Err(bad("sasl_password_env", "must be the name of an environment variable".into()));
+                    }
                     if p.api_base.is_some() {
                         return Err(bad("api_base", "irc has no api_base; use server = \"host:port\"".into()));
                     }
@@ -1073,7 +1235,7 @@ mod tests {
         let c = parse(
             r#"
 listen = "0.0.0.0:9000"
-api_token = "s3cret"
+api_token = "s3cret-0123456789"
 admins = ["42", "alice"]
 drain_timeout_s = 5
 
@@ -1185,6 +1347,9 @@ api_key_env = "MY_KEY"
         assert!(e.starts_with("/h/config.toml:1: invalid value for 'api_token'"), "{e}");
         let e = err("api_token = \"two words\"\n");
         assert!(e.contains("'api_token'"), "{e}");
+        let e = err("api_token = \"x\"\n");
+        assert!(e.contains("'api_token'") && e.contains("at least 16 bytes") && e.contains("openssl rand"), "{e}");
+        parse("api_token = \"0123456789abcdef\"\n").unwrap();
         let e = err("[http]\nmax_connections = 0\n");
         assert!(e.starts_with("/h/config.toml:2: invalid value for 'max_connections' in [http]"), "{e}");
         let e = err("[http]\nallowed_hosts = [\"http://x/\"]\n");
@@ -1192,15 +1357,47 @@ api_key_env = "MY_KEY"
         let e = err("[http]\nheader_timeout_s = 0\n");
         assert!(e.contains("'header_timeout_s' in [http]"), "{e}");
         let e = err("[journal]\nmax_age = 3\n");
-        assert!(e.contains("unknown key 'max_age' in [journal] (expected one of: max_age_days, max_size_mb)"), "{e}");
+        assert!(
+            e.contains("unknown key 'max_age' in [journal] (expected one of: max_age_days, max_size_mb, max_queued_per_chat, max_queued)"),
+            "{e}"
+        );
         let c = parse("[http]\nallowed_hosts = [\"gw.example.com\", \"[::1]:8080\"]\n[journal]\nmax_age_days = 0\n")
             .unwrap();
         assert_eq!(c.http.allowed_hosts.len(), 2);
         assert_eq!(c.journal.max_age(), None);
+        let c = parse("[journal]\nmax_queued_per_chat = 2\nmax_queued = 3\n").unwrap();
+        assert_eq!(c.journal.queue_refusal(1, 2), None);
+        assert!(c.journal.queue_refusal(2, 2).is_some_and(|w| w.contains("max_queued_per_chat = 2")));
+        assert!(c.journal.queue_refusal(0, 3).is_some_and(|w| w.contains("max_queued = 3")));
+        let c = parse("[journal]\nmax_queued_per_chat = 0\nmax_queued = 0\n").unwrap();
+        assert_eq!(c.journal.queue_refusal(u64::MAX, u64::MAX), None, "0 is no cap");
+        assert!(err("[journal]\nmax_queued = 99999999999\n").contains("'max_queued' in [journal]"));
         let e = err("[agent]\napi_key_env = \"A=B\"\n");
         assert!(e.contains("'api_key_env'"), "{e}");
         // Keys of another backend are accepted.
         parse("[agent]\nbackend = \"echo\"\ncommand = [\"x\"]\nmodel = \"m\"\n").unwrap();
+    }
+
+    /// `ca_file` is read when the configuration is (relative to the home), and a broken one is
+    /// a configuration error naming the key; a proxy URL must not carry credentials.
+    #[test]
+    fn ca_files_and_proxies() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join(CONFIG_FILE);
+        let load = |text: &str| Config::from_toml_str(&cfg, text);
+        let e = load("[agent]\nca_file = \"missing.pem\"\n").unwrap_err();
+        assert_eq!(e.exit_code(), 78);
+        let m = e.to_string();
+        assert!(m.contains("'ca_file' in [agent]") && m.contains("missing.pem: no such file"), "{m}");
+        std::fs::write(dir.path().join("junk.pem"), "not a certificate").unwrap();
+        let m = load("[update]\nca_file = \"junk.pem\"\n").unwrap_err().to_string();
+        assert!(m.contains("'ca_file' in [update]") && m.contains("holds no PEM certificate"), "{m}");
+        let tg = "[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\n";
+        let m = load(&format!("{tg}proxy = \"http://me:pw123@p:3128\"\n")).unwrap_err().to_string();
+        assert!(m.contains("'proxy' in [platform]") && m.contains("credentials") && !m.contains("pw123"), "{m}");
+        let c = load(&format!("{tg}proxy = \"socks5h://127.0.0.1:1080\"\n")).unwrap();
+        assert_eq!(c.platform[0].proxy.as_deref(), Some("socks5h://127.0.0.1:1080"));
+        assert_eq!(c.platform[0].ca_file, None);
     }
 
     #[test]
@@ -1216,6 +1413,15 @@ api_key_env = "MY_KEY"
             e.starts_with("/h/config.toml:3: invalid value for 'store' in [cluster]: must not contain a password"),
             "{e}"
         );
+        let e = err("[cluster]\nname = \"p\"\nstore = \"postgres://gw@db/gw?sslmode=allow\"\n");
+        assert!(e.contains("'store' in [cluster]") && e.contains("sslmode"), "{e}");
+        let mut c = parse("[cluster]\nname = \"p\"\nstore = \"postgres://gw@db/gw?sslmode=verify-full\"\n")
+            .unwrap()
+            .cluster
+            .unwrap();
+        assert_eq!(c.store_url(), "postgres://gw@db/gw?sslmode=verify-full");
+        c.ca_file = Some("/etc/gw/store ca.pem".into());
+        assert_eq!(c.store_url(), "postgres://gw@db/gw?sslmode=verify-full&sslrootcert=/etc/gw/store%20ca.pem");
         let e = err("[cluster]\nname = \"p\"\nstore = \"mysql://db/gw\"\n");
         assert!(e.contains("'store' in [cluster]"), "{e}");
         let e = err("[cluster]\nname = \"a b\"\nstore = \"postgres://db/gw\"\n");
@@ -1239,6 +1445,7 @@ api_key_env = "MY_KEY"
             password_file: Some("pw".into()),
             lease_ttl_s: 15,
             renew_interval_s: 5,
+            ca_file: None,
         };
         assert_eq!(c.password(dir.path()).unwrap().as_deref(), Some("s3cret"));
         c.password_file = None;
@@ -1287,7 +1494,18 @@ api_key_env = "MY_KEY"
             (Some("127.0.0.1:6667"), Some("gwbot"))
         );
         assert!(err("[[platform]]\nkind = \"irc\"\nnick = \"gwbot\"\n").contains("server"));
-        assert!(err("[[platform]]\nkind = \"irc\"\nserver = \"h\"\nnick = \"gwbot\"\n").contains("host:port"));
+        // A bare host takes the port from `tls`: 6697 with TLS, else 6667.
+        let irc = |extra: &str| parse(&format!("[[platform]]\nkind = \"irc\"\nnick = \"gwbot\"\n{extra}")).unwrap();
+        assert_eq!(irc("server = \"h\"\n").platform[0].irc_addr().as_deref(), Some("h:6667"));
+        assert_eq!(irc("server = \"h\"\ntls = true\n").platform[0].irc_addr().as_deref(), Some("h:6697"));
+        assert_eq!(irc("server = \"h:7000\"\ntls = true\n").platform[0].irc_addr().as_deref(), Some("h:7000"));
+        assert_eq!(irc("server = \"[::1]:7000\"\n").platform[0].irc_addr().as_deref(), Some("[::1]:7000"));
+        assert!(err("[[platform]]\nkind = \"irc\"\nserver = \"h h\"\nnick = \"gwbot\"\n").contains("host:port"));
+        assert!(err("[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\ntls = true\n").contains("irc"));
+        assert!(
+            err("[[platform]]\nkind = \"irc\"\nserver = \"h\"\nnick = \"b\"\nproxy = \"http://p:1\"\n")
+                .contains("proxy")
+        );
         assert!(err("[[platform]]\nkind = \"irc\"\nserver = \"h:0\"\nnick = \"gwbot\"\n").contains("port"));
         assert!(err("[[platform]]\nkind = \"irc\"\nserver = \"h:6667\"\n").contains("needs nick"));
         assert!(

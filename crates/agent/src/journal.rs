@@ -64,6 +64,10 @@ pub enum JournalError {
     /// The shared store refused a write: this gateway is not (or no longer) the active.
     #[error("journal store: fenced: {0}")]
     Fenced(String),
+    /// A journal file is not a private regular file we can use (a FIFO, a symlink, a
+    /// directory), or its mode could not be made private; SQLite never opens it.
+    #[error("journal {}: {why}", path.display())]
+    Unsafe { path: PathBuf, why: String },
 }
 
 /// How the client waits for the reply.
@@ -202,7 +206,8 @@ impl Journal {
 
     fn open_once(path: &Path) -> Result<Journal, JournalError> {
         let wrap = |source| JournalError::Open { path: path.to_path_buf(), source };
-        let conn = Connection::open(path).map_err(wrap)?;
+        make_private(path)?;
+        let conn = Connection::open_with_flags(path, open_flags()).map_err(wrap)?;
         // Another process (a CLI reading history) may hold the lock briefly.
         conn.busy_timeout(Duration::from_secs(5)).map_err(wrap)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(wrap)?;
@@ -631,6 +636,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn pending(&self) -> Result<Vec<Message>, JournalError>;
     fn counts(&self) -> Result<Counts, JournalError>;
     fn prune(&self, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError>;
+    /// Queued messages: `(of this chat, in all)`, for the `[journal]` queue caps.
+    fn queued(&self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), JournalError>;
 }
 
 impl Store for Journal {
@@ -703,6 +710,9 @@ impl Store for Journal {
     fn prune(&self, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError> {
         Journal::prune(self, max_age, max_bytes)
     }
+    fn queued(&self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), JournalError> {
+        Journal::queued(self, platform, chat_id)
+    }
 }
 
 /// What [`Journal::prune`] deleted.
@@ -712,6 +722,8 @@ pub struct Pruned {
     pub by_age: u64,
     /// The oldest finished rows, deleted while the data exceeded the size bound.
     pub by_size: u64,
+    /// Outbox entries left for good (sent or failed) and chat sessions, by age or size.
+    pub outbox: u64,
 }
 
 /// Finished rows deleted per statement while enforcing the size bound: about the excess over
@@ -719,10 +731,13 @@ pub struct Pruned {
 const PRUNE_BATCH: (u64, u64) = (1, 4096);
 
 impl Journal {
-    /// Applies the retention bounds: finished rows last updated more than `max_age` ago go,
-    /// then the oldest finished rows (by acceptance) while the live data (pages in use) exceeds `max_bytes`.
-    /// Queued and running rows are never deleted, whatever their age or size. Freed pages are
-    /// reused by later rows, so the file stops growing at about the bound.
+    /// Applies the retention bounds to every table: finished messages and outbox entries left
+    /// for good (sent, failed) last updated more than `max_age` ago go, and chat sessions started
+    /// before then; then the oldest finished messages and outbox entries (by acceptance) while
+    /// the live data (pages in use) exceeds `max_bytes`. Queued and running messages and pending
+    /// outbox entries are never deleted, whatever their age or size: queued work is bounded by
+    /// refusing new messages past the queue caps instead (`[journal] max_queued*`). Freed pages
+    /// are reused by later rows, so the file stops growing at about the bound.
     pub fn prune(&self, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError> {
         let conn = self.conn();
         let mut pruned = Pruned::default();
@@ -734,6 +749,10 @@ impl Journal {
                 params![cutoff],
             )?;
             pruned.by_age = n as u64;
+            let n = conn
+                .execute("DELETE FROM outbox WHERE state IN ('sent', 'failed') AND updated_at < ?1", params![cutoff])?;
+            let m = conn.execute("DELETE FROM sessions WHERE started_at < ?1", params![cutoff])?;
+            pruned.outbox += (n + m) as u64;
         }
         if let Some(max) = max_bytes {
             loop {
@@ -741,19 +760,30 @@ impl Journal {
                 if used <= max {
                     break;
                 }
-                let rows: i64 = conn.query_row("SELECT COUNT(*) FROM messages", [], |r| r.get(0))?;
+                let rows: i64 = conn.query_row(
+                    "SELECT (SELECT COUNT(*) FROM messages) + (SELECT COUNT(*) FROM outbox)",
+                    [],
+                    |r| r.get(0),
+                )?;
                 let avg = used / u64::try_from(rows.max(1)).unwrap_or(1);
                 let batch = ((used - max).div_ceil(avg.max(1))).clamp(PRUNE_BATCH.0, PRUNE_BATCH.1);
+                let batch = i64::try_from(batch).unwrap_or(PRUNE_BATCH.0 as i64);
                 let n = conn.execute(
                     "DELETE FROM messages WHERE rowid IN (
                          SELECT rowid FROM messages WHERE state IN ('done', 'failed')
                          ORDER BY rowid LIMIT ?1)",
-                    params![i64::try_from(batch).unwrap_or(PRUNE_BATCH.0 as i64)],
+                    params![batch],
                 )?;
-                if n == 0 {
-                    break; // only unfinished rows left: they stay
+                let m = conn.execute(
+                    "DELETE FROM outbox WHERE seq IN (
+                         SELECT seq FROM outbox WHERE state IN ('sent', 'failed') ORDER BY seq LIMIT ?1)",
+                    params![batch],
+                )?;
+                if n + m == 0 {
+                    break; // only unfinished work left: it stays
                 }
                 pruned.by_size += n as u64;
+                pruned.outbox += m as u64;
             }
         }
         if pruned != Pruned::default() {
@@ -761,6 +791,96 @@ impl Journal {
             conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
         }
         Ok(pruned)
+    }
+
+    /// Queued messages `(of this chat, in all)`; a chat is its platform (`None`: the HTTP API)
+    /// and its id.
+    pub fn queued(&self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), JournalError> {
+        let (chat, all): (i64, i64) = self.conn().query_row(
+            "SELECT COUNT(*) FILTER (WHERE chat_id = ?2 AND platform IS ?1), COUNT(*)
+               FROM messages WHERE state = 'queued'",
+            params![platform, chat_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok((u64::try_from(chat).unwrap_or(0), u64::try_from(all).unwrap_or(0)))
+    }
+}
+
+/// SQLite's default flags, plus: never through a symlink (a race past [`make_private`]).
+fn open_flags() -> rusqlite::OpenFlags {
+    use rusqlite::OpenFlags as F;
+    F::SQLITE_OPEN_READ_WRITE
+        | F::SQLITE_OPEN_CREATE
+        | F::SQLITE_OPEN_URI
+        | F::SQLITE_OPEN_NO_MUTEX
+        | F::SQLITE_OPEN_NOFOLLOW
+}
+
+/// The journal's sidecars in WAL mode; SQLite creates them with the main file's mode.
+const SIDECARS: [&str; 2] = ["-wal", "-shm"];
+
+/// Before SQLite opens `path`: creates it 0600 whatever the umask (SQLite would create it
+/// 0644 minus the umask, and its `-wal`/`-shm` copy the main file's mode), narrows an existing
+/// journal and its sidecars to 0600 (journals from before this rule), and refuses anything that
+/// is not a regular file: a FIFO would hang SQLite's open, a symlink would move the messages
+/// elsewhere. Opens go through lifecycle fsio (no link following, non-blocking).
+fn make_private(path: &Path) -> Result<(), JournalError> {
+    use gatewarden_lifecycle::{fsio, platform};
+    let fix = |p: &Path, create: bool| -> Result<(), JournalError> {
+        let unsafe_ = |why: String| JournalError::Unsafe { path: p.to_path_buf(), why };
+        let rw = || std::fs::OpenOptions::new().read(true).write(true).clone();
+        let open_existing = || match fsio::open_no_follow(p, &rw()) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(unsafe_(e.to_string())),
+        };
+        let (f, created) = if create {
+            match fsio::open_no_follow(p, rw().create_new(true)) {
+                Ok(f) => (Some(f), true),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => (open_existing()?, false),
+                Err(e) => return Err(unsafe_(e.to_string())),
+            }
+        } else {
+            (open_existing()?, false)
+        };
+        let Some(f) = f else { return Ok(()) };
+        let meta = f.metadata().map_err(|e| unsafe_(e.to_string()))?;
+        if !meta.is_file() {
+            return Err(unsafe_(
+                "not a regular file (a FIFO, socket, device or directory); refusing to open it".into(),
+            ));
+        }
+        match platform::set_private_file(&f) {
+            // Ours, just made: it must be private before SQLite copies its mode to the sidecars.
+            Err(e) if created => Err(unsafe_(format!("cannot make it private (0600): {e}"))),
+            // Someone else's journal opened by a reader allowed to write it: best effort, the
+            // owner's next start narrows it.
+            _ => Ok(()),
+        }
+    };
+    fix(path, true)?;
+    for suffix in SIDECARS {
+        fix(&sidecar(path, suffix), false)?;
+    }
+    Ok(())
+}
+
+fn sidecar(path: &Path, suffix: &str) -> PathBuf {
+    let mut side = path.as_os_str().to_owned();
+    side.push(suffix);
+    PathBuf::from(side)
+}
+
+/// Refuses a journal path that is not a regular file, without creating or changing anything
+/// (`check` on a live home): `Ok(false)` when it is missing.
+fn check_regular(path: &Path) -> Result<bool, JournalError> {
+    use gatewarden_lifecycle::fsio::{ReadOutcome, open_regular};
+    match open_regular(path) {
+        ReadOutcome::Missing => Ok(false),
+        ReadOutcome::Ok(_) => Ok(true),
+        ReadOutcome::Unreadable(why) | ReadOutcome::Transient(why) => {
+            Err(JournalError::Unsafe { path: path.to_path_buf(), why })
+        }
     }
 }
 
@@ -927,11 +1047,16 @@ fn now_rfc3339() -> String {
 /// is version 0 (created at first start).
 pub fn check_schema(home: &Path) -> Result<i64, JournalError> {
     let path = home.join(JOURNAL_FILE);
-    if !path.exists() {
+    // A FIFO here would hang SQLite's open (and the update preflight behind it).
+    if !check_regular(&path)? {
         return Ok(0);
     }
+    for suffix in SIDECARS {
+        check_regular(&sidecar(&path, suffix))?;
+    }
     let wrap = |source| JournalError::Open { path: path.clone(), source };
-    let conn = Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(wrap)?;
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NOFOLLOW;
+    let conn = Connection::open_with_flags(&path, flags).map_err(wrap)?;
     conn.busy_timeout(Duration::from_secs(5)).map_err(wrap)?;
     let found: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(wrap)?;
     if found > SCHEMA_VERSION {
@@ -1119,7 +1244,7 @@ mod tests {
             age(&j, id, 40);
         }
         let p = j.prune(Some(Duration::from_secs(30 * 24 * 3600)), None).unwrap();
-        assert_eq!(p, Pruned { by_age: 2, by_size: 0 });
+        assert_eq!(p, Pruned { by_age: 2, by_size: 0, outbox: 0 });
         assert_eq!(j.get(&old_done).unwrap(), None);
         assert_eq!(j.get(&old_failed).unwrap(), None);
         assert_eq!(j.get(&old_queued).unwrap().unwrap().state, State::Queued);
@@ -1162,6 +1287,46 @@ mod tests {
         let kept: Vec<_> = ids.iter().filter(|id| j.get(id).unwrap().is_some()).collect();
         assert_eq!(kept.len() as u64, 40 - p.by_size);
         assert_eq!(kept.first().copied(), ids.get(p.by_size as usize), "the oldest went first");
+    }
+
+    #[test]
+    fn prune_reaches_the_outbox_and_sessions_but_never_pending_entries() {
+        let (_d, j) = journal();
+        let big = "x".repeat(64 * 1024);
+        for i in 0..40 {
+            let seq = j.enqueue("tg", "c1", &big).unwrap();
+            if i % 10 != 0 {
+                assert!(j.outbox_done(seq, None).unwrap());
+            }
+        }
+        j.new_session("tg", "c1").unwrap();
+        let p = j.prune(None, Some(256 * 1024)).unwrap();
+        assert_eq!(p.outbox, 36, "every sent entry, no pending one: {p:?}");
+        assert_eq!(j.outbox_counts("tg").unwrap(), (4, 0, 0));
+        // By age: entries left for good and old sessions.
+        for _ in 0..3 {
+            let seq = j.enqueue("tg", "c1", "hi").unwrap();
+            assert!(j.outbox_done(seq, Some("chat gone")).unwrap());
+        }
+        j.conn().execute("UPDATE outbox SET updated_at = '2000-01-01T00:00:00.000000+00:00'", []).unwrap();
+        j.conn().execute("UPDATE sessions SET started_at = '2000-01-01T00:00:00.000000+00:00'", []).unwrap();
+        let p = j.prune(Some(Duration::from_secs(24 * 3600)), None).unwrap();
+        assert_eq!(p.outbox, 3 + 1, "{p:?}");
+        assert_eq!(j.outbox_counts("tg").unwrap(), (4, 0, 0));
+    }
+
+    #[test]
+    fn queued_counts_per_chat_and_in_all() {
+        let (_d, j) = journal();
+        j.accept(&msg("a")).unwrap();
+        let running = j.accept(&msg("b")).unwrap();
+        assert!(j.claim(&running, "i").unwrap());
+        j.accept_inbound("tg", "1", &msg("c")).unwrap();
+        let other = NewMessage { chat_id: "c2".into(), ..msg("d") };
+        j.accept(&other).unwrap();
+        assert_eq!(j.queued(None, "c1").unwrap(), (1, 3), "running rows are not queued");
+        assert_eq!(j.queued(Some("tg"), "c1").unwrap(), (1, 3), "a chat is its platform and id");
+        assert_eq!(j.queued(None, "nobody").unwrap(), (0, 3));
     }
 
     #[test]

@@ -29,6 +29,8 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use gatewarden_net::rustls;
+
 /// Longest incoming line kept (IRCv3 allows 8191 bytes of tags plus the 512-byte message).
 pub const MAX_LINE_BYTES: usize = 8704;
 /// Longest outgoing line, CRLF excluded (RFC 1459: 512 with CRLF).
@@ -94,6 +96,15 @@ pub enum Error {
     /// A deadline passed (connect, registration, join, or a dead connection).
     #[error("irc: timed out: {0}")]
     Timeout(String),
+    /// The TLS handshake failed: the certificate did not verify (unknown issuer, wrong host
+    /// name, expired) or the server does not speak TLS on this port.
+    #[error("irc: TLS with {host} failed: {reason}")]
+    Tls {
+        /// `host:port`.
+        host: String,
+        /// The problem in words (crates/net).
+        reason: String,
+    },
     /// Any other socket error (refused, reset, ...).
     #[error("irc: i/o error: {0}")]
     Io(#[from] std::io::Error),
@@ -108,7 +119,9 @@ impl Error {
         match self {
             Error::NickInUse { .. } => ErrorKind::Conflict,
             Error::NickRefused { .. } | Error::Rejected { .. } => ErrorKind::Rejected,
-            Error::Closed(_) | Error::Timeout(_) | Error::Io(_) => ErrorKind::Transient,
+            // A certificate may be fixed on the server side: retried with backoff like any
+            // connection failure, and reported with its reason meanwhile.
+            Error::Closed(_) | Error::Timeout(_) | Error::Io(_) | Error::Tls { .. } => ErrorKind::Transient,
             Error::JoinRefused { .. } | Error::InvalidInput(_) => ErrorKind::Permanent,
         }
     }
@@ -236,6 +249,13 @@ pub struct Config {
     pub realname: String,
     /// Server password (`PASS`), if any.
     pub password: Option<String>,
+    /// TLS with these settings (crates/net; SNI and verification against the server's host
+    /// name); `None`: plain TCP.
+    pub tls: Option<gatewarden_net::ClientTls>,
+    /// SASL PLAIN as this account (`(account, password)`) before registration ends: the
+    /// server's services then know the bot as that account. A server without SASL, or one
+    /// that refuses the credentials, fails the connection as [`Error::Rejected`].
+    pub sasl: Option<(String, String)>,
     /// Bound on TCP connect plus registration.
     pub connect_timeout: Duration,
     /// Silence after which we PING the server.
@@ -255,6 +275,8 @@ impl Config {
             realname: "gatewarden".into(),
             nick,
             password: None,
+            tls: None,
+            sasl: None,
             connect_timeout: Duration::from_secs(10),
             ping_interval: Duration::from_secs(60),
             ping_timeout: Duration::from_secs(30),
@@ -265,10 +287,14 @@ impl Config {
 /// A registered IRC connection.
 #[derive(Debug)]
 pub struct Connection {
-    /// Read side (only [`Connection`] reads).
+    /// Read side (only [`Connection`] reads): the socket's raw bytes.
     stream: TcpStream,
+    /// The TLS session, when there is one: the reader feeds it what `stream` receives, the
+    /// writers encrypt through it (each holds the lock only for one record's worth of work, so
+    /// reading never blocks writing).
+    tls: Option<Arc<Mutex<rustls::ClientConnection>>>,
     /// Write side, shared with every [`Writer`]: one lock per line, so lines never interleave.
-    out: Arc<Mutex<TcpStream>>,
+    out: Arc<Mutex<Sink>>,
     /// Bytes received but not yet cut into lines.
     buf: Vec<u8>,
     /// Bytes of the unfinished line at the end of `buf`.
@@ -293,12 +319,17 @@ impl Connection {
             }
         }
         let deadline = Instant::now() + cfg.connect_timeout;
-        let stream = connect_any(&cfg.addr, cfg.connect_timeout)?;
+        let mut stream = connect_any(&cfg.addr, cfg.connect_timeout)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(cfg.connect_timeout.max(Duration::from_secs(1))))?;
-        let out = Arc::new(Mutex::new(stream.try_clone()?));
+        let tls = match &cfg.tls {
+            Some(settings) => Some(Arc::new(Mutex::new(handshake(&mut stream, &cfg.addr, settings, deadline)?))),
+            None => None,
+        };
+        let out = Arc::new(Mutex::new(Sink { sock: stream.try_clone()?, tls: tls.clone() }));
         let mut c = Connection {
             stream,
+            tls,
             out,
             buf: Vec::new(),
             line_len: 0,
@@ -310,11 +341,16 @@ impl Connection {
             ping_interval: cfg.ping_interval,
             ping_timeout: cfg.ping_timeout,
         };
+        if cfg.sasl.is_some() {
+            // Registration waits for `CAP END` (IRCv3 capability negotiation).
+            c.send_raw("CAP REQ :sasl")?;
+        }
         if let Some(p) = &cfg.password {
             c.send_raw(&format!("PASS {}", trailing(p)?))?;
         }
         c.send_raw(&format!("NICK {}", cfg.nick))?;
         c.send_raw(&format!("USER {} 0 * {}", cfg.user, trailing(&cfg.realname)?))?;
+        let mut sasl_done = cfg.sasl.is_none();
         loop {
             let Some(m) = c.read_message(deadline)? else {
                 return Err(Error::Timeout(format!(
@@ -322,6 +358,35 @@ impl Connection {
                     cfg.addr, cfg.connect_timeout
                 )));
             };
+            if let Some((account, password)) = cfg.sasl.as_ref().filter(|_| !sasl_done) {
+                let no_sasl = |why: &str| Error::Rejected { code: "SASL".into(), message: why.to_owned() };
+                let cap_reply = m.command == "CAP" && m.param(2).split(' ').any(|c| c == "sasl");
+                match m.command.as_str() {
+                    "CAP" if cap_reply && m.param(1) == "ACK" => c.send_raw("AUTHENTICATE PLAIN")?,
+                    "CAP" if cap_reply && m.param(1) == "NAK" => {
+                        return Err(no_sasl("the server does not offer SASL (CAP NAK)"));
+                    }
+                    "AUTHENTICATE" if m.param(0) == "+" => {
+                        let token = base64(format!("{account}\0{account}\0{password}").as_bytes());
+                        if token.len() >= 400 {
+                            return Err(Error::InvalidInput("SASL account and password too long".into()));
+                        }
+                        c.send_raw(&format!("AUTHENTICATE {token}"))?;
+                    }
+                    "903" => {
+                        sasl_done = true;
+                        c.send_raw("CAP END")?;
+                    }
+                    "902" | "904" | "905" | "906" | "908" => {
+                        // The text names the account, never the password.
+                        return Err(Error::Rejected { code: m.command.clone(), message: m.last().to_string() });
+                    }
+                    // A server that registers us without negotiating has no SASL.
+                    "001" | "421" => return Err(no_sasl("the server does not support SASL (no CAP negotiation)")),
+                    _ => {}
+                }
+                continue;
+            }
             match m.command.as_str() {
                 "001" => {
                     // The server may have normalised the nick (case, truncation).
@@ -485,7 +550,7 @@ impl Connection {
             let wait = deadline.min(keepalive_at).saturating_duration_since(now).max(Duration::from_millis(1));
             self.stream.set_read_timeout(Some(wait))?;
             let mut chunk = [0u8; 4096];
-            match self.stream.read(&mut chunk) {
+            match self.read_some(&mut chunk) {
                 Ok(0) => return Err(Error::Closed("server closed the connection".into())),
                 Ok(n) => {
                     self.last_rx = Instant::now();
@@ -494,6 +559,37 @@ impl Connection {
                 }
                 Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut | IoKind::Interrupted) => {}
                 Err(e) => return Err(io_error(e)),
+            }
+        }
+    }
+
+    /// Reads what arrived: the socket's bytes, or with TLS the plaintext they decrypt to.
+    /// `Ok(0)` is the end of the stream; a read timeout surfaces as `WouldBlock`/`TimedOut`.
+    fn read_some(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let Some(tls) = &self.tls else { return self.stream.read(buf) };
+        loop {
+            {
+                let mut conn = tls.lock().unwrap_or_else(|p| p.into_inner());
+                match conn.reader().read(buf) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == IoKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let mut raw = [0u8; 4096];
+            let n = self.stream.read(&mut raw)?;
+            if n == 0 {
+                return Ok(0);
+            }
+            let mut conn = tls.lock().unwrap_or_else(|p| p.into_inner());
+            let mut rest = &raw[..n];
+            while !rest.is_empty() {
+                conn.read_tls(&mut rest)?;
+                conn.process_new_packets().map_err(|e| std::io::Error::new(IoKind::InvalidData, e))?;
+            }
+            // Post-handshake records we owe the server (a key update's answer, an alert).
+            while conn.wants_write() {
+                conn.write_tls(&mut self.stream)?;
             }
         }
     }
@@ -527,10 +623,68 @@ impl Connection {
     }
 }
 
+/// Where lines are written: the socket, through the TLS session when there is one.
+#[derive(Debug)]
+struct Sink {
+    sock: TcpStream,
+    tls: Option<Arc<Mutex<rustls::ClientConnection>>>,
+}
+
+impl Sink {
+    fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        let Some(tls) = &self.tls else { return self.sock.write_all(bytes) };
+        // Every socket write happens under the session's lock (the reader's too), so records
+        // never interleave.
+        let mut conn = tls.lock().unwrap_or_else(|p| p.into_inner());
+        conn.writer().write_all(bytes)?;
+        while conn.wants_write() {
+            conn.write_tls(&mut self.sock)?;
+        }
+        Ok(())
+    }
+
+    fn shutdown(&self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// The TLS handshake on a fresh connection to `addr` (`host:port`), bounded by `deadline`;
+/// verification against `host` as crates/net configures it.
+fn handshake(
+    sock: &mut TcpStream,
+    addr: &str,
+    settings: &gatewarden_net::ClientTls,
+    deadline: Instant,
+) -> Result<rustls::ClientConnection, Error> {
+    let tls_error = |reason: String| Error::Tls { host: addr.to_owned(), reason };
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|_| tls_error(format!("{host:?} is not a host name or address")))?;
+    let config = settings.rustls_config().map_err(|e| tls_error(e.to_string()))?;
+    let mut conn = rustls::ClientConnection::new(config, name).map_err(|e| tls_error(e.to_string()))?;
+    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    sock.set_read_timeout(Some(left))?;
+    while conn.is_handshaking() {
+        if let Err(e) = conn.complete_io(sock) {
+            return Err(match gatewarden_net::io_tls_reason(&e) {
+                Some(reason) => tls_error(reason),
+                None if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut) => {
+                    Error::Timeout(format!("TLS handshake with {addr}"))
+                }
+                None if e.kind() == IoKind::UnexpectedEof => {
+                    tls_error("the server closed the connection during the handshake (no TLS on this port?)".into())
+                }
+                None => io_error(e),
+            });
+        }
+    }
+    Ok(conn)
+}
+
 /// The sending half of a [`Connection`], for a thread other than the reader's.
 #[derive(Debug, Clone)]
 pub struct Writer {
-    out: Arc<Mutex<TcpStream>>,
+    out: Arc<Mutex<Sink>>,
 }
 
 impl Writer {
@@ -546,12 +700,11 @@ impl Writer {
 
     /// Closes the socket: the reader's next read fails, so it reconnects.
     pub fn shutdown(&self) {
-        let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = out.shutdown(std::net::Shutdown::Both);
+        self.out.lock().unwrap_or_else(|p| p.into_inner()).shutdown();
     }
 }
 
-fn privmsg(out: &Mutex<TcpStream>, target: &str, text: &str) -> Result<usize, Error> {
+fn privmsg(out: &Mutex<Sink>, target: &str, text: &str) -> Result<usize, Error> {
     if !is_word(target) || target.contains(',') {
         return Err(Error::InvalidInput(format!("target {target:?}")));
     }
@@ -567,7 +720,7 @@ fn privmsg(out: &Mutex<TcpStream>, target: &str, text: &str) -> Result<usize, Er
     Ok(sent)
 }
 
-fn write_line(out: &Mutex<TcpStream>, line: &str) -> Result<(), Error> {
+fn write_line(out: &Mutex<Sink>, line: &str) -> Result<(), Error> {
     if line.contains(['\r', '\n', '\0']) {
         return Err(Error::InvalidInput("line contains CR, LF or NUL".into()));
     }
@@ -614,6 +767,24 @@ fn connect_any(addr: &str, timeout: Duration) -> Result<TcpStream, Error> {
         }
     }
     Err(last.map_or_else(|| Error::Timeout(format!("connect to {addr}")), Error::Io))
+}
+
+/// Standard base64 with padding (RFC 4648), for SASL's one token.
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [chunk[0], chunk.get(1).copied().unwrap_or(0), chunk.get(2).copied().unwrap_or(0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(A[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 /// A middle parameter: non-empty, no space, no control characters, no leading `:`.
@@ -709,13 +880,78 @@ mod tests {
         assert!(parts.iter().all(|p| p.len() <= MAX_TEXT_BYTES && p.ends_with("word")), "{parts:?}");
     }
 
+    #[test]
+    fn base64_matches_rfc4648() {
+        for (i, o) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foobar", "Zm9vYmFy")] {
+            assert_eq!(base64(i.as_bytes()), o);
+        }
+        assert_eq!(base64(b"gw\0gw\0pw"), "Z3cAZ3cAcHc=");
+    }
+
+    /// A server that speaks CAP/SASL the way Libera and Solanum do; `accept` decides 903 or 904.
+    fn sasl_server(accept: bool) -> (std::net::SocketAddr, std::thread::JoinHandle<Vec<String>>) {
+        use std::io::BufRead;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut w = s.try_clone().unwrap();
+            let mut seen = Vec::new();
+            for line in std::io::BufReader::new(s).lines() {
+                let Ok(line) = line else { break };
+                let reply: &[u8] = match line.as_str() {
+                    "CAP REQ :sasl" => b":srv CAP * ACK :sasl\r\n",
+                    "AUTHENTICATE PLAIN" => b"AUTHENTICATE +\r\n",
+                    l if l.starts_with("AUTHENTICATE ") && accept => b":srv 900 gw gw!gw@h gw :You are now logged in as gw\r\n:srv 903 gw :SASL authentication successful\r\n",
+                    l if l.starts_with("AUTHENTICATE ") => b":srv 904 gw :SASL authentication failed\r\n",
+                    "CAP END" => b":srv 001 gw :Welcome\r\n",
+                    _ => b"",
+                };
+                seen.push(line);
+                if w.write_all(reply).is_err() {
+                    break;
+                }
+                if reply.starts_with(b":srv 001") || reply.starts_with(b":srv 904") {
+                    break;
+                }
+            }
+            seen
+        });
+        (addr, t)
+    }
+
+    #[test]
+    fn sasl_plain_authenticates_before_registration_ends() {
+        let (addr, server) = sasl_server(true);
+        let mut cfg = Config::new(addr.to_string(), "gw");
+        cfg.sasl = Some(("gw".into(), "pw".into()));
+        let c = Connection::connect(&cfg).unwrap();
+        assert_eq!(c.nick(), "gw");
+        drop(c);
+        let seen = server.join().unwrap();
+        assert_eq!(seen.first().map(String::as_str), Some("CAP REQ :sasl"), "{seen:?}");
+        assert!(seen.contains(&"AUTHENTICATE Z3cAZ3cAcHc=".to_owned()), "{seen:?}");
+        assert_eq!(seen.last().map(String::as_str), Some("CAP END"), "{seen:?}");
+
+        let (addr, server) = sasl_server(false);
+        let mut cfg = Config::new(addr.to_string(), "gw");
+        cfg.sasl = Some(("gw".into(), "wrong".into()));
+        let e = Connection::connect(&cfg).unwrap_err();
+        assert!(matches!(&e, Error::Rejected { code, .. } if code == "904"), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Rejected);
+        assert!(!e.to_string().contains("wrong"));
+        server.join().unwrap();
+    }
+
     fn conn_pair() -> (Connection, TcpStream) {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (server, _) = l.accept().unwrap();
         let c = Connection {
-            out: Arc::new(Mutex::new(client.try_clone().unwrap())),
+            out: Arc::new(Mutex::new(Sink { sock: client.try_clone().unwrap(), tls: None })),
             stream: client,
+            tls: None,
             buf: Vec::new(),
             line_len: 0,
             discarding: false,

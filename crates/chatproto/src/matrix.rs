@@ -210,15 +210,24 @@ enum Method {
 impl Client {
     /// A client for `homeserver` (`http://host:port` or `https://…`, with or without a trailing
     /// `/`). `request_timeout` bounds every call; a sync adds its own long-poll timeout on top.
+    /// The system trust store and the environment's proxy.
     pub fn new(homeserver: &str, request_timeout: Duration) -> Result<Client, Error> {
+        Client::with_outbound(homeserver, request_timeout, &gatewarden_net::Outbound::system())
+    }
+
+    /// [`Client::new`] with this homeserver's own TLS and proxy settings (crates/net).
+    pub fn with_outbound(
+        homeserver: &str,
+        request_timeout: Duration,
+        out: &gatewarden_net::Outbound,
+    ) -> Result<Client, Error> {
         let base = homeserver.trim().trim_end_matches('/').to_string();
         if !(base.starts_with("http://") || base.starts_with("https://")) || base.contains(char::is_whitespace) {
             return Err(Error::Config(format!("homeserver URL must be http(s)://host[:port], got {homeserver:?}")));
         }
-        let http = ureq::Agent::config_builder()
+        let http = gatewarden_net::http_config(out)
             .http_status_as_error(false)
             .timeout_global(Some(request_timeout))
-            .user_agent(concat!("gatewarden/", env!("CARGO_PKG_VERSION")))
             .build()
             .new_agent();
         Ok(Client { base, http, request_timeout, session: None })
@@ -379,10 +388,15 @@ impl Client {
                 rb.config().timeout_global(Some(timeout)).build().send_json(body.unwrap_or(&json!({})))
             }
         };
-        let mut resp = result.map_err(transport_error)?;
+        let mut resp = result.map_err(|e| transport_error(e, &self.base))?;
         let status = resp.status().as_u16();
         let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
-        let raw = resp.body_mut().with_config().limit(MAX_BODY_BYTES).read_to_vec().map_err(transport_error)?;
+        let raw = resp
+            .body_mut()
+            .with_config()
+            .limit(MAX_BODY_BYTES)
+            .read_to_vec()
+            .map_err(|e| transport_error(e, &self.base))?;
         if (200..300).contains(&status) {
             serde_json::from_slice(&raw).map_err(|e| Error::Protocol(format!("{path}: {e}: {}", snippet(&raw))))
         } else {
@@ -428,17 +442,17 @@ pub fn classify(status: u16, retry_after_header: Option<&str>, body: &[u8], logi
     Error::Api { status, errcode, message }
 }
 
-fn transport_error(e: ureq::Error) -> Error {
+fn transport_error(e: ureq::Error, base: &str) -> Error {
     use ureq::Error as U;
     match e {
         U::BadUri(m) => Error::Config(format!("bad homeserver URL: {m}")),
         U::RequireHttpsOnly(m) => Error::Config(m),
-        U::TlsRequired => {
-            Error::Config("https homeserver, but gatewarden-chatproto was built without the `tls` feature".into())
-        }
+        U::TlsRequired => Error::Config("https homeserver, but this build has no TLS".into()),
         U::BodyExceedsLimit(n) => Error::Protocol(format!("response body over {n} bytes")),
-        // Refused, reset, timed out, DNS, a body cut short by a dying server: all may heal.
-        other => Error::Transient(other.to_string()),
+        // Refused, reset, timed out, DNS, a body cut short by a dying server, and a certificate
+        // that does not verify (named with the host and the reason): all may heal, and the
+        // adapter retries them with backoff as `degraded`.
+        other => Error::Transient(gatewarden_net::describe(&other, base)),
     }
 }
 

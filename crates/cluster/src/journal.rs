@@ -508,7 +508,23 @@ impl PgJournal {
         Ok(counts)
     }
 
-    /// Retention: finished rows last updated more than `max_age` ago go, then the oldest
+    /// Queued messages `(of this chat, in all)`, for the queue caps (a read).
+    pub async fn queued(&mut self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), ClusterError> {
+        let name = self.name().to_owned();
+        let c = self.lease.client().await?;
+        let row = c
+            .query_one(
+                "SELECT count(*) FILTER (WHERE chat_id = $3 AND platform IS NOT DISTINCT FROM $2), count(*)
+                   FROM gw_messages WHERE name = $1 AND state = 'queued'",
+                &[&name, &platform, &chat_id],
+            )
+            .await
+            .map_err(read)?;
+        let n = |i: usize| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
+        Ok((n(0), n(1)))
+    }
+
+    /// Retention (outbox entries left for good and sessions too): finished rows last updated more than `max_age` ago go, then the oldest
     /// finished rows while this cluster's rows take more than `max_bytes` (their stored size,
     /// `pg_column_size`; PostgreSQL reuses the space after autovacuum). Unfinished rows stay.
     pub async fn prune(
@@ -533,6 +549,27 @@ impl PgJournal {
                 )
                 .await?;
             pruned.by_age = rows.first().map_or(0, |r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0));
+            // The other tables too (as crates/agent/src/journal.rs prunes them): outbox entries
+            // left for good, and sessions started before the bound.
+            let rows = self
+                .query_all(
+                    epoch,
+                    "WITH f AS MATERIALIZED (SELECT gw_fence($1, $2)),
+                     o AS (
+                        DELETE FROM gw_outbox o USING f
+                         WHERE o.name = $1 AND o.state IN ('sent', 'failed')
+                           AND o.updated_at < clock_timestamp() - $3::bigint * interval '1 millisecond'
+                        RETURNING 1),
+                     s AS (
+                        DELETE FROM gw_sessions s USING f
+                         WHERE s.name = $1
+                           AND s.started_at < clock_timestamp() - $3::bigint * interval '1 millisecond'
+                        RETURNING 1)
+                     SELECT (SELECT count(*) FROM o) + (SELECT count(*) FROM s)",
+                    &[&ms],
+                )
+                .await?;
+            pruned.outbox = rows.first().map_or(0, |r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0));
         }
         if let Some(max) = max_bytes {
             let max = i64::try_from(max).unwrap_or(i64::MAX);
@@ -555,6 +592,24 @@ impl PgJournal {
                 )
                 .await?;
             pruned.by_size = rows.first().map_or(0, |r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0));
+            // The outbox within the same bound, apart (its rows repeat the replies).
+            let rows = self
+                .query_all(
+                    epoch,
+                    "WITH f AS MATERIALIZED (SELECT gw_fence($1, $2)),
+                     sized AS (
+                        SELECT seq, sum(pg_column_size(o.*)) OVER (ORDER BY seq DESC) AS upto
+                          FROM gw_outbox o WHERE name = $1),
+                     d AS (
+                        DELETE FROM gw_outbox o USING f
+                         WHERE o.name = $1 AND o.state IN ('sent', 'failed')
+                           AND o.seq IN (SELECT seq FROM sized WHERE upto > $3)
+                        RETURNING 1)
+                     SELECT count(*) FROM d",
+                    &[&max],
+                )
+                .await?;
+            pruned.outbox += rows.first().map_or(0, |r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0));
         }
         Ok(pruned)
     }

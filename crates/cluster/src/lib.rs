@@ -24,6 +24,7 @@ pub mod machine;
 mod migrations;
 pub mod postgres;
 pub mod store;
+pub mod tls;
 
 use std::future::Future;
 use std::time::Duration;

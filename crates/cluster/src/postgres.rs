@@ -1,11 +1,11 @@
-//! [`LeaseBackend`] on PostgreSQL: one dedicated `tokio-postgres` connection (no pool, no TLS;
-//! crates.md §17.1), reconnected on demand. The expiry is always `clock_timestamp() + ttl`
+//! [`LeaseBackend`] on PostgreSQL: one dedicated `tokio-postgres` connection (no pool;
+//! crates.md §17.1; TLS per the URL's `sslmode`, crate::tls), reconnected on demand. The expiry is always `clock_timestamp() + ttl`
 //! in SQL: the database's clock is the only one that decides expiry.
 
 use std::time::Duration;
 
+use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, NoTls};
 
 use crate::migrations::{FENCED_SQLSTATE, MIGRATIONS};
 use crate::{Acquired, ActiveInfo, ClusterError, Grant, Holder, LeaseBackend};
@@ -18,6 +18,7 @@ const TS: &str = r#"'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'"#;
 
 pub struct PgLease {
     config: tokio_postgres::Config,
+    tls: crate::tls::MakeRustls,
     name: String,
     client: Option<Client>,
     /// The lease row exists (checked once per connection, not on every attempt).
@@ -28,8 +29,12 @@ impl PgLease {
     /// `url` is a `postgres://user@host:port/db` URL without a password; `password` comes
     /// from the environment or a file, never from config.toml.
     pub fn new(url: &str, password: Option<&str>, name: &str) -> Result<PgLease, ClusterError> {
+        let url =
+            crate::tls::StoreUrl::parse(url).map_err(|e| ClusterError::Connect(format!("invalid store URL: {e}")))?;
+        let tls = url.connector().map_err(ClusterError::Connect)?;
         let mut config: tokio_postgres::Config =
-            url.parse().map_err(|e| ClusterError::Connect(format!("invalid store URL: {e}")))?;
+            url.url.parse().map_err(|e| ClusterError::Connect(format!("invalid store URL: {e}")))?;
+        config.ssl_mode(url.mode.for_postgres());
         if let Some(p) = password {
             config.password(p);
         }
@@ -38,7 +43,7 @@ impl PgLease {
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(5))
             .application_name("gatewarden");
-        Ok(PgLease { config, name: name.to_owned(), client: None, row_exists: false })
+        Ok(PgLease { config, tls, name: name.to_owned(), client: None, row_exists: false })
     }
 
     /// Names the connection in `pg_stat_activity` (default `gatewarden`), so an operator (or a
@@ -56,7 +61,8 @@ impl PgLease {
     pub async fn client(&mut self) -> Result<&Client, ClusterError> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
             self.client = None;
-            let (client, conn) = self.config.connect(NoTls).await.map_err(|e| ClusterError::Connect(describe(&e)))?;
+            let (client, conn) =
+                self.config.connect(self.tls.clone()).await.map_err(|e| ClusterError::Connect(describe(&e)))?;
             // The connection future ends when the backend goes away (pg_terminate_backend, a
             // restart); `is_closed` then reports it and the next call reconnects.
             tokio::spawn(async move {
@@ -95,7 +101,12 @@ fn active_info(epoch: i64, holder: Option<String>, since: Option<String>, live: 
 pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{}: {}", db.code().code(), db.message()),
-        None => e.to_string(),
+        // tokio-postgres's own text ("error performing TLS handshake") hides the cause: the
+        // certificate problem, named by crate::tls, is in the source chain.
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
     }
 }
 

@@ -339,4 +339,9 @@ impl Store for PgStore {
         }
         self.write(move |j, e| Box::pin(async move { j.prune(e, max_age, max_bytes).await }))
     }
+
+    fn queued(&self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), JournalError> {
+        let (platform, chat_id) = (platform.map(str::to_owned), chat_id.to_owned());
+        self.call(move |j| Box::pin(async move { j.queued(platform.as_deref(), &chat_id).await }))
+    }
 }

@@ -188,6 +188,22 @@ fn the_store_trait_on_postgres_behaves_like_the_sqlite_journal() {
     let p = s.prune(None, Some(1)).unwrap();
     assert_eq!(p.by_size, 5);
     assert_eq!(s.counts().unwrap(), Counts { done: 0, ..before });
+    // Every table (issue 18): outbox entries left for good and old sessions go too; pending
+    // entries stay whatever their age.
+    let pending = s.outbox_pending("chat", 100).unwrap();
+    assert!(pending.len() >= 2, "{pending:?}");
+    assert!(s.outbox_done(pending[0].seq, None).unwrap());
+    assert!(s.outbox_done(pending[1].seq, Some("gone")).unwrap());
+    pg.sql("UPDATE gw_outbox SET updated_at = updated_at - interval '40 days' WHERE name = 'st'");
+    pg.sql("UPDATE gw_sessions SET started_at = started_at - interval '40 days' WHERE name = 'st'");
+    let p = s.prune(Some(Duration::from_secs(30 * 24 * 3600)), None).unwrap();
+    assert_eq!(p.outbox, 3, "two outbox entries and one session: {p:?}");
+    assert_eq!(s.outbox_counts("chat").unwrap(), (pending.len() as u64 - 2, 0, 0));
+    // Queued messages, for the queue caps: per chat (platform and id) and in all.
+    let (chat, all) = s.queued(Some("chat"), "c1").unwrap();
+    assert_eq!(all, s.counts().unwrap().queued);
+    assert!(chat >= 1 && chat <= all, "{chat} {all}");
+    assert_eq!(s.queued(None, "nobody").unwrap(), (0, all));
 }
 
 /// A write under an epoch the store no longer considers live is refused, and the refusal

@@ -14,7 +14,7 @@ use work_common::*;
 
 const RESTART_TIMEOUT: Duration = Duration::from_secs(60);
 /// Chat `/restart` needs an admin who came with the API token (docs/security.md).
-const ADMIN: &str = "api_token = \"t\"\nadmins = [\"u1\"]\n";
+const ADMIN: &str = "api_token = \"t0k-0123456789abcdef\"\nadmins = [\"u1\"]\n";
 
 /// `gatewarden <args>` in the host's environment, tagged for the sweeper.
 fn host_cli(home: &TempHome, sw: &Sweeper, args: &[&str]) -> CliOutput {
@@ -65,7 +65,7 @@ fn host_default_restarts_never_strand_the_gateway() {
     // Chat /restart.
     let old = st["incarnation"].as_str().unwrap().to_owned();
     let addr: std::net::SocketAddr = listen.as_str().unwrap().parse().unwrap();
-    let r = Api::new(addr).with_token("t").send("c1", "u1", "/restart").unwrap();
+    let r = Api::new(addr).with_token("t0k-0123456789abcdef").send("c1", "u1", "/restart").unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     st = wait_other_incarnation(&home, &sw, &old);
     // SIGUSR1 (a supervisor-less gateway used to ignore it).
@@ -212,7 +212,7 @@ fn backstop_starts_a_gateway_no_manager_revives() {
     write_config(home.path(), ADMIN);
     let mut g = builder(&home).supervisor("external").env(TAG_VAR, sw.tag()).spawn();
     let addr = g.wait_ready(READY);
-    let r = Api::new(addr).with_token("t").send("c1", "u1", "/restart").unwrap();
+    let r = Api::new(addr).with_token("t0k-0123456789abcdef").send("c1", "u1", "/restart").unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     let st = g.wait_exit(EXIT);
 

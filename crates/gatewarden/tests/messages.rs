@@ -115,14 +115,14 @@ fn auth_exposed_listener_without_token_exits_78() {
 fn auth_bearer_token_required_when_configured() {
     let home = TempHome::new();
     let sw = Sweeper::new();
-    let g = gateway(&home, &sw, "api_token = \"s3cret-token\"\n[agent]\nbackend = \"echo\"\n");
+    let g = gateway(&home, &sw, "api_token = \"s3cret-token-0123\"\n[agent]\nbackend = \"echo\"\n");
     let addr = g.listen();
     assert_eq!(http_get(addr, "/healthz", Duration::from_secs(2)).unwrap().status, 200);
     assert_eq!(http_get(addr, "/readyz", Duration::from_secs(2)).unwrap().status, 200);
     for (path, body) in
         [("/v1/status", None), ("/metrics", None), ("/v1/messages", Some(json!({"chat_id":"a","text":"hi"})))]
     {
-        for token in [None, Some("wrong"), Some("s3cret-tokeN"), Some("s3cret-token-longer")] {
+        for token in [None, Some("wrong"), Some("s3cret-tokeN"), Some("s3cret-token-0123-longer")] {
             let api = match token {
                 Some(t) => Api::new(addr).with_token(t),
                 None => Api::new(addr),
@@ -133,7 +133,7 @@ fn auth_bearer_token_required_when_configured() {
             };
             assert_eq!(r.status, 401, "{path} with token {token:?}: {} {}", r.status, r.text());
         }
-        let api = Api::new(addr).with_token("s3cret-token");
+        let api = Api::new(addr).with_token("s3cret-token-0123");
         let r = match &body {
             Some(b) => api.post_json(path, b).unwrap(),
             None => api.get(path).unwrap(),
@@ -147,7 +147,7 @@ fn auth_bearer_token_required_when_configured() {
 
     // A token makes a non-loopback listener acceptable.
     let home2 = TempHome::new();
-    write_config(home2.path(), "api_token = \"t\"\n");
+    write_config(home2.path(), "api_token = \"t0k-0123456789abcdef\"\n");
     let mut g2 = builder(&home2).listen("0.0.0.0:0").env(TAG_VAR, sw.tag()).spawn();
     // (Gateway::wait_ready would probe 0.0.0.0; probe the same port on loopback instead.)
     let mut port = None;
@@ -165,7 +165,7 @@ fn auth_bearer_token_required_when_configured() {
     assert!(ready && g2.alive(), "0.0.0.0 with a token should start:\n{}", g2.diag());
     let lo: std::net::SocketAddr = format!("127.0.0.1:{}", port.unwrap()).parse().unwrap();
     assert_eq!(Api::new(lo).get("/v1/status").unwrap().status, 401);
-    assert_eq!(Api::new(lo).with_token("t").get("/v1/status").unwrap().status, 200);
+    assert_eq!(Api::new(lo).with_token("t0k-0123456789abcdef").get("/v1/status").unwrap().status, 200);
 }
 
 /// With a token set, commands are no longer open: `/restart` and `/stop` need an admin (403 for
@@ -175,8 +175,8 @@ fn auth_bearer_token_required_when_configured() {
 fn commands_need_an_admin_when_a_token_is_set() {
     let home = TempHome::new();
     let sw = Sweeper::new();
-    let mut g = gateway(&home, &sw, "api_token = \"tok\"\nadmins = [\"alice\"]\n");
-    let api = Api::new(g.listen()).with_token("tok");
+    let mut g = gateway(&home, &sw, "api_token = \"tok-0123456789abcd\"\nadmins = [\"alice\"]\n");
+    let api = Api::new(g.listen()).with_token("tok-0123456789abcd");
     for cmd in ["/restart", "/stop"] {
         let r = api.send("chat", "mallory", cmd).unwrap();
         assert_eq!(r.status, 403, "{cmd} from a non-admin: {} {}", r.status, r.text());

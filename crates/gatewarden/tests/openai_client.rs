@@ -123,8 +123,8 @@ fn openai_python_client_uses_api_key_as_bearer_token() {
     }
     let home = TempHome::new();
     let sw = Sweeper::new();
-    let g = gateway(&home, &sw, "api_token = \"sdk-token\"\n[agent]\nbackend = \"echo\"\n");
-    let ok = py(CLIENT, g.listen(), "sdk-token", "with key");
+    let g = gateway(&home, &sw, "api_token = \"sdk-token-0123456789\"\n[agent]\nbackend = \"echo\"\n");
+    let ok = py(CLIENT, g.listen(), "sdk-token-0123456789", "with key");
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
     let v: Value = serde_json::from_slice(&ok.stdout).unwrap();
     assert_eq!(v["plain"], json!("with key"));

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use work_common::*;
 
 /// Chat `/restart` needs an admin who came with the API token (issue 8, docs/security.md).
-const ADMIN: &str = "api_token = \"t\"\nadmins = [\"u-s\", \"u\"]\n";
+const ADMIN: &str = "api_token = \"t0k-0123456789abcdef\"\nadmins = [\"u-s\", \"u\"]\n";
 
 /// F1: drain_timeout_s = 180 and the restart comes from a chat message. The requester is
 /// answered "restarting…" at once, the old incarnation exits 75 and a new one is ready within
@@ -27,7 +27,7 @@ fn f1_restart_requester_is_not_waited_on() {
     let old_inc = incarnation_of(&home, g.pid()).unwrap();
 
     let t0 = Instant::now();
-    let r = Api::new(addr).with_token("t").send("S", "u-s", "/restart").unwrap();
+    let r = Api::new(addr).with_token("t0k-0123456789abcdef").send("S", "u-s", "/restart").unwrap();
     let answered = t0.elapsed();
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json().unwrap();
@@ -64,7 +64,7 @@ fn f1_restart_requester_is_not_waited_on() {
     );
     // The new incarnation works.
     assert_eq!(
-        Api::new(addr).with_token("t").send("S", "u-s", "after").unwrap().json().unwrap()["reply"],
+        Api::new(addr).with_token("t0k-0123456789abcdef").send("S", "u-s", "after").unwrap().json().unwrap()["reply"],
         json!("after")
     );
 }
@@ -79,7 +79,7 @@ fn f2_bystander_is_drained_and_requester_not_interrupted() {
     let mut g =
         gateway(&home, &sw, &format!("{ADMIN}drain_timeout_s = 180\n[agent]\nbackend = \"echo\"\ndelay_ms = 3000\n"));
     let addr = g.listen();
-    let api = Api::new(addr).with_token("t");
+    let api = Api::new(addr).with_token("t0k-0123456789abcdef");
     let t_b = Instant::now();
     let b = send_bg_as(&api, "B", "bystander text");
     wait_active_as(&api, 1);
@@ -122,7 +122,7 @@ fn f3_async_restart_is_never_replayed_and_notice_comes_once() {
     let sw = Sweeper::new();
     let mut g = gateway(&home, &sw, &format!("{ADMIN}drain_timeout_s = 180\n[agent]\nbackend = \"echo\"\n"));
     let addr = g.listen();
-    let api = Api::new(addr).with_token("t");
+    let api = Api::new(addr).with_token("t0k-0123456789abcdef");
 
     let r = api.send_async("S", "u-s", "/restart").unwrap();
     assert_eq!(r.status, 202, "{}", r.text());
@@ -174,7 +174,7 @@ fn f3_sync_restart_notice_rides_on_the_next_reply_once() {
     let home = TempHome::new();
     let sw = Sweeper::new();
     let mut g = gateway(&home, &sw, &format!("{ADMIN}[agent]\nbackend = \"echo\"\n"));
-    let api = Api::new(g.listen()).with_token("t");
+    let api = Api::new(g.listen()).with_token("t0k-0123456789abcdef");
     assert_eq!(api.send("S", "u", "/restart").unwrap().status, 200);
     g.wait_exit(Duration::from_secs(10));
     let (_, inc2, _) = wait_new_ready(home.path(), &[g.pid()], Duration::from_secs(10)).expect("new incarnation");

@@ -467,8 +467,8 @@ fn supervise_reverts_a_candidate_that_dies_at_once() {
 
 /// The notices `chat` has collected so far, polled until `n` arrived (or the deadline).
 /// Chat `/update` needs an admin who came with the API token (docs/security.md).
-const TOKEN: &str = "t";
-const ADMINS: &str = "api_token = \"t\"\nadmins = [\"u-s\", \"u1\", \"u2\"]\n";
+const TOKEN: &str = "t0k-0123456789abcdef";
+const ADMINS: &str = "api_token = \"t0k-0123456789abcdef\"\nadmins = [\"u-s\", \"u1\", \"u2\"]\n";
 
 fn notices_until(addr: std::net::SocketAddr, chat: &str, n: usize, timeout: Duration) -> Vec<String> {
     let mut all = Vec::new();

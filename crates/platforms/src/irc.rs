@@ -1,7 +1,9 @@
 //! IRC adapter: one registered connection (crates/chatproto/src/irc.rs), channels joined from
 //! `allowed_chats`, PRIVMSG in and out.
 //!
-//! - **Configuration.** `server = "host:port"`, `nick`; `allowed_chats` holds the channels to
+//! - **Configuration.** `server = "host:port"` (or `host`: port 6697 with `tls = true`, else
+//!   6667), `tls` (verified with crates/net's settings and `ca_file`; a certificate failure is
+//!   `degraded` and retried like any connection failure), `nick`; `allowed_chats` holds the channels to
 //!   join (`#name`) and the nicks whose private messages are served (with no nick listed, private
 //!   messages from anyone are). `token_env`, optional, names the server password sent as `PASS`
 //!   (many networks hand it to NickServ).
@@ -114,6 +116,10 @@ pub struct Irc {
     server: String,
     nick: String,
     password: Option<String>,
+    /// `tls = true`: the TLS settings (crates/net; `ca_file`), else plain TCP.
+    tls: Option<gatewarden_net::ClientTls>,
+    /// SASL PLAIN: the account (the nick) and its password (`sasl_password_env`).
+    sasl: Option<(String, String)>,
     /// `server/nick`: what two consumers must not share.
     credential: String,
     allowed: Vec<String>,
@@ -156,11 +162,29 @@ impl Shared {
 impl Irc {
     pub fn new(cfg: &PlatformConfig, password: Option<String>) -> Result<Irc, AdapterError> {
         let name = cfg.adapter_name();
-        let (Some(server), Some(nick)) = (cfg.server.clone(), cfg.nick.clone()) else {
+        let (Some(server), Some(nick)) = (cfg.irc_addr(), cfg.nick.clone()) else {
             return Err(AdapterError::Start { name, message: "irc needs server and nick".into() });
         };
-        let server = server.trim().to_owned();
+        let tls = match cfg.tls {
+            true => Some(
+                gatewarden_net::ClientTls::new(cfg.ca_file.as_deref())
+                    .map_err(|e| AdapterError::Start { name: name.clone(), message: e.to_string() })?,
+            ),
+            false => None,
+        };
+        let sasl = match &cfg.sasl_password_env {
+            None => None,
+            Some(var) => match std::env::var(var).ok().filter(|p| !p.is_empty()) {
+                Some(password) => Some((nick.clone(), password)),
+                None => {
+                    let message = format!("environment variable {var} (sasl_password_env) is not set or empty");
+                    return Err(AdapterError::Start { name, message });
+                }
+            },
+        };
         Ok(Irc {
+            tls,
+            sasl,
             credential: format!("{}/{}", server.to_ascii_lowercase(), nick.to_ascii_lowercase()),
             name,
             server,
@@ -506,6 +530,8 @@ impl Adapter for Irc {
         self.status.set(State::Connecting);
         let mut cfg = Config::new(self.server.clone(), self.nick.clone());
         cfg.password = self.password.clone();
+        cfg.tls = self.tls.clone();
+        cfg.sasl = self.sasl.clone();
         let shared = Arc::new(Shared {
             flags: Flags::default(),
             close_deadline: Mutex::new(None),

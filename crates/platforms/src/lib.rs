@@ -297,7 +297,7 @@ pub fn build(cfg: &PlatformConfig) -> Result<Arc<dyn Adapter>, AdapterError> {
     let token = std::env::var(&var).ok().map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
     let missing = || AdapterError::MissingCredential { name: name.clone(), var: var.clone() };
     match cfg.kind {
-        PlatformKind::Telegram => Ok(Arc::new(telegram::Telegram::new(cfg, token.ok_or_else(missing)?))),
+        PlatformKind::Telegram => Ok(Arc::new(telegram::Telegram::new(cfg, token.ok_or_else(missing)?)?)),
         PlatformKind::Matrix => Ok(Arc::new(matrix::Matrix::new(cfg, token.ok_or_else(missing)?)?)),
         // The password is optional; a named variable that is unset is still an error.
         PlatformKind::Irc if cfg.token_env.is_some() && token.is_none() => Err(missing()),

@@ -97,6 +97,8 @@ pub struct Matrix {
     name: String,
     token: String,
     homeserver: String,
+    /// `ca_file` and `proxy` (crates/net).
+    out: gatewarden_net::Outbound,
     allowed: Vec<String>,
     poll_timeout: Duration,
     status: Arc<Status>,
@@ -118,13 +120,16 @@ impl Matrix {
     pub fn new(cfg: &PlatformConfig, token: String) -> Result<Matrix, AdapterError> {
         let name = cfg.adapter_name();
         let homeserver = cfg.api_base.clone().unwrap_or_default();
+        let start_error = |message: String| AdapterError::Start { name: name.clone(), message };
+        let out = gatewarden_net::Outbound::new(cfg.ca_file.as_deref(), cfg.proxy.as_deref())
+            .map_err(|e| start_error(e.to_string()))?;
         // The URL is checked once here: a bad one is a start error, not a retry loop.
-        Client::new(&homeserver, REQUEST_TIMEOUT)
-            .map_err(|e| AdapterError::Start { name: name.clone(), message: e.to_string() })?;
+        Client::with_outbound(&homeserver, REQUEST_TIMEOUT, &out).map_err(|e| start_error(e.to_string()))?;
         Ok(Matrix {
             name,
             token,
             homeserver,
+            out,
             allowed: cfg.allowed_chats.clone(),
             poll_timeout: Duration::from_secs(cfg.poll_timeout_s),
             status: Arc::new(Status::default()),
@@ -133,7 +138,7 @@ impl Matrix {
     }
 
     fn client(&self) -> Result<Client, AdapterError> {
-        let mut c = Client::new(&self.homeserver, REQUEST_TIMEOUT)
+        let mut c = Client::with_outbound(&self.homeserver, REQUEST_TIMEOUT, &self.out)
             .map_err(|e| AdapterError::Start { name: self.name.clone(), message: e.to_string() })?;
         c.set_access_token(self.token.clone());
         Ok(c)
@@ -158,7 +163,8 @@ fn load_cursor(path: Option<&PathBuf>) -> Result<Cursor, String> {
 
 fn save_cursor(path: &Path, c: &Cursor) -> Result<(), String> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        // `<home>/platforms`: 0700 whatever the umask, like every folder in the home.
+        gatewarden_lifecycle::platform::create_private_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     fsio::write_json(path, c).map_err(|e| format!("{}: {e}", path.display()))
 }

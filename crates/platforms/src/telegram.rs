@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
 use gatewarden_agent::config::PlatformConfig;
+use gatewarden_net::Outbound;
 use serde_json::{Value, json};
 
 use crate::wait::{self, Flags};
@@ -88,12 +89,10 @@ struct Api {
 }
 
 impl Api {
-    fn new(base: &str, token: &str) -> Api {
-        let http = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .user_agent(concat!("gatewarden/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .new_agent();
+    /// TLS and proxy from `out` (crates/net): a certificate that does not verify fails the call
+    /// as [`ApiError::Network`] naming the host and the reason, before the token is sent.
+    fn new(base: &str, token: &str, out: &Outbound) -> Api {
+        let http = gatewarden_net::http_config(out).http_status_as_error(false).build().new_agent();
         Api { http, prefix: format!("{}/bot{token}/", base.trim_end_matches('/')), token: token.to_owned() }
     }
 
@@ -110,7 +109,7 @@ impl Api {
             .timeout_global(Some(timeout))
             .build()
             .send_json(body)
-            .map_err(|e| ApiError::Network(self.redact(e.to_string())))?;
+            .map_err(|e| ApiError::Network(self.redact(gatewarden_net::describe(&e, &self.prefix))))?;
         let status = response.status().as_u16();
         let text = response
             .into_body()
@@ -139,6 +138,8 @@ pub struct Telegram {
     name: String,
     token: String,
     base: String,
+    /// `ca_file` and `proxy` (crates/net).
+    out: Outbound,
     allowed: Vec<String>,
     poll_timeout: Duration,
     conflict_bound: Duration,
@@ -162,11 +163,16 @@ struct Shared {
 }
 
 impl Telegram {
-    pub fn new(cfg: &PlatformConfig, token: String) -> Telegram {
-        Telegram {
+    /// Fails only when `ca_file` or `proxy` cannot be used (the configuration check read them
+    /// already).
+    pub fn new(cfg: &PlatformConfig, token: String) -> Result<Telegram, AdapterError> {
+        let out = Outbound::new(cfg.ca_file.as_deref(), cfg.proxy.as_deref())
+            .map_err(|e| AdapterError::Start { name: cfg.adapter_name(), message: e.to_string() })?;
+        Ok(Telegram {
             name: cfg.adapter_name(),
             token,
             base: cfg.api_base.clone().unwrap_or_else(|| DEFAULT_API_BASE.to_owned()),
+            out,
             allowed: cfg.allowed_chats.clone(),
             poll_timeout: Duration::from_secs(cfg.poll_timeout_s),
             conflict_bound: Duration::from_secs(cfg.conflict_standby_s),
@@ -175,7 +181,7 @@ impl Telegram {
             offset: Arc::new(AtomicI64::new(0)),
             host: Mutex::new(None),
             done: Mutex::new(Vec::new()),
-        }
+        })
     }
 
     fn shared(&self) -> Arc<Shared> {
@@ -191,7 +197,7 @@ impl Telegram {
     /// One `getUpdates` that returns at once: confirms the committed offset and ends our own
     /// in-flight long poll on the server.
     fn terminate_poll(&self) {
-        let api = Api::new(&self.base, &self.token);
+        let api = Api::new(&self.base, &self.token, &self.out);
         let offset = self.offset.load(Ordering::Acquire);
         let _ = api.call("getUpdates", &json!({"offset": offset, "timeout": 0, "limit": 1}), Duration::from_secs(5));
     }
@@ -252,6 +258,7 @@ struct Receiver {
     api: Api,
     base: String,
     token: String,
+    out: Outbound,
     allowed: Vec<String>,
     poll_timeout: Duration,
     conflict_bound: Duration,
@@ -282,7 +289,7 @@ impl Receiver {
         let mut hello = true;
         while !self.stopping() {
             if self.shared.flags.take_kick() {
-                self.api = Api::new(&self.base, &self.token);
+                self.api = Api::new(&self.base, &self.token, &self.out);
                 self.set(State::Connecting);
                 hello = true;
             }
@@ -493,9 +500,10 @@ impl Adapter for Telegram {
         *self.host.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&host));
         let rx = Receiver {
             name: self.name.clone(),
-            api: Api::new(&self.base, &self.token),
+            api: Api::new(&self.base, &self.token, &self.out),
             base: self.base.clone(),
             token: self.token.clone(),
+            out: self.out.clone(),
             allowed: self.allowed.clone(),
             poll_timeout: self.poll_timeout,
             conflict_bound: self.conflict_bound,
@@ -505,7 +513,7 @@ impl Adapter for Telegram {
         };
         let tx = Sender {
             name: self.name.clone(),
-            api: Api::new(&self.base, &self.token),
+            api: Api::new(&self.base, &self.token, &self.out),
             status: Arc::clone(&self.status),
             shared,
             host,

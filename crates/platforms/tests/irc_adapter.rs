@@ -84,6 +84,10 @@ fn routes_inbound_refuses_bad_targets_paces_lines_and_quits() {
         admins: Vec::new(),
         poll_timeout_s: 25,
         conflict_standby_s: 5,
+        ca_file: None,
+        proxy: None,
+        tls: false,
+        sasl_password_env: None,
     };
     let irc = Irc::new(&cfg, None).unwrap();
     assert_eq!(irc.credential(), format!("{}/gwbot", s.addr()));

@@ -67,6 +67,10 @@ fn config(base: &str, conflict_s: u64) -> PlatformConfig {
         admins: Vec::new(),
         poll_timeout_s: 2,
         conflict_standby_s: conflict_s,
+        ca_file: None,
+        proxy: None,
+        tls: false,
+        sasl_password_env: None,
     }
 }
 
@@ -81,7 +85,7 @@ fn wait(what: &str, timeout: Duration, f: impl Fn() -> bool) {
 
 fn start(fake: &FakeTelegram, conflict_s: u64) -> (Arc<Telegram>, Arc<MemHost>) {
     let host = Arc::new(MemHost::default());
-    let t = Arc::new(Telegram::new(&config(&fake.base_url(), conflict_s), TOKEN.into()));
+    let t = Arc::new(Telegram::new(&config(&fake.base_url(), conflict_s), TOKEN.into()).unwrap());
     t.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
     (t, host)
 }
@@ -170,7 +174,7 @@ fn polls_follow_the_receive_budget_and_start_after_close_works() {
     let host = Arc::new(MemHost::default());
     *host.budget.lock().unwrap() = Some(Duration::from_millis(1500));
     let cfg = config(&format!("{}/c/a", fake.base_url()), 30);
-    let t = Arc::new(Telegram::new(&cfg, TOKEN.into()));
+    let t = Arc::new(Telegram::new(&cfg, TOKEN.into()).unwrap());
     t.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
     wait("three polls", Duration::from_secs(10), || fake.polls(TOKEN).len() >= 3);
     let polls = fake.polls(TOKEN);

@@ -45,7 +45,7 @@ pub struct Settings {
 impl Settings {
     pub fn new(config: ClusterConfig, password: Option<String>) -> Result<Settings, String> {
         let app = format!("gatewarden journal pid {}", std::process::id());
-        let store = PgStore::start(&config.store, password.as_deref(), &config.name, &app)
+        let store = PgStore::start(&config.store_url(), password.as_deref(), &config.name, &app)
             .map_err(|e| format!("[cluster] store: {e}"))?;
         Ok(Settings { config, password, store: Some(Arc::new(store)) })
     }
@@ -56,7 +56,7 @@ impl Settings {
 pub fn start(gw: &Arc<Gateway>, s: &Settings) -> Result<(), String> {
     let c = &s.config;
     let timing = Timing::new(c.lease_ttl(), c.renew_interval()).map_err(|e| format!("[cluster]: {e}"))?;
-    let backend = PgLease::new(&c.store, s.password.as_deref(), &c.name)
+    let backend = PgLease::new(&c.store_url(), s.password.as_deref(), &c.name)
         .map_err(|e| format!("[cluster] store: {e}"))?
         // Tells the gateways' sessions apart in pg_stat_activity.
         .with_application_name(&format!("gatewarden pid {}", gw.me.pid));

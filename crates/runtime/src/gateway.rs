@@ -313,6 +313,10 @@ impl Gateway {
                 let mut extra = extra;
                 extra.insert("supervisor_evidence".to_owned(), json!(self.supervisor_evidence));
                 extra.insert("drain_timeout_s".to_owned(), json!(self.drain_budget.get().map(|d| d.as_secs())));
+                extra.insert(
+                    "agent".to_owned(),
+                    json!({"backend": self.work.agent.name(), "last_failure": self.work.metrics.last_failure_json()}),
+                );
                 let platforms = self.work.platforms();
                 if !platforms.is_empty() {
                     extra.insert("platforms".to_owned(), Value::Array(platforms.report()));

@@ -24,7 +24,8 @@ static FILE: OnceLock<Mutex<FileSink>> = OnceLock::new();
 /// Sends log lines to `path` (appending, rotated by size) instead of stderr.
 pub fn init_file(path: &Path, format: Format) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+        // 0700 whatever the umask (an existing folder's mode is left alone).
+        gatewarden_lifecycle::platform::create_private_dir(dir)?;
     }
     // Never through a symlink planted in the home's logs folder.
     let file = gatewarden_lifecycle::fsio::open_append(path)?;

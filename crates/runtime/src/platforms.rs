@@ -118,8 +118,10 @@ impl Platforms {
         self.get(adapter).is_some_and(|e| e.admins.iter().any(|a| a == user))
     }
 
-    /// Takes each credential lock, then starts the adapter. A credential held by another
-    /// gateway parks that adapter, or fails the start (exit 78) when it is the only one.
+    /// Takes each credential lock, then starts the adapter. A credential that cannot be locked
+    /// (held by another gateway, or its lock folder is not ours: another user may pre-create
+    /// `/tmp/gatewarden-<uid>`) parks that adapter, or fails the start (exit 78, naming why)
+    /// when it is the only one: a gateway with nothing to serve must not report success.
     pub fn start(&self, gw: &Arc<Gateway>) -> Result<(), String> {
         *self.started.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         let host: Arc<dyn Host> = Arc::new(GatewayHost::new(gw));
@@ -137,6 +139,19 @@ impl Platforms {
                     return Err(format!(
                         "[[platform]] {}: {err}; one bot credential serves one gateway (stop the other one, or remove this [[platform]] table)",
                         a.name()
+                    ));
+                }
+                Err(err) if self.entries.len() == 1 => {
+                    return Err(format!(
+                        "[[platform]] {}: cannot take its credential lock: {err}; it is the only chat platform, so this gateway would serve nothing{}",
+                        a.name(),
+                        match err {
+                            CredLockError::Dir { .. } => format!(
+                                " (set XDG_RUNTIME_DIR to a private folder of this user, or {} to another lock folder)",
+                                credlock::DIR_ENV
+                            ),
+                            _ => String::new(),
+                        }
                     ));
                 }
                 Err(err) => {
@@ -200,7 +215,7 @@ impl Platforms {
             return Ok(());
         }
         let c = &s.config;
-        let leases = PgCredLeases::new(&c.store, s.password.as_deref(), &c.name)
+        let leases = PgCredLeases::new(&c.store_url(), s.password.as_deref(), &c.name)
             .map_err(|e| format!("[cluster] store: {e}"))?
             .with_application_name(&format!("gatewarden pid {} credentials", gw.me.pid));
         let (tx, rx) = mpsc::unbounded_channel();
@@ -348,6 +363,19 @@ impl GatewayHost {
             kind: Kind::Async,
         };
         let Some(cmd) = parse_command(&m.text) else {
+            // Queued work is never pruned: past the queue caps the message is refused (taken
+            // off the platform, not journaled) and the chat told, once while it stays full.
+            // A redelivery of a message already journaled was taken: it is not told otherwise.
+            if let Some(why) = work.queue_refusal(Some(adapter), &m.chat_id).map_err(|e| e.to_string())? {
+                if !j.has_event(adapter, &m.event_id).map_err(|e| e.to_string())?
+                    && work.note_full(adapter, &m.chat_id, true)
+                {
+                    j.enqueue(adapter, &m.chat_id, &format!("not taken: {why}")).map_err(|e| e.to_string())?;
+                    work.platforms().wake(adapter);
+                }
+                return Ok(());
+            }
+            work.note_full(adapter, &m.chat_id, false);
             if let Some(id) = j.accept_inbound(adapter, &m.event_id, &msg).map_err(|e| e.to_string())? {
                 work.metrics.accepted_async.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 // Only a running gateway runs it; otherwise the next incarnation does.

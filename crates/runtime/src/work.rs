@@ -53,6 +53,9 @@ pub struct Metrics {
     pub restarts_before: AtomicU64,
     pub drains_before: AtomicU64,
     pub drain_ms_before: AtomicU64,
+    /// The last run that failed (not cancelled) and why, for `status`: an upstream that cannot
+    /// be reached (a certificate that does not verify, crates/net) shows there by name.
+    pub last_failure: Mutex<Option<(std::time::SystemTime, String)>>,
 }
 
 impl Metrics {
@@ -64,6 +67,20 @@ impl Metrics {
             Err(_) => &self.failed,
         };
         c.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = r
+            && !matches!(e, AgentError::Cancelled)
+        {
+            *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((std::time::SystemTime::now(), e.to_string()));
+        }
+    }
+
+    /// `{"at", "reason"}` of the last failed run, or null.
+    pub fn last_failure_json(&self) -> serde_json::Value {
+        match &*self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some((at, why)) => serde_json::json!({"at": gatewarden_lifecycle::timefmt::format(*at), "reason": why}),
+            None => serde_json::Value::Null,
+        }
     }
 }
 
@@ -155,6 +172,9 @@ pub struct Work {
     update_source: Option<String>,
     /// The home, known from the first command or boot notice (for `/update`'s notices).
     home: std::sync::OnceLock<std::path::PathBuf>,
+    /// Platform chats told that their queue is full (`platform\0chat`): told once while it
+    /// stays full, so a flood past the cap cannot grow the outbox with notices instead.
+    full_told: Mutex<HashSet<String>>,
 }
 
 impl Work {
@@ -188,6 +208,27 @@ impl Work {
             history_chars: config.agent.history_chars,
             update_source: config.update.source.clone(),
             home: std::sync::OnceLock::new(),
+            full_told: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Why a new message of `(platform, chat)` is refused: past the `[journal]` queue caps
+    /// (`None`: take it). Blocking (the journal), like the callers' other journal steps.
+    pub fn queue_refusal(&self, platform: Option<&str>, chat: &str) -> Result<Option<String>, JournalError> {
+        let (mine, all) = self.journal.queued(platform, chat)?;
+        Ok(self.retention.queue_refusal(mine, all))
+    }
+
+    /// Records whether a platform chat's queue is full; `true` when it just became full (tell
+    /// it once).
+    pub fn note_full(&self, platform: &str, chat: &str, full: bool) -> bool {
+        let key = format!("{platform}\0{chat}");
+        let mut told = self.full_told.lock().unwrap_or_else(|p| p.into_inner());
+        if full {
+            told.insert(key)
+        } else {
+            told.remove(&key);
+            false
         }
     }
 
@@ -592,10 +633,12 @@ impl Work {
             loop {
                 tick.tick().await;
                 match me.with_journal(move |j| j.prune(age, bytes)).await {
-                    Ok(p) if p.by_age + p.by_size > 0 => crate::info!(
-                        "journal retention: deleted {} finished message(s) past max_age_days, {} past max_size_mb",
+                    Ok(p) if p.by_age + p.by_size + p.outbox > 0 => crate::info!(
+                        "journal retention: deleted {} finished message(s) past max_age_days, {} past max_size_mb, \
+                         {} outbox entries and sessions",
                         p.by_age,
-                        p.by_size
+                        p.by_size,
+                        p.outbox
                     ),
                     Ok(_) => {}
                     Err(e) => crate::warn!("journal retention failed: {e}"),

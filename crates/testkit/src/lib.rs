@@ -28,11 +28,14 @@ mod gateway;
 pub mod hermes;
 mod home;
 mod http;
+pub mod netfakes;
 pub mod postgres;
 mod proc;
 pub mod servers;
 pub mod sweep;
 mod time;
+#[cfg(feature = "tls")]
+pub mod tls;
 mod wait;
 
 pub use cli::{CliOutput, cli, cli_env, cli_host, cli_with};

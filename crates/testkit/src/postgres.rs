@@ -201,6 +201,24 @@ impl Cluster {
         self.try_sql(sql).unwrap_or_else(|e| panic!("psql {sql:?}: {e}"))
     }
 
+    /// Turns TLS on (`ssl = on`, reloaded, no restart) with `cert_pem` (the chain) and
+    /// `key_pem` as the server's certificate and key; plain connections stay allowed.
+    pub fn enable_tls(&self, cert_pem: &str, key_pem: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        for (name, text) in [("server.crt", cert_pem), ("server.key", key_pem)] {
+            let path = self.data_dir().join(name);
+            std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {name}: {e}"));
+            // The server refuses a key readable by others.
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+            if self.as_postgres {
+                let ok = Command::new("chown").arg("postgres:").arg(&path).status().is_ok_and(|s| s.success());
+                assert!(ok, "chown {name} to postgres");
+            }
+        }
+        self.sql("ALTER SYSTEM SET ssl = on");
+        self.sql("SELECT pg_reload_conf()");
+    }
+
     /// Stops the server (fast mode: connections are terminated) and starts it again.
     pub fn restart(&self) {
         self.stop();

@@ -377,6 +377,8 @@ pub struct Ngircd {
     dir: TempDir,
     bin: PathBuf,
     port: u16,
+    /// The SSL port ([`Ngircd::start_tls`]).
+    tls_port: Option<u16>,
     log: PathBuf,
     proc: Option<Proc>,
     startup: Duration,
@@ -395,6 +397,16 @@ impl Ngircd {
     /// Writes a config, starts `ngircd -n` and waits for the port. `None` (with a `SKIPPED:`
     /// line) when ngIRCd is not installed, a panic under `CI`.
     pub fn start() -> Option<Ngircd> {
+        Ngircd::start_with(None)
+    }
+
+    /// [`Ngircd::start`] with an SSL port too ([`Ngircd::tls_addr`]) presenting `cert_pem`
+    /// (the chain) and `key_pem` (Debian's ngIRCd is built with GnuTLS).
+    pub fn start_tls(cert_pem: &str, key_pem: &str) -> Option<Ngircd> {
+        Ngircd::start_with(Some((cert_pem, key_pem)))
+    }
+
+    fn start_with(tls: Option<(&str, &str)>) -> Option<Ngircd> {
         let Some(bin) = ngircd_bin() else {
             return crate::unavailable("ngIRCd", "no ngircd binary (run scripts/setup-ngircd)");
         };
@@ -409,8 +421,17 @@ impl Ngircd {
             std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o777)).expect("chmod run dir");
         }
         std::fs::write(dir.path().join("ngircd.conf"), ngircd_config(dir.path(), port)).expect("write ngircd.conf");
+        let tls_port = tls.map(|(cert, key)| {
+            let tls_port = free_port();
+            let (c, k) = (dir.path().join("server.crt"), dir.path().join("server.key"));
+            std::fs::write(&c, cert).expect("write server.crt");
+            std::fs::write(&k, key).expect("write server.key");
+            let conf = format!("[SSL]\nCertFile = {}\nKeyFile = {}\nPorts = {tls_port}\n", c.display(), k.display());
+            std::fs::write(dir.path().join("conf.d/ssl.conf"), conf).expect("write ssl.conf");
+            tls_port
+        });
         let log = dir.path().join("ngircd.log");
-        let mut s = Ngircd { dir, bin, port, log, proc: None, startup: Duration::ZERO };
+        let mut s = Ngircd { dir, bin, port, tls_port, log, proc: None, startup: Duration::ZERO };
         s.launch();
         eprintln!("[testkit] ngircd ready on {} in {:.3} s", s.addr(), s.startup.as_secs_f64());
         Some(s)
@@ -424,9 +445,9 @@ impl Ngircd {
         cmd.arg("-n").arg("-f").arg(self.dir.path().join("ngircd.conf")).current_dir(self.dir.path());
         let started = Instant::now();
         let mut proc = Proc::spawn(cmd, &self.log).expect("spawn ngircd");
-        let addr = self.addr();
+        let addrs: Vec<SocketAddr> = std::iter::once(self.addr()).chain(self.tls_addr()).collect();
         wait_ready("ngircd", &mut proc, &self.log, NGIRCD_READY, || {
-            TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok()
+            addrs.iter().all(|a| TcpStream::connect_timeout(a, Duration::from_secs(1)).is_ok())
         });
         self.startup = started.elapsed();
         self.proc = Some(proc);
@@ -434,6 +455,11 @@ impl Ngircd {
 
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// The SSL port's address, when started with [`Ngircd::start_tls`].
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_port.map(|p| SocketAddr::from((Ipv4Addr::LOCALHOST, p)))
     }
 
     /// Time from spawn to an accepted connection, for the last (re)start.

@@ -147,12 +147,15 @@ pub fn build_agent_with_env(config: &AgentConfig, env: Vec<(String, String)>) ->
         BackendKind::Exec => {
             Box::new(ExecAgent::new(config.command.clone(), config.timeout(), config.kill_grace()).with_env(env))
         }
-        BackendKind::Openai => Box::new(OpenAiAgent::new(
-            config.base_url.clone().unwrap_or_default(),
-            config.model.clone().unwrap_or_default(),
-            config.api_key_env.clone().map_or(ApiKey::None, ApiKey::Env),
-            config.timeout(),
-        )),
+        BackendKind::Openai => Box::new(
+            OpenAiAgent::new(
+                config.base_url.clone().unwrap_or_default(),
+                config.model.clone().unwrap_or_default(),
+                config.api_key_env.clone().map_or(ApiKey::None, ApiKey::Env),
+                config.timeout(),
+            )
+            .with_outbound(gatewarden_net::Outbound::new(config.ca_file.as_deref(), None)),
+        ),
     }
 }
 

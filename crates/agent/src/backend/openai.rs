@@ -8,8 +8,12 @@
 //! `choices[0].delta.content` through as a chunk. A non-2xx status becomes
 //! [`AgentError::Upstream`] with (the start of) the body.
 //!
+//! TLS and proxies come from crates/net (the OS trust store or `[agent] ca_file`; the
+//! environment's `HTTPS_PROXY` / `NO_PROXY`); a certificate the upstream cannot prove fails the
+//! run before anything is sent, naming the host and the reason.
+//!
 //! HTTP is ureq (blocking) on a dedicated thread per run, not hyper: ureq is already the
-//! workspace's client and brings TLS with one feature and no connector stack, and one thread per
+//! workspace's client and brings TLS with no connector stack, and one thread per
 //! in-flight run is cheap at a gateway's concurrency. The thread is a plain `std::thread`, not
 //! `spawn_blocking`, because dropping a tokio runtime waits for its blocking pool: a stalled
 //! upstream would then hold up the gateway's exit. The async side never waits on that thread
@@ -83,19 +87,16 @@ pub struct OpenAiAgent {
     model: String,
     key: ApiKey,
     timeout: Duration,
-    http: ureq::Agent,
+    /// `Err`: the TLS settings could not be loaded (a `ca_file` gone since the configuration
+    /// was checked); every run fails with it.
+    http: Result<ureq::Agent, String>,
 }
 
 impl OpenAiAgent {
-    /// `base_url` like `https://api.openai.com/v1` (a trailing `/` is fine).
+    /// `base_url` like `https://api.openai.com/v1` (a trailing `/` is fine); the system trust
+    /// store and the environment's proxy.
     pub fn new(base_url: String, model: String, key: ApiKey, timeout: Duration) -> Self {
-        let http = ureq::Agent::config_builder()
-            // The async side reports the timeout; this only bounds the blocking thread.
-            .timeout_global(Some(timeout + Duration::from_secs(1)))
-            .http_status_as_error(false)
-            .user_agent(concat!("gatewarden/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .new_agent();
+        let http = Ok(http_agent(&gatewarden_net::Outbound::system(), timeout));
         OpenAiAgent {
             url: format!("{}/chat/completions", base_url.trim().trim_end_matches('/')),
             model,
@@ -103,6 +104,12 @@ impl OpenAiAgent {
             timeout,
             http,
         }
+    }
+
+    /// The same with the upstream's own TLS and proxy settings (`[agent] ca_file`).
+    pub fn with_outbound(mut self, out: Result<gatewarden_net::Outbound, gatewarden_net::NetError>) -> Self {
+        self.http = out.map(|o| http_agent(&o, self.timeout)).map_err(|e| format!("openai backend: [agent] {e}"));
+        self
     }
 
     /// The endpoint posted to.
@@ -132,12 +139,13 @@ impl OpenAiAgent {
             return Err(AgentError::Failed("openai backend: base_url and model must be configured".into()));
         }
         let key = self.key.resolve()?;
+        let http = self.http.clone().map_err(AgentError::Failed)?;
         let streaming = chunks.is_some();
         let mut messages: Vec<Value> =
             req.history.iter().map(|t| json!({"role": t.role, "content": t.content})).collect();
         messages.push(json!({"role": "user", "content": req.text}));
         let body = json!({"model": self.model, "messages": messages, "stream": streaming});
-        let call = Call { http: self.http.clone(), url: self.url.clone(), key, body, cancel: cancel.clone() };
+        let call = Call { http, url: self.url.clone(), key, body, cancel: cancel.clone() };
         let (delta_tx, mut delta_rx) = mpsc::channel::<String>(64);
         let (result_tx, mut worker) = oneshot::channel();
         // A plain thread, not `spawn_blocking`: a runtime's shutdown waits for its blocking
@@ -177,6 +185,15 @@ impl OpenAiAgent {
     }
 }
 
+fn http_agent(out: &gatewarden_net::Outbound, timeout: Duration) -> ureq::Agent {
+    gatewarden_net::http_config(out)
+        // The async side reports the timeout; this only bounds the blocking thread.
+        .timeout_global(Some(timeout + Duration::from_secs(1)))
+        .http_status_as_error(false)
+        .build()
+        .new_agent()
+}
+
 /// One upstream request, run on a blocking thread.
 struct Call {
     http: ureq::Agent,
@@ -195,8 +212,9 @@ impl Call {
         if self.body["stream"] == Value::Bool(true) {
             request = request.header("Accept", "text/event-stream");
         }
-        let mut response =
-            request.send_json(&self.body).map_err(|e| AgentError::Failed(format!("upstream {}: {e}", self.url)))?;
+        let mut response = request.send_json(&self.body).map_err(|e| {
+            AgentError::Failed(format!("upstream {}: {}", self.url, gatewarden_net::describe(&e, &self.url)))
+        })?;
         let status = response.status();
         if !status.is_success() {
             let body = response

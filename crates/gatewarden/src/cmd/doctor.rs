@@ -171,7 +171,7 @@ fn check(home: &Home) -> Vec<Item> {
             severity: Severity::Error,
             subject: home.config_file().display().to_string(),
             message: format!("the gateway would exit 78 (fatal configuration): {e}"),
-            fix: Fix::Manual { hint: "edit config.toml (see crates/agent/config.example.toml)".into() },
+            fix: Fix::Manual { hint: config_hint(e) },
             fixed: None,
         });
     }
@@ -394,5 +394,18 @@ fn refresh(home: &Home) -> bool {
             eprintln!("doctor: cannot rewrite {}: {e:#}", m.describe());
             false
         }
+    }
+}
+
+/// What to do about an invalid config: edit it, and for `api_token` how to make a good one.
+fn config_hint(e: &gatewarden_agent::ConfigError) -> String {
+    let edit = "edit config.toml (see crates/agent/config.example.toml)";
+    match e {
+        gatewarden_agent::ConfigError::InvalidValue { key, table: None, .. } if key == "api_token" => format!(
+            "{edit}; make a token of at least {} bytes with `{}` and put it in api_token",
+            gatewarden_agent::config::MIN_API_TOKEN_BYTES,
+            gatewarden_agent::config::MAKE_API_TOKEN
+        ),
+        _ => edit.into(),
     }
 }

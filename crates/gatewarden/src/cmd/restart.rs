@@ -358,8 +358,10 @@ impl<'h> Ladder<'h> {
             return self.finish(Err(format!("overtaken by a stop: {}", r.describe())), None);
         }
         let listen = read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
-        let code =
-            super::start::start(self.home, listen.as_deref(), self.left().as_secs().max(1), None, Some(self.seq))?;
+        // Inside `update` stdout is the update's own (`--json`): the start reports to stderr.
+        let report = if self.inner { super::start::Report::Stderr } else { super::start::Report::Stdout };
+        let left = self.left().as_secs().max(1);
+        let code = super::start::start_reporting(self.home, listen.as_deref(), left, None, Some(self.seq), report)?;
         if code == ExitCode::SUCCESS {
             return Ok(code);
         }
@@ -599,5 +601,7 @@ fn start_detached(home: &Home, listen: Option<&str>, seq: u64) -> Result<(), Str
     cmd.env_remove(gatewarden_runtime::RUN_TAG);
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     spawn::detach(&mut cmd, None);
-    cmd.spawn().map(|_| ()).map_err(|e| e.to_string())
+    let child = cmd.spawn().map_err(|e| e.to_string())?;
+    super::start::note_spawned(home, child.id());
+    Ok(())
 }

@@ -1,7 +1,6 @@
 //! `gatewarden start`: `run` in the background, in its own session, returning only once the
 //! child proves readiness over its stdout pipe — or printing the child's error.
 
-use std::fs::OpenOptions;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::mpsc;
@@ -23,6 +22,35 @@ pub fn start(
     drain_timeout_s: Option<u64>,
     on_behalf: Option<u64>,
 ) -> anyhow::Result<ExitCode> {
+    start_reporting(home, listen, timeout_s, drain_timeout_s, on_behalf, Report::Stdout)
+}
+
+/// Where `start`'s outcome lines go: stdout for the verb itself, stderr inside a command
+/// whose stdout is its own (`update --json` starting the old version again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    Stdout,
+    Stderr,
+}
+
+impl Report {
+    fn line(self, line: &str) {
+        match self {
+            Report::Stdout => println!("{line}"),
+            Report::Stderr => eprintln!("{line}"),
+        }
+    }
+}
+
+/// [`start`], its outcome lines to `report`.
+pub fn start_reporting(
+    home: &Home,
+    listen: Option<&str>,
+    timeout_s: u64,
+    drain_timeout_s: Option<u64>,
+    on_behalf: Option<u64>,
+    report: Report,
+) -> anyhow::Result<ExitCode> {
     let home = home.ensure()?;
     // The operator's start records `run` first (a start of a stopped gateway is what ends the
     // stop); a start on behalf of an earlier request (a restart's kick) obeys a later stop.
@@ -37,7 +65,7 @@ pub fn start(
             return Ok(ExitCode::from(1));
         }
     };
-    if let Some(code) = already_running(&home)? {
+    if let Some(code) = already_running(&home, report)? {
         return Ok(code);
     }
     // An explicit start clears a supervisor's park: the operator has decided.
@@ -45,16 +73,15 @@ pub fn start(
     // Every lifecycle verb goes through whoever owns the gateway: with a service installed for
     // this home, its manager starts it (and will supervise it).
     if let Some(m) = manager::installed(&home) {
-        return start_via_manager(&home, &m, listen.is_some() || drain_timeout_s.is_some(), timeout_s);
+        return start_via_manager(&home, &m, listen.is_some() || drain_timeout_s.is_some(), timeout_s, report);
     }
     let log = home.logs_dir().join("gateway.log");
-    std::fs::create_dir_all(home.logs_dir()).with_context(|| format!("cannot create {}", home.logs_dir().display()))?;
+    // 0700 / 0600 whatever the umask, never through a symlink: the log holds what chats said.
+    gatewarden_lifecycle::platform::create_private_dir(&home.logs_dir())
+        .with_context(|| format!("cannot create {}", home.logs_dir().display()))?;
     let log_start = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
-    let early = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .with_context(|| format!("cannot open {}", log.display()))?;
+    let early =
+        gatewarden_lifecycle::fsio::open_append(&log).with_context(|| format!("cannot open {}", log.display()))?;
 
     let mut cmd = Command::new(super::manager::current_exe()?);
     cmd.arg("--home").arg(home.dir()).arg("run");
@@ -81,6 +108,7 @@ pub fn start(
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(early));
     spawn::detach(&mut cmd, None);
     let mut child = cmd.spawn().context("cannot start the gateway process")?;
+    note_spawned(&home, child.id());
     let stdout = child.stdout.take().context("no stdout pipe")?;
     let (tx, rx) = mpsc::channel::<String>();
     std::thread::spawn(move || {
@@ -98,8 +126,8 @@ pub fn start(
                 let mut f = line.split_whitespace();
                 if f.next() == Some("ready") {
                     let (inc, pid, addr) = (f.next().unwrap_or("?"), f.next().unwrap_or("?"), f.next().unwrap_or("?"));
-                    println!("started gateway pid {pid} (incarnation {inc}) on http://{addr}");
-                    println!("logs: {}", log.display());
+                    report.line(&format!("started gateway pid {pid} (incarnation {inc}) on http://{addr}"));
+                    report.line(&format!("logs: {}", log.display()));
                     return Ok(ExitCode::SUCCESS);
                 }
             }
@@ -113,7 +141,7 @@ pub fn start(
                 // Lost the lock race to a concurrent start (issue 22, item 7): that gateway
                 // runs, which is what was asked.
                 if status.code() == Some(i32::from(ExitIntent::FatalConfig.code()))
-                    && let Some(code) = already_running(&home)?
+                    && let Some(code) = already_running(&home, report)?
                 {
                     return Ok(code);
                 }
@@ -136,21 +164,21 @@ pub fn start(
 }
 
 /// `Some(0)` with the "already running" line when a gateway runs (or holds the lock silently).
-fn already_running(home: &Home) -> anyhow::Result<Option<ExitCode>> {
+fn already_running(home: &Home, report: Report) -> anyhow::Result<Option<ExitCode>> {
     match settled_presence(home) {
         Settled::Answering(s) => {
-            println!(
+            report.line(&format!(
                 "already running: pid {} on http://{}",
                 s.pid.map_or("?".into(), |p| p.to_string()),
                 s.listen.unwrap_or_default()
-            );
+            ));
             Ok(Some(ExitCode::SUCCESS))
         }
         Settled::Silent => {
-            println!(
+            report.line(&format!(
                 "already running in {} (it holds the lock but does not answer on its control endpoint)",
                 home.dir().display()
-            );
+            ));
             Ok(Some(ExitCode::SUCCESS))
         }
         // Not a gateway at all (issue 22, item 1): never "already running".
@@ -165,7 +193,13 @@ fn already_running(home: &Home) -> anyhow::Result<Option<ExitCode>> {
 
 /// Asks the manager to start the service (systemd: `reset-failed` + `start`, which returns once
 /// the gateway sent `READY=1`), then verifies readiness over the control channel.
-fn start_via_manager(home: &Home, m: &Managed, overrides: bool, timeout_s: u64) -> anyhow::Result<ExitCode> {
+fn start_via_manager(
+    home: &Home,
+    m: &Managed,
+    overrides: bool,
+    timeout_s: u64,
+    report: Report,
+) -> anyhow::Result<ExitCode> {
     if overrides {
         eprintln!("note: --listen / --drain-timeout are ignored: {} decides how the gateway runs", m.describe());
     }
@@ -177,13 +211,13 @@ fn start_via_manager(home: &Home, m: &Managed, overrides: bool, timeout_s: u64) 
     }
     match super::service::wait_ready(home, Duration::from_secs(timeout_s)) {
         Some(s) => {
-            println!(
+            report.line(&format!(
                 "started gateway pid {} (incarnation {}) on http://{} via {}",
                 s.pid.map_or("?".into(), |p| p.to_string()),
                 s.incarnation.unwrap_or_default(),
                 s.listen.unwrap_or_default(),
                 m.describe()
-            );
+            ));
             Ok(ExitCode::SUCCESS)
         }
         None => {
@@ -245,4 +279,12 @@ fn tail_since(path: &std::path::Path, offset: u64, n: usize) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Records a process this command started in its own process group, for whoever must end it
+/// (an update ends every group its candidates started: cmd/update.rs `end_candidates`).
+pub(super) fn note_spawned(home: &Home, pid: u32) {
+    let ledger =
+        gatewarden_lifecycle::ledger::Ledger::new(home.ledger(), gatewarden_lifecycle::ledger::Writer::current());
+    let _ = ledger.append("gateway_spawned", serde_json::json!({"spawned_pid": pid}));
 }

@@ -83,6 +83,10 @@ pub struct UpdateArgs {
     /// gateway exited: reverts an unfinished update whose release died
     #[arg(long, hide = true)]
     pub after_exit: bool,
+    /// Install a release older than the running version (refused otherwise when [update]
+    /// public_key is set; chat `/update` never downgrades). `--rollback` needs no flag
+    #[arg(long, conflicts_with_all = ["status", "rollback"])]
+    pub allow_downgrade: bool,
     /// Internal: the chat that asked (`/update`); it gets the outcome notice
     #[arg(long, hide = true, value_name = "CHAT")]
     pub chat: Option<String>,
@@ -144,6 +148,16 @@ pub struct Txn {
 }
 
 pub fn update(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
+    // `--json`: stdout holds exactly one JSON document on every path, errors included.
+    let json_outcome = args.json && !args.status;
+    let result = transact(home, args);
+    if json_outcome && let Err(e) = &result {
+        println!("{}", json!({"ok": false, "changed": false, "reason": format!("{e:#}")}));
+    }
+    result
+}
+
+fn transact(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
     let home = home.ensure()?;
     if args.status {
         return status(&home, args.json);
@@ -179,7 +193,13 @@ pub fn update(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
     // A transaction a killed updater left behind is finished first (reported as text: the
     // JSON outcome is this command's own).
     if let Some(t) = read_txn(&home).filter(|t| !t.phase.is_final()) {
-        let code = if args.resume { u.resume(t) } else { Updater::new(&home, args.timeout, false).resume(t) };
+        let code = if args.resume {
+            u.resume(t)
+        } else {
+            let mut first = Updater::new(&home, args.timeout, false);
+            first.text_to_stderr = args.json;
+            first.resume(t)
+        };
         if args.resume {
             return Ok(code);
         }
@@ -252,6 +272,9 @@ struct Updater<'h> {
     t0: Instant,
     /// The chat that asked (`/update`) and its adapter, told about refusals too.
     chat: Option<(String, Option<String>)>,
+    /// Progress goes to stderr though this updater prints no JSON (a leftover transaction
+    /// finished before an `update --json`, whose stdout is the one JSON outcome).
+    text_to_stderr: bool,
 }
 
 impl<'h> Updater<'h> {
@@ -263,6 +286,7 @@ impl<'h> Updater<'h> {
             json,
             t0: Instant::now(),
             chat: None,
+            text_to_stderr: false,
         }
     }
 
@@ -279,7 +303,7 @@ impl<'h> Updater<'h> {
     /// Progress for people: stdout, or stderr under `--json` (whose stdout is the one JSON
     /// outcome).
     fn say(&self, line: &str) {
-        if self.json {
+        if self.json || self.text_to_stderr {
             eprintln!("{line}");
         } else {
             println!("{line}");
@@ -316,12 +340,22 @@ impl<'h> Updater<'h> {
             Ok(c) => c,
             Err(e) => return self.refuse(&format!("cannot read the configuration: {e}")),
         };
-        let staged = match self.stage(from, args, config.update.public_key.as_deref()) {
+        let staged = match self.stage(from, args, config.update.public_key.as_deref(), config.update.ca_file.as_deref())
+        {
             Ok(s) => s,
             Err(why) => return self.refuse(&why),
         };
         if staged.version == VERSION {
             return self.refuse(&format!("the release is version {VERSION}, the version this binary already is"));
+        }
+        // A signed old release is still a valid signature: replaying one would bring back what
+        // a later release fixed. Only an operator on the command line may go back.
+        let may_downgrade = args.allow_downgrade && args.chat.is_none();
+        if config.update.public_key.is_some()
+            && !may_downgrade
+            && let Some(why) = downgrade_refusal(VERSION, &staged.version)
+        {
+            return self.refuse(&why);
         }
         self.say(&format!("staged gatewarden {} ({})", staged.version, staged.path.display()));
         if let Err(why) = preflight(self.home, &staged.path, &target) {
@@ -395,6 +429,7 @@ impl<'h> Updater<'h> {
                 self.say(&msg);
                 self.notify(&t, &msg);
                 self.bless(&t);
+                self.end_candidates(&t, s.pid);
                 self.finish(&mut t, Phase::Committed, None, s.incarnation)
             }
             // A stop during the restart or the probation is the operator's, not a failure of
@@ -465,6 +500,9 @@ impl<'h> Updater<'h> {
     /// A stopped gateway (`gatewarden_lifecycle::desired`) gets the swap only: `Ok(None)`.
     fn revert(&self, t: &Txn) -> Result<Option<StatusReport>, String> {
         self.kill_unready_candidates();
+        // A gateway that answers is restarted by the ladder (drained, not killed).
+        let answering = status_of(&Endpoint::for_home(self.home.dir()), Duration::from_millis(500)).ok();
+        self.end_candidates(t, answering.and_then(|s| s.pid));
         swap_in(&t.previous, &t.target).map_err(|e| format!("cannot swap the old binary back: {e}"))?;
         if let Err(r) = super::intent::may_start(self.home, "rollback", Starter::Resume) {
             self.say(&format!("{} is back in place; not starting it: {}", t.from, r.describe()));
@@ -498,6 +536,69 @@ impl<'h> Updater<'h> {
         }
     }
 
+    /// Ends every process group a candidate of this transaction started, except the one of
+    /// `keep` (the gateway the transaction ends with) and this updater's own. The leaders are
+    /// the gateways the ledger names since the transaction began (`successor_started`,
+    /// `gateway_spawned`, and the writers of gateway events); a group is ended only when every member started after this
+    /// updater (so never a group that was there before, like the one a test harness or shell
+    /// started the old gateway in), each member pinned by (pid, start time) and killed through
+    /// `signal_verified`. Without this a candidate that hangs without taking the lock outlives
+    /// the rollback, and a forked child that holds the lock after its candidate exited keeps the
+    /// old version from starting (issue 18, item 10).
+    fn end_candidates(&self, t: &Txn, keep: Option<u32>) {
+        use gatewarden_lifecycle::{ProcessIdentity, platform};
+        let Some(me) = ProcessIdentity::current() else { return };
+        let started_after_me = |pid: u32| platform::start_time(pid).is_some_and(|st| st >= me.start_time);
+        let groups = super::os::proc::process_groups();
+        let pgid_of = |pid: u32| groups.iter().find(|(p, _)| *p == pid).map(|(_, g)| *g);
+        let (mine, kept) = (pgid_of(me.pid), keep.and_then(pgid_of));
+        let mut leaders: Vec<u32> = Vec::new();
+        if let fsio::ReadOutcome::Ok(lines) = gatewarden_lifecycle::ledger::read_tail(&self.home.ledger(), Some(2000)) {
+            for line in lines {
+                let gatewarden_lifecycle::ledger::Line::Event(e) = line else { continue };
+                if e.get("ts").and_then(|v| v.as_str()).is_none_or(|ts| ts < t.started.as_str()) {
+                    continue;
+                }
+                let pid = |k: &str| e.get(k).and_then(|v| v.as_u64()).and_then(|p| u32::try_from(p).ok());
+                leaders.extend(pid("successor_pid"));
+                leaders.extend(pid("spawned_pid"));
+                if e.contains_key("incarnation") {
+                    leaders.extend(pid("pid"));
+                }
+            }
+        }
+        leaders.sort_unstable();
+        leaders.dedup();
+        let mut ended = Vec::new();
+        for leader in leaders {
+            if Some(leader) == mine || Some(leader) == kept || leader == me.pid {
+                continue;
+            }
+            let members: Vec<u32> = groups.iter().filter(|(_, g)| *g == leader).map(|(p, _)| *p).collect();
+            if members.is_empty() || !members.iter().all(|&p| started_after_me(p)) {
+                continue;
+            }
+            for pid in members {
+                let Some(start_time) = platform::start_time(pid) else { continue };
+                let id = ProcessIdentity { pid, start_time };
+                if matches!(platform::signal_verified(&id, platform::Signal::Kill), platform::SignalOutcome::Sent) {
+                    ended.push(id);
+                }
+            }
+        }
+        if ended.is_empty() {
+            return;
+        }
+        let pids: Vec<u32> = ended.iter().map(|i| i.pid).collect();
+        eprintln!("ended {} process(es) that candidates of this update left: {pids:?}", pids.len());
+        let _ = self.ledger.append("update_ended_candidates", json!({"pids": pids}));
+        // Their locks and sockets are released at exit: wait for it (bounded).
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until && ended.iter().any(|i| platform::start_time(i.pid) == Some(i.start_time)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Swap back, restart, verify the old version runs, exit 1 with the reason.
     fn roll_back(&self, mut t: Txn, why: &str) -> ExitCode {
         eprintln!("update to {} failed: {why}; rolling back to {}", t.to, t.from);
@@ -524,6 +625,7 @@ impl<'h> Updater<'h> {
                     detected.elapsed().as_secs_f64()
                 );
                 self.notify(&t, &msg);
+                self.end_candidates(&t, s.pid);
                 self.finish(&mut t, Phase::RolledBack, Some(why.to_owned()), s.incarnation)
             }
             Err(e) => {
@@ -536,6 +638,8 @@ impl<'h> Updater<'h> {
                     self.home.dir().display()
                 );
                 self.notify(&t, &msg);
+                let answering = status_of(&Endpoint::for_home(self.home.dir()), Duration::from_millis(500)).ok();
+                self.end_candidates(&t, answering.and_then(|s| s.pid));
                 self.finish(&mut t, Phase::Failed, Some(msg.clone()), None)
             }
         };
@@ -602,14 +706,20 @@ impl<'h> Updater<'h> {
     }
 
     /// Fetches, verifies and stages the release.
-    fn stage(&self, from: &str, args: &UpdateArgs, public_key: Option<&str>) -> Result<Staged, String> {
+    fn stage(
+        &self,
+        from: &str,
+        args: &UpdateArgs,
+        public_key: Option<&str>,
+        ca_file: Option<&Path>,
+    ) -> Result<Staged, String> {
         let is_url = from.starts_with("http://") || from.starts_with("https://");
         // A configured signing key authenticates a URL by itself (chat `/update` has no
         // per-release hash to give); without one, the hash is required.
         if is_url && args.sha256.is_none() && public_key.is_none() {
             return Err("--sha256 is required for a URL (or set [update] public_key)".into());
         }
-        let fetched = fetch(from)?;
+        let fetched = fetch(from, ca_file)?;
         let fetched_sha = hex(&sha2::Sha256::digest(&fetched));
         if let Some(want) = &args.sha256
             && !want.trim().eq_ignore_ascii_case(&fetched_sha)
@@ -618,7 +728,7 @@ impl<'h> Updater<'h> {
         }
         if let Some(key) = public_key {
             let sig_src = args.signature.clone().unwrap_or_else(|| format!("{from}.minisig"));
-            verify_signature(key, &fetched, &sig_src)?;
+            verify_signature(key, &fetched, &sig_src, ca_file)?;
         }
         // The hash and signature cover what was downloaded; an archive is opened only after.
         let bytes = match archive::Format::detect(&fetched) {
@@ -633,7 +743,8 @@ impl<'h> Updater<'h> {
         // The executable's own hash: what tells the new file from the old one on disk.
         let sha = hex(&sha2::Sha256::digest(&bytes));
         let dir = self.home.dir().join(RELEASES);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        gatewarden_lifecycle::platform::create_private_dir(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let tmp = dir.join(format!(".incoming-{}", std::process::id()));
         write_executable(&tmp, &bytes).map_err(|e| format!("cannot stage {}: {e}", tmp.display()))?;
         let version = match release_version(&tmp) {
@@ -645,7 +756,8 @@ impl<'h> Updater<'h> {
         };
         let path = release_path(self.home, &version, &sha);
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+            gatewarden_lifecycle::platform::create_private_dir(parent)
+                .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
         }
         std::fs::rename(&tmp, &path).map_err(|e| format!("cannot stage {}: {e}", path.display()))?;
         Ok(Staged { path, version, sha256: sha })
@@ -889,6 +1001,67 @@ fn preflight(home: &Home, staged: &Path, target: &Path) -> Result<(), String> {
     Err(format!("exit {}: {}", out.0.map_or("?".into(), |c| c.to_string()), text.trim()))
 }
 
+/// Why installing `candidate` over `running` is a downgrade that needs `--allow-downgrade`:
+/// older, or not comparable (a downgrade cannot be ruled out). `None`: it is newer.
+fn downgrade_refusal(running: &str, candidate: &str) -> Option<String> {
+    let how = match compare_versions(candidate, running) {
+        Some(std::cmp::Ordering::Greater) => return None,
+        Some(_) => format!("release {candidate} is not newer than the running {running}"),
+        None => format!("cannot tell whether release {candidate} is newer than the running {running}"),
+    };
+    Some(format!(
+        "{how}: a downgrade needs `update --allow-downgrade` on the command line (chat /update never downgrades; \
+         `update --rollback` returns to the last known good binary)"
+    ))
+}
+
+/// Orders two versions `MAJOR.MINOR.PATCH[-PRE][+BUILD]` as semver does (build metadata
+/// ignored, a pre-release before its release); `None` when either is not such a version.
+fn compare_versions(a: &str, b: &str) -> Option<std::cmp::Ordering> {
+    use std::cmp::Ordering;
+    fn parse(v: &str) -> Option<(Vec<u64>, Option<&str>)> {
+        let v = v.split('+').next()?;
+        let (core, pre) = match v.split_once('-') {
+            Some((c, p)) => (c, Some(p)),
+            None => (v, None),
+        };
+        let nums: Vec<u64> = core.split('.').map(|n| n.parse().ok()).collect::<Option<_>>()?;
+        (!nums.is_empty() && nums.len() <= 4).then_some((nums, pre))
+    }
+    fn pre_cmp(a: &str, b: &str) -> Ordering {
+        let mut x = a.split('.');
+        let mut y = b.split('.');
+        loop {
+            match (x.next(), y.next()) {
+                (None, None) => return Ordering::Equal,
+                (None, Some(_)) => return Ordering::Less,
+                (Some(_), None) => return Ordering::Greater,
+                (Some(p), Some(q)) => {
+                    let o = match (p.parse::<u64>(), q.parse::<u64>()) {
+                        (Ok(m), Ok(n)) => m.cmp(&n),
+                        (Ok(_), Err(_)) => Ordering::Less,
+                        (Err(_), Ok(_)) => Ordering::Greater,
+                        (Err(_), Err(_)) => p.cmp(q),
+                    };
+                    if o != Ordering::Equal {
+                        return o;
+                    }
+                }
+            }
+        }
+    }
+    let (an, ap) = parse(a)?;
+    let (bn, bp) = parse(b)?;
+    let width = an.len().max(bn.len());
+    let pad = |v: &[u64]| (0..width).map(|i| v.get(i).copied().unwrap_or(0)).collect::<Vec<_>>();
+    Some(pad(&an).cmp(&pad(&bn)).then_with(|| match (ap, bp) {
+        (None, None) => Ordering::Equal,
+        (None, Some(_)) => Ordering::Greater,
+        (Some(_), None) => Ordering::Less,
+        (Some(p), Some(q)) => pre_cmp(p, q),
+    }))
+}
+
 /// What the staged binary says its version is (`gatewarden X` from `--version`).
 fn release_version(path: &Path) -> Result<String, String> {
     let mut cmd = Command::new(path);
@@ -940,15 +1113,76 @@ fn run_bounded(mut cmd: Command, limit: Duration) -> Result<(Option<i32>, String
     Ok((status.code(), o, e))
 }
 
-fn fetch(src: &str) -> Result<Vec<u8>, String> {
+/// The bounds on a download (a stalled server must not hold `update.lock` forever, nor keep a
+/// chat `/update` from its outcome notice): connecting, the response headers (first byte), the
+/// gap between two reads of the body, and the whole download.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DownloadLimits {
+    connect: Duration,
+    first_byte: Duration,
+    idle: Duration,
+    total: Duration,
+}
+
+/// Internal (tests): `connect,first_byte,idle,total` in milliseconds instead of the defaults.
+const DOWNLOAD_LIMITS_ENV: &str = "GATEWARDEN_TEST_DOWNLOAD_LIMITS_MS";
+
+impl DownloadLimits {
+    const DEFAULT: DownloadLimits = DownloadLimits {
+        connect: Duration::from_secs(10),
+        first_byte: Duration::from_secs(30),
+        idle: Duration::from_secs(30),
+        total: Duration::from_secs(600),
+    };
+
+    fn current() -> DownloadLimits {
+        std::env::var(DOWNLOAD_LIMITS_ENV).ok().and_then(|v| DownloadLimits::parse(&v)).unwrap_or(Self::DEFAULT)
+    }
+
+    fn parse(v: &str) -> Option<DownloadLimits> {
+        let ms: Vec<u64> = v.split(',').map(|p| p.trim().parse().ok()).collect::<Option<_>>()?;
+        let &[connect, first_byte, idle, total] = ms.as_slice() else { return None };
+        let d = Duration::from_millis;
+        Some(DownloadLimits { connect: d(connect), first_byte: d(first_byte), idle: d(idle), total: d(total) })
+    }
+
+    /// Which bound a ureq timeout is, for the refusal.
+    fn describe(&self, t: ureq::Timeout) -> String {
+        use ureq::Timeout as T;
+        match t {
+            T::Resolve | T::Connect => format!("connect timeout: no connection within {:?}", self.connect),
+            T::SendRequest | T::Await100 | T::SendBody | T::RecvResponse => {
+                format!("first-byte timeout: no response within {:?}", self.first_byte)
+            }
+            T::PerRead | T::PerWrite => format!("idle timeout: no data for {:?}", self.idle),
+            // Global, PerCall, RecvBody (and any later addition: the enum is non-exhaustive).
+            _ => {
+                format!("total timeout: the download took longer than {:?}", self.total)
+            }
+        }
+    }
+}
+
+/// A path, or an http(s) URL fetched with crates/net's TLS (the system roots or `[update]
+/// ca_file) and the environment's proxy, within [`DownloadLimits`].
+fn fetch(src: &str, ca_file: Option<&Path>) -> Result<Vec<u8>, String> {
     if src.starts_with("http://") || src.starts_with("https://") {
-        let resp = ureq::get(src).call().map_err(|e| format!("cannot download {src}: {e}"))?;
+        let limits = DownloadLimits::current();
+        let out = gatewarden_net::Outbound::new(ca_file, None).map_err(|e| format!("[update] {e}"))?;
+        let agent = gatewarden_net::http_config(&out)
+            .timeout_connect(Some(limits.connect))
+            .timeout_recv_response(Some(limits.first_byte))
+            .timeout_per_read(Some(limits.idle))
+            .timeout_global(Some(limits.total))
+            .build()
+            .new_agent();
+        let why = |e: ureq::Error| match e {
+            ureq::Error::Timeout(t) => format!("cannot download {src}: {}", limits.describe(t)),
+            e => format!("cannot download {src}: {}", gatewarden_net::describe(&e, src)),
+        };
+        let resp = agent.get(src).call().map_err(why)?;
         let mut body = resp.into_body();
-        return body
-            .with_config()
-            .limit(MAX_RELEASE_BYTES)
-            .read_to_vec()
-            .map_err(|e| format!("cannot download {src}: {e}"));
+        return body.with_config().limit(MAX_RELEASE_BYTES).read_to_vec().map_err(why);
     }
     let meta = std::fs::metadata(src).map_err(|e| format!("cannot read {src}: {e}"))?;
     if !meta.is_file() {
@@ -957,10 +1191,11 @@ fn fetch(src: &str) -> Result<Vec<u8>, String> {
     std::fs::read(src).map_err(|e| format!("cannot read {src}: {e}"))
 }
 
-fn verify_signature(public_key: &str, bytes: &[u8], sig_src: &str) -> Result<(), String> {
+fn verify_signature(public_key: &str, bytes: &[u8], sig_src: &str, ca_file: Option<&Path>) -> Result<(), String> {
     let pk = minisign_verify::PublicKey::from_base64(public_key.trim())
         .map_err(|e| format!("[update] public_key is not a minisign public key: {e}"))?;
-    let sig_bytes = fetch(sig_src).map_err(|e| format!("a signature is required ([update] public_key is set): {e}"))?;
+    let sig_bytes =
+        fetch(sig_src, ca_file).map_err(|e| format!("a signature is required ([update] public_key is set): {e}"))?;
     let text = String::from_utf8(sig_bytes).map_err(|_| format!("{sig_src} is not a minisign signature"))?;
     let sig = minisign_verify::Signature::decode(&text).map_err(|e| format!("{sig_src}: {e}"))?;
     pk.verify(bytes, &sig, false).map_err(|e| format!("signature check failed ({sig_src}): {e}"))
@@ -1004,7 +1239,8 @@ fn copy_executable(from: &Path, to: &Path) -> std::io::Result<()> {
         return Ok(());
     }
     if let Some(p) = to.parent() {
-        std::fs::create_dir_all(p)?;
+        // 0700 whatever the umask (the home's releases; an existing folder is left alone).
+        gatewarden_lifecycle::platform::create_private_dir(p)?;
     }
     let tmp = to.with_extension("partial");
     std::fs::copy(from, &tmp)?;
@@ -1066,6 +1302,38 @@ fn log_tail(home: &Home, since: &str, n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn versions_order_as_semver_and_downgrades_are_named() {
+        use std::cmp::Ordering::*;
+        for (a, b, o) in [
+            ("0.1.0", "0.0.9", Greater),
+            ("0.10.0", "0.9.0", Greater),
+            ("1.0", "1.0.0", Equal),
+            ("1.0.0-rc.1", "1.0.0", Less),
+            ("1.0.0-rc.2", "1.0.0-rc.10", Less),
+            ("1.0.0-alpha", "1.0.0-1", Greater),
+            ("1.0.0+abc", "1.0.0+def", Equal),
+        ] {
+            assert_eq!(compare_versions(a, b), Some(o), "{a} vs {b}");
+            assert_eq!(compare_versions(b, a), Some(o.reverse()), "{b} vs {a}");
+        }
+        assert_eq!(compare_versions("dev", "0.1.0"), None);
+        assert_eq!(downgrade_refusal("0.1.0", "0.2.0"), None);
+        assert!(downgrade_refusal("0.1.0", "0.0.1").is_some_and(|w| w.contains("--allow-downgrade")));
+        assert!(downgrade_refusal("0.1.0", "nightly").is_some_and(|w| w.contains("cannot tell")));
+    }
+
+    #[test]
+    fn download_limits_parse_and_name_each_bound() {
+        let l = DownloadLimits::parse("1,2,3,4").unwrap();
+        assert_eq!(l.idle, Duration::from_millis(3));
+        assert_eq!(DownloadLimits::parse("1,2,3"), None);
+        assert!(l.describe(ureq::Timeout::Connect).starts_with("connect timeout"));
+        assert!(l.describe(ureq::Timeout::RecvResponse).starts_with("first-byte timeout"));
+        assert!(l.describe(ureq::Timeout::PerRead).starts_with("idle timeout"));
+        assert!(l.describe(ureq::Timeout::Global).starts_with("total timeout"));
+    }
 
     #[test]
     fn package_managers_are_named() {

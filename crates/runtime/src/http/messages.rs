@@ -91,6 +91,21 @@ pub async fn post(State(gw): State<Arc<Gateway>>, Json(m): Json<MessageIn>) -> R
         // Journaled in any phase; only a running gateway's worker starts it (else the next
         // incarnation does).
         let running = gw.phase.get() == GatewayState::Running;
+        // Queued work is never pruned: past the queue caps a new message is refused instead.
+        let (w, chat) = (Arc::clone(work), m.chat_id.clone());
+        match tokio::task::spawn_blocking(move || w.queue_refusal(None, &chat)).await {
+            Ok(Ok(None)) => {}
+            Ok(Ok(Some(why))) => {
+                return (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [(header::RETRY_AFTER, RETRY_AFTER.as_secs().to_string())],
+                    Json(json!({"error": {"type": "queue_full", "message": why}})),
+                )
+                    .into_response();
+            }
+            Ok(Err(e)) => return error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e.to_string()),
+            Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e.to_string()),
+        }
         return match work.accept_async(&m.chat_id, &m.user_id, &m.text, running).await {
             Ok(id) => (StatusCode::ACCEPTED, Json(json!({"message_id": id}))).into_response(),
             Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e),

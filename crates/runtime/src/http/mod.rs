@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -70,31 +71,146 @@ async fn host_check(State(gw): State<Arc<Gateway>>, req: Request, next: Next) ->
 
 /// Reads the whole request body within `[http] body_timeout_s` (408 past it) and within the
 /// JSON extractor's limit (413 past it), so a slow sender cannot hold a connection and a
-/// handler forever.
+/// handler forever; and within the [`BODY_BUDGET`] shared by every connection (503 at once
+/// past it), so many unfinished bodies cannot take the gateway's memory. The share is held
+/// until the handler is done with the bytes.
 async fn body_deadline(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
     let (parts, body) = req.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return close(too_large());
+    }
     let timeout = gw.work.http.body_timeout();
-    match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY)).await {
-        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
-        Ok(Err(_)) => messages::error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!("the request body is larger than {MAX_BODY} bytes or was cut off"),
-        ),
-        Err(_) => {
-            let mut r = messages::error(
-                StatusCode::REQUEST_TIMEOUT,
-                "timeout",
-                format!("the request body did not arrive within {timeout:?}"),
-            );
-            r.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    let mut share = BodyShare::new(&BODY_BUDGET);
+    match tokio::time::timeout(timeout, read_body(body, &mut share)).await {
+        Ok(Ok(bytes)) => {
+            let r = next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await;
+            drop(share);
             r
         }
+        Ok(Err(BodyRefused::TooLarge)) => too_large(),
+        Ok(Err(BodyRefused::Busy)) => {
+            let mut r = messages::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "busy",
+                "too many request bodies are arriving at once; retry shortly",
+            );
+            r.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            close(r)
+        }
+        Err(_) => close(messages::error(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout",
+            format!("the request body did not arrive within {timeout:?}"),
+        )),
     }
+}
+
+fn too_large() -> Response {
+    messages::error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        format!("the request body is larger than {MAX_BODY} bytes or was cut off"),
+    )
+}
+
+/// The connection ends after this response (the rest of the body is never read).
+fn close(mut r: Response) -> Response {
+    r.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    r
 }
 
 /// axum's default body limit for extractors (2 MiB), enforced while buffering.
 const MAX_BODY: usize = 2 * 1024 * 1024;
+
+/// Request-body bytes held in memory across every connection at once: 32 full bodies. 500
+/// connections each holding an unfinished 2 MiB body would otherwise hold 1 GB.
+const BODY_BUDGET_BYTES: usize = 64 * 1024 * 1024;
+static BODY_BUDGET: BodyBudget = BodyBudget::new(BODY_BUDGET_BYTES);
+
+/// A byte budget shared by every connection's body buffer.
+struct BodyBudget {
+    used: AtomicUsize,
+    cap: usize,
+}
+
+impl BodyBudget {
+    const fn new(cap: usize) -> BodyBudget {
+        BodyBudget { used: AtomicUsize::new(0), cap }
+    }
+}
+
+/// One request's share of a [`BodyBudget`], given back when dropped.
+struct BodyShare<'b> {
+    budget: &'b BodyBudget,
+    held: usize,
+}
+
+impl<'b> BodyShare<'b> {
+    fn new(budget: &'b BodyBudget) -> BodyShare<'b> {
+        BodyShare { budget, held: 0 }
+    }
+
+    /// Takes `n` more bytes of the budget; false (and nothing taken) when it has not that many.
+    fn grow(&mut self, n: usize) -> bool {
+        let cap = self.budget.cap;
+        let taken = self
+            .budget
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| used.checked_add(n).filter(|t| *t <= cap))
+            .is_ok();
+        if taken {
+            self.held += n;
+        }
+        taken
+    }
+}
+
+impl Drop for BodyShare<'_> {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.held, Ordering::AcqRel);
+    }
+}
+
+enum BodyRefused {
+    /// Over [`MAX_BODY`], or cut off.
+    TooLarge,
+    /// The shared budget is spent.
+    Busy,
+}
+
+/// Buffers `body` frame by frame, each byte of buffer capacity taken from `share` first.
+async fn read_body(mut body: axum::body::Body, share: &mut BodyShare<'_>) -> Result<axum::body::Bytes, BodyRefused> {
+    use http_body::Body as _;
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        let frame = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await;
+        let data = match frame {
+            None => return Ok(buf.into()),
+            Some(Err(_)) => return Err(BodyRefused::TooLarge),
+            Some(Ok(f)) => match f.into_data() {
+                Ok(d) => d,
+                Err(_) => continue, // trailers
+            },
+        };
+        let need = buf.len() + data.len();
+        if need > MAX_BODY {
+            return Err(BodyRefused::TooLarge);
+        }
+        if need > buf.capacity() {
+            let want = need.max(buf.capacity() * 2).min(MAX_BODY);
+            if !share.grow(want - buf.capacity()) {
+                return Err(BodyRefused::Busy);
+            }
+            buf.reserve_exact(want - buf.len());
+        }
+        buf.extend_from_slice(&data);
+    }
+}
 
 async fn auth(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
     let Some(token) = gw.work.api_token.as_deref() else { return next.run(req).await };
@@ -165,6 +281,21 @@ pub fn bind(addr: &str, patience: Duration) -> Result<std::net::TcpListener, Str
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn body_shares_never_exceed_the_budget_and_are_given_back() {
+        let budget = super::BodyBudget::new(100);
+        let mut a = super::BodyShare::new(&budget);
+        let mut b = super::BodyShare::new(&budget);
+        assert!(a.grow(60));
+        assert!(!b.grow(41), "over the budget");
+        assert!(b.grow(40));
+        assert!(!a.grow(1));
+        drop(a);
+        assert!(b.grow(60), "a's share is back");
+        drop(b);
+        assert_eq!(budget.used.load(super::Ordering::Acquire), 0);
+    }
+
     #[test]
     fn bearer_scheme_is_case_insensitive() {
         assert_eq!(super::bearer("Bearer abc"), Some("abc"));

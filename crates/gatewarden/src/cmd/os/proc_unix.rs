@@ -109,3 +109,34 @@ pub fn make_executable(path: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
 }
+
+/// Every process and its process group, `(pid, pgid)`, from `/proc/<pid>/stat` (empty where
+/// there is no procfs, e.g. macOS: there `update` cannot end candidates by group).
+pub fn process_groups() -> Vec<(u32, u32)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = std::fs::read(e.path().join("stat")).ok()?;
+            Some((pid, stat_pgid(&stat)?))
+        })
+        .collect()
+}
+
+/// Field 5 (`pgrp`) of a `/proc/<pid>/stat` line; the command name (field 2) may hold spaces
+/// and parentheses, so fields are counted after its last `)`.
+fn stat_pgid(stat: &[u8]) -> Option<u32> {
+    let end = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[end + 1..]).ok()?;
+    rest.split_whitespace().nth(2)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn pgid_is_read_after_the_command_name() {
+        assert_eq!(super::stat_pgid(b"42 (sh) S 1 40 40 0 -1"), Some(40));
+        assert_eq!(super::stat_pgid(b"42 (a) b) (c) S 1 77 40 0"), Some(77));
+        assert_eq!(super::stat_pgid(b"garbage"), None);
+    }
+}

@@ -86,3 +86,9 @@ pub fn foreign_owner(_meta: &std::fs::Metadata) -> Option<u32> {
 pub fn make_executable(_path: &std::path::Path) -> std::io::Result<()> {
     Ok(())
 }
+
+/// Every process and its process group, `(pid, pgid)`: Windows has no process groups of this
+/// kind (a candidate's tree is not tracked there).
+pub fn process_groups() -> Vec<(u32, u32)> {
+    Vec::new()
+}

@@ -1,0 +1,269 @@
+//! Small loopback network fakes that count what they see: a static HTTP origin (an update
+//! source), an HTTP CONNECT proxy and a SOCKS5 proxy. Plain std threads; each stops accepting
+//! when dropped (its accept loop is woken by a connection to itself).
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Bound on every read of a fake's client (a stuck test client never wedges a fake thread).
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An accept loop on 127.0.0.1:0 running `serve` for every connection on its own thread.
+struct Listener {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+impl Listener {
+    fn start(serve: impl Fn(TcpStream) + Send + Sync + 'static) -> io::Result<Listener> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, serve) = (Arc::clone(&stop), Arc::new(serve));
+        std::thread::Builder::new().name("testkit-netfake".into()).spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(IO_TIMEOUT));
+                let serve = Arc::clone(&serve);
+                let _ = std::thread::Builder::new().name("testkit-netfake-conn".into()).spawn(move || serve(conn));
+            }
+        })?;
+        Ok(Listener { addr, stop })
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+    }
+}
+
+/// Copies both ways until either side closes.
+fn pump(a: TcpStream, b: TcpStream) {
+    let (Ok(a2), Ok(b2)) = (a.try_clone(), b.try_clone()) else { return };
+    let _ = a.set_read_timeout(None);
+    let _ = b.set_read_timeout(None);
+    let up = std::thread::spawn(move || {
+        let (mut from, mut to) = (a2, b2);
+        let _ = io::copy(&mut from, &mut to);
+        let _ = to.shutdown(Shutdown::Write);
+    });
+    let (mut from, mut to) = (b, a);
+    let _ = io::copy(&mut from, &mut to);
+    let _ = to.shutdown(Shutdown::Write);
+    let _ = up.join();
+}
+
+/// Reads an HTTP head (up to the blank line), at most 16 KiB.
+fn read_head(r: &mut BufReader<TcpStream>) -> io::Result<Vec<String>> {
+    let mut lines = Vec::new();
+    let mut total = 0;
+    loop {
+        let mut line = String::new();
+        let n = r.by_ref().take(8192).read_line(&mut line)?;
+        total += n;
+        if n == 0 || total > 16 << 10 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "bad head"));
+        }
+        let line = line.trim_end().to_owned();
+        if line.is_empty() {
+            return Ok(lines);
+        }
+        lines.push(line);
+    }
+}
+
+/// Answers every `GET` with the same bytes (200) and counts requests.
+pub struct StaticHttp {
+    listener: Listener,
+    requests: Arc<AtomicU64>,
+}
+
+impl StaticHttp {
+    pub fn start(body: Vec<u8>) -> io::Result<StaticHttp> {
+        let requests = Arc::new(AtomicU64::new(0));
+        let (n, body) = (Arc::clone(&requests), Arc::new(body));
+        let listener = Listener::start(move |conn| {
+            let Ok(w) = conn.try_clone() else { return };
+            let mut r = BufReader::new(conn);
+            let Ok(head) = read_head(&mut r) else { return };
+            n.fetch_add(1, Ordering::SeqCst);
+            let mut w = w;
+            let ok = head.first().is_some_and(|l| l.starts_with("GET "));
+            let (status, body): (&str, &[u8]) = if ok { ("200 OK", &body) } else { ("405 Method Not Allowed", b"") };
+            let _ = write!(
+                w,
+                "HTTP/1.1 {status}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = w.write_all(body);
+        })?;
+        Ok(StaticHttp { listener, requests })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.listener.addr
+    }
+
+    /// Requests answered so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::SeqCst)
+    }
+}
+
+/// What a proxy saw.
+#[derive(Debug, Default)]
+struct ProxyLog {
+    /// `host:port` of every tunnel opened.
+    targets: Mutex<Vec<String>>,
+    /// The `Proxy-Authorization` value or SOCKS5 `user:password` of each request, if any.
+    credentials: Mutex<Vec<Option<String>>>,
+}
+
+/// A proxy on loopback that relays to the requested target and counts tunnels.
+pub struct Proxy {
+    listener: Listener,
+    log: Arc<ProxyLog>,
+    /// The URL clients use (`http://127.0.0.1:port` or `socks5h://127.0.0.1:port`).
+    url: String,
+}
+
+impl Proxy {
+    /// An HTTP proxy that supports `CONNECT` only (what an https client uses).
+    pub fn http_connect() -> io::Result<Proxy> {
+        let log = Arc::new(ProxyLog::default());
+        let l = Arc::clone(&log);
+        let listener = Listener::start(move |conn| {
+            let Ok(mut w) = conn.try_clone() else { return };
+            let mut r = BufReader::new(conn);
+            let Ok(head) = read_head(&mut r) else { return };
+            let mut words = head.first().map(|l| l.split(' ')).into_iter().flatten();
+            let (method, target) = (words.next().unwrap_or_default(), words.next().unwrap_or_default().to_owned());
+            let auth = head.iter().find_map(|h| {
+                let (k, v) = h.split_once(':')?;
+                k.eq_ignore_ascii_case("proxy-authorization").then(|| v.trim().to_owned())
+            });
+            l.credentials.lock().unwrap_or_else(|p| p.into_inner()).push(auth);
+            if method != "CONNECT" {
+                let _ = w.write_all(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n");
+                return;
+            }
+            let Ok(up) = TcpStream::connect(&target) else {
+                let _ = w.write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n");
+                return;
+            };
+            l.targets.lock().unwrap_or_else(|p| p.into_inner()).push(target);
+            if w.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").is_err() {
+                return;
+            }
+            // Nothing is buffered beyond the head: the client waits for our 200 first.
+            pump(r.into_inner(), up);
+        })?;
+        let url = format!("http://{}", listener.addr);
+        Ok(Proxy { listener, log, url })
+    }
+
+    /// A SOCKS5 proxy (RFC 1928; no authentication, or user/password per RFC 1929 when the
+    /// client offers it) that resolves names itself, as `socks5h://` asks.
+    pub fn socks5() -> io::Result<Proxy> {
+        let log = Arc::new(ProxyLog::default());
+        let l = Arc::clone(&log);
+        let listener = Listener::start(move |mut conn| {
+            let _ = socks5_session(&mut conn, &l);
+        })?;
+        let url = format!("socks5h://{}", listener.addr);
+        Ok(Proxy { listener, log, url })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.listener.addr
+    }
+
+    /// `host:port` of every tunnel opened so far.
+    pub fn targets(&self) -> Vec<String> {
+        self.log.targets.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The credentials each request carried.
+    pub fn credentials(&self) -> Vec<Option<String>> {
+        self.log.credentials.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+fn socks5_session(conn: &mut TcpStream, log: &ProxyLog) -> io::Result<()> {
+    let mut b = [0u8; 2];
+    conn.read_exact(&mut b)?;
+    if b[0] != 5 {
+        return Ok(());
+    }
+    let mut methods = vec![0u8; usize::from(b[1])];
+    conn.read_exact(&mut methods)?;
+    let mut creds = None;
+    if methods.contains(&2) {
+        conn.write_all(&[5, 2])?;
+        let mut v = [0u8; 2];
+        conn.read_exact(&mut v)?;
+        let mut user = vec![0u8; usize::from(v[1])];
+        conn.read_exact(&mut user)?;
+        let mut plen = [0u8; 1];
+        conn.read_exact(&mut plen)?;
+        let mut pass = vec![0u8; usize::from(plen[0])];
+        conn.read_exact(&mut pass)?;
+        creds = Some(format!("{}:{}", String::from_utf8_lossy(&user), String::from_utf8_lossy(&pass)));
+        conn.write_all(&[1, 0])?;
+    } else if methods.contains(&0) {
+        conn.write_all(&[5, 0])?;
+    } else {
+        conn.write_all(&[5, 0xff])?;
+        return Ok(());
+    }
+    log.credentials.lock().unwrap_or_else(|p| p.into_inner()).push(creds);
+    let mut h = [0u8; 4];
+    conn.read_exact(&mut h)?;
+    let host = match h[3] {
+        1 => {
+            let mut a = [0u8; 4];
+            conn.read_exact(&mut a)?;
+            Ipv4Addr::from(a).to_string()
+        }
+        3 => {
+            let mut n = [0u8; 1];
+            conn.read_exact(&mut n)?;
+            let mut name = vec![0u8; usize::from(n[0])];
+            conn.read_exact(&mut name)?;
+            String::from_utf8_lossy(&name).into_owned()
+        }
+        4 => {
+            let mut a = [0u8; 16];
+            conn.read_exact(&mut a)?;
+            format!("[{}]", Ipv6Addr::from(a))
+        }
+        _ => return Ok(()),
+    };
+    let mut p = [0u8; 2];
+    conn.read_exact(&mut p)?;
+    let target = format!("{host}:{}", u16::from_be_bytes(p));
+    if h[1] != 1 {
+        conn.write_all(&[5, 7, 0, 1, 0, 0, 0, 0, 0, 0])?;
+        return Ok(());
+    }
+    let Ok(up) = TcpStream::connect(&target) else {
+        conn.write_all(&[5, 5, 0, 1, 0, 0, 0, 0, 0, 0])?;
+        return Ok(());
+    };
+    log.targets.lock().unwrap_or_else(|p| p.into_inner()).push(target);
+    conn.write_all(&[5, 0, 0, 1, 0, 0, 0, 0, 0, 0])?;
+    pump(conn.try_clone()?, up);
+    Ok(())
+}
