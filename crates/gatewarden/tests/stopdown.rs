@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use work_common::*;
 
 /// Chat `/restart` needs an admin who came with the API token (docs/security.md).
-const ADMIN: &str = "api_token = \"t\"\nadmins = [\"u\"]\n";
+const TOKEN: &str = "t0k-0123456789abcdef";
+const ADMIN: &str = "api_token = \"t0k-0123456789abcdef\"\nadmins = [\"u\"]\n";
 /// Every process of a scenario has ended by then (the backstop gives up on a stop at once).
 const SETTLE: Duration = Duration::from_secs(20);
 
@@ -135,7 +136,7 @@ fn a_control_stop_during_a_chat_restarts_drain_stays_down() {
     let home = TempHome::new();
     let sw = Sweeper::new();
     write_config(home.path(), &format!("{ADMIN}drain_timeout_s = 30\n[agent]\nbackend = \"echo\"\ndelay_ms = 2000\n"));
-    let api = Api::new(start_cli(&home, &sw)).with_token("t");
+    let api = Api::new(start_cli(&home, &sw)).with_token(TOKEN);
     let run = send_bg_as(&api, "B", "in flight");
     wait_active_as(&api, 1);
     assert_cli(&cli_tagged(&home, &sw, &["send", "/restart"], Duration::from_secs(10)), 0, "send /restart");
