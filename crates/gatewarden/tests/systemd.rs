@@ -429,31 +429,39 @@ fn d9_stop_after_a_chat_restart_stays_down() {
     assert_cli(&u.cli(&["send", "/restart"]), 0, "send /restart");
     let out = u.cli(&["stop"]);
     assert_cli(&out, 0, "stop after /restart");
+    let readies = || u.home.events("ready").len();
+    let ready_before = readies();
     // The backstop either gives up on the recorded stop or goes with the unit's cgroup; once
     // it is gone nothing is left that could start the unit.
     let backstop = u.home.events("restart_backstop").iter().find_map(|e| e["backstop_pid"].as_u64());
     let backstop = backstop.expect("the gateway started a backstop") as u32;
     must_wait_until(Duration::from_secs(30), "the restart backstop to end", || !pid_alive(backstop));
+    // Never running again: no incarnation becomes ready after the stop. A launch systemd had
+    // already scheduled for the exit 75 may still come; it reads the stop and exits 0 before
+    // it is ready (`start_prevented`), and the unit settles down.
     let down = || {
         let s = u.show();
-        s["ActiveState"] != "active" && s["MainPID"] == "0" && !u.home.lock_held()
+        s["ActiveState"] == "inactive" && s["MainPID"] == "0" && !u.home.lock_held()
     };
+    must_wait_until(Duration::from_secs(10), "the unit down", down);
     assert_eq!(
-        holds_for(Duration::from_secs(2), down),
+        holds_for(Duration::from_secs(2), || readies() == ready_before),
         Ok(()),
         "it came back: {:?}\n{}",
         u.show(),
         u.home.ledger_text()
     );
+    must_wait_until(Duration::from_secs(10), "the unit down", down);
     for result in u.home.events("restart_backstop").iter().filter(|e| e.get("ok").is_some()) {
         assert_eq!(result["ok"], json!(false), "{}", u.home.ledger_text());
     }
 
+    let prevented = || u.home.events("start_prevented").iter().filter(|e| e["by"] == json!("systemd")).count();
+    let before = prevented();
     let _ = systemctl(&["start", &u.name]);
-    must_wait_until(Duration::from_secs(10), "the launch to obey the stop", || {
-        u.home.events("start_prevented").iter().any(|e| e["by"] == json!("systemd"))
-    });
-    assert_eq!(holds_for(Duration::from_secs(1), down), Ok(()), "{:?}\n{}", u.show(), u.home.ledger_text());
+    must_wait_until(Duration::from_secs(10), "the launch to obey the stop", || prevented() > before);
+    must_wait_until(Duration::from_secs(10), "the unit down", down);
+    assert_eq!(readies(), ready_before, "a bare systemctl start ran it: {}", u.home.ledger_text());
     // `gatewarden start` is what ends the stop.
     assert_cli(&u.cli(&["start"]), 0, "start");
     u.wait_running(0, READY);
