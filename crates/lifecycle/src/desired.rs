@@ -218,7 +218,8 @@ impl Refusal {
             Refusal::Superseded(_) => "superseded",
             Refusal::InFlight(_) => "in_flight",
         };
-        serde_json::json!({"why": kind, "seq": d.seq, "want": d.want.as_str(), "requester": d.requester, "requester_pid": d.pid})
+        serde_json::json!({"why": kind, "seq": d.seq, "want": d.want.as_str(),
+                           "requester": d.requester, "requester_pid": d.pid})
     }
 }
 

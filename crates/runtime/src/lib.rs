@@ -544,8 +544,8 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause, tx: &mpsc::Unbou
 /// An operator's stop that did not come through `gatewarden stop` (which records it itself
 /// before anything else): chat `/stop`, `gatewarden send /stop`, HTTP. Recorded as `stopped`
 /// on receipt (control/mod.rs, work.rs) — a gateway already draining for a restart never
-/// classifies it — so no backstop or successor starts the gateway again. A stop from a restart's recovery, a
-/// supervisor or a signal is not the operator's intent and changes nothing.
+/// classifies it — so no backstop or successor starts the gateway again. A stop from a
+/// restart's recovery, a supervisor or a signal is not the operator's intent: no change.
 pub(crate) fn record_operator_stop(gw: &Gateway, channel: &str) -> Option<u64> {
     use gatewarden_lifecycle::desired::{self, Want};
     if !matches!(channel, "chat" | "cli-send" | "http") {
