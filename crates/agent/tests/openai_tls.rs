@@ -4,6 +4,9 @@
 //! failures, each refused before anything (the API key included) is sent, naming the host and
 //! the reason.
 
+// testkit (the TLS fronts, the CA) is Unix-only; crates/net's own tests run everywhere.
+#![cfg(unix)]
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;

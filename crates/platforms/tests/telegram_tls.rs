@@ -4,6 +4,9 @@
 //! each leaves the adapter `degraded` with the host and the reason, retried with backoff, and
 //! not one byte of HTTP (the token is in the URL) reaches the server.
 
+// testkit (the TLS fronts, the CA) is Unix-only; crates/net's own tests run everywhere.
+#![cfg(unix)]
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};

@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 
 use gatewarden_lifecycle::fsio::{self, ReadOutcome};
 
+/// Permission bits (unused here: the folder's ACL applies).
+pub type FileMode = u32;
+
 /// A directory of a hermes home.
 #[derive(Debug)]
 pub struct HomeDir {
@@ -59,7 +62,7 @@ impl HomeDir {
         fsio::open_append(&self.path.join(name))
     }
 
-    pub fn write_atomic(&self, name: &str, bytes: &[u8], _mode: u32) -> io::Result<()> {
+    pub fn write_atomic(&self, name: &str, bytes: &[u8], _mode: FileMode) -> io::Result<()> {
         fsio::atomic_write(&self.path.join(name), bytes)
     }
 

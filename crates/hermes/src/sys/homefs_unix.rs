@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, Uid};
 
+/// Permission bits as the OS spells them (`mode_t`: u32 on Linux, u16 on macOS).
+pub type FileMode = rustix::fs::RawMode;
+
 /// A directory of a hermes home, held open, with the home's owner.
 #[derive(Debug)]
 pub struct HomeDir {
@@ -113,7 +116,7 @@ impl HomeDir {
 
     /// Writes `name` atomically (a randomly named temp file created `O_EXCL|O_NOFOLLOW`, fsync,
     /// rename within this directory), with `mode`, belonging to the home's owner.
-    pub fn write_atomic(&self, name: &str, bytes: &[u8], mode: u32) -> io::Result<()> {
+    pub fn write_atomic(&self, name: &str, bytes: &[u8], mode: FileMode) -> io::Result<()> {
         let tmp = format!(".{name}.gatewarden-{}-{:016x}", std::process::id(), random());
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let fd = rustix::fs::openat(&self.fd, tmp.as_str(), flags, Mode::from_raw_mode(mode))?;
