@@ -1,7 +1,8 @@
 //! `gatewarden doctor [--fix] [--json]`: compares the installed service definition with what
 //! this version renders (wrong binary, missing `RestartForceExitStatus=75`, a `TimeoutStopSec`
 //! below the drain, an old KeepAlive policy, …), and checks stale files, the listen port, the
-//! home's permissions, a parked supervisor, the config file and (user units) lingering. Each
+//! home's permissions, a parked supervisor, the config file, (user units) lingering and the
+//! running gateway's failing connections (a refused certificate, named with its host). Each
 //! finding is printed with its fix; `--fix` applies the fixes it can, then checks again.
 //! Exit 0 when no error remains, 1 otherwise.
 
@@ -205,7 +206,7 @@ fn check(home: &Home) -> Vec<Item> {
         }
     };
     if running {
-        extra.push(supervision(home));
+        extra.extend(supervision(home));
     }
     if let Ok(cfg) = &config
         && !running
@@ -239,14 +240,16 @@ fn check(home: &Home) -> Vec<Item> {
 }
 
 /// Who supervises the running gateway and the evidence for it (what a planned restart will do),
-/// or an error when it holds the lock but does not answer.
-fn supervision(home: &Home) -> Item {
+/// and what its status says is failing ([`connection_findings`]); an error when it holds the
+/// lock but does not answer.
+fn supervision(home: &Home) -> Vec<Item> {
     let t = std::time::Duration::from_millis(500);
     let subject = home.dir().display().to_string();
     match gatewarden_control::Client::connect(&Endpoint::for_home(home.dir()), t).and_then(|mut c| c.status(t)) {
         Ok(s) => {
             let evidence = s.extra.get("supervisor_evidence").and_then(|v| v.as_str()).unwrap_or("not reported");
-            Item {
+            let mut items = connection_findings(&s.extra);
+            items.push(Item {
                 id: "supervisor".into(),
                 severity: Severity::Info,
                 subject,
@@ -257,9 +260,10 @@ fn supervision(home: &Home) -> Item {
                 ),
                 fix: Fix::None,
                 fixed: None,
-            }
+            });
+            items
         }
-        Err(e) => Item {
+        Err(e) => vec![Item {
             id: "gateway-unresponsive".into(),
             severity: Severity::Error,
             subject,
@@ -273,8 +277,55 @@ fn supervision(home: &Home) -> Item {
                 ],
             },
             fixed: None,
-        },
+        }],
     }
+}
+
+/// The running gateway's failing connections, from its status (crates/runtime gateway.rs
+/// `status`): each `degraded` platform, and the agent's last failed run when a certificate
+/// was refused. A refused certificate is named with its host (the reason says "TLS with
+/// <host> failed: …") and its fix (crates/net `CertProblem`).
+fn connection_findings(status: &std::collections::BTreeMap<String, serde_json::Value>) -> Vec<Item> {
+    use gatewarden_net::CertProblem;
+    let text = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or_default().to_owned();
+    let mut out = Vec::new();
+    let platforms = status.get("platforms").and_then(|p| p.as_array()).map(Vec::as_slice).unwrap_or_default();
+    for p in platforms.iter().filter(|p| p.get("state").and_then(|s| s.as_str()) == Some("degraded")) {
+        let (reason, subject) = (text(p, "reason"), format!("platform {} ({})", text(p, "name"), text(p, "kind")));
+        out.push(match CertProblem::find(&reason) {
+            Some(problem) => Item {
+                id: "tls-refused".into(),
+                severity: Severity::Error,
+                subject,
+                message: format!("the certificate was refused, the adapter retries with backoff: {reason}"),
+                fix: Fix::Manual { hint: problem.fix().into() },
+                fixed: None,
+            },
+            None => Item {
+                id: "platform-degraded".into(),
+                severity: Severity::Warning,
+                subject,
+                message: format!("degraded, retrying with backoff: {reason}"),
+                fix: Fix::Manual { hint: "find the cause in `gatewarden logs`".into() },
+                fixed: None,
+            },
+        });
+    }
+    let agent = status.get("agent").cloned().unwrap_or_default();
+    let failure = agent.get("last_failure").cloned().unwrap_or_default();
+    let reason = text(&failure, "reason");
+    if let Some(problem) = CertProblem::find(&reason) {
+        // A past run: the upstream may have been fixed since, so a warning, not an error.
+        out.push(Item {
+            id: "tls-refused".into(),
+            severity: Severity::Warning,
+            subject: format!("agent ({})", text(&agent, "backend")),
+            message: format!("the last failed run (at {}) was refused a certificate: {reason}", text(&failure, "at")),
+            fix: Fix::Manual { hint: problem.fix().into() },
+            fixed: None,
+        });
+    }
+    out
 }
 
 fn home_facts(home: &Home) -> HomeFacts {
