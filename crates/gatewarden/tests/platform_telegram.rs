@@ -297,7 +297,7 @@ fn steady_stream_under_restarts(fake: &Arc<FakeTelegram>, api_base: &str, extra:
     let stop = Arc::new(AtomicBool::new(false));
     let injected = Arc::new(AtomicU32::new(0));
     let stream = {
-        let (fake, tok, stop, injected) = (Arc::clone(&fake), tok.clone(), Arc::clone(&stop), Arc::clone(&injected));
+        let (fake, tok, stop, injected) = (Arc::clone(fake), tok.clone(), Arc::clone(&stop), Arc::clone(&injected));
         std::thread::spawn(move || {
             let mut x = seed | 1;
             while !stop.load(Ordering::Relaxed) {
