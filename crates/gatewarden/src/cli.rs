@@ -51,6 +51,10 @@ pub enum Command {
         /// Seconds a stop waits for active runs, overriding config.toml
         #[arg(long, value_name = "SECS")]
         drain_timeout: Option<u64>,
+        /// Internal: start on behalf of the request recorded under this desired-state sequence
+        /// (a restart's kick): obey a later stop, record nothing
+        #[arg(long, hide = true, value_name = "SEQ")]
+        desired_seq: Option<u64>,
     },
     /// Restart the gateway and exit 0 only when a new incarnation is ready
     Restart {
@@ -60,6 +64,9 @@ pub enum Command {
         /// Internal: the gateway's backstop for a restart no CLI verifies (the old incarnation)
         #[arg(long, hide = true, value_name = "INCARNATION")]
         backstop: Option<String>,
+        /// Internal: the desired-state sequence the backstop's restart was requested under
+        #[arg(long, hide = true, value_name = "SEQ", requires = "backstop")]
+        desired_seq: Option<u64>,
     },
     /// Send a message (or a chat command such as /status) to the running gateway
     Send {
@@ -151,6 +158,10 @@ pub struct RunArgs {
     /// Internal: print a readiness line on stdout (used by `start`)
     #[arg(long, hide = true)]
     pub ready_stdout: bool,
+    /// Internal: the desired-state sequence this start carries out (`start`, a successor):
+    /// a later stop makes it exit before it is ready
+    #[arg(long, hide = true, value_name = "SEQ")]
+    pub desired_seq: Option<u64>,
 }
 
 /// `--supervisor` goes through the lifecycle crate's one parser, like `GATEWARDEN_SUPERVISOR`.

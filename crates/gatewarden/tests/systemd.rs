@@ -415,6 +415,58 @@ fn planned_restarts_never_trip_the_start_limit() {
     }
 }
 
+/// Issue 22, item 6 under systemd: chat `/restart` (`gatewarden send /restart`), then `stop`.
+/// The restart's backstop gives up instead of starting the unit again (before: 3 of 6 came
+/// back, 246 ms after "stays down until `gatewarden start`"), and a bare `systemctl start`
+/// afterwards is a launch that obeys the recorded stop: it exits 0 before it is ready.
+#[test]
+fn d9_stop_after_a_chat_restart_stays_down() {
+    if !have_user_manager() {
+        return;
+    }
+    let u = Unit::install(Some(LOOPBACK), &["--restart-sec-ms", "100"]);
+    u.wait_running(0, READY);
+    assert_cli(&u.cli(&["send", "/restart"]), 0, "send /restart");
+    let out = u.cli(&["stop"]);
+    assert_cli(&out, 0, "stop after /restart");
+    let readies = || u.home.events("ready").len();
+    let ready_before = readies();
+    // The backstop either gives up on the recorded stop or goes with the unit's cgroup; once
+    // it is gone nothing is left that could start the unit.
+    let backstop = u.home.events("restart_backstop").iter().find_map(|e| e["backstop_pid"].as_u64());
+    let backstop = backstop.expect("the gateway started a backstop") as u32;
+    must_wait_until(Duration::from_secs(30), "the restart backstop to end", || !pid_alive(backstop));
+    // Never running again: no incarnation becomes ready after the stop. A launch systemd had
+    // already scheduled for the exit 75 may still come; it reads the stop and exits 0 before
+    // it is ready (`start_prevented`), and the unit settles down.
+    let down = || {
+        let s = u.show();
+        s["ActiveState"] == "inactive" && s["MainPID"] == "0" && !u.home.lock_held()
+    };
+    must_wait_until(Duration::from_secs(10), "the unit down", down);
+    assert_eq!(
+        holds_for(Duration::from_secs(2), || readies() == ready_before),
+        Ok(()),
+        "it came back: {:?}\n{}",
+        u.show(),
+        u.home.ledger_text()
+    );
+    must_wait_until(Duration::from_secs(10), "the unit down", down);
+    for result in u.home.events("restart_backstop").iter().filter(|e| e.get("ok").is_some()) {
+        assert_eq!(result["ok"], json!(false), "{}", u.home.ledger_text());
+    }
+
+    let prevented = || u.home.events("start_prevented").iter().filter(|e| e["by"] == json!("systemd")).count();
+    let before = prevented();
+    let _ = systemctl(&["start", &u.name]);
+    must_wait_until(Duration::from_secs(10), "the launch to obey the stop", || prevented() > before);
+    must_wait_until(Duration::from_secs(10), "the unit down", down);
+    assert_eq!(readies(), ready_before, "a bare systemctl start ran it: {}", u.home.ledger_text());
+    // `gatewarden start` is what ends the stop.
+    assert_cli(&u.cli(&["start"]), 0, "start");
+    u.wait_running(0, READY);
+}
+
 /// Issue 22, item 5: seven kill -9 in a row, each as soon as the gateway is back. With the old
 /// unit (`StartLimitBurst=5` in 60 s) the fifth or sixth left it `failed` for good while
 /// `status` said "last state: running" and `doctor` found nothing. Now the unit never gives

@@ -317,6 +317,56 @@ fn two_updates_at_once_never_swap_twice() {
     r.assert_one_gateway(&to);
 }
 
+/// Issue 22, item 6: `update --rollback` on a stopped gateway swaps the binary back and starts
+/// nothing; the next `start` runs the old version.
+#[test]
+fn rollback_by_hand_of_a_stopped_gateway_does_not_start_it() {
+    let (r, _g) = rig("[update]\nprobation_s = 1\n");
+    let b = r.release("9.9.9");
+    assert_cli(&r.update(&["--from", b.to_str().unwrap(), "--timeout", "20"]), 0, "update");
+    r.assert_one_gateway("9.9.9");
+    let stop = cli_with(&r.exe, r.home.path(), &["stop"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
+    assert_cli(&stop, 0, "stop");
+    let back = r.update(&["--rollback"]);
+    assert!(!r.home.lock_held(), "the rollback started the stopped gateway\n{}", r.home.ledger_text());
+    assert_cli(&back, 0, "update --rollback");
+    assert!(back.text_lc().contains("stays stopped"), "{back:#?}");
+    assert!(wait_until(READY, || r.sw.tagged().is_empty()), "something is still running: {:?}", r.sw.tagged());
+    assert!(!r.home.lock_held(), "{}", r.home.ledger_text());
+    assert_eq!(version_of(&r.exe), r.version, "the old binary is back in place");
+    assert_eq!(r.txn()["phase"], json!("rolled_back"), "{}", r.txn());
+    let start =
+        cli_with(&r.exe, r.home.path(), &["start", "--listen", "127.0.0.1:0"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
+    assert_cli(&start, 0, "start after the rollback");
+    r.assert_one_gateway(&r.version);
+}
+
+/// Issue 22, item 6: a `stop` during an update's probation is not a failed probation: nothing
+/// is started again (the old binary is put back in place, unstarted), and the update says why.
+#[test]
+fn stop_during_probation_keeps_the_gateway_down() {
+    let (r, _g) = rig("[update]\nprobation_s = 8\n");
+    let b = r.release("9.9.9");
+    let (exe, home, tag) = (r.exe.clone(), r.home.path().to_path_buf(), r.sw.tag().to_owned());
+    let from = b.to_str().unwrap().to_owned();
+    let update = std::thread::spawn(move || {
+        cli_with(&exe, &home, &["update", "--from", &from, "--timeout", "20"], &[(TAG_VAR, tag.as_str())], UPDATE_LIMIT)
+    });
+    must_wait_until(Duration::from_secs(30), "the update's probation", || r.txn()["phase"] == json!("probation"));
+    let stop = cli_with(&r.exe, r.home.path(), &["stop"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
+    assert_cli(&stop, 0, "stop during probation");
+    let out = update.join().unwrap();
+    assert!(!r.home.lock_held(), "the gateway was started again after the stop\n{}", r.home.ledger_text());
+    assert_cli(&out, 1, "the interrupted update");
+    assert!(out.text_lc().contains("interrupted"), "{out:#?}");
+    assert!(out.text_lc().contains("stays stopped"), "{out:#?}");
+    assert!(wait_until(READY, || r.sw.tagged().is_empty()), "something is still running: {:?}", r.sw.tagged());
+    assert!(!r.home.lock_held(), "{}", r.home.ledger_text());
+    assert_eq!(r.txn()["phase"], json!("rolled_back"), "{}", r.txn());
+    assert_eq!(version_of(&r.exe), r.version, "the unproven release is not left installed");
+    assert!(!r.home.events("start_prevented").is_empty(), "{}", r.home.ledger_text());
+}
+
 /// SIGKILL of the updater at each phase: the next start finishes the transaction (completes
 /// or reverts), and exactly one gateway runs the version update.json ends with.
 #[test]

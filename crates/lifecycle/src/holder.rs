@@ -4,6 +4,11 @@
 //! The pid record says who *should* hold the lock; the kernel's lock table (where readable)
 //! says who *does*. When they disagree the record has been left stale or tampered with, and
 //! the kernel wins — a signal must never reach a process only because a file named it.
+//!
+//! Holding the lock file does not make a process a gateway either: `flock gateway.lock sleep
+//! 30`, or a `gatewarden status` healing records, hold it too. Where the OS names the holder it
+//! also tells its arguments, and only a `gatewarden … run` of this home is ever returned
+//! ([`fits_gateway`]); anything else is reported by name (issue 22, item 1).
 
 use crate::home::Home;
 use crate::identity::ProcessIdentity;
@@ -20,7 +25,64 @@ pub struct Holder {
 
 pub fn lock_holder(home: &Home) -> Result<Holder, String> {
     let recorded = read_pid_record(&home.pid_file()).ok().and_then(|r| r.identity());
-    decide(recorded, settled_holder_pids(&home.lock(), recorded), platform::start_time)
+    let holder = decide(recorded, settled_holder_pids(&home.lock(), recorded), platform::start_time)?;
+    let pid = holder.identity.pid;
+    match platform::cmdline(pid) {
+        Some(argv) => fits_gateway(&argv, &own_name(), |h| home.is(h))
+            .map(|()| holder)
+            .map_err(|name| format!("the lock is held by pid {pid} ({name}), which is not a gateway")),
+        None => Ok(holder),
+    }
+}
+
+/// This executable's file name: a gateway started from it fits whatever it is called.
+fn own_name() -> String {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default()
+}
+
+/// When the OS names a lock holder that is not this home's gateway: who, for messages
+/// (`start` must not call that "already running").
+pub fn foreign_holder(home: &Home) -> Option<String> {
+    let pids = platform::lock_holders(&home.lock())?;
+    pids.iter().find_map(|&pid| {
+        let argv = platform::cmdline(pid)?;
+        let name = fits_gateway(&argv, &own_name(), |h| home.is(h)).err()?;
+        Some(format!("the lock is held by pid {pid} ({name}), which is not a gateway"))
+    })
+}
+
+/// Whether a lock holder's arguments are those of a gateway of this home: a `gatewarden`
+/// executable (by name, or named as this executable is) running `run`, naming this home if it
+/// names one. Pure; `Err` is the program's name (with its verb when it is gatewarden), for
+/// the message.
+pub fn fits_gateway(argv: &[String], own_name: &str, is_home: impl Fn(&str) -> bool) -> Result<(), String> {
+    let base = |a: &str| a.rsplit(['/', '\\']).next().unwrap_or(a).to_owned();
+    let program = argv.first().map(|a| base(a)).unwrap_or_default();
+    let is_gatewarden = program.starts_with("gatewarden") || (!own_name.is_empty() && program == own_name);
+    // A relative home is relative to the holder's directory, which we do not know.
+    let relative = |h: &str| !std::path::Path::new(h).is_absolute();
+    let mut home_ok = true;
+    let mut verb = None;
+    let mut args = argv.iter().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--home" {
+            home_ok &= args.next().is_some_and(|h| relative(h) || is_home(h));
+        } else if let Some(h) = a.strip_prefix("--home=") {
+            home_ok &= relative(h) || is_home(h);
+        } else if a == "--hermes-home" {
+            args.next();
+        } else if !a.starts_with('-') && verb.is_none() {
+            verb = Some(a.as_str());
+        }
+    }
+    match (is_gatewarden, verb) {
+        (true, Some("run")) if home_ok => Ok(()),
+        (true, Some(v)) => Err(format!("{program} {v}")),
+        _ => Err(if program.is_empty() { "unknown".into() } else { program }),
+    }
 }
 
 /// The kernel's holders of `lock` (`None` where the OS does not tell), read again when the
@@ -86,6 +148,34 @@ mod tests {
         assert!(h.note.unwrap().contains("pid 20 holds"));
         assert!(decide(Some(REC), Some(vec![]), st).is_err());
         assert!(decide(Some(REC), Some(vec![20]), |_| None).is_err());
+    }
+
+    #[test]
+    fn only_a_gatewarden_run_of_this_home_fits() {
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let home = |h: &str| h == "/h";
+        assert_eq!(
+            fits_gateway(&argv(&["/usr/bin/gatewarden", "--home", "/h", "run", "--listen", "x"]), "gw", home),
+            Ok(())
+        );
+        assert_eq!(fits_gateway(&argv(&["gatewarden-9.9.9", "run", "--supervisor", "none"]), "gw", home), Ok(()));
+        assert_eq!(fits_gateway(&argv(&["C:\\gw\\gatewarden.exe", "--home=/h", "run"]), "gw", home), Ok(()));
+        assert_eq!(fits_gateway(&argv(&["flock", "/h/gateway.lock", "sleep", "30"]), "gw", home), Err("flock".into()));
+        assert_eq!(
+            fits_gateway(&argv(&["/bin/gatewarden", "--home", "/h", "status"]), "gw", home),
+            Err("gatewarden status".into())
+        );
+        assert_eq!(
+            fits_gateway(&argv(&["gatewarden", "--home", "/other", "run"]), "gw", home),
+            Err("gatewarden run".into())
+        );
+        assert_eq!(fits_gateway(&argv(&["sleep", "run"]), "gw", home), Err("sleep".into()));
+        assert_eq!(fits_gateway(&[], "gw", home), Err("unknown".into()));
+        assert_eq!(
+            fits_gateway(&argv(&["/opt/gw", "--hermes-home", "x", "run"]), "gw", home),
+            Ok(()),
+            "renamed like us"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //!   `gateway_state.json`.
 //! - [`marker`]: planned-stop and takeover markers that are obeyed only by the incarnation
 //!   they name, and healed by whoever finds them stale.
+//! - [`desired`]: the operator's intent (run or stopped), binding on every starter.
 //! - [`exit`]: the one intent → exit-code table.
 //! - [`supervisor`]: who supervises us (systemd, launchd, container, override, none).
 //! - [`ledger`]: the append-only lifecycle ledger.
@@ -18,6 +19,7 @@
 //! - [`platform`]: the per-OS facade; the only place with `cfg`.
 
 pub mod crashes;
+pub mod desired;
 pub mod exit;
 pub mod fsio;
 pub mod heal;

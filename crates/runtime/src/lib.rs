@@ -67,6 +67,9 @@ pub struct RunOptions {
     /// Where the logger writes, passed on to a successor.
     pub log_file: Option<std::path::PathBuf>,
     pub log_json: bool,
+    /// The desired-state sequence this start carries out (`start`, a successor); `None` for a
+    /// foreground `run` (the operator's own start) or a service manager's launch.
+    pub desired_seq: Option<u64>,
 }
 
 /// How the incarnation ended.
@@ -129,6 +132,11 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
         Ok(l) => l,
         Err(o) => return refused(&home, &me, supervisor, o),
     };
+    // With the lock held, so a stop recorded before this line is seen and one recorded after
+    // it finds this process as the holder to stop.
+    if let Err(o) = obey_desired(&gw, &opts, true) {
+        return o;
+    }
     let healed = heal_stale(&home, &lock, "run", Some(&gw.self_identity()), &[]);
     if !healed.is_empty() {
         info!("cleaned stale state: {}", healed.join(", "));
@@ -264,6 +272,42 @@ fn seed_metrics(home: &Home, m: &work::Metrics) {
     }
 }
 
+/// The desired state (`gatewarden_lifecycle::desired`), with the lock held. A foreground `run`
+/// without a sequence is the operator's own start and records `run` (on the `first` check);
+/// everything else — `start`'s child, a successor, a systemd or launchd launch — carries out an
+/// earlier request and exits before it is ready (planned stop, exit 0: no manager retries it)
+/// when the operator stopped the gateway since.
+fn obey_desired(gw: &Gateway, opts: &ResolvedOptions, first: bool) -> Result<(), Outcome> {
+    use gatewarden_lifecycle::desired::{self, Starter, Want};
+    // `external` (s6, runit, PM2) is started by the operator's own tooling, which `gatewarden
+    // start` cannot drive; `supervise` passes a sequence. systemd and launchd obey.
+    let operator = opts.desired_seq.is_none()
+        && !opts.successor
+        && matches!(gw.supervisor, Supervisor::None | Supervisor::Container | Supervisor::External);
+    if operator && first {
+        if let Err(e) = desired::record(gw.home.dir(), Want::Run, "cli run", false) {
+            warn!("cannot record the desired state: {e}");
+        }
+        return Ok(());
+    }
+    desired::check(gw.home.dir(), Starter::Resume).map(|_| ()).map_err(|r| {
+        let by = match (opts.successor, opts.desired_seq) {
+            (true, _) => "successor",
+            (false, Some(_)) => "start",
+            (false, None) => gw.supervisor.as_str(),
+        };
+        let mut v = r.json();
+        v["by"] = json!(by);
+        v["basis"] = json!(opts.desired_seq);
+        gw.record("start_prevented", v);
+        info!("not starting: {}", r.describe());
+        // Under systemd a main process that exits before READY=1 is a failed start ("protocol"),
+        // which Restart=on-failure repeats: this start ends cleanly instead, and says why.
+        gw.notifier.send(&format!("READY=1\nSTATUS=not starting: {}", r.describe()));
+        Outcome::new(ExitIntent::PlannedStop, format!("start prevented: {}", r.describe()))
+    })
+}
+
 /// Takes the lock, or the home from its current holder with `--replace`.
 fn claim(gw: &Gateway, opts: &ResolvedOptions) -> Result<InstanceLock, Outcome> {
     let home = &gw.home;
@@ -364,6 +408,10 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
             Err(e) => return startup_failed(&gw, format!("cannot start the chat platform adapters: {e}")),
         }
     }
+    // Again just before `running`: a stop recorded during the start-up wins without a signal.
+    if let Err(o) = obey_desired(&gw, opts, false) {
+        return startup_failed_with(&gw, o.intent, o.reason);
+    }
     // Queued before `running`: the first reply after a restart must already carry the notice.
     gw.work.restart_notice(&gw);
     gw.advance(GatewayState::Running);
@@ -439,7 +487,12 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause, tx: &mpsc::Unbou
             let json_requester = json!({"pid": requester.pid, "argv": requester.argv, "channel": requester.channel});
             Some(match kind {
                 ControlKind::Stop => {
-                    gw.record("stop_requested", json!({"requester": json_requester, "reason": "stop"}));
+                    let mut fields = json!({"requester": json_requester, "reason": "stop"});
+                    if let Some(seq) = record_operator_stop(gw, &requester.channel) {
+                        fields["want"] = json!("stopped");
+                        fields["seq"] = json!(seq);
+                    }
+                    gw.record("stop_requested", fields);
                     Outcome::new(ExitIntent::PlannedStop, format!("planned stop requested by {who}"))
                 }
                 ControlKind::Takeover => {
@@ -483,6 +536,27 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause, tx: &mpsc::Unbou
                     Verdict::Absent | Verdict::ForOther(_) => {}
                 }
             }
+            None
+        }
+    }
+}
+
+/// An operator's stop that did not come through `gatewarden stop` (which records it itself
+/// before anything else): chat `/stop`, `gatewarden send /stop`, HTTP. Recorded as `stopped`
+/// on receipt (control/mod.rs, work.rs) — a gateway already draining for a restart never
+/// classifies it — so no backstop or successor starts the gateway again. A stop from a
+/// restart's recovery, a supervisor or a signal is not the operator's intent: no change.
+pub(crate) fn record_operator_stop(gw: &Gateway, channel: &str) -> Option<u64> {
+    use gatewarden_lifecycle::desired::{self, Want};
+    if !matches!(channel, "chat" | "cli-send" | "http") {
+        return None;
+    }
+    match desired::record_if(gw.home.dir(), Want::Stopped, channel, false, Some(SystemTime::now()), |d| {
+        d.want != Want::Stopped
+    }) {
+        Ok((d, _)) => Some(d.seq),
+        Err(e) => {
+            warn!("cannot record the desired state: {e}");
             None
         }
     }

@@ -49,7 +49,24 @@ impl Reexec {
 }
 
 /// Starts a restart; `None` means the gateway keeps running (the restart could not start).
+///
+/// The next incarnation and the backstop carry out the desired state in force now
+/// (`gatewarden_lifecycle::desired`): its sequence goes with them, and a stop recorded later
+/// makes them stay down. A stop already recorded refuses the restart here: its own request
+/// (or signal) is on its way, and nothing is started meanwhile.
 pub fn begin(gw: &Gateway, opts: &ResolvedOptions, why: &str, channel: &str) -> Option<Outcome> {
+    use gatewarden_lifecycle::desired::{self, Starter};
+    let seq = match desired::check(gw.home.dir(), Starter::Resume) {
+        Ok(d) => d.seq,
+        Err(r) => {
+            crate::info!("restart {why} refused: {}", r.describe());
+            let mut v = r.json();
+            v["by"] = json!("restart");
+            gw.record("start_prevented", v);
+            return None;
+        }
+    };
+    let opts = &Carrying { opts, seq };
     let outcome = match gw.supervisor.route() {
         RestartRoute::ExitForManager => Outcome::new(
             ExitIntent::PlannedRestart,
@@ -94,13 +111,27 @@ pub fn begin(gw: &Gateway, opts: &ResolvedOptions, why: &str, channel: &str) -> 
     Some(outcome)
 }
 
+/// The options and the desired-state sequence a restart carries out.
+struct Carrying<'a> {
+    opts: &'a ResolvedOptions,
+    seq: u64,
+}
+
+impl std::ops::Deref for Carrying<'_> {
+    type Target = ResolvedOptions;
+    fn deref(&self) -> &ResolvedOptions {
+        self.opts
+    }
+}
+
 /// The arguments a successor (or the re-executed image) runs with.
-fn successor_args(gw: &Gateway, opts: &ResolvedOptions) -> Vec<std::ffi::OsString> {
+fn successor_args(gw: &Gateway, opts: &Carrying<'_>) -> Vec<std::ffi::OsString> {
     let mut a: Vec<std::ffi::OsString> = vec!["--home".into(), gw.home.dir().into(), "run".into()];
     a.extend(["--listen".into(), gw.listen().unwrap_or(&opts.listen).into()]);
     a.extend(["--drain-timeout".into(), opts.drain_timeout.as_secs().to_string().into()]);
     a.extend(["--takeover-timeout".into(), opts.takeover_timeout.as_secs().to_string().into()]);
     a.push("--successor".into());
+    a.extend(["--desired-seq".into(), opts.seq.to_string().into()]);
     if opts.log_json {
         a.extend(["--log-format".into(), "json".into()]);
     }
@@ -110,7 +141,7 @@ fn successor_args(gw: &Gateway, opts: &ResolvedOptions) -> Vec<std::ffi::OsStrin
     a
 }
 
-fn reexec_plan(gw: &Gateway, opts: &ResolvedOptions) -> std::io::Result<Reexec> {
+fn reexec_plan(gw: &Gateway, opts: &Carrying<'_>) -> std::io::Result<Reexec> {
     let exe = spawn::self_exe()?;
     let listener = gw.kept_listener().map(std::net::TcpListener::try_clone).transpose()?;
     let mut args = successor_args(gw, opts);
@@ -120,7 +151,7 @@ fn reexec_plan(gw: &Gateway, opts: &ResolvedOptions) -> std::io::Result<Reexec> 
     Ok(Reexec { exe, args, listener })
 }
 
-fn spawn_successor(gw: &Gateway, opts: &ResolvedOptions) -> std::io::Result<u32> {
+fn spawn_successor(gw: &Gateway, opts: &Carrying<'_>) -> std::io::Result<u32> {
     let exe = spawn::self_exe()?;
     let mut cmd = Command::new(exe);
     cmd.args(successor_args(gw, opts));
@@ -148,12 +179,13 @@ fn spawn_successor(gw: &Gateway, opts: &ResolvedOptions) -> std::io::Result<u32>
 
 /// `gatewarden restart --backstop <incarnation>` in its own session: it outlives us, waits
 /// for the next incarnation, and starts one if none comes (see `cmd/restart.rs`).
-fn spawn_backstop(gw: &Gateway, opts: &ResolvedOptions) {
+fn spawn_backstop(gw: &Gateway, opts: &Carrying<'_>) {
     let Ok(exe) = spawn::self_exe() else { return };
     let mut cmd = Command::new(exe);
     let budget = opts.drain_timeout + BACKSTOP_GRACE;
     cmd.arg("--home").arg(gw.home.dir()).arg("restart");
     cmd.args(["--backstop", &gw.me.id, "--timeout", &budget.as_secs().to_string()]);
+    cmd.args(["--desired-seq", &opts.seq.to_string()]);
     // Not one of our runs: the next incarnation's sweep must not kill it.
     cmd.env_remove(crate::RUN_TAG);
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());

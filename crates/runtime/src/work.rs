@@ -506,10 +506,10 @@ impl Work {
                     then: Some(Cause::Control { kind: ControlKind::Restart, requester }),
                 }
             }
-            Command::Stop => CommandOutcome {
-                reply: "stopping…".into(),
-                then: Some(Cause::Control { kind: ControlKind::Stop, requester }),
-            },
+            Command::Stop => {
+                crate::record_operator_stop(gw, &requester.channel);
+                CommandOutcome { reply: "stopping…".into(), then: Some(Cause::Control { kind: ControlKind::Stop, requester }) }
+            }
             Command::Update => CommandOutcome { reply: self.start_update(gw, platform, chat_id, user_id), then: None },
         }
     }

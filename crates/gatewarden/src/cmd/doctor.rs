@@ -10,6 +10,7 @@ use std::process::{Command, ExitCode};
 
 use gatewarden_control::Endpoint;
 use gatewarden_lifecycle::Home;
+use gatewarden_lifecycle::desired::{self, Starter};
 use gatewarden_lifecycle::lock::{InstanceLock, LockProbe};
 use gatewarden_lifecycle::marker::MarkerKind;
 use gatewarden_service::Scope;
@@ -97,9 +98,11 @@ fn from_finding(f: Finding, refresh_cmd: &str) -> Item {
 
 pub fn doctor(home: &Home, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     let home = home.canonicalized();
+    // What the operator wanted when doctor looked: a fix never acts across a newer request.
+    let basis = desired::current(home.dir()).seq;
     let mut items = check(&home);
     if args.fix {
-        apply(&home, &mut items);
+        apply(&home, &mut items, basis);
         // Report what is left after fixing, keeping the record of what was fixed.
         let fixed: Vec<Item> = items.iter().filter(|i| i.fixed == Some(true)).cloned().collect();
         let mut after = check(&home);
@@ -263,21 +266,39 @@ fn supervision(home: &Home) -> Vec<Item> {
             });
             items
         }
-        Err(e) => vec![Item {
-            id: "gateway-unresponsive".into(),
-            severity: Severity::Error,
-            subject,
-            message: format!("a gateway holds the lock but does not answer on its control endpoint: {e}"),
-            fix: Fix::Run {
-                argv: vec![
-                    manager::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gatewarden".into()),
-                    "--home".into(),
-                    home.dir().display().to_string(),
-                    "restart".into(),
-                ],
-            },
-            fixed: None,
-        }],
+        // A handover (a restart's successor holds the lock and binds its endpoint in a
+        // moment) or a stop in progress is not a wedged gateway: whoever carries it out is
+        // alive and finishes it.
+        Err(e) => match desired::check(home.dir(), Starter::Repair { basis: desired::current(home.dir()).seq }) {
+            Err(r) => vec![Item {
+                id: "lifecycle-in-progress".into(),
+                severity: Severity::Info,
+                subject,
+                message: format!("a gateway holds the lock but does not answer yet ({e}): {}", r.describe()),
+                fix: Fix::None,
+                fixed: None,
+            }],
+            Ok(_) => vec![unresponsive(home, subject, &e)],
+        },
+    }
+}
+
+/// The finding for a lock holder that does not answer and that nobody is handing over.
+fn unresponsive(home: &Home, subject: String, e: &dyn std::fmt::Display) -> Item {
+    Item {
+        id: "gateway-unresponsive".into(),
+        severity: Severity::Error,
+        subject,
+        message: format!("a gateway holds the lock but does not answer on its control endpoint: {e}"),
+        fix: Fix::Run {
+            argv: vec![
+                manager::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gatewarden".into()),
+                "--home".into(),
+                home.dir().display().to_string(),
+                "restart".into(),
+            ],
+        },
+        fixed: None,
     }
 }
 
@@ -367,9 +388,35 @@ fn stale_files(home: &Home) -> Vec<String> {
     v
 }
 
-fn apply(home: &Home, items: &mut [Item]) {
+/// How long a lock holder must stay silent before `--fix` restarts it (as `cmd/restart.rs`).
+const UNRESPONSIVE: std::time::Duration = std::time::Duration::from_secs(3);
+
+fn apply(home: &Home, items: &mut [Item], basis: u64) {
     let mut refreshed: Option<bool> = None;
     for i in items.iter_mut() {
+        if i.id == "gateway-unresponsive" {
+            // Silent for as long as `restart` calls a holder wedged, not for one slow answer on
+            // a loaded machine, and looked at again right before acting: it may have answered
+            // since (a handover that ended), or the operator asked for something since.
+            let until = std::time::Instant::now() + UNRESPONSIVE;
+            let still = loop {
+                if supervision(home).id != "gateway-unresponsive" {
+                    break false;
+                }
+                if std::time::Instant::now() >= until {
+                    break true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            };
+            if !still {
+                continue;
+            }
+            if let Err(r) = super::intent::may_start(home, "doctor", Starter::Repair { basis }) {
+                eprintln!("doctor: not restarting the gateway: {}", r.describe());
+                i.fixed = Some(false);
+                continue;
+            }
+        }
         let ok = match &i.fix {
             Fix::None | Fix::Manual { .. } => continue,
             Fix::Refresh { .. } => *refreshed.get_or_insert_with(|| refresh(home)),

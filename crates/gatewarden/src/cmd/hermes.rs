@@ -47,11 +47,11 @@ pub fn dispatch(home: HermesHome, by: SelectedBy, command: Command) -> anyhow::R
     match command {
         Command::Status { json } => status(&home, json),
         Command::Stop { timeout, no_kill } => stop(&home, timeout, no_kill),
-        Command::Start { listen, timeout, drain_timeout } => {
+        Command::Start { listen, timeout, drain_timeout, .. } => {
             refuse_native("start", &[("--listen", listen.is_some()), ("--drain-timeout", drain_timeout.is_some())])?;
             start(&home, timeout)
         }
-        Command::Restart { timeout, backstop } => {
+        Command::Restart { timeout, backstop, .. } => {
             refuse_native("restart", &[("--backstop", backstop.is_some())])?;
             restart(&home, timeout)
         }

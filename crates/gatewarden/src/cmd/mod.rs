@@ -5,6 +5,7 @@ mod crash_backoff;
 pub mod doctor;
 mod hermes;
 mod history;
+mod intent;
 mod logs;
 mod manager;
 mod os;
@@ -34,14 +35,15 @@ pub fn dispatch(cli: Cli, started_at: SystemTime, started: Instant) -> anyhow::R
         return hermes::dispatch(h, by, cli.command);
     }
     let home = Home::resolve(cli.home)?;
+    intent::set_issued(started_at);
     match cli.command {
         Command::Run(args) => Ok(run::run(home, args, started_at, started)),
         Command::Status { json } => status::status(&home, json),
         Command::Stop { timeout, no_kill } => stop::stop(&home, timeout, no_kill),
-        Command::Start { listen, timeout, drain_timeout } => {
-            start::start(&home, listen.as_deref(), timeout, drain_timeout)
+        Command::Start { listen, timeout, drain_timeout, desired_seq } => {
+            start::start(&home, listen.as_deref(), timeout, drain_timeout, desired_seq)
         }
-        Command::Restart { timeout, backstop } => restart::restart(&home, timeout, backstop),
+        Command::Restart { timeout, backstop, desired_seq } => restart::restart(&home, timeout, backstop, desired_seq),
         Command::Send { text, chat, user, is_async } => send::send(&home, &text, &chat, &user, is_async),
         Command::Logs { follow, n } => logs::logs(&home, follow, n),
         Command::History { n, json } => history::history(&home, n, json),

@@ -15,6 +15,11 @@
 //! for every planned restart that no verifying CLI asked for (chat `/restart`, SIGUSR1, a control
 //! request), so no route ends with nothing running.
 //!
+//! The desired state binds the ladder (`gatewarden_lifecycle::desired`, `cmd/intent.rs`): an
+//! operator's restart records `run` first (so a restart of a stopped gateway starts it), and
+//! the ladder — the CLI's and the backstop's — checks before every start and stops watching
+//! as soon as a later stop is recorded: that stop owns the gateway now, and it stays down.
+//!
 //! The orchestrator first moves itself into its own session (a detached copy of this command
 //! does the work while this process relays its exit code), so killing the old gateway's
 //! process group — e.g. when `/restart` ran this from inside the gateway — cannot kill it.
@@ -24,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use gatewarden_control::stopper::{self, StopOutcome, StopPlan};
 use gatewarden_control::{Client, ClientError, Endpoint, Op, Requester, StatusReport};
+use gatewarden_lifecycle::desired::{self, Refusal, Starter};
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
 use gatewarden_lifecycle::lock::LockProbe;
 use gatewarden_lifecycle::records::read_state;
@@ -35,7 +41,9 @@ use super::manager::{self, ServiceManager};
 use super::presence::{Presence, presence};
 use super::progress::Progress;
 
-const ORCHESTRATOR_ENV: &str = "GATEWARDEN_RESTART_ORCHESTRATOR";
+/// Set in the detached orchestrator (module doc); `restart` passes the desired-state sequence
+/// it recorded in it. Removed from everything the orchestrator starts.
+pub(super) const ORCHESTRATOR_ENV: &str = "GATEWARDEN_RESTART_ORCHESTRATOR";
 const POLL: Duration = Duration::from_millis(20);
 /// A lock holder silent on its control endpoint for this long is wedged, not busy.
 const UNRESPONSIVE: Duration = Duration::from_secs(3);
@@ -47,17 +55,40 @@ const FAIL_FAST: Duration = Duration::from_secs(3);
 /// The budget of the stopper for a wedged gateway (it is not draining anything useful).
 const WEDGED_STOP: Duration = Duration::from_secs(10);
 
-pub fn restart(home: &Home, timeout_s: u64, backstop: Option<String>) -> anyhow::Result<ExitCode> {
+pub fn restart(
+    home: &Home,
+    timeout_s: u64,
+    backstop: Option<String>,
+    desired_seq: Option<u64>,
+) -> anyhow::Result<ExitCode> {
+    if let Some(old) = backstop {
+        escape_unit(home);
+        let home = home.canonicalized();
+        // Already detached by the gateway that launched it.
+        let seq = desired_seq.unwrap_or_else(|| desired::current(home.dir()).seq);
+        return Ok(run_backstop(&home, &old, timeout_s, seq));
+    }
+    // The operator's intent first, before anything that takes time: a `stop` issued right
+    // after this command is ordered after it. The detached copy inherits the sequence.
+    let seq = match std::env::var(ORCHESTRATOR_ENV).ok().and_then(|v| v.parse::<u64>().ok()) {
+        Some(seq) => seq,
+        None => match super::intent::record_run(&home.canonicalized(), "restart") {
+            Ok(seq) => seq,
+            Err(r) => {
+                eprintln!("not restarting: {}", r.describe());
+                return Ok(ExitCode::from(1));
+            }
+        },
+    };
     escape_unit(home);
     let home = home.canonicalized();
-    if let Some(old) = backstop {
-        // Already detached by the gateway that launched it.
-        return Ok(run_backstop(&home, &old, timeout_s));
-    }
-    if let Some(code) = detach() {
+    if std::env::var_os(ORCHESTRATOR_ENV).is_none()
+        && spawn::DETACH_KEEPS_OUTPUT
+        && let Some(code) = relay_to_detached_orchestrator(&seq.to_string())
+    {
         return Ok(code);
     }
-    orchestrate(&home, timeout_s)
+    orchestrate(&home, timeout_s, seq)
 }
 
 /// Launched from inside the unit (chat `/restart` or `/update`, an exec-backend run, the
@@ -76,7 +107,7 @@ pub(super) fn escape_unit(home: &Home) {
 /// doc) and returns its exit code; `None` in the detached copy, which does the work.
 pub(super) fn detach() -> Option<ExitCode> {
     if std::env::var_os(ORCHESTRATOR_ENV).is_none() && spawn::DETACH_KEEPS_OUTPUT {
-        return relay_to_detached_orchestrator();
+        return relay_to_detached_orchestrator("1");
     }
     None
 }
@@ -86,7 +117,8 @@ pub(super) fn detach() -> Option<ExitCode> {
 /// gives up early when even a new incarnation the ladder started itself takes no lock within
 /// [`FAIL_FAST`]: a release that cannot start fails at once instead of at the deadline.
 pub(super) fn restart_verified(home: &Home, timeout_s: u64) -> Result<StatusReport, String> {
-    let (result, failure) = orchestrate_with(home, timeout_s, Some(FAIL_FAST));
+    let seq = desired::current(home.dir()).seq;
+    let (result, failure) = orchestrate_with(home, timeout_s, Some(FAIL_FAST), seq);
     match result {
         Ok(code) if code == ExitCode::SUCCESS => status_of(&Endpoint::for_home(home.dir()), Duration::from_secs(2))
             .map_err(|e| format!("after the restart: {e}")),
@@ -96,10 +128,10 @@ pub(super) fn restart_verified(home: &Home, timeout_s: u64) -> Result<StatusRepo
 }
 
 /// Runs this same command line in a new session and relays its exit code.
-fn relay_to_detached_orchestrator() -> Option<ExitCode> {
+fn relay_to_detached_orchestrator(value: &str) -> Option<ExitCode> {
     let exe = manager::current_exe().ok()?;
     let mut cmd = Command::new(exe);
-    cmd.args(std::env::args_os().skip(1)).env(ORCHESTRATOR_ENV, "1");
+    cmd.args(std::env::args_os().skip(1)).env(ORCHESTRATOR_ENV, value);
     // Launched from an agent run (chat-driven restarts), this process carries the run's tag,
     // and the next incarnation kills what the old one's runs left behind; the orchestrator
     // must not be mistaken for such a leftover.
@@ -130,8 +162,8 @@ fn old_status(home: &Home, ep: &Endpoint) -> Result<StatusReport, String> {
     }
 }
 
-fn orchestrate(home: &Home, timeout_s: u64) -> anyhow::Result<ExitCode> {
-    orchestrate_with(home, timeout_s, None).0
+fn orchestrate(home: &Home, timeout_s: u64, seq: u64) -> anyhow::Result<ExitCode> {
+    orchestrate_with(home, timeout_s, None, seq).0
 }
 
 /// The ladder's exit code, and what it saw when it failed.
@@ -139,9 +171,10 @@ fn orchestrate_with(
     home: &Home,
     timeout_s: u64,
     fail_fast: Option<Duration>,
+    seq: u64,
 ) -> (anyhow::Result<ExitCode>, Option<String>) {
     let t0 = Instant::now();
-    let mut ladder = Ladder::new(home, timeout_s, t0);
+    let mut ladder = Ladder::new(home, timeout_s, t0, seq, "restart");
     ladder.fail_fast = fail_fast;
     ladder.inner = fail_fast.is_some();
     let code = run_ladder(home, &ladder, t0);
@@ -154,7 +187,13 @@ fn run_ladder(home: &Home, ladder: &Ladder, t0: Instant) -> anyhow::Result<ExitC
     match presence(home, "restart") {
         Presence::NotRunning { .. } => {
             eprintln!("no gateway running in {}; starting one", home.dir().display());
-            return ladder.start_fresh(None);
+            let code = ladder.start_fresh(None)?;
+            // Every outcome is in the ledger, a restart that only had to start one too.
+            if !ladder.recorded.get() {
+                ladder.record_result(json!({"ok": code == ExitCode::SUCCESS, "old": null, "started": true,
+                                            "elapsed_ms": ladder.t0.elapsed().as_millis() as u64}));
+            }
+            return Ok(code);
         }
         Presence::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
         Presence::Running => {}
@@ -214,8 +253,8 @@ fn drain_budget(s: &StatusReport) -> Option<Duration> {
 
 /// A planned restart that no verifying CLI asked for: wait for the next incarnation, start one
 /// if none comes, record the result. Exit code as `restart`'s.
-fn run_backstop(home: &Home, old_inc: &str, timeout_s: u64) -> ExitCode {
-    let ladder = Ladder::new(home, timeout_s, Instant::now());
+fn run_backstop(home: &Home, old_inc: &str, timeout_s: u64, seq: u64) -> ExitCode {
+    let ladder = Ladder::new(home, timeout_s, Instant::now(), seq, "backstop");
     if let Some(m) = &ladder.owner {
         m.prepare_restart();
     }
@@ -251,10 +290,18 @@ struct Ladder<'h> {
     /// Run inside `update` ([`restart_verified`]): the ladder's outcome lines are progress
     /// there, so they go to stderr and `update --json` keeps stdout to its one document.
     inner: bool,
+    /// The desired-state sequence this restart carries out, passed to what it starts.
+    seq: u64,
+    /// `restart` or `backstop`, for the ledger's `start_prevented`.
+    by: &'static str,
+    /// A stop recorded during the restart was already written to the ledger.
+    prevented: std::cell::Cell<bool>,
+    /// This restart's `restart_result` is in the ledger.
+    recorded: std::cell::Cell<bool>,
 }
 
 impl<'h> Ladder<'h> {
-    fn new(home: &'h Home, timeout_s: u64, t0: Instant) -> Ladder<'h> {
+    fn new(home: &'h Home, timeout_s: u64, t0: Instant, seq: u64, by: &'static str) -> Ladder<'h> {
         Ladder {
             home,
             t0,
@@ -266,7 +313,27 @@ impl<'h> Ladder<'h> {
             fail_fast: None,
             failure: std::cell::RefCell::new(None),
             inner: false,
+            seq,
+            by,
+            prevented: std::cell::Cell::new(false),
+            recorded: std::cell::Cell::new(false),
         }
+    }
+
+    /// Appends this restart's `restart_result` (the one place that does).
+    fn record_result(&self, fields: Value) {
+        self.recorded.set(true);
+        let _ = self.ledger.append("restart_result", fields);
+    }
+
+    /// A stop recorded since the restart was requested (or any stop in force): the ladder
+    /// starts nothing more. Written to the ledger once.
+    fn stopped(&self) -> Option<Refusal> {
+        let r = desired::check(self.home.dir(), Starter::Resume).err()?;
+        if !self.prevented.replace(true) {
+            super::intent::prevented(self.home, self.by, &r);
+        }
+        Some(r)
     }
 
     /// The ladder's outcome line: stdout, or stderr when run inside `update`.
@@ -287,11 +354,14 @@ impl<'h> Ladder<'h> {
     /// once that gateway answers `running`.
     fn start_fresh(&self, lock: Option<InstanceLock>) -> anyhow::Result<ExitCode> {
         drop(lock);
+        if let Some(r) = self.stopped() {
+            return self.finish(Err(format!("overtaken by a stop: {}", r.describe())), None);
+        }
         let listen = read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
         // Inside `update` stdout is the update's own (`--json`): the start reports to stderr.
         let report = if self.inner { super::start::Report::Stderr } else { super::start::Report::Stdout };
-        let code =
-            super::start::start_reporting(self.home, listen.as_deref(), self.left().as_secs().max(1), None, report)?;
+        let left = self.left().as_secs().max(1);
+        let code = super::start::start_reporting(self.home, listen.as_deref(), left, None, Some(self.seq), report)?;
         if code == ExitCode::SUCCESS {
             return Ok(code);
         }
@@ -301,6 +371,9 @@ impl<'h> Ladder<'h> {
             if let Ok(s) = status_of(&ep, Duration::from_millis(300))
                 && s.state.as_deref() == Some("running")
             {
+                // Every outcome is in the ledger, this one too (issue 22, item 7).
+                self.record_result(json!({"ok": true, "new": s.incarnation, "coalesced": true,
+                           "elapsed_ms": self.t0.elapsed().as_millis() as u64, "kicked": self.kicked.get()}));
                 self.report(&format!(
                     "restarted (by a concurrent request): incarnation {} (pid {}) is ready",
                     s.incarnation.unwrap_or_default(),
@@ -315,7 +388,7 @@ impl<'h> Ladder<'h> {
 
     /// Starts once while waiting (the owner's `kick`, or a direct start); recorded as `kicked`.
     fn kick(&self, why: &str) {
-        if self.kicked.replace(true) {
+        if self.stopped().is_some() || self.kicked.replace(true) {
             return;
         }
         self.progress.phase(&format!("{why}: starting a new incarnation"));
@@ -323,7 +396,7 @@ impl<'h> Ladder<'h> {
             Some(m) => m.start().map_err(|e| format!("{e:#}")),
             None => {
                 let listen = read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
-                start_detached(self.home, listen.as_deref())
+                start_detached(self.home, listen.as_deref(), self.seq)
             }
         };
         if let Err(e) = result {
@@ -333,6 +406,9 @@ impl<'h> Ladder<'h> {
 
     /// A wedged gateway: the one stopper (no control: it is silent), then a new incarnation.
     fn recover_wedged(&self, why: &str, old: Option<&StatusReport>) -> anyhow::Result<ExitCode> {
+        if let Some(r) = self.stopped() {
+            return self.finish(Err(format!("overtaken by a stop: {}", r.describe())), None);
+        }
         eprintln!("{why}; stopping it (verified escalation) and starting a new incarnation");
         let mut plan = StopPlan::new(Requester::current("cli"), WEDGED_STOP.min(self.left()));
         plan.skip_control = old.is_none();
@@ -352,8 +428,10 @@ impl<'h> Ladder<'h> {
                 self.kicked.set(true);
                 let code = self.start_fresh(lock)?;
                 let ok = code == ExitCode::SUCCESS;
-                let _ = self.ledger.append(
-                    "restart_result",
+                if self.recorded.get() {
+                    return Ok(code);
+                }
+                self.record_result(
                     json!({"ok": ok, "old": old.and_then(|o| o.incarnation.clone()), "recovered": true, "kicked": true,
                            "elapsed_ms": self.t0.elapsed().as_millis() as u64}),
                 );
@@ -390,6 +468,10 @@ impl<'h> Ladder<'h> {
         loop {
             if Instant::now() >= self.deadline {
                 return Err(seen);
+            }
+            // A later stop owns the gateway now: nothing more to watch or start.
+            if let Some(r) = self.stopped() {
+                return Err(format!("overtaken by a stop: {}", r.describe()));
             }
             if launchd.as_ref().is_some_and(|h| h.is_finished())
                 && let Some(Some(Err(why))) = launchd.take().and_then(|h| h.join().ok())
@@ -482,8 +564,7 @@ impl<'h> Ladder<'h> {
         let kicked = self.kicked.get();
         match result {
             Ok(new) => {
-                let _ = self.ledger.append(
-                    "restart_result",
+                self.record_result(
                     json!({"ok": true, "old": old, "new": new.incarnation, "elapsed_ms": elapsed_ms, "kicked": kicked}),
                 );
                 self.report(&format!(
@@ -496,13 +577,12 @@ impl<'h> Ladder<'h> {
                 Ok(ExitCode::SUCCESS)
             }
             Err(seen) => {
-                let _ = self.ledger.append(
-                    "restart_result",
-                    json!({"ok": false, "seen": seen, "elapsed_ms": elapsed_ms, "kicked": kicked}),
-                );
+                self.record_result(json!({"ok": false, "seen": seen, "elapsed_ms": elapsed_ms, "kicked": kicked}));
                 eprintln!("restart not verified after {:.1}s: {seen}", elapsed_ms as f64 / 1000.0);
                 self.failure.replace(Some(seen));
-                eprintln!("recover with: gatewarden --home {} start", self.home.dir().display());
+                if !self.prevented.get() {
+                    eprintln!("recover with: gatewarden --home {} start", self.home.dir().display());
+                }
                 Ok(ExitCode::from(1))
             }
         }
@@ -510,10 +590,11 @@ impl<'h> Ladder<'h> {
 }
 
 /// `gatewarden start` as a detached child (its own session), so the ladder keeps watching.
-fn start_detached(home: &Home, listen: Option<&str>) -> Result<(), String> {
+fn start_detached(home: &Home, listen: Option<&str>, seq: u64) -> Result<(), String> {
     let exe = manager::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = Command::new(exe);
-    cmd.arg("--home").arg(home.dir()).arg("start");
+    cmd.arg("--home").arg(home.dir()).arg("start").args(["--desired-seq", &seq.to_string()]);
+    cmd.env_remove(ORCHESTRATOR_ENV);
     if let Some(l) = listen {
         cmd.args(["--listen", l]);
     }

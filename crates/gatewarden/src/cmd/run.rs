@@ -34,6 +34,7 @@ pub fn run(home: Home, args: RunArgs, started_at: SystemTime, started: Instant) 
         successor: args.successor,
         inherit_listener: args.inherit_listener,
         ready_stdout: args.ready_stdout,
+        desired_seq: args.desired_seq,
         log_file: args.log_file,
         log_json: args.log_format == LogFormat::Json,
     };

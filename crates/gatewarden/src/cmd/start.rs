@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use gatewarden_control::{Client, Endpoint};
-use gatewarden_lifecycle::Home;
+use gatewarden_lifecycle::desired::{self, Starter};
+use gatewarden_lifecycle::{ExitIntent, Home};
 use gatewarden_runtime::spawn;
 
 use super::manager::{self, Managed, ServiceManager};
@@ -19,8 +20,9 @@ pub fn start(
     listen: Option<&str>,
     timeout_s: u64,
     drain_timeout_s: Option<u64>,
+    on_behalf: Option<u64>,
 ) -> anyhow::Result<ExitCode> {
-    start_reporting(home, listen, timeout_s, drain_timeout_s, Report::Stdout)
+    start_reporting(home, listen, timeout_s, drain_timeout_s, on_behalf, Report::Stdout)
 }
 
 /// Where `start`'s outcome lines go: stdout for the verb itself, stderr inside a command
@@ -46,27 +48,25 @@ pub fn start_reporting(
     listen: Option<&str>,
     timeout_s: u64,
     drain_timeout_s: Option<u64>,
+    on_behalf: Option<u64>,
     report: Report,
 ) -> anyhow::Result<ExitCode> {
     let home = home.ensure()?;
-    match settled_presence(&home) {
-        Settled::Answering(s) => {
-            report.line(&format!(
-                "already running: pid {} on http://{}",
-                s.pid.map_or("?".into(), |p| p.to_string()),
-                s.listen.unwrap_or_default()
-            ));
-            return Ok(ExitCode::SUCCESS);
+    // The operator's start records `run` first (a start of a stopped gateway is what ends the
+    // stop); a start on behalf of an earlier request (a restart's kick) obeys a later stop.
+    let seq = match on_behalf {
+        None => super::intent::record_run(&home, "start"),
+        Some(seq) => super::intent::may_start(&home, "start", Starter::Resume).map(|_| seq),
+    };
+    let seq = match seq {
+        Ok(seq) => seq,
+        Err(r) => {
+            eprintln!("not starting: {}", r.describe());
+            return Ok(ExitCode::from(1));
         }
-        Settled::Silent => {
-            report.line(&format!(
-                "already running in {} (it holds the lock but does not answer on its control endpoint)",
-                home.dir().display()
-            ));
-            return Ok(ExitCode::SUCCESS);
-        }
-        Settled::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
-        Settled::NotRunning => {}
+    };
+    if let Some(code) = already_running(&home, report)? {
+        return Ok(code);
     }
     // An explicit start clears a supervisor's park: the operator has decided.
     let _ = gatewarden_service::supervise::clear_parked_state(home.dir());
@@ -94,9 +94,14 @@ pub fn start_reporting(
     // `start` is the launcher: what it launches is unsupervised (no manager owns this home, or
     // it would have started it above), whatever unit this shell inherited its environment from.
     cmd.args(["--supervisor", "none"]);
+    // The child checks the desired state again once it holds the lock: a stop recorded after
+    // this line still wins (crates/runtime/src/lib.rs, `obey_desired`).
+    cmd.args(["--desired-seq", &seq.to_string()]);
     for k in gatewarden_lifecycle::supervisor::MANAGER_ENV {
         cmd.env_remove(k);
     }
+    // Started by a restart's orchestrator: the gateway is not part of that restart.
+    cmd.env_remove(super::restart::ORCHESTRATOR_ENV);
     cmd.arg("--ready-stdout");
     cmd.arg("--log-file").arg(&log);
     // stderr catches anything printed before the logger is up (argument errors, panics).
@@ -129,6 +134,17 @@ pub fn start_reporting(
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 // stdout closed before readiness: the child exited (or is exiting).
                 let status = child.wait()?;
+                if let Err(r) = desired::check(home.dir(), Starter::Resume) {
+                    eprintln!("the gateway did not start: {}", r.describe());
+                    return Ok(ExitCode::from(1));
+                }
+                // Lost the lock race to a concurrent start (issue 22, item 7): that gateway
+                // runs, which is what was asked.
+                if status.code() == Some(i32::from(ExitIntent::FatalConfig.code()))
+                    && let Some(code) = already_running(&home, report)?
+                {
+                    return Ok(code);
+                }
                 eprintln!("the gateway exited during start-up ({status}); its log says:");
                 eprint!("{}", tail_since(&log, log_start, 30));
                 let code = status.code().and_then(|c| u8::try_from(c).ok()).filter(|c| *c != 0).unwrap_or(1);
@@ -144,6 +160,34 @@ pub fn start_reporting(
                 return Ok(ExitCode::from(1));
             }
         }
+    }
+}
+
+/// `Some(0)` with the "already running" line when a gateway runs (or holds the lock silently).
+fn already_running(home: &Home, report: Report) -> anyhow::Result<Option<ExitCode>> {
+    match settled_presence(home) {
+        Settled::Answering(s) => {
+            report.line(&format!(
+                "already running: pid {} on http://{}",
+                s.pid.map_or("?".into(), |p| p.to_string()),
+                s.listen.unwrap_or_default()
+            ));
+            Ok(Some(ExitCode::SUCCESS))
+        }
+        Settled::Silent => {
+            report.line(&format!(
+                "already running in {} (it holds the lock but does not answer on its control endpoint)",
+                home.dir().display()
+            ));
+            Ok(Some(ExitCode::SUCCESS))
+        }
+        // Not a gateway at all (issue 22, item 1): never "already running".
+        Settled::Foreign(why) => {
+            eprintln!("cannot start a gateway in {}: {why}", home.dir().display());
+            Ok(Some(ExitCode::from(1)))
+        }
+        Settled::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
+        Settled::NotRunning => Ok(None),
     }
 }
 
@@ -189,6 +233,8 @@ enum Settled {
     Answering(Box<gatewarden_control::StatusReport>),
     /// Held the lock for the whole grace and never answered.
     Silent,
+    /// Held the lock for the whole grace, and the holder is not a gateway (`flock`, …).
+    Foreign(String),
     NotRunning,
     Unknown(String),
 }
@@ -211,7 +257,7 @@ fn settled_presence(home: &Home) -> Settled {
             return Settled::Answering(Box::new(s));
         }
         if Instant::now() >= deadline {
-            return Settled::Silent;
+            return gatewarden_lifecycle::holder::foreign_holder(home).map_or(Settled::Silent, Settled::Foreign);
         }
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -1,6 +1,10 @@
 //! `gatewarden stop`: through the owning service manager when there is one, else the one
 //! stopper (`gatewarden_control::stopper`): control stop, marker + verified SIGTERM, wait for
 //! the lock, then — unless `--no-kill` — a verified kill.
+//!
+//! Before it signals anything it records `stopped` (`cmd/intent.rs`): every actor that could
+//! start a gateway afterwards — a restart's successor or backstop, an update's rollback,
+//! `doctor --fix`, a service manager's launch — reads that record first and stays down.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -17,16 +21,28 @@ use super::presence::{Presence, presence};
 
 pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCode> {
     let home = home.canonicalized();
+    // First: the intent is durable before any signal, so nothing mid-flight can undo it.
+    let desired = super::intent::record_stop(&home);
     let presence = presence(&home, "stop");
+    let news = matches!(presence, Presence::Running) || desired.as_ref().is_some_and(|(_, was_run)| *was_run);
+    let code = stop_present(&home, presence, timeout_s, no_kill);
+    if news {
+        super::intent::ledger_stop_if_unrecorded(&home, desired.as_ref().map(|(d, _)| d));
+    }
+    code
+}
+
+/// `stop` once the intent is recorded: what the presence probe found decides the path.
+fn stop_present(home: &Home, presence: Presence, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCode> {
     let gateway_pid = match &presence {
         Presence::Running => read_pid_record(&home.pid_file()).ok().map(|r| r.pid),
         _ => None,
     };
     // Every lifecycle verb goes through whoever owns the running gateway.
     if !matches!(presence, Presence::Unknown(_))
-        && let Some(m) = manager::owner(&home, gateway_pid)
+        && let Some(m) = manager::owner(home, gateway_pid)
     {
-        return stop_via_manager(&home, &m, matches!(presence, Presence::Running), timeout_s, no_kill);
+        return stop_via_manager(home, &m, matches!(presence, Presence::Running), timeout_s, no_kill);
     }
     match presence {
         Presence::NotRunning { healed } => {
@@ -39,7 +55,7 @@ pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCo
         Presence::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
         Presence::Running => {}
     }
-    stop_direct(&home, timeout_s, no_kill)
+    stop_direct(home, timeout_s, no_kill)
 }
 
 /// Under a manager: a graceful stop request first (so the gateway exits 0, a planned stop, and
@@ -125,7 +141,7 @@ fn report(who: &str, timeout_s: u64, outcome: StopOutcome) -> ExitCode {
             ExitCode::from(1)
         }
         StopOutcome::Unidentifiable { why } => {
-            eprintln!("{who} is still running and cannot be identified ({why}); not signalling anything");
+            eprintln!("not signalling anything: {why}");
             ExitCode::from(1)
         }
         StopOutcome::NotSignalled { target, why } => {

@@ -135,9 +135,31 @@ impl Supervisor {
         self.t0.elapsed()
     }
 
-    fn child_command(&self) -> anyhow::Result<Command> {
+    /// The desired state (`cmd/intent.rs`) before every start of a child: launched by an
+    /// operator (no service manager around us) supervise is a start and records `run`; launched
+    /// by a manager (at boot, after a crash) or restarting a child, it obeys a recorded stop.
+    /// The sequence the children carry out, or `None`: stay down.
+    fn desired_seq(&self, first: bool) -> Option<u64> {
+        use gatewarden_lifecycle::Supervisor as Sup;
+        let managed = self.args.scm || !matches!(Sup::detect(None).supervisor, Sup::None | Sup::Container) || !first;
+        let decided = match managed {
+            false => super::intent::record_run(&self.home, "supervise"),
+            true => super::intent::may_start(&self.home, "supervise", gatewarden_lifecycle::desired::Starter::Resume)
+                .map(|d| d.seq),
+        };
+        match decided {
+            Ok(seq) => Some(seq),
+            Err(r) => {
+                log(&format!("not starting the gateway: {}", r.describe()));
+                None
+            }
+        }
+    }
+
+    fn child_command(&self, seq: u64) -> anyhow::Result<Command> {
         let mut cmd = Command::new(super::manager::current_exe()?);
         cmd.arg("--home").arg(self.home.dir()).arg("run").args(["--supervisor", "external"]);
+        cmd.args(["--desired-seq", &seq.to_string()]);
         if let Some(l) = &self.args.listen {
             cmd.args(["--listen", l]);
         }
@@ -156,8 +178,10 @@ impl Supervisor {
             log("running as PID 1: reaping orphans");
         }
         let mut history = RestartHistory::new(self.now());
+        let mut first = true;
         loop {
-            let mut cmd = match self.child_command() {
+            let Some(seq) = self.desired_seq(std::mem::take(&mut first)) else { return 0 };
+            let mut cmd = match self.child_command(seq) {
                 Ok(c) => c,
                 Err(e) => {
                     log(&format!("cannot build the gateway command: {e}"));

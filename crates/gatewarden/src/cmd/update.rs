@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use gatewarden_control::{Endpoint, StatusReport};
+use gatewarden_lifecycle::desired::{self, Refusal, Starter};
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
 use gatewarden_lifecycle::{Home, InstanceLock, VERSION, fsio, timefmt};
 use serde::{Deserialize, Serialize};
@@ -325,6 +326,10 @@ impl<'h> Updater<'h> {
     fn install(&self, args: &UpdateArgs) -> anyhow::Result<ExitCode> {
         let Some(from) = args.from.as_deref() else { bail!("--from is required") };
         let target = manager::current_exe().context("cannot locate this executable")?;
+        // An update restarts the gateway; a stopped one stays stopped (issue 22, item 6).
+        if let Err(r) = desired::check(self.home.dir(), Starter::Resume) {
+            return self.refuse(&format!("{}; start it first", r.describe()));
+        }
         if let Some(why) = package_manager_owner(&target) {
             return self.refuse(&why);
         }
@@ -427,7 +432,12 @@ impl<'h> Updater<'h> {
                 self.end_candidates(&t, s.pid);
                 self.finish(&mut t, Phase::Committed, None, s.incarnation)
             }
-            Err(why) => self.roll_back(t, &why),
+            // A stop during the restart or the probation is the operator's, not a failure of
+            // the new version: said so, and the rollback below starts nothing.
+            Err(why) => match stopped(self.home) {
+                Some(r) => self.roll_back(t, &format!("interrupted before probation ended: {}", r.describe())),
+                None => self.roll_back(t, &why),
+            },
         }
     }
 
@@ -457,6 +467,9 @@ impl<'h> Updater<'h> {
         let ep = Endpoint::for_home(self.home.dir());
         let mut silent_since: Option<Instant> = None;
         while Instant::now() < until {
+            if let Some(r) = stopped(self.home) {
+                return Err(format!("probation interrupted: {}", r.describe()));
+            }
             match status_of(&ep, Duration::from_millis(500)) {
                 Ok(now) if now.incarnation == s.incarnation && now.state.as_deref() == Some("running") => {
                     silent_since = None
@@ -484,15 +497,20 @@ impl<'h> Updater<'h> {
     }
 
     /// Puts the last known good binary back, restarts, and verifies the old version runs.
-    fn revert(&self, t: &Txn) -> Result<StatusReport, String> {
+    /// A stopped gateway (`gatewarden_lifecycle::desired`) gets the swap only: `Ok(None)`.
+    fn revert(&self, t: &Txn) -> Result<Option<StatusReport>, String> {
         self.kill_unready_candidates();
         // A gateway that answers is restarted by the ladder (drained, not killed).
         let answering = status_of(&Endpoint::for_home(self.home.dir()), Duration::from_millis(500)).ok();
         self.end_candidates(t, answering.and_then(|s| s.pid));
         swap_in(&t.previous, &t.target).map_err(|e| format!("cannot swap the old binary back: {e}"))?;
+        if let Err(r) = super::intent::may_start(self.home, "rollback", Starter::Resume) {
+            self.say(&format!("{} is back in place; not starting it: {}", t.from, r.describe()));
+            return Ok(None);
+        }
         let s = restart_verified(self.home, self.timeout_s.max(30))?;
         match s.version.as_deref() {
-            Some(v) if v == t.from => Ok(s),
+            Some(v) if v == t.from => Ok(Some(s)),
             v => Err(format!("after the swap back the gateway reports version {}", v.unwrap_or("?"))),
         }
     }
@@ -590,7 +608,16 @@ impl<'h> Updater<'h> {
         self.save(&t);
         let detected = Instant::now();
         let outcome = match self.revert(&t) {
-            Ok(s) => {
+            Ok(None) => {
+                let msg = format!(
+                    "update to {} ended: {why}; {} is back in place and the gateway stays stopped",
+                    t.to, t.from
+                );
+                eprintln!("{msg}");
+                self.notify(&t, &msg);
+                self.finish(&mut t, Phase::RolledBack, Some(why.to_owned()), None)
+            }
+            Ok(Some(s)) => {
                 let msg = format!("update to {} failed: {why}; still on {}", t.to, t.from);
                 eprintln!(
                     "{msg} (incarnation {}, back in {:.2}s)",
@@ -762,7 +789,16 @@ impl<'h> Updater<'h> {
         t.chat = None;
         let why = "rolled back by hand (`update --rollback`)".to_owned();
         match self.revert(&t) {
-            Ok(s) => {
+            Ok(None) => {
+                self.say(&format!(
+                    "rolled back {} → {}; the gateway stays stopped (`gatewarden start` runs {})",
+                    t.to, t.from, t.from
+                ));
+                self.bless(&t);
+                let _ = self.finish_as(&mut t, Phase::RolledBack, Some(why), None, true);
+                Ok(ExitCode::SUCCESS)
+            }
+            Ok(Some(s)) => {
                 self.say(&format!(
                     "rolled back {} → {} (incarnation {}) in {:.2}s",
                     t.to,
@@ -842,6 +878,11 @@ impl<'h> Updater<'h> {
             _ => self.roll_back(t, "no gateway became ready after the updater died"),
         }
     }
+}
+
+/// The operator's stop in force, if any: an update starts nothing after it.
+fn stopped(home: &Home) -> Option<Refusal> {
+    desired::check(home.dir(), Starter::Resume).err()
 }
 
 /// Leaves one outcome notice for `chat` (of the adapter `platform`, or an HTTP chat); the

@@ -81,6 +81,14 @@ pub fn lock_holders(path: &std::path::Path) -> Option<Vec<u32>> {
     Some(crate::lock::parse_proc_locks(&text, major, minor, meta.ino()))
 }
 
+/// The argument vector of `pid` (`/proc/<pid>/cmdline`), `None` if it is gone or unreadable.
+pub fn cmdline(pid: u32) -> Option<Vec<String>> {
+    let bytes = std::fs::read(Path::new("/proc").join(pid.to_string()).join("cmdline")).ok()?;
+    let argv: Vec<String> =
+        bytes.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    (!argv.is_empty()).then_some(argv)
+}
+
 /// The parent pid, from field 4 of `/proc/<pid>/stat`.
 pub fn parent_pid(pid: u32) -> Option<u32> {
     let bytes = std::fs::read(Path::new("/proc").join(pid.to_string()).join("stat")).ok()?;

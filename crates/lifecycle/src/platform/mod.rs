@@ -19,6 +19,8 @@
 //! - `canonical(path: &Path) -> io::Result<PathBuf>`
 //! - `sync_dir(path: &Path)`: make a rename durable where the OS supports it
 //! - `parent_pid(pid: u32) -> Option<u32>`
+//! - `cmdline(pid: u32) -> Option<Vec<String>>`: a process's arguments, where the OS tells and
+//!   also names lock holders (so a holder can be told from a gateway)
 //! - `kill_tagged(key: &str, accept: &dyn Fn(&str) -> bool) -> Vec<u32>`: kill leftover
 //!   processes carrying an environment tag (runs of a dead incarnation), where the OS allows
 //! - `lock_holders(path: &Path) -> Option<Vec<u32>>`: who the kernel says holds a file lock,

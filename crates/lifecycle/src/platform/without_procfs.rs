@@ -6,6 +6,11 @@ pub fn systemd_main_pid() -> Option<u32> {
     None
 }
 
+/// Where no kernel lock table names a holder, the verified pid record is all there is.
+pub fn cmdline(_pid: u32) -> Option<Vec<String>> {
+    None
+}
+
 pub fn is_stopped(_pid: u32) -> Option<bool> {
     None
 }

@@ -72,6 +72,9 @@ fn handle(gw: &Gateway, op: Op) -> (Response, Option<Cause>) {
         Op::Ping => (Response::ok(json!({"pong": true})), None),
         Op::Status => (Response::ok(serde_json::to_value(gw.status()).unwrap_or_default()), None),
         Op::Stop { requester, reason } => {
+            if reason == StopReason::Stop {
+                crate::record_operator_stop(gw, &requester.channel);
+            }
             let kind = match reason {
                 StopReason::Stop => ControlKind::Stop,
                 StopReason::Takeover => ControlKind::Takeover,
