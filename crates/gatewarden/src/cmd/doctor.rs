@@ -400,7 +400,7 @@ fn apply(home: &Home, items: &mut [Item], basis: u64) {
             // since (a handover that ended), or the operator asked for something since.
             let until = std::time::Instant::now() + UNRESPONSIVE;
             let still = loop {
-                if supervision(home).id != "gateway-unresponsive" {
+                if !supervision(home).iter().any(|i| i.id == "gateway-unresponsive") {
                     break false;
                 }
                 if std::time::Instant::now() >= until {
