@@ -460,3 +460,35 @@ fn config_hint(e: &gatewarden_agent::ConfigError) -> String {
         _ => edit.into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failing_connections_are_findings_and_healthy_ones_are_not() {
+        let tls = "TLS with api.example:443 failed: certificate has expired";
+        let status: std::collections::BTreeMap<String, serde_json::Value> = serde_json::from_value(json!({
+            "platforms": [
+                {"name": "tg", "kind": "telegram", "state": "degraded", "reason": tls},
+                {"name": "mx", "kind": "matrix", "state": "degraded", "reason": "hs.example: connection refused"},
+                {"name": "irc", "kind": "irc", "state": "connected", "reason": null},
+            ],
+            "agent": {"backend": "openai", "last_failure": {"at": "2026-12-01T00:00:00Z", "reason":
+                "TLS with llm.example failed: certificate is not valid for this host name"}},
+        }))
+        .unwrap();
+        let got: Vec<(String, Severity, String)> =
+            connection_findings(&status).into_iter().map(|i| (i.id, i.severity, i.subject)).collect();
+        assert_eq!(
+            got,
+            [
+                ("tls-refused".into(), Severity::Error, "platform tg (telegram)".into()),
+                ("platform-degraded".into(), Severity::Warning, "platform mx (matrix)".into()),
+                ("tls-refused".into(), Severity::Warning, "agent (openai)".into()),
+            ]
+        );
+        let quiet = json!({"agent": {"backend": "echo", "last_failure": {"reason": "exit 1"}}});
+        assert!(connection_findings(&serde_json::from_value(quiet).unwrap()).is_empty());
+    }
+}
