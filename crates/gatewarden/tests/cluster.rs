@@ -41,7 +41,15 @@ impl Node {
     /// `[cluster]`).
     fn spawn_with(name: &str, url: &str, top: &str) -> Node {
         let home = TempHome::new();
-        let g = Node::configure(&home, name, url, top, &[]);
+        let g = Node::configure(&home, name, url, top, "", &[]);
+        Node { home, g, envs: Vec::new() }
+    }
+
+    /// A gateway that trusts only `ca_file` for its store (`[cluster] ca_file`).
+    fn spawn_ca(name: &str, url: &str, ca_file: &std::path::Path) -> Node {
+        let home = TempHome::new();
+        let keys = format!("ca_file = \"{}\"\n", ca_file.display());
+        let g = Node::configure(&home, name, url, "", &keys, &[]);
         Node { home, g, envs: Vec::new() }
     }
 
@@ -54,7 +62,7 @@ impl Node {
              api_base = \"{api_base}\"\npoll_timeout_s = 20\nconflict_standby_s = 2\n"
         );
         let envs = vec![(TOKEN_ENV, token.to_owned())];
-        let g = Node::configure(&home, name, url, &top, &envs);
+        let g = Node::configure(&home, name, url, &top, "", &envs);
         Node { home, g, envs }
     }
 
@@ -77,7 +85,7 @@ impl Node {
             "drain_timeout_s = {drain_s}\n[agent]\nbackend = \"exec\"\ncommand = [\"sh\", '{}']\n",
             script.display()
         );
-        let g = Node::configure(&home, name, url, &top, &[]);
+        let g = Node::configure(&home, name, url, &top, "", &[]);
         Node { home, g, envs: Vec::new() }
     }
 
@@ -98,11 +106,19 @@ impl Node {
         self.g = b.spawn();
     }
 
-    fn configure(home: &TempHome, name: &str, url: &str, top: &str, envs: &[(&str, String)]) -> Gateway {
+    /// A gateway with `top`, then a `[cluster]` table with `cluster_keys` at its end.
+    fn configure(
+        home: &TempHome,
+        name: &str,
+        url: &str,
+        top: &str,
+        cluster_keys: &str,
+        envs: &[(&str, String)],
+    ) -> Gateway {
         gatewarden_testkit::api::write_config(
             home.path(),
             &format!(
-                "{top}[cluster]\nname = \"{name}\"\nstore = \"{url}\"\npassword_env = \"{PW_ENV}\"\nlease_ttl_s = {}\nrenew_interval_s = {}\n",
+                "{top}[cluster]\nname = \"{name}\"\nstore = \"{url}\"\npassword_env = \"{PW_ENV}\"\nlease_ttl_s = {}\nrenew_interval_s = {}\n{cluster_keys}",
                 TTL.as_secs(),
                 RENEW.as_secs()
             ),
@@ -211,9 +227,39 @@ fn ledger_has(n: &Node, event: &str, pred: impl Fn(&Value) -> bool) -> bool {
 #[test]
 fn standby_refuses_intake_and_points_at_the_active_then_kill9_fails_over_within_ttl() {
     let Some(pg) = Cluster::start_or_skip() else { return };
-    let mut nodes = vec![Node::spawn("k9", &pg.url())];
+    kill9_failover(&pg, "k9", &|| Node::spawn("k9", &pg.url()));
+}
+
+/// The same failover with the store over TLS (issue 16): PostgreSQL with `ssl = on` and a
+/// certificate from a test CA, the URL on `sslmode=verify-full` by the name the certificate
+/// carries, `[cluster] ca_file`; every gateway session is encrypted (`pg_stat_ssl`).
+#[test]
+fn kill9_fails_over_within_ttl_over_tls_verify_full() {
+    use gatewarden_testkit::tls::{TestCa, Validity};
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("gatewarden store CA");
+    let ca_file = ca.write_pem(dir.path(), "ca.pem");
+    let leaf = ca.leaf(&["localhost"], Validity::Now);
+    pg.enable_tls(&leaf.cert_pem, &leaf.key_pem);
+    let url = format!("{}?sslmode=verify-full", pg.url_named("localhost"));
+    let nodes = kill9_failover(&pg, "k9tls", &|| Node::spawn_ca("k9tls", &url, &ca_file));
+    let sessions = pg.sql(
+        "SELECT count(*) FILTER (WHERE s.ssl) || ' ' || count(*) FILTER (WHERE NOT s.ssl) \
+         FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name LIKE 'gatewarden pid %'",
+    );
+    let (tls, plain) = sessions.trim().split_once(' ').unwrap_or_default();
+    assert!(tls.parse::<u32>().is_ok_and(|n| n >= 1) && plain == "0", "gateway sessions (tls plain): {sessions}");
+    drop(nodes);
+}
+
+/// Two gateways from `spawn` in cluster `name`: the standby refuses intake and points at the
+/// active, then the active is SIGKILLed and the standby takes over within the TTL. Returns the
+/// nodes (the survivor still running).
+fn kill9_failover(pg: &Cluster, name: &str, spawn: &dyn Fn() -> Node) -> Vec<Node> {
+    let mut nodes = vec![spawn()];
     nodes[0].wait_role("active", READY);
-    nodes.push(Node::spawn("k9", &pg.url()));
+    nodes.push(spawn());
     let a_pid = nodes[0].g.pid();
     nodes[1].wait_standby_of(a_pid, READY);
     let (a, b) = (0, 1);
@@ -245,7 +291,7 @@ fn standby_refuses_intake_and_points_at_the_active_then_kill9_fails_over_within_
     assert_eq!(r.status, 200, "{}", r.text());
     let out = run_cli(&nodes[b].home, &["status"]);
     assert_cli(&out, 0, "status of the standby");
-    let line = format!("cluster:     standby in k9 (epoch {epoch}); active: ");
+    let line = format!("cluster:     standby in {name} (epoch {epoch}); active: ");
     assert!(out.stdout.contains(&line), "{}", out.stdout);
     assert!(out.stdout.contains(&format!("pid {}", nodes[a].g.pid())), "{}", out.stdout);
     // `status --json` shows the same object.
@@ -253,7 +299,7 @@ fn standby_refuses_intake_and_points_at_the_active_then_kill9_fails_over_within_
     assert_cli(&out, 0, "status");
     assert_eq!(out.json()["cluster"]["role"], "active");
     assert_eq!(out.json()["cluster"]["epoch"], epoch);
-    assert_eq!(out.json()["cluster"]["journal"], "postgres cluster k9");
+    assert_eq!(out.json()["cluster"]["journal"], format!("postgres cluster {name}"));
 
     nodes[a].g.kill();
     let killed = Instant::now();
@@ -268,7 +314,8 @@ fn standby_refuses_intake_and_points_at_the_active_then_kill9_fails_over_within_
     assert!(nodes[b].epoch().unwrap() > epoch);
     assert_eq!(api_b.readyz(), Some(200));
     assert_eq!(api_b.send("c1", "u1", "again").unwrap().status, 200);
-    assert_eq!(at_most_one_active_per_epoch(&pg, "k9"), epoch + 1);
+    assert_eq!(at_most_one_active_per_epoch(pg, name), epoch + 1);
+    nodes
 }
 
 #[test]

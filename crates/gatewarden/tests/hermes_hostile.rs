@@ -123,6 +123,34 @@ impl Lab {
         pid
     }
 
+    /// The home owner's gateway: `… gateway run` with `HERMES_HOME` = the home, holding its
+    /// lock, exiting 0 on SIGTERM; returns once it holds the lock.
+    fn owners_gateway(&mut self) -> u32 {
+        let home = self.home();
+        let script = "import fcntl,signal,sys,time,os\n\
+                      f=open(sys.argv[1]+'/gateway.lock','a'); fcntl.flock(f, fcntl.LOCK_EX)\n\
+                      signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n\
+                      open(sys.argv[1]+'/ready','w').write(str(os.getpid()))\n\
+                      time.sleep(300)\n";
+        let child = Command::new("python3")
+            .args(["-c", script])
+            .arg(&home)
+            .args(["gateway", "run"])
+            .env("HERMES_HOME", &home)
+            .uid(self.uid)
+            .gid(self.gid)
+            .process_group(0)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("python3");
+        let pid = child.id();
+        self.children.push(child);
+        must_wait_until(Duration::from_secs(10), "the owner's gateway to hold its lock", || {
+            home.join("ready").exists()
+        });
+        pid
+    }
+
     fn assert_secret_untouched(&self) {
         let m = std::fs::metadata(self.secret()).unwrap();
         assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o600), "the root-only file changed owner or mode");
@@ -192,25 +220,7 @@ fn stop_never_signals_a_foreign_lock_holder_reached_through_a_hard_link() {
 fn root_still_stops_the_owners_proven_gateway() {
     let Some(mut lab) = Lab::new() else { return };
     let home = lab.home();
-    let script = "import fcntl,signal,sys,time,os,json\n\
-                  f=open(sys.argv[1]+'/gateway.lock','a'); fcntl.flock(f, fcntl.LOCK_EX)\n\
-                  signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n\
-                  open(sys.argv[1]+'/ready','w').write(str(os.getpid()))\n\
-                  time.sleep(300)\n";
-    let child = Command::new("python3")
-        .args(["-c", script])
-        .arg(&home)
-        .args(["gateway", "run"])
-        .env("HERMES_HOME", &home)
-        .uid(lab.uid)
-        .gid(lab.gid)
-        .process_group(0)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("python3");
-    let pid = child.id();
-    lab.children.push(child);
-    must_wait_until(Duration::from_secs(10), "the owner's gateway to hold its lock", || home.join("ready").exists());
+    let pid = lab.owners_gateway();
     let out = lab.cli(&["stop", "--timeout", "5"], &[], Duration::from_secs(30));
     assert_eq!(out.code, Some(0), "{out:?}");
     must_wait_until(Duration::from_secs(5), "the owner's gateway to exit", || !pid_alive(pid));
@@ -228,22 +238,7 @@ fn root_still_stops_the_owners_proven_gateway() {
 fn the_marker_temp_file_never_follows_a_planted_link() {
     let Some(mut lab) = Lab::new() else { return };
     let home = lab.home();
-    let script = "import fcntl,sys,time,os\n\
-                  f=open(sys.argv[1]+'/gateway.lock','a'); fcntl.flock(f, fcntl.LOCK_EX)\n\
-                  open(sys.argv[1]+'/ready','w').write(str(os.getpid()))\n\
-                  time.sleep(300)\n";
-    let child = Command::new("python3")
-        .args(["-c", script])
-        .arg(&home)
-        .args(["gateway", "run"])
-        .env("HERMES_HOME", &home)
-        .uid(lab.uid)
-        .gid(lab.gid)
-        .process_group(0)
-        .spawn()
-        .expect("python3");
-    lab.children.push(child);
-    must_wait_until(Duration::from_secs(10), "the owner's gateway to hold its lock", || home.join("ready").exists());
+    lab.owners_gateway();
     // The pid of the coming `stop` is unknown: plant the old name for the next pids.
     let next = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").unwrap().trim().parse::<u32>().unwrap();
     for pid in next..next + 400 {

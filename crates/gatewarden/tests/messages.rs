@@ -303,8 +303,9 @@ fn start_on_a_taken_port_fails_instead_of_running_without_it() {
     assert!(!home.lock_held());
 }
 
-/// `send` CLI: prints the reply (exit 0); `--async` prints the id; no gateway → exit 1 with
-/// "no gateway running".
+/// `send` CLI: prints the reply (exit 0), also with the environment's proxy variables naming a
+/// dead port (its loopback request never goes through a proxy); `--async` prints the id; no
+/// gateway → exit 1 with "no gateway running".
 #[test]
 fn send_cli_sync_async_and_no_gateway() {
     let home = TempHome::new();
@@ -313,6 +314,15 @@ fn send_cli_sync_async_and_no_gateway() {
     let out = run_cli(&home, &["send", "ping pong", "--chat", "x"]);
     assert_cli(&out, 0, "send");
     assert_eq!(out.stdout.trim(), "ping pong");
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let proxies: Vec<(&str, &str)> =
+        ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"].into_iter().map(|v| (v, dead.as_str())).collect();
+    let out = cli_with(bin(), home.path(), &["send", "not via a proxy"], &proxies, Duration::from_secs(10));
+    assert_cli(&out, 0, "send with HTTP_PROXY at a dead port");
+    assert_eq!(out.stdout.trim(), "not via a proxy");
     let out = run_cli(&home, &["send", "later", "--async"]);
     assert_cli(&out, 0, "send --async");
     let id = out.stdout.trim().rsplit(' ').next().unwrap().to_string();

@@ -33,12 +33,16 @@ fn fake() -> FakeTelegram {
 }
 
 fn config(fake: &FakeTelegram, agent: &str, extra: &str) -> String {
+    config_at(&fake.base_url(), agent, extra)
+}
+
+/// [`config`] with the Bot API at `api_base` (the fake behind a TLS front).
+fn config_at(api_base: &str, agent: &str, extra: &str) -> String {
     let backend = if agent.contains("backend") { "" } else { "backend = \"echo\"" };
     format!(
         "drain_timeout_s = 10\n[agent]\n{backend}\n{agent}\n\
-         [[platform]]\nkind = \"telegram\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\nadmins = [\"{ADMIN}\"]\n\
-         poll_timeout_s = 2\nconflict_standby_s = 2\n{extra}",
-        fake.base_url()
+         [[platform]]\nkind = \"telegram\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{api_base}\"\nadmins = [\"{ADMIN}\"]\n\
+         poll_timeout_s = 2\nconflict_standby_s = 2\n{extra}"
     )
 }
 
@@ -255,18 +259,45 @@ fn outside_poller_means_standby_then_recovery() {
 /// none twice. Prints and replays its seed (GW_PLATFORM_SEED) for the stream's pacing.
 #[test]
 fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
+    let fake = Arc::new(fake());
+    steady_stream_under_restarts(&fake, &fake.base_url(), "", 15);
+}
+
+/// The same over TLS (issue 16): the fake behind a TLS front with a test CA's certificate,
+/// reached with `ca_file`; every incarnation handshakes. 5 restarts in CI (each is a new TLS
+/// session, the plain test above covers the restart logic at length), GW_PLATFORM_RESTARTS
+/// in scripts/soak-platforms.
+#[test]
+fn restarts_under_a_steady_stream_lose_and_repeat_nothing_over_tls() {
+    use gatewarden_testkit::tls::{TestCa, TlsFront, Validity};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("gatewarden test CA");
+    let ca_file = ca.write_pem(dir.path(), "ca.pem");
+    let fake = Arc::new(fake());
+    let front = TlsFront::start(fake.addr(), &ca.leaf(&["localhost"], Validity::Now)).unwrap();
+    let base = format!("https://localhost:{}", front.addr().port());
+    let extra = format!("ca_file = \"{}\"\n", ca_file.to_string_lossy().replace('\\', "\\\\"));
+    let restarts = steady_stream_under_restarts(&fake, &base, &extra, 5);
+    assert!(front.handshakes() > u64::from(restarts), "{} handshakes for {restarts} restarts", front.handshakes());
+}
+
+/// A gateway with a Telegram adapter at `api_base` (`extra` in its table), restarted
+/// `GW_PLATFORM_RESTARTS` times (else `default_restarts`) under a steady inbound stream:
+/// every message answered, none twice. Returns the number of restarts.
+fn steady_stream_under_restarts(fake: &Arc<FakeTelegram>, api_base: &str, extra: &str, default_restarts: u32) -> u32 {
     // CI runs the short form; scripts/soak-platforms the long one (50 restarts, issue 10).
-    let restarts: u32 = std::env::var("GW_PLATFORM_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
+    let restarts: u32 =
+        std::env::var("GW_PLATFORM_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(default_restarts);
     let seed: u64 = std::env::var("GW_PLATFORM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
     });
     eprintln!("seed {seed} (replay with GW_PLATFORM_SEED={seed}), {restarts} restarts");
-    let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), Arc::new(fake()), token());
-    let _g = start_gw(&home, &sw, &tok, &config(&fake, "", ""));
+    let (home, sw, tok) = (TempHome::new(), Sweeper::new(), token());
+    let _g = start_gw(&home, &sw, &tok, &config_at(api_base, "", extra));
     let stop = Arc::new(AtomicBool::new(false));
     let injected = Arc::new(AtomicU32::new(0));
     let stream = {
-        let (fake, tok, stop, injected) = (Arc::clone(&fake), tok.clone(), Arc::clone(&stop), Arc::clone(&injected));
+        let (fake, tok, stop, injected) = (Arc::clone(fake), tok.clone(), Arc::clone(&stop), Arc::clone(&injected));
         std::thread::spawn(move || {
             let mut x = seed | 1;
             while !stop.load(Ordering::Relaxed) {
@@ -306,6 +337,7 @@ fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
     assert!(holds_for(Duration::from_millis(500), || fake.sent(&tok).len() == total as usize).is_ok());
     let out = run_cli(&home, &["stop"]);
     assert_cli(&out, 0, "stop");
+    restarts
 }
 
 /// Conversations: each run gets its chat's earlier turns (exec: a JSON file named by

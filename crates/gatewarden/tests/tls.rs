@@ -1,7 +1,7 @@
 //! Issue 16: TLS in real gateway processes, against real TLS endpoints whose certificates come
 //! from a CA made for the test (crates/testkit/src/tls.rs): the Telegram fake behind a TLS
 //! front, reached with `ca_file` and with the OS trust store (`SSL_CERT_FILE`); a certificate
-//! failure at start-up is a degraded adapter (status, log, ledger), not exit 78; proxies from
+//! failure at start-up is a degraded adapter (status, doctor, log, ledger), not exit 78; proxies from
 //! the environment and per platform (HTTP CONNECT and SOCKS5, counting tunnels), `NO_PROXY`;
 //! `update --from https://…`.
 #![cfg(target_os = "linux")]
@@ -83,11 +83,16 @@ struct Tls {
 
 impl Tls {
     fn new() -> Tls {
+        Tls::with(&["localhost", "127.0.0.1"], Validity::Now)
+    }
+
+    /// The front presents a certificate for `names`, `validity`.
+    fn with(names: &[&str], validity: Validity) -> Tls {
         let dir = tempfile::tempdir().unwrap();
         let ca = TestCa::new("gatewarden test CA");
         let ca_file = ca.write_pem(dir.path(), "ca.pem");
         let fake = fake();
-        let front = TlsFront::start(fake.addr(), &ca.leaf(&["localhost", "127.0.0.1"], Validity::Now)).unwrap();
+        let front = TlsFront::start(fake.addr(), &ca.leaf(names, validity)).unwrap();
         Tls { _dir: dir, ca_file, fake, front }
     }
 
@@ -147,6 +152,49 @@ fn certificate_failure_at_start_is_degraded_not_a_config_error() {
     assert!(g.alive());
     stop_cleanly(&home, &mut g);
     assert!(g.stderr().contains(&host) || home.ledger_text().contains(&host));
+}
+
+/// The `tls-refused` finding of `doctor --json` about `subject`, with the human form's line.
+#[track_caller]
+fn doctor_tls_finding(home: &TempHome, subject: &str) -> (Value, String) {
+    let out = run_cli(home, &["doctor", "--json"]);
+    assert!(!out.panicked(), "{out:#?}");
+    let v: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:#?}"));
+    let f = v["findings"].as_array().and_then(|fs| {
+        fs.iter().find(|f| f["id"] == "tls-refused" && f["subject"].as_str().is_some_and(|s| s.contains(subject)))
+    });
+    let f = f.unwrap_or_else(|| panic!("no tls-refused finding about {subject}: {v:#}")).clone();
+    (f, run_cli(home, &["doctor"]).stdout)
+}
+
+/// `doctor` names each certificate the running gateway's adapter was refused (an unknown
+/// issuer, a wrong host name, an expired certificate): the host, the reason and the fix, as an
+/// error; nothing was sent.
+#[test]
+fn doctor_names_the_host_and_reason_of_each_refused_certificate() {
+    let sw = Sweeper::new();
+    for (names, validity, with_ca, reason, fix) in [
+        (&["localhost"][..], Validity::Now, false, "unknown issuer", "ca_file"),
+        (&["other.example"][..], Validity::Now, true, "not valid for this host name", "host name"),
+        (&["localhost"][..], Validity::Expired, true, "certificate has expired", "clock"),
+    ] {
+        let t = Tls::with(names, validity);
+        let ca = if with_ca { format!("ca_file = \"{}\"\n", toml_path(&t.ca_file)) } else { String::new() };
+        let (home, tok) = (TempHome::new(), token());
+        let mut g = gateway(&home, &sw, &tok, &config(&t.base(), &ca), &[]);
+        wait_adapter(&home, "degraded", READY);
+        let (f, human) = doctor_tls_finding(&home, "telegram");
+        let host = format!("localhost:{}", t.front.addr().port());
+        let message = f["message"].as_str().unwrap_or_default();
+        assert!(message.contains(&host) && message.contains(reason), "{reason}: {f:#}");
+        assert_eq!(f["severity"], json!("error"), "{f:#}");
+        assert!(f["fix"]["hint"].as_str().is_some_and(|h| h.contains(fix)), "{reason}: {f:#}");
+        assert!(human.contains("error[tls-refused]") && human.contains(&host), "{reason}: {human}");
+        assert!(!human.contains(&tok), "the token leaked into doctor");
+        assert_eq!(t.front.handshakes(), 0, "{reason}: nothing was sent");
+        assert!(t.fake.polls(&tok).is_empty());
+        stop_cleanly(&home, &mut g);
+    }
 }
 
 /// `HTTPS_PROXY` (an HTTP CONNECT proxy) and a per-platform `socks5h://` proxy each carry the
@@ -289,5 +337,9 @@ fn openai_certificate_failure_is_in_status() {
     assert!(!status.to_string().contains("sk-never-sent"));
     assert_eq!((front.handshakes(), upstream.requests()), (0, 0), "nothing was sent");
     assert!(front.accepted() >= 1);
+    let (f, _) = doctor_tls_finding(&home, "agent (openai)");
+    let message = f["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&host) && message.contains("unknown issuer"), "{f:#}");
+    assert!(f["fix"]["hint"].as_str().is_some_and(|h| h.contains("ca_file")), "{f:#}");
     stop_cleanly(&home, &mut g);
 }

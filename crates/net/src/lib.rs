@@ -374,19 +374,66 @@ pub fn io_tls_reason(e: &std::io::Error) -> Option<String> {
     e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()).map(rustls_reason)
 }
 
+/// A certificate problem as [`rustls_reason`] words it: the words, and what fixes it. The
+/// words are the contract between the error texts (status, ledger) and `doctor`, which finds
+/// them again with [`CertProblem::find`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertProblem {
+    UnknownIssuer,
+    WrongHost,
+    Expired,
+    NotValidYet,
+}
+
+impl CertProblem {
+    pub const ALL: [CertProblem; 4] =
+        [CertProblem::UnknownIssuer, CertProblem::WrongHost, CertProblem::Expired, CertProblem::NotValidYet];
+
+    /// How error texts say it.
+    pub fn words(self) -> &'static str {
+        match self {
+            CertProblem::UnknownIssuer => {
+                "certificate not trusted: unknown issuer (not signed by a trusted CA; see ca_file)"
+            }
+            CertProblem::WrongHost => "certificate is not valid for this host name",
+            CertProblem::Expired => "certificate has expired",
+            CertProblem::NotValidYet => "certificate is not valid yet",
+        }
+    }
+
+    /// What an operator can do about it.
+    pub fn fix(self) -> &'static str {
+        match self {
+            CertProblem::UnknownIssuer => {
+                "a private CA: set ca_file on that [[platform]] / [agent] / [update] / [cluster] table \
+                 (or add the CA to the system store, or point SSL_CERT_FILE at it); a public service: \
+                 something between you and it presents its own certificate (a TLS-inspecting proxy)"
+            }
+            CertProblem::WrongHost => {
+                "use the host name the certificate names in the URL, or have the server's certificate \
+                 name the host you connect to"
+            }
+            CertProblem::Expired | CertProblem::NotValidYet => {
+                "check this machine's clock (date -u), then have the server's certificate renewed"
+            }
+        }
+    }
+
+    /// The problem named in `text` (a status or ledger reason), if any.
+    pub fn find(text: &str) -> Option<CertProblem> {
+        CertProblem::ALL.into_iter().find(|p| text.contains(p.words()))
+    }
+}
+
 /// A rustls error in words.
 pub fn rustls_reason(e: &rustls::Error) -> String {
     use rustls::CertificateError as C;
     match e {
         rustls::Error::InvalidCertificate(c) => match c {
-            C::UnknownIssuer => {
-                "certificate not trusted: unknown issuer (not signed by a trusted CA; see ca_file)".into()
-            }
-            C::NotValidForName | C::NotValidForNameContext { .. } => {
-                "certificate is not valid for this host name".into()
-            }
-            C::Expired | C::ExpiredContext { .. } => "certificate has expired".into(),
-            C::NotValidYet | C::NotValidYetContext { .. } => "certificate is not valid yet".into(),
+            C::UnknownIssuer => CertProblem::UnknownIssuer.words().into(),
+            C::NotValidForName | C::NotValidForNameContext { .. } => CertProblem::WrongHost.words().into(),
+            C::Expired | C::ExpiredContext { .. } => CertProblem::Expired.words().into(),
+            C::NotValidYet | C::NotValidYetContext { .. } => CertProblem::NotValidYet.words().into(),
             C::Revoked => "certificate has been revoked".into(),
             C::BadSignature => "certificate has a bad signature".into(),
             other => format!("invalid certificate: {other:?}"),
@@ -445,7 +492,12 @@ mod tests {
             assert!(why.contains(want), "{why}");
             let d = describe(&ureq::Error::Io(io), "https://api.example:8443/bot1:2/getMe");
             assert!(d.starts_with("TLS with api.example:8443 failed: "), "{d}");
+            assert!(CertProblem::find(&d).is_some(), "doctor finds it again: {d}");
         }
+        for p in CertProblem::ALL {
+            assert_eq!(CertProblem::find(&format!("telegram: TLS with h:1 failed: {}", p.words())), Some(p));
+        }
+        assert_eq!(CertProblem::find("h:1: connection refused"), None);
         let plain = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
         assert_eq!(io_tls_reason(&plain), None);
     }

@@ -173,6 +173,12 @@ impl Cluster {
         self.url_via(self.addr())
     }
 
+    /// The store URL by a host name (`localhost`, the name a test certificate carries, for
+    /// `sslmode=verify-full`).
+    pub fn url_named(&self, host: &str) -> String {
+        format!("postgres://postgres@{host}:{}/{DATABASE}", self.port)
+    }
+
     /// The store URL through another address (a [`Proxy`]).
     pub fn url_via(&self, addr: SocketAddr) -> String {
         format!("postgres://postgres@{addr}/{DATABASE}")

@@ -1,7 +1,8 @@
 //! `gatewarden doctor [--fix] [--json]`: compares the installed service definition with what
 //! this version renders (wrong binary, missing `RestartForceExitStatus=75`, a `TimeoutStopSec`
 //! below the drain, an old KeepAlive policy, …), and checks stale files, the listen port, the
-//! home's permissions, a parked supervisor, the config file and (user units) lingering. Each
+//! home's permissions, a parked supervisor, the config file, (user units) lingering and the
+//! running gateway's failing connections (a refused certificate, named with its host). Each
 //! finding is printed with its fix; `--fix` applies the fixes it can, then checks again.
 //! Exit 0 when no error remains, 1 otherwise.
 
@@ -208,7 +209,7 @@ fn check(home: &Home) -> Vec<Item> {
         }
     };
     if running {
-        extra.push(supervision(home));
+        extra.extend(supervision(home));
     }
     if let Ok(cfg) = &config
         && !running
@@ -242,14 +243,16 @@ fn check(home: &Home) -> Vec<Item> {
 }
 
 /// Who supervises the running gateway and the evidence for it (what a planned restart will do),
-/// or an error when it holds the lock but does not answer.
-fn supervision(home: &Home) -> Item {
+/// and what its status says is failing ([`connection_findings`]); an error when it holds the
+/// lock but does not answer.
+fn supervision(home: &Home) -> Vec<Item> {
     let t = std::time::Duration::from_millis(500);
     let subject = home.dir().display().to_string();
     match gatewarden_control::Client::connect(&Endpoint::for_home(home.dir()), t).and_then(|mut c| c.status(t)) {
         Ok(s) => {
             let evidence = s.extra.get("supervisor_evidence").and_then(|v| v.as_str()).unwrap_or("not reported");
-            Item {
+            let mut items = connection_findings(&s.extra);
+            items.push(Item {
                 id: "supervisor".into(),
                 severity: Severity::Info,
                 subject,
@@ -260,21 +263,22 @@ fn supervision(home: &Home) -> Item {
                 ),
                 fix: Fix::None,
                 fixed: None,
-            }
+            });
+            items
         }
         // A handover (a restart's successor holds the lock and binds its endpoint in a
         // moment) or a stop in progress is not a wedged gateway: whoever carries it out is
         // alive and finishes it.
         Err(e) => match desired::check(home.dir(), Starter::Repair { basis: desired::current(home.dir()).seq }) {
-            Err(r) => Item {
+            Err(r) => vec![Item {
                 id: "lifecycle-in-progress".into(),
                 severity: Severity::Info,
                 subject,
                 message: format!("a gateway holds the lock but does not answer yet ({e}): {}", r.describe()),
                 fix: Fix::None,
                 fixed: None,
-            },
-            Ok(_) => unresponsive(home, subject, &e),
+            }],
+            Ok(_) => vec![unresponsive(home, subject, &e)],
         },
     }
 }
@@ -296,6 +300,53 @@ fn unresponsive(home: &Home, subject: String, e: &dyn std::fmt::Display) -> Item
         },
         fixed: None,
     }
+}
+
+/// The running gateway's failing connections, from its status (crates/runtime gateway.rs
+/// `status`): each `degraded` platform, and the agent's last failed run when a certificate
+/// was refused. A refused certificate is named with its host (the reason says "TLS with
+/// <host> failed: …") and its fix (crates/net `CertProblem`).
+fn connection_findings(status: &std::collections::BTreeMap<String, serde_json::Value>) -> Vec<Item> {
+    use gatewarden_net::CertProblem;
+    let text = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or_default().to_owned();
+    let mut out = Vec::new();
+    let platforms = status.get("platforms").and_then(|p| p.as_array()).map(Vec::as_slice).unwrap_or_default();
+    for p in platforms.iter().filter(|p| p.get("state").and_then(|s| s.as_str()) == Some("degraded")) {
+        let (reason, subject) = (text(p, "reason"), format!("platform {} ({})", text(p, "name"), text(p, "kind")));
+        out.push(match CertProblem::find(&reason) {
+            Some(problem) => Item {
+                id: "tls-refused".into(),
+                severity: Severity::Error,
+                subject,
+                message: format!("the certificate was refused, the adapter retries with backoff: {reason}"),
+                fix: Fix::Manual { hint: problem.fix().into() },
+                fixed: None,
+            },
+            None => Item {
+                id: "platform-degraded".into(),
+                severity: Severity::Warning,
+                subject,
+                message: format!("degraded, retrying with backoff: {reason}"),
+                fix: Fix::Manual { hint: "find the cause in `gatewarden logs`".into() },
+                fixed: None,
+            },
+        });
+    }
+    let agent = status.get("agent").cloned().unwrap_or_default();
+    let failure = agent.get("last_failure").cloned().unwrap_or_default();
+    let reason = text(&failure, "reason");
+    if let Some(problem) = CertProblem::find(&reason) {
+        // A past run: the upstream may have been fixed since, so a warning, not an error.
+        out.push(Item {
+            id: "tls-refused".into(),
+            severity: Severity::Warning,
+            subject: format!("agent ({})", text(&agent, "backend")),
+            message: format!("the last failed run (at {}) was refused a certificate: {reason}", text(&failure, "at")),
+            fix: Fix::Manual { hint: problem.fix().into() },
+            fixed: None,
+        });
+    }
+    out
 }
 
 fn home_facts(home: &Home) -> HomeFacts {
@@ -349,7 +400,7 @@ fn apply(home: &Home, items: &mut [Item], basis: u64) {
             // since (a handover that ended), or the operator asked for something since.
             let until = std::time::Instant::now() + UNRESPONSIVE;
             let still = loop {
-                if supervision(home).id != "gateway-unresponsive" {
+                if !supervision(home).iter().any(|i| i.id == "gateway-unresponsive") {
                     break false;
                 }
                 if std::time::Instant::now() >= until {
@@ -407,5 +458,37 @@ fn config_hint(e: &gatewarden_agent::ConfigError) -> String {
             gatewarden_agent::config::MAKE_API_TOKEN
         ),
         _ => edit.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failing_connections_are_findings_and_healthy_ones_are_not() {
+        let tls = "TLS with api.example:443 failed: certificate has expired";
+        let status: std::collections::BTreeMap<String, serde_json::Value> = serde_json::from_value(json!({
+            "platforms": [
+                {"name": "tg", "kind": "telegram", "state": "degraded", "reason": tls},
+                {"name": "mx", "kind": "matrix", "state": "degraded", "reason": "hs.example: connection refused"},
+                {"name": "irc", "kind": "irc", "state": "connected", "reason": null},
+            ],
+            "agent": {"backend": "openai", "last_failure": {"at": "2026-12-01T00:00:00Z", "reason":
+                "TLS with llm.example failed: certificate is not valid for this host name"}},
+        }))
+        .unwrap();
+        let got: Vec<(String, Severity, String)> =
+            connection_findings(&status).into_iter().map(|i| (i.id, i.severity, i.subject)).collect();
+        assert_eq!(
+            got,
+            [
+                ("tls-refused".into(), Severity::Error, "platform tg (telegram)".into()),
+                ("platform-degraded".into(), Severity::Warning, "platform mx (matrix)".into()),
+                ("tls-refused".into(), Severity::Warning, "agent (openai)".into()),
+            ]
+        );
+        let quiet = json!({"agent": {"backend": "echo", "last_failure": {"reason": "exit 1"}}});
+        assert!(connection_findings(&serde_json::from_value(quiet).unwrap()).is_empty());
     }
 }

@@ -46,7 +46,14 @@ pub fn send(home: &Home, text: &str, chat: &str, user: &str, is_async: bool) -> 
     // 0.0.0.0 / [::] are where it listens, not where to connect.
     let host = listen.replace("0.0.0.0", "127.0.0.1").replace("[::]", "[::1]");
     let token = gatewarden_agent::Config::load(home.dir()).ok().and_then(|c| c.api_token);
-    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    // The gateway on loopback, never through a proxy: ureq's default reads HTTP_PROXY /
+    // ALL_PROXY, which would send the API token to the proxy (or fail on a dead one).
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .proxy(None)
+        .timeout_connect(Some(Duration::from_secs(5)))
+        .build()
+        .into();
     let mut req = agent.post(format!("http://{host}/v1/messages"));
     if let Some(tok) = token {
         req = req.header("Authorization", format!("Bearer {tok}"));
