@@ -21,10 +21,14 @@
 //!
 //! Durability: WAL with `synchronous=FULL`. In WAL mode `NORMAL` survives a process crash but may
 //! lose the last transactions on power loss or an OS crash; the 202 is a promise to the client,
-//! so each commit is fsynced. A chat gateway's message rate makes the fsync per commit cheap.
+//! so each commit is fsynced. Group commit pays for that fsync once per batch rather than once
+//! per write: one writer thread owns the write connection and commits everything queued while
+//! the previous commit was fsyncing in one transaction, a savepoint per request (see
+//! [`Journal`]). A write returns only once the commit holding its rows is durable.
 //!
 //! The API is synchronous (SQLite is); callers on an async runtime use `spawn_blocking` or a
-//! dedicated thread. A [`Journal`] is `Send + Sync` (one connection behind a mutex).
+//! dedicated thread, and concurrent callers are what fills a batch. A [`Journal`] is
+//! `Send + Sync` (a channel to the writer, and a read connection behind a mutex).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
@@ -68,6 +72,9 @@ pub enum JournalError {
     /// directory), or its mode could not be made private; SQLite never opens it.
     #[error("journal {}: {why}", path.display())]
     Unsafe { path: PathBuf, why: String },
+    /// The journal's writer (group commit) could not take or commit the write.
+    #[error("journal: {0}")]
+    Writer(String),
 }
 
 /// How the client waits for the reply.
@@ -175,9 +182,19 @@ pub struct Counts {
 }
 
 /// The journal. Cheap to share behind an `Arc`.
+///
+/// Group commit: every write goes to one writer thread that owns the write connection. It takes
+/// all the writes queued while the previous commit was fsyncing, runs them in ONE transaction
+/// (each under its own savepoint, so a failing request fails alone) and commits once; then it
+/// answers each request. A write method returns only after the commit that holds its rows is
+/// durable (`synchronous=FULL`), so a 202 or a platform acknowledgement sent afterwards is still
+/// a promise the journal keeps; concurrent writers share one fsync instead of queueing for one
+/// each. Reads use their own connection (WAL: a read never waits for the writer, and sees every
+/// commit that has answered).
 #[derive(Debug)]
 pub struct Journal {
-    conn: Mutex<Connection>,
+    read: Mutex<Connection>,
+    writer: Writer,
     path: PathBuf,
 }
 
@@ -240,7 +257,13 @@ impl Journal {
         if version < 2 {
             migrate_to_2(&conn).map_err(wrap)?;
         }
-        Ok(Journal { conn: Mutex::new(conn), path: path.to_path_buf() })
+        // The readers' connection: the file is WAL already; `query_only` keeps every write on
+        // the writer's connection, where it is batched and fsynced.
+        let read = Connection::open_with_flags(path, open_flags()).map_err(wrap)?;
+        read.busy_timeout(Duration::from_secs(5)).map_err(wrap)?;
+        read.pragma_update(None, "query_only", true).map_err(wrap)?;
+        let writer = Writer::start(conn).map_err(|e| JournalError::Writer(format!("cannot start its writer: {e}")))?;
+        Ok(Journal { read: Mutex::new(read), writer, path: path.to_path_buf() })
     }
 
     /// Opens `<home>/journal.sqlite3`.
@@ -253,92 +276,116 @@ impl Journal {
         &self.path
     }
 
-    fn conn(&self) -> MutexGuard<'_, Connection> {
-        // A panic while holding the lock cannot leave SQLite half-written (transactions roll
-        // back), so a poisoned lock is still usable.
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    /// The readers' connection.
+    fn read(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave SQLite half-written (reads only), so a
+        // poisoned lock is still usable.
+        self.read.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the writer's connection inside the next group commit (under its own
+    /// savepoint: an error rolls back `f`'s statements only) and returns its result once that
+    /// commit is durable. `f` must not begin or end transactions itself.
+    fn write<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<R, JournalError> + Send + 'static,
+    ) -> Result<R, JournalError> {
+        self.writer.submit(f, false)
     }
 
     /// Records a new `queued` message and returns its id; the row is durable when this returns.
     pub fn accept(&self, msg: &NewMessage) -> Result<String, JournalError> {
-        let now = now_rfc3339();
-        let conn = self.conn();
-        // 96 random bits from SQLite's CSPRNG: unique without coordination.
-        let id: String = conn.query_row(
-            "INSERT INTO messages (id, chat_id, user_id, text, kind, state, attempts, is_command,
-                                   created_at, updated_at)
-             VALUES (lower(hex(randomblob(12))), ?1, ?2, ?3, ?4, 'queued', 0, 0, ?5, ?5)
-             RETURNING id",
-            params![msg.chat_id, msg.user_id, msg.text, msg.kind.as_str(), now],
-            |r| r.get(0),
-        )?;
-        Ok(id)
+        let msg = msg.clone();
+        self.write(move |conn| {
+            // 96 random bits from SQLite's CSPRNG: unique without coordination.
+            let id = conn
+                .prepare_cached(
+                    "INSERT INTO messages (id, chat_id, user_id, text, kind, state, attempts, is_command,
+                                       created_at, updated_at)
+                 VALUES (lower(hex(randomblob(12))), ?1, ?2, ?3, ?4, 'queued', 0, 0, ?5, ?5)
+                 RETURNING id",
+                )?
+                .query_row(params![msg.chat_id, msg.user_id, msg.text, msg.kind.as_str(), now_rfc3339()], |r| {
+                    r.get(0)
+                })?;
+            Ok(id)
+        })
     }
 
     /// Records a lifecycle command (`/restart`, `/stop`, …) that was answered at once, as a row
     /// that is already `done` with `reply` and flagged as a command, in one statement: there is
     /// no instant at which a crash could leave it queued, so it can never be replayed.
     pub fn accept_command(&self, msg: &NewMessage, reply: &str) -> Result<String, JournalError> {
-        let now = now_rfc3339();
-        let conn = self.conn();
-        let id: String = conn.query_row(
-            "INSERT INTO messages (id, chat_id, user_id, text, kind, state, reply, attempts,
-                                   is_command, created_at, updated_at)
-             VALUES (lower(hex(randomblob(12))), ?1, ?2, ?3, ?4, 'done', ?5, 0, 1, ?6, ?6)
-             RETURNING id",
-            params![msg.chat_id, msg.user_id, msg.text, msg.kind.as_str(), reply, now],
-            |r| r.get(0),
-        )?;
-        Ok(id)
+        let (msg, reply) = (msg.clone(), reply.to_owned());
+        self.write(move |conn| {
+            let id = conn
+                .prepare_cached(
+                    "INSERT INTO messages (id, chat_id, user_id, text, kind, state, reply, attempts,
+                                       is_command, created_at, updated_at)
+                 VALUES (lower(hex(randomblob(12))), ?1, ?2, ?3, ?4, 'done', ?5, 0, 1, ?6, ?6)
+                 RETURNING id",
+                )?
+                .query_row(
+                    params![msg.chat_id, msg.user_id, msg.text, msg.kind.as_str(), reply, now_rfc3339()],
+                    |r| r.get(0),
+                )?;
+            Ok(id)
+        })
     }
 
     /// `queued → running` under `incarnation`, counting the attempt. False if the row is not
     /// queued (already claimed, finished, or unknown).
     pub fn claim(&self, id: &str, incarnation: &str) -> Result<bool, JournalError> {
-        let n = self.conn().execute(
-            "UPDATE messages SET state = 'running', attempts = attempts + 1, incarnation = ?2,
-                                 updated_at = ?3
-             WHERE id = ?1 AND state = 'queued'",
-            params![id, incarnation, now_rfc3339()],
-        )?;
-        Ok(n == 1)
+        let (id, incarnation) = (id.to_owned(), incarnation.to_owned());
+        self.write(move |conn| {
+            let n = conn
+                .prepare_cached(
+                    "UPDATE messages SET state = 'running', attempts = attempts + 1, incarnation = ?2,
+                                     updated_at = ?3
+                 WHERE id = ?1 AND state = 'queued'",
+                )?
+                .execute(params![id, incarnation, now_rfc3339()])?;
+            Ok(n == 1)
+        })
     }
 
     /// `running → done` with the reply, only if `incarnation` owns the run.
     /// A message that came from a chat platform also queues its reply in the outbox, in the
     /// same transaction: a reply is never lost between the two, nor queued twice.
     pub fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let now = now_rfc3339();
-        let n = tx.execute(
-            "UPDATE messages SET state = 'done', reply = ?3, reason = NULL, updated_at = ?4
-             WHERE id = ?1 AND state = 'running' AND incarnation = ?2",
-            params![id, incarnation, reply, now],
-        )?;
-        if n == 1 {
-            queue_reply(&tx, id, reply, &now)?;
-        }
-        tx.commit()?;
-        Ok(n == 1)
+        let (id, incarnation, reply) = (id.to_owned(), incarnation.to_owned(), reply.to_owned());
+        self.write(move |conn| {
+            let now = now_rfc3339();
+            let n = conn
+                .prepare_cached(
+                    "UPDATE messages SET state = 'done', reply = ?3, reason = NULL, updated_at = ?4
+                 WHERE id = ?1 AND state = 'running' AND incarnation = ?2",
+                )?
+                .execute(params![id, incarnation, reply, now])?;
+            if n == 1 {
+                queue_reply(conn, &id, &reply, &now)?;
+            }
+            Ok(n == 1)
+        })
     }
 
     /// `running → failed` with a reason, only if `incarnation` owns the run. A platform
     /// message's chat is told that it failed (through the outbox, in the same transaction).
     pub fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let now = now_rfc3339();
-        let n = tx.execute(
-            "UPDATE messages SET state = 'failed', reason = ?3, updated_at = ?4
-             WHERE id = ?1 AND state = 'running' AND incarnation = ?2",
-            params![id, incarnation, reason, now],
-        )?;
-        if n == 1 {
-            queue_reply(&tx, id, &failure_notice(reason), &now)?;
-        }
-        tx.commit()?;
-        Ok(n == 1)
+        let (id, incarnation, reason) = (id.to_owned(), incarnation.to_owned(), reason.to_owned());
+        self.write(move |conn| {
+            let now = now_rfc3339();
+            let n = conn
+                .prepare_cached(
+                    "UPDATE messages SET state = 'failed', reason = ?3, updated_at = ?4
+                 WHERE id = ?1 AND state = 'running' AND incarnation = ?2",
+                )?
+                .execute(params![id, incarnation, reason, now])?;
+            if n == 1 {
+                queue_reply(conn, &id, &failure_notice(&reason), &now)?;
+            }
+            Ok(n == 1)
+        })
     }
 
     /// Journals a message from a chat platform, keyed by its platform event id: `None` when that
@@ -350,19 +397,21 @@ impl Journal {
         event_id: &str,
         msg: &NewMessage,
     ) -> Result<Option<String>, JournalError> {
-        let now = now_rfc3339();
-        let conn = self.conn();
-        let id = conn
-            .query_row(
-                "INSERT OR IGNORE INTO messages (id, chat_id, user_id, text, kind, state, attempts,
-                                       is_command, platform, event_id, created_at, updated_at)
-                 VALUES (lower(hex(randomblob(12))), ?1, ?2, ?3, 'async', 'queued', 0, 0, ?4, ?5, ?6, ?6)
-                 RETURNING id",
-                params![msg.chat_id, msg.user_id, msg.text, platform, event_id, now],
-                |r| r.get::<_, String>(0),
-            )
-            .optional()?;
-        Ok(id)
+        let (platform, event_id, msg) = (platform.to_owned(), event_id.to_owned(), msg.clone());
+        self.write(move |conn| {
+            let id = conn
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO messages (id, chat_id, user_id, text, kind, state, attempts,
+                                           is_command, platform, event_id, created_at, updated_at)
+                     VALUES (lower(hex(randomblob(12))), ?1, ?2, ?3, 'async', 'queued', 0, 0, ?4, ?5, ?6, ?6)
+                     RETURNING id",
+                )?
+                .query_row(params![msg.chat_id, msg.user_id, msg.text, platform, event_id, now_rfc3339()], |r| {
+                    r.get::<_, String>(0)
+                })
+                .optional()?;
+            Ok(id)
+        })
     }
 
     /// Journals a chat command from a platform as a finished command row and queues its reply,
@@ -374,29 +423,31 @@ impl Journal {
         msg: &NewMessage,
         reply: &str,
     ) -> Result<Option<String>, JournalError> {
-        let now = now_rfc3339();
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let id = tx
-            .query_row(
-                "INSERT OR IGNORE INTO messages (id, chat_id, user_id, text, kind, state, reply, attempts,
-                                       is_command, platform, event_id, created_at, updated_at)
-                 VALUES (lower(hex(randomblob(12))), ?1, ?2, ?3, 'async', 'done', ?4, 0, 1, ?5, ?6, ?7, ?7)
-                 RETURNING id",
-                params![msg.chat_id, msg.user_id, msg.text, reply, platform, event_id, now],
-                |r| r.get::<_, String>(0),
-            )
-            .optional()?;
-        if let Some(id) = &id {
-            queue_reply(&tx, id, reply, &now)?;
-        }
-        tx.commit()?;
-        Ok(id)
+        let (platform, event_id, msg, reply) =
+            (platform.to_owned(), event_id.to_owned(), msg.clone(), reply.to_owned());
+        self.write(move |conn| {
+            let now = now_rfc3339();
+            let id = conn
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO messages (id, chat_id, user_id, text, kind, state, reply, attempts,
+                                           is_command, platform, event_id, created_at, updated_at)
+                     VALUES (lower(hex(randomblob(12))), ?1, ?2, ?3, 'async', 'done', ?4, 0, 1, ?5, ?6, ?7, ?7)
+                     RETURNING id",
+                )?
+                .query_row(params![msg.chat_id, msg.user_id, msg.text, reply, platform, event_id, now], |r| {
+                    r.get::<_, String>(0)
+                })
+                .optional()?;
+            if let Some(id) = &id {
+                queue_reply(conn, id, &reply, &now)?;
+            }
+            Ok(id)
+        })
     }
 
     /// Whether `(platform, event_id)` is journaled already.
     pub fn has_event(&self, platform: &str, event_id: &str) -> Result<bool, JournalError> {
-        let n: i64 = self.conn().query_row(
+        let n: i64 = self.read().query_row(
             "SELECT COUNT(*) FROM messages WHERE platform = ?1 AND event_id = ?2",
             params![platform, event_id],
             |r| r.get(0),
@@ -406,20 +457,22 @@ impl Journal {
 
     /// Queues a message to a platform chat that answers no journaled message (a notice).
     pub fn enqueue(&self, platform: &str, chat_id: &str, text: &str) -> Result<i64, JournalError> {
-        let now = now_rfc3339();
-        let seq = self.conn().query_row(
-            "INSERT INTO outbox (platform, chat_id, text, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?4) RETURNING seq",
-            params![platform, chat_id, text, now],
-            |r| r.get(0),
-        )?;
-        Ok(seq)
+        let (platform, chat_id, text) = (platform.to_owned(), chat_id.to_owned(), text.to_owned());
+        self.write(move |conn| {
+            let seq = conn.query_row(
+                "INSERT INTO outbox (platform, chat_id, text, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?4) RETURNING seq",
+                params![platform, chat_id, text, now_rfc3339()],
+                |r| r.get(0),
+            )?;
+            Ok(seq)
+        })
     }
 
     /// Pending outbox entries for `platform`, oldest first.
     pub fn outbox_pending(&self, platform: &str, limit: usize) -> Result<Vec<Outgoing>, JournalError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare(
+        let conn = self.read();
+        let mut stmt = conn.prepare_cached(
             "SELECT seq, chat_id, text, message_id, created_at FROM outbox
              WHERE platform = ?1 AND state = 'pending' ORDER BY seq LIMIT ?2",
         )?;
@@ -439,17 +492,21 @@ impl Journal {
     /// An outbox entry left for good: `sent`, or `failed` with the platform's reason (a chat
     /// that no longer exists; retrying cannot help).
     pub fn outbox_done(&self, seq: i64, failed: Option<&str>) -> Result<bool, JournalError> {
-        let state = if failed.is_some() { "failed" } else { "sent" };
-        let n = self.conn().execute(
-            "UPDATE outbox SET state = ?2, reason = ?3, updated_at = ?4 WHERE seq = ?1 AND state = 'pending'",
-            params![seq, state, failed, now_rfc3339()],
-        )?;
-        Ok(n == 1)
+        let failed = failed.map(str::to_owned);
+        self.write(move |conn| {
+            let state = if failed.is_some() { "failed" } else { "sent" };
+            let n = conn
+                .prepare_cached(
+                    "UPDATE outbox SET state = ?2, reason = ?3, updated_at = ?4 WHERE seq = ?1 AND state = 'pending'",
+                )?
+                .execute(params![seq, state, failed, now_rfc3339()])?;
+            Ok(n == 1)
+        })
     }
 
     /// Outbox entries by state for `platform`: (pending, sent, failed).
     pub fn outbox_counts(&self, platform: &str) -> Result<(u64, u64, u64), JournalError> {
-        let conn = self.conn();
+        let conn = self.read();
         let mut stmt = conn.prepare("SELECT state, COUNT(*) FROM outbox WHERE platform = ?1 GROUP BY state")?;
         let mut out = (0, 0, 0);
         let rows = stmt.query_map(params![platform], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
@@ -467,12 +524,15 @@ impl Journal {
 
     /// Starts a fresh conversation in `(platform, chat)`: earlier turns are no longer history.
     pub fn new_session(&self, platform: &str, chat_id: &str) -> Result<(), JournalError> {
-        self.conn().execute(
-            "INSERT INTO sessions (platform, chat_id, started_at) VALUES (?1, ?2, ?3)
-             ON CONFLICT (platform, chat_id) DO UPDATE SET started_at = excluded.started_at",
-            params![platform, chat_id, now_rfc3339()],
-        )?;
-        Ok(())
+        let (platform, chat_id) = (platform.to_owned(), chat_id.to_owned());
+        self.write(move |conn| {
+            conn.execute(
+                "INSERT INTO sessions (platform, chat_id, started_at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (platform, chat_id) DO UPDATE SET started_at = excluded.started_at",
+                params![platform, chat_id, now_rfc3339()],
+            )?;
+            Ok(())
+        })
     }
 
     /// The conversation before message `before` in its `(platform, chat)`: the last `turns`
@@ -482,8 +542,8 @@ impl Journal {
         if turns == 0 {
             return Ok(Vec::new());
         }
-        let conn = self.conn();
-        let mut stmt = conn.prepare(
+        let conn = self.read();
+        let mut stmt = conn.prepare_cached(
             "SELECT h.text, h.reply FROM messages m
              JOIN messages h ON h.platform = m.platform AND h.chat_id = m.chat_id
              LEFT JOIN sessions s ON s.platform = m.platform AND s.chat_id = m.chat_id
@@ -505,17 +565,16 @@ impl Journal {
     /// finishes it as `done` now, before the drain, so that no later incarnation replays it.
     /// Returns false if the row was already final (it is still flagged) or unknown.
     pub fn mark_command(&self, id: &str) -> Result<bool, JournalError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let now = now_rfc3339();
-        let finished = tx.execute(
-            "UPDATE messages SET state = 'done', is_command = 1, reason = NULL, updated_at = ?2
-             WHERE id = ?1 AND state IN ('queued', 'running')",
-            params![id, now],
-        )?;
-        tx.execute("UPDATE messages SET is_command = 1 WHERE id = ?1", params![id])?;
-        tx.commit()?;
-        Ok(finished == 1)
+        let id = id.to_owned();
+        self.write(move |conn| {
+            let finished = conn.execute(
+                "UPDATE messages SET state = 'done', is_command = 1, reason = NULL, updated_at = ?2
+                 WHERE id = ?1 AND state IN ('queued', 'running')",
+                params![id, now_rfc3339()],
+            )?;
+            conn.execute("UPDATE messages SET is_command = 1 WHERE id = ?1", params![id])?;
+            Ok(finished == 1)
+        })
     }
 
     /// Called once by a new incarnation before it runs anything. Rows `running` under another
@@ -523,56 +582,53 @@ impl Journal {
     /// [`MAX_ATTEMPTS`] attempts, else failed with [`REASON_INTERRUPTED_TWICE`]. Command rows are
     /// never requeued. Returns the ids of all queued rows, oldest first: the work to run.
     pub fn recover(&self, new_incarnation: &str) -> Result<Vec<String>, JournalError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let now = now_rfc3339();
-        // Defence in depth: a command row is final already, but never let one run again.
-        tx.execute(
-            "UPDATE messages SET state = 'done', updated_at = ?1
-             WHERE is_command = 1 AND state IN ('queued', 'running')",
-            params![now],
-        )?;
-        // A platform chat whose message is given up is told so, as for any failed run.
-        tx.execute(
-            "INSERT INTO outbox (platform, chat_id, text, message_id, created_at, updated_at)
-             SELECT platform, chat_id, ?3, id, ?2, ?2 FROM messages
-             WHERE state = 'running' AND incarnation IS NOT ?1 AND attempts >= ?4
-               AND is_command = 0 AND platform IS NOT NULL",
-            params![new_incarnation, now, failure_notice(REASON_INTERRUPTED_TWICE), MAX_ATTEMPTS],
-        )?;
-        tx.execute(
-            "UPDATE messages SET state = 'failed', reason = ?3, updated_at = ?2
-             WHERE state = 'running' AND incarnation IS NOT ?1 AND attempts >= ?4",
-            params![new_incarnation, now, REASON_INTERRUPTED_TWICE, MAX_ATTEMPTS],
-        )?;
-        tx.execute(
-            "UPDATE messages SET state = 'queued', updated_at = ?2
-             WHERE state = 'running' AND incarnation IS NOT ?1 AND attempts < ?3",
-            params![new_incarnation, now, MAX_ATTEMPTS],
-        )?;
-        let ids = {
+        let new_incarnation = new_incarnation.to_owned();
+        self.write(move |tx| {
+            let now = now_rfc3339();
+            // Defence in depth: a command row is final already, but never let one run again.
+            tx.execute(
+                "UPDATE messages SET state = 'done', updated_at = ?1
+                 WHERE is_command = 1 AND state IN ('queued', 'running')",
+                params![now],
+            )?;
+            // A platform chat whose message is given up is told so, as for any failed run.
+            tx.execute(
+                "INSERT INTO outbox (platform, chat_id, text, message_id, created_at, updated_at)
+                 SELECT platform, chat_id, ?3, id, ?2, ?2 FROM messages
+                 WHERE state = 'running' AND incarnation IS NOT ?1 AND attempts >= ?4
+                   AND is_command = 0 AND platform IS NOT NULL",
+                params![new_incarnation, now, failure_notice(REASON_INTERRUPTED_TWICE), MAX_ATTEMPTS],
+            )?;
+            tx.execute(
+                "UPDATE messages SET state = 'failed', reason = ?3, updated_at = ?2
+                 WHERE state = 'running' AND incarnation IS NOT ?1 AND attempts >= ?4",
+                params![new_incarnation, now, REASON_INTERRUPTED_TWICE, MAX_ATTEMPTS],
+            )?;
+            tx.execute(
+                "UPDATE messages SET state = 'queued', updated_at = ?2
+                 WHERE state = 'running' AND incarnation IS NOT ?1 AND attempts < ?3",
+                params![new_incarnation, now, MAX_ATTEMPTS],
+            )?;
             let mut stmt = tx.prepare(
                 "SELECT id FROM messages WHERE state = 'queued' AND is_command = 0
                  ORDER BY created_at, rowid",
             )?;
-            stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?
-        };
-        tx.commit()?;
-        Ok(ids)
+            let ids = stmt.query_map([], |r| r.get::<_, String>(0))?.collect::<Result<Vec<_>, _>>()?;
+            Ok(ids)
+        })
     }
 
     /// One message by id.
     pub fn get(&self, id: &str) -> Result<Option<Message>, JournalError> {
-        let conn = self.conn();
-        let raw = conn
-            .query_row(&format!("SELECT {COLUMNS} FROM messages WHERE id = ?1"), params![id], RawRow::read)
-            .optional()?;
+        let conn = self.read();
+        let mut stmt = conn.prepare_cached(&format!("SELECT {COLUMNS} FROM messages WHERE id = ?1"))?;
+        let raw = stmt.query_row(params![id], RawRow::read).optional()?;
         raw.map(RawRow::into_message).transpose()
     }
 
     /// Messages not yet final (queued or running), oldest first.
     pub fn pending(&self) -> Result<Vec<Message>, JournalError> {
-        let conn = self.conn();
+        let conn = self.read();
         let mut stmt = conn.prepare(&format!(
             "SELECT {COLUMNS} FROM messages WHERE state IN ('queued', 'running')
              ORDER BY created_at, rowid"
@@ -583,7 +639,7 @@ impl Journal {
 
     /// Row counts by state.
     pub fn counts(&self) -> Result<Counts, JournalError> {
-        let conn = self.conn();
+        let conn = self.read();
         let mut stmt = conn.prepare("SELECT state, COUNT(*) FROM messages GROUP BY state")?;
         let mut counts = Counts::default();
         let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
@@ -739,70 +795,240 @@ impl Journal {
     /// refusing new messages past the queue caps instead (`[journal] max_queued*`). Freed pages
     /// are reused by later rows, so the file stops growing at about the bound.
     pub fn prune(&self, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError> {
-        let conn = self.conn();
-        let mut pruned = Pruned::default();
-        if let Some(age) = max_age {
-            let cutoff = std::time::SystemTime::now().checked_sub(age).unwrap_or(std::time::UNIX_EPOCH);
-            let cutoff = gatewarden_lifecycle::timefmt::format(cutoff);
-            let n = conn.execute(
-                "DELETE FROM messages WHERE state IN ('done', 'failed') AND updated_at < ?1",
-                params![cutoff],
-            )?;
-            pruned.by_age = n as u64;
-            let n = conn
-                .execute("DELETE FROM outbox WHERE state IN ('sent', 'failed') AND updated_at < ?1", params![cutoff])?;
-            let m = conn.execute("DELETE FROM sessions WHERE started_at < ?1", params![cutoff])?;
-            pruned.outbox += (n + m) as u64;
-        }
-        if let Some(max) = max_bytes {
-            loop {
-                let used = data_bytes(&conn)?;
-                if used <= max {
-                    break;
-                }
-                let rows: i64 = conn.query_row(
-                    "SELECT (SELECT COUNT(*) FROM messages) + (SELECT COUNT(*) FROM outbox)",
-                    [],
-                    |r| r.get(0),
-                )?;
-                let avg = used / u64::try_from(rows.max(1)).unwrap_or(1);
-                let batch = ((used - max).div_ceil(avg.max(1))).clamp(PRUNE_BATCH.0, PRUNE_BATCH.1);
-                let batch = i64::try_from(batch).unwrap_or(PRUNE_BATCH.0 as i64);
-                let n = conn.execute(
-                    "DELETE FROM messages WHERE rowid IN (
-                         SELECT rowid FROM messages WHERE state IN ('done', 'failed')
-                         ORDER BY rowid LIMIT ?1)",
-                    params![batch],
-                )?;
-                let m = conn.execute(
-                    "DELETE FROM outbox WHERE seq IN (
-                         SELECT seq FROM outbox WHERE state IN ('sent', 'failed') ORDER BY seq LIMIT ?1)",
-                    params![batch],
-                )?;
-                if n + m == 0 {
-                    break; // only unfinished work left: it stays
-                }
-                pruned.by_size += n as u64;
-                pruned.outbox += m as u64;
-            }
-        }
-        if pruned != Pruned::default() {
-            // Fold the deletions into the main file so the WAL does not keep their size.
-            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
-        }
-        Ok(pruned)
+        // Alone on the writer, outside a batch: the checkpoint cannot run inside a transaction,
+        // and each bounded delete commits on its own, as before group commit.
+        self.writer.submit(move |conn| prune_on(conn, max_age, max_bytes), true)
     }
 
     /// Queued messages `(of this chat, in all)`; a chat is its platform (`None`: the HTTP API)
     /// and its id.
     pub fn queued(&self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), JournalError> {
-        let (chat, all): (i64, i64) = self.conn().query_row(
+        let (chat, all): (i64, i64) = self.read().query_row(
             "SELECT COUNT(*) FILTER (WHERE chat_id = ?2 AND platform IS ?1), COUNT(*)
                FROM messages WHERE state = 'queued'",
             params![platform, chat_id],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
         Ok((u64::try_from(chat).unwrap_or(0), u64::try_from(all).unwrap_or(0)))
+    }
+}
+
+/// [`Journal::prune`] on the writer's connection.
+fn prune_on(conn: &Connection, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError> {
+    let mut pruned = Pruned::default();
+    if let Some(age) = max_age {
+        let cutoff = std::time::SystemTime::now().checked_sub(age).unwrap_or(std::time::UNIX_EPOCH);
+        let cutoff = gatewarden_lifecycle::timefmt::format(cutoff);
+        let n = conn
+            .execute("DELETE FROM messages WHERE state IN ('done', 'failed') AND updated_at < ?1", params![cutoff])?;
+        pruned.by_age = n as u64;
+        let n =
+            conn.execute("DELETE FROM outbox WHERE state IN ('sent', 'failed') AND updated_at < ?1", params![cutoff])?;
+        let m = conn.execute("DELETE FROM sessions WHERE started_at < ?1", params![cutoff])?;
+        pruned.outbox += (n + m) as u64;
+    }
+    if let Some(max) = max_bytes {
+        loop {
+            let used = data_bytes(conn)?;
+            if used <= max {
+                break;
+            }
+            let rows: i64 =
+                conn.query_row("SELECT (SELECT COUNT(*) FROM messages) + (SELECT COUNT(*) FROM outbox)", [], |r| {
+                    r.get(0)
+                })?;
+            let avg = used / u64::try_from(rows.max(1)).unwrap_or(1);
+            let batch = ((used - max).div_ceil(avg.max(1))).clamp(PRUNE_BATCH.0, PRUNE_BATCH.1);
+            let batch = i64::try_from(batch).unwrap_or(PRUNE_BATCH.0 as i64);
+            let n = conn.execute(
+                "DELETE FROM messages WHERE rowid IN (
+                     SELECT rowid FROM messages WHERE state IN ('done', 'failed')
+                     ORDER BY rowid LIMIT ?1)",
+                params![batch],
+            )?;
+            let m = conn.execute(
+                "DELETE FROM outbox WHERE seq IN (
+                     SELECT seq FROM outbox WHERE state IN ('sent', 'failed') ORDER BY seq LIMIT ?1)",
+                params![batch],
+            )?;
+            if n + m == 0 {
+                break; // only unfinished work left: it stays
+            }
+            pruned.by_size += n as u64;
+            pruned.outbox += m as u64;
+        }
+    }
+    if pruned != Pruned::default() {
+        // Fold the deletions into the main file so the WAL does not keep their size.
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+    }
+    Ok(pruned)
+}
+
+/// Most requests one group commit takes: bounds the time any one of them waits for its answer
+/// behind the others' statements.
+const MAX_BATCH: usize = 1024;
+
+/// The writer thread of a [`Journal`] (group commit) and the channel to it. Dropping it lets
+/// the thread finish what is queued, then joins it: the file is closed when the journal is.
+struct Writer {
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Batches committed (tests: writes share commits).
+    commits: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer").field("commits", &self.commits).finish_non_exhaustive()
+    }
+}
+
+/// One write request: its statements, then its answer once the batch's fate is known.
+trait Request: Send {
+    /// Runs the request's statements; false when they failed (they are rolled back alone).
+    fn run(&mut self, conn: &Connection) -> bool;
+    /// Answers the caller: its own result, or why its batch is not durable (`lost`).
+    fn answer(self: Box<Self>, lost: Option<&str>);
+}
+
+struct Job {
+    request: Box<dyn Request>,
+    /// Runs outside any batch, in autocommit (it commits, or checkpoints, on its own).
+    alone: bool,
+}
+
+struct Pending<R, F> {
+    f: Option<F>,
+    result: Option<Result<R, JournalError>>,
+    reply: std::sync::mpsc::SyncSender<Result<R, JournalError>>,
+}
+
+impl<R, F> Request for Pending<R, F>
+where
+    R: Send,
+    F: FnOnce(&Connection) -> Result<R, JournalError> + Send,
+{
+    fn run(&mut self, conn: &Connection) -> bool {
+        let r = match self.f.take() {
+            Some(f) => f(conn),
+            None => Err(JournalError::Writer("a request ran twice".into())),
+        };
+        let ok = r.is_ok();
+        self.result = Some(r);
+        ok
+    }
+
+    fn answer(self: Box<Self>, lost: Option<&str>) {
+        let r = match (self.result, lost) {
+            // Its own error first: the caller learns what was wrong with its request.
+            (Some(Err(e)), _) => Err(e),
+            (Some(Ok(v)), None) => Ok(v),
+            (_, Some(why)) => Err(JournalError::Writer(format!("not committed: {why}"))),
+            (None, None) => Err(JournalError::Writer("the request was not run".into())),
+        };
+        // The caller may be gone (a cancelled task): the result is durable either way.
+        let _ = self.reply.send(r);
+    }
+}
+
+impl Writer {
+    fn start(conn: Connection) -> std::io::Result<Writer> {
+        let (jobs, rx) = std::sync::mpsc::channel::<Job>();
+        let commits = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = std::sync::Arc::clone(&commits);
+        let thread = std::thread::Builder::new().name("journal-writer".into()).spawn(move || {
+            while let Ok(first) = rx.recv() {
+                // Everything queued while the last commit was fsyncing goes into this one.
+                let (mut batch, mut alone, mut next) = (Vec::new(), None, Some(first));
+                while let Some(job) = next.take() {
+                    if job.alone {
+                        alone = Some(job.request);
+                        break;
+                    }
+                    batch.push(job.request);
+                    if batch.len() < MAX_BATCH {
+                        next = rx.try_recv().ok();
+                    }
+                }
+                if !batch.is_empty() {
+                    commit_batch(&conn, batch);
+                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                if let Some(mut request) = alone {
+                    request.run(&conn);
+                    request.answer(None);
+                }
+            }
+        })?;
+        Ok(Writer { jobs: Some(jobs), thread: Some(thread), commits })
+    }
+
+    /// Queues `f` and waits for its answer (see [`Journal::write`]); `alone`: see [`Job`].
+    fn submit<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<R, JournalError> + Send + 'static,
+        alone: bool,
+    ) -> Result<R, JournalError> {
+        let gone = || JournalError::Writer("its writer thread is gone".into());
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
+        let request = Box::new(Pending { f: Some(f), result: None, reply });
+        self.jobs.as_ref().ok_or_else(gone)?.send(Job { request, alone }).map_err(|_| gone())?;
+        answer.recv().map_err(|_| gone())?
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Runs `batch` in one transaction, each request under its own savepoint, commits once (one
+/// fsync), then answers every request. A request that fails is rolled back alone and the
+/// others commit. If SQLite rolls the whole transaction back under us (disk full, I/O error),
+/// or the commit fails, every request run in it is told it was not committed, and the rest
+/// of the batch goes on in a new transaction.
+fn commit_batch(conn: &Connection, batch: Vec<Box<dyn Request>>) {
+    let mut queue = batch.into_iter().peekable();
+    while queue.peek().is_some() {
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            let why = e.to_string();
+            queue.for_each(|r| r.answer(Some(&why)));
+            return;
+        }
+        let (mut ran, mut lost) = (Vec::new(), None);
+        for mut request in queue.by_ref() {
+            if let Err(e) = conn.execute_batch("SAVEPOINT request") {
+                lost = Some(e.to_string());
+                ran.push(request);
+                break;
+            }
+            let ok = request.run(conn);
+            ran.push(request);
+            let end = if ok { "RELEASE request" } else { "ROLLBACK TO request; RELEASE request" };
+            let ended = conn.execute_batch(end);
+            if let Err(e) = ended {
+                lost = Some(e.to_string());
+                break;
+            }
+            if conn.is_autocommit() {
+                lost = Some("SQLite rolled the transaction back".into());
+                break;
+            }
+        }
+        if lost.is_none()
+            && let Err(e) = conn.execute_batch("COMMIT")
+        {
+            lost = Some(e.to_string());
+        }
+        if lost.is_some() && !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        ran.into_iter().for_each(|r| r.answer(lost.as_deref()));
     }
 }
 
@@ -957,12 +1183,12 @@ pub fn failure_notice(reason: &str) -> String {
     format!("sorry, that failed: {reason}")
 }
 
-fn queue_reply(tx: &rusqlite::Transaction<'_>, id: &str, text: &str, now: &str) -> Result<(), JournalError> {
-    tx.execute(
+fn queue_reply(conn: &Connection, id: &str, text: &str, now: &str) -> Result<(), JournalError> {
+    conn.prepare_cached(
         "INSERT INTO outbox (platform, chat_id, text, message_id, created_at, updated_at)
          SELECT platform, chat_id, ?2, id, ?3, ?3 FROM messages WHERE id = ?1 AND platform IS NOT NULL",
-        params![id, text, now],
-    )?;
+    )?
+    .execute(params![id, text, now])?;
     Ok(())
 }
 
@@ -1080,14 +1306,131 @@ mod tests {
         (dir, j)
     }
 
+    /// A raw write through the writer (tests set up states no method produces).
+    fn sql(j: &Journal, sql: &str, args: &[&str]) {
+        let (sql, args): (String, Vec<String>) = (sql.into(), args.iter().map(|a| (*a).to_owned()).collect());
+        j.write(move |c| Ok(c.execute(&sql, rusqlite::params_from_iter(args))?)).unwrap();
+    }
+
     #[test]
     fn pragmas_and_schema() {
         let (_d, j) = journal();
-        let conn = j.conn();
-        let mode: String = conn.pragma_query_value(None, "journal_mode", |r| r.get(0)).unwrap();
+        // The writer's connection: every commit goes through it.
+        let (mode, sync) = j
+            .write(|conn| {
+                let mode: String = conn.pragma_query_value(None, "journal_mode", |r| r.get(0))?;
+                let sync: i64 = conn.pragma_query_value(None, "synchronous", |r| r.get(0))?;
+                Ok((mode, sync))
+            })
+            .unwrap();
         assert_eq!(mode, "wal");
-        let sync: i64 = conn.pragma_query_value(None, "synchronous", |r| r.get(0)).unwrap();
         assert_eq!(sync, 2, "synchronous=FULL");
+    }
+
+    /// A request for [`commit_batch`] and the receiver of its answer.
+    fn request<R: Send + 'static>(
+        f: impl FnOnce(&Connection) -> Result<R, JournalError> + Send + 'static,
+    ) -> (Box<dyn Request>, std::sync::mpsc::Receiver<Result<R, JournalError>>) {
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
+        (Box::new(Pending { f: Some(f), result: None, reply }), answer)
+    }
+
+    fn insert(text: &'static str) -> impl FnOnce(&Connection) -> Result<String, JournalError> + Send + 'static {
+        move |c| {
+            c.execute(
+                "INSERT INTO messages (id, chat_id, user_id, text, kind, state, created_at, updated_at)
+                 VALUES (?1, 'c', 'u', ?1, 'async', 'queued', 't', 't')",
+                params![text],
+            )?;
+            Ok(text.to_owned())
+        }
+    }
+
+    /// The batch's one transaction holds every request, and a request that fails (here after
+    /// writing a row of its own) is rolled back alone: the others are committed and answered
+    /// with their own results, and the failing one gets its own error.
+    #[test]
+    fn a_failing_request_in_a_batch_fails_alone() {
+        let (dir, j) = journal();
+        drop(j);
+        let conn = Connection::open(dir.path().join(JOURNAL_FILE)).unwrap();
+        let (a, ra) = request(insert("a"));
+        let (bad, rbad) = request(|c: &Connection| -> Result<(), JournalError> {
+            insert("half")(c)?;
+            // Violates the CHECK on state: the statement fails.
+            c.execute("UPDATE messages SET state = 'bogus' WHERE id = 'a'", [])?;
+            Ok(())
+        });
+        let (dup, rdup) = request(insert("a")); // the primary key is taken by `a`
+        let (b, rb) = request(insert("b"));
+        commit_batch(&conn, vec![a, bad, dup, b]);
+        assert_eq!(ra.recv().unwrap().unwrap(), "a");
+        assert!(matches!(rbad.recv().unwrap(), Err(JournalError::Sqlite(_))));
+        assert!(matches!(rdup.recv().unwrap(), Err(JournalError::Sqlite(_))));
+        assert_eq!(rb.recv().unwrap().unwrap(), "b");
+        assert!(conn.is_autocommit(), "the batch is committed, no transaction left open");
+        drop(conn);
+        let j = Journal::open_in(dir.path()).unwrap();
+        let ids: Vec<String> = j.pending().unwrap().into_iter().map(|m| m.id).collect();
+        assert_eq!(ids, vec!["a".to_owned(), "b".to_owned()], "the failed request's own row is rolled back");
+        assert_eq!(j.get("a").unwrap().unwrap().state, State::Queued);
+    }
+
+    /// When the commit itself fails, no request of the batch is told it succeeded.
+    #[test]
+    fn a_failed_commit_answers_every_request_with_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join("x.sqlite3")).unwrap();
+        // A deferred foreign key is only checked at COMMIT: the way to make a commit fail.
+        conn.execute_batch(
+            "PRAGMA foreign_keys = ON;
+             CREATE TABLE parent (id INTEGER PRIMARY KEY);
+             CREATE TABLE child (id INTEGER PRIMARY KEY,
+                 parent INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED);",
+        )
+        .unwrap();
+        let (ok, rok) = request(|c: &Connection| Ok(c.execute("INSERT INTO parent (id) VALUES (1)", [])?));
+        let (orphan, rorphan) = request(|c: &Connection| Ok(c.execute("INSERT INTO child VALUES (1, 99)", [])?));
+        commit_batch(&conn, vec![ok, orphan]);
+        assert!(matches!(rok.recv().unwrap(), Err(JournalError::Writer(w)) if w.contains("not committed")));
+        assert!(matches!(rorphan.recv().unwrap(), Err(JournalError::Writer(_))));
+        assert!(conn.is_autocommit());
+        let n: i64 = conn.query_row("SELECT COUNT(*) FROM parent", [], |r| r.get(0)).unwrap();
+        assert_eq!(n, 0, "nothing of the failed batch is in the file");
+    }
+
+    /// Concurrent writers share commits (group commit), each gets its own answer, and every
+    /// row that was answered is in the file when it is reopened.
+    #[test]
+    fn concurrent_writes_share_commits() {
+        let (dir, j) = journal();
+        let j = std::sync::Arc::new(j);
+        let handles: Vec<_> = (0..16)
+            .map(|t| {
+                let j = std::sync::Arc::clone(&j);
+                std::thread::spawn(move || {
+                    (0..25)
+                        .map(|i| {
+                            if i == 7 {
+                                // One failing request per thread, in the middle of the others.
+                                let r = j.write(|c| Ok(c.execute("INSERT INTO messages (id) VALUES ('x')", [])?));
+                                assert!(r.is_err(), "{r:?}");
+                            }
+                            j.accept(&msg(&format!("{t}-{i}"))).unwrap()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let ids: Vec<String> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+        let commits = j.writer.commits.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(commits < ids.len() as u64, "{commits} commits for {} writes: no batching", ids.len());
+        drop(j);
+        let j = Journal::open_in(dir.path()).unwrap();
+        assert_eq!(j.counts().unwrap().queued, ids.len() as u64);
+        for id in &ids {
+            assert!(j.get(id).unwrap().is_some(), "{id} answered but not in the file");
+        }
     }
 
     #[test]
@@ -1181,12 +1524,7 @@ mod tests {
         assert_eq!(j.get(&cmd).unwrap().unwrap().state, State::Done);
         // A command row left running by some other path is still never returned.
         let cmd2 = j.accept(&msg("/restart")).unwrap();
-        j.conn()
-            .execute(
-                "UPDATE messages SET state='running', is_command=1, incarnation='c', attempts=1 WHERE id=?1",
-                params![cmd2],
-            )
-            .unwrap();
+        sql(&j, "UPDATE messages SET state='running', is_command=1, incarnation='c', attempts=1 WHERE id=?1", &[&cmd2]);
         assert!(!j.recover("d").unwrap().contains(&cmd2));
         assert_eq!(j.get(&cmd2).unwrap().unwrap().state, State::Done);
         assert!(!j.mark_command(&cmd2).unwrap(), "already final");
@@ -1223,7 +1561,7 @@ mod tests {
     fn age(j: &Journal, id: &str, days: u64) {
         let t = std::time::SystemTime::now() - Duration::from_secs(days * 24 * 3600);
         let t = gatewarden_lifecycle::timefmt::format(t);
-        j.conn().execute("UPDATE messages SET created_at = ?2, updated_at = ?2 WHERE id = ?1", params![id, t]).unwrap();
+        sql(j, "UPDATE messages SET created_at = ?2, updated_at = ?2 WHERE id = ?1", &[id, &t]);
     }
 
     #[test]
@@ -1265,7 +1603,7 @@ mod tests {
             finished.push(id);
         }
         let pending: Vec<_> = (0..10).map(|_| j.accept(&msg(&big)).unwrap()).collect();
-        assert!(data_bytes(&j.conn()).unwrap() > 5 * 1024 * 1024);
+        assert!(data_bytes(&j.read()).unwrap() > 5 * 1024 * 1024);
         // Smaller than the unfinished rows alone: every finished row goes, no unfinished one.
         let p = j.prune(None, Some(256 * 1024)).unwrap();
         assert_eq!(p.by_size, 40, "{p:?}");
@@ -1283,7 +1621,7 @@ mod tests {
         }
         let p = j.prune(None, Some(1024 * 1024)).unwrap();
         assert!(p.by_size > 0 && p.by_size < 40, "{p:?}");
-        assert!(data_bytes(&j.conn()).unwrap() <= 1024 * 1024);
+        assert!(data_bytes(&j.read()).unwrap() <= 1024 * 1024);
         let kept: Vec<_> = ids.iter().filter(|id| j.get(id).unwrap().is_some()).collect();
         assert_eq!(kept.len() as u64, 40 - p.by_size);
         assert_eq!(kept.first().copied(), ids.get(p.by_size as usize), "the oldest went first");
@@ -1308,8 +1646,8 @@ mod tests {
             let seq = j.enqueue("tg", "c1", "hi").unwrap();
             assert!(j.outbox_done(seq, Some("chat gone")).unwrap());
         }
-        j.conn().execute("UPDATE outbox SET updated_at = '2000-01-01T00:00:00.000000+00:00'", []).unwrap();
-        j.conn().execute("UPDATE sessions SET started_at = '2000-01-01T00:00:00.000000+00:00'", []).unwrap();
+        sql(&j, "UPDATE outbox SET updated_at = '2000-01-01T00:00:00.000000+00:00'", &[]);
+        sql(&j, "UPDATE sessions SET started_at = '2000-01-01T00:00:00.000000+00:00'", &[]);
         let p = j.prune(Some(Duration::from_secs(24 * 3600)), None).unwrap();
         assert_eq!(p.outbox, 3 + 1, "{p:?}");
         assert_eq!(j.outbox_counts("tg").unwrap(), (4, 0, 0));

@@ -283,3 +283,85 @@ fn durability_async_messages_survive_restarts_and_sigkills_exactly_once() {
     assert!(accepted.len() >= N / 2, "most submissions should be accepted: {rejected:?}");
     let _ = run_cli(&home, &["stop"]);
 }
+
+/// Group commit (issue 22): eight clients POST async messages back to back, so the journal's
+/// writer commits them in shared batches, and the gateway is SIGKILLed in the middle of the
+/// burst. Every message that got its 202 was in a durable commit before it: after a restart
+/// each one is in the journal, once, and ends `done` with its text as the reply.
+#[test]
+fn durability_burst_sigkilled_mid_batch_keeps_every_202() {
+    const CLIENTS: usize = 8;
+    const PER_CLIENT: usize = 400;
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let port = api::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    write_config(
+        home.path(),
+        &format!(
+            "listen = \"{listen}\"\ndrain_timeout_s = 5\n[agent]\nbackend = \"echo\"\n\
+             [journal]\nmax_queued = 10000\nmax_queued_per_chat = 10000\n"
+        ),
+    );
+    let out = cli_tagged(&home, &sw, &["start"], Duration::from_secs(40));
+    assert_cli(&out, 0, "start");
+    let addr: std::net::SocketAddr = listen.parse().unwrap();
+
+    let accepted = Arc::new(std::sync::Mutex::new(Vec::<(String, String)>::new()));
+    let count = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|k| {
+            let (accepted, count) = (Arc::clone(&accepted), Arc::clone(&count));
+            std::thread::spawn(move || {
+                let api = Api::new(addr).with_timeout(Duration::from_secs(10));
+                for i in 0..PER_CLIENT {
+                    let text = format!("burst-{k}-{i}");
+                    match api.send_async(&format!("chat-{k}"), "burst", &text) {
+                        Ok(r) if r.status == 202 => {
+                            let id = r.json().ok().and_then(|v| v["message_id"].as_str().map(str::to_string));
+                            let id = id.unwrap_or_else(|| panic!("202 without an id: {}", r.text()));
+                            accepted.lock().unwrap().push((text, id));
+                            count.fetch_add(1, Ordering::SeqCst);
+                        }
+                        // The gateway is gone (or going): this client's burst is over.
+                        _ => return,
+                    }
+                }
+            })
+        })
+        .collect();
+    // Mid-burst: writes are queued and in flight in the journal's writer when the kill lands.
+    must_wait_until(Duration::from_secs(60), "a third of the burst accepted", || {
+        count.load(Ordering::SeqCst) >= CLIENTS * PER_CLIENT / 3
+    });
+    kill_holder(&home, &sw);
+    for c in clients {
+        c.join().unwrap();
+    }
+    let accepted = std::mem::take(&mut *accepted.lock().unwrap());
+    assert!(accepted.len() < CLIENTS * PER_CLIENT, "the kill came after the burst: nothing was in flight");
+
+    let out = cli_tagged(&home, &sw, &["start"], Duration::from_secs(40));
+    assert_cli(&out, 0, "start after kill -9");
+    let (_, _, addr) = wait_new_ready(home.path(), &[], Duration::from_secs(20)).expect("restarted gateway");
+    let api = Api::new(addr);
+    let mut problems = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for (text, id) in &accepted {
+        let mut last = None;
+        let fin = wait_until(deadline.saturating_duration_since(Instant::now()), || {
+            last = api.message(id);
+            last.as_ref().is_some_and(|m| m["state"] == "done" || m["state"] == "failed")
+        });
+        match last {
+            None => problems.push(format!("LOST: {id} ({text}) got a 202 and is not in the journal")),
+            Some(m) if !fin || m["state"] != "done" || m["reply"] != json!(text) => {
+                problems.push(format!("{id} ({text}): {m}"))
+            }
+            Some(_) => {}
+        }
+    }
+    println!("burst: {} accepted before the kill", accepted.len());
+    assert!(problems.is_empty(), "{} of {} accepted: {problems:#?}", problems.len(), accepted.len());
+    let _ = run_cli(&home, &["stop"]);
+}
