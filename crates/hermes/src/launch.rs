@@ -109,11 +109,11 @@ pub fn choose(
     }
 }
 
-/// The first absolute path before `gateway` that does not exist.
+/// The first rooted path before `gateway` (`/…`, `C:\…`) that does not exist.
 fn missing_script<'a>(args: &'a [String], exists: &impl Fn(&Path) -> bool) -> Option<&'a str> {
     args.iter()
         .take_while(|a| *a != "gateway")
-        .find(|a| Path::new(a.as_str()).is_absolute() && !exists(Path::new(a.as_str())))
+        .find(|a| Path::new(a.as_str()).has_root() && !exists(Path::new(a.as_str())))
         .map(String::as_str)
 }
 
