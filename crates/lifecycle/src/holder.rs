@@ -62,8 +62,9 @@ pub fn fits_gateway(argv: &[String], own_name: &str, is_home: impl Fn(&str) -> b
     let base = |a: &str| a.rsplit(['/', '\\']).next().unwrap_or(a).to_owned();
     let program = argv.first().map(|a| base(a)).unwrap_or_default();
     let is_gatewarden = program.starts_with("gatewarden") || (!own_name.is_empty() && program == own_name);
-    // A relative home is relative to the holder's directory, which we do not know.
-    let relative = |h: &str| !std::path::Path::new(h).is_absolute();
+    // A relative home is relative to the holder's directory, which we do not know. Rooted
+    // counts as absolute (`/h` on Windows has a root but no drive: still not relative).
+    let relative = |h: &str| !std::path::Path::new(h).has_root();
     let mut home_ok = true;
     let mut verb = None;
     let mut args = argv.iter().skip(1);
