@@ -524,6 +524,26 @@ impl PgJournal {
         Ok((n(0), n(1)))
     }
 
+    /// Deletes `table`'s oldest rows in a `finished` state (an SQL list) while this cluster's
+    /// rows take more than `max` bytes, in one statement: a running total from the newest row
+    /// down (`pg_column_size`).
+    async fn prune_by_size(&mut self, epoch: i64, table: &str, finished: &str, max: i64) -> Result<u64, ClusterError> {
+        let sql = format!(
+            "WITH f AS MATERIALIZED (SELECT gw_fence($1, $2)),
+             sized AS (
+                SELECT seq, sum(pg_column_size(t.*)) OVER (ORDER BY seq DESC) AS upto
+                  FROM {table} t WHERE name = $1),
+             d AS (
+                DELETE FROM {table} t USING f
+                 WHERE t.name = $1 AND t.state IN ({finished})
+                   AND t.seq IN (SELECT seq FROM sized WHERE upto > $3)
+                RETURNING 1)
+             SELECT count(*) FROM d"
+        );
+        let rows = self.query_all(epoch, &sql, &[&max]).await?;
+        Ok(rows.first().map_or(0, |r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0)))
+    }
+
     /// Retention (outbox entries left for good and sessions too): finished rows last updated more than `max_age` ago go, then the oldest
     /// finished rows while this cluster's rows take more than `max_bytes` (their stored size,
     /// `pg_column_size`; PostgreSQL reuses the space after autovacuum). Unfinished rows stay.
@@ -573,43 +593,9 @@ impl PgJournal {
         }
         if let Some(max) = max_bytes {
             let max = i64::try_from(max).unwrap_or(i64::MAX);
-            // One statement: the oldest finished rows beyond the bound, by running total from
-            // the newest row down.
-            let rows = self
-                .query_all(
-                    epoch,
-                    "WITH f AS MATERIALIZED (SELECT gw_fence($1, $2)),
-                     sized AS (
-                        SELECT seq, state, sum(pg_column_size(m.*)) OVER (ORDER BY seq DESC) AS upto
-                          FROM gw_messages m WHERE name = $1),
-                     d AS (
-                        DELETE FROM gw_messages m USING f
-                         WHERE m.name = $1 AND m.state IN ('done', 'failed')
-                           AND m.seq IN (SELECT seq FROM sized WHERE upto > $3)
-                        RETURNING 1)
-                     SELECT count(*) FROM d",
-                    &[&max],
-                )
-                .await?;
-            pruned.by_size = rows.first().map_or(0, |r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0));
+            pruned.by_size = self.prune_by_size(epoch, "gw_messages", "'done', 'failed'", max).await?;
             // The outbox within the same bound, apart (its rows repeat the replies).
-            let rows = self
-                .query_all(
-                    epoch,
-                    "WITH f AS MATERIALIZED (SELECT gw_fence($1, $2)),
-                     sized AS (
-                        SELECT seq, sum(pg_column_size(o.*)) OVER (ORDER BY seq DESC) AS upto
-                          FROM gw_outbox o WHERE name = $1),
-                     d AS (
-                        DELETE FROM gw_outbox o USING f
-                         WHERE o.name = $1 AND o.state IN ('sent', 'failed')
-                           AND o.seq IN (SELECT seq FROM sized WHERE upto > $3)
-                        RETURNING 1)
-                     SELECT count(*) FROM d",
-                    &[&max],
-                )
-                .await?;
-            pruned.outbox += rows.first().map_or(0, |r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0));
+            pruned.outbox += self.prune_by_size(epoch, "gw_outbox", "'sent', 'failed'", max).await?;
         }
         Ok(pruned)
     }
