@@ -35,10 +35,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use gatewarden_agent::config::PlatformConfig;
 use gatewarden_chatproto::irc::{
     Config, Connection, Error as IrcError, ErrorKind, Event, MAX_TEXT_BYTES, Writer, split_text,
 };
+use gatewarden_config::PlatformConfig;
 
 use crate::wait::{self, Flags, Running, Slot, spawn};
 use crate::{Adapter, AdapterError, Host, Inbound, Sent, State, Status};

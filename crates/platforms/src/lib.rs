@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use gatewarden_agent::config::{PlatformConfig, PlatformKind};
+use gatewarden_config::{PlatformConfig, PlatformKind};
 use serde::Serialize;
 
 pub use sha256::sha256_hex;
@@ -207,7 +207,7 @@ pub struct Inbound {
 }
 
 /// A reply to send, from the journal's outbox.
-pub use gatewarden_agent::journal::Outgoing;
+pub use gatewarden_journal::Outgoing;
 
 /// How a send ended, for the outbox.
 #[derive(Debug, Clone, PartialEq, Eq)]

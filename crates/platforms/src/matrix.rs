@@ -32,8 +32,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use gatewarden_agent::config::PlatformConfig;
 use gatewarden_chatproto::matrix::{Client, Error as MxError, ErrorKind, TextMessage};
+use gatewarden_config::PlatformConfig;
 use gatewarden_lifecycle::fsio;
 use serde::{Deserialize, Serialize};
 

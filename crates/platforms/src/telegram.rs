@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
-use gatewarden_agent::config::PlatformConfig;
+use gatewarden_config::PlatformConfig;
 use gatewarden_net::Outbound;
 use serde_json::{Value, json};
 

@@ -209,7 +209,7 @@ fn sweep_orphan_runs(gw: &Gateway) {
 /// token, opens the journal and builds the agent. Every failure is fatal configuration (78).
 fn prepare(home: &Home, mut opts: RunOptions, tag: &str) -> Result<(Arc<work::Work>, ResolvedOptions), Outcome> {
     let fatal = |e: String| Outcome::new(ExitIntent::FatalConfig, e);
-    let mut config = gatewarden_agent::Config::load(home.dir()).map_err(|e| fatal(e.to_string()))?;
+    let mut config = gatewarden_config::Config::load(home.dir()).map_err(|e| fatal(e.to_string()))?;
     if let Some(l) = &opts.listen {
         config.listen = l.parse().map_err(|e| fatal(format!("invalid --listen {l:?}: {e}")))?;
     }
@@ -220,10 +220,10 @@ fn prepare(home: &Home, mut opts: RunOptions, tag: &str) -> Result<(Arc<work::Wo
         None => None,
     };
     // With `[cluster]` the journal is the cluster's, in PostgreSQL (cluster.rs); else the home's.
-    let journal: Arc<dyn gatewarden_agent::Store> = match cluster.as_ref().and_then(|c| c.store.clone()) {
+    let journal: Arc<dyn gatewarden_journal::Store> = match cluster.as_ref().and_then(|c| c.store.clone()) {
         Some(store) => store,
         None => Arc::new(
-            gatewarden_agent::Journal::open_in(home.dir())
+            gatewarden_journal::Journal::open_in(home.dir())
                 .map_err(|e| fatal(format!("cannot open the journal: {e}")))?,
         ),
     };

@@ -16,9 +16,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gatewarden_agent::journal::{Kind, NewMessage};
-use gatewarden_agent::{Agent, AgentError, AgentRequest, JournalError, Store, Turn};
+use gatewarden_agent::{Agent, AgentError, AgentRequest, Turn};
 use gatewarden_control::Requester;
+use gatewarden_journal::{JournalError, Store};
+use gatewarden_journal::{Kind, NewMessage};
 use gatewarden_lifecycle::{fsio, timefmt};
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc};
@@ -144,9 +145,9 @@ pub struct Work {
     pub admins: Vec<String>,
     pub api_token: Option<String>,
     /// The listener's limits and accepted `Host` names.
-    pub http: gatewarden_agent::config::HttpConfig,
+    pub http: gatewarden_config::HttpConfig,
     /// Retention of finished journal rows.
-    pub retention: gatewarden_agent::config::JournalConfig,
+    pub retention: gatewarden_config::JournalConfig,
     pub model: String,
     pub metrics: Metrics,
     /// Cancelled when the drain budget runs out.
@@ -181,7 +182,7 @@ impl Work {
     pub fn new(
         agent: Box<dyn Agent>,
         journal: Arc<dyn Store>,
-        config: &gatewarden_agent::Config,
+        config: &gatewarden_config::Config,
         loopback: bool,
     ) -> Work {
         let (queue, rx) = mpsc::unbounded_channel();

@@ -47,7 +47,7 @@ pub fn spec_for(home: &Home, scope: Scope) -> io::Result<ServiceSpec> {
     spec.revert_exe = Some(super::update::good_copy(home));
     spec.is_default_home = is_default_home(home);
     spec.scope = scope;
-    if let Ok(cfg) = gatewarden_agent::Config::load(home.dir()) {
+    if let Ok(cfg) = gatewarden_config::Config::load(home.dir()) {
         spec.drain_timeout_s = cfg.drain_timeout_s;
     }
     Ok(spec)

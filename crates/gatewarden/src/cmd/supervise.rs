@@ -125,7 +125,7 @@ impl Supervisor {
         };
         let drain_s = args
             .drain_timeout
-            .or_else(|| gatewarden_agent::Config::load(home.dir()).ok().map(|c| c.drain_timeout_s))
+            .or_else(|| gatewarden_config::Config::load(home.dir()).ok().map(|c| c.drain_timeout_s))
             .unwrap_or(30);
         let ledger = Ledger::new(home.ledger(), Writer::current());
         Supervisor { home, args, policy, tx, ledger, t0: Instant::now(), drain_s, orphans_reaped: 0 }

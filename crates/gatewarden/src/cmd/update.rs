@@ -336,7 +336,7 @@ impl<'h> Updater<'h> {
         if let Some(why) = self.runs_elsewhere(&target) {
             return self.refuse(&why);
         }
-        let config = match gatewarden_agent::Config::load(self.home.dir()) {
+        let config = match gatewarden_config::Config::load(self.home.dir()) {
             Ok(c) => c,
             Err(e) => return self.refuse(&format!("cannot read the configuration: {e}")),
         };
@@ -461,7 +461,7 @@ impl<'h> Updater<'h> {
         t2.phase = Phase::Probation;
         t2.incarnation = s.incarnation.clone();
         self.save(&t2);
-        let probation = gatewarden_agent::Config::load(self.home.dir()).map(|c| c.update.probation_s).unwrap_or(10);
+        let probation = gatewarden_config::Config::load(self.home.dir()).map(|c| c.update.probation_s).unwrap_or(10);
         self.say(&format!("{} is ready; probation {probation}s", t.to));
         let until = Instant::now() + Duration::from_secs(probation);
         let ep = Endpoint::for_home(self.home.dir());
