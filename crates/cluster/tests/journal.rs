@@ -7,21 +7,13 @@ use std::time::Instant;
 
 use gatewarden_cluster::driver::RoleView;
 use gatewarden_cluster::journal::PgJournal;
-use gatewarden_cluster::{Acquired, ClusterError, Handle, Holder, LeaseBackend, PgLease, PgStore, Timing};
+use gatewarden_cluster::{Acquired, ClusterError, Handle, LeaseBackend, PgLease, PgStore, Timing};
 use gatewarden_journal::JournalError;
 use gatewarden_journal::{Counts, Kind, NewMessage, State, Store};
 use gatewarden_testkit::postgres::{Cluster, PASSWORD};
 
-fn holder(n: u32) -> Holder {
-    Holder {
-        host: "h".into(),
-        home: format!("/homes/{n}"),
-        pid: n,
-        start_time: None,
-        incarnation: format!("inc{n}"),
-        listen: None,
-    }
-}
+mod common;
+use common::holder;
 
 /// A deposed active cannot finish a run; the new active re-runs it exactly once.
 #[test]

@@ -16,6 +16,7 @@ use gatewarden_lifecycle::records::read_pid_record;
 
 use crate::home::HermesHome;
 use crate::sys;
+use gatewarden_lifecycle::platform::spawn;
 
 /// Where the command came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -147,10 +148,10 @@ pub fn resolve(
 /// An absolute (or relative-with-folder) executable file as is, a bare name on `PATH`.
 pub fn find_program(p: &Path) -> Option<PathBuf> {
     if p.components().count() > 1 {
-        return sys::is_executable(p).then(|| p.to_path_buf());
+        return spawn::is_executable(p).then(|| p.to_path_buf());
     }
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(p)).find(|c| c.is_absolute() && sys::is_executable(c))
+    std::env::split_paths(&path).map(|d| d.join(p)).find(|c| c.is_absolute() && spawn::is_executable(c))
 }
 
 #[cfg(test)]

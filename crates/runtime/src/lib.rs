@@ -15,7 +15,6 @@ pub mod platforms;
 pub mod restart;
 pub mod sdnotify;
 pub mod signals;
-pub mod spawn;
 pub mod takeover;
 pub mod watch;
 pub mod work;
@@ -346,7 +345,8 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
         Err(e) => return startup_failed(&gw, format!("cannot install signal handlers: {e}")),
     };
     let bound = match &opts.inherit_listener {
-        Some(v) => spawn::adopt_listener(v).map_err(|e| format!("cannot adopt the inherited listener {v}: {e}")),
+        Some(v) => gatewarden_lifecycle::platform::spawn::adopt_listener(v)
+            .map_err(|e| format!("cannot adopt the inherited listener {v}: {e}")),
         None => tokio::task::block_in_place(|| http::bind(&opts.listen, BIND_PATIENCE)),
     };
     let std_listener = match bound {

@@ -531,7 +531,9 @@ impl Work {
         let Some(source) = &self.update_source else {
             return "no release to install: set [update] source in config.toml".into();
         };
-        let Ok(exe) = crate::spawn::self_exe() else { return "cannot locate the gatewarden executable".into() };
+        let Ok(exe) = gatewarden_lifecycle::platform::spawn::self_exe() else {
+            return "cannot locate the gatewarden executable".into();
+        };
         let mut cmd = std::process::Command::new(exe);
         cmd.arg("--home").arg(gw.home.dir()).args(["update", "--from", source, "--chat", chat_id]);
         if let Some(p) = platform {
@@ -540,7 +542,7 @@ impl Work {
         // Not one of our runs: the next incarnation's sweep must not kill it.
         cmd.env_remove(crate::RUN_TAG);
         cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
-        crate::spawn::detach(&mut cmd, None);
+        gatewarden_lifecycle::platform::spawn::detach(&mut cmd, None);
         match cmd.spawn() {
             Ok(child) => {
                 gw.record(

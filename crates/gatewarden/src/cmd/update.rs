@@ -549,7 +549,7 @@ impl<'h> Updater<'h> {
         use gatewarden_lifecycle::{ProcessIdentity, platform};
         let Some(me) = ProcessIdentity::current() else { return };
         let started_after_me = |pid: u32| platform::start_time(pid).is_some_and(|st| st >= me.start_time);
-        let groups = super::os::proc::process_groups();
+        let groups = gatewarden_lifecycle::platform::spawn::process_groups();
         let pgid_of = |pid: u32| groups.iter().find(|(p, _)| *p == pid).map(|(_, g)| *g);
         let (mine, kept) = (pgid_of(me.pid), keep.and_then(pgid_of));
         let mut leaders: Vec<u32> = Vec::new();
@@ -920,7 +920,7 @@ pub fn on_gateway_start(home: &Home) {
     cmd.arg("--home").arg(home.dir()).args(["update", "--resume"]);
     cmd.env_remove(gatewarden_runtime::RUN_TAG);
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-    gatewarden_runtime::spawn::detach(&mut cmd, None);
+    gatewarden_lifecycle::platform::spawn::detach(&mut cmd, None);
     let _ = cmd.spawn();
 }
 

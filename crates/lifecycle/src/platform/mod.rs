@@ -29,6 +29,8 @@
 //! - `is_stopped(pid: u32) -> Option<bool>`: whether a process is stopped (SIGSTOP, traced)
 //! - `port_listeners(port: u16) -> Vec<PortListener>`: who listens on a TCP port, where the OS
 //!   tells
+//!
+//! Starting, watching and ending child processes: [`spawn`] (the same pattern, its own files).
 
 #[cfg_attr(target_os = "linux", path = "linux.rs")]
 #[cfg_attr(target_os = "macos", path = "macos.rs")]
@@ -43,6 +45,8 @@ mod unix;
 mod without_procfs;
 
 pub use imp::*;
+
+pub mod spawn;
 
 /// Ownership facts about a directory, for the pure checks in [`crate::home`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
