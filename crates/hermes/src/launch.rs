@@ -12,11 +12,10 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use gatewarden_lifecycle::ProcessIdentity;
+use gatewarden_lifecycle::platform::{self, spawn};
 use gatewarden_lifecycle::records::read_pid_record;
 
 use crate::home::HermesHome;
-use crate::sys;
-use gatewarden_lifecycle::platform::spawn;
 
 /// Where the command came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -141,7 +140,7 @@ pub fn resolve(
         .filter(|r| running.is_none_or(|id| r.identity() == Some(id)))
         .map(|r| r.argv)
         .filter(|a| !a.is_empty());
-    let candidates = Candidates { explicit, record, running: running.and_then(|id| sys::cmdline(id.pid)) };
+    let candidates = Candidates { explicit, record, running: running.and_then(|id| platform::argv(id.pid)) };
     choose(&candidates, find_program, Path::exists)
 }
 
