@@ -65,5 +65,6 @@ pub fn kill_tagged(_key: &str, _accept: &dyn Fn(&str) -> bool) -> Vec<u32> {
 }
 
 pub use super::without_procfs::{
-    argv, cgroup, cmdline, environ, is_stopped, port_listeners, process_uid, processes_with_env, systemd_main_pid,
+    argv, cgroup, cmdline, environ, is_stopped, port_listeners, process_uid, processes_with_env, release_startup_pages,
+    systemd_main_pid,
 };
