@@ -21,7 +21,7 @@
 pub mod credlock;
 pub mod irc;
 pub mod matrix;
-mod sha256;
+pub mod skeleton;
 pub mod telegram;
 mod wait;
 
@@ -31,8 +31,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use gatewarden_agent::config::{PlatformConfig, PlatformKind};
 use serde::Serialize;
-
-pub use sha256::sha256_hex;
 
 /// Where an adapter is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -290,6 +288,13 @@ pub trait Adapter: Send + Sync {
     fn watchdog_after(&self) -> Duration;
 }
 
+/// The lowercase hex SHA-256 of `data`: the credential lock's and lease's key, so the credential
+/// itself is written nowhere.
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Builds the adapter for one `[[platform]]` table, reading its credential from the environment.
 pub fn build(cfg: &PlatformConfig) -> Result<Arc<dyn Adapter>, AdapterError> {
     let name = cfg.adapter_name();
@@ -302,5 +307,22 @@ pub fn build(cfg: &PlatformConfig) -> Result<Arc<dyn Adapter>, AdapterError> {
         // The password is optional; a named variable that is unset is still an error.
         PlatformKind::Irc if cfg.token_env.is_some() && token.is_none() => Err(missing()),
         PlatformKind::Irc => Ok(Arc::new(irc::Irc::new(cfg, token)?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fips_vectors() {
+        assert_eq!(sha256_hex(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        assert_eq!(sha256_hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            sha256_hex(b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
+        );
+        // Padding that spills into a second block.
+        assert_eq!(sha256_hex(&[b'a'; 64]), "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb");
     }
 }
