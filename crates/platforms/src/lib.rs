@@ -1,4 +1,5 @@
-//! Chat platform adapters: one trait, a module per platform.
+//! Chat platform adapters: one contract ([`Adapter`]), one skeleton that implements it
+//! ([`skeleton::Skeleton`]), and a protocol module per platform.
 //!
 //! An adapter's life, driven by the gateway (crates/runtime/src/platforms.rs):
 //! 1. the gateway takes the adapter's credential lock ([`credlock`]; with `[cluster]`, a credential
@@ -9,14 +10,15 @@
 //! 3. replies leave through the journal's durable outbox: the host calls [`Adapter::wake`] when
 //!    there is something to send, and the adapter reports each entry sent or failed;
 //! 4. the adapter publishes its [`State`] and the time of its last successful receive or send
-//!    ([`Status::last_progress`]); the gateway's watchdog, not the adapter, decides that a deaf
+//!    ([`Snapshot::last_progress`]); the gateway's watchdog, not the adapter, decides that a deaf
 //!    adapter is reconnected ([`Adapter::reconnect`]);
-//! 5. drain: [`Adapter::stop_intake`] first (no new polls), then, once runs are idle,
+//! 5. drain: [`Adapter::stop_intake`] first (no new receives), then, once runs are idle,
 //!    [`Adapter::close`] flushes the outbox within a deadline and stops the threads. (IRC's
 //!    server keeps nothing for a successor, so its adapter listens on until `close`.)
 //!
-//! A platform is a module implementing [`Adapter`] and one arm in [`build`]: [`telegram`],
-//! [`matrix`] and [`irc`].
+//! Steps 2 to 5 are the skeleton's ([`skeleton`]); a platform is a [`skeleton::Protocol`] in
+//! its own module ([`telegram`], [`matrix`], [`irc`]) and one arm in [`build`]
+//! (docs/adding-a-platform.md).
 
 pub mod credlock;
 pub mod irc;
@@ -89,6 +91,7 @@ struct StatusInner {
     received: u64,
     sent: u64,
     conflicts: u64,
+    last_error: Option<String>,
 }
 
 /// A copy of [`Status`] at one instant.
@@ -105,8 +108,11 @@ pub struct Snapshot {
     /// Seconds between the platform's timestamp of the last inbound message and its commit.
     pub lag_s: Option<f64>,
     pub received: u64,
+    /// Pieces sent (a long reply is several).
     pub sent: u64,
     pub conflicts: u64,
+    /// The reason of the last `degraded` or `parked`, kept after recovery.
+    pub last_error: Option<String>,
 }
 
 impl Default for Status {
@@ -121,6 +127,7 @@ impl Default for Status {
                 received: 0,
                 sent: 0,
                 conflicts: 0,
+                last_error: None,
             }),
         }
     }
@@ -137,6 +144,9 @@ impl Status {
         self.with(|s| {
             if s.state == state {
                 return false;
+            }
+            if let State::Degraded(why) | State::Parked(why) = &state {
+                s.last_error = Some(why.clone());
             }
             s.state = state;
             s.since = SystemTime::now();
@@ -188,6 +198,7 @@ impl Status {
             received: s.received,
             sent: s.sent,
             conflicts: s.conflicts,
+            last_error: s.last_error.clone(),
         })
     }
 }
@@ -324,5 +335,19 @@ mod tests {
         );
         // Padding that spills into a second block.
         assert_eq!(sha256_hex(&[b'a'; 64]), "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb");
+    }
+
+    #[test]
+    fn the_last_error_outlives_the_recovery() {
+        let s = Status::default();
+        assert_eq!(s.snapshot().last_error, None);
+        assert!(s.set(State::Degraded("cannot reach the Bot API".into())));
+        assert!(s.set(State::Connected));
+        assert!(s.set(State::Standby("another consumer is active".into())), "standby is no error");
+        let snap = s.snapshot();
+        assert_eq!((snap.state.name(), snap.last_error.as_deref()), ("standby", Some("cannot reach the Bot API")));
+        let json = serde_json::to_value(&snap).unwrap();
+        assert_eq!(json["last_error"], "cannot reach the Bot API");
+        assert_eq!(json["state"], "standby");
     }
 }
