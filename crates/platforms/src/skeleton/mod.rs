@@ -167,6 +167,16 @@ impl Ctx {
     }
 }
 
+/// Retries after a failure wait this long, doubling up to [`BACKOFF_MAX`].
+const BACKOFF_MIN: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(15);
+/// Longest retry-after honoured as given; a larger one is capped (and retried then).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
+fn next_backoff(backoff: Duration) -> Duration {
+    (backoff * 2).min(BACKOFF_MAX)
+}
+
 /// How long past the close deadline [`Adapter::close`] waits for the sender.
 const SEND_GRACE: Duration = Duration::from_millis(200);
 

@@ -2,13 +2,9 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use super::{Ctx, Limits};
+use super::{BACKOFF_MIN, Ctx, Limits, MAX_RETRY_AFTER, next_backoff};
 use crate::{Inbound, State};
 
-const BACKOFF_MIN: Duration = Duration::from_millis(250);
-const BACKOFF_MAX: Duration = Duration::from_secs(15);
-/// Longest retry-after honoured as given; a larger one is capped (and retried then).
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 /// How long the loop waits before looking at a too-small receive budget, or at a drain with no
 /// connection, again.
 const IDLE: Duration = Duration::from_millis(200);
@@ -71,10 +67,6 @@ pub trait Receiver: Send + 'static {
     fn hang_up(&mut self) -> Vec<Inbound> {
         Vec::new()
     }
-}
-
-fn next(backoff: Duration) -> Duration {
-    (backoff * 2).min(BACKOFF_MAX)
 }
 
 /// The seconds between a message's platform timestamp and now.
@@ -160,7 +152,7 @@ pub(crate) fn run<R: Receiver>(mut rx: R, ctx: &Ctx, limits: Limits, conflict_bo
                     // The same batch again from the unconfirmed position; journaled ones
                     // deduplicate.
                     ctx.pause(l.backoff);
-                    l.backoff = next(l.backoff);
+                    l.backoff = next_backoff(l.backoff);
                 }
             }
             Err(f) => {
@@ -227,7 +219,7 @@ impl Loop<'_> {
                     return true;
                 }
                 ctx.pause(self.backoff);
-                self.backoff = next(self.backoff).min(self.conflict_bound.max(BACKOFF_MIN));
+                self.backoff = next_backoff(self.backoff).min(self.conflict_bound.max(BACKOFF_MIN));
                 return true;
             }
             Failure::RateLimited(after) => ctx.pause(after.unwrap_or(self.backoff).min(MAX_RETRY_AFTER)),
@@ -244,7 +236,7 @@ impl Loop<'_> {
                 ctx.pause(self.backoff);
             }
         }
-        self.backoff = next(self.backoff);
+        self.backoff = next_backoff(self.backoff);
         true
     }
 }

@@ -4,13 +4,9 @@ use std::time::{Duration, Instant};
 
 use gatewarden_chatproto::irc::split_text;
 
-use super::{Ctx, Limits, Pace, PieceLimit};
+use super::{BACKOFF_MIN, Ctx, Limits, MAX_RETRY_AFTER, Pace, PieceLimit, next_backoff};
 use crate::{Sent, State};
 
-const BACKOFF_MIN: Duration = Duration::from_millis(250);
-const BACKOFF_MAX: Duration = Duration::from_secs(15);
-/// Longest retry-after honoured as given.
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 /// A rate limit that names no wait.
 const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// How often a sender with nothing to do (parked, no connection) looks again.
@@ -162,7 +158,7 @@ pub(crate) fn run<S: Sender>(tx: S, ctx: &Ctx, limits: Limits) {
                 }
                 let d = deadline.map_or(backoff, |d| backoff.min(d.saturating_duration_since(Instant::now())));
                 ctx.shared.flags.sleep(d, |b| b.close && !closing);
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+                backoff = next_backoff(backoff);
             }
         }
     }
