@@ -289,7 +289,7 @@ pub trait Adapter: Send + Sync {
     /// Drain, step 1: no new receives; the platform keeps what arrives for the successor.
     fn stop_intake(&self);
     /// Drain, step 2: send what the outbox holds until `deadline`, then stop. Returns whether
-    /// the outbox was empty at the end.
+    /// the outbox was empty at the end (what is left waits for the successor).
     fn close(&self, deadline: Instant) -> bool;
     /// Parks the adapter without starting it (its credential is held elsewhere).
     fn park(&self, reason: String) {

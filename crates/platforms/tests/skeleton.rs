@@ -315,7 +315,7 @@ fn a_persistent_conflict_stands_by_and_rejected_credentials_park() {
     host.queue("c1", "stuck");
     a.wake();
     let t0 = Instant::now();
-    a.close(Instant::now() + Duration::from_secs(5));
+    assert!(!a.close(Instant::now() + Duration::from_secs(5)), "close says the outbox is not empty");
     assert!(t0.elapsed() < Duration::from_secs(2), "close took {:?}", t0.elapsed());
     assert!(board.lock().unwrap().sent.is_empty());
     assert_eq!(host.outbox.lock().unwrap().len(), 1, "the entry waits for the next start");
@@ -356,7 +356,7 @@ fn the_drain_flushes_until_the_deadline_and_never_past_it() {
     host.queue("c1", "too late");
     a.wake();
     let t0 = Instant::now();
-    assert!(a.close(Instant::now() + Duration::from_millis(500)), "the sender ended by the deadline");
+    assert!(!a.close(Instant::now() + Duration::from_millis(500)), "close says the outbox is not empty");
     assert!(t0.elapsed() < Duration::from_millis(600), "close took {:?}", t0.elapsed());
     assert!(board.lock().unwrap().sent.is_empty());
     assert_eq!(host.outbox.lock().unwrap().len(), 1, "left in the outbox, not marked sent");

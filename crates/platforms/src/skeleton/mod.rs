@@ -28,6 +28,7 @@
 mod receive;
 mod send;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -109,6 +110,8 @@ pub(crate) struct Shared {
     flags: Flags,
     close_deadline: Mutex<Option<Instant>>,
     host: Arc<dyn Host>,
+    /// Set by the sender as it ends: whether the outbox was empty then.
+    emptied: AtomicBool,
 }
 
 impl AsRef<Flags> for Shared {
@@ -238,11 +241,18 @@ impl<P: Protocol> Adapter for Skeleton<P> {
         self.status.set(State::Connecting);
         let (rx, tx) =
             self.proto.open(&host).map_err(|message| AdapterError::Start { name: self.name.clone(), message })?;
-        let shared = Arc::new(Shared { flags: Flags::default(), close_deadline: Mutex::new(None), host });
+        let shared = Arc::new(Shared {
+            flags: Flags::default(),
+            close_deadline: Mutex::new(None),
+            host,
+            emptied: AtomicBool::new(false),
+        });
         let (rctx, sctx) = (self.ctx(&shared), self.ctx(&shared));
         let bound = self.conflict_bound;
         let recv_done = wait::spawn(&self.name, "recv", move || receive::run(rx, &rctx, P::LIMITS, bound))?;
-        let send_done = match wait::spawn(&self.name, "send", move || send::run(tx, &sctx, P::LIMITS)) {
+        let emptied = Arc::clone(&shared);
+        let send = move || emptied.emptied.store(send::run(tx, &sctx, P::LIMITS), Ordering::Release);
+        let send_done = match wait::spawn(&self.name, "send", send) {
             Ok(d) => d,
             Err(e) => {
                 // No orphan: the receiver ends too.
@@ -282,7 +292,7 @@ impl<P: Protocol> Adapter for Skeleton<P> {
         let mut flushed = true;
         if let Some(r) = self.run.take() {
             wait::begin_close(&r.shared.flags, &r.shared.close_deadline, deadline);
-            flushed = wait::ended_by(&r.send_done, deadline, SEND_GRACE);
+            flushed = wait::ended_by(&r.send_done, deadline, SEND_GRACE) && r.shared.emptied.load(Ordering::Acquire);
             // The replies are out (or the deadline passed): a receive side that listened through
             // the drain may leave now.
             r.shared.flags.update(|b| b.hangup = true);

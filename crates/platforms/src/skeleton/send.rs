@@ -117,8 +117,10 @@ struct Loop<'a, S> {
 }
 
 /// Drains the outbox through `tx` until the drain's close: then until it is empty or the
-/// deadline has come.
-pub(crate) fn run<S: Sender>(tx: S, ctx: &Ctx, limits: Limits) {
+/// deadline has come. Returns whether the outbox was empty at the end.
+pub(crate) fn run<S: Sender>(tx: S, ctx: &Ctx, limits: Limits) -> bool {
+    // Whether what is left is nothing (the gateway warns otherwise).
+    let left_empty = || ctx.host().outbox(ctx.name(), 1).is_ok_and(|b| b.is_empty());
     let bucket = limits.pace.map(|p| Bucket::new(Instant::now(), p));
     let mut l = Loop { tx, ctx, limits, bucket };
     let mut backoff = BACKOFF_MIN;
@@ -126,14 +128,14 @@ pub(crate) fn run<S: Sender>(tx: S, ctx: &Ctx, limits: Limits) {
         let closing = ctx.shared.flags.get().close;
         let deadline = ctx.close_deadline();
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            return;
+            return left_empty();
         }
         let parked = matches!(ctx.status.state(), State::Parked(_));
         if parked || !l.tx.ready() {
             // Neither heals before the drain ends (no connection is made then): the outbox
             // waits for the next start or the successor.
             if closing {
-                return;
+                return left_empty();
             }
             ctx.shared.flags.sleep(IDLE, |b| b.close);
             continue;
@@ -142,13 +144,13 @@ pub(crate) fn run<S: Sender>(tx: S, ctx: &Ctx, limits: Limits) {
             Ok(true) => {
                 backoff = BACKOFF_MIN;
                 if closing {
-                    return;
+                    return true;
                 }
                 ctx.shared.flags.sleep(IDLE_POLL, |b| b.wake || b.close);
                 ctx.shared.flags.take_wake();
             }
             Ok(false) => backoff = BACKOFF_MIN,
-            Err(Stop::Deadline) => return,
+            Err(Stop::Deadline) => return left_empty(),
             Err(stop) => {
                 // A parked adapter stays parked: its reason is the one that matters.
                 if let Stop::Failed(e) = stop
