@@ -25,7 +25,6 @@ pub mod irc;
 pub mod matrix;
 pub mod skeleton;
 pub mod telegram;
-mod wait;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

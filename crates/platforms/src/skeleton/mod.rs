@@ -27,6 +27,7 @@
 
 mod receive;
 mod send;
+mod wait;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,8 +35,8 @@ use std::time::{Duration, Instant};
 
 use gatewarden_agent::config::PlatformConfig;
 
-use crate::wait::{self, Flags, Running, Slot};
 use crate::{Adapter, AdapterError, Host, State, Status};
+use wait::{Flags, Running, Slot};
 
 pub use receive::{Batch, Failure, Receiver};
 pub use send::{Bucket, PieceId, SendError, Sender, pieces};
