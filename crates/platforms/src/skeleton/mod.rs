@@ -155,7 +155,7 @@ impl Ctx {
     }
 
     /// Sleeps `d` whatever happens (a short wait inside one operation).
-    pub fn sleep(&self, d: Duration) {
+    fn sleep(&self, d: Duration) {
         self.shared.flags.sleep(d, |_| false);
     }
 
