@@ -277,6 +277,7 @@ impl Platforms {
                     "received": s.received,
                     "sent": s.sent,
                     "conflicts": s.conflicts,
+                    "last_error": s.last_error,
                 })
             })
             .collect()
