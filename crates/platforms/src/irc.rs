@@ -38,8 +38,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use gatewarden_config::PlatformConfig;
 use gatewarden_chatproto::irc::{Config, Connection, ErrorKind, Event, MAX_TEXT_BYTES, Writer};
+use gatewarden_config::PlatformConfig;
 
 use crate::skeleton::{self, Batch, Ctx, Failure, Limits, Pace, PieceId, PieceLimit, Protocol, SendError, Skeleton};
 use crate::{AdapterError, Host, Inbound};
