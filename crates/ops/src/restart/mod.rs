@@ -37,9 +37,9 @@ use gatewarden_lifecycle::{Home, InstanceLock};
 use gatewarden_runtime::spawn;
 use serde_json::{Value, json};
 
-use super::manager::{self, ServiceManager};
-use super::presence::{Presence, presence};
-use super::progress::Progress;
+use crate::owner::{self as manager, ServiceManager};
+use crate::presence::{Presence, presence};
+use crate::progress::Progress;
 
 /// Set in the detached orchestrator (module doc); `restart` passes the desired-state sequence
 /// it recorded in it. Removed from everything the orchestrator starts.
@@ -60,7 +60,7 @@ pub fn restart(
     timeout_s: u64,
     backstop: Option<String>,
     desired_seq: Option<u64>,
-) -> anyhow::Result<ExitCode> {
+) -> crate::Result<ExitCode> {
     if let Some(old) = backstop {
         escape_unit(home);
         let home = home.canonicalized();
@@ -72,7 +72,7 @@ pub fn restart(
     // after this command is ordered after it. The detached copy inherits the sequence.
     let seq = match std::env::var(ORCHESTRATOR_ENV).ok().and_then(|v| v.parse::<u64>().ok()) {
         Some(seq) => seq,
-        None => match super::intent::record_run(&home.canonicalized(), "restart") {
+        None => match crate::intent::record_run(&home.canonicalized(), "restart") {
             Ok(seq) => seq,
             Err(r) => {
                 eprintln!("not restarting: {}", r.describe());
@@ -123,7 +123,7 @@ pub(super) fn restart_verified(home: &Home, timeout_s: u64) -> Result<StatusRepo
         Ok(code) if code == ExitCode::SUCCESS => status_of(&Endpoint::for_home(home.dir()), Duration::from_secs(2))
             .map_err(|e| format!("after the restart: {e}")),
         Ok(_) => Err(format!("the restart was not verified: {}", failure.unwrap_or_else(|| "see above".into()))),
-        Err(e) => Err(format!("{e:#}")),
+        Err(e) => Err(e.chain()),
     }
 }
 
@@ -162,7 +162,7 @@ fn old_status(home: &Home, ep: &Endpoint) -> Result<StatusReport, String> {
     }
 }
 
-fn orchestrate(home: &Home, timeout_s: u64, seq: u64) -> anyhow::Result<ExitCode> {
+fn orchestrate(home: &Home, timeout_s: u64, seq: u64) -> crate::Result<ExitCode> {
     orchestrate_with(home, timeout_s, None, seq).0
 }
 
@@ -172,7 +172,7 @@ fn orchestrate_with(
     timeout_s: u64,
     fail_fast: Option<Duration>,
     seq: u64,
-) -> (anyhow::Result<ExitCode>, Option<String>) {
+) -> (crate::Result<ExitCode>, Option<String>) {
     let t0 = Instant::now();
     let mut ladder = Ladder::new(home, timeout_s, t0, seq, "restart");
     ladder.fail_fast = fail_fast;
@@ -181,7 +181,7 @@ fn orchestrate_with(
     (code, ladder.failure.take())
 }
 
-fn run_ladder(home: &Home, ladder: &Ladder, t0: Instant) -> anyhow::Result<ExitCode> {
+fn run_ladder(home: &Home, ladder: &Ladder, t0: Instant) -> crate::Result<ExitCode> {
     let ep = Endpoint::for_home(home.dir());
 
     match presence(home, "restart") {
@@ -195,7 +195,7 @@ fn run_ladder(home: &Home, ladder: &Ladder, t0: Instant) -> anyhow::Result<ExitC
             }
             return Ok(code);
         }
-        Presence::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
+        Presence::Unknown(why) => crate::bail!("cannot tell whether a gateway runs: {why}"),
         Presence::Running => {}
     }
     let old = match old_status(home, &ep) {
@@ -331,7 +331,7 @@ impl<'h> Ladder<'h> {
     fn stopped(&self) -> Option<Refusal> {
         let r = desired::check(self.home.dir(), Starter::Resume).err()?;
         if !self.prevented.replace(true) {
-            super::intent::prevented(self.home, self.by, &r);
+            crate::intent::prevented(self.home, self.by, &r);
         }
         Some(r)
     }
@@ -352,16 +352,16 @@ impl<'h> Ladder<'h> {
     /// Starts a new incarnation: through the owner when a service is installed, else directly.
     /// Losing the lock race to a concurrent starter (another restart's successor) is success
     /// once that gateway answers `running`.
-    fn start_fresh(&self, lock: Option<InstanceLock>) -> anyhow::Result<ExitCode> {
+    fn start_fresh(&self, lock: Option<InstanceLock>) -> crate::Result<ExitCode> {
         drop(lock);
         if let Some(r) = self.stopped() {
             return self.finish(Err(format!("overtaken by a stop: {}", r.describe())), None);
         }
         let listen = read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
         // Inside `update` stdout is the update's own (`--json`): the start reports to stderr.
-        let report = if self.inner { super::start::Report::Stderr } else { super::start::Report::Stdout };
+        let report = if self.inner { crate::start::Report::Stderr } else { crate::start::Report::Stdout };
         let left = self.left().as_secs().max(1);
-        let code = super::start::start_reporting(self.home, listen.as_deref(), left, None, Some(self.seq), report)?;
+        let code = crate::start::start_reporting(self.home, listen.as_deref(), left, None, Some(self.seq), report)?;
         if code == ExitCode::SUCCESS {
             return Ok(code);
         }
@@ -393,7 +393,7 @@ impl<'h> Ladder<'h> {
         }
         self.progress.phase(&format!("{why}: starting a new incarnation"));
         let result = match &self.owner {
-            Some(m) => m.start().map_err(|e| format!("{e:#}")),
+            Some(m) => m.start().map_err(|e| e.chain()),
             None => {
                 let listen = read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
                 start_detached(self.home, listen.as_deref(), self.seq)
@@ -405,7 +405,7 @@ impl<'h> Ladder<'h> {
     }
 
     /// A wedged gateway: the one stopper (no control: it is silent), then a new incarnation.
-    fn recover_wedged(&self, why: &str, old: Option<&StatusReport>) -> anyhow::Result<ExitCode> {
+    fn recover_wedged(&self, why: &str, old: Option<&StatusReport>) -> crate::Result<ExitCode> {
         if let Some(r) = self.stopped() {
             return self.finish(Err(format!("overtaken by a stop: {}", r.describe())), None);
         }
@@ -463,7 +463,7 @@ impl<'h> Ladder<'h> {
         let mut launchd = self.owner.clone().filter(|m| m.kind().needs_relaunch_ladder()).map(|m| {
             let old_id = old.and_then(|o| o.pid).map(|p| (p, old_inc.clone()));
             let budget = self.left();
-            std::thread::spawn(move || m.relaunch_ladder(old_id, budget).map(|r| r.map_err(|e| format!("{e:#}"))))
+            std::thread::spawn(move || m.relaunch_ladder(old_id, budget).map(|r| r.map_err(|e| e.chain())))
         });
         loop {
             if Instant::now() >= self.deadline {
@@ -558,7 +558,7 @@ impl<'h> Ladder<'h> {
         }
     }
 
-    fn finish(&self, result: Result<StatusReport, String>, old: Option<&str>) -> anyhow::Result<ExitCode> {
+    fn finish(&self, result: Result<StatusReport, String>, old: Option<&str>) -> crate::Result<ExitCode> {
         self.progress.finish();
         let elapsed_ms = self.t0.elapsed().as_millis() as u64;
         let kicked = self.kicked.get();
@@ -602,6 +602,6 @@ fn start_detached(home: &Home, listen: Option<&str>, seq: u64) -> Result<(), Str
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     spawn::detach(&mut cmd, None);
     let child = cmd.spawn().map_err(|e| e.to_string())?;
-    super::start::note_spawned(home, child.id());
+    crate::start::note_spawned(home, child.id());
     Ok(())
 }

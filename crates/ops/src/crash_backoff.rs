@@ -80,7 +80,7 @@ pub fn crash_loop(home: &Home, running_now: bool) -> Option<CrashLoop> {
     Some(CrashLoop { crashes: run.crashes, since: run.since, last_exit, delay_ms })
 }
 
-pub fn crash_backoff(home: &Home) -> anyhow::Result<ExitCode> {
+pub fn crash_backoff(home: &Home) -> crate::Result<ExitCode> {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let (Some(how), Some(status)) = (var("EXIT_CODE"), var("EXIT_STATUS")) else {
         eprintln!(

@@ -27,19 +27,20 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use crate::Context;
+use crate::bail;
 use gatewarden_control::{Endpoint, StatusReport};
 use gatewarden_lifecycle::desired::{self, Refusal, Starter};
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
-use gatewarden_lifecycle::{Home, InstanceLock, VERSION, fsio, timefmt};
+use gatewarden_lifecycle::{ExitIntent, Home, InstanceLock, VERSION, fsio, timefmt};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::Digest;
 
 mod archive;
 
-use super::manager;
-use super::restart::{restart_verified, status_of};
+use crate::owner as manager;
+use crate::restart::{restart_verified, status_of};
 
 /// The transaction record's file name in the home.
 pub const UPDATE_FILE: &str = "update.json";
@@ -53,46 +54,34 @@ const POLL: Duration = Duration::from_millis(50);
 /// A new incarnation silent on its control endpoint this long during probation has failed.
 const SILENT_LIMIT: Duration = Duration::from_secs(3);
 
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, Default)]
 pub struct UpdateArgs {
     /// The release: a gatewarden binary or a .tar.gz holding one, as a local path or an http(s) URL
-    #[arg(long, value_name = "PATH|URL", conflicts_with_all = ["status", "rollback"])]
     pub from: Option<String>,
     /// Expected sha256 of the release (hex); required for URLs
-    #[arg(long, value_name = "HEX")]
     pub sha256: Option<String>,
     /// Detached minisign signature [default: <from>.minisig] (needed when [update] public_key is set)
-    #[arg(long, value_name = "PATH|URL")]
     pub signature: Option<String>,
     /// Seconds the new incarnation has to become ready with the new version
-    #[arg(long, default_value_t = 60, value_name = "SECS")]
     pub timeout: u64,
     /// Print the outcome as JSON
-    #[arg(long)]
     pub json: bool,
     /// Show the last (or the unfinished) update transaction
-    #[arg(long)]
     pub status: bool,
     /// Go back to the last known good binary (the one the last update replaced)
-    #[arg(long, conflicts_with = "status")]
     pub rollback: bool,
     /// Internal: finish an unfinished transaction whose updater died
-    #[arg(long, hide = true)]
     pub resume: bool,
     /// Internal: run by systemd's `ExecStopPost=` (from the last known good copy) after the
     /// gateway exited: reverts an unfinished update whose release died
-    #[arg(long, hide = true)]
     pub after_exit: bool,
     /// Install a release older than the running version (refused otherwise when [update]
     /// public_key is set; chat `/update` never downgrades). `--rollback` needs no flag
-    #[arg(long, conflicts_with_all = ["status", "rollback"])]
     pub allow_downgrade: bool,
     /// Internal: the chat that asked (`/update`); it gets the outcome notice
-    #[arg(long, hide = true, value_name = "CHAT")]
     pub chat: Option<String>,
     /// Internal: the chat platform adapter `--chat` belongs to (its notice goes through the
     /// outbox); without it the chat is an HTTP one
-    #[arg(long, hide = true, value_name = "ADAPTER", requires = "chat")]
     pub chat_platform: Option<String>,
 }
 
@@ -147,17 +136,17 @@ pub struct Txn {
     pub elapsed_ms: Option<u64>,
 }
 
-pub fn update(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
+pub fn update(home: &Home, args: UpdateArgs) -> crate::Result<ExitCode> {
     // `--json`: stdout holds exactly one JSON document on every path, errors included.
     let json_outcome = args.json && !args.status;
     let result = transact(home, args);
     if json_outcome && let Err(e) = &result {
-        println!("{}", json!({"ok": false, "changed": false, "reason": format!("{e:#}")}));
+        println!("{}", json!({"ok": false, "changed": false, "reason": e.chain()}));
     }
     result
 }
 
-fn transact(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
+fn transact(home: &Home, args: UpdateArgs) -> crate::Result<ExitCode> {
     let home = home.ensure()?;
     if args.status {
         return status(&home, args.json);
@@ -169,8 +158,8 @@ fn transact(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
         bail!("say what to install: `gatewarden update --from PATH|URL` (or --status, --rollback)");
     }
     // The updater outlives the gateway it restarts (chat `/update` runs it from inside).
-    super::restart::escape_unit(&home);
-    if let Some(code) = super::restart::detach() {
+    crate::restart::escape_unit(&home);
+    if let Some(code) = crate::restart::detach() {
         return Ok(code);
     }
     let Some(lock) = take_update_lock(&home, args.resume)? else {
@@ -211,7 +200,7 @@ fn transact(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
     code
 }
 
-fn take_update_lock(home: &Home, patient: bool) -> anyhow::Result<Option<InstanceLock>> {
+fn take_update_lock(home: &Home, patient: bool) -> crate::Result<Option<InstanceLock>> {
     let path = home.dir().join(LOCK_FILE);
     // Only updaters take this lock, and they hold it for a whole transaction: there is no
     // brief probe to wait out, except a resuming updater racing the one that launched it.
@@ -228,7 +217,7 @@ pub fn read_txn(home: &Home) -> Option<Txn> {
     fsio::read_json::<Txn>(&home.dir().join(UPDATE_FILE)).ok()
 }
 
-fn status(home: &Home, json_out: bool) -> anyhow::Result<ExitCode> {
+fn status(home: &Home, json_out: bool) -> crate::Result<ExitCode> {
     let Some(t) = read_txn(home) else {
         if json_out {
             println!("{}", json!({"update": null}));
@@ -311,7 +300,7 @@ impl<'h> Updater<'h> {
     }
 
     /// A refusal before anything changed: exit 1 with the reason.
-    fn refuse(&self, why: &str) -> anyhow::Result<ExitCode> {
+    fn refuse(&self, why: &str) -> crate::Result<ExitCode> {
         let _ = self.ledger.append("update_refused", json!({"reason": why}));
         if self.json {
             println!("{}", json!({"ok": false, "changed": false, "reason": why}));
@@ -323,7 +312,7 @@ impl<'h> Updater<'h> {
         Ok(ExitCode::from(1))
     }
 
-    fn install(&self, args: &UpdateArgs) -> anyhow::Result<ExitCode> {
+    fn install(&self, args: &UpdateArgs) -> crate::Result<ExitCode> {
         let Some(from) = args.from.as_deref() else { bail!("--from is required") };
         let target = manager::current_exe().context("cannot locate this executable")?;
         // An update restarts the gateway; a stopped one stays stopped (issue 22, item 6).
@@ -481,7 +470,7 @@ impl<'h> Updater<'h> {
                         now.state.unwrap_or_default()
                     ));
                 }
-                Err(e) if !super::restart::lock_held(self.home) => {
+                Err(e) if !crate::restart::lock_held(self.home) => {
                     return Err(format!("the new incarnation exited during probation ({e})"));
                 }
                 Err(e) => {
@@ -504,7 +493,7 @@ impl<'h> Updater<'h> {
         let answering = status_of(&Endpoint::for_home(self.home.dir()), Duration::from_millis(500)).ok();
         self.end_candidates(t, answering.and_then(|s| s.pid));
         swap_in(&t.previous, &t.target).map_err(|e| format!("cannot swap the old binary back: {e}"))?;
-        if let Err(r) = super::intent::may_start(self.home, "rollback", Starter::Resume) {
+        if let Err(r) = crate::intent::may_start(self.home, "rollback", Starter::Resume) {
             self.say(&format!("{} is back in place; not starting it: {}", t.from, r.describe()));
             return Ok(None);
         }
@@ -549,7 +538,7 @@ impl<'h> Updater<'h> {
         use gatewarden_lifecycle::{ProcessIdentity, platform};
         let Some(me) = ProcessIdentity::current() else { return };
         let started_after_me = |pid: u32| platform::start_time(pid).is_some_and(|st| st >= me.start_time);
-        let groups = super::os::proc::process_groups();
+        let groups = crate::os::proc::process_groups();
         let pgid_of = |pid: u32| groups.iter().find(|(p, _)| *p == pid).map(|(_, g)| *g);
         let (mine, kept) = (pgid_of(me.pid), keep.and_then(pgid_of));
         let mut leaders: Vec<u32> = Vec::new();
@@ -764,7 +753,7 @@ impl<'h> Updater<'h> {
     }
 
     /// `update --rollback`: the last update's previous binary back in place, verified running.
-    fn rollback_by_hand(&self) -> anyhow::Result<ExitCode> {
+    fn rollback_by_hand(&self) -> crate::Result<ExitCode> {
         let nothing = |why: String| {
             if self.json {
                 println!("{}", json!({"ok": false, "changed": false, "reason": why}));
@@ -959,7 +948,9 @@ pub fn runs_unblessed(t: &Txn, on_disk: Option<&str>) -> bool {
 /// Whether systemd's `$SERVICE_RESULT`/`$EXIT_STATUS` (as `ExecStopPost=` sees them) describe
 /// a planned end: a planned restart (75) or a clean stop. Anything else is a crash.
 fn systemd_end_is_planned(result: &str, status: &str) -> bool {
-    status == "75" || (result == "success" && status == "0")
+    // The codes come from the one exit table (crates/lifecycle/src/exit.rs).
+    let is = |i: ExitIntent| status == i.code().to_string();
+    is(ExitIntent::PlannedRestart) || (result == "success" && is(ExitIntent::PlannedStop))
 }
 
 /// `update --after-exit` under systemd's `ExecStopPost=`: the unit's main process ended; a
@@ -1230,7 +1221,7 @@ fn write_executable(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     f.write_all(bytes)?;
     f.sync_all()?;
     drop(f);
-    super::os::proc::make_executable(path)
+    crate::os::proc::make_executable(path)
 }
 
 /// Copies an executable (keeping it runnable), unless an identical copy is there already.
@@ -1245,7 +1236,7 @@ fn copy_executable(from: &Path, to: &Path) -> std::io::Result<()> {
     let tmp = to.with_extension("partial");
     std::fs::copy(from, &tmp)?;
     std::fs::File::open(&tmp)?.sync_all()?;
-    super::os::proc::make_executable(&tmp)?;
+    crate::os::proc::make_executable(&tmp)?;
     std::fs::rename(&tmp, to)
 }
 
@@ -1257,7 +1248,7 @@ fn swap_in(release: &Path, target: &Path) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{name}.update-{}", std::process::id()));
     std::fs::copy(release, &tmp)?;
     std::fs::File::open(&tmp)?.sync_all()?;
-    super::os::proc::make_executable(&tmp)?;
+    crate::os::proc::make_executable(&tmp)?;
     match std::fs::rename(&tmp, target) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {

@@ -6,14 +6,14 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use crate::Context;
 use gatewarden_control::{Client, Endpoint};
 use gatewarden_lifecycle::desired::{self, Starter};
 use gatewarden_lifecycle::{ExitIntent, Home};
 use gatewarden_runtime::spawn;
 
-use super::manager::{self, Managed, ServiceManager};
-use super::presence::{Presence, presence};
+use crate::owner::{self as manager, Managed, ServiceManager};
+use crate::presence::{Presence, presence};
 
 pub fn start(
     home: &Home,
@@ -21,7 +21,7 @@ pub fn start(
     timeout_s: u64,
     drain_timeout_s: Option<u64>,
     on_behalf: Option<u64>,
-) -> anyhow::Result<ExitCode> {
+) -> crate::Result<ExitCode> {
     start_reporting(home, listen, timeout_s, drain_timeout_s, on_behalf, Report::Stdout)
 }
 
@@ -50,13 +50,13 @@ pub fn start_reporting(
     drain_timeout_s: Option<u64>,
     on_behalf: Option<u64>,
     report: Report,
-) -> anyhow::Result<ExitCode> {
+) -> crate::Result<ExitCode> {
     let home = home.ensure()?;
     // The operator's start records `run` first (a start of a stopped gateway is what ends the
     // stop); a start on behalf of an earlier request (a restart's kick) obeys a later stop.
     let seq = match on_behalf {
-        None => super::intent::record_run(&home, "start"),
-        Some(seq) => super::intent::may_start(&home, "start", Starter::Resume).map(|_| seq),
+        None => crate::intent::record_run(&home, "start"),
+        Some(seq) => crate::intent::may_start(&home, "start", Starter::Resume).map(|_| seq),
     };
     let seq = match seq {
         Ok(seq) => seq,
@@ -83,7 +83,7 @@ pub fn start_reporting(
     let early =
         gatewarden_lifecycle::fsio::open_append(&log).with_context(|| format!("cannot open {}", log.display()))?;
 
-    let mut cmd = Command::new(super::manager::current_exe()?);
+    let mut cmd = Command::new(crate::owner::current_exe()?);
     cmd.arg("--home").arg(home.dir()).arg("run");
     if let Some(l) = listen {
         cmd.args(["--listen", l]);
@@ -101,7 +101,7 @@ pub fn start_reporting(
         cmd.env_remove(k);
     }
     // Started by a restart's orchestrator: the gateway is not part of that restart.
-    cmd.env_remove(super::restart::ORCHESTRATOR_ENV);
+    cmd.env_remove(crate::restart::ORCHESTRATOR_ENV);
     cmd.arg("--ready-stdout");
     cmd.arg("--log-file").arg(&log);
     // stderr catches anything printed before the logger is up (argument errors, panics).
@@ -164,7 +164,7 @@ pub fn start_reporting(
 }
 
 /// `Some(0)` with the "already running" line when a gateway runs (or holds the lock silently).
-fn already_running(home: &Home, report: Report) -> anyhow::Result<Option<ExitCode>> {
+fn already_running(home: &Home, report: Report) -> crate::Result<Option<ExitCode>> {
     match settled_presence(home) {
         Settled::Answering(s) => {
             report.line(&format!(
@@ -186,7 +186,7 @@ fn already_running(home: &Home, report: Report) -> anyhow::Result<Option<ExitCod
             eprintln!("cannot start a gateway in {}: {why}", home.dir().display());
             Ok(Some(ExitCode::from(1)))
         }
-        Settled::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
+        Settled::Unknown(why) => crate::bail!("cannot tell whether a gateway runs: {why}"),
         Settled::NotRunning => Ok(None),
     }
 }
@@ -199,17 +199,17 @@ fn start_via_manager(
     overrides: bool,
     timeout_s: u64,
     report: Report,
-) -> anyhow::Result<ExitCode> {
+) -> crate::Result<ExitCode> {
     if overrides {
         eprintln!("note: --listen / --drain-timeout are ignored: {} decides how the gateway runs", m.describe());
     }
     eprintln!("starting the gateway through {}…", m.describe());
     if let Err(e) = m.start() {
-        eprintln!("{} could not start the gateway: {e:#}", m.state.manager);
+        eprintln!("{} could not start the gateway: {}", m.state.manager, e.chain());
         eprintln!("check: gatewarden --home {} service status; gatewarden --home {0} doctor", home.dir().display());
         return Ok(ExitCode::from(1));
     }
-    match super::service::wait_ready(home, Duration::from_secs(timeout_s)) {
+    match crate::service::wait_ready(home, Duration::from_secs(timeout_s)) {
         Some(s) => {
             report.line(&format!(
                 "started gateway pid {} (incarnation {}) on http://{} via {}",

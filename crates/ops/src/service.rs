@@ -10,17 +10,15 @@ use gatewarden_lifecycle::Home;
 use gatewarden_service::{Scope, ServiceSpec};
 use serde_json::json;
 
-use super::manager::{self, Managed, ServiceManager};
-use super::os;
-use super::presence::{Presence, presence};
+use crate::owner::{self as manager, Managed, ServiceManager};
+use crate::presence::{Presence, presence};
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone)]
 pub struct ServiceArgs {
-    #[command(subcommand)]
     pub action: ServiceAction,
 }
 
-#[derive(Debug, clap::Subcommand)]
+#[derive(Debug, Clone)]
 pub enum ServiceAction {
     /// Install (and start) this home's gateway as a service: a systemd user unit, a macOS
     /// LaunchAgent or a Windows scheduled task; a system unit / Windows service with --system
@@ -31,50 +29,39 @@ pub enum ServiceAction {
     /// (exit 0 active, 3 installed but not active, 4 not installed)
     Status {
         /// Print as JSON
-        #[arg(long)]
         json: bool,
     },
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, Default)]
 pub struct InstallArgs {
     /// Install for the whole system (systemd system unit, Windows SCM service; needs root / admin)
-    #[arg(long)]
     pub system: bool,
     /// Print the definition instead of installing it
-    #[arg(long)]
     pub print: bool,
     /// Account the system service runs as (systemd `User=`, SCM account)
-    #[arg(long, value_name = "USER", requires = "system")]
     pub run_as: Option<String>,
     /// Install and enable, but do not start now
-    #[arg(long)]
     pub no_start: bool,
     /// hermes homes: disable hermes's own enabled unit for the home (after a planned stop) and install ours
-    #[arg(long)]
     pub adopt: bool,
     /// hermes homes: the hermes executable the unit runs [default: $GATEWARDEN_HERMES, else `hermes` on PATH]
-    #[arg(long, value_name = "CMD")]
     pub hermes: Option<std::path::PathBuf>,
     /// Internal (tests): systemd RestartSec in milliseconds
-    #[arg(long, hide = true, value_name = "MS")]
     pub restart_sec_ms: Option<u64>,
     /// Internal (tests): systemd WatchdogSec in seconds (0 = none)
-    #[arg(long, hide = true, value_name = "SECS")]
     pub watchdog_s: Option<u64>,
     /// Internal (tests): crash-loop brake burst
-    #[arg(long, hide = true)]
     pub start_limit_burst: Option<u32>,
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, Default)]
 pub struct UninstallArgs {
     /// Remove the system-wide definition (default: whichever is installed, user first)
-    #[arg(long)]
     pub system: bool,
 }
 
-pub fn service(home: &Home, args: ServiceArgs) -> anyhow::Result<ExitCode> {
+pub fn service(home: &Home, args: ServiceArgs) -> crate::Result<ExitCode> {
     match args.action {
         ServiceAction::Install(a) => install(home, &a),
         ServiceAction::Uninstall(a) => uninstall(home, &a),
@@ -91,7 +78,7 @@ fn absolute(home: &Home) -> Home {
     std::env::current_dir().map(|d| Home::at(d.join(h.dir()))).unwrap_or(h)
 }
 
-fn spec_with_overrides(home: &Home, a: &InstallArgs) -> anyhow::Result<ServiceSpec> {
+fn spec_with_overrides(home: &Home, a: &InstallArgs) -> crate::Result<ServiceSpec> {
     let scope = if a.system { Scope::System } else { Scope::User };
     let mut spec = manager::spec_for(home, scope)?;
     spec.run_as_user = a.run_as.clone();
@@ -107,16 +94,16 @@ fn spec_with_overrides(home: &Home, a: &InstallArgs) -> anyhow::Result<ServiceSp
     Ok(spec)
 }
 
-fn install(home: &Home, a: &InstallArgs) -> anyhow::Result<ExitCode> {
+fn install(home: &Home, a: &InstallArgs) -> crate::Result<ExitCode> {
     if a.print {
         let spec = spec_with_overrides(&absolute(home), a)?;
-        print!("{}", os::svc::render(&spec)?);
+        print!("{}", crate::owner::svc::render(&spec)?);
         return Ok(ExitCode::SUCCESS);
     }
     let home = home.ensure()?;
     let spec = spec_with_overrides(&home, a)?;
     let gateway_pid = running_pid(&home);
-    let before = os::svc::query(&spec);
+    let before = crate::owner::svc::query(&spec);
     let owned = before.installed && (before.active || (gateway_pid.is_some() && before.main_pid == gateway_pid));
     if gateway_pid.is_some() && !owned {
         eprintln!(
@@ -124,18 +111,18 @@ fn install(home: &Home, a: &InstallArgs) -> anyhow::Result<ExitCode> {
             home.dir().display(),
             before.manager
         );
-        let code = super::stop::stop(&home, 60, false)?;
+        let code = crate::stop::stop(&home, 60, false)?;
         if code != ExitCode::SUCCESS {
-            anyhow::bail!("could not stop the running gateway; not installing the service");
+            crate::bail!("could not stop the running gateway; not installing the service");
         }
     }
     let start_now = !a.no_start && !owned;
     // The copy `ExecStopPost=` runs to revert a release that cannot start (`cmd/update.rs`).
-    if let Err(e) = super::update::refresh_good_copy(&home, &spec.exe) {
+    if let Err(e) = crate::update::refresh_good_copy(&home, &spec.exe) {
         eprintln!("warning: cannot keep a last known good copy of {}: {e}", spec.exe.display());
     }
-    os::svc::install(&spec, start_now)?;
-    let m = Managed { state: os::svc::query(&spec), spec };
+    crate::owner::svc::install(&spec, start_now)?;
+    let m = Managed { state: crate::owner::svc::query(&spec), spec };
     let where_ = m.state.path.as_ref().map(|p| format!(" ({})", p.display())).unwrap_or_default();
     println!("installed {}{where_}", m.describe());
     if owned {
@@ -157,18 +144,18 @@ fn install(home: &Home, a: &InstallArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    for f in os::svc::host_findings(&m.spec) {
+    for f in crate::owner::svc::host_findings(&m.spec) {
         eprintln!("note: {}", f.message);
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn uninstall(home: &Home, a: &UninstallArgs) -> anyhow::Result<ExitCode> {
+fn uninstall(home: &Home, a: &UninstallArgs) -> crate::Result<ExitCode> {
     let home = home.canonicalized();
     let found = if a.system {
         manager::spec_for(&home, Scope::System)
             .ok()
-            .map(|spec| Managed { state: os::svc::query(&spec), spec })
+            .map(|spec| Managed { state: crate::owner::svc::query(&spec), spec })
             .filter(|m| m.state.installed)
     } else {
         manager::installed(&home)
@@ -179,23 +166,23 @@ fn uninstall(home: &Home, a: &UninstallArgs) -> anyhow::Result<ExitCode> {
     };
     // Graceful first, through the owner (drains, exits 0, stays down).
     if m.state.active || running_pid(&home).is_some() {
-        let code = super::stop::stop(&home, m.spec.stop_timeout_s(), false)?;
+        let code = crate::stop::stop(&home, m.spec.stop_timeout_s(), false)?;
         if code != ExitCode::SUCCESS {
             eprintln!("warning: the gateway did not stop cleanly; removing the service anyway");
         }
     }
-    os::svc::uninstall(&m.spec)?;
+    crate::owner::svc::uninstall(&m.spec)?;
     println!("uninstalled {}", m.describe());
     Ok(ExitCode::SUCCESS)
 }
 
-fn status(home: &Home, as_json: bool) -> anyhow::Result<ExitCode> {
+fn status(home: &Home, as_json: bool) -> crate::Result<ExitCode> {
     let home = home.canonicalized();
     let m = match manager::installed(&home) {
         Some(m) => m,
         None => {
             let spec = manager::spec_for(&home, Scope::User)?;
-            Managed { state: os::svc::query(&spec), spec }
+            Managed { state: crate::owner::svc::query(&spec), spec }
         }
     };
     let code = match (m.state.installed, m.state.active) {

@@ -11,7 +11,7 @@ use gatewarden_lifecycle::Home;
 use gatewarden_lifecycle::records::read_state;
 use serde_json::{Value, json};
 
-use super::manager::{self, ServiceManager};
+use crate::owner::{self as manager, ServiceManager};
 
 /// One finding: a name, whether it passes, and what was seen.
 struct Finding {
@@ -22,7 +22,7 @@ struct Finding {
 
 /// `target`: the executable the service definition should run (`update` passes the path it
 /// swaps; by default this executable).
-pub fn check(home: &Home, target: Option<&std::path::Path>, json_out: bool) -> anyhow::Result<ExitCode> {
+pub fn check(home: &Home, target: Option<&std::path::Path>, json_out: bool) -> crate::Result<ExitCode> {
     let home = home.canonicalized();
     let target = match target {
         Some(t) => t.to_path_buf(),
@@ -68,7 +68,7 @@ fn run_checks(home: &Home, target: &std::path::Path) -> Vec<Finding> {
 /// The address must be bindable, or be the one the live gateway serves (it is handed over, or
 /// freed by the drain, at the restart).
 fn listen_finding(home: &Home, configured: &str) -> Finding {
-    let running = super::restart::status_of(&Endpoint::for_home(home.dir()), Duration::from_millis(500)).ok();
+    let running = crate::restart::status_of(&Endpoint::for_home(home.dir()), Duration::from_millis(500)).ok();
     let live = running.as_ref().and_then(|s| s.listen.clone()).or_else(|| {
         // A gateway started with `--listen` keeps that address across restarts.
         running.as_ref().and(read_state(&home.state_file()).ok().and_then(|s| s.listen))

@@ -19,18 +19,8 @@ use gatewarden_service::supervise::read_parked_state;
 use serde::Serialize;
 use serde_json::json;
 
-use super::manager::{self, Managed, ServiceManager};
-use super::os;
-
-#[derive(Debug, clap::Args)]
-pub struct DoctorArgs {
-    /// Apply the fixes that can be applied automatically
-    #[arg(long)]
-    pub fix: bool,
-    /// Print the findings as JSON
-    #[arg(long)]
-    pub json: bool,
-}
+use crate::os;
+use crate::owner::{self as manager, Managed, ServiceManager};
 
 /// One finding as the CLI reports it: the service crate's findings plus the CLI's own
 /// (stale files, config), with a printable fix.
@@ -96,12 +86,12 @@ fn from_finding(f: Finding, refresh_cmd: &str) -> Item {
     }
 }
 
-pub fn doctor(home: &Home, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
+pub fn doctor(home: &Home, fix: bool, json_out: bool) -> crate::Result<ExitCode> {
     let home = home.canonicalized();
     // What the operator wanted when doctor looked: a fix never acts across a newer request.
     let basis = desired::current(home.dir()).seq;
     let mut items = check(&home);
-    if args.fix {
+    if fix {
         apply(&home, &mut items, basis);
         // Report what is left after fixing, keeping the record of what was fixed.
         let fixed: Vec<Item> = items.iter().filter(|i| i.fixed == Some(true)).cloned().collect();
@@ -112,7 +102,7 @@ pub fn doctor(home: &Home, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         items = fixed.into_iter().chain(after).collect();
     }
     let remaining_errors = items.iter().filter(|i| i.fixed != Some(true) && i.severity == Severity::Error).count();
-    if args.json {
+    if json_out {
         let v = json!({"home": home.dir(), "ok": remaining_errors == 0, "findings": items});
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -146,7 +136,7 @@ fn print_human(home: &Home, items: &[Item]) {
 fn managed(home: &Home) -> Option<Managed> {
     manager::installed(home).or_else(|| {
         let spec = manager::spec_for(home, Scope::User).ok()?;
-        Some(Managed { state: os::svc::query(&spec), spec })
+        Some(Managed { state: crate::owner::svc::query(&spec), spec })
     })
 }
 
@@ -159,9 +149,9 @@ fn check(home: &Home) -> Vec<Item> {
         format!("gatewarden --home {} service install{}", home.dir().display(), if system { " --system" } else { "" })
     };
     if let Some(m) = &m {
-        out.extend(os::svc::drift(&m.spec));
+        out.extend(crate::owner::svc::drift(&m.spec));
         if m.state.installed {
-            out.extend(os::svc::host_findings(&m.spec));
+            out.extend(crate::owner::svc::host_findings(&m.spec));
         }
     }
     // Config.
@@ -171,7 +161,10 @@ fn check(home: &Home) -> Vec<Item> {
             id: "config-invalid".into(),
             severity: Severity::Error,
             subject: home.config_file().display().to_string(),
-            message: format!("the gateway would exit 78 (fatal configuration): {e}"),
+            message: format!(
+                "the gateway would exit {} (fatal configuration): {e}",
+                gatewarden_lifecycle::ExitIntent::FatalConfig.code()
+            ),
             fix: Fix::Manual { hint: config_hint(e) },
             fixed: None,
         });
@@ -219,7 +212,7 @@ fn check(home: &Home) -> Vec<Item> {
         out.extend(doctor::check_port(&PortFacts { addr: cfg.listen.to_string(), in_use, held_by_own_gateway: false }));
     }
     // A crash loop, named whoever restarts it (the unit's growing delay keeps it trying).
-    if let Some(c) = super::crash_backoff::crash_loop(home, running) {
+    if let Some(c) = crate::crash_backoff::crash_loop(home, running) {
         extra.push(Item {
             id: "crash-loop".into(),
             severity: if running { Severity::Warning } else { Severity::Error },
@@ -411,7 +404,7 @@ fn apply(home: &Home, items: &mut [Item], basis: u64) {
             if !still {
                 continue;
             }
-            if let Err(r) = super::intent::may_start(home, "doctor", Starter::Repair { basis }) {
+            if let Err(r) = crate::intent::may_start(home, "doctor", Starter::Repair { basis }) {
                 eprintln!("doctor: not restarting the gateway: {}", r.describe());
                 i.fixed = Some(false);
                 continue;
@@ -421,7 +414,7 @@ fn apply(home: &Home, items: &mut [Item], basis: u64) {
             Fix::None | Fix::Manual { .. } => continue,
             Fix::Refresh { .. } => *refreshed.get_or_insert_with(|| refresh(home)),
             Fix::HealStale => {
-                matches!(super::presence::presence(home, "doctor"), super::presence::Presence::NotRunning { .. })
+                matches!(crate::presence::presence(home, "doctor"), crate::presence::Presence::NotRunning { .. })
             }
             Fix::Run { argv } => {
                 eprintln!("doctor: running {}", argv.join(" "));
@@ -436,13 +429,13 @@ fn apply(home: &Home, items: &mut [Item], basis: u64) {
 /// Rewrites the installed definition (without starting or restarting anything).
 fn refresh(home: &Home) -> bool {
     let Some(m) = managed(home) else { return false };
-    match os::svc::install(&m.spec, false) {
+    match crate::owner::svc::install(&m.spec, false) {
         Ok(()) => {
             eprintln!("doctor: rewrote {}", m.describe());
             true
         }
         Err(e) => {
-            eprintln!("doctor: cannot rewrite {}: {e:#}", m.describe());
+            eprintln!("doctor: cannot rewrite {}: {}", m.describe(), e.chain());
             false
         }
     }

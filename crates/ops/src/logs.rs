@@ -9,7 +9,7 @@ use std::time::Duration;
 use gatewarden_lifecycle::fsio::{self, ReadOutcome};
 use gatewarden_lifecycle::{Home, ledger};
 
-pub fn logs(home: &Home, follow: bool, n: usize) -> anyhow::Result<ExitCode> {
+pub fn logs(home: &Home, follow: bool, n: usize) -> crate::Result<ExitCode> {
     let path = home.logs_dir().join("gateway.log");
     let open = || match fsio::open_regular(&path) {
         ReadOutcome::Ok((f, _)) => Ok(Some(f)),
@@ -29,7 +29,7 @@ pub fn tail(
     follow: bool,
     n: usize,
     missing: &str,
-) -> anyhow::Result<ExitCode> {
+) -> crate::Result<ExitCode> {
     let mut pos = match open() {
         Ok(Some(mut f)) => {
             let len = f.metadata().map(|m| m.len()).unwrap_or(0);
@@ -47,7 +47,7 @@ pub fn tail(
             return Ok(ExitCode::SUCCESS);
         }
         Ok(None) => 0,
-        Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
+        Err(e) => crate::bail!("cannot read {}: {e}", path.display()),
     };
     if !follow {
         return Ok(ExitCode::SUCCESS);

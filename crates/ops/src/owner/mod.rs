@@ -14,7 +14,51 @@ use gatewarden_lifecycle::home::resolve_with;
 use gatewarden_service::{ManagerKind, Scope, ServiceSpec};
 use serde_json::{Value, json};
 
-use super::os::{self, ServiceState};
+use serde::Serialize;
+
+/// The per-OS facade of the service manager (one file per OS, identical signatures):
+/// `render`, `definition_path`, `install`, `uninstall`, `query`, `stop` (the manager's stop,
+/// after the caller's graceful request), `kick` (start now, bypassing backoff and failed
+/// states), `drift`, `host_findings`, `verify_restart`, `prepare_restart`. Only the
+/// implementations of [`ServiceManager`] call it.
+#[cfg_attr(target_os = "linux", path = "linux.rs")]
+#[cfg_attr(target_os = "macos", path = "macos.rs")]
+#[cfg_attr(windows, path = "windows.rs")]
+#[cfg_attr(not(any(target_os = "linux", target_os = "macos", windows)), path = "fallback.rs")]
+pub(crate) mod svc;
+
+/// What the service manager says about this home's service.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ServiceState {
+    /// Who manages the service (`systemd`, `launchd`, `task-scheduler`, `windows-service`, `none`).
+    pub manager: gatewarden_service::ManagerKind,
+    /// `user` or `system`.
+    pub scope: Option<Scope>,
+    /// Unit name, launchd label, task or service name.
+    pub unit: String,
+    /// A definition for this home is installed.
+    pub installed: bool,
+    /// The manager runs (or is starting) it.
+    pub active: bool,
+    /// The manager's main process (the gateway under systemd, the supervisor elsewhere).
+    pub main_pid: Option<u32>,
+    /// Where the definition lives.
+    pub path: Option<PathBuf>,
+    /// Manager-specific details (`ActiveState`, `SubState`, `NRestarts`, `Result`, …).
+    pub detail: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The finding every OS reports when this version cannot even render its own definition.
+pub fn unrenderable(subject: &str, what: &str, e: impl std::fmt::Display) -> Vec<gatewarden_service::doctor::Finding> {
+    use gatewarden_service::doctor::{Finding, FindingId, FixAction, Severity};
+    vec![Finding::new(
+        FindingId::DefinitionUnreadable,
+        Severity::Error,
+        subject,
+        format!("cannot render the expected {what}: {e}"),
+        FixAction::None,
+    )]
+}
 
 /// Set in the environment of a restart that already moved out of the unit's cgroup.
 const SCOPED_ENV: &str = "GATEWARDEN_RESTART_SCOPED";
@@ -44,7 +88,7 @@ pub fn current_exe() -> io::Result<PathBuf> {
 /// `config.toml` (an unreadable config keeps the default; `run` reports it).
 pub fn spec_for(home: &Home, scope: Scope) -> io::Result<ServiceSpec> {
     let mut spec = ServiceSpec::new(current_exe()?, home.dir());
-    spec.revert_exe = Some(super::update::good_copy(home));
+    spec.revert_exe = Some(crate::update::good_copy(home));
     spec.is_default_home = is_default_home(home);
     spec.scope = scope;
     if let Ok(cfg) = gatewarden_agent::Config::load(home.dir()) {
@@ -57,7 +101,7 @@ pub fn spec_for(home: &Home, scope: Scope) -> io::Result<ServiceSpec> {
 pub fn installed(home: &Home) -> Option<Managed> {
     for scope in [Scope::User, Scope::System] {
         let Ok(spec) = spec_for(home, scope) else { return None };
-        let state = os::svc::query(&spec);
+        let state = crate::owner::svc::query(&spec);
         if state.installed {
             return Some(Managed { spec, state });
         }
@@ -83,9 +127,9 @@ pub trait ServiceManager: Send + Sync {
     /// exactly that pid.
     fn owns(&self, gateway_pid: Option<u32>) -> bool;
     /// Stop and keep it down.
-    fn stop(&self) -> anyhow::Result<()>;
+    fn stop(&self) -> crate::Result<()>;
     /// Start now, bypassing any restart backoff or failed state.
-    fn start(&self) -> anyhow::Result<()>;
+    fn start(&self) -> crate::Result<()>;
     /// The manager's own delay before it revives an exit (systemd's `RestartSec`), if known.
     fn restart_delay(&self) -> Option<std::time::Duration>;
     /// Before a planned restart: keep it from counting as a crash (systemd's start limit).
@@ -95,7 +139,7 @@ pub trait ServiceManager: Send + Sync {
     /// Where the manager relaunches asynchronously with quirks of its own (launchd): drive its
     /// verification ladder until a new supervised incarnation holds the lock; `None` where the
     /// restart loop's observation is the whole verification.
-    fn relaunch_ladder(&self, old: Option<(u32, String)>, budget: std::time::Duration) -> Option<anyhow::Result<u32>>;
+    fn relaunch_ladder(&self, old: Option<(u32, String)>, budget: std::time::Duration) -> Option<crate::Result<u32>>;
 }
 
 impl ServiceManager for Managed {
@@ -116,12 +160,12 @@ impl ServiceManager for Managed {
         self.state.active || (gateway_pid.is_some() && self.state.main_pid == gateway_pid)
     }
 
-    fn stop(&self) -> anyhow::Result<()> {
-        os::svc::stop(&self.spec)
+    fn stop(&self) -> crate::Result<()> {
+        crate::owner::svc::stop(&self.spec)
     }
 
-    fn start(&self) -> anyhow::Result<()> {
-        os::svc::kick(&self.spec)
+    fn start(&self) -> crate::Result<()> {
+        crate::owner::svc::kick(&self.spec)
     }
 
     fn restart_delay(&self) -> Option<std::time::Duration> {
@@ -129,17 +173,17 @@ impl ServiceManager for Managed {
     }
 
     fn prepare_restart(&self) {
-        os::svc::prepare_restart(&self.spec);
+        crate::owner::svc::prepare_restart(&self.spec);
     }
 
     fn gave_up(&self) -> bool {
-        let fresh = os::svc::query(&self.spec);
+        let fresh = crate::owner::svc::query(&self.spec);
         let get = |k: &str| fresh.detail.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
         get("result") == "start-limit-hit" || matches!(get("active_state").as_str(), "failed" | "inactive")
     }
 
-    fn relaunch_ladder(&self, old: Option<(u32, String)>, budget: std::time::Duration) -> Option<anyhow::Result<u32>> {
-        os::svc::verify_restart(&self.spec, old, budget)
+    fn relaunch_ladder(&self, old: Option<(u32, String)>, budget: std::time::Duration) -> Option<crate::Result<u32>> {
+        crate::owner::svc::verify_restart(&self.spec, old, budget)
     }
 }
 
@@ -193,7 +237,7 @@ pub fn escape_unit_cgroup(m: &Managed) -> Option<String> {
     }
     cmd.args(["--scope", "--quiet", "--collect", "--"]).arg(exe).args(std::env::args_os().skip(1));
     cmd.env(SCOPED_ENV, "1");
-    let e = os::proc::exec_replace(&mut cmd);
+    let e = crate::os::proc::exec_replace(&mut cmd);
     Some(format!("cannot move into a transient scope with systemd-run: {e}"))
 }
 
