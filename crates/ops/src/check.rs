@@ -11,7 +11,7 @@ use gatewarden_lifecycle::Home;
 use gatewarden_lifecycle::records::read_state;
 use serde_json::{Value, json};
 
-use crate::owner::{self as manager, ServiceManager};
+use crate::owner as manager;
 
 /// One finding: a name, whether it passes, and what was seen.
 struct Finding {
@@ -68,7 +68,7 @@ fn run_checks(home: &Home, target: &std::path::Path) -> Vec<Finding> {
 /// The address must be bindable, or be the one the live gateway serves (it is handed over, or
 /// freed by the drain, at the restart).
 fn listen_finding(home: &Home, configured: &str) -> Finding {
-    let running = crate::restart::status_of(&Endpoint::for_home(home.dir()), Duration::from_millis(500)).ok();
+    let running = crate::ready::status_of(&Endpoint::for_home(home.dir()), Duration::from_millis(500)).ok();
     let live = running.as_ref().and_then(|s| s.listen.clone()).or_else(|| {
         // A gateway started with `--listen` keeps that address across restarts.
         running.as_ref().and(read_state(&home.state_file()).ok().and_then(|s| s.listen))
@@ -88,7 +88,7 @@ fn service_finding(home: &Home, target: &std::path::Path) -> Finding {
         return Finding { name: "service", ok: true, detail: "none installed".into() };
     };
     let exe = target.display().to_string();
-    let text = m.state.path.as_ref().and_then(|p| std::fs::read_to_string(p).ok());
+    let text = m.managed().state.path.as_ref().and_then(|p| std::fs::read_to_string(p).ok());
     match text {
         Some(t) if t.contains(&exe) => {
             Finding { name: "service", ok: true, detail: format!("{} runs {exe}", m.describe()) }

@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::os;
-use crate::owner::{self as manager, Managed, ServiceManager};
+use crate::owner::{self as manager, Owner};
 
 /// One finding as the CLI reports it: the service crate's findings plus the CLI's own
 /// (stale files, config), with a printable fix.
@@ -133,11 +133,8 @@ fn print_human(home: &Home, items: &[Item]) {
 }
 
 /// The installed definition (or the user-scope spec when nothing is installed).
-fn managed(home: &Home) -> Option<Managed> {
-    manager::installed(home).or_else(|| {
-        let spec = manager::spec_for(home, Scope::User).ok()?;
-        Some(Managed { state: crate::owner::svc::query(&spec), spec })
-    })
+fn managed(home: &Home) -> Option<Owner> {
+    manager::installed(home).or_else(|| Some(manager::definition(manager::spec_for(home, Scope::User).ok()?)))
 }
 
 fn check(home: &Home) -> Vec<Item> {
@@ -145,13 +142,13 @@ fn check(home: &Home) -> Vec<Item> {
     let mut extra: Vec<Item> = Vec::new();
     let m = managed(home);
     let refresh_cmd = {
-        let system = m.as_ref().is_some_and(|m| m.spec.scope == Scope::System);
+        let system = m.as_ref().is_some_and(|m| m.managed().spec.scope == Scope::System);
         format!("gatewarden --home {} service install{}", home.dir().display(), if system { " --system" } else { "" })
     };
     if let Some(m) = &m {
-        out.extend(crate::owner::svc::drift(&m.spec));
-        if m.state.installed {
-            out.extend(crate::owner::svc::host_findings(&m.spec));
+        out.extend(m.drift());
+        if m.managed().state.installed {
+            out.extend(m.host_findings());
         }
     }
     // Config.
@@ -429,7 +426,7 @@ fn apply(home: &Home, items: &mut [Item], basis: u64) {
 /// Rewrites the installed definition (without starting or restarting anything).
 fn refresh(home: &Home) -> bool {
     let Some(m) = managed(home) else { return false };
-    match crate::owner::svc::install(&m.spec, false) {
+    match m.install(false) {
         Ok(()) => {
             eprintln!("doctor: rewrote {}", m.describe());
             true

@@ -380,7 +380,7 @@ fn write_unit(path: &Path, text: &str, scope: unit::Scope) -> crate::Result<()> 
 }
 
 pub fn service(home: &HermesHome, args: ServiceArgs) -> crate::Result<ExitCode> {
-    if crate::owner::svc::MANAGER != ManagerKind::Systemd {
+    if crate::owner::NATIVE_MANAGER != ManagerKind::Systemd {
         bail!(
             "service units for hermes homes are systemd units; on this OS run `gatewarden --hermes-home DIR supervise` under your manager"
         );

@@ -3,14 +3,13 @@
 //! `gatewarden_service` and applied through the per-OS facade in `os/`.
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use gatewarden_control::{Client, Endpoint, StatusReport};
 use gatewarden_lifecycle::Home;
 use gatewarden_service::{Scope, ServiceSpec};
 use serde_json::json;
 
-use crate::owner::{self as manager, Managed, ServiceManager};
+use crate::owner as manager;
 use crate::presence::{Presence, presence};
 
 #[derive(Debug, Clone)]
@@ -97,14 +96,15 @@ fn spec_with_overrides(home: &Home, a: &InstallArgs) -> crate::Result<ServiceSpe
 fn install(home: &Home, a: &InstallArgs) -> crate::Result<ExitCode> {
     if a.print {
         let spec = spec_with_overrides(&absolute(home), a)?;
-        print!("{}", crate::owner::svc::render(&spec)?);
+        print!("{}", manager::definition(spec).render()?);
         return Ok(ExitCode::SUCCESS);
     }
     let home = home.ensure()?;
     let spec = spec_with_overrides(&home, a)?;
     let gateway_pid = running_pid(&home);
-    let before = crate::owner::svc::query(&spec);
-    let owned = before.installed && (before.active || (gateway_pid.is_some() && before.main_pid == gateway_pid));
+    let m = manager::definition(spec);
+    let before = &m.managed().state;
+    let owned = before.installed && m.owns(gateway_pid);
     if gateway_pid.is_some() && !owned {
         eprintln!(
             "a gateway already runs in {} outside the service manager; stopping it so the {} manager can own it",
@@ -118,17 +118,18 @@ fn install(home: &Home, a: &InstallArgs) -> crate::Result<ExitCode> {
     }
     let start_now = !a.no_start && !owned;
     // The copy `ExecStopPost=` runs to revert a release that cannot start (`cmd/update.rs`).
-    if let Err(e) = crate::update::refresh_good_copy(&home, &spec.exe) {
-        eprintln!("warning: cannot keep a last known good copy of {}: {e}", spec.exe.display());
+    let exe = &m.managed().spec.exe;
+    if let Err(e) = crate::release::refresh_good_copy(&home, exe) {
+        eprintln!("warning: cannot keep a last known good copy of {}: {e}", exe.display());
     }
-    crate::owner::svc::install(&spec, start_now)?;
-    let m = Managed { state: crate::owner::svc::query(&spec), spec };
-    let where_ = m.state.path.as_ref().map(|p| format!(" ({})", p.display())).unwrap_or_default();
+    m.install(start_now)?;
+    let state = m.query();
+    let where_ = state.path.as_ref().map(|p| format!(" ({})", p.display())).unwrap_or_default();
     println!("installed {}{where_}", m.describe());
     if owned {
         println!("the gateway keeps running; the new definition applies at its next restart (`gatewarden restart`)");
     } else if start_now {
-        match wait_ready(&home, Duration::from_secs(30)) {
+        match crate::ready::wait_ready(&home, Duration::from_secs(30)) {
             Some(s) => println!(
                 "gateway pid {} ready on http://{}",
                 s.pid.map_or("?".into(), |p| p.to_string()),
@@ -144,7 +145,7 @@ fn install(home: &Home, a: &InstallArgs) -> crate::Result<ExitCode> {
             }
         }
     }
-    for f in crate::owner::svc::host_findings(&m.spec) {
+    for f in m.host_findings() {
         eprintln!("note: {}", f.message);
     }
     Ok(ExitCode::SUCCESS)
@@ -153,10 +154,7 @@ fn install(home: &Home, a: &InstallArgs) -> crate::Result<ExitCode> {
 fn uninstall(home: &Home, a: &UninstallArgs) -> crate::Result<ExitCode> {
     let home = home.canonicalized();
     let found = if a.system {
-        manager::spec_for(&home, Scope::System)
-            .ok()
-            .map(|spec| Managed { state: crate::owner::svc::query(&spec), spec })
-            .filter(|m| m.state.installed)
+        manager::spec_for(&home, Scope::System).ok().map(manager::definition).filter(|m| m.managed().state.installed)
     } else {
         manager::installed(&home)
     };
@@ -165,13 +163,13 @@ fn uninstall(home: &Home, a: &UninstallArgs) -> crate::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     };
     // Graceful first, through the owner (drains, exits 0, stays down).
-    if m.state.active || running_pid(&home).is_some() {
-        let code = crate::stop::stop(&home, m.spec.stop_timeout_s(), false)?;
+    if m.managed().state.active || running_pid(&home).is_some() {
+        let code = crate::stop::stop(&home, m.managed().spec.stop_timeout_s(), false)?;
         if code != ExitCode::SUCCESS {
             eprintln!("warning: the gateway did not stop cleanly; removing the service anyway");
         }
     }
-    crate::owner::svc::uninstall(&m.spec)?;
+    m.uninstall()?;
     println!("uninstalled {}", m.describe());
     Ok(ExitCode::SUCCESS)
 }
@@ -182,23 +180,23 @@ fn status(home: &Home, as_json: bool) -> crate::Result<ExitCode> {
         Some(m) => m,
         None => {
             let spec = manager::spec_for(&home, Scope::User)?;
-            Managed { state: crate::owner::svc::query(&spec), spec }
+            manager::definition(spec)
         }
     };
-    let code = match (m.state.installed, m.state.active) {
+    let code = match (m.managed().state.installed, m.managed().state.active) {
         (true, true) => 0,
         (true, false) => 3,
         _ => 4,
     };
     if as_json {
-        let mut v = m.status_json();
+        let mut v = m.managed().status_json();
         if let Some(o) = v.as_object_mut() {
-            o.insert("path".into(), json!(m.state.path));
+            o.insert("path".into(), json!(m.managed().state.path));
             o.insert("home".into(), json!(home.dir()));
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        let st = &m.state;
+        let st = &m.managed().state;
         println!("manager:    {}", st.manager);
         println!("unit:       {}", st.unit);
         println!("installed:  {}", if st.installed { "yes" } else { "no" });
@@ -224,33 +222,5 @@ pub fn running_pid(home: &Home) -> Option<u32> {
     match presence(home, "service") {
         Presence::Running => gatewarden_lifecycle::records::read_pid_record(&home.pid_file()).ok().map(|r| r.pid),
         _ => None,
-    }
-}
-
-/// Waits until the control endpoint answers with state `running`.
-pub fn wait_ready(home: &Home, timeout: Duration) -> Option<StatusReport> {
-    wait_ready_where(home, timeout, |_| true)
-}
-
-/// Waits until the control endpoint answers `running` with a report accepted by `accept`.
-pub fn wait_ready_where(
-    home: &Home,
-    timeout: Duration,
-    accept: impl Fn(&StatusReport) -> bool,
-) -> Option<StatusReport> {
-    let ep = Endpoint::for_home(home.dir());
-    let deadline = Instant::now() + timeout;
-    let t = Duration::from_millis(500);
-    loop {
-        if let Ok(s) = Client::connect(&ep, t).and_then(|mut c| c.status(t))
-            && s.state.as_deref() == Some("running")
-            && accept(&s)
-        {
-            return Some(s);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }

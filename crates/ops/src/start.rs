@@ -12,7 +12,7 @@ use gatewarden_lifecycle::desired::{self, Starter};
 use gatewarden_lifecycle::{ExitIntent, Home};
 use gatewarden_runtime::spawn;
 
-use crate::owner::{self as manager, Managed, ServiceManager};
+use crate::owner::{self as manager, ServiceManager};
 use crate::presence::{Presence, presence};
 
 pub fn start(
@@ -73,7 +73,14 @@ pub fn start_reporting(
     // Every lifecycle verb goes through whoever owns the gateway: with a service installed for
     // this home, its manager starts it (and will supervise it).
     if let Some(m) = manager::installed(&home) {
-        return start_via_manager(&home, &m, listen.is_some() || drain_timeout_s.is_some(), timeout_s, report);
+        return start_via_manager(
+            &home,
+            m.as_ref(),
+            seq,
+            listen.is_some() || drain_timeout_s.is_some(),
+            timeout_s,
+            report,
+        );
     }
     let log = home.logs_dir().join("gateway.log");
     // 0700 / 0600 whatever the umask, never through a symlink: the log holds what chats said.
@@ -101,14 +108,14 @@ pub fn start_reporting(
         cmd.env_remove(k);
     }
     // Started by a restart's orchestrator: the gateway is not part of that restart.
-    cmd.env_remove(crate::restart::ORCHESTRATOR_ENV);
+    cmd.env_remove(crate::env::ORCHESTRATOR_ENV);
     cmd.arg("--ready-stdout");
     cmd.arg("--log-file").arg(&log);
     // stderr catches anything printed before the logger is up (argument errors, panics).
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(early));
     spawn::detach(&mut cmd, None);
     let mut child = cmd.spawn().context("cannot start the gateway process")?;
-    note_spawned(&home, child.id());
+    crate::intent::note_spawned(&home, child.id());
     let stdout = child.stdout.take().context("no stdout pipe")?;
     let (tx, rx) = mpsc::channel::<String>();
     std::thread::spawn(move || {
@@ -195,7 +202,8 @@ fn already_running(home: &Home, report: Report) -> crate::Result<Option<ExitCode
 /// the gateway sent `READY=1`), then verifies readiness over the control channel.
 fn start_via_manager(
     home: &Home,
-    m: &Managed,
+    m: &dyn ServiceManager,
+    seq: u64,
     overrides: bool,
     timeout_s: u64,
     report: Report,
@@ -204,12 +212,12 @@ fn start_via_manager(
         eprintln!("note: --listen / --drain-timeout are ignored: {} decides how the gateway runs", m.describe());
     }
     eprintln!("starting the gateway through {}…", m.describe());
-    if let Err(e) = m.start() {
-        eprintln!("{} could not start the gateway: {}", m.state.manager, e.chain());
+    if let Err(e) = m.start(seq) {
+        eprintln!("{} could not start the gateway: {}", m.kind(), e.chain());
         eprintln!("check: gatewarden --home {} service status; gatewarden --home {0} doctor", home.dir().display());
         return Ok(ExitCode::from(1));
     }
-    match crate::service::wait_ready(home, Duration::from_secs(timeout_s)) {
+    match crate::ready::wait_ready(home, Duration::from_secs(timeout_s)) {
         Some(s) => {
             report.line(&format!(
                 "started gateway pid {} (incarnation {}) on http://{} via {}",
@@ -279,12 +287,4 @@ fn tail_since(path: &std::path::Path, offset: u64, n: usize) -> String {
         out.push('\n');
     }
     out
-}
-
-/// Records a process this command started in its own process group, for whoever must end it
-/// (an update ends every group its candidates started: cmd/update.rs `end_candidates`).
-pub(super) fn note_spawned(home: &Home, pid: u32) {
-    let ledger =
-        gatewarden_lifecycle::ledger::Ledger::new(home.ledger(), gatewarden_lifecycle::ledger::Writer::current());
-    let _ = ledger.append("gateway_spawned", serde_json::json!({"spawned_pid": pid}));
 }

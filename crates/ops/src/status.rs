@@ -120,7 +120,7 @@ pub fn status(home: &Home, as_json: bool) -> crate::Result<ExitCode> {
     }
     // The service manager's view next to the gateway's own.
     if let Some(m) = manager::installed(&home) {
-        report.extra.insert("service".into(), m.status_json());
+        report.extra.insert("service".into(), m.managed().status_json());
     }
     match read_parked_state(home.dir()) {
         ParkedStateRead::Missing => {}

@@ -16,7 +16,7 @@ use gatewarden_lifecycle::marker::{self, MarkerKind};
 use gatewarden_lifecycle::records::read_pid_record;
 use gatewarden_lifecycle::{Home, InstanceLock};
 
-use crate::owner::{self as manager, Managed, ServiceManager};
+use crate::owner::{self as manager, ServiceManager};
 use crate::presence::{Presence, presence};
 
 pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> crate::Result<ExitCode> {
@@ -42,7 +42,7 @@ fn stop_present(home: &Home, presence: Presence, timeout_s: u64, no_kill: bool) 
     if !matches!(presence, Presence::Unknown(_))
         && let Some(m) = manager::owner(home, gateway_pid)
     {
-        return stop_via_manager(home, &m, matches!(presence, Presence::Running), timeout_s, no_kill);
+        return stop_via_manager(home, m.as_ref(), matches!(presence, Presence::Running), timeout_s, no_kill);
     }
     match presence {
         Presence::NotRunning { healed } => {
@@ -62,7 +62,13 @@ fn stop_present(home: &Home, presence: Presence, timeout_s: u64, no_kill: bool) 
 /// the manager records success instead of a failure), then the manager's own stop, which keeps
 /// it down (`systemctl stop` also cancels a pending auto-restart); then the lock must be free.
 /// If something still holds it (a gateway outside the manager), the direct path takes over.
-fn stop_via_manager(home: &Home, m: &Managed, running: bool, timeout_s: u64, no_kill: bool) -> crate::Result<ExitCode> {
+fn stop_via_manager(
+    home: &Home,
+    m: &dyn ServiceManager,
+    running: bool,
+    timeout_s: u64,
+    no_kill: bool,
+) -> crate::Result<ExitCode> {
     let budget = Duration::from_secs(timeout_s);
     let deadline = Instant::now() + budget;
     let who =
@@ -84,7 +90,7 @@ fn stop_via_manager(home: &Home, m: &Managed, running: bool, timeout_s: u64, no_
         }
     }
     if let Err(e) = m.stop() {
-        eprintln!("warning: {} stop failed: {}", m.state.manager, e.chain());
+        eprintln!("warning: {} stop failed: {}", m.kind(), e.chain());
     }
     if InstanceLock::acquire(&home.lock(), deadline.saturating_duration_since(Instant::now())).is_ok() {
         if running {

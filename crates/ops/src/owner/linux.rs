@@ -276,3 +276,22 @@ pub fn prepare_restart(spec: &ServiceSpec) {
     let r = SystemRunner { timeout: Duration::from_secs(5) };
     let _ = Systemctl::new(&r, spec.scope).reset_failed(&unit(spec));
 }
+
+/// The manager gave up on the unit: a tripped start limit, `failed`, or inactive while a
+/// restart waits for it.
+pub fn gave_up(spec: &ServiceSpec) -> bool {
+    let fresh = query(spec);
+    let get = |k: &str| fresh.detail.get(k).and_then(serde_json::Value::as_str).unwrap_or("").to_owned();
+    get("result") == "start-limit-hit" || matches!(get("active_state").as_str(), "failed" | "inactive")
+}
+
+super::definition_manager!(
+    /// A systemd unit (user or system) runs the gateway itself.
+    Systemd
+);
+
+/// The facade's constructor: this OS's manager for `spec`, with what it says now.
+pub fn definition(spec: ServiceSpec) -> super::Owner {
+    let state = query(&spec);
+    std::sync::Arc::new(Systemd(super::Managed { spec, state }))
+}

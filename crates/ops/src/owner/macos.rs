@@ -213,3 +213,19 @@ pub fn verify_restart(spec: &ServiceSpec, old: Option<(u32, String)>, budget: Du
 
 /// Nothing to prepare: only systemd counts planned restarts against a start limit.
 pub fn prepare_restart(_spec: &ServiceSpec) {}
+
+/// Only systemd runs the gateway itself and can give up on it (see `linux.rs`).
+pub fn gave_up(_spec: &ServiceSpec) -> bool {
+    false
+}
+
+super::definition_manager!(
+    /// A LaunchAgent runs `gatewarden supervise`, which runs the gateway.
+    Launchd
+);
+
+/// The facade's constructor: this OS's manager for `spec`, with what it says now.
+pub fn definition(spec: ServiceSpec) -> super::Owner {
+    let state = query(&spec);
+    std::sync::Arc::new(Launchd(super::Managed { spec, state }))
+}

@@ -8,12 +8,14 @@
 use std::io;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
 
 use gatewarden_lifecycle::Home;
 use gatewarden_lifecycle::home::resolve_with;
 use gatewarden_service::{ManagerKind, Scope, ServiceSpec};
 use serde_json::{Value, json};
 
+use gatewarden_service::doctor::Finding;
 use serde::Serialize;
 
 /// The per-OS facade of the service manager (one file per OS, identical signatures):
@@ -26,6 +28,11 @@ use serde::Serialize;
 #[cfg_attr(windows, path = "windows.rs")]
 #[cfg_attr(not(any(target_os = "linux", target_os = "macos", windows)), path = "fallback.rs")]
 pub(crate) mod svc;
+
+pub mod runtime;
+
+/// The manager this OS's definitions are for (systemd on Linux, launchd on macOS, …).
+pub const NATIVE_MANAGER: ManagerKind = svc::MANAGER;
 
 /// What the service manager says about this home's service.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -60,16 +67,6 @@ pub fn unrenderable(subject: &str, what: &str, e: impl std::fmt::Display) -> Vec
     )]
 }
 
-/// Set in the environment of a restart that already moved out of the unit's cgroup.
-const SCOPED_ENV: &str = "GATEWARDEN_RESTART_SCOPED";
-
-/// An installed service definition for this home and what its manager says about it.
-#[derive(Debug, Clone)]
-pub struct Managed {
-    pub spec: ServiceSpec,
-    pub state: ServiceState,
-}
-
 /// Whether `home` is the per-OS default home (it gets the bare service names).
 pub fn is_default_home(home: &Home) -> bool {
     let default = resolve_with(None, |k| if k == "GATEWARDEN_HOME" { None } else { std::env::var_os(k) });
@@ -88,7 +85,7 @@ pub fn current_exe() -> io::Result<PathBuf> {
 /// `config.toml` (an unreadable config keeps the default; `run` reports it).
 pub fn spec_for(home: &Home, scope: Scope) -> io::Result<ServiceSpec> {
     let mut spec = ServiceSpec::new(current_exe()?, home.dir());
-    spec.revert_exe = Some(crate::update::good_copy(home));
+    spec.revert_exe = Some(crate::release::good_copy(home));
     spec.is_default_home = is_default_home(home);
     spec.scope = scope;
     if let Ok(cfg) = gatewarden_agent::Config::load(home.dir()) {
@@ -97,13 +94,152 @@ pub fn spec_for(home: &Home, scope: Scope) -> io::Result<ServiceSpec> {
     Ok(spec)
 }
 
+/// A service definition for one home (rendered by this version) and what its manager says
+/// about it. Every owner carries one; a runtime owner's is not installed.
+#[derive(Debug, Clone)]
+pub struct Managed {
+    pub spec: ServiceSpec,
+    pub state: ServiceState,
+}
+
+/// What gatewarden asks of whoever owns a home's gateway: one implementation per manager —
+/// [`svc`]'s per-OS definitions (systemd on Linux; launchd on macOS; Task Scheduler and SCM on
+/// Windows) and the [`runtime`] owners declared by the running gateway (`gatewarden
+/// supervise`, container PID 1, nobody). Install, query, drift, start, stop and the restart
+/// ladder (`restart/mod.rs`) go through it; what differs between managers is data on its
+/// [`ManagerKind`], and no verb compares manager names.
+pub trait ServiceManager: Send + Sync {
+    /// The definition and the manager's view of it.
+    fn managed(&self) -> &Managed;
+
+    fn kind(&self) -> ManagerKind {
+        self.managed().state.manager
+    }
+
+    /// "systemd user unit gatewarden-1a2b3c4d.service".
+    fn describe(&self) -> String {
+        let st = &self.managed().state;
+        let scope = match st.scope {
+            Some(Scope::System) => "system ",
+            Some(Scope::User) if st.manager == ManagerKind::Systemd => "user ",
+            _ => "",
+        };
+        format!("{} {scope}{} {}", st.manager, st.manager.unit_word(), st.unit)
+    }
+
+    /// Whether it owns the running gateway (pid `gateway_pid`, if known): active, or running
+    /// exactly that pid.
+    fn owns(&self, gateway_pid: Option<u32>) -> bool {
+        let st = &self.managed().state;
+        st.active || (gateway_pid.is_some() && st.main_pid == gateway_pid)
+    }
+
+    /// The definition this version would install.
+    fn render(&self) -> crate::Result<String>;
+    /// Writes the definition and enables it; starts it when `start`.
+    fn install(&self, start: bool) -> crate::Result<()>;
+    /// Stops (best effort) and removes the definition.
+    fn uninstall(&self) -> crate::Result<()>;
+    /// Asks the manager again.
+    fn query(&self) -> ServiceState;
+    /// The installed definition against this version's rendering.
+    fn drift(&self) -> Vec<Finding>;
+    /// Host-level findings (a user unit without lingering, …).
+    fn host_findings(&self) -> Vec<Finding>;
+    /// The manager's stop, after the caller's graceful request: stop and keep it down.
+    fn stop(&self) -> crate::Result<()>;
+    /// Start now, bypassing any restart backoff or failed state, on behalf of the desired-state
+    /// request `on_behalf` (what a direct start passes on; a manager decides itself).
+    fn start(&self, on_behalf: u64) -> crate::Result<()>;
+
+    /// The manager's own delay before it revives an exit (systemd's `RestartSec`), if known.
+    fn restart_delay(&self) -> Option<std::time::Duration> {
+        let detail = &self.managed().state.detail;
+        detail.get("restart_sec_ms").and_then(Value::as_u64).map(std::time::Duration::from_millis)
+    }
+    /// Before a planned restart: keep it from counting as a crash (systemd's start limit).
+    fn prepare_restart(&self) {}
+    /// The manager gave up on it (a tripped start limit, `failed`, inactive while we wait).
+    fn gave_up(&self) -> bool {
+        false
+    }
+    /// Where the manager relaunches asynchronously with quirks of its own (launchd): drive its
+    /// verification ladder until a new supervised incarnation holds the lock; `None` where the
+    /// restart loop's observation is the whole verification.
+    fn relaunch_ladder(&self, _old: Option<(u32, String)>, _budget: std::time::Duration) -> Option<crate::Result<u32>> {
+        None
+    }
+}
+
+/// Implements [`ServiceManager`] for a per-OS definition type over its file's facade
+/// functions (the identical signatures every `svc` file has).
+macro_rules! definition_manager {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        pub struct $name(pub super::Managed);
+
+        impl super::ServiceManager for $name {
+            fn managed(&self) -> &super::Managed {
+                &self.0
+            }
+            fn render(&self) -> crate::Result<String> {
+                render(&self.0.spec)
+            }
+            fn install(&self, start: bool) -> crate::Result<()> {
+                install(&self.0.spec, start)
+            }
+            fn uninstall(&self) -> crate::Result<()> {
+                uninstall(&self.0.spec)
+            }
+            fn query(&self) -> super::ServiceState {
+                query(&self.0.spec)
+            }
+            fn drift(&self) -> Vec<gatewarden_service::doctor::Finding> {
+                drift(&self.0.spec)
+            }
+            fn host_findings(&self) -> Vec<gatewarden_service::doctor::Finding> {
+                host_findings(&self.0.spec)
+            }
+            fn stop(&self) -> crate::Result<()> {
+                stop(&self.0.spec)
+            }
+            fn start(&self, _on_behalf: u64) -> crate::Result<()> {
+                kick(&self.0.spec)
+            }
+            fn prepare_restart(&self) {
+                prepare_restart(&self.0.spec)
+            }
+            fn gave_up(&self) -> bool {
+                gave_up(&self.0.spec)
+            }
+            fn relaunch_ladder(
+                &self,
+                old: Option<(u32, String)>,
+                budget: std::time::Duration,
+            ) -> Option<crate::Result<u32>> {
+                verify_restart(&self.0.spec, old, budget)
+            }
+        }
+    };
+}
+use definition_manager;
+
+/// A shared owner (the restart ladder hands it to a thread).
+pub type Owner = Arc<dyn ServiceManager>;
+
+/// This OS's manager for `spec` (installed or not), with what it says now.
+pub fn definition(spec: ServiceSpec) -> Owner {
+    svc::definition(spec)
+}
+
 /// The installed definition for this home, user scope first.
-pub fn installed(home: &Home) -> Option<Managed> {
+pub fn installed(home: &Home) -> Option<Owner> {
     for scope in [Scope::User, Scope::System] {
         let Ok(spec) = spec_for(home, scope) else { return None };
-        let state = crate::owner::svc::query(&spec);
-        if state.installed {
-            return Some(Managed { spec, state });
+        let m = definition(spec);
+        if m.managed().state.installed {
+            return Some(m);
         }
     }
     None
@@ -111,80 +247,15 @@ pub fn installed(home: &Home) -> Option<Managed> {
 
 /// The manager that owns the running gateway (pid `gateway_pid`, if known): installed, and
 /// active or running exactly that pid.
-pub fn owner(home: &Home, gateway_pid: Option<u32>) -> Option<Managed> {
+pub fn owner(home: &Home, gateway_pid: Option<u32>) -> Option<Owner> {
     installed(home).filter(|m| m.owns(gateway_pid))
 }
 
-/// What gatewarden asks of whoever owns a home's gateway — one implementation per manager,
-/// behind the per-OS facade `os::svc` (systemd on Linux, launchd on macOS, Task Scheduler or
-/// SCM on Windows). The restart ladder (cmd/restart.rs) is one loop over this trait and the
-/// parameters its [`ManagerKind`] carries; no verb compares manager names.
-pub trait ServiceManager: Send + Sync {
-    fn kind(&self) -> ManagerKind;
-    /// "systemd user unit gatewarden-1a2b3c4d.service".
-    fn describe(&self) -> String;
-    /// Whether it owns the running gateway (pid `gateway_pid`, if known): active, or running
-    /// exactly that pid.
-    fn owns(&self, gateway_pid: Option<u32>) -> bool;
-    /// Stop and keep it down.
-    fn stop(&self) -> crate::Result<()>;
-    /// Start now, bypassing any restart backoff or failed state.
-    fn start(&self) -> crate::Result<()>;
-    /// The manager's own delay before it revives an exit (systemd's `RestartSec`), if known.
-    fn restart_delay(&self) -> Option<std::time::Duration>;
-    /// Before a planned restart: keep it from counting as a crash (systemd's start limit).
-    fn prepare_restart(&self);
-    /// The manager gave up on it (a tripped start limit, `failed`, inactive while we wait).
-    fn gave_up(&self) -> bool;
-    /// Where the manager relaunches asynchronously with quirks of its own (launchd): drive its
-    /// verification ladder until a new supervised incarnation holds the lock; `None` where the
-    /// restart loop's observation is the whole verification.
-    fn relaunch_ladder(&self, old: Option<(u32, String)>, budget: std::time::Duration) -> Option<crate::Result<u32>>;
-}
-
-impl ServiceManager for Managed {
-    fn kind(&self) -> ManagerKind {
-        self.state.manager
-    }
-
-    fn describe(&self) -> String {
-        let scope = match self.state.scope {
-            Some(Scope::System) => "system ",
-            Some(Scope::User) if self.state.manager == ManagerKind::Systemd => "user ",
-            _ => "",
-        };
-        format!("{} {scope}{} {}", self.state.manager, self.state.manager.unit_word(), self.state.unit)
-    }
-
-    fn owns(&self, gateway_pid: Option<u32>) -> bool {
-        self.state.active || (gateway_pid.is_some() && self.state.main_pid == gateway_pid)
-    }
-
-    fn stop(&self) -> crate::Result<()> {
-        crate::owner::svc::stop(&self.spec)
-    }
-
-    fn start(&self) -> crate::Result<()> {
-        crate::owner::svc::kick(&self.spec)
-    }
-
-    fn restart_delay(&self) -> Option<std::time::Duration> {
-        self.state.detail.get("restart_sec_ms").and_then(Value::as_u64).map(std::time::Duration::from_millis)
-    }
-
-    fn prepare_restart(&self) {
-        crate::owner::svc::prepare_restart(&self.spec);
-    }
-
-    fn gave_up(&self) -> bool {
-        let fresh = crate::owner::svc::query(&self.spec);
-        let get = |k: &str| fresh.detail.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
-        get("result") == "start-limit-hit" || matches!(get("active_state").as_str(), "failed" | "inactive")
-    }
-
-    fn relaunch_ladder(&self, old: Option<(u32, String)>, budget: std::time::Duration) -> Option<crate::Result<u32>> {
-        crate::owner::svc::verify_restart(&self.spec, old, budget)
-    }
+/// Whoever owns this home's gateway, always someone: an installed definition, else the
+/// supervisor the gateway declared in its state record (`supervise` / another external
+/// supervisor, container PID 1), else nobody (the CLI starts it).
+pub fn of(home: &Home) -> Owner {
+    installed(home).unwrap_or_else(|| runtime::declared(home))
 }
 
 impl Managed {
@@ -222,7 +293,7 @@ pub fn cgroup_has_unit(cgroup: &str, unit: &str) -> bool {
 /// is not needed or not possible (with the reason, for a warning).
 pub fn escape_unit_cgroup(m: &Managed) -> Option<String> {
     if !m.state.manager.runs_gateway_directly()
-        || std::env::var_os(SCOPED_ENV).is_some()
+        || std::env::var_os(crate::env::SCOPED_ENV).is_some()
         || !in_unit_cgroup(&m.state.unit)
     {
         return None;
@@ -236,7 +307,7 @@ pub fn escape_unit_cgroup(m: &Managed) -> Option<String> {
         cmd.arg("--user");
     }
     cmd.args(["--scope", "--quiet", "--collect", "--"]).arg(exe).args(std::env::args_os().skip(1));
-    cmd.env(SCOPED_ENV, "1");
+    cmd.env(crate::env::SCOPED_ENV, "1");
     let e = crate::os::proc::exec_replace(&mut cmd);
     Some(format!("cannot move into a transient scope with systemd-run: {e}"))
 }

@@ -172,3 +172,28 @@ pub fn verify_restart(
 
 /// Nothing to prepare: only systemd counts planned restarts against a start limit.
 pub fn prepare_restart(_spec: &ServiceSpec) {}
+
+/// Only systemd runs the gateway itself and can give up on it (see `linux.rs`).
+pub fn gave_up(_spec: &ServiceSpec) -> bool {
+    false
+}
+
+super::definition_manager!(
+    /// A per-user scheduled task runs `gatewarden supervise`.
+    TaskScheduler
+);
+
+super::definition_manager!(
+    /// A Windows service (SCM, `--system`) runs `gatewarden supervise --scm`.
+    Scm
+);
+
+/// The facade's constructor: this OS's manager for `spec`, with what it says now.
+pub fn definition(spec: ServiceSpec) -> super::Owner {
+    let state = query(&spec);
+    let m = super::Managed { spec, state };
+    match m.spec.scope {
+        Scope::System => std::sync::Arc::new(Scm(m)),
+        Scope::User => std::sync::Arc::new(TaskScheduler(m)),
+    }
+}

@@ -4,8 +4,8 @@
 //! One ladder, observation → action, bounded by `--timeout`:
 //! - the gateway answers: ask it to restart (a systemd unit's start-rate counter is reset
 //!   first, so planned restarts never trip its crash-loop brake), then watch;
-//! - it does not answer within [`UNRESPONSIVE`] (SIGSTOPped, wedged), or stays draining past its
-//!   drain budget plus [`DRAIN_GRACE`]: stop it with the one stopper (marker + verified SIGTERM,
+//! - it does not answer within [`machine::UNRESPONSIVE`] (SIGSTOPped, wedged), or stays draining past its
+//!   drain budget plus [`machine::DRAIN_GRACE`]: stop it with the one stopper (marker + verified SIGTERM,
 //!   verified SIGKILL) and start a new incarnation;
 //! - nobody holds the lock for longer than the owner allows (`ManagerKind::kick_after`: its
 //!   restart delay plus a margin), or the manager gave up on the unit (start limit, failed):
@@ -24,31 +24,30 @@
 //! does the work while this process relays its exit code), so killing the old gateway's
 //! process group — e.g. when `/restart` ran this from inside the gateway — cannot kill it.
 
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use gatewarden_control::stopper::{self, StopOutcome, StopPlan};
 use gatewarden_control::{Client, ClientError, Endpoint, Op, Requester, StatusReport};
 use gatewarden_lifecycle::desired::{self, Refusal, Starter};
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
-use gatewarden_lifecycle::lock::LockProbe;
 use gatewarden_lifecycle::records::read_state;
 use gatewarden_lifecycle::{Home, InstanceLock};
 use gatewarden_runtime::spawn;
 use serde_json::{Value, json};
 
-use crate::owner::{self as manager, ServiceManager};
+pub mod machine;
+
+use machine::{Action, Begin, Seen, UNRESPONSIVE};
+
+use crate::env::ORCHESTRATOR_ENV;
+use crate::orchestrator::{escape_unit, relay_to_detached_orchestrator};
+use crate::owner as manager;
 use crate::presence::{Presence, presence};
 use crate::progress::Progress;
+use crate::ready::{lock_held, status_of};
 
-/// Set in the detached orchestrator (module doc); `restart` passes the desired-state sequence
-/// it recorded in it. Removed from everything the orchestrator starts.
-pub(super) const ORCHESTRATOR_ENV: &str = "GATEWARDEN_RESTART_ORCHESTRATOR";
 const POLL: Duration = Duration::from_millis(20);
-/// A lock holder silent on its control endpoint for this long is wedged, not busy.
-const UNRESPONSIVE: Duration = Duration::from_secs(3);
-/// Beyond the drain budget: the cancelled runs' clean-up and the HTTP wind-down.
-const DRAIN_GRACE: Duration = Duration::from_secs(15);
 /// `update`: after the ladder started a new incarnation itself, how long the lock may stay free
 /// before the restart counts as failed (a started gateway takes the lock within milliseconds).
 const FAIL_FAST: Duration = Duration::from_secs(3);
@@ -91,27 +90,6 @@ pub fn restart(
     orchestrate(&home, timeout_s, seq)
 }
 
-/// Launched from inside the unit (chat `/restart` or `/update`, an exec-backend run, the
-/// gateway's own backstop): the manager kills the unit's whole cgroup when the old gateway
-/// exits, a new session does not help. Move into a transient scope first (H2); this returns
-/// only if that is not needed.
-pub(super) fn escape_unit(home: &Home) {
-    if let Some(m) = manager::installed(&home.canonicalized())
-        && let Some(why) = manager::escape_unit_cgroup(&m)
-    {
-        eprintln!("warning: {why}; restarting from inside {}", m.describe());
-    }
-}
-
-/// In the first process of a restarting verb: runs the same command line detached (module
-/// doc) and returns its exit code; `None` in the detached copy, which does the work.
-pub(super) fn detach() -> Option<ExitCode> {
-    if std::env::var_os(ORCHESTRATOR_ENV).is_none() && spawn::DETACH_KEEPS_OUTPUT {
-        return relay_to_detached_orchestrator("1");
-    }
-    None
-}
-
 /// `update`'s restart: the whole ladder in this (already detached) process; the status of the
 /// new incarnation once it is verified `running`, else what was seen. Unlike `restart`, it
 /// gives up early when even a new incarnation the ladder started itself takes no lock within
@@ -125,29 +103,6 @@ pub(super) fn restart_verified(home: &Home, timeout_s: u64) -> Result<StatusRepo
         Ok(_) => Err(format!("the restart was not verified: {}", failure.unwrap_or_else(|| "see above".into()))),
         Err(e) => Err(e.chain()),
     }
-}
-
-/// Runs this same command line in a new session and relays its exit code.
-fn relay_to_detached_orchestrator(value: &str) -> Option<ExitCode> {
-    let exe = manager::current_exe().ok()?;
-    let mut cmd = Command::new(exe);
-    cmd.args(std::env::args_os().skip(1)).env(ORCHESTRATOR_ENV, value);
-    // Launched from an agent run (chat-driven restarts), this process carries the run's tag,
-    // and the next incarnation kills what the old one's runs left behind; the orchestrator
-    // must not be mistaken for such a leftover.
-    cmd.env_remove(gatewarden_runtime::RUN_TAG);
-    cmd.stdin(Stdio::null()).stdout(Stdio::inherit()).stderr(Stdio::inherit());
-    spawn::detach(&mut cmd, None);
-    let status = cmd.spawn().ok()?.wait().ok()?;
-    Some(ExitCode::from(status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(1)))
-}
-
-pub(super) fn status_of(ep: &Endpoint, t: Duration) -> Result<StatusReport, String> {
-    Client::connect(ep, t).and_then(|mut c| c.status(t)).map_err(|e| e.to_string())
-}
-
-pub(super) fn lock_held(home: &Home) -> bool {
-    !matches!(InstanceLock::probe(&home.lock()), LockProbe::Free(_) | LockProbe::Missing)
 }
 
 /// The old gateway's status, retried for up to [`UNRESPONSIVE`] while it holds the lock.
@@ -209,38 +164,40 @@ fn run_ladder(home: &Home, ladder: &Ladder, t0: Instant) -> crate::Result<ExitCo
     };
     // Concurrent restarts coalesce (H3): an incarnation that started after this request already
     // satisfies it, and one that is already draining is joined instead of restarted twice.
-    let started_since_request = old.uptime_s.is_some_and(|up| up < t0.elapsed().as_secs_f64());
-    if started_since_request && old.state.as_deref() == Some("running") {
-        ladder.report(&format!(
-            "restarted (by a concurrent request): incarnation {} (pid {}) is ready",
-            old.incarnation.clone().unwrap_or_default(),
-            old.pid.map_or("?".into(), |p| p.to_string())
-        ));
-        let _ = ladder.ledger.append("restart_result", json!({"ok": true, "new": old.incarnation, "coalesced": true}));
-        return Ok(ExitCode::SUCCESS);
-    }
-    let joining = matches!(old.state.as_deref(), Some("draining" | "stopping"));
-    if joining {
-        ladder.progress.phase(&format!("joining the {} already in progress", old.state.as_deref().unwrap_or("stop")));
-    } else {
-        if let Some(m) = &ladder.owner {
-            m.prepare_restart();
+    let answer =
+        machine::Answer { incarnation: old.incarnation.clone(), state: old.state.clone(), uptime_s: old.uptime_s };
+    match machine::begin(&answer, t0.elapsed()) {
+        Begin::Coalesced => {
+            ladder.report(&format!(
+                "restarted (by a concurrent request): incarnation {} (pid {}) is ready",
+                old.incarnation.clone().unwrap_or_default(),
+                old.pid.map_or("?".into(), |p| p.to_string())
+            ));
+            let _ =
+                ladder.ledger.append("restart_result", json!({"ok": true, "new": old.incarnation, "coalesced": true}));
+            return Ok(ExitCode::SUCCESS);
         }
-        ladder.progress.phase("requesting restart");
-        let requested = Client::connect(&ep, Duration::from_secs(2))
-            .and_then(|mut c| c.call(Op::Restart { requester: Requester::current("cli") }, Duration::from_secs(5)));
-        match requested {
-            Ok(_) => {}
-            // An explicit refusal (or a protocol mismatch) is final.
-            Err(e @ (ClientError::Refused { .. } | ClientError::VersionMismatch { .. } | ClientError::Protocol(_))) => {
-                ladder.progress.finish();
-                eprintln!("the gateway refused the restart: {e}");
-                return Ok(ExitCode::from(1));
-            }
-            // The connection broke or timed out: the gateway is going away, most likely for a
-            // concurrent restart. The ladder below decides whether a new incarnation came.
-            Err(e) => {
-                ladder.progress.phase(&format!("the gateway is going away ({e}); waiting for the next incarnation"))
+        Begin::Join(state) => ladder.progress.phase(&format!("joining the {state} already in progress")),
+        Begin::Request => {
+            ladder.owner.prepare_restart();
+            ladder.progress.phase("requesting restart");
+            let requested = Client::connect(&ep, Duration::from_secs(2))
+                .and_then(|mut c| c.call(Op::Restart { requester: Requester::current("cli") }, Duration::from_secs(5)));
+            match requested {
+                Ok(_) => {}
+                // An explicit refusal (or a protocol mismatch) is final.
+                Err(
+                    e @ (ClientError::Refused { .. } | ClientError::VersionMismatch { .. } | ClientError::Protocol(_)),
+                ) => {
+                    ladder.progress.finish();
+                    eprintln!("the gateway refused the restart: {e}");
+                    return Ok(ExitCode::from(1));
+                }
+                // The connection broke or timed out: the gateway is going away, most likely for a
+                // concurrent restart. The ladder below decides whether a new incarnation came.
+                Err(e) => {
+                    ladder.progress.phase(&format!("the gateway is going away ({e}); waiting for the next incarnation"))
+                }
             }
         }
     }
@@ -255,9 +212,7 @@ fn drain_budget(s: &StatusReport) -> Option<Duration> {
 /// if none comes, record the result. Exit code as `restart`'s.
 fn run_backstop(home: &Home, old_inc: &str, timeout_s: u64, seq: u64) -> ExitCode {
     let ladder = Ladder::new(home, timeout_s, Instant::now(), seq, "backstop");
-    if let Some(m) = &ladder.owner {
-        m.prepare_restart();
-    }
+    ladder.owner.prepare_restart();
     let ep = Endpoint::for_home(home.dir());
     let old = status_of(&ep, Duration::from_millis(500))
         .ok()
@@ -280,7 +235,7 @@ struct Ladder<'h> {
     t0: Instant,
     deadline: Instant,
     ledger: Ledger,
-    owner: Option<std::sync::Arc<dyn ServiceManager>>,
+    owner: manager::Owner,
     progress: Progress,
     kicked: std::cell::Cell<bool>,
     /// See [`restart_verified`].
@@ -307,7 +262,7 @@ impl<'h> Ladder<'h> {
             t0,
             deadline: t0 + Duration::from_secs(timeout_s),
             ledger: Ledger::new(home.ledger(), Writer::current()),
-            owner: manager::installed(home).map(|m| std::sync::Arc::new(m) as std::sync::Arc<dyn ServiceManager>),
+            owner: manager::of(home),
             progress: Progress::new(),
             kicked: std::cell::Cell::new(false),
             fail_fast: None,
@@ -392,13 +347,7 @@ impl<'h> Ladder<'h> {
             return;
         }
         self.progress.phase(&format!("{why}: starting a new incarnation"));
-        let result = match &self.owner {
-            Some(m) => m.start().map_err(|e| e.chain()),
-            None => {
-                let listen = read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
-                start_detached(self.home, listen.as_deref(), self.seq)
-            }
-        };
+        let result = self.owner.start(self.seq).map_err(|e| e.chain());
         if let Err(e) = result {
             eprintln!("starting a new incarnation failed: {e}");
         }
@@ -444,104 +393,67 @@ impl<'h> Ladder<'h> {
         }
     }
 
-    /// Watches until a new incarnation is `running`, acting on what it sees (module doc).
+    /// Watches until a new incarnation is `running`: observes, lets the machine decide
+    /// (`restart/machine.rs`), acts.
     fn await_new(&self, old: Option<&StatusReport>, drain: Option<Duration>) -> Result<StatusReport, String> {
         let ep = Endpoint::for_home(self.home.dir());
         let old_inc = old.and_then(|o| o.incarnation.clone()).unwrap_or_default();
-        let kick_after = match &self.owner {
-            Some(m) => m.kind().kick_after(m.restart_delay()),
-            None => gatewarden_service::ManagerKind::None.kick_after(None),
-        };
-        let drain_limit = drain.map(|d| d + DRAIN_GRACE);
-        let mut draining_since: Option<Instant> = None;
-        let mut silent_since: Option<Instant> = None;
-        let mut gone_since: Option<Instant> = None;
-        let mut last_unit_check = Instant::now();
-        let mut seen = String::from("nothing yet");
+        let kick_after = self.owner.kind().kick_after(self.owner.restart_delay());
+        let began = Instant::now();
+        let mut watch = machine::Watch::new(machine::Config {
+            old: old_inc.clone(),
+            deadline: self.left(),
+            kick_after,
+            drain,
+            fail_fast: self.fail_fast,
+            owner_runs_gateway: self.owner.kind().runs_gateway_directly(),
+        });
         // launchd relaunches asynchronously (throttles, pended spawns, unloaded labels): its
         // ladder runs beside this loop and may escalate; its failure ends the wait early.
-        let mut launchd = self.owner.clone().filter(|m| m.kind().needs_relaunch_ladder()).map(|m| {
+        let mut launchd = Some(self.owner.clone()).filter(|m| m.kind().needs_relaunch_ladder()).map(|m| {
             let old_id = old.and_then(|o| o.pid).map(|p| (p, old_inc.clone()));
             let budget = self.left();
             std::thread::spawn(move || m.relaunch_ladder(old_id, budget).map(|r| r.map_err(|e| e.chain())))
         });
         loop {
-            if Instant::now() >= self.deadline {
-                return Err(seen);
+            let stop = self.stopped();
+            let relaunch_failed = match launchd.as_ref().is_some_and(|h| h.is_finished()) {
+                true => launchd.take().and_then(|h| h.join().ok()).flatten().and_then(Result::err),
+                false => None,
+            };
+            let answer = status_of(&ep, Duration::from_millis(300));
+            let seen = match &answer {
+                Ok(s) => Seen::Answer { incarnation: s.incarnation.clone(), state: s.state.clone() },
+                Err(_) => Seen::Silent { lock_held: lock_held(self.home) },
+            };
+            let at = began.elapsed();
+            let unit_gave_up = match &seen {
+                Seen::Silent { lock_held: false } if watch.wants_unit_check(at) => Some(self.owner.gave_up()),
+                _ => None,
+            };
+            let obs = machine::Observation {
+                at,
+                stop_recorded: stop.is_some(),
+                relaunch_failed,
+                seen,
+                unit_gave_up,
+                kicked: self.kicked.get(),
+            };
+            match watch.step(&obs) {
+                Action::Wait => {}
+                Action::Ready => return answer,
+                Action::Kick { why } => self.kick(&why),
+                Action::RecoverWedged { why, old_answers } => {
+                    return self.recover_wedged_inline(&why, old.filter(|_| old_answers));
+                }
+                Action::Overtaken => {
+                    let why = stop.map(|r| r.describe()).unwrap_or_default();
+                    return Err(format!("overtaken by a stop: {why}"));
+                }
+                Action::Fail { seen } => return Err(seen),
             }
-            // A later stop owns the gateway now: nothing more to watch or start.
-            if let Some(r) = self.stopped() {
-                return Err(format!("overtaken by a stop: {}", r.describe()));
-            }
-            if launchd.as_ref().is_some_and(|h| h.is_finished())
-                && let Some(Some(Err(why))) = launchd.take().and_then(|h| h.join().ok())
-            {
-                return Err(why);
-            }
-            match status_of(&ep, Duration::from_millis(300)) {
-                Ok(s)
-                    if s.incarnation.as_deref() != Some(old_inc.as_str()) && s.state.as_deref() == Some("running") =>
-                {
-                    return Ok(s);
-                }
-                Ok(s) if s.incarnation.as_deref() == Some(old_inc.as_str()) => {
-                    silent_since = None;
-                    let state = s.state.clone().unwrap_or_default();
-                    self.progress.phase(&format!("old gateway {old_inc} is {state}"));
-                    seen = format!("the old incarnation {old_inc} still {state}");
-                    if matches!(state.as_str(), "draining" | "stopping") {
-                        let since = *draining_since.get_or_insert_with(Instant::now);
-                        if drain_limit.is_some_and(|l| since.elapsed() > l) {
-                            let why = format!("the old gateway {old_inc} is still {state} past its drain budget");
-                            return self.recover_wedged_inline(&why, old);
-                        }
-                    }
-                }
-                Ok(s) => {
-                    silent_since = None;
-                    self.progress.phase("new incarnation starting");
-                    seen = format!(
-                        "new incarnation {} in state {}",
-                        s.incarnation.unwrap_or_default(),
-                        s.state.unwrap_or_default()
-                    );
-                }
-                Err(_) if lock_held(self.home) => {
-                    gone_since = None;
-                    self.progress.phase("waiting for the new gateway");
-                    seen = "a process holds the lock but does not answer yet".into();
-                    let since = *silent_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() > UNRESPONSIVE {
-                        let why = "the lock holder does not answer on its control endpoint".to_owned();
-                        return self.recover_wedged_inline(&why, None);
-                    }
-                }
-                Err(_) => {
-                    silent_since = None;
-                    self.progress.phase("waiting for a gateway to take the lock");
-                    seen = "no gateway holds the lock".into();
-                    let since = *gone_since.get_or_insert_with(Instant::now);
-                    let gave_up = self.owner.as_ref().is_some_and(|m| {
-                        m.kind().runs_gateway_directly() && last_unit_check.elapsed() >= Duration::from_millis(100) && {
-                            last_unit_check = Instant::now();
-                            m.gave_up()
-                        }
-                    });
-                    if let Some(extra) = self.fail_fast
-                        && self.kicked.get()
-                        && since.elapsed() >= kick_after + extra
-                    {
-                        return Err(format!(
-                            "no gateway took the lock, not even one started {:.1}s ago",
-                            (since.elapsed() - kick_after).as_secs_f64()
-                        ));
-                    }
-                    if gave_up {
-                        self.kick("the service manager gave up on the unit");
-                    } else if since.elapsed() >= kick_after {
-                        self.kick(&format!("no gateway took the lock within {:.1}s", kick_after.as_secs_f64()));
-                    }
-                }
+            if !watch.phase().is_empty() {
+                self.progress.phase(watch.phase());
             }
             std::thread::sleep(POLL);
         }
@@ -587,21 +499,4 @@ impl<'h> Ladder<'h> {
             }
         }
     }
-}
-
-/// `gatewarden start` as a detached child (its own session), so the ladder keeps watching.
-fn start_detached(home: &Home, listen: Option<&str>, seq: u64) -> Result<(), String> {
-    let exe = manager::current_exe().map_err(|e| e.to_string())?;
-    let mut cmd = Command::new(exe);
-    cmd.arg("--home").arg(home.dir()).arg("start").args(["--desired-seq", &seq.to_string()]);
-    cmd.env_remove(ORCHESTRATOR_ENV);
-    if let Some(l) = listen {
-        cmd.args(["--listen", l]);
-    }
-    cmd.env_remove(gatewarden_runtime::RUN_TAG);
-    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-    spawn::detach(&mut cmd, None);
-    let child = cmd.spawn().map_err(|e| e.to_string())?;
-    crate::start::note_spawned(home, child.id());
-    Ok(())
 }

@@ -39,13 +39,15 @@ use sha2::Digest;
 
 mod archive;
 
+use crate::release::{RELEASES, copy_executable, hex, refresh_good_copy, release_path, sha256_file, write_executable};
+
 use crate::owner as manager;
-use crate::restart::{restart_verified, status_of};
+use crate::ready::status_of;
+use crate::restart::restart_verified;
 
 /// The transaction record's file name in the home.
 pub const UPDATE_FILE: &str = "update.json";
 const LOCK_FILE: &str = "update.lock";
-const RELEASES: &str = "releases";
 /// Bigger than any release binary; a cap on what a URL may make us download.
 const MAX_RELEASE_BYTES: u64 = 512 << 20;
 /// Internal (tests): the phase in which the updater pauses, to be killed there.
@@ -158,8 +160,8 @@ fn transact(home: &Home, args: UpdateArgs) -> crate::Result<ExitCode> {
         bail!("say what to install: `gatewarden update --from PATH|URL` (or --status, --rollback)");
     }
     // The updater outlives the gateway it restarts (chat `/update` runs it from inside).
-    crate::restart::escape_unit(&home);
-    if let Some(code) = crate::restart::detach() {
+    crate::orchestrator::escape_unit(&home);
+    if let Some(code) = crate::orchestrator::detach() {
         return Ok(code);
     }
     let Some(lock) = take_update_lock(&home, args.resume)? else {
@@ -470,7 +472,7 @@ impl<'h> Updater<'h> {
                         now.state.unwrap_or_default()
                     ));
                 }
-                Err(e) if !crate::restart::lock_held(self.home) => {
+                Err(e) if !crate::ready::lock_held(self.home) => {
                     return Err(format!("the new incarnation exited during probation ({e})"));
                 }
                 Err(e) => {
@@ -969,17 +971,6 @@ fn after_exit(home: &Home) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Where the last blessed binary is kept for `ExecStopPost=` (a stable path the unit names).
-pub fn good_copy(home: &Home) -> PathBuf {
-    let name = if cfg!(windows) { "gatewarden.exe" } else { "gatewarden" };
-    home.dir().join(RELEASES).join("good").join(name)
-}
-
-/// Refreshes [`good_copy`] from `exe` (at `service install` and at every blessing).
-pub fn refresh_good_copy(home: &Home, exe: &Path) -> std::io::Result<()> {
-    copy_executable(exe, &good_copy(home))
-}
-
 /// The staged binary's `check` against the live home.
 fn preflight(home: &Home, staged: &Path, target: &Path) -> Result<(), String> {
     let mut cmd = Command::new(staged);
@@ -1190,54 +1181,6 @@ fn verify_signature(public_key: &str, bytes: &[u8], sig_src: &str, ca_file: Opti
     let text = String::from_utf8(sig_bytes).map_err(|_| format!("{sig_src} is not a minisign signature"))?;
     let sig = minisign_verify::Signature::decode(&text).map_err(|e| format!("{sig_src}: {e}"))?;
     pk.verify(bytes, &sig, false).map_err(|e| format!("signature check failed ({sig_src}): {e}"))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex(&h.finalize()))
-}
-
-fn release_path(home: &Home, version: &str, sha: &str) -> PathBuf {
-    let name = if cfg!(windows) { "gatewarden.exe" } else { "gatewarden" };
-    home.dir().join(RELEASES).join(format!("{version}-{}", &sha[..sha.len().min(12)])).join(name)
-}
-
-fn write_executable(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    crate::os::proc::make_executable(path)
-}
-
-/// Copies an executable (keeping it runnable), unless an identical copy is there already.
-fn copy_executable(from: &Path, to: &Path) -> std::io::Result<()> {
-    if to.is_file() && sha256_file(to).ok() == sha256_file(from).ok() {
-        return Ok(());
-    }
-    if let Some(p) = to.parent() {
-        // 0700 whatever the umask (the home's releases; an existing folder is left alone).
-        gatewarden_lifecycle::platform::create_private_dir(p)?;
-    }
-    let tmp = to.with_extension("partial");
-    std::fs::copy(from, &tmp)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    crate::os::proc::make_executable(&tmp)?;
-    std::fs::rename(&tmp, to)
 }
 
 /// Puts a copy of `release` at `target` with one rename in the target's directory. Windows
