@@ -21,6 +21,8 @@ use serde_json::json;
 
 use crate::os;
 use crate::owner::{self as manager, Owner};
+// A lock holder silent this long is wedged: the restart ladder's measure, doctor --fix's too.
+use crate::restart::machine::UNRESPONSIVE;
 
 /// One finding as the CLI reports it: the service crate's findings plus the CLI's own
 /// (stale files, config), with a printable fix.
@@ -377,9 +379,6 @@ fn stale_files(home: &Home) -> Vec<String> {
     }
     v
 }
-
-/// How long a lock holder must stay silent before `--fix` restarts it (as `cmd/restart.rs`).
-const UNRESPONSIVE: std::time::Duration = std::time::Duration::from_secs(3);
 
 fn apply(home: &Home, items: &mut [Item], basis: u64) {
     let mut refreshed: Option<bool> = None;

@@ -100,7 +100,7 @@ pub fn prevented(home: &Home, by: &str, r: &Refusal) {
 }
 
 /// Records a process this command started in its own process group, for whoever must end it
-/// (an update ends every group its candidates started: cmd/update.rs `end_candidates`).
+/// (an update ends every group its candidates started: update/mod.rs `end_candidates`).
 pub fn note_spawned(home: &Home, pid: u32) {
     let ledger =
         gatewarden_lifecycle::ledger::Ledger::new(home.ledger(), gatewarden_lifecycle::ledger::Writer::current());

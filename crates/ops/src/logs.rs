@@ -21,7 +21,7 @@ pub fn logs(home: &Home, follow: bool, n: usize) -> crate::Result<ExitCode> {
 
 /// The last `n` lines of the log that `open` opens (`Ok(None)`: not there yet), then (with
 /// `follow`) what is appended; `missing` says why there may be no file yet. `open` decides
-/// what may be opened: the native home's rules here, a hermes home's (cmd/hermes.rs) there,
+/// what may be opened: the native home's rules here, a hermes home's (hermes.rs) there,
 /// so a link, FIFO or foreign file planted at the name is refused by both.
 pub fn tail(
     path: &Path,

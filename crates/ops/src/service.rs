@@ -117,7 +117,7 @@ fn install(home: &Home, a: &InstallArgs) -> crate::Result<ExitCode> {
         }
     }
     let start_now = !a.no_start && !owned;
-    // The copy `ExecStopPost=` runs to revert a release that cannot start (`cmd/update.rs`).
+    // The copy `ExecStopPost=` runs to revert a release that cannot start (`update/mod.rs`).
     let exe = &m.managed().spec.exe;
     if let Err(e) = crate::release::refresh_good_copy(&home, exe) {
         eprintln!("warning: cannot keep a last known good copy of {}: {e}", exe.display());

@@ -2,7 +2,7 @@
 //! stopper (`gatewarden_control::stopper`): control stop, marker + verified SIGTERM, wait for
 //! the lock, then — unless `--no-kill` — a verified kill.
 //!
-//! Before it signals anything it records `stopped` (`cmd/intent.rs`): every actor that could
+//! Before it signals anything it records `stopped` (`intent.rs`): every actor that could
 //! start a gateway afterwards — a restart's successor or backstop, an update's rollback,
 //! `doctor --fix`, a service manager's launch — reads that record first and stays down.
 

@@ -128,7 +128,7 @@ impl Supervisor {
         self.t0.elapsed()
     }
 
-    /// The desired state (`cmd/intent.rs`) before every start of a child: launched by an
+    /// The desired state (`intent.rs`) before every start of a child: launched by an
     /// operator (no service manager around us) supervise is a start and records `run`; launched
     /// by a manager (at boot, after a crash) or restarting a child, it obeys a recorded stop.
     /// The sequence the children carry out, or `None`: stay down.
@@ -197,7 +197,7 @@ impl Supervisor {
             }
             let now = self.now();
             // A swapped-in release that ended before it was blessed: the old binary goes back
-            // and runs next, at once (`cmd/update.rs`).
+            // and runs next, at once (`update/mod.rs`).
             if exit != ChildExit::Code(i32::from(ExitIntent::PlannedRestart.code()))
                 && crate::update::revert_after_crash(&self.home, &exit.to_string(), "supervise")
             {

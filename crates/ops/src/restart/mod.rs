@@ -15,7 +15,7 @@
 //! for every planned restart that no verifying CLI asked for (chat `/restart`, SIGUSR1, a control
 //! request), so no route ends with nothing running.
 //!
-//! The desired state binds the ladder (`gatewarden_lifecycle::desired`, `cmd/intent.rs`): an
+//! The desired state binds the ladder (`gatewarden_lifecycle::desired`, `intent.rs`): an
 //! operator's restart records `run` first (so a restart of a stopped gateway starts it), and
 //! the ladder — the CLI's and the backstop's — checks before every start and stops watching
 //! as soon as a later stop is recorded: that stop owns the gateway now, and it stays down.

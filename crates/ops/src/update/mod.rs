@@ -12,7 +12,7 @@
 //! 4. **Swap**: copy the current binary to its own release directory (last known good), then
 //!    rename the staged copy over the executable (on Windows the running image is renamed
 //!    aside first).
-//! 5. **Restart** through the one restart ladder (`cmd/restart.rs`).
+//! 5. **Restart** through the one restart ladder (`restart/`).
 //! 6. **Probation**: the new incarnation reports the expected version and stays up for
 //!    `[update] probation_s`.
 //! 7. Success: `committed` with a receipt. Failure: swap back, restart, verify the old version
