@@ -303,6 +303,9 @@ pub struct SuperviseArgs {
     /// Internal (tests): first crash backoff in milliseconds
     #[arg(long, hide = true, default_value_t = 100)]
     pub backoff_ms: u64,
+    /// Internal (tests): the longest crash backoff, also every braked restart's, in milliseconds
+    #[arg(long, hide = true, default_value_t = 30_000)]
+    pub max_backoff_ms: u64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -370,6 +373,7 @@ impl From<SuperviseArgs> for ops::supervise::SuperviseArgs {
             brake_restarts: a.brake_restarts,
             brake_window_s: a.brake_window_s,
             backoff_ms: a.backoff_ms,
+            max_backoff_ms: a.max_backoff_ms,
         }
     }
 }

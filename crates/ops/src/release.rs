@@ -12,9 +12,14 @@ use sha2::Digest;
 
 pub(crate) const RELEASES: &str = "releases";
 
+/// `gatewarden`, `gatewarden.exe` on Windows.
+fn exe_name() -> String {
+    format!("gatewarden{}", std::env::consts::EXE_SUFFIX)
+}
+
 /// Where the last blessed binary is kept for `ExecStopPost=` (a stable path the unit names).
 pub fn good_copy(home: &Home) -> PathBuf {
-    let name = if cfg!(windows) { "gatewarden.exe" } else { "gatewarden" };
+    let name = exe_name();
     home.dir().join(RELEASES).join("good").join(name)
 }
 
@@ -42,7 +47,7 @@ pub(crate) fn sha256_file(path: &Path) -> std::io::Result<String> {
 }
 
 pub(crate) fn release_path(home: &Home, version: &str, sha: &str) -> PathBuf {
-    let name = if cfg!(windows) { "gatewarden.exe" } else { "gatewarden" };
+    let name = exe_name();
     home.dir().join(RELEASES).join(format!("{version}-{}", &sha[..sha.len().min(12)])).join(name)
 }
 

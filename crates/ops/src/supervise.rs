@@ -47,7 +47,6 @@ pub struct SuperviseArgs {
     /// Internal (tests): first crash backoff in milliseconds
     pub backoff_ms: u64,
     /// Internal (tests): the longest crash backoff, also every braked restart's, in milliseconds
-    #[arg(long, hide = true, default_value_t = 30_000)]
     pub max_backoff_ms: u64,
 }
 
