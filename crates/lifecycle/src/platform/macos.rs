@@ -85,4 +85,4 @@ pub fn kill_tagged(_key: &str, _accept: &dyn Fn(&str) -> bool) -> Vec<u32> {
     Vec::new()
 }
 
-pub use super::without_procfs::{cmdline, is_stopped, port_listeners, systemd_main_pid};
+pub use super::without_procfs::{cmdline, is_stopped, port_listeners, release_startup_pages, systemd_main_pid};
