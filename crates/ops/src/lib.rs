@@ -11,8 +11,10 @@
 //!   hermes-home verbs ([`hermes`]), and the small helpers they share ([`intent`],
 //!   [`presence`], [`progress`]).
 //!
-//! Verbs never call each other: shared steps (the readiness wait, stop-then-start, the last
-//! known good copy) are functions of the module that owns them.
+//! The module graph has no cycle: shared steps (the readiness wait in [`ready`], the last known
+//! good copy in [`release`], detaching in [`orchestrator`]) sit below the verbs, and where one
+//! operation is a step of another (`service` stops, the restart ladder starts, `update`
+//! restarts) the call goes one way, down.
 
 pub mod check;
 pub mod crash_backoff;

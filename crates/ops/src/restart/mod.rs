@@ -1,15 +1,17 @@
 //! `gatewarden restart`: request a restart and exit 0 only when a **new incarnation** holds
 //! the lock and is ready; otherwise exit 1 naming what was seen and the recovery command.
 //!
-//! One ladder, observation → action, bounded by `--timeout`:
+//! One ladder, observation → action, bounded by `--timeout`. The decisions are the pure
+//! machine in `machine.rs` (unit-tested without processes); this file observes and acts:
 //! - the gateway answers: ask it to restart (a systemd unit's start-rate counter is reset
 //!   first, so planned restarts never trip its crash-loop brake), then watch;
-//! - it does not answer within [`machine::UNRESPONSIVE`] (SIGSTOPped, wedged), or stays draining past its
-//!   drain budget plus [`machine::DRAIN_GRACE`]: stop it with the one stopper (marker + verified SIGTERM,
-//!   verified SIGKILL) and start a new incarnation;
+//! - it does not answer within [`machine::UNRESPONSIVE`] (SIGSTOPped, wedged), or stays
+//!   draining past its drain budget plus [`machine::DRAIN_GRACE`]: stop it with the one stopper
+//!   (marker + verified SIGTERM, verified SIGKILL) and start a new incarnation;
 //! - nobody holds the lock for longer than the owner allows (`ManagerKind::kick_after`: its
 //!   restart delay plus a margin), or the manager gave up on the unit (start limit, failed):
-//!   start it through the owner, or directly (`kicked` in the ledger).
+//!   start it through the owner (`ServiceManager::start`; for a gateway nobody manages that
+//!   is a direct `gatewarden start`), recorded as `kicked` in the ledger.
 //!
 //! `--backstop INCARNATION` is the same ladder without the request: the gateway launches it
 //! for every planned restart that no verifying CLI asked for (chat `/restart`, SIGUSR1, a control
