@@ -11,7 +11,7 @@ use gatewarden_lifecycle::Home;
 use gatewarden_lifecycle::records::read_state;
 use serde_json::{Value, json};
 
-use crate::owner as manager;
+use crate::owner;
 
 /// One finding: a name, whether it passes, and what was seen.
 struct Finding {
@@ -26,7 +26,7 @@ pub fn check(home: &Home, target: Option<&std::path::Path>, json_out: bool) -> c
     let home = home.canonicalized();
     let target = match target {
         Some(t) => t.to_path_buf(),
-        None => manager::current_exe()?,
+        None => owner::current_exe()?,
     };
     let findings = run_checks(&home, &target);
     let ok = findings.iter().all(|f| f.ok);
@@ -84,7 +84,7 @@ fn listen_finding(home: &Home, configured: &str) -> Finding {
 
 /// An installed definition must run the executable an update swaps.
 fn service_finding(home: &Home, target: &std::path::Path) -> Finding {
-    let Some(m) = manager::installed(home) else {
+    let Some(m) = owner::installed(home) else {
         return Finding { name: "service", ok: true, detail: "none installed".into() };
     };
     let exe = target.display().to_string();

@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::os;
-use crate::owner::{self as manager, Owner};
+use crate::owner::{self, Owner};
 // A lock holder silent this long is wedged: the restart ladder's measure, doctor --fix's too.
 use crate::restart::machine::UNRESPONSIVE;
 
@@ -136,7 +136,7 @@ fn print_human(home: &Home, items: &[Item]) {
 
 /// The installed definition (or the user-scope spec when nothing is installed).
 fn managed(home: &Home) -> Option<Owner> {
-    manager::installed(home).or_else(|| Some(manager::definition(manager::spec_for(home, Scope::User).ok()?)))
+    owner::installed(home).or_else(|| Some(owner::definition(owner::spec_for(home, Scope::User).ok()?)))
 }
 
 fn check(home: &Home) -> Vec<Item> {
@@ -224,7 +224,7 @@ fn check(home: &Home) -> Vec<Item> {
         });
     }
     // Parked supervisor.
-    let exe = manager::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gatewarden".into());
+    let exe = owner::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gatewarden".into());
     out.extend(doctor::check_parked(&read_parked_state(home.dir()), &exe, &home.dir().to_string_lossy()));
 
     doctor::sort_findings(&mut out);
@@ -284,7 +284,7 @@ fn unresponsive(home: &Home, subject: String, e: &dyn std::fmt::Display) -> Item
         message: format!("a gateway holds the lock but does not answer on its control endpoint: {e}"),
         fix: Fix::Run {
             argv: vec![
-                manager::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gatewarden".into()),
+                owner::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gatewarden".into()),
                 "--home".into(),
                 home.dir().display().to_string(),
                 "restart".into(),

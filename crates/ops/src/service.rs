@@ -9,7 +9,7 @@ use gatewarden_lifecycle::Home;
 use gatewarden_service::{Scope, ServiceSpec};
 use serde_json::json;
 
-use crate::owner as manager;
+use crate::owner;
 use crate::presence::{Presence, presence};
 
 #[derive(Debug, Clone)]
@@ -79,7 +79,7 @@ fn absolute(home: &Home) -> Home {
 
 fn spec_with_overrides(home: &Home, a: &InstallArgs) -> crate::Result<ServiceSpec> {
     let scope = if a.system { Scope::System } else { Scope::User };
-    let mut spec = manager::spec_for(home, scope)?;
+    let mut spec = owner::spec_for(home, scope)?;
     spec.run_as_user = a.run_as.clone();
     if let Some(ms) = a.restart_sec_ms {
         spec.restart_sec_ms = ms;
@@ -96,13 +96,13 @@ fn spec_with_overrides(home: &Home, a: &InstallArgs) -> crate::Result<ServiceSpe
 fn install(home: &Home, a: &InstallArgs) -> crate::Result<ExitCode> {
     if a.print {
         let spec = spec_with_overrides(&absolute(home), a)?;
-        print!("{}", manager::definition(spec).render()?);
+        print!("{}", owner::definition(spec).render()?);
         return Ok(ExitCode::SUCCESS);
     }
     let home = home.ensure()?;
     let spec = spec_with_overrides(&home, a)?;
     let gateway_pid = running_pid(&home);
-    let m = manager::definition(spec);
+    let m = owner::definition(spec);
     let before = &m.managed().state;
     let owned = before.installed && m.owns(gateway_pid);
     if gateway_pid.is_some() && !owned {
@@ -154,9 +154,9 @@ fn install(home: &Home, a: &InstallArgs) -> crate::Result<ExitCode> {
 fn uninstall(home: &Home, a: &UninstallArgs) -> crate::Result<ExitCode> {
     let home = home.canonicalized();
     let found = if a.system {
-        manager::spec_for(&home, Scope::System).ok().map(manager::definition).filter(|m| m.managed().state.installed)
+        owner::spec_for(&home, Scope::System).ok().map(owner::definition).filter(|m| m.managed().state.installed)
     } else {
-        manager::installed(&home)
+        owner::installed(&home)
     };
     let Some(m) = found else {
         println!("no service is installed for {}", home.dir().display());
@@ -176,11 +176,11 @@ fn uninstall(home: &Home, a: &UninstallArgs) -> crate::Result<ExitCode> {
 
 fn status(home: &Home, as_json: bool) -> crate::Result<ExitCode> {
     let home = home.canonicalized();
-    let m = match manager::installed(&home) {
+    let m = match owner::installed(&home) {
         Some(m) => m,
         None => {
-            let spec = manager::spec_for(&home, Scope::User)?;
-            manager::definition(spec)
+            let spec = owner::spec_for(&home, Scope::User)?;
+            owner::definition(spec)
         }
     };
     let code = match (m.managed().state.installed, m.managed().state.active) {

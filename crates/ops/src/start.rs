@@ -12,7 +12,7 @@ use gatewarden_lifecycle::desired::{self, Starter};
 use gatewarden_lifecycle::{ExitIntent, Home};
 use gatewarden_runtime::spawn;
 
-use crate::owner::{self as manager, ServiceManager};
+use crate::owner::{self, ServiceManager};
 use crate::presence::{Presence, presence};
 
 pub fn start(
@@ -72,7 +72,7 @@ pub fn start_reporting(
     let _ = gatewarden_service::supervise::clear_parked_state(home.dir());
     // Every lifecycle verb goes through whoever owns the gateway: with a service installed for
     // this home, its manager starts it (and will supervise it).
-    if let Some(m) = manager::installed(&home) {
+    if let Some(m) = owner::installed(&home) {
         return start_via_manager(
             &home,
             m.as_ref(),

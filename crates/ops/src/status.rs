@@ -9,7 +9,7 @@ use gatewarden_lifecycle::{Home, timefmt};
 use gatewarden_service::supervise::{ParkedStateRead, read_parked_state};
 use serde_json::json;
 
-use crate::owner as manager;
+use crate::owner;
 use crate::presence::{Presence, presence};
 
 /// The whole answer stays under 300 ms even for a wedged holder (a SIGSTOPped gateway accepts
@@ -119,7 +119,7 @@ pub fn status(home: &Home, as_json: bool) -> crate::Result<ExitCode> {
         report.extra.insert("crash_loop".into(), json!({"sentence": c.sentence(), "detail": c}));
     }
     // The service manager's view next to the gateway's own.
-    if let Some(m) = manager::installed(&home) {
+    if let Some(m) = owner::installed(&home) {
         report.extra.insert("service".into(), m.managed().status_json());
     }
     match read_parked_state(home.dir()) {

@@ -16,7 +16,7 @@ use gatewarden_lifecycle::marker::{self, MarkerKind};
 use gatewarden_lifecycle::records::read_pid_record;
 use gatewarden_lifecycle::{Home, InstanceLock};
 
-use crate::owner::{self as manager, ServiceManager};
+use crate::owner::{self, ServiceManager};
 use crate::presence::{Presence, presence};
 
 pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> crate::Result<ExitCode> {
@@ -40,7 +40,7 @@ fn stop_present(home: &Home, presence: Presence, timeout_s: u64, no_kill: bool) 
     };
     // Every lifecycle verb goes through whoever owns the running gateway.
     if !matches!(presence, Presence::Unknown(_))
-        && let Some(m) = manager::owner(home, gateway_pid)
+        && let Some(m) = owner::owner(home, gateway_pid)
     {
         return stop_via_manager(home, m.as_ref(), matches!(presence, Presence::Running), timeout_s, no_kill);
     }

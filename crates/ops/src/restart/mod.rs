@@ -44,7 +44,7 @@ use machine::{Action, Begin, Seen, UNRESPONSIVE};
 
 use crate::env::ORCHESTRATOR_ENV;
 use crate::orchestrator::{escape_unit, relay_to_detached_orchestrator};
-use crate::owner as manager;
+use crate::owner;
 use crate::presence::{Presence, presence};
 use crate::progress::Progress;
 use crate::ready::{lock_held, status_of};
@@ -237,7 +237,7 @@ struct Ladder<'h> {
     t0: Instant,
     deadline: Instant,
     ledger: Ledger,
-    owner: manager::Owner,
+    owner: owner::Owner,
     progress: Progress,
     kicked: std::cell::Cell<bool>,
     /// See [`restart_verified`].
@@ -264,7 +264,7 @@ impl<'h> Ladder<'h> {
             t0,
             deadline: t0 + Duration::from_secs(timeout_s),
             ledger: Ledger::new(home.ledger(), Writer::current()),
-            owner: manager::of(home),
+            owner: owner::of(home),
             progress: Progress::new(),
             kicked: std::cell::Cell::new(false),
             fail_fast: None,

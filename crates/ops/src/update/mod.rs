@@ -41,7 +41,7 @@ mod archive;
 
 use crate::release::{RELEASES, copy_executable, hex, refresh_good_copy, release_path, sha256_file, write_executable};
 
-use crate::owner as manager;
+use crate::owner;
 use crate::ready::status_of;
 use crate::restart::restart_verified;
 
@@ -316,7 +316,7 @@ impl<'h> Updater<'h> {
 
     fn install(&self, args: &UpdateArgs) -> crate::Result<ExitCode> {
         let Some(from) = args.from.as_deref() else { bail!("--from is required") };
-        let target = manager::current_exe().context("cannot locate this executable")?;
+        let target = owner::current_exe().context("cannot locate this executable")?;
         // An update restarts the gateway; a stopped one stays stopped (issue 22, item 6).
         if let Err(r) = desired::check(self.home.dir(), Starter::Resume) {
             return self.refuse(&format!("{}; start it first", r.describe()));
@@ -906,7 +906,7 @@ pub fn on_gateway_start(home: &Home) {
         return;
     }
     drop(lock);
-    let Ok(exe) = manager::current_exe() else { return };
+    let Ok(exe) = owner::current_exe() else { return };
     let mut cmd = Command::new(exe);
     cmd.arg("--home").arg(home.dir()).args(["update", "--resume"]);
     cmd.env_remove(gatewarden_runtime::RUN_TAG);
