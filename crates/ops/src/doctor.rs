@@ -22,7 +22,7 @@ use serde_json::json;
 use crate::os;
 use crate::owner::{self, Owner};
 // A lock holder silent this long is wedged: the restart ladder's measure, doctor --fix's too.
-use crate::restart::machine::UNRESPONSIVE;
+use crate::ladder::machine::UNRESPONSIVE;
 
 /// One finding as the CLI reports it: the service crate's findings plus the CLI's own
 /// (stale files, config), with a printable fix.

@@ -4,26 +4,34 @@
 //! - [`owner`]: who owns a home's gateway — the [`owner::ServiceManager`] trait with one
 //!   implementation per manager (systemd, launchd, scheduled task, SCM, supervise, container
 //!   PID 1, none), over a per-OS facade with identical signatures.
-//! - [`restart`]: the restart ladder, a pure observation → action machine
-//!   ([`restart::machine`]) and the thin driver that observes and acts.
-//! - [`start`] (with the readiness wait every verb shares), [`stop`], [`status`], [`update`]
-//!   (the verified binary swap), [`supervise`], [`doctor`], [`check`], [`service`], the
-//!   hermes-home verbs ([`hermes`]), and the small helpers they share ([`intent`],
-//!   [`presence`], [`progress`]).
+//! - [`ladder`]: the restart ladder, a pure observation → action machine
+//!   ([`ladder::machine`]) and the thin driver that observes and acts; [`launch`] (start a
+//!   gateway and wait for readiness) and [`halt`] (stop it and keep it down): the shared
+//!   procedures, below the verbs.
+//! - the verbs, one module each, each called by one line of the binary: [`start`], [`stop`],
+//!   [`restart`], [`status`], [`update`] (the verified binary swap), [`supervise`],
+//!   [`doctor`], [`check`], [`service`], [`send`], [`logs`], [`history`],
+//!   [`crash_backoff`], and the hermes-home verbs ([`hermes`]); the small helpers they share:
+//!   [`intent`], [`presence`], [`progress`], [`ready`], [`release`], [`orchestrator`].
 //!
-//! The module graph has no cycle: shared steps (the readiness wait in [`ready`], the last known
-//! good copy in [`release`], detaching in [`orchestrator`]) sit below the verbs, and where one
-//! operation is a step of another (`service` stops, the restart ladder starts, `update`
-//! restarts) the call goes one way, down.
+//! The module graph has no cycle, and no verb runs another: what two verbs share is a procedure
+//! below them (`start` and the ladder [`launch`], `stop` and `service` [`halt`], `restart` and
+//! `update` run the [`ladder`]). Left between verb modules: `supervise` reverts an unblessed
+//! release with `update::revert_after_crash`, `status` and `doctor` read the ledger's crash
+//! loop with `crash_backoff::crash_loop`, and the hermes verbs reuse `logs::tail` and the
+//! `service`/`supervise` option types.
 
 pub mod check;
 pub mod crash_backoff;
 pub mod doctor;
 pub mod env;
 mod error;
+pub mod halt;
 pub mod hermes;
 pub mod history;
 pub mod intent;
+pub mod ladder;
+pub mod launch;
 pub mod logs;
 pub mod orchestrator;
 pub mod os;

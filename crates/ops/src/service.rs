@@ -111,7 +111,7 @@ fn install(home: &Home, a: &InstallArgs) -> crate::Result<ExitCode> {
             home.dir().display(),
             before.manager
         );
-        let code = crate::stop::stop(&home, 60, false)?;
+        let code = crate::halt::stop(&home, 60, false)?;
         if code != ExitCode::SUCCESS {
             crate::bail!("could not stop the running gateway; not installing the service");
         }
@@ -164,7 +164,7 @@ fn uninstall(home: &Home, a: &UninstallArgs) -> crate::Result<ExitCode> {
     };
     // Graceful first, through the owner (drains, exits 0, stays down).
     if m.managed().state.active || running_pid(&home).is_some() {
-        let code = crate::stop::stop(&home, m.managed().spec.stop_timeout_s(), false)?;
+        let code = crate::halt::stop(&home, m.managed().spec.stop_timeout_s(), false)?;
         if code != ExitCode::SUCCESS {
             eprintln!("warning: the gateway did not stop cleanly; removing the service anyway");
         }

@@ -106,7 +106,7 @@ pub struct Managed {
 /// [`svc`]'s per-OS definitions (systemd on Linux; launchd on macOS; Task Scheduler and SCM on
 /// Windows) and the [`runtime`] owners declared by the running gateway (`gatewarden
 /// supervise`, container PID 1, nobody). Install, query, drift, start, stop and the restart
-/// ladder (`restart/mod.rs`) go through it; what differs between managers is data on its
+/// ladder (`ladder/mod.rs`) go through it; what differs between managers is data on its
 /// [`ManagerKind`], and no verb compares manager names.
 pub trait ServiceManager: Send + Sync {
     /// The definition and the manager's view of it.

@@ -12,7 +12,7 @@
 //! 4. **Swap**: copy the current binary to its own release directory (last known good), then
 //!    rename the staged copy over the executable (on Windows the running image is renamed
 //!    aside first).
-//! 5. **Restart** through the one restart ladder (`restart/`).
+//! 5. **Restart** through the one restart ladder (`ladder/`).
 //! 6. **Probation**: the new incarnation reports the expected version and stays up for
 //!    `[update] probation_s`.
 //! 7. Success: `committed` with a receipt. Failure: swap back, restart, verify the old version
@@ -41,9 +41,9 @@ mod archive;
 
 use crate::release::{RELEASES, copy_executable, hex, refresh_good_copy, release_path, sha256_file, write_executable};
 
+use crate::ladder::restart_verified;
 use crate::owner;
 use crate::ready::status_of;
-use crate::restart::restart_verified;
 
 /// The transaction record's file name in the home.
 pub const UPDATE_FILE: &str = "update.json";

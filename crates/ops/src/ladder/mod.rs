@@ -1,8 +1,7 @@
-//! `gatewarden restart`: request a restart and exit 0 only when a **new incarnation** holds
-//! the lock and is ready; otherwise exit 1 naming what was seen and the recovery command.
-//!
-//! One ladder, observation → action, bounded by `--timeout`. The decisions are the pure
-//! machine in `machine.rs` (unit-tested without processes); this file observes and acts:
+//! The restart ladder: the one loop, shared by `restart` (the verb and the gateway's backstop,
+//! `restart.rs`) and `update` ([`restart_verified`]), that ends only when a **new
+//! incarnation** holds the lock and is ready, or with what was seen. The decisions are the
+//! pure machine in `machine.rs` (unit-tested without processes); this file observes and acts:
 //! - the gateway answers: ask it to restart (a systemd unit's start-rate counter is reset
 //!   first, so planned restarts never trip its crash-loop brake), then watch;
 //! - it does not answer within [`machine::UNRESPONSIVE`] (SIGSTOPped, wedged), or stays
@@ -13,18 +12,9 @@
 //!   start it through the owner (`ServiceManager::start`; for a gateway nobody manages that
 //!   is a direct `gatewarden start`), recorded as `kicked` in the ledger.
 //!
-//! `--backstop INCARNATION` is the same ladder without the request: the gateway launches it
-//! for every planned restart that no verifying CLI asked for (chat `/restart`, SIGUSR1, a control
-//! request), so no route ends with nothing running.
-//!
-//! The desired state binds the ladder (`gatewarden_lifecycle::desired`, `intent.rs`): an
-//! operator's restart records `run` first (so a restart of a stopped gateway starts it), and
-//! the ladder — the CLI's and the backstop's — checks before every start and stops watching
-//! as soon as a later stop is recorded: that stop owns the gateway now, and it stays down.
-//!
-//! The orchestrator first moves itself into its own session (a detached copy of this command
-//! does the work while this process relays its exit code), so killing the old gateway's
-//! process group — e.g. when `/restart` ran this from inside the gateway — cannot kill it.
+//! The desired state binds the ladder (`gatewarden_lifecycle::desired`, `intent.rs`): it
+//! checks before every start and stops watching as soon as a later stop is recorded: that
+//! stop owns the gateway now, and it stays down.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -35,15 +25,12 @@ use gatewarden_lifecycle::desired::{self, Refusal, Starter};
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
 use gatewarden_lifecycle::records::read_state;
 use gatewarden_lifecycle::{Home, InstanceLock};
-use gatewarden_runtime::spawn;
 use serde_json::{Value, json};
 
 pub mod machine;
 
 use machine::{Action, Begin, Seen, UNRESPONSIVE};
 
-use crate::env::ORCHESTRATOR_ENV;
-use crate::orchestrator::{escape_unit, relay_to_detached_orchestrator};
 use crate::owner;
 use crate::presence::{Presence, presence};
 use crate::progress::Progress;
@@ -56,47 +43,11 @@ const FAIL_FAST: Duration = Duration::from_secs(3);
 /// The budget of the stopper for a wedged gateway (it is not draining anything useful).
 const WEDGED_STOP: Duration = Duration::from_secs(10);
 
-pub fn restart(
-    home: &Home,
-    timeout_s: u64,
-    backstop: Option<String>,
-    desired_seq: Option<u64>,
-) -> crate::Result<ExitCode> {
-    if let Some(old) = backstop {
-        escape_unit(home);
-        let home = home.canonicalized();
-        // Already detached by the gateway that launched it.
-        let seq = desired_seq.unwrap_or_else(|| desired::current(home.dir()).seq);
-        return Ok(run_backstop(&home, &old, timeout_s, seq));
-    }
-    // The operator's intent first, before anything that takes time: a `stop` issued right
-    // after this command is ordered after it. The detached copy inherits the sequence.
-    let seq = match std::env::var(ORCHESTRATOR_ENV).ok().and_then(|v| v.parse::<u64>().ok()) {
-        Some(seq) => seq,
-        None => match crate::intent::record_run(&home.canonicalized(), "restart") {
-            Ok(seq) => seq,
-            Err(r) => {
-                eprintln!("not restarting: {}", r.describe());
-                return Ok(ExitCode::from(1));
-            }
-        },
-    };
-    escape_unit(home);
-    let home = home.canonicalized();
-    if std::env::var_os(ORCHESTRATOR_ENV).is_none()
-        && spawn::DETACH_KEEPS_OUTPUT
-        && let Some(code) = relay_to_detached_orchestrator(&seq.to_string())
-    {
-        return Ok(code);
-    }
-    orchestrate(&home, timeout_s, seq)
-}
-
 /// `update`'s restart: the whole ladder in this (already detached) process; the status of the
 /// new incarnation once it is verified `running`, else what was seen. Unlike `restart`, it
 /// gives up early when even a new incarnation the ladder started itself takes no lock within
 /// [`FAIL_FAST`]: a release that cannot start fails at once instead of at the deadline.
-pub(super) fn restart_verified(home: &Home, timeout_s: u64) -> Result<StatusReport, String> {
+pub fn restart_verified(home: &Home, timeout_s: u64) -> Result<StatusReport, String> {
     let seq = desired::current(home.dir()).seq;
     let (result, failure) = orchestrate_with(home, timeout_s, Some(FAIL_FAST), seq);
     match result {
@@ -119,7 +70,7 @@ fn old_status(home: &Home, ep: &Endpoint) -> Result<StatusReport, String> {
     }
 }
 
-fn orchestrate(home: &Home, timeout_s: u64, seq: u64) -> crate::Result<ExitCode> {
+pub fn orchestrate(home: &Home, timeout_s: u64, seq: u64) -> crate::Result<ExitCode> {
     orchestrate_with(home, timeout_s, None, seq).0
 }
 
@@ -212,7 +163,7 @@ fn drain_budget(s: &StatusReport) -> Option<Duration> {
 
 /// A planned restart that no verifying CLI asked for: wait for the next incarnation, start one
 /// if none comes, record the result. Exit code as `restart`'s.
-fn run_backstop(home: &Home, old_inc: &str, timeout_s: u64, seq: u64) -> ExitCode {
+pub fn run_backstop(home: &Home, old_inc: &str, timeout_s: u64, seq: u64) -> ExitCode {
     let ladder = Ladder::new(home, timeout_s, Instant::now(), seq, "backstop");
     ladder.owner.prepare_restart();
     let ep = Endpoint::for_home(home.dir());
@@ -316,9 +267,9 @@ impl<'h> Ladder<'h> {
         }
         let listen = read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
         // Inside `update` stdout is the update's own (`--json`): the start reports to stderr.
-        let report = if self.inner { crate::start::Report::Stderr } else { crate::start::Report::Stdout };
+        let report = if self.inner { crate::launch::Report::Stderr } else { crate::launch::Report::Stdout };
         let left = self.left().as_secs().max(1);
-        let code = crate::start::start_reporting(self.home, listen.as_deref(), left, None, Some(self.seq), report)?;
+        let code = crate::launch::launch(self.home, listen.as_deref(), left, None, Some(self.seq), report)?;
         if code == ExitCode::SUCCESS {
             return Ok(code);
         }
@@ -396,7 +347,7 @@ impl<'h> Ladder<'h> {
     }
 
     /// Watches until a new incarnation is `running`: observes, lets the machine decide
-    /// (`restart/machine.rs`), acts.
+    /// (`machine.rs`), acts.
     fn await_new(&self, old: Option<&StatusReport>, drain: Option<Duration>) -> Result<StatusReport, String> {
         let ep = Endpoint::for_home(self.home.dir());
         let old_inc = old.and_then(|o| o.incarnation.clone()).unwrap_or_default();

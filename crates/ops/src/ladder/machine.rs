@@ -1,6 +1,6 @@
 //! The restart ladder's decisions: a pure state machine, observation in, action out.
 //!
-//! The driver (`restart/mod.rs`) looks at the world — the control endpoint's answer, the
+//! The driver (`ladder/mod.rs`) looks at the world — the control endpoint's answer, the
 //! lock, the desired state, the owner — and hands each look to [`Watch::step`] as an
 //! [`Observation`]; it carries out the [`Action`] it gets back (start a new incarnation, stop
 //! a wedged one, report). Time is the elapsed time in each observation, so the tests below
