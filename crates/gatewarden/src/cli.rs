@@ -321,10 +321,10 @@ pub struct DoctorArgs {
 // The operations take plain option structs (crates/ops): the conversions below are the whole
 // of the binary's knowledge of them.
 
-impl From<ServiceArgs> for ops::service::ServiceArgs {
+impl From<ServiceArgs> for ops::options::ServiceArgs {
     fn from(a: ServiceArgs) -> Self {
         let action = match a.action {
-            ServiceAction::Install(i) => ops::service::ServiceAction::Install(ops::service::InstallArgs {
+            ServiceAction::Install(i) => ops::options::ServiceAction::Install(ops::options::InstallArgs {
                 system: i.system,
                 print: i.print,
                 run_as: i.run_as,
@@ -336,17 +336,17 @@ impl From<ServiceArgs> for ops::service::ServiceArgs {
                 start_limit_burst: i.start_limit_burst,
             }),
             ServiceAction::Uninstall(u) => {
-                ops::service::ServiceAction::Uninstall(ops::service::UninstallArgs { system: u.system })
+                ops::options::ServiceAction::Uninstall(ops::options::UninstallArgs { system: u.system })
             }
-            ServiceAction::Status { json } => ops::service::ServiceAction::Status { json },
+            ServiceAction::Status { json } => ops::options::ServiceAction::Status { json },
         };
-        ops::service::ServiceArgs { action }
+        ops::options::ServiceArgs { action }
     }
 }
 
-impl From<UpdateArgs> for ops::update::UpdateArgs {
+impl From<UpdateArgs> for ops::options::UpdateArgs {
     fn from(a: UpdateArgs) -> Self {
-        ops::update::UpdateArgs {
+        ops::options::UpdateArgs {
             from: a.from,
             sha256: a.sha256,
             signature: a.signature,
@@ -363,9 +363,9 @@ impl From<UpdateArgs> for ops::update::UpdateArgs {
     }
 }
 
-impl From<SuperviseArgs> for ops::supervise::SuperviseArgs {
+impl From<SuperviseArgs> for ops::options::SuperviseArgs {
     fn from(a: SuperviseArgs) -> Self {
-        ops::supervise::SuperviseArgs {
+        ops::options::SuperviseArgs {
             listen: a.listen,
             drain_timeout: a.drain_timeout,
             hermes: a.hermes,

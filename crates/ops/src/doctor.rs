@@ -211,7 +211,7 @@ fn check(home: &Home) -> Vec<Item> {
         out.extend(doctor::check_port(&PortFacts { addr: cfg.listen.to_string(), in_use, held_by_own_gateway: false }));
     }
     // A crash loop, named whoever restarts it (the unit's growing delay keeps it trying).
-    if let Some(c) = crate::crash_backoff::crash_loop(home, running) {
+    if let Some(c) = crate::crash_loop::crash_loop(home, running) {
         extra.push(Item {
             id: "crash-loop".into(),
             severity: if running { Severity::Warning } else { Severity::Error },

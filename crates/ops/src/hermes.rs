@@ -27,9 +27,8 @@ use gatewarden_service::systemd::{self, Systemctl};
 use gatewarden_service::{ManagerKind, Scope};
 use serde_json::json;
 
+use crate::options::{ServiceAction, ServiceArgs, SuperviseArgs};
 use crate::os;
-use crate::service::{ServiceAction, ServiceArgs};
-use crate::supervise::SuperviseArgs;
 
 /// Variables of our own service manager that a hermes child must not inherit: with them it
 /// would believe systemd runs it directly (we are its supervisor) or answer our manager.
@@ -249,7 +248,7 @@ pub fn supervise(home: &HermesHome, args: SuperviseArgs) -> crate::Result<ExitCo
 
 pub fn logs(home: &HermesHome, follow: bool, n: usize) -> crate::Result<ExitCode> {
     let open = || home.open_read(gatewarden_hermes::home::GATEWAY_LOG);
-    crate::logs::tail(&home.gateway_log(), open, follow, n, "hermes has not written its gateway log yet")
+    crate::tail::tail(&home.gateway_log(), open, follow, n, "hermes has not written its gateway log yet")
 }
 
 pub fn history(home: &HermesHome, n: usize, as_json: bool) -> crate::Result<ExitCode> {

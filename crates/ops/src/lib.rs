@@ -11,18 +11,19 @@
 //! - the verbs, one module each, each called by one line of the binary: [`start`], [`stop`],
 //!   [`restart`], [`status`], [`update`] (the verified binary swap), [`supervise`],
 //!   [`doctor`], [`check`], [`service`], [`send`], [`logs`], [`history`],
-//!   [`crash_backoff`], and the hermes-home verbs ([`hermes`]); the small helpers they share:
-//!   [`intent`], [`presence`], [`progress`], [`ready`], [`release`], [`orchestrator`].
+//!   [`crash_backoff`], and the hermes-home verbs ([`hermes`]); what they share below them:
+//!   [`options`] (filled by the binary's parser), [`intent`], [`presence`], [`progress`],
+//!   [`ready`], [`release`], [`orchestrator`], [`crash_loop`], [`tail`].
 //!
 //! The module graph has no cycle, and no verb runs another: what two verbs share is a procedure
 //! below them (`start` and the ladder [`launch`], `stop` and `service` [`halt`], `restart` and
-//! `update` run the [`ladder`]). Left between verb modules: `supervise` reverts an unblessed
-//! release with `update::revert_after_crash`, `status` and `doctor` read the ledger's crash
-//! loop with `crash_backoff::crash_loop`, and the hermes verbs reuse `logs::tail` and the
-//! `service`/`supervise` option types.
+//! `update` run the [`ladder`]). One edge between verb modules is left, on purpose: `supervise`
+//! reverts an unblessed release through the update transaction (`update::revert_after_crash`),
+//! which only that module can finish.
 
 pub mod check;
 pub mod crash_backoff;
+pub mod crash_loop;
 pub mod doctor;
 pub mod env;
 mod error;
@@ -33,6 +34,7 @@ pub mod intent;
 pub mod ladder;
 pub mod launch;
 pub mod logs;
+pub mod options;
 pub mod orchestrator;
 pub mod os;
 pub mod owner;
@@ -47,6 +49,7 @@ pub mod start;
 pub mod status;
 pub mod stop;
 pub mod supervise;
+pub mod tail;
 pub mod update;
 
 pub use error::{Context, Error, Result};

@@ -9,56 +9,9 @@ use gatewarden_lifecycle::Home;
 use gatewarden_service::{Scope, ServiceSpec};
 use serde_json::json;
 
+use crate::options::{InstallArgs, ServiceAction, ServiceArgs, UninstallArgs};
 use crate::owner;
 use crate::presence::{Presence, presence};
-
-#[derive(Debug, Clone)]
-pub struct ServiceArgs {
-    pub action: ServiceAction,
-}
-
-#[derive(Debug, Clone)]
-pub enum ServiceAction {
-    /// Install (and start) this home's gateway as a service: a systemd user unit, a macOS
-    /// LaunchAgent or a Windows scheduled task; a system unit / Windows service with --system
-    Install(InstallArgs),
-    /// Stop the service gracefully and remove its definition
-    Uninstall(UninstallArgs),
-    /// Show the service manager's view: manager, unit, installed, active, main pid
-    /// (exit 0 active, 3 installed but not active, 4 not installed)
-    Status {
-        /// Print as JSON
-        json: bool,
-    },
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct InstallArgs {
-    /// Install for the whole system (systemd system unit, Windows SCM service; needs root / admin)
-    pub system: bool,
-    /// Print the definition instead of installing it
-    pub print: bool,
-    /// Account the system service runs as (systemd `User=`, SCM account)
-    pub run_as: Option<String>,
-    /// Install and enable, but do not start now
-    pub no_start: bool,
-    /// hermes homes: disable hermes's own enabled unit for the home (after a planned stop) and install ours
-    pub adopt: bool,
-    /// hermes homes: the hermes executable the unit runs [default: $GATEWARDEN_HERMES, else `hermes` on PATH]
-    pub hermes: Option<std::path::PathBuf>,
-    /// Internal (tests): systemd RestartSec in milliseconds
-    pub restart_sec_ms: Option<u64>,
-    /// Internal (tests): systemd WatchdogSec in seconds (0 = none)
-    pub watchdog_s: Option<u64>,
-    /// Internal (tests): crash-loop brake burst
-    pub start_limit_burst: Option<u32>,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct UninstallArgs {
-    /// Remove the system-wide definition (default: whichever is installed, user first)
-    pub system: bool,
-}
 
 pub fn service(home: &Home, args: ServiceArgs) -> crate::Result<ExitCode> {
     match args.action {

@@ -115,7 +115,7 @@ pub fn status(home: &Home, as_json: bool) -> crate::Result<ExitCode> {
             json!("ended without recording an exit: killed (SIGKILL, the OOM killer) or crashed"),
         );
     }
-    if let Some(c) = crate::crash_backoff::crash_loop(&home, code == 0) {
+    if let Some(c) = crate::crash_loop::crash_loop(&home, code == 0) {
         report.extra.insert("crash_loop".into(), json!({"sentence": c.sentence(), "detail": c}));
     }
     // The service manager's view next to the gateway's own.

@@ -28,27 +28,8 @@ use gatewarden_service::supervise::{
 use gatewarden_service::windows_scm::{self, ServiceHooks, StopCause};
 use serde_json::json;
 
+use crate::options::SuperviseArgs;
 use crate::os::{self, Event};
-
-#[derive(Debug, Clone, Default)]
-pub struct SuperviseArgs {
-    /// HTTP listen address passed to the gateway (overrides config.toml)
-    pub listen: Option<String>,
-    /// Seconds a stop waits for active runs, passed to the gateway (overrides config.toml)
-    pub drain_timeout: Option<u64>,
-    /// hermes homes: the hermes executable to run [default: $GATEWARDEN_HERMES, else `hermes` on PATH]
-    pub hermes: Option<std::path::PathBuf>,
-    /// Internal: run as a Windows SCM service (the service definition passes it)
-    pub scm: bool,
-    /// Internal (tests): restarts allowed within the brake window before parking
-    pub brake_restarts: usize,
-    /// Internal (tests): crash-loop brake window in seconds
-    pub brake_window_s: u64,
-    /// Internal (tests): first crash backoff in milliseconds
-    pub backoff_ms: u64,
-    /// Internal (tests): the longest crash backoff, also every braked restart's, in milliseconds
-    pub max_backoff_ms: u64,
-}
 
 pub fn supervise(home: &Home, args: SuperviseArgs) -> crate::Result<ExitCode> {
     let home = home.ensure()?;

@@ -42,6 +42,7 @@ mod archive;
 use crate::release::{RELEASES, copy_executable, hex, refresh_good_copy, release_path, sha256_file, write_executable};
 
 use crate::ladder::restart_verified;
+use crate::options::UpdateArgs;
 use crate::owner;
 use crate::ready::status_of;
 
@@ -55,37 +56,6 @@ const PAUSE_ENV: &str = "GATEWARDEN_TEST_UPDATE_PAUSE";
 const POLL: Duration = Duration::from_millis(50);
 /// A new incarnation silent on its control endpoint this long during probation has failed.
 const SILENT_LIMIT: Duration = Duration::from_secs(3);
-
-#[derive(Debug, Clone, Default)]
-pub struct UpdateArgs {
-    /// The release: a gatewarden binary or a .tar.gz holding one, as a local path or an http(s) URL
-    pub from: Option<String>,
-    /// Expected sha256 of the release (hex); required for URLs
-    pub sha256: Option<String>,
-    /// Detached minisign signature [default: <from>.minisig] (needed when [update] public_key is set)
-    pub signature: Option<String>,
-    /// Seconds the new incarnation has to become ready with the new version
-    pub timeout: u64,
-    /// Print the outcome as JSON
-    pub json: bool,
-    /// Show the last (or the unfinished) update transaction
-    pub status: bool,
-    /// Go back to the last known good binary (the one the last update replaced)
-    pub rollback: bool,
-    /// Internal: finish an unfinished transaction whose updater died
-    pub resume: bool,
-    /// Internal: run by systemd's `ExecStopPost=` (from the last known good copy) after the
-    /// gateway exited: reverts an unfinished update whose release died
-    pub after_exit: bool,
-    /// Install a release older than the running version (refused otherwise when [update]
-    /// public_key is set; chat `/update` never downgrades). `--rollback` needs no flag
-    pub allow_downgrade: bool,
-    /// Internal: the chat that asked (`/update`); it gets the outcome notice
-    pub chat: Option<String>,
-    /// Internal: the chat platform adapter `--chat` belongs to (its notice goes through the
-    /// outbox); without it the chat is an HTTP one
-    pub chat_platform: Option<String>,
-}
 
 /// Where a transaction is. `committed`, `rolled_back` and `failed` are final.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
