@@ -12,7 +12,7 @@
 //!   [`restart`], [`status`], [`update`] (the verified binary swap), [`supervise`],
 //!   [`doctor`], [`check`], [`service`], [`send`], [`logs`], [`history`],
 //!   [`crash_backoff`], and the hermes-home verbs ([`hermes`]); what they share below them:
-//!   [`options`] (filled by the binary's parser), [`intent`], [`presence`], [`progress`],
+//!   [`options`] (filled by the binary's parser), [`intent`], `presence`, `progress`,
 //!   [`ready`], [`release`], [`orchestrator`], [`crash_loop`], [`tail`].
 //!
 //! The module graph has no cycle, and no verb runs another: what two verbs share is a procedure

@@ -4,8 +4,8 @@
 //! One ladder (`ladder/`), observation → action, bounded by `--timeout`:
 //! - the gateway answers: ask it to restart (a systemd unit's start-rate counter is reset
 //!   first, so planned restarts never trip its crash-loop brake), then watch;
-//! - it does not answer within [`machine::UNRESPONSIVE`] (SIGSTOPped, wedged), or stays
-//!   draining past its drain budget plus [`machine::DRAIN_GRACE`]: stop it with the one stopper
+//! - it does not answer within [`crate::ladder::machine::UNRESPONSIVE`] (SIGSTOPped, wedged), or stays
+//!   draining past its drain budget plus [`crate::ladder::machine::DRAIN_GRACE`]: stop it with the one stopper
 //!   (marker + verified SIGTERM, verified SIGKILL) and start a new incarnation;
 //! - nobody holds the lock for longer than the owner allows (`ManagerKind::kick_after`: its
 //!   restart delay plus a margin), or the manager gave up on the unit (start limit, failed):

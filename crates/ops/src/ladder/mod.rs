@@ -46,7 +46,7 @@ const WEDGED_STOP: Duration = Duration::from_secs(10);
 /// `update`'s restart: the whole ladder in this (already detached) process; the status of the
 /// new incarnation once it is verified `running`, else what was seen. Unlike `restart`, it
 /// gives up early when even a new incarnation the ladder started itself takes no lock within
-/// [`FAIL_FAST`]: a release that cannot start fails at once instead of at the deadline.
+/// `FAIL_FAST` (3 s): a release that cannot start fails at once instead of at the deadline.
 pub fn restart_verified(home: &Home, timeout_s: u64) -> Result<StatusReport, String> {
     let seq = desired::current(home.dir()).seq;
     let (result, failure) = orchestrate_with(home, timeout_s, Some(FAIL_FAST), seq);

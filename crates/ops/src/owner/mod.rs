@@ -103,7 +103,7 @@ pub struct Managed {
 }
 
 /// What gatewarden asks of whoever owns a home's gateway: one implementation per manager —
-/// [`svc`]'s per-OS definitions (systemd on Linux; launchd on macOS; Task Scheduler and SCM on
+/// `svc`'s per-OS definitions (systemd on Linux; launchd on macOS; Task Scheduler and SCM on
 /// Windows) and the [`runtime`] owners declared by the running gateway (`gatewarden
 /// supervise`, container PID 1, nobody). Install, query, drift, start, stop and the restart
 /// ladder (`ladder/mod.rs`) go through it; what differs between managers is data on its
