@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use crate::Context;
 use gatewarden_control::{Client, Endpoint};
 use gatewarden_lifecycle::desired::{self, Starter};
+use gatewarden_lifecycle::platform::spawn;
 use gatewarden_lifecycle::{ExitIntent, Home};
-use gatewarden_runtime::spawn;
 
 use crate::owner::{self, ServiceManager};
 use crate::presence::{Presence, presence};

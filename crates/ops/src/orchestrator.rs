@@ -5,7 +5,7 @@
 use std::process::{Command, ExitCode, Stdio};
 
 use gatewarden_lifecycle::Home;
-use gatewarden_runtime::spawn;
+use gatewarden_lifecycle::platform::spawn;
 
 use crate::env::ORCHESTRATOR_ENV;
 use crate::owner;

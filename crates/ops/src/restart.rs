@@ -29,7 +29,7 @@ use std::process::ExitCode;
 
 use gatewarden_lifecycle::Home;
 use gatewarden_lifecycle::desired;
-use gatewarden_runtime::spawn;
+use gatewarden_lifecycle::platform::spawn;
 
 use crate::env::ORCHESTRATOR_ENV;
 use crate::ladder::{orchestrate, run_backstop};

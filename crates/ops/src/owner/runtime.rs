@@ -6,9 +6,9 @@
 
 use std::process::{Command, Stdio};
 
+use gatewarden_lifecycle::platform::spawn;
 use gatewarden_lifecycle::records::read_state;
 use gatewarden_lifecycle::{Home, Supervisor};
-use gatewarden_runtime::spawn;
 use gatewarden_service::doctor::Finding;
 use gatewarden_service::{ManagerKind, Scope, ServiceSpec};
 
