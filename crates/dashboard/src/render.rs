@@ -265,12 +265,14 @@ const W: f64 = 1000.0;
 fn svg_day(incs: &[Incarnation], now: i128) -> Markup {
     let t0 = now - WINDOW_US;
     let x = |t: i128| (t.clamp(t0, now) - t0) as f64 / WINDOW_US as f64 * W;
-    let shown: Vec<&Incarnation> = incs
+    // The newest that overlap the window, drawn oldest first (document order is time order).
+    let mut shown: Vec<&Incarnation> = incs
         .iter()
         .rev()
         .filter(|i| i.started_us.is_some_and(|s| s <= now) && i.ended_us.is_none_or(|e| e >= t0))
         .take(MAX_INCARNATIONS)
         .collect();
+    shown.reverse();
     html! {
         svg #day .tl viewBox="0 0 1000 44" preserveAspectRatio="none" role="img" aria-label="incarnations in the last 24 hours" {
             line .axis x1="0" y1="38" x2="1000" y2="38" {}
