@@ -5,11 +5,13 @@
 //! * [`render`]: the main page, its live fragments, the fleet page (HTML with inline SVG).
 //! * [`sse`]: the server-sent-events encoder and the fragment ids the page's script swaps.
 //! * [`auth`]: token → session cookie, CSRF, `Origin`/`Host` checks.
+//! * [`gather`]: a snapshot from a home's files (ledger, desired state, state file, OS lock).
 //! * [`registry`]: the per-user registry of gateway homes the fleet page lists.
 //!
 //! Nothing here listens or spawns: see docs/architecture.md ("Dashboard") for what is wired.
 
 pub mod auth;
+pub mod gather;
 pub mod registry;
 pub mod render;
 pub mod snapshot;
