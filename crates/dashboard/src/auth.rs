@@ -198,6 +198,40 @@ pub fn cookie_value<'a>(header: &'a str, name: &str) -> Option<&'a str> {
     header.split(';').filter_map(|kv| kv.trim().split_once('=')).find(|(k, _)| *k == name).map(|(_, v)| v.trim())
 }
 
+/// One field of an `application/x-www-form-urlencoded` body (`+` is a space, `%XX` a byte;
+/// bad escapes are kept as written). The first occurrence wins.
+pub fn form_value(body: &str, key: &str) -> Option<String> {
+    body.split('&')
+        .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
+        .find(|(k, _)| decode(k) == key)
+        .map(|(_, v)| decode(v))
+}
+
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' => match b
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
+                Some(x) => {
+                    out.push(x);
+                    i += 2;
+                }
+                None => out.push(b'%'),
+            },
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,6 +308,18 @@ mod tests {
         }
         assert_eq!(s.list.len(), MAX_SESSIONS);
         assert!(s.find(Some(&format!("{COOKIE}={}", first.id)), 0).is_none());
+    }
+
+    #[test]
+    fn form_fields() {
+        let body = "token=a%2Bb+c%3D&csrf=x&empty=&flag&token=second";
+        assert_eq!(form_value(body, "token").as_deref(), Some("a+b c="));
+        assert_eq!(form_value(body, "csrf").as_deref(), Some("x"));
+        assert_eq!(form_value(body, "empty").as_deref(), Some(""));
+        assert_eq!(form_value(body, "flag").as_deref(), Some(""));
+        assert_eq!(form_value(body, "nope"), None);
+        assert_eq!(form_value("x=%zz%4", "x").as_deref(), Some("%zz%4"));
+        assert_eq!(form_value("x=%C3%A9", "x").as_deref(), Some("é"));
     }
 
     #[test]

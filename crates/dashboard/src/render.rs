@@ -167,12 +167,13 @@ fn actions(s: &Snapshot, v: &Viewer) -> Markup {
             @if !v.actions_configured {
                 p .empty { "Read-only: no api_token is configured, so this page offers no actions." }
             } @else if let Some(csrf) = &v.csrf {
-                @for (verb, label, confirm) in [
-                    ("restart", "Restart (drain)", Some(interrupt.as_str())),
-                    ("stop", "Stop", Some("Stop the gateway? It stays down until started.")),
-                    ("start", "Start", None),
-                    ("cancel-drain", "Cancel drain", None),
-                ] {
+                @for &verb in actions_for(&state_badge(s)) {
+                    @let (label, confirm) = match verb {
+                        "restart" => ("Restart (drain)", Some(interrupt.as_str())),
+                        "stop" => ("Stop", Some("Stop the gateway? It stays down until started.")),
+                        "start" => ("Start", None),
+                        _ => ("Cancel drain", None),
+                    };
                     form method="post" action={ "/ui/action/" (verb) } data-confirm=[confirm] {
                         input type="hidden" name="csrf" value=(csrf);
                         button type="submit" { (label) }
@@ -185,6 +186,17 @@ fn actions(s: &Snapshot, v: &Viewer) -> Markup {
                 }
             }
         }
+    }
+}
+
+/// The actions that make sense in a state (its badge): a running gateway can be restarted or
+/// stopped, a draining one's drain cancelled, a stopped or parked one started.
+pub fn actions_for(badge: &str) -> &'static [&'static str] {
+    match badge.split([' ', ':']).next().unwrap_or("") {
+        "running" => &["restart", "stop"],
+        "draining" => &["cancel-drain", "stop"],
+        "stopped" | "parked" => &["start"],
+        _ => &["stop"],
     }
 }
 
@@ -213,7 +225,7 @@ fn timeline_section(s: &Snapshot, incs: &[Incarnation]) -> Markup {
                                 td { (opt(i.started_us.map(fmt_ts).as_deref())) }
                                 td { (opt(ran(i, s.now_us).as_deref())) }
                                 td { (i.ending.label()) }
-                                td { (opt(reason(i))) }
+                                td { (opt(reason(i).map(timeline::redact_text).as_deref())) }
                                 td { @for r in &i.requests { div { (r.verb) " by " (r.who) } } }
                             }
                         }
@@ -486,6 +498,26 @@ pub fn fleet(homes: &[HomeSummary]) -> String {
     .into_string()
 }
 
+/// The answer to an action or a login: what happened, in words (the new incarnation, or what
+/// was seen, or why it was refused), and the way back to the page.
+pub fn outcome(what: &str, result: Result<&str, &str>) -> String {
+    let (class, word, text) = match result {
+        Ok(t) => ("ok", "done", t),
+        Err(t) => ("refused", "refused", t),
+    };
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head { meta charset="utf-8"; title { (what) ": " (word) } style { (PreEscaped(CSS)) } }
+            body {
+                p #outcome .(class) { strong { (what) ": " (word) } " " (text) }
+                p { a href="/ui" { "back to the dashboard" } }
+            }
+        }
+    }
+    .into_string()
+}
+
 fn opt(v: Option<&str>) -> &str {
     v.unwrap_or("—")
 }
@@ -712,6 +744,15 @@ mod tests {
         assert!(html.contains("exit 78: port 8080 taken"));
         assert_eq!(html.matches("<tr data-state=").count(), 2);
         assert!(fleet(&[]).contains("No homes registered yet"));
+    }
+
+    #[test]
+    fn actions_follow_the_state() {
+        assert_eq!(actions_for("running"), ["restart", "stop"]);
+        assert_eq!(actions_for("draining 1/2"), ["cancel-drain", "stop"]);
+        assert_eq!(actions_for("parked: crash loop"), ["start"]);
+        assert_eq!(actions_for("stopped"), ["start"]);
+        assert_eq!(actions_for("starting"), ["stop"]);
     }
 
     #[test]

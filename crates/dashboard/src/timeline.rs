@@ -243,6 +243,13 @@ pub fn redact_argv(argv: &[&str]) -> Vec<String> {
     out
 }
 
+/// Free text that may quote a command line (an exit reason names its requester's argv): the
+/// values of secret-named options hidden as [`redact_argv`] does.
+pub fn redact_text(s: &str) -> String {
+    let words: Vec<&str> = std::iter::once("").chain(s.split(' ')).collect();
+    redact_argv(&words)[1..].join(" ")
+}
+
 /// A string field; numbers are shown as text (a chat id may be either).
 fn str_of(m: &Map<String, Value>, k: &str) -> Option<String> {
     match m.get(k)? {
@@ -360,6 +367,10 @@ not json at all
     fn secrets_on_a_command_line_are_not_shown() {
         let argv = ["/usr/bin/gatewarden", "send", "--api-token", "T0P", "--password=pw", "/restart"];
         assert_eq!(redact_argv(&argv), ["gatewarden", "send", "--api-token", "…", "--password=…", "/restart"]);
+        assert_eq!(
+            redact_text("planned stop requested by pid 5 (/bin/gw --token abc stop) via cli"),
+            "planned stop requested by pid 5 (/bin/gw --token … stop) via cli"
+        );
     }
 
     #[test]

@@ -12,10 +12,12 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use gatewarden_control::proto::StatusReport;
+use gatewarden_dashboard::auth::{CSRF_FIELD, Policy, Post, Sessions, form_value, host_allowed, set_cookie};
+use gatewarden_dashboard::render::outcome;
 use gatewarden_dashboard::snapshot::{DrainView, LockView, LogLine};
 use gatewarden_dashboard::{HomeSummary, Snapshot, Viewer, fleet, fragment, page, sse};
 use gatewarden_lifecycle::ledger::parse_line;
@@ -72,47 +74,86 @@ fn homes() -> Vec<HomeSummary> {
     ]
 }
 
-/// Serves `/ui`, `/ui/fleet` and `/ui/events` (one fragment update, then an open stream) on a
-/// loopback port. Threads end with the test process.
-fn serve(main: String, fleet: String, update: String) -> SocketAddr {
+/// One request as the test servers see it.
+struct Req {
+    method: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Req {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+enum Reply {
+    /// A whole response (status line, headers and body are added).
+    Page { status: &'static str, extra_headers: String, html: String },
+    /// `text/event-stream`: these bytes, then keepalives while the test runs.
+    Stream(String),
+}
+
+fn page_reply(status: &'static str, html: String) -> Reply {
+    Reply::Page { status, extra_headers: String::new(), html }
+}
+
+type Handler = dyn Fn(&Req) -> Reply + Send + Sync;
+
+/// A loopback HTTP/1.1 server (one request per connection) answering with `handler`. Its
+/// threads end with the test process.
+fn serve(handler: Arc<Handler>) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = l.local_addr().expect("addr");
-    let pages = Arc::new((main, fleet, update));
     std::thread::spawn(move || {
         for conn in l.incoming().flatten() {
-            let pages = Arc::clone(&pages);
+            let handler = Arc::clone(&handler);
             std::thread::spawn(move || {
-                let _ = answer(conn, &pages);
+                let _ = answer(conn, &*handler);
             });
         }
     });
     addr
 }
 
-fn answer(mut conn: TcpStream, pages: &(String, String, String)) -> std::io::Result<()> {
+fn answer(mut conn: TcpStream, handler: &Handler) -> std::io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut reader = BufReader::new(conn.try_clone()?);
     let mut first = String::new();
     reader.read_line(&mut first)?;
+    let mut headers = Vec::new();
     loop {
         let mut h = String::new();
         if reader.read_line(&mut h)? == 0 || h == "\r\n" {
             break;
         }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.push((k.trim().to_owned(), v.trim().to_owned()));
+        }
     }
-    let path = first.split_whitespace().nth(1).unwrap_or("/");
-    let html = |body: &str| {
-        format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-    };
-    match path {
-        "/ui" => conn.write_all(html(&pages.0).as_bytes()),
-        "/ui/fleet" => conn.write_all(html(&pages.1).as_bytes()),
-        "/ui/events" => {
+    let mut parts = first.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or("").to_owned(), parts.next().unwrap_or("/").to_owned());
+    let len = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.parse::<usize>().ok())
+        .unwrap_or(0)
+        .min(1 << 20);
+    let mut body = vec![0u8; len];
+    std::io::Read::read_exact(&mut reader, &mut body)?;
+    let req = Req { method, path, headers, body: String::from_utf8_lossy(&body).into_owned() };
+    match handler(&req) {
+        Reply::Page { status, extra_headers, html } => conn.write_all(
+            format!(
+                "HTTP/1.1 {status}\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n{extra_headers}\r\n{html}",
+                html.len()
+            )
+            .as_bytes(),
+        ),
+        Reply::Stream(events) => {
             conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n\r\n")?;
-            conn.write_all(pages.2.as_bytes())?;
+            conn.write_all(events.as_bytes())?;
             // Hold the stream open (a closed one makes the browser reconnect and replay).
             for _ in 0..600 {
                 std::thread::sleep(Duration::from_millis(100));
@@ -120,8 +161,17 @@ fn answer(mut conn: TcpStream, pages: &(String, String, String)) -> std::io::Res
             }
             Ok(())
         }
-        _ => conn.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),
     }
+}
+
+/// Serves `/ui`, `/ui/fleet` and `/ui/events` (one fragment update, then an open stream).
+fn serve_pages(main: String, fleet: String, update: String) -> SocketAddr {
+    serve(Arc::new(move |req: &Req| match req.path.as_str() {
+        "/ui" => page_reply("200 OK", main.clone()),
+        "/ui/fleet" => page_reply("200 OK", fleet.clone()),
+        "/ui/events" => Reply::Stream(update.clone()),
+        _ => page_reply("404 Not Found", String::new()),
+    }))
 }
 
 fn screenshot_dir() -> PathBuf {
@@ -143,7 +193,7 @@ fn pages_render_in_headless_chromium_and_take_live_updates() {
     later.status.state = Some("draining".into());
     later.drain = Some(DrainView { runs_at_start: 2, remaining: 1, deadline_us: Some(later.now_us + 30_000_000) });
     let update = sse::fragment(sse::HEADER, 1, &fragment(sse::HEADER, &later).expect("header fragment"));
-    let addr = serve(main, fleet(&homes()), update);
+    let addr = serve_pages(main, fleet(&homes()), update);
 
     b.navigate(&format!("http://{addr}/ui")).expect("navigate");
     // The header's state, then the SSE update swapped in by the page's script.
@@ -185,4 +235,130 @@ fn pages_render_in_headless_chromium_and_take_live_updates() {
     b.screenshot(&fleet_png).expect("screenshot");
     eprintln!("screenshot: {}", fleet_png.display());
     b.quit();
+}
+
+/// The auth rules (crates/dashboard/src/auth.rs) behind a real browser: a test server that
+/// answers the way the gateway's `/ui` routes are meant to. Checks that Chromium's own
+/// requests pass them (its form POSTs carry the `Origin`, its cookie jar keeps the
+/// `HttpOnly; SameSite=Strict` session) and that a forged POST, another origin's form and a
+/// foreign `Host` (DNS rebinding, via Chromium's resolver rules) are refused.
+#[test]
+fn actions_need_the_token_and_come_from_the_page_itself() {
+    let Some(b) = Browser::start_with(Duration::from_secs(30), &["--host-resolver-rules=MAP evil.test 127.0.0.1"])
+    else {
+        return;
+    };
+    const TOKEN: &str = "browser-test-token-0123456789";
+    let sessions = Arc::new(Mutex::new(Sessions::default()));
+    let bound: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    let snap = snapshot();
+    let (sessions2, bound2) = (Arc::clone(&sessions), Arc::clone(&bound));
+    let handler = move |req: &Req| -> Reply {
+        let policy =
+            Policy { api_token: Some(TOKEN.into()), bound: bound2.lock().unwrap().clone(), allowed_hosts: vec![] };
+        let host = req.header("host").unwrap_or("");
+        if !host_allowed(host, policy.bound.as_deref(), &policy.allowed_hosts) {
+            let why = format!("this gateway does not answer to Host {host:?}");
+            return page_reply("421 Misdirected Request", outcome("request", Err(&why)));
+        }
+        let now = timefmt::to_micros(SystemTime::now());
+        let mut sessions = sessions2.lock().unwrap();
+        let post =
+            Post { host: req.header("host"), origin: req.header("origin"), cookie: req.header("cookie"), csrf: None };
+        match (req.method.as_str(), req.path.as_str()) {
+            ("GET", "/ui") => {
+                let csrf = sessions.find(req.header("cookie"), now).map(|s| s.csrf.clone());
+                let v = Viewer { actions_configured: true, csrf, events_path: String::new() };
+                page_reply("200 OK", page(&snap, &v))
+            }
+            ("POST", "/ui/login") => {
+                let given = form_value(&req.body, "token").unwrap_or_default();
+                match policy.check_origin(&post).and_then(|()| sessions.login(&policy, &given, now)) {
+                    Ok(s) => Reply::Page {
+                        status: "303 See Other",
+                        extra_headers: format!("Location: /ui\r\nSet-Cookie: {}\r\n", set_cookie(&s)),
+                        html: String::new(),
+                    },
+                    Err(e) => page_reply("403 Forbidden", outcome("login", Err(&e.to_string()))),
+                }
+            }
+            ("POST", path) if path.starts_with("/ui/action/") => {
+                let verb = path.trim_start_matches("/ui/action/");
+                let csrf = form_value(&req.body, CSRF_FIELD);
+                let post = Post { csrf: csrf.as_deref(), ..post };
+                match sessions.check_action(&policy, &post, now) {
+                    Ok(_) => page_reply("200 OK", outcome(verb, Ok("accepted (the test server restarts nothing)"))),
+                    Err(e) => page_reply("403 Forbidden", outcome(verb, Err(&e.to_string()))),
+                }
+            }
+            _ => page_reply("404 Not Found", String::new()),
+        }
+    };
+    let addr = serve(Arc::new(handler));
+    *bound.lock().unwrap() = Some(addr.to_string());
+    // Another origin (same machine, another port) whose page posts to the dashboard at once.
+    let target = format!("http://{addr}/ui/action/stop");
+    let attacker = serve(Arc::new(move |_req: &Req| {
+        page_reply(
+            "200 OK",
+            format!(
+                "<!DOCTYPE html><form id=f method=post action=\"{target}\"><input name=csrf value=guess></form><script>document.getElementById('f').submit()</script>"
+            ),
+        )
+    }));
+
+    // Without a session: a login form, no action buttons, and a forged POST is refused.
+    b.navigate(&format!("http://{addr}/ui")).expect("navigate");
+    b.find("form#login").expect("the login form");
+    assert!(b.find_all("form[action='/ui/action/restart']").expect("find").is_empty());
+    let forged = b
+        .execute("return fetch('/ui/action/restart', {method: 'POST', headers: {'Content-Type': 'application/x-www-form-urlencoded'}, body: 'csrf=guess'}).then(async r => r.status + ' ' + await r.text())")
+        .expect("fetch");
+    let forged = forged.as_str().unwrap_or_default();
+    assert!(forged.starts_with("403 ") && forged.contains("not logged in"), "{forged}");
+
+    // A wrong token is refused; the right one unlocks the actions.
+    let login = |token: &str| {
+        b.navigate(&format!("http://{addr}/ui")).expect("navigate");
+        let input = b.find("form#login input[name=token]").expect("token input");
+        b.send_keys(&input, token).expect("type");
+        b.click(&b.find("form#login button").expect("button")).expect("click");
+    };
+    login("not-the-token");
+    b.wait_text("#outcome", "wrong token", Duration::from_secs(10)).expect("a wrong token is refused");
+    login(TOKEN);
+    let restart = wait_find(&b, "form[action='/ui/action/restart'] button");
+    // The session cookie is out of the page's scripts' reach.
+    assert_eq!(b.execute("return document.cookie").expect("cookie"), serde_json::json!(""));
+    let png = screenshot_dir().join("dashboard-actions.png");
+    b.screenshot(&png).expect("screenshot");
+    eprintln!("screenshot: {}", png.display());
+
+    // Restart asks first, then goes through with the session and its CSRF token.
+    b.click(&restart).expect("click restart");
+    let confirm = gatewarden_testkit::wait_until(Duration::from_secs(5), || b.alert_text().is_some());
+    assert!(confirm, "the restart asks for confirmation");
+    assert!(b.alert_text().unwrap_or_default().starts_with("Restart now?"));
+    b.accept_alert().expect("accept");
+    b.wait_text("#outcome", "restart: done", Duration::from_secs(10)).expect("the action is accepted");
+
+    // Another origin's form, even with the session cookie sent along, is refused.
+    b.navigate(&format!("http://{attacker}/")).expect("navigate attacker");
+    let refused = b.wait_text("#outcome", "stop: refused", Duration::from_secs(10)).expect("cross-origin POST");
+    assert!(refused.contains("another origin"), "{refused}");
+
+    // The page under a foreign name (what DNS rebinding produces) is refused outright.
+    b.navigate(&format!("http://evil.test:{}/ui", addr.port())).expect("navigate evil.test");
+    let text = b.wait_text("#outcome", "does not answer to Host", Duration::from_secs(10)).expect("foreign Host");
+    assert!(text.contains("evil.test"), "{text}");
+    b.quit();
+}
+
+fn wait_find(b: &Browser, css: &str) -> gatewarden_testkit::browser::Element {
+    let mut found = None;
+    gatewarden_testkit::wait_until(Duration::from_secs(10), || {
+        found = b.find(css).ok();
+        found.is_some()
+    });
+    found.unwrap_or_else(|| panic!("no {css:?} after logging in; page: {:?}", b.find("body").and_then(|e| b.text(&e))))
 }

@@ -56,6 +56,13 @@ impl Browser {
     /// docs) when Chromium is not installed. Panics, with the driver's log, when an installed
     /// driver does not come up within `deadline`.
     pub fn start(deadline: Duration) -> Option<Browser> {
+        Self::start_with(deadline, &[])
+    }
+
+    /// [`Browser::start`] with extra Chromium arguments (e.g. `--host-resolver-rules=MAP
+    /// evil.test 127.0.0.1`, to load a loopback page under a foreign name as DNS rebinding
+    /// would).
+    pub fn start_with(deadline: Duration, extra_args: &[&str]) -> Option<Browser> {
         let Some((chromium, driver)) = find() else {
             return crate::unavailable(
                 "headless Chromium",
@@ -78,15 +85,27 @@ impl Browser {
         });
         let mut b = Browser { driver: Some(proc), addr, session: String::new(), log, timeout: deadline, _dir: dir };
         let profile = b._dir.path().join("profile");
+        // --no-sandbox: tests run as root in containers, where Chromium's sandbox cannot start;
+        // the pages are our own, served on loopback.
+        let mut args: Vec<String> = [
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--window-size=1280,900",
+            "--no-first-run",
+            "--disable-extensions",
+        ]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect();
+        args.push(format!("--user-data-dir={}", profile.display()));
+        args.extend(extra_args.iter().map(|a| (*a).to_owned()));
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {
                 "binary": chromium,
-                // --no-sandbox: tests run as root in containers, where Chromium's sandbox cannot
-                // start; the pages are our own, served on loopback.
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                         "--window-size=1280,900", "--no-first-run", "--disable-extensions",
-                         format!("--user-data-dir={}", profile.display())],
+                "args": args,
             },
         }}});
         let v = b.call("POST", "/session", Some(caps)).unwrap_or_else(|e| panic!("new session: {e}; {}", b.log_tail()));
@@ -145,6 +164,26 @@ impl Browser {
 
     pub fn click(&self, e: &Element) -> Result<(), String> {
         self.session_call("POST", &format!("/element/{}/click", e.0), Some(json!({}))).map(drop)
+    }
+
+    /// Types `text` into an element (an input).
+    pub fn send_keys(&self, e: &Element, text: &str) -> Result<(), String> {
+        self.session_call("POST", &format!("/element/{}/value", e.0), Some(json!({"text": text}))).map(drop)
+    }
+
+    /// The text of the open `alert`/`confirm` dialog, if one is open.
+    pub fn alert_text(&self) -> Option<String> {
+        self.session_call("GET", "/alert/text", None).ok().and_then(|v| v.as_str().map(str::to_owned))
+    }
+
+    /// Accepts (OK) the open dialog.
+    pub fn accept_alert(&self) -> Result<(), String> {
+        self.session_call("POST", "/alert/accept", Some(json!({}))).map(drop)
+    }
+
+    /// The current page's URL.
+    pub fn url(&self) -> Result<String, String> {
+        self.session_call("GET", "/url", None).map(|v| v.as_str().unwrap_or_default().to_owned())
     }
 
     /// Runs a script in the page (`return …;` gives a value).
