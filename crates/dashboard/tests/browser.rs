@@ -1,6 +1,6 @@
 //! The rendered pages in a real headless Chromium (testkit::browser): the header's state, the
-//! timeline's SVG bars, a live fragment swapped in over SSE by the page's own script, and the
-//! fleet page. A tiny loopback HTTP server inside the test serves what this crate renders; the
+//! timeline's SVG bars, live fragments swapped in over SSE by the page's own script (a drain,
+//! then a restart's new incarnation), the fleet page, and the auth rules behind the actions. A tiny loopback HTTP server inside the test serves what this crate renders; the
 //! runtime's `/ui` routes do not exist yet (docs/architecture.md, "Dashboard").
 //!
 //!   cargo nextest run -p gatewarden-dashboard --test browser
@@ -12,6 +12,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -19,7 +20,7 @@ use gatewarden_control::proto::StatusReport;
 use gatewarden_dashboard::auth::{CSRF_FIELD, Policy, Post, Sessions, form_value, host_allowed, set_cookie};
 use gatewarden_dashboard::render::outcome;
 use gatewarden_dashboard::snapshot::{DrainView, LockView, LogLine};
-use gatewarden_dashboard::{HomeSummary, Snapshot, Viewer, fleet, fragment, page, sse};
+use gatewarden_dashboard::{HomeSummary, Snapshot, Viewer, fleet, page, sse};
 use gatewarden_lifecycle::ledger::parse_line;
 use gatewarden_lifecycle::timefmt;
 use gatewarden_testkit::browser::Browser;
@@ -91,8 +92,9 @@ impl Req {
 enum Reply {
     /// A whole response (status line, headers and body are added).
     Page { status: &'static str, extra_headers: String, html: String },
-    /// `text/event-stream`: these bytes, then keepalives while the test runs.
-    Stream(String),
+    /// `text/event-stream`: these events, then keepalives while the test runs, and the second
+    /// events once their flag is set.
+    Stream(String, Option<(Arc<AtomicBool>, String)>),
 }
 
 fn page_reply(status: &'static str, html: String) -> Reply {
@@ -151,12 +153,15 @@ fn answer(mut conn: TcpStream, handler: &Handler) -> std::io::Result<()> {
             )
             .as_bytes(),
         ),
-        Reply::Stream(events) => {
+        Reply::Stream(events, mut later) => {
             conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n\r\n")?;
             conn.write_all(events.as_bytes())?;
             // Hold the stream open (a closed one makes the browser reconnect and replay).
             for _ in 0..600 {
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(Duration::from_millis(50));
+                if let Some((_, events)) = later.take_if(|(flag, _)| flag.load(Ordering::SeqCst)) {
+                    conn.write_all(events.as_bytes())?;
+                }
                 conn.write_all(sse::keepalive().as_bytes())?;
             }
             Ok(())
@@ -164,14 +169,36 @@ fn answer(mut conn: TcpStream, handler: &Handler) -> std::io::Result<()> {
     }
 }
 
-/// Serves `/ui`, `/ui/fleet` and `/ui/events` (one fragment update, then an open stream).
-fn serve_pages(main: String, fleet: String, update: String) -> SocketAddr {
+/// Serves `/ui`, `/ui/fleet` and `/ui/events` (the first updates at once, the second when
+/// `go` is set, then an open stream).
+fn serve_pages(main: String, fleet: String, first: String, second: String, go: Arc<AtomicBool>) -> SocketAddr {
     serve(Arc::new(move |req: &Req| match req.path.as_str() {
         "/ui" => page_reply("200 OK", main.clone()),
         "/ui/fleet" => page_reply("200 OK", fleet.clone()),
-        "/ui/events" => Reply::Stream(update.clone()),
+        "/ui/events" => Reply::Stream(first.clone(), Some((Arc::clone(&go), second.clone()))),
         _ => page_reply("404 Not Found", String::new()),
     }))
+}
+
+/// `s` after a restart from the dashboard: the running incarnation ended 75, a new one runs.
+fn restarted(s: &Snapshot) -> Snapshot {
+    let mut r = s.clone();
+    for line in [
+        r#"{"ts":"2026-12-01T16:56:00.000000+00:00","event":"restart_requested","pid":4001,"incarnation":"c0ffee0000000003","reason":"restart","requester":{"pid":4001,"argv":[],"channel":"dashboard"}}"#,
+        r#"{"ts":"2026-12-01T16:56:01.000000+00:00","event":"exited","pid":4001,"incarnation":"c0ffee0000000003","code":75,"intent":"planned_restart","reason":"planned restart requested via dashboard"}"#,
+        r#"{"ts":"2026-12-01T16:56:02.000000+00:00","event":"started","pid":4002,"incarnation":"c0ffee0000000004","version":"0.1.0"}"#,
+        r#"{"ts":"2026-12-01T16:56:02.100000+00:00","event":"ready","pid":4002,"incarnation":"c0ffee0000000004"}"#,
+    ] {
+        r.ledger.push(parse_line(line.as_bytes()));
+    }
+    r.status.pid = Some(4002);
+    r.status.incarnation = Some("c0ffee0000000004".into());
+    r.status.state = Some("running".into());
+    r.drain = None;
+    r.lock = LockView::Held { pid: Some(4002) };
+    r.state_file =
+        serde_json::from_str(r#"{"pid":4002,"incarnation":"c0ffee0000000004","gateway_state":"running"}"#).ok();
+    r
 }
 
 fn screenshot_dir() -> PathBuf {
@@ -188,12 +215,19 @@ fn pages_render_in_headless_chromium_and_take_live_updates() {
     let s = snapshot();
     let viewer = Viewer { actions_configured: false, csrf: None, events_path: "/ui/events".into() };
     let main = page(&s, &viewer);
-    // The update the stream pushes: the same home, now draining one of two runs.
-    let mut later = s.clone();
-    later.status.state = Some("draining".into());
-    later.drain = Some(DrainView { runs_at_start: 2, remaining: 1, deadline_us: Some(later.now_us + 30_000_000) });
-    let update = sse::fragment(sse::HEADER, 1, &fragment(sse::HEADER, &later).expect("header fragment"));
-    let addr = serve_pages(main, fleet(&homes()), update);
+    // What the stream pushes, as the runtime will (sse::Live: only changed fragments): the
+    // same home draining one of two runs, then restarted into a new incarnation.
+    let mut live = sse::Live::default();
+    live.update(&s);
+    let mut draining = s.clone();
+    draining.status.state = Some("draining".into());
+    draining.drain =
+        Some(DrainView { runs_at_start: 2, remaining: 1, deadline_us: Some(draining.now_us + 30_000_000) });
+    let first = live.update(&draining);
+    assert!(!first.contains("event: timeline"), "the timeline did not change: {first}");
+    let second = live.update(&restarted(&draining));
+    let go = Arc::new(AtomicBool::new(false));
+    let addr = serve_pages(main, fleet(&homes()), first, second, Arc::clone(&go));
 
     b.navigate(&format!("http://{addr}/ui")).expect("navigate");
     // The header's state, then the SSE update swapped in by the page's script.
@@ -203,6 +237,7 @@ fn pages_render_in_headless_chromium_and_take_live_updates() {
     assert!(first == "running" || first == "draining 1/2", "{first:?}");
     let swapped = b.wait_text("#state", "draining 1/2", Duration::from_secs(10)).expect("SSE fragment swap");
     assert_eq!(swapped, "draining 1/2");
+    assert!(b.find("#runs").and_then(|e| b.text(&e)).expect("runs").contains("1 of 2 runs finished"));
 
     // The timeline: one bar per incarnation in each view, coloured by how it ended.
     for view in ["svg#last", "svg#day"] {
@@ -222,6 +257,24 @@ fn pages_render_in_headless_chromium_and_take_live_updates() {
     b.screenshot(&main_png).expect("screenshot");
     assert!(std::fs::metadata(&main_png).is_ok_and(|m| m.len() > 1000));
     eprintln!("screenshot: {}", main_png.display());
+
+    // The restart arrives over the same stream: a fourth bar, the third ended 75 at the
+    // dashboard's request, the header on the new incarnation.
+    go.store(true, Ordering::SeqCst);
+    let table = b.wait_text("table.incs", "c0ffee0000000004", Duration::from_secs(10)).expect("the new incarnation");
+    assert!(
+        table.contains("exit 75 (planned_restart)") && table.contains("restart by pid 4001 via dashboard"),
+        "{table}"
+    );
+    let classes: Vec<String> = b
+        .find_all("svg#last rect.bar")
+        .expect("bars")
+        .iter()
+        .map(|e| b.attribute(e, "class").expect("class").unwrap_or_default())
+        .collect();
+    assert_eq!(classes, ["bar end-0", "bar end-0", "bar end-75", "bar end-run"]);
+    assert_eq!(b.find("#state").and_then(|e| b.text(&e)).expect("state"), "running");
+    assert!(b.find("#truth").and_then(|e| b.text(&e)).expect("header").contains("4002"));
 
     // The fleet: three homes, the stopped one with its reason.
     b.navigate(&format!("http://{addr}/ui/fleet")).expect("navigate fleet");
