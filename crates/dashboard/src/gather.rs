@@ -10,7 +10,7 @@ use gatewarden_lifecycle::lock::{self, InstanceLock, LockProbe};
 use gatewarden_lifecycle::records::read_state;
 use gatewarden_lifecycle::{Home, desired, ledger, timefmt};
 
-use crate::snapshot::{LockView, Snapshot};
+use crate::snapshot::{LockView, LogLine, Snapshot};
 
 /// Ledger lines read for a page: enough for the last 50 incarnations at ~20 lines each, and
 /// a bounded read however big the file (`ledger::MAX_TAIL_BYTES`).
@@ -26,8 +26,40 @@ pub fn from_home(home: &Home, status: StatusReport, now: SystemTime) -> Snapshot
         lock: lock_view(home),
         state_file: read_state(&home.state_file()).ok(),
         now_us: timefmt::to_micros(now),
+        log_tail: log_tail(&home.logs_dir().join(LOG_FILE), crate::render::MAX_LOG_LINES),
         ..Snapshot::default()
     }
+}
+
+/// The gateway's log file when it runs detached (`gatewarden start`, crates/gatewarden/src/cmd/start.rs).
+pub const LOG_FILE: &str = "gateway.log";
+
+/// The last `n` lines of a log file, read backwards a bounded amount (the ledger's tail
+/// reader) through the no-link, regular-file-only open; none when it cannot be read.
+pub fn log_tail(path: &std::path::Path, n: usize) -> Vec<LogLine> {
+    let Some((mut f, len)) = gatewarden_lifecycle::fsio::open_regular(path).ok() else { return Vec::new() };
+    let Ok(bytes) = ledger::tail_bytes(&mut f, len, Some(n)) else { return Vec::new() };
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].iter().map(|l| parse_log_line(l)).collect()
+}
+
+/// One line of the gateway's log (crates/runtime/src/log.rs): JSON (`level`, `msg`, `ts`),
+/// `<ts> <level>: msg` or `<level>: msg`. Anything else is shown whole, level `info`. Pure.
+pub fn parse_log_line(line: &str) -> LogLine {
+    const LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
+    if let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(line) {
+        let s = |k: &str| m.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
+        let ts = s("ts");
+        let text = if ts.is_empty() { s("msg") } else { format!("{ts} {}", s("msg")) };
+        return LogLine { level: s("level"), text };
+    }
+    let level = line
+        .split_once(": ")
+        .and_then(|(head, _)| head.rsplit(' ').next())
+        .filter(|l| LEVELS.contains(l))
+        .unwrap_or("info");
+    LogLine { level: level.to_owned(), text: line.to_owned() }
 }
 
 /// What the OS lock says: the kernel's holder where it names one (Linux `/proc/locks`),
@@ -41,5 +73,38 @@ pub fn lock_view(home: &Home) -> LockView {
             LockProbe::Free(_) | LockProbe::Missing => LockView::Free,
             LockProbe::Error(_) => LockView::Unknown,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_lines_in_every_format() {
+        let l = parse_log_line(r#"{"ts":"2026-12-01T10:00:00+00:00","level":"warn","msg":"slow"}"#);
+        assert_eq!((l.level.as_str(), l.text.as_str()), ("warn", "2026-12-01T10:00:00+00:00 slow"));
+        let l = parse_log_line("2026-12-01T14:51:34.717429+00:00 error: it broke: badly");
+        assert_eq!(l.level, "error");
+        assert_eq!(parse_log_line("debug: x").level, "debug");
+        assert_eq!(parse_log_line("something else: entirely").level, "info");
+    }
+
+    #[test]
+    fn log_tail_is_bounded_and_never_follows_links() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("gateway.log");
+        let text: String = (0..500).map(|k| format!("info: line {k}\n")).collect();
+        std::fs::write(&p, text).unwrap();
+        let tail = log_tail(&p, 200);
+        assert_eq!(tail.len(), 200);
+        assert_eq!(tail[199].text, "info: line 499");
+        assert!(log_tail(&t.path().join("missing.log"), 10).is_empty());
+        #[cfg(unix)]
+        {
+            let link = t.path().join("link.log");
+            std::os::unix::fs::symlink(&p, &link).unwrap();
+            assert!(log_tail(&link, 10).is_empty());
+        }
     }
 }

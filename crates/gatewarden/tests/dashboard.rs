@@ -31,7 +31,10 @@ fn a_homes_page_tells_how_each_incarnation_ended() {
     first.wait_exit(Duration::from_secs(5));
     let mut second = start(&home);
     second.kill();
-    let third = start(&home);
+    // The third logs to the file `gatewarden start` gives a detached gateway.
+    let log = home.path().join("logs").join(gather::LOG_FILE);
+    let mut third = builder(&home).arg("--log-file").arg(&log).spawn();
+    third.wait_ready(Duration::from_secs(10));
 
     let status = status_json(home.path());
     assert!(status.running, "{status:?}");
@@ -53,7 +56,12 @@ fn a_homes_page_tells_how_each_incarnation_ended() {
     assert_eq!(req.len(), 1, "one stop, written by the CLI and the gateway: {req:?}");
     assert_eq!((req[0].verb.as_str(), req[0].pid, req[0].channel.as_str()), ("stop", Some(stop.pid), "cli"));
 
+    assert!(!snap.log_tail.is_empty(), "the log file's tail is in the snapshot");
+    let levels = ["error", "warn", "info", "debug", "trace"];
+    assert!(snap.log_tail.iter().all(|l| levels.contains(&l.level.as_str())), "levels parsed: {:?}", snap.log_tail);
+
     let html = page(&snap, &Viewer::default());
+    assert!(html.contains(&format!("<span class=\"l-{}\">", snap.log_tail[0].level)), "the log section");
     assert!(html.contains(">running</span>"), "header state");
     assert!(html.contains(&format!("stop by pid {} (gatewarden ", stop.pid)), "requester in the table");
     assert!(html.contains("no exit recorded (killed or crashed)"));
