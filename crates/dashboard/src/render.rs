@@ -746,6 +746,77 @@ mod tests {
         assert!(fleet(&[]).contains("No homes registered yet"));
     }
 
+    /// Any ledger (events in any order, missing or bad fields, skewed clocks) renders, with
+    /// one bar per incarnation (up to 50) in the side-by-side view, inside the SVG's width.
+    fn arb_line() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let event = prop::sample::select(vec![
+            "started",
+            "ready",
+            "exited",
+            "start_refused",
+            "stop_requested",
+            "restart_requested",
+            "update_requested",
+            "state",
+            "x",
+        ]);
+        let inc = prop::option::of(prop::sample::select(vec!["a", "b", "c", "d", "<e>"]));
+        let ts = prop::option::of(prop_oneof![
+            (0i64..200_000)
+                .prop_map(|s| timefmt::format(timefmt::from_micros(i128::from(s) * 1_000_000 + 1_796_000_000_000_000))),
+            Just("not a time".to_owned()),
+        ]);
+        let code = prop::option::of(prop_oneof![Just(0i64), Just(1), Just(75), Just(78), any::<i64>()]);
+        let requester = prop::option::of(prop_oneof![
+            Just(json!({"pid": 5, "argv": ["/bin/gw", "--token", "s3cret", "stop"], "channel": "cli"})),
+            Just(json!("a string")),
+            Just(json!({"pid": -1})),
+        ]);
+        (event, inc, ts, code, requester, any::<bool>()).prop_map(|(event, inc, ts, code, requester, garbage)| {
+            if garbage {
+                return "\u{0}garbage{".to_owned();
+            }
+            let mut m = serde_json::Map::new();
+            m.insert("event".into(), json!(event));
+            m.insert("pid".into(), json!(7));
+            if let Some(i) = inc {
+                m.insert("incarnation".into(), json!(i));
+            }
+            if let Some(t) = ts {
+                m.insert("ts".into(), json!(t));
+            }
+            if let Some(c) = code {
+                m.insert("code".into(), json!(c));
+            }
+            if let Some(r) = requester {
+                m.insert("requester".into(), r);
+            }
+            serde_json::Value::Object(m).to_string()
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_ledger_renders(lines in proptest::collection::vec(arb_line(), 0..120), live in proptest::option::of("[a-e]")) {
+            let s = Snapshot {
+                ledger: lines.iter().map(|l| parse_line(l.as_bytes())).collect(),
+                status: StatusReport { running: live.is_some(), incarnation: live, ..StatusReport::default() },
+                now_us: 1_796_100_000_000_000,
+                ..Snapshot::default()
+            };
+            let incs = incarnations(&s);
+            let html = page(&s, &Viewer::default());
+            let last = svg_last(&incs[incs.len().saturating_sub(MAX_INCARNATIONS)..], s.now_us).into_string();
+            proptest::prop_assert_eq!(last.matches("<rect").count(), incs.len().min(MAX_INCARNATIONS));
+            for x in last.split(" x=\"").skip(1).filter_map(|r| r.split('"').next()?.parse::<f64>().ok()) {
+                proptest::prop_assert!((0.0..=W).contains(&x), "bar at x={}", x);
+            }
+            proptest::prop_assert!(!html.contains("s3cret"), "a secret reached the page");
+            proptest::prop_assert!(!html.contains("<e>"), "unescaped ledger text");
+        }
+    }
+
     #[test]
     fn actions_follow_the_state() {
         assert_eq!(actions_for("running"), ["restart", "stop"]);
