@@ -3,6 +3,7 @@
 //! * [`snapshot`]: the plain data a page is rendered from ([`Snapshot`], [`HomeSummary`]).
 //! * [`timeline`]: the ledger reduced to incarnations (how each ended, who asked).
 //! * [`render`]: the main page, its live fragments, the fleet page (HTML with inline SVG).
+//! * [`text`]: the same snapshot as plain text, for a terminal view.
 //! * [`sse`]: the server-sent-events encoder and the fragment ids the page's script swaps.
 //! * [`auth`]: token → session cookie, CSRF, `Origin`/`Host` checks.
 //! * [`gather`]: a snapshot from a home's files (ledger, desired state, state file, OS lock).
@@ -16,6 +17,7 @@ pub mod registry;
 pub mod render;
 pub mod snapshot;
 pub mod sse;
+pub mod text;
 pub mod timeline;
 
 pub use render::{Viewer, fleet, fragment, page};
