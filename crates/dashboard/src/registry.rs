@@ -3,7 +3,7 @@
 //! is down still shows its last state and why it ended).
 //!
 //! One small file per home in `<config dir>/gatewarden/homes/` (`$XDG_CONFIG_HOME`, else
-//! `~/.config`), named by a hash of the home's path: registrations never rewrite a shared file,
+//! `~/.config`, else `%APPDATA%`), named by a hash of the home's path: registrations never rewrite a shared file,
 //! so two gateways starting at once cannot lose each other's entry. The directory is created
 //! private and must be ours and a real directory; entries are written with the home's own
 //! atomic write (crates/lifecycle/src/fsio.rs: 0600, never through a link), read through
@@ -37,7 +37,7 @@ pub struct Entry {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    #[error("no config directory: neither XDG_CONFIG_HOME nor HOME is set")]
+    #[error("no config directory: none of XDG_CONFIG_HOME, HOME, APPDATA is set")]
     NoDir,
     #[error("registry directory {}: {why}", dir.display())]
     Insecure { dir: PathBuf, why: String },
@@ -50,8 +50,10 @@ pub enum RegistryError {
 /// `<config>/gatewarden/homes`, from the environment (injected, so the rule is testable).
 pub fn dir_with(env: impl Fn(&str) -> Option<OsString>) -> Result<PathBuf, RegistryError> {
     let nonempty = |k: &str| env(k).filter(|v| !v.is_empty()).map(PathBuf::from).filter(|p| p.is_absolute());
+    // APPDATA: Windows has neither of the others by default.
     let base = nonempty("XDG_CONFIG_HOME")
         .or_else(|| nonempty("HOME").map(|h| h.join(".config")))
+        .or_else(|| nonempty("APPDATA"))
         .ok_or(RegistryError::NoDir)?;
     Ok(base.join("gatewarden").join("homes"))
 }
@@ -176,29 +178,36 @@ mod tests {
 
     #[test]
     fn dir_from_the_environment() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| OsString::from(v))
+        // Absolute on every OS (the Windows tests run under Wine).
+        let abs = std::env::temp_dir();
+        let (x, h, appdata) = (abs.join("x"), abs.join("h"), abs.join("appdata"));
+        let env = |pairs: Vec<(&'static str, OsString)>| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
         };
+        let homes = |base: PathBuf| base.join("gatewarden").join("homes");
         assert_eq!(
-            dir_with(env(&[("XDG_CONFIG_HOME", "/x"), ("HOME", "/h")])).unwrap(),
-            PathBuf::from("/x/gatewarden/homes")
+            dir_with(env(vec![("XDG_CONFIG_HOME", x.clone().into()), ("HOME", h.clone().into())])).unwrap(),
+            homes(x)
         );
         assert_eq!(
-            dir_with(env(&[("XDG_CONFIG_HOME", "rel"), ("HOME", "/h")])).unwrap(),
-            PathBuf::from("/h/.config/gatewarden/homes")
+            dir_with(env(vec![("XDG_CONFIG_HOME", "rel".into()), ("HOME", h.clone().into())])).unwrap(),
+            homes(h.join(".config"))
         );
-        assert!(dir_with(env(&[("XDG_CONFIG_HOME", "")])).is_err());
+        assert!(dir_with(env(vec![("XDG_CONFIG_HOME", "".into())])).is_err());
+        assert_eq!(dir_with(env(vec![("APPDATA", appdata.clone().into())])).unwrap(), homes(appdata));
     }
 
     #[test]
     fn entries_are_validated() {
-        let good = br#"{"home":"/srv/gw","registered_at":"2026-12-01T10:00:00+00:00"}"#;
-        assert_eq!(parse_entry(&file_name("/srv/gw"), good).unwrap().home, "/srv/gw");
-        assert!(parse_entry("0000000000000000.json", good).unwrap_err().contains("file name"));
+        let home = std::env::temp_dir().join("srv").join("gw").to_string_lossy().into_owned();
+        let good = serde_json::json!({"home": home, "registered_at": "2026-12-01T10:00:00+00:00"}).to_string();
+        assert_eq!(parse_entry(&file_name(&home), good.as_bytes()).unwrap().home, home);
+        assert!(parse_entry("0000000000000000.json", good.as_bytes()).unwrap_err().contains("file name"));
         let rel = br#"{"home":"gw"}"#;
         assert!(parse_entry(&file_name("gw"), rel).unwrap_err().contains("absolute"));
-        let ctl = "{\"home\":\"/a\\u001b[2J\"}";
-        assert!(parse_entry(&file_name("/a\u{1b}[2J"), ctl.as_bytes()).unwrap_err().contains("control"));
+        let evil = format!("{home}\u{1b}[2J");
+        let ctl = serde_json::json!({"home": evil}).to_string();
+        assert!(parse_entry(&file_name(&evil), ctl.as_bytes()).unwrap_err().contains("control"));
         assert!(parse_entry("x.json", b"\xff").is_err());
         assert_ne!(file_name("/a"), file_name("/b"));
         assert_eq!(file_name("/a"), file_name("/a"));
