@@ -18,6 +18,49 @@ pub const MAX_INCARNATIONS: usize = 50;
 /// Log lines shown at most.
 pub const MAX_LOG_LINES: usize = 200;
 
+/// The response headers every dashboard page is served with. The policy allows exactly the
+/// inline script and stylesheet compiled into this crate (by hash), the page's own event
+/// stream and forms, and nothing else: an injected `<script>` or `<img onerror>` would not
+/// run even if escaping failed, and no other site may frame the page (clickjacking).
+pub fn security_headers() -> [(&'static str, &'static str); 5] {
+    static CSP: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "default-src 'none'; script-src '{}'; style-src '{}'; connect-src 'self'; form-action 'self'; \
+             frame-ancestors 'none'; base-uri 'none'",
+            csp_hash(JS),
+            csp_hash(CSS)
+        )
+    });
+    [
+        ("content-security-policy", CSP.as_str()),
+        ("x-content-type-options", "nosniff"),
+        // Not `no-referrer`: under it Chromium sends `Origin: null` on the page's own form
+        // POSTs, which the Origin check must refuse (found by tests/browser.rs).
+        ("referrer-policy", "same-origin"),
+        ("cache-control", "no-store"),
+        ("content-type", "text/html; charset=utf-8"),
+    ]
+}
+
+/// `sha256-<base64>` of an inline element's text, as CSP matches it.
+fn csp_hash(text: &str) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(text.as_bytes());
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::from("sha256-");
+    for chunk in d.chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// Who is looking: what the page may offer.
 #[derive(Debug, Clone, Default)]
 pub struct Viewer {
@@ -815,6 +858,17 @@ mod tests {
             proptest::prop_assert!(!html.contains("s3cret"), "a secret reached the page");
             proptest::prop_assert!(!html.contains("<e>"), "unescaped ledger text");
         }
+    }
+
+    #[test]
+    fn csp_hashes_are_base64_sha256() {
+        // echo -n abc | openssl dgst -sha256 -binary | base64
+        assert_eq!(csp_hash("abc"), "sha256-ungWv48Bz+pBQUDeXa4iI7ADYaOWF3qctBD/YfIAFa0=");
+        let csp = security_headers()[0].1;
+        assert!(
+            csp.contains(&csp_hash(JS)) && csp.contains(&csp_hash(CSS)) && csp.contains("default-src 'none'"),
+            "{csp}"
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 
 use gatewarden_control::proto::StatusReport;
 use gatewarden_dashboard::auth::{CSRF_FIELD, Policy, Post, Sessions, form_value, host_allowed, set_cookie};
-use gatewarden_dashboard::render::outcome;
+use gatewarden_dashboard::render::{outcome, security_headers};
 use gatewarden_dashboard::snapshot::{DrainView, LockView, LogLine};
 use gatewarden_dashboard::{HomeSummary, Snapshot, Viewer, fleet, page, sse};
 use gatewarden_lifecycle::ledger::parse_line;
@@ -92,6 +92,8 @@ impl Req {
 enum Reply {
     /// A whole response (status line, headers and body are added).
     Page { status: &'static str, extra_headers: String, html: String },
+    /// Another site's page: 200, no security headers.
+    Foreign(String),
     /// `text/event-stream`: these events, then keepalives while the test runs, and the second
     /// events once their flag is set.
     Stream(String, Option<(Arc<AtomicBool>, String)>),
@@ -146,9 +148,21 @@ fn answer(mut conn: TcpStream, handler: &Handler) -> std::io::Result<()> {
     std::io::Read::read_exact(&mut reader, &mut body)?;
     let req = Req { method, path, headers, body: String::from_utf8_lossy(&body).into_owned() };
     match handler(&req) {
-        Reply::Page { status, extra_headers, html } => conn.write_all(
+        Reply::Page { status, extra_headers, html } => {
+            // The headers the gateway will send with every page (its CSP allows only the
+            // compiled-in script and stylesheet: the live updates below prove their hashes).
+            let security: String = security_headers().iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+            conn.write_all(
+                format!(
+                    "HTTP/1.1 {status}\r\n{security}Content-Length: {}\r\nConnection: close\r\n{extra_headers}\r\n{html}",
+                    html.len()
+                )
+                .as_bytes(),
+            )
+        }
+        Reply::Foreign(html) => conn.write_all(
             format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n{extra_headers}\r\n{html}",
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{html}",
                 html.len()
             )
             .as_bytes(),
@@ -352,12 +366,9 @@ fn actions_need_the_token_and_come_from_the_page_itself() {
     // Another origin (same machine, another port) whose page posts to the dashboard at once.
     let target = format!("http://{addr}/ui/action/stop");
     let attacker = serve(Arc::new(move |_req: &Req| {
-        page_reply(
-            "200 OK",
-            format!(
-                "<!DOCTYPE html><form id=f method=post action=\"{target}\"><input name=csrf value=guess></form><script>document.getElementById('f').submit()</script>"
-            ),
-        )
+        Reply::Foreign(format!(
+            "<!DOCTYPE html><form id=f method=post action=\"{target}\"><input name=csrf value=guess></form><script>document.getElementById('f').submit()</script>"
+        ))
     }));
 
     // Without a session: a login form, no action buttons, and a forged POST is refused.
