@@ -187,6 +187,10 @@ fn header(s: &Snapshot, incs: &[Incarnation]) -> Markup {
                     }
                 }
             }
+            @let notes = s.notes();
+            @if !notes.is_empty() {
+                ul .notes { @for (label, text) in &notes { li { strong { (label) } ": " (text) } } }
+            }
             @if let Some((lock, file)) = s.disagreement() {
                 div #disagree .disagree {
                     p { strong { "The OS lock and the state file disagree:" } }
@@ -699,11 +703,19 @@ mod tests {
 
     #[test]
     fn header_timeline_and_empty_states() {
-        let s = big(now());
+        let mut s = big(now());
+        s.status.extra.insert("crash_loop".into(), json!({"sentence": "3 crashes in the last 60 s"}));
         let html = page(&s, &Viewer::default());
-        for needle in
-            ["id=\"truth\"", "systemd", "INVOCATION_ID set", "prod", "epoch 12", "box1 (127.0.0.1:8080)", "0.1.0"]
-        {
+        for needle in [
+            "id=\"truth\"",
+            "systemd",
+            "INVOCATION_ID set",
+            "prod",
+            "epoch 12",
+            "box1 (127.0.0.1:8080)",
+            "0.1.0",
+            "<strong>crash loop</strong>: 3 crashes in the last 60 s",
+        ] {
             assert!(html.contains(needle), "{needle}");
         }
         for class in ["end-75", "end-0", "end-1", "end-78", "end-run"] {

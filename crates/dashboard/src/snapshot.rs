@@ -154,6 +154,46 @@ impl Snapshot {
             .collect()
     }
 
+    /// What the status report adds in words (crates/gatewarden/src/cmd/status.rs): a crash
+    /// loop, why the gateway is unresponsive, records not yet published, the service manager's
+    /// view, a note. In that order, each `(label, text)`.
+    pub fn notes(&self) -> Vec<(&'static str, String)> {
+        let x = &self.status.extra;
+        let text = |v: &Value| match v {
+            Value::String(s) => Some(s.clone()),
+            Value::Null => None,
+            other => Some(other.to_string()),
+        };
+        let mut out = Vec::new();
+        if let Some(s) = x.get("crash_loop").and_then(|c| c.get("sentence")).and_then(text) {
+            out.push(("crash loop", s));
+        }
+        if let Some(s) = x.get("unresponsive").and_then(text) {
+            out.push(("unresponsive", s));
+        }
+        if let Some(s) = x.get("records").and_then(text) {
+            out.push(("records", s));
+        }
+        if let Some(m) = x.get("service").and_then(Value::as_object) {
+            let f = |k: &str| m.get(k).and_then(text).unwrap_or_else(|| "?".into());
+            out.push((
+                "service",
+                format!(
+                    "{} {} ({}): active {}, main pid {}",
+                    f("manager"),
+                    f("unit"),
+                    f("scope"),
+                    f("active"),
+                    f("main_pid")
+                ),
+            ));
+        }
+        if let Some(s) = x.get("note").and_then(text) {
+            out.push(("note", s));
+        }
+        out
+    }
+
     /// The supervisor's evidence (`extra.supervisor_evidence`), as text.
     pub fn supervisor_evidence(&self) -> Option<String> {
         match self.status.extra.get("supervisor_evidence")? {
@@ -303,6 +343,21 @@ mod tests {
             (p.name.as_str(), p.state.as_str(), p.reason.as_deref(), p.sent),
             ("tg", "retrying", Some("401"), 2)
         );
+    }
+
+    #[test]
+    fn notes_from_the_status_extras() {
+        let mut s = Snapshot::default();
+        assert!(s.notes().is_empty());
+        s.status.extra.insert("crash_loop".into(), json!({"sentence": "3 crashes in 60 s", "detail": {}}));
+        s.status.extra.insert(
+            "service".into(),
+            json!({"manager": "systemd", "scope": "user", "unit": "gw.service", "active": true, "main_pid": 9}),
+        );
+        s.status.extra.insert("note".into(), json!("control endpoint not answering yet"));
+        let labels: Vec<&str> = s.notes().iter().map(|(l, _)| *l).collect();
+        assert_eq!(labels, ["crash loop", "service", "note"]);
+        assert_eq!(s.notes()[1].1, "systemd gw.service (user): active true, main pid 9");
     }
 
     #[test]
