@@ -506,8 +506,10 @@ fn level_class(l: &str) -> &'static str {
     }
 }
 
-/// The fleet page: every registered home, running or not, each linking to its own page.
-pub fn fleet(homes: &[HomeSummary]) -> String {
+/// The fleet page: every registered home, running or not, each linking to its own page, and
+/// the registry files that were skipped with why (`registry::Listing::skipped`), so a planted
+/// or damaged entry is seen rather than silently ignored.
+pub fn fleet(homes: &[HomeSummary], skipped: &[(String, String)]) -> String {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -538,6 +540,10 @@ pub fn fleet(homes: &[HomeSummary]) -> String {
                             }
                         }
                     }
+                }
+                @if !skipped.is_empty() {
+                    h2 { "Registry entries skipped" }
+                    ul #skipped { @for (file, why) in skipped { li { code { (file) } ": " (why) } } }
                 }
             }
         }
@@ -794,11 +800,13 @@ mod tests {
                 kind: "gatewarden".into(),
             },
         ];
-        let html = fleet(&homes);
+        let html = fleet(&homes, &[("0000000000000000.json".into(), "its file name is not its home's".into())]);
+        assert!(html.contains("<code>0000000000000000.json</code>: its file name"));
         assert!(html.contains("href=\"http://127.0.0.1:1/ui\""));
         assert!(html.contains("exit 78: port 8080 taken"));
         assert_eq!(html.matches("<tr data-state=").count(), 2);
-        assert!(fleet(&[]).contains("No homes registered yet"));
+        let empty = fleet(&[], &[]);
+        assert!(empty.contains("No homes registered yet") && !empty.contains("skipped"));
     }
 
     /// Any ledger (events in any order, missing or bad fields, skewed clocks) renders, with

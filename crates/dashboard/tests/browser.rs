@@ -241,7 +241,7 @@ fn pages_render_in_headless_chromium_and_take_live_updates() {
     assert!(!first.contains("event: timeline"), "the timeline did not change: {first}");
     let second = live.update(&restarted(&draining));
     let go = Arc::new(AtomicBool::new(false));
-    let addr = serve_pages(main, fleet(&homes()), first, second, Arc::clone(&go));
+    let addr = serve_pages(main, fleet(&homes(), &[]), first, second, Arc::clone(&go));
 
     b.navigate(&format!("http://{addr}/ui")).expect("navigate");
     // The header's state, then the SSE update swapped in by the page's script.

@@ -94,7 +94,7 @@ fn the_fleet_lists_registered_homes_and_why_a_stopped_one_ended() {
     let reason = stopped[0].last_exit_reason.clone().unwrap_or_default();
     assert!(reason.contains(&format!("pid {}", stop.pid)), "the reason names the stopper: {reason:?}");
 
-    let html = fleet(&summaries);
+    let html = fleet(&summaries, &listing.skipped);
     assert_eq!(html.matches("<tr data-state=\"running\"").count(), 2);
     assert_eq!(html.matches("<tr data-state=\"stopped\"").count(), 1);
     assert!(html.contains(&format!("exit 0: {}", maud_escape(&reason))), "{html}");
