@@ -80,6 +80,39 @@ pub fn lock_view(home: &Home) -> LockView {
 mod tests {
     use super::*;
 
+    /// A home whose files are links, FIFOs or huge: the snapshot is empty where they are, and
+    /// gathering it neither follows a link nor blocks.
+    #[cfg(unix)]
+    #[test]
+    fn hostile_home_files_leave_their_parts_empty() {
+        let t = tempfile::tempdir().unwrap();
+        let home = Home::at(t.path());
+        let secret = t.path().join("secret");
+        std::fs::write(&secret, include_str!("../tests/fixtures/start_stop_twice.jsonl")).unwrap();
+        std::os::unix::fs::symlink(&secret, home.ledger()).unwrap();
+        assert!(std::process::Command::new("mkfifo").arg(home.state_file()).status().unwrap().success());
+        std::fs::File::create(desired::path(home.dir())).unwrap().set_len(1 << 30).unwrap();
+        std::fs::create_dir_all(home.logs_dir()).unwrap();
+        std::os::unix::fs::symlink(&secret, home.logs_dir().join(LOG_FILE)).unwrap();
+        let s = from_home(&home, StatusReport::default(), SystemTime::now());
+        assert!(s.ledger.is_empty() && s.state_file.is_none() && s.desired.is_none() && s.log_tail.is_empty());
+        assert_eq!(s.lock, LockView::Free, "no lock file: nothing holds it");
+
+        // The same ledger as a regular file is read.
+        std::fs::remove_file(home.ledger()).unwrap();
+        std::fs::copy(&secret, home.ledger()).unwrap();
+        let s = from_home(&home, StatusReport::default(), SystemTime::now());
+        assert_eq!(crate::timeline::incarnations(&s.ledger, None).len(), 2);
+        // A held lock is seen as held, by this process.
+        let _held = InstanceLock::try_acquire(&home.lock()).unwrap();
+        let view = lock_view(&home);
+        assert!(
+            matches!(view, LockView::Held { pid: Some(p) } if p == std::process::id())
+                || view == LockView::Held { pid: None },
+            "{view:?}"
+        );
+    }
+
     #[test]
     fn log_lines_in_every_format() {
         let l = parse_log_line(r#"{"ts":"2026-12-01T10:00:00+00:00","level":"warn","msg":"slow"}"#);
