@@ -42,6 +42,11 @@ pub fn encode(event: Option<&str>, id: Option<&str>, data: &str) -> String {
     out
 }
 
+/// How long a browser waits before reconnecting a stream that ended (a restarting gateway's).
+pub fn retry(ms: u32) -> String {
+    format!("retry: {ms}\n\n")
+}
+
 /// A comment line: keeps a quiet stream from being cut by idle proxies.
 pub fn keepalive() -> &'static str {
     ": keepalive\n\n"
@@ -108,6 +113,7 @@ mod tests {
         );
         assert_eq!(encode(None, None, ""), "data: \n\n");
         assert_eq!(encode(None, None, "end\n"), "data: end\ndata: \n\n");
+        assert_eq!(retry(250), "retry: 250\n\n");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The rendered pages in a real headless Chromium (testkit::browser): the header's state, the
 //! timeline's SVG bars, live fragments swapped in over SSE by the page's own script (a drain,
-//! then a restart's new incarnation), the fleet page, and the auth rules behind the actions. A tiny loopback HTTP server inside the test serves what this crate renders; the
+//! then, after the stream ends and the page reconnects, a restart's new incarnation), the
+//! fleet page, and the auth rules behind the actions. A tiny loopback HTTP server inside the test serves what this crate renders; the
 //! runtime's `/ui` routes do not exist yet (docs/architecture.md, "Dashboard").
 //!
 //!   cargo nextest run -p gatewarden-dashboard --test browser
@@ -94,9 +95,9 @@ enum Reply {
     Page { status: &'static str, extra_headers: String, html: String },
     /// Another site's page: 200, no security headers.
     Foreign(String),
-    /// `text/event-stream`: these events, then keepalives while the test runs, and the second
-    /// events once their flag is set.
-    Stream(String, Option<(Arc<AtomicBool>, String)>),
+    /// `text/event-stream`: these events, then keepalives until the flag is set (the stream
+    /// then ends, as a restarting gateway's does) or the test ends.
+    Stream(String, Option<Arc<AtomicBool>>),
 }
 
 fn page_reply(status: &'static str, html: String) -> Reply {
@@ -167,15 +168,14 @@ fn answer(mut conn: TcpStream, handler: &Handler) -> std::io::Result<()> {
             )
             .as_bytes(),
         ),
-        Reply::Stream(events, mut later) => {
+        Reply::Stream(events, close_when) => {
             conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n\r\n")?;
             conn.write_all(events.as_bytes())?;
-            // Hold the stream open (a closed one makes the browser reconnect and replay).
             for _ in 0..600 {
-                std::thread::sleep(Duration::from_millis(50));
-                if let Some((_, events)) = later.take_if(|(flag, _)| flag.load(Ordering::SeqCst)) {
-                    conn.write_all(events.as_bytes())?;
+                if close_when.as_ref().is_some_and(|f| f.load(Ordering::SeqCst)) {
+                    return Ok(());
                 }
+                std::thread::sleep(Duration::from_millis(50));
                 conn.write_all(sse::keepalive().as_bytes())?;
             }
             Ok(())
@@ -183,13 +183,18 @@ fn answer(mut conn: TcpStream, handler: &Handler) -> std::io::Result<()> {
     }
 }
 
-/// Serves `/ui`, `/ui/fleet` and `/ui/events` (the first updates at once, the second when
-/// `go` is set, then an open stream).
-fn serve_pages(main: String, fleet: String, first: String, second: String, go: Arc<AtomicBool>) -> SocketAddr {
+/// Serves `/ui`, `/ui/fleet` and `/ui/events`. The first event stream sends `first` and ends
+/// when `go` is set (the gateway restarting); every later one (the browser reconnecting) sends
+/// `after`.
+fn serve_pages(main: String, fleet: String, first: String, after: String, go: Arc<AtomicBool>) -> SocketAddr {
+    let streams = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     serve(Arc::new(move |req: &Req| match req.path.as_str() {
         "/ui" => page_reply("200 OK", main.clone()),
         "/ui/fleet" => page_reply("200 OK", fleet.clone()),
-        "/ui/events" => Reply::Stream(first.clone(), Some((Arc::clone(&go), second.clone()))),
+        "/ui/events" if streams.fetch_add(1, Ordering::SeqCst) == 0 => {
+            Reply::Stream(first.clone(), Some(Arc::clone(&go)))
+        }
+        "/ui/events" => Reply::Stream(after.clone(), None),
         _ => page_reply("404 Not Found", String::new()),
     }))
 }
@@ -238,10 +243,12 @@ fn pages_render_in_headless_chromium_and_take_live_updates() {
     draining.drain =
         Some(DrainView { runs_at_start: 2, remaining: 1, deadline_us: Some(draining.now_us + 30_000_000) });
     let first = live.update(&draining);
-    assert!(!first.contains("event: timeline"), "the timeline did not change: {first}");
-    let second = live.update(&restarted(&draining));
+    assert!(!first.contains("event: timeline"), "only what changed is sent: {first}");
+    // Reconnect quickly once the stream ends; a new connection gets every fragment.
+    let first = format!("{}{first}", sse::retry(200));
+    let after = sse::Live::default().update(&restarted(&draining));
     let go = Arc::new(AtomicBool::new(false));
-    let addr = serve_pages(main, fleet(&homes(), &[]), first, second, Arc::clone(&go));
+    let addr = serve_pages(main, fleet(&homes(), &[]), first, after, Arc::clone(&go));
 
     b.navigate(&format!("http://{addr}/ui")).expect("navigate");
     // The header's state, then the SSE update swapped in by the page's script.
@@ -272,8 +279,9 @@ fn pages_render_in_headless_chromium_and_take_live_updates() {
     assert!(std::fs::metadata(&main_png).is_ok_and(|m| m.len() > 1000));
     eprintln!("screenshot: {}", main_png.display());
 
-    // The restart arrives over the same stream: a fourth bar, the third ended 75 at the
-    // dashboard's request, the header on the new incarnation.
+    // The gateway restarts: its stream ends, the page's EventSource reconnects, and the new
+    // stream brings the restart: a fourth bar, the third ended 75 at the dashboard's request,
+    // the header on the new incarnation.
     go.store(true, Ordering::SeqCst);
     let table = b.wait_text("table.incs", "c0ffee0000000004", Duration::from_secs(10)).expect("the new incarnation");
     assert!(
