@@ -693,8 +693,13 @@ mod tests {
     fn the_main_page_stays_within_its_budget() {
         let s = big(now());
         let v = Viewer { actions_configured: true, csrf: Some("c".repeat(64)), events_path: "/ui/events".into() };
+        let started = std::time::Instant::now();
         let html = page(&s, &v);
-        eprintln!("main page: {} bytes for 50 incarnations and 200 log lines", html.len());
+        eprintln!(
+            "main page: {} bytes for 50 incarnations and 200 log lines, rendered in {:?}",
+            html.len(),
+            started.elapsed()
+        );
         assert!(html.len() <= 150 * 1024, "main page is {} bytes", html.len());
         // It did render what it was given (a budget met by dropping content is no budget).
         assert_eq!(html.matches("class=\"bar ").count(), 100, "50 bars in each view");

@@ -252,6 +252,13 @@ fn pages_render_in_headless_chromium_and_take_live_updates() {
 
     b.navigate(&format!("http://{addr}/ui")).expect("navigate");
     // The header's state, then the SSE update swapped in by the page's script.
+    let timing = b
+        .execute("const n = performance.getEntriesByType('navigation')[0]; return [n.responseEnd - n.startTime, n.domContentLoadedEventEnd - n.startTime, n.transferSize];")
+        .expect("navigation timing");
+    eprintln!(
+        "main page: response {} ms, DOMContentLoaded {} ms, {} bytes transferred",
+        timing[0], timing[1], timing[2]
+    );
     // The lock and the state file agree here: no disagreement box.
     assert!(b.find_all("#disagree").expect("find").is_empty());
     let first = b.find("#state").and_then(|e| b.text(&e)).expect("state");
