@@ -31,7 +31,7 @@ pub fn from_home(home: &Home, status: StatusReport, now: SystemTime) -> Snapshot
     }
 }
 
-/// The gateway's log file when it runs detached (`gatewarden start`, crates/gatewarden/src/cmd/start.rs).
+/// The gateway's log file when it runs detached (`gatewarden start`, crates/ops/src/launch.rs).
 pub const LOG_FILE: &str = "gateway.log";
 
 /// The last `n` lines of a log file, read backwards a bounded amount (the ledger's tail

@@ -154,7 +154,7 @@ impl Snapshot {
             .collect()
     }
 
-    /// What the status report adds in words (crates/gatewarden/src/cmd/status.rs): a crash
+    /// What the status report adds in words (crates/ops/src/status.rs): a crash
     /// loop, why the gateway is unresponsive, records not yet published, the service manager's
     /// view, a note. In that order, each `(label, text)`.
     pub fn notes(&self) -> Vec<(&'static str, String)> {
