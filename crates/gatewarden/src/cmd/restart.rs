@@ -142,6 +142,16 @@ fn relay_to_detached_orchestrator(value: &str) -> Option<ExitCode> {
     Some(ExitCode::from(status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(1)))
 }
 
+/// The pid of the command the operator ran: in the detached orchestrator (module doc), the
+/// first process, which relays its exit code; the ledger names it as the requester.
+pub(super) fn requester_pid() -> u32 {
+    let me = std::process::id();
+    match std::env::var_os(ORCHESTRATOR_ENV) {
+        Some(_) => gatewarden_lifecycle::platform::parent_pid(me).unwrap_or(me),
+        None => me,
+    }
+}
+
 pub(super) fn status_of(ep: &Endpoint, t: Duration) -> Result<StatusReport, String> {
     Client::connect(ep, t).and_then(|mut c| c.status(t)).map_err(|e| e.to_string())
 }
@@ -321,8 +331,9 @@ impl<'h> Ladder<'h> {
     }
 
     /// Appends this restart's `restart_result` (the one place that does).
-    fn record_result(&self, fields: Value) {
+    fn record_result(&self, mut fields: Value) {
         self.recorded.set(true);
+        fields["requester_pid"] = json!(requester_pid());
         let _ = self.ledger.append("restart_result", fields);
     }
 

@@ -7,6 +7,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
+
+/// The update rig (private binary copy, patched releases): tests/update.rs, tests/overlap.rs.
+#[cfg(target_os = "linux")]
+pub mod rig;
 #[allow(unused_imports)]
 pub use gatewarden_testkit::api::{self, Api, current_gateway, header, wait_new_ready, write_config};
 #[allow(unused_imports)]
