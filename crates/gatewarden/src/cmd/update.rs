@@ -814,6 +814,8 @@ impl<'h> Updater<'h> {
     /// `update --rollback`: the last update's previous binary back in place, verified running.
     fn rollback_by_hand(&self) -> anyhow::Result<ExitCode> {
         let nothing = |why: String| {
+            // Every outcome is in the ledger, a refusal too (issue 22, item 7).
+            let _ = self.ledger.append("update_refused", json!({"reason": why, "requester": requester(false)}));
             if self.json {
                 println!("{}", json!({"ok": false, "changed": false, "reason": why}));
             }
