@@ -43,7 +43,7 @@ pub fn clean_file_mappings(smaps: &str, exe: &str) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     // The mapping being read: its range, and whether it still qualifies.
     let mut current: Option<(usize, usize, bool)> = None;
-    let mut flush = |c: Option<(usize, usize, bool)>, out: &mut Vec<(usize, usize)>| {
+    let flush = |c: Option<(usize, usize, bool)>, out: &mut Vec<(usize, usize)>| {
         if let Some((start, end, true)) = c {
             out.push((start, end - start));
         }
