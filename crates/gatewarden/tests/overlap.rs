@@ -268,6 +268,7 @@ impl Soak {
             broken.push(format!("two lock holders at once: {worst:?}"));
         }
         self.check_state(&mut broken);
+        one_at_a_time(&base_inc, &events, &mut broken);
         for e in [&ea, &eb] {
             let other = if std::ptr::eq(e, &ea) { &eb } else { &ea };
             self.check_verb(e, other, &base_inc, &events, &mut broken);
@@ -334,7 +335,8 @@ impl Soak {
         holders.dedup();
         let runs: Vec<u32> =
             self.r.sw.tagged().into_iter().filter(|&p| sweep::cmdline_of(p).iter().any(|a| a == "run")).collect();
-        if (want == json!("run")) != !holders.is_empty() {
+        let runs_one = !holders.is_empty();
+        if (want == json!("run")) != runs_one {
             broken.push(format!("desired_state says {want}, but lock holders are {holders:?}"));
         }
         if holders.len() > 1 || runs.iter().any(|p| !holders.contains(p)) {
@@ -372,7 +374,8 @@ impl Soak {
         match (e.verb, e.code) {
             (Verb::Start, Some(0)) => {
                 if let Some(pid) = e.out.split("started gateway pid ").nth(1).and_then(|s| s.split(' ').next()) {
-                    let ready = named(events, "ready").iter().any(|x| x["pid"].to_string() == pid);
+                    let ready =
+                        named(events, "ready").iter().any(|x| x["pid"].as_u64().is_some_and(|p| p.to_string() == pid));
                     if !ready {
                         broken.push(format!("{v} exit 0 says it started pid {pid}, which has no `ready` line"));
                     }
@@ -462,6 +465,25 @@ impl Soak {
                 }
             }
             (_, code) => broken.push(format!("{v} exit {code:?}: {}", e.out.trim())),
+        }
+    }
+}
+
+/// Never two gateways in the ledger: an incarnation writes `started` once it holds the lock
+/// and `exited` before it lets go, so no `started` may come while another one has not exited.
+fn one_at_a_time(base_inc: &str, events: &[Value], broken: &mut Vec<String>) {
+    let mut live = vec![base_inc.to_owned()];
+    for e in events {
+        let Some(inc) = e["incarnation"].as_str() else { continue };
+        match e["event"].as_str() {
+            Some("started") => {
+                if !live.is_empty() {
+                    broken.push(format!("incarnation {inc} started while {live:?} had not exited"));
+                }
+                live.push(inc.to_owned());
+            }
+            Some("exited") => live.retain(|l| l != inc),
+            _ => {}
         }
     }
 }

@@ -253,6 +253,39 @@ fn rollback_by_hand_of_a_stopped_gateway_does_not_start_it() {
     r.assert_one_gateway(&r.version);
 }
 
+/// Issue 22, item 7 (found by tests/overlap.rs): a `stop` while `update --rollback` restarts
+/// onto the old binary is the operator's: the old binary stays in place, nothing is started,
+/// and the rollback says so with exit 0. (Before: exit 1, "the rollback to 0.1.0 failed", and
+/// the transaction recorded `failed` with the old binary installed.)
+#[test]
+fn stop_during_a_rollbacks_restart_keeps_it_down() {
+    let (r, g) = rig("");
+    let config = "drain_timeout_s = 30\n[agent]\nbackend = \"echo\"\ndelay_ms = 2500\n[update]\nprobation_s = 1\n";
+    write_config(r.home.path(), config);
+    let b = r.release("9.9.9");
+    assert_cli(&r.update(&["--from", b.to_str().unwrap(), "--timeout", "30"]), 0, "update");
+    r.assert_one_gateway("9.9.9");
+    let run = send_bg(g.listen(), "B", "in flight");
+    wait_active(g.listen(), 1);
+    let (exe, home, tag) = (r.exe.clone(), r.home.path().to_path_buf(), r.sw.tag().to_owned());
+    let rollback = std::thread::spawn(move || {
+        cli_with(&exe, &home, &["update", "--rollback", "--timeout", "30"], &[(TAG_VAR, tag.as_str())], UPDATE_LIMIT)
+    });
+    // The rollback swapped the old binary back and its restart drains the run.
+    wait_state(&r.home, "draining", Duration::from_secs(20));
+    let stop = cli_with(&r.exe, r.home.path(), &["stop", "--timeout", "30"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
+    assert_cli(&stop, 0, "stop during the rollback's restart");
+    let back = rollback.join().unwrap();
+    let (resp, _) = run.join().unwrap();
+    assert_eq!(resp.expect("the run's connection").status, 200, "the run is drained, not cut");
+    assert!(wait_until(READY, || r.sw.tagged().is_empty()), "something is still running: {:?}", r.sw.tagged());
+    assert!(!r.home.lock_held(), "the gateway runs again after the stop\n{}", r.home.ledger_text());
+    assert_cli(&back, 0, "the rollback whose restart a stop overtook");
+    assert!(back.text_lc().contains("stays stopped"), "{back:#?}");
+    assert_eq!(r.txn()["phase"], json!("rolled_back"), "{}", r.txn());
+    assert_eq!(version_of(&r.exe), r.version, "the old binary is back in place");
+}
+
 /// Issue 22, item 6: a `stop` during an update's probation is not a failed probation: nothing
 /// is started again (the old binary is put back in place, unstarted), and the update says why.
 #[test]

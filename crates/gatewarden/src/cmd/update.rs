@@ -555,7 +555,16 @@ impl<'h> Updater<'h> {
             self.say(&format!("{} is back in place; not starting it: {}", t.from, r.describe()));
             return Ok(None);
         }
-        let s = self.restart_onto_swap(&t.from, self.timeout_s.max(30))?;
+        let s = match self.restart_onto_swap(&t.from, self.timeout_s.max(30)) {
+            Ok(s) => s,
+            // A stop recorded during the restart: the old file is in place, and the gateway
+            // stays down as the operator asked; not a failed rollback (issue 22, item 7).
+            Err(_) if let Some(r) = stopped(self.home) => {
+                self.say(&format!("{} is back in place; not starting it: {}", t.from, r.describe()));
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
         match s.version.as_deref() {
             Some(v) if v == t.from => Ok(Some(s)),
             v => Err(format!("after the swap back the gateway reports version {}", v.unwrap_or("?"))),
