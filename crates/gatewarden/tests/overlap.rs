@@ -247,13 +247,10 @@ impl Soak {
         let eb = Self::wait(b, rb);
         // A chat `/restart` is answered before it is carried out: its outcome line (the
         // backstop's result, or the start a stop prevented) ends it.
-        let chat = [&ea, &eb].into_iter().any(|e| e.verb == Verb::ChatRestart && e.out.contains("restarting"));
-        if chat {
-            wait_until(Duration::from_secs(20), || {
-                let ev = pair_events(&self.r.home);
-                named(&ev, "restart_backstop").iter().any(|x| x.get("ok").is_some())
-                    || named(&ev, "start_prevented").iter().any(|x| x["by"] == json!("restart"))
-            });
+        let chats =
+            [&ea, &eb].into_iter().filter(|e| e.verb == Verb::ChatRestart && e.out.contains("restarting")).count();
+        if chats > 0 {
+            wait_until(Duration::from_secs(20), || chat_outcomes(&pair_events(&self.r.home)).1 >= chats);
         }
         let settled = self.settle();
         watching.store(false, Ordering::Relaxed);
@@ -269,6 +266,13 @@ impl Soak {
         }
         self.check_state(&mut broken);
         one_at_a_time(&base_inc, &events, &mut broken);
+        let (asked, ended) = chat_outcomes(&events);
+        if asked < chats || ended < chats {
+            broken.push(format!(
+                "{chats} chat /restart answered \"restarting…\", but the ledger has {asked} `restart_requested` \
+                 from the chat and {ended} outcome(s) (`restart_backstop` result or `start_prevented`)"
+            ));
+        }
         for e in [&ea, &eb] {
             let other = if std::ptr::eq(e, &ea) { &eb } else { &ea };
             self.check_verb(e, other, &base_inc, &events, &mut broken);
@@ -413,17 +417,8 @@ impl Soak {
                     }
                 }
             }
-            (Verb::ChatRestart, Some(200)) if e.out.contains("restarting") => {
-                let asked =
-                    named(events, "restart_requested").iter().any(|x| x["requester"]["channel"] == json!("chat"));
-                let refused = named(events, "start_prevented").iter().any(|x| x["by"] == json!("restart"));
-                let outcome = named(events, "restart_backstop").iter().any(|x| x.get("ok").is_some());
-                if !asked {
-                    broken.push(format!("{v} answered {:?}, but no `restart_requested` from the chat", e.out));
-                } else if !outcome && !refused {
-                    broken.push(format!("{v}: no `restart_backstop` result and no `start_prevented`"));
-                }
-            }
+            // Checked for the pair as a whole (`chat_outcomes`).
+            (Verb::ChatRestart, Some(200)) if e.out.contains("restarting") => {}
             // No gateway to ask (stopped, or between incarnations): a refusal the client saw.
             (Verb::ChatRestart, None | Some(503)) => {}
             (Verb::Update | Verb::Rollback, Some(code @ (0 | 1))) => {
@@ -467,6 +462,16 @@ impl Soak {
             (_, code) => broken.push(format!("{v} exit {code:?}: {}", e.out.trim())),
         }
     }
+}
+
+/// Chat `/restart`s in the ledger: how many the gateway received (`restart_requested` from the
+/// chat), and how many ended (the backstop's result, or the restart a stop refused).
+fn chat_outcomes(events: &[Value]) -> (usize, usize) {
+    let asked =
+        named(events, "restart_requested").iter().filter(|x| x["requester"]["channel"] == json!("chat")).count();
+    let results = named(events, "restart_backstop").iter().filter(|x| x.get("ok").is_some()).count();
+    let refused = named(events, "start_prevented").iter().filter(|x| x["by"] == json!("restart")).count();
+    (asked, results + refused)
 }
 
 /// Never two gateways in the ledger: an incarnation writes `started` once it holds the lock
