@@ -13,6 +13,7 @@
 //!   rolled back (the old version back, or left stopped); `restart` 0 ⇒ a new incarnation ran;
 //!   `doctor --fix` never restarts a healthy gateway mid-handover; what runs is the installed
 //!   file, and the installed file is what the last transaction says;
+//! - a run in flight when the pair began (half the pairs, seeded) is drained, never cut;
 //! - every outcome is in the ledger, naming the verb's process (`stop_requested`,
 //!   `restart_result`, `update_result` / `update_refused`, `start_prevented`, …).
 //!
@@ -37,7 +38,7 @@ use work_common::*;
 /// Chat `/restart` needs an admin who came with the API token (docs/security.md).
 const TOKEN: &str = "t0k-0123456789abcdef";
 const CONFIG: &str = "api_token = \"t0k-0123456789abcdef\"\nadmins = [\"u\"]\n\
-                      [agent]\nbackend = \"echo\"\n[update]\nprobation_s = 1\n";
+                      [agent]\nbackend = \"echo\"\ndelay_ms = 1500\n[update]\nprobation_s = 1\n";
 /// What the baseline runs (installed by a real update from the pristine build), and what
 /// `update` installs.
 const BASE: &str = "7.7.7";
@@ -210,11 +211,11 @@ impl Soak {
     }
 
     /// One pair: A, then B `gap_ms` later; settle; check the promises. Failures are collected.
-    fn pair(&mut self, n: usize, a: Verb, b: Verb, gap_ms: u64) {
+    fn pair(&mut self, n: usize, a: Verb, b: Verb, gap_ms: u64, busy: bool) {
         self.reset();
-        let (_, base_inc, ..) = current_gateway(self.r.home.path()).expect("the baseline gateway");
+        let (_, base_inc, _, addr) = current_gateway(self.r.home.path()).expect("the baseline gateway");
         let marker = json!({"ts": rfc3339_offset(0), "event": "overlap_pair", "pair": [a.name(), b.name()],
-                            "gap_ms": gap_ms, "seed": self.seed, "n": n});
+                            "gap_ms": gap_ms, "busy": busy, "seed": self.seed, "n": n});
         let mut f = std::fs::OpenOptions::new().append(true).open(self.r.home.ledger()).unwrap();
         std::io::Write::write_all(&mut f, format!("{marker}\n").as_bytes()).unwrap();
         // Never two holders of the lock, sampled until everything settled.
@@ -238,6 +239,14 @@ impl Soak {
                 worst
             })
         };
+        // Half the pairs meet a run in flight: restarts and stops drain it (1.5 s, `delay_ms`), so the
+        // second verb lands in the middle of the first one's handover.
+        let run = busy.then(|| {
+            let api = Api::new(addr.expect("the baseline's address")).with_token(TOKEN);
+            let run = send_bg_as(&api, "B", "in flight");
+            wait_active_as(&api, 1);
+            run
+        });
         let t0 = Instant::now();
         let ra = self.launch(a);
         // The gap is the scenario (how far apart an operator's two commands are), not a wait.
@@ -266,6 +275,13 @@ impl Soak {
         }
         self.check_state(&mut broken);
         one_at_a_time(&base_inc, &events, &mut broken);
+        // The run in flight is drained, never cut, whatever the verbs did.
+        if let Some(run) = run {
+            match run.join().unwrap() {
+                (Ok(r), _) if r.status == 200 && r.json().is_ok_and(|v| v["reply"] == json!("in flight")) => {}
+                (r, took) => broken.push(format!("the run in flight was not drained ({took:?}): {r:?}")),
+            }
+        }
         let (asked, ended) = chat_outcomes(&events);
         if asked < chats || ended < chats {
             broken.push(format!(
@@ -281,9 +297,10 @@ impl Soak {
         // A chat request that got no answer says why.
         let why = |e: &Ended| if e.code.is_none() { format!(" [{}]", e.out.trim()) } else { String::new() };
         println!(
-            "pair {n:2} {:>12} → {:<12} gap {gap_ms:3} ms: {verdict} in {:.1}s (exit {:?}{} / {:?}{})",
+            "pair {n:2} {:>12} → {:<12} gap {gap_ms:3} ms{}: {verdict} in {:.1}s (exit {:?}{} / {:?}{})",
             a.name(),
             b.name(),
+            if busy { ", run in flight" } else { "" },
             took.as_secs_f64(),
             ea.code,
             why(&ea),
@@ -293,10 +310,11 @@ impl Soak {
         if !broken.is_empty() {
             let ledger: Vec<String> = events.iter().map(|e| e.to_string()).collect();
             let report = format!(
-                "pair {n} ({} then {} {gap_ms} ms later), seed {}; replay: GW_OVERLAP_SEED={} GW_OVERLAP_PAIR={},{}\n  \
+                "pair {n} ({} then {} {gap_ms} ms later{}), seed {}; replay: GW_OVERLAP_SEED={} GW_OVERLAP_PAIR={},{}\n  \
                  - {}\n  --- {} (exit {:?}):\n{}\n  --- {} (exit {:?}):\n{}\n  --- ledger of the pair:\n{}",
                 a.name(),
                 b.name(),
+                if busy { ", a run in flight" } else { "" },
                 self.seed,
                 self.seed,
                 a.name(),
@@ -494,7 +512,10 @@ fn one_at_a_time(base_inc: &str, events: &[Value], broken: &mut Vec<String>) {
 }
 
 /// The rounds' pairs: every ordered pair once per round, each round in its own seeded order.
-fn schedule(rng: &mut Rng, rounds: usize, only: Option<(Verb, Verb)>) -> Vec<(Verb, Verb, u64)> {
+/// One pair: A, B, the gap, and whether a run is in flight when A begins.
+type Pair = (Verb, Verb, u64, bool);
+
+fn schedule(rng: &mut Rng, rounds: usize, only: Option<(Verb, Verb)>) -> Vec<Pair> {
     let all: Vec<(Verb, Verb)> = VERBS.iter().flat_map(|&a| VERBS.iter().map(move |&b| (a, b))).collect();
     let mut out = Vec::new();
     while out.len() < rounds {
@@ -505,7 +526,7 @@ fn schedule(rng: &mut Rng, rounds: usize, only: Option<(Verb, Verb)>) -> Vec<(Ve
         for i in (1..round.len()).rev() {
             round.swap(i, rng.below(i as u64 + 1) as usize);
         }
-        out.extend(round.into_iter().map(|(a, b)| (a, b, rng.below(MAX_GAP_MS + 1))));
+        out.extend(round.into_iter().map(|(a, b)| (a, b, rng.below(MAX_GAP_MS + 1), rng.below(2) == 1)));
     }
     out.truncate(rounds);
     out
@@ -534,8 +555,8 @@ fn seeded_overlap_of_every_pair_of_verbs() {
     let mut soak = Soak { r, seed, base, next, base_txn, addr: None, failures: Vec::new() };
     let mut rng = Rng(seed);
     let t0 = Instant::now();
-    for (n, (a, b, gap)) in schedule(&mut rng, rounds, only).into_iter().enumerate() {
-        soak.pair(n, a, b, gap);
+    for (n, (a, b, gap, busy)) in schedule(&mut rng, rounds, only).into_iter().enumerate() {
+        soak.pair(n, a, b, gap, busy);
     }
     let _ = soak.cli(&["stop"]);
     println!(
@@ -549,4 +570,34 @@ fn seeded_overlap_of_every_pair_of_verbs() {
         soak.failures.len(),
         soak.failures.join("\n\n")
     );
+}
+
+/// Found by the soak (stop → start 90 ms later, a run in flight): `start` while a `stop` drains
+/// a run waits for that gateway to go and starts a new one, so the operator's last word holds.
+/// (Before: "already running: pid N" of the gateway being stopped, exit 0, and nothing ran.)
+#[test]
+fn start_during_a_stops_drain_starts_a_new_gateway() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    write_config(home.path(), "drain_timeout_s = 30\n[agent]\nbackend = \"echo\"\ndelay_ms = 2500\n");
+    let start = ["start", "--listen", "127.0.0.1:0", "--timeout", "20"];
+    assert_cli(&cli_tagged(&home, &sw, &start, Duration::from_secs(30)), 0, "start");
+    let (old, _, _, addr) = current_gateway(home.path()).expect("the started gateway");
+    let run = send_bg(addr.expect("its address"), "B", "in flight");
+    wait_active(addr.unwrap(), 1);
+    let stop = cli_bg(&home, &sw, &["stop", "--timeout", "30"], Duration::from_secs(40));
+    wait_state(&home, "draining", Duration::from_secs(10));
+    let again = cli_tagged(&home, &sw, &start, Duration::from_secs(40));
+    assert_cli(&stop.join().unwrap(), 0, "stop");
+    let (r, _) = run.join().unwrap();
+    assert_eq!(r.expect("the run's connection").status, 200, "the run is drained, not cut");
+    assert_cli(&again, 0, "start during the stop's drain");
+    assert!(again.stdout.contains("started gateway pid"), "{again:#?}");
+    let mut now = None;
+    must_wait_until(READY, "a new gateway running", || {
+        now = current_gateway(home.path()).filter(|g| g.2 == "running");
+        now.as_ref().is_some_and(|g| g.0 != old)
+    });
+    assert_eq!(home.read_json("desired_state.json").unwrap()["want"], json!("run"));
+    assert_cli(&cli_tagged(&home, &sw, &["stop"], Duration::from_secs(30)), 0, "stop at the end");
 }

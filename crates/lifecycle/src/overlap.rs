@@ -1,5 +1,6 @@
 //! Pure decisions for verbs that overlap in one home (issue 22, item 7): an executable swap
-//! (`update`, `update --rollback`) that meets a restart already under way.
+//! (`update`, `update --rollback`) that meets a restart already under way, and a `start` that
+//! meets a gateway on its way out.
 //!
 //! A restart's next incarnation runs the file that was at the executable's path when it was
 //! spawned. One spawned before a swap runs the replaced file, whatever the swap put there; the
@@ -19,6 +20,12 @@ pub const SWAP_MARGIN: Duration = Duration::from_millis(50);
 /// (`desired::in_flight_alive`). A home where nothing answers is quiet: nothing to join.
 pub fn restart_under_way(state: Option<&str>, in_flight_alive: bool) -> bool {
     in_flight_alive || state.is_some_and(|s| s != "running")
+}
+
+/// Whether a gateway that answers in `state` is leaving (draining or stopping, for a stop or a
+/// restart): not "already running" for a `start`, which waits for it to go or to hand over.
+pub fn leaving(state: Option<&str>) -> bool {
+    matches!(state, Some("draining" | "stopping" | "stopped"))
 }
 
 /// Whether the incarnation a restart ended with began before the swap `since_swap` ago (its
@@ -41,6 +48,16 @@ mod tests {
             assert!(restart_under_way(Some(s), false), "{s}");
         }
         assert!(restart_under_way(Some("running"), true), "a restart CLI has not asked yet");
+    }
+
+    #[test]
+    fn a_draining_or_stopping_gateway_is_leaving() {
+        for s in ["draining", "stopping", "stopped"] {
+            assert!(leaving(Some(s)), "{s}");
+        }
+        for s in [Some("running"), Some("starting"), None] {
+            assert!(!leaving(s), "{s:?}");
+        }
     }
 
     #[test]
