@@ -440,6 +440,11 @@ impl Soak {
             // No gateway to ask (stopped, or between incarnations): a refusal the client saw.
             (Verb::ChatRestart, None | Some(503)) => {}
             (Verb::Update | Verb::Rollback, Some(code @ (0 | 1))) => {
+                // The release is good and the baseline has a transaction to roll back: only the
+                // operator's stop, or another update or rollback, may keep either from happening.
+                if code == 1 && !matches!(other.verb, Verb::Stop | Verb::Update | Verb::Rollback) {
+                    broken.push(format!("{v} exit 1 though only `{}` overlapped it", other.verb.name()));
+                }
                 let refused = by_me("update_refused", "/requester/pid");
                 let results = by_me("update_result", "/requester_pid");
                 match (results.last(), refused.is_empty()) {
