@@ -37,6 +37,7 @@ use work_common::*;
 
 /// Chat `/restart` needs an admin who came with the API token (docs/security.md).
 const TOKEN: &str = "t0k-0123456789abcdef";
+const ADMIN: &str = "api_token = \"t0k-0123456789abcdef\"\nadmins = [\"u\"]\n";
 const CONFIG: &str = "api_token = \"t0k-0123456789abcdef\"\nadmins = [\"u\"]\n\
                       [agent]\nbackend = \"echo\"\ndelay_ms = 1500\n[update]\nprobation_s = 1\n";
 /// What the baseline runs (installed by a real update from the pristine build), and what
@@ -437,6 +438,18 @@ impl Soak {
             }
             // Checked for the pair as a whole (`chat_outcomes`).
             (Verb::ChatRestart, Some(200)) if e.out.contains("restarting") => {}
+            // The gateway was already leaving: it said so, and the ledger has the request.
+            (Verb::ChatRestart, Some(200)) if e.out.contains("already under way") || e.out.contains("is stopping") => {
+                let joined = named(events, "restart_requested")
+                    .iter()
+                    .any(|x| x["requester"]["channel"] == json!("chat") && x.get("joined").is_some());
+                if !joined {
+                    broken.push(format!("{v} answered {:?}, but no `restart_requested` (joined) from the chat", e.out));
+                }
+                if e.out.contains("is stopping") && !stop_in_pair {
+                    broken.push(format!("{v} was told the gateway is stopping, with no stop in the pair"));
+                }
+            }
             // No gateway to ask (stopped, or between incarnations): a refusal the client saw.
             (Verb::ChatRestart, None | Some(503)) => {}
             (Verb::Update | Verb::Rollback, Some(code @ (0 | 1))) => {
@@ -487,11 +500,13 @@ impl Soak {
     }
 }
 
-/// Chat `/restart`s in the ledger: how many the gateway received (`restart_requested` from the
-/// chat), and how many ended (the backstop's result, or the restart a stop refused).
+/// Chat `/restart`s in the ledger: how many the gateway took (`restart_requested` from the
+/// chat, not `joined` to a drain already under way), and how many ended (the backstop's result, or the restart a stop refused).
 fn chat_outcomes(events: &[Value]) -> (usize, usize) {
-    let asked =
-        named(events, "restart_requested").iter().filter(|x| x["requester"]["channel"] == json!("chat")).count();
+    let asked = named(events, "restart_requested")
+        .iter()
+        .filter(|x| x["requester"]["channel"] == json!("chat") && x.get("joined").is_none())
+        .count();
     let results = named(events, "restart_backstop").iter().filter(|x| x.get("ok").is_some()).count();
     let refused = named(events, "start_prevented").iter().filter(|x| x["by"] == json!("restart")).count();
     (asked, results + refused)
@@ -605,4 +620,34 @@ fn start_during_a_stops_drain_starts_a_new_gateway() {
     });
     assert_eq!(home.read_json("desired_state.json").unwrap()["want"], json!("run"));
     assert_cli(&cli_tagged(&home, &sw, &["stop"], Duration::from_secs(30)), 0, "stop at the end");
+}
+
+/// Found by the soak (stop → chat `/restart` 251 ms later, a run in flight): a chat `/restart`
+/// that reaches a gateway draining for a stop is told so and is in the ledger; the gateway
+/// stays down. (Before: "restarting…", no line in the ledger, and nothing restarted.)
+#[test]
+fn chat_restart_during_a_stops_drain_says_it_is_stopping() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let config = format!("{ADMIN}drain_timeout_s = 30\n[agent]\nbackend = \"echo\"\ndelay_ms = 2500\n");
+    write_config(home.path(), &config);
+    let start = ["start", "--listen", "127.0.0.1:0", "--timeout", "20"];
+    assert_cli(&cli_tagged(&home, &sw, &start, Duration::from_secs(30)), 0, "start");
+    let api = Api::new(current_gateway(home.path()).and_then(|g| g.3).expect("its address")).with_token(TOKEN);
+    let run = send_bg_as(&api, "B", "in flight");
+    wait_active_as(&api, 1);
+    let stop = cli_bg(&home, &sw, &["stop", "--timeout", "30"], Duration::from_secs(40));
+    wait_state(&home, "draining", Duration::from_secs(10));
+    let resp = api.send("ops", "u", "/restart").expect("the chat request");
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let reply = resp.json().unwrap()["reply"].as_str().unwrap_or_default().to_owned();
+    assert!(reply.contains("is stopping"), "{reply}");
+    assert_cli(&stop.join().unwrap(), 0, "stop");
+    assert_eq!(run.join().unwrap().0.expect("the run's connection").status, 200, "the run is drained");
+    assert!(wait_until(SETTLE, || sw.tagged().is_empty()), "still running: {:?}", sw.tagged());
+    assert!(!home.lock_held(), "the gateway runs again after the stop\n{}", home.ledger_text());
+    let joined: Vec<Value> =
+        home.events("restart_requested").into_iter().filter(|e| e["requester"]["channel"] == json!("chat")).collect();
+    assert_eq!(joined.len(), 1, "{}", home.ledger_text());
+    assert_eq!(joined[0]["joined"], json!("stop"), "{}", joined[0]);
 }
