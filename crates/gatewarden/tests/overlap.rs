@@ -38,7 +38,9 @@ use work_common::*;
 /// Chat `/restart` needs an admin who came with the API token (docs/security.md).
 const TOKEN: &str = "t0k-0123456789abcdef";
 const ADMIN: &str = "api_token = \"t0k-0123456789abcdef\"\nadmins = [\"u\"]\n";
-const CONFIG: &str = "api_token = \"t0k-0123456789abcdef\"\nadmins = [\"u\"]\n\
+/// `listen` on port 0: `update`'s preflight (`check`) binds the configured address, and a
+/// fixed port may be taken by anything else on the machine.
+const CONFIG: &str = "listen = \"127.0.0.1:0\"\napi_token = \"t0k-0123456789abcdef\"\nadmins = [\"u\"]\n\
                       [agent]\nbackend = \"echo\"\ndelay_ms = 1500\n[update]\nprobation_s = 1\n";
 /// What the baseline runs (installed by a real update from the pristine build), and what
 /// `update` installs.
