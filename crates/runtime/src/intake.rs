@@ -21,6 +21,15 @@ pub trait Intake: Send + Sync {
     fn journal(&self) -> &Arc<dyn Store>;
 }
 
+/// Delivers `m` unless the intake is sealed (`Gateway::seal_intake`, just before the home
+/// lock is released): a message that arrives after that is refused, so the platform keeps it
+/// for the next incarnation instead of it being journaled behind that one's recovery.
+pub fn deliver(gw: &Gateway, intake: &dyn Intake, adapter: &str, m: Inbound) -> Result<(), String> {
+    gw.with_intake(|| intake.deliver(gw, adapter, m)).unwrap_or_else(|| {
+        Err("the gateway is handing over: the platform keeps this message for the next incarnation".into())
+    })
+}
+
 /// Tells the platform host that an adapter's outbox has something (by adapter name).
 #[derive(Debug, Clone)]
 pub struct Wake(mpsc::UnboundedSender<String>);

@@ -382,10 +382,7 @@ impl GatewayHost {
 impl Host for GatewayHost {
     fn deliver(&self, adapter: &str, m: Inbound) -> Result<(), String> {
         let gw = self.gw()?;
-        let intake = self.intake()?;
-        gw.with_intake(|| intake.deliver(&gw, adapter, m)).unwrap_or_else(|| {
-            Err("the gateway is handing over: the platform keeps this message for the next incarnation".into())
-        })
+        crate::intake::deliver(&gw, &**self.intake()?, adapter, m)
     }
 
     fn outbox(&self, adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
