@@ -289,7 +289,7 @@ async fn a_signal_during_start_up_is_unexpected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_503_with_one_notice_per_chat_and_async_for_the_next_incarnation() {
     let (_dir, home) =
-        home_with(&format!("{ADMIN}drain_timeout_s = 60\n[agent]\nbackend = \"echo\"\ndelay_ms = 2000\n"));
+        home_with(&format!("{ADMIN}drain_timeout_s = 60\n[agent]\nbackend = \"echo\"\ndelay_ms = 3000\n"));
     let g = Gw::start(&home, Supervisor::External).await;
     let addr = g.addr.clone();
     let slow = tokio::spawn({
