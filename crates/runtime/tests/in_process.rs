@@ -451,3 +451,42 @@ async fn platform_intake_runs_while_running_queues_while_draining_and_is_sealed_
     assert!(sealed.as_ref().is_err_and(|e| e.contains("next incarnation")), "{sealed:?}");
     assert!(!journal.has_event("chat-x", "3").unwrap(), "nothing is journaled once sealed");
 }
+
+/// Chat commands over HTTP (was messages.rs's chat_commands_help_and_status and
+/// commands_need_an_admin_when_a_token_is_set): `/help` and `/status` are for everyone,
+/// answered at once and never runs; `/restart` and `/stop` from a non-admin are refused (403)
+/// and change nothing; an admin's `/stop` is answered, then a planned stop that records the
+/// operator's `stopped`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_commands_help_status_and_an_admins_stop() {
+    let (_dir, home) = home_with(&format!("{ADMIN}[agent]\nbackend = \"echo\"\n"));
+    let g = Gw::start(&home, Supervisor::External).await;
+    let inc = g.incarnation();
+
+    let v = send(&g.addr, "c", "anyone", "/help").await.body;
+    assert_eq!(v["command"], json!(true), "{v}");
+    let help = v["reply"].as_str().unwrap_or_default();
+    for c in ["/status", "/restart", "/stop", "/help"] {
+        assert!(help.contains(c), "/help should list {c}: {help:?}");
+    }
+    let v = send(&g.addr, "c", "anyone", "/status").await.body;
+    let st = v["reply"].as_str().unwrap_or_default();
+    assert!(st.contains(&inc) && st.contains("running"), "/status should name {inc} and `running`: {st:?}");
+    let runs = g.app.work.metrics.ok.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(runs, 0, "commands are not runs");
+
+    for cmd in ["/restart", "/stop", "/update"] {
+        let r = send(&g.addr, "chat", "mallory", cmd).await;
+        assert_eq!(r.status, 403, "{cmd} from a non-admin: {}", r.body);
+    }
+    assert!(events(&home, "restart_requested").is_empty() && events(&home, "stop_requested").is_empty());
+    assert_eq!(g.app.phase.get(), GatewayState::Running);
+
+    let r = send(&g.addr, "chat", "u-s", "/stop").await;
+    assert_eq!((r.status, &r.body["reply"]), (200, &json!("stopping…")), "{}", r.body);
+    let o = g.outcome().await;
+    assert_eq!(o.intent, ExitIntent::PlannedStop, "{}", o.reason);
+    let req = events(&home, "stop_requested");
+    assert_eq!(req.len(), 1);
+    assert_eq!((&req[0]["requester"]["channel"], &req[0]["want"]), (&json!("chat"), &json!("stopped")), "{}", req[0]);
+}
