@@ -431,6 +431,17 @@ async fn platform_intake_runs_while_running_queues_while_draining_and_is_sealed_
     .await;
     // A redelivery is taken once.
     deliver(&g.app, inbound("1", "hello")).await.unwrap();
+    // Commands are answered through the outbox; this platform lists no admins, so `/restart`
+    // is refused (once: a redelivery is not answered again) and nothing restarts.
+    deliver(&g.app, inbound("s", "/status")).await.unwrap();
+    deliver(&g.app, inbound("r", "/restart")).await.unwrap();
+    deliver(&g.app, inbound("r", "/restart")).await.unwrap();
+    let texts: Vec<String> = journal.outbox_pending("chat-x", 10).unwrap().into_iter().map(|o| o.text).collect();
+    assert_eq!(texts.iter().filter(|t| *t == "hello").count(), 1, "{texts:?}");
+    assert!(texts.iter().any(|t| t.starts_with("gatewarden ") && t.contains("running")), "{texts:?}");
+    let refused: Vec<&String> = texts.iter().filter(|t| t.contains("is for this platform's admins")).collect();
+    assert_eq!(refused.len(), 1, "{texts:?}");
+    assert!(events(&home, "restart_requested").is_empty());
 
     let slow = tokio::spawn({
         let addr = g.addr.clone();
