@@ -62,6 +62,6 @@ impl Reexec {
     pub fn exec(self) -> std::io::Error {
         let mut cmd = std::process::Command::new(&self.exe);
         cmd.args(&self.args);
-        crate::spawn::exec_in_place(cmd, self.listener)
+        gatewarden_lifecycle::platform::spawn::exec_in_place(cmd, self.listener)
     }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use gatewarden_agent::Store;
+use gatewarden_journal::Store;
 use gatewarden_platforms::Inbound;
 use tokio::sync::mpsc;
 

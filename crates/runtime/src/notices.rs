@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gatewarden_agent::Store;
+use gatewarden_journal::Store;
 use gatewarden_lifecycle::{fsio, timefmt};
 use serde_json::{Value, json};
 

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gatewarden_agent::ClusterConfig;
 use gatewarden_cluster::PgStore;
+use gatewarden_config::ClusterConfig;
 use gatewarden_lifecycle::{Home, Supervisor};
 
 /// The environment variable tagging every process an agent run starts.
@@ -71,7 +71,7 @@ pub struct ResolvedOptions {
     /// `[cluster]`: compete for the lease; `None` = always active.
     pub cluster: Option<ClusterSettings>,
     /// The executable that successors and restart backstops run; `None`: this one
-    /// (`spawn::self_exe`). An in-process test points it at a harmless program.
+    /// (`gatewarden_lifecycle::platform::spawn::self_exe`). An in-process test points it at a harmless program.
     pub exe: Option<std::path::PathBuf>,
     pub opts: RunOptions,
 }
@@ -81,7 +81,7 @@ impl ResolvedOptions {
     pub fn exe(&self) -> std::io::Result<std::path::PathBuf> {
         match &self.exe {
             Some(p) => Ok(p.clone()),
-            None => crate::spawn::self_exe(),
+            None => gatewarden_lifecycle::platform::spawn::self_exe(),
         }
     }
 }

@@ -24,7 +24,7 @@ use serde_json::json;
 use crate::cause::{Outcome, Reexec};
 use crate::gateway::Gateway;
 use crate::options::{RUN_TAG, ResolvedOptions};
-use crate::spawn;
+use gatewarden_lifecycle::platform::spawn;
 
 /// The channel of the one requester that verifies the restart by itself.
 pub const VERIFYING_CHANNEL: &str = "cli";

@@ -19,9 +19,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gatewarden_agent::journal::{Kind, NewMessage};
-use gatewarden_agent::{Agent, AgentError, AgentRequest, JournalError, Store, Turn};
+use gatewarden_agent::{Agent, AgentError, AgentRequest, Turn};
 use gatewarden_control::Requester;
+use gatewarden_journal::{JournalError, Kind, NewMessage, Store};
+use gatewarden_lifecycle::platform::spawn;
 use gatewarden_lifecycle::records::GatewayState;
 use gatewarden_platforms::Inbound;
 use serde_json::json;
@@ -119,12 +120,12 @@ pub struct Work {
     pub admins: Admins,
     pub api_token: Option<String>,
     /// The listener's limits and accepted `Host` names.
-    pub http: gatewarden_agent::config::HttpConfig,
+    pub http: gatewarden_config::HttpConfig,
     /// Whether `Host` headers are checked: always on a loopback listener (DNS rebinding), and
     /// on another listener once `[http] allowed_hosts` names its public names.
     pub host_check: bool,
     /// Retention of finished journal rows.
-    pub retention: gatewarden_agent::config::JournalConfig,
+    pub retention: gatewarden_config::JournalConfig,
     pub model: String,
     pub metrics: Metrics,
     pub notices: Notices,
@@ -150,7 +151,7 @@ impl Work {
     pub fn new(
         agent: Box<dyn Agent>,
         journal: Arc<dyn Store>,
-        config: &gatewarden_agent::Config,
+        config: &gatewarden_config::Config,
         loopback: bool,
         platform_admins: std::collections::BTreeMap<String, Vec<String>>,
         wake: Wake,
@@ -374,7 +375,7 @@ impl Work {
         let Some(source) = &self.update_source else {
             return "no release to install: set [update] source in config.toml".into();
         };
-        let Ok(exe) = crate::spawn::self_exe() else { return "cannot locate the gatewarden executable".into() };
+        let Ok(exe) = spawn::self_exe() else { return "cannot locate the gatewarden executable".into() };
         let mut cmd = std::process::Command::new(exe);
         cmd.arg("--home").arg(gw.home.dir()).args(["update", "--from", source, "--chat", chat_id]);
         if let Some(p) = platform {
@@ -383,7 +384,7 @@ impl Work {
         // Not one of our runs: the next incarnation's sweep must not kill it.
         cmd.env_remove(crate::options::RUN_TAG);
         cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
-        crate::spawn::detach(&mut cmd, None);
+        spawn::detach(&mut cmd, None);
         match cmd.spawn() {
             Ok(child) => {
                 gw.record(

@@ -426,8 +426,8 @@ mod tests {
     async fn fixture() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let home = gatewarden_lifecycle::Home::at(dir.path());
-        let config = gatewarden_agent::Config::default();
-        let journal = Arc::new(gatewarden_agent::Journal::open_in(dir.path()).unwrap());
+        let config = gatewarden_config::Config::default();
+        let journal = Arc::new(gatewarden_journal::Journal::open_in(dir.path()).unwrap());
         let (wake, wakes) = crate::intake::Wake::channel();
         let work = Arc::new(crate::worker::Work::new(
             gatewarden_agent::build_agent(&config.agent),
