@@ -59,7 +59,7 @@ pub fn launch(
             return Ok(ExitCode::from(1));
         }
     };
-    if let Some(code) = already_running(&home, report)? {
+    if let Some(code) = already_running(&home, report, Instant::now() + Duration::from_secs(timeout_s))? {
         return Ok(code);
     }
     // An explicit start clears a supervisor's park: the operator has decided.
@@ -142,7 +142,7 @@ pub fn launch(
                 // Lost the lock race to a concurrent start (issue 22, item 7): that gateway
                 // runs, which is what was asked.
                 if status.code() == Some(i32::from(ExitIntent::FatalConfig.code()))
-                    && let Some(code) = already_running(&home, report)?
+                    && let Some(code) = already_running(&home, report, deadline)?
                 {
                     return Ok(code);
                 }
@@ -165,8 +165,9 @@ pub fn launch(
 }
 
 /// `Some(0)` with the "already running" line when a gateway runs (or holds the lock silently).
-fn already_running(home: &Home, report: Report) -> crate::Result<Option<ExitCode>> {
-    match settled_presence(home) {
+/// One on its way out is waited for until `until` (`settled_presence`).
+fn already_running(home: &Home, report: Report, until: Instant) -> crate::Result<Option<ExitCode>> {
+    match settled_presence(home, until) {
         Settled::Answering(s) => {
             report.line(&format!(
                 "already running: pid {} on http://{}",
@@ -245,8 +246,12 @@ enum Settled {
 /// (a gateway still starting, or a SIGKILLed one whose threads are still exiting).
 const SETTLE: Duration = Duration::from_secs(3);
 
-fn settled_presence(home: &Home) -> Settled {
-    let deadline = Instant::now() + SETTLE;
+/// A gateway that answers while it leaves (the drain of a stop or of a restart) is not running:
+/// it is waited for, until `until`, to go (then this start starts one) or to hand over to a
+/// successor that answers (issue 22, item 7: a `start` right after a `stop` said "already
+/// running" of the gateway that stop was draining, and nothing ran afterwards).
+fn settled_presence(home: &Home, until: Instant) -> Settled {
+    let mut deadline = Instant::now() + SETTLE;
     let ep = Endpoint::for_home(home.dir());
     loop {
         match presence(home, "start") {
@@ -256,7 +261,10 @@ fn settled_presence(home: &Home) -> Settled {
         }
         let left = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(500));
         if let Ok(s) = Client::connect(&ep, left).and_then(|mut c| c.status(left)) {
-            return Settled::Answering(Box::new(s));
+            if !gatewarden_lifecycle::overlap::leaving(s.state.as_deref()) || Instant::now() >= until {
+                return Settled::Answering(Box::new(s));
+            }
+            deadline = Instant::now() + SETTLE;
         }
         if Instant::now() >= deadline {
             return gatewarden_lifecycle::holder::foreign_holder(home).map_or(Settled::Silent, Settled::Foreign);

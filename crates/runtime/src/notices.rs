@@ -58,6 +58,11 @@ impl Notices {
         self.restarting.store(restarting, Ordering::Relaxed);
     }
 
+    /// Whether this drain ends in a restart (set when the main loop decides).
+    pub fn restarting(&self) -> bool {
+        self.restarting.load(Ordering::Relaxed)
+    }
+
     /// A new drain: every chat is told again.
     pub fn reset_for_drain(&self) {
         self.noticed.lock().unwrap_or_else(|p| p.into_inner()).clear();

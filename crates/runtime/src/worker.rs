@@ -348,6 +348,21 @@ impl Work {
                     s.uptime_s.unwrap_or(0.0)
                 ))
             }
+            // Already leaving (a drain for a stop or a restart): the main loop no longer takes
+            // requests, so the reply says what happens instead, and the ledger has it (issue 22,
+            // item 7: "restarting…" was answered, and nothing was recorded or done).
+            Command::Restart if gw.phase.get() != GatewayState::Running => {
+                let joined = if self.notices.restarting() { "restart" } else { "stop" };
+                let who = json!({"pid": requester.pid, "argv": requester.argv, "channel": requester.channel});
+                gw.record("restart_requested", json!({"requester": who, "reason": "restart", "joined": joined}));
+                reply(
+                    match joined {
+                        "restart" => "a restart is already under way",
+                        _ => "the gateway is stopping; it will not restart (start it again with `gatewarden start`)",
+                    }
+                    .into(),
+                )
+            }
             Command::Restart => {
                 notices::record_restart_requester(gw.home.dir(), chat_id, user_id, platform, &gw.me.id);
                 CommandReply {
