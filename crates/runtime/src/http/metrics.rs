@@ -8,9 +8,9 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
-use crate::gateway::Gateway;
+use crate::app::App;
 
-pub async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
+pub async fn metrics(State(gw): State<Arc<App>>) -> Response {
     let m = &gw.work.metrics;
     let counts = gw.work.with_journal(|j| j.counts()).await.ok();
     let mut out = String::with_capacity(1024);
@@ -51,8 +51,8 @@ pub async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
 }
 
 /// Per chat-platform adapter gauges and counters (crates/runtime/src/platforms.rs).
-async fn platform_metrics(gw: &Arc<Gateway>, out: &mut String) {
-    let snaps = gw.work.platforms().snapshots();
+async fn platform_metrics(gw: &Arc<App>, out: &mut String) {
+    let snaps = gw.platforms.snapshots();
     if snaps.is_empty() {
         return;
     }
