@@ -10,7 +10,8 @@ pub mod config;
 pub mod journal;
 
 pub use backend::{
-    Agent, AgentError, AgentFuture, AgentReply, AgentRequest, Turn, build_agent, build_agent_with_env, within_budget,
+    Agent, AgentError, AgentFuture, AgentReply, AgentRequest, ProviderEvent, ProviderStatus, Turn, Usage, build_agent,
+    build_agent_with_env, within_budget,
 };
-pub use config::{AgentConfig, BackendKind, ClusterConfig, Config, ConfigError, EX_CONFIG};
+pub use config::{AgentConfig, BackendKind, ClusterConfig, Config, ConfigError, EX_CONFIG, ProviderConfig};
 pub use journal::{Journal, JournalError, Store};
