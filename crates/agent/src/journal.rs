@@ -45,7 +45,7 @@ pub const MAX_ATTEMPTS: i64 = 2;
 /// Reason recorded for a message whose run was interrupted on both attempts.
 pub const REASON_INTERRUPTED_TWICE: &str = "interrupted twice";
 
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 /// Why a journal operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -257,6 +257,9 @@ impl Journal {
         if version < 2 {
             migrate_to_2(&conn).map_err(wrap)?;
         }
+        if version < 3 {
+            migrate_to_3(&conn).map_err(wrap)?;
+        }
         // The readers' connection: the file is WAL already; `query_only` keeps every write on
         // the writer's connection, where it is batched and fsynced.
         let read = Connection::open_with_flags(path, open_flags()).map_err(wrap)?;
@@ -353,20 +356,46 @@ impl Journal {
     /// A message that came from a chat platform also queues its reply in the outbox, in the
     /// same transaction: a reply is never lost between the two, nor queued twice.
     pub fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError> {
+        self.complete_with_usage(id, incarnation, reply, None)
+    }
+
+    /// [`Journal::complete`], recording the run's `(prompt, completion)` tokens with it.
+    pub fn complete_with_usage(
+        &self,
+        id: &str,
+        incarnation: &str,
+        reply: &str,
+        usage: Option<(u64, u64)>,
+    ) -> Result<bool, JournalError> {
         let (id, incarnation, reply) = (id.to_owned(), incarnation.to_owned(), reply.to_owned());
+        let tokens = |f: fn((u64, u64)) -> u64| usage.map(|u| i64::try_from(f(u)).unwrap_or(i64::MAX));
+        let (prompt, completion) = (tokens(|u| u.0), tokens(|u| u.1));
         self.write(move |conn| {
             let now = now_rfc3339();
             let n = conn
                 .prepare_cached(
-                    "UPDATE messages SET state = 'done', reply = ?3, reason = NULL, updated_at = ?4
+                    "UPDATE messages SET state = 'done', reply = ?3, reason = NULL, updated_at = ?4,
+                                     prompt_tokens = ?5, completion_tokens = ?6
                  WHERE id = ?1 AND state = 'running' AND incarnation = ?2",
                 )?
-                .execute(params![id, incarnation, reply, now])?;
+                .execute(params![id, incarnation, reply, now, prompt, completion])?;
             if n == 1 {
                 queue_reply(conn, &id, &reply, &now)?;
             }
             Ok(n == 1)
         })
+    }
+
+    /// The `(prompt, completion)` tokens recorded with a run, if any.
+    pub fn usage(&self, id: &str) -> Result<Option<(u64, u64)>, JournalError> {
+        let conn = self.read();
+        let row: Option<(Option<i64>, Option<i64>)> = conn
+            .query_row("SELECT prompt_tokens, completion_tokens FROM messages WHERE id = ?1", params![id], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        let tokens = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
+        Ok(row.and_then(|(p, c)| Some((tokens(p)?, tokens(c).unwrap_or(0)))))
     }
 
     /// `running → failed` with a reason, only if `incarnation` owns the run. A platform
@@ -670,6 +699,18 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn accept_command(&self, msg: &NewMessage, reply: &str) -> Result<String, JournalError>;
     fn claim(&self, id: &str, incarnation: &str) -> Result<bool, JournalError>;
     fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError>;
+    /// `complete` with the run's `(prompt, completion)` tokens; a store without a place for
+    /// them completes the run without.
+    fn complete_with_usage(
+        &self,
+        id: &str,
+        incarnation: &str,
+        reply: &str,
+        usage: Option<(u64, u64)>,
+    ) -> Result<bool, JournalError> {
+        let _ = usage;
+        self.complete(id, incarnation, reply)
+    }
     fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError>;
     fn accept_inbound(&self, platform: &str, event_id: &str, msg: &NewMessage) -> Result<Option<String>, JournalError>;
     fn accept_inbound_command(
@@ -711,6 +752,15 @@ impl Store for Journal {
     }
     fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError> {
         Journal::complete(self, id, incarnation, reply)
+    }
+    fn complete_with_usage(
+        &self,
+        id: &str,
+        incarnation: &str,
+        reply: &str,
+        usage: Option<(u64, u64)>,
+    ) -> Result<bool, JournalError> {
+        Journal::complete_with_usage(self, id, incarnation, reply, usage)
     }
     fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError> {
         Journal::fail(self, id, incarnation, reason)
@@ -1155,6 +1205,30 @@ fn migrate_to_2(conn: &Connection) -> rusqlite::Result<()> {
                  PRIMARY KEY (platform, chat_id)
              );
              PRAGMA user_version = 2;",
+        )
+    };
+    match migrate() {
+        Ok(()) => conn.execute_batch("COMMIT"),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// Schema 3 (issue 17): the tokens a run used, when its upstream reported them. Same locking
+/// as [`migrate_to_2`].
+fn migrate_to_3(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let migrate = || -> rusqlite::Result<()> {
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if version >= 3 {
+            return Ok(());
+        }
+        conn.execute_batch(
+            "ALTER TABLE messages ADD COLUMN prompt_tokens INTEGER;
+             ALTER TABLE messages ADD COLUMN completion_tokens INTEGER;
+             PRAGMA user_version = 3;",
         )
     };
     match migrate() {
@@ -1762,8 +1836,26 @@ mod tests {
         assert_eq!(j.recover("x").unwrap(), vec!["old".to_owned()]);
         assert_eq!(j.get("old").unwrap().unwrap().platform, None);
         assert!(j.accept_inbound("tg", "1", &msg("new")).unwrap().is_some());
+        // Schema 3: the run's tokens go in with its reply.
+        assert!(j.claim("old", "x").unwrap());
+        assert!(j.complete_with_usage("old", "x", "r", Some((12, 5))).unwrap());
+        assert_eq!(j.usage("old").unwrap(), Some((12, 5)));
         drop(j);
-        Journal::open(&path).unwrap();
+        let j = Journal::open(&path).unwrap();
+        assert_eq!(j.usage("old").unwrap(), Some((12, 5)));
+        let v: i64 = j.read().pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn a_run_without_usage_records_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open_in(dir.path()).unwrap();
+        let id = j.accept(&msg("m")).unwrap();
+        assert!(j.claim(&id, "i").unwrap());
+        assert!(j.complete(&id, "i", "r").unwrap());
+        assert_eq!(j.usage(&id).unwrap(), None);
+        assert_eq!(j.usage("nope").unwrap(), None);
     }
 
     #[test]
