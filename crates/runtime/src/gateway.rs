@@ -287,6 +287,24 @@ impl Gateway {
         }
     }
 
+    /// The agent's upstream providers for `status` (`None` when the backend has none).
+    fn provider_statuses(&self) -> Option<Vec<gatewarden_control::proto::ProviderStatus>> {
+        let ps = self.work.agent.providers();
+        let unix = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs());
+        (!ps.is_empty()).then(|| {
+            ps.into_iter()
+                .map(|p| gatewarden_control::proto::ProviderStatus {
+                    name: p.name,
+                    state: p.state,
+                    reason: p.reason,
+                    until: p.until.and_then(unix),
+                    attempts: p.attempts,
+                    failures: p.failures,
+                })
+                .collect()
+        })
+    }
+
     pub fn status(&self) -> StatusReport {
         let mut files = std::collections::BTreeMap::new();
         files.insert("pid".into(), "ok".into());
@@ -308,6 +326,7 @@ impl Gateway {
             supervisor: Some(self.supervisor.as_str().into()),
             active_runs: Some(self.runs.active()),
             control: Some(self.control.clone()),
+            providers: self.provider_statuses(),
             files,
             extra: {
                 let mut extra = extra;
