@@ -318,3 +318,35 @@ fn supervise_launched_by_a_manager_obeys_a_recorded_stop() {
     send_signal(by_hand.id(), sig::SIGTERM).unwrap();
     assert_eq!(wait_child(&mut by_hand, EXIT), Some(0));
 }
+
+/// Issue 22, item 2: a home holding `gateway.pid`/`gateway_state.json` copied from another home
+/// whose gateway is alive. This home's lock is free (or its lock file was never made), so that
+/// process is not this home's gateway: `status` and `stop` heal the records and say so, and
+/// nobody is signalled.
+#[test]
+fn a_copied_record_naming_a_live_gateway_is_healed_never_signalled() {
+    let sw = Sweeper::new();
+    let source = TempHome::new();
+    start_cli(&source, &sw);
+    let (pid, ..) = current_gateway(source.path()).expect("the source gateway");
+    for with_lock in [false, true] {
+        let copy = TempHome::new();
+        for f in ["gateway.pid", "gateway_state.json"] {
+            std::fs::copy(source.path().join(f), copy.path().join(f)).unwrap();
+        }
+        if with_lock {
+            std::fs::copy(source.path().join("gateway.lock"), copy.path().join("gateway.lock")).unwrap();
+        }
+        let verb = if with_lock { "stop" } else { "status" };
+        let out = run_cli(&copy, &[verb]);
+        let expect = if with_lock { 0 } else { 3 };
+        assert_eq!(out.code, Some(expect), "{verb} with the lock file {with_lock}: {out:#?}");
+        assert!(out.text_lc().contains("gateway.pid"), "{verb} does not say what it healed: {out:#?}");
+        for f in ["gateway.pid", "gateway_state.json"] {
+            assert!(!copy.path().join(f).exists(), "{verb} left the copied {f}: {out:#?}");
+        }
+        assert!(copy.ledger_text().contains("stale_cleaned"), "{}", copy.ledger_text());
+        assert_eq!(current_gateway(source.path()).map(|g| g.0), Some(pid), "the source gateway was touched");
+    }
+    assert_cli(&run_cli(&source, &["stop"]), 0, "stop the source");
+}

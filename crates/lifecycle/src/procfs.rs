@@ -35,6 +35,44 @@ pub fn cgroup_service(text: &str) -> Option<(String, bool)> {
     Some((unit.to_owned(), user))
 }
 
+/// The mappings of `exe` in a `/proc/<pid>/smaps` text whose pages are all clean copies of the
+/// file: private, not writable, no anonymous (copied-on-write) page. Dropping such a mapping's
+/// pages loses nothing; the kernel maps them again from the page cache when they run. The
+/// relocated read-only data (RELRO) holds anonymous pages and is never listed. `(start, len)`.
+pub fn clean_file_mappings(smaps: &str, exe: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    // The mapping being read: its range, and whether it still qualifies.
+    let mut current: Option<(usize, usize, bool)> = None;
+    let flush = |c: Option<(usize, usize, bool)>, out: &mut Vec<(usize, usize)>| {
+        if let Some((start, end, true)) = c {
+            out.push((start, end - start));
+        }
+    };
+    for line in smaps.lines() {
+        let mut f = line.split_ascii_whitespace();
+        let first = f.next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-').filter(|_| !first.ends_with(':')) {
+            flush(current.take(), &mut out);
+            let (Ok(start), Ok(end)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else { continue };
+            let perms = f.next().unwrap_or("");
+            // Skip offset, device and inode; the rest is the path (which may hold spaces).
+            let path = line.splitn(6, |c: char| c.is_ascii_whitespace()).nth(5).unwrap_or("").trim_start();
+            let ok =
+                end > start && perms.len() == 4 && perms.as_bytes()[1] == b'-' && perms.ends_with('p') && path == exe;
+            current = Some((start, end, ok));
+        } else if let Some(c) = current.as_mut() {
+            let kib = f.next().and_then(|v| v.parse::<u64>().ok());
+            // Not `Private_Dirty`: a file just written (a fresh build) has dirty page-cache pages,
+            // which are still the file's.
+            if matches!(first, "Anonymous:" | "Swap:") && kib != Some(0) {
+                c.2 = false;
+            }
+        }
+    }
+    flush(current, &mut out);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,5 +111,35 @@ mod tests {
         assert_eq!(cgroup_service("0::/user.slice/user-0.slice/user@0.service/init.scope\n"), None);
         assert_eq!(cgroup_service("0::/\n"), None);
         assert_eq!(cgroup_service("junk"), None);
+    }
+
+    #[test]
+    fn clean_mappings_of_the_executable_only() {
+        let t = "\
+55ec78c84000-55ec78e1b000 r--p 00000000 fe:00 5654265                    /opt/gw bin/gatewarden
+Rss:                 816 kB
+Private_Dirty:         0 kB
+Anonymous:             0 kB
+Swap:                  0 kB
+55ec78e1b000-55ec79510000 r-xp 00196000 fe:00 5654265                    /opt/gw bin/gatewarden
+Anonymous:             0 kB
+55ec79510000-55ec7953e000 r--p 0088a000 fe:00 5654265                    /opt/gw bin/gatewarden
+Private_Dirty:       184 kB
+Anonymous:           184 kB
+55ec7953e000-55ec79543000 rw-p 008b7000 fe:00 5654265                    /opt/gw bin/gatewarden
+Anonymous:             0 kB
+7f0000000000-7f0000001000 r-xp 00000000 fe:00 1                          /usr/lib/libc.so.6
+Anonymous:             0 kB
+7f0000002000-7f0000003000 r-xp 00000000 fe:00 1                          /opt/gw bin/gatewarden (deleted)
+Anonymous:             0 kB
+garbage line
+";
+        assert_eq!(
+            clean_file_mappings(t, "/opt/gw bin/gatewarden"),
+            vec![(0x55ec78c84000, 0x197000), (0x55ec78e1b000, 0x6f5000)]
+        );
+        assert_eq!(clean_file_mappings(t, "/opt/gw bin/gatewarden (deleted)"), vec![(0x7f0000002000, 0x1000)]);
+        assert!(clean_file_mappings("", "/x").is_empty());
+        assert!(clean_file_mappings("zz-yy r-xp 0 0 0 /x\nAnonymous: 0 kB\n", "/x").is_empty());
     }
 }

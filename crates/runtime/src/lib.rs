@@ -435,6 +435,9 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
     }
     // A marker may have landed before the watch was set up.
     let _ = tx.send(Cause::MarkerChanged);
+    // Start-up is over: its code pages (config, migrations, TLS roots, clap) need not stay
+    // mapped in an idle gateway; what runs again is mapped again (README "Memory").
+    gatewarden_lifecycle::platform::release_startup_pages();
 
     let decision = loop {
         let cause = tokio::select! {

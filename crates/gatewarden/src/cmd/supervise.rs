@@ -53,6 +53,9 @@ pub struct SuperviseArgs {
     /// Internal (tests): first crash backoff in milliseconds
     #[arg(long, hide = true, default_value_t = 100)]
     pub backoff_ms: u64,
+    /// Internal (tests): the longest crash backoff, also every braked restart's, in milliseconds
+    #[arg(long, hide = true, default_value_t = 30_000)]
+    pub max_backoff_ms: u64,
 }
 
 pub fn supervise(home: &Home, args: SuperviseArgs) -> anyhow::Result<ExitCode> {
@@ -119,6 +122,7 @@ impl Supervisor {
     fn new(home: Home, args: SuperviseArgs, tx: Sender<Event>) -> Supervisor {
         let policy = SupervisePolicy {
             initial_backoff: Duration::from_millis(args.backoff_ms),
+            max_backoff: Duration::from_millis(args.max_backoff_ms),
             brake_window: Duration::from_secs(args.brake_window_s),
             brake_max_restarts: args.brake_restarts,
             ..SupervisePolicy::default()
@@ -226,6 +230,12 @@ impl Supervisor {
                 Action::RestartNow => log(&format!("gateway pid {pid} asked for a restart ({exit}): restarting")),
                 Action::Restart { backoff } => {
                     log(&format!("gateway pid {pid} ended ({exit}): restarting in {} ms", backoff.as_millis()));
+                    // Where `status` and `doctor` read a crash loop's next restart (as under systemd).
+                    let _ = self.ledger.append(
+                        "crash_backoff",
+                        json!({"crashes": history.consecutive_crashes.saturating_add(1), "exit": exit.to_string(),
+                               "delay_ms": u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX), "by": "supervise"}),
+                    );
                     if let Some(why) = self.pause(rx, backoff) {
                         log(&format!("stop requested ({why}) during backoff; exiting"));
                         return 0;

@@ -29,6 +29,8 @@
 //! - `is_stopped(pid: u32) -> Option<bool>`: whether a process is stopped (SIGSTOP, traced)
 //! - `port_listeners(port: u16) -> Vec<PortListener>`: who listens on a TCP port, where the OS
 //!   tells
+//! - `release_startup_pages() -> usize`: drop the clean code pages start-up touched from our
+//!   page tables once the gateway is ready (Linux; 0 elsewhere)
 
 #[cfg_attr(target_os = "linux", path = "linux.rs")]
 #[cfg_attr(target_os = "macos", path = "macos.rs")]

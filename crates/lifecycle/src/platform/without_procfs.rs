@@ -18,3 +18,8 @@ pub fn is_stopped(_pid: u32) -> Option<bool> {
 pub fn port_listeners(_port: u16) -> Vec<super::PortListener> {
     Vec::new()
 }
+
+/// Only Linux is known to keep start-up code pages mapped after their use (fault-around).
+pub fn release_startup_pages() -> usize {
+    0
+}

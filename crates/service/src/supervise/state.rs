@@ -21,7 +21,8 @@ pub const PARKED_STATE_FILE: &str = "supervise_state.json";
 pub enum ParkKind {
     /// The gateway exited 78.
     FatalConfig,
-    /// The crash-loop brake tripped.
+    /// The crash-loop brake tripped (written by versions before the brake kept retrying at the
+    /// cap; still read, reported and cleared).
     CrashLoop,
 }
 

@@ -14,8 +14,8 @@ fn exit() -> impl Strategy<Value = ChildExit> {
 }
 
 proptest! {
-    /// decide never panics, backoff never exceeds the cap, and the brake holds: no sequence of
-    /// exits gets more than `brake_max_restarts` restarts inside one window.
+    /// decide never panics, backoff never exceeds the cap, a crash never parks, and the brake
+    /// holds: past `brake_max_restarts` restarts inside one window, a crash waits the cap.
     #[test]
     fn supervise_policy_is_total_and_bounded(
         steps in proptest::collection::vec((exit(), 0u64..120_000), 1..60),
@@ -26,10 +26,12 @@ proptest! {
         let mut restart_times: Vec<Duration> = Vec::new();
         for (e, gap_ms) in steps {
             now += Duration::from_millis(gap_ms);
+            let braked = h.restarts_within(p.brake_window, now) >= p.brake_max_restarts;
             match p.decide(e, &h, now) {
                 Action::Restart { backoff } => {
                     prop_assert!(backoff <= p.max_backoff);
                     prop_assert!(backoff >= p.initial_backoff);
+                    prop_assert!(!braked || backoff == p.max_backoff);
                     now += backoff;
                     restart_times.push(now);
                     h.record_restart(&p, e, now);
@@ -40,14 +42,13 @@ proptest! {
                     h.record_restart(&p, e, now);
                 }
                 Action::StayDown => prop_assert_eq!(e, ChildExit::Code(0)),
-                Action::Park { reason, .. } => prop_assert!(!reason.is_empty()),
+                Action::Park { reason, .. } => {
+                    prop_assert_eq!(e, ChildExit::Code(78));
+                    prop_assert!(!reason.is_empty());
+                }
             }
-            let in_window = restart_times
-                .iter()
-                .filter(|t| now.saturating_sub(**t) < p.brake_window)
-                .count();
-            prop_assert!(in_window <= p.brake_max_restarts + 1);
         }
+        prop_assert!(restart_times.windows(2).all(|w| w[0] <= w[1]));
     }
 
     /// Arbitrary histories and clocks (including time going backwards) never panic.
