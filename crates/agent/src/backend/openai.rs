@@ -374,7 +374,7 @@ impl OpenAiAgent {
                 }
                 _ => {}
             }
-            let skipped = self.upstreams.len() - tried.len();
+            let skipped = self.upstreams.len().saturating_sub(tried.len());
             let mut why = tried.join("; ");
             if skipped > 0 {
                 if !why.is_empty() {
