@@ -435,9 +435,13 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
     }
     // A marker may have landed before the watch was set up.
     let _ = tx.send(Cause::MarkerChanged);
-    // Start-up is over: its code pages (config, migrations, TLS roots, clap) need not stay
-    // mapped in an idle gateway; what runs again is mapped again (README "Memory").
-    gatewarden_lifecycle::platform::release_startup_pages();
+    // Start-up is over once the worker and the adapters have settled: its code pages (config,
+    // migrations, TLS roots, clap) need not stay mapped in an idle gateway; what runs again is
+    // mapped again from the page cache (README, "Memory").
+    tokio::spawn(async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        gatewarden_lifecycle::platform::release_startup_pages();
+    });
 
     let decision = loop {
         let cause = tokio::select! {
