@@ -241,3 +241,29 @@ async fn a_stream_failing_before_its_first_token_fails_over() {
     }
     assert_eq!((r.text.as_str(), got.as_str()), ("streamed fallback", "streamed fallback"));
 }
+
+#[tokio::test]
+async fn each_provider_gets_its_own_key_headers_and_model() {
+    // Set once, before any thread reads the environment (nextest runs each test in its own process).
+    unsafe {
+        std::env::set_var("GW_TEST_FAILOVER_K1", "sk-primary");
+        std::env::set_var("GW_TEST_FAILOVER_K2", "sk-fallback");
+    }
+    let primary = FakeLlm::start(Reply::status(503)).unwrap();
+    let fallback = FakeLlm::start(Reply::text("fb")).unwrap();
+    let mut p1 = provider("primary", primary.base_url());
+    p1.api_key_env = Some("GW_TEST_FAILOVER_K1".into());
+    p1.headers.insert("OpenAI-Organization".into(), "org-primary".into());
+    let mut p2 = provider("fallback", fallback.base_url());
+    p2.api_key_env = Some("GW_TEST_FAILOVER_K2".into());
+    let a = build_agent(&config(vec![p1, p2], 0, 5));
+    assert_eq!(run(&*a, "hi").await.unwrap().text, "fb");
+    let (s1, s2) = (&primary.seen()[0], &fallback.seen()[0]);
+    assert_eq!(
+        (s1.header("authorization"), s1.header("openai-organization")),
+        (Some("Bearer sk-primary"), Some("org-primary"))
+    );
+    assert_eq!((s2.header("authorization"), s2.header("openai-organization")), (Some("Bearer sk-fallback"), None));
+    assert_eq!((s1.body["model"].as_str(), s2.body["model"].as_str()), (Some("model-primary"), Some("model-fallback")));
+    assert_eq!(s2.path, "/v1/chat/completions");
+}
