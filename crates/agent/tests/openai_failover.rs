@@ -267,3 +267,17 @@ async fn each_provider_gets_its_own_key_headers_and_model() {
     assert_eq!((s1.body["model"].as_str(), s2.body["model"].as_str()), (Some("model-primary"), Some("model-fallback")));
     assert_eq!(s2.path, "/v1/chat/completions");
 }
+
+#[tokio::test]
+async fn a_provider_silent_past_attempt_timeout_falls_back() {
+    let silent = FakeLlm::start(Reply::Hang).unwrap();
+    let fallback = FakeLlm::start(Reply::text("fb")).unwrap();
+    let mut cfg = config(vec![provider("silent", silent.base_url()), provider("fallback", fallback.base_url())], 0, 5);
+    cfg.attempt_timeout_s = 1;
+    let a = build_agent(&cfg);
+    assert_eq!(run(&*a, "hi").await.unwrap().text, "fb");
+    let waited = fallback.seen()[0].at - silent.seen()[0].at;
+    assert!(waited >= Duration::from_millis(900) && waited < Duration::from_secs(10), "{waited:?}");
+    let st = &a.providers()[0];
+    assert!(st.reason.as_deref().is_some_and(|r| r.contains("attempt_timeout_s")), "{st:?}");
+}
