@@ -45,7 +45,7 @@ pub const MAX_ATTEMPTS: i64 = 2;
 /// Reason recorded for a message whose run was interrupted on both attempts.
 pub const REASON_INTERRUPTED_TWICE: &str = "interrupted twice";
 
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 2;
 
 /// Why a journal operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -257,9 +257,7 @@ impl Journal {
         if version < 2 {
             migrate_to_2(&conn).map_err(wrap)?;
         }
-        if version < 3 {
-            migrate_to_3(&conn).map_err(wrap)?;
-        }
+        add_usage_columns(&conn).map_err(wrap)?;
         // The readers' connection: the file is WAL already; `query_only` keeps every write on
         // the writer's connection, where it is batched and fsynced.
         let read = Connection::open_with_flags(path, open_flags()).map_err(wrap)?;
@@ -1216,19 +1214,28 @@ fn migrate_to_2(conn: &Connection) -> rusqlite::Result<()> {
     }
 }
 
-/// Schema 3 (issue 17): the tokens a run used, when its upstream reported them. Same locking
-/// as [`migrate_to_2`].
-fn migrate_to_3(conn: &Connection) -> rusqlite::Result<()> {
+/// The tokens a run used, when its upstream reported them (issue 17): two nullable columns,
+/// added without a schema version bump, so that a gatewarden from before them (an update's
+/// rollback) still opens the journal; its statements name their columns. Same locking as
+/// [`migrate_to_2`].
+fn add_usage_columns(conn: &Connection) -> rusqlite::Result<()> {
+    let has = |conn: &Connection| -> rusqlite::Result<bool> {
+        conn.query_row("SELECT count(*) FROM pragma_table_info('messages') WHERE name = 'prompt_tokens'", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .map(|n| n > 0)
+    };
+    if has(conn)? {
+        return Ok(());
+    }
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let migrate = || -> rusqlite::Result<()> {
-        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-        if version >= 3 {
+        if has(conn)? {
             return Ok(());
         }
         conn.execute_batch(
             "ALTER TABLE messages ADD COLUMN prompt_tokens INTEGER;
-             ALTER TABLE messages ADD COLUMN completion_tokens INTEGER;
-             PRAGMA user_version = 3;",
+             ALTER TABLE messages ADD COLUMN completion_tokens INTEGER;",
         )
     };
     match migrate() {
@@ -1836,7 +1843,7 @@ mod tests {
         assert_eq!(j.recover("x").unwrap(), vec!["old".to_owned()]);
         assert_eq!(j.get("old").unwrap().unwrap().platform, None);
         assert!(j.accept_inbound("tg", "1", &msg("new")).unwrap().is_some());
-        // Schema 3: the run's tokens go in with its reply.
+        // The usage columns: the run's tokens go in with its reply.
         assert!(j.claim("old", "x").unwrap());
         assert!(j.complete_with_usage("old", "x", "r", Some((12, 5))).unwrap());
         assert_eq!(j.usage("old").unwrap(), Some((12, 5)));
