@@ -1,10 +1,10 @@
-//! `config.toml` (crates/agent/config.example.toml), loaded as `Config::load` does after the
+//! `config.toml` (crates/config/config.example.toml), loaded as `Config::load` does after the
 //! read: any bytes give a configuration or a located error whose line is inside the file.
 #![no_main]
 
 use std::path::Path;
 
-use gatewarden_agent::Config;
+use gatewarden_config::Config;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

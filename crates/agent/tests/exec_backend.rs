@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use gatewarden_agent::backend::ExecAgent;
-use gatewarden_agent::config::{AgentConfig, BackendKind};
 use gatewarden_agent::{Agent, AgentError, AgentRequest, Turn, build_agent};
+use gatewarden_config::{AgentConfig, BackendKind};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 

@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use gatewarden_agent::backend::{ApiKey, OpenAiAgent};
-use gatewarden_agent::config::{AgentConfig, BackendKind};
 use gatewarden_agent::{Agent, AgentError, AgentRequest, Turn, build_agent};
+use gatewarden_config::{AgentConfig, BackendKind};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use gatewarden_agent::config::{AgentConfig, BackendKind, ProviderConfig};
 use gatewarden_agent::{Agent, AgentError, AgentRequest, Usage, build_agent};
+use gatewarden_config::{AgentConfig, BackendKind, ProviderConfig};
 use gatewarden_testkit::llmfake::{FakeLlm, Reply};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;

@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use gatewarden_agent::config::{AgentConfig, BackendKind};
 use gatewarden_agent::{Agent, AgentError, AgentRequest, build_agent};
+use gatewarden_config::{AgentConfig, BackendKind};
 use gatewarden_testkit::tls::{Leaf, TestCa, TlsFront, Validity};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

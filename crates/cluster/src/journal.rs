@@ -1,20 +1,23 @@
 //! The async message journal on PostgreSQL, fenced by the lease epoch.
 //!
-//! The same life cycle as the home's SQLite journal (crates/agent/src/journal.rs: accept →
+//! The same life cycle as the home's SQLite journal (crates/journal/src/sqlite.rs: accept →
 //! queued, claim → running under an incarnation, complete/fail only by that incarnation,
 //! recover requeues runs of other incarnations once), shared by every gateway of a cluster,
 //! and every write carries the writer's epoch: each statement joins `gw_fence(name, epoch)`,
 //! so a write of a deposed active fails with [`ClusterError::Fenced`] instead of committing.
 //!
-//! The runtime reaches it through `store::PgStore` (the synchronous `gatewarden_agent::Store`
+//! The runtime reaches it through `store::PgStore` (the synchronous `gatewarden_journal::Store`
 //! bridge); reads are not fenced. Statements that change two tables (a completion and its
 //! outbox reply) are one statement with data-modifying CTEs, so the fence's row lock covers
 //! both until they commit.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
-use gatewarden_agent::journal::{
-    Counts, Kind, MAX_ATTEMPTS, NewMessage, Outgoing, Pruned, REASON_INTERRUPTED_TWICE, State, failure_notice,
+use gatewarden_journal::row::{self, Cells, MESSAGE_COLUMNS, OUTGOING_COLUMNS};
+use gatewarden_journal::{
+    Counts, JournalError, Kind, MAX_ATTEMPTS, Message, NewMessage, Outgoing, Pruned, REASON_INTERRUPTED_TWICE,
+    failure_notice,
 };
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
@@ -289,24 +292,15 @@ impl PgJournal {
         let rows = c
             .query(
                 &format!(
-                    "SELECT seq, chat_id, text, message_id, to_char(created_at AT TIME ZONE 'UTC', {TS})
-                       FROM gw_outbox WHERE name = $1 AND platform = $2 AND state = 'pending'
-                      ORDER BY seq LIMIT $3"
+                    "SELECT {} FROM gw_outbox WHERE name = $1 AND platform = $2 AND state = 'pending'
+                      ORDER BY seq LIMIT $3",
+                    *OUTGOING
                 ),
                 &[&name, &platform, &limit],
             )
             .await
             .map_err(read)?;
-        Ok(rows
-            .iter()
-            .map(|r| Outgoing {
-                seq: r.get(0),
-                chat_id: r.get(1),
-                text: r.get(2),
-                message_id: r.get(3),
-                created_at: r.get::<_, Option<String>>(4).unwrap_or_default(),
-            })
-            .collect())
+        rows.iter().map(|r| row::read_outgoing(&PgRow(r)).map_err(from_row)).collect()
     }
 
     /// An outbox entry left for good: sent, or failed with the platform's reason.
@@ -459,25 +453,26 @@ impl PgJournal {
     }
 
     /// One message as the runtime sees it (a read).
-    pub async fn message(&mut self, id: &str) -> Result<Option<gatewarden_agent::journal::Message>, ClusterError> {
+    pub async fn message(&mut self, id: &str) -> Result<Option<Message>, ClusterError> {
         let name = self.name().to_owned();
         let c = self.lease.client().await?;
         let row = c
-            .query_opt(&format!("SELECT {COLUMNS} FROM gw_messages WHERE name = $1 AND id = $2"), &[&name, &id])
+            .query_opt(&format!("SELECT {} FROM gw_messages WHERE name = $1 AND id = $2", *COLUMNS), &[&name, &id])
             .await
             .map_err(read)?;
         row.map(|r| to_message(&r)).transpose()
     }
 
     /// Messages not yet final, oldest first (a read).
-    pub async fn pending(&mut self) -> Result<Vec<gatewarden_agent::journal::Message>, ClusterError> {
+    pub async fn pending(&mut self) -> Result<Vec<Message>, ClusterError> {
         let name = self.name().to_owned();
         let c = self.lease.client().await?;
         let rows = c
             .query(
                 &format!(
-                    "SELECT {COLUMNS} FROM gw_messages WHERE name = $1 AND state IN ('queued', 'running')
-                      ORDER BY created_at, seq"
+                    "SELECT {} FROM gw_messages WHERE name = $1 AND state IN ('queued', 'running')
+                      ORDER BY created_at, seq",
+                    *COLUMNS
                 ),
                 &[&name],
             )
@@ -496,14 +491,7 @@ impl PgJournal {
             .map_err(read)?;
         let mut counts = Counts::default();
         for r in rows {
-            let n = u64::try_from(r.get::<_, i64>(1)).unwrap_or(0);
-            match r.get::<_, &str>(0) {
-                "queued" => counts.queued = n,
-                "running" => counts.running = n,
-                "done" => counts.done = n,
-                "failed" => counts.failed = n,
-                _ => {}
-            }
+            counts.record(r.get::<_, &str>(0), r.get::<_, i64>(1));
         }
         Ok(counts)
     }
@@ -569,7 +557,7 @@ impl PgJournal {
                 )
                 .await?;
             pruned.by_age = rows.first().map_or(0, |r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0));
-            // The other tables too (as crates/agent/src/journal.rs prunes them): outbox entries
+            // The other tables too (as crates/journal/src/sqlite.rs prunes them): outbox entries
             // left for good, and sessions started before the bound.
             let rows = self
                 .query_all(
@@ -601,36 +589,58 @@ impl PgJournal {
     }
 }
 
-const COLUMNS: &str = "id, chat_id, user_id, text, kind, state, reply, reason, attempts, incarnation, is_command, \
-                       platform, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"+00:00\"'), \
-                       to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"+00:00\"')";
+/// The journal's row mapping (crates/journal/src/row.rs) over `gw_messages`: timestamps are
+/// `timestamptz`, read as the protocol's text.
+static COLUMNS: LazyLock<String> = LazyLock::new(|| row::select_list(&MESSAGE_COLUMNS, timestamp));
+
+/// Likewise over `gw_outbox`.
+static OUTGOING: LazyLock<String> = LazyLock::new(|| row::select_list(&OUTGOING_COLUMNS, timestamp));
+
+fn timestamp(column: &str) -> String {
+    format!("to_char({column} AT TIME ZONE 'UTC', {TS})")
+}
+
+/// A PostgreSQL row as the journal's row mapping reads it.
+struct PgRow<'a>(&'a Row);
+
+impl Cells for PgRow<'_> {
+    fn text(&self, i: usize) -> Result<String, JournalError> {
+        self.0.try_get(i).map_err(cell)
+    }
+    fn text_opt(&self, i: usize) -> Result<Option<String>, JournalError> {
+        self.0.try_get(i).map_err(cell)
+    }
+    fn int(&self, i: usize) -> Result<i64, JournalError> {
+        // `attempts` is an integer, `seq` a bigint.
+        match self.0.try_get::<_, i64>(i) {
+            Ok(n) => Ok(n),
+            Err(_) => self.0.try_get::<_, i32>(i).map(i64::from).map_err(cell),
+        }
+    }
+    fn flag(&self, i: usize) -> Result<bool, JournalError> {
+        self.0.try_get(i).map_err(cell)
+    }
+}
+
+fn cell(e: tokio_postgres::Error) -> JournalError {
+    JournalError::Store(e.to_string())
+}
+
+/// A row the mapping refused, as this crate's error.
+fn from_row(e: JournalError) -> ClusterError {
+    match e {
+        JournalError::Corrupt { id, column, value } => {
+            ClusterError::Store(format!("row {id} has an unknown {column} {value:?}"))
+        }
+        JournalError::Store(why) => ClusterError::Store(why),
+        other => ClusterError::Store(other.to_string()),
+    }
+}
 
 fn read(e: tokio_postgres::Error) -> ClusterError {
     ClusterError::Store(e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_owned()))
 }
 
-fn to_message(r: &Row) -> Result<gatewarden_agent::journal::Message, ClusterError> {
-    let id: String = r.get(0);
-    let corrupt =
-        |column: &str, value: &str| ClusterError::Store(format!("row {id} has an unknown {column} {value:?}"));
-    let kind = r.get::<_, &str>(4);
-    let kind = Kind::parse(kind).ok_or_else(|| corrupt("kind", kind))?;
-    let state = r.get::<_, &str>(5);
-    let state = State::parse(state).ok_or_else(|| corrupt("state", state))?;
-    Ok(gatewarden_agent::journal::Message {
-        id: id.clone(),
-        chat_id: r.get(1),
-        user_id: r.get(2),
-        text: r.get(3),
-        kind,
-        state,
-        reply: r.get(6),
-        reason: r.get(7),
-        attempts: i64::from(r.get::<_, i32>(8)),
-        incarnation: r.get(9),
-        is_command: r.get(10),
-        platform: r.get(11),
-        created_at: r.get::<_, Option<String>>(12).unwrap_or_default(),
-        updated_at: r.get::<_, Option<String>>(13).unwrap_or_default(),
-    })
+fn to_message(r: &Row) -> Result<Message, ClusterError> {
+    row::read_message(&PgRow(r)).map_err(from_row)
 }

@@ -53,7 +53,7 @@ BEGIN
 END $$;
 "#;
 
-/// The shared message journal (journal.rs): the rows crates/agent/src/journal.rs keeps in
+/// The shared message journal (journal.rs): the rows crates/journal/src/sqlite.rs keeps in
 /// SQLite, per cluster, with the epoch of the last write.
 const V2_JOURNAL: &str = r#"
 CREATE TABLE gw_messages (
@@ -93,7 +93,7 @@ CREATE TABLE gw_credential_lease (
 );
 "#;
 
-/// Everything else the gateway's journal holds (crates/agent/src/journal.rs schema 2), so that
+/// Everything else the gateway's journal holds (crates/journal/src/sqlite.rs schema 2), so that
 /// the runtime can run on PostgreSQL: where an inbound message came from and its platform event
 /// id (deduplication across every gateway of the cluster), command rows, the durable outbox,
 /// and per-chat sessions. `seq` orders rows accepted in the same microsecond (SQLite's rowid);

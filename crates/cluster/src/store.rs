@@ -1,5 +1,5 @@
 //! [`PgStore`]: the gateway's journal on PostgreSQL, behind the synchronous
-//! `gatewarden_agent::Store` trait the runtime uses.
+//! `gatewarden_journal::Store` trait the runtime uses.
 //!
 //! The sync/async bridge: the runtime calls the store from tokio workers and blocking threads,
 //! so the store never calls `block_on` on the caller's runtime. A dedicated thread owns its own
@@ -21,8 +21,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use gatewarden_agent::JournalError;
-use gatewarden_agent::journal::{Counts, Message, NewMessage, Outgoing, Pruned, State, Store};
+use gatewarden_journal::JournalError;
+use gatewarden_journal::{Counts, Message, NewMessage, Outgoing, Pruned, State, Store};
 use tokio::sync::mpsc;
 
 use crate::driver::Handle;

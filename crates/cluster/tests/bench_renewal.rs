@@ -6,19 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use gatewarden_cluster::{Holder, PgLease, Timing};
+use gatewarden_cluster::{PgLease, Timing};
 use gatewarden_testkit::postgres::{Cluster, PASSWORD};
 
-fn holder(n: usize) -> Holder {
-    Holder {
-        host: "bench".into(),
-        home: format!("/homes/{n}"),
-        pid: n as u32,
-        start_time: None,
-        incarnation: format!("inc{n}"),
-        listen: None,
-    }
-}
+mod common;
+use common::holder;
 
 fn measure(pg: &Cluster, gateways: usize, per_cluster: usize, ttl: Duration, renew: Duration, window: Duration) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -29,7 +21,7 @@ fn measure(pg: &Cluster, gateways: usize, per_cluster: usize, ttl: Duration, ren
         for n in 0..gateways {
             let name = format!("{tag}-{}", n / per_cluster);
             let lease = PgLease::new(&pg.url(), Some(PASSWORD), &name).unwrap();
-            handles.push(gatewarden_cluster::spawn(lease, &name, holder(n), timing));
+            handles.push(gatewarden_cluster::spawn(lease, &name, holder(n as u32), timing));
         }
         // Warm-up: every cluster has its active, every driver has connected.
         let t0 = Instant::now();

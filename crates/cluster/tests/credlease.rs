@@ -9,16 +9,8 @@ use gatewarden_cluster::credlease::{CredAcquired, CredHolder, CredKey, PgCredLea
 use gatewarden_cluster::{Acquired, ClusterError, Holder, LeaseBackend, PgLease};
 use gatewarden_testkit::postgres::{Cluster, PASSWORD};
 
-fn holder(n: u32) -> Holder {
-    Holder {
-        host: "test-host".into(),
-        home: format!("/homes/{n}"),
-        pid: 1000 + n,
-        start_time: None,
-        incarnation: format!("inc{n}"),
-        listen: None,
-    }
-}
+mod common;
+use common::holder;
 
 fn cred(cluster: &str, h: &Holder, epoch: i64) -> CredHolder {
     CredHolder {

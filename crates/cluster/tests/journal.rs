@@ -5,23 +5,15 @@ use std::time::Duration;
 
 use std::time::Instant;
 
-use gatewarden_agent::JournalError;
-use gatewarden_agent::journal::{Counts, Kind, NewMessage, State, Store};
 use gatewarden_cluster::driver::RoleView;
 use gatewarden_cluster::journal::PgJournal;
-use gatewarden_cluster::{Acquired, ClusterError, Handle, Holder, LeaseBackend, PgLease, PgStore, Timing};
+use gatewarden_cluster::{Acquired, ClusterError, Handle, LeaseBackend, PgLease, PgStore, Timing};
+use gatewarden_journal::JournalError;
+use gatewarden_journal::{Counts, Kind, NewMessage, State, Store};
 use gatewarden_testkit::postgres::{Cluster, PASSWORD};
 
-fn holder(n: u32) -> Holder {
-    Holder {
-        host: "h".into(),
-        home: format!("/homes/{n}"),
-        pid: n,
-        start_time: None,
-        incarnation: format!("inc{n}"),
-        listen: None,
-    }
-}
+mod common;
+use common::holder;
 
 /// A deposed active cannot finish a run; the new active re-runs it exactly once.
 #[test]
@@ -94,7 +86,7 @@ fn store(pg: &Cluster, name: &str) -> PgStore {
 }
 
 /// The runtime's `Store` on PostgreSQL keeps the SQLite journal's semantics
-/// (crates/agent/src/journal.rs tests): dedup, commands, the outbox, sessions and history,
+/// (crates/journal/src/sqlite.rs tests): dedup, commands, the outbox, sessions and history,
 /// recovery, counts and retention.
 #[test]
 fn the_store_trait_on_postgres_behaves_like_the_sqlite_journal() {

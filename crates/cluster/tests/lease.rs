@@ -4,19 +4,11 @@
 use std::time::{Duration, Instant};
 
 use gatewarden_cluster::driver::RoleView;
-use gatewarden_cluster::{Acquired, ClusterError, Holder, LeaseBackend, PgLease, Timing};
+use gatewarden_cluster::{Acquired, ClusterError, LeaseBackend, PgLease, Timing};
 use gatewarden_testkit::postgres::{Cluster, PASSWORD, Proxy, ProxyMode};
 
-fn holder(n: u32) -> Holder {
-    Holder {
-        host: "test-host".into(),
-        home: format!("/homes/{n}"),
-        pid: 1000 + n,
-        start_time: Some(n as u64),
-        incarnation: format!("inc{n}"),
-        listen: Some(format!("127.0.0.1:{}", 7000 + n)),
-    }
-}
+mod common;
+use common::holder;
 
 fn lease(pg: &Cluster, name: &str) -> PgLease {
     PgLease::new(&pg.url(), Some(PASSWORD), name).expect("lease")

@@ -13,7 +13,7 @@ fn main() -> ExitCode {
     // Captured first: markers written before this instant are for a predecessor.
     let started_at = SystemTime::now();
     let started = Instant::now();
-    gatewarden_runtime::spawn::remember_self_exe();
+    gatewarden_lifecycle::platform::spawn::remember_self_exe();
     let cli = cli::Cli::parse();
     match cmd::dispatch(cli, started_at, started) {
         Ok(code) => code,

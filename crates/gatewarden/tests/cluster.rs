@@ -683,7 +683,7 @@ impl Load {
             self.injected.iter().filter(|(id, _, _)| done.contains(id.to_string().as_str())).collect();
         let given_up = n - answer.len();
         // A message given up is told to its chat (the journal's failure notice), once per message.
-        let notice = gatewarden_agent::journal::failure_notice("interrupted twice");
+        let notice = gatewarden_journal::failure_notice("interrupted twice");
         let mut owed: std::collections::BTreeMap<i64, usize> = Default::default();
         for (_, chat, _) in self.injected.iter().filter(|(id, _, _)| !done.contains(id.to_string().as_str())) {
             *owed.entry(*chat).or_default() += 1;

@@ -11,6 +11,7 @@
 mod common;
 mod work_common;
 use common::*;
+use gatewarden_testkit::archive::tar_gz;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -738,28 +739,6 @@ fn updater_killed_while_rolling_back_is_finished_by_the_next_start() {
         t["phase"] == json!("rolled_back")
     });
     r.assert_one_gateway(&r.version);
-}
-
-/// A `.tar.gz` of `(name, data)` members (mode 755), names written raw: the `tar` builder
-/// refuses `..` itself, which is just what a hostile archive holds.
-fn tar_gz(members: &[(&str, &[u8])]) -> Vec<u8> {
-    use std::io::Write;
-    let mut raw = Vec::new();
-    for (name, data) in members {
-        let mut h = tar::Header::new_gnu();
-        h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_mode(0o755);
-        h.set_size(data.len() as u64);
-        h.set_cksum();
-        raw.extend_from_slice(h.as_bytes());
-        raw.extend_from_slice(data);
-        raw.resize(raw.len().div_ceil(512) * 512, 0);
-    }
-    raw.extend_from_slice(&[0; 1024]);
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(&raw).unwrap();
-    gz.finish().unwrap()
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {

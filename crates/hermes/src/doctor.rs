@@ -61,7 +61,11 @@ impl Context {
         Context {
             scoped_lock_dir: scoped_lock_dir(|k| std::env::var_os(k)),
             gatewarden_manages: holder_supervised || crate::unit::find_our_unit(home).is_some(),
-            hermes_pids: crate::sys::processes_with_env("HERMES_HOME", home.env_value(), &["gateway", "run"]),
+            hermes_pids: gatewarden_lifecycle::platform::processes_with_env(
+                "HERMES_HOME",
+                home.env_value(),
+                &["gateway", "run"],
+            ),
         }
     }
 }

@@ -124,8 +124,8 @@ pub fn judge(pid: u32, e: &Evidence) -> Result<&'static str, String> {
 /// Whether `pid` runs `hermes gateway run` for `home` (`HERMES_HOME`, else `$HOME/.hermes`,
 /// compared canonically). `None` when its command line or environment cannot be read.
 pub fn runs_hermes_here(home: &HermesHome, pid: u32) -> Option<bool> {
-    let argv = sys::cmdline(pid)?;
-    let env = sys::environ(pid)?;
+    let argv = platform::argv(pid)?;
+    let env = platform::environ(pid)?;
     let var = |k: &str| {
         env.split(|&b| b == 0).find_map(|kv| kv.strip_prefix(k.as_bytes()).and_then(|r| r.strip_prefix(b"=")))
     };
@@ -148,7 +148,7 @@ pub fn find(home: &HermesHome) -> Finding {
                 holds_lock: source == Source::Kernel,
                 lock_file_exists,
                 runs_hermes_here: runs_hermes_here(home, identity.pid),
-                target_uid: sys::process_uid(identity.pid),
+                target_uid: platform::process_uid(identity.pid),
                 home_owner: home.owner().map(|(uid, _)| uid),
                 me: sys::effective_uid(),
             };

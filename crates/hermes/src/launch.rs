@@ -12,10 +12,10 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use gatewarden_lifecycle::ProcessIdentity;
+use gatewarden_lifecycle::platform::{self, spawn};
 use gatewarden_lifecycle::records::read_pid_record;
 
 use crate::home::HermesHome;
-use crate::sys;
 
 /// Where the command came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -140,17 +140,17 @@ pub fn resolve(
         .filter(|r| running.is_none_or(|id| r.identity() == Some(id)))
         .map(|r| r.argv)
         .filter(|a| !a.is_empty());
-    let candidates = Candidates { explicit, record, running: running.and_then(|id| sys::cmdline(id.pid)) };
+    let candidates = Candidates { explicit, record, running: running.and_then(|id| platform::argv(id.pid)) };
     choose(&candidates, find_program, Path::exists)
 }
 
 /// An absolute (or relative-with-folder) executable file as is, a bare name on `PATH`.
 pub fn find_program(p: &Path) -> Option<PathBuf> {
     if p.components().count() > 1 {
-        return sys::is_executable(p).then(|| p.to_path_buf());
+        return spawn::is_executable(p).then(|| p.to_path_buf());
     }
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(p)).find(|c| c.is_absolute() && sys::is_executable(c))
+    std::env::split_paths(&path).map(|d| d.join(p)).find(|c| c.is_absolute() && spawn::is_executable(c))
 }
 
 #[cfg(test)]

@@ -142,7 +142,7 @@ fn crash(policy: &SupervisePolicy, history: &RestartHistory, now: Duration, exit
 
 /// [`ChildExit`] of a finished child.
 pub fn child_exit(status: std::process::ExitStatus) -> ChildExit {
-    match (status.code(), crate::sys::exit_signal(status)) {
+    match (status.code(), gatewarden_lifecycle::platform::spawn::exit_signal(status)) {
         (Some(c), _) => ChildExit::Code(c),
         (None, Some(s)) => ChildExit::Signal(s),
         (None, None) => ChildExit::Unknown,

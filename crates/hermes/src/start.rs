@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use gatewarden_lifecycle::{ProcessIdentity, platform};
+use gatewarden_lifecycle::ProcessIdentity;
+use gatewarden_lifecycle::platform::{self, spawn};
 use serde_json::json;
 
 use crate::holder::{self, Finding};
@@ -43,13 +44,15 @@ pub fn command_for(home: &HermesHome, launch: &Launch, mode: Mode) -> Command {
     cmd.args(&launch.args);
     cmd.env("HERMES_HOME", home.env_value()).env("PYTHONUNBUFFERED", "1").stdin(Stdio::null());
     match mode {
-        Mode::Detached => sys::detach(&mut cmd),
+        Mode::Detached => {
+            spawn::detach(&mut cmd, None);
+        }
         Mode::Supervised => {
             cmd.arg("--external-supervisor").env("HERMES_GATEWAY_MAX_STARTS", "0");
             if let Some(me) = ProcessIdentity::current() {
                 cmd.env(SUPERVISOR_TAG, render_tag(me));
             }
-            sys::own_process_group(&mut cmd);
+            spawn::own_process_group(&mut cmd);
         }
     }
     cmd
@@ -103,7 +106,7 @@ pub fn spawn(home: &HermesHome, mut cmd: Command) -> Result<Child, StartError> {
     let (a, b) = out.map_err(|source| StartError::Log { log, source })?;
     cmd.stdout(a).stderr(b);
     if let Some((uid, gid)) = run_as(home) {
-        sys::run_as(&mut cmd, uid, gid);
+        spawn::run_as(&mut cmd, uid, gid);
     }
     cmd.spawn().map_err(|source| StartError::Spawn { program, source })
 }
@@ -168,5 +171,5 @@ pub fn describe(status: ExitStatus) -> String {
 
 /// The signal that ended a process, where the OS has signals.
 pub fn exit_signal(status: ExitStatus) -> Option<i32> {
-    sys::exit_signal(status)
+    spawn::exit_signal(status)
 }

@@ -8,17 +8,18 @@ use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use gatewarden_lifecycle::{ProcessIdentity, platform};
+use gatewarden_lifecycle::ProcessIdentity;
+use gatewarden_lifecycle::platform::{self, spawn};
 use gatewarden_service::supervise::{RestartHistory, SupervisePolicy};
 use serde::Serialize;
 use serde_json::json;
 
 use crate::home::{HermesHome, PARKED_STATE};
+use crate::ledger;
 use crate::policy::{self, ExitFacts, HermesAction, ParkKind};
 use crate::start::{self, StartError};
 use crate::status::is_ready;
 use crate::stop::{self, StopOptions};
-use crate::{ledger, sys};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "event", rename_all = "kebab-case")]
@@ -124,7 +125,7 @@ impl Supervise {
         loop {
             // What hermes leaves behind (the shutdown-diag helper, tool subprocesses) dies
             // with its group, as hermes's own unit does with ExecStopPost.
-            match sys::reap_with_group(child) {
+            match spawn::reap_with_group(child) {
                 Ok(Some(status)) => return (Some(status), stop_requested),
                 Ok(None) => {}
                 Err(_) => return (None, stop_requested),

@@ -5,8 +5,6 @@
 use gatewarden_lifecycle::probe::environ_value;
 use gatewarden_lifecycle::{ProcessIdentity, platform};
 
-use crate::sys;
-
 /// The tag `gatewarden supervise` puts into its hermes child's environment:
 /// `<supervisor pid>:<supervisor start time>`.
 pub const SUPERVISOR_TAG: &str = "GATEWARDEN_HERMES_SUPERVISOR";
@@ -60,9 +58,9 @@ pub fn detect(hermes: ProcessIdentity) -> SupervisedBy {
     let parent_id =
         parent.and_then(|p| platform::start_time(p).map(|start_time| ProcessIdentity { pid: p, start_time }));
     classify(
-        sys::environ(hermes.pid).as_deref(),
-        sys::cmdline(hermes.pid).as_deref(),
-        sys::cgroup(hermes.pid).as_deref(),
+        platform::environ(hermes.pid).as_deref(),
+        platform::argv(hermes.pid).as_deref(),
+        platform::cgroup(hermes.pid).as_deref(),
         parent_id,
     )
 }

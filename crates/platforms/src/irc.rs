@@ -22,30 +22,29 @@
 //!   closes it, so nothing relayed before the `QUIT` is dropped.
 //! - **At least once outbound.** An entry is marked sent after all its lines went out: a crash in
 //!   between sends it once more (worst case one duplicate).
-//! - **Flood control.** Lines leave through a token bucket ([`Bucket`]: a burst of
+//! - **Flood control.** Lines leave through the skeleton's token bucket (a burst of
 //!   [`FLOOD_BURST`], then one per [`FLOOD_EVERY`]), below common servers' flood limits.
 //! - **Liveness.** The client answers PINGs and pings a silent server; a dead connection is an
 //!   error, then `degraded` and a reconnect with backoff.
 //!
-//! Two OS threads per adapter: a reader that owns the connection (connect, join, read, PONG,
-//! reconnect, `QUIT`) and a sender that drains the outbox through the connection's
-//! [`Writer`] (one lock per line: a PONG never interleaves with a PRIVMSG), so a reply never
-//! waits for a read to time out.
+//! The loops, states, pacing and drain are the skeleton's (crates/platforms/src/skeleton); this
+//! module is the protocol ([`Proto`]): a receive side that owns the connection (connect, join,
+//! read, PONG, `QUIT`) and a send side that writes through the connection's [`Writer`] (one
+//! lock per line: a PONG never interleaves with a PRIVMSG), so a reply never waits for a read
+//! to time out.
+//!
+//! [`Adapter::close`]: crate::Adapter::close
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use gatewarden_agent::config::PlatformConfig;
-use gatewarden_chatproto::irc::{
-    Config, Connection, Error as IrcError, ErrorKind, Event, MAX_TEXT_BYTES, Writer, split_text,
-};
+use gatewarden_chatproto::irc::{Config, Connection, ErrorKind, Event, MAX_TEXT_BYTES, Writer};
+use gatewarden_config::PlatformConfig;
 
-use crate::wait::{self, Flags, Running, Slot, spawn};
-use crate::{Adapter, AdapterError, Host, Inbound, Sent, State, Status};
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, Pace, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::{AdapterError, Host, Inbound};
 
-const BACKOFF_MIN: Duration = Duration::from_millis(250);
-const BACKOFF_MAX: Duration = Duration::from_secs(15);
-/// How long one read waits before the reader looks at its flags (reconnect, quit) again.
+/// How long one read waits before the receive loop looks at its flags (reconnect, quit) again.
 const READ_SLICE: Duration = Duration::from_millis(250);
 const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Lines sent back to back before flood control paces them.
@@ -54,30 +53,6 @@ pub const FLOOD_BURST: u32 = 5;
 pub const FLOOD_EVERY: Duration = Duration::from_millis(500);
 /// How long the connection is read after our QUIT, for what the server relayed before it.
 const QUIT_DRAIN: Duration = Duration::from_secs(2);
-/// Tries to journal one inbound message before it is given up (IRC cannot redeliver it).
-const DELIVER_TRIES: u32 = 5;
-
-/// A token bucket for outgoing lines.
-#[derive(Debug, Clone)]
-pub struct Bucket {
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    pub fn new(now: Instant) -> Bucket {
-        Bucket { tokens: f64::from(FLOOD_BURST), at: now }
-    }
-
-    /// Takes one token: how long to wait before sending (zero when one is available).
-    pub fn take(&mut self, now: Instant) -> Duration {
-        let refill = now.saturating_duration_since(self.at).as_secs_f64() / FLOOD_EVERY.as_secs_f64();
-        self.tokens = (self.tokens + refill).min(f64::from(FLOOD_BURST));
-        self.at = now;
-        self.tokens -= 1.0;
-        if self.tokens >= 0.0 { Duration::ZERO } else { FLOOD_EVERY.mul_f64(-self.tokens) }
-    }
-}
 
 /// The event id of one inbound message: the server's `msgid`, else a per-connection counter.
 pub fn event_id(msgid: Option<&str>, connection: &str, n: u64) -> String {
@@ -99,20 +74,14 @@ fn is_channel(s: &str) -> bool {
 
 /// The lines one reply is sent as: a newline starts a new message, long ones are split.
 pub fn reply_lines(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for line in text.split('\n') {
-        let line: String = line.chars().filter(|c| !matches!(c, '\r' | '\0')).collect();
-        out.extend(split_text(line.trim_end(), MAX_TEXT_BYTES).into_iter().map(str::to_owned));
-    }
-    if out.is_empty() {
-        out.push("(empty reply)".to_owned());
-    }
-    out
+    skeleton::pieces(text, &Proto::LIMITS)
 }
 
 /// The IRC adapter.
-pub struct Irc {
-    name: String,
+pub type Irc = Skeleton<Proto>;
+
+/// The IRC protocol.
+pub struct Proto {
     server: String,
     nick: String,
     password: Option<String>,
@@ -123,43 +92,9 @@ pub struct Irc {
     /// `server/nick`: what two consumers must not share.
     credential: String,
     allowed: Vec<String>,
-    conflict_bound: Duration,
-    status: Arc<Status>,
-    run: Slot<Shared>,
 }
 
-/// What the reader and the sender share.
-struct Shared {
-    /// `stop`: draining (no reconnect); `close`: the sender flushes then ends; `kick`: reconnect.
-    flags: Flags,
-    close_deadline: Mutex<Option<Instant>>,
-    /// Set once the sender is done: the reader quits.
-    quit: Mutex<bool>,
-    /// The live connection's write side (`None` while disconnected).
-    writer: Mutex<Option<Writer>>,
-}
-
-impl AsRef<Flags> for Shared {
-    fn as_ref(&self) -> &Flags {
-        &self.flags
-    }
-}
-
-impl Shared {
-    fn writer(&self) -> Option<Writer> {
-        self.writer.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    fn set_writer(&self, w: Option<Writer>) {
-        *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = w;
-    }
-
-    fn quitting(&self) -> bool {
-        *self.quit.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-impl Irc {
+impl Skeleton<Proto> {
     pub fn new(cfg: &PlatformConfig, password: Option<String>) -> Result<Irc, AdapterError> {
         let name = cfg.adapter_name();
         let (Some(server), Some(nick)) = (cfg.irc_addr(), cfg.nick.clone()) else {
@@ -182,33 +117,74 @@ impl Irc {
                 }
             },
         };
-        Ok(Irc {
+        let proto = Proto {
             tls,
             sasl,
             credential: format!("{}/{}", server.to_ascii_lowercase(), nick.to_ascii_lowercase()),
-            name,
             server,
             nick,
             password,
             allowed: cfg.allowed_chats.clone(),
-            conflict_bound: Duration::from_secs(cfg.conflict_standby_s),
-            status: Arc::new(Status::default()),
-            run: Slot::default(),
-        })
+        };
+        Ok(Skeleton::from_protocol(cfg, proto))
     }
 }
 
-/// Owns the connection: connects, joins, reads, reconnects; quits when the sender is done.
-struct Reader {
-    name: String,
+/// The live connection's write side, shared by the two halves (`None` while disconnected).
+type WriterSlot = Arc<Mutex<Option<Writer>>>;
+
+fn set_writer(slot: &WriterSlot, w: Option<Writer>) {
+    *slot.lock().unwrap_or_else(|p| p.into_inner()) = w;
+}
+
+impl Protocol for Proto {
+    const KIND: &'static str = "irc";
+    const LIMITS: Limits = Limits {
+        piece: PieceLimit::Bytes(MAX_TEXT_BYTES),
+        line_per_piece: true,
+        batch: 16,
+        pace: Some(Pace { burst: FLOOD_BURST, every: FLOOD_EVERY }),
+        min_receive: Duration::ZERO,
+        // No event ids, no redelivery: at most once inbound.
+        redelivers: false,
+        // The server keeps nothing for a successor: listen on until the replies are out.
+        listens_through_drain: true,
+        connected_after_receive: false,
+        close_grace: Duration::from_millis(500).saturating_add(READ_SLICE).saturating_add(QUIT_DRAIN),
+    };
+    type Receiver = Reader;
+    type Sender = Talker;
+
+    fn credential(&self) -> &str {
+        &self.credential
+    }
+
+    /// The client declares a silent connection dead after 90 s (PING after 60 s of silence,
+    /// 30 s for the answer); the watchdog only backs that up.
+    fn watchdog_after(&self) -> Duration {
+        Duration::from_secs(150)
+    }
+
+    fn open(&self, _host: &Arc<dyn Host>) -> Result<(Reader, Talker), String> {
+        let mut cfg = Config::new(self.server.clone(), self.nick.clone());
+        cfg.password = self.password.clone();
+        cfg.tls = self.tls.clone();
+        cfg.sasl = self.sasl.clone();
+        let writer: WriterSlot = Arc::default();
+        let (channels, nicks) = self.allowed.iter().cloned().partition(|c| is_channel(c));
+        let reader = Reader { cfg, channels, nicks, writer: Arc::clone(&writer), live: None };
+        Ok((reader, Talker { writer }))
+    }
+}
+
+/// The receive side: owns the connection (connect, join, read, `QUIT`).
+pub struct Reader {
     cfg: Config,
     channels: Vec<String>,
     /// Nicks whose private messages are served (empty: anyone's).
     nicks: Vec<String>,
-    conflict_bound: Duration,
-    status: Arc<Status>,
-    shared: Arc<Shared>,
-    host: Arc<dyn Host>,
+    writer: WriterSlot,
+    live: Option<Live>,
 }
 
 /// The live connection, its id (for event ids) and its message counter.
@@ -219,381 +195,149 @@ struct Live {
 }
 
 impl Reader {
-    fn set(&self, s: State) {
-        if self.status.set(s.clone()) {
-            self.host.state_changed(&self.name, &s);
-        }
-    }
-
-    fn pause(&self, d: Duration) {
-        self.shared.flags.sleep(d, |b| b.close || b.kick);
-    }
-
-    fn run(self) {
-        let mut live: Option<Live> = None;
-        let mut backoff = BACKOFF_MIN;
-        let mut conflict_since: Option<Instant> = None;
-        loop {
-            if self.shared.quitting() {
-                if let Some(l) = live.take() {
-                    self.quit(l);
-                }
-                return;
-            }
-            let flags = self.shared.flags.get();
-            if self.shared.flags.take_kick()
-                && let Some(l) = live.take()
-            {
-                self.shared.set_writer(None);
-                l.conn.quit("gatewarden: reconnecting");
-                self.set(State::Connecting);
-            }
-            let Some(l) = live.as_mut() else {
-                if flags.stop || flags.close {
-                    // Draining without a connection: the successor connects.
-                    self.shared.flags.sleep(Duration::from_millis(200), |_| false);
-                    continue;
-                }
-                match self.connect() {
-                    Ok(conn) => {
-                        self.shared.set_writer(Some(conn.writer()));
-                        live = Some(Live { conn, id: connection_id(SystemTime::now()), n: 0 });
-                        backoff = BACKOFF_MIN;
-                        conflict_since = None;
-                        self.status.progress();
-                        self.set(State::Connected);
-                        // Whatever waits in the outbox (a predecessor's replies) goes out now.
-                        self.shared.flags.update(|b| b.wake = true);
-                    }
-                    Err(e) => match e.kind() {
-                        ErrorKind::Conflict => {
-                            self.status.conflict();
-                            let since = *conflict_since.get_or_insert_with(Instant::now);
-                            if since.elapsed() >= self.conflict_bound {
-                                self.set(State::Standby(format!(
-                                    "another consumer is active: nick {} in use on {}",
-                                    self.cfg.nick, self.cfg.addr
-                                )));
-                                // One try per bound: slow enough never to fight the holder.
-                                self.pause(self.conflict_bound);
-                            } else {
-                                self.pause(backoff);
-                                backoff = (backoff * 2).min(BACKOFF_MAX).min(self.conflict_bound);
-                            }
-                        }
-                        ErrorKind::Rejected => {
-                            // Retrying cannot help: wait for the drain.
-                            self.set(State::Parked(format!("credentials rejected: {e}")));
-                            while !self.shared.quitting() {
-                                self.shared.flags.sleep(Duration::from_secs(1), |_| false);
-                            }
-                            return;
-                        }
-                        ErrorKind::Transient | ErrorKind::Permanent => {
-                            conflict_since = None;
-                            self.set(State::Degraded(e.to_string()));
-                            self.pause(backoff);
-                            backoff = (backoff * 2).min(BACKOFF_MAX);
-                        }
-                    },
-                }
-                continue;
-            };
-            match l.conn.next_event(READ_SLICE) {
-                Ok(ev) => {
-                    // No error means the connection answered within its keepalive bound.
-                    self.status.progress();
-                    match ev {
-                        Some(Event::Privmsg { from, target, text, msgid }) => {
-                            l.n += 1;
-                            let id = event_id(msgid.as_deref(), &l.id, l.n);
-                            let own = l.conn.nick().to_owned();
-                            self.inbound(&own, id, from, target, text);
-                        }
-                        // Kicked from a served channel: join it again (a ban makes that fail,
-                        // and the reconnect loop reports why).
-                        Some(Event::Other(m))
-                            if m.command == "KICK" && m.param(1).eq_ignore_ascii_case(l.conn.nick()) =>
-                        {
-                            let channel = m.param(0).to_owned();
-                            if let Err(e) = l.conn.join(&channel, JOIN_TIMEOUT) {
-                                self.lost(
-                                    &mut live,
-                                    &format!("kicked from {channel}, cannot rejoin: {e}"),
-                                    &mut backoff,
-                                );
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-                Err(e) => self.lost(&mut live, &e.to_string(), &mut backoff),
-            }
-        }
-    }
-
-    /// `QUIT`, then reads until the server closes: what it relayed to us before it handled the
-    /// `QUIT` is journaled (the successor runs it), not dropped.
-    fn quit(&self, mut l: Live) {
-        self.shared.set_writer(None);
-        if l.conn.send_raw("QUIT :gatewarden: restarting or stopping").is_err() {
-            return;
-        }
-        let end = Instant::now() + QUIT_DRAIN;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            match l.conn.next_event(left) {
-                Ok(Some(Event::Privmsg { from, target, text, msgid })) => {
-                    l.n += 1;
-                    let own = l.conn.nick().to_owned();
-                    self.inbound(&own, event_id(msgid.as_deref(), &l.id, l.n), from, target, text);
-                }
-                Ok(Some(_)) if !left.is_zero() => {}
-                _ => return,
-            }
-        }
-    }
-
-    fn lost(&self, live: &mut Option<Live>, e: &str, backoff: &mut Duration) {
-        *live = None;
-        self.shared.set_writer(None);
-        self.set(State::Degraded(format!("connection lost: {e}")));
-        self.pause(*backoff);
-        *backoff = (*backoff * 2).min(BACKOFF_MAX);
-    }
-
-    fn connect(&self) -> Result<Connection, IrcError> {
-        let mut c = Connection::connect(&self.cfg)?;
-        for ch in &self.channels {
-            c.join(ch, JOIN_TIMEOUT)?;
-        }
-        Ok(c)
+    /// Drops the connection after an error (the socket is gone or unusable).
+    fn lost(&mut self, why: String) -> Failure {
+        self.live = None;
+        set_writer(&self.writer, None);
+        Failure::Lost(format!("connection lost: {why}"))
     }
 
     /// Routes one PRIVMSG: a channel we serve, or a private message from an allowed nick.
-    fn inbound(&self, own: &str, event_id: String, from: String, target: String, text: String) {
+    fn inbound(&self, own: &str, event_id: String, from: String, target: String, text: String) -> Option<Inbound> {
         let chat = if is_channel(&target) {
             if !self.channels.iter().any(|c| c.eq_ignore_ascii_case(&target)) {
-                return;
+                return None;
             }
             target
         } else {
             if !target.eq_ignore_ascii_case(own)
                 || !(self.nicks.is_empty() || self.nicks.iter().any(|n| n.eq_ignore_ascii_case(&from)))
             {
-                return;
+                return None;
             }
             from.clone()
         };
-        let msg = Inbound { event_id, chat_id: chat, user_id: from, text, sent_at: None };
-        for i in 0..DELIVER_TRIES {
-            match self.host.deliver(&self.name, msg.clone()) {
-                Ok(()) => {
-                    self.status.received(None);
-                    return;
-                }
-                Err(e) if i + 1 == DELIVER_TRIES => {
-                    // IRC cannot redeliver: the message is lost (at most once), and says so.
-                    self.set(State::Degraded(format!("cannot journal an inbound message (lost): {e}")));
-                }
-                Err(_) => {
-                    self.shared.flags.sleep(Duration::from_millis(100 << i), |_| false);
-                }
-            }
-        }
+        Some(Inbound { event_id, chat_id: chat, user_id: from, text, sent_at: None })
+    }
+
+    /// A PRIVMSG event on the live connection, as an inbound message we serve.
+    fn privmsg(&mut self, from: String, target: String, text: String, msgid: Option<String>) -> Option<Inbound> {
+        let l = self.live.as_mut()?;
+        l.n += 1;
+        let id = event_id(msgid.as_deref(), &l.id, l.n);
+        let own = l.conn.nick().to_owned();
+        self.inbound(&own, id, from, target, text)
     }
 }
 
-/// Why a flush stopped: `wire` when the connection failed (the reader reports and reconnects),
-/// else the journal or the drain deadline.
-struct FlushError {
-    wire: bool,
-    /// The journal's error, worth a `degraded`.
-    journal: Option<String>,
-}
-
-/// Drains the outbox through the live connection's [`Writer`], paced by a [`Bucket`].
-struct Sender {
-    name: String,
-    status: Arc<Status>,
-    shared: Arc<Shared>,
-    host: Arc<dyn Host>,
-    bucket: Bucket,
-}
-
-impl Sender {
-    fn deadline(&self) -> Option<Instant> {
-        *self.shared.close_deadline.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn run(mut self) {
-        let mut backoff = BACKOFF_MIN;
-        loop {
-            let flags = self.shared.flags.get();
-            let deadline = self.deadline();
-            if flags.close && deadline.is_some_and(|d| Instant::now() >= d) {
-                return;
+impl skeleton::Receiver for Reader {
+    fn connect(&mut self, _ctx: &Ctx) -> Result<(), Failure> {
+        let connected = Connection::connect(&self.cfg).and_then(|mut c| {
+            for ch in &self.channels {
+                c.join(ch, JOIN_TIMEOUT)?;
             }
-            let Some(w) = self.shared.writer() else {
-                if flags.close {
-                    // No connection at the end of a drain (none is made now): the successor
-                    // sends what is left.
-                    return;
-                }
-                self.shared.flags.sleep(Duration::from_millis(200), |b| b.close);
-                continue;
-            };
-            match self.flush(&w, deadline) {
-                Ok(true) => {
-                    backoff = BACKOFF_MIN;
-                    if flags.close {
-                        return;
-                    }
-                    self.shared.flags.sleep(Duration::from_secs(1), |b| b.wake || b.close);
-                    self.shared.flags.take_wake();
-                }
-                Ok(false) => backoff = BACKOFF_MIN,
-                Err(e) => {
-                    if e.wire {
-                        // The reader sees the closed socket, reports it and reconnects.
-                        w.shutdown();
-                    }
-                    if let Some(why) = e.journal {
-                        let state = State::Degraded(format!("cannot read the outbox: {why}"));
-                        if self.status.set(state.clone()) {
-                            self.host.state_changed(&self.name, &state);
-                        }
-                    }
-                    if flags.close {
-                        return;
-                    }
-                    self.shared.flags.sleep(backoff, |b| b.close);
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                }
-            }
-        }
-    }
-
-    /// Sends one batch of the outbox. `Ok(true)` when it was empty.
-    fn flush(&mut self, w: &Writer, deadline: Option<Instant>) -> Result<bool, FlushError> {
-        let batch = self.host.outbox(&self.name, 16).map_err(|e| FlushError { wire: false, journal: Some(e) })?;
-        if batch.is_empty() {
-            return Ok(true);
-        }
-        'items: for item in batch {
-            let target = item.chat_id.trim();
-            for line in reply_lines(&item.text) {
-                let wait = self.bucket.take(Instant::now());
-                if deadline.is_some_and(|d| Instant::now() + wait >= d) {
-                    // Flood control past the drain deadline: the successor sends the rest.
-                    return Err(FlushError { wire: false, journal: None });
-                }
-                if !wait.is_zero() {
-                    self.shared.flags.sleep(wait, |_| false);
-                }
-                match w.privmsg(target, &line) {
-                    Ok(_) => {}
-                    Err(e) if e.kind() == ErrorKind::Permanent => {
-                        // A target that cannot go on the wire: never retried.
-                        self.host.sent(item.seq, Sent::Rejected(e.to_string()));
-                        continue 'items;
-                    }
-                    Err(_) => return Err(FlushError { wire: true, journal: None }),
-                }
-            }
-            self.status.sent();
-            self.status.progress();
-            self.host.sent(item.seq, Sent::Ok);
-        }
-        Ok(false)
-    }
-}
-
-impl Adapter for Irc {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn kind(&self) -> &'static str {
-        "irc"
-    }
-
-    fn credential(&self) -> &str {
-        &self.credential
-    }
-
-    fn status(&self) -> &Arc<Status> {
-        &self.status
-    }
-
-    fn start(&self, host: Arc<dyn Host>) -> Result<(), AdapterError> {
-        self.status.set(State::Connecting);
-        let mut cfg = Config::new(self.server.clone(), self.nick.clone());
-        cfg.password = self.password.clone();
-        cfg.tls = self.tls.clone();
-        cfg.sasl = self.sasl.clone();
-        let shared = Arc::new(Shared {
-            flags: Flags::default(),
-            close_deadline: Mutex::new(None),
-            quit: Mutex::new(false),
-            writer: Mutex::new(None),
+            Ok(c)
         });
-        let (channels, nicks) = self.allowed.iter().cloned().partition(|c| is_channel(c));
-        let reader = Reader {
-            name: self.name.clone(),
-            cfg,
-            channels,
-            nicks,
-            conflict_bound: self.conflict_bound,
-            status: Arc::clone(&self.status),
-            shared: Arc::clone(&shared),
-            host: Arc::clone(&host),
-        };
-        let sender = Sender {
-            name: self.name.clone(),
-            status: Arc::clone(&self.status),
-            shared: Arc::clone(&shared),
-            host,
-            bucket: Bucket::new(Instant::now()),
-        };
-        let reader_done = spawn(&self.name, "irc", move || reader.run())?;
-        let sender_done = spawn(&self.name, "send", move || sender.run())?;
-        self.run.set(Running { shared, recv_done: reader_done, send_done: sender_done });
-        Ok(())
-    }
-
-    fn wake(&self) {
-        self.run.signal(|b| b.wake = true);
-    }
-
-    fn reconnect(&self) {
-        self.run.signal(|b| b.kick = true);
-    }
-
-    /// IRC keeps nothing for a successor: the connection keeps listening (and journaling) until
-    /// [`Adapter::close`]; it only stops reconnecting.
-    fn stop_intake(&self) {
-        self.run.signal(|b| b.stop = true);
-    }
-
-    fn close(&self, deadline: Instant) -> bool {
-        let run = self.run.take();
-        let mut all = true;
-        if let Some(r) = run {
-            wait::begin_close(&r.shared.flags, &r.shared.close_deadline, deadline);
-            all = wait::ended_by(&r.send_done, deadline, Duration::from_millis(200));
-            // The replies are out (or the deadline passed): now the connection may go.
-            *r.shared.quit.lock().unwrap_or_else(|p| p.into_inner()) = true;
-            let _ = r.recv_done.recv_timeout(READ_SLICE + QUIT_DRAIN + Duration::from_millis(500));
+        match connected {
+            Ok(conn) => {
+                set_writer(&self.writer, Some(conn.writer()));
+                self.live = Some(Live { conn, id: connection_id(SystemTime::now()), n: 0 });
+                Ok(())
+            }
+            Err(e) => Err(match e.kind() {
+                ErrorKind::Conflict => Failure::Conflict(format!("nick {} in use on {}", self.cfg.nick, self.cfg.addr)),
+                ErrorKind::Rejected => Failure::Rejected(e.to_string()),
+                ErrorKind::Transient | ErrorKind::Permanent => Failure::Down(e.to_string()),
+            }),
         }
-        self.status.set(State::Closed);
-        all
     }
 
-    fn watchdog_after(&self) -> Duration {
-        // The client declares a silent connection dead after 90 s (PING after 60 s of silence,
-        // 30 s for the answer); the watchdog only backs that up.
-        Duration::from_secs(150)
+    /// One read slice; no error means the connection answered within its keepalive bound.
+    fn receive(&mut self, _ctx: &Ctx, _budget: Option<Duration>) -> Result<Batch, Failure> {
+        let Some(l) = self.live.as_mut() else {
+            return Err(self.lost("not connected".into()));
+        };
+        let mut batch = Batch::default();
+        match l.conn.next_event(READ_SLICE) {
+            Ok(Some(Event::Privmsg { from, target, text, msgid })) => {
+                batch.messages.extend(self.privmsg(from, target, text, msgid));
+            }
+            // Kicked from a served channel: join it again (a ban makes that fail, and the
+            // reconnect loop reports why).
+            Ok(Some(Event::Other(m))) if m.command == "KICK" && m.param(1).eq_ignore_ascii_case(l.conn.nick()) => {
+                let channel = m.param(0).to_owned();
+                if let Err(e) = l.conn.join(&channel, JOIN_TIMEOUT) {
+                    return Err(self.lost(format!("kicked from {channel}, cannot rejoin: {e}")));
+                }
+            }
+            Ok(_) => {}
+            Err(e) => return Err(self.lost(e.to_string())),
+        }
+        Ok(batch)
+    }
+
+    fn disconnect(&mut self) {
+        set_writer(&self.writer, None);
+        if let Some(l) = self.live.take() {
+            l.conn.quit("gatewarden: reconnecting");
+        }
+    }
+
+    /// `QUIT`, then reads until the server closes: what it relayed to us before it handled the
+    /// `QUIT` is journaled (the successor runs it), not dropped.
+    fn hang_up(&mut self) -> Vec<Inbound> {
+        set_writer(&self.writer, None);
+        let mut out = Vec::new();
+        let Some(l) = self.live.as_mut() else { return out };
+        if l.conn.send_raw("QUIT :gatewarden: restarting or stopping").is_err() {
+            self.live = None;
+            return out;
+        }
+        let end = std::time::Instant::now() + QUIT_DRAIN;
+        loop {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            let Some(l) = self.live.as_mut() else { break };
+            match l.conn.next_event(left) {
+                Ok(Some(Event::Privmsg { from, target, text, msgid })) => {
+                    out.extend(self.privmsg(from, target, text, msgid));
+                }
+                Ok(Some(_)) if !left.is_zero() => {}
+                _ => break,
+            }
+        }
+        self.live = None;
+        out
+    }
+}
+
+/// The send side: PRIVMSG through the live connection's [`Writer`].
+pub struct Talker {
+    writer: WriterSlot,
+}
+
+impl Talker {
+    fn writer(&self) -> Option<Writer> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl skeleton::Sender for Talker {
+    fn ready(&self) -> bool {
+        self.writer().is_some()
+    }
+
+    fn send(&mut self, chat: &str, piece: &str, _id: PieceId) -> Result<(), SendError> {
+        let Some(w) = self.writer() else { return Err(SendError::Lost("not connected".into())) };
+        match w.privmsg(chat.trim(), piece) {
+            Ok(_) => Ok(()),
+            // A target that cannot go on the wire: never retried.
+            Err(e) if e.kind() == ErrorKind::Permanent => Err(SendError::Rejected(e.to_string())),
+            Err(e) => {
+                // The receive side sees the closed socket, reports it and reconnects.
+                w.shutdown();
+                Err(SendError::Lost(e.to_string()))
+            }
+        }
     }
 }
 
@@ -611,24 +355,6 @@ mod tests {
         let b = connection_id(t + Duration::from_micros(1));
         assert_ne!(a, b, "a reconnect gets another id");
         assert!(a.ends_with(&format!(".{}", std::process::id())), "{a}");
-    }
-
-    #[test]
-    fn flood_control_allows_a_burst_then_paces() {
-        let t0 = Instant::now();
-        let mut b = Bucket::new(t0);
-        for _ in 0..FLOOD_BURST {
-            assert_eq!(b.take(t0), Duration::ZERO);
-        }
-        assert_eq!(b.take(t0), FLOOD_EVERY);
-        assert_eq!(b.take(t0), FLOOD_EVERY * 2);
-        // Idle time refills up to the burst, never beyond.
-        let later = t0 + FLOOD_EVERY * 100;
-        let mut b = Bucket::new(later);
-        for _ in 0..FLOOD_BURST {
-            assert_eq!(b.take(later), Duration::ZERO);
-        }
-        assert!(b.take(later) > Duration::ZERO);
     }
 
     #[test]

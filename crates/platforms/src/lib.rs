@@ -1,4 +1,5 @@
-//! Chat platform adapters: one trait, a module per platform.
+//! Chat platform adapters: one contract ([`Adapter`]), one skeleton that implements it
+//! ([`skeleton::Skeleton`]), and a protocol module per platform.
 //!
 //! An adapter's life, driven by the gateway (crates/runtime/src/platforms.rs):
 //! 1. the gateway takes the adapter's credential lock ([`credlock`]; with `[cluster]`, a credential
@@ -9,30 +10,28 @@
 //! 3. replies leave through the journal's durable outbox: the host calls [`Adapter::wake`] when
 //!    there is something to send, and the adapter reports each entry sent or failed;
 //! 4. the adapter publishes its [`State`] and the time of its last successful receive or send
-//!    ([`Status::last_progress`]); the gateway's watchdog, not the adapter, decides that a deaf
+//!    ([`Snapshot::last_progress`]); the gateway's watchdog, not the adapter, decides that a deaf
 //!    adapter is reconnected ([`Adapter::reconnect`]);
-//! 5. drain: [`Adapter::stop_intake`] first (no new polls), then, once runs are idle,
+//! 5. drain: [`Adapter::stop_intake`] first (no new receives), then, once runs are idle,
 //!    [`Adapter::close`] flushes the outbox within a deadline and stops the threads. (IRC's
 //!    server keeps nothing for a successor, so its adapter listens on until `close`.)
 //!
-//! A platform is a module implementing [`Adapter`] and one arm in [`build`]: [`telegram`],
-//! [`matrix`] and [`irc`].
+//! Steps 2 to 5 are the skeleton's ([`skeleton`]); a platform is a [`skeleton::Protocol`] in
+//! its own module ([`telegram`], [`matrix`], [`irc`]) and one arm in [`build`]
+//! (docs/adding-a-platform.md).
 
 pub mod credlock;
 pub mod irc;
 pub mod matrix;
-mod sha256;
+pub mod skeleton;
 pub mod telegram;
-mod wait;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use gatewarden_agent::config::{PlatformConfig, PlatformKind};
+use gatewarden_config::{PlatformConfig, PlatformKind};
 use serde::Serialize;
-
-pub use sha256::sha256_hex;
 
 /// Where an adapter is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -91,6 +90,7 @@ struct StatusInner {
     received: u64,
     sent: u64,
     conflicts: u64,
+    last_error: Option<String>,
 }
 
 /// A copy of [`Status`] at one instant.
@@ -107,8 +107,11 @@ pub struct Snapshot {
     /// Seconds between the platform's timestamp of the last inbound message and its commit.
     pub lag_s: Option<f64>,
     pub received: u64,
+    /// Pieces sent (a long reply is several).
     pub sent: u64,
     pub conflicts: u64,
+    /// The reason of the last `degraded` or `parked`, kept after recovery.
+    pub last_error: Option<String>,
 }
 
 impl Default for Status {
@@ -123,6 +126,7 @@ impl Default for Status {
                 received: 0,
                 sent: 0,
                 conflicts: 0,
+                last_error: None,
             }),
         }
     }
@@ -139,6 +143,9 @@ impl Status {
         self.with(|s| {
             if s.state == state {
                 return false;
+            }
+            if let State::Degraded(why) | State::Parked(why) = &state {
+                s.last_error = Some(why.clone());
             }
             s.state = state;
             s.since = SystemTime::now();
@@ -190,6 +197,7 @@ impl Status {
             received: s.received,
             sent: s.sent,
             conflicts: s.conflicts,
+            last_error: s.last_error.clone(),
         })
     }
 }
@@ -207,7 +215,7 @@ pub struct Inbound {
 }
 
 /// A reply to send, from the journal's outbox.
-pub use gatewarden_agent::journal::Outgoing;
+pub use gatewarden_journal::Outgoing;
 
 /// How a send ended, for the outbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -280,7 +288,7 @@ pub trait Adapter: Send + Sync {
     /// Drain, step 1: no new receives; the platform keeps what arrives for the successor.
     fn stop_intake(&self);
     /// Drain, step 2: send what the outbox holds until `deadline`, then stop. Returns whether
-    /// the outbox was empty at the end.
+    /// the outbox was empty at the end (what is left waits for the successor).
     fn close(&self, deadline: Instant) -> bool;
     /// Parks the adapter without starting it (its credential is held elsewhere).
     fn park(&self, reason: String) {
@@ -288,6 +296,13 @@ pub trait Adapter: Send + Sync {
     }
     /// How long without progress before the watchdog reconnects.
     fn watchdog_after(&self) -> Duration;
+}
+
+/// The lowercase hex SHA-256 of `data`: the credential lock's and lease's key, so the credential
+/// itself is written nowhere.
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Builds the adapter for one `[[platform]]` table, reading its credential from the environment.
@@ -302,5 +317,36 @@ pub fn build(cfg: &PlatformConfig) -> Result<Arc<dyn Adapter>, AdapterError> {
         // The password is optional; a named variable that is unset is still an error.
         PlatformKind::Irc if cfg.token_env.is_some() && token.is_none() => Err(missing()),
         PlatformKind::Irc => Ok(Arc::new(irc::Irc::new(cfg, token)?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fips_vectors() {
+        assert_eq!(sha256_hex(b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+        assert_eq!(sha256_hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            sha256_hex(b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
+        );
+        // Padding that spills into a second block.
+        assert_eq!(sha256_hex(&[b'a'; 64]), "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb");
+    }
+
+    #[test]
+    fn the_last_error_outlives_the_recovery() {
+        let s = Status::default();
+        assert_eq!(s.snapshot().last_error, None);
+        assert!(s.set(State::Degraded("cannot reach the Bot API".into())));
+        assert!(s.set(State::Connected));
+        assert!(s.set(State::Standby("another consumer is active".into())), "standby is no error");
+        let snap = s.snapshot();
+        assert_eq!((snap.state.name(), snap.last_error.as_deref()), ("standby", Some("cannot reach the Bot API")));
+        let json = serde_json::to_value(&snap).unwrap();
+        assert_eq!(json["last_error"], "cannot reach the Bot API");
+        assert_eq!(json["state"], "standby");
     }
 }

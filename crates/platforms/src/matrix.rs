@@ -25,25 +25,24 @@
 //!   unsaved, so the successor reads it again from the saved token. The homeserver keeps what
 //!   arrives meanwhile.
 //!
-//! Two OS threads per adapter (a receiver in the long poll, a sender draining the outbox), as
-//! for Telegram (crates/platforms/src/telegram.rs).
+//! The loops, states, backoff and drain are the skeleton's (crates/platforms/src/skeleton):
+//! this module is the client-server protocol ([`Proto`]).
+//!
+//! [`Adapter::stop_intake`]: crate::Adapter::stop_intake
+//! [`Host`]: crate::Host
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use gatewarden_agent::config::PlatformConfig;
 use gatewarden_chatproto::matrix::{Client, Error as MxError, ErrorKind, TextMessage};
+use gatewarden_config::PlatformConfig;
 use gatewarden_lifecycle::fsio;
 use serde::{Deserialize, Serialize};
 
-use crate::wait::{self, Flags, Running, Slot, spawn};
-use crate::{Adapter, AdapterError, Host, Inbound, Sent, State, Status};
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::{AdapterError, Host, Inbound};
 
-const BACKOFF_MIN: Duration = Duration::from_millis(250);
-const BACKOFF_MAX: Duration = Duration::from_secs(15);
-/// Longest `retry_after_ms` honoured as given.
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 /// Bound on every call besides the sync's own long-poll timeout.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Characters per message event (events are capped at 64 KiB of JSON).
@@ -79,12 +78,9 @@ fn random_prefix() -> String {
 }
 
 /// Splits `text` into message bodies (never empty).
+#[cfg(test)]
 fn pieces(text: &str) -> Vec<String> {
-    if text.is_empty() {
-        return vec!["(empty reply)".to_owned()];
-    }
-    let chars: Vec<char> = text.chars().collect();
-    chars.chunks(MAX_TEXT_CHARS).map(|c| c.iter().collect()).collect()
+    skeleton::pieces(text, &Proto::LIMITS)
 }
 
 fn inbound(m: TextMessage) -> Inbound {
@@ -93,30 +89,20 @@ fn inbound(m: TextMessage) -> Inbound {
 }
 
 /// The Matrix adapter.
-pub struct Matrix {
-    name: String,
+pub type Matrix = Skeleton<Proto>;
+
+/// The client-server protocol.
+pub struct Proto {
     token: String,
     homeserver: String,
     /// `ca_file` and `proxy` (crates/net).
     out: gatewarden_net::Outbound,
+    name: String,
     allowed: Vec<String>,
     poll_timeout: Duration,
-    status: Arc<Status>,
-    run: Slot<Shared>,
 }
 
-struct Shared {
-    flags: Flags,
-    close_deadline: Mutex<Option<Instant>>,
-}
-
-impl AsRef<Flags> for Shared {
-    fn as_ref(&self) -> &Flags {
-        &self.flags
-    }
-}
-
-impl Matrix {
+impl Skeleton<Proto> {
     pub fn new(cfg: &PlatformConfig, token: String) -> Result<Matrix, AdapterError> {
         let name = cfg.adapter_name();
         let homeserver = cfg.api_base.clone().unwrap_or_default();
@@ -125,23 +111,69 @@ impl Matrix {
             .map_err(|e| start_error(e.to_string()))?;
         // The URL is checked once here: a bad one is a start error, not a retry loop.
         Client::with_outbound(&homeserver, REQUEST_TIMEOUT, &out).map_err(|e| start_error(e.to_string()))?;
-        Ok(Matrix {
-            name,
+        let proto = Proto {
             token,
             homeserver,
             out,
+            name,
             allowed: cfg.allowed_chats.clone(),
             poll_timeout: Duration::from_secs(cfg.poll_timeout_s),
-            status: Arc::new(Status::default()),
-            run: Slot::default(),
-        })
+        };
+        Ok(Skeleton::from_protocol(cfg, proto))
     }
+}
 
-    fn client(&self) -> Result<Client, AdapterError> {
-        let mut c = Client::with_outbound(&self.homeserver, REQUEST_TIMEOUT, &self.out)
-            .map_err(|e| AdapterError::Start { name: self.name.clone(), message: e.to_string() })?;
+impl Proto {
+    fn client(&self) -> Result<Client, String> {
+        let mut c = Client::with_outbound(&self.homeserver, REQUEST_TIMEOUT, &self.out).map_err(|e| e.to_string())?;
         c.set_access_token(self.token.clone());
         Ok(c)
+    }
+}
+
+impl Protocol for Proto {
+    const KIND: &'static str = "matrix";
+    const LIMITS: Limits = Limits {
+        piece: PieceLimit::Chars(MAX_TEXT_CHARS),
+        line_per_piece: false,
+        batch: 32,
+        pace: None,
+        min_receive: Duration::ZERO,
+        redelivers: true,
+        listens_through_drain: false,
+        // Nothing sent to the rooms before the first sync's token is taken for history.
+        connected_after_receive: true,
+        // The receiver may sit in a long poll whose answer it will drop: not worth waiting
+        // past the deadline for.
+        close_grace: Duration::ZERO,
+    };
+    type Receiver = Syncer;
+    type Sender = Poster;
+
+    fn credential(&self) -> &str {
+        &self.token
+    }
+
+    fn watchdog_after(&self) -> Duration {
+        self.poll_timeout + REQUEST_TIMEOUT + Duration::from_secs(30)
+    }
+
+    fn open(&self, host: &Arc<dyn Host>) -> Result<(Syncer, Poster), String> {
+        let cursor_path = host.state_dir().map(|d| d.join(format!("matrix-{}.json", self.name)));
+        let cursor = load_cursor(cursor_path.as_ref()).map_err(|e| format!("sync token file: {e}"))?;
+        let tx = Poster { client: self.client()?, txn_prefix: cursor.txn_prefix.clone() };
+        let rx = Syncer {
+            client: self.client()?,
+            allowed: self.allowed.clone(),
+            rooms: Vec::new(),
+            poll_timeout: self.poll_timeout,
+            cursor,
+            cursor_path,
+            saved_at: Instant::now(),
+            resync: false,
+            pending: None,
+        };
+        Ok((rx, tx))
     }
 }
 
@@ -169,68 +201,41 @@ fn save_cursor(path: &Path, c: &Cursor) -> Result<(), String> {
     fsio::write_json(path, c).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-struct Receiver {
-    name: String,
+/// A client error as the skeleton's failure, `what` naming the call.
+fn failure(what: &str, e: &MxError) -> Failure {
+    match e.kind() {
+        ErrorKind::Rejected => Failure::Rejected(e.to_string()),
+        ErrorKind::RateLimited => Failure::RateLimited(e.retry_after()),
+        ErrorKind::Transient | ErrorKind::Permanent => Failure::Down(format!("{what}: {e}")),
+    }
+}
+
+/// The `next_batch` of a received batch, saved once its messages are journaled.
+struct Pending {
+    next_batch: String,
+    /// Whether the save may be skipped: nothing was delivered, not a (re)start.
+    idle: bool,
+}
+
+/// The receive side: `whoami`, joins, then `/sync` long polls.
+pub struct Syncer {
     client: Client,
-    /// Logged in and joined.
-    ready: bool,
     allowed: Vec<String>,
     /// The room ids the allowed rooms resolved to.
     rooms: Vec<String>,
     poll_timeout: Duration,
     cursor: Cursor,
     cursor_path: Option<PathBuf>,
-    status: Arc<Status>,
-    shared: Arc<Shared>,
-    host: Arc<dyn Host>,
+    saved_at: Instant,
+    /// A token the server no longer accepts: the fresh sync's messages are delivered (and
+    /// deduplicated) rather than skipped as history.
+    resync: bool,
+    pending: Option<Pending>,
 }
 
-impl Receiver {
-    fn set(&self, s: State) {
-        if self.status.set(s.clone()) {
-            self.host.state_changed(&self.name, &s);
-        }
-    }
-
-    fn stopping(&self) -> bool {
-        self.shared.flags.get().stop
-    }
-
-    fn pause(&self, d: Duration) {
-        self.shared.flags.sleep(d, |b| b.stop || b.kick);
-    }
-
+impl Syncer {
     fn allowed_room(&self, room: &str) -> bool {
         self.allowed.is_empty() || self.rooms.iter().any(|r| r == room)
-    }
-
-    /// Handles an error; returns false when the adapter is parked for good.
-    fn failed(&self, what: &str, e: &MxError, backoff: &mut Duration) -> bool {
-        match e.kind() {
-            ErrorKind::Rejected => {
-                self.set(State::Parked(format!("credentials rejected: {e}")));
-                return false;
-            }
-            ErrorKind::RateLimited => self.pause(e.retry_after().unwrap_or(*backoff).min(MAX_RETRY_AFTER)),
-            ErrorKind::Transient | ErrorKind::Permanent => {
-                self.set(State::Degraded(format!("{what}: {e}")));
-                self.pause(*backoff);
-            }
-        }
-        *backoff = (*backoff * 2).min(BACKOFF_MAX);
-        true
-    }
-
-    /// `whoami`, then joins the allowed rooms.
-    fn hello(&mut self) -> Result<(), (String, MxError)> {
-        self.client.whoami().map_err(|e| ("cannot log in".to_owned(), e))?;
-        let mut rooms = Vec::new();
-        for room in &self.allowed {
-            let id = self.client.join(room).map_err(|e| (format!("cannot join {room}"), e))?;
-            rooms.push(id);
-        }
-        self.rooms = rooms;
-        Ok(())
     }
 
     /// The messages of `room` a limited sync skipped, oldest first: pages back from `prev` (the
@@ -253,335 +258,129 @@ impl Receiver {
         out.reverse();
         Ok((out, whole))
     }
-
-    fn save(&mut self, since: String) {
-        self.cursor.since = Some(since);
-        if let Some(p) = &self.cursor_path
-            && let Err(e) = save_cursor(p, &self.cursor)
-        {
-            // Not fatal: the next start re-reads from an older token and deduplicates.
-            self.set(State::Degraded(format!("cannot save the sync token: {e}")));
-        }
-    }
-
-    fn run(mut self) {
-        let mut backoff = BACKOFF_MIN;
-        let mut saved_at = Instant::now();
-        // A token the server no longer accepts: the fresh sync's messages are delivered (and
-        // deduplicated) rather than skipped as history.
-        let mut resync = false;
-        'sync: while !self.stopping() {
-            if self.shared.flags.take_kick() {
-                self.ready = false;
-                self.set(State::Connecting);
-            }
-            if !self.ready {
-                match self.hello() {
-                    // `connected` once the first sync returns: from then on, nothing sent to the
-                    // rooms is taken for history.
-                    Ok(()) => self.ready = true,
-                    Err((what, e)) => {
-                        if !self.failed(&what, &e, &mut backoff) {
-                            return;
-                        }
-                    }
-                }
-                continue;
-            }
-            let timeout = match self.host.receive_budget() {
-                // The first sync only fetches a token: no reason to wait.
-                _ if self.cursor.since.is_none() => Duration::ZERO,
-                Some(b) => self.poll_timeout.min(b),
-                None => self.poll_timeout,
-            };
-            let result = self.client.sync(self.cursor.since.as_deref(), timeout);
-            if self.stopping() {
-                // Unsaved: the successor reads this batch again from the saved token.
-                break;
-            }
-            let batch = match result {
-                Ok(b) => b,
-                Err(e) => {
-                    if e.kind() == ErrorKind::Permanent && self.cursor.since.is_some() {
-                        // e.g. a token from a homeserver whose database was replaced.
-                        self.cursor.since = None;
-                        resync = true;
-                    }
-                    if !self.failed("sync failed", &e, &mut backoff) {
-                        return;
-                    }
-                    continue;
-                }
-            };
-            backoff = BACKOFF_MIN;
-            self.status.progress();
-            // A limited timeline skipped events between our token and this batch (more than the
-            // filter's limit arrived, e.g. during a long outage or a slow restart): read them back
-            // from each room's `prev_batch` to our token, oldest first, before the batch's own.
-            // A gap that cannot be read whole is not silent: the state (and the ledger's
-            // `platform_state`) names the rooms until the next batch.
-            let mut messages = Vec::new();
-            let mut skipped: Vec<&String> = Vec::new();
-            if let Some(since) = self.cursor.since.clone() {
-                for room in batch.gaps.iter().filter(|r| self.allowed_room(r)) {
-                    let prev = batch.prev_batches.iter().find(|(r, _)| r == room).map(|(_, p)| p.as_str());
-                    match prev.map(|p| self.backfill(room, p, &since)) {
-                        Some(Ok((mut older, whole))) => {
-                            messages.append(&mut older);
-                            if !whole {
-                                skipped.push(room);
-                            }
-                        }
-                        Some(Err(e)) => {
-                            // The same sync again from the unchanged token, once the server answers.
-                            if !self.failed("cannot read the messages a sync skipped", &e, &mut backoff) {
-                                return;
-                            }
-                            continue 'sync;
-                        }
-                        None => skipped.push(room),
-                    }
-                }
-            }
-            if skipped.is_empty() {
-                self.set(State::Connected);
-            } else {
-                self.set(State::Degraded(format!(
-                    "the homeserver skipped messages in {skipped:?} that could not be read back; they are not answered"
-                )));
-            }
-            messages.extend(batch.messages);
-            for room in &batch.invites {
-                if self.allowed.is_empty() || self.allowed.iter().any(|a| a == room) {
-                    // A failure is retried at the next sync, which reports the invite again.
-                    let _ = self.client.join(room);
-                }
-            }
-            let first = self.cursor.since.is_none() && !resync;
-            // A first sync is history, except within the host's fresh-start window.
-            let since_ok = if first { self.host.fresh_start_window().map(|w| SystemTime::now() - w) } else { None };
-            if !first || since_ok.is_some() {
-                let mut committed = true;
-                let mut delivered = 0usize;
-                for m in messages {
-                    if !self.allowed_room(&m.room_id) {
-                        continue;
-                    }
-                    if let Some(t0) = since_ok
-                        && m.origin_server_ts
-                            < t0.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-                    {
-                        continue;
-                    }
-                    let msg = inbound(m);
-                    let lag =
-                        msg.sent_at.and_then(|t| SystemTime::now().duration_since(t).ok()).map(|d| d.as_secs_f64());
-                    if let Err(e) = self.host.deliver(&self.name, msg) {
-                        self.set(State::Degraded(format!("cannot journal an inbound message: {e}")));
-                        committed = false;
-                        break;
-                    }
-                    self.status.received(lag);
-                    delivered += 1;
-                }
-                if !committed {
-                    // The same batch again from the unchanged token; journaled ones deduplicate.
-                    self.pause(backoff);
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                    continue;
-                }
-                if delivered == 0 && saved_at.elapsed() < SAVE_IDLE_EVERY && !resync {
-                    // An idle batch need not cost an fsync: restarting from the older saved
-                    // token only reads the same nothing again.
-                    self.cursor.since = Some(batch.next_batch);
-                    continue;
-                }
-            }
-            resync = false;
-            saved_at = Instant::now();
-            self.save(batch.next_batch);
-        }
-    }
 }
 
-struct Sender {
-    name: String,
-    client: Client,
-    txn_prefix: String,
-    status: Arc<Status>,
-    shared: Arc<Shared>,
-    host: Arc<dyn Host>,
-}
-
-impl Sender {
-    fn closing_done(&self, empty: bool) -> bool {
-        let deadline = *self.shared.close_deadline.lock().unwrap_or_else(|p| p.into_inner());
-        deadline.is_some_and(|d| empty || Instant::now() >= d)
-    }
-
-    fn set(&self, s: State) {
-        if self.status.set(s.clone()) {
-            self.host.state_changed(&self.name, &s);
+impl skeleton::Receiver for Syncer {
+    /// `whoami`, then joins the allowed rooms.
+    fn connect(&mut self, _ctx: &Ctx) -> Result<(), Failure> {
+        self.client.whoami().map_err(|e| failure("cannot log in", &e))?;
+        let mut rooms = Vec::new();
+        for room in &self.allowed {
+            let id = self.client.join(room).map_err(|e| failure(&format!("cannot join {room}"), &e))?;
+            rooms.push(id);
         }
-    }
-
-    fn run(self) {
-        let mut backoff = BACKOFF_MIN;
-        loop {
-            let empty = match self.flush() {
-                Ok(empty) => {
-                    backoff = BACKOFF_MIN;
-                    empty
-                }
-                Err(e) => {
-                    let parked = matches!(self.status.state(), State::Parked(_));
-                    if !parked {
-                        self.set(State::Degraded(format!("cannot send: {e}")));
-                    }
-                    // Parked cannot heal before the deadline: the outbox waits for the next start.
-                    if self.closing_done(false) || (parked && self.shared.flags.get().close) {
-                        return;
-                    }
-                    self.shared.flags.sleep(backoff, |b| b.close);
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                    continue;
-                }
-            };
-            if self.closing_done(empty) {
-                return;
-            }
-            if empty {
-                self.shared.flags.sleep(Duration::from_secs(1), |b| b.wake || b.close);
-                self.shared.flags.take_wake();
-            }
-        }
-    }
-
-    /// Sends what the outbox holds. `Ok(true)` when it is empty.
-    fn flush(&self) -> Result<bool, String> {
-        if matches!(self.status.state(), State::Parked(_)) {
-            return Err("parked".into());
-        }
-        let batch = self.host.outbox(&self.name, 32)?;
-        if batch.is_empty() {
-            return Ok(true);
-        }
-        'items: for item in batch {
-            for (i, piece) in pieces(&item.text).iter().enumerate() {
-                let txn = txn_id(&self.txn_prefix, item.seq, i);
-                loop {
-                    match self.client.send_text(&item.chat_id, &txn, piece) {
-                        Ok(_) => {
-                            self.status.sent();
-                            self.status.progress();
-                            break;
-                        }
-                        Err(e) => match e.kind() {
-                            ErrorKind::RateLimited => {
-                                let d = e.retry_after().unwrap_or(Duration::from_secs(1)).min(MAX_RETRY_AFTER);
-                                if self.closing_done(false) {
-                                    return Err(format!("rate limited past the drain deadline: {e}"));
-                                }
-                                self.shared.flags.sleep(d, |_| false);
-                            }
-                            ErrorKind::Permanent => {
-                                // Unknown room, not joined, forbidden: never retried.
-                                self.host.sent(item.seq, Sent::Rejected(e.to_string()));
-                                continue 'items;
-                            }
-                            ErrorKind::Rejected => {
-                                self.set(State::Parked(format!("credentials rejected: {e}")));
-                                return Err(e.to_string());
-                            }
-                            ErrorKind::Transient => return Err(e.to_string()),
-                        },
-                    }
-                }
-            }
-            self.host.sent(item.seq, Sent::Ok);
-        }
-        Ok(false)
-    }
-}
-
-impl Adapter for Matrix {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn kind(&self) -> &'static str {
-        "matrix"
-    }
-
-    fn credential(&self) -> &str {
-        &self.token
-    }
-
-    fn status(&self) -> &Arc<Status> {
-        &self.status
-    }
-
-    fn start(&self, host: Arc<dyn Host>) -> Result<(), AdapterError> {
-        self.status.set(State::Connecting);
-        let cursor_path = host.state_dir().map(|d| d.join(format!("matrix-{}.json", self.name)));
-        let cursor = load_cursor(cursor_path.as_ref())
-            .map_err(|e| AdapterError::Start { name: self.name.clone(), message: format!("sync token file: {e}") })?;
-        let shared = Arc::new(Shared { flags: Flags::default(), close_deadline: Mutex::new(None) });
-        let tx = Sender {
-            name: self.name.clone(),
-            client: self.client()?,
-            txn_prefix: cursor.txn_prefix.clone(),
-            status: Arc::clone(&self.status),
-            shared: Arc::clone(&shared),
-            host: Arc::clone(&host),
-        };
-        let rx = Receiver {
-            name: self.name.clone(),
-            client: self.client()?,
-            ready: false,
-            allowed: self.allowed.clone(),
-            rooms: Vec::new(),
-            poll_timeout: self.poll_timeout,
-            cursor,
-            cursor_path,
-            status: Arc::clone(&self.status),
-            shared: Arc::clone(&shared),
-            host,
-        };
-        let recv_done = spawn(&self.name, "recv", move || rx.run())?;
-        let send_done = spawn(&self.name, "send", move || tx.run())?;
-        self.run.set(Running { shared, recv_done, send_done });
+        self.rooms = rooms;
         Ok(())
     }
 
-    fn wake(&self) {
-        self.run.signal(|b| b.wake = true);
-    }
-
-    fn reconnect(&self) {
-        self.run.signal(|b| b.kick = true);
-    }
-
-    fn stop_intake(&self) {
-        self.run.signal(|b| b.stop = true);
-    }
-
-    fn close(&self, deadline: Instant) -> bool {
-        let run = self.run.take();
-        let mut all = true;
-        if let Some(r) = run {
-            wait::begin_close(&r.shared.flags, &r.shared.close_deadline, deadline);
-            all = wait::ended_by(&r.send_done, deadline, Duration::from_millis(200));
-            // The receiver may sit in a long poll whose answer it will drop: not worth waiting
-            // past the deadline for.
-            wait::ended_by(&r.recv_done, deadline, Duration::ZERO);
+    fn receive(&mut self, ctx: &Ctx, budget: Option<Duration>) -> Result<Batch, Failure> {
+        self.pending = None;
+        let timeout = match budget {
+            // The first sync only fetches a token: no reason to wait.
+            _ if self.cursor.since.is_none() => Duration::ZERO,
+            Some(b) => self.poll_timeout.min(b),
+            None => self.poll_timeout,
+        };
+        let batch = match self.client.sync(self.cursor.since.as_deref(), timeout) {
+            Ok(b) => b,
+            Err(e) => {
+                if e.kind() == ErrorKind::Permanent && self.cursor.since.is_some() {
+                    // e.g. a token from a homeserver whose database was replaced.
+                    self.cursor.since = None;
+                    self.resync = true;
+                }
+                return Err(failure("sync failed", &e));
+            }
+        };
+        // A limited timeline skipped events between our token and this batch (more than the
+        // filter's limit arrived, e.g. during a long outage or a slow restart): read them back
+        // from each room's `prev_batch` to our token, oldest first, before the batch's own.
+        // A gap that cannot be read whole is not silent: the state (and the ledger's
+        // `platform_state`) names the rooms until the next batch.
+        let mut messages = Vec::new();
+        let mut skipped: Vec<&String> = Vec::new();
+        if let Some(since) = &self.cursor.since {
+            for room in batch.gaps.iter().filter(|r| self.allowed_room(r)) {
+                let prev = batch.prev_batches.iter().find(|(r, _)| r == room).map(|(_, p)| p.as_str());
+                match prev.map(|p| self.backfill(room, p, since)) {
+                    Some(Ok((mut older, whole))) => {
+                        messages.append(&mut older);
+                        if !whole {
+                            skipped.push(room);
+                        }
+                    }
+                    // The same sync again from the unchanged token, once the server answers.
+                    Some(Err(e)) => return Err(failure("cannot read the messages a sync skipped", &e)),
+                    None => skipped.push(room),
+                }
+            }
         }
-        self.status.set(State::Closed);
-        all
+        let gap = (!skipped.is_empty()).then(|| {
+            format!("the homeserver skipped messages in {skipped:?} that could not be read back; they are not answered")
+        });
+        messages.extend(batch.messages);
+        for room in &batch.invites {
+            if self.allowed.is_empty() || self.allowed.iter().any(|a| a == room) {
+                // A failure is retried at the next sync, which reports the invite again.
+                let _ = self.client.join(room);
+            }
+        }
+        let first = self.cursor.since.is_none() && !self.resync;
+        // A first sync is history, except within the host's fresh-start window.
+        let since_ok = if first { ctx.host().fresh_start_window().map(|w| SystemTime::now() - w) } else { None };
+        let t0 = since_ok.map(|t| t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64));
+        let messages: Vec<Inbound> = if first && since_ok.is_none() {
+            Vec::new()
+        } else {
+            messages
+                .into_iter()
+                .filter(|m| self.allowed_room(&m.room_id) && t0.is_none_or(|t0| m.origin_server_ts >= t0))
+                .map(inbound)
+                .collect()
+        };
+        let idle = messages.is_empty() && !(first && since_ok.is_none()) && !self.resync;
+        self.pending = Some(Pending { next_batch: batch.next_batch, idle });
+        Ok(Batch { messages, gap })
     }
 
-    fn watchdog_after(&self) -> Duration {
-        self.poll_timeout + REQUEST_TIMEOUT + Duration::from_secs(30)
+    /// Saves the token past the journaled batch, so the successor resumes after it.
+    fn confirm(&mut self, _ctx: &Ctx) -> Result<(), String> {
+        let Some(p) = self.pending.take() else { return Ok(()) };
+        self.cursor.since = Some(p.next_batch);
+        if p.idle && self.saved_at.elapsed() < SAVE_IDLE_EVERY {
+            // An idle batch need not cost an fsync: restarting from the older saved token only
+            // reads the same nothing again.
+            return Ok(());
+        }
+        self.resync = false;
+        self.saved_at = Instant::now();
+        match &self.cursor_path {
+            // Not fatal: the next start re-reads from an older token and deduplicates.
+            Some(path) => save_cursor(path, &self.cursor).map_err(|e| format!("cannot save the sync token: {e}")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The send side: idempotent `PUT .../send/m.room.message/{txnId}`.
+pub struct Poster {
+    client: Client,
+    txn_prefix: String,
+}
+
+impl skeleton::Sender for Poster {
+    fn send(&mut self, chat: &str, piece: &str, id: PieceId) -> Result<(), SendError> {
+        let txn = txn_id(&self.txn_prefix, id.seq, id.index);
+        match self.client.send_text(chat, &txn, piece) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(match e.kind() {
+                ErrorKind::RateLimited => SendError::RateLimited(e.retry_after()),
+                // Unknown room, not joined, forbidden: never retried.
+                ErrorKind::Permanent => SendError::Rejected(e.to_string()),
+                ErrorKind::Rejected => SendError::Unauthorized(e.to_string()),
+                ErrorKind::Transient => SendError::Failed(e.to_string()),
+            }),
+        }
     }
 }
 

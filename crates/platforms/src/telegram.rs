@@ -21,35 +21,35 @@
 //! - **Restartable.** [`Adapter::start`] after [`Adapter::close`] starts afresh: new threads and
 //!   new flags; the committed offset carries over (the journal deduplicates anyway).
 //!
-//! Two OS threads per adapter (a receiver that blocks in the long poll, a sender that drains
-//! the outbox), blocking ureq like the openai backend (crates/agent/src/backend/openai.rs):
-//! replies never wait for a long poll to end.
+//! The loops, states, pacing and drain are the skeleton's (crates/platforms/src/skeleton):
+//! this module is the Bot API protocol ([`Proto`]), blocking ureq like the openai backend
+//! (crates/agent/src/backend/openai.rs).
+//!
+//! [`Adapter::start`]: crate::Adapter::start
+//! [`Adapter::close`]: crate::Adapter::close
+//! [`Adapter::stop_intake`]: crate::Adapter::stop_intake
+//! [`Host`]: crate::Host
+//! [`Host::receive_budget`]: crate::Host::receive_budget
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use gatewarden_agent::config::PlatformConfig;
+use gatewarden_config::PlatformConfig;
 use gatewarden_net::Outbound;
 use serde_json::{Value, json};
 
-use crate::wait::{self, Flags};
-use crate::{Adapter, AdapterError, Host, Inbound, Sent, State, Status};
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::{AdapterError, Host, Inbound};
 
 /// The public Bot API.
 pub const DEFAULT_API_BASE: &str = "https://api.telegram.org";
-const BACKOFF_MIN: Duration = Duration::from_millis(250);
-const BACKOFF_MAX: Duration = Duration::from_secs(15);
-/// Longest `retry_after` honoured as given; a larger one is capped (and retried then).
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 /// Telegram's limit on one message's text, in characters.
 const MAX_TEXT_CHARS: usize = 4096;
 const MAX_BODY_BYTES: u64 = 16 << 20;
 /// The shortest long poll worth starting under a receive budget (the Bot API's `timeout` is
 /// whole seconds).
 const MIN_BUDGETED_POLL: Duration = Duration::from_secs(1);
-/// How long the receiver waits before looking at a too-small receive budget again.
-const NO_BUDGET_WAIT: Duration = Duration::from_millis(200);
 
 /// Why a Bot API call failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,79 +133,100 @@ impl Api {
     }
 }
 
+impl ApiError {
+    fn failure(self) -> Failure {
+        match self {
+            ApiError::Conflict(desc) => Failure::Conflict(desc),
+            ApiError::Flood(d) => Failure::RateLimited(Some(d)),
+            ApiError::Unauthorized(desc) => Failure::Rejected(desc),
+            e @ (ApiError::Network(_) | ApiError::Server(_) | ApiError::Rejected(_)) => Failure::Down(e.to_string()),
+        }
+    }
+}
+
 /// The Telegram adapter.
-pub struct Telegram {
-    name: String,
+pub type Telegram = Skeleton<Proto>;
+
+/// The Bot API protocol.
+pub struct Proto {
     token: String,
     base: String,
     /// `ca_file` and `proxy` (crates/net).
     out: Outbound,
     allowed: Vec<String>,
     poll_timeout: Duration,
-    conflict_bound: Duration,
-    status: Arc<Status>,
-    /// The current start's flags; replaced by every [`Adapter::start`], so threads of an
-    /// earlier start (stopped, maybe still finishing) never see the new start's flags.
-    shared: Mutex<Arc<Shared>>,
-    /// The next offset, kept across starts.
+    /// The next offset: every update below it is committed to the journal. Kept across starts.
     offset: Arc<AtomicI64>,
-    /// The host of the current start ([`Adapter::stop_intake`] asks it for the budget).
-    host: Mutex<Option<Arc<dyn Host>>>,
-    done: Mutex<Vec<mpsc::Receiver<()>>>,
 }
 
-/// What the adapter's threads share.
-struct Shared {
-    flags: Flags,
-    /// The next offset: every update below it is committed to the journal.
-    offset: Arc<AtomicI64>,
-    close_deadline: Mutex<Option<Instant>>,
-}
-
-impl Telegram {
+impl Skeleton<Proto> {
     /// Fails only when `ca_file` or `proxy` cannot be used (the configuration check read them
     /// already).
     pub fn new(cfg: &PlatformConfig, token: String) -> Result<Telegram, AdapterError> {
         let out = Outbound::new(cfg.ca_file.as_deref(), cfg.proxy.as_deref())
             .map_err(|e| AdapterError::Start { name: cfg.adapter_name(), message: e.to_string() })?;
-        Ok(Telegram {
-            name: cfg.adapter_name(),
+        let proto = Proto {
             token,
             base: cfg.api_base.clone().unwrap_or_else(|| DEFAULT_API_BASE.to_owned()),
             out,
             allowed: cfg.allowed_chats.clone(),
             poll_timeout: Duration::from_secs(cfg.poll_timeout_s),
-            conflict_bound: Duration::from_secs(cfg.conflict_standby_s),
-            status: Arc::new(Status::default()),
-            shared: Mutex::new(Arc::new(Shared::new(Arc::new(AtomicI64::new(0))))),
             offset: Arc::new(AtomicI64::new(0)),
-            host: Mutex::new(None),
-            done: Mutex::new(Vec::new()),
-        })
+        };
+        Ok(Skeleton::from_protocol(cfg, proto))
+    }
+}
+
+impl Proto {
+    fn api(&self) -> Api {
+        Api::new(&self.base, &self.token, &self.out)
+    }
+}
+
+impl Protocol for Proto {
+    const KIND: &'static str = "telegram";
+    const LIMITS: Limits = Limits {
+        piece: PieceLimit::Chars(MAX_TEXT_CHARS),
+        line_per_piece: false,
+        batch: 32,
+        pace: None,
+        min_receive: MIN_BUDGETED_POLL,
+        redelivers: true,
+        listens_through_drain: false,
+        connected_after_receive: false,
+        close_grace: Duration::from_millis(200),
+    };
+    type Receiver = Poller;
+    type Sender = Poster;
+
+    fn credential(&self) -> &str {
+        &self.token
     }
 
-    fn shared(&self) -> Arc<Shared> {
-        Arc::clone(&self.shared.lock().unwrap_or_else(|p| p.into_inner()))
+    fn watchdog_after(&self) -> Duration {
+        self.poll_timeout + Duration::from_secs(30)
     }
 
-    fn spawn(&self, what: &str, f: impl FnOnce() + Send + 'static) -> Result<(), AdapterError> {
-        let done = wait::spawn(&self.name, what, f)?;
-        self.done.lock().unwrap_or_else(|p| p.into_inner()).push(done);
-        Ok(())
+    fn open(&self, _host: &Arc<dyn Host>) -> Result<(Poller, Poster), String> {
+        let rx = Poller {
+            api: self.api(),
+            base: self.base.clone(),
+            token: self.token.clone(),
+            out: self.out.clone(),
+            allowed: self.allowed.clone(),
+            poll_timeout: self.poll_timeout,
+            offset: Arc::clone(&self.offset),
+            pending: None,
+        };
+        Ok((rx, Poster { api: self.api() }))
     }
 
     /// One `getUpdates` that returns at once: confirms the committed offset and ends our own
     /// in-flight long poll on the server.
-    fn terminate_poll(&self) {
-        let api = Api::new(&self.base, &self.token, &self.out);
+    fn hand_over(&self) {
         let offset = self.offset.load(Ordering::Acquire);
-        let _ = api.call("getUpdates", &json!({"offset": offset, "timeout": 0, "limit": 1}), Duration::from_secs(5));
-    }
-}
-
-impl Shared {
-    fn new(offset: Arc<AtomicI64>) -> Shared {
-        Shared { flags: Flags::default(), offset, close_deadline: Mutex::new(None) }
+        let body = json!({"offset": offset, "timeout": 0, "limit": 1});
+        let _ = self.api().call("getUpdates", &body, Duration::from_secs(5));
     }
 }
 
@@ -245,320 +266,89 @@ fn chat_json(chat: &str) -> Value {
 }
 
 /// Splits `text` into pieces Telegram accepts (never empty).
+#[cfg(test)]
 fn pieces(text: &str) -> Vec<String> {
-    if text.is_empty() {
-        return vec!["(empty reply)".to_owned()];
-    }
-    let chars: Vec<char> = text.chars().collect();
-    chars.chunks(MAX_TEXT_CHARS).map(|c| c.iter().collect()).collect()
+    skeleton::pieces(text, &Proto::LIMITS)
 }
 
-struct Receiver {
-    name: String,
+/// The receive side: `getMe`, then `getUpdates` long polls.
+pub struct Poller {
     api: Api,
     base: String,
     token: String,
     out: Outbound,
     allowed: Vec<String>,
     poll_timeout: Duration,
-    conflict_bound: Duration,
-    status: Arc<Status>,
-    shared: Arc<Shared>,
-    host: Arc<dyn Host>,
+    offset: Arc<AtomicI64>,
+    /// The offset past the last batch, confirmed once it is journaled.
+    pending: Option<i64>,
 }
 
-impl Receiver {
-    fn set(&self, s: State) {
-        if self.status.set(s.clone()) {
-            self.host.state_changed(&self.name, &s);
-        }
+impl skeleton::Receiver for Poller {
+    /// `getMe` first: "connected" and "credentials rejected" are known at once, not after the
+    /// first long poll ends.
+    fn connect(&mut self, _ctx: &Ctx) -> Result<(), Failure> {
+        self.api.call("getMe", &json!({}), Duration::from_secs(10)).map(drop).map_err(ApiError::failure)
     }
 
-    fn stopping(&self) -> bool {
-        self.shared.flags.get().stop
-    }
-
-    /// Sleeps `d` unless intake stops first.
-    fn pause(&self, d: Duration) {
-        self.shared.flags.sleep(d, |b| b.stop);
-    }
-
-    fn run(mut self) {
-        let mut backoff = BACKOFF_MIN;
-        let mut conflict_since: Option<Instant> = None;
-        let mut hello = true;
-        while !self.stopping() {
-            if self.shared.flags.take_kick() {
-                self.api = Api::new(&self.base, &self.token, &self.out);
-                self.set(State::Connecting);
-                hello = true;
-            }
-            if hello {
-                // `getMe` first: "connected" and "credentials rejected" are known at once, not
-                // after the first long poll ends.
-                match self.api.call("getMe", &json!({}), Duration::from_secs(10)) {
-                    Ok(_) => {
-                        hello = false;
-                        self.status.progress();
-                        self.set(State::Connected);
-                    }
-                    Err(ApiError::Unauthorized(desc)) => {
-                        self.set(State::Parked(format!("credentials rejected: {desc}")));
-                        return;
-                    }
-                    Err(ApiError::Flood(d)) => self.pause(d.min(MAX_RETRY_AFTER)),
-                    Err(e) => {
-                        self.set(State::Degraded(e.to_string()));
-                        self.pause(backoff);
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
-                    }
-                }
-                continue;
-            }
-            // A poll cannot be fenced: it must end before our lease can (receive_budget).
-            let Some(timeout) = budgeted_poll(self.poll_timeout, self.host.receive_budget()) else {
-                self.pause(NO_BUDGET_WAIT);
-                continue;
-            };
-            let offset = self.shared.offset.load(Ordering::Acquire);
-            let body = json!({"offset": offset, "timeout": timeout.as_secs(), "allowed_updates": ["message"]});
-            let result = self.api.call("getUpdates", &body, timeout + Duration::from_secs(10));
-            if self.stopping() && result.is_err() {
-                break;
-            }
-            match result {
-                Ok(updates) => {
-                    conflict_since = None;
-                    backoff = BACKOFF_MIN;
-                    self.status.progress();
-                    self.set(State::Connected);
-                    if let Err(e) = self.commit(&updates) {
-                        self.set(State::Degraded(format!("cannot journal an inbound message: {e}")));
-                        self.pause(backoff);
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
-                    }
-                }
-                Err(ApiError::Conflict(desc)) => {
-                    self.status.conflict();
-                    let since = *conflict_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= self.conflict_bound {
-                        self.set(State::Standby(format!("another consumer is active: {desc}")));
-                        // One probe per bound: slow enough never to fight the other consumer.
-                        self.pause(self.conflict_bound);
-                    } else {
-                        self.pause(backoff);
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
-                    }
-                }
-                Err(ApiError::Flood(d)) => self.pause(d.min(MAX_RETRY_AFTER)),
-                Err(ApiError::Unauthorized(desc)) => {
-                    self.set(State::Parked(format!("credentials rejected: {desc}")));
-                    return;
-                }
-                Err(e @ (ApiError::Network(_) | ApiError::Server(_) | ApiError::Rejected(_))) => {
-                    self.set(State::Degraded(e.to_string()));
-                    self.pause(backoff);
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                }
-            }
-        }
-    }
-
-    /// Hands each update to the host in order, moving the offset past each one committed.
-    fn commit(&self, updates: &Value) -> Result<(), String> {
-        let Some(list) = updates.as_array() else {
-            return Err("getUpdates returned no list".into());
+    fn receive(&mut self, _ctx: &Ctx, budget: Option<Duration>) -> Result<Batch, Failure> {
+        self.pending = None;
+        let Some(timeout) = budgeted_poll(self.poll_timeout, budget) else {
+            return Ok(Batch::default());
         };
+        let offset = self.offset.load(Ordering::Acquire);
+        let body = json!({"offset": offset, "timeout": timeout.as_secs(), "allowed_updates": ["message"]});
+        let updates =
+            self.api.call("getUpdates", &body, timeout + Duration::from_secs(10)).map_err(ApiError::failure)?;
+        let Some(list) = updates.as_array() else {
+            return Err(Failure::Down("getUpdates returned no list".into()));
+        };
+        let mut messages = Vec::new();
         for u in list {
             let Some(id) = u["update_id"].as_i64() else { continue };
-            if id < self.shared.offset.load(Ordering::Acquire) {
+            if id < offset {
                 continue; // confirmed already
             }
             if let Some(msg) = parse_update(u)
                 && (self.allowed.is_empty() || self.allowed.contains(&msg.chat_id))
             {
-                let lag = msg.sent_at.and_then(|t| SystemTime::now().duration_since(t).ok()).map(|d| d.as_secs_f64());
-                self.host.deliver(&self.name, msg)?;
-                self.status.received(lag);
+                messages.push(msg);
             }
-            self.shared.offset.store(id.saturating_add(1), Ordering::Release);
+            let next = id.saturating_add(1);
+            self.pending = Some(self.pending.map_or(next, |p| p.max(next)));
+        }
+        Ok(Batch { messages, gap: None })
+    }
+
+    /// Moves the offset past the batch; Telegram hears it with the next `getUpdates`.
+    fn confirm(&mut self, _ctx: &Ctx) -> Result<(), String> {
+        if let Some(next) = self.pending.take() {
+            self.offset.store(next, Ordering::Release);
         }
         Ok(())
     }
+
+    /// A new HTTP agent: no pooled connection of the old one is reused.
+    fn disconnect(&mut self) {
+        self.api = Api::new(&self.base, &self.token, &self.out);
+    }
 }
 
-struct Sender {
-    name: String,
+/// The send side: `sendMessage`.
+pub struct Poster {
     api: Api,
-    status: Arc<Status>,
-    shared: Arc<Shared>,
-    host: Arc<dyn Host>,
 }
 
-impl Sender {
-    fn closing_done(&self, empty: bool) -> bool {
-        let deadline = *self.shared.close_deadline.lock().unwrap_or_else(|p| p.into_inner());
-        deadline.is_some_and(|d| empty || Instant::now() >= d)
-    }
-
-    fn run(self) {
-        let mut backoff = BACKOFF_MIN;
-        loop {
-            let empty = match self.flush() {
-                Ok(empty) => {
-                    backoff = BACKOFF_MIN;
-                    empty
-                }
-                Err(e) => {
-                    // The receiver sets `connected` again at its next successful poll; a parked
-                    // adapter stays parked (its reason is the one that matters).
-                    if !matches!(self.status.state(), State::Parked(_)) {
-                        let state = State::Degraded(format!("cannot send: {e}"));
-                        if self.status.set(state.clone()) {
-                            self.host.state_changed(&self.name, &state);
-                        }
-                    }
-                    if self.closing_done(false) {
-                        return;
-                    }
-                    self.shared.flags.sleep(backoff, |_| false);
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                    continue;
-                }
-            };
-            if self.closing_done(empty) {
-                return;
-            }
-            if empty {
-                self.shared.flags.sleep(Duration::from_secs(1), |b| b.wake || b.close);
-                self.shared.flags.take_wake();
-            }
+impl skeleton::Sender for Poster {
+    fn send(&mut self, chat: &str, piece: &str, _id: PieceId) -> Result<(), SendError> {
+        let body = json!({"chat_id": chat_json(chat), "text": piece});
+        match self.api.call("sendMessage", &body, Duration::from_secs(30)) {
+            Ok(_) => Ok(()),
+            Err(ApiError::Flood(d)) => Err(SendError::RateLimited(Some(d))),
+            Err(ApiError::Rejected(desc)) => Err(SendError::Rejected(desc)),
+            Err(ApiError::Unauthorized(desc)) => Err(SendError::Unauthorized(desc)),
+            Err(e) => Err(SendError::Failed(e.to_string())),
         }
-    }
-
-    /// Sends what the outbox holds. `Ok(true)` when it is empty.
-    fn flush(&self) -> Result<bool, String> {
-        let batch = self.host.outbox(&self.name, 32)?;
-        if batch.is_empty() {
-            return Ok(true);
-        }
-        for item in batch {
-            for piece in pieces(&item.text) {
-                loop {
-                    let body = json!({"chat_id": chat_json(&item.chat_id), "text": piece});
-                    match self.api.call("sendMessage", &body, Duration::from_secs(30)) {
-                        Ok(_) => {
-                            self.status.sent();
-                            self.status.progress();
-                            break;
-                        }
-                        Err(ApiError::Flood(d)) => {
-                            let d = d.min(MAX_RETRY_AFTER);
-                            if self.closing_done(false) {
-                                return Err(format!(
-                                    "flood control (retry after {} s) past the drain deadline",
-                                    d.as_secs()
-                                ));
-                            }
-                            std::thread::sleep(d);
-                        }
-                        Err(ApiError::Rejected(desc)) => {
-                            self.host.sent(item.seq, Sent::Rejected(desc));
-                            return Ok(false);
-                        }
-                        Err(e) => return Err(e.to_string()),
-                    }
-                }
-            }
-            self.host.sent(item.seq, Sent::Ok);
-        }
-        Ok(false)
-    }
-}
-
-impl Adapter for Telegram {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn kind(&self) -> &'static str {
-        "telegram"
-    }
-
-    fn credential(&self) -> &str {
-        &self.token
-    }
-
-    fn status(&self) -> &Arc<Status> {
-        &self.status
-    }
-
-    fn start(&self, host: Arc<dyn Host>) -> Result<(), AdapterError> {
-        self.status.set(State::Connecting);
-        let shared = Arc::new(Shared::new(Arc::clone(&self.offset)));
-        *self.shared.lock().unwrap_or_else(|p| p.into_inner()) = Arc::clone(&shared);
-        *self.host.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&host));
-        let rx = Receiver {
-            name: self.name.clone(),
-            api: Api::new(&self.base, &self.token, &self.out),
-            base: self.base.clone(),
-            token: self.token.clone(),
-            out: self.out.clone(),
-            allowed: self.allowed.clone(),
-            poll_timeout: self.poll_timeout,
-            conflict_bound: self.conflict_bound,
-            status: Arc::clone(&self.status),
-            shared: Arc::clone(&shared),
-            host: Arc::clone(&host),
-        };
-        let tx = Sender {
-            name: self.name.clone(),
-            api: Api::new(&self.base, &self.token, &self.out),
-            status: Arc::clone(&self.status),
-            shared,
-            host,
-        };
-        self.spawn("recv", move || rx.run())?;
-        self.spawn("send", move || tx.run())
-    }
-
-    fn wake(&self) {
-        self.shared().flags.update(|b| b.wake = true);
-    }
-
-    fn reconnect(&self) {
-        self.shared().flags.update(|b| b.kick = true);
-    }
-
-    fn stop_intake(&self) {
-        let shared = self.shared();
-        let already = shared.flags.get().stop;
-        shared.flags.update(|b| b.stop = true);
-        let started = self.host.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        // A zero budget is a demoted cluster active: our last poll ended before the lease did,
-        // and a successor may be polling now, which a terminating poll would cut. (A graceful
-        // stop comes here while still active, so it confirms the offset.)
-        let no_budget = started.as_ref().and_then(|h| h.receive_budget()).is_some_and(|b| b.is_zero());
-        if !already && started.is_some() && !no_budget && !matches!(self.status.state(), State::Parked(_)) {
-            self.terminate_poll();
-        }
-    }
-
-    fn close(&self, deadline: Instant) -> bool {
-        self.stop_intake();
-        let shared = self.shared();
-        wait::begin_close(&shared.flags, &shared.close_deadline, deadline);
-        let done = std::mem::take(&mut *self.done.lock().unwrap_or_else(|p| p.into_inner()));
-        let mut all = true;
-        for rx in done {
-            all &= wait::ended_by(&rx, deadline, Duration::from_millis(200));
-        }
-        self.status.set(State::Closed);
-        all
-    }
-
-    fn watchdog_after(&self) -> Duration {
-        self.poll_timeout + Duration::from_secs(30)
     }
 }
 

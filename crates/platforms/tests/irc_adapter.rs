@@ -6,8 +6,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gatewarden_agent::config::{PlatformConfig, PlatformKind};
 use gatewarden_chatproto::irc::{Config, Connection, Event};
+use gatewarden_config::{PlatformConfig, PlatformKind};
 use gatewarden_platforms::irc::{FLOOD_BURST, FLOOD_EVERY, Irc};
 use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
 use gatewarden_testkit::servers::Ngircd;

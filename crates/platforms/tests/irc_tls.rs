@@ -8,8 +8,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gatewarden_agent::config::{PlatformConfig, PlatformKind};
 use gatewarden_chatproto::irc::{Config, Connection, Error, Event};
+use gatewarden_config::{PlatformConfig, PlatformKind};
 use gatewarden_net::ClientTls;
 use gatewarden_platforms::irc::Irc;
 use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gatewarden_agent::config::{PlatformConfig, PlatformKind};
+use gatewarden_config::{PlatformConfig, PlatformKind};
 use gatewarden_platforms::telegram::Telegram;
 use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
 use gatewarden_telegram_fake::{FakeTelegram, Options};

@@ -21,8 +21,8 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Json, Response};
-use gatewarden_agent::ClusterConfig;
 use gatewarden_cluster::{Change, Holder, PgLease, PgStore, Timing};
+use gatewarden_config::ClusterConfig;
 use serde_json::json;
 
 use crate::gateway::Gateway;

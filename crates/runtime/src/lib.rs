@@ -15,7 +15,6 @@ pub mod platforms;
 pub mod restart;
 pub mod sdnotify;
 pub mod signals;
-pub mod spawn;
 pub mod takeover;
 pub mod watch;
 pub mod work;
@@ -209,7 +208,7 @@ fn sweep_orphan_runs(gw: &Gateway) {
 /// token, opens the journal and builds the agent. Every failure is fatal configuration (78).
 fn prepare(home: &Home, mut opts: RunOptions, tag: &str) -> Result<(Arc<work::Work>, ResolvedOptions), Outcome> {
     let fatal = |e: String| Outcome::new(ExitIntent::FatalConfig, e);
-    let mut config = gatewarden_agent::Config::load(home.dir()).map_err(|e| fatal(e.to_string()))?;
+    let mut config = gatewarden_config::Config::load(home.dir()).map_err(|e| fatal(e.to_string()))?;
     if let Some(l) = &opts.listen {
         config.listen = l.parse().map_err(|e| fatal(format!("invalid --listen {l:?}: {e}")))?;
     }
@@ -220,10 +219,10 @@ fn prepare(home: &Home, mut opts: RunOptions, tag: &str) -> Result<(Arc<work::Wo
         None => None,
     };
     // With `[cluster]` the journal is the cluster's, in PostgreSQL (cluster.rs); else the home's.
-    let journal: Arc<dyn gatewarden_agent::Store> = match cluster.as_ref().and_then(|c| c.store.clone()) {
+    let journal: Arc<dyn gatewarden_journal::Store> = match cluster.as_ref().and_then(|c| c.store.clone()) {
         Some(store) => store,
         None => Arc::new(
-            gatewarden_agent::Journal::open_in(home.dir())
+            gatewarden_journal::Journal::open_in(home.dir())
                 .map_err(|e| fatal(format!("cannot open the journal: {e}")))?,
         ),
     };
@@ -346,7 +345,8 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
         Err(e) => return startup_failed(&gw, format!("cannot install signal handlers: {e}")),
     };
     let bound = match &opts.inherit_listener {
-        Some(v) => spawn::adopt_listener(v).map_err(|e| format!("cannot adopt the inherited listener {v}: {e}")),
+        Some(v) => gatewarden_lifecycle::platform::spawn::adopt_listener(v)
+            .map_err(|e| format!("cannot adopt the inherited listener {v}: {e}")),
         None => tokio::task::block_in_place(|| http::bind(&opts.listen, BIND_PATIENCE)),
     };
     let std_listener = match bound {

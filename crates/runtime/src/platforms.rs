@@ -15,9 +15,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use gatewarden_agent::journal::{Kind, NewMessage};
 use gatewarden_cluster::ClusterError;
 use gatewarden_cluster::credlease::{CredAcquired, CredHolder, CredKey, PgCredLeases};
+use gatewarden_journal::{Kind, NewMessage};
 use gatewarden_lifecycle::records::GatewayState;
 use gatewarden_platforms::credlock::{self, CredLock, CredLockError, Holder};
 use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
@@ -97,7 +97,7 @@ pub struct Platforms {
 
 impl Platforms {
     /// Builds the adapters; a missing credential is a configuration error (exit 78).
-    pub fn build(config: &gatewarden_agent::Config) -> Result<Platforms, String> {
+    pub fn build(config: &gatewarden_config::Config) -> Result<Platforms, String> {
         let mut entries = Vec::new();
         for p in &config.platform {
             let adapter = gatewarden_platforms::build(p).map_err(|e| e.to_string())?;
@@ -277,6 +277,7 @@ impl Platforms {
                     "received": s.received,
                     "sent": s.sent,
                     "conflicts": s.conflicts,
+                    "last_error": s.last_error,
                 })
             })
             .collect()

@@ -22,7 +22,8 @@ use gatewarden_lifecycle::supervisor::RestartRoute;
 use serde_json::json;
 
 use crate::gateway::Gateway;
-use crate::{Outcome, ResolvedOptions, spawn};
+use crate::{Outcome, ResolvedOptions};
+use gatewarden_lifecycle::platform::spawn;
 
 /// The channel of the one requester that verifies the restart by itself.
 pub const VERIFYING_CHANNEL: &str = "cli";

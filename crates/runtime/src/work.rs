@@ -16,9 +16,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gatewarden_agent::journal::{Kind, NewMessage};
-use gatewarden_agent::{Agent, AgentError, AgentReply, AgentRequest, JournalError, Store, Turn};
+use gatewarden_agent::{Agent, AgentError, AgentReply, AgentRequest, Turn};
 use gatewarden_control::Requester;
+use gatewarden_journal::{JournalError, Store};
+use gatewarden_journal::{Kind, NewMessage};
 use gatewarden_lifecycle::{fsio, timefmt};
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc};
@@ -147,9 +148,9 @@ pub struct Work {
     pub admins: Vec<String>,
     pub api_token: Option<String>,
     /// The listener's limits and accepted `Host` names.
-    pub http: gatewarden_agent::config::HttpConfig,
+    pub http: gatewarden_config::HttpConfig,
     /// Retention of finished journal rows.
-    pub retention: gatewarden_agent::config::JournalConfig,
+    pub retention: gatewarden_config::JournalConfig,
     pub model: String,
     pub metrics: Metrics,
     /// Cancelled when the drain budget runs out.
@@ -184,7 +185,7 @@ impl Work {
     pub fn new(
         agent: Box<dyn Agent>,
         journal: Arc<dyn Store>,
-        config: &gatewarden_agent::Config,
+        config: &gatewarden_config::Config,
         loopback: bool,
     ) -> Work {
         let (queue, rx) = mpsc::unbounded_channel();
@@ -555,7 +556,9 @@ impl Work {
         let Some(source) = &self.update_source else {
             return "no release to install: set [update] source in config.toml".into();
         };
-        let Ok(exe) = crate::spawn::self_exe() else { return "cannot locate the gatewarden executable".into() };
+        let Ok(exe) = gatewarden_lifecycle::platform::spawn::self_exe() else {
+            return "cannot locate the gatewarden executable".into();
+        };
         let mut cmd = std::process::Command::new(exe);
         cmd.arg("--home").arg(gw.home.dir()).args(["update", "--from", source, "--chat", chat_id]);
         if let Some(p) = platform {
@@ -564,7 +567,7 @@ impl Work {
         // Not one of our runs: the next incarnation's sweep must not kill it.
         cmd.env_remove(crate::RUN_TAG);
         cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
-        crate::spawn::detach(&mut cmd, None);
+        gatewarden_lifecycle::platform::spawn::detach(&mut cmd, None);
         match cmd.spawn() {
             Ok(child) => {
                 gw.record(

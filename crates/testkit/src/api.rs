@@ -2,58 +2,18 @@
 //! message / notice / status helpers the message, drain and restart tests share.
 //!
 //! Loopback only (panics otherwise), one request per connection (`Connection: close`), every
-//! read and write bounded by the caller's timeout. Responses are parsed like
-//! [`crate::http_get`]'s (`Content-Length`, chunked, or read-to-EOF bodies).
+//! read and write bounded by the caller's timeout. The wire ([`request`] and the response parser:
+//! `Content-Length`, chunked, or read-to-EOF bodies) is http.rs's, shared with [`crate::http_get`].
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::HttpResponse;
-use crate::http::parse;
-
-/// One HTTP/1.1 request. `headers` are sent as given; a body gets `Content-Type:
-/// application/json` unless a content type is among `headers`.
-pub fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Option<&[u8]>,
-    timeout: Duration,
-) -> std::io::Result<HttpResponse> {
-    assert!(addr.ip().is_loopback(), "testkit api is loopback-only, got {addr}");
-    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n");
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    if let Some(b) = body {
-        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
-            head.push_str("Content-Type: application/json\r\n");
-        }
-        head.push_str(&format!("Content-Length: {}\r\n", b.len()));
-    }
-    head.push_str("\r\n");
-    let mut out = head.into_bytes();
-    if let Some(b) = body {
-        out.extend_from_slice(b);
-    }
-    s.write_all(&out)?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    parse(&raw).ok_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("bad HTTP response: {:?}", String::from_utf8_lossy(&raw)),
-        )
-    })
-}
+// The wire (one request, the response parser) lives in http.rs; the API helpers build on it.
+pub use crate::http::request;
 
 /// A client for one gateway address, optionally with a bearer token.
 #[derive(Debug, Clone)]

@@ -81,8 +81,6 @@ impl GatewayBuilder {
     }
 
     pub fn spawn(self) -> Gateway {
-        #[cfg(target_os = "linux")]
-        use std::os::unix::process::CommandExt;
         static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tag = format!("gateway-{}-{n}", std::process::id());
@@ -109,15 +107,7 @@ impl GatewayBuilder {
         cmd.stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout_path).expect("stdout log"))
             .stderr(std::fs::File::create(&stderr_path).expect("stderr log"));
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        // The gateway dies with the spawning test thread even if the test process is killed.
-        #[cfg(target_os = "linux")]
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-                Ok(())
-            });
-        }
+        crate::proc::die_with_test(&mut cmd);
         let spawned_at = Instant::now();
         let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", self.bin.display()));
         let pid = child.id();

@@ -1,4 +1,5 @@
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -21,7 +22,7 @@ impl HttpResponse {
 /// otherwise: tests never talk to the network). Handles `Content-Length`, chunked, and
 /// read-to-EOF bodies. `timeout` bounds connect and each read/write.
 pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<HttpResponse> {
-    crate::api::request(addr, "GET", path, &[], None, timeout)
+    request(addr, "GET", path, &[], None, timeout)
 }
 
 /// Blocking `POST path` with a JSON body, otherwise like [`http_get`] (loopback only, one
@@ -32,7 +33,47 @@ pub fn http_post_json(
     body: &serde_json::Value,
     timeout: Duration,
 ) -> std::io::Result<HttpResponse> {
-    crate::api::request(addr, "POST", path, &[], Some(body.to_string().as_bytes()), timeout)
+    request(addr, "POST", path, &[], Some(body.to_string().as_bytes()), timeout)
+}
+
+/// One HTTP/1.1 request. `headers` are sent as given; a body gets `Content-Type:
+/// application/json` unless a content type is among `headers`.
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+    timeout: Duration,
+) -> std::io::Result<HttpResponse> {
+    assert!(addr.ip().is_loopback(), "testkit api is loopback-only, got {addr}");
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if let Some(b) = body {
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+            head.push_str("Content-Type: application/json\r\n");
+        }
+        head.push_str(&format!("Content-Length: {}\r\n", b.len()));
+    }
+    head.push_str("\r\n");
+    let mut out = head.into_bytes();
+    if let Some(b) = body {
+        out.extend_from_slice(b);
+    }
+    s.write_all(&out)?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    parse(&raw).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("bad HTTP response: {:?}", String::from_utf8_lossy(&raw)),
+        )
+    })
 }
 
 /// Parses a whole HTTP/1.1 response (content-length, chunked, or read-to-close).

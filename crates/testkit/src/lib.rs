@@ -10,14 +10,22 @@
 //! * [`servers`]: real chat servers (Synapse for Matrix, ngIRCd for IRC) in temp dirs.
 //! * [`proc_start_time`], [`pid_alive`], [`lock_holders`]: read-only process / lock inspection.
 //! * [`marker_json`], [`rfc3339`]: build planned-stop / takeover markers.
+//! * [`archive`]: release archives (`.tar.gz`) built byte by byte, hostile ones included.
 //!
 //! Everything that spawns a process kills it on drop, and on Linux also arms
 //! `PR_SET_PDEATHSIG(SIGKILL)` so a crashed test never leaves a gateway behind.
 
-// Real processes, signals and /proc: the kit (and every test using it) is Unix-only. On other
-// targets the crate is empty, so `cargo test --workspace` still builds there.
-#![cfg(unix)]
+// Pure fixtures (bytes in, bytes out) build on every target: unit tests of every OS use them.
+pub mod archive;
 
+/// Items of the kit that need real processes, signals and /proc.
+macro_rules! unix_only {
+    ($($item:item)*) => { $( #[cfg(unix)] $item )* };
+}
+
+// Real processes, signals and /proc: the rest of the kit (and every test using it) is
+// Unix-only. On other targets only [`archive`] is here, so `cargo test --workspace` still builds.
+unix_only! {
 pub use serde_json;
 pub use tempfile;
 
@@ -106,4 +114,5 @@ pub fn unavailable<T>(what: &str, reason: &str) -> Option<T> {
     assert!(!under_ci(), "CI: {what} unavailable: {reason}");
     eprintln!("SKIPPED: {what} unavailable: {reason}");
     None
+}
 }

@@ -85,6 +85,23 @@ pub fn lock_is_held(path: &Path) -> bool {
     !lock_holders(path).is_empty()
 }
 
+/// Linux: `cmd`'s process gets SIGKILL when the thread that spawned it ends
+/// (`PR_SET_PDEATHSIG`), so a crashed or killed test never leaves a gateway or a server behind.
+/// Elsewhere nothing (the test's own cleanup on drop still runs).
+pub(crate) fn die_with_test(cmd: &mut std::process::Command) {
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    #[cfg(target_os = "linux")]
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+            Ok(())
+        });
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cmd;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

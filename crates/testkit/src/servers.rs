@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use gatewarden_lifecycle::platform;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
@@ -76,17 +77,10 @@ struct Proc {
 
 impl Proc {
     fn spawn(mut cmd: Command, log: &Path) -> std::io::Result<Proc> {
-        use std::os::unix::process::CommandExt;
         let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
-        cmd.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out).process_group(0);
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        #[cfg(target_os = "linux")]
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-                Ok(())
-            });
-        }
+        cmd.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+        platform::spawn::own_process_group(&mut cmd);
+        crate::proc::die_with_test(&mut cmd);
         Ok(Proc { child: cmd.spawn()? })
     }
 
@@ -104,10 +98,9 @@ impl Proc {
     }
 
     fn kill(mut self) {
-        // The group id is the child's pid (process_group(0)); the child is not reaped yet, so
-        // the id cannot have been reused.
-        // SAFETY: plain killpg(2) on a group this handle created.
-        unsafe { libc::killpg(self.child.id() as libc::pid_t, libc::SIGKILL) };
+        // The group id is the child's pid (its own group); the child is not reaped yet, so the id
+        // cannot have been reused.
+        platform::spawn::kill_process_group(self.child.id());
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

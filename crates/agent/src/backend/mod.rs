@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{AgentConfig, BackendKind};
+use gatewarden_config::{AgentConfig, BackendKind};
 
 mod echo;
 mod exec;
@@ -177,7 +177,7 @@ pub trait Agent: Send + Sync {
 }
 
 /// Builds the backend chosen by `[agent]`. The config is expected to have been validated by
-/// [`crate::Config::load`]; missing pieces surface as [`AgentError::Failed`] at run time rather
+/// [`gatewarden_config::Config::load`]; missing pieces surface as [`AgentError::Failed`] at run time rather
 /// than as a panic here.
 pub fn build_agent(config: &AgentConfig) -> Box<dyn Agent> {
     build_agent_with_env(config, Vec::new())

@@ -144,13 +144,13 @@ pub struct Policy {
 
 impl Default for Policy {
     fn default() -> Self {
-        let d = crate::config::AgentConfig::default();
+        let d = gatewarden_config::AgentConfig::default();
         Policy::from_config(&d)
     }
 }
 
 impl Policy {
-    pub fn from_config(c: &crate::config::AgentConfig) -> Policy {
+    pub fn from_config(c: &gatewarden_config::AgentConfig) -> Policy {
         Policy {
             retries: c.retries,
             backoff: Duration::from_millis(c.backoff_ms),
@@ -199,7 +199,7 @@ impl OpenAiAgent {
     }
 
     /// The backend of `[agent]`: its `[[agent.provider]]` tables, or its one upstream.
-    pub fn from_config(c: &crate::config::AgentConfig) -> Self {
+    pub fn from_config(c: &gatewarden_config::AgentConfig) -> Self {
         let timeout = c.timeout();
         let ups = c
             .providers()

@@ -45,7 +45,7 @@ pub fn check(home: &Home, target: Option<&std::path::Path>, json_out: bool) -> a
 
 fn run_checks(home: &Home, target: &std::path::Path) -> Vec<Finding> {
     let mut out = Vec::new();
-    let config = gatewarden_agent::Config::load(home.dir());
+    let config = gatewarden_config::Config::load(home.dir());
     out.push(match &config {
         Ok(c) => match c.check_exposure() {
             Ok(()) => Finding { name: "config", ok: true, detail: format!("{} parses", home.config_file().display()) },
@@ -53,7 +53,7 @@ fn run_checks(home: &Home, target: &std::path::Path) -> Vec<Finding> {
         },
         Err(e) => Finding { name: "config", ok: false, detail: e.to_string() },
     });
-    out.push(match gatewarden_agent::journal::check_schema(home.dir()) {
+    out.push(match gatewarden_journal::check_schema(home.dir()) {
         Ok(0) => Finding { name: "journal", ok: true, detail: "none yet (created at first start)".into() },
         Ok(v) => Finding { name: "journal", ok: true, detail: format!("schema {v} opens with this build") },
         Err(e) => Finding { name: "journal", ok: false, detail: e.to_string() },

@@ -165,7 +165,7 @@ fn check(home: &Home) -> Vec<Item> {
         }
     }
     // Config.
-    let config = gatewarden_agent::Config::load(home.dir());
+    let config = gatewarden_config::Config::load(home.dir());
     if let Err(e) = &config {
         extra.push(Item {
             id: "config-invalid".into(),
@@ -449,13 +449,13 @@ fn refresh(home: &Home) -> bool {
 }
 
 /// What to do about an invalid config: edit it, and for `api_token` how to make a good one.
-fn config_hint(e: &gatewarden_agent::ConfigError) -> String {
-    let edit = "edit config.toml (see crates/agent/config.example.toml)";
+fn config_hint(e: &gatewarden_config::ConfigError) -> String {
+    let edit = "edit config.toml (see crates/config/config.example.toml)";
     match e {
-        gatewarden_agent::ConfigError::InvalidValue { key, table: None, .. } if key == "api_token" => format!(
+        gatewarden_config::ConfigError::InvalidValue { key, table: None, .. } if key == "api_token" => format!(
             "{edit}; make a token of at least {} bytes with `{}` and put it in api_token",
-            gatewarden_agent::config::MIN_API_TOKEN_BYTES,
-            gatewarden_agent::config::MAKE_API_TOKEN
+            gatewarden_config::MIN_API_TOKEN_BYTES,
+            gatewarden_config::MAKE_API_TOKEN
         ),
         _ => edit.into(),
     }

@@ -36,7 +36,7 @@ pub fn is_default_home(home: &Home) -> bool {
 /// This executable, canonical (service definitions need an absolute path). The path captured
 /// at start (`spawn::self_exe`): an update may have renamed a new binary over it since.
 pub fn current_exe() -> io::Result<PathBuf> {
-    let exe = gatewarden_runtime::spawn::self_exe()?;
+    let exe = gatewarden_lifecycle::platform::spawn::self_exe()?;
     Ok(gatewarden_lifecycle::platform::canonical(&exe).unwrap_or(exe))
 }
 
@@ -47,7 +47,7 @@ pub fn spec_for(home: &Home, scope: Scope) -> io::Result<ServiceSpec> {
     spec.revert_exe = Some(super::update::good_copy(home));
     spec.is_default_home = is_default_home(home);
     spec.scope = scope;
-    if let Ok(cfg) = gatewarden_agent::Config::load(home.dir()) {
+    if let Ok(cfg) = gatewarden_config::Config::load(home.dir()) {
         spec.drain_timeout_s = cfg.drain_timeout_s;
     }
     Ok(spec)
@@ -193,7 +193,7 @@ pub fn escape_unit_cgroup(m: &Managed) -> Option<String> {
     }
     cmd.args(["--scope", "--quiet", "--collect", "--"]).arg(exe).args(std::env::args_os().skip(1));
     cmd.env(SCOPED_ENV, "1");
-    let e = os::proc::exec_replace(&mut cmd);
+    let e = gatewarden_lifecycle::platform::spawn::exec_in_place(cmd, None);
     Some(format!("cannot move into a transient scope with systemd-run: {e}"))
 }
 

@@ -32,9 +32,9 @@ use gatewarden_control::{Client, ClientError, Endpoint, Op, Requester, StatusRep
 use gatewarden_lifecycle::desired::{self, Refusal, Starter};
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
 use gatewarden_lifecycle::lock::LockProbe;
+use gatewarden_lifecycle::platform::spawn;
 use gatewarden_lifecycle::records::read_state;
 use gatewarden_lifecycle::{Home, InstanceLock};
-use gatewarden_runtime::spawn;
 use serde_json::{Value, json};
 
 use super::manager::{self, ServiceManager};

@@ -45,7 +45,7 @@ pub fn send(home: &Home, text: &str, chat: &str, user: &str, is_async: bool) -> 
         })?;
     // 0.0.0.0 / [::] are where it listens, not where to connect.
     let host = listen.replace("0.0.0.0", "127.0.0.1").replace("[::]", "[::1]");
-    let token = gatewarden_agent::Config::load(home.dir()).ok().and_then(|c| c.api_token);
+    let token = gatewarden_config::Config::load(home.dir()).ok().and_then(|c| c.api_token);
     // The gateway on loopback, never through a proxy: ureq's default reads HTTP_PROXY /
     // ALL_PROXY, which would send the API token to the proxy (or fail on a dead one).
     let agent: ureq::Agent = ureq::Agent::config_builder()

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use gatewarden_control::{Client, Endpoint};
 use gatewarden_lifecycle::desired::{self, Starter};
+use gatewarden_lifecycle::platform::spawn;
 use gatewarden_lifecycle::{ExitIntent, Home};
-use gatewarden_runtime::spawn;
 
 use super::manager::{self, Managed, ServiceManager};
 use super::presence::{Presence, presence};

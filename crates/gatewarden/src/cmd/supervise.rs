@@ -129,7 +129,7 @@ impl Supervisor {
         };
         let drain_s = args
             .drain_timeout
-            .or_else(|| gatewarden_agent::Config::load(home.dir()).ok().map(|c| c.drain_timeout_s))
+            .or_else(|| gatewarden_config::Config::load(home.dir()).ok().map(|c| c.drain_timeout_s))
             .unwrap_or(30);
         let ledger = Ledger::new(home.ledger(), Writer::current());
         Supervisor { home, args, policy, tx, ledger, t0: Instant::now(), drain_s, orphans_reaped: 0 }
@@ -178,7 +178,7 @@ impl Supervisor {
     fn run(mut self, rx: &Receiver<Event>) -> u8 {
         // A new supervisor is a new decision: an old park no longer applies.
         let _ = clear_parked_state(self.home.dir());
-        if os::proc::is_pid1() {
+        if gatewarden_lifecycle::platform::spawn::is_pid1() {
             log("running as PID 1: reaping orphans");
         }
         let mut history = RestartHistory::new(self.now());
@@ -192,7 +192,7 @@ impl Supervisor {
                     return 1;
                 }
             };
-            let pid = match os::proc::spawn_watched(&mut cmd, self.tx.clone()) {
+            let pid = match os::spawn_watched(&mut cmd, self.tx.clone()) {
                 Ok(p) => p,
                 Err(e) => {
                     log(&format!("cannot start the gateway: {e}"));

@@ -336,7 +336,7 @@ impl<'h> Updater<'h> {
         if let Some(why) = self.runs_elsewhere(&target) {
             return self.refuse(&why);
         }
-        let config = match gatewarden_agent::Config::load(self.home.dir()) {
+        let config = match gatewarden_config::Config::load(self.home.dir()) {
             Ok(c) => c,
             Err(e) => return self.refuse(&format!("cannot read the configuration: {e}")),
         };
@@ -461,7 +461,7 @@ impl<'h> Updater<'h> {
         t2.phase = Phase::Probation;
         t2.incarnation = s.incarnation.clone();
         self.save(&t2);
-        let probation = gatewarden_agent::Config::load(self.home.dir()).map(|c| c.update.probation_s).unwrap_or(10);
+        let probation = gatewarden_config::Config::load(self.home.dir()).map(|c| c.update.probation_s).unwrap_or(10);
         self.say(&format!("{} is ready; probation {probation}s", t.to));
         let until = Instant::now() + Duration::from_secs(probation);
         let ep = Endpoint::for_home(self.home.dir());
@@ -549,7 +549,7 @@ impl<'h> Updater<'h> {
         use gatewarden_lifecycle::{ProcessIdentity, platform};
         let Some(me) = ProcessIdentity::current() else { return };
         let started_after_me = |pid: u32| platform::start_time(pid).is_some_and(|st| st >= me.start_time);
-        let groups = super::os::proc::process_groups();
+        let groups = gatewarden_lifecycle::platform::spawn::process_groups();
         let pgid_of = |pid: u32| groups.iter().find(|(p, _)| *p == pid).map(|(_, g)| *g);
         let (mine, kept) = (pgid_of(me.pid), keep.and_then(pgid_of));
         let mut leaders: Vec<u32> = Vec::new();
@@ -920,7 +920,7 @@ pub fn on_gateway_start(home: &Home) {
     cmd.arg("--home").arg(home.dir()).args(["update", "--resume"]);
     cmd.env_remove(gatewarden_runtime::RUN_TAG);
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-    gatewarden_runtime::spawn::detach(&mut cmd, None);
+    gatewarden_lifecycle::platform::spawn::detach(&mut cmd, None);
     let _ = cmd.spawn();
 }
 

@@ -78,5 +78,3 @@ impl HomeDir {
 pub fn effective_uid() -> Option<u32> {
     None
 }
-
-pub fn run_as(_cmd: &mut std::process::Command, _uid: u32, _gid: u32) {}

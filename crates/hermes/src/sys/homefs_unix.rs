@@ -220,9 +220,3 @@ fn random() -> u64 {
 pub fn effective_uid() -> Option<u32> {
     Some(me())
 }
-
-/// Runs `cmd` as `uid:gid` (supplementary groups dropped by std when we are root).
-pub fn run_as(cmd: &mut std::process::Command, uid: u32, gid: u32) {
-    use std::os::unix::process::CommandExt;
-    cmd.uid(uid).gid(gid);
-}

@@ -81,12 +81,60 @@ pub fn lock_holders(path: &std::path::Path) -> Option<Vec<u32>> {
     Some(crate::lock::parse_proc_locks(&text, major, minor, meta.ino()))
 }
 
-/// The argument vector of `pid` (`/proc/<pid>/cmdline`), `None` if it is gone or unreadable.
+/// The argument vector of `pid` (`/proc/<pid>/cmdline`), `None` if it is gone or unreadable, or
+/// has no arguments (a zombie, a kernel thread).
 pub fn cmdline(pid: u32) -> Option<Vec<String>> {
-    let bytes = std::fs::read(Path::new("/proc").join(pid.to_string()).join("cmdline")).ok()?;
-    let argv: Vec<String> =
-        bytes.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-    (!argv.is_empty()).then_some(argv)
+    argv(pid).filter(|a| !a.is_empty())
+}
+
+/// The argument vector of `pid` as the kernel has it: empty for a zombie or a kernel thread
+/// (something readable that is no program's command line), `None` if it is gone or unreadable.
+pub fn argv(pid: u32) -> Option<Vec<String>> {
+    let bytes = std::fs::read(proc_file(pid, "cmdline")).ok()?;
+    Some(bytes.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect())
+}
+
+/// The NUL-separated environment of `pid` (`/proc/<pid>/environ`); `None` if it is gone or
+/// another user's.
+pub fn environ(pid: u32) -> Option<Vec<u8>> {
+    std::fs::read(proc_file(pid, "environ")).ok()
+}
+
+/// `/proc/<pid>/cgroup`.
+pub fn cgroup(pid: u32) -> Option<String> {
+    std::fs::read_to_string(proc_file(pid, "cgroup")).ok()
+}
+
+/// The uid a process runs as: `/proc/<pid>` belongs to it.
+pub fn process_uid(pid: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(Path::new("/proc").join(pid.to_string())).ok().map(|m| m.uid())
+}
+
+/// pids of processes whose environment has `key=value` and whose argv contains every word
+/// of `argv_words` (`["gateway", "run"]`), ascending. Other users' processes are skipped
+/// (unreadable).
+pub fn processes_with_env(key: &str, value: &std::ffi::OsStr, argv_words: &[&str]) -> Vec<u32> {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let want = value.as_bytes();
+    let mut out = Vec::new();
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Some(env) = environ(pid) else { continue };
+        let hit = env
+            .split(|&b| b == 0)
+            .any(|kv| kv.strip_prefix(key.as_bytes()).and_then(|r| r.strip_prefix(b"=")) == Some(want));
+        if hit && argv(pid).is_some_and(|a| argv_words.iter().all(|w| a.iter().any(|x| x == w))) {
+            out.push(pid);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+fn proc_file(pid: u32, name: &str) -> std::path::PathBuf {
+    Path::new("/proc").join(pid.to_string()).join(name)
 }
 
 /// The parent pid, from field 4 of `/proc/<pid>/stat`.
@@ -104,9 +152,7 @@ pub fn kill_tagged(key: &str, accept: &dyn Fn(&str) -> bool) -> Vec<u32> {
     let me = std::process::id();
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     let tagged = |pid: u32| -> bool {
-        std::fs::read(Path::new("/proc").join(pid.to_string()).join("environ"))
-            .ok()
-            .is_some_and(|env| crate::probe::environ_value(&env, key).is_some_and(accept))
+        environ(pid).is_some_and(|env| crate::probe::environ_value(&env, key).is_some_and(accept))
     };
     let mut killed = Vec::new();
     for entry in dir.flatten() {

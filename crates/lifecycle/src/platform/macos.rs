@@ -85,4 +85,7 @@ pub fn kill_tagged(_key: &str, _accept: &dyn Fn(&str) -> bool) -> Vec<u32> {
     Vec::new()
 }
 
-pub use super::without_procfs::{cmdline, is_stopped, port_listeners, systemd_main_pid};
+pub use super::without_procfs::{
+    argv, cgroup, cmdline, environ, is_stopped, port_listeners, process_uid, processes_with_env, release_startup_pages,
+    systemd_main_pid,
+};

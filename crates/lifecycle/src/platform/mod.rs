@@ -20,7 +20,13 @@
 //! - `sync_dir(path: &Path)`: make a rename durable where the OS supports it
 //! - `parent_pid(pid: u32) -> Option<u32>`
 //! - `cmdline(pid: u32) -> Option<Vec<String>>`: a process's arguments, where the OS tells and
-//!   also names lock holders (so a holder can be told from a gateway)
+//!   also names lock holders (so a holder can be told from a gateway); `argv(pid)` the same but
+//!   `Some(empty)` for a process with none (a zombie, a kernel thread)
+//! - `environ(pid: u32) -> Option<Vec<u8>>` (NUL-separated), `cgroup(pid: u32) -> Option<String>`,
+//!   `process_uid(pid: u32) -> Option<u32>`: what `/proc` tells of a process (Linux; `None`
+//!   elsewhere)
+//! - `processes_with_env(key, value, argv_words) -> Vec<u32>`: processes by environment and argv
+//!   (Linux; empty elsewhere)
 //! - `kill_tagged(key: &str, accept: &dyn Fn(&str) -> bool) -> Vec<u32>`: kill leftover
 //!   processes carrying an environment tag (runs of a dead incarnation), where the OS allows
 //! - `lock_holders(path: &Path) -> Option<Vec<u32>>`: who the kernel says holds a file lock,
@@ -31,6 +37,8 @@
 //!   tells
 //! - `release_startup_pages() -> usize`: drop the clean code pages start-up touched from our
 //!   page tables once the gateway is ready (Linux; 0 elsewhere)
+//!
+//! Starting, watching and ending child processes: [`spawn`] (the same pattern, its own files).
 
 #[cfg_attr(target_os = "linux", path = "linux.rs")]
 #[cfg_attr(target_os = "macos", path = "macos.rs")]
@@ -45,6 +53,8 @@ mod unix;
 mod without_procfs;
 
 pub use imp::*;
+
+pub mod spawn;
 
 /// Ownership facts about a directory, for the pure checks in [`crate::home`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

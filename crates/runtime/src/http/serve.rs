@@ -428,8 +428,8 @@ mod tests {
     async fn fixture() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let home = gatewarden_lifecycle::Home::at(dir.path());
-        let config = gatewarden_agent::Config::default();
-        let journal = Arc::new(gatewarden_agent::Journal::open_in(dir.path()).unwrap());
+        let config = gatewarden_config::Config::default();
+        let journal = Arc::new(gatewarden_journal::Journal::open_in(dir.path()).unwrap());
         let work =
             Arc::new(crate::work::Work::new(gatewarden_agent::build_agent(&config.agent), journal, &config, true));
         let me = Incarnation::current(SystemTime::now(), StdInstant::now());

@@ -23,7 +23,7 @@ fn user_home() -> String {
 fn target(spec: &ServiceSpec) -> LaunchdTarget {
     let label = spec.names().launchd_label();
     let path = launchd::plist_path(&user_home(), &label);
-    LaunchdTarget::new(super::proc::uid(), label, path)
+    LaunchdTarget::new(gatewarden_lifecycle::platform::spawn::real_uid(), label, path)
 }
 
 fn runner() -> SystemRunner {

@@ -95,34 +95,9 @@ impl<R: Read> Read for Capped<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
+    use gatewarden_testkit::archive::tar_gz_members as tar_gz;
 
     const CAP: u64 = 1 << 20;
-
-    /// A `.tar.gz` of `(name, kind, data)` members, names written raw (the `tar` builder
-    /// itself refuses `..`, which is what a hostile archive would hold).
-    fn tar_gz(members: &[(&str, tar::EntryType, &[u8])]) -> Vec<u8> {
-        let mut raw = Vec::new();
-        for (name, kind, data) in members {
-            let mut h = tar::Header::new_gnu();
-            let field = &mut h.as_old_mut().name;
-            field[..name.len()].copy_from_slice(name.as_bytes());
-            h.set_entry_type(*kind);
-            h.set_mode(0o755);
-            h.set_size(data.len() as u64);
-            if kind.is_symlink() {
-                h.set_link_name("elsewhere").unwrap();
-            }
-            h.set_cksum();
-            raw.extend_from_slice(h.as_bytes());
-            raw.extend_from_slice(data);
-            raw.resize(raw.len().div_ceil(512) * 512, 0);
-        }
-        raw.extend_from_slice(&[0; 1024]);
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        gz.write_all(&raw).unwrap();
-        gz.finish().unwrap()
-    }
 
     const FILE: tar::EntryType = tar::EntryType::Regular;
 

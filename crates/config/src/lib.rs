@@ -1,8 +1,9 @@
 //! `<home>/config.toml`: the gateway's configuration.
 //!
 //! Every key is optional; a missing file means all defaults. The file is read once at start and
-//! any problem is fatal (the caller exits 78, EX_CONFIG, so a supervisor does not respawn a
-//! gateway that can never start). Errors name the file, the 1-based line and the key, e.g.
+//! any problem is fatal (the caller exits 78, EX_CONFIG, the exit table's `FatalConfig`, so a
+//! supervisor does not respawn a gateway that can never start). Errors name the file, the
+//! 1-based line and the key, e.g.
 //!
 //! ```text
 //! /home/a/.local/state/gatewarden/config.toml:7: unknown key 'delay' in [agent] (expected one of: backend, delay_ms, …)
@@ -12,9 +13,10 @@
 //! Loading is two passes over the same text: serde (with `deny_unknown_fields`) builds the typed
 //! [`Config`], and toml's spanned document tree maps an error's byte span back to the key and
 //! line it belongs to. Semantic checks (an `exec` backend needs a `command`, …) run afterwards
-//! and use the same index for their line numbers. `crates/agent/config.example.toml` documents
+//! and use the same index for their line numbers. `crates/config/config.example.toml` documents
 //! every key.
 
+use gatewarden_lifecycle::exit::ExitIntent;
 use gatewarden_lifecycle::fsio::ReadOutcome;
 use std::fmt;
 use std::net::SocketAddr;
@@ -26,9 +28,6 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 /// The configuration file's name inside the home.
 pub const CONFIG_FILE: &str = "config.toml";
-
-/// Exit code for every configuration error (`EX_CONFIG` from sysexits.h; protocol.md §6.1).
-pub const EX_CONFIG: i32 = 78;
 
 /// Upper bound for every `*_s` duration, so that no consumer can overflow `Instant + Duration`
 /// on a hostile value (one week).
@@ -82,7 +81,8 @@ const CLUSTER_KEYS: &[&str] =
     &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s", "ca_file"];
 const UPDATE_KEYS: &[&str] = &["public_key", "probation_s", "source", "ca_file"];
 
-/// Why the configuration cannot be used. Every variant maps to exit code [`EX_CONFIG`].
+/// Why the configuration cannot be used. Every variant maps to [`ExitIntent::FatalConfig`]'s exit
+/// code (78, `EX_CONFIG` from sysexits.h; protocol.md §6.1).
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file exists but could not be read.
@@ -125,9 +125,10 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    /// The process exit code for this error (always [`EX_CONFIG`]).
+    /// The process exit code for this error: always the exit table's (crates/lifecycle/src/exit.rs)
+    /// code for fatal configuration.
     pub fn exit_code(&self) -> i32 {
-        EX_CONFIG
+        i32::from(ExitIntent::FatalConfig.code())
     }
 
     /// The offending key, when the error is about one.

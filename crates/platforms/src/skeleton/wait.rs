@@ -7,7 +7,8 @@ use crate::AdapterError;
 use std::time::{Duration, Instant};
 
 /// Flags an adapter's threads wait on: `stop` ends intake, `close` ends sending, `wake` says
-/// the outbox has something, `kick` asks the receiver to reconnect.
+/// the outbox has something, `kick` asks the receiver to reconnect, `hangup` (set once the
+/// sender is done) ends a receive side that listens through the drain.
 #[derive(Debug, Default)]
 pub struct Flags {
     m: Mutex<Bits>,
@@ -20,6 +21,7 @@ pub struct Bits {
     pub close: bool,
     pub wake: bool,
     pub kick: bool,
+    pub hangup: bool,
 }
 
 impl Flags {
@@ -110,6 +112,11 @@ impl<S: AsRef<Flags>> Slot<S> {
         if let Some(r) = self.lock().as_ref() {
             r.shared.as_ref().as_ref().update(f);
         }
+    }
+
+    /// What the running threads share (`None` when not started).
+    pub fn shared(&self) -> Option<Arc<S>> {
+        self.lock().as_ref().map(|r| Arc::clone(&r.shared))
     }
 }
 

@@ -1,23 +1,4 @@
-//! The durable message journal: `<home>/journal.sqlite3`.
-//!
-//! Every message the gateway accepts is a row that moves
-//! `queued → running → done | failed`, and never back except through [`Journal::recover`].
-//!
-//! - [`Journal::accept`] commits the row before it returns, so an HTTP 202 sent afterwards is a
-//!   promise the journal can keep.
-//! - [`Journal::claim`] moves `queued → running` under the caller's incarnation and counts the
-//!   attempt.
-//! - [`Journal::complete`] / [`Journal::fail`] only act on a row that is `running` under the
-//!   caller's incarnation: a run from a previous incarnation (or a duplicate worker) cannot
-//!   finish a message twice.
-//! - [`Journal::mark_command`] finishes a run that requested a restart as `done` before the
-//!   drain, so the next incarnation never replays it (bug class F: no restart cascade).
-//! - [`Journal::recover`], called once by each new incarnation, requeues rows left `running` by an
-//!   older incarnation exactly once (attempts < 2), fails the rest with "interrupted twice", and
-//!   returns every queued id in acceptance order.
-//!
-//! - [`Journal::prune`] deletes finished (done / failed) rows past the retention bounds of
-//!   `[journal]` in config.toml, by age and by size; a queued or running row is never deleted.
+//! The home's journal: `<home>/journal.sqlite3`, the [`Store`] a gateway without `[cluster]` uses.
 //!
 //! Durability: WAL with `synchronous=FULL`. In WAL mode `NORMAL` survives a process crash but may
 //! lose the last transactions on power loss or an OS crash; the 202 is a promise to the client,
@@ -31,155 +12,21 @@
 //! `Send + Sync` (a channel to the writer, and a read connection behind a mutex).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
+use crate::row::{self, Cells, MESSAGE_COLUMNS, OUTGOING_COLUMNS};
+use crate::{
+    Counts, JournalError, MAX_ATTEMPTS, Message, NewMessage, Outgoing, Pruned, REASON_INTERRUPTED_TWICE, Store,
+    failure_notice,
+};
+
 /// The journal's file name inside the home.
 pub const JOURNAL_FILE: &str = "journal.sqlite3";
 
-/// A run may start at most this many times (the first run plus one re-run after interruption).
-pub const MAX_ATTEMPTS: i64 = 2;
-
-/// Reason recorded for a message whose run was interrupted on both attempts.
-pub const REASON_INTERRUPTED_TWICE: &str = "interrupted twice";
-
-const SCHEMA_VERSION: i64 = 2;
-
-/// Why a journal operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum JournalError {
-    #[error("journal {}: {source}", path.display())]
-    Open {
-        path: PathBuf,
-        #[source]
-        source: rusqlite::Error,
-    },
-    #[error("journal {}: schema version {found} is newer than this gatewarden understands ({SCHEMA_VERSION})", path.display())]
-    SchemaTooNew { path: PathBuf, found: i64 },
-    #[error("journal: {0}")]
-    Sqlite(#[from] rusqlite::Error),
-    #[error("journal: row {id} has an unknown {column} value {value:?}")]
-    Corrupt { id: String, column: &'static str, value: String },
-    /// A shared store (the cluster's PostgreSQL) failed or did not answer in time.
-    #[error("journal store: {0}")]
-    Store(String),
-    /// The shared store refused a write: this gateway is not (or no longer) the active.
-    #[error("journal store: fenced: {0}")]
-    Fenced(String),
-    /// A journal file is not a private regular file we can use (a FIFO, a symlink, a
-    /// directory), or its mode could not be made private; SQLite never opens it.
-    #[error("journal {}: {why}", path.display())]
-    Unsafe { path: PathBuf, why: String },
-    /// The journal's writer (group commit) could not take or commit the write.
-    #[error("journal: {0}")]
-    Writer(String),
-}
-
-/// How the client waits for the reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// The HTTP request waits for the reply.
-    Sync,
-    /// The client got a 202 and an id, and polls.
-    Async,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Sync => "sync",
-            Kind::Async => "async",
-        }
-    }
-
-    /// The inverse of [`Kind::as_str`] (every store keeps the same words).
-    pub fn parse(s: &str) -> Option<Kind> {
-        match s {
-            "sync" => Some(Kind::Sync),
-            "async" => Some(Kind::Async),
-            _ => None,
-        }
-    }
-}
-
-/// Where a message is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum State {
-    Queued,
-    Running,
-    Done,
-    Failed,
-}
-
-impl State {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Queued => "queued",
-            State::Running => "running",
-            State::Done => "done",
-            State::Failed => "failed",
-        }
-    }
-
-    /// Done or failed: the message will not change again.
-    pub fn is_final(self) -> bool {
-        matches!(self, State::Done | State::Failed)
-    }
-
-    /// The inverse of [`State::as_str`].
-    pub fn parse(s: &str) -> Option<State> {
-        match s {
-            "queued" => Some(State::Queued),
-            "running" => Some(State::Running),
-            "done" => Some(State::Done),
-            "failed" => Some(State::Failed),
-            _ => None,
-        }
-    }
-}
-
-/// A message to record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewMessage {
-    pub chat_id: String,
-    pub user_id: String,
-    pub text: String,
-    pub kind: Kind,
-}
-
-/// A journal row.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Message {
-    pub id: String,
-    pub chat_id: String,
-    pub user_id: String,
-    pub text: String,
-    pub kind: Kind,
-    pub state: State,
-    pub reply: Option<String>,
-    pub reason: Option<String>,
-    pub attempts: i64,
-    /// The incarnation that last claimed the row.
-    pub incarnation: Option<String>,
-    /// The run requested a restart (or another lifecycle command) and must never be replayed.
-    pub is_command: bool,
-    /// The chat platform adapter it came from (`None`: the HTTP API).
-    pub platform: Option<String>,
-    /// RFC 3339 UTC with microseconds.
-    pub created_at: String,
-    pub updated_at: String,
-}
-
-/// Row counts by state, for metrics and status.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counts {
-    pub queued: u64,
-    pub running: u64,
-    pub done: u64,
-    pub failed: u64,
-}
+pub(crate) const SCHEMA_VERSION: i64 = 2;
 
 /// The journal. Cheap to share behind an `Arc`.
 ///
@@ -198,10 +45,41 @@ pub struct Journal {
     path: PathBuf,
 }
 
-const COLUMNS: &str = "id, chat_id, user_id, text, kind, state, reply, reason, attempts, \
-                       incarnation, is_command, created_at, updated_at, platform";
+/// [`MESSAGE_COLUMNS`] as SQLite keeps them (timestamps are RFC 3339 text already).
+static COLUMNS: LazyLock<String> = LazyLock::new(|| row::select_list(&MESSAGE_COLUMNS, str::to_owned));
+
+/// [`OUTGOING_COLUMNS`], likewise.
+static OUTGOING: LazyLock<String> = LazyLock::new(|| row::select_list(&OUTGOING_COLUMNS, str::to_owned));
+
+impl Cells for Row<'_> {
+    fn text(&self, i: usize) -> Result<String, JournalError> {
+        Ok(self.get(i)?)
+    }
+    fn text_opt(&self, i: usize) -> Result<Option<String>, JournalError> {
+        Ok(self.get(i)?)
+    }
+    fn int(&self, i: usize) -> Result<i64, JournalError> {
+        Ok(self.get(i)?)
+    }
+    fn flag(&self, i: usize) -> Result<bool, JournalError> {
+        // Stored as INTEGER 0/1.
+        Ok(self.get::<_, i64>(i)? != 0)
+    }
+}
 
 impl Journal {
+    /// The `(prompt, completion)` tokens recorded with a run, if any.
+    pub fn usage(&self, id: &str) -> Result<Option<(u64, u64)>, JournalError> {
+        let conn = self.read();
+        let row: Option<(Option<i64>, Option<i64>)> = conn
+            .query_row("SELECT prompt_tokens, completion_tokens FROM messages WHERE id = ?1", params![id], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        let tokens = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
+        Ok(row.and_then(|(p, c)| Some((tokens(p)?, tokens(c).unwrap_or(0)))))
+    }
+
     /// Opens (creating if needed) the journal at `path`, usually `<home>/journal.sqlite3`.
     pub fn open(path: &Path) -> Result<Journal, JournalError> {
         // Two gateways (or a gateway and a CLI) opening a fresh journal at once contend for the
@@ -293,9 +171,15 @@ impl Journal {
     ) -> Result<R, JournalError> {
         self.writer.submit(f, false)
     }
+}
+
+impl Store for Journal {
+    fn describe(&self) -> String {
+        format!("sqlite {}", self.path.display())
+    }
 
     /// Records a new `queued` message and returns its id; the row is durable when this returns.
-    pub fn accept(&self, msg: &NewMessage) -> Result<String, JournalError> {
+    fn accept(&self, msg: &NewMessage) -> Result<String, JournalError> {
         let msg = msg.clone();
         self.write(move |conn| {
             // 96 random bits from SQLite's CSPRNG: unique without coordination.
@@ -316,7 +200,7 @@ impl Journal {
     /// Records a lifecycle command (`/restart`, `/stop`, …) that was answered at once, as a row
     /// that is already `done` with `reply` and flagged as a command, in one statement: there is
     /// no instant at which a crash could leave it queued, so it can never be replayed.
-    pub fn accept_command(&self, msg: &NewMessage, reply: &str) -> Result<String, JournalError> {
+    fn accept_command(&self, msg: &NewMessage, reply: &str) -> Result<String, JournalError> {
         let (msg, reply) = (msg.clone(), reply.to_owned());
         self.write(move |conn| {
             let id = conn
@@ -336,7 +220,7 @@ impl Journal {
 
     /// `queued → running` under `incarnation`, counting the attempt. False if the row is not
     /// queued (already claimed, finished, or unknown).
-    pub fn claim(&self, id: &str, incarnation: &str) -> Result<bool, JournalError> {
+    fn claim(&self, id: &str, incarnation: &str) -> Result<bool, JournalError> {
         let (id, incarnation) = (id.to_owned(), incarnation.to_owned());
         self.write(move |conn| {
             let n = conn
@@ -353,12 +237,12 @@ impl Journal {
     /// `running → done` with the reply, only if `incarnation` owns the run.
     /// A message that came from a chat platform also queues its reply in the outbox, in the
     /// same transaction: a reply is never lost between the two, nor queued twice.
-    pub fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError> {
+    fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError> {
         self.complete_with_usage(id, incarnation, reply, None)
     }
 
-    /// [`Journal::complete`], recording the run's `(prompt, completion)` tokens with it.
-    pub fn complete_with_usage(
+    /// [`Store::complete`], recording the run's `(prompt, completion)` tokens with it.
+    fn complete_with_usage(
         &self,
         id: &str,
         incarnation: &str,
@@ -384,21 +268,9 @@ impl Journal {
         })
     }
 
-    /// The `(prompt, completion)` tokens recorded with a run, if any.
-    pub fn usage(&self, id: &str) -> Result<Option<(u64, u64)>, JournalError> {
-        let conn = self.read();
-        let row: Option<(Option<i64>, Option<i64>)> = conn
-            .query_row("SELECT prompt_tokens, completion_tokens FROM messages WHERE id = ?1", params![id], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .optional()?;
-        let tokens = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
-        Ok(row.and_then(|(p, c)| Some((tokens(p)?, tokens(c).unwrap_or(0)))))
-    }
-
     /// `running → failed` with a reason, only if `incarnation` owns the run. A platform
     /// message's chat is told that it failed (through the outbox, in the same transaction).
-    pub fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError> {
+    fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError> {
         let (id, incarnation, reason) = (id.to_owned(), incarnation.to_owned(), reason.to_owned());
         self.write(move |conn| {
             let now = now_rfc3339();
@@ -418,12 +290,7 @@ impl Journal {
     /// Journals a message from a chat platform, keyed by its platform event id: `None` when that
     /// event is already journaled (a redelivery after a crash between commit and the platform's
     /// acknowledgement). Durable when this returns.
-    pub fn accept_inbound(
-        &self,
-        platform: &str,
-        event_id: &str,
-        msg: &NewMessage,
-    ) -> Result<Option<String>, JournalError> {
+    fn accept_inbound(&self, platform: &str, event_id: &str, msg: &NewMessage) -> Result<Option<String>, JournalError> {
         let (platform, event_id, msg) = (platform.to_owned(), event_id.to_owned(), msg.clone());
         self.write(move |conn| {
             let id = conn
@@ -443,7 +310,7 @@ impl Journal {
 
     /// Journals a chat command from a platform as a finished command row and queues its reply,
     /// in one transaction. `None` when the event is already journaled (nothing is queued again).
-    pub fn accept_inbound_command(
+    fn accept_inbound_command(
         &self,
         platform: &str,
         event_id: &str,
@@ -473,7 +340,7 @@ impl Journal {
     }
 
     /// Whether `(platform, event_id)` is journaled already.
-    pub fn has_event(&self, platform: &str, event_id: &str) -> Result<bool, JournalError> {
+    fn has_event(&self, platform: &str, event_id: &str) -> Result<bool, JournalError> {
         let n: i64 = self.read().query_row(
             "SELECT COUNT(*) FROM messages WHERE platform = ?1 AND event_id = ?2",
             params![platform, event_id],
@@ -483,7 +350,7 @@ impl Journal {
     }
 
     /// Queues a message to a platform chat that answers no journaled message (a notice).
-    pub fn enqueue(&self, platform: &str, chat_id: &str, text: &str) -> Result<i64, JournalError> {
+    fn enqueue(&self, platform: &str, chat_id: &str, text: &str) -> Result<i64, JournalError> {
         let (platform, chat_id, text) = (platform.to_owned(), chat_id.to_owned(), text.to_owned());
         self.write(move |conn| {
             let seq = conn.query_row(
@@ -497,28 +364,24 @@ impl Journal {
     }
 
     /// Pending outbox entries for `platform`, oldest first.
-    pub fn outbox_pending(&self, platform: &str, limit: usize) -> Result<Vec<Outgoing>, JournalError> {
+    fn outbox_pending(&self, platform: &str, limit: usize) -> Result<Vec<Outgoing>, JournalError> {
         let conn = self.read();
-        let mut stmt = conn.prepare_cached(
-            "SELECT seq, chat_id, text, message_id, created_at FROM outbox
-             WHERE platform = ?1 AND state = 'pending' ORDER BY seq LIMIT ?2",
-        )?;
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {} FROM outbox WHERE platform = ?1 AND state = 'pending' ORDER BY seq LIMIT ?2",
+            *OUTGOING
+        ))?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = stmt.query_map(params![platform, limit], |r| {
-            Ok(Outgoing {
-                seq: r.get(0)?,
-                chat_id: r.get(1)?,
-                text: r.get(2)?,
-                message_id: r.get(3)?,
-                created_at: r.get(4)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        let mut rows = stmt.query(params![platform, limit])?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            out.push(row::read_outgoing(r)?);
+        }
+        Ok(out)
     }
 
     /// An outbox entry left for good: `sent`, or `failed` with the platform's reason (a chat
     /// that no longer exists; retrying cannot help).
-    pub fn outbox_done(&self, seq: i64, failed: Option<&str>) -> Result<bool, JournalError> {
+    fn outbox_done(&self, seq: i64, failed: Option<&str>) -> Result<bool, JournalError> {
         let failed = failed.map(str::to_owned);
         self.write(move |conn| {
             let state = if failed.is_some() { "failed" } else { "sent" };
@@ -532,7 +395,7 @@ impl Journal {
     }
 
     /// Outbox entries by state for `platform`: (pending, sent, failed).
-    pub fn outbox_counts(&self, platform: &str) -> Result<(u64, u64, u64), JournalError> {
+    fn outbox_counts(&self, platform: &str) -> Result<(u64, u64, u64), JournalError> {
         let conn = self.read();
         let mut stmt = conn.prepare("SELECT state, COUNT(*) FROM outbox WHERE platform = ?1 GROUP BY state")?;
         let mut out = (0, 0, 0);
@@ -550,7 +413,7 @@ impl Journal {
     }
 
     /// Starts a fresh conversation in `(platform, chat)`: earlier turns are no longer history.
-    pub fn new_session(&self, platform: &str, chat_id: &str) -> Result<(), JournalError> {
+    fn new_session(&self, platform: &str, chat_id: &str) -> Result<(), JournalError> {
         let (platform, chat_id) = (platform.to_owned(), chat_id.to_owned());
         self.write(move |conn| {
             conn.execute(
@@ -565,7 +428,7 @@ impl Journal {
     /// The conversation before message `before` in its `(platform, chat)`: the last `turns`
     /// answered (non-command) messages of the current session, oldest first, as
     /// `(user text, reply)` pairs.
-    pub fn history(&self, before: &str, turns: usize) -> Result<Vec<(String, String)>, JournalError> {
+    fn history(&self, before: &str, turns: usize) -> Result<Vec<(String, String)>, JournalError> {
         if turns == 0 {
             return Ok(Vec::new());
         }
@@ -591,7 +454,7 @@ impl Journal {
     /// Marks a message as a lifecycle command (e.g. the run that requested a restart) and
     /// finishes it as `done` now, before the drain, so that no later incarnation replays it.
     /// Returns false if the row was already final (it is still flagged) or unknown.
-    pub fn mark_command(&self, id: &str) -> Result<bool, JournalError> {
+    fn mark_command(&self, id: &str) -> Result<bool, JournalError> {
         let id = id.to_owned();
         self.write(move |conn| {
             let finished = conn.execute(
@@ -608,7 +471,7 @@ impl Journal {
     /// incarnation were interrupted (stop, restart, crash): requeued if they have had fewer than
     /// [`MAX_ATTEMPTS`] attempts, else failed with [`REASON_INTERRUPTED_TWICE`]. Command rows are
     /// never requeued. Returns the ids of all queued rows, oldest first: the work to run.
-    pub fn recover(&self, new_incarnation: &str) -> Result<Vec<String>, JournalError> {
+    fn recover(&self, new_incarnation: &str) -> Result<Vec<String>, JournalError> {
         let new_incarnation = new_incarnation.to_owned();
         self.write(move |tx| {
             let now = now_rfc3339();
@@ -646,195 +509,42 @@ impl Journal {
     }
 
     /// One message by id.
-    pub fn get(&self, id: &str) -> Result<Option<Message>, JournalError> {
+    fn get(&self, id: &str) -> Result<Option<Message>, JournalError> {
         let conn = self.read();
-        let mut stmt = conn.prepare_cached(&format!("SELECT {COLUMNS} FROM messages WHERE id = ?1"))?;
-        let raw = stmt.query_row(params![id], RawRow::read).optional()?;
-        raw.map(RawRow::into_message).transpose()
+        let mut stmt = conn.prepare_cached(&format!("SELECT {} FROM messages WHERE id = ?1", *COLUMNS))?;
+        let mut rows = stmt.query(params![id])?;
+        rows.next()?.map(row::read_message).transpose()
     }
 
     /// Messages not yet final (queued or running), oldest first.
-    pub fn pending(&self) -> Result<Vec<Message>, JournalError> {
+    fn pending(&self) -> Result<Vec<Message>, JournalError> {
         let conn = self.read();
         let mut stmt = conn.prepare(&format!(
-            "SELECT {COLUMNS} FROM messages WHERE state IN ('queued', 'running')
-             ORDER BY created_at, rowid"
+            "SELECT {} FROM messages WHERE state IN ('queued', 'running')
+             ORDER BY created_at, rowid",
+            *COLUMNS
         ))?;
-        let rows = stmt.query_map([], RawRow::read)?.collect::<Result<Vec<_>, _>>()?;
-        rows.into_iter().map(RawRow::into_message).collect()
+        let mut rows = stmt.query([])?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            out.push(row::read_message(r)?);
+        }
+        Ok(out)
     }
 
     /// Row counts by state.
-    pub fn counts(&self) -> Result<Counts, JournalError> {
+    fn counts(&self) -> Result<Counts, JournalError> {
         let conn = self.read();
         let mut stmt = conn.prepare("SELECT state, COUNT(*) FROM messages GROUP BY state")?;
         let mut counts = Counts::default();
         let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
         for row in rows {
             let (state, n) = row?;
-            let n = u64::try_from(n).unwrap_or(0);
-            match State::parse(&state) {
-                Some(State::Queued) => counts.queued = n,
-                Some(State::Running) => counts.running = n,
-                Some(State::Done) => counts.done = n,
-                Some(State::Failed) => counts.failed = n,
-                None => {}
-            }
+            counts.record(&state, n);
         }
         Ok(counts)
     }
-}
 
-/// The journal as the runtime uses it: the home's SQLite [`Journal`], or a shared store
-/// (crates/cluster's `PgStore`, when `[cluster]` is configured) whose writes are fenced by the
-/// lease epoch. Synchronous like SQLite: callers on an async runtime use `spawn_blocking`, and
-/// an implementation never blocks on a runtime of its caller. The methods mean what the
-/// [`Journal`] methods of the same names document.
-pub trait Store: Send + Sync + std::fmt::Debug {
-    /// Where the journal lives, for logs (`sqlite <path>`, `postgres cluster <name>`).
-    fn describe(&self) -> String;
-    fn accept(&self, msg: &NewMessage) -> Result<String, JournalError>;
-    fn accept_command(&self, msg: &NewMessage, reply: &str) -> Result<String, JournalError>;
-    fn claim(&self, id: &str, incarnation: &str) -> Result<bool, JournalError>;
-    fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError>;
-    /// `complete` with the run's `(prompt, completion)` tokens; a store without a place for
-    /// them completes the run without.
-    fn complete_with_usage(
-        &self,
-        id: &str,
-        incarnation: &str,
-        reply: &str,
-        usage: Option<(u64, u64)>,
-    ) -> Result<bool, JournalError> {
-        let _ = usage;
-        self.complete(id, incarnation, reply)
-    }
-    fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError>;
-    fn accept_inbound(&self, platform: &str, event_id: &str, msg: &NewMessage) -> Result<Option<String>, JournalError>;
-    fn accept_inbound_command(
-        &self,
-        platform: &str,
-        event_id: &str,
-        msg: &NewMessage,
-        reply: &str,
-    ) -> Result<Option<String>, JournalError>;
-    fn has_event(&self, platform: &str, event_id: &str) -> Result<bool, JournalError>;
-    fn enqueue(&self, platform: &str, chat_id: &str, text: &str) -> Result<i64, JournalError>;
-    fn outbox_pending(&self, platform: &str, limit: usize) -> Result<Vec<Outgoing>, JournalError>;
-    fn outbox_done(&self, seq: i64, failed: Option<&str>) -> Result<bool, JournalError>;
-    fn outbox_counts(&self, platform: &str) -> Result<(u64, u64, u64), JournalError>;
-    fn new_session(&self, platform: &str, chat_id: &str) -> Result<(), JournalError>;
-    fn history(&self, before: &str, turns: usize) -> Result<Vec<(String, String)>, JournalError>;
-    fn mark_command(&self, id: &str) -> Result<bool, JournalError>;
-    fn recover(&self, new_incarnation: &str) -> Result<Vec<String>, JournalError>;
-    fn get(&self, id: &str) -> Result<Option<Message>, JournalError>;
-    fn pending(&self) -> Result<Vec<Message>, JournalError>;
-    fn counts(&self) -> Result<Counts, JournalError>;
-    fn prune(&self, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError>;
-    /// Queued messages: `(of this chat, in all)`, for the `[journal]` queue caps.
-    fn queued(&self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), JournalError>;
-}
-
-impl Store for Journal {
-    fn describe(&self) -> String {
-        format!("sqlite {}", self.path.display())
-    }
-    fn accept(&self, msg: &NewMessage) -> Result<String, JournalError> {
-        Journal::accept(self, msg)
-    }
-    fn accept_command(&self, msg: &NewMessage, reply: &str) -> Result<String, JournalError> {
-        Journal::accept_command(self, msg, reply)
-    }
-    fn claim(&self, id: &str, incarnation: &str) -> Result<bool, JournalError> {
-        Journal::claim(self, id, incarnation)
-    }
-    fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError> {
-        Journal::complete(self, id, incarnation, reply)
-    }
-    fn complete_with_usage(
-        &self,
-        id: &str,
-        incarnation: &str,
-        reply: &str,
-        usage: Option<(u64, u64)>,
-    ) -> Result<bool, JournalError> {
-        Journal::complete_with_usage(self, id, incarnation, reply, usage)
-    }
-    fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError> {
-        Journal::fail(self, id, incarnation, reason)
-    }
-    fn accept_inbound(&self, platform: &str, event_id: &str, msg: &NewMessage) -> Result<Option<String>, JournalError> {
-        Journal::accept_inbound(self, platform, event_id, msg)
-    }
-    fn accept_inbound_command(
-        &self,
-        platform: &str,
-        event_id: &str,
-        msg: &NewMessage,
-        reply: &str,
-    ) -> Result<Option<String>, JournalError> {
-        Journal::accept_inbound_command(self, platform, event_id, msg, reply)
-    }
-    fn has_event(&self, platform: &str, event_id: &str) -> Result<bool, JournalError> {
-        Journal::has_event(self, platform, event_id)
-    }
-    fn enqueue(&self, platform: &str, chat_id: &str, text: &str) -> Result<i64, JournalError> {
-        Journal::enqueue(self, platform, chat_id, text)
-    }
-    fn outbox_pending(&self, platform: &str, limit: usize) -> Result<Vec<Outgoing>, JournalError> {
-        Journal::outbox_pending(self, platform, limit)
-    }
-    fn outbox_done(&self, seq: i64, failed: Option<&str>) -> Result<bool, JournalError> {
-        Journal::outbox_done(self, seq, failed)
-    }
-    fn outbox_counts(&self, platform: &str) -> Result<(u64, u64, u64), JournalError> {
-        Journal::outbox_counts(self, platform)
-    }
-    fn new_session(&self, platform: &str, chat_id: &str) -> Result<(), JournalError> {
-        Journal::new_session(self, platform, chat_id)
-    }
-    fn history(&self, before: &str, turns: usize) -> Result<Vec<(String, String)>, JournalError> {
-        Journal::history(self, before, turns)
-    }
-    fn mark_command(&self, id: &str) -> Result<bool, JournalError> {
-        Journal::mark_command(self, id)
-    }
-    fn recover(&self, new_incarnation: &str) -> Result<Vec<String>, JournalError> {
-        Journal::recover(self, new_incarnation)
-    }
-    fn get(&self, id: &str) -> Result<Option<Message>, JournalError> {
-        Journal::get(self, id)
-    }
-    fn pending(&self) -> Result<Vec<Message>, JournalError> {
-        Journal::pending(self)
-    }
-    fn counts(&self) -> Result<Counts, JournalError> {
-        Journal::counts(self)
-    }
-    fn prune(&self, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError> {
-        Journal::prune(self, max_age, max_bytes)
-    }
-    fn queued(&self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), JournalError> {
-        Journal::queued(self, platform, chat_id)
-    }
-}
-
-/// What [`Journal::prune`] deleted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Pruned {
-    /// Finished rows older than the age bound.
-    pub by_age: u64,
-    /// The oldest finished rows, deleted while the data exceeded the size bound.
-    pub by_size: u64,
-    /// Outbox entries left for good (sent or failed) and chat sessions, by age or size.
-    pub outbox: u64,
-}
-
-/// Finished rows deleted per statement while enforcing the size bound: about the excess over
-/// the average row size, within these bounds.
-const PRUNE_BATCH: (u64, u64) = (1, 4096);
-
-impl Journal {
     /// Applies the retention bounds to every table: finished messages and outbox entries left
     /// for good (sent, failed) last updated more than `max_age` ago go, and chat sessions started
     /// before then; then the oldest finished messages and outbox entries (by acceptance) while
@@ -842,7 +552,7 @@ impl Journal {
     /// outbox entries are never deleted, whatever their age or size: queued work is bounded by
     /// refusing new messages past the queue caps instead (`[journal] max_queued*`). Freed pages
     /// are reused by later rows, so the file stops growing at about the bound.
-    pub fn prune(&self, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError> {
+    fn prune(&self, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError> {
         // Alone on the writer, outside a batch: the checkpoint cannot run inside a transaction,
         // and each bounded delete commits on its own, as before group commit.
         self.writer.submit(move |conn| prune_on(conn, max_age, max_bytes), true)
@@ -850,7 +560,7 @@ impl Journal {
 
     /// Queued messages `(of this chat, in all)`; a chat is its platform (`None`: the HTTP API)
     /// and its id.
-    pub fn queued(&self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), JournalError> {
+    fn queued(&self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), JournalError> {
         let (chat, all): (i64, i64) = self.read().query_row(
             "SELECT COUNT(*) FILTER (WHERE chat_id = ?2 AND platform IS ?1), COUNT(*)
                FROM messages WHERE state = 'queued'",
@@ -861,7 +571,11 @@ impl Journal {
     }
 }
 
-/// [`Journal::prune`] on the writer's connection.
+/// Finished rows deleted per statement while enforcing the size bound: about the excess over
+/// the average row size, within these bounds.
+const PRUNE_BATCH: (u64, u64) = (1, 4096);
+
+/// [`Journal`]'s `prune` on the writer's connection.
 fn prune_on(conn: &Connection, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError> {
     let mut pruned = Pruned::default();
     if let Some(age) = max_age {
@@ -1166,6 +880,39 @@ fn data_bytes(conn: &Connection) -> Result<u64, JournalError> {
     Ok(u64::try_from((pages - free).max(0) * size).unwrap_or(0))
 }
 
+/// The tokens a run used, when its upstream reported them (issue 17): two nullable columns,
+/// added without a schema version bump, so that a gatewarden from before them (an update's
+/// rollback) still opens the journal; its statements name their columns. Same locking as
+/// [`migrate_to_2`].
+fn add_usage_columns(conn: &Connection) -> rusqlite::Result<()> {
+    let has = |conn: &Connection| -> rusqlite::Result<bool> {
+        conn.query_row("SELECT count(*) FROM pragma_table_info('messages') WHERE name = 'prompt_tokens'", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .map(|n| n > 0)
+    };
+    if has(conn)? {
+        return Ok(());
+    }
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let migrate = || -> rusqlite::Result<()> {
+        if has(conn)? {
+            return Ok(());
+        }
+        conn.execute_batch(
+            "ALTER TABLE messages ADD COLUMN prompt_tokens INTEGER;
+             ALTER TABLE messages ADD COLUMN completion_tokens INTEGER;",
+        )
+    };
+    match migrate() {
+        Ok(()) => conn.execute_batch("COMMIT"),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
 /// Schema 2 (chat platforms): where an inbound message came from and its platform event id
 /// (deduplication), the durable outbox, and per-chat sessions. The journal is opened before the
 /// instance lock is taken, so two starting gateways may race here: the write lock is taken first
@@ -1214,56 +961,7 @@ fn migrate_to_2(conn: &Connection) -> rusqlite::Result<()> {
     }
 }
 
-/// The tokens a run used, when its upstream reported them (issue 17): two nullable columns,
-/// added without a schema version bump, so that a gatewarden from before them (an update's
-/// rollback) still opens the journal; its statements name their columns. Same locking as
-/// [`migrate_to_2`].
-fn add_usage_columns(conn: &Connection) -> rusqlite::Result<()> {
-    let has = |conn: &Connection| -> rusqlite::Result<bool> {
-        conn.query_row("SELECT count(*) FROM pragma_table_info('messages') WHERE name = 'prompt_tokens'", [], |r| {
-            r.get::<_, i64>(0)
-        })
-        .map(|n| n > 0)
-    };
-    if has(conn)? {
-        return Ok(());
-    }
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    let migrate = || -> rusqlite::Result<()> {
-        if has(conn)? {
-            return Ok(());
-        }
-        conn.execute_batch(
-            "ALTER TABLE messages ADD COLUMN prompt_tokens INTEGER;
-             ALTER TABLE messages ADD COLUMN completion_tokens INTEGER;",
-        )
-    };
-    match migrate() {
-        Ok(()) => conn.execute_batch("COMMIT"),
-        Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK");
-            Err(e)
-        }
-    }
-}
-
-/// A reply waiting in (or gone through) the outbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outgoing {
-    pub seq: i64,
-    pub chat_id: String,
-    pub text: String,
-    /// The journaled message this answers (`None` for notices).
-    pub message_id: Option<String>,
-    pub created_at: String,
-}
-
 /// Queues `text` for the chat of message `id` if that message came from a platform.
-/// What a platform chat is told when its message failed (one wording for every store).
-pub fn failure_notice(reason: &str) -> String {
-    format!("sorry, that failed: {reason}")
-}
-
 fn queue_reply(conn: &Connection, id: &str, text: &str, now: &str) -> Result<(), JournalError> {
     conn.prepare_cached(
         "INSERT INTO outbox (platform, chat_id, text, message_id, created_at, updated_at)
@@ -1273,77 +971,8 @@ fn queue_reply(conn: &Connection, id: &str, text: &str, now: &str) -> Result<(),
     Ok(())
 }
 
-/// A row as stored, before its enums are checked.
-struct RawRow {
-    id: String,
-    chat_id: String,
-    user_id: String,
-    text: String,
-    kind: String,
-    state: String,
-    reply: Option<String>,
-    reason: Option<String>,
-    attempts: i64,
-    incarnation: Option<String>,
-    is_command: bool,
-    created_at: String,
-    updated_at: String,
-    platform: Option<String>,
-}
-
-impl RawRow {
-    fn read(r: &Row<'_>) -> rusqlite::Result<RawRow> {
-        Ok(RawRow {
-            id: r.get(0)?,
-            chat_id: r.get(1)?,
-            user_id: r.get(2)?,
-            text: r.get(3)?,
-            kind: r.get(4)?,
-            state: r.get(5)?,
-            reply: r.get(6)?,
-            reason: r.get(7)?,
-            attempts: r.get(8)?,
-            incarnation: r.get(9)?,
-            is_command: r.get::<_, i64>(10)? != 0,
-            created_at: r.get(11)?,
-            updated_at: r.get(12)?,
-            platform: r.get(13)?,
-        })
-    }
-
-    fn into_message(self) -> Result<Message, JournalError> {
-        let kind = Kind::parse(&self.kind).ok_or_else(|| JournalError::Corrupt {
-            id: self.id.clone(),
-            column: "kind",
-            value: self.kind.clone(),
-        })?;
-        let state = State::parse(&self.state).ok_or_else(|| JournalError::Corrupt {
-            id: self.id.clone(),
-            column: "state",
-            value: self.state.clone(),
-        })?;
-        Ok(Message {
-            id: self.id,
-            chat_id: self.chat_id,
-            user_id: self.user_id,
-            text: self.text,
-            kind,
-            state,
-            reply: self.reply,
-            reason: self.reason,
-            attempts: self.attempts,
-            incarnation: self.incarnation,
-            is_command: self.is_command,
-            platform: self.platform,
-            created_at: self.created_at,
-            updated_at: self.updated_at,
-        })
-    }
-}
-
 /// Now as RFC 3339 UTC with microseconds (`2026-11-29T15:04:05.123456+00:00`), the protocol's
-/// timestamp format.
-/// Timestamps in the protocol's one format (`gatewarden_lifecycle::timefmt`).
+/// one timestamp format (`gatewarden_lifecycle::timefmt`).
 fn now_rfc3339() -> String {
     gatewarden_lifecycle::timefmt::now()
 }
@@ -1375,6 +1004,7 @@ pub fn check_schema(home: &Path) -> Result<i64, JournalError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Kind, State};
     use std::collections::{BTreeMap, HashMap};
 
     fn msg(text: &str) -> NewMessage {

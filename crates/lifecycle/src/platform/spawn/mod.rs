@@ -1,0 +1,65 @@
+//! The per-OS process facade: starting, watching and ending children, one file per OS with
+//! identical signatures (`unix.rs`, `windows.rs`, `other.rs`), no decisions. The gateway
+//! (crates/runtime), hermes homes (crates/hermes) and the CLI's `supervise` all start their
+//! processes through it, so each OS's way of doing so is written once.
+//!
+//! - `detach(cmd: &mut Command, listener: Option<&TcpListener>) -> Option<String>`: the child
+//!   outlives its starter, in its own session (Unix) or detached from the console in a new
+//!   process group (Windows), so a terminal's signals and hangup never reach it; with a
+//!   listener, returns the `--inherit-listener` value to pass when the OS can hand it over
+//! - `adopt_listener(value: &str) -> io::Result<TcpListener>`: take that listener over in the child
+//! - `listener_handle(&TcpListener) -> Option<String>`, `exec_in_place(Command,
+//!   Option<TcpListener>) -> io::Error`: re-execute this very process (same pid: PID 1 of a
+//!   container, `supervise`'s hand-over), keeping the listener; returns only on failure
+//! - `DETACH_KEEPS_OUTPUT: bool`: a detached child still writes to our stdout/stderr
+//! - `own_process_group(cmd: &mut Command)`: its own process group, for supervised children
+//! - `kill_process_group(pgid: u32)`: SIGKILL what is left of a group (no-op elsewhere)
+//! - `reap_with_group(child) -> io::Result<Option<ExitStatus>>`: once the child exited, kill
+//!   its group's leftovers, then reap
+//! - `exit_signal(status) -> Option<i32>`: the signal that ended a child (Unix)
+//! - `run_as(cmd: &mut Command, uid: u32, gid: u32)`: run a child as another user (Unix)
+//! - `is_executable(path) -> bool`: a file we could run
+//! - `spawn_watched(cmd, report) -> io::Result<u32>`: the supervised child: spawns it and
+//!   reports its end ([`Reaped::Child`]) and every orphan reaped meanwhile when we are PID 1
+//!   ([`Reaped::Orphan`]) from a waiter thread
+//! - `is_pid1() -> bool`, `real_uid() -> u32`, `process_groups() -> Vec<(u32, u32)>` (every
+//!   `(pid, pgid)`, where the OS tells)
+//! - `self_exe()` / `remember_self_exe()` (here, the same on every OS): this executable's path
+
+#[cfg_attr(unix, path = "unix.rs")]
+#[cfg_attr(windows, path = "windows.rs")]
+#[cfg_attr(not(any(unix, windows)), path = "other.rs")]
+mod imp;
+
+pub use imp::*;
+
+/// What [`spawn_watched`]'s waiter reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reaped {
+    /// The watched child ended: its exit code, or the signal that ended it (both `None` when
+    /// its status was lost, e.g. reaped by someone else).
+    Child { pid: u32, code: Option<i32>, signal: Option<i32> },
+    /// An orphan (not our child) was reaped; we are PID 1 or a subreaper (Unix only).
+    Orphan { pid: u32 },
+}
+
+/// This executable's path, as it was when [`remember_self_exe`] first ran (early in `main`).
+///
+/// An update renames a new binary over ours while we run; Linux then reports our image as
+/// `<path> (deleted)`, which cannot be started. Successors, backstops and re-executions must
+/// start the *path* (now the new binary), so the path is captured before any swap can happen.
+pub fn self_exe() -> std::io::Result<std::path::PathBuf> {
+    match SELF_EXE.get() {
+        Some(p) => Ok(p.clone()),
+        None => std::env::current_exe(),
+    }
+}
+
+/// Captures [`self_exe`]; call first thing in `main`.
+pub fn remember_self_exe() {
+    if let Ok(p) = std::env::current_exe() {
+        let _ = SELF_EXE.set(p);
+    }
+}
+
+static SELF_EXE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();

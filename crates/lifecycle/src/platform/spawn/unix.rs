@@ -1,0 +1,198 @@
+//! Unix: sessions, process groups, descriptor hand-over, `waitpid`.
+
+use std::io;
+use std::net::TcpListener;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus};
+
+use rustix::io::Errno;
+use rustix::process::{Pid, WaitOptions, wait};
+
+use super::Reaped;
+
+/// The descriptor number the successor finds the listener at.
+const INHERITED_FD: RawFd = 3;
+
+pub fn detach(cmd: &mut Command, listener: Option<&TcpListener>) -> Option<String> {
+    let fd = listener.map(AsRawFd::as_raw_fd);
+    // SAFETY: between fork and exec only async-signal-safe system calls run (setsid, dup2,
+    // fcntl through rustix's raw syscalls); nothing allocates or takes locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            // A new session: the successor survives the old gateway's process group, session
+            // and terminal.
+            rustix::process::setsid().map_err(io::Error::from)?;
+            if let Some(fd) = fd {
+                let src = rustix::fd::BorrowedFd::borrow_raw(fd);
+                if fd == INHERITED_FD {
+                    // dup2 onto itself would keep CLOEXEC; clear it instead.
+                    rustix::io::fcntl_setfd(src, rustix::io::FdFlags::empty()).map_err(io::Error::from)?;
+                } else {
+                    let mut target = rustix::fd::OwnedFd::from_raw_fd(INHERITED_FD);
+                    let r = rustix::io::dup2(src, &mut target);
+                    // Ownership stays with the child's descriptor table, not this guard.
+                    std::mem::forget(target);
+                    r.map_err(io::Error::from)?;
+                }
+            }
+            Ok(())
+        });
+    }
+    fd.map(|_| INHERITED_FD.to_string())
+}
+
+pub fn adopt_listener(value: &str) -> io::Result<TcpListener> {
+    let fd: RawFd =
+        value.parse().map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "not a descriptor number"))?;
+    if fd < 3 {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "refusing to adopt stdin/stdout/stderr"));
+    }
+    // SAFETY: the descriptor was handed to us by our predecessor at exec; we check below that
+    // it is a listening TCP socket before using it, and it is owned by nothing else here.
+    let l = unsafe { TcpListener::from_raw_fd(fd) };
+    l.local_addr()?;
+    rustix::io::fcntl_setfd(&l, rustix::io::FdFlags::CLOEXEC).map_err(io::Error::from)?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
+/// A detached child keeps our stdout/stderr here, so a CLI can hand its work to one and still
+/// show its output.
+pub const DETACH_KEEPS_OUTPUT: bool = true;
+
+/// The `--inherit-listener` value for a listener that survives an `exec` of this process.
+pub fn listener_handle(l: &TcpListener) -> Option<String> {
+    Some(l.as_raw_fd().to_string())
+}
+
+/// Replaces this process's image (same pid, same session), keeping `listener` open across the
+/// exec; returns only on failure.
+pub fn exec_in_place(mut cmd: Command, listener: Option<TcpListener>) -> io::Error {
+    if let Some(l) = &listener
+        && let Err(e) = rustix::io::fcntl_setfd(l, rustix::io::FdFlags::empty())
+    {
+        return e.into();
+    }
+    let err = cmd.exec();
+    drop(listener);
+    err
+}
+
+pub fn own_process_group(cmd: &mut Command) {
+    cmd.process_group(0);
+}
+
+pub fn kill_process_group(pgid: u32) {
+    if let Some(pid) = i32::try_from(pgid).ok().and_then(Pid::from_raw) {
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+}
+
+pub fn exit_signal(status: ExitStatus) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal()
+}
+
+/// If `child` has exited: SIGKILL what is left of its process group, then reap it. The group
+/// is killed *before* the reap, while the exited child still reserves its pid (and so the
+/// group id): after the reap a new, unrelated group could get that id.
+pub fn reap_with_group(child: &mut Child) -> io::Result<Option<ExitStatus>> {
+    use rustix::process::{WaitId, WaitIdOptions, waitid};
+    let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) else { return child.try_wait() };
+    let opts = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+    match waitid(WaitId::Pid(pid), opts) {
+        Ok(Some(_)) => {
+            kill_process_group(child.id());
+            child.wait().map(Some)
+        }
+        Ok(None) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Runs `cmd` as `uid:gid` (supplementary groups dropped by std when we are root).
+pub fn run_as(cmd: &mut Command, uid: u32, gid: u32) {
+    cmd.uid(uid).gid(gid);
+}
+
+/// A regular file with an execute bit (following links: a venv's `bin/python` is one).
+pub fn is_executable(p: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Spawns `cmd` and reports its end (and every orphan reaped meanwhile) through `report`.
+///
+/// A waiter thread blocks in `waitpid(-1)`: it reaps *any* child of this process, so when we
+/// are PID 1 of a PID namespace (or a subreaper) orphans re-parented to us never stay zombies.
+/// The caller must not spawn other children whose status it needs while a child is watched.
+pub fn spawn_watched(cmd: &mut Command, mut report: impl FnMut(Reaped) + Send + 'static) -> io::Result<u32> {
+    let child = cmd.spawn()?;
+    let pid = child.id();
+    // std never reaps on drop; the waiter below does.
+    drop(child);
+    std::thread::Builder::new().name("supervise-wait".into()).spawn(move || {
+        loop {
+            match wait(WaitOptions::empty()) {
+                Ok(Some((p, status))) => {
+                    let p = u32::try_from(p.as_raw_nonzero().get()).unwrap_or(0);
+                    if p == pid {
+                        let (code, signal) = (status.exit_status(), status.terminating_signal());
+                        report(Reaped::Child { pid, code, signal });
+                        return;
+                    }
+                    report(Reaped::Orphan { pid: p });
+                }
+                Ok(None) | Err(Errno::INTR) => {}
+                Err(_) => {
+                    // ECHILD: somebody else reaped it; its status is lost.
+                    report(Reaped::Child { pid, code: None, signal: None });
+                    return;
+                }
+            }
+        }
+    })?;
+    Ok(pid)
+}
+
+/// Whether this process is PID 1 (of the machine or of a PID namespace).
+pub fn is_pid1() -> bool {
+    rustix::process::getpid().is_init()
+}
+
+/// The real user id (the launchd `gui/<uid>` domain).
+pub fn real_uid() -> u32 {
+    rustix::process::getuid().as_raw()
+}
+
+/// Every process and its process group, `(pid, pgid)`, from `/proc/<pid>/stat` (empty where
+/// there is no procfs, e.g. macOS: there `update` cannot end candidates by group).
+pub fn process_groups() -> Vec<(u32, u32)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = std::fs::read(e.path().join("stat")).ok()?;
+            Some((pid, stat_pgid(&stat)?))
+        })
+        .collect()
+}
+
+/// Field 5 (`pgrp`) of a `/proc/<pid>/stat` line; the command name (field 2) may hold spaces
+/// and parentheses, so fields are counted after its last `)`.
+fn stat_pgid(stat: &[u8]) -> Option<u32> {
+    let end = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[end + 1..]).ok()?;
+    rest.split_whitespace().nth(2)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn pgid_is_read_after_the_command_name() {
+        assert_eq!(super::stat_pgid(b"42 (sh) S 1 40 40 0 -1"), Some(40));
+        assert_eq!(super::stat_pgid(b"42 (a) b) (c) S 1 77 40 0"), Some(77));
+        assert_eq!(super::stat_pgid(b"garbage"), None);
+    }
+}

@@ -1,0 +1,281 @@
+//! The sender loop: the outbox, piece by piece, paced and retried, until the drain's deadline.
+
+use std::time::{Duration, Instant};
+
+use gatewarden_chatproto::irc::split_text;
+
+use super::{BACKOFF_MIN, Ctx, Limits, MAX_RETRY_AFTER, Pace, PieceLimit, next_backoff};
+use crate::{Sent, State};
+
+/// A rate limit that names no wait.
+const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How often a sender with nothing to do (parked, no connection) looks again.
+const IDLE: Duration = Duration::from_millis(200);
+/// How long an idle sender sleeps when no wake comes.
+const IDLE_POLL: Duration = Duration::from_secs(1);
+
+/// Which piece of which outbox entry is being sent: an idempotency key where the platform has
+/// one (Matrix's transaction id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PieceId {
+    /// The outbox entry.
+    pub seq: i64,
+    /// The piece's index within the entry's reply, from 0.
+    pub index: usize,
+}
+
+/// Why sending one piece failed, typed by what the skeleton does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendError {
+    /// This entry can never be sent (unknown chat, bot blocked, bad target): recorded as
+    /// rejected, never retried.
+    Rejected(String),
+    /// Wait the platform's retry-after (else one second), then send the same piece again.
+    RateLimited(Option<Duration>),
+    /// The credentials are refused: the adapter is `parked`.
+    Unauthorized(String),
+    /// A failure worth a `degraded`: the batch is retried with backoff (at least once out: a
+    /// piece may go again).
+    Failed(String),
+    /// The connection is gone: the receive side reports it and reconnects; the batch is
+    /// retried once [`Sender::ready`].
+    Lost(String),
+}
+
+/// A protocol's send side, run on the adapter's sender thread.
+pub trait Sender: Send + 'static {
+    /// Whether a piece can be sent now (IRC: a connection is up).
+    fn ready(&self) -> bool {
+        true
+    }
+    /// Sends one piece of a reply to `chat`, blocking at most the platform's request bound.
+    fn send(&mut self, chat: &str, piece: &str, id: PieceId) -> Result<(), SendError>;
+}
+
+/// Cuts `text` into the pieces a platform with `limits` takes; never empty.
+pub fn pieces(text: &str, limits: &Limits) -> Vec<String> {
+    let lines: Vec<String> = if limits.line_per_piece {
+        text.split('\n')
+            .map(|l| l.chars().filter(|c| !matches!(c, '\r' | '\0')).collect::<String>().trim_end().to_owned())
+            .collect()
+    } else {
+        vec![text.to_owned()]
+    };
+    let mut out = Vec::new();
+    for line in &lines {
+        match limits.piece {
+            PieceLimit::Chars(n) => {
+                let chars: Vec<char> = line.chars().collect();
+                out.extend(chars.chunks(n.max(1)).map(|c| c.iter().collect::<String>()));
+            }
+            PieceLimit::Bytes(n) => out.extend(split_text(line, n.max(1)).into_iter().map(str::to_owned)),
+        }
+    }
+    if out.is_empty() {
+        out.push("(empty reply)".to_owned());
+    }
+    out
+}
+
+/// A token bucket for outgoing pieces.
+#[derive(Debug, Clone)]
+pub struct Bucket {
+    pace: Pace,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    pub fn new(now: Instant, pace: Pace) -> Bucket {
+        Bucket { pace, tokens: f64::from(pace.burst), at: now }
+    }
+
+    /// Takes one token: how long to wait before sending (zero when one is available).
+    pub fn take(&mut self, now: Instant) -> Duration {
+        let every = self.pace.every.as_secs_f64().max(f64::MIN_POSITIVE);
+        let refill = now.saturating_duration_since(self.at).as_secs_f64() / every;
+        self.tokens = (self.tokens + refill).min(f64::from(self.pace.burst));
+        self.at = now;
+        self.tokens -= 1.0;
+        if self.tokens >= 0.0 { Duration::ZERO } else { self.pace.every.mul_f64(-self.tokens) }
+    }
+}
+
+/// Why a flush stopped early.
+enum Stop {
+    /// The drain's deadline comes before the next piece may go: the successor sends the rest.
+    Deadline,
+    Failed(String),
+    Lost,
+}
+
+struct Loop<'a, S> {
+    tx: S,
+    ctx: &'a Ctx,
+    limits: Limits,
+    bucket: Option<Bucket>,
+}
+
+/// Drains the outbox through `tx` until the drain's close: then until it is empty or the
+/// deadline has come. Returns whether the outbox was empty at the end.
+pub(crate) fn run<S: Sender>(tx: S, ctx: &Ctx, limits: Limits) -> bool {
+    // Whether what is left is nothing (the gateway warns otherwise).
+    let left_empty = || ctx.host().outbox(ctx.name(), 1).is_ok_and(|b| b.is_empty());
+    let bucket = limits.pace.map(|p| Bucket::new(Instant::now(), p));
+    let mut l = Loop { tx, ctx, limits, bucket };
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let closing = ctx.shared.flags.get().close;
+        let deadline = ctx.close_deadline();
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return left_empty();
+        }
+        let parked = matches!(ctx.status.state(), State::Parked(_));
+        if parked || !l.tx.ready() {
+            // Neither heals before the drain ends (no connection is made then): the outbox
+            // waits for the next start or the successor.
+            if closing {
+                return left_empty();
+            }
+            ctx.shared.flags.sleep(IDLE, |b| b.close);
+            continue;
+        }
+        match l.flush() {
+            Ok(true) => {
+                backoff = BACKOFF_MIN;
+                if closing {
+                    return true;
+                }
+                ctx.shared.flags.sleep(IDLE_POLL, |b| b.wake || b.close);
+                ctx.shared.flags.take_wake();
+            }
+            Ok(false) => backoff = BACKOFF_MIN,
+            Err(Stop::Deadline) => return left_empty(),
+            Err(stop) => {
+                // A parked adapter stays parked: its reason is the one that matters.
+                if let Stop::Failed(e) = stop
+                    && !matches!(ctx.status.state(), State::Parked(_))
+                {
+                    ctx.set(State::Degraded(format!("cannot send: {e}")));
+                }
+                let d = deadline.map_or(backoff, |d| backoff.min(d.saturating_duration_since(Instant::now())));
+                ctx.shared.flags.sleep(d, |b| b.close && !closing);
+                backoff = next_backoff(backoff);
+            }
+        }
+    }
+}
+
+impl<S: Sender> Loop<'_, S> {
+    /// Sends one batch of the outbox. `Ok(true)` when it was empty.
+    fn flush(&mut self) -> Result<bool, Stop> {
+        let ctx = self.ctx;
+        let batch = ctx
+            .host()
+            .outbox(ctx.name(), self.limits.batch)
+            .map_err(|e| Stop::Failed(format!("cannot read the outbox: {e}")))?;
+        if batch.is_empty() {
+            return Ok(true);
+        }
+        'items: for item in batch {
+            for (index, piece) in pieces(&item.text, &self.limits).iter().enumerate() {
+                let id = PieceId { seq: item.seq, index };
+                loop {
+                    let wait = self.bucket.as_mut().map_or(Duration::ZERO, |b| b.take(Instant::now()));
+                    self.hold(wait)?;
+                    match self.tx.send(&item.chat_id, piece, id) {
+                        Ok(()) => {
+                            ctx.status.sent();
+                            ctx.status.progress();
+                            break;
+                        }
+                        Err(SendError::RateLimited(after)) => {
+                            self.hold(after.unwrap_or(DEFAULT_RETRY_AFTER).min(MAX_RETRY_AFTER))?;
+                        }
+                        Err(SendError::Rejected(why)) => {
+                            ctx.host().sent(item.seq, Sent::Rejected(why));
+                            continue 'items;
+                        }
+                        Err(SendError::Unauthorized(why)) => {
+                            ctx.set(State::Parked(format!("credentials rejected: {why}")));
+                            return Err(Stop::Failed(why));
+                        }
+                        Err(SendError::Failed(why)) => return Err(Stop::Failed(why)),
+                        Err(SendError::Lost(_)) => return Err(Stop::Lost),
+                    }
+                }
+            }
+            ctx.host().sent(item.seq, Sent::Ok);
+        }
+        Ok(false)
+    }
+
+    /// Waits `d` before the next piece; [`Stop::Deadline`] when the drain's deadline comes
+    /// first (also when the drain begins during the wait).
+    fn hold(&self, d: Duration) -> Result<(), Stop> {
+        let until = Instant::now() + d;
+        loop {
+            if self.ctx.close_deadline().is_some_and(|dl| until >= dl) {
+                return Err(Stop::Deadline);
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(());
+            }
+            let closing = self.ctx.shared.flags.get().close;
+            self.ctx.shared.flags.sleep(left, |b| b.close && !closing);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        piece: PieceLimit::Chars(3),
+        line_per_piece: false,
+        batch: 1,
+        pace: None,
+        min_receive: Duration::ZERO,
+        redelivers: true,
+        listens_through_drain: false,
+        connected_after_receive: false,
+        close_grace: Duration::ZERO,
+    };
+
+    #[test]
+    fn flood_control_allows_a_burst_then_paces() {
+        let pace = Pace { burst: 5, every: Duration::from_millis(500) };
+        let t0 = Instant::now();
+        let mut b = Bucket::new(t0, pace);
+        for _ in 0..pace.burst {
+            assert_eq!(b.take(t0), Duration::ZERO);
+        }
+        assert_eq!(b.take(t0), pace.every);
+        assert_eq!(b.take(t0), pace.every * 2);
+        // Idle time refills up to the burst, never beyond.
+        let later = t0 + pace.every * 100;
+        let mut b = Bucket::new(later, pace);
+        for _ in 0..pace.burst {
+            assert_eq!(b.take(later), Duration::ZERO);
+        }
+        assert!(b.take(later) > Duration::ZERO);
+    }
+
+    #[test]
+    fn pieces_follow_the_limit_and_are_never_empty() {
+        assert_eq!(pieces("abcdefg", &LIMITS), vec!["abc", "def", "g"]);
+        assert_eq!(pieces("éééé", &LIMITS), vec!["ééé", "é"], "characters, not bytes");
+        assert_eq!(pieces("", &LIMITS), vec!["(empty reply)"]);
+        assert_eq!(pieces("a\nb", &LIMITS), vec!["a\nb"], "a newline stays inside a piece");
+        let lines = Limits { piece: PieceLimit::Bytes(5), line_per_piece: true, ..LIMITS };
+        assert_eq!(
+            pieces("abc defg\r\n\n\0", &lines),
+            vec!["abc", "defg"],
+            "lines, split at a space, empty ones dropped"
+        );
+        assert_eq!(pieces("\n", &lines), vec!["(empty reply)"]);
+        assert!(pieces("éééé", &lines).iter().all(|p| p.len() <= 5));
+    }
+}
