@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use gatewarden_ops as ops;
 
 #[derive(Debug, Parser)]
 // `--version` prints the stamped VERSION: `update` reads a release's version from it.
@@ -92,14 +93,14 @@ pub enum Command {
         n: usize,
     },
     /// Install, remove or inspect this home's service (systemd, launchd, Windows task/service)
-    Service(crate::cmd::service::ServiceArgs),
+    Service(ServiceArgs),
     /// Run the gateway as a child and supervise it (for places without a service manager)
-    Supervise(crate::cmd::supervise::SuperviseArgs),
+    Supervise(SuperviseArgs),
     /// Check the service definition, stale files, port, permissions and a parked supervisor
-    Doctor(crate::cmd::doctor::DoctorArgs),
+    Doctor(DoctorArgs),
     /// Replace the gateway binary as a verified transaction (stage, preflight, swap, restart,
     /// probation), rolling back on failure
-    Update(crate::cmd::update::UpdateArgs),
+    Update(UpdateArgs),
     /// Would this binary start in this home? Config, journal schema, listen address, service
     /// definition (read-only; `update` runs it from the staged release)
     Check {
@@ -174,4 +175,205 @@ fn parse_supervisor(s: &str) -> Result<gatewarden_lifecycle::Supervisor, String>
 pub enum LogFormat {
     Plain,
     Json,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServiceArgs {
+    #[command(subcommand)]
+    pub action: ServiceAction,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ServiceAction {
+    /// Install (and start) this home's gateway as a service: a systemd user unit, a macOS
+    /// LaunchAgent or a Windows scheduled task; a system unit / Windows service with --system
+    Install(InstallArgs),
+    /// Stop the service gracefully and remove its definition
+    Uninstall(UninstallArgs),
+    /// Show the service manager's view: manager, unit, installed, active, main pid
+    /// (exit 0 active, 3 installed but not active, 4 not installed)
+    Status {
+        /// Print as JSON
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct InstallArgs {
+    /// Install for the whole system (systemd system unit, Windows SCM service; needs root / admin)
+    #[arg(long)]
+    pub system: bool,
+    /// Print the definition instead of installing it
+    #[arg(long)]
+    pub print: bool,
+    /// Account the system service runs as (systemd `User=`, SCM account)
+    #[arg(long, value_name = "USER", requires = "system")]
+    pub run_as: Option<String>,
+    /// Install and enable, but do not start now
+    #[arg(long)]
+    pub no_start: bool,
+    /// hermes homes: disable hermes's own enabled unit for the home (after a planned stop) and install ours
+    #[arg(long)]
+    pub adopt: bool,
+    /// hermes homes: the hermes executable the unit runs [default: $GATEWARDEN_HERMES, else `hermes` on PATH]
+    #[arg(long, value_name = "CMD")]
+    pub hermes: Option<std::path::PathBuf>,
+    /// Internal (tests): systemd RestartSec in milliseconds
+    #[arg(long, hide = true, value_name = "MS")]
+    pub restart_sec_ms: Option<u64>,
+    /// Internal (tests): systemd WatchdogSec in seconds (0 = none)
+    #[arg(long, hide = true, value_name = "SECS")]
+    pub watchdog_s: Option<u64>,
+    /// Internal (tests): crash-loop brake burst
+    #[arg(long, hide = true)]
+    pub start_limit_burst: Option<u32>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UninstallArgs {
+    /// Remove the system-wide definition (default: whichever is installed, user first)
+    #[arg(long)]
+    pub system: bool,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct UpdateArgs {
+    /// The release: a gatewarden binary or a .tar.gz holding one, as a local path or an http(s) URL
+    #[arg(long, value_name = "PATH|URL", conflicts_with_all = ["status", "rollback"])]
+    pub from: Option<String>,
+    /// Expected sha256 of the release (hex); required for URLs
+    #[arg(long, value_name = "HEX")]
+    pub sha256: Option<String>,
+    /// Detached minisign signature [default: <from>.minisig] (needed when [update] public_key is set)
+    #[arg(long, value_name = "PATH|URL")]
+    pub signature: Option<String>,
+    /// Seconds the new incarnation has to become ready with the new version
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    pub timeout: u64,
+    /// Print the outcome as JSON
+    #[arg(long)]
+    pub json: bool,
+    /// Show the last (or the unfinished) update transaction
+    #[arg(long)]
+    pub status: bool,
+    /// Go back to the last known good binary (the one the last update replaced)
+    #[arg(long, conflicts_with = "status")]
+    pub rollback: bool,
+    /// Internal: finish an unfinished transaction whose updater died
+    #[arg(long, hide = true)]
+    pub resume: bool,
+    /// Internal: run by systemd's `ExecStopPost=` (from the last known good copy) after the
+    /// gateway exited: reverts an unfinished update whose release died
+    #[arg(long, hide = true)]
+    pub after_exit: bool,
+    /// Install a release older than the running version (refused otherwise when [update]
+    /// public_key is set; chat `/update` never downgrades). `--rollback` needs no flag
+    #[arg(long, conflicts_with_all = ["status", "rollback"])]
+    pub allow_downgrade: bool,
+    /// Internal: the chat that asked (`/update`); it gets the outcome notice
+    #[arg(long, hide = true, value_name = "CHAT")]
+    pub chat: Option<String>,
+    /// Internal: the chat platform adapter `--chat` belongs to (its notice goes through the
+    /// outbox); without it the chat is an HTTP one
+    #[arg(long, hide = true, value_name = "ADAPTER", requires = "chat")]
+    pub chat_platform: Option<String>,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SuperviseArgs {
+    /// HTTP listen address passed to the gateway (overrides config.toml)
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Seconds a stop waits for active runs, passed to the gateway (overrides config.toml)
+    #[arg(long, value_name = "SECS")]
+    pub drain_timeout: Option<u64>,
+    /// hermes homes: the hermes executable to run [default: $GATEWARDEN_HERMES, else `hermes` on PATH]
+    #[arg(long, value_name = "CMD")]
+    pub hermes: Option<std::path::PathBuf>,
+    /// Internal: run as a Windows SCM service (the service definition passes it)
+    #[arg(long, hide = true)]
+    pub scm: bool,
+    /// Internal (tests): restarts allowed within the brake window before parking
+    #[arg(long, hide = true, default_value_t = 5)]
+    pub brake_restarts: usize,
+    /// Internal (tests): crash-loop brake window in seconds
+    #[arg(long, hide = true, default_value_t = 60)]
+    pub brake_window_s: u64,
+    /// Internal (tests): first crash backoff in milliseconds
+    #[arg(long, hide = true, default_value_t = 100)]
+    pub backoff_ms: u64,
+    /// Internal (tests): the longest crash backoff, also every braked restart's, in milliseconds
+    #[arg(long, hide = true, default_value_t = 30_000)]
+    pub max_backoff_ms: u64,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// Apply the fixes that can be applied automatically
+    #[arg(long)]
+    pub fix: bool,
+    /// Print the findings as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+// The operations take plain option structs (crates/ops): the conversions below are the whole
+// of the binary's knowledge of them.
+
+impl From<ServiceArgs> for ops::options::ServiceArgs {
+    fn from(a: ServiceArgs) -> Self {
+        let action = match a.action {
+            ServiceAction::Install(i) => ops::options::ServiceAction::Install(ops::options::InstallArgs {
+                system: i.system,
+                print: i.print,
+                run_as: i.run_as,
+                no_start: i.no_start,
+                adopt: i.adopt,
+                hermes: i.hermes,
+                restart_sec_ms: i.restart_sec_ms,
+                watchdog_s: i.watchdog_s,
+                start_limit_burst: i.start_limit_burst,
+            }),
+            ServiceAction::Uninstall(u) => {
+                ops::options::ServiceAction::Uninstall(ops::options::UninstallArgs { system: u.system })
+            }
+            ServiceAction::Status { json } => ops::options::ServiceAction::Status { json },
+        };
+        ops::options::ServiceArgs { action }
+    }
+}
+
+impl From<UpdateArgs> for ops::options::UpdateArgs {
+    fn from(a: UpdateArgs) -> Self {
+        ops::options::UpdateArgs {
+            from: a.from,
+            sha256: a.sha256,
+            signature: a.signature,
+            timeout: a.timeout,
+            json: a.json,
+            status: a.status,
+            rollback: a.rollback,
+            resume: a.resume,
+            after_exit: a.after_exit,
+            allow_downgrade: a.allow_downgrade,
+            chat: a.chat,
+            chat_platform: a.chat_platform,
+        }
+    }
+}
+
+impl From<SuperviseArgs> for ops::options::SuperviseArgs {
+    fn from(a: SuperviseArgs) -> Self {
+        ops::options::SuperviseArgs {
+            listen: a.listen,
+            drain_timeout: a.drain_timeout,
+            hermes: a.hermes,
+            scm: a.scm,
+            brake_restarts: a.brake_restarts,
+            brake_window_s: a.brake_window_s,
+            backoff_ms: a.backoff_ms,
+            max_backoff_ms: a.max_backoff_ms,
+        }
+    }
 }

@@ -8,7 +8,9 @@
 //! - [`windows`]: Task Scheduler XML, the SCM install description, the stop state machine.
 //! - [`windows_scm`]: the Windows SCM facade (the only platform-conditional code).
 //! - [`supervise`]: the restart policy of `gatewarden supervise` and its parked state.
-//! - [`doctor`]: findings and pure checks.
+//! - [`finding`]: the vocabulary of diagnostics ([`finding::Finding`]), shared by the drift
+//!   detectors and [`doctor`].
+//! - [`doctor`]: the pure checks.
 //! - [`command`]: running manager tools behind a trait.
 //!
 //! Everything except [`windows_scm`] is pure or I/O-at-the-edge and is tested on Linux.
@@ -17,6 +19,7 @@
 
 pub mod command;
 pub mod doctor;
+pub mod finding;
 pub mod launchd;
 pub mod manager;
 pub mod naming;

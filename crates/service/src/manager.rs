@@ -1,5 +1,5 @@
 //! Which manager owns a gateway, as one enum, and its restart ladder's parameters as data: the
-//! CLI's restart loop (crates/gatewarden/src/cmd/restart.rs) is one generic loop that reads
+//! restart ladder (crates/ops/src/restart/) is one generic loop that reads
 //! these instead of comparing manager names.
 
 use std::time::Duration;

@@ -1,30 +1,15 @@
-//! One file per verb; [`dispatch`] is the table of contents.
+//! The table of contents: each verb goes to one function of the operations crate
+//! (crates/ops), which does the work and says what it did; `run` and the hermes routing are
+//! the two files here.
 
-mod check;
-mod crash_backoff;
-pub mod doctor;
 mod hermes;
-mod history;
-mod intent;
-mod logs;
-mod manager;
-mod os;
-mod presence;
-mod progress;
-mod restart;
 mod run;
-mod send;
-pub mod service;
-mod start;
-mod status;
-mod stop;
-pub mod supervise;
-pub mod update;
 
 use std::process::ExitCode;
 use std::time::{Instant, SystemTime};
 
 use gatewarden_lifecycle::Home;
+use gatewarden_ops as ops;
 
 use crate::cli::{Cli, Command};
 
@@ -35,23 +20,25 @@ pub fn dispatch(cli: Cli, started_at: SystemTime, started: Instant) -> anyhow::R
         return hermes::dispatch(h, by, cli.command);
     }
     let home = Home::resolve(cli.home)?;
-    intent::set_issued(started_at);
-    match cli.command {
-        Command::Run(args) => Ok(run::run(home, args, started_at, started)),
-        Command::Status { json } => status::status(&home, json),
-        Command::Stop { timeout, no_kill } => stop::stop(&home, timeout, no_kill),
+    ops::intent::set_issued(started_at);
+    Ok(match cli.command {
+        Command::Run(args) => run::run(home, args, started_at, started),
+        Command::Status { json } => ops::status::status(&home, json)?,
+        Command::Stop { timeout, no_kill } => ops::stop::stop(&home, timeout, no_kill)?,
         Command::Start { listen, timeout, drain_timeout, desired_seq } => {
-            start::start(&home, listen.as_deref(), timeout, drain_timeout, desired_seq)
+            ops::start::start(&home, listen.as_deref(), timeout, drain_timeout, desired_seq)?
         }
-        Command::Restart { timeout, backstop, desired_seq } => restart::restart(&home, timeout, backstop, desired_seq),
-        Command::Send { text, chat, user, is_async } => send::send(&home, &text, &chat, &user, is_async),
-        Command::Logs { follow, n } => logs::logs(&home, follow, n),
-        Command::History { n, json } => history::history(&home, n, json),
-        Command::Service(args) => service::service(&home, args),
-        Command::Supervise(args) => supervise::supervise(&home, args),
-        Command::Doctor(args) => doctor::doctor(&home, &args),
-        Command::Check { target, json } => check::check(&home, target.as_deref(), json),
-        Command::Update(args) => update::update(&home, args),
-        Command::CrashBackoff => crash_backoff::crash_backoff(&home),
-    }
+        Command::Restart { timeout, backstop, desired_seq } => {
+            ops::restart::restart(&home, timeout, backstop, desired_seq)?
+        }
+        Command::Send { text, chat, user, is_async } => ops::send::send(&home, &text, &chat, &user, is_async)?,
+        Command::Logs { follow, n } => ops::logs::logs(&home, follow, n)?,
+        Command::History { n, json } => ops::history::history(&home, n, json)?,
+        Command::Service(args) => ops::service::service(&home, args.into())?,
+        Command::Supervise(args) => ops::supervise::supervise(&home, args.into())?,
+        Command::Doctor(args) => ops::doctor::doctor(&home, args.fix, args.json)?,
+        Command::Check { target, json } => ops::check::check(&home, target.as_deref(), json)?,
+        Command::Update(args) => ops::update::update(&home, args.into())?,
+        Command::CrashBackoff => ops::crash_backoff::crash_backoff(&home)?,
+    })
 }

@@ -23,7 +23,7 @@ pub fn run(home: Home, args: RunArgs, started_at: SystemTime, started: Instant) 
         None => log::init(format),
     }
     // An update whose updater died is finished (or handed on) before this start goes on.
-    super::update::on_gateway_start(&home);
+    gatewarden_ops::update::on_gateway_start(&home);
     let opts = RunOptions {
         home,
         listen: args.listen,

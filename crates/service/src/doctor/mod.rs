@@ -5,9 +5,9 @@
 //! The definition checks delegate to each manager's drift detector, so `doctor`, `start` and
 //! `status` report the same thing (class D invariant 4, class E invariant 1).
 
-mod finding;
-
-pub use finding::{Finding, FindingId, FixAction, Manager, Severity};
+// The vocabulary lives in its own module (crate::finding), shared with the managers' drift
+// detectors, so that doctor -> systemd/launchd/windows is the only direction between them.
+pub use crate::finding::{Finding, FindingId, FixAction, Manager, Severity};
 
 use crate::launchd::LaunchAgent;
 use crate::spec::{Scope, stop_timeout_s};

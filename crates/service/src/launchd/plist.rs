@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::io::Cursor;
 
 use super::{LaunchdError, SUPERVISE_VERB};
-use crate::doctor::{Finding, FindingId, FixAction, Manager, Severity};
+use crate::finding::{Finding, FindingId, FixAction, Manager, Severity};
 use crate::spec::{ServiceSpec, unix_join, utf8};
 
 /// `KeepAlive`: a bool, or a dictionary of conditions.

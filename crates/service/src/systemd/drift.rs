@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 
 use super::syntax::{TimeSpan, parse_timespan, split_words};
 use super::unit_file::{ParsedUnit, is_list_key, parse_unit};
-use crate::doctor::{Finding, FindingId, FixAction, Manager, Severity};
+use crate::finding::{Finding, FindingId, FixAction, Manager, Severity};
 
 /// Settings we render but do not compare (cosmetic, or derived from the home path).
 const IGNORED: &[&str] = &["Description"];

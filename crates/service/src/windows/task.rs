@@ -7,7 +7,7 @@
 //! launcher that does not wait, like hermes' async VBS wrapper, can never see a crash).
 
 use super::quote_windows_arg;
-use crate::doctor::{Finding, FindingId, FixAction, Manager, Severity};
+use crate::finding::{Finding, FindingId, FixAction, Manager, Severity};
 use crate::launchd::SUPERVISE_VERB;
 use crate::spec::{ServiceSpec, SpecError, utf8};
 

@@ -1,31 +1,24 @@
-//! `gatewarden start`: `run` in the background, in its own session, returning only once the
-//! child proves readiness over its stdout pipe — or printing the child's error.
+//! Starting a gateway and waiting until it is ready: the one launcher, shared by `start`
+//! (`start.rs`) and the restart ladder (`ladder/`). Through the owner when a service is
+//! installed (then readiness over the control channel, `ready.rs`), else `run` in the
+//! background, in its own session, ready once the child proves it over its stdout pipe — or
+//! printing the child's error.
 
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use crate::Context;
 use gatewarden_control::{Client, Endpoint};
 use gatewarden_lifecycle::desired::{self, Starter};
 use gatewarden_lifecycle::platform::spawn;
 use gatewarden_lifecycle::{ExitIntent, Home};
 
-use super::manager::{self, Managed, ServiceManager};
-use super::presence::{Presence, presence};
+use crate::owner::{self, ServiceManager};
+use crate::presence::{Presence, presence};
 
-pub fn start(
-    home: &Home,
-    listen: Option<&str>,
-    timeout_s: u64,
-    drain_timeout_s: Option<u64>,
-    on_behalf: Option<u64>,
-) -> anyhow::Result<ExitCode> {
-    start_reporting(home, listen, timeout_s, drain_timeout_s, on_behalf, Report::Stdout)
-}
-
-/// Where `start`'s outcome lines go: stdout for the verb itself, stderr inside a command
+/// Where the launcher's outcome lines go: stdout for the verb itself, stderr inside a command
 /// whose stdout is its own (`update --json` starting the old version again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Report {
@@ -42,21 +35,22 @@ impl Report {
     }
 }
 
-/// [`start`], its outcome lines to `report`.
-pub fn start_reporting(
+/// Starts a gateway (module doc), its outcome lines to `report`; `on_behalf`: the desired-state
+/// request this start carries out (a restart's), else the start records its own.
+pub fn launch(
     home: &Home,
     listen: Option<&str>,
     timeout_s: u64,
     drain_timeout_s: Option<u64>,
     on_behalf: Option<u64>,
     report: Report,
-) -> anyhow::Result<ExitCode> {
+) -> crate::Result<ExitCode> {
     let home = home.ensure()?;
     // The operator's start records `run` first (a start of a stopped gateway is what ends the
     // stop); a start on behalf of an earlier request (a restart's kick) obeys a later stop.
     let seq = match on_behalf {
-        None => super::intent::record_run(&home, "start"),
-        Some(seq) => super::intent::may_start(&home, "start", Starter::Resume).map(|_| seq),
+        None => crate::intent::record_run(&home, "start"),
+        Some(seq) => crate::intent::may_start(&home, "start", Starter::Resume).map(|_| seq),
     };
     let seq = match seq {
         Ok(seq) => seq,
@@ -72,8 +66,15 @@ pub fn start_reporting(
     let _ = gatewarden_service::supervise::clear_parked_state(home.dir());
     // Every lifecycle verb goes through whoever owns the gateway: with a service installed for
     // this home, its manager starts it (and will supervise it).
-    if let Some(m) = manager::installed(&home) {
-        return start_via_manager(&home, &m, listen.is_some() || drain_timeout_s.is_some(), timeout_s, report);
+    if let Some(m) = owner::installed(&home) {
+        return start_via_manager(
+            &home,
+            m.as_ref(),
+            seq,
+            listen.is_some() || drain_timeout_s.is_some(),
+            timeout_s,
+            report,
+        );
     }
     let log = home.logs_dir().join("gateway.log");
     // 0700 / 0600 whatever the umask, never through a symlink: the log holds what chats said.
@@ -83,7 +84,7 @@ pub fn start_reporting(
     let early =
         gatewarden_lifecycle::fsio::open_append(&log).with_context(|| format!("cannot open {}", log.display()))?;
 
-    let mut cmd = Command::new(super::manager::current_exe()?);
+    let mut cmd = Command::new(crate::owner::current_exe()?);
     cmd.arg("--home").arg(home.dir()).arg("run");
     if let Some(l) = listen {
         cmd.args(["--listen", l]);
@@ -101,14 +102,14 @@ pub fn start_reporting(
         cmd.env_remove(k);
     }
     // Started by a restart's orchestrator: the gateway is not part of that restart.
-    cmd.env_remove(super::restart::ORCHESTRATOR_ENV);
+    cmd.env_remove(crate::env::ORCHESTRATOR_ENV);
     cmd.arg("--ready-stdout");
     cmd.arg("--log-file").arg(&log);
     // stderr catches anything printed before the logger is up (argument errors, panics).
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(early));
     spawn::detach(&mut cmd, None);
     let mut child = cmd.spawn().context("cannot start the gateway process")?;
-    note_spawned(&home, child.id());
+    crate::intent::note_spawned(&home, child.id());
     let stdout = child.stdout.take().context("no stdout pipe")?;
     let (tx, rx) = mpsc::channel::<String>();
     std::thread::spawn(move || {
@@ -164,7 +165,7 @@ pub fn start_reporting(
 }
 
 /// `Some(0)` with the "already running" line when a gateway runs (or holds the lock silently).
-fn already_running(home: &Home, report: Report) -> anyhow::Result<Option<ExitCode>> {
+fn already_running(home: &Home, report: Report) -> crate::Result<Option<ExitCode>> {
     match settled_presence(home) {
         Settled::Answering(s) => {
             report.line(&format!(
@@ -186,7 +187,7 @@ fn already_running(home: &Home, report: Report) -> anyhow::Result<Option<ExitCod
             eprintln!("cannot start a gateway in {}: {why}", home.dir().display());
             Ok(Some(ExitCode::from(1)))
         }
-        Settled::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
+        Settled::Unknown(why) => crate::bail!("cannot tell whether a gateway runs: {why}"),
         Settled::NotRunning => Ok(None),
     }
 }
@@ -195,21 +196,22 @@ fn already_running(home: &Home, report: Report) -> anyhow::Result<Option<ExitCod
 /// the gateway sent `READY=1`), then verifies readiness over the control channel.
 fn start_via_manager(
     home: &Home,
-    m: &Managed,
+    m: &dyn ServiceManager,
+    seq: u64,
     overrides: bool,
     timeout_s: u64,
     report: Report,
-) -> anyhow::Result<ExitCode> {
+) -> crate::Result<ExitCode> {
     if overrides {
         eprintln!("note: --listen / --drain-timeout are ignored: {} decides how the gateway runs", m.describe());
     }
     eprintln!("starting the gateway through {}…", m.describe());
-    if let Err(e) = m.start() {
-        eprintln!("{} could not start the gateway: {e:#}", m.state.manager);
+    if let Err(e) = m.start(seq) {
+        eprintln!("{} could not start the gateway: {}", m.kind(), e.chain());
         eprintln!("check: gatewarden --home {} service status; gatewarden --home {0} doctor", home.dir().display());
         return Ok(ExitCode::from(1));
     }
-    match super::service::wait_ready(home, Duration::from_secs(timeout_s)) {
+    match crate::ready::wait_ready(home, Duration::from_secs(timeout_s)) {
         Some(s) => {
             report.line(&format!(
                 "started gateway pid {} (incarnation {}) on http://{} via {}",
@@ -279,12 +281,4 @@ fn tail_since(path: &std::path::Path, offset: u64, n: usize) -> String {
         out.push('\n');
     }
     out
-}
-
-/// Records a process this command started in its own process group, for whoever must end it
-/// (an update ends every group its candidates started: cmd/update.rs `end_candidates`).
-pub(super) fn note_spawned(home: &Home, pid: u32) {
-    let ledger =
-        gatewarden_lifecycle::ledger::Ledger::new(home.ledger(), gatewarden_lifecycle::ledger::Writer::current());
-    let _ = ledger.append("gateway_spawned", serde_json::json!({"spawned_pid": pid}));
 }

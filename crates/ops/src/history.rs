@@ -7,7 +7,7 @@ use gatewarden_lifecycle::fsio::ReadOutcome;
 use gatewarden_lifecycle::ledger::{Line, read_tail};
 use serde_json::{Map, Value};
 
-pub fn history(home: &Home, n: usize, as_json: bool) -> anyhow::Result<ExitCode> {
+pub fn history(home: &Home, n: usize, as_json: bool) -> crate::Result<ExitCode> {
     let lines = match read_tail(&home.ledger(), Some(n)) {
         ReadOutcome::Ok(l) => l,
         ReadOutcome::Missing => {
@@ -17,7 +17,7 @@ pub fn history(home: &Home, n: usize, as_json: bool) -> anyhow::Result<ExitCode>
             return Ok(ExitCode::SUCCESS);
         }
         ReadOutcome::Unreadable(why) | ReadOutcome::Transient(why) => {
-            anyhow::bail!("cannot read {}: {why}", home.ledger().display())
+            crate::bail!("cannot read {}: {why}", home.ledger().display())
         }
     };
     for line in lines {

@@ -1,4 +1,5 @@
-//! `gatewarden logs [-f] [-n N]`: the gateway's own log file.
+//! A log's last lines, then what is appended: shared by `logs` for a native home and for a
+//! hermes home (`hermes.rs`), each with its own rules for what may be opened.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -6,22 +7,11 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use gatewarden_lifecycle::fsio::{self, ReadOutcome};
-use gatewarden_lifecycle::{Home, ledger};
-
-pub fn logs(home: &Home, follow: bool, n: usize) -> anyhow::Result<ExitCode> {
-    let path = home.logs_dir().join("gateway.log");
-    let open = || match fsio::open_regular(&path) {
-        ReadOutcome::Ok((f, _)) => Ok(Some(f)),
-        ReadOutcome::Missing => Ok(None),
-        ReadOutcome::Unreadable(why) | ReadOutcome::Transient(why) => Err(std::io::Error::other(why)),
-    };
-    tail(&path, open, follow, n, "only background starts write one; `run` logs to stderr")
-}
+use gatewarden_lifecycle::ledger;
 
 /// The last `n` lines of the log that `open` opens (`Ok(None)`: not there yet), then (with
 /// `follow`) what is appended; `missing` says why there may be no file yet. `open` decides
-/// what may be opened: the native home's rules here, a hermes home's (cmd/hermes.rs) there,
+/// what may be opened: a native home's rules (`logs.rs`) or a hermes home's (`hermes.rs`),
 /// so a link, FIFO or foreign file planted at the name is refused by both.
 pub fn tail(
     path: &Path,
@@ -29,7 +19,7 @@ pub fn tail(
     follow: bool,
     n: usize,
     missing: &str,
-) -> anyhow::Result<ExitCode> {
+) -> crate::Result<ExitCode> {
     let mut pos = match open() {
         Ok(Some(mut f)) => {
             let len = f.metadata().map(|m| m.len()).unwrap_or(0);
@@ -47,7 +37,7 @@ pub fn tail(
             return Ok(ExitCode::SUCCESS);
         }
         Ok(None) => 0,
-        Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
+        Err(e) => crate::bail!("cannot read {}: {e}", path.display()),
     };
     if !follow {
         return Ok(ExitCode::SUCCESS);

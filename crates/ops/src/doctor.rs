@@ -19,18 +19,10 @@ use gatewarden_service::supervise::read_parked_state;
 use serde::Serialize;
 use serde_json::json;
 
-use super::manager::{self, Managed, ServiceManager};
-use super::os;
-
-#[derive(Debug, clap::Args)]
-pub struct DoctorArgs {
-    /// Apply the fixes that can be applied automatically
-    #[arg(long)]
-    pub fix: bool,
-    /// Print the findings as JSON
-    #[arg(long)]
-    pub json: bool,
-}
+use crate::os;
+use crate::owner::{self, Owner};
+// A lock holder silent this long is wedged: the restart ladder's measure, doctor --fix's too.
+use crate::ladder::machine::UNRESPONSIVE;
 
 /// One finding as the CLI reports it: the service crate's findings plus the CLI's own
 /// (stale files, config), with a printable fix.
@@ -96,12 +88,12 @@ fn from_finding(f: Finding, refresh_cmd: &str) -> Item {
     }
 }
 
-pub fn doctor(home: &Home, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
+pub fn doctor(home: &Home, fix: bool, json_out: bool) -> crate::Result<ExitCode> {
     let home = home.canonicalized();
     // What the operator wanted when doctor looked: a fix never acts across a newer request.
     let basis = desired::current(home.dir()).seq;
     let mut items = check(&home);
-    if args.fix {
+    if fix {
         apply(&home, &mut items, basis);
         // Report what is left after fixing, keeping the record of what was fixed.
         let fixed: Vec<Item> = items.iter().filter(|i| i.fixed == Some(true)).cloned().collect();
@@ -112,7 +104,7 @@ pub fn doctor(home: &Home, args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         items = fixed.into_iter().chain(after).collect();
     }
     let remaining_errors = items.iter().filter(|i| i.fixed != Some(true) && i.severity == Severity::Error).count();
-    if args.json {
+    if json_out {
         let v = json!({"home": home.dir(), "ok": remaining_errors == 0, "findings": items});
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -143,11 +135,8 @@ fn print_human(home: &Home, items: &[Item]) {
 }
 
 /// The installed definition (or the user-scope spec when nothing is installed).
-fn managed(home: &Home) -> Option<Managed> {
-    manager::installed(home).or_else(|| {
-        let spec = manager::spec_for(home, Scope::User).ok()?;
-        Some(Managed { state: os::svc::query(&spec), spec })
-    })
+fn managed(home: &Home) -> Option<Owner> {
+    owner::installed(home).or_else(|| Some(owner::definition(owner::spec_for(home, Scope::User).ok()?)))
 }
 
 fn check(home: &Home) -> Vec<Item> {
@@ -155,13 +144,13 @@ fn check(home: &Home) -> Vec<Item> {
     let mut extra: Vec<Item> = Vec::new();
     let m = managed(home);
     let refresh_cmd = {
-        let system = m.as_ref().is_some_and(|m| m.spec.scope == Scope::System);
+        let system = m.as_ref().is_some_and(|m| m.managed().spec.scope == Scope::System);
         format!("gatewarden --home {} service install{}", home.dir().display(), if system { " --system" } else { "" })
     };
     if let Some(m) = &m {
-        out.extend(os::svc::drift(&m.spec));
-        if m.state.installed {
-            out.extend(os::svc::host_findings(&m.spec));
+        out.extend(m.drift());
+        if m.managed().state.installed {
+            out.extend(m.host_findings());
         }
     }
     // Config.
@@ -171,7 +160,10 @@ fn check(home: &Home) -> Vec<Item> {
             id: "config-invalid".into(),
             severity: Severity::Error,
             subject: home.config_file().display().to_string(),
-            message: format!("the gateway would exit 78 (fatal configuration): {e}"),
+            message: format!(
+                "the gateway would exit {} (fatal configuration): {e}",
+                gatewarden_lifecycle::ExitIntent::FatalConfig.code()
+            ),
             fix: Fix::Manual { hint: config_hint(e) },
             fixed: None,
         });
@@ -219,7 +211,7 @@ fn check(home: &Home) -> Vec<Item> {
         out.extend(doctor::check_port(&PortFacts { addr: cfg.listen.to_string(), in_use, held_by_own_gateway: false }));
     }
     // A crash loop, named whoever restarts it (the unit's growing delay keeps it trying).
-    if let Some(c) = super::crash_backoff::crash_loop(home, running) {
+    if let Some(c) = crate::crash_loop::crash_loop(home, running) {
         extra.push(Item {
             id: "crash-loop".into(),
             severity: if running { Severity::Warning } else { Severity::Error },
@@ -232,7 +224,7 @@ fn check(home: &Home) -> Vec<Item> {
         });
     }
     // Parked supervisor.
-    let exe = manager::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gatewarden".into());
+    let exe = owner::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gatewarden".into());
     out.extend(doctor::check_parked(&read_parked_state(home.dir()), &exe, &home.dir().to_string_lossy()));
 
     doctor::sort_findings(&mut out);
@@ -292,7 +284,7 @@ fn unresponsive(home: &Home, subject: String, e: &dyn std::fmt::Display) -> Item
         message: format!("a gateway holds the lock but does not answer on its control endpoint: {e}"),
         fix: Fix::Run {
             argv: vec![
-                manager::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gatewarden".into()),
+                owner::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gatewarden".into()),
                 "--home".into(),
                 home.dir().display().to_string(),
                 "restart".into(),
@@ -388,9 +380,6 @@ fn stale_files(home: &Home) -> Vec<String> {
     v
 }
 
-/// How long a lock holder must stay silent before `--fix` restarts it (as `cmd/restart.rs`).
-const UNRESPONSIVE: std::time::Duration = std::time::Duration::from_secs(3);
-
 fn apply(home: &Home, items: &mut [Item], basis: u64) {
     let mut refreshed: Option<bool> = None;
     for i in items.iter_mut() {
@@ -411,7 +400,7 @@ fn apply(home: &Home, items: &mut [Item], basis: u64) {
             if !still {
                 continue;
             }
-            if let Err(r) = super::intent::may_start(home, "doctor", Starter::Repair { basis }) {
+            if let Err(r) = crate::intent::may_start(home, "doctor", Starter::Repair { basis }) {
                 eprintln!("doctor: not restarting the gateway: {}", r.describe());
                 i.fixed = Some(false);
                 continue;
@@ -421,7 +410,7 @@ fn apply(home: &Home, items: &mut [Item], basis: u64) {
             Fix::None | Fix::Manual { .. } => continue,
             Fix::Refresh { .. } => *refreshed.get_or_insert_with(|| refresh(home)),
             Fix::HealStale => {
-                matches!(super::presence::presence(home, "doctor"), super::presence::Presence::NotRunning { .. })
+                matches!(crate::presence::presence(home, "doctor"), crate::presence::Presence::NotRunning { .. })
             }
             Fix::Run { argv } => {
                 eprintln!("doctor: running {}", argv.join(" "));
@@ -436,13 +425,13 @@ fn apply(home: &Home, items: &mut [Item], basis: u64) {
 /// Rewrites the installed definition (without starting or restarting anything).
 fn refresh(home: &Home) -> bool {
     let Some(m) = managed(home) else { return false };
-    match os::svc::install(&m.spec, false) {
+    match m.install(false) {
         Ok(()) => {
             eprintln!("doctor: rewrote {}", m.describe());
             true
         }
         Err(e) => {
-            eprintln!("doctor: cannot rewrite {}: {e:#}", m.describe());
+            eprintln!("doctor: cannot rewrite {}: {}", m.describe(), e.chain());
             false
         }
     }

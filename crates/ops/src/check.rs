@@ -11,7 +11,7 @@ use gatewarden_lifecycle::Home;
 use gatewarden_lifecycle::records::read_state;
 use serde_json::{Value, json};
 
-use super::manager::{self, ServiceManager};
+use crate::owner;
 
 /// One finding: a name, whether it passes, and what was seen.
 struct Finding {
@@ -22,11 +22,11 @@ struct Finding {
 
 /// `target`: the executable the service definition should run (`update` passes the path it
 /// swaps; by default this executable).
-pub fn check(home: &Home, target: Option<&std::path::Path>, json_out: bool) -> anyhow::Result<ExitCode> {
+pub fn check(home: &Home, target: Option<&std::path::Path>, json_out: bool) -> crate::Result<ExitCode> {
     let home = home.canonicalized();
     let target = match target {
         Some(t) => t.to_path_buf(),
-        None => manager::current_exe()?,
+        None => owner::current_exe()?,
     };
     let findings = run_checks(&home, &target);
     let ok = findings.iter().all(|f| f.ok);
@@ -68,7 +68,7 @@ fn run_checks(home: &Home, target: &std::path::Path) -> Vec<Finding> {
 /// The address must be bindable, or be the one the live gateway serves (it is handed over, or
 /// freed by the drain, at the restart).
 fn listen_finding(home: &Home, configured: &str) -> Finding {
-    let running = super::restart::status_of(&Endpoint::for_home(home.dir()), Duration::from_millis(500)).ok();
+    let running = crate::ready::status_of(&Endpoint::for_home(home.dir()), Duration::from_millis(500)).ok();
     let live = running.as_ref().and_then(|s| s.listen.clone()).or_else(|| {
         // A gateway started with `--listen` keeps that address across restarts.
         running.as_ref().and(read_state(&home.state_file()).ok().and_then(|s| s.listen))
@@ -84,11 +84,11 @@ fn listen_finding(home: &Home, configured: &str) -> Finding {
 
 /// An installed definition must run the executable an update swaps.
 fn service_finding(home: &Home, target: &std::path::Path) -> Finding {
-    let Some(m) = manager::installed(home) else {
+    let Some(m) = owner::installed(home) else {
         return Finding { name: "service", ok: true, detail: "none installed".into() };
     };
     let exe = target.display().to_string();
-    let text = m.state.path.as_ref().and_then(|p| std::fs::read_to_string(p).ok());
+    let text = m.managed().state.path.as_ref().and_then(|p| std::fs::read_to_string(p).ok());
     match text {
         Some(t) if t.contains(&exe) => {
             Finding { name: "service", ok: true, detail: format!("{} runs {exe}", m.describe()) }

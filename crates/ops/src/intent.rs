@@ -98,3 +98,11 @@ pub fn prevented(home: &Home, by: &str, r: &Refusal) {
     v["by"] = json!(by);
     let _ = ledger(home).append("start_prevented", v);
 }
+
+/// Records a process this command started in its own process group, for whoever must end it
+/// (an update ends every group its candidates started: update/mod.rs `end_candidates`).
+pub fn note_spawned(home: &Home, pid: u32) {
+    let ledger =
+        gatewarden_lifecycle::ledger::Ledger::new(home.ledger(), gatewarden_lifecycle::ledger::Writer::current());
+    let _ = ledger.append("gateway_spawned", serde_json::json!({"spawned_pid": pid}));
+}

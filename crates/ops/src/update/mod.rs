@@ -12,7 +12,7 @@
 //! 4. **Swap**: copy the current binary to its own release directory (last known good), then
 //!    rename the staged copy over the executable (on Windows the running image is renamed
 //!    aside first).
-//! 5. **Restart** through the one restart ladder (`cmd/restart.rs`).
+//! 5. **Restart** through the one restart ladder (`ladder/`).
 //! 6. **Probation**: the new incarnation reports the expected version and stays up for
 //!    `[update] probation_s`.
 //! 7. Success: `committed` with a receipt. Failure: swap back, restart, verify the old version
@@ -27,24 +27,28 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use crate::Context;
+use crate::bail;
 use gatewarden_control::{Endpoint, StatusReport};
 use gatewarden_lifecycle::desired::{self, Refusal, Starter};
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
-use gatewarden_lifecycle::{Home, InstanceLock, VERSION, fsio, timefmt};
+use gatewarden_lifecycle::{ExitIntent, Home, InstanceLock, VERSION, fsio, timefmt};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::Digest;
 
 mod archive;
 
-use super::manager;
-use super::restart::{restart_verified, status_of};
+use crate::release::{RELEASES, copy_executable, hex, refresh_good_copy, release_path, sha256_file, write_executable};
+
+use crate::ladder::restart_verified;
+use crate::options::UpdateArgs;
+use crate::owner;
+use crate::ready::status_of;
 
 /// The transaction record's file name in the home.
 pub const UPDATE_FILE: &str = "update.json";
 const LOCK_FILE: &str = "update.lock";
-const RELEASES: &str = "releases";
 /// Bigger than any release binary; a cap on what a URL may make us download.
 const MAX_RELEASE_BYTES: u64 = 512 << 20;
 /// Internal (tests): the phase in which the updater pauses, to be killed there.
@@ -52,49 +56,6 @@ const PAUSE_ENV: &str = "GATEWARDEN_TEST_UPDATE_PAUSE";
 const POLL: Duration = Duration::from_millis(50);
 /// A new incarnation silent on its control endpoint this long during probation has failed.
 const SILENT_LIMIT: Duration = Duration::from_secs(3);
-
-#[derive(Debug, Clone, clap::Args)]
-pub struct UpdateArgs {
-    /// The release: a gatewarden binary or a .tar.gz holding one, as a local path or an http(s) URL
-    #[arg(long, value_name = "PATH|URL", conflicts_with_all = ["status", "rollback"])]
-    pub from: Option<String>,
-    /// Expected sha256 of the release (hex); required for URLs
-    #[arg(long, value_name = "HEX")]
-    pub sha256: Option<String>,
-    /// Detached minisign signature [default: <from>.minisig] (needed when [update] public_key is set)
-    #[arg(long, value_name = "PATH|URL")]
-    pub signature: Option<String>,
-    /// Seconds the new incarnation has to become ready with the new version
-    #[arg(long, default_value_t = 60, value_name = "SECS")]
-    pub timeout: u64,
-    /// Print the outcome as JSON
-    #[arg(long)]
-    pub json: bool,
-    /// Show the last (or the unfinished) update transaction
-    #[arg(long)]
-    pub status: bool,
-    /// Go back to the last known good binary (the one the last update replaced)
-    #[arg(long, conflicts_with = "status")]
-    pub rollback: bool,
-    /// Internal: finish an unfinished transaction whose updater died
-    #[arg(long, hide = true)]
-    pub resume: bool,
-    /// Internal: run by systemd's `ExecStopPost=` (from the last known good copy) after the
-    /// gateway exited: reverts an unfinished update whose release died
-    #[arg(long, hide = true)]
-    pub after_exit: bool,
-    /// Install a release older than the running version (refused otherwise when [update]
-    /// public_key is set; chat `/update` never downgrades). `--rollback` needs no flag
-    #[arg(long, conflicts_with_all = ["status", "rollback"])]
-    pub allow_downgrade: bool,
-    /// Internal: the chat that asked (`/update`); it gets the outcome notice
-    #[arg(long, hide = true, value_name = "CHAT")]
-    pub chat: Option<String>,
-    /// Internal: the chat platform adapter `--chat` belongs to (its notice goes through the
-    /// outbox); without it the chat is an HTTP one
-    #[arg(long, hide = true, value_name = "ADAPTER", requires = "chat")]
-    pub chat_platform: Option<String>,
-}
 
 /// Where a transaction is. `committed`, `rolled_back` and `failed` are final.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -147,17 +108,17 @@ pub struct Txn {
     pub elapsed_ms: Option<u64>,
 }
 
-pub fn update(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
+pub fn update(home: &Home, args: UpdateArgs) -> crate::Result<ExitCode> {
     // `--json`: stdout holds exactly one JSON document on every path, errors included.
     let json_outcome = args.json && !args.status;
     let result = transact(home, args);
     if json_outcome && let Err(e) = &result {
-        println!("{}", json!({"ok": false, "changed": false, "reason": format!("{e:#}")}));
+        println!("{}", json!({"ok": false, "changed": false, "reason": e.chain()}));
     }
     result
 }
 
-fn transact(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
+fn transact(home: &Home, args: UpdateArgs) -> crate::Result<ExitCode> {
     let home = home.ensure()?;
     if args.status {
         return status(&home, args.json);
@@ -169,8 +130,8 @@ fn transact(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
         bail!("say what to install: `gatewarden update --from PATH|URL` (or --status, --rollback)");
     }
     // The updater outlives the gateway it restarts (chat `/update` runs it from inside).
-    super::restart::escape_unit(&home);
-    if let Some(code) = super::restart::detach() {
+    crate::orchestrator::escape_unit(&home);
+    if let Some(code) = crate::orchestrator::detach() {
         return Ok(code);
     }
     let Some(lock) = take_update_lock(&home, args.resume)? else {
@@ -211,7 +172,7 @@ fn transact(home: &Home, args: UpdateArgs) -> anyhow::Result<ExitCode> {
     code
 }
 
-fn take_update_lock(home: &Home, patient: bool) -> anyhow::Result<Option<InstanceLock>> {
+fn take_update_lock(home: &Home, patient: bool) -> crate::Result<Option<InstanceLock>> {
     let path = home.dir().join(LOCK_FILE);
     // Only updaters take this lock, and they hold it for a whole transaction: there is no
     // brief probe to wait out, except a resuming updater racing the one that launched it.
@@ -228,7 +189,7 @@ pub fn read_txn(home: &Home) -> Option<Txn> {
     fsio::read_json::<Txn>(&home.dir().join(UPDATE_FILE)).ok()
 }
 
-fn status(home: &Home, json_out: bool) -> anyhow::Result<ExitCode> {
+fn status(home: &Home, json_out: bool) -> crate::Result<ExitCode> {
     let Some(t) = read_txn(home) else {
         if json_out {
             println!("{}", json!({"update": null}));
@@ -311,7 +272,7 @@ impl<'h> Updater<'h> {
     }
 
     /// A refusal before anything changed: exit 1 with the reason.
-    fn refuse(&self, why: &str) -> anyhow::Result<ExitCode> {
+    fn refuse(&self, why: &str) -> crate::Result<ExitCode> {
         let _ = self.ledger.append("update_refused", json!({"reason": why}));
         if self.json {
             println!("{}", json!({"ok": false, "changed": false, "reason": why}));
@@ -323,9 +284,9 @@ impl<'h> Updater<'h> {
         Ok(ExitCode::from(1))
     }
 
-    fn install(&self, args: &UpdateArgs) -> anyhow::Result<ExitCode> {
+    fn install(&self, args: &UpdateArgs) -> crate::Result<ExitCode> {
         let Some(from) = args.from.as_deref() else { bail!("--from is required") };
-        let target = manager::current_exe().context("cannot locate this executable")?;
+        let target = owner::current_exe().context("cannot locate this executable")?;
         // An update restarts the gateway; a stopped one stays stopped (issue 22, item 6).
         if let Err(r) = desired::check(self.home.dir(), Starter::Resume) {
             return self.refuse(&format!("{}; start it first", r.describe()));
@@ -481,7 +442,7 @@ impl<'h> Updater<'h> {
                         now.state.unwrap_or_default()
                     ));
                 }
-                Err(e) if !super::restart::lock_held(self.home) => {
+                Err(e) if !crate::ready::lock_held(self.home) => {
                     return Err(format!("the new incarnation exited during probation ({e})"));
                 }
                 Err(e) => {
@@ -504,7 +465,7 @@ impl<'h> Updater<'h> {
         let answering = status_of(&Endpoint::for_home(self.home.dir()), Duration::from_millis(500)).ok();
         self.end_candidates(t, answering.and_then(|s| s.pid));
         swap_in(&t.previous, &t.target).map_err(|e| format!("cannot swap the old binary back: {e}"))?;
-        if let Err(r) = super::intent::may_start(self.home, "rollback", Starter::Resume) {
+        if let Err(r) = crate::intent::may_start(self.home, "rollback", Starter::Resume) {
             self.say(&format!("{} is back in place; not starting it: {}", t.from, r.describe()));
             return Ok(None);
         }
@@ -764,7 +725,7 @@ impl<'h> Updater<'h> {
     }
 
     /// `update --rollback`: the last update's previous binary back in place, verified running.
-    fn rollback_by_hand(&self) -> anyhow::Result<ExitCode> {
+    fn rollback_by_hand(&self) -> crate::Result<ExitCode> {
         let nothing = |why: String| {
             if self.json {
                 println!("{}", json!({"ok": false, "changed": false, "reason": why}));
@@ -915,7 +876,7 @@ pub fn on_gateway_start(home: &Home) {
         return;
     }
     drop(lock);
-    let Ok(exe) = manager::current_exe() else { return };
+    let Ok(exe) = owner::current_exe() else { return };
     let mut cmd = Command::new(exe);
     cmd.arg("--home").arg(home.dir()).args(["update", "--resume"]);
     cmd.env_remove(gatewarden_runtime::RUN_TAG);
@@ -959,7 +920,9 @@ pub fn runs_unblessed(t: &Txn, on_disk: Option<&str>) -> bool {
 /// Whether systemd's `$SERVICE_RESULT`/`$EXIT_STATUS` (as `ExecStopPost=` sees them) describe
 /// a planned end: a planned restart (75) or a clean stop. Anything else is a crash.
 fn systemd_end_is_planned(result: &str, status: &str) -> bool {
-    status == "75" || (result == "success" && status == "0")
+    // The codes come from the one exit table (crates/lifecycle/src/exit.rs).
+    let is = |i: ExitIntent| status == i.code().to_string();
+    is(ExitIntent::PlannedRestart) || (result == "success" && is(ExitIntent::PlannedStop))
 }
 
 /// `update --after-exit` under systemd's `ExecStopPost=`: the unit's main process ended; a
@@ -976,17 +939,6 @@ fn after_exit(home: &Home) -> ExitCode {
         eprintln!("reverted an unfinished update after the gateway ended ({exit})");
     }
     ExitCode::SUCCESS
-}
-
-/// Where the last blessed binary is kept for `ExecStopPost=` (a stable path the unit names).
-pub fn good_copy(home: &Home) -> PathBuf {
-    let name = if cfg!(windows) { "gatewarden.exe" } else { "gatewarden" };
-    home.dir().join(RELEASES).join("good").join(name)
-}
-
-/// Refreshes [`good_copy`] from `exe` (at `service install` and at every blessing).
-pub fn refresh_good_copy(home: &Home, exe: &Path) -> std::io::Result<()> {
-    copy_executable(exe, &good_copy(home))
 }
 
 /// The staged binary's `check` against the live home.
@@ -1201,54 +1153,6 @@ fn verify_signature(public_key: &str, bytes: &[u8], sig_src: &str, ca_file: Opti
     pk.verify(bytes, &sig, false).map_err(|e| format!("signature check failed ({sig_src}): {e}"))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex(&h.finalize()))
-}
-
-fn release_path(home: &Home, version: &str, sha: &str) -> PathBuf {
-    let name = if cfg!(windows) { "gatewarden.exe" } else { "gatewarden" };
-    home.dir().join(RELEASES).join(format!("{version}-{}", &sha[..sha.len().min(12)])).join(name)
-}
-
-fn write_executable(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    super::os::proc::make_executable(path)
-}
-
-/// Copies an executable (keeping it runnable), unless an identical copy is there already.
-fn copy_executable(from: &Path, to: &Path) -> std::io::Result<()> {
-    if to.is_file() && sha256_file(to).ok() == sha256_file(from).ok() {
-        return Ok(());
-    }
-    if let Some(p) = to.parent() {
-        // 0700 whatever the umask (the home's releases; an existing folder is left alone).
-        gatewarden_lifecycle::platform::create_private_dir(p)?;
-    }
-    let tmp = to.with_extension("partial");
-    std::fs::copy(from, &tmp)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    super::os::proc::make_executable(&tmp)?;
-    std::fs::rename(&tmp, to)
-}
-
 /// Puts a copy of `release` at `target` with one rename in the target's directory. Windows
 /// refuses to replace a running executable but lets it be renamed: it is moved aside first.
 fn swap_in(release: &Path, target: &Path) -> std::io::Result<()> {
@@ -1257,7 +1161,7 @@ fn swap_in(release: &Path, target: &Path) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{name}.update-{}", std::process::id()));
     std::fs::copy(release, &tmp)?;
     std::fs::File::open(&tmp)?.sync_all()?;
-    super::os::proc::make_executable(&tmp)?;
+    crate::os::proc::make_executable(&tmp)?;
     match std::fs::rename(&tmp, target) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {

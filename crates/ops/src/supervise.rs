@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use gatewarden_control::Requester;
 use gatewarden_control::stopper::{self, StopPlan};
-use gatewarden_lifecycle::Home;
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
+use gatewarden_lifecycle::{ExitIntent, Home};
 use gatewarden_service::naming::ServiceNames;
 use gatewarden_service::spec::stop_timeout_s;
 use gatewarden_service::supervise::{
@@ -28,37 +28,10 @@ use gatewarden_service::supervise::{
 use gatewarden_service::windows_scm::{self, ServiceHooks, StopCause};
 use serde_json::json;
 
-use super::os::{self, Event};
+use crate::options::SuperviseArgs;
+use crate::os::{self, Event};
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct SuperviseArgs {
-    /// HTTP listen address passed to the gateway (overrides config.toml)
-    #[arg(long, value_name = "ADDR")]
-    pub listen: Option<String>,
-    /// Seconds a stop waits for active runs, passed to the gateway (overrides config.toml)
-    #[arg(long, value_name = "SECS")]
-    pub drain_timeout: Option<u64>,
-    /// hermes homes: the hermes executable to run [default: $GATEWARDEN_HERMES, else `hermes` on PATH]
-    #[arg(long, value_name = "CMD")]
-    pub hermes: Option<std::path::PathBuf>,
-    /// Internal: run as a Windows SCM service (the service definition passes it)
-    #[arg(long, hide = true)]
-    pub scm: bool,
-    /// Internal (tests): restarts allowed within the brake window before parking
-    #[arg(long, hide = true, default_value_t = 5)]
-    pub brake_restarts: usize,
-    /// Internal (tests): crash-loop brake window in seconds
-    #[arg(long, hide = true, default_value_t = 60)]
-    pub brake_window_s: u64,
-    /// Internal (tests): first crash backoff in milliseconds
-    #[arg(long, hide = true, default_value_t = 100)]
-    pub backoff_ms: u64,
-    /// Internal (tests): the longest crash backoff, also every braked restart's, in milliseconds
-    #[arg(long, hide = true, default_value_t = 30_000)]
-    pub max_backoff_ms: u64,
-}
-
-pub fn supervise(home: &Home, args: SuperviseArgs) -> anyhow::Result<ExitCode> {
+pub fn supervise(home: &Home, args: SuperviseArgs) -> crate::Result<ExitCode> {
     let home = home.ensure()?;
     let (tx, rx) = mpsc::channel::<Event>();
     if args.scm {
@@ -75,8 +48,8 @@ fn run_as_scm_service(
     args: SuperviseArgs,
     tx: Sender<Event>,
     rx: Receiver<Event>,
-) -> anyhow::Result<ExitCode> {
-    let name = ServiceNames::new(home.dir(), super::manager::is_default_home(&home)).windows_name();
+) -> crate::Result<ExitCode> {
+    let name = ServiceNames::new(home.dir(), crate::owner::is_default_home(&home)).windows_name();
     let stopped = Arc::new(AtomicBool::new(false));
     let stop_tx = tx.clone();
     let is_stopped = Arc::clone(&stopped);
@@ -139,7 +112,7 @@ impl Supervisor {
         self.t0.elapsed()
     }
 
-    /// The desired state (`cmd/intent.rs`) before every start of a child: launched by an
+    /// The desired state (`intent.rs`) before every start of a child: launched by an
     /// operator (no service manager around us) supervise is a start and records `run`; launched
     /// by a manager (at boot, after a crash) or restarting a child, it obeys a recorded stop.
     /// The sequence the children carry out, or `None`: stay down.
@@ -147,8 +120,8 @@ impl Supervisor {
         use gatewarden_lifecycle::Supervisor as Sup;
         let managed = self.args.scm || !matches!(Sup::detect(None).supervisor, Sup::None | Sup::Container) || !first;
         let decided = match managed {
-            false => super::intent::record_run(&self.home, "supervise"),
-            true => super::intent::may_start(&self.home, "supervise", gatewarden_lifecycle::desired::Starter::Resume)
+            false => crate::intent::record_run(&self.home, "supervise"),
+            true => crate::intent::may_start(&self.home, "supervise", gatewarden_lifecycle::desired::Starter::Resume)
                 .map(|d| d.seq),
         };
         match decided {
@@ -160,8 +133,8 @@ impl Supervisor {
         }
     }
 
-    fn child_command(&self, seq: u64) -> anyhow::Result<Command> {
-        let mut cmd = Command::new(super::manager::current_exe()?);
+    fn child_command(&self, seq: u64) -> crate::Result<Command> {
+        let mut cmd = Command::new(crate::owner::current_exe()?);
         cmd.arg("--home").arg(self.home.dir()).arg("run").args(["--supervisor", "external"]);
         cmd.args(["--desired-seq", &seq.to_string()]);
         if let Some(l) = &self.args.listen {
@@ -208,9 +181,9 @@ impl Supervisor {
             }
             let now = self.now();
             // A swapped-in release that ended before it was blessed: the old binary goes back
-            // and runs next, at once (`cmd/update.rs`).
-            if exit != ChildExit::Code(75)
-                && super::update::revert_after_crash(&self.home, &exit.to_string(), "supervise")
+            // and runs next, at once (`update/mod.rs`).
+            if exit != ChildExit::Code(i32::from(ExitIntent::PlannedRestart.code()))
+                && crate::update::revert_after_crash(&self.home, &exit.to_string(), "supervise")
             {
                 log(&format!(
                     "gateway pid {pid} ({exit}) ran an unblessed update: reverted, restarting the previous binary"

@@ -1,8 +1,9 @@
-//! `gatewarden stop`: through the owning service manager when there is one, else the one
+//! Stopping the gateway and keeping it down, shared by `stop` (`stop.rs`) and `service
+//! install`/`uninstall`: through the owning service manager when there is one, else the one
 //! stopper (`gatewarden_control::stopper`): control stop, marker + verified SIGTERM, wait for
 //! the lock, then — unless `--no-kill` — a verified kill.
 //!
-//! Before it signals anything it records `stopped` (`cmd/intent.rs`): every actor that could
+//! Before it signals anything it records `stopped` (`intent.rs`): every actor that could
 //! start a gateway afterwards — a restart's successor or backstop, an update's rollback,
 //! `doctor --fix`, a service manager's launch — reads that record first and stays down.
 
@@ -16,33 +17,33 @@ use gatewarden_lifecycle::marker::{self, MarkerKind};
 use gatewarden_lifecycle::records::read_pid_record;
 use gatewarden_lifecycle::{Home, InstanceLock};
 
-use super::manager::{self, Managed, ServiceManager};
-use super::presence::{Presence, presence};
+use crate::owner::{self, ServiceManager};
+use crate::presence::{Presence, presence};
 
-pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCode> {
+pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> crate::Result<ExitCode> {
     let home = home.canonicalized();
     // First: the intent is durable before any signal, so nothing mid-flight can undo it.
-    let desired = super::intent::record_stop(&home);
+    let desired = crate::intent::record_stop(&home);
     let presence = presence(&home, "stop");
     let news = matches!(presence, Presence::Running) || desired.as_ref().is_some_and(|(_, was_run)| *was_run);
     let code = stop_present(&home, presence, timeout_s, no_kill);
     if news {
-        super::intent::ledger_stop_if_unrecorded(&home, desired.as_ref().map(|(d, _)| d));
+        crate::intent::ledger_stop_if_unrecorded(&home, desired.as_ref().map(|(d, _)| d));
     }
     code
 }
 
 /// `stop` once the intent is recorded: what the presence probe found decides the path.
-fn stop_present(home: &Home, presence: Presence, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCode> {
+fn stop_present(home: &Home, presence: Presence, timeout_s: u64, no_kill: bool) -> crate::Result<ExitCode> {
     let gateway_pid = match &presence {
         Presence::Running => read_pid_record(&home.pid_file()).ok().map(|r| r.pid),
         _ => None,
     };
     // Every lifecycle verb goes through whoever owns the running gateway.
     if !matches!(presence, Presence::Unknown(_))
-        && let Some(m) = manager::owner(home, gateway_pid)
+        && let Some(m) = owner::owner(home, gateway_pid)
     {
-        return stop_via_manager(home, &m, matches!(presence, Presence::Running), timeout_s, no_kill);
+        return stop_via_manager(home, m.as_ref(), matches!(presence, Presence::Running), timeout_s, no_kill);
     }
     match presence {
         Presence::NotRunning { healed } => {
@@ -52,7 +53,7 @@ fn stop_present(home: &Home, presence: Presence, timeout_s: u64, no_kill: bool) 
             }
             return Ok(ExitCode::SUCCESS);
         }
-        Presence::Unknown(why) => anyhow::bail!("cannot tell whether a gateway runs: {why}"),
+        Presence::Unknown(why) => crate::bail!("cannot tell whether a gateway runs: {why}"),
         Presence::Running => {}
     }
     stop_direct(home, timeout_s, no_kill)
@@ -64,11 +65,11 @@ fn stop_present(home: &Home, presence: Presence, timeout_s: u64, no_kill: bool) 
 /// If something still holds it (a gateway outside the manager), the direct path takes over.
 fn stop_via_manager(
     home: &Home,
-    m: &Managed,
+    m: &dyn ServiceManager,
     running: bool,
     timeout_s: u64,
     no_kill: bool,
-) -> anyhow::Result<ExitCode> {
+) -> crate::Result<ExitCode> {
     let budget = Duration::from_secs(timeout_s);
     let deadline = Instant::now() + budget;
     let who =
@@ -78,7 +79,7 @@ fn stop_via_manager(
         // The graceful half of the one stopper: a control stop (the gateway exits 0, which the
         // manager records as success); if the endpoint is silent, the marker makes the
         // manager's own stop signal a planned stop (exit 0) too.
-        let progress = super::progress::Progress::new();
+        let progress = crate::progress::Progress::new();
         let graceful =
             stopper::request_stop(home, &Requester::current("cli"), StopReason::Stop, deadline, &mut |p| match p {
                 stopper::Phase::Note(n) => eprintln!("{n}"),
@@ -90,7 +91,7 @@ fn stop_via_manager(
         }
     }
     if let Err(e) = m.stop() {
-        eprintln!("warning: {} stop failed: {e:#}", m.state.manager);
+        eprintln!("warning: {} stop failed: {}", m.kind(), e.chain());
     }
     if InstanceLock::acquire(&home.lock(), deadline.saturating_duration_since(Instant::now())).is_ok() {
         if running {
@@ -105,12 +106,12 @@ fn stop_via_manager(
 }
 
 /// The gateway runs without a manager (or survived the manager's stop): the one stopper.
-fn stop_direct(home: &Home, timeout_s: u64, no_kill: bool) -> anyhow::Result<ExitCode> {
+fn stop_direct(home: &Home, timeout_s: u64, no_kill: bool) -> crate::Result<ExitCode> {
     let who =
         read_pid_record(&home.pid_file()).ok().map_or("the gateway".to_string(), |r| format!("gateway pid {}", r.pid));
     let mut plan = StopPlan::new(Requester::current("cli"), Duration::from_secs(timeout_s));
     plan.kill = !no_kill;
-    let progress = super::progress::Progress::new();
+    let progress = crate::progress::Progress::new();
     let outcome = stopper::stop(home, &plan, &mut |p| match p {
         stopper::Phase::Draining => progress.phase(&format!("stopping {who}: draining active runs")),
         stopper::Phase::Terminating(t) => progress.phase(&format!("stopping {t}: planned-stop marker and SIGTERM")),

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
+use crate::Context;
 use gatewarden_service::command::{CommandRunner, SystemRunner};
 use gatewarden_service::doctor::{self, Finding};
 use gatewarden_service::windows::{render_task_xml, scm_install, task_xml_utf16le};
@@ -30,14 +30,14 @@ fn user_id() -> String {
     }
 }
 
-fn schtasks(args: &[&str]) -> anyhow::Result<gatewarden_service::command::CommandOutput> {
+fn schtasks(args: &[&str]) -> crate::Result<gatewarden_service::command::CommandOutput> {
     Ok(SystemRunner { timeout: Duration::from_secs(60) }.run("schtasks", args)?)
 }
 
-fn checked(args: &[&str]) -> anyhow::Result<()> {
+fn checked(args: &[&str]) -> crate::Result<()> {
     let out = schtasks(args)?;
     if !out.success() {
-        anyhow::bail!("`schtasks {}` failed ({:?}): {}", args.join(" "), out.code, out.stderr.trim());
+        crate::bail!("`schtasks {}` failed ({:?}): {}", args.join(" "), out.code, out.stderr.trim());
     }
     Ok(())
 }
@@ -47,14 +47,14 @@ pub fn definition_path(_spec: &ServiceSpec) -> Option<PathBuf> {
     None
 }
 
-pub fn render(spec: &ServiceSpec) -> anyhow::Result<String> {
+pub fn render(spec: &ServiceSpec) -> crate::Result<String> {
     match spec.scope {
         Scope::User => Ok(render_task_xml(spec, &user_id())?),
         Scope::System => Ok(format!("{:#?}\n", scm_install(spec)?)),
     }
 }
 
-pub fn install(spec: &ServiceSpec, start: bool) -> anyhow::Result<()> {
+pub fn install(spec: &ServiceSpec, start: bool) -> crate::Result<()> {
     let n = name(spec);
     match spec.scope {
         Scope::User => {
@@ -80,7 +80,7 @@ pub fn install(spec: &ServiceSpec, start: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn uninstall(spec: &ServiceSpec) -> anyhow::Result<()> {
+pub fn uninstall(spec: &ServiceSpec) -> crate::Result<()> {
     let n = name(spec);
     match spec.scope {
         Scope::User => {
@@ -119,7 +119,7 @@ pub fn query(spec: &ServiceSpec) -> ServiceState {
     st
 }
 
-fn start(spec: &ServiceSpec) -> anyhow::Result<()> {
+fn start(spec: &ServiceSpec) -> crate::Result<()> {
     let n = name(spec);
     match spec.scope {
         Scope::User => checked(&["/Run", "/TN", &n]),
@@ -130,14 +130,14 @@ fn start(spec: &ServiceSpec) -> anyhow::Result<()> {
 /// The task: the gateway's own planned stop already ended `supervise` with 0. The SCM service:
 /// a stop control, which the service host turns into a graceful stop with StopPending
 /// checkpoints.
-pub fn stop(spec: &ServiceSpec) -> anyhow::Result<()> {
+pub fn stop(spec: &ServiceSpec) -> crate::Result<()> {
     match spec.scope {
         Scope::User => Ok(()),
         Scope::System => windows_scm::stop(&name(spec)).map(drop).map_err(Into::into),
     }
 }
 
-pub fn kick(spec: &ServiceSpec) -> anyhow::Result<()> {
+pub fn kick(spec: &ServiceSpec) -> crate::Result<()> {
     start(spec)
 }
 
@@ -166,9 +166,34 @@ pub fn verify_restart(
     _spec: &ServiceSpec,
     _old: Option<(u32, String)>,
     _budget: std::time::Duration,
-) -> Option<anyhow::Result<u32>> {
+) -> Option<crate::Result<u32>> {
     None
 }
 
 /// Nothing to prepare: only systemd counts planned restarts against a start limit.
 pub fn prepare_restart(_spec: &ServiceSpec) {}
+
+/// Only systemd runs the gateway itself and can give up on it (see `linux.rs`).
+pub fn gave_up(_spec: &ServiceSpec) -> bool {
+    false
+}
+
+super::definition_manager!(
+    /// A per-user scheduled task runs `gatewarden supervise`.
+    TaskScheduler
+);
+
+super::definition_manager!(
+    /// A Windows service (SCM, `--system`) runs `gatewarden supervise --scm`.
+    Scm
+);
+
+/// The facade's constructor: this OS's manager for `spec`, with what it says now.
+pub fn definition(spec: ServiceSpec) -> super::Owner {
+    let state = query(&spec);
+    let m = super::Managed { spec, state };
+    match m.spec.scope {
+        Scope::System => std::sync::Arc::new(Scm(m)),
+        Scope::User => std::sync::Arc::new(TaskScheduler(m)),
+    }
+}

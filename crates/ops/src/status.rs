@@ -9,8 +9,8 @@ use gatewarden_lifecycle::{Home, timefmt};
 use gatewarden_service::supervise::{ParkedStateRead, read_parked_state};
 use serde_json::json;
 
-use super::manager;
-use super::presence::{Presence, presence};
+use crate::owner;
+use crate::presence::{Presence, presence};
 
 /// The whole answer stays under 300 ms even for a wedged holder (a SIGSTOPped gateway accepts
 /// the connection in the kernel and then never answers).
@@ -18,7 +18,7 @@ const CONTROL_TIMEOUT: Duration = Duration::from_millis(200);
 /// A lock holder this young that has not bound its endpoint yet is starting, not wedged.
 const STARTING_GRACE: Duration = Duration::from_secs(10);
 
-pub fn status(home: &Home, as_json: bool) -> anyhow::Result<ExitCode> {
+pub fn status(home: &Home, as_json: bool) -> crate::Result<ExitCode> {
     let home = home.canonicalized();
     // Read the records before a possible heal, so the report says what was found.
     let pid = read_pid_record(&home.pid_file());
@@ -115,12 +115,12 @@ pub fn status(home: &Home, as_json: bool) -> anyhow::Result<ExitCode> {
             json!("ended without recording an exit: killed (SIGKILL, the OOM killer) or crashed"),
         );
     }
-    if let Some(c) = super::crash_backoff::crash_loop(&home, code == 0) {
+    if let Some(c) = crate::crash_loop::crash_loop(&home, code == 0) {
         report.extra.insert("crash_loop".into(), json!({"sentence": c.sentence(), "detail": c}));
     }
     // The service manager's view next to the gateway's own.
-    if let Some(m) = manager::installed(&home) {
-        report.extra.insert("service".into(), m.status_json());
+    if let Some(m) = owner::installed(&home) {
+        report.extra.insert("service".into(), m.managed().status_json());
     }
     match read_parked_state(home.dir()) {
         ParkedStateRead::Missing => {}

@@ -14,10 +14,10 @@ use gatewarden_lifecycle::records::read_state;
 use gatewarden_runtime::work::{Command, parse_command};
 use serde_json::{Value, json};
 
-pub fn send(home: &Home, text: &str, chat: &str, user: &str, is_async: bool) -> anyhow::Result<ExitCode> {
+pub fn send(home: &Home, text: &str, chat: &str, user: &str, is_async: bool) -> crate::Result<ExitCode> {
     let home = home.canonicalized();
-    if !matches!(super::presence::presence(&home, "send"), super::presence::Presence::Running) {
-        anyhow::bail!("no gateway running in {} (start one with `gatewarden start`)", home.dir().display());
+    if !matches!(crate::presence::presence(&home, "send"), crate::presence::Presence::Running) {
+        crate::bail!("no gateway running in {} (start one with `gatewarden start`)", home.dir().display());
     }
     let ep = Endpoint::for_home(home.dir());
     let t = Duration::from_secs(2);
@@ -31,7 +31,7 @@ pub fn send(home: &Home, text: &str, chat: &str, user: &str, is_async: bool) -> 
     if let Some((op, reply)) = control {
         Client::connect(&ep, t)
             .and_then(|mut c| c.call(op, t))
-            .map_err(|e| anyhow::anyhow!("cannot reach the gateway's control socket: {e}"))?;
+            .map_err(|e| crate::Error::msg(format!("cannot reach the gateway's control socket: {e}")))?;
         println!("{reply}");
         return Ok(ExitCode::SUCCESS);
     }
@@ -41,7 +41,10 @@ pub fn send(home: &Home, text: &str, chat: &str, user: &str, is_async: bool) -> 
         .and_then(|s| s.listen)
         .or_else(|| read_state(&home.state_file()).ok().and_then(|s| s.listen))
         .ok_or_else(|| {
-            anyhow::anyhow!("no gateway running in {} (start one with `gatewarden start`)", home.dir().display())
+            crate::Error::msg(format!(
+                "no gateway running in {} (start one with `gatewarden start`)",
+                home.dir().display()
+            ))
         })?;
     // 0.0.0.0 / [::] are where it listens, not where to connect.
     let host = listen.replace("0.0.0.0", "127.0.0.1").replace("[::]", "[::1]");

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
+use crate::Context;
 use gatewarden_lifecycle::fsio;
 use gatewarden_service::command::SystemRunner;
 use gatewarden_service::doctor::{self, Finding};
@@ -30,9 +30,9 @@ fn runner() -> SystemRunner {
     SystemRunner { timeout: Duration::from_secs(60) }
 }
 
-fn user_scope_only(spec: &ServiceSpec) -> anyhow::Result<()> {
+fn user_scope_only(spec: &ServiceSpec) -> crate::Result<()> {
     if spec.scope == Scope::System {
-        anyhow::bail!("system-wide LaunchDaemons are not supported; install a per-user LaunchAgent (without --system)");
+        crate::bail!("system-wide LaunchDaemons are not supported; install a per-user LaunchAgent (without --system)");
     }
     Ok(())
 }
@@ -42,12 +42,12 @@ pub fn definition_path(spec: &ServiceSpec) -> Option<PathBuf> {
     Some(PathBuf::from(target(spec).plist_path))
 }
 
-pub fn render(spec: &ServiceSpec) -> anyhow::Result<String> {
+pub fn render(spec: &ServiceSpec) -> crate::Result<String> {
     user_scope_only(spec)?;
     Ok(launchd::render_plist(spec)?)
 }
 
-pub fn install(spec: &ServiceSpec, start: bool) -> anyhow::Result<()> {
+pub fn install(spec: &ServiceSpec, start: bool) -> crate::Result<()> {
     let text = render(spec)?;
     let t = target(spec);
     // The plist names log files in <home>/logs; launchd will not create the directory.
@@ -69,7 +69,7 @@ pub fn install(spec: &ServiceSpec, start: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn uninstall(spec: &ServiceSpec) -> anyhow::Result<()> {
+pub fn uninstall(spec: &ServiceSpec) -> crate::Result<()> {
     let t = target(spec);
     let r = runner();
     let _ = Launchctl::new(&r).bootout(&t);
@@ -112,7 +112,7 @@ pub fn query(spec: &ServiceSpec) -> ServiceState {
     st
 }
 
-fn start(spec: &ServiceSpec) -> anyhow::Result<()> {
+fn start(spec: &ServiceSpec) -> crate::Result<()> {
     user_scope_only(spec)?;
     let t = target(spec);
     let r = runner();
@@ -125,11 +125,11 @@ fn start(spec: &ServiceSpec) -> anyhow::Result<()> {
 
 /// The gateway's own planned stop (exit 0) ends `supervise` with 0, and `SuccessfulExit =
 /// false` keeps the job down with its label loaded: nothing to ask launchd.
-pub fn stop(_spec: &ServiceSpec) -> anyhow::Result<()> {
+pub fn stop(_spec: &ServiceSpec) -> crate::Result<()> {
     Ok(())
 }
 
-pub fn kick(spec: &ServiceSpec) -> anyhow::Result<()> {
+pub fn kick(spec: &ServiceSpec) -> crate::Result<()> {
     start(spec)
 }
 
@@ -152,7 +152,7 @@ pub fn host_findings(_spec: &ServiceSpec) -> Vec<Finding> {
 /// incarnation supervised by the label holds the lock, or the ladder gives up. Observations:
 /// `launchctl print` (loaded, pid, pended spawn) and the home's lock record; actions are
 /// executed here, decisions are the ladder's.
-pub fn verify_restart(spec: &ServiceSpec, old: Option<(u32, String)>, budget: Duration) -> Option<anyhow::Result<u32>> {
+pub fn verify_restart(spec: &ServiceSpec, old: Option<(u32, String)>, budget: Duration) -> Option<crate::Result<u32>> {
     use gatewarden_lifecycle::lock::{InstanceLock, LockProbe};
     use gatewarden_lifecycle::records::read_pid_record;
     use gatewarden_service::launchd::{
@@ -168,10 +168,10 @@ pub fn verify_restart(spec: &ServiceSpec, old: Option<(u32, String)>, budget: Du
     let t0 = std::time::Instant::now();
     loop {
         if t0.elapsed() > budget {
-            return Some(Err(anyhow::anyhow!(
+            return Some(Err(crate::Error::msg(format!(
                 "launchd did not bring back a supervised gateway within {budget:?}; recover with: launchctl kickstart {}",
                 t.service()
-            )));
+            ))));
         }
         let print = lc.print(&t).ok().flatten();
         let held = matches!(InstanceLock::probe(&spec.home.join("gateway.lock")), LockProbe::Held);
@@ -201,7 +201,7 @@ pub fn verify_restart(spec: &ServiceSpec, old: Option<(u32, String)>, budget: Du
             ),
             LadderAction::Succeeded { pid } => return Some(Ok(pid)),
             LadderAction::Failed { reason, recovery_command } => {
-                return Some(Err(anyhow::anyhow!("{reason}; recover with: {recovery_command}")));
+                return Some(Err(crate::Error::msg(format!("{reason}; recover with: {recovery_command}"))));
             }
         };
         if let Err(e) = step {
@@ -213,3 +213,19 @@ pub fn verify_restart(spec: &ServiceSpec, old: Option<(u32, String)>, budget: Du
 
 /// Nothing to prepare: only systemd counts planned restarts against a start limit.
 pub fn prepare_restart(_spec: &ServiceSpec) {}
+
+/// Only systemd runs the gateway itself and can give up on it (see `linux.rs`).
+pub fn gave_up(_spec: &ServiceSpec) -> bool {
+    false
+}
+
+super::definition_manager!(
+    /// A LaunchAgent runs `gatewarden supervise`, which runs the gateway.
+    Launchd
+);
+
+/// The facade's constructor: this OS's manager for `spec`, with what it says now.
+pub fn definition(spec: ServiceSpec) -> super::Owner {
+    let state = query(&spec);
+    std::sync::Arc::new(Launchd(super::Managed { spec, state }))
+}

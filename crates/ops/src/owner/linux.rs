@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
+use crate::Context;
 use gatewarden_lifecycle::fsio;
 use gatewarden_service::command::{CommandRunner, SystemRunner};
 use gatewarden_service::doctor::{self, Finding};
@@ -37,7 +37,7 @@ pub fn definition_path(spec: &ServiceSpec) -> Option<PathBuf> {
     Some(PathBuf::from(systemd::unit_path(spec.scope, &user_config_dir(), &unit(spec))))
 }
 
-pub fn render(spec: &ServiceSpec) -> anyhow::Result<String> {
+pub fn render(spec: &ServiceSpec) -> crate::Result<String> {
     // systemd ≥ 254 grows the restart delay itself; older ones run the crash-backoff helper.
     let mut spec = spec.clone();
     spec.restart_steps = systemd_version().is_some_and(|v| v >= 254);
@@ -50,7 +50,7 @@ fn systemd_version() -> Option<u32> {
     out.stdout.lines().next()?.split_whitespace().nth(1)?.parse().ok()
 }
 
-pub fn install(spec: &ServiceSpec, start: bool) -> anyhow::Result<()> {
+pub fn install(spec: &ServiceSpec, start: bool) -> crate::Result<()> {
     let text = render(spec)?;
     let path = definition_path(spec).context("no unit path")?;
     if let Some(dir) = path.parent() {
@@ -70,7 +70,7 @@ pub fn install(spec: &ServiceSpec, start: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn uninstall(spec: &ServiceSpec) -> anyhow::Result<()> {
+pub fn uninstall(spec: &ServiceSpec) -> crate::Result<()> {
     let r = runner(spec);
     let sc = Systemctl::new(&r, spec.scope);
     let u = unit(spec);
@@ -157,7 +157,7 @@ pub fn query(spec: &ServiceSpec) -> ServiceState {
     st
 }
 
-pub fn stop(spec: &ServiceSpec) -> anyhow::Result<()> {
+pub fn stop(spec: &ServiceSpec) -> crate::Result<()> {
     let r = runner(spec);
     Ok(Systemctl::new(&r, spec.scope).stop(&unit(spec))?)
 }
@@ -167,7 +167,7 @@ pub fn stop(spec: &ServiceSpec) -> anyhow::Result<()> {
 /// gets `restart` (which ends the wait at once); an inactive or failed one `reset-failed` +
 /// `start`; one already starting or running is left alone (systemd is on it, and restarting
 /// it would kill a newer incarnation).
-pub fn kick(spec: &ServiceSpec) -> anyhow::Result<()> {
+pub fn kick(spec: &ServiceSpec) -> crate::Result<()> {
     let r = runner(spec);
     let sc = Systemctl::new(&r, spec.scope);
     let u = unit(spec);
@@ -265,7 +265,7 @@ pub fn verify_restart(
     _spec: &ServiceSpec,
     _old: Option<(u32, String)>,
     _budget: std::time::Duration,
-) -> Option<anyhow::Result<u32>> {
+) -> Option<crate::Result<u32>> {
     None
 }
 
@@ -275,4 +275,23 @@ pub fn verify_restart(
 pub fn prepare_restart(spec: &ServiceSpec) {
     let r = SystemRunner { timeout: Duration::from_secs(5) };
     let _ = Systemctl::new(&r, spec.scope).reset_failed(&unit(spec));
+}
+
+/// The manager gave up on the unit: a tripped start limit, `failed`, or inactive while a
+/// restart waits for it.
+pub fn gave_up(spec: &ServiceSpec) -> bool {
+    let fresh = query(spec);
+    let get = |k: &str| fresh.detail.get(k).and_then(serde_json::Value::as_str).unwrap_or("").to_owned();
+    get("result") == "start-limit-hit" || matches!(get("active_state").as_str(), "failed" | "inactive")
+}
+
+super::definition_manager!(
+    /// A systemd unit (user or system) runs the gateway itself.
+    Systemd
+);
+
+/// The facade's constructor: this OS's manager for `spec`, with what it says now.
+pub fn definition(spec: ServiceSpec) -> super::Owner {
+    let state = query(&spec);
+    std::sync::Arc::new(Systemd(super::Managed { spec, state }))
 }

@@ -1,0 +1,18 @@
+//! `gatewarden logs [-f] [-n N]`: the gateway's own log file.
+
+use std::process::ExitCode;
+
+use gatewarden_lifecycle::Home;
+use gatewarden_lifecycle::fsio::{self, ReadOutcome};
+
+use crate::tail::tail;
+
+pub fn logs(home: &Home, follow: bool, n: usize) -> crate::Result<ExitCode> {
+    let path = home.logs_dir().join("gateway.log");
+    let open = || match fsio::open_regular(&path) {
+        ReadOutcome::Ok((f, _)) => Ok(Some(f)),
+        ReadOutcome::Missing => Ok(None),
+        ReadOutcome::Unreadable(why) | ReadOutcome::Transient(why) => Err(std::io::Error::other(why)),
+    };
+    tail(&path, open, follow, n, "only background starts write one; `run` logs to stderr")
+}

@@ -1,0 +1,10 @@
+//! `gatewarden stop`: the one stop procedure (`halt.rs`).
+
+use std::process::ExitCode;
+
+use gatewarden_lifecycle::Home;
+
+/// Stops the gateway (`--no-kill`: never kill) and records that it stays down.
+pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> crate::Result<ExitCode> {
+    crate::halt::stop(home, timeout_s, no_kill)
+}
