@@ -295,3 +295,60 @@ fn startup_refusal_names_the_port_holder_and_is_recorded() {
     stop_cleanly(&home, &mut g1);
     drop(taken);
 }
+
+/// Issue 22, item 3: the port is still held by a process on its way out. `start --timeout S`
+/// waits for it within S, saying who holds it, and starts once it is free; a holder that does
+/// not go away is named with exit 78 only after the timeout. The gateway itself (`run`, what a
+/// service manager launches) keeps failing fast, so a manager parks instead of looping.
+#[test]
+fn start_waits_for_a_port_on_its_way_out_then_names_a_holder_that_stays() {
+    let home = TempHome::new();
+    // A holder that leaves after 1.5 s: its own process, so the OS names it.
+    let probe = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = probe.local_addr().unwrap().port();
+    drop(probe);
+    let script = format!(
+        "import socket,time\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+         s.bind(('127.0.0.1',{port}))\ns.listen()\nprint('bound',flush=True)\ntime.sleep(1.5)\n"
+    );
+    let spawn_holder = || {
+        let mut c = Command::new("python3")
+            .args(["-c", &script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3");
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(c.stdout.as_mut().unwrap()), &mut line).unwrap();
+        assert_eq!(line.trim(), "bound");
+        c
+    };
+    let listen = format!("127.0.0.1:{port}");
+    let mut holder = spawn_holder();
+    let out = run_cli(&home, &["start", "--listen", &listen, "--timeout", "20"]);
+    assert_cli(&out, 0, "start while the port is on its way out");
+    let named = format!("pid {} (python3)", holder.id());
+    assert!(out.stderr.contains(&named), "start did not say who held the port: {out:#?}");
+    let _ = holder.wait();
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+
+    // The gateway itself, as a manager runs it: refused at once (78), naming the holder.
+    let mut holder = spawn_holder();
+    let mut g = builder(&home).listen(listen.clone()).spawn();
+    let t0 = Instant::now();
+    let st = g.wait_exit(EXIT);
+    assert_exit_code(&g, st, 78, "run on a taken port");
+    assert!(t0.elapsed() < Duration::from_millis(1500), "run waited {:?} for the port", t0.elapsed());
+    let _ = holder.wait();
+
+    // A holder that stays past the timeout: 78, naming it, after the timeout.
+    let stays = TcpListener::bind(&listen).unwrap();
+    let t0 = Instant::now();
+    let out = run_cli(&home, &["start", "--listen", &listen, "--timeout", "2"]);
+    assert_eq!(out.code, Some(78), "{out:#?}");
+    assert!(t0.elapsed() >= Duration::from_secs(2), "gave up before the timeout: {:?}", t0.elapsed());
+    assert!(out.stderr.contains(&format!("pid {}", std::process::id())), "{out:#?}");
+    assert!(home.events("start_refused").iter().any(|e| e["by"] == "start"), "{}", home.ledger_text());
+    assert!(!home.lock_held());
+    drop(stays);
+}

@@ -13,21 +13,6 @@ use common::*;
 use std::time::Duration;
 use work_common::*;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*: enough to pick operations, and replayable from the seed.
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 #[derive(Debug, Clone, Copy)]
 enum Op {
     Start,
@@ -219,9 +204,7 @@ impl Soak<'_> {
 
 #[test]
 fn seeded_lifecycle_soak() {
-    let seed = std::env::var("GW_SOAK_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1
-    });
+    let seed = soak_seed("GW_SOAK_SEED");
     let ops: usize = std::env::var("GW_SOAK_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
     println!("soak seed {seed} ({ops} operations); replay with GW_SOAK_SEED={seed}");
     let home = TempHome::new();

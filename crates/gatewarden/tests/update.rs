@@ -15,140 +15,8 @@ use gatewarden_testkit::archive::tar_gz;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use work_common::rig::*;
 use work_common::*;
-
-const UPDATE_LIMIT: Duration = Duration::from_secs(90);
-
-struct Rig {
-    home: TempHome,
-    sw: Sweeper,
-    dir: tempfile::TempDir,
-    /// The installed executable the update swaps.
-    exe: PathBuf,
-    /// A pristine copy of the old version (script candidates delegate to it).
-    pristine: PathBuf,
-    version: String,
-}
-
-fn version_of(bin: &Path) -> String {
-    let out = std::process::Command::new(bin).arg("--version").output().expect("--version");
-    String::from_utf8_lossy(&out.stdout).trim().strip_prefix("gatewarden ").expect("gatewarden X").to_owned()
-}
-
-/// A home with `config`, the binary installed in a private directory, and a gateway running it.
-fn rig(config: &str) -> (Rig, Gateway) {
-    rig_then(|_| config.to_owned(), &[])
-}
-
-/// [`rig`] whose config is made from the rig (to name its candidates), and a gateway started
-/// with `env` too.
-fn rig_then(config: impl FnOnce(&Rig) -> String, env: &[(&str, &str)]) -> (Rig, Gateway) {
-    let home = TempHome::new();
-    let sw = Sweeper::new();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("bin")).unwrap();
-    std::fs::create_dir(dir.path().join("rel")).unwrap();
-    let exe = dir.path().join("bin/gatewarden");
-    std::fs::copy(bin(), &exe).unwrap();
-    let pristine = dir.path().join("rel/pristine");
-    std::fs::copy(bin(), &pristine).unwrap();
-    let version = version_of(&exe);
-    let r = Rig { home, sw, dir, exe, pristine, version };
-    write_config(r.home.path(), &format!("[agent]\nbackend = \"echo\"\n{}", config(&r)));
-    let mut b = GatewayBuilder::new(&r.exe, &r.home).env(TAG_VAR, r.sw.tag());
-    for (k, v) in env {
-        b = b.env(*k, *v);
-    }
-    let mut g = b.spawn();
-    g.wait_ready(READY);
-    (r, g)
-}
-
-impl Rig {
-    /// The same build with every occurrence of its version string replaced by `to` (same
-    /// length): a real gatewarden that reports `to` everywhere.
-    fn release(&self, to: &str) -> PathBuf {
-        assert_eq!(to.len(), self.version.len(), "the patched version must keep the length");
-        let bytes = std::fs::read(&self.pristine).unwrap();
-        let (old, new) = (self.version.as_bytes(), to.as_bytes());
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        let mut n = 0;
-        let edge = |b: Option<&u8>| b.is_none_or(|c| !(c.is_ascii_digit() || *c == b'.'));
-        while i < bytes.len() {
-            // Only the end is checked: the linker merges string literals, so the version may
-            // follow another string's last digit ("WATCHDOG=1" + "0.1.0").
-            if bytes[i..].starts_with(old) && edge(bytes.get(i + old.len())) {
-                out.extend_from_slice(new);
-                i += old.len();
-                n += 1;
-            } else {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-        assert!(n > 0, "version string not found in the binary");
-        let path = self.dir.path().join(format!("rel/gatewarden-{to}"));
-        std::fs::write(&path, out).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        assert_eq!(version_of(&path), to);
-        path
-    }
-
-    /// A shell-script candidate: `--version` says `version`, `check` runs the real check of
-    /// the pristine binary, and `run` does `run_body`.
-    fn script(&self, name: &str, version: &str, run_body: &str) -> PathBuf {
-        let path = self.dir.path().join(format!("rel/{name}"));
-        let text = format!(
-            "#!/bin/sh\ncase \"$*\" in\n  *--version*) echo \"gatewarden {version}\";;\n  *\" check\"*) exec {} \"$@\";;\n  *) {run_body};;\nesac\n",
-            self.pristine.display()
-        );
-        std::fs::write(&path, text).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        path
-    }
-
-    fn update(&self, args: &[&str]) -> CliOutput {
-        let mut all = vec!["update"];
-        all.extend_from_slice(args);
-        cli_with(&self.exe, self.home.path(), &all, &[(TAG_VAR, self.sw.tag())], UPDATE_LIMIT)
-    }
-
-    fn txn(&self) -> Value {
-        self.home.read_json("update.json").unwrap_or(Value::Null)
-    }
-
-    /// Exactly one gateway process runs, it holds the lock, answers `running`, reports
-    /// `version`, and the installed executable is that version.
-    #[track_caller]
-    fn assert_one_gateway(&self, version: &str) {
-        let mut seen = String::new();
-        let ok = wait_until(READY, || {
-            let gateways: Vec<u32> = self
-                .sw
-                .tagged()
-                .into_iter()
-                .filter(|&p| {
-                    let c = sweep::cmdline_of(p);
-                    // Script candidates (`sh …`) are not gateways; the wrong-version one runs
-                    // the pristine copy of the old build.
-                    c.first().is_some_and(|a| !a.ends_with("sh")) && c.iter().any(|a| a == "run")
-                })
-                .collect();
-            let holders = lock_holders(&self.home.lock_file());
-            let st = cli(&self.exe, self.home.path(), &["status", "--json"]);
-            let v = if st.code == Some(0) { st.json() } else { Value::Null };
-            seen = format!("gateways {gateways:?}, lock holders {holders:?}, status {v}");
-            gateways.len() == 1
-                && holders == gateways
-                && v["state"] == json!("running")
-                && v["version"] == json!(version)
-                && v["pid"] == json!(gateways[0])
-        });
-        assert!(ok, "expected exactly one gateway running {version}: {seen}\n{}", self.home.ledger_text());
-        assert_eq!(version_of(&self.exe), version, "the installed executable");
-    }
-}
 
 #[track_caller]
 fn assert_failed_and_back(r: &Rig, out: &CliOutput, what: &str, reason: &str) {
@@ -314,8 +182,52 @@ fn two_updates_at_once_never_swap_twice() {
     assert_cli(&lost, 1, "the concurrent update");
     assert!(lost.text_lc().contains("another update is in progress"), "{lost:#?}");
     assert_eq!(r.home.events("update_started").len(), 1, "{}", r.home.ledger_text());
+    // Issue 22, item 7: the refusal is in the ledger, with its reason and who asked.
+    let refused = r.home.events("update_refused");
+    assert_eq!(refused.len(), 1, "{}", r.home.ledger_text());
+    assert!(
+        refused[0]["reason"].as_str().is_some_and(|w| w.contains("another update is in progress")),
+        "{}",
+        refused[0]
+    );
+    assert_eq!(refused[0]["requester"]["pid"], json!(lost.pid), "{}", refused[0]);
+    assert_eq!(refused[0]["requester"]["channel"], json!("cli"), "{}", refused[0]);
     let to = r.txn()["to"].as_str().unwrap().to_owned();
     r.assert_one_gateway(&to);
+}
+
+/// Issue 22, item 7: an `update` while a `restart` drains a run joins nothing stale: it waits
+/// for that restart (whose successor is the old build, spawned before the swap), then restarts
+/// onto the new version. Both exit 0 and the new version runs. (Before: the update saw the old
+/// version come back and rolled back with exit 1, "new incarnation reports version 0.1.0".)
+#[test]
+fn update_during_a_restart_waits_for_it_then_updates() {
+    let (r, g) = rig("");
+    let config = "drain_timeout_s = 30\n[agent]\nbackend = \"echo\"\ndelay_ms = 2500\n[update]\nprobation_s = 1\n";
+    write_config(r.home.path(), config);
+    // The config is read at start: restart once so the gateway has the run delay.
+    let re = cli_with(&r.exe, r.home.path(), &["restart"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
+    assert_cli(&re, 0, "restart to load the config");
+    let b = r.release("9.9.9");
+    let run = send_bg(g.listen(), "B", "in flight");
+    wait_active(g.listen(), 1);
+    let (exe, home, tag) = (r.exe.clone(), r.home.path().to_path_buf(), r.sw.tag().to_owned());
+    let restart = std::thread::spawn(move || {
+        cli_with(&exe, &home, &["restart", "--timeout", "30"], &[(TAG_VAR, tag.as_str())], UPDATE_LIMIT)
+    });
+    // The restart's successor (the old build) is spawned and waits for the drain.
+    must_wait_until(Duration::from_secs(10), "the restart's successor", || {
+        !r.home.events("successor_started").is_empty() && r.home.state().as_deref() == Some("draining")
+    });
+    let out = r.update(&["--from", b.to_str().unwrap(), "--timeout", "30"]);
+    let re = restart.join().unwrap();
+    let (resp, _) = run.join().unwrap();
+    assert_eq!(resp.expect("the run's connection").status, 200, "the run is drained, not cut");
+    assert_cli(&re, 0, "the restart");
+    assert_cli(&out, 0, "the update during the restart");
+    assert!(out.stdout.contains(&format!("updated {} → 9.9.9", r.version)), "{out:#?}");
+    assert_eq!(r.txn()["phase"], json!("committed"), "{}", r.txn());
+    r.assert_one_gateway("9.9.9");
 }
 
 /// Issue 22, item 6: `update --rollback` on a stopped gateway swaps the binary back and starts
@@ -340,6 +252,39 @@ fn rollback_by_hand_of_a_stopped_gateway_does_not_start_it() {
         cli_with(&r.exe, r.home.path(), &["start", "--listen", "127.0.0.1:0"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
     assert_cli(&start, 0, "start after the rollback");
     r.assert_one_gateway(&r.version);
+}
+
+/// Issue 22, item 7 (found by tests/overlap.rs): a `stop` while `update --rollback` restarts
+/// onto the old binary is the operator's: the old binary stays in place, nothing is started,
+/// and the rollback says so with exit 0. (Before: exit 1, "the rollback to 0.1.0 failed", and
+/// the transaction recorded `failed` with the old binary installed.)
+#[test]
+fn stop_during_a_rollbacks_restart_keeps_it_down() {
+    let (r, g) = rig("");
+    let config = "drain_timeout_s = 30\n[agent]\nbackend = \"echo\"\ndelay_ms = 2500\n[update]\nprobation_s = 1\n";
+    write_config(r.home.path(), config);
+    let b = r.release("9.9.9");
+    assert_cli(&r.update(&["--from", b.to_str().unwrap(), "--timeout", "30"]), 0, "update");
+    r.assert_one_gateway("9.9.9");
+    let run = send_bg(g.listen(), "B", "in flight");
+    wait_active(g.listen(), 1);
+    let (exe, home, tag) = (r.exe.clone(), r.home.path().to_path_buf(), r.sw.tag().to_owned());
+    let rollback = std::thread::spawn(move || {
+        cli_with(&exe, &home, &["update", "--rollback", "--timeout", "30"], &[(TAG_VAR, tag.as_str())], UPDATE_LIMIT)
+    });
+    // The rollback swapped the old binary back and its restart drains the run.
+    wait_state(&r.home, "draining", Duration::from_secs(20));
+    let stop = cli_with(&r.exe, r.home.path(), &["stop", "--timeout", "30"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
+    assert_cli(&stop, 0, "stop during the rollback's restart");
+    let back = rollback.join().unwrap();
+    let (resp, _) = run.join().unwrap();
+    assert_eq!(resp.expect("the run's connection").status, 200, "the run is drained, not cut");
+    assert!(wait_until(READY, || r.sw.tagged().is_empty()), "something is still running: {:?}", r.sw.tagged());
+    assert!(!r.home.lock_held(), "the gateway runs again after the stop\n{}", r.home.ledger_text());
+    assert_cli(&back, 0, "the rollback whose restart a stop overtook");
+    assert!(back.text_lc().contains("stays stopped"), "{back:#?}");
+    assert_eq!(r.txn()["phase"], json!("rolled_back"), "{}", r.txn());
+    assert_eq!(version_of(&r.exe), r.version, "the old binary is back in place");
 }
 
 /// Issue 22, item 6: a `stop` during an update's probation is not a failed probation: nothing

@@ -12,6 +12,7 @@
 //! - [`marker`]: planned-stop and takeover markers that are obeyed only by the incarnation
 //!   they name, and healed by whoever finds them stale.
 //! - [`desired`]: the operator's intent (run or stopped), binding on every starter.
+//! - [`overlap`]: pure decisions for verbs that overlap (a swap meeting a restart).
 //! - [`exit`]: the one intent → exit-code table.
 //! - [`supervisor`]: who supervises us (systemd, launchd, container, override, none).
 //! - [`ledger`]: the append-only lifecycle ledger.
@@ -29,6 +30,7 @@ pub mod identity;
 pub mod ledger;
 pub mod lock;
 pub mod marker;
+pub mod overlap;
 pub mod platform;
 pub mod probe;
 pub mod procfs;

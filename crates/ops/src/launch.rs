@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 use crate::Context;
 use gatewarden_control::{Client, Endpoint};
 use gatewarden_lifecycle::desired::{self, Starter};
+use gatewarden_lifecycle::ledger::{Ledger, Writer};
 use gatewarden_lifecycle::platform::spawn;
 use gatewarden_lifecycle::{ExitIntent, Home};
+use std::net::SocketAddr;
 
 use crate::owner::{self, ServiceManager};
 use crate::presence::{Presence, presence};
@@ -59,14 +61,28 @@ pub fn launch(
             return Ok(ExitCode::from(1));
         }
     };
-    if let Some(code) = already_running(&home, report)? {
+    let deadline = Instant::now() + Duration::from_secs(timeout_s);
+    if let Some(code) = already_running(&home, report, deadline)? {
         return Ok(code);
+    }
+    // The gateway itself fails fast on a taken port (a manager must park, not loop); the
+    // operator's start waits for one on its way out, within its timeout (issue 22, item 3).
+    let installed = owner::installed(&home);
+    let addr = listen_address(&home, listen.filter(|_| installed.is_none()));
+    if let Some(addr) = addr
+        && let Err(why) = wait_for_port(addr, deadline)
+    {
+        eprintln!("{why}");
+        let ledger = Ledger::new(home.ledger(), Writer::current());
+        let code = ExitIntent::FatalConfig.code();
+        let _ = ledger.append("start_refused", serde_json::json!({"code": code, "reason": why, "by": "start"}));
+        return Ok(ExitCode::from(code));
     }
     // An explicit start clears a supervisor's park: the operator has decided.
     let _ = gatewarden_service::supervise::clear_parked_state(home.dir());
     // Every lifecycle verb goes through whoever owns the gateway: with a service installed for
     // this home, its manager starts it (and will supervise it).
-    if let Some(m) = owner::installed(&home) {
+    if let Some(m) = installed {
         return start_via_manager(
             &home,
             m.as_ref(),
@@ -120,7 +136,6 @@ pub fn launch(
         }
     });
 
-    let deadline = Instant::now() + Duration::from_secs(timeout_s);
     loop {
         match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(line) => {
@@ -142,7 +157,7 @@ pub fn launch(
                 // Lost the lock race to a concurrent start (issue 22, item 7): that gateway
                 // runs, which is what was asked.
                 if status.code() == Some(i32::from(ExitIntent::FatalConfig.code()))
-                    && let Some(code) = already_running(&home, report)?
+                    && let Some(code) = already_running(&home, report, deadline)?
                 {
                     return Ok(code);
                 }
@@ -164,9 +179,49 @@ pub fn launch(
     }
 }
 
+/// The address the gateway will listen on: `--listen`, else the config's (none when the config
+/// cannot be read: the gateway reports that itself).
+fn listen_address(home: &Home, listen: Option<&str>) -> Option<SocketAddr> {
+    match listen {
+        Some(l) => l.parse().ok(),
+        None => gatewarden_config::Config::load(home.dir()).ok().map(|c| c.listen),
+    }
+}
+
+/// Waits until `addr` can be bound, saying once who holds it; past `until`, the refusal names
+/// the holder. Only "address in use" is waited for: any other failure is the gateway's to report.
+fn wait_for_port(addr: SocketAddr, until: Instant) -> Result<(), String> {
+    if addr.port() == 0 {
+        return Ok(());
+    }
+    let mut said = false;
+    loop {
+        match std::net::TcpListener::bind(addr) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                let holders = gatewarden_lifecycle::platform::port_listeners(addr.port());
+                let who = if holders.is_empty() {
+                    "a process this user cannot inspect".to_owned()
+                } else {
+                    holders.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+                };
+                if Instant::now() >= until {
+                    return Err(format!("cannot listen on {addr}: the port is taken by {who}"));
+                }
+                if !said {
+                    eprintln!("waiting for {addr}: the port is held by {who}");
+                    said = true;
+                }
+                std::thread::sleep(Duration::from_millis(100).min(until.saturating_duration_since(Instant::now())));
+            }
+            _ => return Ok(()),
+        }
+    }
+}
+
 /// `Some(0)` with the "already running" line when a gateway runs (or holds the lock silently).
-fn already_running(home: &Home, report: Report) -> crate::Result<Option<ExitCode>> {
-    match settled_presence(home) {
+/// One on its way out is waited for until `until` (`settled_presence`).
+fn already_running(home: &Home, report: Report, until: Instant) -> crate::Result<Option<ExitCode>> {
+    match settled_presence(home, until) {
         Settled::Answering(s) => {
             report.line(&format!(
                 "already running: pid {} on http://{}",
@@ -245,8 +300,12 @@ enum Settled {
 /// (a gateway still starting, or a SIGKILLed one whose threads are still exiting).
 const SETTLE: Duration = Duration::from_secs(3);
 
-fn settled_presence(home: &Home) -> Settled {
-    let deadline = Instant::now() + SETTLE;
+/// A gateway that answers while it leaves (the drain of a stop or of a restart) is not running:
+/// it is waited for, until `until`, to go (then this start starts one) or to hand over to a
+/// successor that answers (issue 22, item 7: a `start` right after a `stop` said "already
+/// running" of the gateway that stop was draining, and nothing ran afterwards).
+fn settled_presence(home: &Home, until: Instant) -> Settled {
+    let mut deadline = Instant::now() + SETTLE;
     let ep = Endpoint::for_home(home.dir());
     loop {
         match presence(home, "start") {
@@ -256,7 +315,10 @@ fn settled_presence(home: &Home) -> Settled {
         }
         let left = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(500));
         if let Ok(s) = Client::connect(&ep, left).and_then(|mut c| c.status(left)) {
-            return Settled::Answering(Box::new(s));
+            if !gatewarden_lifecycle::overlap::leaving(s.state.as_deref()) || Instant::now() >= until {
+                return Settled::Answering(Box::new(s));
+            }
+            deadline = Instant::now() + SETTLE;
         }
         if Instant::now() >= deadline {
             return gatewarden_lifecycle::holder::foreign_holder(home).map_or(Settled::Silent, Settled::Foreign);

@@ -45,3 +45,13 @@ pub fn relay_to_detached_orchestrator(value: &str) -> Option<ExitCode> {
     let status = cmd.spawn().ok()?.wait().ok()?;
     Some(ExitCode::from(status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(1)))
 }
+
+/// The pid of the command the operator ran: in the detached orchestrator, the first process,
+/// which relays its exit code; the ledger names it as the requester (issue 22, item 7).
+pub fn requester_pid() -> u32 {
+    let me = std::process::id();
+    match std::env::var_os(ORCHESTRATOR_ENV) {
+        Some(_) => gatewarden_lifecycle::platform::parent_pid(me).unwrap_or(me),
+        None => me,
+    }
+}

@@ -522,6 +522,19 @@ impl Work {
                     then: None,
                 }
             }
+            // Already leaving (a drain for a stop or a restart): the main loop no longer takes
+            // requests, so the reply says what happens instead, and the ledger has it (issue 22,
+            // item 7: "restarting…" was answered, and nothing was recorded or done).
+            Command::Restart if gw.phase.get() != gatewarden_lifecycle::records::GatewayState::Running => {
+                let joined = if self.restarting.load(Ordering::Relaxed) { "restart" } else { "stop" };
+                let who = json!({"pid": requester.pid, "argv": requester.argv, "channel": requester.channel});
+                gw.record("restart_requested", json!({"requester": who, "reason": "restart", "joined": joined}));
+                let reply = match joined {
+                    "restart" => "a restart is already under way",
+                    _ => "the gateway is stopping; it will not restart (start it again with `gatewarden start`)",
+                };
+                CommandOutcome { reply: reply.into(), then: None }
+            }
             Command::Restart => {
                 let note = json!({"chat_id": chat_id, "user_id": user_id, "platform": platform, "requested_at": timefmt::now(), "incarnation": gw.me.id});
                 if let Err(e) = fsio::write_json(&gw.home.dir().join(RESTART_NOTIFY_FILE), &note) {

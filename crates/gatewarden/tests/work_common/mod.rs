@@ -7,6 +7,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
+
+/// The update rig (private binary copy, patched releases): tests/update.rs, tests/overlap.rs.
+#[cfg(target_os = "linux")]
+pub mod rig;
 #[allow(unused_imports)]
 pub use gatewarden_testkit::api::{self, Api, current_gateway, header, wait_new_ready, write_config};
 #[allow(unused_imports)]
@@ -138,4 +142,27 @@ pub fn wait_adapter(home: &TempHome, state: &str, timeout: Duration) -> Value {
     });
     assert!(ok, "adapter not {state} within {timeout:?}: {last}");
     last
+}
+
+/// The seeded soaks' generator (tests/soak.rs, tests/overlap.rs): xorshift64*, enough to pick
+/// operations and gaps, and replayable from the seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A soak's seed: `var` when set (a replay), else from the clock; never 0 (xorshift's fixed point).
+pub fn soak_seed(var: &str) -> u64 {
+    std::env::var(var).ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1
+    })
 }

@@ -229,8 +229,15 @@ impl<'h> Ladder<'h> {
     }
 
     /// Appends this restart's `restart_result` (the one place that does).
-    fn record_result(&self, fields: Value) {
+    fn record_result(&self, mut fields: Value) {
         self.recorded.set(true);
+        fields["requester_pid"] = json!(crate::orchestrator::requester_pid());
+        // A success names the incarnation it ended with, whichever way it got there (a start
+        // with nothing running, a recovery): the ledger shows which gateway ran.
+        if fields["ok"] == json!(true) && fields.get("new").is_none_or(Value::is_null) {
+            let now = status_of(&Endpoint::for_home(self.home.dir()), Duration::from_secs(1)).ok();
+            fields["new"] = json!(now.and_then(|s| s.incarnation));
+        }
         let _ = self.ledger.append("restart_result", fields);
     }
 

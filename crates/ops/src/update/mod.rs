@@ -32,7 +32,7 @@ use crate::bail;
 use gatewarden_control::{Endpoint, StatusReport};
 use gatewarden_lifecycle::desired::{self, Refusal, Starter};
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
-use gatewarden_lifecycle::{ExitIntent, Home, InstanceLock, VERSION, fsio, timefmt};
+use gatewarden_lifecycle::{ExitIntent, Home, InstanceLock, VERSION, fsio, overlap, timefmt};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::Digest;
@@ -140,6 +140,8 @@ fn transact(home: &Home, args: UpdateArgs) -> crate::Result<ExitCode> {
         }
         let who = read_txn(&home).map(|t| format!(" (pid {}, {} → {}, {:?})", t.updater_pid, t.from, t.to, t.phase));
         let why = format!("another update is in progress{}", who.unwrap_or_default());
+        let ledger = Ledger::new(home.ledger(), Writer::current());
+        let _ = ledger.append("update_refused", json!({"reason": why, "requester": requester(args.chat.is_some())}));
         if args.json {
             println!("{}", json!({"ok": false, "changed": false, "reason": why}));
         }
@@ -236,6 +238,8 @@ struct Updater<'h> {
     /// Progress goes to stderr though this updater prints no JSON (a leftover transaction
     /// finished before an `update --json`, whose stdout is the one JSON outcome).
     text_to_stderr: bool,
+    /// When the executable was last swapped (either way), for [`Updater::restart_onto_swap`].
+    swapped: std::cell::Cell<Option<Instant>>,
 }
 
 impl<'h> Updater<'h> {
@@ -248,7 +252,46 @@ impl<'h> Updater<'h> {
             t0: Instant::now(),
             chat: None,
             text_to_stderr: false,
+            swapped: std::cell::Cell::new(None),
         }
+    }
+
+    /// A restart or start already under way may bring up an incarnation of the file in place
+    /// now: the swap waits for it to end (bounded by `--timeout`; past that the check in
+    /// [`Self::restart_onto_swap`] still holds). Issue 22, item 7.
+    fn await_restart_under_way(&self) {
+        let ep = Endpoint::for_home(self.home.dir());
+        let until = Instant::now() + Duration::from_secs(self.timeout_s);
+        let mut said = false;
+        while Instant::now() < until {
+            let in_flight = desired::in_flight_alive(&desired::current(self.home.dir()));
+            let state = status_of(&ep, Duration::from_millis(500)).ok().and_then(|s| s.state);
+            if !overlap::restart_under_way(state.as_deref(), in_flight) {
+                return;
+            }
+            if !std::mem::replace(&mut said, true) {
+                self.say("waiting for the restart under way to finish");
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// The restart after a swap: when the ladder joined a restart that was under way before
+    /// the swap, the incarnation it ends with runs the replaced file; that one is restarted
+    /// once more, onto the file that is there now (`overlap::predates_swap`).
+    fn restart_onto_swap(&self, want: &str, timeout_s: u64) -> Result<StatusReport, String> {
+        let s = restart_verified(self.home, timeout_s)?;
+        let since = self.swapped.get().map(|at| at.elapsed());
+        if !since.is_some_and(|d| overlap::predates_swap(s.uptime_s, d, s.version.as_deref(), want)) {
+            return Ok(s);
+        }
+        self.say(&format!(
+            "incarnation {} ({}) began before the swap (a restart under way); restarting it onto {want}",
+            s.incarnation.unwrap_or_default(),
+            s.version.unwrap_or_default()
+        ));
+        let _ = self.ledger.append("update_restart_again", json!({"want": want}));
+        restart_verified(self.home, timeout_s)
     }
 
     fn save(&self, t: &Txn) {
@@ -273,7 +316,8 @@ impl<'h> Updater<'h> {
 
     /// A refusal before anything changed: exit 1 with the reason.
     fn refuse(&self, why: &str) -> crate::Result<ExitCode> {
-        let _ = self.ledger.append("update_refused", json!({"reason": why}));
+        let _ =
+            self.ledger.append("update_refused", json!({"reason": why, "requester": requester(self.chat.is_some())}));
         if self.json {
             println!("{}", json!({"ok": false, "changed": false, "reason": why}));
         }
@@ -354,9 +398,11 @@ impl<'h> Updater<'h> {
             "update_started",
             json!({"from": t.from, "to": t.to, "target": t.target, "sha256": t.to_sha256, "chat": t.chat}),
         );
+        self.await_restart_under_way();
         if let Err(e) = swap_in(&staged.path, &target) {
             return Ok(self.fail_before_restart(&mut t, &format!("cannot swap the executable: {e}")));
         }
+        self.swapped.set(Some(Instant::now()));
         t.phase = Phase::Swapped;
         self.save(&t);
         self.say(&format!("swapped {} → {}", t.from, t.to));
@@ -375,7 +421,7 @@ impl<'h> Updater<'h> {
     fn restart_and_probe(&self, mut t: Txn) -> ExitCode {
         t.phase = Phase::Restarting;
         self.save(&t);
-        let new = restart_verified(self.home, self.timeout_s);
+        let new = self.restart_onto_swap(&t.to, self.timeout_s);
         let verdict = new.and_then(|s| self.probation(&t, s));
         match verdict {
             Ok(s) => {
@@ -465,11 +511,21 @@ impl<'h> Updater<'h> {
         let answering = status_of(&Endpoint::for_home(self.home.dir()), Duration::from_millis(500)).ok();
         self.end_candidates(t, answering.and_then(|s| s.pid));
         swap_in(&t.previous, &t.target).map_err(|e| format!("cannot swap the old binary back: {e}"))?;
+        self.swapped.set(Some(Instant::now()));
         if let Err(r) = crate::intent::may_start(self.home, "rollback", Starter::Resume) {
             self.say(&format!("{} is back in place; not starting it: {}", t.from, r.describe()));
             return Ok(None);
         }
-        let s = restart_verified(self.home, self.timeout_s.max(30))?;
+        let s = match self.restart_onto_swap(&t.from, self.timeout_s.max(30)) {
+            Ok(s) => s,
+            // A stop recorded during the restart: the old file is in place, and the gateway
+            // stays down as the operator asked; not a failed rollback (issue 22, item 7).
+            Err(_) if let Some(r) = stopped(self.home) => {
+                self.say(&format!("{} is back in place; not starting it: {}", t.from, r.describe()));
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
         match s.version.as_deref() {
             Some(v) if v == t.from => Ok(Some(s)),
             v => Err(format!("after the swap back the gateway reports version {}", v.unwrap_or("?"))),
@@ -628,7 +684,8 @@ impl<'h> Updater<'h> {
         let _ = self.ledger.append(
             "update_result",
             json!({"ok": phase == Phase::Committed, "phase": phase, "from": t.from, "to": t.to, "reason": t.reason,
-                   "incarnation": t.incarnation, "elapsed_ms": t.elapsed_ms}),
+                   "incarnation": t.incarnation, "elapsed_ms": t.elapsed_ms,
+                   "requester_pid": crate::orchestrator::requester_pid()}),
         );
         if self.json {
             println!("{}", json!({"ok": ok, "update": t}));
@@ -727,6 +784,8 @@ impl<'h> Updater<'h> {
     /// `update --rollback`: the last update's previous binary back in place, verified running.
     fn rollback_by_hand(&self) -> crate::Result<ExitCode> {
         let nothing = |why: String| {
+            // Every outcome is in the ledger, a refusal too (issue 22, item 7).
+            let _ = self.ledger.append("update_refused", json!({"reason": why, "requester": requester(false)}));
             if self.json {
                 println!("{}", json!({"ok": false, "changed": false, "reason": why}));
             }
@@ -747,6 +806,7 @@ impl<'h> Updater<'h> {
             return nothing(format!("the last known good binary {} is gone", t.previous.display()));
         }
         self.say(&format!("rolling back {} → {}", t.to, t.from));
+        self.await_restart_under_way();
         t.chat = None;
         let why = "rolled back by hand (`update --rollback`)".to_owned();
         match self.revert(&t) {
@@ -839,6 +899,13 @@ impl<'h> Updater<'h> {
             _ => self.roll_back(t, "no gateway became ready after the updater died"),
         }
     }
+}
+
+/// Who asked, for `update_refused`: the command the operator ran (or the gateway's, for chat
+/// `/update`), on its channel.
+fn requester(chat: bool) -> serde_json::Value {
+    let r = gatewarden_control::Requester::current(if chat { "chat" } else { "cli" });
+    json!({"pid": crate::orchestrator::requester_pid(), "argv": r.argv, "channel": r.channel})
 }
 
 /// The operator's stop in force, if any: an update starts nothing after it.
