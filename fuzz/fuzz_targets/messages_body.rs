@@ -4,7 +4,7 @@
 
 use axum::Json;
 use gatewarden_runtime::http::fuzzing::MessageIn;
-use gatewarden_runtime::work::parse_command;
+use gatewarden_runtime::commands::parse_command;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -45,30 +45,6 @@ fn echo_sync_and_async_round_trip() {
     assert!(!g.stderr().contains("panicked"), "{}", g.stderr_tail(20));
 }
 
-/// `/help` and `/status` are answered at once as commands; `/status` names this incarnation.
-#[test]
-fn chat_commands_help_and_status() {
-    let home = TempHome::new();
-    let sw = Sweeper::new();
-    let g = gateway(&home, &sw, ECHO);
-    let api = Api::new(g.listen());
-    let inc = incarnation_of(&home, g.pid()).expect("started event");
-
-    let v = api.send("c", "anyone", "/help").unwrap().json().unwrap();
-    assert_eq!(v["command"], json!(true), "{v}");
-    let help = v["reply"].as_str().unwrap_or_default();
-    for c in ["/status", "/restart", "/stop", "/help"] {
-        assert!(help.contains(c), "/help should list {c}: {help:?}");
-    }
-    let v = api.send("c", "anyone", "/status").unwrap().json().unwrap();
-    let st = v["reply"].as_str().unwrap_or_default();
-    assert!(st.contains(&inc) && st.contains("running"), "/status should name incarnation {inc} and `running`: {st:?}");
-    // Commands are not runs: nothing was counted.
-    let m = api.get("/metrics").unwrap();
-    assert_eq!(m.status, 200);
-    assert!(m.text().contains("gatewarden"), "metrics: {}", m.text());
-}
-
 /// `POST /v1/messages` and friends on `/metrics`: runs by outcome and async accepted show up.
 #[test]
 fn metrics_count_runs_and_async_accepted() {
@@ -168,38 +144,6 @@ fn auth_bearer_token_required_when_configured() {
     assert_eq!(Api::new(lo).with_token("t0k-0123456789abcdef").get("/v1/status").unwrap().status, 200);
 }
 
-/// With a token set, commands are no longer open: `/restart` and `/stop` need an admin (403 for
-/// others); an admin's `/stop` stops the gateway (exit 0). `/help` and `/status` are not
-/// admin commands (protocol §5: "/restart and /stop need an admin").
-#[test]
-fn commands_need_an_admin_when_a_token_is_set() {
-    let home = TempHome::new();
-    let sw = Sweeper::new();
-    let mut g = gateway(&home, &sw, "api_token = \"tok-0123456789abcd\"\nadmins = [\"alice\"]\n");
-    let api = Api::new(g.listen()).with_token("tok-0123456789abcd");
-    for cmd in ["/restart", "/stop"] {
-        let r = api.send("chat", "mallory", cmd).unwrap();
-        assert_eq!(r.status, 403, "{cmd} from a non-admin: {} {}", r.status, r.text());
-    }
-    assert!(g.alive() && home.events("restart_requested").is_empty() && home.events("stop_requested").is_empty());
-    let mut non_admin = Vec::new();
-    for cmd in ["/help", "/status"] {
-        let r = api.send("chat", "mallory", cmd).unwrap();
-        if r.status != 200 {
-            non_admin.push(format!("{cmd} → {} {}", r.status, r.text()));
-        }
-    }
-    let r = api.send("chat", "alice", "/stop").unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.json().unwrap()["reply"], json!("stopping…"));
-    let st = g.wait_exit(EXIT);
-    assert_exit_code(&g, st, 0, "/stop from an admin");
-    let req = home.events("stop_requested");
-    assert_eq!(req.len(), 1, "{}", home.ledger_text());
-    assert_eq!(req[0]["requester"]["channel"], json!("chat"), "{}", req[0]);
-    assert!(non_admin.is_empty(), "/help and /status should not need an admin: {non_admin:?}");
-}
-
 /// An unknown key → exit 78 naming `config.toml`, the line and the key; a bad value too.
 #[test]
 fn config_errors_exit_78_naming_file_line_and_key() {
@@ -297,7 +241,9 @@ fn start_on_a_taken_port_fails_instead_of_running_without_it() {
     let sw = Sweeper::new();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
-    let out = cli_tagged(&home, &sw, &["start", "--listen", &addr], Duration::from_secs(30));
+    // A holder that stays past `start`'s timeout (issue 22 item 3: a port on its way out is
+    // waited for within it; host_env.rs covers the wait).
+    let out = cli_tagged(&home, &sw, &["start", "--listen", &addr, "--timeout", "2"], Duration::from_secs(30));
     assert_cli(&out, 78, "start on a taken port");
     assert!(out.text_lc().contains("in use") || out.text_lc().contains(&addr), "{out:?}");
     assert!(!home.lock_held());

@@ -11,7 +11,7 @@ use gatewarden_control::proto::{Op, StopReason};
 use gatewarden_control::{Client, Endpoint, Requester};
 use gatewarden_lifecycle::Home;
 use gatewarden_lifecycle::records::read_state;
-use gatewarden_runtime::work::{Command, parse_command};
+use gatewarden_runtime::commands::{Command, parse_command};
 use serde_json::{Value, json};
 
 pub fn send(home: &Home, text: &str, chat: &str, user: &str, is_async: bool) -> crate::Result<ExitCode> {

@@ -8,7 +8,7 @@
 //! - `/readyz` is 200 only on the active, and a standby answers the message APIs with 503 and
 //!   the active's address ([`standby_gate`]; docs/protocol.md);
 //! - the journal (messages, sessions, outbox, inbound dedup ids) is the cluster's, in
-//!   PostgreSQL ([`Settings::store`], crates/cluster/src/store.rs): every write carries the
+//!   PostgreSQL ([`ClusterSettings::store`], crates/cluster/src/store.rs): every write carries the
 //!   epoch of the driver's snapshot, and a write the fence refuses demotes at once;
 //! - lifecycle ledger events are copied to the store, fenced by the epoch;
 //! - after the drain the lease is released ([`release`]), so a standby takes over within one
@@ -21,11 +21,11 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Json, Response};
-use gatewarden_cluster::{Change, Holder, PgLease, PgStore, Timing};
-use gatewarden_config::ClusterConfig;
+use gatewarden_cluster::{Change, Holder, PgLease, Timing};
 use serde_json::json;
 
-use crate::gateway::Gateway;
+use crate::app::App;
+use crate::options::{ClusterSettings, host_name};
 use crate::platforms::RoleEvent;
 
 /// How long a stopping active waits for its release to reach the store.
@@ -33,27 +33,10 @@ const RELEASE_BUDGET: Duration = Duration::from_secs(3);
 /// Response header naming the active's API address on a standby's 503.
 pub const ACTIVE_HEADER: &str = "x-gatewarden-active";
 
-/// `[cluster]` with its password resolved (at start, so a missing one is a config error).
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub config: ClusterConfig,
-    pub password: Option<String>,
-    /// The cluster's journal; its writes take their epoch from the driver once [`start`]ed.
-    pub store: Option<Arc<PgStore>>,
-}
-
-impl Settings {
-    pub fn new(config: ClusterConfig, password: Option<String>) -> Result<Settings, String> {
-        let app = format!("gatewarden journal pid {}", std::process::id());
-        let store = PgStore::start(&config.store_url(), password.as_deref(), &config.name, &app)
-            .map_err(|e| format!("[cluster] store: {e}"))?;
-        Ok(Settings { config, password, store: Some(Arc::new(store)) })
-    }
-}
-
 /// Starts competing for the lease. Called once the HTTP address is known (it goes into the
 /// holder identity, for standbys to point clients at).
-pub fn start(gw: &Arc<Gateway>, s: &Settings) -> Result<(), String> {
+pub fn start(app: &Arc<App>, s: &ClusterSettings) -> Result<(), String> {
+    let gw = &app.gw;
     let c = &s.config;
     let timing = Timing::new(c.lease_ttl(), c.renew_interval()).map_err(|e| format!("[cluster]: {e}"))?;
     let backend = PgLease::new(&c.store_url(), s.password.as_deref(), &c.name)
@@ -76,7 +59,7 @@ pub fn start(gw: &Arc<Gateway>, s: &Settings) -> Result<(), String> {
         return Err("cluster already started".into());
     }
     // The adapters run on the active only (platforms.rs).
-    gw.work.platforms().follow_role(gw, s)?;
+    app.platforms.follow_role(gw, s)?;
     crate::info!(
         "cluster {}: standby, competing for the lease (ttl {}s, renewal every {}s)",
         c.name,
@@ -87,25 +70,26 @@ pub fn start(gw: &Arc<Gateway>, s: &Settings) -> Result<(), String> {
         "cluster_joined",
         json!({"name": c.name, "lease_ttl_s": c.lease_ttl_s, "renew_interval_s": c.renew_interval_s}),
     );
-    let gw = Arc::clone(gw);
+    let app = Arc::clone(app);
     tokio::spawn(async move {
+        let gw = &app.gw;
         let mut started = false;
         while let Some(change) = changes.recv().await {
             match change {
                 Change::Promoted { epoch, since } => {
                     crate::info!("cluster: active, epoch {epoch}");
                     gw.record("cluster_promoted", json!({"epoch": epoch, "since": since}));
-                    gw.work.platforms().role_changed(RoleEvent::Promoted { epoch });
+                    app.platforms.role_changed(RoleEvent::Promoted { epoch });
                     if started {
-                        gw.work.resume_queued(Arc::clone(&gw));
+                        app.work.resume_queued(Arc::clone(gw));
                     } else {
                         started = true;
-                        gw.work.start_worker(Arc::clone(&gw));
+                        app.work.start_worker(Arc::clone(gw));
                     }
                 }
                 Change::Demoted { epoch, reason, at, fence_refused } => {
                     // Intake stopped already (the receive budget is zero); now close them.
-                    gw.work.platforms().role_changed(RoleEvent::Demoted);
+                    app.platforms.role_changed(RoleEvent::Demoted);
                     crate::warn!(
                         "cluster: demoted from epoch {epoch} ({}){}",
                         reason.as_str(),
@@ -131,28 +115,21 @@ pub fn start(gw: &Arc<Gateway>, s: &Settings) -> Result<(), String> {
 }
 
 /// Gives the lease up after the drain (a no-op without `[cluster]` or when not active).
-pub async fn release(gw: &Gateway) {
-    let Some(h) = gw.cluster.get() else { return };
+pub async fn release(app: &App) {
+    let Some(h) = app.cluster.get() else { return };
     // The credentials first: the adapters closed in the drain, and the successor takes them at
     // its promotion.
-    gw.work.platforms().release_leases(RELEASE_BUDGET).await;
+    app.platforms.release_leases(RELEASE_BUDGET).await;
     let was = h.snapshot();
     h.release(RELEASE_BUDGET).await;
     if was.is_active_at(Instant::now()) {
-        gw.record("cluster_released", json!({"epoch": was.epoch}));
+        app.record("cluster_released", json!({"epoch": was.epoch}));
     }
-}
-
-/// The `cluster` object of the status report, if clustered.
-pub fn status_json(gw: &Gateway) -> Option<serde_json::Value> {
-    let mut v = gw.cluster.get().map(|h| h.snapshot().to_json(Instant::now()))?;
-    v["journal"] = json!(gw.work.journal.describe());
-    Some(v)
 }
 
 /// A standby answers everything but `/v1/status` and `/metrics` with 503 and the active's
 /// address (header [`ACTIVE_HEADER`] and the JSON body); it does not forward.
-pub async fn standby_gate(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
+pub async fn standby_gate(State(gw): State<Arc<App>>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     if gw.is_active() || path == "/v1/status" || path == "/metrics" {
         return next.run(req).await;
@@ -176,17 +153,4 @@ pub async fn standby_gate(State(gw): State<Arc<Gateway>>, req: Request, next: Ne
         resp.headers_mut().insert(ACTIVE_HEADER, v);
     }
     resp
-}
-
-/// This machine's name, for the holder identity: `$GATEWARDEN_HOST`, else the kernel's or
-/// `/etc/hostname`, else the environment (`COMPUTERNAME` on Windows).
-pub(crate) fn host_name() -> String {
-    let from_env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-    let from_file = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty());
-    from_env("GATEWARDEN_HOST")
-        .or_else(|| from_file("/proc/sys/kernel/hostname"))
-        .or_else(|| from_file("/etc/hostname"))
-        .or_else(|| from_env("COMPUTERNAME"))
-        .or_else(|| from_env("HOSTNAME"))
-        .unwrap_or_else(|| "unknown".into())
 }

@@ -8,6 +8,10 @@ use std::time::Duration;
 use gatewarden_lifecycle::records::GatewayState;
 use tokio::sync::{Notify, watch};
 
+/// How long cancelled runs get to clean up after the drain budget is spent (the drain in
+/// lib.rs, and the HTTP server's own leftovers in http/serve.rs).
+pub const CANCEL_GRACE: Duration = Duration::from_secs(5);
+
 /// Whether `from → to` is a legal step. Startup may abort straight to stopping.
 pub fn allowed(from: GatewayState, to: GatewayState) -> bool {
     use GatewayState::*;

@@ -1,4 +1,5 @@
-//! The running gateway's shared state, and the only code that writes its records.
+//! The running gateway's shared state, and the only code that writes its records: the pid
+//! record, the state file, the ledger, the desired state on an operator's stop, and the exit.
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Instant, SystemTime};
@@ -6,10 +7,12 @@ use std::time::{Instant, SystemTime};
 use gatewarden_control::StatusReport;
 use gatewarden_lifecycle::ledger::Ledger;
 use gatewarden_lifecycle::marker::SelfIdentity;
-use gatewarden_lifecycle::records::{GatewayState, PidRecord, StateRecord};
-use gatewarden_lifecycle::{Home, Supervisor, fsio, timefmt};
+use gatewarden_lifecycle::records::{GatewayState, PidRecord, StateRecord, read_pid_record};
+use gatewarden_lifecycle::{Home, InstanceLock, Supervisor, fsio, timefmt};
 use serde_json::{Value, json};
+use tokio::sync::mpsc::UnboundedSender;
 
+use crate::cause::{Cause, Outcome};
 use crate::drain::{Phase, Runs};
 
 /// Who this incarnation is.
@@ -92,7 +95,8 @@ fn new_incarnation_id(pid: u32, at: SystemTime) -> String {
     format!("{:016x}", h.finish())
 }
 
-/// Shared by the HTTP server, the control server and the main loop.
+/// The incarnation's own state, shared by the HTTP server, the control server, the worker, the
+/// platform host and the main loop (the parts that serve messages are in app.rs).
 pub struct Gateway {
     pub home: Home,
     pub home_str: String,
@@ -104,7 +108,6 @@ pub struct Gateway {
     pub runs: Arc<Runs>,
     pub ledger: Ledger,
     pub control: String,
-    pub work: Arc<crate::work::Work>,
     pub notifier: crate::sdnotify::Notifier,
     /// The lease driver's handle when `[cluster]` is configured (cluster.rs).
     pub cluster: OnceLock<gatewarden_cluster::Handle>,
@@ -117,6 +120,8 @@ pub struct Gateway {
     /// read side, so every message this incarnation journaled is committed before its successor
     /// holds the lock and recovers the journal (a late commit would sit queued, unrun).
     intake: std::sync::RwLock<bool>,
+    /// The main loop's inbox, once it runs (`serve`).
+    causes: Mutex<Option<UnboundedSender<Cause>>>,
 }
 
 impl Gateway {
@@ -125,7 +130,6 @@ impl Gateway {
         me: Incarnation,
         detection: gatewarden_lifecycle::supervisor::Detection,
         control: String,
-        work: Arc<crate::work::Work>,
     ) -> Gateway {
         let home_str = home.dir().to_string_lossy().into_owned();
         let ledger = me.ledger(&home);
@@ -139,7 +143,6 @@ impl Gateway {
             runs: Arc::new(Runs::default()),
             ledger,
             control,
-            work,
             notifier: crate::sdnotify::Notifier::for_supervisor(detection.supervisor),
             cluster: OnceLock::new(),
             listen: OnceLock::new(),
@@ -148,6 +151,19 @@ impl Gateway {
             handing_over: std::sync::atomic::AtomicBool::new(false),
             exit: Mutex::new(None),
             intake: std::sync::RwLock::new(true),
+            causes: Mutex::new(None),
+        }
+    }
+
+    /// Connects chat commands and the adapters' role task to the main loop.
+    pub fn set_causes(&self, tx: UnboundedSender<Cause>) {
+        *self.causes.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+    }
+
+    /// Hands a cause to the main loop (a command's follow-up, after its reply is on its way).
+    pub fn send_cause(&self, cause: Cause) {
+        if let Some(tx) = self.causes.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            let _ = tx.send(cause);
         }
     }
 
@@ -262,6 +278,57 @@ impl Gateway {
         }
     }
 
+    /// Publishes `gateway.pid` (and the same record as the lock file's content) once the lock
+    /// is held.
+    pub fn publish_pid_record(&self, lock: &mut InstanceLock) -> Result<(), String> {
+        let record = self.pid_record();
+        fsio::write_json(&self.home.pid_file(), &record)
+            .map_err(|e| format!("cannot write {}: {e}", self.home.pid_file().display()))?;
+        let _ = lock.write_content(&serde_json::to_vec(&record).unwrap_or_default());
+        Ok(())
+    }
+
+    /// The exit's records, in order: the final state, the ledger's `exited`, our pid record
+    /// gone; then `unbind` (the control endpoint) and the intake sealed. The caller releases the
+    /// lock after this.
+    pub fn finish(&self, o: &Outcome, unbind: impl FnOnce()) {
+        let code = i32::from(o.intent.code());
+        self.set_exit(code, &o.reason);
+        if !self.advance(GatewayState::Stopped) {
+            self.write_state();
+        }
+        self.record("exited", json!({"code": code, "intent": o.intent.as_str(), "reason": o.reason}));
+        if read_pid_record(&self.home.pid_file()).ok().is_some_and(|r| r.pid == self.me.pid) {
+            let _ = fsio::remove_if_exists(&self.home.pid_file());
+        }
+        unbind();
+        // After this, a delivery is refused (the platform keeps it for the successor) instead of
+        // being journaled behind the successor's recovery.
+        self.seal_intake();
+    }
+
+    /// An operator's stop that did not come through `gatewarden stop` (which records it itself
+    /// before anything else): chat `/stop`, `gatewarden send /stop`, HTTP. Recorded as
+    /// `stopped` on receipt (control/mod.rs, worker.rs) — a gateway already draining for a
+    /// restart never classifies it — so no backstop or successor starts the gateway again. A
+    /// stop from a restart's recovery, a supervisor or a signal is not the operator's intent:
+    /// no change.
+    pub fn record_operator_stop(&self, channel: &str) -> Option<u64> {
+        use gatewarden_lifecycle::desired::{self, Want};
+        if !matches!(channel, "chat" | "cli-send" | "http") {
+            return None;
+        }
+        match desired::record_if(self.home.dir(), Want::Stopped, channel, false, Some(SystemTime::now()), |d| {
+            d.want != Want::Stopped
+        }) {
+            Ok((d, _)) => Some(d.seq),
+            Err(e) => {
+                crate::warn!("cannot record the desired state: {e}");
+                None
+            }
+        }
+    }
+
     /// Moves to `to`, publishing it to the state file and the ledger.
     pub fn advance(&self, to: GatewayState) -> bool {
         if !self.phase.advance(to) {
@@ -287,32 +354,14 @@ impl Gateway {
         }
     }
 
-    /// The agent's upstream providers for `status` (`None` when the backend has none).
-    fn provider_statuses(&self) -> Option<Vec<gatewarden_control::proto::ProviderStatus>> {
-        let ps = self.work.agent.providers();
-        let unix = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs());
-        (!ps.is_empty()).then(|| {
-            ps.into_iter()
-                .map(|p| gatewarden_control::proto::ProviderStatus {
-                    name: p.name,
-                    state: p.state,
-                    reason: p.reason,
-                    until: p.until.and_then(unix),
-                    attempts: p.attempts,
-                    failures: p.failures,
-                })
-                .collect()
-        })
-    }
-
+    /// The incarnation's part of `status`; app.rs adds the agent, platforms and cluster.
     pub fn status(&self) -> StatusReport {
         let mut files = std::collections::BTreeMap::new();
         files.insert("pid".into(), "ok".into());
         files.insert("state".into(), "ok".into());
         let mut extra = std::collections::BTreeMap::new();
-        if let Some(c) = crate::cluster::status_json(self) {
-            extra.insert("cluster".into(), c);
-        }
+        extra.insert("supervisor_evidence".to_owned(), json!(self.supervisor_evidence));
+        extra.insert("drain_timeout_s".to_owned(), json!(self.drain_budget.get().map(|d| d.as_secs())));
         StatusReport {
             running: true,
             pid: Some(self.me.pid),
@@ -326,22 +375,9 @@ impl Gateway {
             supervisor: Some(self.supervisor.as_str().into()),
             active_runs: Some(self.runs.active()),
             control: Some(self.control.clone()),
-            providers: self.provider_statuses(),
+            providers: None,
             files,
-            extra: {
-                let mut extra = extra;
-                extra.insert("supervisor_evidence".to_owned(), json!(self.supervisor_evidence));
-                extra.insert("drain_timeout_s".to_owned(), json!(self.drain_budget.get().map(|d| d.as_secs())));
-                extra.insert(
-                    "agent".to_owned(),
-                    json!({"backend": self.work.agent.name(), "last_failure": self.work.metrics.last_failure_json()}),
-                );
-                let platforms = self.work.platforms();
-                if !platforms.is_empty() {
-                    extra.insert("platforms".to_owned(), Value::Array(platforms.report()));
-                }
-                extra
-            },
+            extra,
         }
     }
 }

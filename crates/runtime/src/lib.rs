@@ -1,114 +1,61 @@
 //! The gatewarden gateway process.
 //!
 //! [`run`] is the whole life of one incarnation: claim the home (the OS lock, or a verified
-//! takeover), publish records, serve HTTP and the control channel, wait for a classified
-//! shutdown cause, drain, and report an [`ExitIntent`]. The binary maps that intent to the
+//! takeover), publish records, build the async runtime, install the signal handlers, bind the
+//! listener, and [`serve`]. [`serve`] is everything after that — HTTP and the control channel,
+//! the main loop that classifies each shutdown cause, the drain, the exit records — on a
+//! listener and a signal source it is given, so a test drives a whole gateway in one process
+//! ([`prepare`] builds one from a home). The binary maps the reported [`ExitIntent`] to the
 //! process exit code through the one table in `gatewarden_lifecycle::exit`.
 
+pub mod app;
+pub mod cause;
 pub mod cluster;
+pub mod commands;
 pub mod control;
 pub mod drain;
 pub mod gateway;
 pub mod http;
+pub mod intake;
 pub mod log;
+pub mod notices;
+pub mod options;
 pub mod platforms;
 pub mod restart;
 pub mod sdnotify;
 pub mod signals;
 pub mod takeover;
 pub mod watch;
-pub mod work;
+pub mod worker;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use gatewarden_control::{Endpoint, Requester};
+use gatewarden_control::Endpoint;
 use gatewarden_lifecycle::heal::heal_stale;
 use gatewarden_lifecycle::marker::{self, MarkerKind, Verdict};
 use gatewarden_lifecycle::probe::probe_u32;
 use gatewarden_lifecycle::records::{GatewayState, read_pid_record};
-use gatewarden_lifecycle::{ExitIntent, Home, InstanceLock, LockError, Supervisor, fsio};
+use gatewarden_lifecycle::supervisor::Detection;
+use gatewarden_lifecycle::{ExitIntent, Home, InstanceLock, LockError, Supervisor};
 use serde_json::json;
 use tokio::sync::mpsc;
 
+pub use crate::app::App;
+pub use crate::cause::{Cause, ControlKind, Outcome, Reexec};
+use crate::drain::CANCEL_GRACE;
 use crate::gateway::{Gateway, Incarnation};
-use crate::signals::{SignalKind, Signals};
+use crate::options::run_tag;
+pub use crate::options::{ClusterSettings, RUN_TAG, ResolvedOptions, RunOptions};
+use crate::signals::{Shutdown, SignalKind, Signals};
 
 /// How long a starting gateway waits out lock probes by `status`/`stop` before deciding that
 /// another instance runs.
 const LOCK_PATIENCE: Duration = Duration::from_millis(300);
 /// How long to retry binding a listen address that is in use.
 const BIND_PATIENCE: Duration = Duration::from_secs(5);
-/// How long cancelled runs get to clean up after the drain budget is spent.
-const CANCEL_GRACE: Duration = Duration::from_secs(5);
 /// How much longer than the drain budget a successor waits for its predecessor's lock.
 const SUCCESSOR_GRACE: Duration = Duration::from_secs(30);
-
-#[derive(Debug, Clone)]
-pub struct RunOptions {
-    /// The home as resolved (not necessarily existing yet).
-    pub home: Home,
-    /// Overrides `listen` from config.toml.
-    pub listen: Option<String>,
-    pub replace: bool,
-    /// How long `--replace` waits for the previous gateway before killing it.
-    pub takeover_timeout: Duration,
-    /// Overrides `drain_timeout_s` from config.toml.
-    pub drain_timeout: Option<Duration>,
-    pub supervisor: Option<Supervisor>,
-    /// This process is the successor of a restarting gateway: wait for its lock (it is
-    /// draining) instead of reporting "already running".
-    pub successor: bool,
-    /// A listening socket handed over by the predecessor (`spawn::adopt_listener`).
-    pub inherit_listener: Option<String>,
-    /// Print `ready <incarnation> <pid> <listen>` on stdout once running (for `start`).
-    pub ready_stdout: bool,
-    /// Where the logger writes, passed on to a successor.
-    pub log_file: Option<std::path::PathBuf>,
-    pub log_json: bool,
-    /// The desired-state sequence this start carries out (`start`, a successor); `None` for a
-    /// foreground `run` (the operator's own start) or a service manager's launch.
-    pub desired_seq: Option<u64>,
-}
-
-/// How the incarnation ended.
-#[derive(Debug)]
-pub struct Outcome {
-    pub intent: ExitIntent,
-    pub reason: String,
-    /// PID 1's planned restart: the binary executes this instead of exiting
-    /// (`restart::Reexec::exec`), after the lock and the runtime are gone.
-    pub reexec: Option<restart::Reexec>,
-}
-
-impl Outcome {
-    fn new(intent: ExitIntent, reason: impl Into<String>) -> Outcome {
-        Outcome { intent, reason: reason.into(), reexec: None }
-    }
-}
-
-/// What the control channel asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ControlKind {
-    Stop,
-    Takeover,
-    Restart,
-}
-
-/// Everything that can end (or try to end) the main loop.
-#[derive(Debug, Clone)]
-pub enum Cause {
-    Signal(SignalKind),
-    Control {
-        kind: ControlKind,
-        requester: Requester,
-    },
-    /// A marker file changed; the main loop re-probes.
-    MarkerChanged,
-    /// The gateway cannot serve as configured (a cluster active's only adapter finds its
-    /// credential held by another gateway): exit 78.
-    Fatal(String),
-}
 
 /// Runs one incarnation to its end. Never panics on bad state; every failure is an outcome.
 pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcome {
@@ -119,13 +66,11 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
     let me = Incarnation::current(started_at, started);
     let detection = Supervisor::detect(opts.supervisor);
     let supervisor = detection.supervisor;
-    let (work, opts) = match prepare(&home, opts, &run_tag(&home, &me.id)) {
+    let (app, opts) = match prepare(&home, opts, me.clone(), detection) {
         Ok(w) => w,
         Err(o) => return refused(&home, &me, supervisor, o),
     };
-    let ep = Endpoint::for_home(home.dir());
-    let gw = Arc::new(Gateway::new(home.clone(), me.clone(), detection, ep.display(), work));
-    gw.set_drain_budget(opts.drain_timeout);
+    let gw = Arc::clone(&app.gw);
 
     let mut lock = match claim(&gw, &opts) {
         Ok(l) => l,
@@ -141,11 +86,9 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
         info!("cleaned stale state: {}", healed.join(", "));
     }
     sweep_orphan_runs(&gw);
-    let record = gw.pid_record();
-    if let Err(e) = fsio::write_json(&home.pid_file(), &record) {
-        return Outcome::new(ExitIntent::FatalConfig, format!("cannot write {}: {e}", home.pid_file().display()));
+    if let Err(e) = gw.publish_pid_record(&mut lock) {
+        return Outcome::new(ExitIntent::FatalConfig, e);
     }
-    let _ = lock.write_content(&serde_json::to_vec(&record).unwrap_or_default());
     gw.write_state();
     gw.record(
         "started",
@@ -162,8 +105,8 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
 
     let outcome = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => {
-            let o = rt.block_on(serve(Arc::clone(&gw), &ep, &opts));
-            finish(&gw, &o, &ep, lock);
+            let o = rt.block_on(listen_and_serve(app, &opts));
+            drop(lock);
             // Connections close here, after the lock is released: a client waiting for EOF
             // then finds the lock free.
             rt.shutdown_background();
@@ -172,22 +115,41 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
         Err(e) => Outcome::new(ExitIntent::FatalConfig, format!("cannot start the async runtime: {e}")),
     };
     gw.advance(GatewayState::Stopping);
-    finish(&gw, &outcome, &ep, lock);
-    outcome
+    end(&gw, outcome)
+}
+
+/// `run`'s part inside the runtime: the signal handlers and the listener, then [`serve`].
+async fn listen_and_serve(app: Arc<App>, opts: &ResolvedOptions) -> Outcome {
+    let gw = &app.gw;
+    // Handlers first, so a signal during start-up is classified, not fatal.
+    let signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => return end(gw, startup_failed(gw, format!("cannot install signal handlers: {e}"))),
+    };
+    let bound = match &opts.inherit_listener {
+        Some(v) => gatewarden_lifecycle::platform::spawn::adopt_listener(v)
+            .map_err(|e| format!("cannot adopt the inherited listener {v}: {e}")),
+        None => tokio::task::block_in_place(|| http::bind(&opts.listen, BIND_PATIENCE)),
+    };
+    let std_listener = match bound {
+        Ok(l) => l,
+        Err(e) => return end(gw, startup_failed(gw, e)),
+    };
+    // Kept for a successor: while it holds a copy, the socket (and its backlog) outlives us.
+    if let Ok(dup) = std_listener.try_clone() {
+        gw.keep_listener(dup);
+    }
+    let listener = match tokio::net::TcpListener::from_std(std_listener) {
+        Ok(l) => l,
+        Err(e) => return end(gw, startup_failed(gw, format!("cannot listen on {}: {e}", opts.listen))),
+    };
+    serve(app, listener, signals, opts).await
 }
 
 /// A start-up refusal, recorded before it is returned (`gateway::record_refusal`).
 fn refused(home: &Home, me: &Incarnation, supervisor: Supervisor, o: Outcome) -> Outcome {
     gateway::record_refusal(home, me, supervisor, i32::from(o.intent.code()), &o.reason);
     o
-}
-
-/// The environment variable tagging every process an agent run starts.
-pub const RUN_TAG: &str = "GATEWARDEN_RUN_TAG";
-
-/// `<home hash>:<incarnation>`: which gateway a run process belongs to.
-fn run_tag(home: &Home, incarnation: &str) -> String {
-    format!("{:016x}:{incarnation}", gatewarden_control::endpoint::fnv1a(home.dir().to_string_lossy().as_bytes()))
 }
 
 /// Kills what agent runs of a dead incarnation of this home left behind (a kill -9 of the
@@ -204,18 +166,26 @@ fn sweep_orphan_runs(gw: &Gateway) {
     }
 }
 
-/// Loads config.toml, applies command-line overrides, refuses an exposed listener without a
-/// token, opens the journal and builds the agent. Every failure is fatal configuration (78).
-fn prepare(home: &Home, mut opts: RunOptions, tag: &str) -> Result<(Arc<work::Work>, ResolvedOptions), Outcome> {
+/// Builds the gateway of `home` as incarnation `me`, not yet started: loads config.toml,
+/// applies command-line overrides, refuses an exposed listener without a token, opens the
+/// journal, builds the agent and the chat platform adapters. Every failure is fatal
+/// configuration (78). Takes no lock and writes no record: [`run`] does that, a test need not.
+pub fn prepare(
+    home: &Home,
+    mut opts: RunOptions,
+    me: Incarnation,
+    detection: Detection,
+) -> Result<(Arc<App>, ResolvedOptions), Outcome> {
     let fatal = |e: String| Outcome::new(ExitIntent::FatalConfig, e);
     let mut config = gatewarden_config::Config::load(home.dir()).map_err(|e| fatal(e.to_string()))?;
     if let Some(l) = &opts.listen {
         config.listen = l.parse().map_err(|e| fatal(format!("invalid --listen {l:?}: {e}")))?;
     }
     config.check_exposure().map_err(|e| fatal(e.to_string()))?;
-    let agent = gatewarden_agent::build_agent_with_env(&config.agent, vec![(RUN_TAG.to_owned(), tag.to_owned())]);
+    let tag = run_tag(home, &me.id);
+    let agent = gatewarden_agent::build_agent_with_env(&config.agent, vec![(RUN_TAG.to_owned(), tag)]);
     let cluster = match &config.cluster {
-        Some(c) => Some(cluster::Settings::new(c.clone(), c.password(home.dir()).map_err(fatal)?).map_err(fatal)?),
+        Some(c) => Some(ClusterSettings::new(c.clone(), c.password(home.dir()).map_err(fatal)?).map_err(fatal)?),
         None => None,
     };
     // With `[cluster]` the journal is the cluster's, in PostgreSQL (cluster.rs); else the home's.
@@ -226,49 +196,18 @@ fn prepare(home: &Home, mut opts: RunOptions, tag: &str) -> Result<(Arc<work::Wo
                 .map_err(|e| fatal(format!("cannot open the journal: {e}")))?,
         ),
     };
-    let work = Arc::new(work::Work::new(agent, journal, &config, config.is_loopback_listen()));
-    work.set_platforms(Arc::new(platforms::Platforms::build(&config).map_err(fatal)?));
-    seed_metrics(home, &work.metrics);
+    let platforms = Arc::new(platforms::Platforms::build(&config).map_err(fatal)?);
+    let (wake, wakes) = intake::Wake::channel();
+    let work =
+        Arc::new(worker::Work::new(agent, journal, &config, config.is_loopback_listen(), platforms.admins(), wake));
+    work.metrics.seed_from_ledger(&home.ledger());
     opts.listen = Some(config.listen.to_string());
     let drain_timeout = opts.drain_timeout.unwrap_or(config.drain_timeout());
-    Ok((work, ResolvedOptions { listen: config.listen.to_string(), drain_timeout, cluster, opts }))
-}
-
-/// Options after config.toml and the command line are merged.
-pub struct ResolvedOptions {
-    pub listen: String,
-    pub drain_timeout: Duration,
-    /// `[cluster]`: compete for the lease; `None` = always active.
-    pub cluster: Option<cluster::Settings>,
-    pub opts: RunOptions,
-}
-
-impl std::ops::Deref for ResolvedOptions {
-    type Target = RunOptions;
-    fn deref(&self) -> &RunOptions {
-        &self.opts
-    }
-}
-
-/// Restart and drain totals survive restarts: they are counted from the ledger.
-fn seed_metrics(home: &Home, m: &work::Metrics) {
-    use std::sync::atomic::Ordering;
-    let Some(lines) = gatewarden_lifecycle::ledger::read_tail(&home.ledger(), Some(5000)).ok() else { return };
-    for line in lines {
-        if let gatewarden_lifecycle::ledger::Line::Event(e) = line {
-            match e.get("event").and_then(|v| v.as_str()) {
-                Some("restart_requested") => {
-                    m.restarts_before.fetch_add(1, Ordering::Relaxed);
-                }
-                Some("drained") => {
-                    m.drains_before.fetch_add(1, Ordering::Relaxed);
-                    let ms = e.get("duration_ms").and_then(|v| v.as_u64()).unwrap_or(0);
-                    m.drain_ms_before.fetch_add(ms, Ordering::Relaxed);
-                }
-                _ => {}
-            }
-        }
-    }
+    let ep = Endpoint::for_home(home.dir());
+    let gw = Arc::new(Gateway::new(home.clone(), me, detection, ep.display()));
+    gw.set_drain_budget(drain_timeout);
+    let app = Arc::new(App::new(gw, work, platforms, wakes));
+    Ok((app, ResolvedOptions { listen: config.listen.to_string(), drain_timeout, cluster, exe: None, opts }))
 }
 
 /// The desired state (`gatewarden_lifecycle::desired`), with the lock held. A foreground `run`
@@ -336,36 +275,34 @@ fn describe_holder(home: &Home) -> String {
     )
 }
 
-/// The async part: listeners, main loop, drain.
-async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outcome {
+/// Serves one prepared gateway ([`prepare`]) on `listener` until a classified cause ends it,
+/// drains, and writes the exit records (the home lock, if any, is the caller's to release
+/// after this returns). Every OS signal comes from `shutdown` (the installed handlers in
+/// [`run`]; a channel in a test). Binds the control endpoint of the gateway's home.
+pub async fn serve(
+    app: Arc<App>,
+    listener: tokio::net::TcpListener,
+    mut shutdown: impl Shutdown,
+    opts: &ResolvedOptions,
+) -> Outcome {
+    let o = serve_until_classified(&app, listener, &mut shutdown, opts).await;
+    end(&app.gw, o)
+}
+
+async fn serve_until_classified(
+    app: &Arc<App>,
+    listener: tokio::net::TcpListener,
+    signals: &mut impl Shutdown,
+    opts: &ResolvedOptions,
+) -> Outcome {
+    let gw = &app.gw;
     let (tx, mut rx) = mpsc::unbounded_channel::<Cause>();
-    // Handlers first, so a signal during start-up is classified, not fatal.
-    let mut signals = match Signals::install() {
-        Ok(s) => s,
-        Err(e) => return startup_failed(&gw, format!("cannot install signal handlers: {e}")),
-    };
-    let bound = match &opts.inherit_listener {
-        Some(v) => gatewarden_lifecycle::platform::spawn::adopt_listener(v)
-            .map_err(|e| format!("cannot adopt the inherited listener {v}: {e}")),
-        None => tokio::task::block_in_place(|| http::bind(&opts.listen, BIND_PATIENCE)),
-    };
-    let std_listener = match bound {
-        Ok(l) => l,
-        Err(e) => return startup_failed(&gw, e),
-    };
-    // Kept for a successor: while it holds a copy, the socket (and its backlog) outlives us.
-    if let Ok(dup) = std_listener.try_clone() {
-        gw.keep_listener(dup);
-    }
-    let listener = match tokio::net::TcpListener::from_std(std_listener) {
-        Ok(l) => l,
-        Err(e) => return startup_failed(&gw, format!("cannot listen on {}: {e}", opts.listen)),
-    };
     let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| opts.listen.clone());
     gw.set_listen(addr.clone());
-    gw.work.set_causes(tx.clone());
-    if let Err(e) = control::bind(ep, Arc::clone(&gw), tx.clone()) {
-        return startup_failed(&gw, e);
+    gw.set_causes(tx.clone());
+    app.follow_wakes();
+    if let Err(e) = control::bind(&Endpoint::for_home(gw.home.dir()), Arc::clone(app), tx.clone()) {
+        return startup_failed(gw, e);
     }
     let _watch = watch::start(gw.home.dir(), tx.clone());
     if let Some(every) = sdnotify::watchdog_interval() {
@@ -384,38 +321,38 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
     // Accepts once `running`; stops at `stopping`, or at `draining` while a successor holds our
     // listener; winds the open connections down without cutting a request (http/serve.rs).
     let server =
-        tokio::spawn(http::serve::serve(listener, http::router(Arc::clone(&gw)), Arc::clone(&gw), opts.drain_timeout));
+        tokio::spawn(http::serve::serve(listener, http::router(Arc::clone(app)), Arc::clone(app), opts.drain_timeout));
 
     // A signal that arrived during start-up is unexpected, whatever markers say (D1, #103191).
     let early = tokio::select! { biased; s = signals.recv() => Some(s), () = std::future::ready(()) => None };
     if let Some(sig) = early {
-        return startup_failed_with(&gw, ExitIntent::Unexpected, format!("{} during start-up", sig.name()));
+        return startup_failed_with(gw, ExitIntent::Unexpected, format!("{} during start-up", sig.name()));
     }
     // Chat platforms: after the lock is held, before `running` (each behind its credential lock);
     // with `[cluster]` on promotion only (platforms.rs).
-    let platforms = Arc::clone(gw.work.platforms());
+    let platforms = Arc::clone(&app.platforms);
     if opts.cluster.is_some() {
-        platforms.standby_all(&gw);
+        platforms.standby_all(gw);
     } else {
         let started = {
-            let gw = Arc::clone(&gw);
+            let gw = Arc::clone(gw);
             let p = Arc::clone(&platforms);
             tokio::task::spawn_blocking(move || p.start(&gw)).await
         };
         match started {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return startup_failed(&gw, e),
-            Err(e) => return startup_failed(&gw, format!("cannot start the chat platform adapters: {e}")),
+            Ok(Err(e)) => return startup_failed(gw, e),
+            Err(e) => return startup_failed(gw, format!("cannot start the chat platform adapters: {e}")),
         }
     }
     // Again just before `running`: a stop recorded during the start-up wins without a signal.
-    if let Err(o) = obey_desired(&gw, opts, false) {
-        return startup_failed_with(&gw, o.intent, o.reason);
+    if let Err(o) = obey_desired(gw, opts, false) {
+        return startup_failed_with(gw, o.intent, o.reason);
     }
     // Queued before `running`: the first reply after a restart must already carry the notice.
-    gw.work.restart_notice(&gw);
+    app.work.boot_notices(gw, !platforms.is_empty());
     gw.advance(GatewayState::Running);
-    platforms.watchdog(Arc::clone(&gw));
+    platforms.watchdog(Arc::clone(gw));
     gw.record("ready", json!({"listen": addr, "control": gw.control}));
     info!("gateway {} ready: http://{addr} (control {})", gw.me.id, gw.control);
     if opts.ready_stdout {
@@ -427,11 +364,11 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
     match &opts.cluster {
         // The worker starts when this gateway becomes the active (cluster.rs).
         Some(c) => {
-            if let Err(e) = cluster::start(&gw, c) {
-                return startup_failed(&gw, e);
+            if let Err(e) = cluster::start(app, c) {
+                return startup_failed(gw, e);
             }
         }
-        None => gw.work.start_worker(Arc::clone(&gw)),
+        None => app.work.start_worker(Arc::clone(gw)),
     }
     // A marker may have landed before the watch was set up.
     let _ = tx.send(Cause::MarkerChanged);
@@ -448,15 +385,15 @@ async fn serve(gw: Arc<Gateway>, ep: &Endpoint, opts: &ResolvedOptions) -> Outco
             s = signals.recv() => Cause::Signal(s),
             Some(c) = rx.recv() => c,
         };
-        if let Some(o) = classify(&gw, opts, cause, &tx) {
+        if let Some(o) = classify(gw, opts, cause, &tx) {
             break o;
         }
     };
-    gw.work.set_restarting(decision.intent == ExitIntent::PlannedRestart);
+    app.work.notices.set_restarting(decision.intent == ExitIntent::PlannedRestart);
     info!("stopping: {}", decision.reason);
-    drain(&gw, &mut signals, opts.drain_timeout).await;
+    drain(app, signals, opts.drain_timeout).await;
     // Drained: hand the lease to a standby now rather than at its expiry.
-    cluster::release(&gw).await;
+    cluster::release(app).await;
     gw.advance(GatewayState::Stopping);
     // Bounded inside: the rest of the drain budget plus short graces.
     let _ = server.await;
@@ -495,7 +432,7 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause, tx: &mpsc::Unbou
             Some(match kind {
                 ControlKind::Stop => {
                     let mut fields = json!({"requester": json_requester, "reason": "stop"});
-                    if let Some(seq) = record_operator_stop(gw, &requester.channel) {
+                    if let Some(seq) = gw.record_operator_stop(&requester.channel) {
                         fields["want"] = json!("stopped");
                         fields["seq"] = json!(seq);
                     }
@@ -548,27 +485,6 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause, tx: &mpsc::Unbou
     }
 }
 
-/// An operator's stop that did not come through `gatewarden stop` (which records it itself
-/// before anything else): chat `/stop`, `gatewarden send /stop`, HTTP. Recorded as `stopped`
-/// on receipt (control/mod.rs, work.rs) — a gateway already draining for a restart never
-/// classifies it — so no backstop or successor starts the gateway again. A stop from a
-/// restart's recovery, a supervisor or a signal is not the operator's intent: no change.
-pub(crate) fn record_operator_stop(gw: &Gateway, channel: &str) -> Option<u64> {
-    use gatewarden_lifecycle::desired::{self, Want};
-    if !matches!(channel, "chat" | "cli-send" | "http") {
-        return None;
-    }
-    match desired::record_if(gw.home.dir(), Want::Stopped, channel, false, Some(SystemTime::now()), |d| {
-        d.want != Want::Stopped
-    }) {
-        Ok((d, _)) => Some(d.seq),
-        Err(e) => {
-            warn!("cannot record the desired state: {e}");
-            None
-        }
-    }
-}
-
 /// Records who asked for a stop: the marker's writer (pid and argv, as it wrote them), or the
 /// signal when no marker names anyone.
 fn stop_requested(gw: &Gateway, marker: Option<&marker::Marker>, channel: &str, reason: &str) {
@@ -580,11 +496,12 @@ fn stop_requested(gw: &Gateway, marker: Option<&marker::Marker>, channel: &str, 
 }
 
 /// Waits for active runs, bounded by `timeout`; a second SIGINT forces.
-async fn drain(gw: &Gateway, signals: &mut Signals, timeout: Duration) {
-    gw.work.reset_notices_for_drain();
+async fn drain(app: &App, signals: &mut impl Shutdown, timeout: Duration) {
+    let gw = &app.gw;
+    app.work.notices.reset_for_drain();
     // Chat platforms stop receiving first: what arrives from now on stays with the platform for
     // the successor (no poll of ours lingers to fight its first one).
-    let platforms = Arc::clone(gw.work.platforms());
+    let platforms = Arc::clone(&app.platforms);
     if !platforms.is_empty() {
         let p = Arc::clone(&platforms);
         let _ = tokio::task::spawn_blocking(move || p.stop_intake()).await;
@@ -622,7 +539,7 @@ async fn drain(gw: &Gateway, signals: &mut Signals, timeout: Duration) {
     if interrupted > 0 {
         // Cancelled runs clean up (an exec backend kills its process group) before we go on;
         // interrupted async runs stay `running` in the journal for the next incarnation.
-        gw.work.cancel_all();
+        app.work.cancel_all();
         if !gw.runs.wait_idle(CANCEL_GRACE).await {
             warn!("{} run(s) did not finish cleaning up within {CANCEL_GRACE:?}", gw.runs.active());
         }
@@ -649,20 +566,9 @@ fn startup_failed_with(gw: &Gateway, intent: ExitIntent, reason: String) -> Outc
     Outcome::new(intent, reason)
 }
 
-/// The exit funnel: final state, ledger, records, lock — in that order.
-fn finish(gw: &Gateway, o: &Outcome, ep: &Endpoint, lock: InstanceLock) {
-    let code = i32::from(o.intent.code());
-    gw.set_exit(code, &o.reason);
-    if !gw.advance(GatewayState::Stopped) {
-        gw.write_state();
-    }
-    gw.record("exited", json!({"code": code, "intent": o.intent.as_str(), "reason": o.reason}));
-    if read_pid_record(&gw.home.pid_file()).ok().is_some_and(|r| r.pid == gw.me.pid) {
-        let _ = fsio::remove_if_exists(&gw.home.pid_file());
-    }
-    control::unbind(ep);
-    // After this, a delivery is refused (the platform keeps it for the successor) instead of
-    // being journaled behind the successor's recovery.
-    gw.seal_intake();
-    drop(lock);
+/// The exit funnel: final state, ledger, records, control endpoint, intake
+/// (`Gateway::finish`); the caller releases the lock after this.
+fn end(gw: &Gateway, o: Outcome) -> Outcome {
+    gw.finish(&o, || control::unbind(&Endpoint::for_home(gw.home.dir())));
+    o
 }

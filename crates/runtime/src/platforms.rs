@@ -1,6 +1,7 @@
 //! The gateway's chat platform adapters (crates/platforms): built from `[[platform]]` tables,
-//! each behind its credential guard; inbound messages journaled through [`GatewayHost`];
-//! drained intake-first.
+//! each behind its credential guard; inbound messages handed to the worker's [`Intake`]
+//! through [`GatewayHost`]; woken through the worker's wake channel (app.rs); drained
+//! intake-first.
 //!
 //! - Without `[cluster]`: started after the home lock is held and before `running`, each
 //!   behind the host-local credential lock ([`CredGuard::Local`]).
@@ -17,15 +18,17 @@ use std::time::{Duration, Instant};
 
 use gatewarden_cluster::ClusterError;
 use gatewarden_cluster::credlease::{CredAcquired, CredHolder, CredKey, PgCredLeases};
-use gatewarden_journal::{Kind, NewMessage};
+use gatewarden_journal::Store;
 use gatewarden_lifecycle::records::GatewayState;
 use gatewarden_platforms::credlock::{self, CredLock, CredLockError, Holder};
 use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::cause::Cause;
 use crate::gateway::Gateway;
-use crate::work::parse_command;
+use crate::intake::Intake;
+use crate::options::{ClusterSettings, host_name};
 
 /// How often the watchdog looks at the adapters.
 const WATCHDOG_EVERY: Duration = Duration::from_secs(5);
@@ -93,6 +96,8 @@ pub struct Platforms {
     started: Mutex<Option<Instant>>,
     /// The role task's inbox, with `[cluster]`.
     role: OnceLock<mpsc::UnboundedSender<RoleEvent>>,
+    /// Where inbound messages go (the worker; app.rs).
+    intake: OnceLock<Arc<dyn Intake>>,
 }
 
 impl Platforms {
@@ -103,7 +108,21 @@ impl Platforms {
             let adapter = gatewarden_platforms::build(p).map_err(|e| e.to_string())?;
             entries.push(Entry { adapter, admins: p.admins.clone(), guard: Mutex::new(None) });
         }
-        Ok(Platforms { entries, started: Mutex::new(None), role: OnceLock::new() })
+        Ok(Platforms { entries, started: Mutex::new(None), role: OnceLock::new(), intake: OnceLock::new() })
+    }
+
+    /// Connects the adapters' deliveries to the worker (once, before they start).
+    pub fn set_intake(&self, intake: Arc<dyn Intake>) {
+        let _ = self.intake.set(intake);
+    }
+
+    /// `[[platform]] admins` by adapter name, for the command rule (commands.rs).
+    pub fn admins(&self) -> BTreeMap<String, Vec<String>> {
+        self.entries.iter().map(|e| (e.adapter.name().to_owned(), e.admins.clone())).collect()
+    }
+
+    fn host(&self, gw: &Arc<Gateway>) -> GatewayHost {
+        GatewayHost::new(gw, self.intake.get().cloned())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -114,17 +133,13 @@ impl Platforms {
         self.entries.iter().find(|e| e.adapter.name() == name)
     }
 
-    pub fn is_admin(&self, adapter: &str, user: &str) -> bool {
-        self.get(adapter).is_some_and(|e| e.admins.iter().any(|a| a == user))
-    }
-
     /// Takes each credential lock, then starts the adapter. A credential that cannot be locked
     /// (held by another gateway, or its lock folder is not ours: another user may pre-create
     /// `/tmp/gatewarden-<uid>`) parks that adapter, or fails the start (exit 78, naming why)
     /// when it is the only one: a gateway with nothing to serve must not report success.
     pub fn start(&self, gw: &Arc<Gateway>) -> Result<(), String> {
         *self.started.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-        let host: Arc<dyn Host> = Arc::new(GatewayHost::new(gw));
+        let host: Arc<dyn Host> = Arc::new(self.host(gw));
         for e in &self.entries {
             let a = &e.adapter;
             let me = Holder {
@@ -199,7 +214,7 @@ impl Platforms {
 
     /// A cluster standby at boot: no adapter runs; each says why.
     pub fn standby_all(&self, gw: &Arc<Gateway>) {
-        let host = GatewayHost::new(gw);
+        let host = self.host(gw);
         for e in &self.entries {
             let state = State::Standby(STANDBY_REASON.to_owned());
             if e.adapter.status().set(state.clone()) {
@@ -210,7 +225,7 @@ impl Platforms {
 
     /// With `[cluster]`: starts the task that runs the adapters on the active only (module
     /// notes). Role changes arrive through [`Platforms::role_changed`].
-    pub fn follow_role(self: &Arc<Self>, gw: &Arc<Gateway>, s: &crate::cluster::Settings) -> Result<(), String> {
+    pub fn follow_role(self: &Arc<Self>, gw: &Arc<Gateway>, s: &ClusterSettings) -> Result<(), String> {
         if self.is_empty() {
             return Ok(());
         }
@@ -225,7 +240,7 @@ impl Platforms {
         let task = RoleTask {
             platforms: Arc::clone(self),
             gw: Arc::clone(gw),
-            host: Arc::new(GatewayHost::new(gw)),
+            host: Arc::new(self.host(gw)),
             leases,
             cluster: c.name.clone(),
             ttl: c.lease_ttl(),
@@ -324,6 +339,8 @@ impl Platforms {
 /// alive.
 struct GatewayHost {
     gw: Weak<Gateway>,
+    /// The worker, which journals what arrives (`None` only if never connected).
+    intake: Option<Arc<dyn Intake>>,
     /// Outbox entries this process sent but could not record (`seq` → the platform's refusal):
     /// never sent again by it, only recorded once the journal takes writes again. Without this
     /// an adapter's flush re-reads the same pending entry and sends it in a loop for as long as
@@ -332,8 +349,16 @@ struct GatewayHost {
 }
 
 impl GatewayHost {
-    fn new(gw: &Arc<Gateway>) -> GatewayHost {
-        GatewayHost { gw: Arc::downgrade(gw), unrecorded: Mutex::new(BTreeMap::new()) }
+    fn new(gw: &Arc<Gateway>, intake: Option<Arc<dyn Intake>>) -> GatewayHost {
+        GatewayHost { gw: Arc::downgrade(gw), intake, unrecorded: Mutex::new(BTreeMap::new()) }
+    }
+
+    fn intake(&self) -> Result<&Arc<dyn Intake>, String> {
+        self.intake.as_ref().ok_or_else(|| "the gateway takes no messages yet".to_owned())
+    }
+
+    fn journal(&self) -> Result<&Arc<dyn Store>, String> {
+        self.intake().map(|i| i.journal())
     }
 
     fn unrecorded(&self) -> std::sync::MutexGuard<'_, BTreeMap<i64, Option<String>>> {
@@ -342,71 +367,23 @@ impl GatewayHost {
 
     /// Up to `limit` pending entries of `adapter`, less those sent but not yet recorded (first
     /// recorded, when the journal takes writes again).
-    fn pending(&self, gw: &Gateway, adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
+    fn pending(&self, adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
+        let journal = self.journal()?;
         let mut unrecorded = self.unrecorded();
-        unrecorded.retain(|seq, failed| gw.work.journal.outbox_done(*seq, failed.as_deref()).is_err());
-        let batch = gw.work.journal.outbox_pending(adapter, limit + unrecorded.len()).map_err(|e| e.to_string())?;
+        unrecorded.retain(|seq, failed| journal.outbox_done(*seq, failed.as_deref()).is_err());
+        let batch = journal.outbox_pending(adapter, limit + unrecorded.len()).map_err(|e| e.to_string())?;
         Ok(batch.into_iter().filter(|o| !unrecorded.contains_key(&o.seq)).take(limit).collect())
     }
 
     fn gw(&self) -> Result<Arc<Gateway>, String> {
         self.gw.upgrade().ok_or_else(|| "the gateway is shutting down".to_owned())
     }
-
-    /// [`Host::deliver`] while the intake is open.
-    fn deliver_open(gw: &Arc<Gateway>, adapter: &str, m: Inbound) -> Result<(), String> {
-        let work = &gw.work;
-        let j = &work.journal;
-        let msg = NewMessage {
-            chat_id: m.chat_id.clone(),
-            user_id: m.user_id.clone(),
-            text: m.text.clone(),
-            kind: Kind::Async,
-        };
-        let Some(cmd) = parse_command(&m.text) else {
-            // Queued work is never pruned: past the queue caps the message is refused (taken
-            // off the platform, not journaled) and the chat told, once while it stays full.
-            // A redelivery of a message already journaled was taken: it is not told otherwise.
-            if let Some(why) = work.queue_refusal(Some(adapter), &m.chat_id).map_err(|e| e.to_string())? {
-                if !j.has_event(adapter, &m.event_id).map_err(|e| e.to_string())?
-                    && work.note_full(adapter, &m.chat_id, true)
-                {
-                    j.enqueue(adapter, &m.chat_id, &format!("not taken: {why}")).map_err(|e| e.to_string())?;
-                    work.platforms().wake(adapter);
-                }
-                return Ok(());
-            }
-            work.note_full(adapter, &m.chat_id, false);
-            if let Some(id) = j.accept_inbound(adapter, &m.event_id, &msg).map_err(|e| e.to_string())? {
-                work.metrics.accepted_async.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                // Only a running gateway runs it; otherwise the next incarnation does.
-                if gw.phase.get() == GatewayState::Running {
-                    work.enqueue(id);
-                }
-            }
-            return Ok(());
-        };
-        // A redelivered command was handled already: never restart twice.
-        if j.has_event(adapter, &m.event_id).map_err(|e| e.to_string())? {
-            return Ok(());
-        }
-        // Who may run it is decided in one place (`Work::may_run`: this platform's admins).
-        let out = work.command_from(gw, cmd, Some(adapter), &m.chat_id, &m.user_id);
-        j.accept_inbound_command(adapter, &m.event_id, &msg, &out.reply).map_err(|e| e.to_string())?;
-        work.platforms().wake(adapter);
-        if let Some(cause) = out.then {
-            work.send_cause(cause);
-        }
-        Ok(())
-    }
 }
 
 impl Host for GatewayHost {
     fn deliver(&self, adapter: &str, m: Inbound) -> Result<(), String> {
         let gw = self.gw()?;
-        gw.with_intake(|| Self::deliver_open(&gw, adapter, m)).unwrap_or_else(|| {
-            Err("the gateway is handing over: the platform keeps this message for the next incarnation".into())
-        })
+        crate::intake::deliver(&gw, &**self.intake()?, adapter, m)
     }
 
     fn outbox(&self, adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
@@ -414,7 +391,7 @@ impl Host for GatewayHost {
         // A cluster gateway that is not the live active (no lease left) cannot record a send,
         // and its successor sends the same shared outbox: whatever it sent would go twice.
         let Some(left) = gw.poll_budget() else {
-            return self.pending(&gw, adapter, limit);
+            return self.pending(adapter, limit);
         };
         if left.is_zero() {
             return Ok(Vec::new());
@@ -422,11 +399,11 @@ impl Host for GatewayHost {
         // One entry per read: an adapter sends a whole batch before reading again, so an active
         // paused mid-batch would wake up deposed and still send the rest, each one also sent by
         // its successor. Read one at a time, a pause costs at most the one entry in hand.
-        self.pending(&gw, adapter, 1)
+        self.pending(adapter, 1)
     }
 
     fn sent(&self, seq: i64, outcome: Sent) {
-        let Ok(gw) = self.gw() else { return };
+        let (Ok(_gw), Ok(journal)) = (self.gw(), self.journal()) else { return };
         let failed = match &outcome {
             Sent::Ok => None,
             Sent::Rejected(why) => Some(why.as_str()),
@@ -434,7 +411,7 @@ impl Host for GatewayHost {
         if let Some(why) = failed {
             crate::warn!("outbox entry {seq} refused by the platform for good: {why}");
         }
-        if let Err(e) = gw.work.journal.outbox_done(seq, failed) {
+        if let Err(e) = journal.outbox_done(seq, failed) {
             crate::error!("cannot record outbox entry {seq} as sent: {e}");
             self.unrecorded().insert(seq, failed.map(str::to_owned));
         }
@@ -521,7 +498,7 @@ impl RoleTask {
     fn me(&self, epoch: i64, adapter: &str) -> CredHolder {
         CredHolder {
             cluster: self.cluster.clone(),
-            host: crate::cluster::host_name(),
+            host: host_name(),
             home: self.gw.home_str.clone(),
             pid: self.gw.me.pid,
             incarnation: self.gw.me.id.clone(),
@@ -600,7 +577,7 @@ impl RoleTask {
                 Some(Refusal::Held(reason)) => {
                     if only {
                         // Same rule as the local lock: the only adapter cannot serve; exit 78.
-                        self.gw.work.send_cause(crate::Cause::Fatal(format!("[[platform]] {}: {reason}", a.name())));
+                        self.gw.send_cause(Cause::Fatal(format!("[[platform]] {}: {reason}", a.name())));
                     }
                     if !matches!(a.status().state(), State::Parked(ref r) if *r == reason) {
                         a.park(reason);

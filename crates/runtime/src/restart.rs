@@ -21,33 +21,15 @@ use gatewarden_lifecycle::ExitIntent;
 use gatewarden_lifecycle::supervisor::RestartRoute;
 use serde_json::json;
 
+use crate::cause::{Outcome, Reexec};
 use crate::gateway::Gateway;
-use crate::{Outcome, ResolvedOptions};
+use crate::options::{RUN_TAG, ResolvedOptions};
 use gatewarden_lifecycle::platform::spawn;
 
 /// The channel of the one requester that verifies the restart by itself.
 pub const VERIFYING_CHANNEL: &str = "cli";
 /// Beyond the drain budget, how long the backstop waits in all.
 const BACKSTOP_GRACE: Duration = Duration::from_secs(60);
-
-/// A new image for this very process (PID 1), performed by the binary after the lock and the
-/// runtime are gone.
-#[derive(Debug)]
-pub struct Reexec {
-    pub exe: std::path::PathBuf,
-    pub args: Vec<std::ffi::OsString>,
-    /// Our own duplicate of the HTTP listener; the new image adopts it.
-    pub listener: Option<std::net::TcpListener>,
-}
-
-impl Reexec {
-    /// Replaces this process's image; returns only on failure.
-    pub fn exec(self) -> std::io::Error {
-        let mut cmd = Command::new(&self.exe);
-        cmd.args(&self.args);
-        spawn::exec_in_place(cmd, self.listener)
-    }
-}
 
 /// Starts a restart; `None` means the gateway keeps running (the restart could not start).
 ///
@@ -143,7 +125,7 @@ fn successor_args(gw: &Gateway, opts: &Carrying<'_>) -> Vec<std::ffi::OsString> 
 }
 
 fn reexec_plan(gw: &Gateway, opts: &Carrying<'_>) -> std::io::Result<Reexec> {
-    let exe = spawn::self_exe()?;
+    let exe = opts.exe()?;
     let listener = gw.kept_listener().map(std::net::TcpListener::try_clone).transpose()?;
     let mut args = successor_args(gw, opts);
     if let Some(fd) = listener.as_ref().and_then(spawn::listener_handle) {
@@ -153,7 +135,7 @@ fn reexec_plan(gw: &Gateway, opts: &Carrying<'_>) -> std::io::Result<Reexec> {
 }
 
 fn spawn_successor(gw: &Gateway, opts: &Carrying<'_>) -> std::io::Result<u32> {
-    let exe = spawn::self_exe()?;
+    let exe = opts.exe()?;
     let mut cmd = Command::new(exe);
     cmd.args(successor_args(gw, opts));
     // The successor is as unsupervised as we are; say so rather than let it re-detect.
@@ -181,14 +163,14 @@ fn spawn_successor(gw: &Gateway, opts: &Carrying<'_>) -> std::io::Result<u32> {
 /// `gatewarden restart --backstop <incarnation>` in its own session: it outlives us, waits
 /// for the next incarnation, and starts one if none comes (see `cmd/restart.rs`).
 fn spawn_backstop(gw: &Gateway, opts: &Carrying<'_>) {
-    let Ok(exe) = spawn::self_exe() else { return };
+    let Ok(exe) = opts.exe() else { return };
     let mut cmd = Command::new(exe);
     let budget = opts.drain_timeout + BACKSTOP_GRACE;
     cmd.arg("--home").arg(gw.home.dir()).arg("restart");
     cmd.args(["--backstop", &gw.me.id, "--timeout", &budget.as_secs().to_string()]);
     cmd.args(["--desired-seq", &opts.seq.to_string()]);
     // Not one of our runs: the next incarnation's sweep must not kill it.
-    cmd.env_remove(crate::RUN_TAG);
+    cmd.env_remove(RUN_TAG);
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     spawn::detach(&mut cmd, None);
     match cmd.spawn() {

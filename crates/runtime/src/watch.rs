@@ -9,7 +9,7 @@ use gatewarden_lifecycle::marker::MarkerKind;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::Cause;
+use crate::cause::Cause;
 
 /// Keeps the OS watch alive; dropping it stops watching.
 pub enum MarkerWatch {

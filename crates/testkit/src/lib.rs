@@ -7,6 +7,7 @@
 //! * [`Decoy`]: a live process that logs every catchable signal it receives (the "recycled PID").
 //! * [`wait_until`] / [`holds_for`]: condition waits with deadlines, no bare sleeps.
 //! * [`http_get`] / [`http_post_json`]: a tiny blocking HTTP/1.1 client, loopback only.
+//! * [`browser`]: headless Chromium over WebDriver, for the dashboard's browser tests.
 //! * [`servers`]: real chat servers (Synapse for Matrix, ngIRCd for IRC) in temp dirs.
 //! * [`proc_start_time`], [`pid_alive`], [`lock_holders`]: read-only process / lock inspection.
 //! * [`marker_json`], [`rfc3339`]: build planned-stop / takeover markers.
@@ -30,6 +31,7 @@ pub use serde_json;
 pub use tempfile;
 
 pub mod api;
+pub mod browser;
 mod cli;
 mod decoy;
 mod gateway;

@@ -52,7 +52,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// Standard base64 without padding (the form Synapse writes signing keys in).
-fn base64_unpadded(bytes: &[u8]) -> String {
+pub(crate) fn base64_unpadded(bytes: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in bytes.chunks(3) {
@@ -71,12 +71,13 @@ fn tail(path: &Path, max: usize) -> String {
 }
 
 /// A server process in its own process group; the group is SIGKILLed on [`Proc::kill`] / drop.
-struct Proc {
+/// Shared with crate::browser (chromedriver and its browser).
+pub(crate) struct Proc {
     child: Child,
 }
 
 impl Proc {
-    fn spawn(mut cmd: Command, log: &Path) -> std::io::Result<Proc> {
+    pub(crate) fn spawn(mut cmd: Command, log: &Path) -> std::io::Result<Proc> {
         let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
         cmd.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
         platform::spawn::own_process_group(&mut cmd);
@@ -97,7 +98,7 @@ impl Proc {
         }
     }
 
-    fn kill(mut self) {
+    pub(crate) fn kill(mut self) {
         // The group id is the child's pid (its own group); the child is not reaped yet, so the id
         // cannot have been reused.
         platform::spawn::kill_process_group(self.child.id());
@@ -108,7 +109,7 @@ impl Proc {
 
 /// Waits until `probe` succeeds, the process exits, or `deadline` passes; panics with the log
 /// tail in the last two cases.
-fn wait_ready(what: &str, proc: &mut Proc, log: &Path, deadline: Duration, mut probe: impl FnMut() -> bool) {
+pub(crate) fn wait_ready(what: &str, proc: &mut Proc, log: &Path, deadline: Duration, mut probe: impl FnMut() -> bool) {
     let mut exited = None;
     let ready = crate::wait_until(deadline, || {
         if probe() {

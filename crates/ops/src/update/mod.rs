@@ -914,10 +914,10 @@ fn stopped(home: &Home) -> Option<Refusal> {
 }
 
 /// Leaves one outcome notice for `chat` (of the adapter `platform`, or an HTTP chat); the
-/// gateway delivers it once (`runtime/src/work.rs`).
+/// gateway delivers it once (`runtime/src/notices.rs`).
 fn notify_chat(home: &Home, chat: &str, platform: Option<&str>, text: &str) {
     let v = json!({"chat_id": chat, "platform": platform, "text": text, "at": timefmt::now()});
-    let name = format!("{}{}.json", gatewarden_runtime::work::UPDATE_NOTIFY_PREFIX, std::process::id());
+    let name = format!("{}{}.json", gatewarden_runtime::notices::UPDATE_NOTIFY_PREFIX, std::process::id());
     if let Err(e) = fsio::write_json(&home.dir().join(name), &v) {
         eprintln!("warning: cannot leave the chat notice: {e}");
     }

@@ -16,11 +16,11 @@ use tokio::sync::mpsc::UnboundedSender;
 
 pub use transport::{bind, unbind};
 
-use crate::gateway::Gateway;
-use crate::{Cause, ControlKind};
+use crate::app::App;
+use crate::cause::{Cause, ControlKind};
 
 /// Serves one connection until the peer closes it or the process exits.
-pub(crate) async fn serve_conn<S>(stream: S, gw: Arc<Gateway>, tx: UnboundedSender<Cause>)
+pub(crate) async fn serve_conn<S>(stream: S, gw: Arc<App>, tx: UnboundedSender<Cause>)
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -67,13 +67,13 @@ where
 
 /// The dispatch table. Returns the response and, for lifecycle requests, the cause to hand
 /// to the main loop once the response is on its way.
-fn handle(gw: &Gateway, op: Op) -> (Response, Option<Cause>) {
+fn handle(gw: &App, op: Op) -> (Response, Option<Cause>) {
     match op {
         Op::Ping => (Response::ok(json!({"pong": true})), None),
         Op::Status => (Response::ok(serde_json::to_value(gw.status()).unwrap_or_default()), None),
         Op::Stop { requester, reason } => {
             if reason == StopReason::Stop {
-                crate::record_operator_stop(gw, &requester.channel);
+                gw.record_operator_stop(&requester.channel);
             }
             let kind = match reason {
                 StopReason::Stop => ControlKind::Stop,

@@ -7,12 +7,12 @@ use gatewarden_control::Endpoint;
 use tokio::net::UnixListener;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::Cause;
-use crate::gateway::Gateway;
+use crate::app::App;
+use crate::cause::Cause;
 
 /// Binds the endpoint (the caller holds the instance lock, so any socket file there is a
 /// leftover) and spawns the accept loop.
-pub fn bind(ep: &Endpoint, gw: Arc<Gateway>, tx: UnboundedSender<Cause>) -> Result<(), String> {
+pub fn bind(ep: &Endpoint, gw: Arc<App>, tx: UnboundedSender<Cause>) -> Result<(), String> {
     let Endpoint::Socket(path) = ep else { return Err("named pipes are Windows-only".into()) };
     if let Some(dir) = path.parent()
         && dir == gatewarden_control::endpoint::short_socket_dir()

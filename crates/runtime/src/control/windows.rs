@@ -7,10 +7,10 @@ use gatewarden_control::Endpoint;
 use tokio::net::windows::named_pipe::ServerOptions;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::Cause;
-use crate::gateway::Gateway;
+use crate::app::App;
+use crate::cause::Cause;
 
-pub fn bind(ep: &Endpoint, gw: Arc<Gateway>, tx: UnboundedSender<Cause>) -> Result<(), String> {
+pub fn bind(ep: &Endpoint, gw: Arc<App>, tx: UnboundedSender<Cause>) -> Result<(), String> {
     let Endpoint::Pipe(name) = ep else { return Err("Unix sockets are not used on Windows".into()) };
     let name = name.clone();
     let mut server = ServerOptions::new()

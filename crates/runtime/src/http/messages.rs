@@ -11,8 +11,9 @@ use gatewarden_lifecycle::records::GatewayState;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::gateway::Gateway;
-use crate::work::{RETRY_AFTER, parse_command};
+use crate::app::App;
+use crate::commands::{self, Channel, CommandOutcome, Sender};
+use crate::worker::RETRY_AFTER;
 
 #[derive(Debug, Deserialize)]
 pub struct MessageIn {
@@ -28,9 +29,9 @@ pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Resp
     (status, Json(json!({"error": {"type": code, "message": message.into()}}))).into_response()
 }
 
-pub fn unavailable(gw: &Gateway, chat: &str) -> Response {
+pub fn unavailable(gw: &App, chat: &str) -> Response {
     gw.work.metrics.unavailable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let notice = gw.work.restarting_notice(chat);
+    let notice = gw.work.notices.restarting_notice(chat);
     (
         StatusCode::SERVICE_UNAVAILABLE,
         [(header::RETRY_AFTER, RETRY_AFTER.as_secs().to_string())],
@@ -51,21 +52,19 @@ pub fn agent_error(e: &AgentError) -> Response {
     }
 }
 
-pub async fn post(State(gw): State<Arc<Gateway>>, Json(m): Json<MessageIn>) -> Response {
+pub async fn post(State(gw): State<Arc<App>>, Json(m): Json<MessageIn>) -> Response {
     let work = &gw.work;
-    if let Some(cmd) = parse_command(&m.text) {
-        // `/status` and `/help` are for everyone; `/restart`, `/stop` and `/update` need an admin
-        // who came with the API token, never an anonymous caller (docs/security.md; the one
-        // rule is `Work::may_run`).
-        if !work.may_run(cmd, None, &m.user_id) {
-            let why = if work.api_token.is_some() {
-                "commands are for the admins listed in config.toml"
-            } else {
-                "commands need api_token and your user id in admins (config.toml); on this machine use `gatewarden stop`, `gatewarden restart` or `gatewarden send /stop`"
-            };
-            return error(StatusCode::FORBIDDEN, "forbidden", why);
-        }
-        let out = work.command(&gw, cmd, &m.chat_id, &m.user_id);
+    // `/status` and `/help` are for everyone; `/restart`, `/stop` and `/update` need an admin
+    // who came with the API token, never an anonymous caller (docs/security.md; the one rule
+    // is `commands::Admins::may_run`).
+    let from = Sender { channel: Channel::Http, user_id: &m.user_id };
+    let cmd = match commands::decide(&m.text, from, &work.admins) {
+        CommandOutcome::Message => None,
+        CommandOutcome::Refused { reply, .. } => return error(StatusCode::FORBIDDEN, "forbidden", reply),
+        CommandOutcome::Run(cmd) => Some(cmd),
+    };
+    if let Some(cmd) = cmd {
+        let out = work.command(&gw, cmd, None, &m.chat_id, &m.user_id);
         let resp = if m.is_async {
             let id = match work.accept_command(&m.chat_id, &m.user_id, &m.text, &out.reply).await {
                 Ok(id) => id,
@@ -77,12 +76,12 @@ pub async fn post(State(gw): State<Arc<Gateway>>, Json(m): Json<MessageIn>) -> R
                 .into_response()
         };
         if let Some(cause) = out.then {
-            let work = Arc::clone(work);
+            let gw = Arc::clone(&gw.gw);
             // After the reply is handed to the connection: the drain never cuts an in-flight
             // response, so the requester always sees its answer.
             tokio::spawn(async move {
                 tokio::task::yield_now().await;
-                work.send_cause(cause);
+                gw.send_cause(cause);
             });
         }
         return resp;
@@ -124,7 +123,7 @@ pub async fn post(State(gw): State<Arc<Gateway>>, Json(m): Json<MessageIn>) -> R
     };
     match work.run_sync(&gw, req, None).await {
         Ok(reply) => {
-            let notices = work.take_notices(&m.chat_id);
+            let notices = work.notices.take(gw.home.dir(), &m.chat_id);
             if notices.is_empty() {
                 Json(json!({"reply": reply, "run_id": run_id, "chat_id": m.chat_id})).into_response()
             } else {
@@ -136,7 +135,7 @@ pub async fn post(State(gw): State<Arc<Gateway>>, Json(m): Json<MessageIn>) -> R
     }
 }
 
-pub async fn get_one(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> Response {
+pub async fn get_one(State(gw): State<Arc<App>>, Path(id): Path<String>) -> Response {
     match gw.work.with_journal(move |j| j.get(&id)).await {
         Ok(Some(m)) => Json(json!({
             "message_id": m.id,
@@ -160,6 +159,6 @@ pub struct NoticeQuery {
     pub chat_id: String,
 }
 
-pub async fn notices(State(gw): State<Arc<Gateway>>, Query(q): Query<NoticeQuery>) -> Response {
-    Json(json!({"chat_id": q.chat_id, "notices": gw.work.take_notices(&q.chat_id)})).into_response()
+pub async fn notices(State(gw): State<Arc<App>>, Query(q): Query<NoticeQuery>) -> Response {
+    Json(json!({"chat_id": q.chat_id, "notices": gw.work.notices.take(gw.home.dir(), &q.chat_id)})).into_response()
 }

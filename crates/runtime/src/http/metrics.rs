@@ -10,9 +10,9 @@ use axum::response::{IntoResponse, Response};
 
 use gatewarden_agent::ProviderStatus;
 
-use crate::gateway::Gateway;
+use crate::app::App;
 
-pub async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
+pub async fn metrics(State(gw): State<Arc<App>>) -> Response {
     let m = &gw.work.metrics;
     let counts = gw.work.with_journal(|j| j.counts()).await.ok();
     let mut out = String::with_capacity(1024);
@@ -54,8 +54,8 @@ pub async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
 }
 
 /// Per chat-platform adapter gauges and counters (crates/runtime/src/platforms.rs).
-async fn platform_metrics(gw: &Arc<Gateway>, out: &mut String) {
-    let snaps = gw.work.platforms().snapshots();
+async fn platform_metrics(gw: &Arc<App>, out: &mut String) {
+    let snaps = gw.platforms.snapshots();
     if snaps.is_empty() {
         return;
     }
@@ -116,7 +116,7 @@ async fn platform_metrics(gw: &Arc<Gateway>, out: &mut String) {
 }
 
 /// Tokens used and the openai backend's providers (crates/agent/src/backend/provider.rs).
-fn provider_metrics(gw: &Arc<Gateway>, out: &mut String) {
+fn provider_metrics(gw: &Arc<App>, out: &mut String) {
     let m = &gw.work.metrics;
     let _ = writeln!(out, "# HELP gatewarden_tokens_total Tokens the upstream reported, this incarnation.");
     let _ = writeln!(out, "# TYPE gatewarden_tokens_total counter");

@@ -16,7 +16,8 @@ use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
 use gatewarden_lifecycle::records::GatewayState;
 
-use crate::gateway::Gateway;
+use crate::app::App;
+use crate::worker::Work;
 
 mod messages;
 mod metrics;
@@ -32,7 +33,7 @@ pub mod fuzzing {
     pub use super::openai::{ChatMessage, CompletionIn, text_of};
 }
 
-pub fn router(gw: Arc<Gateway>) -> Router {
+pub fn router(gw: Arc<App>) -> Router {
     let api = Router::new()
         .route("/v1/status", get(status))
         .route("/v1/messages", post(messages::post))
@@ -55,10 +56,10 @@ pub fn router(gw: Arc<Gateway>) -> Router {
 
 /// Refuses a request whose `Host` names another site (421 Misdirected Request). A request
 /// without `Host` (HTTP/1.0 tools) passes: browsers always send one.
-async fn host_check(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
+async fn host_check(State(gw): State<Arc<App>>, req: Request, next: Next) -> Response {
     let host = req.headers().get(header::HOST).map(|v| v.to_str().unwrap_or("\u{fffd}").to_owned());
     match host {
-        Some(h) if !gw.work.host_allowed(&h, gw.listen()) => messages::error(
+        Some(h) if !host_allowed(&gw.work, &h, gw.listen()) => messages::error(
             StatusCode::MISDIRECTED_REQUEST,
             "misdirected",
             format!(
@@ -74,7 +75,7 @@ async fn host_check(State(gw): State<Arc<Gateway>>, req: Request, next: Next) ->
 /// handler forever; and within the [`BODY_BUDGET`] shared by every connection (503 at once
 /// past it), so many unfinished bodies cannot take the gateway's memory. The share is held
 /// until the handler is done with the bytes.
-async fn body_deadline(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
+async fn body_deadline(State(gw): State<Arc<App>>, req: Request, next: Next) -> Response {
     let (parts, body) = req.into_parts();
     let declared = parts
         .headers
@@ -212,10 +213,10 @@ async fn read_body(mut body: axum::body::Body, share: &mut BodyShare<'_>) -> Res
     }
 }
 
-async fn auth(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
+async fn auth(State(gw): State<Arc<App>>, req: Request, next: Next) -> Response {
     let Some(token) = gw.work.api_token.as_deref() else { return next.run(req).await };
     let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer).unwrap_or("");
-    if crate::work::token_eq(given.as_bytes(), token.as_bytes()) {
+    if token_eq(given.as_bytes(), token.as_bytes()) {
         next.run(req).await
     } else {
         (
@@ -237,7 +238,7 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
+async fn readyz(State(gw): State<Arc<App>>) -> impl IntoResponse {
     match gw.phase.get() {
         GatewayState::Running if !gw.is_active() => (StatusCode::SERVICE_UNAVAILABLE, "standby\n".to_string()),
         GatewayState::Running => (StatusCode::OK, "ready\n".to_string()),
@@ -245,7 +246,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     }
 }
 
-async fn status(State(gw): State<Arc<Gateway>>) -> Json<gatewarden_control::StatusReport> {
+async fn status(State(gw): State<Arc<App>>) -> Json<gatewarden_control::StatusReport> {
     Json(gw.status())
 }
 
@@ -279,8 +280,66 @@ pub fn bind(addr: &str, patience: Duration) -> Result<std::net::TcpListener, Str
     }
 }
 
+/// Whether a request's `Host` header names this gateway: a loopback name, the bound address,
+/// or one of `[http] allowed_hosts` (a configured name without a port matches every port).
+fn host_allowed(work: &Work, host: &str, bound: Option<&str>) -> bool {
+    if !work.host_check {
+        return true;
+    }
+    let host = host.trim().to_ascii_lowercase();
+    let name = host_name(&host);
+    if matches!(name, "localhost" | "127.0.0.1" | "[::1]") {
+        return true;
+    }
+    if let Some(b) = bound.and_then(|b| b.parse::<std::net::SocketAddr>().ok())
+        && !b.ip().is_unspecified()
+        && name == host_name(&b.to_string())
+    {
+        return true;
+    }
+    work.http.allowed_hosts.iter().any(|a| {
+        let a = a.to_ascii_lowercase();
+        if host_name(&a) == a { a == name } else { a == host }
+    })
+}
+
+/// The name part of a `Host` value (`name[:port]` or `[v6][:port]`), brackets kept.
+fn host_name(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.find(']').map_or(host, |end| &host[..=end]);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if !name.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+/// Constant-time comparison for bearer tokens (the length is not secret).
+fn token_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 #[cfg(test)]
 mod tests {
+    use super::{host_name, token_eq};
+
+    #[test]
+    fn host_names() {
+        assert_eq!(host_name("localhost:7878"), "localhost");
+        assert_eq!(host_name("[::1]:7878"), "[::1]");
+        assert_eq!(host_name("[::1]"), "[::1]");
+        assert_eq!(host_name("evil.example"), "evil.example");
+        assert_eq!(host_name("127.0.0.1"), "127.0.0.1");
+    }
+
+    #[test]
+    fn token_comparison() {
+        assert!(token_eq(b"secret", b"secret"));
+        assert!(!token_eq(b"secret", b"secreT"));
+        assert!(!token_eq(b"secret", b"secret2"));
+        assert!(!token_eq(b"", b"x"));
+    }
+
     #[test]
     fn body_shares_never_exceed_the_budget_and_are_given_back() {
         let budget = super::BodyBudget::new(100);

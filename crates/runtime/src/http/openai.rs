@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::messages::{agent_error, error, unavailable};
-use crate::gateway::Gateway;
+use crate::app::App;
 
 #[derive(Debug, Deserialize)]
 pub struct CompletionIn {
@@ -62,12 +62,12 @@ fn now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-pub async fn models(State(gw): State<Arc<Gateway>>) -> Response {
+pub async fn models(State(gw): State<Arc<App>>) -> Response {
     Json(json!({"object": "list", "data": [{"id": gw.work.model, "object": "model", "created": 0, "owned_by": "gatewarden"}]}))
         .into_response()
 }
 
-pub async fn completions(State(gw): State<Arc<Gateway>>, Json(body): Json<CompletionIn>) -> Response {
+pub async fn completions(State(gw): State<Arc<App>>, Json(body): Json<CompletionIn>) -> Response {
     let Some(last_at) = body.messages.iter().rposition(|m| m.role == "user") else {
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", "no message with role \"user\"");
     };

@@ -20,7 +20,7 @@
 //!   still open first get [`IDLE_GRACE`] (ending early once none remain), so a client that just
 //!   picked an idle connection still gets its response; then graceful shutdown, with in-flight
 //!   requests bounded by what is left of the drain budget (at least [`STOP_GRACE`]). Runs still
-//!   active then are cancelled, as the drain does, and get [`crate::CANCEL_GRACE`].
+//!   active then are cancelled, as the drain does, and get [`crate::drain::CANCEL_GRACE`].
 //!
 //! Floods (docs/security.md): open connections are capped ([`super::resources::connection_cap`],
 //! below the descriptor limit so the lifecycle always has descriptors). At the cap a new
@@ -54,6 +54,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::app::App;
 use crate::gateway::Gateway;
 
 /// While handing over: how long connections still open at `stopping` stay served before the
@@ -65,8 +66,8 @@ pub const STOP_GRACE: Duration = Duration::from_secs(2);
 /// Serves `app` on `listener` until the phase says stop, then winds the connections down (see
 /// the module docs). Returns once every connection has ended or its bound ran out; every wait
 /// is bounded (at most the rest of `drain_timeout`, plus [`IDLE_GRACE`], [`STOP_GRACE`] and
-/// [`crate::CANCEL_GRACE`]).
-pub async fn serve(listener: TcpListener, app: Router, gw: Arc<Gateway>, drain_timeout: Duration) {
+/// [`crate::drain::CANCEL_GRACE`]).
+pub async fn serve(listener: TcpListener, app: Router, gw: Arc<App>, drain_timeout: Duration) {
     super::resources::tune_allocator();
     let nofile = super::resources::raise_nofile();
     let cap = super::resources::connection_cap(gw.work.http.max_connections, nofile);
@@ -135,7 +136,7 @@ pub async fn serve(listener: TcpListener, app: Router, gw: Arc<Gateway>, drain_t
     // the drain's own leftovers, so their clients get an answer instead of a cut connection.
     if gw.runs.active() > 0 && !gw.work.cancel.is_cancelled() {
         gw.work.cancel_all();
-        let _ = tokio::time::timeout(crate::CANCEL_GRACE, join_all(&mut conns)).await;
+        let _ = tokio::time::timeout(crate::drain::CANCEL_GRACE, join_all(&mut conns)).await;
     }
     if !conns.is_empty() {
         crate::warn!("closing {} HTTP connection(s) that did not finish in time", conns.len());
@@ -353,7 +354,7 @@ async fn release_after_bursts(open: Arc<Open>) {
 async fn connection(
     stream: TcpStream,
     router: TowerToHyperService<Router>,
-    gw: Arc<Gateway>,
+    gw: Arc<App>,
     shutdown: CancellationToken,
     registered: Registered,
     header_timeout: Duration,
@@ -419,7 +420,7 @@ mod tests {
     use crate::gateway::Incarnation;
 
     struct Fixture {
-        gw: Arc<Gateway>,
+        gw: Arc<App>,
         addr: std::net::SocketAddr,
         server: tokio::task::JoinHandle<()>,
         _dir: tempfile::TempDir,
@@ -430,10 +431,17 @@ mod tests {
         let home = gatewarden_lifecycle::Home::at(dir.path());
         let config = gatewarden_config::Config::default();
         let journal = Arc::new(gatewarden_journal::Journal::open_in(dir.path()).unwrap());
-        let work =
-            Arc::new(crate::work::Work::new(gatewarden_agent::build_agent(&config.agent), journal, &config, true));
+        let (wake, wakes) = crate::intake::Wake::channel();
+        let work = Arc::new(crate::worker::Work::new(
+            gatewarden_agent::build_agent(&config.agent),
+            journal,
+            &config,
+            true,
+            Default::default(),
+            wake,
+        ));
         let me = Incarnation::current(SystemTime::now(), StdInstant::now());
-        let gw = Arc::new(Gateway::new(
+        let core = Arc::new(Gateway::new(
             home,
             me,
             gatewarden_lifecycle::supervisor::Detection {
@@ -441,8 +449,8 @@ mod tests {
                 evidence: "test".into(),
             },
             "test".into(),
-            work,
         ));
+        let gw = Arc::new(App::new(core, work, Default::default(), wakes));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(serve(

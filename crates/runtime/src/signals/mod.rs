@@ -30,3 +30,25 @@ impl SignalKind {
         }
     }
 }
+
+/// Where a gateway's OS signals come from: the installed handlers ([`Signals`], in `run`), or a
+/// channel that a test sends [`SignalKind`]s on (`serve` takes either).
+pub trait Shutdown: Send {
+    /// The next signal; pending for ever when there are no more.
+    fn recv(&mut self) -> impl std::future::Future<Output = SignalKind> + Send;
+}
+
+impl Shutdown for Signals {
+    fn recv(&mut self) -> impl std::future::Future<Output = SignalKind> + Send {
+        Signals::recv(self)
+    }
+}
+
+impl Shutdown for tokio::sync::mpsc::UnboundedReceiver<SignalKind> {
+    async fn recv(&mut self) -> SignalKind {
+        match tokio::sync::mpsc::UnboundedReceiver::recv(self).await {
+            Some(s) => s,
+            None => std::future::pending().await,
+        }
+    }
+}

@@ -1,0 +1,22 @@
+// Live updates: each SSE event is named after a fragment id and carries its new HTML.
+(function () {
+  var b = document.body, src = b.dataset.events;
+  if (src && window.EventSource) {
+    var es = new EventSource(src);
+    (b.dataset.fragments || "").split(" ").forEach(function (id) {
+      es.addEventListener(id, function (e) {
+        var el = document.getElementById(id);
+        if (el) el.outerHTML = e.data;
+      });
+    });
+    es.onopen = function () { b.classList.remove("stale"); };
+    es.onerror = function () { b.classList.add("stale"); };
+  }
+  document.addEventListener("submit", function (e) {
+    var m = e.target.dataset.confirm;
+    if (m && !window.confirm(m)) e.preventDefault();
+  });
+  document.addEventListener("change", function (e) {
+    if (e.target.id === "level") document.getElementById("logwrap").dataset.min = e.target.value;
+  });
+})();

@@ -1,0 +1,24 @@
+//! gatewarden-dashboard: the gateway's web dashboard, as pure parts the runtime wires later.
+//!
+//! * [`snapshot`]: the plain data a page is rendered from ([`Snapshot`], [`HomeSummary`]).
+//! * [`timeline`]: the ledger reduced to incarnations (how each ended, who asked).
+//! * [`render`]: the main page, its live fragments, the fleet page (HTML with inline SVG).
+//! * [`text`]: the same snapshot as plain text, for a terminal view.
+//! * [`sse`]: the server-sent-events encoder and the fragment ids the page's script swaps.
+//! * [`auth`]: token → session cookie, CSRF, `Origin`/`Host` checks.
+//! * [`gather`]: a snapshot from a home's files (ledger, desired state, state file, OS lock).
+//! * [`registry`]: the per-user registry of gateway homes the fleet page lists.
+//!
+//! Nothing here listens or spawns: see docs/architecture.md ("Dashboard") for what is wired.
+
+pub mod auth;
+pub mod gather;
+pub mod registry;
+pub mod render;
+pub mod snapshot;
+pub mod sse;
+pub mod text;
+pub mod timeline;
+
+pub use render::{Viewer, fleet, fragment, page};
+pub use snapshot::{HomeSummary, Snapshot};

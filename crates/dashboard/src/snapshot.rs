@@ -1,0 +1,375 @@
+//! What a page is rendered from: plain data the gateway already has, gathered in one call.
+//!
+//! The core is the status report (`StatusReport`, crates/control/src/proto.rs: the same shape
+//! as `status --json` and `GET /v1/status`), the ledger tail (crates/lifecycle/src/ledger.rs)
+//! and the desired state (crates/lifecycle/src/desired.rs). The rest are small views of things
+//! the runtime knows (runs, the journal's queue, doctor findings, the log tail); a field left
+//! empty renders as a named empty state, never as a missing section.
+
+use gatewarden_control::proto::StatusReport;
+use gatewarden_lifecycle::desired::Desired;
+use gatewarden_lifecycle::ledger::Line;
+use gatewarden_lifecycle::records::StateRecord;
+use serde_json::Value;
+
+/// Everything one dashboard page shows about one home.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub status: StatusReport,
+    /// The ledger's tail, oldest first (`ledger::read_tail`).
+    pub ledger: Vec<Line>,
+    pub desired: Option<Desired>,
+    /// What the OS lock says, next to what the state file says.
+    pub lock: LockView,
+    pub state_file: Option<StateRecord>,
+    /// Render time, µs since the epoch (`timefmt::to_micros`): the timeline's right edge.
+    pub now_us: i128,
+    pub runs: Vec<RunView>,
+    pub drain: Option<DrainView>,
+    pub queue: Option<QueueCounts>,
+    pub doctor: Vec<Finding>,
+    pub update: Option<UpdateView>,
+    pub log_tail: Vec<LogLine>,
+}
+
+/// The OS lock (`gateway.lock`) as a probe saw it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LockView {
+    #[default]
+    Unknown,
+    Free,
+    /// Held; by this pid when the holder could be named.
+    Held {
+        pid: Option<u32>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunView {
+    pub id: String,
+    pub chat: String,
+    pub backend: String,
+    pub elapsed_s: f64,
+    pub streaming: bool,
+}
+
+/// A drain in progress: runs when it began, runs left, and its deadline (µs since the epoch).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DrainView {
+    pub runs_at_start: u64,
+    pub remaining: u64,
+    pub deadline_us: Option<i128>,
+}
+
+/// The journal's queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueCounts {
+    pub queued: u64,
+    pub running: u64,
+    pub failed: u64,
+    pub given_up: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// `ok`, `warn`, `fail`.
+    pub severity: String,
+    pub code: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpdateView {
+    pub version: String,
+    /// The last transaction's phase (`committed`, `rolled_back`, `failed`) and versions.
+    pub last_phase: Option<String>,
+    pub last_from: Option<String>,
+    pub last_to: Option<String>,
+    pub blessed: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    pub level: String,
+    pub text: String,
+}
+
+/// The cluster facts of a status report (`extra.cluster`, crates/cluster/src/driver.rs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterView {
+    pub name: String,
+    pub role: String,
+    pub epoch: Option<i64>,
+    /// The active's host and listen address, when one is known.
+    pub active: Option<String>,
+}
+
+/// One adapter's line of `extra.platforms` (crates/runtime/src/platforms.rs `report`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlatformView {
+    pub name: String,
+    pub kind: String,
+    pub state: String,
+    pub reason: Option<String>,
+    pub lag_s: Option<f64>,
+    pub received: u64,
+    pub sent: u64,
+}
+
+impl Snapshot {
+    pub fn cluster(&self) -> Option<ClusterView> {
+        let c = self.status.extra.get("cluster")?.as_object()?;
+        let s = |k: &str| c.get(k).and_then(Value::as_str).map(str::to_owned);
+        let active = c.get("active").and_then(Value::as_object).map(|a| {
+            let host = a.get("host").and_then(Value::as_str).unwrap_or("?");
+            match a.get("listen").and_then(Value::as_str) {
+                Some(l) => format!("{host} ({l})"),
+                None => host.to_owned(),
+            }
+        });
+        Some(ClusterView {
+            name: s("name").unwrap_or_default(),
+            role: s("role").unwrap_or_else(|| "unknown".into()),
+            epoch: c.get("epoch").and_then(Value::as_i64),
+            active,
+        })
+    }
+
+    pub fn platforms(&self) -> Vec<PlatformView> {
+        let Some(list) = self.status.extra.get("platforms").and_then(Value::as_array) else { return Vec::new() };
+        list.iter()
+            .filter_map(Value::as_object)
+            .map(|p| {
+                let s = |k: &str| p.get(k).and_then(Value::as_str).map(str::to_owned);
+                PlatformView {
+                    name: s("name").unwrap_or_default(),
+                    kind: s("kind").unwrap_or_default(),
+                    state: s("state").unwrap_or_else(|| "unknown".into()),
+                    reason: s("reason"),
+                    lag_s: p.get("lag_s").and_then(Value::as_f64),
+                    received: p.get("received").and_then(Value::as_u64).unwrap_or(0),
+                    sent: p.get("sent").and_then(Value::as_u64).unwrap_or(0),
+                }
+            })
+            .collect()
+    }
+
+    /// What the status report adds in words (crates/ops/src/status.rs): a crash
+    /// loop, why the gateway is unresponsive, records not yet published, the service manager's
+    /// view, a note. In that order, each `(label, text)`.
+    pub fn notes(&self) -> Vec<(&'static str, String)> {
+        let x = &self.status.extra;
+        let text = |v: &Value| match v {
+            Value::String(s) => Some(s.clone()),
+            Value::Null => None,
+            other => Some(other.to_string()),
+        };
+        let mut out = Vec::new();
+        if let Some(s) = x.get("crash_loop").and_then(|c| c.get("sentence")).and_then(text) {
+            out.push(("crash loop", s));
+        }
+        if let Some(s) = x.get("unresponsive").and_then(text) {
+            out.push(("unresponsive", s));
+        }
+        if let Some(s) = x.get("records").and_then(text) {
+            out.push(("records", s));
+        }
+        if let Some(m) = x.get("service").and_then(Value::as_object) {
+            let f = |k: &str| m.get(k).and_then(text).unwrap_or_else(|| "?".into());
+            out.push((
+                "service",
+                format!(
+                    "{} {} ({}): active {}, main pid {}",
+                    f("manager"),
+                    f("unit"),
+                    f("scope"),
+                    f("active"),
+                    f("main_pid")
+                ),
+            ));
+        }
+        if let Some(s) = x.get("note").and_then(text) {
+            out.push(("note", s));
+        }
+        out
+    }
+
+    /// The supervisor's evidence (`extra.supervisor_evidence`), as text.
+    pub fn supervisor_evidence(&self) -> Option<String> {
+        match self.status.extra.get("supervisor_evidence")? {
+            Value::String(s) => Some(s.clone()),
+            Value::Null => None,
+            other => Some(other.to_string()),
+        }
+    }
+
+    /// When the OS lock and the state file tell different stories, both sides in words
+    /// (`("OS lock: held by pid 7", "state file: stopped (pid 6)")`); `None` when they agree or
+    /// either is unknown. The disagreement is the bug report, so the page shows it verbatim.
+    pub fn disagreement(&self) -> Option<(String, String)> {
+        let sf = self.state_file.as_ref();
+        let file_says = || match sf {
+            Some(s) => format!("state file: {} (pid {})", s.gateway_state, s.record.pid),
+            None => "state file: none".to_owned(),
+        };
+        let live_state = sf.is_some_and(|s| {
+            !matches!(
+                s.gateway_state,
+                gatewarden_lifecycle::records::GatewayState::Stopped
+                    | gatewarden_lifecycle::records::GatewayState::StartupFailed
+            )
+        });
+        match self.lock {
+            LockView::Unknown => None,
+            LockView::Free if live_state => Some(("OS lock: free (no gateway holds it)".into(), file_says())),
+            LockView::Free => None,
+            LockView::Held { pid } => {
+                let lock_says = match pid {
+                    Some(p) => format!("OS lock: held by pid {p}"),
+                    None => "OS lock: held".to_owned(),
+                };
+                match (pid, sf) {
+                    (_, None) => Some((lock_says, file_says())),
+                    (Some(p), Some(s)) if s.record.pid != p || !live_state => Some((lock_says, file_says())),
+                    (None, Some(_)) if !live_state => Some((lock_says, file_says())),
+                    _ => None,
+                }
+            }
+        }
+    }
+}
+
+/// One home in the fleet page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HomeSummary {
+    pub path: String,
+    /// `running`, `stopped`, `draining`, …, or `unknown`.
+    pub state: String,
+    pub pid: Option<u32>,
+    pub version: Option<String>,
+    pub listen: Option<String>,
+    pub last_exit_code: Option<i32>,
+    pub last_exit_reason: Option<String>,
+    /// `gatewarden` or `hermes`.
+    pub kind: String,
+}
+
+impl HomeSummary {
+    /// From a status report (`status --json`'s shape: a stopped home carries `last_state`,
+    /// `last_exit_code` and `last_exit_reason` in `extra`).
+    pub fn from_status(r: &StatusReport) -> HomeSummary {
+        let extra_str = |k: &str| r.extra.get(k).and_then(Value::as_str).map(str::to_owned);
+        let state = match (&r.state, r.running) {
+            (Some(s), _) => s.clone(),
+            (None, true) => "running".into(),
+            (None, false) => "stopped".into(),
+        };
+        HomeSummary {
+            path: r.home.clone(),
+            state,
+            pid: r.pid.filter(|_| r.running),
+            version: r.version.clone(),
+            listen: r.listen.clone().filter(|_| r.running),
+            last_exit_code: r.extra.get("last_exit_code").and_then(Value::as_i64).and_then(|c| i32::try_from(c).ok()),
+            last_exit_reason: extra_str("last_exit_reason"),
+            kind: extra_str("kind").unwrap_or_else(|| "gatewarden".into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gatewarden_lifecycle::records::{GatewayState, PidRecord};
+    use serde_json::json;
+
+    fn state(pid: u32, s: GatewayState) -> StateRecord {
+        StateRecord {
+            record: PidRecord {
+                pid,
+                kind: None,
+                argv: vec![],
+                start_time: None,
+                home: None,
+                incarnation: None,
+                version: None,
+                started_at: None,
+            },
+            gateway_state: s,
+            exit_reason: None,
+            exit_code: None,
+            active_runs: 0,
+            listen: None,
+            control: None,
+            supervisor: None,
+            updated_at: None,
+        }
+    }
+
+    #[test]
+    fn lock_and_state_file_disagreements() {
+        let mut s = Snapshot { lock: LockView::Held { pid: Some(7) }, ..Snapshot::default() };
+        s.state_file = Some(state(7, GatewayState::Running));
+        assert_eq!(s.disagreement(), None);
+        s.state_file = Some(state(6, GatewayState::Running));
+        assert_eq!(s.disagreement(), Some(("OS lock: held by pid 7".into(), "state file: running (pid 6)".into())));
+        s.state_file = Some(state(7, GatewayState::Stopped));
+        assert!(s.disagreement().is_some());
+        s.lock = LockView::Free;
+        assert_eq!(s.disagreement(), None);
+        s.state_file = Some(state(7, GatewayState::Draining));
+        assert_eq!(s.disagreement().unwrap().0, "OS lock: free (no gateway holds it)");
+        s.lock = LockView::Unknown;
+        assert_eq!(s.disagreement(), None);
+    }
+
+    #[test]
+    fn cluster_and_platforms_from_the_status_extras() {
+        let mut s = Snapshot::default();
+        assert_eq!(s.cluster(), None);
+        assert!(s.platforms().is_empty());
+        s.status.extra.insert(
+            "cluster".into(),
+            json!({"name":"c1","role":"standby","epoch":4,"active":{"host":"h2","listen":"10.0.0.2:8080"}}),
+        );
+        s.status.extra.insert(
+            "platforms".into(),
+            json!([{"name":"tg","kind":"telegram","state":"retrying","reason":"401","lag_s":1.5,"received":3,"sent":2}]),
+        );
+        let c = s.cluster().unwrap();
+        assert_eq!((c.role.as_str(), c.epoch, c.active.as_deref()), ("standby", Some(4), Some("h2 (10.0.0.2:8080)")));
+        let p = &s.platforms()[0];
+        assert_eq!(
+            (p.name.as_str(), p.state.as_str(), p.reason.as_deref(), p.sent),
+            ("tg", "retrying", Some("401"), 2)
+        );
+    }
+
+    #[test]
+    fn notes_from_the_status_extras() {
+        let mut s = Snapshot::default();
+        assert!(s.notes().is_empty());
+        s.status.extra.insert("crash_loop".into(), json!({"sentence": "3 crashes in 60 s", "detail": {}}));
+        s.status.extra.insert(
+            "service".into(),
+            json!({"manager": "systemd", "scope": "user", "unit": "gw.service", "active": true, "main_pid": 9}),
+        );
+        s.status.extra.insert("note".into(), json!("control endpoint not answering yet"));
+        let labels: Vec<&str> = s.notes().iter().map(|(l, _)| *l).collect();
+        assert_eq!(labels, ["crash loop", "service", "note"]);
+        assert_eq!(s.notes()[1].1, "systemd gw.service (user): active true, main pid 9");
+    }
+
+    #[test]
+    fn a_stopped_home_keeps_its_last_exit() {
+        let mut r = StatusReport { home: "/h".into(), ..StatusReport::default() };
+        r.extra.insert("last_state".into(), json!("stopped"));
+        r.extra.insert("last_exit_code".into(), json!(78));
+        r.extra.insert("last_exit_reason".into(), json!("port taken"));
+        let h = HomeSummary::from_status(&r);
+        assert_eq!(
+            (h.state.as_str(), h.last_exit_code, h.last_exit_reason.as_deref()),
+            ("stopped", Some(78), Some("port taken"))
+        );
+    }
+}

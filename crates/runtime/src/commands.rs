@@ -1,0 +1,212 @@
+//! Chat commands, decided without side effects: the text and its sender in, a
+//! [`CommandOutcome`] out. Who may run what is data ([`Admins`], from config.toml), so the one
+//! rule is tested here without a gateway; carrying a command out is the worker's
+//! (`Work::command`, worker.rs).
+
+use std::collections::BTreeMap;
+
+/// A parsed chat command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    Status,
+    Restart,
+    Stop,
+    Help,
+    /// Start a fresh conversation in this chat.
+    New,
+    Update,
+}
+
+/// `/help`'s reply.
+pub const HELP: &str =
+    "commands: /status, /new (fresh conversation), /restart (admins), /stop (admins), /update (admins), /help";
+
+impl Command {
+    /// What the user typed, for replies.
+    pub fn name(self) -> &'static str {
+        match self {
+            Command::Status => "/status",
+            Command::Restart => "/restart",
+            Command::Stop => "/stop",
+            Command::Help => "/help",
+            Command::New => "/new",
+            Command::Update => "/update",
+        }
+    }
+
+    /// Whether only an admin may run it (see [`Admins::may_run`]).
+    pub fn needs_admin(self) -> bool {
+        matches!(self, Command::Restart | Command::Stop | Command::Update)
+    }
+}
+
+/// `/restart`, `/restart@botname` and `/restart now` are commands; `/unknown` and text that
+/// merely mentions `/restart` are ordinary messages.
+pub fn parse_command(text: &str) -> Option<Command> {
+    let word = text.split_whitespace().next()?;
+    let name = word.strip_prefix('/')?.split('@').next()?;
+    Some(match name.to_ascii_lowercase().as_str() {
+        "status" => Command::Status,
+        "restart" => Command::Restart,
+        "stop" => Command::Stop,
+        "help" => Command::Help,
+        "new" => Command::New,
+        "update" => Command::Update,
+        _ => return None,
+    })
+}
+
+/// The channel a chat message came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel<'a> {
+    /// The HTTP API (`/v1/messages`): its user ids are only identities with the API token.
+    Http,
+    /// A chat platform adapter, by name: its user ids are the platform's.
+    Platform(&'a str),
+}
+
+/// Who sent a chat message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sender<'a> {
+    pub channel: Channel<'a>,
+    pub user_id: &'a str,
+}
+
+/// Who may run the admin commands, as config.toml says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Admins {
+    /// Top-level `admins`: HTTP identities.
+    pub http: Vec<String>,
+    /// Whether `api_token` is set: without it a user id in a request body is not an identity,
+    /// so nobody is an admin over HTTP (the local owner uses the control socket).
+    pub api_token: bool,
+    /// `[[platform]] admins`, by adapter name.
+    pub platforms: BTreeMap<String, Vec<String>>,
+}
+
+impl Admins {
+    /// The one rule for who may run which command: `/restart`, `/stop` and `/update` need an
+    /// admin of the channel the command came through — a chat platform's `[[platform]] admins`
+    /// (its identities are the platform's), or over HTTP a top-level `admins` entry that came
+    /// with the API token. Everything else is for everyone.
+    pub fn may_run(&self, cmd: Command, from: Sender<'_>) -> bool {
+        let listed = |ids: &[String]| ids.iter().any(|a| a == from.user_id);
+        !cmd.needs_admin()
+            || match from.channel {
+                Channel::Platform(p) => self.platforms.get(p).is_some_and(|ids| listed(ids)),
+                Channel::Http => self.api_token && listed(&self.http),
+            }
+    }
+
+    /// The reply to a sender who may not run `cmd`.
+    fn refusal(&self, cmd: Command, from: Sender<'_>) -> String {
+        match from.channel {
+            Channel::Platform(_) => {
+                format!("{} is for this platform's admins ([[platform]] admins in config.toml)", cmd.name())
+            }
+            Channel::Http if self.api_token => "commands are for the admins listed in config.toml".into(),
+            Channel::Http => "commands need api_token and your user id in admins (config.toml); on this machine use `gatewarden stop`, `gatewarden restart` or `gatewarden send /stop`".into(),
+        }
+    }
+}
+
+/// What a chat message is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommandOutcome {
+    /// Not a command: an ordinary message for the agent.
+    Message,
+    /// A command its sender may not run; `reply` says who may.
+    Refused { cmd: Command, reply: String },
+    /// A command to carry out.
+    Run(Command),
+}
+
+/// Decides what `text` from `from` is.
+pub fn decide(text: &str, from: Sender<'_>, admins: &Admins) -> CommandOutcome {
+    match parse_command(text) {
+        None => CommandOutcome::Message,
+        Some(cmd) if admins.may_run(cmd, from) => CommandOutcome::Run(cmd),
+        Some(cmd) => CommandOutcome::Refused { cmd, reply: admins.refusal(cmd, from) },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_recognised_only_at_the_start() {
+        assert_eq!(parse_command("/restart"), Some(Command::Restart));
+        assert_eq!(parse_command("  /RESTART now"), Some(Command::Restart));
+        assert_eq!(parse_command("/stop@gatewarden_bot"), Some(Command::Stop));
+        assert_eq!(parse_command("/status"), Some(Command::Status));
+        assert_eq!(parse_command("/help"), Some(Command::Help));
+        assert_eq!(parse_command("/new"), Some(Command::New));
+        assert_eq!(parse_command("/update"), Some(Command::Update));
+        assert_eq!(parse_command("please /restart"), None);
+        assert_eq!(parse_command("/unknown"), None);
+        assert_eq!(parse_command(""), None);
+    }
+
+    fn admins(token: bool) -> Admins {
+        Admins {
+            http: vec!["u-admin".into()],
+            api_token: token,
+            platforms: BTreeMap::from([("tg".to_owned(), vec!["42".to_owned()])]),
+        }
+    }
+
+    const fn http(user_id: &str) -> Sender<'_> {
+        Sender { channel: Channel::Http, user_id }
+    }
+
+    const fn tg(user_id: &str) -> Sender<'_> {
+        Sender { channel: Channel::Platform("tg"), user_id }
+    }
+
+    #[test]
+    fn everyone_may_ask_for_status_help_and_new() {
+        let a = admins(false);
+        for text in ["/status", "/help", "/new"] {
+            for from in [http("anyone"), tg("7"), Sender { channel: Channel::Platform("nope"), user_id: "" }] {
+                assert!(matches!(decide(text, from, &a), CommandOutcome::Run(_)), "{text} from {from:?}");
+            }
+        }
+        assert_eq!(decide("hello /restart", http("anyone"), &a), CommandOutcome::Message);
+    }
+
+    /// Over HTTP an admin is a listed id that came with the API token; without a token nobody is.
+    #[test]
+    fn http_admins_need_the_token() {
+        for cmd in ["/restart", "/stop", "/update"] {
+            assert!(matches!(decide(cmd, http("u-admin"), &admins(true)), CommandOutcome::Run(_)), "{cmd}");
+            let CommandOutcome::Refused { reply, .. } = decide(cmd, http("u-admin"), &admins(false)) else {
+                panic!("{cmd} without a token must be refused");
+            };
+            assert!(reply.contains("api_token"), "{reply}");
+            let CommandOutcome::Refused { reply, .. } = decide(cmd, http("someone"), &admins(true)) else {
+                panic!("{cmd} from a non-admin must be refused");
+            };
+            assert_eq!(reply, "commands are for the admins listed in config.toml");
+        }
+    }
+
+    /// A platform's admins are its own: the HTTP admin list does not count there, nor does
+    /// another platform's.
+    #[test]
+    fn platform_admins_are_per_platform() {
+        let a = admins(true);
+        assert_eq!(decide("/restart", tg("42"), &a), CommandOutcome::Run(Command::Restart));
+        let out = decide("/stop@bot", tg("u-admin"), &a);
+        assert_eq!(
+            out,
+            CommandOutcome::Refused {
+                cmd: Command::Stop,
+                reply: "/stop is for this platform's admins ([[platform]] admins in config.toml)".into()
+            }
+        );
+        let other = Sender { channel: Channel::Platform("matrix"), user_id: "42" };
+        assert!(matches!(decide("/restart", other, &a), CommandOutcome::Refused { .. }));
+        assert!(matches!(decide("/restart", http("42"), &a), CommandOutcome::Refused { .. }));
+    }
+}
