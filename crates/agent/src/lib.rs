@@ -6,5 +6,6 @@
 pub mod backend;
 
 pub use backend::{
-    Agent, AgentError, AgentFuture, AgentReply, AgentRequest, Turn, build_agent, build_agent_with_env, within_budget,
+    Agent, AgentError, AgentFuture, AgentReply, AgentRequest, ProviderEvent, ProviderStatus, Turn, Usage, build_agent,
+    build_agent_with_env, within_budget,
 };

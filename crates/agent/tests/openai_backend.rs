@@ -206,8 +206,9 @@ async fn stream_cut_before_done_fails() {
 
 #[tokio::test]
 async fn upstream_error_status_is_reported() {
+    // 400 is not retried (429 and 5xx are: tests/openai_failover.rs).
     let (addr, _seen) = upstream(|mut sock| async move {
-        sock.write_all(json_response("429 Too Many Requests", r#"{"error":{"message":"rate limited"}}"#).as_bytes())
+        sock.write_all(json_response("400 Bad Request", r#"{"error":{"message":"bad messages"}}"#).as_bytes())
             .await
             .unwrap();
     })
@@ -216,8 +217,8 @@ async fn upstream_error_status_is_reported() {
     let r = a.run(req("x"), CancellationToken::new()).await;
     match r {
         Err(AgentError::Upstream { status, body }) => {
-            assert_eq!(status, 429);
-            assert!(body.contains("rate limited"), "{body}");
+            assert_eq!(status, 400);
+            assert!(body.contains("bad messages"), "{body}");
         }
         other => panic!("expected Upstream, got {other:?}"),
     }

@@ -55,6 +55,11 @@ const AGENT_KEYS: &[&str] = &[
     "history_turns",
     "history_chars",
     "ca_file",
+    "provider",
+    "retries",
+    "backoff_ms",
+    "cooldown_s",
+    "attempt_timeout_s",
 ];
 const PLATFORM_KEYS: &[&str] = &[
     "kind",
@@ -472,6 +477,16 @@ pub struct AgentConfig {
     pub history_chars: usize,
     /// openai: a private CA (PEM) for an https upstream (crates/net).
     pub ca_file: Option<PathBuf>,
+    /// openai: `[[agent.provider]]` upstreams, tried in order (see [`ProviderConfig`]).
+    pub provider: Vec<ProviderConfig>,
+    /// openai: retries of one provider (429, 5xx, refused, timed out) before the next one.
+    pub retries: u32,
+    /// openai: the first retry's backoff; doubled per retry, jittered, capped at 30 s.
+    pub backoff_ms: u64,
+    /// openai: a provider that failed this many calls in a row is skipped this long.
+    pub cooldown_s: u64,
+    /// openai: one attempt's wait for the response head (bounded by `timeout_s`).
+    pub attempt_timeout_s: u64,
 }
 
 impl Default for AgentConfig {
@@ -488,6 +503,11 @@ impl Default for AgentConfig {
             history_turns: 10,
             history_chars: 8000,
             ca_file: None,
+            provider: Vec::new(),
+            retries: 2,
+            backoff_ms: 500,
+            cooldown_s: 30,
+            attempt_timeout_s: 30,
         }
     }
 }
@@ -507,7 +527,199 @@ impl AgentConfig {
     pub fn kill_grace(&self) -> Duration {
         Duration::from_millis(self.kill_grace_ms)
     }
+
+    /// The openai backend's upstreams in order: `[[agent.provider]]`, or the one upstream of
+    /// `base_url`/`model`/`api_key_env`/`ca_file`.
+    pub fn providers(&self) -> Vec<ProviderConfig> {
+        if !self.provider.is_empty() {
+            return self.provider.clone();
+        }
+        vec![ProviderConfig {
+            name: None,
+            base_url: self.base_url.clone().unwrap_or_default(),
+            model: self.model.clone().unwrap_or_default(),
+            api_key_env: self.api_key_env.clone(),
+            headers: std::collections::BTreeMap::new(),
+            ca_file: self.ca_file.clone(),
+            proxy: None,
+        }]
+    }
 }
+
+// ---- [[agent.provider]] (issue 17): one block, kept together for the crates/config move. ----
+
+const PROVIDER_KEYS: &[&str] = &["name", "base_url", "model", "api_key_env", "headers", "ca_file", "proxy"];
+
+/// One `[[agent.provider]]` table: an OpenAI-compatible upstream. The first is the primary,
+/// the rest are fallbacks (crates/agent/src/backend/openai.rs).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// In status, metrics and the ledger; default: the host of `base_url`.
+    #[serde(default)]
+    pub name: Option<String>,
+    pub base_url: String,
+    pub model: String,
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Extra request headers (an organisation id, a gateway's routing key).
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// This provider's own proxy (`http://` or `socks5h://`), instead of the environment's.
+    #[serde(default)]
+    pub proxy: Option<String>,
+}
+
+impl ProviderConfig {
+    /// `name`, else the host of `base_url`.
+    pub fn display_name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| gatewarden_net::url_host(self.base_url.trim()).to_string())
+    }
+}
+
+/// `[agent]`'s openai keys: one upstream or `[[agent.provider]]`, each a usable URL and model.
+fn validate_providers(a: &AgentConfig, index: &KeyIndex) -> Result<(), ConfigError> {
+    let agent = |key: &str, message: String| index.invalid(&["agent", key], message);
+    let prov = |key: &str, message: String| index.invalid(&["agent", "provider", key], message);
+    if a.backoff_ms > MAX_MILLIS {
+        return Err(agent("backoff_ms", format!("must be at most {MAX_MILLIS} milliseconds")));
+    }
+    if a.retries > 10 {
+        return Err(agent("retries", "must be at most 10".into()));
+    }
+    if a.cooldown_s > MAX_SECONDS {
+        return Err(agent("cooldown_s", format!("must be at most {MAX_SECONDS} seconds")));
+    }
+    if a.attempt_timeout_s == 0 || a.attempt_timeout_s > MAX_SECONDS {
+        return Err(agent("attempt_timeout_s", format!("must be between 1 and {MAX_SECONDS} seconds")));
+    }
+    if a.backend != BackendKind::Openai {
+        return Ok(());
+    }
+    if a.provider.is_empty() {
+        match a.base_url.as_deref().map(str::trim) {
+            None | Some("") => {
+                return Err(agent(
+                    "base_url",
+                    "backend \"openai\" needs base_url, e.g. \"https://api.openai.com/v1\", or [[agent.provider]] tables".into(),
+                ));
+            }
+            Some(url) => check_url(url).map_err(|m| agent("base_url", m))?,
+        }
+        if a.model.as_deref().is_none_or(|m| m.trim().is_empty()) {
+            return Err(agent("model", "backend \"openai\" needs a model".into()));
+        }
+        return Ok(());
+    }
+    if a.base_url.is_some() || a.model.is_some() {
+        let key = if a.base_url.is_some() { "base_url" } else { "model" };
+        return Err(agent(key, "set each upstream in [[agent.provider]], not also in [agent]".into()));
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for p in &a.provider {
+        check_url(p.base_url.trim()).map_err(|m| prov("base_url", m))?;
+        if p.model.trim().is_empty() {
+            return Err(prov("model", "must not be empty".into()));
+        }
+        if let Some(name) = &p.api_key_env
+            && (name.is_empty() || name.contains(['=', '\0']))
+        {
+            return Err(prov("api_key_env", "must be the name of an environment variable".into()));
+        }
+        for (k, v) in &p.headers {
+            let token =
+                !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            if !token || v.bytes().any(|b| b.is_ascii_control() && b != b'\t') {
+                return Err(prov("headers", format!("{k:?} is not a valid header name and value")));
+            }
+        }
+        let name = p.display_name();
+        if name.trim().is_empty() || !names.insert(name.clone()) {
+            return Err(prov("name", format!("two providers are named {name:?}; give each a unique name")));
+        }
+    }
+    Ok(())
+}
+
+fn check_url(url: &str) -> Result<(), String> {
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(format!("{url:?} must start with http:// or https://"));
+    }
+    if url.starts_with("https://") && !gatewarden_net::TLS {
+        return Err(format!("{url:?} is https, but {NO_TLS}"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod provider_tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_str(Path::new("/h/config.toml"), text)
+    }
+
+    #[test]
+    fn providers_in_order_and_the_single_upstream_as_one() {
+        let c = parse(
+            r#"
+[agent]
+backend = "openai"
+retries = 1
+backoff_ms = 20
+
+[[agent.provider]]
+name = "primary"
+base_url = "http://127.0.0.1:1/v1"
+model = "m1"
+api_key_env = "K1"
+headers = { "OpenAI-Organization" = "org-1" }
+
+[[agent.provider]]
+base_url = "http://fallback.example:8000/v1"
+model = "m2"
+proxy = "socks5h://127.0.0.1:1080"
+"#,
+        )
+        .unwrap();
+        let p = c.agent.providers();
+        assert_eq!(p.len(), 2);
+        assert_eq!((p[0].display_name(), p[0].model.as_str()), ("primary".into(), "m1"));
+        assert_eq!(p[0].headers.get("OpenAI-Organization").map(String::as_str), Some("org-1"));
+        assert_eq!(p[1].display_name(), "fallback.example:8000");
+        assert_eq!((c.agent.retries, c.agent.backoff_ms), (1, 20));
+
+        let one = parse("[agent]\nbackend = \"openai\"\nbase_url = \"http://h/v1\"\nmodel = \"m\"\n").unwrap();
+        let p = one.agent.providers();
+        assert_eq!((p.len(), p[0].base_url.as_str(), p[0].display_name()), (1, "http://h/v1", "h".into()));
+    }
+
+    #[test]
+    fn provider_errors_name_the_key_and_line() {
+        let base = "[agent]\nbackend = \"openai\"\n[[agent.provider]]\nbase_url = \"http://a/v1\"\nmodel = \"m\"\n";
+        let e = parse(&format!("{base}[[agent.provider]]\nbase_url = \"http://b/v1\"\nmodel = \"m\"\nmodle = 1\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(":9:") && e.contains("'modle'") && e.contains("[agent.provider]"), "{e}");
+        let e = parse(&format!("{base}[[agent.provider]]\nbase_url = \"ftp://b\"\nmodel = \"m\"\n")).unwrap_err();
+        assert_eq!(e.key(), Some("base_url"), "{e}");
+        let e = parse(&format!("{base}[[agent.provider]]\nbase_url = \"http://a/v2\"\nmodel = \"m\"\n")).unwrap_err();
+        assert!(e.to_string().contains("unique name"), "{e}");
+        let e = parse(&format!("{base}headers = {{ \"X-A\" = \"a\\r\\nb\" }}\n")).unwrap_err();
+        assert_eq!(e.key(), Some("headers"), "{e}");
+        let e = parse("[agent]\nbackend = \"openai\"\nmodel = \"m\"\n[[agent.provider]]\nbase_url = \"http://a\"\nmodel = \"m\"\n")
+            .unwrap_err();
+        assert_eq!(e.key(), Some("model"), "{e}");
+        let e = parse("[agent]\nbackend = \"openai\"\n").unwrap_err();
+        assert_eq!(e.key(), Some("base_url"), "{e}");
+        let e = parse(&format!("{base}proxy = \"ftp://x\"\n")).unwrap_err();
+        assert_eq!(e.key(), Some("proxy"), "{e}");
+    }
+}
+
+// ---- end of [[agent.provider]] ----
 
 /// Largest accepted `config.toml`.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -683,6 +895,7 @@ impl Config {
             }
         };
         fix(&mut self.agent.ca_file);
+        self.agent.provider.iter_mut().for_each(|p| fix(&mut p.ca_file));
         fix(&mut self.update.ca_file);
         if let Some(c) = self.cluster.as_mut() {
             fix(&mut c.ca_file);
@@ -701,6 +914,17 @@ impl Config {
             None => Ok(()),
         };
         check("agent", self.agent.ca_file.as_deref())?;
+        for p in &self.agent.provider {
+            if let Some(path) = &p.ca_file {
+                gatewarden_net::ClientTls::from_ca_file(path)
+                    .map_err(|e| index.invalid(&["agent", "provider", "ca_file"], e.to_string()))?;
+            }
+            if let Some(proxy) = &p.proxy
+                && let Err(e) = gatewarden_net::ProxyUrl::parse(proxy)
+            {
+                return Err(index.invalid(&["agent", "provider", "proxy"], e.to_string()));
+            }
+        }
         check("update", self.update.ca_file.as_deref())?;
         check("cluster", self.cluster.as_ref().and_then(|c| c.ca_file.as_deref()))?;
         for p in &self.platform {
@@ -823,6 +1047,7 @@ impl Config {
             return Err(agent("history_chars", "must be at most 10000000 characters".into()));
         }
         self.validate_platforms(index)?;
+        validate_providers(a, index)?;
         match a.backend {
             BackendKind::Echo => {}
             BackendKind::Exec => {
@@ -840,26 +1065,7 @@ impl Config {
                     ));
                 }
             }
-            BackendKind::Openai => {
-                match a.base_url.as_deref().map(str::trim) {
-                    None | Some("") => {
-                        return Err(agent(
-                            "base_url",
-                            "backend \"openai\" needs base_url, e.g. \"https://api.openai.com/v1\"".into(),
-                        ));
-                    }
-                    Some(url) if !(url.starts_with("http://") || url.starts_with("https://")) => {
-                        return Err(agent("base_url", format!("{url:?} must start with http:// or https://")));
-                    }
-                    Some(url) if url.starts_with("https://") && !gatewarden_net::TLS => {
-                        return Err(agent("base_url", format!("{url:?} is https, but {NO_TLS}")));
-                    }
-                    Some(_) => {}
-                }
-                if a.model.as_deref().is_none_or(|m| m.trim().is_empty()) {
-                    return Err(agent("model", "backend \"openai\" needs a model".into()));
-                }
-            }
+            BackendKind::Openai => {}
         }
         Ok(())
     }
@@ -1105,6 +1311,7 @@ impl<'a> KeyIndex<'a> {
             let expected = match table.as_deref() {
                 None => TOP_KEYS.join(", "),
                 Some("agent") => AGENT_KEYS.join(", "),
+                Some("agent.provider") => PROVIDER_KEYS.join(", "),
                 Some("http") => HTTP_KEYS.join(", "),
                 Some("journal") => JOURNAL_KEYS.join(", "),
                 Some("platform") => PLATFORM_KEYS.join(", "),
@@ -1141,8 +1348,17 @@ fn collect(prefix: &[String], table: &toml::de::DeTable<'_>, out: &mut Vec<Entry
             value: value.span(),
             is_table: matches!(value.get_ref(), toml::de::DeValue::Table(_)),
         });
-        if let toml::de::DeValue::Table(inner) = value.get_ref() {
-            collect(&path, inner, out);
+        match value.get_ref() {
+            toml::de::DeValue::Table(inner) => collect(&path, inner, out),
+            // `[[agent.provider]]`: each table's keys, so an error points at its line.
+            toml::de::DeValue::Array(items) if path.first().is_some_and(|p| p == "agent") => {
+                for item in items {
+                    if let toml::de::DeValue::Table(inner) = item.get_ref() {
+                        collect(&path, inner, out);
+                    }
+                }
+            }
+            _ => {}
         }
     }
 }

@@ -141,9 +141,28 @@ pub struct StatusReport {
     /// Each record: `ok`, `missing` or `unreadable: <why>`.
     #[serde(default)]
     pub files: BTreeMap<String, String>,
+    /// The openai backend's upstream providers, in order (absent for other backends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub providers: Option<Vec<ProviderStatus>>,
     /// Extra facts (service manager state, notes) added by later layers.
     #[serde(default, flatten)]
     pub extra: BTreeMap<String, Value>,
+}
+
+/// One upstream provider in [`StatusReport::providers`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderStatus {
+    pub name: String,
+    /// `healthy`, `failing` or `cooling_down`.
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Unix seconds when a cool-down ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<u64>,
+    /// HTTP requests made and failed, this incarnation.
+    pub attempts: u64,
+    pub failures: u64,
 }
 
 #[cfg(test)]

@@ -57,9 +57,8 @@ pub fn random_token() -> Result<String, Refusal> {
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
-/// The `Host` rule of the gateway's API (crates/runtime/src/work.rs `host_allowed`, kept here
-/// as a pure function because that file is being restructured; the runtime can call this one
-/// instead): a loopback name, the bound address unless it is unspecified, or one of
+/// The `Host` rule of the gateway's API and its dashboard (the runtime's `http::host_allowed`
+/// calls it, against DNS rebinding): a loopback name, the bound address unless it is unspecified, or one of
 /// `allowed_hosts` (a configured name without a port matches every port).
 pub fn host_allowed(host: &str, bound: Option<&str>, allowed_hosts: &[String]) -> bool {
     let host = host.trim().to_ascii_lowercase();
@@ -79,8 +78,7 @@ pub fn host_allowed(host: &str, bound: Option<&str>, allowed_hosts: &[String]) -
     })
 }
 
-/// `host[:port]` without the port; an IPv6 literal keeps its brackets (the same rule as the
-/// runtime's `host_name`).
+/// `host[:port]` without the port; an IPv6 literal keeps its brackets.
 fn host_name(host: &str) -> &str {
     if host.starts_with('[') {
         return host.find(']').map_or(host, |end| &host[..=end]);
@@ -235,6 +233,19 @@ fn decode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_names_and_token_comparison() {
+        assert_eq!(host_name("localhost:7878"), "localhost");
+        assert_eq!(host_name("[::1]:7878"), "[::1]");
+        assert_eq!(host_name("[::1]"), "[::1]");
+        assert_eq!(host_name("evil.example"), "evil.example");
+        assert_eq!(host_name("127.0.0.1"), "127.0.0.1");
+        assert!(ct_eq(b"secret", b"secret"));
+        assert!(!ct_eq(b"secret", b"secreT"));
+        assert!(!ct_eq(b"secret", b"secret2"));
+        assert!(!ct_eq(b"", b"x"));
+    }
 
     fn policy() -> Policy {
         Policy { api_token: Some("s3cret".into()), bound: Some("127.0.0.1:8080".into()), allowed_hosts: vec![] }

@@ -13,6 +13,7 @@
 
 pub mod auth;
 pub mod gather;
+pub mod live;
 pub mod registry;
 pub mod render;
 pub mod snapshot;

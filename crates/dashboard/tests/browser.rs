@@ -21,7 +21,7 @@ use gatewarden_control::proto::StatusReport;
 use gatewarden_dashboard::auth::{CSRF_FIELD, Policy, Post, Sessions, form_value, host_allowed, set_cookie};
 use gatewarden_dashboard::render::{outcome, security_headers};
 use gatewarden_dashboard::snapshot::{DrainView, LockView, LogLine};
-use gatewarden_dashboard::{HomeSummary, Snapshot, Viewer, fleet, page, sse};
+use gatewarden_dashboard::{HomeSummary, Snapshot, Viewer, fleet, live, page, sse};
 use gatewarden_lifecycle::ledger::parse_line;
 use gatewarden_lifecycle::timefmt;
 use gatewarden_testkit::browser::Browser;
@@ -234,9 +234,9 @@ fn pages_render_in_headless_chromium_and_take_live_updates() {
     let s = snapshot();
     let viewer = Viewer { actions_configured: false, csrf: None, events_path: "/ui/events".into() };
     let main = page(&s, &viewer);
-    // What the stream pushes, as the runtime will (sse::Live: only changed fragments): the
+    // What the stream pushes, as the runtime will (live::Live: only changed fragments): the
     // same home draining one of two runs, then restarted into a new incarnation.
-    let mut live = sse::Live::default();
+    let mut live = live::Live::default();
     live.update(&s);
     let mut draining = s.clone();
     draining.status.state = Some("draining".into());
@@ -246,7 +246,7 @@ fn pages_render_in_headless_chromium_and_take_live_updates() {
     assert!(!first.contains("event: timeline"), "only what changed is sent: {first}");
     // Reconnect quickly once the stream ends; a new connection gets every fragment.
     let first = format!("{}{first}", sse::retry(200));
-    let after = sse::Live::default().update(&restarted(&draining));
+    let after = live::Live::default().update(&restarted(&draining));
     let go = Arc::new(AtomicBool::new(false));
     let addr = serve_pages(main, fleet(&homes(), &[]), first, after, Arc::clone(&go));
 

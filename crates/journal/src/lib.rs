@@ -186,6 +186,18 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn accept_command(&self, msg: &NewMessage, reply: &str) -> Result<String, JournalError>;
     fn claim(&self, id: &str, incarnation: &str) -> Result<bool, JournalError>;
     fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError>;
+    /// `complete` with the run's `(prompt, completion)` tokens; a store without a place for
+    /// them completes the run without.
+    fn complete_with_usage(
+        &self,
+        id: &str,
+        incarnation: &str,
+        reply: &str,
+        usage: Option<(u64, u64)>,
+    ) -> Result<bool, JournalError> {
+        let _ = usage;
+        self.complete(id, incarnation, reply)
+    }
     fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError>;
     fn accept_inbound(&self, platform: &str, event_id: &str, msg: &NewMessage) -> Result<Option<String>, JournalError>;
     fn accept_inbound_command(

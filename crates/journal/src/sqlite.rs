@@ -68,6 +68,18 @@ impl Cells for Row<'_> {
 }
 
 impl Journal {
+    /// The `(prompt, completion)` tokens recorded with a run, if any.
+    pub fn usage(&self, id: &str) -> Result<Option<(u64, u64)>, JournalError> {
+        let conn = self.read();
+        let row: Option<(Option<i64>, Option<i64>)> = conn
+            .query_row("SELECT prompt_tokens, completion_tokens FROM messages WHERE id = ?1", params![id], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        let tokens = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
+        Ok(row.and_then(|(p, c)| Some((tokens(p)?, tokens(c).unwrap_or(0)))))
+    }
+
     /// Opens (creating if needed) the journal at `path`, usually `<home>/journal.sqlite3`.
     pub fn open(path: &Path) -> Result<Journal, JournalError> {
         // Two gateways (or a gateway and a CLI) opening a fresh journal at once contend for the
@@ -123,6 +135,7 @@ impl Journal {
         if version < 2 {
             migrate_to_2(&conn).map_err(wrap)?;
         }
+        add_usage_columns(&conn).map_err(wrap)?;
         // The readers' connection: the file is WAL already; `query_only` keeps every write on
         // the writer's connection, where it is batched and fsynced.
         let read = Connection::open_with_flags(path, open_flags()).map_err(wrap)?;
@@ -225,15 +238,29 @@ impl Store for Journal {
     /// A message that came from a chat platform also queues its reply in the outbox, in the
     /// same transaction: a reply is never lost between the two, nor queued twice.
     fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError> {
+        self.complete_with_usage(id, incarnation, reply, None)
+    }
+
+    /// [`Store::complete`], recording the run's `(prompt, completion)` tokens with it.
+    fn complete_with_usage(
+        &self,
+        id: &str,
+        incarnation: &str,
+        reply: &str,
+        usage: Option<(u64, u64)>,
+    ) -> Result<bool, JournalError> {
         let (id, incarnation, reply) = (id.to_owned(), incarnation.to_owned(), reply.to_owned());
+        let tokens = |f: fn((u64, u64)) -> u64| usage.map(|u| i64::try_from(f(u)).unwrap_or(i64::MAX));
+        let (prompt, completion) = (tokens(|u| u.0), tokens(|u| u.1));
         self.write(move |conn| {
             let now = now_rfc3339();
             let n = conn
                 .prepare_cached(
-                    "UPDATE messages SET state = 'done', reply = ?3, reason = NULL, updated_at = ?4
+                    "UPDATE messages SET state = 'done', reply = ?3, reason = NULL, updated_at = ?4,
+                                     prompt_tokens = ?5, completion_tokens = ?6
                  WHERE id = ?1 AND state = 'running' AND incarnation = ?2",
                 )?
-                .execute(params![id, incarnation, reply, now])?;
+                .execute(params![id, incarnation, reply, now, prompt, completion])?;
             if n == 1 {
                 queue_reply(conn, &id, &reply, &now)?;
             }
@@ -853,6 +880,39 @@ fn data_bytes(conn: &Connection) -> Result<u64, JournalError> {
     Ok(u64::try_from((pages - free).max(0) * size).unwrap_or(0))
 }
 
+/// The tokens a run used, when its upstream reported them (issue 17): two nullable columns,
+/// added without a schema version bump, so that a gatewarden from before them (an update's
+/// rollback) still opens the journal; its statements name their columns. Same locking as
+/// [`migrate_to_2`].
+fn add_usage_columns(conn: &Connection) -> rusqlite::Result<()> {
+    let has = |conn: &Connection| -> rusqlite::Result<bool> {
+        conn.query_row("SELECT count(*) FROM pragma_table_info('messages') WHERE name = 'prompt_tokens'", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .map(|n| n > 0)
+    };
+    if has(conn)? {
+        return Ok(());
+    }
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let migrate = || -> rusqlite::Result<()> {
+        if has(conn)? {
+            return Ok(());
+        }
+        conn.execute_batch(
+            "ALTER TABLE messages ADD COLUMN prompt_tokens INTEGER;
+             ALTER TABLE messages ADD COLUMN completion_tokens INTEGER;",
+        )
+    };
+    match migrate() {
+        Ok(()) => conn.execute_batch("COMMIT"),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
 /// Schema 2 (chat platforms): where an inbound message came from and its platform event id
 /// (deduplication), the durable outbox, and per-chat sessions. The journal is opened before the
 /// instance lock is taken, so two starting gateways may race here: the write lock is taken first
@@ -1413,8 +1473,26 @@ mod tests {
         assert_eq!(j.recover("x").unwrap(), vec!["old".to_owned()]);
         assert_eq!(j.get("old").unwrap().unwrap().platform, None);
         assert!(j.accept_inbound("tg", "1", &msg("new")).unwrap().is_some());
+        // The usage columns: the run's tokens go in with its reply.
+        assert!(j.claim("old", "x").unwrap());
+        assert!(j.complete_with_usage("old", "x", "r", Some((12, 5))).unwrap());
+        assert_eq!(j.usage("old").unwrap(), Some((12, 5)));
         drop(j);
-        Journal::open(&path).unwrap();
+        let j = Journal::open(&path).unwrap();
+        assert_eq!(j.usage("old").unwrap(), Some((12, 5)));
+        let v: i64 = j.read().pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn a_run_without_usage_records_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open_in(dir.path()).unwrap();
+        let id = j.accept(&msg("m")).unwrap();
+        assert!(j.claim(&id, "i").unwrap());
+        assert!(j.complete(&id, "i", "r").unwrap());
+        assert_eq!(j.usage(&id).unwrap(), None);
+        assert_eq!(j.usage("nope").unwrap(), None);
     }
 
     #[test]

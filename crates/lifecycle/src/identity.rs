@@ -2,7 +2,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::platform;
 use crate::probe::Liveness;
 
 /// A process incarnation. Two identities are the same process only if both fields are equal;
@@ -26,18 +25,8 @@ pub enum IdentityCheck {
     Unverifiable(String),
 }
 
-impl ProcessIdentity {
-    /// The calling process. `None` only if the OS will not tell us our own start time.
-    pub fn current() -> Option<Self> {
-        let pid = std::process::id();
-        platform::start_time(pid).map(|start_time| Self { pid, start_time })
-    }
-
-    /// Re-checks this identity against the live system.
-    pub fn check(&self) -> IdentityCheck {
-        check_against(self, platform::probe(self.pid))
-    }
-}
+// `current()` and `check()` ask the OS: they live with the facade (crates/lifecycle/src/platform),
+// so this module stays pure and the facade may name its types without a circle.
 
 /// Pure half of [`ProcessIdentity::check`].
 pub fn check_against(id: &ProcessIdentity, live: Liveness) -> IdentityCheck {

@@ -63,6 +63,25 @@ impl App {
         if !self.platforms.is_empty() {
             s.extra.insert("platforms".to_owned(), Value::Array(self.platforms.report()));
         }
+        s.providers = provider_statuses(&*self.work.agent);
         s
     }
+}
+
+/// The agent's upstream providers for `status` (`None` when the backend has none).
+fn provider_statuses(agent: &dyn gatewarden_agent::Agent) -> Option<Vec<gatewarden_control::proto::ProviderStatus>> {
+    let ps = agent.providers();
+    let unix = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs());
+    (!ps.is_empty()).then(|| {
+        ps.into_iter()
+            .map(|p| gatewarden_control::proto::ProviderStatus {
+                name: p.name,
+                state: p.state,
+                reason: p.reason,
+                until: p.until.and_then(unix),
+                attempts: p.attempts,
+                failures: p.failures,
+            })
+            .collect()
+    })
 }

@@ -375,6 +375,7 @@ impl Gateway {
             supervisor: Some(self.supervisor.as_str().into()),
             active_runs: Some(self.runs.active()),
             control: Some(self.control.clone()),
+            providers: None,
             files,
             extra,
         }

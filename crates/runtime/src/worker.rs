@@ -58,10 +58,13 @@ pub struct Metrics {
     /// The last run that failed (not cancelled) and why, for `status`: an upstream that cannot
     /// be reached (a certificate that does not verify, crates/net) shows there by name.
     pub last_failure: Mutex<Option<(std::time::SystemTime, String)>>,
+    /// Tokens the upstream reported (openai), this incarnation.
+    pub prompt_tokens: AtomicU64,
+    pub completion_tokens: AtomicU64,
 }
 
 impl Metrics {
-    pub fn count(&self, r: &Result<String, AgentError>) {
+    pub fn count<T>(&self, r: &Result<T, AgentError>) {
         let c = match r {
             Ok(_) => &self.ok,
             Err(AgentError::Cancelled) => &self.cancelled,
@@ -298,19 +301,41 @@ impl Work {
         req: AgentRequest,
         chunks: Option<mpsc::Sender<String>>,
     ) -> Result<String, AgentError> {
+        self.run_reply(gw, req, chunks).await.map(|r| r.text)
+    }
+
+    /// [`Self::run_sync`] with the whole reply (its usage too). Provider state changes the run
+    /// caused (openai failover) go to the ledger.
+    pub async fn run_reply(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        req: AgentRequest,
+        chunks: Option<mpsc::Sender<String>>,
+    ) -> Result<gatewarden_agent::AgentReply, AgentError> {
         let _run = gw.runs.begin();
         let token = self.cancel.child_token();
         let _cancel_on_drop = token.clone().drop_guard();
         let me = Arc::clone(self);
         let handle = tokio::spawn(async move {
-            let r = match chunks {
+            match chunks {
                 Some(tx) => me.agent.run_streaming(req, token, tx).await,
                 None => me.agent.run(req, token).await,
-            };
-            r.map(|reply| reply.text)
+            }
         });
         let r = handle.await.unwrap_or_else(|e| Err(AgentError::Failed(format!("run panicked: {e}"))));
         self.metrics.count(&r);
+        if let Ok(gatewarden_agent::AgentReply { usage: Some(u), .. }) = &r {
+            self.metrics.prompt_tokens.fetch_add(u.prompt_tokens, Ordering::Relaxed);
+            self.metrics.completion_tokens.fetch_add(u.completion_tokens, Ordering::Relaxed);
+        }
+        for ev in self.agent.take_provider_events() {
+            let s = ev.status;
+            let until = s.until.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs());
+            gw.record(
+                "provider_state",
+                serde_json::json!({"provider": s.name, "from": ev.from, "to": s.state, "reason": s.reason, "until": until}),
+            );
+        }
         r
     }
 
@@ -543,7 +568,7 @@ impl Work {
             text: msg.text.clone(),
             history,
         };
-        let r = self.run_sync(gw, req, None).await;
+        let r = self.run_reply(gw, req, None).await;
         if matches!(r, Err(AgentError::Cancelled)) {
             // Interrupted by the drain: stays `running` for the next incarnation to re-run once.
             return;
@@ -552,7 +577,12 @@ impl Work {
         let outcome = r.map_err(|e| e.to_string());
         let done = self
             .journal_step(gw, move |j| match &outcome {
-                Ok(reply) => j.complete(&id, &inc, reply),
+                Ok(reply) => j.complete_with_usage(
+                    &id,
+                    &inc,
+                    &reply.text,
+                    reply.usage.map(|u| (u.prompt_tokens, u.completion_tokens)),
+                ),
                 Err(e) => j.fail(&id, &inc, e),
             })
             .await;

@@ -38,6 +38,7 @@ mod gateway;
 pub mod hermes;
 mod home;
 mod http;
+pub mod llmfake;
 pub mod netfakes;
 pub mod postgres;
 mod proc;

@@ -12,13 +12,13 @@ use std::time::Duration;
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// An accept loop on 127.0.0.1:0 running `serve` for every connection on its own thread.
-struct Listener {
-    addr: SocketAddr,
+pub(crate) struct Listener {
+    pub(crate) addr: SocketAddr,
     stop: Arc<AtomicBool>,
 }
 
 impl Listener {
-    fn start(serve: impl Fn(TcpStream) + Send + Sync + 'static) -> io::Result<Listener> {
+    pub(crate) fn start(serve: impl Fn(TcpStream) + Send + Sync + 'static) -> io::Result<Listener> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -62,7 +62,7 @@ fn pump(a: TcpStream, b: TcpStream) {
 }
 
 /// Reads an HTTP head (up to the blank line), at most 16 KiB.
-fn read_head(r: &mut BufReader<TcpStream>) -> io::Result<Vec<String>> {
+pub(crate) fn read_head(r: &mut BufReader<TcpStream>) -> io::Result<Vec<String>> {
     let mut lines = Vec::new();
     let mut total = 0;
     loop {

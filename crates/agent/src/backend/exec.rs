@@ -207,7 +207,7 @@ impl ExecAgent {
         }
         let output = output.map_err(AgentError::Failed)?;
         let text = String::from_utf8_lossy(&output);
-        Ok(AgentReply { text: text.trim_end_matches(['\n', '\r']).to_string() })
+        Ok(AgentReply { text: text.trim_end_matches(['\n', '\r']).to_string(), usage: None })
     }
 
     /// SIGTERM to the group, up to `kill_grace` for the leader to exit, SIGKILL to the group,

@@ -23,10 +23,12 @@ mod echo;
 mod exec;
 mod openai;
 mod process_group;
+pub mod provider;
+pub mod sse;
 
 pub use echo::EchoAgent;
 pub use exec::{ExecAgent, MAX_STDOUT_BYTES};
-pub use openai::{ApiKey, OpenAiAgent};
+pub use openai::{ApiKey, OpenAiAgent, Policy};
 
 /// One message for an agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +80,37 @@ pub fn within_budget(history: Vec<Turn>, chars: usize) -> Vec<Turn> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentReply {
     pub text: String,
+    /// Tokens, when the upstream reported them (openai).
+    pub usage: Option<Usage>,
+}
+
+/// Tokens one run used, as its upstream reported them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+/// One upstream provider's state (openai), for `status`, `/metrics` and the ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderStatus {
+    pub name: String,
+    /// `healthy`, `failing` or `cooling_down`.
+    pub state: String,
+    /// Why it is failing or cooling down.
+    pub reason: Option<String>,
+    /// When a cool-down ends.
+    pub until: Option<std::time::SystemTime>,
+    /// HTTP requests made, and how many of them failed (this incarnation).
+    pub attempts: u64,
+    pub failures: u64,
+}
+
+/// A provider's state changed from `from` to `status.state`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderEvent {
+    pub from: String,
+    pub status: ProviderStatus,
 }
 
 /// Why a run produced no reply.
@@ -122,6 +155,16 @@ pub trait Agent: Send + Sync {
         self.start(req, cancel, None)
     }
 
+    /// The upstream providers' states (empty for backends without any).
+    fn providers(&self) -> Vec<ProviderStatus> {
+        Vec::new()
+    }
+
+    /// Provider state changes since the last call, oldest first (for the ledger).
+    fn take_provider_events(&self) -> Vec<ProviderEvent> {
+        Vec::new()
+    }
+
     /// Like [`Agent::run`], streaming the reply to `chunks` as well.
     fn run_streaming(
         &self,
@@ -147,15 +190,7 @@ pub fn build_agent_with_env(config: &AgentConfig, env: Vec<(String, String)>) ->
         BackendKind::Exec => {
             Box::new(ExecAgent::new(config.command.clone(), config.timeout(), config.kill_grace()).with_env(env))
         }
-        BackendKind::Openai => Box::new(
-            OpenAiAgent::new(
-                config.base_url.clone().unwrap_or_default(),
-                config.model.clone().unwrap_or_default(),
-                config.api_key_env.clone().map_or(ApiKey::None, ApiKey::Env),
-                config.timeout(),
-            )
-            .with_outbound(gatewarden_net::Outbound::new(config.ca_file.as_deref(), None)),
-        ),
+        BackendKind::Openai => Box::new(OpenAiAgent::from_config(config)),
     }
 }
 

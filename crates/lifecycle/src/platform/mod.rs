@@ -56,6 +56,19 @@ pub use imp::*;
 
 pub mod spawn;
 
+impl crate::identity::ProcessIdentity {
+    /// The calling process. `None` only if the OS will not tell us our own start time.
+    pub fn current() -> Option<Self> {
+        let pid = std::process::id();
+        start_time(pid).map(|start_time| Self { pid, start_time })
+    }
+
+    /// Re-checks this identity against the live system.
+    pub fn check(&self) -> crate::identity::IdentityCheck {
+        crate::identity::check_against(self, probe(self.pid))
+    }
+}
+
 /// Ownership facts about a directory, for the pure checks in [`crate::home`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DirFacts {

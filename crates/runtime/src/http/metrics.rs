@@ -8,6 +8,8 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
+use gatewarden_agent::ProviderStatus;
+
 use crate::app::App;
 
 pub async fn metrics(State(gw): State<Arc<App>>) -> Response {
@@ -43,6 +45,7 @@ pub async fn metrics(State(gw): State<Arc<App>>) -> Response {
             let _ = writeln!(out, "gatewarden_journal_messages{{state=\"{state}\"}} {n}");
         }
     }
+    provider_metrics(&gw, &mut out);
     platform_metrics(&gw, &mut out).await;
     let _ = writeln!(out, "# HELP gatewarden_up 1 while the gateway serves; state as a label.");
     let _ = writeln!(out, "# TYPE gatewarden_up gauge");
@@ -110,4 +113,40 @@ async fn platform_metrics(gw: &Arc<App>, out: &mut String) {
             }
         }
     }
+}
+
+/// Tokens used and the openai backend's providers (crates/agent/src/backend/provider.rs).
+fn provider_metrics(gw: &Arc<App>, out: &mut String) {
+    let m = &gw.work.metrics;
+    let _ = writeln!(out, "# HELP gatewarden_tokens_total Tokens the upstream reported, this incarnation.");
+    let _ = writeln!(out, "# TYPE gatewarden_tokens_total counter");
+    for (kind, c) in [("prompt", &m.prompt_tokens), ("completion", &m.completion_tokens)] {
+        let _ = writeln!(out, "gatewarden_tokens_total{{kind=\"{kind}\"}} {}", c.load(Ordering::Relaxed));
+    }
+    let providers = gw.work.agent.providers();
+    if providers.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "# HELP gatewarden_provider_state 1 for each upstream provider's current state.");
+    let _ = writeln!(out, "# TYPE gatewarden_provider_state gauge");
+    for p in &providers {
+        let _ = writeln!(out, "gatewarden_provider_state{{provider=\"{}\",state=\"{}\"}} 1", label(&p.name), p.state);
+    }
+    type Counter = (&'static str, &'static str, fn(&ProviderStatus) -> u64);
+    let counters: [Counter; 2] = [
+        ("attempts", "HTTP requests made to each provider, this incarnation.", |p: &ProviderStatus| p.attempts),
+        ("failures", "Requests to each provider that failed, this incarnation.", |p: &ProviderStatus| p.failures),
+    ];
+    for (what, help, value) in counters {
+        let _ = writeln!(out, "# HELP gatewarden_provider_{what}_total {help}");
+        let _ = writeln!(out, "# TYPE gatewarden_provider_{what}_total counter");
+        for p in &providers {
+            let _ = writeln!(out, "gatewarden_provider_{what}_total{{provider=\"{}\"}} {}", label(&p.name), value(p));
+        }
+    }
+}
+
+/// A Prometheus label value: backslash, quote and newline escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }

@@ -216,7 +216,7 @@ async fn read_body(mut body: axum::body::Body, share: &mut BodyShare<'_>) -> Res
 async fn auth(State(gw): State<Arc<App>>, req: Request, next: Next) -> Response {
     let Some(token) = gw.work.api_token.as_deref() else { return next.run(req).await };
     let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer).unwrap_or("");
-    if token_eq(given.as_bytes(), token.as_bytes()) {
+    if gatewarden_dashboard::auth::ct_eq(given.as_bytes(), token.as_bytes()) {
         next.run(req).await
     } else {
         (
@@ -286,60 +286,11 @@ fn host_allowed(work: &Work, host: &str, bound: Option<&str>) -> bool {
     if !work.host_check {
         return true;
     }
-    let host = host.trim().to_ascii_lowercase();
-    let name = host_name(&host);
-    if matches!(name, "localhost" | "127.0.0.1" | "[::1]") {
-        return true;
-    }
-    if let Some(b) = bound.and_then(|b| b.parse::<std::net::SocketAddr>().ok())
-        && !b.ip().is_unspecified()
-        && name == host_name(&b.to_string())
-    {
-        return true;
-    }
-    work.http.allowed_hosts.iter().any(|a| {
-        let a = a.to_ascii_lowercase();
-        if host_name(&a) == a { a == name } else { a == host }
-    })
-}
-
-/// The name part of a `Host` value (`name[:port]` or `[v6][:port]`), brackets kept.
-fn host_name(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host.find(']').map_or(host, |end| &host[..=end]);
-    }
-    match host.rsplit_once(':') {
-        Some((name, port)) if !name.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => name,
-        _ => host,
-    }
-}
-
-/// Constant-time comparison for bearer tokens (the length is not secret).
-fn token_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    gatewarden_dashboard::auth::host_allowed(host, bound, &work.http.allowed_hosts)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{host_name, token_eq};
-
-    #[test]
-    fn host_names() {
-        assert_eq!(host_name("localhost:7878"), "localhost");
-        assert_eq!(host_name("[::1]:7878"), "[::1]");
-        assert_eq!(host_name("[::1]"), "[::1]");
-        assert_eq!(host_name("evil.example"), "evil.example");
-        assert_eq!(host_name("127.0.0.1"), "127.0.0.1");
-    }
-
-    #[test]
-    fn token_comparison() {
-        assert!(token_eq(b"secret", b"secret"));
-        assert!(!token_eq(b"secret", b"secreT"));
-        assert!(!token_eq(b"secret", b"secret2"));
-        assert!(!token_eq(b"", b"x"));
-    }
-
     #[test]
     fn body_shares_never_exceed_the_budget_and_are_given_back() {
         let budget = super::BodyBudget::new(100);

@@ -28,6 +28,16 @@ pub struct CompletionIn {
     pub stream: bool,
     #[serde(default)]
     pub user: Option<String>,
+    /// `{"include_usage": true}`: a last chunk with the usage, when the upstream reported it.
+    #[serde(default)]
+    pub stream_options: Option<Value>,
+}
+
+/// An OpenAI `usage` object; zeros when the backend reported none.
+fn usage_json(u: Option<gatewarden_agent::Usage>) -> Value {
+    let u = u.unwrap_or_default();
+    json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+           "total_tokens": u.prompt_tokens.saturating_add(u.completion_tokens)})
 }
 
 #[derive(Debug, Deserialize)]
@@ -74,14 +84,14 @@ pub async fn completions(State(gw): State<Arc<App>>, Json(body): Json<Completion
     let id = format!("chatcmpl-{run_id}");
     let req = AgentRequest { run_id, chat_id: chat.clone(), user_id: chat, text, history };
     if !body.stream {
-        return match gw.work.run_sync(&gw, req, None).await {
+        return match gw.work.run_reply(&gw, req, None).await {
             Ok(reply) => Json(json!({
                 "id": id,
                 "object": "chat.completion",
                 "created": now_s(),
                 "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply.text}, "finish_reason": "stop"}],
+                "usage": usage_json(reply.usage),
             }))
             .into_response(),
             Err(e) => agent_error(&e),
@@ -90,6 +100,15 @@ pub async fn completions(State(gw): State<Arc<App>>, Json(body): Json<Completion
     let (tx, rx) = mpsc::channel::<String>(64);
     let (out_tx, out_rx) = mpsc::channel::<Bytes>(64);
     let created = now_s();
+    let include_usage = body.stream_options.as_ref().and_then(|o| o.get("include_usage")) == Some(&Value::Bool(true));
+    let usage_chunk = {
+        let (id, model) = (id.clone(), model.clone());
+        move |u: gatewarden_agent::Usage| {
+            let v = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "choices": [], "usage": usage_json(Some(u))});
+            Bytes::from(format!("data: {v}\n\n"))
+        }
+    };
     let chunk = move |delta: Value, finish: Value| {
         let v = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
@@ -108,11 +127,14 @@ pub async fn completions(State(gw): State<Arc<App>>, Json(body): Json<Completion
                 }
             }
         };
-        let run = gw2.work.run_sync(&gw2, req, Some(tx));
+        let run = gw2.work.run_reply(&gw2, req, Some(tx));
         let (result, ()) = tokio::join!(run, forward);
         match result {
-            Ok(_) => {
+            Ok(reply) => {
                 let _ = out_tx.send(chunk(json!({}), json!("stop"))).await;
+                if let Some(u) = reply.usage.filter(|_| include_usage) {
+                    let _ = out_tx.send(usage_chunk(u)).await;
+                }
             }
             Err(e) => {
                 let err = json!({"error": {"message": e.to_string(), "type": "agent_failed"}});

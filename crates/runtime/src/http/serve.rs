@@ -359,6 +359,9 @@ async fn connection(
     registered: Registered,
     header_timeout: Duration,
 ) {
+    // Streamed replies (SSE) are many small writes: Nagle would hold each behind the client's
+    // delayed ACK of the previous one (up to 40 ms a token).
+    let _ = stream.set_nodelay(true);
     let evicted = registered.slot.evict.clone();
     let svc_slot = Arc::clone(&registered.slot);
     let svc = service_fn(move |req: Request<Incoming>| {

@@ -1,0 +1,273 @@
+//! A fake OpenAI-compatible provider on loopback, scripted per test, that records when and what
+//! it was asked.
+//!
+//! What it models of the public OpenAI API (https://platform.openai.com/docs/api-reference/chat):
+//! - `POST /v1/chat/completions` with a JSON body (`model`, `messages`, `stream`,
+//!   `stream_options.include_usage`); any other path is a 404 with an `error` object.
+//! - A non-streaming answer is a `chat.completion` object: `choices[0].message.content`,
+//!   `finish_reason: "stop"`, and `usage` (`prompt_tokens`, `completion_tokens`,
+//!   `total_tokens`).
+//! - A streaming answer (`stream: true`) is `text/event-stream`: one `data: {json}` event per
+//!   `chat.completion.chunk` (the first with `delta.role`, then `delta.content` pieces, then an
+//!   empty delta with `finish_reason`), each followed by a blank line; with
+//!   `stream_options.include_usage` a last chunk with empty `choices` and the `usage`; then
+//!   `data: [DONE]`.
+//! - Errors are `{"error": {"message", "type", "code"}}` with the HTTP status; a 429 (rate
+//!   limit) may carry `Retry-After` (seconds or an HTTP date).
+//!
+//! Every response is `Connection: close` (no keep-alive to reason about). Plain std threads,
+//! like the other fakes in netfakes.rs.
+
+use std::collections::VecDeque;
+use std::io::{self, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::netfakes::{Listener, read_head};
+
+/// One scripted answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// A completion with this text (streamed word by word when the request streams) and usage
+    /// `(prompt_tokens, completion_tokens)`.
+    Text { text: String, usage: Option<(u64, u64)> },
+    /// An error status with an OpenAI error body, and `Retry-After` when given.
+    Status { code: u16, retry_after: Option<String> },
+    /// Read the request, then answer nothing (until the fake is dropped).
+    Hang,
+}
+
+impl Reply {
+    pub fn text(text: &str) -> Reply {
+        Reply::Text { text: text.into(), usage: Some((7, 3)) }
+    }
+
+    pub fn status(code: u16) -> Reply {
+        Reply::Status { code, retry_after: None }
+    }
+
+    pub fn rate_limited(retry_after: &str) -> Reply {
+        Reply::Status { code: 429, retry_after: Some(retry_after.into()) }
+    }
+}
+
+/// A request as the fake saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// When its head was read.
+    pub at: Instant,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Value,
+}
+
+impl Seen {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Debug)]
+struct Script {
+    next: VecDeque<Reply>,
+    default: Reply,
+    seen: Vec<Seen>,
+    /// Before the response head (the provider's own latency).
+    latency: Duration,
+    /// Between two streamed chunks.
+    chunk_gap: Duration,
+}
+
+/// The fake provider. Dropping it stops accepting and releases hanging requests.
+pub struct FakeLlm {
+    listener: Listener,
+    script: Arc<Mutex<Script>>,
+    stopped: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FakeLlm {
+    /// Answers every request with `default` once the script (see [`FakeLlm::then`]) is spent.
+    pub fn start(default: Reply) -> io::Result<FakeLlm> {
+        let script = Arc::new(Mutex::new(Script {
+            next: VecDeque::new(),
+            default,
+            seen: Vec::new(),
+            latency: Duration::ZERO,
+            chunk_gap: Duration::ZERO,
+        }));
+        let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s, stop) = (Arc::clone(&script), Arc::clone(&stopped));
+        let listener = Listener::start(move |conn| serve(conn, &s, &stop))?;
+        Ok(FakeLlm { listener, script, stopped })
+    }
+
+    /// Queues answers for the next requests, in order.
+    pub fn then(&self, replies: impl IntoIterator<Item = Reply>) -> &FakeLlm {
+        self.lock().next.extend(replies);
+        self
+    }
+
+    /// The provider's own latency before each response head, and between streamed chunks.
+    pub fn set_latency(&self, head: Duration, chunk_gap: Duration) {
+        let mut s = self.lock();
+        s.latency = head;
+        s.chunk_gap = chunk_gap;
+    }
+
+    /// `http://127.0.0.1:<port>/v1`, for `base_url`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.listener.addr)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.listener.addr
+    }
+
+    /// Every request so far, in arrival order.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.lock().seen.clone()
+    }
+
+    /// How many requests arrived so far.
+    pub fn requests(&self) -> usize {
+        self.lock().seen.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Script> {
+        self.script.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Drop for FakeLlm {
+    fn drop(&mut self) {
+        self.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn serve(conn: TcpStream, script: &Mutex<Script>, stopped: &std::sync::atomic::AtomicBool) {
+    let Ok(mut w) = conn.try_clone() else { return };
+    let mut r = BufReader::new(conn);
+    let Ok(head) = read_head(&mut r) else { return };
+    let at = Instant::now();
+    let mut parts = head.first().map(|l| l.split(' ')).into_iter().flatten();
+    let (method, path) = (parts.next().unwrap_or_default().to_owned(), parts.next().unwrap_or_default().to_owned());
+    let headers: Vec<(String, String)> = head[1..]
+        .iter()
+        .filter_map(|l| l.split_once(':').map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned())))
+        .collect();
+    let len = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.parse::<usize>().ok())
+        .unwrap_or(0)
+        .min(16 << 20);
+    let mut body = vec![0u8; len];
+    if r.read_exact(&mut body).is_err() {
+        return;
+    }
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let (reply, latency, gap) = {
+        let mut s = script.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.seen.push(Seen { at, path: path.clone(), headers, body: body.clone() });
+        let reply = s.next.pop_front().unwrap_or_else(|| s.default.clone());
+        (reply, s.latency, s.chunk_gap)
+    };
+    if method != "POST" || !path.ends_with("/chat/completions") {
+        let _ = respond_error(&mut w, 404, None);
+        return;
+    }
+    std::thread::sleep(latency);
+    let _ = match reply {
+        Reply::Status { code, retry_after } => respond_error(&mut w, code, retry_after.as_deref()),
+        Reply::Hang => {
+            while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(())
+        }
+        Reply::Text { text, usage } if body["stream"] == json!(true) => {
+            let include_usage = body.pointer("/stream_options/include_usage") == Some(&json!(true));
+            respond_stream(&mut w, &body, &text, usage.filter(|_| include_usage), gap)
+        }
+        Reply::Text { text, usage } => respond_json(&mut w, &body, &text, usage),
+    };
+}
+
+fn usage_json(u: (u64, u64)) -> Value {
+    json!({"prompt_tokens": u.0, "completion_tokens": u.1, "total_tokens": u.0 + u.1})
+}
+
+fn respond_json(w: &mut TcpStream, req: &Value, text: &str, usage: Option<(u64, u64)>) -> io::Result<()> {
+    let mut v = json!({
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 0,
+        "model": req["model"],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+    });
+    if let Some(u) = usage {
+        v["usage"] = usage_json(u);
+    }
+    let body = v.to_string();
+    write!(
+        w,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+fn respond_stream(
+    w: &mut TcpStream,
+    req: &Value,
+    text: &str,
+    usage: Option<(u64, u64)>,
+    gap: Duration,
+) -> io::Result<()> {
+    w.write_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n",
+    )?;
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": req["model"],
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), Value::Null)];
+    events.extend(text.split_inclusive(' ').map(|piece| chunk(json!({"content": piece}), Value::Null)));
+    events.push(chunk(json!({}), json!("stop")));
+    if let Some(u) = usage {
+        events.push(json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0,
+                           "model": req["model"], "choices": [], "usage": usage_json(u)}));
+    }
+    for (i, e) in events.iter().enumerate() {
+        if i > 0 {
+            std::thread::sleep(gap);
+        }
+        write!(w, "data: {e}\n\n")?;
+        w.flush()?;
+    }
+    w.write_all(b"data: [DONE]\n\n")?;
+    w.flush()
+}
+
+fn respond_error(w: &mut TcpStream, code: u16, retry_after: Option<&str>) -> io::Result<()> {
+    let (reason, kind) = match code {
+        429 => ("Too Many Requests", "rate_limit_exceeded"),
+        400 => ("Bad Request", "invalid_request_error"),
+        401 => ("Unauthorized", "invalid_api_key"),
+        404 => ("Not Found", "not_found"),
+        500 => ("Internal Server Error", "server_error"),
+        502 => ("Bad Gateway", "server_error"),
+        503 => ("Service Unavailable", "server_error"),
+        _ => ("Error", "server_error"),
+    };
+    let body =
+        json!({"error": {"message": format!("fake provider: {reason}"), "type": kind, "code": kind}}).to_string();
+    let extra = retry_after.map(|v| format!("Retry-After: {v}\r\n")).unwrap_or_default();
+    write!(
+        w,
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
