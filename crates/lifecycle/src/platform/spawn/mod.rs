@@ -1,5 +1,6 @@
 //! The per-OS process facade: starting, watching and ending children, one file per OS with
-//! identical signatures (`unix.rs`, `windows.rs`, `other.rs`), no decisions. The gateway
+//! identical signatures (`unix.rs`, `windows.rs`, `other.rs`; what the last two share without
+//! Unix process groups is `without_groups.rs`), no decisions. The gateway
 //! (crates/runtime), hermes homes (crates/hermes) and the CLI's `supervise` all start their
 //! processes through it, so each OS's way of doing so is written once.
 //!
@@ -30,6 +31,9 @@
 #[cfg_attr(windows, path = "windows.rs")]
 #[cfg_attr(not(any(unix, windows)), path = "other.rs")]
 mod imp;
+
+#[cfg(not(unix))]
+mod without_groups;
 
 pub use imp::*;
 

@@ -2,9 +2,7 @@
 
 use std::io;
 use std::net::TcpListener;
-use std::process::{Child, Command, ExitStatus};
-
-use super::Reaped;
+use std::process::Command;
 
 pub fn detach(_cmd: &mut Command, _listener: Option<&TcpListener>) -> Option<String> {
     None
@@ -26,41 +24,4 @@ pub fn exec_in_place(_cmd: Command, _listener: Option<TcpListener>) -> io::Error
 
 pub fn own_process_group(_cmd: &mut Command) {}
 
-pub fn kill_process_group(_pgid: u32) {}
-
-pub fn exit_signal(_status: ExitStatus) -> Option<i32> {
-    None
-}
-
-/// No process groups to clean here: reaping is all.
-pub fn reap_with_group(child: &mut Child) -> io::Result<Option<ExitStatus>> {
-    child.try_wait()
-}
-
-pub fn run_as(_cmd: &mut Command, _uid: u32, _gid: u32) {}
-
-pub fn is_executable(p: &std::path::Path) -> bool {
-    p.is_file()
-}
-
-pub fn spawn_watched(cmd: &mut Command, mut report: impl FnMut(Reaped) + Send + 'static) -> io::Result<u32> {
-    let mut child = cmd.spawn()?;
-    let pid = child.id();
-    std::thread::Builder::new().name("supervise-wait".into()).spawn(move || {
-        let code = child.wait().ok().and_then(|s| s.code());
-        report(Reaped::Child { pid, code, signal: None });
-    })?;
-    Ok(pid)
-}
-
-pub fn is_pid1() -> bool {
-    false
-}
-
-pub fn real_uid() -> u32 {
-    0
-}
-
-pub fn process_groups() -> Vec<(u32, u32)> {
-    Vec::new()
-}
+pub use super::without_groups::*;

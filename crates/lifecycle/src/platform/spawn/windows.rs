@@ -3,9 +3,7 @@
 use std::io;
 use std::net::TcpListener;
 use std::os::windows::process::CommandExt;
-use std::process::{Child, Command, ExitStatus};
-
-use super::Reaped;
+use std::process::Command;
 
 const DETACHED_PROCESS: u32 = 0x0000_0008;
 const CREATE_NEW_PROCESS_GROUP: u32 = 0x0000_0200;
@@ -39,49 +37,4 @@ pub fn own_process_group(cmd: &mut Command) {
     cmd.creation_flags(CREATE_NEW_PROCESS_GROUP);
 }
 
-/// Windows has no process-group kill; a job object would be needed (not done).
-pub fn kill_process_group(_pgid: u32) {}
-
-pub fn exit_signal(_status: ExitStatus) -> Option<i32> {
-    None
-}
-
-/// No process groups to clean here: reaping is all.
-pub fn reap_with_group(child: &mut Child) -> io::Result<Option<ExitStatus>> {
-    child.try_wait()
-}
-
-/// Windows has no uids; the child runs as we do.
-pub fn run_as(_cmd: &mut Command, _uid: u32, _gid: u32) {}
-
-pub fn is_executable(p: &std::path::Path) -> bool {
-    p.is_file()
-}
-
-/// Spawns `cmd` and reports its end through `report`. Windows has no orphan re-parenting, so
-/// there is nothing else to reap.
-pub fn spawn_watched(cmd: &mut Command, mut report: impl FnMut(Reaped) + Send + 'static) -> io::Result<u32> {
-    let mut child = cmd.spawn()?;
-    let pid = child.id();
-    std::thread::Builder::new().name("supervise-wait".into()).spawn(move || {
-        let code = child.wait().ok().and_then(|s| s.code());
-        report(Reaped::Child { pid, code, signal: None });
-    })?;
-    Ok(pid)
-}
-
-/// Windows has no PID 1.
-pub fn is_pid1() -> bool {
-    false
-}
-
-/// Not meaningful on Windows.
-pub fn real_uid() -> u32 {
-    0
-}
-
-/// Every process and its process group, `(pid, pgid)`: Windows has no process groups of this
-/// kind (a candidate's tree is not tracked there).
-pub fn process_groups() -> Vec<(u32, u32)> {
-    Vec::new()
-}
+pub use super::without_groups::*;
