@@ -2,6 +2,7 @@
 //! retries with backoff and `Retry-After`, fallbacks, the circuit breaker, the run's deadline,
 //! and usage. Times are measured on the fake's request timestamps; wall-clock bounds are
 //! generous.
+#![cfg(unix)]
 
 use std::time::{Duration, Instant};
 
