@@ -514,17 +514,9 @@ impl Drop for InstalledUnit {
 /// A home with a systemd user unit installed by a private copy of the binary (so `ExecStart=`
 /// is the path an update swaps), running the old version.
 fn systemd_rig() -> (Rig, InstalledUnit) {
-    let home = TempHome::new();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("bin")).unwrap();
-    std::fs::create_dir(dir.path().join("rel")).unwrap();
-    let exe = dir.path().join("bin/gatewarden");
-    std::fs::copy(bin(), &exe).unwrap();
-    let pristine = dir.path().join("rel/pristine");
-    std::fs::copy(bin(), &pristine).unwrap();
-    let version = version_of(&exe);
-    write_config(home.path(), "listen = \"127.0.0.1:0\"\n[update]\nprobation_s = 1\n");
-    let r = Rig { home, sw: Sweeper::new(), dir, exe: exe.clone(), pristine, version: version.clone() };
+    let r = Rig::installed();
+    let (exe, version) = (r.exe.clone(), r.version.clone());
+    write_config(r.home.path(), "listen = \"127.0.0.1:0\"\n[update]\nprobation_s = 1\n");
     let install = cli_with(&exe, r.home.path(), &["service", "install", "--restart-sec-ms", "100"], &[], UPDATE_LIMIT);
     let unit = InstalledUnit { exe: exe.clone(), home: r.home.path().to_path_buf() };
     assert_cli(&install, 0, "service install");

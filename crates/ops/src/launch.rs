@@ -194,21 +194,25 @@ fn wait_for_port(addr: SocketAddr, until: Instant) -> Result<(), String> {
     if addr.port() == 0 {
         return Ok(());
     }
+    // Naming the holder scans every process's descriptors: done once to say who is waited
+    // for, and once more if it is still there at the deadline, not on every retry.
+    let who = || {
+        let holders = gatewarden_lifecycle::platform::port_listeners(addr.port());
+        if holders.is_empty() {
+            "a process this user cannot inspect".to_owned()
+        } else {
+            holders.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+        }
+    };
     let mut said = false;
     loop {
         match std::net::TcpListener::bind(addr) {
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-                let holders = gatewarden_lifecycle::platform::port_listeners(addr.port());
-                let who = if holders.is_empty() {
-                    "a process this user cannot inspect".to_owned()
-                } else {
-                    holders.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
-                };
                 if Instant::now() >= until {
-                    return Err(format!("cannot listen on {addr}: the port is taken by {who}"));
+                    return Err(format!("cannot listen on {addr}: the port is taken by {}", who()));
                 }
                 if !said {
-                    eprintln!("waiting for {addr}: the port is held by {who}");
+                    eprintln!("waiting for {addr}: the port is held by {}", who());
                     said = true;
                 }
                 std::thread::sleep(Duration::from_millis(100).min(until.saturating_duration_since(Instant::now())));

@@ -35,17 +35,7 @@ pub fn rig(config: &str) -> (Rig, Gateway) {
 /// [`rig`] whose config is made from the rig (to name its candidates), and a gateway started
 /// with `env` too.
 pub fn rig_then(config: impl FnOnce(&Rig) -> String, env: &[(&str, &str)]) -> (Rig, Gateway) {
-    let home = TempHome::new();
-    let sw = Sweeper::new();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("bin")).unwrap();
-    std::fs::create_dir(dir.path().join("rel")).unwrap();
-    let exe = dir.path().join("bin/gatewarden");
-    std::fs::copy(bin(), &exe).unwrap();
-    let pristine = dir.path().join("rel/pristine");
-    std::fs::copy(bin(), &pristine).unwrap();
-    let version = version_of(&exe);
-    let r = Rig { home, sw, dir, exe, pristine, version };
+    let r = Rig::installed();
     write_config(r.home.path(), &format!("[agent]\nbackend = \"echo\"\n{}", config(&r)));
     let mut b = GatewayBuilder::new(&r.exe, &r.home).env(TAG_VAR, r.sw.tag());
     for (k, v) in env {
@@ -57,6 +47,20 @@ pub fn rig_then(config: impl FnOnce(&Rig) -> String, env: &[(&str, &str)]) -> (R
 }
 
 impl Rig {
+    /// A fresh home and the built binary copied into a private `bin/` (the file an update
+    /// swaps), with a pristine copy in `rel/`; nothing written to the home, nothing running.
+    pub fn installed() -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("bin")).unwrap();
+        std::fs::create_dir(dir.path().join("rel")).unwrap();
+        let exe = dir.path().join("bin/gatewarden");
+        std::fs::copy(bin(), &exe).unwrap();
+        let pristine = dir.path().join("rel/pristine");
+        std::fs::copy(bin(), &pristine).unwrap();
+        let version = version_of(&exe);
+        Rig { home: TempHome::new(), sw: Sweeper::new(), dir, exe, pristine, version }
+    }
+
     /// The same build with every occurrence of its version string replaced by `to` (same
     /// length): a real gatewarden that reports `to` everywhere.
     pub fn release(&self, to: &str) -> PathBuf {
