@@ -282,6 +282,8 @@ pub enum PlatformKind {
     Matrix,
     /// IRC (one TCP connection, one nick).
     Irc,
+    /// Email: one IMAP account read (IDLE), replies by SMTP submission.
+    Email,
 }
 
 impl PlatformKind {
@@ -291,6 +293,7 @@ impl PlatformKind {
             PlatformKind::Telegram => "telegram",
             PlatformKind::Matrix => "matrix",
             PlatformKind::Irc => "irc",
+            PlatformKind::Email => "email",
         }
     }
 }
@@ -346,6 +349,18 @@ pub struct PlatformConfig {
     /// variable; registration fails (the adapter is parked) if the server cannot do it.
     #[serde(default)]
     pub sasl_password_env: Option<String>,
+    /// Email: the IMAP server, `imaps://host:993` (TLS) or `imap://host:143` (STARTTLS).
+    #[serde(default)]
+    pub imap: Option<String>,
+    /// Email: the SMTP submission server, `smtps://host:465` or `smtp://host:587` (STARTTLS).
+    #[serde(default)]
+    pub smtp: Option<String>,
+    /// Email: the account (`user@domain`): the IMAP and SMTP login and the `From` address.
+    #[serde(default)]
+    pub account: Option<String>,
+    /// Email: the senders served (addresses, or `@domain`); empty = anyone.
+    #[serde(default)]
+    pub allowed_senders: Vec<String>,
 }
 
 fn default_poll_timeout() -> u64 {
@@ -1168,6 +1183,17 @@ impl Config {
                     return Err(bad(key, format!("{key} is for kind = \"irc\" only")));
                 }
             }
+            let email = p.kind == PlatformKind::Email;
+            for (key, set) in [
+                ("imap", p.imap.is_some()),
+                ("smtp", p.smtp.is_some()),
+                ("account", p.account.is_some()),
+                ("allowed_senders", !p.allowed_senders.is_empty()),
+            ] {
+                if set && !email {
+                    return Err(bad(key, format!("{key} is for kind = \"email\" only")));
+                }
+            }
             match p.kind {
                 PlatformKind::Telegram => validate_api_base(&bad, p.api_base.as_deref(), true)?,
                 PlatformKind::Matrix => {
@@ -1211,6 +1237,33 @@ impl Config {
                                 "{c:?}: IRC channels (#name) or nicks, without spaces, commas or control characters"
                             ),
                         ));
+                    }
+                }
+                PlatformKind::Email => {
+                    for (key, url, schemes) in
+                        [("imap", &p.imap, ["imaps://", "imap://"]), ("smtp", &p.smtp, ["smtps://", "smtp://"])]
+                    {
+                        let ok = url.as_deref().is_some_and(|u| {
+                            schemes.iter().any(|s| u.len() > s.len() && u.get(..s.len()).is_some_and(|h| h.eq_ignore_ascii_case(s)))
+                        });
+                        if !ok {
+                            return Err(bad(
+                                key,
+                                format!("[[platform]] {name:?} (email) needs {key} = \"{}host:port\" (TLS) or \"{}host:port\" (STARTTLS)", schemes[0], schemes[1]),
+                            ));
+                        }
+                    }
+                    if !p.account.as_deref().is_some_and(|a| a.contains('@') && !a.contains(char::is_whitespace)) {
+                        return Err(bad("account", format!("[[platform]] {name:?} (email) needs account = \"user@domain\"")));
+                    }
+                    if p.proxy.is_some() {
+                        return Err(bad("proxy", "email connects directly; proxy is for telegram and matrix".into()));
+                    }
+                    if !p.allowed_chats.is_empty() {
+                        return Err(bad("allowed_chats", "email serves allowed_senders (addresses or @domain)".into()));
+                    }
+                    if p.allowed_senders.iter().any(|a| !a.contains('@') || a.trim().is_empty()) {
+                        return Err(bad("allowed_senders", "addresses (user@domain) or @domain".into()));
                     }
                 }
             }

@@ -1,7 +1,7 @@
 //! Outbound connections: the one place that decides whom gatewarden trusts and how it gets there.
 //!
 //! Every client (the Telegram and Matrix adapters, the `openai` backend, `update`'s download,
-//! IRC and the PostgreSQL cluster store) takes its TLS settings from a [`ClientTls`] and its
+//! IRC, email and the PostgreSQL cluster store) takes its TLS settings from a [`ClientTls`] and its
 //! HTTP agent from [`http_config`], so that the rules below hold for all of them at once:
 //!
 //! - **Roots.** The OS trust store (rustls-native-certs: on Unix the distribution bundle, with
@@ -196,6 +196,29 @@ impl ClientTls {
             Ok(p) => builder.unversioned_rustls_crypto_provider(p).build(),
             Err(_) => builder.build(),
         }
+    }
+
+    /// The same trust for SMTP (lettre, the email adapter's replies) to `domain`: the same
+    /// roots in lettre's rustls verifier (name, chain and validity checked on every handshake).
+    #[cfg(feature = "tls")]
+    pub fn smtp_params(&self, domain: &str) -> Result<lettre::transport::smtp::client::TlsParameters, NetError> {
+        use lettre::transport::smtp::client::{Certificate as SmtpCert, CertificateStore, TlsParametersBuilder};
+        let tls_error = |e: lettre::transport::smtp::Error| NetError::Tls(e.to_string());
+        let mut b = TlsParametersBuilder::new(domain.to_owned());
+        b = match self.source {
+            RootSource::Bundled => b.certificate_store(CertificateStore::WebpkiRoots),
+            _ => b.certificate_store(CertificateStore::None),
+        };
+        for c in self.roots.iter() {
+            b = b.add_root_certificate(SmtpCert::from_der(c.der().to_vec()).map_err(tls_error)?);
+        }
+        b.build_rustls().map_err(tls_error)
+    }
+
+    /// Without a crypto provider there is no SMTP over TLS (and no plain SMTP either).
+    #[cfg(not(feature = "tls"))]
+    pub fn smtp_params(&self, _domain: &str) -> Result<lettre::transport::smtp::client::TlsParameters, NetError> {
+        Err(NetError::Tls("this build has no TLS (built without the `tls` feature)".into()))
     }
 
     /// Without a crypto provider: a provider that is not compiled in, which ureq refuses

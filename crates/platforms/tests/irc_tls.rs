@@ -71,6 +71,10 @@ fn config(server: String, ca_file: &Path) -> PlatformConfig {
         proxy: None,
         tls: true,
         sasl_password_env: None,
+        imap: None,
+        smtp: None,
+        account: None,
+        allowed_senders: Vec::new(),
     }
 }
 

@@ -71,6 +71,10 @@ fn config(base: &str, conflict_s: u64) -> PlatformConfig {
         proxy: None,
         tls: false,
         sasl_password_env: None,
+        imap: None,
+        smtp: None,
+        account: None,
+        allowed_senders: Vec::new(),
     }
 }
 

@@ -65,6 +65,10 @@ fn config(base: &str, ca_file: &Path) -> PlatformConfig {
         proxy: None,
         tls: false,
         sasl_password_env: None,
+        imap: None,
+        smtp: None,
+        account: None,
+        allowed_senders: Vec::new(),
     }
 }
 

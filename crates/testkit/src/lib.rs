@@ -37,6 +37,8 @@ mod decoy;
 mod gateway;
 pub mod hermes;
 mod home;
+#[cfg(all(unix, feature = "tls"))]
+pub mod mail;
 mod http;
 pub mod llmfake;
 pub mod netfakes;

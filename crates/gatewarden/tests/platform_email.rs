@@ -1,0 +1,298 @@
+//! Issue 20: the email adapter in real gateway processes against real mail servers
+//! (testkit::mail: Dovecot for IMAP, LMTP and submission, OpenSMTPD as the MTA, TLS from a
+//! test CA; `scripts/setup-mail`). Under `CI` missing servers fail these tests; elsewhere they
+//! print SKIPPED and pass. Loopback only; every wait is bounded.
+#![cfg(target_os = "linux")]
+
+mod common;
+mod work_common;
+use common::*;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use work_common::*;
+
+use gatewarden_testkit::mail::{MailServer, address, password};
+
+const PW_ENV: &str = "GW_TEST_MAIL_PASSWORD";
+const REPLY: Duration = Duration::from_secs(20);
+
+fn creds_dir() -> String {
+    std::env::temp_dir().join(format!("gw-creds-test-{}", std::process::id())).to_string_lossy().into_owned()
+}
+
+fn config(s: &MailServer, agent: &str) -> String {
+    format!(
+        "drain_timeout_s = 10\n[agent]\nbackend = \"echo\"\n{agent}\n\
+         [[platform]]\nkind = \"email\"\nname = \"mail\"\nimap = \"{}\"\nsmtp = \"{}\"\naccount = \"{}\"\n\
+         token_env = \"{PW_ENV}\"\nca_file = \"{}\"\nallowed_senders = [\"{}\", \"{}\"]\nadmins = [\"{}\"]\n\
+         poll_timeout_s = 5\nconflict_standby_s = 3\n",
+        s.imaps_url(),
+        s.submission_url(),
+        address("bot"),
+        s.ca_file().display(),
+        address("alice"),
+        address("bob"),
+        address("alice"),
+    )
+}
+
+fn spawn(home: &TempHome, sw: &Sweeper, config: &str) -> Gateway {
+    write_config(home.path(), config);
+    builder(home)
+        .env(TAG_VAR, sw.tag())
+        .env("GATEWARDEN_CREDS_DIR", creds_dir())
+        .env(PW_ENV, password("bot"))
+        .spawn()
+}
+
+fn start_gw(home: &TempHome, sw: &Sweeper, config: &str) -> Gateway {
+    let mut g = spawn(home, sw, config);
+    g.wait_ready(READY);
+    g
+}
+
+/// Sends `text` from `who` to the bot in a thread of its own (`id` is its Message-ID).
+fn mail(s: &MailServer, who: &str, id: &str, text: &str) {
+    s.send(&address(who), &address("bot"), &format!("{id}@example.test"), "gw test", text, &[]);
+}
+
+/// Waits until `who` has a reply matching `pred`; returns it.
+#[track_caller]
+fn wait_reply(s: &MailServer, who: &str, pred: impl Fn(&str) -> bool) -> String {
+    let mut found = None;
+    let ok = wait_until(REPLY, || {
+        found = s.texts(who).into_iter().find(|t| pred(t));
+        found.is_some()
+    });
+    assert!(ok, "no matching reply for {who} within {REPLY:?}: {:#?}", s.texts(who));
+    found.unwrap_or_default()
+}
+
+fn count(s: &MailServer, who: &str, text: &str) -> usize {
+    s.texts(who).iter().filter(|t| *t == text).count()
+}
+
+/// A round trip; /status and /help; a non-admin's /restart refused; an admin's /restart
+/// answered, and the successor's "back online" in the thread that asked, once.
+#[test]
+fn round_trip_commands_and_restart_notice() {
+    let Some(s) = MailServer::start() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let mut g = start_gw(&home, &sw, &config(&s, ""));
+    wait_adapter(&home, "connected", READY);
+    mail(&s, "alice", "hello", "hello there");
+    let r = wait_reply(&s, "alice", |t| t == "hello there");
+    assert_eq!(r, "hello there");
+    assert_eq!(s.replies("alice")[0].in_reply_to, "hello@example.test");
+    mail(&s, "alice", "status", "/status");
+    assert!(wait_reply(&s, "alice", |t| t.contains("incarnation")).contains("running"));
+
+    let p = platforms(&home);
+    assert_eq!((p[0]["name"].as_str(), p[0]["kind"].as_str()), (Some("mail"), Some("email")), "{p}");
+    assert!(p[0]["received"].as_u64() >= Some(2), "{p}");
+    let metrics = http_get(g.listen(), "/metrics", Duration::from_secs(5)).unwrap().text();
+    assert!(
+        metrics.contains("gatewarden_platform_state{platform=\"mail\",kind=\"email\",state=\"connected\"} 1"),
+        "{metrics}"
+    );
+
+    mail(&s, "bob", "bobrestart", "/restart");
+    assert!(wait_reply(&s, "bob", |t| t.contains("admins")).contains("/restart"));
+    assert!(g.alive(), "a non-admin's /restart must not restart");
+
+    let old = g.pid();
+    mail(&s, "alice", "restart", "/restart");
+    wait_reply(&s, "alice", |t| t == "restarting…");
+    let st = g.wait_exit(EXIT);
+    assert_exit_code(&g, st, 75, "chat /restart (unsupervised: successor started)");
+    let (_, inc2, _) = wait_new_ready(home.path(), &[old], READY).expect("successor ready");
+    let notice = wait_reply(&s, "alice", |t| t.contains("back online"));
+    assert!(notice.contains(&inc2), "the notice names the new incarnation {inc2}: {notice}");
+    mail(&s, "alice", "after", "after the restart");
+    wait_reply(&s, "alice", |t| t == "after the restart");
+    assert!(holds_for(Duration::from_secs(1), || s.texts("alice").len() == 5).is_ok(), "{:#?}", s.texts("alice"));
+    for text in ["hello there", "restarting…", "after the restart", notice.as_str()] {
+        assert_eq!(count(&s, "alice", text), 1, "{text:?} sent once: {:#?}", s.texts("alice"));
+    }
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
+/// Mid-conversation restart: a run is in flight and more mail arrives during the drain and
+/// the restart; the successor fetches from the saved UID. Every message is answered once.
+#[test]
+fn restart_mid_conversation_loses_and_repeats_nothing() {
+    let Some(s) = MailServer::start() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let g = start_gw(&home, &sw, &config(&s, "delay_ms = 1500"));
+    wait_adapter(&home, "connected", READY);
+    mail(&s, "alice", "m1", "m1");
+    wait_active(g.listen(), 1);
+    let restart = cli_bg(&home, &sw, &["restart", "--timeout", "30"], Duration::from_secs(40));
+    wait_until(Duration::from_secs(5), || home.state().as_deref() == Some("draining"));
+    mail(&s, "alice", "m2", "m2");
+    mail(&s, "alice", "m3", "m3");
+    assert_cli(&restart.join().unwrap(), 0, "restart");
+    mail(&s, "alice", "m4", "m4");
+    for m in ["m1", "m2", "m3", "m4"] {
+        wait_reply(&s, "alice", |t| t == m);
+    }
+    assert!(holds_for(Duration::from_millis(1500), || s.texts("alice").len() == 4).is_ok(), "{:#?}", s.texts("alice"));
+    assert_eq!(platforms(&home)[0]["state"], json!("connected"));
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
+/// kill -9 while the agent runs: the next incarnation answers the message exactly once (the
+/// journal re-runs it; the message fetched again from the unsaved position deduplicates).
+#[test]
+fn kill_9_mid_run_is_answered_once_by_the_next_incarnation() {
+    let Some(s) = MailServer::start() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let cfg = config(&s, "delay_ms = 1000");
+    let mut g = start_gw(&home, &sw, &cfg);
+    wait_adapter(&home, "connected", READY);
+    mail(&s, "alice", "k9", "survive me");
+    wait_active(g.listen(), 1);
+    g.kill();
+    assert!(s.texts("alice").is_empty());
+    let mut g2 = start_gw(&home, &sw, &cfg);
+    wait_reply(&s, "alice", |t| t == "survive me");
+    assert!(holds_for(Duration::from_millis(1500), || s.texts("alice").len() == 1).is_ok(), "{:#?}", s.texts("alice"));
+    stop_cleanly(&home, &mut g2);
+}
+
+/// Restarts under a steady stream of mail (3 in CI; `GW_PLATFORM_RESTARTS` in
+/// scripts/soak-platforms): every message answered, none twice.
+#[test]
+fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
+    let Some(s) = MailServer::start() else { return };
+    let s = Arc::new(s);
+    let restarts: u32 = std::env::var("GW_PLATFORM_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let seed: u64 = std::env::var("GW_PLATFORM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    eprintln!("seed {seed} (replay with GW_PLATFORM_SEED={seed}), {restarts} restarts");
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let _g = start_gw(&home, &sw, &config(&s, ""));
+    wait_adapter(&home, "connected", READY);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU32::new(0));
+    let stream = {
+        let (s, stop, sent) = (Arc::clone(&s), Arc::clone(&stop), Arc::clone(&sent));
+        std::thread::spawn(move || {
+            let mut x = seed | 1;
+            while !stop.load(Ordering::Relaxed) {
+                let n = sent.fetch_add(1, Ordering::Relaxed);
+                mail(&s, "alice", &format!("s{n}"), &format!("msg {n}"));
+                // xorshift: 50..250 ms between messages (each is an SMTP session).
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                std::thread::sleep(Duration::from_millis(50 + x % 200));
+            }
+        })
+    };
+    let t0 = Instant::now();
+    for i in 0..restarts {
+        let out = cli_tagged(&home, &sw, &["restart", "--timeout", "30"], Duration::from_secs(40));
+        assert!(out.code == Some(0), "restart {i} failed: {out:#?}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    stream.join().unwrap();
+    let total = sent.load(Ordering::Relaxed) as usize;
+    eprintln!("{restarts} restarts in {:?}, {total} messages", t0.elapsed());
+    let all = wait_until(Duration::from_secs(60), || s.texts("alice").len() >= total);
+    let texts = s.texts("alice");
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for t in &texts {
+        *seen.entry(t.as_str()).or_default() += 1;
+    }
+    let lost: Vec<usize> = (0..total).filter(|n| !seen.contains_key(format!("msg {n}").as_str())).collect();
+    let dup: Vec<(&&str, &usize)> = seen.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(all && lost.is_empty() && dup.is_empty(), "seed {seed}: lost {lost:?}, duplicated {dup:?}");
+    assert!(holds_for(Duration::from_millis(500), || s.texts("alice").len() == total).is_ok());
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
+/// Dovecot dies and comes back: `degraded` in between (the gateway keeps serving), then
+/// `connected` and answering.
+#[test]
+fn server_killed_and_revived() {
+    let Some(mut s) = MailServer::start() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let mut g = start_gw(&home, &sw, &config(&s, ""));
+    wait_adapter(&home, "connected", READY);
+    s.stop_dovecot();
+    let p = wait_adapter(&home, "degraded", Duration::from_secs(15));
+    assert!(p[0]["reason"].as_str().is_some_and(|r| !r.is_empty()), "{p}");
+    assert!(serving(&mut g), "a degraded adapter never stops the gateway");
+    s.start_dovecot();
+    wait_adapter(&home, "connected", Duration::from_secs(30));
+    mail(&s, "alice", "outage", "after the outage");
+    wait_reply(&s, "alice", |t| t == "after the outage");
+    assert!(home.events("platform_state").iter().any(|e| e["state"] == "degraded"), "{}", home.ledger_text());
+    stop_cleanly(&home, &mut g);
+}
+
+/// The credential lock is keyed by the account on its IMAP server: a second home configured
+/// with the same account is refused (exit 78 naming the holder) before it connects.
+#[test]
+fn two_homes_same_account() {
+    let Some(s) = MailServer::start() else { return };
+    let (a, b, sw) = (TempHome::new(), TempHome::new(), Sweeper::new());
+    let mut ga = start_gw(&a, &sw, &config(&s, ""));
+    wait_adapter(&a, "connected", READY);
+    let mut gb = spawn(&b, &sw, &config(&s, ""));
+    let st = gb.wait_exit(EXIT);
+    assert_exit_code(&gb, st, 78, "second gateway with the same email account");
+    let err = gb.stderr();
+    assert!(err.contains(&a.path().to_string_lossy().to_string()) && err.contains(&ga.pid().to_string()), "{err}");
+    assert_eq!(platforms(&a)[0]["state"], json!("connected"), "the holder is undisturbed");
+    mail(&s, "alice", "holder", "who answers");
+    wait_reply(&s, "alice", |t| t == "who answers");
+    stop_cleanly(&a, &mut ga);
+}
+
+/// The bench (scripts/bench-platforms, section 5; not in CI): inbound mail to reply, one at a
+/// time (`GW_EMAIL_BENCH_N`, default 20): median, p99, max; then `GW_EMAIL_BENCH_RESTARTS`
+/// (default 5) restarts, each with a message sent just before it: the time from sending it to
+/// its reply. The path is SMTP → OpenSMTPD → LMTP → Dovecot → IDLE → gateway → submission →
+/// Dovecot → OpenSMTPD → LMTP → maildir.
+#[test]
+#[ignore = "a measurement: scripts/bench-platforms runs it"]
+fn bench_email_reply_latency_and_restart_gap() {
+    let Some(s) = MailServer::start() else { return };
+    let n: usize = std::env::var("GW_EMAIL_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+    let restarts: usize = std::env::var("GW_EMAIL_BENCH_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let _g = start_gw(&home, &sw, &config(&s, ""));
+    wait_adapter(&home, "connected", READY);
+    let pct = |v: &mut Vec<f64>, p: f64| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[((v.len() as f64 - 1.0) * p).round() as usize]
+    };
+    let mut lat = Vec::new();
+    for i in 0..n {
+        let t = Instant::now();
+        mail(&s, "alice", &format!("b{i}"), &format!("bench {i}"));
+        let want = format!("bench {i}");
+        wait_reply(&s, "alice", |x| x == want);
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let (med, p99, max) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99), pct(&mut lat, 1.0));
+    println!("email inbound to reply ({n} one at a time): median {med:.0} ms, p99 {p99:.0} ms, max {max:.0} ms");
+    let mut gap = Vec::new();
+    for i in 0..restarts {
+        let t = Instant::now();
+        mail(&s, "alice", &format!("g{i}"), &format!("gap {i}"));
+        let out = cli_tagged(&home, &sw, &["restart", "--timeout", "30"], Duration::from_secs(40));
+        assert!(out.code == Some(0), "restart {i} failed: {out:#?}");
+        let want = format!("gap {i}");
+        wait_reply(&s, "alice", |x| x == want);
+        gap.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let (med, max) = (pct(&mut gap, 0.5), pct(&mut gap, 1.0));
+    println!("email across a restart (sent just before it, answered after): median {med:.0} ms, max {max:.0} ms");
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}

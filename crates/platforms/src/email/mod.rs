@@ -1,0 +1,553 @@
+//! Email adapter: mail to one IMAP account is read (IMAP IDLE, polling only where the server
+//! lacks it) and answered by SMTP submission, one conversation per thread.
+//!
+//! - **Configuration.** `imap = "imaps://host:993"` (implicit TLS) or `"imap://host:143"`
+//!   (STARTTLS, required); `smtp = "smtps://host:465"` or `"smtp://host:587"` (STARTTLS,
+//!   required); `account`, the login of both and the `From` address; `token_env`, the variable
+//!   holding the password; `allowed_senders` (addresses, or `@domain`; empty: anyone);
+//!   `poll_timeout_s`, how long one IDLE (or one poll's pause) lasts. Certificates are always
+//!   verified with crates/net's settings (`ca_file` pins a private CA), for IMAP (rustls through
+//!   tokio-rustls) and SMTP (lettre, [`gatewarden_net::ClientTls::smtp_params`]) alike.
+//! - **One consumer per account.** The credential lock is keyed by `account@imap-host`.
+//! - **Nothing lost, nothing answered twice.** The position is INBOX's `UIDVALIDITY` and the
+//!   last UID, saved in `<home>/platforms/email-<name>.json` only in [`Receiver::confirm`],
+//!   after the batch is journaled; the event id is `UIDVALIDITY:UID`, so a batch fetched again
+//!   after a crash is deduplicated by the journal. A restart or a kill -9 fetches from the
+//!   saved UID on. Messages are read with `BODY.PEEK[]`: nothing is marked seen or moved.
+//!   The first start (no saved position) answers only mail that arrives after it.
+//! - **A changed UIDVALIDITY** (the mailbox was recreated or restored: its UIDs mean other
+//!   messages now) is never re-answered: the adapter moves to the mailbox's current end and
+//!   reports it (`degraded` naming both values, a ledger line, `last_error`).
+//! - **Threads.** The chat id is the thread's root Message-ID (the first of `References`,
+//!   else `In-Reply-To`, else the message's own id), so one thread is one conversation. A reply
+//!   goes to the sender of the thread's last message with `In-Reply-To` (that message) and
+//!   `References`, `Re: <subject>`, `Auto-Submitted: auto-replied` (RFC 3834) and a Message-ID
+//!   derived from the outbox entry (a resend after a crash carries the same id). What a reply
+//!   needs is kept in `<home>/platforms/email-<name>-threads.json` (the newest
+//!   [`MAX_THREADS`] threads), written when a message is read.
+//! - **No bounce loops.** Automatic mail is never answered (RFC 3834 `Auto-Submitted` other
+//!   than `no`, `Precedence: bulk/list/junk`, `List-Id`, a null sender, mailer-daemon and
+//!   friends), nor our own, nor a sender not in `allowed_senders`; those still move the
+//!   position.
+//! - **Bounded.** A message is read up to [`MAX_MESSAGE_BYTES`] (the server cuts it); a larger
+//!   one is answered as "too large". Bodies are decoded by mail-parser (MIME, quoted-printable,
+//!   base64, charsets) and cut at 32,000 characters. Every IMAP call is bounded (30 s).
+//! - **At least once outbound.** A crash between the SMTP send and the outbox commit sends the
+//!   reply again, with the same Message-ID.
+//!
+//! The loops, states, backoff and drain are the skeleton's (crates/platforms/src/skeleton).
+
+pub mod imap;
+pub mod message;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use gatewarden_config::PlatformConfig;
+use gatewarden_lifecycle::fsio;
+use lettre::message::header::{self, ContentType, HeaderName, HeaderValue};
+use lettre::message::Mailbox;
+use lettre::transport::smtp::authentication::{Credentials, Mechanism};
+use lettre::transport::smtp::client::Tls;
+use lettre::{SmtpTransport, Transport};
+use serde::{Deserialize, Serialize};
+
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::{AdapterError, Host, Inbound};
+
+use imap::{ImapError, Security};
+
+/// The largest message read; the server cuts larger ones (`BODY.PEEK[]<0.n>`).
+pub const MAX_MESSAGE_BYTES: u32 = 1 << 20;
+/// Threads remembered for replies (the oldest are forgotten first).
+pub const MAX_THREADS: usize = 500;
+/// Characters per reply (one email).
+const MAX_REPLY_CHARS: usize = 100_000;
+/// Mail that a fresh start in a cluster (no saved position, [`Host::fresh_start_window`]) looks
+/// back through at most.
+const FRESH_LOOKBACK: u32 = 200;
+
+/// A server: host, port, and whether TLS starts at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub host: String,
+    pub port: u16,
+    pub implicit_tls: bool,
+}
+
+/// Parses `imaps://host[:993]`, `imap://host[:143]` (STARTTLS) or the SMTP forms
+/// (`smtps://host[:465]`, `smtp://host[:587]`, STARTTLS).
+pub fn endpoint(url: &str, smtp: bool) -> Result<Endpoint, String> {
+    let (tls_scheme, starttls_scheme, tls_port, starttls_port) =
+        if smtp { ("smtps", "smtp", 465, 587) } else { ("imaps", "imap", 993, 143) };
+    let (scheme, rest) = url.trim().split_once("://").ok_or_else(|| format!("{url:?}: use {tls_scheme}://host:port or {starttls_scheme}://host:port"))?;
+    let implicit_tls = match scheme.to_ascii_lowercase() {
+        s if s == tls_scheme => true,
+        s if s == starttls_scheme => false,
+        _ => return Err(format!("{url:?}: the scheme must be {tls_scheme} (TLS) or {starttls_scheme} (STARTTLS)")),
+    };
+    let rest = rest.trim_end_matches('/');
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') || h.ends_with(']') => {
+            (h, p.parse::<u16>().map_err(|_| format!("{url:?}: bad port {p:?}"))?)
+        }
+        _ => (rest, if implicit_tls { tls_port } else { starttls_port }),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() || host.contains(['/', '@', '?', '#', ' ']) || port == 0 {
+        return Err(format!("{url:?}: expected {tls_scheme}://host:port"));
+    }
+    Ok(Endpoint { host: host.to_owned(), port, implicit_tls })
+}
+
+/// The saved position: INBOX's UIDVALIDITY and the last UID journaled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Position {
+    pub uid_validity: u32,
+    pub last_uid: u32,
+}
+
+/// What a reply in one thread needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Thread {
+    /// The sender of the thread's last message.
+    to: String,
+    subject: String,
+    /// The last message's id (`In-Reply-To`).
+    last: Option<String>,
+    references: Vec<String>,
+    /// When the thread last had mail (for forgetting the oldest).
+    tick: u64,
+}
+
+/// The threads a reply can go to, by chat id (the root Message-ID), persisted.
+#[derive(Default)]
+struct Threads {
+    map: BTreeMap<String, Thread>,
+    tick: u64,
+    path: Option<PathBuf>,
+}
+
+type SharedThreads = Arc<Mutex<Threads>>;
+
+fn lock(t: &SharedThreads) -> std::sync::MutexGuard<'_, Threads> {
+    t.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Threads {
+    fn load(path: Option<PathBuf>) -> Threads {
+        let map: BTreeMap<String, Thread> = path
+            .as_ref()
+            .and_then(|p| fsio::read_capped(p, fsio::MAX_RECORD_BYTES).ok())
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let tick = map.values().map(|t| t.tick).max().unwrap_or(0);
+        Threads { map, tick, path }
+    }
+
+    fn note(&mut self, chat: &str, m: &message::Mail) -> Result<(), String> {
+        self.tick += 1;
+        let t = Thread {
+            to: m.from.clone(),
+            subject: m.subject.clone(),
+            last: m.message_id.clone(),
+            references: m.references.clone(),
+            tick: self.tick,
+        };
+        self.map.insert(chat.to_owned(), t);
+        while self.map.len() > MAX_THREADS {
+            let Some(oldest) = self.map.iter().min_by_key(|(_, t)| t.tick).map(|(k, _)| k.clone()) else { break };
+            self.map.remove(&oldest);
+        }
+        match &self.path {
+            Some(p) => save_json(p, &self.map),
+            None => Ok(()),
+        }
+    }
+}
+
+fn save_json<T: Serialize>(path: &Path, value: &T) -> Result<(), String> {
+    if let Some(dir) = path.parent() {
+        gatewarden_lifecycle::platform::create_private_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    fsio::write_json(path, value).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn load_position(path: Option<&PathBuf>) -> Option<Position> {
+    path.and_then(|p| fsio::read_capped(p, fsio::MAX_RECORD_BYTES).ok())
+        .and_then(|b| serde_json::from_slice::<Position>(&b).ok())
+        .filter(|p| p.uid_validity != 0)
+}
+
+/// The email adapter.
+pub type Email = Skeleton<Proto>;
+
+/// The email protocol: IMAP in, SMTP out.
+pub struct Proto {
+    name: String,
+    imap: Endpoint,
+    smtp: Endpoint,
+    account: String,
+    /// `account`, lower-cased: our own address.
+    own: String,
+    password: String,
+    tls: gatewarden_net::ClientTls,
+    allowed: Vec<String>,
+    poll: Duration,
+    /// `account@imap-host`: what two consumers must not share.
+    credential: String,
+}
+
+impl Skeleton<Proto> {
+    pub fn new(cfg: &PlatformConfig, password: String) -> Result<Email, AdapterError> {
+        let name = cfg.adapter_name();
+        let err = |message: String| AdapterError::Start { name: name.clone(), message };
+        let imap = endpoint(cfg.imap.as_deref().unwrap_or_default(), false).map_err(|e| err(format!("imap: {e}")))?;
+        let smtp = endpoint(cfg.smtp.as_deref().unwrap_or_default(), true).map_err(|e| err(format!("smtp: {e}")))?;
+        let account = cfg.account.clone().unwrap_or_default();
+        if !account.contains('@') {
+            return Err(err("email needs account = \"user@domain\"".into()));
+        }
+        let tls = gatewarden_net::ClientTls::new(cfg.ca_file.as_deref()).map_err(|e| err(e.to_string()))?;
+        let proto = Proto {
+            credential: format!("{}@{}", account.to_ascii_lowercase(), imap.host.to_ascii_lowercase()),
+            own: account.to_ascii_lowercase(),
+            name,
+            imap,
+            smtp,
+            account,
+            password,
+            tls,
+            allowed: cfg.allowed_senders.clone(),
+            poll: Duration::from_secs(cfg.poll_timeout_s.max(1)),
+        };
+        Ok(Skeleton::from_protocol(cfg, proto))
+    }
+}
+
+impl Protocol for Proto {
+    const KIND: &'static str = "email";
+    const LIMITS: Limits = Limits {
+        piece: PieceLimit::Chars(MAX_REPLY_CHARS),
+        line_per_piece: false,
+        batch: 8,
+        pace: None,
+        min_receive: Duration::ZERO,
+        redelivers: true,
+        listens_through_drain: false,
+        connected_after_receive: false,
+        // An IDLE notices the drain within 100 ms, then sends DONE.
+        close_grace: Duration::from_millis(1500),
+    };
+    type Receiver = Fetcher;
+    type Sender = Mailer;
+
+    fn credential(&self) -> &str {
+        &self.credential
+    }
+
+    fn watchdog_after(&self) -> Duration {
+        self.poll + imap::OP_TIMEOUT * 2 + Duration::from_secs(30)
+    }
+
+    fn open(&self, host: &Arc<dyn Host>) -> Result<(Fetcher, Mailer), String> {
+        let dir = host.state_dir();
+        let pos_path = dir.as_ref().map(|d| d.join(format!("email-{}.json", self.name)));
+        let threads_path = dir.as_ref().map(|d| d.join(format!("email-{}-threads.json", self.name)));
+        let threads: SharedThreads = Arc::new(Mutex::new(Threads::load(threads_path)));
+        let rustls = self.tls.rustls_config().map_err(|e| e.to_string())?;
+        let smtp_tls = self.tls.smtp_params(&self.smtp.host).map_err(|e| e.to_string())?;
+        let smtp_tls = if self.smtp.implicit_tls { Tls::Wrapper(smtp_tls) } else { Tls::Required(smtp_tls) };
+        let transport = SmtpTransport::builder_dangerous(&self.smtp.host)
+            .port(self.smtp.port)
+            .tls(smtp_tls)
+            .credentials(Credentials::new(self.account.clone(), self.password.clone()))
+            .authentication(vec![Mechanism::Plain, Mechanism::Login])
+            .timeout(Some(imap::OP_TIMEOUT))
+            .build();
+        let from: Mailbox = self.account.parse().map_err(|e| format!("account {:?}: {e}", self.account))?;
+        let domain = self.own.rsplit('@').next().unwrap_or("localhost").to_owned();
+        let tx = Mailer { transport, from, domain, threads: Arc::clone(&threads) };
+        let rx = Fetcher {
+            imap: self.imap.clone(),
+            rustls,
+            user: self.account.clone(),
+            password: self.password.clone(),
+            own: self.own.clone(),
+            allowed: self.allowed.clone(),
+            poll: self.poll,
+            session: None,
+            confirmed: load_position(pos_path.as_ref()),
+            pos_path,
+            pending: None,
+            gap: None,
+            not_before: None,
+            threads,
+        };
+        Ok((rx, tx))
+    }
+}
+
+/// The receive side: an IMAP session, the position, and the thread table it fills.
+pub struct Fetcher {
+    imap: Endpoint,
+    rustls: Arc<gatewarden_net::rustls::ClientConfig>,
+    user: String,
+    password: String,
+    own: String,
+    allowed: Vec<String>,
+    poll: Duration,
+    session: Option<imap::Session>,
+    /// Where fetching starts: the last saved position, or the one fixed at connect.
+    confirmed: Option<Position>,
+    pos_path: Option<PathBuf>,
+    /// The position past the last batch (or fixed at connect), saved by `confirm`.
+    pending: Option<Position>,
+    /// A changed UIDVALIDITY, reported with the next batch.
+    gap: Option<String>,
+    /// A fresh start in a cluster: mail at or below this UID older than the time is history.
+    not_before: Option<(u32, SystemTime)>,
+    threads: SharedThreads,
+}
+
+fn failure(e: ImapError) -> Failure {
+    match e {
+        ImapError::Rejected(why) => Failure::Rejected(why),
+        ImapError::Lost(why) => Failure::Lost(why),
+    }
+}
+
+impl Fetcher {
+    fn lost(&mut self, e: ImapError) -> Failure {
+        self.session = None;
+        failure(e)
+    }
+
+    /// One fetched message as an inbound message, when it may be answered.
+    fn inbound(&self, validity: u32, f: &imap::Fetched) -> Option<Inbound> {
+        let mut mail = match message::judge(&f.raw, &self.own, &self.allowed) {
+            Ok(m) => m,
+            Err(_) => return None,
+        };
+        if let Some((below, since)) = self.not_before
+            && f.uid <= below
+            && mail.sent_at.is_none_or(|t| t < since)
+        {
+            return None;
+        }
+        if f.size > MAX_MESSAGE_BYTES {
+            mail.text = format!(
+                "[this message is {} bytes, over the {MAX_MESSAGE_BYTES}-byte limit: it was not read]",
+                f.size
+            );
+        } else if mail.text.is_empty() {
+            mail.text = "(empty message)".into();
+        }
+        let chat = if mail.root.is_empty() || mail.root.len() > 250 { format!("uid-{validity}-{}", f.uid) } else { mail.root.clone() };
+        // What a reply needs is kept before the delivery: the reply may be sent before the
+        // batch is confirmed. A failed write only costs that thread's reply after a restart.
+        let _ = lock(&self.threads).note(&chat, &mail);
+        Some(Inbound {
+            event_id: format!("{validity}:{}", f.uid),
+            chat_id: chat,
+            user_id: mail.from,
+            text: mail.text,
+            sent_at: mail.sent_at,
+        })
+    }
+}
+
+impl skeleton::Receiver for Fetcher {
+    fn connect(&mut self, ctx: &Ctx) -> Result<(), Failure> {
+        let security = if self.imap.implicit_tls { Security::Implicit } else { Security::StartTls };
+        let (session, sel) =
+            imap::connect(&self.imap.host, self.imap.port, security, Arc::clone(&self.rustls), &self.user, &self.password)
+                .map_err(failure)?;
+        let end = Position { uid_validity: sel.uid_validity, last_uid: sel.uid_next.saturating_sub(1) };
+        match self.confirmed {
+            Some(p) if p.uid_validity == sel.uid_validity => {}
+            Some(p) => {
+                self.gap = Some(format!(
+                    "INBOX UIDVALIDITY changed from {} to {} (the mailbox was recreated or restored): the {} messages in it \
+                     now are not answered, new mail is",
+                    p.uid_validity, sel.uid_validity, end.last_uid
+                ));
+                self.confirmed = Some(end);
+                self.pending = Some(end);
+            }
+            None => {
+                let mut start = end;
+                if let Some(window) = ctx.host().fresh_start_window() {
+                    start.last_uid = end.last_uid.saturating_sub(FRESH_LOOKBACK);
+                    self.not_before = Some((end.last_uid, SystemTime::now() - window));
+                }
+                self.confirmed = Some(start);
+                self.pending = Some(start);
+            }
+        }
+        self.session = Some(session);
+        Ok(())
+    }
+
+    fn receive(&mut self, ctx: &Ctx, budget: Option<Duration>) -> Result<Batch, Failure> {
+        let Some(pos) = self.confirmed else { return Err(Failure::Lost("not connected".into())) };
+        let Some(session) = self.session.as_mut() else { return Err(Failure::Lost("not connected".into())) };
+        let mut fetched = match session.fetch_after(pos.last_uid, MAX_MESSAGE_BYTES) {
+            Ok(f) => f,
+            Err(e) => return Err(self.lost(e)),
+        };
+        if fetched.is_empty() {
+            let wait = budget.unwrap_or(self.poll).min(self.poll);
+            if let Err(e) = session.wait_for_mail(wait, &|| ctx.ending()) {
+                return Err(self.lost(e));
+            }
+            if ctx.ending() {
+                return Ok(Batch::default());
+            }
+            fetched = match session.fetch_after(pos.last_uid, MAX_MESSAGE_BYTES) {
+                Ok(f) => f,
+                Err(e) => return Err(self.lost(e)),
+            };
+        }
+        let mut batch = Batch { messages: Vec::new(), gap: self.gap.take() };
+        if let Some(last) = fetched.last() {
+            self.pending = Some(Position { uid_validity: pos.uid_validity, last_uid: last.uid });
+        }
+        batch.messages = fetched.iter().filter_map(|f| self.inbound(pos.uid_validity, f)).collect();
+        Ok(batch)
+    }
+
+    /// The batch is journaled: the position moves past it, on disk first.
+    fn confirm(&mut self, _ctx: &Ctx) -> Result<(), String> {
+        let Some(p) = self.pending else { return Ok(()) };
+        if let Some(path) = &self.pos_path {
+            save_json(path, &p).map_err(|e| format!("cannot save the IMAP position: {e}"))?;
+        }
+        self.pending = None;
+        self.confirmed = Some(p);
+        if self.not_before.is_some_and(|(below, _)| p.last_uid >= below) {
+            self.not_before = None;
+        }
+        Ok(())
+    }
+
+    fn disconnect(&mut self) {
+        if let Some(mut s) = self.session.take() {
+            s.logout();
+        }
+    }
+
+    fn hang_up(&mut self) -> Vec<Inbound> {
+        self.disconnect();
+        Vec::new()
+    }
+}
+
+/// `Auto-Submitted: auto-replied` (RFC 3834 section 5): other robots must not answer us.
+#[derive(Debug, Clone)]
+struct AutoSubmitted;
+
+impl header::Header for AutoSubmitted {
+    fn name() -> HeaderName {
+        HeaderName::new_from_ascii_str("Auto-Submitted")
+    }
+
+    fn parse(_: &str) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(AutoSubmitted)
+    }
+
+    fn display(&self) -> HeaderValue {
+        HeaderValue::new(Self::name(), "auto-replied".to_owned())
+    }
+}
+
+/// The send side: one SMTP submission per reply.
+pub struct Mailer {
+    transport: SmtpTransport,
+    from: Mailbox,
+    domain: String,
+    threads: SharedThreads,
+}
+
+fn angle(id: &str) -> String {
+    format!("<{id}>")
+}
+
+impl skeleton::Sender for Mailer {
+    fn send(&mut self, chat: &str, piece: &str, id: PieceId) -> Result<(), SendError> {
+        let Some(t) = lock(&self.threads).map.get(chat).cloned() else {
+            return Err(SendError::Rejected(format!("no email thread {chat:?} is known to reply to")));
+        };
+        let to: Mailbox = t.to.parse().map_err(|e| SendError::Rejected(format!("recipient {:?}: {e}", t.to)))?;
+        let mut b = lettre::Message::builder()
+            .from(self.from.clone())
+            .to(to)
+            .subject(message::reply_subject(&t.subject))
+            .message_id(Some(format!("<gw.{}.{}.{}@{}>", id.seq, id.index, crate::sha256_hex(chat.as_bytes()).get(..12).unwrap_or(""), self.domain)))
+            .header(AutoSubmitted)
+            .header(ContentType::TEXT_PLAIN);
+        if let Some(last) = &t.last {
+            b = b.in_reply_to(angle(last));
+        }
+        if !t.references.is_empty() {
+            b = b.references(t.references.iter().map(|r| angle(r)).collect::<Vec<_>>().join(" "));
+        }
+        let msg = b.body(piece.to_owned()).map_err(|e| SendError::Rejected(format!("cannot build the reply: {e}")))?;
+        match self.transport.send(&msg) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(smtp_error(&e)),
+        }
+    }
+}
+
+/// An SMTP failure as the skeleton's outcome: refused credentials park, a permanent refusal
+/// (5xx) rejects the entry, the rest is retried.
+fn smtp_error(e: &lettre::transport::smtp::Error) -> SendError {
+    let code = e.status().map(|c| c.to_string());
+    let text = format!("SMTP: {e}");
+    match code.as_deref() {
+        Some("535" | "534" | "530") => SendError::Unauthorized(text),
+        _ if e.is_permanent() => SendError::Rejected(text),
+        _ => SendError::Failed(text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_name_the_tls_mode_and_default_ports() {
+        let e = endpoint("imaps://mail.example.org", false).unwrap();
+        assert_eq!((e.host.as_str(), e.port, e.implicit_tls), ("mail.example.org", 993, true));
+        assert_eq!(endpoint("imap://h:1143", false).unwrap(), Endpoint { host: "h".into(), port: 1143, implicit_tls: false });
+        assert_eq!(endpoint("smtp://h", true).unwrap().port, 587);
+        assert_eq!(endpoint("smtps://[::1]:4650", true).unwrap().host, "::1");
+        assert!(endpoint("http://h", false).is_err());
+        assert!(endpoint("imaps://", false).is_err());
+        assert!(endpoint("imaps://u@h", false).is_err());
+        assert!(endpoint("smtp://h:x", true).is_err());
+    }
+
+    #[test]
+    fn the_thread_table_forgets_the_oldest() {
+        let mut t = Threads::default();
+        let mail = |n: usize| message::Mail {
+            from: format!("u{n}@x"),
+            root: format!("r{n}"),
+            message_id: Some(format!("m{n}")),
+            references: vec![format!("m{n}")],
+            subject: "s".into(),
+            text: "t".into(),
+            sent_at: None,
+        };
+        for n in 0..MAX_THREADS + 3 {
+            t.note(&format!("r{n}"), &mail(n)).unwrap();
+        }
+        t.note("r5", &mail(5)).unwrap(); // touched again: kept
+        assert_eq!(t.map.len(), MAX_THREADS);
+        assert!(!t.map.contains_key("r0") && t.map.contains_key("r5") && t.map.contains_key("r3"));
+    }
+}

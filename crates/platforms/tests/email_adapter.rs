@@ -1,0 +1,277 @@
+//! The email adapter against real servers (testkit::mail: Dovecot for IMAP, LMTP and
+//! submission, OpenSMTPD as the MTA, TLS from a test CA), with an in-memory echoing host:
+//! threads and reply headers, allowed senders and automatic mail, MIME decoding, the position
+//! saved only after the commit, a restart that resumes, a changed UIDVALIDITY reported and not
+//! re-answered, the server killed and revived, a wrong CA and a wrong password.
+#![cfg(unix)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gatewarden_config::{PlatformConfig, PlatformKind};
+use gatewarden_platforms::email::Email;
+use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
+use gatewarden_testkit::mail::{MailServer, address, password};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+#[derive(Default)]
+struct MemHost {
+    inbox: Mutex<Vec<Inbound>>,
+    outbox: Mutex<Vec<Outgoing>>,
+    refuse: Mutex<bool>,
+    seq: Mutex<i64>,
+    states: Mutex<Vec<State>>,
+    dir: Option<PathBuf>,
+}
+
+impl MemHost {
+    fn with_dir(dir: &Path) -> Arc<MemHost> {
+        Arc::new(MemHost { dir: Some(dir.to_owned()), ..MemHost::default() })
+    }
+    fn texts(&self) -> Vec<String> {
+        self.inbox.lock().unwrap().iter().map(|m| m.text.clone()).collect()
+    }
+}
+
+impl Host for MemHost {
+    fn deliver(&self, _adapter: &str, msg: Inbound) -> Result<(), String> {
+        if *self.refuse.lock().unwrap() {
+            return Err("disk full".into());
+        }
+        let mut inbox = self.inbox.lock().unwrap();
+        if inbox.iter().any(|m| m.event_id == msg.event_id) {
+            return Ok(());
+        }
+        let mut seq = self.seq.lock().unwrap();
+        *seq += 1;
+        self.outbox.lock().unwrap().push(Outgoing {
+            seq: *seq,
+            chat_id: msg.chat_id.clone(),
+            text: format!("echo: {}", msg.text),
+            message_id: None,
+            created_at: String::new(),
+        });
+        inbox.push(msg);
+        Ok(())
+    }
+    fn outbox(&self, _adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
+        Ok(self.outbox.lock().unwrap().iter().take(limit).cloned().collect())
+    }
+    fn sent(&self, seq: i64, _outcome: Sent) {
+        self.outbox.lock().unwrap().retain(|o| o.seq != seq);
+    }
+    fn state_changed(&self, _adapter: &str, state: &State) {
+        self.states.lock().unwrap().push(state.clone());
+    }
+    fn state_dir(&self) -> Option<PathBuf> {
+        self.dir.clone()
+    }
+}
+
+fn config(imap: String, smtp: String, ca: &Path, allowed: &[&str]) -> PlatformConfig {
+    PlatformConfig {
+        kind: PlatformKind::Email,
+        name: Some("mail".into()),
+        token_env: Some("UNUSED".into()),
+        api_base: None,
+        server: None,
+        nick: None,
+        allowed_chats: Vec::new(),
+        admins: Vec::new(),
+        poll_timeout_s: 5,
+        conflict_standby_s: 30,
+        ca_file: Some(ca.to_owned()),
+        proxy: None,
+        tls: false,
+        sasl_password_env: None,
+        imap: Some(imap),
+        smtp: Some(smtp),
+        account: Some(address("bot")),
+        allowed_senders: allowed.iter().map(|a| a.to_string()).collect(),
+    }
+}
+
+#[track_caller]
+fn wait(what: &str, mut f: impl FnMut() -> bool) {
+    assert!(gatewarden_testkit::wait_until(WAIT, &mut f), "timed out waiting for {what}");
+}
+
+fn start(cfg: &PlatformConfig, pw: &str, host: &Arc<MemHost>) -> Arc<Email> {
+    let a = Arc::new(Email::new(cfg, pw.into()).unwrap());
+    a.start(Arc::clone(host) as Arc<dyn Host>).unwrap();
+    a
+}
+
+#[track_caller]
+fn wait_connected(a: &Email) {
+    wait("connected", || a.status().state() == State::Connected);
+}
+
+fn header<'a>(mail: &'a str, name: &str) -> Option<&'a str> {
+    mail.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(':'))).map(str::trim)
+}
+
+fn saved_uid(dir: &Path) -> Option<u64> {
+    let raw = std::fs::read(dir.join("email-mail.json")).ok()?;
+    serde_json::from_slice::<serde_json::Value>(&raw).ok()?["last_uid"].as_u64()
+}
+
+#[test]
+fn replies_in_thread_skip_automatic_mail_and_decode_mime() {
+    let Some(s) = MailServer::start() else { return };
+    let cfg = config(s.imap_starttls_url(), s.submission_url(), s.ca_file(), &[&address("alice"), &address("bob")]);
+    let host = Arc::new(MemHost::default());
+    let a = start(&cfg, &password("bot"), &host);
+    wait_connected(&a);
+    let (alice, bot) = (address("alice"), address("bot"));
+
+    s.send(&alice, &bot, "r1@example.test", "hi", "hello bot", &[]);
+    wait("the first reply", || s.maildir("alice").len() == 1);
+    let reply = &s.maildir("alice")[0];
+    assert!(reply.contains("echo: hello bot"), "{reply}");
+    assert_eq!(header(reply, "In-Reply-To"), Some("<r1@example.test>"), "{reply}");
+    assert_eq!(header(reply, "References"), Some("<r1@example.test>"), "{reply}");
+    assert_eq!(header(reply, "Subject"), Some("Re: hi"), "{reply}");
+    assert_eq!(header(reply, "Auto-Submitted"), Some("auto-replied"), "{reply}");
+    assert_eq!(header(reply, "From"), Some(bot.as_str()), "{reply}");
+
+    // The answer to the reply stays in the thread: same chat, headers follow the last message.
+    s.send(&alice, &bot, "r2@example.test", "Re: hi", "and again", &["In-Reply-To: <r1@example.test>", "References: <r1@example.test>"]);
+    wait("the second reply", || s.maildir("alice").len() == 2);
+    let reply = &s.maildir("alice")[1];
+    assert_eq!(header(reply, "In-Reply-To"), Some("<r2@example.test>"), "{reply}");
+    assert_eq!(header(reply, "References"), Some("<r1@example.test> <r2@example.test>"), "{reply}");
+    {
+        let inbox = host.inbox.lock().unwrap();
+        assert_eq!(inbox.len(), 2);
+        assert_eq!((inbox[0].chat_id.as_str(), inbox[1].chat_id.as_str()), ("r1@example.test", "r1@example.test"));
+        assert_eq!(inbox[0].user_id, alice);
+    }
+
+    // Never answered: an auto-reply, a bulk mail, a bounce, a sender not allowed.
+    s.send(&alice, &bot, "auto@example.test", "Out of office", "away", &["Auto-Submitted: auto-replied"]);
+    s.send(&alice, &bot, "bulk@example.test", "news", "bulk", &["Precedence: bulk"]);
+    s.send(&format!("MAILER-DAEMON@{}", gatewarden_testkit::mail::DOMAIN), &bot, "b@example.test", "failure", "bounce", &[]);
+    s.send(&address("carol"), &bot, "c@example.test", "hi", "not allowed", &[]);
+    // Then a quoted-printable Latin-1 message from bob: it is read, decoded, after them.
+    let raw = format!(
+        "From: {b}\r\nTo: {bot}\r\nSubject: =?ISO-8859-1?Q?Gr=FC=DFe?=\r\nMessage-ID: <q@example.test>\r\nMIME-Version: 1.0\r\nContent-Type: text/plain; charset=iso-8859-1\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\nGr=FC=DFe aus K=F6ln\r\n",
+        b = address("bob")
+    );
+    s.send_raw(&address("bob"), &bot, &raw);
+    wait("bob's message", || host.inbox.lock().unwrap().len() >= 3);
+    wait("bob's reply", || s.maildir("bob").len() == 1);
+    assert_eq!(host.texts(), vec!["hello bot", "and again", "Grüße aus Köln"], "automatic and unknown mail is skipped");
+    assert!(s.maildir("carol").is_empty(), "carol is not served");
+    assert!(s.maildir("bob")[0].contains("Re: =?utf-8?") || s.maildir("bob")[0].contains("Subject: Re:"), "{}", s.maildir("bob")[0]);
+    a.close(Instant::now() + Duration::from_secs(5));
+}
+
+#[test]
+fn position_saved_after_commit_only_and_a_restart_resumes_once() {
+    let Some(s) = MailServer::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(s.imaps_url(), s.submissions_url(), s.ca_file(), &[]);
+    let (alice, bot) = (address("alice"), address("bot"));
+    let host = MemHost::with_dir(dir.path());
+    let a = start(&cfg, &password("bot"), &host);
+    wait_connected(&a);
+    // A first start takes the mailbox's end as its position, saved with the first receive.
+    wait("the first position saved", || saved_uid(dir.path()) == Some(0));
+
+    // The journal refuses: the message is fetched again and again, the position stays.
+    *host.refuse.lock().unwrap() = true;
+    s.send(&alice, &bot, "p1@example.test", "one", "one", &[]);
+    wait("degraded", || matches!(a.status().state(), State::Degraded(ref r) if r.contains("cannot journal")));
+    assert_eq!(saved_uid(dir.path()), Some(0), "nothing is saved before the commit");
+    assert!(a.close(Instant::now() + Duration::from_secs(5)));
+    drop(a);
+
+    // While no adapter runs, more mail arrives; the successor resumes and answers each once.
+    s.send(&alice, &bot, "p2@example.test", "two", "two", &[]);
+    s.send(&alice, &bot, "p3@example.test", "three", "three", &[]);
+    wait("delivered to the bot's mailbox", || s.maildir("bot").len() == 3);
+    *host.refuse.lock().unwrap() = false;
+    let a = start(&cfg, &password("bot"), &host);
+    wait("three answered", || s.maildir("alice").len() == 3);
+    assert_eq!(host.texts(), vec!["one", "two", "three"]);
+    wait("position saved", || saved_uid(dir.path()) == Some(3));
+    a.close(Instant::now() + Duration::from_secs(5));
+
+    // A fresh host (an empty journal) on the same state: nothing is fetched again.
+    let fresh = MemHost::with_dir(dir.path());
+    let a = start(&cfg, &password("bot"), &fresh);
+    wait_connected(&a);
+    s.send(&alice, &bot, "p4@example.test", "four", "four", &[]);
+    wait("four", || fresh.inbox.lock().unwrap().len() == 1);
+    assert_eq!(fresh.texts(), vec!["four"], "only mail past the saved UID");
+    a.close(Instant::now() + Duration::from_secs(5));
+}
+
+#[test]
+fn a_changed_uidvalidity_is_reported_and_nothing_is_answered_again() {
+    let Some(mut s) = MailServer::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(s.imaps_url(), s.submission_url(), s.ca_file(), &[]);
+    let (alice, bot) = (address("alice"), address("bot"));
+    let host = MemHost::with_dir(dir.path());
+    let a = start(&cfg, &password("bot"), &host);
+    wait_connected(&a);
+    s.send(&alice, &bot, "u1@example.test", "one", "one", &[]);
+    wait("answered", || s.maildir("alice").len() == 1);
+    a.close(Instant::now() + Duration::from_secs(5));
+    drop(a);
+
+    let old = s.uidvalidity("bot").expect("uidvalidity");
+    let new = s.reset_uidvalidity("bot");
+    assert_ne!(old, new);
+    let a = start(&cfg, &password("bot"), &host);
+    wait("the change reported", || {
+        host.states.lock().unwrap().iter().any(|st| matches!(st, State::Degraded(r) if r.contains("UIDVALIDITY changed")))
+    });
+    let last_error = a.status().snapshot().last_error.unwrap_or_default();
+    assert!(last_error.contains(&format!("from {old} to {new}")), "{last_error}");
+    s.send(&alice, &bot, "u2@example.test", "two", "two", &[]);
+    wait("two answered", || s.maildir("alice").len() == 2);
+    assert_eq!(host.texts(), vec!["one", "two"], "the old message under its new UID is not answered again");
+    assert!(host.inbox.lock().unwrap()[1].event_id.starts_with(&format!("{new}:")));
+    wait("connected again", || a.status().state() == State::Connected);
+    a.close(Instant::now() + Duration::from_secs(5));
+}
+
+#[test]
+fn the_server_killed_and_revived_degrades_then_recovers() {
+    let Some(mut s) = MailServer::start() else { return };
+    let cfg = config(s.imaps_url(), s.submission_url(), s.ca_file(), &[]);
+    let host = Arc::new(MemHost::default());
+    let a = start(&cfg, &password("bot"), &host);
+    wait_connected(&a);
+    s.stop_dovecot();
+    wait("degraded", || matches!(a.status().state(), State::Degraded(_)));
+    s.start_dovecot();
+    wait_connected(&a);
+    s.send(&address("alice"), &address("bot"), "k1@example.test", "back", "back", &[]);
+    wait("answered after the outage", || s.maildir("alice").len() == 1);
+    a.close(Instant::now() + Duration::from_secs(5));
+}
+
+#[test]
+fn a_wrong_ca_or_password_never_logs_in() {
+    let Some(s) = MailServer::start() else { return };
+    let other = gatewarden_testkit::tls::TestCa::new("another CA");
+    let dir = tempfile::tempdir().unwrap();
+    let wrong_ca = other.write_pem(dir.path(), "other.pem");
+    let host = Arc::new(MemHost::default());
+    let a = start(&config(s.imaps_url(), s.submission_url(), &wrong_ca, &[]), &password("bot"), &host);
+    wait("a certificate failure", || {
+        matches!(a.status().state(), State::Degraded(ref r) if r.to_lowercase().contains("certificate") || r.contains("issuer"))
+    });
+    a.close(Instant::now() + Duration::from_secs(5));
+
+    let b = start(&config(s.imaps_url(), s.submission_url(), s.ca_file(), &[]), "wrong", &host);
+    wait("parked", || matches!(b.status().state(), State::Parked(ref r) if r.contains("refused")));
+    b.close(Instant::now() + Duration::from_secs(5));
+    assert!(host.inbox.lock().unwrap().is_empty());
+}
