@@ -106,7 +106,8 @@ fn start(cfg: &PlatformConfig, pw: &str, host: &Arc<MemHost>) -> Arc<Email> {
 
 #[track_caller]
 fn wait_connected(a: &Email) {
-    wait("connected", || a.status().state() == State::Connected);
+    let ok = gatewarden_testkit::wait_until(WAIT, || a.status().state() == State::Connected);
+    assert!(ok, "not connected: {:?}", a.status().snapshot());
 }
 
 fn header<'a>(mail: &'a str, name: &str) -> Option<&'a str> {

@@ -110,7 +110,8 @@ impl MailServer {
         std::fs::create_dir(&mail).expect("mail dir");
         std::os::unix::fs::chown(&mail, Some(MAIL_UID), Some(MAIL_UID)).expect("chown mail dir");
         let users: String = USERS.iter().map(|u| format!("{}:{{PLAIN}}{}::::::\n", address(u), password(u))).collect();
-        write_private(&d.join("users"), &users);
+        // Read by Dovecot's auth process, which runs as the `dovecot` user (test passwords only).
+        std::fs::write(d.join("users"), &users).expect("users");
         let ports = Ports {
             imap: free_port(),
             imaps: free_port(),

@@ -119,7 +119,11 @@ pub fn connect(
             client.read_response().await.map_err(|e| lost("greeting", e))?.ok_or_else(|| lost(&addr, "closed"))?;
         }
         let mut session = client.login(user, password).await.map_err(|(e, _)| match e {
-            async_imap::error::Error::No(why) => ImapError::Rejected(format!("IMAP login as {user} refused: {why}")),
+            // RFC 5530: `[UNAVAILABLE]` is the server's own trouble, retried; any other NO is
+            // the credentials.
+            async_imap::error::Error::No(why) if !why.contains("UNAVAILABLE") => {
+                ImapError::Rejected(format!("IMAP login as {user} refused: {why}"))
+            }
             other => lost("login", other),
         })?;
         let caps = session.capabilities().await.map_err(|e| lost("CAPABILITY", e))?;
