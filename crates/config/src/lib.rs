@@ -1746,6 +1746,21 @@ api_key_env = "MY_KEY"
     }
 
     #[test]
+    fn email_platforms_validate_their_keys() {
+        let ok = "[[platform]]\nkind = \"email\"\ntoken_env = \"PW\"\nimap = \"imaps://h\"\nsmtp = \"smtp://h:587\"\naccount = \"bot@h\"\n";
+        let c = parse(&format!("{ok}allowed_senders = [\"a@h\", \"@x.org\"]\n")).unwrap();
+        assert_eq!((c.platform[0].kind, c.platform[0].allowed_senders.len()), (PlatformKind::Email, 2));
+        assert!(err(&ok.replace("imaps://h", "https://h")).contains("needs imap"));
+        assert!(err(&ok.replace("smtp://h:587", "h:587")).contains("needs smtp"));
+        assert!(err(&ok.replace("bot@h", "bot")).contains("needs account"));
+        assert!(err(&ok.replace("token_env = \"PW\"\n", "")).contains("needs token_env"));
+        assert!(err(&format!("{ok}allowed_senders = [\"nobody\"]\n")).contains("allowed_senders"));
+        assert!(err(&format!("{ok}allowed_chats = [\"x\"]\n")).contains("allowed_senders"));
+        assert!(err(&format!("{ok}nick = \"x\"\n")).contains("irc"));
+        assert!(err("[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\naccount = \"a@b\"\n").contains("email"));
+    }
+
+    #[test]
     fn matrix_and_irc_platforms_validate_their_keys() {
         let m = parse("[[platform]]\nkind = \"matrix\"\ntoken_env = \"MX\"\napi_base = \"http://127.0.0.1:8008\"\nallowed_chats = [\"!r:hs\"]\n").unwrap();
         assert_eq!((m.platform[0].kind, m.platform[0].adapter_name().as_str()), (PlatformKind::Matrix, "matrix"));

@@ -198,6 +198,8 @@ fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
         let out = cli_tagged(&home, &sw, &["restart", "--timeout", "30"], Duration::from_secs(40));
         assert!(out.code == Some(0), "restart {i} failed: {out:#?}");
     }
+    // At least 12 messages, whatever the restarts' pace.
+    wait_until(Duration::from_secs(10), || sent.load(Ordering::Relaxed) >= 12);
     stop.store(true, Ordering::Relaxed);
     stream.join().unwrap();
     let total = sent.load(Ordering::Relaxed) as usize;
@@ -252,6 +254,52 @@ fn two_homes_same_account() {
     mail(&s, "alice", "holder", "who answers");
     wait_reply(&s, "alice", |t| t == "who answers");
     stop_cleanly(&a, &mut ga);
+}
+
+/// Cluster failover (PostgreSQL store, TTL 3 s): two gateways of one cluster on one account;
+/// only the active consumes (the standby's adapter stands by and receives nothing; every
+/// message is answered once). kill -9 of the active: the promoted standby (no saved position of
+/// its own) answers the mail sent during the failover and after, and nothing the old active
+/// answered is answered again (the shared journal deduplicates `uidvalidity:uid`).
+#[test]
+fn cluster_failover_only_the_active_consumes() {
+    let Some(pg) = gatewarden_testkit::postgres::Cluster::start_or_skip() else { return };
+    let Some(s) = MailServer::start() else { return };
+    const STORE_PW: &str = "GW_TEST_STORE_PASSWORD";
+    let node = |home: &TempHome| {
+        let cluster = format!(
+            "[cluster]\nname = \"mail{}\"\nstore = \"{}\"\npassword_env = \"{STORE_PW}\"\nlease_ttl_s = 3\nrenew_interval_s = 1\n",
+            std::process::id(),
+            pg.url()
+        );
+        let cfg = config(&s, "").replacen("[[platform]]", &format!("{cluster}[[platform]]"), 1);
+        write_config(home.path(), &cfg);
+        builder(home).env(STORE_PW, gatewarden_testkit::postgres::PASSWORD).env(PW_ENV, password("bot")).spawn()
+    };
+    let (ha, hb) = (TempHome::new(), TempHome::new());
+    let mut a = node(&ha);
+    a.wait_ready(READY);
+    wait_adapter(&ha, "connected", READY);
+    // A standby is not `running`: its adapter says why it waits.
+    let mut b = node(&hb);
+    wait_adapter(&hb, "standby", READY);
+    mail(&s, "alice", "c1", "before");
+    wait_reply(&s, "alice", |t| t == "before");
+    let p = platforms(&hb);
+    assert_eq!((p[0]["state"].as_str(), p[0]["received"].as_u64()), (Some("standby"), Some(0)), "{p}");
+
+    a.kill();
+    mail(&s, "alice", "c2", "during");
+    wait_adapter(&hb, "connected", Duration::from_secs(20));
+    mail(&s, "alice", "c3", "after");
+    for t in ["during", "after"] {
+        wait_reply(&s, "alice", |x| x == t);
+    }
+    assert!(holds_for(Duration::from_millis(1500), || s.texts("alice").len() == 3).is_ok(), "{:#?}", s.texts("alice"));
+    for t in ["before", "during", "after"] {
+        assert_eq!(count(&s, "alice", t), 1, "{t:?} answered once: {:#?}", s.texts("alice"));
+    }
+    stop_cleanly(&hb, &mut b);
 }
 
 /// The bench (scripts/bench-platforms, section 5; not in CI): inbound mail to reply, one at a

@@ -14,7 +14,8 @@
 //!   after the batch is journaled; the event id is `UIDVALIDITY:UID`, so a batch fetched again
 //!   after a crash is deduplicated by the journal. A restart or a kill -9 fetches from the
 //!   saved UID on. Messages are read with `BODY.PEEK[]`: nothing is marked seen or moved.
-//!   The first start (no saved position) answers only mail that arrives after it.
+//!   The first start (no saved position) answers only mail that arrives after it, and saves
+//!   that starting point at once.
 //! - **A changed UIDVALIDITY** (the mailbox was recreated or restored: its UIDs mean other
 //!   messages now) is never re-answered: the adapter moves to the mailbox's current end and
 //!   reports it (`degraded` naming both values, a ledger line, `last_error`).
@@ -383,8 +384,14 @@ impl skeleton::Receiver for Fetcher {
                     start.last_uid = end.last_uid.saturating_sub(FRESH_LOOKBACK);
                     self.not_before = Some((end.last_uid, SystemTime::now() - window));
                 }
+                // The starting point is saved at once: a restart before the first batch must
+                // not take the mail that arrived meanwhile for history. (Nothing journaled
+                // depends on it; a changed UIDVALIDITY, above, is saved only once reported.)
+                if let Some(path) = &self.pos_path {
+                    save_json(path, &start).map_err(|e| Failure::Down(format!("cannot save the IMAP position: {e}")))?;
+                }
                 self.confirmed = Some(start);
-                self.pending = Some(start);
+                self.pending = None;
             }
         }
         self.session = Some(session);
