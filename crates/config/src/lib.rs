@@ -1244,17 +1244,25 @@ impl Config {
                         [("imap", &p.imap, ["imaps://", "imap://"]), ("smtp", &p.smtp, ["smtps://", "smtp://"])]
                     {
                         let ok = url.as_deref().is_some_and(|u| {
-                            schemes.iter().any(|s| u.len() > s.len() && u.get(..s.len()).is_some_and(|h| h.eq_ignore_ascii_case(s)))
+                            schemes.iter().any(|s| {
+                                u.len() > s.len() && u.get(..s.len()).is_some_and(|h| h.eq_ignore_ascii_case(s))
+                            })
                         });
                         if !ok {
                             return Err(bad(
                                 key,
-                                format!("[[platform]] {name:?} (email) needs {key} = \"{}host:port\" (TLS) or \"{}host:port\" (STARTTLS)", schemes[0], schemes[1]),
+                                format!(
+                                    "[[platform]] {name:?} (email) needs {key} = \"{}host:port\" (TLS) or \"{}host:port\" (STARTTLS)",
+                                    schemes[0], schemes[1]
+                                ),
                             ));
                         }
                     }
                     if !p.account.as_deref().is_some_and(|a| a.contains('@') && !a.contains(char::is_whitespace)) {
-                        return Err(bad("account", format!("[[platform]] {name:?} (email) needs account = \"user@domain\"")));
+                        return Err(bad(
+                            "account",
+                            format!("[[platform]] {name:?} (email) needs account = \"user@domain\""),
+                        ));
                     }
                     if p.proxy.is_some() {
                         return Err(bad("proxy", "email connects directly; proxy is for telegram and matrix".into()));

@@ -40,11 +40,7 @@ fn config(s: &MailServer, agent: &str) -> String {
 
 fn spawn(home: &TempHome, sw: &Sweeper, config: &str) -> Gateway {
     write_config(home.path(), config);
-    builder(home)
-        .env(TAG_VAR, sw.tag())
-        .env("GATEWARDEN_CREDS_DIR", creds_dir())
-        .env(PW_ENV, password("bot"))
-        .spawn()
+    builder(home).env(TAG_VAR, sw.tag()).env("GATEWARDEN_CREDS_DIR", creds_dir()).env(PW_ENV, password("bot")).spawn()
 }
 
 fn start_gw(home: &TempHome, sw: &Sweeper, config: &str) -> Gateway {

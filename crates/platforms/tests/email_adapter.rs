@@ -139,7 +139,14 @@ fn replies_in_thread_skip_automatic_mail_and_decode_mime() {
     assert_eq!(header(reply, "From"), Some(bot.as_str()), "{reply}");
 
     // The answer to the reply stays in the thread: same chat, headers follow the last message.
-    s.send(&alice, &bot, "r2@example.test", "Re: hi", "and again", &["In-Reply-To: <r1@example.test>", "References: <r1@example.test>"]);
+    s.send(
+        &alice,
+        &bot,
+        "r2@example.test",
+        "Re: hi",
+        "and again",
+        &["In-Reply-To: <r1@example.test>", "References: <r1@example.test>"],
+    );
     wait("the second reply", || s.maildir("alice").len() == 2);
     let reply = &s.maildir("alice")[1];
     assert_eq!(header(reply, "In-Reply-To"), Some("<r2@example.test>"), "{reply}");
@@ -154,7 +161,14 @@ fn replies_in_thread_skip_automatic_mail_and_decode_mime() {
     // Never answered: an auto-reply, a bulk mail, a bounce, a sender not allowed.
     s.send(&alice, &bot, "auto@example.test", "Out of office", "away", &["Auto-Submitted: auto-replied"]);
     s.send(&alice, &bot, "bulk@example.test", "news", "bulk", &["Precedence: bulk"]);
-    s.send(&format!("MAILER-DAEMON@{}", gatewarden_testkit::mail::DOMAIN), &bot, "b@example.test", "failure", "bounce", &[]);
+    s.send(
+        &format!("MAILER-DAEMON@{}", gatewarden_testkit::mail::DOMAIN),
+        &bot,
+        "b@example.test",
+        "failure",
+        "bounce",
+        &[],
+    );
     s.send(&address("carol"), &bot, "c@example.test", "hi", "not allowed", &[]);
     // Then a quoted-printable Latin-1 message from bob: it is read, decoded, after them.
     let raw = format!(
@@ -166,7 +180,11 @@ fn replies_in_thread_skip_automatic_mail_and_decode_mime() {
     wait("bob's reply", || s.maildir("bob").len() == 1);
     assert_eq!(host.texts(), vec!["hello bot", "and again", "Grüße aus Köln"], "automatic and unknown mail is skipped");
     assert!(s.maildir("carol").is_empty(), "carol is not served");
-    assert!(s.maildir("bob")[0].contains("Re: =?utf-8?") || s.maildir("bob")[0].contains("Subject: Re:"), "{}", s.maildir("bob")[0]);
+    assert!(
+        s.maildir("bob")[0].contains("Re: =?utf-8?") || s.maildir("bob")[0].contains("Subject: Re:"),
+        "{}",
+        s.maildir("bob")[0]
+    );
     a.close(Instant::now() + Duration::from_secs(5));
 }
 
@@ -230,7 +248,11 @@ fn a_changed_uidvalidity_is_reported_and_nothing_is_answered_again() {
     assert_ne!(old, new);
     let a = start(&cfg, &password("bot"), &host);
     wait("the change reported", || {
-        host.states.lock().unwrap().iter().any(|st| matches!(st, State::Degraded(r) if r.contains("UIDVALIDITY changed")))
+        host.states
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|st| matches!(st, State::Degraded(r) if r.contains("UIDVALIDITY changed")))
     });
     let last_error = a.status().snapshot().last_error.unwrap_or_default();
     assert!(last_error.contains(&format!("from {old} to {new}")), "{last_error}");
@@ -266,9 +288,10 @@ fn a_wrong_ca_or_password_never_logs_in() {
     let wrong_ca = other.write_pem(dir.path(), "other.pem");
     let host = Arc::new(MemHost::default());
     let a = start(&config(s.imaps_url(), s.submission_url(), &wrong_ca, &[]), &password("bot"), &host);
-    wait("a certificate failure", || {
-        matches!(a.status().state(), State::Degraded(ref r) if r.to_lowercase().contains("certificate") || r.contains("issuer"))
-    });
+    wait(
+        "a certificate failure",
+        || matches!(a.status().state(), State::Degraded(ref r) if r.to_lowercase().contains("certificate") || r.contains("issuer")),
+    );
     a.close(Instant::now() + Duration::from_secs(5));
 
     let b = start(&config(s.imaps_url(), s.submission_url(), s.ca_file(), &[]), "wrong", &host);

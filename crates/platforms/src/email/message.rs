@@ -68,7 +68,12 @@ pub fn sender_allowed(allowed: &[String], from: &str) -> bool {
 /// The robots' local parts (RFC 3834 section 2: never answer these).
 fn is_daemon(local: &str) -> bool {
     let l = local.to_ascii_lowercase();
-    l == "mailer-daemon" || l == "postmaster" || l.starts_with("owner-") || l.ends_with("-request") || l == "noreply" || l == "no-reply"
+    l == "mailer-daemon"
+        || l == "postmaster"
+        || l.starts_with("owner-")
+        || l.ends_with("-request")
+        || l == "noreply"
+        || l == "no-reply"
 }
 
 /// Decodes `raw` and decides whether it may be answered. `own` is our address (lower-case).
@@ -180,7 +185,13 @@ mod tests {
     #[test]
     fn automatic_mail_is_never_answered() {
         let base = "From: alice@example.test\r\nMessage-ID: <a@x>";
-        for extra in ["Auto-Submitted: auto-replied", "Precedence: bulk", "Precedence: list", "List-Id: <l.x>", "Return-Path: <>"] {
+        for extra in [
+            "Auto-Submitted: auto-replied",
+            "Precedence: bulk",
+            "Precedence: list",
+            "List-Id: <l.x>",
+            "Return-Path: <>",
+        ] {
             let raw = mail(&format!("{extra}\r\n{base}"), "hi");
             assert!(matches!(judge(&raw, OWN, &[]), Err(Skip::Automatic(_))), "{extra}");
         }

@@ -48,8 +48,8 @@ use std::time::{Duration, SystemTime};
 
 use gatewarden_config::PlatformConfig;
 use gatewarden_lifecycle::fsio;
-use lettre::message::header::{self, ContentType, HeaderName, HeaderValue};
 use lettre::message::Mailbox;
+use lettre::message::header::{self, ContentType, HeaderName, HeaderValue};
 use lettre::transport::smtp::authentication::{Credentials, Mechanism};
 use lettre::transport::smtp::client::Tls;
 use lettre::{SmtpTransport, Transport};
@@ -83,7 +83,10 @@ pub struct Endpoint {
 pub fn endpoint(url: &str, smtp: bool) -> Result<Endpoint, String> {
     let (tls_scheme, starttls_scheme, tls_port, starttls_port) =
         if smtp { ("smtps", "smtp", 465, 587) } else { ("imaps", "imap", 993, 143) };
-    let (scheme, rest) = url.trim().split_once("://").ok_or_else(|| format!("{url:?}: use {tls_scheme}://host:port or {starttls_scheme}://host:port"))?;
+    let (scheme, rest) = url
+        .trim()
+        .split_once("://")
+        .ok_or_else(|| format!("{url:?}: use {tls_scheme}://host:port or {starttls_scheme}://host:port"))?;
     let implicit_tls = match scheme.to_ascii_lowercase() {
         s if s == tls_scheme => true,
         s if s == starttls_scheme => false,
@@ -339,14 +342,16 @@ impl Fetcher {
             return None;
         }
         if f.size > MAX_MESSAGE_BYTES {
-            mail.text = format!(
-                "[this message is {} bytes, over the {MAX_MESSAGE_BYTES}-byte limit: it was not read]",
-                f.size
-            );
+            mail.text =
+                format!("[this message is {} bytes, over the {MAX_MESSAGE_BYTES}-byte limit: it was not read]", f.size);
         } else if mail.text.is_empty() {
             mail.text = "(empty message)".into();
         }
-        let chat = if mail.root.is_empty() || mail.root.len() > 250 { format!("uid-{validity}-{}", f.uid) } else { mail.root.clone() };
+        let chat = if mail.root.is_empty() || mail.root.len() > 250 {
+            format!("uid-{validity}-{}", f.uid)
+        } else {
+            mail.root.clone()
+        };
         // What a reply needs is kept before the delivery: the reply may be sent before the
         // batch is confirmed. A failed write only costs that thread's reply after a restart.
         let _ = lock(&self.threads).note(&chat, &mail);
@@ -363,9 +368,15 @@ impl Fetcher {
 impl skeleton::Receiver for Fetcher {
     fn connect(&mut self, ctx: &Ctx) -> Result<(), Failure> {
         let security = if self.imap.implicit_tls { Security::Implicit } else { Security::StartTls };
-        let (session, sel) =
-            imap::connect(&self.imap.host, self.imap.port, security, Arc::clone(&self.rustls), &self.user, &self.password)
-                .map_err(failure)?;
+        let (session, sel) = imap::connect(
+            &self.imap.host,
+            self.imap.port,
+            security,
+            Arc::clone(&self.rustls),
+            &self.user,
+            &self.password,
+        )
+        .map_err(failure)?;
         let end = Position { uid_validity: sel.uid_validity, last_uid: sel.uid_next.saturating_sub(1) };
         match self.confirmed {
             Some(p) if p.uid_validity == sel.uid_validity => {}
@@ -388,7 +399,8 @@ impl skeleton::Receiver for Fetcher {
                 // not take the mail that arrived meanwhile for history. (Nothing journaled
                 // depends on it; a changed UIDVALIDITY, above, is saved only once reported.)
                 if let Some(path) = &self.pos_path {
-                    save_json(path, &start).map_err(|e| Failure::Down(format!("cannot save the IMAP position: {e}")))?;
+                    save_json(path, &start)
+                        .map_err(|e| Failure::Down(format!("cannot save the IMAP position: {e}")))?;
                 }
                 self.confirmed = Some(start);
                 self.pending = None;
@@ -492,7 +504,13 @@ impl skeleton::Sender for Mailer {
             .from(self.from.clone())
             .to(to)
             .subject(message::reply_subject(&t.subject))
-            .message_id(Some(format!("<gw.{}.{}.{}@{}>", id.seq, id.index, crate::sha256_hex(chat.as_bytes()).get(..12).unwrap_or(""), self.domain)))
+            .message_id(Some(format!(
+                "<gw.{}.{}.{}@{}>",
+                id.seq,
+                id.index,
+                crate::sha256_hex(chat.as_bytes()).get(..12).unwrap_or(""),
+                self.domain
+            )))
             .header(AutoSubmitted)
             .header(ContentType::TEXT_PLAIN);
         if let Some(last) = &t.last {
@@ -529,7 +547,10 @@ mod tests {
     fn endpoints_name_the_tls_mode_and_default_ports() {
         let e = endpoint("imaps://mail.example.org", false).unwrap();
         assert_eq!((e.host.as_str(), e.port, e.implicit_tls), ("mail.example.org", 993, true));
-        assert_eq!(endpoint("imap://h:1143", false).unwrap(), Endpoint { host: "h".into(), port: 1143, implicit_tls: false });
+        assert_eq!(
+            endpoint("imap://h:1143", false).unwrap(),
+            Endpoint { host: "h".into(), port: 1143, implicit_tls: false }
+        );
         assert_eq!(endpoint("smtp://h", true).unwrap().port, 587);
         assert_eq!(endpoint("smtps://[::1]:4650", true).unwrap().host, "::1");
         assert!(endpoint("http://h", false).is_err());
