@@ -5,69 +5,28 @@
 //! re-answered, the server killed and revived, a wrong CA and a wrong password.
 #![cfg(unix)]
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gatewarden_config::{PlatformConfig, PlatformKind};
 use gatewarden_platforms::email::Email;
-use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
+use gatewarden_platforms::{Adapter, Host, State};
 use gatewarden_testkit::mail::{MailServer, address, password};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-#[derive(Default)]
-struct MemHost {
-    inbox: Mutex<Vec<Inbound>>,
-    outbox: Mutex<Vec<Outgoing>>,
-    refuse: Mutex<bool>,
-    seq: Mutex<i64>,
-    states: Mutex<Vec<State>>,
-    dir: Option<PathBuf>,
+mod support;
+use support::MemHost;
+
+fn mem_host(dir: Option<&Path>) -> Arc<MemHost> {
+    let h = MemHost::echoing();
+    *h.state_dir.lock().unwrap() = dir.map(Path::to_owned);
+    Arc::new(h)
 }
 
-impl MemHost {
-    fn with_dir(dir: &Path) -> Arc<MemHost> {
-        Arc::new(MemHost { dir: Some(dir.to_owned()), ..MemHost::default() })
-    }
-    fn texts(&self) -> Vec<String> {
-        self.inbox.lock().unwrap().iter().map(|m| m.text.clone()).collect()
-    }
-}
-
-impl Host for MemHost {
-    fn deliver(&self, _adapter: &str, msg: Inbound) -> Result<(), String> {
-        if *self.refuse.lock().unwrap() {
-            return Err("disk full".into());
-        }
-        let mut inbox = self.inbox.lock().unwrap();
-        if inbox.iter().any(|m| m.event_id == msg.event_id) {
-            return Ok(());
-        }
-        let mut seq = self.seq.lock().unwrap();
-        *seq += 1;
-        self.outbox.lock().unwrap().push(Outgoing {
-            seq: *seq,
-            chat_id: msg.chat_id.clone(),
-            text: format!("echo: {}", msg.text),
-            message_id: None,
-            created_at: String::new(),
-        });
-        inbox.push(msg);
-        Ok(())
-    }
-    fn outbox(&self, _adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
-        Ok(self.outbox.lock().unwrap().iter().take(limit).cloned().collect())
-    }
-    fn sent(&self, seq: i64, _outcome: Sent) {
-        self.outbox.lock().unwrap().retain(|o| o.seq != seq);
-    }
-    fn state_changed(&self, _adapter: &str, state: &State) {
-        self.states.lock().unwrap().push(state.clone());
-    }
-    fn state_dir(&self) -> Option<PathBuf> {
-        self.dir.clone()
-    }
+fn texts(h: &MemHost) -> Vec<String> {
+    h.inbox.lock().unwrap().iter().map(|m| m.text.clone()).collect()
 }
 
 fn config(imap: String, smtp: String, ca: &Path, allowed: &[&str]) -> PlatformConfig {
@@ -123,7 +82,7 @@ fn saved_uid(dir: &Path) -> Option<u64> {
 fn replies_in_thread_skip_automatic_mail_and_decode_mime() {
     let Some(s) = MailServer::start() else { return };
     let cfg = config(s.imap_starttls_url(), s.submission_url(), s.ca_file(), &[&address("alice"), &address("bob")]);
-    let host = Arc::new(MemHost::default());
+    let host = mem_host(None);
     let a = start(&cfg, &password("bot"), &host);
     wait_connected(&a);
     let (alice, bot) = (address("alice"), address("bot"));
@@ -178,7 +137,7 @@ fn replies_in_thread_skip_automatic_mail_and_decode_mime() {
     s.send_raw(&address("bob"), &bot, &raw);
     wait("bob's message", || host.inbox.lock().unwrap().len() >= 3);
     wait("bob's reply", || s.maildir("bob").len() == 1);
-    assert_eq!(host.texts(), vec!["hello bot", "and again", "Grüße aus Köln"], "automatic and unknown mail is skipped");
+    assert_eq!(texts(&host), vec!["hello bot", "and again", "Grüße aus Köln"], "automatic and unknown mail is skipped");
     assert!(s.maildir("carol").is_empty(), "carol is not served");
     assert!(
         s.maildir("bob")[0].contains("Re: =?utf-8?") || s.maildir("bob")[0].contains("Subject: Re:"),
@@ -194,7 +153,7 @@ fn position_saved_after_commit_only_and_a_restart_resumes_once() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(s.imaps_url(), s.submissions_url(), s.ca_file(), &[]);
     let (alice, bot) = (address("alice"), address("bot"));
-    let host = MemHost::with_dir(dir.path());
+    let host = mem_host(Some(dir.path()));
     let a = start(&cfg, &password("bot"), &host);
     wait_connected(&a);
     // A first start takes the mailbox's end as its position, saved with the first receive.
@@ -215,17 +174,17 @@ fn position_saved_after_commit_only_and_a_restart_resumes_once() {
     *host.refuse.lock().unwrap() = false;
     let a = start(&cfg, &password("bot"), &host);
     wait("three answered", || s.maildir("alice").len() == 3);
-    assert_eq!(host.texts(), vec!["one", "two", "three"]);
+    assert_eq!(texts(&host), vec!["one", "two", "three"]);
     wait("position saved", || saved_uid(dir.path()) == Some(3));
     a.close(Instant::now() + Duration::from_secs(5));
 
     // A fresh host (an empty journal) on the same state: nothing is fetched again.
-    let fresh = MemHost::with_dir(dir.path());
+    let fresh = mem_host(Some(dir.path()));
     let a = start(&cfg, &password("bot"), &fresh);
     wait_connected(&a);
     s.send(&alice, &bot, "p4@example.test", "four", "four", &[]);
     wait("four", || fresh.inbox.lock().unwrap().len() == 1);
-    assert_eq!(fresh.texts(), vec!["four"], "only mail past the saved UID");
+    assert_eq!(texts(&fresh), vec!["four"], "only mail past the saved UID");
     a.close(Instant::now() + Duration::from_secs(5));
 }
 
@@ -235,7 +194,7 @@ fn a_changed_uidvalidity_is_reported_and_nothing_is_answered_again() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(s.imaps_url(), s.submission_url(), s.ca_file(), &[]);
     let (alice, bot) = (address("alice"), address("bot"));
-    let host = MemHost::with_dir(dir.path());
+    let host = mem_host(Some(dir.path()));
     let a = start(&cfg, &password("bot"), &host);
     wait_connected(&a);
     s.send(&alice, &bot, "u1@example.test", "one", "one", &[]);
@@ -258,7 +217,7 @@ fn a_changed_uidvalidity_is_reported_and_nothing_is_answered_again() {
     assert!(last_error.contains(&format!("from {old} to {new}")), "{last_error}");
     s.send(&alice, &bot, "u2@example.test", "two", "two", &[]);
     wait("two answered", || s.maildir("alice").len() == 2);
-    assert_eq!(host.texts(), vec!["one", "two"], "the old message under its new UID is not answered again");
+    assert_eq!(texts(&host), vec!["one", "two"], "the old message under its new UID is not answered again");
     assert!(host.inbox.lock().unwrap()[1].event_id.starts_with(&format!("{new}:")));
     wait("connected again", || a.status().state() == State::Connected);
     a.close(Instant::now() + Duration::from_secs(5));
@@ -268,7 +227,7 @@ fn a_changed_uidvalidity_is_reported_and_nothing_is_answered_again() {
 fn the_server_killed_and_revived_degrades_then_recovers() {
     let Some(mut s) = MailServer::start() else { return };
     let cfg = config(s.imaps_url(), s.submission_url(), s.ca_file(), &[]);
-    let host = Arc::new(MemHost::default());
+    let host = mem_host(None);
     let a = start(&cfg, &password("bot"), &host);
     wait_connected(&a);
     s.stop_dovecot();
@@ -286,7 +245,7 @@ fn a_wrong_ca_or_password_never_logs_in() {
     let other = gatewarden_testkit::tls::TestCa::new("another CA");
     let dir = tempfile::tempdir().unwrap();
     let wrong_ca = other.write_pem(dir.path(), "other.pem");
-    let host = Arc::new(MemHost::default());
+    let host = mem_host(None);
     let a = start(&config(s.imaps_url(), s.submission_url(), &wrong_ca, &[]), &password("bot"), &host);
     wait(
         "a certificate failure",

@@ -2,6 +2,7 @@
 //! and outbox, and a bounded wait. Include it with `mod support;`.
 #![allow(dead_code)] // each test binary uses a part of it
 
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,8 @@ pub struct MemHost {
     pub budget: Mutex<Option<Duration>>,
     /// Every state the adapter reported, in order.
     pub states: Mutex<Vec<State>>,
+    /// What `state_dir` answers (`None`: nothing survives a restart).
+    pub state_dir: Mutex<Option<PathBuf>>,
     seq: Mutex<i64>,
     echo: bool,
 }
@@ -33,6 +36,7 @@ impl MemHost {
             refuse: Mutex::default(),
             budget: Mutex::default(),
             states: Mutex::default(),
+            state_dir: Mutex::default(),
             seq: Mutex::default(),
             echo,
         }
@@ -90,6 +94,9 @@ impl Host for MemHost {
     }
     fn receive_budget(&self) -> Option<Duration> {
         *self.budget.lock().unwrap()
+    }
+    fn state_dir(&self) -> Option<PathBuf> {
+        self.state_dir.lock().unwrap().clone()
     }
 }
 
