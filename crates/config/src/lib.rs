@@ -1258,6 +1258,9 @@ impl Config {
                             ));
                         }
                     }
+                    if !gatewarden_net::TLS {
+                        return Err(bad("imap", format!("email always uses TLS, but {NO_TLS}")));
+                    }
                     if !p.account.as_deref().is_some_and(|a| a.contains('@') && !a.contains(char::is_whitespace)) {
                         return Err(bad(
                             "account",
