@@ -282,6 +282,8 @@ pub enum PlatformKind {
     Matrix,
     /// IRC (one TCP connection, one nick).
     Irc,
+    /// Discord: the Gateway WebSocket (v10) to receive, REST to reply.
+    Discord,
 }
 
 impl PlatformKind {
@@ -291,6 +293,7 @@ impl PlatformKind {
             PlatformKind::Telegram => "telegram",
             PlatformKind::Matrix => "matrix",
             PlatformKind::Irc => "irc",
+            PlatformKind::Discord => "discord",
         }
     }
 }
@@ -308,7 +311,8 @@ pub struct PlatformConfig {
     #[serde(default)]
     pub token_env: Option<String>,
     /// The platform's API base URL (Telegram: `https://api.telegram.org`; Matrix: the
-    /// homeserver, required).
+    /// homeserver, required; Discord: `https://discord.com/api/v10`, whose `/gateway/bot`
+    /// names the gateway: `wss://` only, `ws://` only under an `http://` base for tests).
     #[serde(default)]
     pub api_base: Option<String>,
     /// IRC: the server, `host:port`.
@@ -1098,7 +1102,7 @@ fn validate_api_base(
             return Err(bad("api_base", format!("{url:?} is https, but {NO_TLS}")));
         }
     } else if default_https && !gatewarden_net::TLS {
-        return Err(bad("api_base", format!("the default https://api.telegram.org is https, but {NO_TLS}")));
+        return Err(bad("api_base", format!("the default API base (https://api.telegram.org, https://discord.com/api/v10) is https, but {NO_TLS}")));
     }
     Ok(())
 }
@@ -1180,6 +1184,21 @@ impl Config {
                         ));
                     }
                     validate_api_base(&bad, p.api_base.as_deref(), false)?;
+                }
+                PlatformKind::Discord => {
+                    if p.proxy.is_some() {
+                        return Err(bad(
+                            "proxy",
+                            "the Discord gateway's WebSocket connects directly; proxy is for telegram and matrix".into(),
+                        ));
+                    }
+                    validate_api_base(&bad, p.api_base.as_deref(), true)?;
+                    if let Some(c) = p.allowed_chats.iter().chain(&p.admins).find(|c| c.parse::<u64>().is_err()) {
+                        return Err(bad(
+                            "allowed_chats",
+                            format!("{c:?}: Discord channel and user ids are numbers (snowflakes)"),
+                        ));
+                    }
                 }
                 PlatformKind::Irc => {
                     if p.proxy.is_some() {

@@ -1,0 +1,44 @@
+//! `discord-fake [--token T] [--heartbeat-ms N]`: the fake Discord as a process, for
+//! scripts/bench-platforms. Prints `listening http://ADDR/api/v10` (the `api_base`) once it
+//! accepts, then serves until killed. Test API: `POST /_fake/inject {"channel_id","author_id",
+//! "content"}`, `GET /_fake/sent`, `GET /_fake/stats`.
+
+use std::time::Duration;
+
+use gatewarden_discord_fake::{FakeDiscord, Options};
+
+fn main() -> std::process::ExitCode {
+    let mut opts = Options::default();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let value = args.next();
+        match (a.as_str(), value.as_deref()) {
+            ("--token", Some(v)) => opts.token = v.to_owned(),
+            ("--heartbeat-ms", Some(v)) => match v.parse() {
+                Ok(ms) => opts.heartbeat_interval = Duration::from_millis(ms),
+                Err(e) => return usage(&format!("--heartbeat-ms {v}: {e}")),
+            },
+            ("--rest", Some(v)) => match v.parse() {
+                Ok(addr) => opts.rest_addr = addr,
+                Err(e) => return usage(&format!("--rest {v}: {e}")),
+            },
+            _ => return usage(&format!("unknown argument {a}")),
+        }
+    }
+    let fake = match FakeDiscord::start(opts) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("discord-fake: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    println!("listening {}", fake.api_base());
+    loop {
+        std::thread::park();
+    }
+}
+
+fn usage(why: &str) -> std::process::ExitCode {
+    eprintln!("discord-fake: {why}\nusage: discord-fake [--token T] [--heartbeat-ms N] [--rest ADDR]");
+    std::process::ExitCode::from(2)
+}
