@@ -23,6 +23,8 @@ struct MemHost {
     refuse: Mutex<bool>,
     seq: Mutex<i64>,
     dir: PathBuf,
+    /// `sent` calls to drop: a crash between the send and the outbox commit.
+    forget_sent: Mutex<u32>,
 }
 
 impl MemHost {
@@ -33,6 +35,7 @@ impl MemHost {
             refuse: Mutex::new(false),
             seq: Mutex::new(0),
             dir,
+            forget_sent: Mutex::new(0),
         })
     }
 
@@ -66,6 +69,11 @@ impl Host for MemHost {
         Ok(self.outbox.lock().unwrap().iter().take(limit).cloned().collect())
     }
     fn sent(&self, seq: i64, _outcome: Sent) {
+        let mut forget = self.forget_sent.lock().unwrap();
+        if *forget > 0 {
+            *forget -= 1;
+            return;
+        }
         self.outbox.lock().unwrap().retain(|o| o.seq != seq);
     }
     fn state_changed(&self, _adapter: &str, _state: &State) {}
@@ -333,4 +341,23 @@ fn a_dead_fake_degrades_and_the_revived_one_resumes() {
     assert_eq!(fake.stats().identifies, 1, "resumed after the outage");
     stop(&d);
     assert_eq!(host.texts(), ["before", "while dead"]);
+}
+
+#[test]
+fn a_reply_sent_again_after_a_lost_outbox_commit_is_not_duplicated() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = fake(Options::default());
+    let host = MemHost::new(dir.path().join("platforms"));
+    *host.forget_sent.lock().unwrap() = 1;
+    let d = start(&fake, &host, TOKEN);
+    wait("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
+    fake.message(CHANNEL, USER, "once");
+    echoed(&fake, "once");
+    // The entry stayed in the outbox and went again, with the same enforced nonce.
+    if let Err(s) = fake.wait_stats(Duration::from_secs(10), |s| s.nonce_hits >= 1) {
+        panic!("not sent again: {s:?}");
+    }
+    wait("the outbox emptied", Duration::from_secs(10), || host.outbox.lock().unwrap().is_empty());
+    stop(&d);
+    assert_eq!(count(&fake, "echo: once"), 1, "Discord returned the first message instead of a second");
 }
