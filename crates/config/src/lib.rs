@@ -1193,11 +1193,10 @@ impl Config {
                         ));
                     }
                     validate_api_base(&bad, p.api_base.as_deref(), true)?;
-                    if let Some(c) = p.allowed_chats.iter().chain(&p.admins).find(|c| c.parse::<u64>().is_err()) {
-                        return Err(bad(
-                            "allowed_chats",
-                            format!("{c:?}: Discord channel and user ids are numbers (snowflakes)"),
-                        ));
+                    for (key, ids) in [("allowed_chats", &p.allowed_chats), ("admins", &p.admins)] {
+                        if let Some(c) = ids.iter().find(|c| c.parse::<u64>().is_err()) {
+                            return Err(bad(key, format!("{c:?}: Discord channel and user ids are numbers (snowflakes)")));
+                        }
                     }
                 }
                 PlatformKind::Irc => {
@@ -1709,6 +1708,18 @@ api_key_env = "MY_KEY"
         let e = Config::load(dir.path()).unwrap_err();
         assert!(matches!(e, ConfigError::Read { .. }), "{e}");
         assert_eq!(e.exit_code(), 78);
+    }
+
+    #[test]
+    fn discord_platforms_validate_their_keys() {
+        let d = parse("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nallowed_chats = [\"123\"]\nadmins = [\"42\"]\n").unwrap();
+        assert_eq!((d.platform[0].kind, d.platform[0].adapter_name().as_str()), (PlatformKind::Discord, "discord"));
+        assert!(err("[[platform]]\nkind = \"discord\"\n").contains("needs token_env"));
+        assert!(err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nallowed_chats = [\"#general\"]\n").contains("snowflakes"));
+        assert!(err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nadmins = [\"me\"]\n").contains("snowflakes"));
+        assert!(err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nproxy = \"http://p:1\"\n").contains("directly"));
+        assert!(err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\napi_base = \"ftp://x\"\n").contains("http://"));
+        assert!(err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nnick = \"x\"\n").contains("irc"));
     }
 
     #[test]

@@ -63,7 +63,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -155,6 +155,9 @@ pub struct Stats {
     pub nonce_hits: u64,
     /// Close codes the fake sent.
     pub closes: Vec<u16>,
+    /// The longest a session went without a connection before it was resumed (ms), since
+    /// the last reset (`/_fake/stats?reset_gap=1`).
+    pub max_resume_gap_ms: u64,
 }
 
 /// A command for one live connection.
@@ -721,18 +724,20 @@ impl Conn<'_> {
         let ok = match w.sessions.get_mut(&sid) {
             Some(s) if s.detached_at.is_none_or(|at| at.elapsed() < window) && seq < s.next_seq => {
                 // A connection still attached loses the session (it ends at its next look).
+                let gap = s.detached_at.map_or(0, |at| at.elapsed().as_millis() as u64);
                 s.conn = Some(self.id);
                 s.detached_at = None;
                 let replay = s.events.iter().filter(|(n, _)| *n > seq).count() as u64;
                 let resumed = s.next_seq;
                 s.next_seq += 1;
                 s.events.push((resumed, json!({"op": 0, "t": "RESUMED", "s": resumed, "d": null})));
-                Some(replay)
+                Some((replay, gap))
             }
             _ => None,
         };
         match ok {
-            Some(replay) => {
+            Some((replay, gap)) => {
+                w.stats.max_resume_gap_ms = w.stats.max_resume_gap_ms.max(gap);
                 w.stats.resumed += 1;
                 w.stats.replayed += replay;
                 self.session = Some(sid);
@@ -932,12 +937,20 @@ async fn sent(State(shared): State<Arc<Shared>>) -> Response {
     (StatusCode::OK, Value::Array(list).to_string()).into_response()
 }
 
-async fn stats(State(shared): State<Arc<Shared>>) -> Response {
-    let s = shared.world().stats.clone();
+async fn stats(State(shared): State<Arc<Shared>>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let s = {
+        let mut w = shared.world();
+        let s = w.stats.clone();
+        if q.contains_key("reset_gap") {
+            w.stats.max_resume_gap_ms = 0;
+        }
+        s
+    };
     let body = json!({
         "identifies": s.identifies, "resumes": s.resumes, "resumed": s.resumed, "replayed": s.replayed,
         "invalid_sessions": s.invalid_sessions, "connections": s.connections,
         "limited_route": s.limited_route, "limited_global": s.limited_global,
+        "max_resume_gap_ms": s.max_resume_gap_ms,
     });
     (StatusCode::OK, body.to_string()).into_response()
 }

@@ -1,7 +1,8 @@
-//! `discord-fake [--token T] [--heartbeat-ms N]`: the fake Discord as a process, for
+//! `discord-fake [--token T] [--heartbeat-ms N] [--bucket-limit N] [--bucket-window-ms N]`: the fake Discord as a process, for
 //! scripts/bench-platforms. Prints `listening http://ADDR/api/v10` (the `api_base`) once it
 //! accepts, then serves until killed. Test API: `POST /_fake/inject {"channel_id","author_id",
-//! "content"}`, `GET /_fake/sent`, `GET /_fake/stats`.
+//! "content"}`, `GET /_fake/sent`, `GET /_fake/stats[?reset_gap=1]` (`max_resume_gap_ms`: the
+//! longest a session went without a connection before its resume, since the last reset).
 
 use std::time::Duration;
 
@@ -17,6 +18,14 @@ fn main() -> std::process::ExitCode {
             ("--heartbeat-ms", Some(v)) => match v.parse() {
                 Ok(ms) => opts.heartbeat_interval = Duration::from_millis(ms),
                 Err(e) => return usage(&format!("--heartbeat-ms {v}: {e}")),
+            },
+            ("--bucket-limit", Some(v)) => match v.parse() {
+                Ok(n) => opts.bucket_limit = n,
+                Err(e) => return usage(&format!("--bucket-limit {v}: {e}")),
+            },
+            ("--bucket-window-ms", Some(v)) => match v.parse() {
+                Ok(ms) => opts.bucket_window = Duration::from_millis(ms),
+                Err(e) => return usage(&format!("--bucket-window-ms {v}: {e}")),
             },
             ("--rest", Some(v)) => match v.parse() {
                 Ok(addr) => opts.rest_addr = addr,
@@ -39,6 +48,6 @@ fn main() -> std::process::ExitCode {
 }
 
 fn usage(why: &str) -> std::process::ExitCode {
-    eprintln!("discord-fake: {why}\nusage: discord-fake [--token T] [--heartbeat-ms N] [--rest ADDR]");
+    eprintln!("discord-fake: {why}\nusage: discord-fake [--token T] [--heartbeat-ms N] [--bucket-limit N] [--bucket-window-ms N] [--rest ADDR]");
     std::process::ExitCode::from(2)
 }
