@@ -1102,7 +1102,12 @@ fn validate_api_base(
             return Err(bad("api_base", format!("{url:?} is https, but {NO_TLS}")));
         }
     } else if default_https && !gatewarden_net::TLS {
-        return Err(bad("api_base", format!("the default API base (https://api.telegram.org, https://discord.com/api/v10) is https, but {NO_TLS}")));
+        return Err(bad(
+            "api_base",
+            format!(
+                "the default API base (https://api.telegram.org, https://discord.com/api/v10) is https, but {NO_TLS}"
+            ),
+        ));
     }
     Ok(())
 }
@@ -1189,13 +1194,17 @@ impl Config {
                     if p.proxy.is_some() {
                         return Err(bad(
                             "proxy",
-                            "the Discord gateway's WebSocket connects directly; proxy is for telegram and matrix".into(),
+                            "the Discord gateway's WebSocket connects directly; proxy is for telegram and matrix"
+                                .into(),
                         ));
                     }
                     validate_api_base(&bad, p.api_base.as_deref(), true)?;
                     for (key, ids) in [("allowed_chats", &p.allowed_chats), ("admins", &p.admins)] {
                         if let Some(c) = ids.iter().find(|c| c.parse::<u64>().is_err()) {
-                            return Err(bad(key, format!("{c:?}: Discord channel and user ids are numbers (snowflakes)")));
+                            return Err(bad(
+                                key,
+                                format!("{c:?}: Discord channel and user ids are numbers (snowflakes)"),
+                            ));
                         }
                     }
                 }
@@ -1712,13 +1721,25 @@ api_key_env = "MY_KEY"
 
     #[test]
     fn discord_platforms_validate_their_keys() {
-        let d = parse("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nallowed_chats = [\"123\"]\nadmins = [\"42\"]\n").unwrap();
+        let d = parse(
+            "[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nallowed_chats = [\"123\"]\nadmins = [\"42\"]\n",
+        )
+        .unwrap();
         assert_eq!((d.platform[0].kind, d.platform[0].adapter_name().as_str()), (PlatformKind::Discord, "discord"));
         assert!(err("[[platform]]\nkind = \"discord\"\n").contains("needs token_env"));
-        assert!(err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nallowed_chats = [\"#general\"]\n").contains("snowflakes"));
-        assert!(err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nadmins = [\"me\"]\n").contains("snowflakes"));
-        assert!(err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nproxy = \"http://p:1\"\n").contains("directly"));
-        assert!(err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\napi_base = \"ftp://x\"\n").contains("http://"));
+        assert!(
+            err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nallowed_chats = [\"#general\"]\n")
+                .contains("snowflakes")
+        );
+        assert!(
+            err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nadmins = [\"me\"]\n").contains("snowflakes")
+        );
+        assert!(
+            err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nproxy = \"http://p:1\"\n").contains("directly")
+        );
+        assert!(
+            err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\napi_base = \"ftp://x\"\n").contains("http://")
+        );
         assert!(err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nnick = \"x\"\n").contains("irc"));
     }
 

@@ -230,7 +230,8 @@ impl Shared {
     /// Appends a dispatch to every session that can still get it.
     fn dispatch_all(&self, w: &mut World, t: &str, d: &Value) {
         let window = self.opts.resume_window;
-        w.sessions.retain(|_, s| s.detached_at.is_none_or(|at| at.elapsed() < window) && s.events.len() < MAX_SESSION_EVENTS);
+        w.sessions
+            .retain(|_, s| s.detached_at.is_none_or(|at| at.elapsed() < window) && s.events.len() < MAX_SESSION_EVENTS);
         for s in w.sessions.values_mut() {
             let mut d = d.clone();
             if t == "MESSAGE_CREATE" && !s.content {
@@ -433,7 +434,12 @@ impl FakeDiscord {
             if left.is_zero() {
                 return Err(());
             }
-            w = self.shared.changed.wait_timeout(w, left.min(Duration::from_millis(100))).unwrap_or_else(|p| p.into_inner()).0;
+            w = self
+                .shared
+                .changed
+                .wait_timeout(w, left.min(Duration::from_millis(100)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 }
@@ -489,6 +495,8 @@ fn connection(shared: &Arc<Shared>, stream: TcpStream, generation: u64) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
     let mut query = String::new();
     let mut path = String::new();
+    // The error type is tungstenite's handshake callback signature, not ours to shrink.
+    #[allow(clippy::result_large_err)]
     let callback = |req: &tungstenite::handshake::server::Request, resp| {
         query = req.uri().query().unwrap_or_default().to_owned();
         path = req.uri().path().to_owned();
@@ -578,7 +586,8 @@ impl Conn<'_> {
                         return;
                     }
                 }
-                Ok(Message::Close(_)) | Err(tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed) => {
+                Ok(Message::Close(_))
+                | Err(tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed) => {
                     return;
                 }
                 Ok(Message::Binary(_)) => {
@@ -797,7 +806,8 @@ async fn gateway_bot(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> R
 fn limited(retry_after: Duration, global: bool) -> Response {
     let secs = retry_after.as_secs_f64().max(0.001);
     let body = json!({"message": "You are being rate limited.", "retry_after": secs, "global": global});
-    let mut r = (StatusCode::TOO_MANY_REQUESTS, [("content-type", "application/json")], body.to_string()).into_response();
+    let mut r =
+        (StatusCode::TOO_MANY_REQUESTS, [("content-type", "application/json")], body.to_string()).into_response();
     let h = r.headers_mut();
     h.insert("retry-after", HeaderValue::from(secs.ceil() as u64));
     h.insert("x-ratelimit-scope", HeaderValue::from_static(if global { "global" } else { "user" }));
@@ -877,7 +887,12 @@ async fn create_message(
         }
         None => {
             let id = Shared::snowflake(&mut w);
-            let m = SentMessage { id: id.clone(), channel_id: channel.clone(), content: content.clone(), nonce: nonce.clone() };
+            let m = SentMessage {
+                id: id.clone(),
+                channel_id: channel.clone(),
+                content: content.clone(),
+                nonce: nonce.clone(),
+            };
             if let (Some(n), true) = (&nonce, enforce) {
                 let index = w.sent.len();
                 w.nonces.insert(n.clone(), (index, now));

@@ -48,6 +48,8 @@ fn main() -> std::process::ExitCode {
 }
 
 fn usage(why: &str) -> std::process::ExitCode {
-    eprintln!("discord-fake: {why}\nusage: discord-fake [--token T] [--heartbeat-ms N] [--bucket-limit N] [--bucket-window-ms N] [--rest ADDR]");
+    eprintln!(
+        "discord-fake: {why}\nusage: discord-fake [--token T] [--heartbeat-ms N] [--bucket-limit N] [--bucket-window-ms N] [--rest ADDR]"
+    );
     std::process::ExitCode::from(2)
 }

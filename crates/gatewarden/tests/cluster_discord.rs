@@ -80,8 +80,12 @@ fn wait_reply(fake: &FakeDiscord, channel: &str, text: &str) {
 fn only_the_active_connects_and_the_standby_takes_over_after_kill9() {
     let Some(pg) = Cluster::start_or_skip() else { return };
     let tok = format!("discord-cluster-{}", std::process::id());
-    let fake = FakeDiscord::start(Options { token: tok.clone(), heartbeat_interval: Duration::from_millis(500), ..Options::default() })
-        .expect("fake Discord");
+    let fake = FakeDiscord::start(Options {
+        token: tok.clone(),
+        heartbeat_interval: Duration::from_millis(500),
+        ..Options::default()
+    })
+    .expect("fake Discord");
     let mut a = Node::spawn("dck9", &pg.url(), &fake, &tok);
     a.wait_role("active", READY);
     a.wait_adapter("connected", READY);

@@ -179,9 +179,11 @@ fn the_seq_is_saved_only_after_the_journal_commit() {
     // The journal refuses: degraded, and the message must come back to the successor.
     *host.refuse.lock().unwrap() = true;
     fake.message(CHANNEL, USER, "uncommitted");
-    wait("degraded", Duration::from_secs(10), || {
-        matches!(d.status().state(), State::Degraded(r) if r.contains("cannot journal"))
-    });
+    wait(
+        "degraded",
+        Duration::from_secs(10),
+        || matches!(d.status().state(), State::Degraded(r) if r.contains("cannot journal")),
+    );
     stop(&d);
     *host.refuse.lock().unwrap() = false;
     let d = start(&fake, &host, TOKEN);

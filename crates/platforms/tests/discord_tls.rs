@@ -87,7 +87,8 @@ fn wss_and_https_with_a_private_ca_and_a_resume_over_a_new_tls_session() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("gatewarden test CA");
     let ca_file = ca.write_pem(dir.path(), "ca.pem");
-    let fake = FakeDiscord::start(Options { heartbeat_interval: Duration::from_millis(500), ..Options::default() }).unwrap();
+    let fake =
+        FakeDiscord::start(Options { heartbeat_interval: Duration::from_millis(500), ..Options::default() }).unwrap();
     let leaf = ca.leaf(&["localhost"], Validity::Now);
     let rest = TlsFront::start(fake.rest_addr(), &leaf).unwrap();
     let gw = TlsFront::start(fake.gateway_addr(), &leaf).unwrap();

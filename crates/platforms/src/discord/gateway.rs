@@ -178,7 +178,8 @@ impl Socket {
     /// Connects to `url` (v10, JSON), verifying TLS with `tls`, within `timeout`.
     pub fn open(url: &WsUrl, tls: &ClientTls, timeout: Duration) -> Result<Socket, SocketError> {
         let lost = |what: &str, e: &dyn std::fmt::Display| SocketError::Lost(format!("{}: {what}: {e}", url.host));
-        let addrs: Vec<_> = (url.host.as_str(), url.port).to_socket_addrs().map_err(|e| lost("cannot resolve", &e))?.collect();
+        let addrs: Vec<_> =
+            (url.host.as_str(), url.port).to_socket_addrs().map_err(|e| lost("cannot resolve", &e))?.collect();
         let mut tcp = Err(SocketError::Lost(format!("{}: no address", url.host)));
         for a in addrs {
             match TcpStream::connect_timeout(&a, timeout) {
@@ -205,7 +206,9 @@ impl Socket {
         let host = if url.host.contains(':') { format!("[{}]", url.host) } else { url.host.clone() };
         let path = if url.path.is_empty() { "/" } else { url.path.as_str() };
         let request = format!("{scheme}://{host}:{}{path}?v=10&encoding=json", url.port);
-        let config = WebSocketConfig::default().max_message_size(Some(MAX_MESSAGE_BYTES)).max_frame_size(Some(MAX_MESSAGE_BYTES));
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(MAX_MESSAGE_BYTES))
+            .max_frame_size(Some(MAX_MESSAGE_BYTES));
         let (ws, _) = tungstenite::client::client_with_config(request.as_str(), stream, Some(config)).map_err(|e| {
             let why = match &e {
                 tungstenite::HandshakeError::Failure(tungstenite::Error::Io(io)) => {
@@ -236,7 +239,8 @@ impl Socket {
                     }
                 }
                 Ok(Message::Close(frame)) => {
-                    let (code, reason) = frame.map_or((None, String::new()), |f| (Some(u16::from(f.code)), f.reason.to_string()));
+                    let (code, reason) =
+                        frame.map_or((None, String::new()), |f| (Some(u16::from(f.code)), f.reason.to_string()));
                     return Ok(Frame::Closed(code, reason));
                 }
                 Ok(_) => {}

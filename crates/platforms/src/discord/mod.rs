@@ -142,7 +142,8 @@ impl Protocol for Proto {
         let path = host.state_dir().map(|d| d.join(format!("discord-{}.json", self.name)));
         let saved = load(path.as_ref()).map_err(|e| format!("session file: {e}"))?;
         let plain_ok = self.base.starts_with("http://");
-        let tx = Poster { rest: Rest::new(&self.base, &self.token, &self.out), nonce_prefix: saved.nonce_prefix.clone() };
+        let tx =
+            Poster { rest: Rest::new(&self.base, &self.token, &self.out), nonce_prefix: saved.nonce_prefix.clone() };
         let rx = GatewayRx {
             rest: Rest::new(&self.base, &self.token, &self.out),
             token: self.token.clone(),
@@ -622,7 +623,10 @@ mod tests {
     fn messages_parse_and_bots_and_empty_ones_are_skipped() {
         let d = json!({"id": "1177000000000000000", "channel_id": "42", "author": {"id": "7"}, "content": "hi"});
         let m = parse_message(&d).unwrap();
-        assert_eq!((m.event_id.as_str(), m.chat_id.as_str(), m.user_id.as_str(), m.text.as_str()), ("1177000000000000000", "42", "7", "hi"));
+        assert_eq!(
+            (m.event_id.as_str(), m.chat_id.as_str(), m.user_id.as_str(), m.text.as_str()),
+            ("1177000000000000000", "42", "7", "hi")
+        );
         let t = m.sent_at.unwrap().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
         assert_eq!(t, (1_177_000_000_000_000_000u64 >> 22) + DISCORD_EPOCH_MS, "the snowflake's time");
         let bot = json!({"id": "2", "channel_id": "42", "author": {"id": "7", "bot": true}, "content": "hi"});
@@ -647,7 +651,8 @@ mod tests {
         let first = load(Some(&path)).unwrap();
         assert_eq!((first.session_id.as_deref(), first.seq), (None, 0));
         assert_eq!(load(Some(&path)).unwrap(), first, "the nonce prefix is durable before any send");
-        let s = Saved { session_id: Some("s".into()), resume_gateway_url: Some("wss://r".into()), seq: 9, ..first.clone() };
+        let s =
+            Saved { session_id: Some("s".into()), resume_gateway_url: Some("wss://r".into()), seq: 9, ..first.clone() };
         save(&path, &s).unwrap();
         assert_eq!(load(Some(&path)).unwrap(), s);
         std::fs::write(&path, b"garbage").unwrap();

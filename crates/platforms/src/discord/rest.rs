@@ -105,14 +105,17 @@ impl Rest {
                 .timeout_global(Some(timeout))
                 .build()
                 .send_json(b),
-            None => self.http.get(&url).header("Authorization", &auth).config().timeout_global(Some(timeout)).build().call(),
+            None => {
+                self.http.get(&url).header("Authorization", &auth).config().timeout_global(Some(timeout)).build().call()
+            }
         };
         let response = result.map_err(|e| RestError::Network(self.redact(gatewarden_net::describe(&e, &url))))?;
         let status = response.status().as_u16();
         let now = Instant::now();
         let remaining = header_f64(&response, "x-ratelimit-remaining");
         let reset_after = header_f64(&response, "x-ratelimit-reset-after");
-        let global = response.headers().get("x-ratelimit-global").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+        let global =
+            response.headers().get("x-ratelimit-global").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
         let retry_header = header_f64(&response, "retry-after");
         let text = response
             .into_body()
