@@ -12,71 +12,50 @@ use gatewarden_discord_fake::{FakeDiscord, Options};
 use gatewarden_platforms::discord::Discord;
 use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
 
+mod support;
+use support::{MemHost, wait_for};
+
 const TOKEN: &str = "fake-bot-token";
 const CHANNEL: &str = "100";
 const USER: &str = "7";
 
-/// Echoes every message through an outbox; can refuse commits; keeps a state dir.
-struct MemHost {
-    inbox: Mutex<Vec<Inbound>>,
-    outbox: Mutex<Vec<Outgoing>>,
-    refuse: Mutex<bool>,
-    seq: Mutex<i64>,
+/// The shared in-memory host (tests/support), with a state dir, as the gateway's
+/// `<home>/platforms`, and a way to lose outbox commits.
+struct DirHost {
+    mem: MemHost,
     dir: PathBuf,
     /// `sent` calls to drop: a crash between the send and the outbox commit.
     forget_sent: Mutex<u32>,
 }
 
-impl MemHost {
-    fn new(dir: PathBuf) -> Arc<MemHost> {
-        Arc::new(MemHost {
-            inbox: Mutex::default(),
-            outbox: Mutex::default(),
-            refuse: Mutex::new(false),
-            seq: Mutex::new(0),
-            dir,
-            forget_sent: Mutex::new(0),
-        })
+impl DirHost {
+    fn new(dir: PathBuf) -> Arc<DirHost> {
+        Arc::new(DirHost { mem: MemHost::echoing(), dir, forget_sent: Mutex::new(0) })
     }
 
     fn texts(&self) -> Vec<String> {
-        self.inbox.lock().unwrap().iter().map(|m| m.text.clone()).collect()
+        self.mem.inbox.lock().unwrap().iter().map(|m| m.text.clone()).collect()
     }
 }
 
-impl Host for MemHost {
-    fn deliver(&self, _adapter: &str, msg: Inbound) -> Result<(), String> {
-        if *self.refuse.lock().unwrap() {
-            return Err("disk full".into());
-        }
-        let mut inbox = self.inbox.lock().unwrap();
-        if inbox.iter().any(|m| m.event_id == msg.event_id) {
-            return Ok(());
-        }
-        let mut seq = self.seq.lock().unwrap();
-        *seq += 1;
-        self.outbox.lock().unwrap().push(Outgoing {
-            seq: *seq,
-            chat_id: msg.chat_id.clone(),
-            text: format!("echo: {}", msg.text),
-            message_id: None,
-            created_at: String::new(),
-        });
-        inbox.push(msg);
-        Ok(())
+impl Host for DirHost {
+    fn deliver(&self, adapter: &str, msg: Inbound) -> Result<(), String> {
+        self.mem.deliver(adapter, msg)
     }
-    fn outbox(&self, _adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
-        Ok(self.outbox.lock().unwrap().iter().take(limit).cloned().collect())
+    fn outbox(&self, adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
+        self.mem.outbox(adapter, limit)
     }
-    fn sent(&self, seq: i64, _outcome: Sent) {
+    fn sent(&self, seq: i64, outcome: Sent) {
         let mut forget = self.forget_sent.lock().unwrap();
         if *forget > 0 {
             *forget -= 1;
             return;
         }
-        self.outbox.lock().unwrap().retain(|o| o.seq != seq);
+        self.mem.sent(seq, outcome);
     }
-    fn state_changed(&self, _adapter: &str, _state: &State) {}
+    fn state_changed(&self, adapter: &str, state: &State) {
+        self.mem.state_changed(adapter, state);
+    }
     fn state_dir(&self) -> Option<PathBuf> {
         Some(self.dir.clone())
     }
@@ -101,20 +80,11 @@ fn config(base: &str) -> PlatformConfig {
     }
 }
 
-#[track_caller]
-fn wait(what: &str, timeout: Duration, f: impl Fn() -> bool) {
-    let end = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 fn fake(opts: Options) -> FakeDiscord {
     FakeDiscord::start(Options { heartbeat_interval: Duration::from_millis(500), ..opts }).unwrap()
 }
 
-fn start(fake: &FakeDiscord, host: &Arc<MemHost>, token: &str) -> Arc<Discord> {
+fn start(fake: &FakeDiscord, host: &Arc<DirHost>, token: &str) -> Arc<Discord> {
     let d = Arc::new(Discord::new(&config(&fake.api_base()), token.into()).unwrap());
     d.start(Arc::clone(host) as Arc<dyn Host>).unwrap();
     d
@@ -140,9 +110,9 @@ fn count(fake: &FakeDiscord, content: &str) -> usize {
 fn round_trip_then_a_restart_resumes_and_replays_what_was_missed() {
     let dir = tempfile::tempdir().unwrap();
     let fake = fake(Options::default());
-    let host = MemHost::new(dir.path().join("platforms"));
+    let host = DirHost::new(dir.path().join("platforms"));
     let d = start(&fake, &host, TOKEN);
-    wait("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
+    wait_for("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
     fake.message(CHANNEL, USER, "hi");
     echoed(&fake, "hi");
     assert_eq!(fake.sent()[0].channel_id, CHANNEL);
@@ -171,21 +141,21 @@ fn round_trip_then_a_restart_resumes_and_replays_what_was_missed() {
 fn the_seq_is_saved_only_after_the_journal_commit() {
     let dir = tempfile::tempdir().unwrap();
     let fake = fake(Options::default());
-    let host = MemHost::new(dir.path().join("platforms"));
+    let host = DirHost::new(dir.path().join("platforms"));
     let d = start(&fake, &host, TOKEN);
-    wait("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
+    wait_for("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
     fake.message(CHANNEL, USER, "first");
     echoed(&fake, "first");
     // The journal refuses: degraded, and the message must come back to the successor.
-    *host.refuse.lock().unwrap() = true;
+    *host.mem.refuse.lock().unwrap() = true;
     fake.message(CHANNEL, USER, "uncommitted");
-    wait(
+    wait_for(
         "degraded",
         Duration::from_secs(10),
         || matches!(d.status().state(), State::Degraded(r) if r.contains("cannot journal")),
     );
     stop(&d);
-    *host.refuse.lock().unwrap() = false;
+    *host.mem.refuse.lock().unwrap() = false;
     let d = start(&fake, &host, TOKEN);
     echoed(&fake, "uncommitted");
     stop(&d);
@@ -197,9 +167,9 @@ fn the_seq_is_saved_only_after_the_journal_commit() {
 fn a_missing_heartbeat_ack_reconnects_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
     let fake = fake(Options { heartbeat_interval: Duration::from_millis(200), ..Options::default() });
-    let host = MemHost::new(dir.path().join("platforms"));
+    let host = DirHost::new(dir.path().join("platforms"));
     let d = start(&fake, &host, TOKEN);
-    wait("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
+    wait_for("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
     fake.message(CHANNEL, USER, "before");
     echoed(&fake, "before");
     fake.set_acks(false);
@@ -222,9 +192,9 @@ fn a_missing_heartbeat_ack_reconnects_and_resumes() {
 fn reconnect_and_invalid_sessions() {
     let dir = tempfile::tempdir().unwrap();
     let fake = fake(Options::default());
-    let host = MemHost::new(dir.path().join("platforms"));
+    let host = DirHost::new(dir.path().join("platforms"));
     let d = start(&fake, &host, TOKEN);
-    wait("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
+    wait_for("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
     // Op 7: resume on a new connection, no state change worth a report.
     fake.reconnect();
     if let Err(s) = fake.wait_stats(Duration::from_secs(10), |s| s.resumed >= 1) {
@@ -243,12 +213,12 @@ fn reconnect_and_invalid_sessions() {
     if let Err(s) = fake.wait_stats(Duration::from_secs(15), |s| s.identifies >= 2) {
         panic!("no new IDENTIFY after a non-resumable op 9: {s:?}");
     }
-    wait("the gap reported", Duration::from_secs(10), || {
+    wait_for("the gap reported", Duration::from_secs(10), || {
         d.status().snapshot().last_error.is_some_and(|e| e.contains("could not be resumed"))
     });
     fake.message(CHANNEL, USER, "new session");
     echoed(&fake, "new session");
-    wait("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
+    wait_for("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
     stop(&d);
 }
 
@@ -257,9 +227,9 @@ fn fatal_close_codes_park_naming_the_code_and_others_resume() {
     let dir = tempfile::tempdir().unwrap();
     // The privileged intent is not enabled for the app: 4014.
     let fake1 = fake(Options { message_content_enabled: false, ..Options::default() });
-    let host = MemHost::new(dir.path().join("a"));
+    let host = DirHost::new(dir.path().join("a"));
     let d = start(&fake1, &host, TOKEN);
-    wait("parked", Duration::from_secs(10), || matches!(d.status().state(), State::Parked(_)));
+    wait_for("parked", Duration::from_secs(10), || matches!(d.status().state(), State::Parked(_)));
     let why = d.status().state().reason().unwrap_or_default().to_owned();
     assert!(why.contains("4014") && why.contains("Message Content Intent"), "{why}");
     stop(&d);
@@ -267,24 +237,24 @@ fn fatal_close_codes_park_naming_the_code_and_others_resume() {
 
     // A token the REST API refuses parks before any gateway connection.
     let fake2 = fake(Options::default());
-    let host = MemHost::new(dir.path().join("b"));
+    let host = DirHost::new(dir.path().join("b"));
     let d = start(&fake2, &host, "wrong-token");
-    wait("parked", Duration::from_secs(10), || matches!(d.status().state(), State::Parked(_)));
+    wait_for("parked", Duration::from_secs(10), || matches!(d.status().state(), State::Parked(_)));
     let why = d.status().state().reason().unwrap_or_default().to_owned();
     assert!(why.contains("401") && !why.contains("wrong-token"), "{why}");
     stop(&d);
 
     // A live connection closed with 4000 resumes; with 4004, parks naming it.
-    let host = MemHost::new(dir.path().join("c"));
+    let host = DirHost::new(dir.path().join("c"));
     let d = start(&fake2, &host, TOKEN);
-    wait("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
+    wait_for("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
     fake2.close_all(4000);
     if let Err(s) = fake2.wait_stats(Duration::from_secs(10), |s| s.resumed >= 1) {
         panic!("4000 did not resume: {s:?}");
     }
-    wait("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
+    wait_for("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
     fake2.close_all(4004);
-    wait("parked", Duration::from_secs(10), || matches!(d.status().state(), State::Parked(_)));
+    wait_for("parked", Duration::from_secs(10), || matches!(d.status().state(), State::Parked(_)));
     let why = d.status().state().reason().unwrap_or_default().to_owned();
     assert!(why.contains("4004 authentication failed"), "{why}");
     stop(&d);
@@ -299,9 +269,9 @@ fn replies_honour_the_route_buckets_and_the_global_limit() {
         global_per_s: 3,
         ..Options::default()
     });
-    let host = MemHost::new(dir.path().join("platforms"));
+    let host = DirHost::new(dir.path().join("platforms"));
     let d = start(&fake, &host, TOKEN);
-    wait("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
+    wait_for("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
     // Six replies in one channel: its bucket (2 per 500 ms) is waited out from the headers.
     for i in 0..6 {
         fake.message(CHANNEL, USER, &format!("same {i}"));
@@ -329,17 +299,17 @@ fn replies_honour_the_route_buckets_and_the_global_limit() {
 fn a_dead_fake_degrades_and_the_revived_one_resumes() {
     let dir = tempfile::tempdir().unwrap();
     let fake = fake(Options::default());
-    let host = MemHost::new(dir.path().join("platforms"));
+    let host = DirHost::new(dir.path().join("platforms"));
     let d = start(&fake, &host, TOKEN);
-    wait("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
+    wait_for("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
     fake.message(CHANNEL, USER, "before");
     echoed(&fake, "before");
     fake.kill();
-    wait("degraded", Duration::from_secs(10), || matches!(d.status().state(), State::Degraded(_)));
+    wait_for("degraded", Duration::from_secs(10), || matches!(d.status().state(), State::Degraded(_)));
     fake.message(CHANNEL, USER, "while dead");
     fake.revive().unwrap();
     echoed(&fake, "while dead");
-    wait("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
+    wait_for("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
     assert_eq!(fake.stats().identifies, 1, "resumed after the outage");
     stop(&d);
     assert_eq!(host.texts(), ["before", "while dead"]);
@@ -349,17 +319,17 @@ fn a_dead_fake_degrades_and_the_revived_one_resumes() {
 fn a_reply_sent_again_after_a_lost_outbox_commit_is_not_duplicated() {
     let dir = tempfile::tempdir().unwrap();
     let fake = fake(Options::default());
-    let host = MemHost::new(dir.path().join("platforms"));
+    let host = DirHost::new(dir.path().join("platforms"));
     *host.forget_sent.lock().unwrap() = 1;
     let d = start(&fake, &host, TOKEN);
-    wait("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
+    wait_for("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
     fake.message(CHANNEL, USER, "once");
     echoed(&fake, "once");
     // The entry stayed in the outbox and went again, with the same enforced nonce.
     if let Err(s) = fake.wait_stats(Duration::from_secs(10), |s| s.nonce_hits >= 1) {
         panic!("not sent again: {s:?}");
     }
-    wait("the outbox emptied", Duration::from_secs(10), || host.outbox.lock().unwrap().is_empty());
+    wait_for("the outbox emptied", Duration::from_secs(10), || host.mem.outbox.lock().unwrap().is_empty());
     stop(&d);
     assert_eq!(count(&fake, "echo: once"), 1, "Discord returned the first message instead of a second");
 }

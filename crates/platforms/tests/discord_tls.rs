@@ -5,7 +5,7 @@
 //! refused.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gatewarden_config::{PlatformConfig, PlatformKind};
@@ -14,35 +14,30 @@ use gatewarden_platforms::discord::Discord;
 use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
 use gatewarden_testkit::tls::{TestCa, TlsFront, Validity};
 
+mod support;
+use support::{MemHost, wait_for};
+
 const TOKEN: &str = "fake-bot-token";
 
-/// Echoes every message through an outbox; keeps a state dir.
-struct MemHost {
-    outbox: Mutex<Vec<Outgoing>>,
-    seq: Mutex<i64>,
+/// The shared in-memory host (tests/support) with a state dir.
+struct DirHost {
+    mem: MemHost,
     dir: PathBuf,
 }
 
-impl Host for MemHost {
-    fn deliver(&self, _adapter: &str, msg: Inbound) -> Result<(), String> {
-        let mut seq = self.seq.lock().unwrap();
-        *seq += 1;
-        self.outbox.lock().unwrap().push(Outgoing {
-            seq: *seq,
-            chat_id: msg.chat_id.clone(),
-            text: format!("echo: {}", msg.text),
-            message_id: None,
-            created_at: String::new(),
-        });
-        Ok(())
+impl Host for DirHost {
+    fn deliver(&self, adapter: &str, msg: Inbound) -> Result<(), String> {
+        self.mem.deliver(adapter, msg)
     }
-    fn outbox(&self, _adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
-        Ok(self.outbox.lock().unwrap().iter().take(limit).cloned().collect())
+    fn outbox(&self, adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
+        self.mem.outbox(adapter, limit)
     }
-    fn sent(&self, seq: i64, _outcome: Sent) {
-        self.outbox.lock().unwrap().retain(|o| o.seq != seq);
+    fn sent(&self, seq: i64, outcome: Sent) {
+        self.mem.sent(seq, outcome);
     }
-    fn state_changed(&self, _adapter: &str, _state: &State) {}
+    fn state_changed(&self, adapter: &str, state: &State) {
+        self.mem.state_changed(adapter, state);
+    }
     fn state_dir(&self) -> Option<PathBuf> {
         Some(self.dir.clone())
     }
@@ -50,7 +45,7 @@ impl Host for MemHost {
 
 /// `first_seq`: where this host's outbox numbering starts (a real journal's never restarts, and
 /// the nonce is keyed by it).
-fn start(base: &str, ca_file: &Path, dir: &Path, first_seq: i64) -> Arc<Discord> {
+fn start(base: &str, ca_file: &Path, dir: &Path, first_seq: usize) -> Arc<Discord> {
     let cfg = PlatformConfig {
         kind: PlatformKind::Discord,
         name: None,
@@ -68,18 +63,14 @@ fn start(base: &str, ca_file: &Path, dir: &Path, first_seq: i64) -> Arc<Discord>
         sasl_password_env: None,
     };
     let d = Arc::new(Discord::new(&cfg, TOKEN.into()).unwrap());
-    let host = Arc::new(MemHost { outbox: Mutex::default(), seq: Mutex::new(first_seq), dir: dir.to_owned() });
+    let mem = MemHost::echoing();
+    for _ in 0..first_seq {
+        mem.queue("0", "placeholder");
+    }
+    mem.outbox.lock().unwrap().clear();
+    let host = Arc::new(DirHost { mem, dir: dir.to_owned() });
     d.start(host as Arc<dyn Host>).unwrap();
     d
-}
-
-#[track_caller]
-fn wait(what: &str, timeout: Duration, f: impl Fn() -> bool) {
-    let end = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]
@@ -95,7 +86,7 @@ fn wss_and_https_with_a_private_ca_and_a_resume_over_a_new_tls_session() {
     fake.set_public_gateway(&format!("wss://localhost:{}", gw.addr().port()));
     let base = format!("https://localhost:{}/api/v10", rest.addr().port());
     let d = start(&base, &ca_file, dir.path(), 0);
-    wait("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
+    wait_for("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
     fake.message("100", "7", "over TLS");
     fake.wait_sent(Duration::from_secs(10), |s| s.iter().any(|m| m.content == "echo: over TLS")).unwrap();
     d.stop_intake();
@@ -123,7 +114,7 @@ fn a_stranger_gateway_certificate_and_plain_ws_are_refused() {
     fake.set_public_gateway(&format!("wss://localhost:{}", gw.addr().port()));
     let base = format!("https://localhost:{}/api/v10", rest.addr().port());
     let d = start(&base, &ca_file, &dir.path().join("a"), 0);
-    wait("degraded", Duration::from_secs(10), || matches!(d.status().state(), State::Degraded(_)));
+    wait_for("degraded", Duration::from_secs(10), || matches!(d.status().state(), State::Degraded(_)));
     let why = d.status().state().reason().unwrap_or_default().to_owned();
     assert!(why.contains("unknown issuer") && !why.contains(TOKEN), "{why}");
     d.stop_intake();
@@ -133,7 +124,7 @@ fn a_stranger_gateway_certificate_and_plain_ws_are_refused() {
     // An https API naming a plain ws:// gateway: refused for good, the token never sent.
     fake.set_public_gateway(&format!("ws://{}", fake.gateway_addr()));
     let d = start(&base, &ca_file, &dir.path().join("b"), 0);
-    wait("parked", Duration::from_secs(10), || matches!(d.status().state(), State::Parked(_)));
+    wait_for("parked", Duration::from_secs(10), || matches!(d.status().state(), State::Parked(_)));
     let why = d.status().state().reason().unwrap_or_default().to_owned();
     assert!(why.contains("wss://"), "{why}");
     d.stop_intake();
