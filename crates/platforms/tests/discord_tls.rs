@@ -3,6 +3,7 @@
 //! gateway, a RESUME over a new TLS session; a gateway certificate from another CA degrades
 //! the adapter naming the reason, and a `ws://` gateway under an `https://` API base is
 //! refused.
+#![cfg(unix)] // testkit (the TLS fronts) is Unix-only
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
