@@ -361,7 +361,9 @@ impl GatewayRx {
             match (p.op, p.t.as_deref()) {
                 (0, Some("READY")) => {
                     let id = p.d["session_id"].as_str().unwrap_or_default().to_owned();
-                    let resume_url = p.d["resume_gateway_url"].as_str().unwrap_or_default().to_owned();
+                    // Before `resume_gateway_url` existed, sessions resumed where they began.
+                    let resume_url =
+                        p.d["resume_gateway_url"].as_str().filter(|u| !u.is_empty()).unwrap_or(url.as_str()).to_owned();
                     self.me = p.d["user"]["id"].as_str().map(str::to_owned);
                     self.session = Some(Session { id, resume_url });
                     self.take(p);
