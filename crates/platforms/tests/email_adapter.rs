@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gatewarden_config::{PlatformConfig, PlatformKind};
-use gatewarden_platforms::email::Email;
+use gatewarden_platforms::email::{Email, imap};
 use gatewarden_platforms::{Adapter, Host, State};
 use gatewarden_testkit::mail::{MailServer, address, password};
 
@@ -257,4 +257,32 @@ fn a_wrong_ca_or_password_never_logs_in() {
     wait("parked", || matches!(b.status().state(), State::Parked(ref r) if r.contains("refused")));
     b.close(Instant::now() + Duration::from_secs(5));
     assert!(host.inbox.lock().unwrap().is_empty());
+
+    // The right CA and password, by STARTTLS: a session, and this server announces IDLE.
+    let tls = gatewarden_net::ClientTls::from_ca_file(s.ca_file()).unwrap().rustls_config().unwrap();
+    let ep = gatewarden_platforms::email::endpoint(&s.imap_starttls_url(), false).unwrap();
+    let (mut session, sel) =
+        imap::connect(&ep.host, ep.port, imap::Security::StartTls, tls, &address("bot"), &password("bot")).unwrap();
+    assert!(session.has_idle() && sel.uid_validity != 0);
+    session.logout();
+}
+
+#[test]
+fn without_idle_the_adapter_polls() {
+    let Some(s) = MailServer::start_without_idle() else { return };
+    // The session sees no IDLE in the capabilities (so it polls with NOOP)...
+    let tls = gatewarden_net::ClientTls::from_ca_file(s.ca_file()).unwrap().rustls_config().unwrap();
+    let ep = gatewarden_platforms::email::endpoint(&s.imaps_url(), false).unwrap();
+    let (mut session, _) =
+        imap::connect(&ep.host, ep.port, imap::Security::Implicit, tls, &address("bot"), &password("bot")).unwrap();
+    assert!(!session.has_idle(), "the server announces no IDLE");
+    session.logout();
+    // ... and the adapter still answers.
+    let host = mem_host(None);
+    let a = start(&config(s.imaps_url(), s.submission_url(), s.ca_file(), &[]), &password("bot"), &host);
+    wait_connected(&a);
+    s.send(&address("alice"), &address("bot"), "poll@example.test", "polled", "polled", &[]);
+    wait("answered by polling", || s.maildir("alice").len() == 1);
+    assert_eq!(texts(&host), vec!["polled"]);
+    a.close(Instant::now() + Duration::from_secs(5));
 }

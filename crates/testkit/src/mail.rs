@@ -84,6 +84,16 @@ impl MailServer {
     /// Writes the configs and starts both servers. `None` (with a `SKIPPED:` line) when they
     /// are not installed or this is not root; a panic under `CI`.
     pub fn start() -> Option<MailServer> {
+        MailServer::start_with(true)
+    }
+
+    /// [`MailServer::start`] with a Dovecot that does not announce IDLE (RFC 2177), as some
+    /// servers do not: clients must poll.
+    pub fn start_without_idle() -> Option<MailServer> {
+        MailServer::start_with(false)
+    }
+
+    fn start_with(idle: bool) -> Option<MailServer> {
         let (Some(dovecot), Some(smtpd)) = (bin("dovecot"), bin("smtpd")) else {
             return crate::unavailable("dovecot and OpenSMTPD", "not installed (run scripts/setup-mail)");
         };
@@ -120,7 +130,11 @@ impl MailServer {
             submissions: free_port(),
             smtp: free_port(),
         };
-        std::fs::write(d.join("dovecot.conf"), dovecot_config(d, ports)).expect("dovecot.conf");
+        let mut conf = dovecot_config(d, ports);
+        if !idle {
+            conf += "imap_capability = IMAP4rev1 SASL-IR LOGIN-REFERRALS ID ENABLE LITERAL+ UIDPLUS\n";
+        }
+        std::fs::write(d.join("dovecot.conf"), conf).expect("dovecot.conf");
         std::fs::write(d.join("vusers"), format!("@{DOMAIN} nobody\n")).expect("vusers");
         write_private(&d.join("smtpd.conf"), &smtpd_config(d, ports));
         let mut s =
