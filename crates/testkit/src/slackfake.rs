@@ -42,11 +42,16 @@
 //!   [`FakeSlack::revoke_bot`] make a token answer `invalid_auth`, `account_inactive` or
 //!   `token_revoked`.
 //!
+//! - **Consumers told apart.** `<base>/c/<consumer>/api/` is the same Web API, whose
+//!   connection URLs carry the consumer's name, so a test with several gateways on one app
+//!   knows which of them connected and received ([`Delivery::consumer`],
+//!   [`FakeSlack::connected`]).
+//!
 //! [`FakeSlack::kill`] drops every connection and stops listening; [`FakeSlack::revive`]
 //! listens again on the same two ports with the same events. Plain std threads, like the other
 //! fakes of this crate.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -113,6 +118,8 @@ pub struct Delivery {
     pub envelope_id: String,
     /// The connection (numbered from 1 in the order they opened).
     pub conn: u64,
+    /// The consumer whose connection carried it (`""` for the plain base).
+    pub consumer: String,
     pub retry_attempt: u32,
 }
 
@@ -154,6 +161,7 @@ struct Event {
 }
 
 struct Conn {
+    consumer: String,
     out: VecDeque<String>,
     close_at: Option<Instant>,
     stream: TcpStream,
@@ -165,7 +173,10 @@ struct State {
     bot_refused: Option<String>,
     events: Vec<Event>,
     conns: HashMap<u64, Conn>,
-    tickets: HashSet<String>,
+    /// Ticket -> consumer.
+    tickets: HashMap<String, String>,
+    /// The consumer of every connection accepted, in order.
+    connected: Vec<String>,
     posted: Vec<Posted>,
     flood: Option<(u32, u64)>,
     deliveries: Vec<Delivery>,
@@ -212,7 +223,8 @@ impl FakeSlack {
                 bot_refused: None,
                 events: Vec::new(),
                 conns: HashMap::new(),
-                tickets: HashSet::new(),
+                tickets: HashMap::new(),
+                connected: Vec::new(),
                 posted: Vec::new(),
                 flood: None,
                 deliveries: Vec::new(),
@@ -262,6 +274,16 @@ impl FakeSlack {
     /// `http://127.0.0.1:<port>/api/`, for `api_base`.
     pub fn api_base(&self) -> String {
         format!("http://{}/api/", self.http)
+    }
+
+    /// [`FakeSlack::api_base`] for consumer `name` (module notes).
+    pub fn api_base_for(&self, name: &str) -> String {
+        format!("http://{}/c/{name}/api/", self.http)
+    }
+
+    /// The consumer of every connection accepted so far, in order.
+    pub fn connected(&self) -> Vec<String> {
+        self.shared.lock().connected.clone()
     }
 
     /// The HTTP (Web API) and WebSocket addresses.
@@ -503,7 +525,9 @@ fn schedule(s: &mut State) {
             "accepts_response_payload": false, "retry_attempt": retry_attempt,
             "retry_reason": if retry_attempt == 0 { "" } else { "timeout" },
         });
-        let d = Delivery { event_id: e.event_id.clone(), envelope_id, conn: cid, retry_attempt };
+        let consumer = s.conns.get(&cid).map(|c| c.consumer.clone()).unwrap_or_default();
+        let e = &s.events[i];
+        let d = Delivery { event_id: e.event_id.clone(), envelope_id, conn: cid, consumer, retry_attempt };
         if retry_attempt > 0 {
             s.stats.redeliveries += 1;
         }
@@ -532,14 +556,15 @@ fn ack(s: &mut State, cid: u64, envelope_id: &str) {
 }
 
 fn serve_ws(shared: &Shared, stream: TcpStream, life: u64) {
-    let mut ticket_ok = false;
+    let mut consumer: Option<String> = None;
     let check = |req: &tungstenite::handshake::server::Request,
                  resp: tungstenite::handshake::server::Response|
      -> Result<tungstenite::handshake::server::Response, tungstenite::handshake::server::ErrorResponse> {
         let query = req.uri().query().unwrap_or("");
         let ticket = query.split('&').find_map(|kv| kv.strip_prefix("ticket=")).unwrap_or("");
-        if req.uri().path().starts_with("/link") && shared.lock().tickets.remove(ticket) {
-            ticket_ok = true;
+        let known = if req.uri().path().starts_with("/link") { shared.lock().tickets.remove(ticket) } else { None };
+        if let Some(c) = known {
+            consumer = Some(c);
             Ok(resp)
         } else {
             let mut r = tungstenite::handshake::server::ErrorResponse::new(Some("invalid ticket".into()));
@@ -550,16 +575,15 @@ fn serve_ws(shared: &Shared, stream: TcpStream, life: u64) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
     let Ok(sock) = stream.try_clone() else { return };
     let Ok(mut ws) = tungstenite::accept_hdr(stream, check) else { return };
-    if !ticket_ok {
-        return;
-    }
+    let Some(consumer) = consumer else { return };
     let _ = sock.set_read_timeout(Some(TICK));
     let cid = {
         let mut s = shared.lock();
         s.stats.connections += 1;
         let cid = s.stats.connections;
         let Ok(handle) = sock.try_clone() else { return };
-        s.conns.insert(cid, Conn { out: VecDeque::new(), close_at: None, stream: handle });
+        s.connected.push(consumer.clone());
+        s.conns.insert(cid, Conn { consumer, out: VecDeque::new(), close_at: None, stream: handle });
         s.stats.max_open = s.stats.max_open.max(s.conns.len());
         let hello = json!({
             "type": "hello", "num_connections": s.conns.len(),
@@ -649,8 +673,13 @@ fn serve_http(shared: &Shared, conn: TcpStream, ws: SocketAddr) {
         )
     };
     let token = header("authorization").and_then(|v| v.strip_prefix("Bearer ").map(str::to_owned));
-    let method = path.strip_prefix("/api/").unwrap_or("").split('?').next().unwrap_or("").to_owned();
-    let (status, retry_after, answer) = api(&mut shared.lock(), &method, token.as_deref(), &args, ws);
+    // `/c/<consumer>/api/<method>` or `/api/<method>`.
+    let (consumer, rest) = match path.strip_prefix("/c/").and_then(|r| r.split_once('/')) {
+        Some((c, rest)) => (c.to_owned(), format!("/{rest}")),
+        None => (String::new(), path.clone()),
+    };
+    let method = rest.strip_prefix("/api/").unwrap_or("").split('?').next().unwrap_or("").to_owned();
+    let (status, retry_after, answer) = api(&mut shared.lock(), &method, token.as_deref(), &args, ws, &consumer);
     let body = answer.to_string();
     let retry = retry_after.map(|s| format!("Retry-After: {s}\r\n")).unwrap_or_default();
     let reason = if status == 429 { "Too Many Requests" } else { "OK" };
@@ -662,7 +691,14 @@ fn serve_http(shared: &Shared, conn: TcpStream, ws: SocketAddr) {
 }
 
 /// One Web API method: `(status, Retry-After, body)`.
-fn api(s: &mut State, method: &str, token: Option<&str>, args: &Value, ws: SocketAddr) -> (u16, Option<u64>, Value) {
+fn api(
+    s: &mut State,
+    method: &str,
+    token: Option<&str>,
+    args: &Value,
+    ws: SocketAddr,
+    consumer: &str,
+) -> (u16, Option<u64>, Value) {
     let refuse = |e: &str| (200, None, json!({"ok": false, "error": e}));
     let app = method == "apps.connections.open";
     let (want, refused) =
@@ -679,7 +715,7 @@ fn api(s: &mut State, method: &str, token: Option<&str>, args: &Value, ws: Socke
         "apps.connections.open" => {
             s.seq += 1;
             let ticket = format!("ticket-{:08x}", s.seq);
-            s.tickets.insert(ticket.clone());
+            s.tickets.insert(ticket.clone(), consumer.to_owned());
             s.stats.opens += 1;
             (200, None, json!({"ok": true, "url": format!("ws://{ws}/link/?ticket={ticket}&app_id={APP_ID}")}))
         }
