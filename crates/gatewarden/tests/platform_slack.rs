@@ -205,11 +205,11 @@ fn two_homes_same_app() {
     stop_cleanly(&a, &mut ga);
 }
 
-/// 5 restarts in CI (GW_PLATFORM_RESTARTS in scripts/soak-platforms) under a steady inbound
+/// 10 restarts in CI (GW_PLATFORM_RESTARTS in scripts/soak-platforms) under a steady inbound
 /// stream: every message answered, none twice. Prints and replays its seed (GW_PLATFORM_SEED).
 #[test]
 fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
-    let restarts: u32 = std::env::var("GW_PLATFORM_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+    let restarts: u32 = std::env::var("GW_PLATFORM_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
     let seed: u64 = std::env::var("GW_PLATFORM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
     });
@@ -254,4 +254,60 @@ fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
     assert!(holds_for(Duration::from_millis(500), || fake.posted().len() == total).is_ok());
     assert_eq!(fake.stats().lost, 0);
     assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
+/// Cluster failover (the PostgreSQL set-up of cluster_platforms.rs, TTL 3 s): only the active
+/// connects and receives; after kill -9 of the active the promoted standby connects, and the
+/// messages before and after are each answered once.
+#[test]
+fn cluster_failover_only_the_active_consumes() {
+    use gatewarden_testkit::api::Api;
+    use gatewarden_testkit::postgres::{Cluster, PASSWORD};
+    const PW_ENV: &str = "GW_TEST_STORE_PASSWORD";
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let (sw, fake) = (Sweeper::new(), fake());
+    let node = |consumer: &str| {
+        let home = TempHome::new();
+        let cluster = format!(
+            "[cluster]\nname = \"slackfo\"\nstore = \"{}\"\npassword_env = \"{PW_ENV}\"\nlease_ttl_s = 3\nrenew_interval_s = 1\n",
+            pg.url()
+        );
+        let cfg = format!("{cluster}{}", config_at(&fake.api_base_for(consumer), "", ""));
+        // `[cluster]` must come before `[agent]`'s keys end up in it: top-level keys first.
+        let cfg = cfg.replacen("drain_timeout_s = 10\n", "", 1);
+        let cfg = format!("drain_timeout_s = 5\n{cfg}");
+        write_config(home.path(), &cfg);
+        let o = fake.options();
+        let g = builder(&home)
+            .env(TAG_VAR, sw.tag())
+            .env(PW_ENV, PASSWORD)
+            .env(APP_ENV, &o.app_token)
+            .env(BOT_ENV, &o.bot_token)
+            .env("GATEWARDEN_CREDS_DIR", creds_dir())
+            .spawn();
+        (home, g)
+    };
+    let role = |home: &TempHome| -> Option<String> {
+        let v = home.state_record()?;
+        let api = Api::new(v["listen"].as_str()?.parse().ok()?).with_timeout(Duration::from_secs(2));
+        api.status()?["cluster"]["role"].as_str().map(str::to_owned)
+    };
+    let (ha, mut ga) = node("a");
+    assert!(wait_until(READY, || role(&ha).as_deref() == Some("active")), "a not active\n{}", ga.diag());
+    wait_adapter(&ha, "connected", READY);
+    let (hb, mut gb) = node("b");
+    assert!(wait_until(READY, || role(&hb).as_deref() == Some("standby")), "b not standby\n{}", gb.diag());
+    fake.user_message("C1", "U1", "before", None);
+    wait_reply(&fake, "C1", |t| t == "before");
+    assert!(holds_for(Duration::from_secs(2), || fake.connected().iter().all(|c| c == "a")).is_ok(), "{:?}", fake.connected());
+    assert!(fake.deliveries().iter().all(|d| d.consumer == "a"), "the standby received: {:#?}", fake.deliveries());
+
+    ga.kill();
+    assert!(wait_until(Duration::from_secs(15), || role(&hb).as_deref() == Some("active")), "b not promoted\n{}", gb.diag());
+    fake.user_message("C1", "U1", "after", None);
+    wait_reply(&fake, "C1", |t| t == "after");
+    assert!(fake.connected().iter().any(|c| c == "b"), "{:?}", fake.connected());
+    let posted = fake.posted();
+    assert_eq!((count(&posted, "C1", "before"), count(&posted, "C1", "after")), (1, 1), "{posted:#?}");
+    stop_cleanly(&hb, &mut gb);
 }
