@@ -1195,7 +1195,10 @@ impl Config {
                 PlatformKind::Slack => {
                     validate_api_base(&bad, p.api_base.as_deref(), false)?;
                     if p.api_base.is_none() && !gatewarden_net::TLS {
-                        return Err(bad("api_base", format!("the default https://slack.com/api/ is https, but {NO_TLS}")));
+                        return Err(bad(
+                            "api_base",
+                            format!("the default https://slack.com/api/ is https, but {NO_TLS}"),
+                        ));
                     }
                     if !p.bot_token_env.as_deref().is_some_and(|v| !v.is_empty() && !v.contains(['=', '\0'])) {
                         return Err(bad(
@@ -1206,7 +1209,10 @@ impl Config {
                         ));
                     }
                     if p.proxy.is_some() {
-                        return Err(bad("proxy", "slack's Socket Mode WebSocket connects directly; proxy is for telegram and matrix".into()));
+                        return Err(bad(
+                            "proxy",
+                            "slack's Socket Mode WebSocket connects directly; proxy is for telegram and matrix".into(),
+                        ));
                     }
                 }
                 PlatformKind::Irc => {

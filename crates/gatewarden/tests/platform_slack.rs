@@ -93,7 +93,10 @@ fn round_trip_commands_and_restart_notice() {
     fake.user_message("C7", ADMIN, "in a thread", Some("1700000000.000200"));
     wait_reply(&fake, "C7", |t| t == "in a thread");
     let p = fake.posted();
-    assert_eq!(p.iter().find(|p| p.text == "in a thread").and_then(|p| p.thread_ts.as_deref()), Some("1700000000.000200"));
+    assert_eq!(
+        p.iter().find(|p| p.text == "in a thread").and_then(|p| p.thread_ts.as_deref()),
+        Some("1700000000.000200")
+    );
     assert_eq!(p.iter().find(|p| p.text == "hello there").and_then(|p| p.thread_ts.as_deref()), None);
     fake.user_message("C7", ADMIN, "/status", None);
     assert!(wait_reply(&fake, "C7", |t| t.contains("incarnation")).contains("running"));
@@ -299,11 +302,19 @@ fn cluster_failover_only_the_active_consumes() {
     assert!(wait_until(READY, || role(&hb).as_deref() == Some("standby")), "b not standby\n{}", gb.diag());
     fake.user_message("C1", "U1", "before", None);
     wait_reply(&fake, "C1", |t| t == "before");
-    assert!(holds_for(Duration::from_secs(2), || fake.connected().iter().all(|c| c == "a")).is_ok(), "{:?}", fake.connected());
+    assert!(
+        holds_for(Duration::from_secs(2), || fake.connected().iter().all(|c| c == "a")).is_ok(),
+        "{:?}",
+        fake.connected()
+    );
     assert!(fake.deliveries().iter().all(|d| d.consumer == "a"), "the standby received: {:#?}", fake.deliveries());
 
     ga.kill();
-    assert!(wait_until(Duration::from_secs(15), || role(&hb).as_deref() == Some("active")), "b not promoted\n{}", gb.diag());
+    assert!(
+        wait_until(Duration::from_secs(15), || role(&hb).as_deref() == Some("active")),
+        "b not promoted\n{}",
+        gb.diag()
+    );
     fake.user_message("C1", "U1", "after", None);
     wait_reply(&fake, "C1", |t| t == "after");
     assert!(fake.connected().iter().any(|c| c == "b"), "{:?}", fake.connected());

@@ -368,11 +368,8 @@ struct WsUrl {
 }
 
 fn parse_ws_url(url: &str) -> Option<WsUrl> {
-    let (tls, rest) = if let Some(r) = url.strip_prefix("wss://") {
-        (true, r)
-    } else {
-        (false, url.strip_prefix("ws://")?)
-    };
+    let (tls, rest) =
+        if let Some(r) = url.strip_prefix("wss://") { (true, r) } else { (false, url.strip_prefix("ws://")?) };
     let authority = rest.split(['/', '?']).next()?;
     if authority.is_empty() || authority.contains('@') {
         return None;
@@ -475,7 +472,8 @@ impl SocketMode {
         if !parts.tls && !self.plain_ok {
             return Err(Failure::Down("apps.connections.open returned a ws:// URL for an https API; refused".into()));
         }
-        let lost = |what: &str, e: &dyn std::fmt::Display| Failure::Down(format!("{what} {}:{}: {e}", parts.host, parts.port));
+        let lost =
+            |what: &str, e: &dyn std::fmt::Display| Failure::Down(format!("{what} {}:{}: {e}", parts.host, parts.port));
         let addrs: Vec<_> =
             (parts.host.as_str(), parts.port).to_socket_addrs().map_err(|e| lost("cannot resolve", &e))?.collect();
         let mut tcp = Err(io::Error::new(io::ErrorKind::NotFound, "no address"));
@@ -510,7 +508,8 @@ impl SocketMode {
         })?;
         self.next_id += 1;
         let now = Instant::now();
-        let mut conn = Conn { id: self.next_id, ws, retiring: false, last_frame: now, last_ping: now, early: Vec::new() };
+        let mut conn =
+            Conn { id: self.next_id, ws, retiring: false, last_frame: now, last_ping: now, early: Vec::new() };
         let deadline = now + CALL_TIMEOUT;
         loop {
             match conn.read().map_err(Failure::Down)? {
@@ -747,7 +746,9 @@ mod tests {
         let m = parse_event(&p, Some("UBOT")).unwrap();
         assert_eq!((m.event_id.as_str(), m.chat_id.as_str(), m.user_id.as_str()), ("msg:m-1", "C1", "U1"));
         assert_eq!(m.sent_at, Some(SystemTime::UNIX_EPOCH + Duration::from_micros(1_700_000_000_000_100)));
-        let t = payload(json!({"type": "app_mention", "user": "U1", "text": "<@UBOT> hi", "channel": "C1", "ts": "2.0", "thread_ts": "1.5"}));
+        let t = payload(
+            json!({"type": "app_mention", "user": "U1", "text": "<@UBOT> hi", "channel": "C1", "ts": "2.0", "thread_ts": "1.5"}),
+        );
         let m = parse_event(&t, Some("UBOT")).unwrap();
         assert_eq!((m.event_id.as_str(), m.chat_id.as_str()), ("ev:Ev1", "C1/1.5"));
         assert_eq!(split_chat("C1/1.5"), ("C1", Some("1.5")));
@@ -779,16 +780,25 @@ mod tests {
     fn web_api_answers_are_classified() {
         let s = Duration::from_secs;
         assert_eq!(classify(200, &json!({"ok": true, "x": 1}), None, "m"), Ok(json!({"ok": true, "x": 1})));
-        assert_eq!(classify(429, &json!({"ok": false, "error": "ratelimited"}), Some(s(7)), "m"), Err(ApiError::RateLimited(Some(s(7)))));
+        assert_eq!(
+            classify(429, &json!({"ok": false, "error": "ratelimited"}), Some(s(7)), "m"),
+            Err(ApiError::RateLimited(Some(s(7))))
+        );
         for e in ["invalid_auth", "not_authed", "account_inactive", "token_revoked"] {
-            assert_eq!(classify(200, &json!({"ok": false, "error": e}), None, "m"), Err(ApiError::Auth(format!("m: {e}"))));
+            assert_eq!(
+                classify(200, &json!({"ok": false, "error": e}), None, "m"),
+                Err(ApiError::Auth(format!("m: {e}")))
+            );
         }
         assert_eq!(
             classify(200, &json!({"ok": false, "error": "channel_not_found"}), None, "m"),
             Err(ApiError::Refused("m: channel_not_found".into()))
         );
         assert!(matches!(classify(503, &Value::Null, None, "m"), Err(ApiError::Server(_))));
-        assert!(matches!(classify(200, &json!({"ok": false, "error": "fatal_error"}), None, "m"), Err(ApiError::Server(_))));
+        assert!(matches!(
+            classify(200, &json!({"ok": false, "error": "fatal_error"}), None, "m"),
+            Err(ApiError::Server(_))
+        ));
     }
 
     #[test]
@@ -797,7 +807,10 @@ mod tests {
             parse_ws_url("wss://wss-primary.slack.com/link/?ticket=t&app_id=A"),
             Some(WsUrl { tls: true, host: "wss-primary.slack.com".into(), port: 443 })
         );
-        assert_eq!(parse_ws_url("ws://127.0.0.1:9/link"), Some(WsUrl { tls: false, host: "127.0.0.1".into(), port: 9 }));
+        assert_eq!(
+            parse_ws_url("ws://127.0.0.1:9/link"),
+            Some(WsUrl { tls: false, host: "127.0.0.1".into(), port: 9 })
+        );
         assert_eq!(parse_ws_url("ws://[::1]:9/"), Some(WsUrl { tls: false, host: "::1".into(), port: 9 }));
         assert_eq!(parse_ws_url("https://x/"), None);
         assert_eq!(parse_ws_url("wss://u@x/"), None);

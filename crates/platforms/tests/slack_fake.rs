@@ -114,7 +114,10 @@ fn round_trip_threads_and_what_is_not_answered() {
     assert_eq!(s.credential(), fake.options().app_token, "the credential is the app-level token");
     fake.user_message("C1", "U1", "hi <you> & me", None);
     let p = fake.wait_posted(1, Duration::from_secs(10)).unwrap();
-    assert_eq!((p[0].channel.as_str(), p[0].text.as_str(), p[0].thread_ts.as_deref()), ("C1", "echo: hi &lt;you&gt; &amp; me", None));
+    assert_eq!(
+        (p[0].channel.as_str(), p[0].text.as_str(), p[0].thread_ts.as_deref()),
+        ("C1", "echo: hi &lt;you&gt; &amp; me", None)
+    );
     // A thread stays a thread.
     fake.user_message("C1", "U2", "in a thread", Some("1700000000.000100"));
     let p = fake.wait_posted(2, Duration::from_secs(10)).unwrap();
@@ -125,7 +128,9 @@ fn round_trip_threads_and_what_is_not_answered() {
                       "message": {"type": "message", "user": "U1", "text": "edited"}}));
     fake.event(json!({"type": "message", "subtype": "channel_join", "channel": "C1", "user": "U3", "text": "joined", "ts": "4.0"}));
     fake.event(json!({"type": "message", "subtype": "bot_message", "bot_id": "B2", "channel": "C1", "text": "beep", "ts": "5.0"}));
-    fake.event(json!({"type": "reaction_added", "user": "U1", "reaction": "+1", "item": {"channel": "C1", "ts": "1.0"}}));
+    fake.event(
+        json!({"type": "reaction_added", "user": "U1", "reaction": "+1", "item": {"channel": "C1", "ts": "1.0"}}),
+    );
     // One message seen as `message` and as `app_mention`: one journal entry, one reply.
     for ty in ["message", "app_mention"] {
         fake.event(json!({"type": ty, "channel": "C1", "user": "U1", "text": "<@UFAKEBOT> once", "ts": "6.0", "client_msg_id": "m-once"}));
@@ -133,7 +138,10 @@ fn round_trip_threads_and_what_is_not_answered() {
     fake.user_message("C1", "U1", "last", None);
     fake.wait_posted(4, Duration::from_secs(10)).unwrap();
     wait("every envelope acknowledged", Duration::from_secs(10), || fake.stats().pending == 0);
-    assert_eq!(texts(&fake), ["echo: hi &lt;you&gt; &amp; me", "echo: in a thread", "echo: &lt;@UFAKEBOT&gt; once", "echo: last"]);
+    assert_eq!(
+        texts(&fake),
+        ["echo: hi &lt;you&gt; &amp; me", "echo: in a thread", "echo: &lt;@UFAKEBOT&gt; once", "echo: last"]
+    );
     let st = fake.stats();
     assert_eq!((st.redeliveries, st.misrouted_acks, st.lost), (0, 0, 0), "{st:?}");
     assert_eq!(host.inbox.lock().unwrap().len(), 4, "our own posts came back as events and were not answered");
@@ -147,7 +155,9 @@ fn acknowledged_only_after_the_commit_and_a_redelivery_is_journaled_once() {
     *host.refuse.lock().unwrap() = true;
     let ev = fake.user_message("C1", "U1", "first", None);
     // Not journaled: not acknowledged, so Slack sends it again (same event id, new envelope).
-    wait("a redelivery", Duration::from_secs(10), || fake.deliveries().iter().any(|d| d.event_id == ev && d.retry_attempt >= 2));
+    wait("a redelivery", Duration::from_secs(10), || {
+        fake.deliveries().iter().any(|d| d.event_id == ev && d.retry_attempt >= 2)
+    });
     assert_eq!(fake.stats().acks, 0, "an uncommitted message must not be acknowledged");
     assert!(matches!(s.status().state(), State::Degraded(_)));
     *host.refuse.lock().unwrap() = false;

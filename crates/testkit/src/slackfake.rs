@@ -144,6 +144,9 @@ pub struct Stats {
     pub lost: u64,
     /// Events not yet acknowledged (nor lost).
     pub pending: usize,
+    /// The longest time without any open connection since the first one opened (or
+    /// [`FakeSlack::reset_gap`]): a restart's receive gap.
+    pub max_gap_ms: u64,
 }
 
 struct Event {
@@ -183,6 +186,8 @@ struct State {
     stats: Stats,
     rr: usize,
     seq: u64,
+    /// Since when no connection is open (after the first one).
+    no_conn_since: Option<Instant>,
 }
 
 struct Shared {
@@ -231,6 +236,7 @@ impl FakeSlack {
                 stats: Stats::default(),
                 rr: 0,
                 seq: 0,
+                no_conn_since: None,
             }),
             life: AtomicU64::new(0),
             dropped: AtomicBool::new(false),
@@ -370,6 +376,15 @@ impl FakeSlack {
         st.open_now = s.conns.len();
         st.pending = s.events.iter().filter(|e| !e.acked && !e.lost).count();
         st
+    }
+
+    /// Starts measuring [`Stats::max_gap_ms`] afresh.
+    pub fn reset_gap(&self) {
+        let mut s = self.shared.lock();
+        s.stats.max_gap_ms = 0;
+        if s.no_conn_since.is_some() {
+            s.no_conn_since = Some(Instant::now());
+        }
     }
 
     /// Sends `disconnect` with `reason` on every open connection, and closes each after
@@ -557,6 +572,8 @@ fn ack(s: &mut State, cid: u64, envelope_id: &str) {
 
 fn serve_ws(shared: &Shared, stream: TcpStream, life: u64) {
     let mut consumer: Option<String> = None;
+    // The error type is tungstenite's (its handshake callback), not ours to shrink.
+    #[allow(clippy::result_large_err)]
     let check = |req: &tungstenite::handshake::server::Request,
                  resp: tungstenite::handshake::server::Response|
      -> Result<tungstenite::handshake::server::Response, tungstenite::handshake::server::ErrorResponse> {
@@ -583,6 +600,9 @@ fn serve_ws(shared: &Shared, stream: TcpStream, life: u64) {
         let cid = s.stats.connections;
         let Ok(handle) = sock.try_clone() else { return };
         s.connected.push(consumer.clone());
+        if let Some(t) = s.no_conn_since.take() {
+            s.stats.max_gap_ms = s.stats.max_gap_ms.max(t.elapsed().as_millis() as u64);
+        }
         s.conns.insert(cid, Conn { consumer, out: VecDeque::new(), close_at: None, stream: handle });
         s.stats.max_open = s.stats.max_open.max(s.conns.len());
         let hello = json!({
@@ -639,7 +659,11 @@ fn serve_ws(shared: &Shared, stream: TcpStream, life: u64) {
         }
     }
     // A close leaves in-flight envelopes to their ack timeout, as on Slack.
-    shared.lock().conns.remove(&cid);
+    let mut s = shared.lock();
+    if s.conns.remove(&cid).is_some() && s.conns.is_empty() {
+        s.no_conn_since = Some(Instant::now());
+    }
+    drop(s);
     let _ = sock.shutdown(std::net::Shutdown::Both);
 }
 
