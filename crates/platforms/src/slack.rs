@@ -11,13 +11,16 @@
 //! - **Nothing lost.** Every `events_api` envelope is acknowledged only in
 //!   [`Receiver::confirm`](skeleton::Receiver::confirm), after the skeleton journaled the batch
 //!   it came in (a receive returns at most [`GATHER`] after its first envelope, far inside
-//!   Slack's 3 s). An envelope not acknowledged (a failed commit, a crash, a drain, a dropped
-//!   connection) is redelivered by Slack with `retry_attempt` and `retry_reason`, and the journal
+//!   Slack's 3 s). An envelope not acknowledged (a failed commit, a crash, one that came after
+//!   the drain sealed the journal, a dropped connection) is redelivered by Slack with `retry_attempt` and `retry_reason`, and the journal
 //!   drops the copy: the journal key is the message's `client_msg_id`, else the payload's
 //!   `event_id`, both the same in every redelivery (and a `message` and an `app_mention` of one
 //!   message share the `client_msg_id`). Envelopes the adapter ignores (edits, bots, joins,
 //!   other event types) are acknowledged too, so Slack does not redeliver them. What a restart
 //!   can and cannot lose is in README.md ("Slack").
+//! - **Through the drain.** The connections stay open until the replies are out
+//!   (`Limits::listens_through_drain`): what Slack sends them meanwhile is journaled and run by
+//!   the successor, instead of waiting unacknowledged for a redelivery 3 s later.
 //! - **Refresh without a gap.** On `disconnect` (`refresh_requested`, `warning`) the adapter
 //!   opens a new connection (`apps.connections.open`, then the new URL's `hello`) before it
 //!   closes the old one, reading both meanwhile; the old one is closed after the acks of what it
@@ -61,11 +64,11 @@ const MAX_WS_MESSAGE: usize = 4 << 20;
 /// Bound on every Web API call and on opening a connection (TCP, TLS, WebSocket, `hello`).
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// One read of one connection waits at most this long.
-const READ_SLICE: Duration = Duration::from_millis(50);
+const READ_SLICE: Duration = Duration::from_millis(20);
 /// A receive without a budget waits at most this long for an envelope.
 const RECEIVE_WAIT: Duration = Duration::from_secs(1);
-/// After its first envelope, a receive gathers what follows for at most this long before it
-/// returns the batch (whose acks must reach Slack within 3 s).
+/// After its first envelope, a receive reads on only while envelopes keep coming, and at most
+/// this long, before it returns the batch (whose acks must reach Slack within 3 s).
 pub const GATHER: Duration = Duration::from_millis(100);
 /// We ping each connection this often; one silent for [`DEAD_AFTER`] is dropped.
 const PING_EVERY: Duration = Duration::from_secs(10);
@@ -232,7 +235,10 @@ impl Protocol for Proto {
         pace: None,
         min_receive: READ_SLICE,
         redelivers: true,
-        listens_through_drain: false,
+        // What Slack sends to the old connections during the drain is journaled (and run by
+        // the successor) rather than left to a redelivery 3 s later; after the journal is
+        // sealed a delivery is refused, so it stays unacknowledged and comes again.
+        listens_through_drain: true,
         connected_after_receive: false,
         close_grace: Duration::from_millis(300),
     };
@@ -620,6 +626,7 @@ impl skeleton::Receiver for SocketMode {
         }
         let mut lost: Option<String> = None;
         while !self.conns.is_empty() {
+            let got_before = self.acks.len();
             let mut i = 0;
             while i < self.conns.len() {
                 let now = Instant::now();
@@ -655,7 +662,9 @@ impl skeleton::Receiver for SocketMode {
                     }
                 }
             }
-            if Instant::now() >= deadline || self.fatal.is_some() || ctx.ending() {
+            // Once envelopes are in hand, a pass that brought no more ends the receive.
+            let quiet = got_before > 0 && self.acks.len() == got_before;
+            if quiet || Instant::now() >= deadline || self.fatal.is_some() || ctx.ending() {
                 break;
             }
             if self.refresh.is_some_and(|at| Instant::now() >= at) {
