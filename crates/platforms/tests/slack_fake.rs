@@ -4,56 +4,17 @@
 //! revived, refused tokens and `link_disabled`.
 #![cfg(unix)]
 
-use std::sync::{Arc, Mutex};
+mod support;
+
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gatewarden_config::{PlatformConfig, PlatformKind};
 use gatewarden_platforms::slack::Slack;
-use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
+use gatewarden_platforms::{Adapter, Host, Sent, State};
 use gatewarden_testkit::slackfake::{FakeSlack, Options};
 use serde_json::json;
-
-/// Echoes every message through an outbox; can refuse commits.
-#[derive(Default)]
-struct MemHost {
-    inbox: Mutex<Vec<Inbound>>,
-    outbox: Mutex<Vec<Outgoing>>,
-    refuse: Mutex<bool>,
-    /// Deliveries of an event id already journaled.
-    duplicates: Mutex<usize>,
-    seq: Mutex<i64>,
-}
-
-impl Host for MemHost {
-    fn deliver(&self, _adapter: &str, msg: Inbound) -> Result<(), String> {
-        if *self.refuse.lock().unwrap() {
-            return Err("disk full".into());
-        }
-        let mut inbox = self.inbox.lock().unwrap();
-        if inbox.iter().any(|m| m.event_id == msg.event_id) {
-            *self.duplicates.lock().unwrap() += 1;
-            return Ok(());
-        }
-        let mut seq = self.seq.lock().unwrap();
-        *seq += 1;
-        self.outbox.lock().unwrap().push(Outgoing {
-            seq: *seq,
-            chat_id: msg.chat_id.clone(),
-            text: format!("echo: {}", msg.text),
-            message_id: None,
-            created_at: String::new(),
-        });
-        inbox.push(msg);
-        Ok(())
-    }
-    fn outbox(&self, _adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
-        Ok(self.outbox.lock().unwrap().iter().take(limit).cloned().collect())
-    }
-    fn sent(&self, seq: i64, _outcome: Sent) {
-        self.outbox.lock().unwrap().retain(|o| o.seq != seq);
-    }
-    fn state_changed(&self, _adapter: &str, _state: &State) {}
-}
+use support::{MemHost, wait_for as wait};
 
 fn config(base: &str) -> PlatformConfig {
     PlatformConfig {
@@ -75,15 +36,6 @@ fn config(base: &str) -> PlatformConfig {
     }
 }
 
-#[track_caller]
-fn wait(what: &str, timeout: Duration, f: impl Fn() -> bool) {
-    let end = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Quick acknowledgement timeouts and retries, so a redelivery comes within a second.
 fn quick() -> Options {
     Options {
@@ -95,7 +47,7 @@ fn quick() -> Options {
 }
 
 fn start(fake: &FakeSlack, cfg: PlatformConfig) -> (Arc<Slack>, Arc<MemHost>) {
-    let host = Arc::new(MemHost::default());
+    let host = Arc::new(MemHost::echoing());
     let o = fake.options();
     let s = Arc::new(Slack::new(&cfg, o.app_token, o.bot_token).unwrap());
     s.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
@@ -166,8 +118,7 @@ fn acknowledged_only_after_the_commit_and_a_redelivery_is_journaled_once() {
     // Slack delivers the acknowledged event again (its retry raced our ack): journaled once.
     assert!(fake.replay(&ev));
     wait("the replay acknowledged", Duration::from_secs(10), || fake.stats().pending == 0);
-    assert_eq!(*host.duplicates.lock().unwrap(), 1, "the replay mapped to the same journal key");
-    assert_eq!(host.inbox.lock().unwrap().len(), 1);
+    assert_eq!(host.inbox.lock().unwrap().len(), 1, "the replay mapped to the same journal key");
     assert_eq!(texts(&fake), ["echo: first"]);
     s.close(Instant::now() + Duration::from_secs(3));
 }
@@ -234,7 +185,7 @@ fn refused_tokens_and_link_disabled_park_the_adapter() {
         fake.revoke_bot(bot);
         let o = fake.options();
         let s = Slack::new(&config(&fake.api_base()), o.app_token, o.bot_token).unwrap();
-        s.start(Arc::new(MemHost::default())).unwrap();
+        s.start(Arc::new(MemHost::echoing())).unwrap();
         wait("parked", Duration::from_secs(10), || matches!(s.status().state(), State::Parked(_)));
         let why = s.status().state().reason().unwrap_or_default().to_owned();
         assert!(why.contains(what) && why.contains(app.or(bot).unwrap()), "{why}");
@@ -245,7 +196,25 @@ fn refused_tokens_and_link_disabled_park_the_adapter() {
     fake.disconnect("link_disabled");
     wait("parked", Duration::from_secs(10), || matches!(s.status().state(), State::Parked(_)));
     assert!(s.status().state().reason().unwrap_or_default().contains("link_disabled"));
-    // A post refused for good is not retried; the bot token refused parks the sender too.
+    s.close(Instant::now() + Duration::from_secs(2));
+}
+
+#[test]
+fn a_refused_post_is_not_retried_and_a_refused_bot_token_parks() {
+    let fake = FakeSlack::start(Options { channels: vec!["C1".into()], ..quick() }).unwrap();
+    let (s, host) = start(&fake, config(&fake.api_base()));
+    let seq = host.queue("C404", "nowhere");
+    s.wake();
+    wait("the outcome", Duration::from_secs(10), || host.outcomes.lock().unwrap().iter().any(|(q, _)| *q == seq));
+    let outcome = host.outcomes.lock().unwrap()[0].1.clone();
+    assert!(matches!(&outcome, Sent::Rejected(why) if why.contains("channel_not_found")), "{outcome:?}");
+    fake.revoke_bot(Some("token_revoked"));
+    host.queue("C1", "refused");
+    s.wake();
+    wait("parked", Duration::from_secs(10), || matches!(s.status().state(), State::Parked(_)));
+    let why = s.status().state().reason().unwrap_or_default().to_owned();
+    assert!(why.contains("bot token") && why.contains("token_revoked"), "{why}");
+    assert!(fake.posted().is_empty());
     s.close(Instant::now() + Duration::from_secs(2));
 }
 
