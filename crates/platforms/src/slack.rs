@@ -65,6 +65,8 @@ const MAX_WS_MESSAGE: usize = 4 << 20;
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// One read of one connection waits at most this long.
 const READ_SLICE: Duration = Duration::from_millis(20);
+/// A read once a receive has envelopes in hand.
+const QUICK_READ: Duration = Duration::from_millis(1);
 /// A receive without a budget waits at most this long for an envelope.
 const RECEIVE_WAIT: Duration = Duration::from_secs(1);
 /// After its first envelope, a receive reads on only while envelopes keep coming, and at most
@@ -620,6 +622,9 @@ impl skeleton::Receiver for SocketMode {
                 self.handle(cid, &v, &mut messages);
             }
         }
+        for c in &self.conns {
+            let _ = c.ws.get_ref().tcp().set_read_timeout(Some(READ_SLICE));
+        }
         let mut deadline = Instant::now() + budget.unwrap_or(RECEIVE_WAIT).min(RECEIVE_WAIT);
         if !self.acks.is_empty() {
             deadline = deadline.min(Instant::now() + GATHER);
@@ -639,6 +644,10 @@ impl skeleton::Receiver for SocketMode {
                     if let Err(e) = c.ws.send(Message::Ping(Vec::new().into())) {
                         failed = Some(format!("cannot ping: {e}"));
                     }
+                }
+                if !self.acks.is_empty() {
+                    // Envelopes in hand: only what is already there, not another slice's wait.
+                    let _ = c.ws.get_ref().tcp().set_read_timeout(Some(QUICK_READ));
                 }
                 let read = if failed.is_none() { c.read() } else { Ok(None) };
                 let cid = c.id;
