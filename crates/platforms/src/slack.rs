@@ -75,6 +75,9 @@ pub const GATHER: Duration = Duration::from_millis(100);
 /// We ping each connection this often; one silent for [`DEAD_AFTER`] is dropped.
 const PING_EVERY: Duration = Duration::from_secs(10);
 const DEAD_AFTER: Duration = Duration::from_secs(35);
+/// Connections open at once, at most (Slack allows 10 per app): the steady one and those a
+/// `disconnect` retired but whose envelopes are not yet acknowledged.
+const MAX_CONNS: usize = 4;
 /// A failed refresh (`apps.connections.open` is a Tier 1 method) is tried again this late.
 const REFRESH_RETRY: Duration = Duration::from_secs(5);
 
@@ -522,6 +525,9 @@ impl SocketMode {
         loop {
             match conn.read().map_err(Failure::Down)? {
                 Some(v) if v["type"] == "hello" => break,
+                Some(_) if conn.early.len() >= MAX_CONNS * 256 => {
+                    return Err(Failure::Down("the Socket Mode connection sent no hello".into()));
+                }
                 Some(v) => conn.early.push(v),
                 None if Instant::now() >= deadline => {
                     return Err(Failure::Down("the Socket Mode connection sent no hello".into()));
@@ -576,7 +582,7 @@ impl SocketMode {
     /// Opens the connection a `disconnect` asked for; the old one stays until it is acked.
     fn refresh_now(&mut self) {
         let Some(at) = self.refresh else { return };
-        if Instant::now() < at {
+        if Instant::now() < at || self.conns.len() >= MAX_CONNS {
             return;
         }
         match self.open_conn() {
