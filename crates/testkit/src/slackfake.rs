@@ -86,6 +86,9 @@ pub struct Options {
     pub disconnect_grace: Duration,
     /// Channels `chat.postMessage` accepts; empty: any.
     pub channels: Vec<String>,
+    /// What connection URLs start with instead of `ws://<the WebSocket port>` (a TLS front in
+    /// front of it: `wss://localhost:<port>`).
+    pub ws_url: Option<String>,
 }
 
 impl Default for Options {
@@ -98,6 +101,7 @@ impl Default for Options {
             retry_delays: vec![Duration::ZERO, Duration::from_secs(60), Duration::from_secs(300)],
             disconnect_grace: Duration::from_secs(10),
             channels: Vec::new(),
+            ws_url: None,
         }
     }
 }
@@ -376,6 +380,12 @@ impl FakeSlack {
         st.open_now = s.conns.len();
         st.pending = s.events.iter().filter(|e| !e.acked && !e.lost).count();
         st
+    }
+
+    /// Connection URLs start with `url` from now on ([`Options::ws_url`]: a TLS front made
+    /// after the fake, for its port).
+    pub fn set_ws_url(&self, url: &str) {
+        self.shared.lock().opts.ws_url = Some(url.to_owned());
     }
 
     /// Starts measuring [`Stats::max_gap_ms`] afresh.
@@ -741,7 +751,8 @@ fn api(
             let ticket = format!("ticket-{:08x}", s.seq);
             s.tickets.insert(ticket.clone(), consumer.to_owned());
             s.stats.opens += 1;
-            (200, None, json!({"ok": true, "url": format!("ws://{ws}/link/?ticket={ticket}&app_id={APP_ID}")}))
+            let base = s.opts.ws_url.clone().unwrap_or_else(|| format!("ws://{ws}"));
+            (200, None, json!({"ok": true, "url": format!("{base}/link/?ticket={ticket}&app_id={APP_ID}")}))
         }
         "auth.test" => (
             200,
