@@ -19,8 +19,8 @@
 //!   unacknowledged is counted lost ([`Stats::lost`]). The fake is stricter than the docs in one
 //!   point: an acknowledgement counts only on the connection that carried that envelope
 //!   ([`Stats::misrouted_acks`]).
-//! - **Several connections** (https://api.slack.com/apis/connections/socket, "up to 10
-//!   simultaneous connections", payloads sent to any of them): envelopes are spread round robin
+//! - **Several connections** (socket-implement, on multiple connections: an app may open up to
+//!   10 at once, and each payload goes to one of them): envelopes are spread round robin
 //!   over the open connections that said `hello`. While none is open an event waits; it is lost
 //!   once its whole retry schedule has passed (the docs say nothing about that case: this is
 //!   the fake's assumption).
