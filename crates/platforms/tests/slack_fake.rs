@@ -61,7 +61,8 @@ fn texts(fake: &FakeSlack) -> Vec<String> {
 
 #[test]
 fn round_trip_threads_and_what_is_not_answered() {
-    let fake = FakeSlack::start(quick()).unwrap();
+    // Slack's own 3 s: no redelivery is expected, even on a loaded machine.
+    let fake = FakeSlack::start(Options { ack_timeout: Duration::from_secs(3), ..quick() }).unwrap();
     let (s, host) = start(&fake, config(&fake.api_base()));
     assert_eq!(s.credential(), fake.options().app_token, "the credential is the app-level token");
     fake.user_message("C1", "U1", "hi <you> & me", None);
