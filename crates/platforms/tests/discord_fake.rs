@@ -81,6 +81,7 @@ fn config(base: &str) -> PlatformConfig {
         smtp: None,
         account: None,
         allowed_senders: Vec::new(),
+        bot_token_env: None,
     }
 }
 

@@ -66,6 +66,7 @@ fn start(base: &str, ca_file: &Path, dir: &Path, first_seq: usize) -> Arc<Discor
         smtp: None,
         account: None,
         allowed_senders: Vec::new(),
+        bot_token_env: None,
     };
     let d = Arc::new(Discord::new(&cfg, TOKEN.into()).unwrap());
     let mem = MemHost::echoing();

@@ -45,6 +45,7 @@ fn config(imap: String, smtp: String, ca: &Path, allowed: &[&str]) -> PlatformCo
         proxy: None,
         tls: false,
         sasl_password_env: None,
+        bot_token_env: None,
         imap: Some(imap),
         smtp: Some(smtp),
         account: Some(address("bot")),

@@ -57,6 +57,7 @@ fn routes_inbound_refuses_bad_targets_paces_lines_and_quits() {
         smtp: None,
         account: None,
         allowed_senders: Vec::new(),
+        bot_token_env: None,
     };
     let irc = Irc::new(&cfg, None).unwrap();
     assert_eq!(irc.credential(), format!("{}/gwbot", s.addr()));

@@ -41,6 +41,7 @@ fn config(server: String, ca_file: &Path) -> PlatformConfig {
         smtp: None,
         account: None,
         allowed_senders: Vec::new(),
+        bot_token_env: None,
     }
 }
 

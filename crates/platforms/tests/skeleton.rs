@@ -156,6 +156,7 @@ fn config(conflict_s: u64) -> PlatformConfig {
         smtp: None,
         account: None,
         allowed_senders: Vec::new(),
+        bot_token_env: None,
     }
 }
 

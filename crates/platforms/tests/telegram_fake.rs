@@ -34,6 +34,7 @@ fn config(base: &str, conflict_s: u64) -> PlatformConfig {
         smtp: None,
         account: None,
         allowed_senders: Vec::new(),
+        bot_token_env: None,
     }
 }
 

@@ -43,6 +43,7 @@ fn config(base: &str, ca_file: &Path) -> PlatformConfig {
         smtp: None,
         account: None,
         allowed_senders: Vec::new(),
+        bot_token_env: None,
     }
 }
 
