@@ -282,6 +282,8 @@ pub enum PlatformKind {
     Matrix,
     /// IRC (one TCP connection, one nick).
     Irc,
+    /// XMPP (one account's stream, direct chats and MUC rooms, the server's archive).
+    Xmpp,
 }
 
 impl PlatformKind {
@@ -291,6 +293,7 @@ impl PlatformKind {
             PlatformKind::Telegram => "telegram",
             PlatformKind::Matrix => "matrix",
             PlatformKind::Irc => "irc",
+            PlatformKind::Xmpp => "xmpp",
         }
     }
 }
@@ -346,6 +349,12 @@ pub struct PlatformConfig {
     /// variable; registration fails (the adapter is parked) if the server cannot do it.
     #[serde(default)]
     pub sasl_password_env: Option<String>,
+    /// XMPP: the account's bare JID, `user@domain` (`token_env` holds its password).
+    #[serde(default)]
+    pub jid: Option<String>,
+    /// XMPP: the rooms (MUC) to join, as bare JIDs `room@conference.domain`.
+    #[serde(default)]
+    pub rooms: Vec<String>,
 }
 
 fn default_poll_timeout() -> u64 {
@@ -1122,6 +1131,41 @@ fn irc_server_ok(server: Option<&str>) -> Result<(), String> {
 
 /// One IRC word (a nick or a channel): non-empty, no space, comma or control character, no
 /// leading `:`.
+/// A bare JID `local@domain` as the XMPP adapter takes it (no resource, no spaces or quotes).
+fn bare_jid_ok(s: &str) -> bool {
+    let forbidden = |c: char| c.is_whitespace() || c.is_control() || "\"&'/:<>".contains(c);
+    s.split_once('@').is_some_and(|(l, d)| !l.is_empty() && !d.is_empty() && !d.contains('@'))
+        && !s.contains(forbidden)
+}
+
+fn validate_xmpp(
+    bad: &dyn Fn(&str, String) -> ConfigError,
+    name: &str,
+    p: &PlatformConfig,
+) -> Result<(), ConfigError> {
+    if !p.jid.as_deref().is_some_and(bare_jid_ok) {
+        return Err(bad("jid", format!("[[platform]] {name:?} (xmpp) needs jid, the account's bare JID user@domain")));
+    }
+    if let Some(r) = p.rooms.iter().find(|r| !bare_jid_ok(r)) {
+        return Err(bad("rooms", format!("{r:?}: a room's bare JID, room@conference.domain")));
+    }
+    if let Some(c) = p.allowed_chats.iter().find(|c| !bare_jid_ok(c)) {
+        return Err(bad("allowed_chats", format!("{c:?}: bare JIDs (user@domain) whose direct messages are served")));
+    }
+    if p.server.is_some() && irc_server_ok(p.server.as_deref()).is_err() {
+        return Err(bad("server", format!("[[platform]] {name:?} (xmpp): server must be host:port")));
+    }
+    if p.nick.as_deref().is_some_and(|n| n.trim().is_empty() || n.contains(char::is_control)) {
+        return Err(bad("nick", "the room nick must not be empty or contain control characters".into()));
+    }
+    for (key, set) in [("api_base", p.api_base.is_some()), ("proxy", p.proxy.is_some())] {
+        if set {
+            return Err(bad(key, format!("xmpp connects directly to server; {key} is not used")));
+        }
+    }
+    Ok(())
+}
+
 fn irc_word_ok(s: &str) -> bool {
     !s.is_empty() && !s.starts_with(':') && !s.contains(|c: char| c == ' ' || c == ',' || c.is_control())
 }
@@ -1142,6 +1186,7 @@ impl Config {
                 ));
             }
             let irc = p.kind == PlatformKind::Irc;
+            let xmpp = p.kind == PlatformKind::Xmpp;
             match p.token_env.as_deref() {
                 // IRC's password is optional: many servers need none.
                 None if irc => {}
@@ -1158,17 +1203,23 @@ impl Config {
                 }
                 Some(_) => {}
             }
-            for (key, set) in [
-                ("server", p.server.is_some()),
-                ("nick", p.nick.is_some()),
-                ("tls", p.tls),
-                ("sasl_password_env", p.sasl_password_env.is_some()),
-            ] {
+            for (key, set) in [("server", p.server.is_some()), ("nick", p.nick.is_some())] {
+                if set && !irc && !xmpp {
+                    return Err(bad(key, format!("{key} is for kind = \"irc\" or \"xmpp\" only")));
+                }
+            }
+            for (key, set) in [("tls", p.tls), ("sasl_password_env", p.sasl_password_env.is_some())] {
                 if set && !irc {
                     return Err(bad(key, format!("{key} is for kind = \"irc\" only")));
                 }
             }
+            for (key, set) in [("jid", p.jid.is_some()), ("rooms", !p.rooms.is_empty())] {
+                if set && !xmpp {
+                    return Err(bad(key, format!("{key} is for kind = \"xmpp\" only")));
+                }
+            }
             match p.kind {
+                PlatformKind::Xmpp => validate_xmpp(&bad, &name, p)?,
                 PlatformKind::Telegram => validate_api_base(&bad, p.api_base.as_deref(), true)?,
                 PlatformKind::Matrix => {
                     if p.api_base.is_none() {

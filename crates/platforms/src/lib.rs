@@ -25,6 +25,7 @@ pub mod irc;
 pub mod matrix;
 pub mod skeleton;
 pub mod telegram;
+pub mod xmpp;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -317,6 +318,7 @@ pub fn build(cfg: &PlatformConfig) -> Result<Arc<dyn Adapter>, AdapterError> {
         // The password is optional; a named variable that is unset is still an error.
         PlatformKind::Irc if cfg.token_env.is_some() && token.is_none() => Err(missing()),
         PlatformKind::Irc => Ok(Arc::new(irc::Irc::new(cfg, token)?)),
+        PlatformKind::Xmpp => Ok(Arc::new(xmpp::Xmpp::new(cfg, token.ok_or_else(missing)?)?)),
     }
 }
 

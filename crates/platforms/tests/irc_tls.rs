@@ -71,6 +71,8 @@ fn config(server: String, ca_file: &Path) -> PlatformConfig {
         proxy: None,
         tls: true,
         sasl_password_env: None,
+        jid: None,
+        rooms: Vec::new(),
     }
 }
 

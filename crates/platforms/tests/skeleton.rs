@@ -201,6 +201,8 @@ fn config(conflict_s: u64) -> PlatformConfig {
         proxy: None,
         tls: false,
         sasl_password_env: None,
+        jid: None,
+        rooms: Vec::new(),
     }
 }
 

@@ -71,6 +71,8 @@ fn config(base: &str, conflict_s: u64) -> PlatformConfig {
         proxy: None,
         tls: false,
         sasl_password_env: None,
+        jid: None,
+        rooms: Vec::new(),
     }
 }
 

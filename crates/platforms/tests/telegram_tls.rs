@@ -65,6 +65,8 @@ fn config(base: &str, ca_file: &Path) -> PlatformConfig {
         proxy: None,
         tls: false,
         sasl_password_env: None,
+        jid: None,
+        rooms: Vec::new(),
     }
 }
 

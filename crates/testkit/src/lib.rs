@@ -41,6 +41,7 @@ mod http;
 pub mod llmfake;
 pub mod netfakes;
 pub mod postgres;
+pub mod prosody;
 mod proc;
 pub mod servers;
 pub mod sweep;

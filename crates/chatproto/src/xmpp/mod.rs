@@ -366,7 +366,9 @@ impl Connection {
         if c.framer.pending() != 0 {
             return Err(Error::Protocol("data after <proceed/> before the TLS handshake".into()));
         }
-        let tls = Arc::new(Mutex::new(handshake(&mut c.stream, &cfg.addr, &cfg.tls, deadline)?));
+        // RFC 6120 §13.7.2.1: the certificate must name the JID's domain, whatever address the
+        // configuration connects to.
+        let tls = Arc::new(Mutex::new(handshake(&mut c.stream, &cfg.jid.domain, &cfg.tls, deadline)?));
         c.tls = Some(Arc::clone(&tls));
         c.out.lock().unwrap_or_else(|p| p.into_inner()).tls = Some(tls);
         c.framer.restart();
@@ -875,16 +877,16 @@ fn stream_error(e: &Element) -> Error {
     }
 }
 
-/// The TLS handshake after `<proceed/>`, bounded by `deadline`; verified against the host of
-/// `addr` as crates/net configures it.
+/// The TLS handshake after `<proceed/>`, bounded by `deadline`; verified against `host` (the
+/// JID's domain) as crates/net configures it.
 fn handshake(
     sock: &mut TcpStream,
-    addr: &str,
+    host: &str,
     settings: &gatewarden_net::ClientTls,
     deadline: Instant,
 ) -> Result<rustls::ClientConnection, Error> {
-    let tls_error = |reason: String| Error::Tls { host: addr.to_owned(), reason };
-    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+    let addr = host;
+    let tls_error = |reason: String| Error::Tls { host: host.to_owned(), reason };
     let name = rustls::pki_types::ServerName::try_from(host.to_owned())
         .map_err(|_| tls_error(format!("{host:?} is not a host name or address")))?;
     let config = settings.rustls_config().map_err(|e| tls_error(e.to_string()))?;
