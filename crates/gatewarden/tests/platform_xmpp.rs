@@ -383,3 +383,68 @@ fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
     alice.poll(Duration::from_millis(10));
     assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
 }
+
+/// The `cluster.role` of the gateway in `home` (status --json).
+fn role(home: &TempHome) -> Option<String> {
+    let v: Value = serde_json::from_str(&run_cli(home, &["status", "--json"]).stdout).ok()?;
+    v["cluster"]["role"].as_str().map(str::to_owned)
+}
+
+#[track_caller]
+fn wait_role(home: &TempHome, want: &str, within: Duration) {
+    assert!(
+        wait_until(within, || role(home).as_deref() == Some(want)),
+        "not {want} within {within:?}: {:?}",
+        role(home)
+    );
+}
+
+/// A cluster (issue 11) on XMPP: only the active holds a stream (the standby's adapter waits,
+/// and the active is never kicked by a second session on its resource); after kill -9 of the
+/// active, the standby, promoted in another home with no archive position of its own, answers
+/// what was sent while no active listened (the cluster's fresh-start window read from the
+/// archive) and nothing the old active already answered (the shared journal).
+#[test]
+fn cluster_failover_only_the_active_consumes_and_the_promoted_standby_answers_once() {
+    const PW_ENV: &str = "GW_TEST_STORE_PASSWORD";
+    let Some(pg) = gatewarden_testkit::postgres::Cluster::start_or_skip() else { return };
+    let Some(s) = setup() else { return };
+    let sw = Sweeper::new();
+    let cfg = format!(
+        "{}[cluster]\nname = \"xm\"\nstore = \"{}\"\npassword_env = \"{PW_ENV}\"\nlease_ttl_s = 3\nrenew_interval_s = 1\n",
+        config(&s, ""),
+        pg.url()
+    );
+    let spawn = |home: &TempHome| {
+        write_config(home.path(), &cfg);
+        builder(home)
+            .env(TAG_VAR, sw.tag())
+            .env(PASSWORD_ENV, "pw-gwbot")
+            .env(PW_ENV, gatewarden_testkit::postgres::PASSWORD)
+            .spawn()
+    };
+    let (ha, hb) = (TempHome::new(), TempHome::new());
+    let mut a = spawn(&ha);
+    wait_role(&ha, "active", READY);
+    wait_adapter(&ha, "connected", READY);
+    let b = spawn(&hb);
+    wait_role(&hb, "standby", READY);
+    let mut alice = User::new(&s, "alice");
+    alice.say("before the failover");
+    alice.wait_reply(|t| t == "before the failover");
+    let (pa, pb) = (platforms(&ha), platforms(&hb));
+    assert_eq!(pb[0]["state"], json!("standby"), "the standby holds no stream: {pb}");
+    assert_eq!((pa[0]["state"].as_str(), pa[0]["conflicts"].as_u64()), (Some("connected"), Some(0)), "{pa}");
+
+    a.kill();
+    alice.say("during the failover");
+    wait_role(&hb, "active", Duration::from_secs(10));
+    alice.wait_reply(|t| t == "during the failover");
+    alice.say("after the failover");
+    alice.wait_reply(|t| t == "after the failover");
+    alice.quiet_for(Duration::from_secs(2));
+    for m in ["before the failover", "during the failover", "after the failover"] {
+        assert_eq!(alice.count(m), 1, "{m:?} answered once: {:#?}\n{}", alice.said, b.diag());
+    }
+    assert_cli(&run_cli(&hb, &["stop"]), 0, "stop");
+}
