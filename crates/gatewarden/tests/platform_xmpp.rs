@@ -56,6 +56,8 @@ struct User {
     cfg: Config,
     /// `(chat, text)`: chat is `direct` or the room.
     said: Vec<(String, String)>,
+    /// When the bot left (`false`) or joined (`true`) the room, as this user saw it.
+    bot_presence: Vec<(bool, Instant)>,
 }
 
 impl User {
@@ -63,7 +65,7 @@ impl User {
         let tls = gatewarden_net::ClientTls::from_ca_file(&s.ca_file).unwrap();
         let jid = BareJid::parse(&format!("{local}@localhost")).unwrap();
         let cfg = Config::new(s.server.addr().to_string(), jid, format!("pw-{local}"), tls);
-        let mut u = User { conn: None, cfg, said: Vec::new() };
+        let mut u = User { conn: None, cfg, said: Vec::new(), bot_presence: Vec::new() };
         u.reconnect();
         u
     }
@@ -106,6 +108,11 @@ impl User {
             return;
         };
         match c.next_stanza(timeout) {
+            Ok(Some(p)) if p.name == "presence" => {
+                if p.attr("from").is_some_and(|f| f.eq_ignore_ascii_case(&format!("{}/gwbot", room()))) {
+                    self.bot_presence.push((p.attr("type") != Some("unavailable"), Instant::now()));
+                }
+            }
             Ok(Some(m)) if m.name == "message" => {
                 let from = m.attr("from").unwrap_or_default();
                 let Some(body) = m.child("body", x::xml::NS_CLIENT).map(|b| b.text.clone()) else { return };
@@ -447,4 +454,74 @@ fn cluster_failover_only_the_active_consumes_and_the_promoted_standby_answers_on
         assert_eq!(alice.count(m), 1, "{m:?} answered once: {:#?}\n{}", alice.said, b.diag());
     }
     assert_cli(&run_cli(&hb, &["stop"]), 0, "stop");
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted.get(i).copied().unwrap_or(f64::NAN)
+}
+
+/// scripts/bench-platforms, section 5 (not a CI test): inbound-to-reply latency of
+/// `GW_BENCH_MSGS` (50) direct messages one at a time, then `GW_BENCH_RESTARTS` (10) restarts:
+/// the reply latency of a message sent while each restart runs (the successor fetches it from
+/// the archive) and the bot's absence from the room as another occupant sees it (leave to
+/// join). Prints one line per measure.
+#[test]
+#[ignore = "a benchmark: scripts/bench-platforms runs it"]
+fn bench_xmpp_latency_and_restart_gap() {
+    let Some(s) = setup() else { return };
+    let n: usize = std::env::var("GW_BENCH_MSGS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+    let restarts: usize = std::env::var("GW_BENCH_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let _g = start_gw(&home, &sw, &config(&s, ""));
+    wait_adapter(&home, "connected", READY);
+    let mut alice = User::new(&s, "alice");
+    let mut lat = Vec::new();
+    for i in 0..n {
+        let t = Instant::now();
+        alice.say(&format!("lat {i}"));
+        alice.wait_reply(|r| r == format!("lat {i}"));
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    lat.sort_by(f64::total_cmp);
+    println!(
+        "5. XMPP (prosody {}) inbound message to reply, echo agent, one at a time: median {:.1} ms, p99 {:.1} ms, max {:.1} ms ({n} messages)",
+        "0.12",
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+        lat.last().copied().unwrap_or(f64::NAN)
+    );
+    let (mut during, mut gaps) = (Vec::new(), Vec::new());
+    for i in 0..restarts {
+        let seen = alice.bot_presence.len();
+        let restart = cli_bg(&home, &sw, &["restart", "--timeout", "30"], Duration::from_secs(40));
+        wait_until(Duration::from_secs(5), || home.state().as_deref() == Some("draining"));
+        let t = Instant::now();
+        alice.say(&format!("during {i}"));
+        alice.wait_reply(|r| r == format!("during {i}"));
+        during.push(t.elapsed().as_secs_f64() * 1000.0);
+        assert_cli(&restart.join().unwrap(), 0, "restart");
+        let end = Instant::now() + REPLY;
+        while !alice.bot_presence[seen..].iter().any(|(on, _)| *on) && Instant::now() < end {
+            alice.poll(Duration::from_millis(100));
+        }
+        let left = alice.bot_presence[seen..].iter().find(|(on, _)| !on).map(|(_, t)| *t);
+        let back = alice.bot_presence[seen..].iter().find(|(on, _)| *on).map(|(_, t)| *t);
+        if let (Some(l), Some(b)) = (left, back) {
+            gaps.push(b.saturating_duration_since(l).as_secs_f64() * 1000.0);
+        }
+    }
+    during.sort_by(f64::total_cmp);
+    gaps.sort_by(f64::total_cmp);
+    println!(
+        "5. XMPP across a restart: a message sent during it answered after {:.0} ms (median; max {:.0} ms); the bot's absence from the room (leave to join) {:.0} ms (median; max {:.0} ms) over {restarts} restarts",
+        percentile(&during, 0.5),
+        during.last().copied().unwrap_or(f64::NAN),
+        percentile(&gaps, 0.5),
+        gaps.last().copied().unwrap_or(f64::NAN)
+    );
+    for i in 0..restarts {
+        assert_eq!(alice.count(&format!("during {i}")), 1, "{:#?}", alice.said);
+    }
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
 }
