@@ -76,6 +76,8 @@ const PLATFORM_KEYS: &[&str] = &[
     "proxy",
     "tls",
     "sasl_password_env",
+    "jid",
+    "rooms",
 ];
 const CLUSTER_KEYS: &[&str] =
     &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s", "ca_file"];
@@ -314,10 +316,11 @@ pub struct PlatformConfig {
     /// homeserver, required).
     #[serde(default)]
     pub api_base: Option<String>,
-    /// IRC: the server, `host:port`.
+    /// IRC: the server, `host:port`. XMPP: where to connect, `host:port` (default: the JID's
+    /// domain, port 5222).
     #[serde(default)]
     pub server: Option<String>,
-    /// IRC: the nick; never replaced by another one on a collision.
+    /// IRC: the nick; never replaced by another one on a collision. XMPP: the nick in rooms.
     #[serde(default)]
     pub nick: Option<String>,
     /// Chats served (Telegram chat ids, Matrix room ids, IRC channels or nicks for private
@@ -1134,15 +1137,10 @@ fn irc_server_ok(server: Option<&str>) -> Result<(), String> {
 /// A bare JID `local@domain` as the XMPP adapter takes it (no resource, no spaces or quotes).
 fn bare_jid_ok(s: &str) -> bool {
     let forbidden = |c: char| c.is_whitespace() || c.is_control() || "\"&'/:<>".contains(c);
-    s.split_once('@').is_some_and(|(l, d)| !l.is_empty() && !d.is_empty() && !d.contains('@'))
-        && !s.contains(forbidden)
+    s.split_once('@').is_some_and(|(l, d)| !l.is_empty() && !d.is_empty() && !d.contains('@')) && !s.contains(forbidden)
 }
 
-fn validate_xmpp(
-    bad: &dyn Fn(&str, String) -> ConfigError,
-    name: &str,
-    p: &PlatformConfig,
-) -> Result<(), ConfigError> {
+fn validate_xmpp(bad: &dyn Fn(&str, String) -> ConfigError, name: &str, p: &PlatformConfig) -> Result<(), ConfigError> {
     if !p.jid.as_deref().is_some_and(bare_jid_ok) {
         return Err(bad("jid", format!("[[platform]] {name:?} (xmpp) needs jid, the account's bare JID user@domain")));
     }
@@ -1741,6 +1739,30 @@ api_key_env = "MY_KEY"
         let e = Config::load(dir.path()).unwrap_err();
         assert!(matches!(e, ConfigError::Read { .. }), "{e}");
         assert_eq!(e.exit_code(), 78);
+    }
+
+    #[test]
+    fn xmpp_platforms_validate_their_keys() {
+        let x = parse(
+            "[[platform]]\nkind = \"xmpp\"\ntoken_env = \"XP\"\njid = \"bot@example.org\"\n\
+             rooms = [\"ops@conference.example.org\"]\nserver = \"127.0.0.1:5222\"\nnick = \"gw\"\n\
+             allowed_chats = [\"me@example.org\"]\n",
+        )
+        .unwrap();
+        assert_eq!((x.platform[0].kind, x.platform[0].jid.as_deref()), (PlatformKind::Xmpp, Some("bot@example.org")));
+        let base = "[[platform]]\nkind = \"xmpp\"\ntoken_env = \"XP\"\n";
+        assert!(err(base).contains("needs jid"));
+        for bad_jid in ["bot", "bot@", "@d", "a b@d", "bot@d/res", "a@b@c"] {
+            assert!(err(&format!("{base}jid = \"{bad_jid}\"\n")).contains("jid"), "{bad_jid}");
+        }
+        let with = |extra: &str| err(&format!("{base}jid = \"b@d\"\n{extra}"));
+        assert!(with("rooms = [\"no-domain\"]\n").contains("rooms"));
+        assert!(with("allowed_chats = [\"#chan\"]\n").contains("allowed_chats"));
+        assert!(with("server = \"h h\"\n").contains("server"));
+        assert!(with("tls = true\n").contains("irc"));
+        assert!(with("proxy = \"http://p:1\"\n").contains("proxy"));
+        assert!(err("[[platform]]\nkind = \"xmpp\"\njid = \"b@d\"\n").contains("token_env"));
+        assert!(err("[[platform]]\nkind = \"irc\"\nserver = \"h\"\nnick = \"b\"\njid = \"b@d\"\n").contains("xmpp"));
     }
 
     #[test]

@@ -315,7 +315,8 @@ impl Reader {
     fn plan_catchup(&mut self, ctx: &Ctx) -> Result<(), Failure> {
         let mut plan = Vec::new();
         let mut fresh = false;
-        let archives: Vec<Option<BareJid>> = std::iter::once(None).chain(self.rooms.iter().cloned().map(Some)).collect();
+        let archives: Vec<Option<BareJid>> =
+            std::iter::once(None).chain(self.rooms.iter().cloned().map(Some)).collect();
         for a in archives {
             let key = self.key(a.as_ref());
             let since = match self.cursors.after.get(&key) {
@@ -446,7 +447,8 @@ impl skeleton::Receiver for Reader {
             l.n += 1;
             format!("{}:{}", l.id, l.n)
         });
-        let u = Unconfirmed { messages: seen.inbound.into_iter().collect(), moves: seen.archived.into_iter().collect() };
+        let u =
+            Unconfirmed { messages: seen.inbound.into_iter().collect(), moves: seen.archived.into_iter().collect() };
         let batch = Batch { messages: u.messages.clone(), gap: None };
         if !u.moves.is_empty() || !u.messages.is_empty() {
             self.unconfirmed = Some(u);
@@ -581,7 +583,8 @@ mod tests {
             None,
         );
         assert_eq!(history.inbound, None);
-        let subject = seen("<message from='room@muc.example.org' type='groupchat'><subject>t</subject></message>", None);
+        let subject =
+            seen("<message from='room@muc.example.org' type='groupchat'><subject>t</subject></message>", None);
         assert_eq!(subject.inbound, None);
         // A groupchat from a room we did not join, our own direct message, an error: ignored.
         assert_eq!(seen("<message from='other@muc/x' type='groupchat'><body>x</body></message>", None).inbound, None);

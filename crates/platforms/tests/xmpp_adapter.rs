@@ -36,7 +36,8 @@ impl MemHost {
     }
 
     fn queue(&self, seq: i64, chat: &str, text: &str) {
-        let o = OutboxEntry { seq, chat_id: chat.into(), text: text.into(), message_id: None, created_at: String::new() };
+        let o =
+            OutboxEntry { seq, chat_id: chat.into(), text: text.into(), message_id: None, created_at: String::new() };
         self.outbox.lock().unwrap().push(o);
     }
 
@@ -192,7 +193,10 @@ fn direct_chats_and_rooms_both_ways_without_our_echo() {
     assert_eq!((direct.chat_id.as_str(), direct.user_id.as_str()), ("alice@localhost", "alice@localhost"));
     assert!(direct.event_id.starts_with("o:alice@localhost:"), "{direct:?}");
     let room = inbox.iter().find(|m| m.text == "hello room").expect("the room message");
-    assert_eq!((room.chat_id.as_str(), room.user_id.as_str()), (rig.room.as_str(), format!("{}/alice", rig.room).as_str()));
+    assert_eq!(
+        (room.chat_id.as_str(), room.user_id.as_str()),
+        (rig.room.as_str(), format!("{}/alice", rig.room).as_str())
+    );
 
     // Replies: a chat message to alice, a groupchat message to the room (whose echo the bot
     // ignores); markup in a reply is text.

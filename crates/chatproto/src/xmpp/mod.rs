@@ -385,10 +385,7 @@ impl Connection {
         if features.child("bind", NS_BIND).is_none() {
             return Err(Error::Protocol("no resource binding offered".into()));
         }
-        let bind = format!(
-            "<bind xmlns='{NS_BIND}'><resource>{}</resource></bind>",
-            escape(&cfg.resource)
-        );
+        let bind = format!("<bind xmlns='{NS_BIND}'><resource>{}</resource></bind>", escape(&cfg.resource));
         let result = c.iq(None, "set", &bind, deadline)?;
         let jid = result.child("bind", NS_BIND).and_then(|b| b.child("jid", NS_BIND)).map(|j| j.text.trim().to_owned());
         c.jid = jid.filter(|j| cfg.jid.matches(j)).ok_or_else(|| Error::Protocol("bound to another JID".into()))?;
@@ -482,7 +479,13 @@ impl Connection {
 
     /// One page of `archive`'s messages (`None`: the account's own archive), oldest first,
     /// at most `max`.
-    pub fn mam_page(&mut self, archive: Option<&BareJid>, from: &Since, max: u32, timeout: Duration) -> Result<Page, Error> {
+    pub fn mam_page(
+        &mut self,
+        archive: Option<&BareJid>,
+        from: &Since,
+        max: u32,
+        timeout: Duration,
+    ) -> Result<Page, Error> {
         let qid = new_id();
         let start_field = match from {
             Since::Start(t) => format!("<field var='start'><value>{}</value></field>", escape(t)),
@@ -798,7 +801,9 @@ impl Connection {
                 } else {
                     let id = format!("ping-{}", new_id());
                     let domain = escape(&self.domain);
-                    self.send_stanza(&format!("<iq type='get' id='{id}' to='{domain}'><ping xmlns='{NS_PING}'/></iq>"))?;
+                    self.send_stanza(&format!(
+                        "<iq type='get' id='{id}' to='{domain}'><ping xmlns='{NS_PING}'/></iq>"
+                    ))?;
                 }
                 self.check_sent = Some(now);
             }

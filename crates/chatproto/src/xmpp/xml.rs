@@ -173,7 +173,11 @@ fn scan(text: &str, opened: bool) -> Scan {
             Err(e) if truncated(&e) => return Scan::Need,
             // The stream's own end tag, whose start was in an earlier scan.
             Err(XmlError::IllFormed(IllFormedError::UnmatchedEndTag(name))) if depth == 0 && opened => {
-                return if name == "stream:stream" { Scan::Close(pos(&r)) } else { Scan::Bad(format!("</{name}> at the top")) };
+                return if name == "stream:stream" {
+                    Scan::Close(pos(&r))
+                } else {
+                    Scan::Bad(format!("</{name}> at the top"))
+                };
             }
             Err(e) => return Scan::Bad(e.to_string()),
         };
