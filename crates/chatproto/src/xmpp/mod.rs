@@ -533,20 +533,19 @@ impl Connection {
                 Some(a) => bare(from).eq_ignore_ascii_case(a),
                 None => from.is_empty() || bare(from).eq_ignore_ascii_case(bare(&self.jid)),
             };
-            if e.is("message", NS_CLIENT) && from_archive {
-                if let Some(r) = e.child("result", NS_MAM).filter(|r| r.attr("queryid") == Some(qid)) {
-                    let fwd = r.child("forwarded", NS_FORWARD);
-                    let msg = fwd.and_then(|f| f.child("message", NS_CLIENT));
-                    if let (Some(id), Some(msg)) = (r.attr("id"), msg) {
-                        let stamp = fwd.and_then(|f| f.child("delay", NS_DELAY)).and_then(|d| d.attr("stamp"));
-                        page.items.push(Archived {
-                            archive_id: id.to_owned(),
-                            message: msg.clone(),
-                            stamp: stamp.map(str::to_owned),
-                        });
-                    }
-                    continue;
+            let result = e.child("result", NS_MAM).filter(|r| r.attr("queryid") == Some(qid));
+            if let Some(r) = result.filter(|_| e.is("message", NS_CLIENT) && from_archive) {
+                let fwd = r.child("forwarded", NS_FORWARD);
+                let msg = fwd.and_then(|f| f.child("message", NS_CLIENT));
+                if let (Some(id), Some(msg)) = (r.attr("id"), msg) {
+                    let stamp = fwd.and_then(|f| f.child("delay", NS_DELAY)).and_then(|d| d.attr("stamp"));
+                    page.items.push(Archived {
+                        archive_id: id.to_owned(),
+                        message: msg.clone(),
+                        stamp: stamp.map(str::to_owned),
+                    });
                 }
+                continue;
             }
             if e.is("iq", NS_CLIENT) && e.attr("id") == Some(iq_id.as_str()) && from_archive {
                 match e.attr("type") {
@@ -616,14 +615,12 @@ impl Connection {
         loop {
             let Some(e) = self.read_frame(deadline)? else { return Ok(None) };
             if e.ns == NS_SM {
-                match e.name.as_str() {
-                    "r" => {
-                        if let Some(a) = self.ack_xml() {
-                            self.send_nonza(&a)?;
-                        }
-                    }
-                    // Acks of what we sent: the liveness answer to our request.
-                    _ => {}
+                // An ack request is answered; acks of what we sent are the liveness answer to
+                // our own request (any data resets the keepalive).
+                if e.name == "r"
+                    && let Some(a) = self.ack_xml()
+                {
+                    self.send_nonza(&a)?;
                 }
                 continue;
             }
@@ -787,7 +784,7 @@ impl Connection {
     /// and silence past [`Config::ping_timeout`] more is a dead connection.
     fn next_frame(&mut self, deadline: Instant) -> Result<Option<Frame>, Error> {
         loop {
-            if let Some(f) = self.framer.next()? {
+            if let Some(f) = self.framer.next_frame()? {
                 return Ok(Some(f));
             }
             let now = Instant::now();

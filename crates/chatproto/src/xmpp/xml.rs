@@ -99,7 +99,7 @@ impl Framer {
     }
 
     /// The next complete frame, `Ok(None)` when more bytes are needed.
-    pub fn next(&mut self) -> Result<Option<Frame>, XmlFault> {
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, XmlFault> {
         let text = match std::str::from_utf8(&self.buf) {
             Ok(s) => s,
             // A character cut by the read: frame what is whole.
@@ -126,7 +126,7 @@ impl Framer {
         match frame {
             Some(f) => Ok(Some(f)),
             // Whitespace between elements (keepalives) consumed: look again.
-            None => self.next(),
+            None => self.next_frame(),
         }
     }
 }
@@ -337,7 +337,7 @@ mod tests {
         let mut out = Vec::new();
         for c in chunks {
             f.push(c);
-            while let Some(fr) = f.next()? {
+            while let Some(fr) = f.next_frame()? {
                 out.push(fr);
             }
         }
@@ -406,7 +406,7 @@ mod tests {
             for c in &chunks {
                 f.push(c);
                 for _ in 0..16 {
-                    match f.next() {
+                    match f.next_frame() {
                         Ok(Some(_)) => {}
                         _ => break,
                     }
@@ -420,7 +420,7 @@ mod tests {
             let mut f = Framer::default();
             f.push(HEADER.as_bytes());
             f.push(s.as_bytes());
-            while let Ok(Some(_)) = f.next() {}
+            while let Ok(Some(_)) = f.next_frame() {}
         }
     }
 }
