@@ -8,9 +8,11 @@
 //!   `ca_file`. The stream is always STARTTLS, verified for the JID's domain with crates/net's
 //!   settings; SASL is SCRAM-SHA-1, or PLAIN inside TLS where that is all the server offers.
 //! - **One consumer per account.** The credential lock is keyed by the bare JID (lower-cased).
-//!   On the wire, a second session on our resource makes the server close one stream with
-//!   `<conflict/>`: that is [`Failure::Conflict`], and past `conflict_standby_s` the adapter
-//!   stands by.
+//!   On the wire, a second session binding our resource makes the server close our stream with
+//!   `<conflict/>`: that is [`Failure::Conflict`]. From then on each connect first asks whether
+//!   the resource is in use ([`x::resource_in_use`], a ping from a throwaway resource) and binds
+//!   only when it is free: the adapter never pushes the other consumer off, and past
+//!   `conflict_standby_s` it stands by.
 //! - **Nothing lost across a restart (XEP-0313).** The position is, per archive (the account's
 //!   own, and each room's), the archive id (`<stanza-id by=…>`, XEP-0359) of the last message
 //!   journaled, saved in `<home>/platforms/xmpp-<name>.json` only after the journal commit
@@ -48,6 +50,8 @@ use crate::{AdapterError, Host, Inbound};
 /// How long one live read waits before the receive loop looks at its flags again.
 const READ_SLICE: Duration = Duration::from_millis(250);
 const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the resource probe waits for an answer from the other session.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// One archive page's bound.
 const MAM_TIMEOUT: Duration = Duration::from_secs(10);
 /// Messages per archive page.
@@ -148,6 +152,7 @@ impl Protocol for Proto {
             live: None,
             catchup: Vec::new(),
             unconfirmed: None,
+            pushed_off: false,
         };
         let rooms = self.rooms.iter().map(|r| r.as_string().to_lowercase()).collect();
         Ok((reader, Talker { writer, rooms }))
@@ -202,6 +207,8 @@ pub struct Reader {
     /// Archives still to page through after the connect, with where each page starts.
     catchup: Vec<(Option<BareJid>, Since)>,
     unconfirmed: Option<Unconfirmed>,
+    /// Another session pushed us off: ask before binding again (never push back).
+    pushed_off: bool,
 }
 
 /// A client error as the skeleton's failure.
@@ -398,6 +405,18 @@ impl Reader {
 impl skeleton::Receiver for Reader {
     fn connect(&mut self, ctx: &Ctx) -> Result<(), Failure> {
         self.unconfirmed = None;
+        if self.pushed_off {
+            match x::resource_in_use(&self.cfg, PROBE_TIMEOUT) {
+                Ok(false) => {}
+                Ok(true) => {
+                    return Err(Failure::Conflict(format!(
+                        "{}/{} is in use by another session",
+                        self.cfg.jid, self.cfg.resource
+                    )));
+                }
+                Err(e) => return Err(failure(&format!("connecting to {}", self.cfg.addr), &e)),
+            }
+        }
         let connected = Connection::connect(&self.cfg).and_then(|mut c| {
             c.presence()?;
             for room in &self.rooms {
@@ -407,11 +426,15 @@ impl skeleton::Receiver for Reader {
         });
         match connected {
             Ok(conn) => {
+                self.pushed_off = false;
                 set_writer(&self.writer, Some(conn.writer()));
                 self.live = Some(Live { conn, id: connection_id(SystemTime::now()), n: 0 });
                 self.plan_catchup(ctx)
             }
-            Err(e) => Err(failure(&format!("connecting to {}", self.cfg.addr), &e)),
+            Err(e) => {
+                self.pushed_off |= e.kind() == ErrorKind::Conflict;
+                Err(failure(&format!("connecting to {}", self.cfg.addr), &e))
+            }
         }
     }
 
@@ -430,6 +453,7 @@ impl skeleton::Receiver for Reader {
             Ok(s) => s,
             Err(e) if e.kind() == ErrorKind::Conflict => {
                 let f = failure("reading", &e);
+                self.pushed_off = true;
                 self.live = None;
                 set_writer(&self.writer, None);
                 return Err(f);

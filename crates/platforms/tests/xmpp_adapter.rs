@@ -303,3 +303,53 @@ fn refused_credentials_park_and_an_untrusted_certificate_is_refused() {
     assert!(untrusting.close(Instant::now() + Duration::from_secs(1)));
     assert!(host.inbox.lock().unwrap().is_empty());
 }
+
+/// Another client binds the bot's resource: the server closes the adapter's stream
+/// (`<conflict/>`); from then on the adapter asks before binding and never pushes the other
+/// session off (it stays connected, answering the adapter's pings), and it stands by. Once the
+/// other session leaves, the adapter connects again.
+#[test]
+fn another_session_on_our_resource_means_standby_without_pushing_back() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(rig) = rig() else { return };
+    let host = MemHost::new(&rig.state_dir());
+    let mut cfg = rig.platform();
+    cfg.conflict_standby_s = 1;
+    let xmpp = Xmpp::new(&cfg, "bot-secret".into()).unwrap();
+    xmpp.start(host.clone()).unwrap();
+    wait("connected", || xmpp.status().state() == State::Connected);
+
+    let tls = gatewarden_net::ClientTls::from_ca_file(&rig.ca_file).unwrap();
+    let holder_cfg = Config::new(
+        rig.server.addr().to_string(),
+        BareJid::parse("gwbot@localhost").unwrap(),
+        "bot-secret".into(),
+        tls,
+    );
+    let mut holder = Connection::connect(&holder_cfg).expect("the other session binds the resource");
+    holder.presence().unwrap();
+    let (stop, kicked) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(None::<String>)));
+    let reader = {
+        let (stop, kicked) = (Arc::clone(&stop), Arc::clone(&kicked));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                // Reading answers the adapter's pings.
+                if let Err(e) = holder.next_stanza(Duration::from_millis(100)) {
+                    *kicked.lock().unwrap() = Some(e.to_string());
+                    return None;
+                }
+            }
+            Some(holder)
+        })
+    };
+    wait("standby", || matches!(xmpp.status().state(), State::Standby(_)));
+    let State::Standby(why) = xmpp.status().state() else { unreachable!() };
+    assert!(why.contains("in use"), "{why}");
+    assert!(xmpp.status().snapshot().conflicts >= 2, "{:?}", xmpp.status().snapshot());
+    stop.store(true, Ordering::Relaxed);
+    let holder = reader.join().unwrap();
+    assert_eq!(*kicked.lock().unwrap(), None, "the adapter pushed the other session off");
+    holder.expect("still connected").close();
+    wait("connected again", || xmpp.status().state() == State::Connected);
+    assert!(xmpp.close(Instant::now() + Duration::from_secs(3)));
+}

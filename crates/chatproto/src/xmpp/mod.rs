@@ -858,6 +858,31 @@ impl Connection {
     }
 }
 
+/// Whether another session holds `cfg.resource` on the account, asked without taking it: a
+/// second stream binds a throwaway resource (sending no presence, so no chat is routed to it)
+/// and pings the full JID (XEP-0199). An answer from there means a live session (ours answers
+/// pings); the server's `service-unavailable` or `recipient-unavailable`, or no answer at all
+/// within `timeout` (a dead stream the server still holds), means free. Binding the resource
+/// itself would close the other session's stream (RFC 6120 §7.7.2.2): this is how a consumer
+/// that was pushed off the account stays off without pushing back.
+pub fn resource_in_use(cfg: &Config, timeout: Duration) -> Result<bool, Error> {
+    let mut probe = cfg.clone();
+    probe.resource = format!("{}-probe-{}", cfg.resource, new_id());
+    let mut c = Connection::connect(&probe)?;
+    let full = format!("{}/{}", cfg.jid, cfg.resource);
+    let ping = format!("<ping xmlns='{NS_PING}'/>");
+    let answer = c.iq(Some(&full), "get", &ping, Instant::now() + timeout);
+    c.close();
+    match answer {
+        Ok(_) => Ok(true),
+        Err(Error::Refused { condition, .. }) => {
+            Ok(!matches!(condition.as_str(), "service-unavailable" | "recipient-unavailable" | "item-not-found"))
+        }
+        Err(Error::Timeout(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 enum SaslStep {
     Challenge(String),
     Success(String),
