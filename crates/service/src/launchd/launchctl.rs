@@ -8,7 +8,7 @@
 //! removes itself.
 
 use super::LaunchdTarget;
-use super::ladder::sh_quote;
+use crate::command::sh_quote;
 use super::print::{LaunchdPrint, parse_print};
 use crate::command::{CommandError, CommandOutput, CommandRunner};
 
