@@ -241,6 +241,21 @@ pub fn classify(
     archive_id: Option<&str>,
     fallback_id: impl FnOnce() -> String,
 ) -> Seen {
+    classify_at(m, own, rooms, nick, allowed, archive_id.map(|id| (id, None)), fallback_id)
+}
+
+/// [`classify`] with the archive's timestamp (`<delay stamp>`, XEP-0203) as the sent time.
+pub fn classify_at(
+    m: &Element,
+    own: &BareJid,
+    rooms: &[String],
+    nick: &str,
+    allowed: &[String],
+    archived_as: Option<(&str, Option<&str>)>,
+    fallback_id: impl FnOnce() -> String,
+) -> Seen {
+    let archive_id = archived_as.map(|(id, _)| id);
+    let sent_at = archived_as.and_then(|(_, stamp)| stamp).and_then(gatewarden_lifecycle::timefmt::parse);
     let from = m.attr("from").unwrap_or_default();
     let from_bare = x::bare(from).to_lowercase();
     let kind = m.attr("type").unwrap_or("normal");
@@ -292,7 +307,7 @@ pub fn classify(
         (None, Some(s)) => format!("s:{}:{s}", archive.as_deref().unwrap_or_default()),
         (None, None) => fallback_id(),
     };
-    Seen { inbound: Some(Inbound { event_id, chat_id: chat, user_id: user, text: body, sent_at: None }), archived }
+    Seen { inbound: Some(Inbound { event_id, chat_id: chat, user_id: user, text: body, sent_at }), archived }
 }
 
 /// A connection id unique across restarts: the connect time (µs) and the pid.
@@ -306,6 +321,20 @@ impl Reader {
         self.live = None;
         set_writer(&self.writer, None);
         Failure::Lost(format!("connection lost: {why}"))
+    }
+
+    /// The room we were just removed from, when `p` is our own unavailable presence there
+    /// (status 110: it is about us).
+    fn removed_from(&self, p: &Element) -> Option<BareJid> {
+        if p.name != "presence" || p.attr("type") != Some("unavailable") {
+            return None;
+        }
+        let from = p.attr("from")?;
+        let room = self.rooms.iter().find(|r| r.matches(from))?;
+        let own = p
+            .child("x", x::NS_MUC_USER)
+            .is_some_and(|x| x.children_named("status", x::NS_MUC_USER).any(|s| s.attr("code") == Some("110")));
+        (own && x::resource(from) == Some(self.nick.as_str())).then(|| room.clone())
     }
 
     fn room_keys(&self) -> Vec<String> {
@@ -381,7 +410,8 @@ impl Reader {
         let mut out = Unconfirmed { messages: Vec::new(), moves: Vec::new() };
         for item in &page.items {
             let l = self.live.as_mut().ok_or_else(|| Failure::Lost("not connected".into()))?;
-            let seen = classify(&item.message, &own, &rooms, &self.nick, &self.allowed, Some(&item.archive_id), || {
+            let archived_as = Some((item.archive_id.as_str(), item.stamp.as_deref()));
+            let seen = classify_at(&item.message, &own, &rooms, &self.nick, &self.allowed, archived_as, || {
                 l.n += 1;
                 format!("{}:{}", l.id, l.n)
             });
@@ -460,6 +490,21 @@ impl skeleton::Receiver for Reader {
             }
             Err(e) => return Err(self.lost(e.to_string())),
         };
+        if let Some(room) = stanza.as_ref().and_then(|p| self.removed_from(p)) {
+            // Kicked, or the room restarted: join again (a ban makes that fail, and the
+            // reconnect loop reports why). What was said meanwhile is in the room's archive.
+            let l = self.live.as_mut().ok_or_else(|| Failure::Lost("not connected".into()))?;
+            if let Err(e) = l.conn.join(&room, &self.nick, JOIN_TIMEOUT) {
+                return Err(self.lost(format!("removed from {room}, cannot join again: {e}")));
+            }
+            let key = room.as_string().to_lowercase();
+            let since = match self.cursors.after.get(&key) {
+                Some(Some(id)) => Since::After(id.clone()),
+                _ => return Ok(Batch::default()),
+            };
+            self.catchup.push((Some(room), since));
+            return Ok(Batch::default());
+        }
         let Some(m) = stanza.filter(|s| s.name == "message" && s.attr("type") != Some("error")) else {
             return Ok(Batch::default());
         };
@@ -467,6 +512,7 @@ impl skeleton::Receiver for Reader {
         if m.child("result", NS_MAM).is_some() {
             return Ok(Batch::default());
         }
+        let Some(l) = self.live.as_mut() else { return Err(self.lost("not connected".into())) };
         let seen = classify(&m, &own, &rooms, &self.nick, &self.allowed, None, || {
             l.n += 1;
             format!("{}:{}", l.id, l.n)

@@ -255,6 +255,9 @@ fn what_arrives_while_stopped_comes_from_the_archive_once() {
     for t in ["missed 0", "missed 1", "missed 2", "room missed 0", "room missed 1"] {
         assert_eq!(texts.iter().filter(|x| *x == t).count(), 1, "{t}: {texts:?}");
     }
+    // From the archive, with its timestamp (the lag in status).
+    let missed = host.inbox.lock().unwrap().iter().find(|m| m.text == "missed 0").cloned().unwrap();
+    assert!(missed.sent_at.is_some(), "{missed:?}");
     // Live again, and nothing answered twice (the counting host would show a second copy of an
     // event with another id).
     say(&mut alice, "gwbot@localhost", false, "live again");
@@ -351,5 +354,49 @@ fn another_session_on_our_resource_means_standby_without_pushing_back() {
     assert_eq!(*kicked.lock().unwrap(), None, "the adapter pushed the other session off");
     holder.expect("still connected").close();
     wait("connected again", || xmpp.status().state() == State::Connected);
+    assert!(xmpp.close(Instant::now() + Duration::from_secs(3)));
+}
+
+/// Kicked from the room by its owner, the adapter joins it again and keeps serving it; what was
+/// said in between is answered once (live or from the room's archive).
+#[test]
+fn kicked_from_the_room_joins_again() {
+    let Some(rig) = rig() else { return };
+    // Alice made the room (her join created it): she owns it.
+    let mut alice = rig.alice();
+    let host = MemHost::new(&rig.state_dir());
+    let xmpp = rig.adapter("bot-secret");
+    xmpp.start(host.clone()).unwrap();
+    wait("connected", || xmpp.status().state() == State::Connected);
+    say(&mut alice, &rig.room, true, "before the kick");
+    wait("before the kick", || host.texts().contains(&"before the kick".to_owned()));
+    let kick = format!(
+        "<iq type='set' id='kick1' to='{}'><query xmlns='http://jabber.org/protocol/muc#admin'>\
+         <item nick='gw' role='none'><reason>test</reason></item></query></iq>",
+        rig.room
+    );
+    alice.send_stanza(&kick).unwrap();
+    say(&mut alice, &rig.room, true, "while kicked");
+    // Alice sees the bot leave (kicked: 307) and come back.
+    let occupant = format!("{}/gw", rig.room);
+    let (mut left, mut back) = (false, false);
+    let end = Instant::now() + WAIT;
+    while !(left && back) {
+        assert!(Instant::now() < end, "left {left}, back {back}");
+        let Some(p) = alice.next_stanza(Duration::from_millis(200)).unwrap() else { continue };
+        if p.name == "presence" && p.attr("from") == Some(occupant.as_str()) {
+            if p.attr("type") == Some("unavailable") {
+                left = true;
+            } else if left {
+                back = true;
+            }
+        }
+    }
+    say(&mut alice, &rig.room, true, "after the kick");
+    wait("after the kick", || host.texts().contains(&"after the kick".to_owned()));
+    wait("while kicked", || host.texts().contains(&"while kicked".to_owned()));
+    let texts = host.texts();
+    assert_eq!(texts.iter().filter(|t| *t == "while kicked").count(), 1, "{texts:?}");
+    assert_eq!(xmpp.status().state(), State::Connected);
     assert!(xmpp.close(Instant::now() + Duration::from_secs(3)));
 }

@@ -582,28 +582,15 @@ impl Connection {
         self.read_stanza(Instant::now() + timeout)
     }
 
-    /// Closes the stream politely (best effort) and the socket.
+    /// Closes the stream politely (best effort) and the socket. With stream management, the
+    /// last ack goes first: the server then holds nothing of ours as unacknowledged (which it
+    /// could bounce to the senders).
     pub fn close(mut self) {
-        let _ = self.send_nonza("</stream:stream>");
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
-    }
-
-    /// Closes our side of the stream and reads until the server closes its side (or
-    /// `timeout`), returning the stanzas that arrived meanwhile.
-    pub fn close_and_drain(mut self, timeout: Duration) -> Vec<Element> {
-        let mut out: Vec<Element> = self.pending.drain(..).collect();
         if let Some(a) = self.ack_xml() {
             let _ = self.send_nonza(&a);
         }
-        if self.send_nonza("<presence type='unavailable'/></stream:stream>").is_err() {
-            return out;
-        }
-        let deadline = Instant::now() + timeout;
-        while let Ok(Some(e)) = self.read_stanza(deadline) {
-            out.push(e);
-        }
+        let _ = self.send_nonza("<presence type='unavailable'/></stream:stream>");
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        out
     }
 
     fn ack_xml(&self) -> Option<String> {

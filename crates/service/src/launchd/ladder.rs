@@ -398,5 +398,4 @@ mod tests {
         assert!(matches!(l.next(&obs(99, true, &[100], alive)), LadderAction::Wait(_)));
         assert_eq!(l.next(&obs(100, true, &[100], alive)), LadderAction::KickstartKill);
     }
-
 }
