@@ -17,7 +17,7 @@
 //!    server keeps nothing for a successor, so its adapter listens on until `close`.)
 //!
 //! Steps 2 to 5 are the skeleton's ([`skeleton`]); a platform is a [`skeleton::Protocol`] in
-//! its own module ([`telegram`], [`matrix`], [`irc`]) and one arm in [`build`]
+//! its own module ([`telegram`], [`matrix`], [`irc`], [`xmpp`]) and one arm in [`build`]
 //! (docs/adding-a-platform.md).
 
 pub mod credlock;
