@@ -19,6 +19,4 @@
 
 pub mod irc;
 pub mod matrix;
-// The XMPP client's items are documented where they are not just names (namespaces, fields).
-#[allow(missing_docs)]
 pub mod xmpp;

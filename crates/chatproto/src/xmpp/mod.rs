@@ -26,20 +26,35 @@ use gatewarden_net::rustls;
 
 pub use xml::{Element, Frame, Framer, XmlFault, escape};
 
+/// STARTTLS (RFC 6120 §5).
 pub const NS_TLS: &str = "urn:ietf:params:xml:ns:xmpp-tls";
+/// SASL (RFC 6120 §6).
 pub const NS_SASL: &str = "urn:ietf:params:xml:ns:xmpp-sasl";
+/// Resource binding (RFC 6120 §7).
 pub const NS_BIND: &str = "urn:ietf:params:xml:ns:xmpp-bind";
+/// Stanza error conditions (RFC 6120 §8.3).
 pub const NS_STANZAS: &str = "urn:ietf:params:xml:ns:xmpp-stanzas";
+/// Stream error conditions (RFC 6120 §4.9).
 pub const NS_STREAMS: &str = "urn:ietf:params:xml:ns:xmpp-streams";
+/// Stream management (XEP-0198).
 pub const NS_SM: &str = "urn:xmpp:sm:3";
+/// Multi-user chat, joining (XEP-0045).
 pub const NS_MUC: &str = "http://jabber.org/protocol/muc";
+/// Multi-user chat, occupant data (XEP-0045).
 pub const NS_MUC_USER: &str = "http://jabber.org/protocol/muc#user";
+/// The message archive (XEP-0313).
 pub const NS_MAM: &str = "urn:xmpp:mam:2";
+/// Result set paging (XEP-0059).
 pub const NS_RSM: &str = "http://jabber.org/protocol/rsm";
+/// Forwarded stanzas (XEP-0297).
 pub const NS_FORWARD: &str = "urn:xmpp:forward:0";
+/// Delayed delivery timestamps (XEP-0203).
 pub const NS_DELAY: &str = "urn:xmpp:delay";
+/// Stanza and origin ids (XEP-0359).
 pub const NS_SID: &str = "urn:xmpp:sid:0";
+/// Pings (XEP-0199).
 pub const NS_PING: &str = "urn:xmpp:ping";
+/// Data forms (XEP-0004).
 pub const NS_DATA: &str = "jabber:x:data";
 use xml::{NS_CLIENT, NS_STREAM};
 
@@ -59,27 +74,52 @@ pub enum ErrorKind {
 /// A client error.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A socket error.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// Nothing came within the bound.
     #[error("timed out: {0}")]
     Timeout(String),
+    /// The server closed the stream or the socket.
     #[error("connection closed: {0}")]
     Closed(String),
+    /// STARTTLS missing or refused, or the certificate not verified for `host`.
     #[error("TLS with {host}: {reason}")]
-    Tls { host: String, reason: String },
+    Tls {
+        /// The name verified (the JID's domain).
+        host: String,
+        /// Why, in crates/net's words.
+        reason: String,
+    },
+    /// Malformed XML or an answer out of order.
     #[error("the server broke the protocol: {0}")]
     Protocol(String),
+    /// SASL failed (the credentials, or no usable mechanism).
     #[error("authentication refused: {0}")]
     Rejected(String),
+    /// The server ended the stream with an error (RFC 6120 §4.9).
     #[error("stream error <{condition}/>: {text}")]
-    Stream { condition: String, text: String },
+    Stream {
+        /// The defined condition (`conflict`, `system-shutdown`, …).
+        condition: String,
+        /// The server's text, cut to 200 characters.
+        text: String,
+    },
+    /// An address or nick that cannot go on the wire.
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// A request answered with a stanza error.
     #[error("{what} refused: <{condition}/>")]
-    Refused { what: String, condition: String },
+    Refused {
+        /// The request.
+        what: String,
+        /// The defined condition (`item-not-found`, `forbidden`, …).
+        condition: String,
+    },
 }
 
 impl Error {
+    /// What the adapter does next.
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Rejected(_) => ErrorKind::Rejected,
@@ -100,7 +140,9 @@ impl From<XmlFault> for Error {
 /// A bare JID, `local@domain`, checked: the account and the rooms.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BareJid {
+    /// The local part, as given.
     pub local: String,
+    /// The domain, lower-cased.
     pub domain: String,
 }
 
@@ -152,12 +194,15 @@ pub fn resource(jid: &str) -> Option<&str> {
 pub struct Config {
     /// `host:port` (no DNS SRV: the configuration names the server).
     pub addr: String,
+    /// The account.
     pub jid: BareJid,
+    /// Its password.
     pub password: String,
     /// The resource asked for (the server may assign another).
     pub resource: String,
     /// The trust for STARTTLS (crates/net). There is no plaintext mode.
     pub tls: gatewarden_net::ClientTls,
+    /// The bound of the whole connect (TCP, STARTTLS, SASL, bind).
     pub connect_timeout: Duration,
     /// Silence before the client checks the server is alive.
     pub ping_interval: Duration,
@@ -166,6 +211,8 @@ pub struct Config {
 }
 
 impl Config {
+    /// The defaults: resource `gatewarden`, 15 s to connect, a keepalive check after 60 s of
+    /// silence, dead 30 s later.
     pub fn new(addr: String, jid: BareJid, password: String, tls: gatewarden_net::ClientTls) -> Config {
         Config {
             addr,
@@ -234,9 +281,11 @@ pub fn new_id() -> String {
 /// A chat message as it goes out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outgoing<'a> {
+    /// The recipient: a bare JID, or a room.
     pub to: &'a str,
     /// `chat` to a person, `groupchat` to a room.
     pub groupchat: bool,
+    /// The text (escaped on the way out; what XML cannot carry is dropped).
     pub body: &'a str,
     /// The message id and its XEP-0359 origin-id.
     pub id: &'a str,
@@ -289,6 +338,7 @@ pub struct Archived {
 /// One page of a MAM query.
 #[derive(Debug, Clone, Default)]
 pub struct Page {
+    /// The messages, oldest first.
     pub items: Vec<Archived>,
     /// The server said this is the end (`<fin complete='true'>`).
     pub complete: bool,

@@ -16,17 +16,24 @@ pub const MAX_STANZA_BYTES: usize = 256 * 1024;
 /// The deepest nesting accepted inside one stanza (a MAM result is about six deep).
 pub const MAX_DEPTH: usize = 32;
 
+/// The client stream's default namespace.
 pub const NS_CLIENT: &str = "jabber:client";
+/// The `stream:` prefix's namespace.
 pub const NS_STREAM: &str = "http://etherx.jabber.org/streams";
 
 /// One element: its local name, its namespace, its attributes (qualified names, unescaped
 /// values), its children and its character data.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Element {
+    /// The local name.
     pub name: String,
+    /// The namespace it resolves to (empty: none).
     pub ns: String,
+    /// The attributes, qualified names with unescaped values.
     pub attrs: Vec<(String, String)>,
+    /// The child elements, in order.
     pub children: Vec<Element>,
+    /// The character data, unescaped, concatenated.
     pub text: String,
 }
 
