@@ -297,6 +297,8 @@ fn server_killed_and_revived() {
     let mut alice = User::new(&s, "alice");
     alice.say("before");
     alice.wait_reply(|t| t == "before");
+    // The server acknowledged the reply (XEP-0198): it is not sent again after the outage.
+    assert!(wait_until(REPLY, || platforms(&home)[0]["sent"].as_u64() >= Some(1)), "{}", platforms(&home));
     s.server.stop();
     let p = wait_adapter(&home, "degraded", Duration::from_secs(10));
     assert!(p[0]["reason"].as_str().is_some_and(|r| !r.is_empty()), "{p}");

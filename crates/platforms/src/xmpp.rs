@@ -29,8 +29,10 @@
 //! - **Stream management (XEP-0198)** is enabled where offered: the server's ack requests are
 //!   answered, and an ack request is the keepalive (else an XEP-0199 ping). No resumption: the
 //!   archive is what bridges a new stream.
-//! - **At least once outbound.** Each piece carries a fresh `origin-id`; an entry is marked
-//!   sent after its last piece, so a crash in between sends it again.
+//! - **At least once outbound.** Each piece carries a fresh `origin-id`. With stream management
+//!   a piece counts as sent only once the server acknowledged it (XEP-0198 `<a h>`): a piece
+//!   written into a dying connection is sent again on the next one, never silently lost. An
+//!   entry is marked sent after its last piece, so a crash in between sends it again.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -50,6 +52,10 @@ use crate::{AdapterError, Host, Inbound};
 /// How long one live read waits before the receive loop looks at its flags again.
 const READ_SLICE: Duration = Duration::from_millis(250);
 const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a sent message may wait for the server's stream management ack before the
+/// connection is taken for dead (and the message sent again on the next one): longer than the
+/// skeleton's longest backoff (15 s), during which the read side, which sees the acks, pauses.
+const ACK_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the resource probe waits for an answer from the other session.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// One archive page's bound.
@@ -121,7 +127,10 @@ impl Protocol for Proto {
         min_receive: Duration::from_secs(1),
         // The archive keeps what was not confirmed; an unconfirmed batch is returned again.
         redelivers: true,
-        listens_through_drain: false,
+        // The stream stays up until `close` has flushed the outbox: replies go out during the
+        // drain (their acks arrive on the read side), and what arrives meanwhile is journaled
+        // for the successor (or read back from the archive by it).
+        listens_through_drain: true,
         connected_after_receive: false,
         close_grace: Duration::from_secs(2),
     };
@@ -549,7 +558,8 @@ impl skeleton::Receiver for Reader {
         }
     }
 
-    /// Leaves: what arrives after this is in the archive for the successor.
+    /// Leaves, after `close` flushed the outbox: what arrives after this is in the archive for
+    /// the successor.
     fn hang_up(&mut self) -> Vec<Inbound> {
         self.disconnect();
         Vec::new()
@@ -579,7 +589,7 @@ impl skeleton::Sender for Talker {
         let to = chat.trim();
         let groupchat = self.rooms.iter().any(|r| r.eq_ignore_ascii_case(to));
         let id = x::new_id();
-        match w.message(&Outgoing { to, groupchat, body: piece, id: &id }) {
+        match w.message(&Outgoing { to, groupchat, body: piece, id: &id }, ACK_TIMEOUT) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == ErrorKind::Permanent => Err(SendError::Rejected(e.to_string())),
             Err(e) => {

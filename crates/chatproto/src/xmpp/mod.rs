@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::io::{ErrorKind as IoKind, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use gatewarden_net::rustls;
@@ -305,16 +305,77 @@ pub fn message_xml(m: &Outgoing<'_>) -> Result<String, Error> {
     ))
 }
 
+/// The server's count of our stanzas it has handled (XEP-0198 `<a h=…>`), shared between the
+/// reader, which sees the acks, and the writers, which wait for them.
+#[derive(Debug, Default)]
+struct Acks {
+    /// The last `h`, and whether the connection is gone (no ack will come).
+    state: Mutex<(u32, bool)>,
+    changed: Condvar,
+}
+
+impl Acks {
+    fn set(&self, h: u32) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).0 = h;
+        self.changed.notify_all();
+    }
+
+    /// The connection is gone: every waiter gives up.
+    fn end(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
+        self.changed.notify_all();
+    }
+
+    /// Waits until the server has handled stanza number `n` (counts wrap at 2^32); `false`
+    /// at `timeout` or when the connection ends first.
+    fn wait(&self, n: u32, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            // `h` has reached `n` when `h - n` (mod 2^32) is in the lower half.
+            if st.0.wrapping_sub(n) < 1 << 31 {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if st.1 || left.is_zero() {
+                return false;
+            }
+            st = self.changed.wait_timeout(st, left).map_or_else(|p| p.into_inner().0, |(g, _)| g);
+        }
+    }
+}
+
 /// The sending half of a [`Connection`], for another thread.
 #[derive(Debug, Clone)]
 pub struct Writer {
     out: Arc<Mutex<Sink>>,
+    acks: Arc<Acks>,
 }
 
 impl Writer {
-    /// Sends one chat message.
-    pub fn message(&self, m: &Outgoing<'_>) -> Result<(), Error> {
-        write(&self.out, &message_xml(m)?, true)
+    /// Sends one chat message. With stream management, returns only once the server has
+    /// acknowledged it (XEP-0198), so a message written into a connection that then dies is
+    /// an error (sent again on the next connection), not a silent loss; `Error::Timeout` when
+    /// no ack came within `ack_timeout`.
+    pub fn message(&self, m: &Outgoing<'_>, ack_timeout: Duration) -> Result<(), Error> {
+        let xml = message_xml(m)?;
+        let n = {
+            let mut s = self.out.lock().unwrap_or_else(|p| p.into_inner());
+            s.write_all(xml.as_bytes()).map_err(io_error)?;
+            if !s.sm {
+                return Ok(());
+            }
+            s.sent = s.sent.wrapping_add(1);
+            s.write_all(format!("<r xmlns='{NS_SM}'/>").as_bytes()).map_err(io_error)?;
+            s.sent
+        };
+        if self.acks.wait(n, ack_timeout) {
+            Ok(())
+        } else {
+            Err(Error::Closed(format!(
+                "no stream management ack for a message (within {ack_timeout:?}, or before the connection ended)"
+            )))
+        }
     }
 
     /// Closes the socket: the reader's next read fails, so it reconnects.
@@ -363,6 +424,7 @@ pub struct Connection {
     stream: TcpStream,
     tls: Option<Arc<Mutex<rustls::ClientConnection>>>,
     out: Arc<Mutex<Sink>>,
+    acks: Arc<Acks>,
     framer: Framer,
     /// Stanzas read while waiting for something else (a join's presence, an IQ result).
     pending: VecDeque<Element>,
@@ -390,6 +452,7 @@ impl Connection {
             stream,
             tls: None,
             out: Arc::new(Mutex::new(sink)),
+            acks: Arc::default(),
             framer: Framer::default(),
             pending: VecDeque::new(),
             jid: String::new(),
@@ -471,7 +534,7 @@ impl Connection {
 
     /// A handle that sends on this connection from another thread.
     pub fn writer(&self) -> Writer {
-        Writer { out: Arc::clone(&self.out) }
+        Writer { out: Arc::clone(&self.out), acks: Arc::clone(&self.acks) }
     }
 
     /// Sends one stanza (counted for stream management).
@@ -658,6 +721,11 @@ impl Connection {
                     && let Some(a) = self.ack_xml()
                 {
                     self.send_nonza(&a)?;
+                }
+                if e.name == "a"
+                    && let Some(h) = e.attr("h").and_then(|h| h.parse::<u32>().ok())
+                {
+                    self.acks.set(h);
                 }
                 continue;
             }
@@ -920,6 +988,13 @@ pub fn resource_in_use(cfg: &Config, timeout: Duration) -> Result<bool, Error> {
     }
 }
 
+impl Drop for Connection {
+    /// The reader is gone: a writer waiting for an ack on this connection stops waiting.
+    fn drop(&mut self) {
+        self.acks.end();
+    }
+}
+
 enum SaslStep {
     Challenge(String),
     Success(String),
@@ -1019,6 +1094,24 @@ mod tests {
         assert_eq!(e.child("body", NS_CLIENT).unwrap().text, "<hi> & bye");
         assert_eq!(e.child("origin-id", NS_SID).unwrap().attr("id"), Some("i'1"));
         assert!(message_xml(&Outgoing { to: "a b", groupchat: false, body: "x", id: "1" }).is_err());
+    }
+
+    #[test]
+    fn acks_are_counted_modulo_2_32_and_end_with_the_connection() {
+        let a = Acks::default();
+        a.set(5);
+        assert!(a.wait(5, Duration::ZERO) && a.wait(1, Duration::ZERO));
+        assert!(!a.wait(6, Duration::from_millis(10)), "not acked yet");
+        a.set(2);
+        assert!(a.wait(u32::MAX - 3, Duration::ZERO), "h wrapped past n");
+        assert!(!a.wait(3, Duration::ZERO));
+        let a = Arc::new(Acks::default());
+        let waiter = {
+            let a = Arc::clone(&a);
+            std::thread::spawn(move || a.wait(1, Duration::from_secs(30)))
+        };
+        a.end();
+        assert!(!waiter.join().unwrap(), "the end of the connection ends the wait");
     }
 
     #[test]
