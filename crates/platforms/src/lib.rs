@@ -17,10 +17,12 @@
 //!    server keeps nothing for a successor, so its adapter listens on until `close`.)
 //!
 //! Steps 2 to 5 are the skeleton's ([`skeleton`]); a platform is a [`skeleton::Protocol`] in
-//! its own module ([`telegram`], [`matrix`], [`irc`], [`xmpp`]) and one arm in [`build`]
+//! its own module ([`telegram`], [`matrix`], [`irc`], [`discord`], [`xmpp`]) and one arm in
+//! [`build`]
 //! (docs/adding-a-platform.md).
 
 pub mod credlock;
+pub mod discord;
 pub mod irc;
 pub mod matrix;
 pub mod skeleton;
@@ -319,6 +321,7 @@ pub fn build(cfg: &PlatformConfig) -> Result<Arc<dyn Adapter>, AdapterError> {
         PlatformKind::Irc if cfg.token_env.is_some() && token.is_none() => Err(missing()),
         PlatformKind::Irc => Ok(Arc::new(irc::Irc::new(cfg, token)?)),
         PlatformKind::Xmpp => Ok(Arc::new(xmpp::Xmpp::new(cfg, token.ok_or_else(missing)?)?)),
+        PlatformKind::Discord => Ok(Arc::new(discord::Discord::new(cfg, token.ok_or_else(missing)?)?)),
     }
 }
 
