@@ -78,6 +78,8 @@ fn config(base: &str) -> PlatformConfig {
         tls: false,
         sasl_password_env: None,
         bot_token_env: None,
+        jid: None,
+        rooms: Vec::new(),
     }
 }
 

@@ -63,6 +63,8 @@ fn start(base: &str, ca_file: &Path, dir: &Path, first_seq: usize) -> Arc<Discor
         tls: false,
         sasl_password_env: None,
         bot_token_env: None,
+        jid: None,
+        rooms: Vec::new(),
     };
     let d = Arc::new(Discord::new(&cfg, TOKEN.into()).unwrap());
     let mem = MemHost::echoing();

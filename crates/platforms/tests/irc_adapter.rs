@@ -54,6 +54,8 @@ fn routes_inbound_refuses_bad_targets_paces_lines_and_quits() {
         tls: false,
         sasl_password_env: None,
         bot_token_env: None,
+        jid: None,
+        rooms: Vec::new(),
     };
     let irc = Irc::new(&cfg, None).unwrap();
     assert_eq!(irc.credential(), format!("{}/gwbot", s.addr()));

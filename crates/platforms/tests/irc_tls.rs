@@ -38,6 +38,8 @@ fn config(server: String, ca_file: &Path) -> PlatformConfig {
         tls: true,
         sasl_password_env: None,
         bot_token_env: None,
+        jid: None,
+        rooms: Vec::new(),
     }
 }
 

@@ -153,6 +153,8 @@ fn config(conflict_s: u64) -> PlatformConfig {
         tls: false,
         sasl_password_env: None,
         bot_token_env: None,
+        jid: None,
+        rooms: Vec::new(),
     }
 }
 

@@ -33,6 +33,8 @@ fn config(base: &str) -> PlatformConfig {
         tls: false,
         sasl_password_env: None,
         bot_token_env: Some("UNUSED_TOO".into()),
+        jid: None,
+        rooms: Vec::new(),
     }
 }
 

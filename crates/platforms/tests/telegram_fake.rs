@@ -31,6 +31,8 @@ fn config(base: &str, conflict_s: u64) -> PlatformConfig {
         tls: false,
         sasl_password_env: None,
         bot_token_env: None,
+        jid: None,
+        rooms: Vec::new(),
     }
 }
 

@@ -40,6 +40,8 @@ fn config(base: &str, ca_file: &Path) -> PlatformConfig {
         tls: false,
         sasl_password_env: None,
         bot_token_env: None,
+        jid: None,
+        rooms: Vec::new(),
     }
 }
 

@@ -34,7 +34,7 @@ pub const SYNAPSE_SERVER_NAME: &str = "localhost";
 
 /// A loopback port that was free a moment ago. The server binds it shortly after; another
 /// process would have to be handed the same ephemeral port inside that window.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
     l.local_addr().expect("local_addr").port()
 }
@@ -65,7 +65,7 @@ pub(crate) fn base64_unpadded(bytes: &[u8]) -> String {
 }
 
 /// The last `max` bytes of a log file, for failure messages.
-fn tail(path: &Path, max: usize) -> String {
+pub(crate) fn tail(path: &Path, max: usize) -> String {
     let raw = std::fs::read(path).unwrap_or_default();
     String::from_utf8_lossy(&raw[raw.len().saturating_sub(max)..]).into_owned()
 }
@@ -85,7 +85,7 @@ impl Proc {
         Ok(Proc { child: cmd.spawn()? })
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
