@@ -5,7 +5,7 @@
 use gatewarden_lifecycle::timefmt;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-use crate::snapshot::{HomeSummary, Snapshot};
+use crate::snapshot::{HomeSummary, MessageState, Snapshot};
 use crate::sse;
 use crate::timeline::{self, Ending, Incarnation};
 
@@ -89,11 +89,14 @@ pub fn page(s: &Snapshot, v: &Viewer) -> String {
             body data-events=(v.events_path) data-fragments=(sse::FRAGMENTS.join(" ")) {
                 (header(s, &incs))
                 (actions(s, v))
+                (outcome_section(s))
                 (timeline_section(s, &incs))
                 (runs(s))
-                (queue(s))
+                (queue(s, v))
+                (conversations(s, v))
                 (platforms(s))
-                (update(s))
+                (providers(s))
+                (update(s, v))
                 (doctor(s))
                 div #logwrap data-min="debug" {
                     label { "level " select #level {
@@ -109,16 +112,26 @@ pub fn page(s: &Snapshot, v: &Viewer) -> String {
 }
 
 /// One fragment by id (see [`sse::FRAGMENTS`]), for an SSE update; `None` for an unknown id.
+/// As a read-only viewer sees it.
 pub fn fragment(id: &str, s: &Snapshot) -> Option<String> {
+    fragment_for(id, s, &Viewer::default())
+}
+
+/// [`fragment`] as `v` sees it (with its session's forms).
+pub fn fragment_for(id: &str, s: &Snapshot, v: &Viewer) -> Option<String> {
     let incs = || incarnations(s);
     let m = match id {
         sse::HEADER => header(s, &incs()),
+        sse::ACTIONS => actions(s, v),
+        sse::OUTCOME => outcome_section(s),
         sse::TIMELINE => timeline_section(s, &incs()),
         sse::RUNS => runs(s),
-        sse::QUEUE => queue(s),
+        sse::QUEUE => queue(s, v),
+        sse::CONVERSATIONS => conversations(s, v),
         sse::PLATFORMS => platforms(s),
+        sse::PROVIDERS => providers(s),
         sse::DOCTOR => doctor(s),
-        sse::UPDATE => update(s),
+        sse::UPDATE => update(s, v),
         sse::LOG => log(s),
         _ => return None,
     };
@@ -210,22 +223,19 @@ fn actions(s: &Snapshot, v: &Viewer) -> Markup {
         format!("Restart now? It will drain and may interrupt: {}", list.join("; "))
     };
     html! {
-        section #actions {
+        section #(sse::ACTIONS) {
             @if !v.actions_configured {
                 p .empty { "Read-only: no api_token is configured, so this page offers no actions." }
-            } @else if let Some(csrf) = &v.csrf {
+            } @else if v.csrf.is_some() {
                 @for &verb in actions_for(&state_badge(s)) {
                     @let (label, confirm) = match verb {
                         "restart" => ("Restart (drain)", Some(interrupt.as_str())),
                         "stop" => ("Stop", Some("Stop the gateway? It stays down until started.")),
-                        "start" => ("Start", None),
-                        _ => ("Cancel drain", None),
+                        _ => ("Start", None),
                     };
-                    form method="post" action={ "/ui/action/" (verb) } data-confirm=[confirm] {
-                        input type="hidden" name="csrf" value=(csrf);
-                        button type="submit" { (label) }
-                    }
+                    (post_form(v, verb, &[], label, confirm))
                 }
+                form method="post" action="/ui/logout" { (csrf_field(v)) button type="submit" .quiet { "Log out" } }
             } @else {
                 form #login method="post" action="/ui/login" {
                     label { "api_token " input type="password" name="token" autocomplete="off"; }
@@ -236,12 +246,52 @@ fn actions(s: &Snapshot, v: &Viewer) -> Markup {
     }
 }
 
+/// A POST form for one action, carrying the viewer's CSRF token; nothing without a session.
+fn post_form(v: &Viewer, verb: &str, fields: &[(&str, &str)], label: &str, confirm: Option<&str>) -> Markup {
+    html! {
+        @if v.csrf.is_some() {
+            form method="post" action={ "/ui/action/" (verb) } data-confirm=[confirm] {
+                (csrf_field(v))
+                @for (k, val) in fields { input type="hidden" name=(k) value=(val); }
+                button type="submit" { (label) }
+            }
+        }
+    }
+}
+
+fn csrf_field(v: &Viewer) -> Markup {
+    html! { @if let Some(c) = &v.csrf { input type="hidden" name="csrf" value=(c); } }
+}
+
+/// The last dashboard action and what came of it: the verdict, the incarnation it was asked
+/// of next to the one running now, and the command's last lines.
+fn outcome_section(s: &Snapshot) -> Markup {
+    html! {
+        section #(sse::OUTCOME) {
+            @if let Some(o) = &s.outcome {
+                div .outcome data-verdict=(o.verdict()) {
+                    strong { (o.verb) ": " (o.verdict()) } " "
+                    small { "asked at " (o.requested_at)
+                        @if let Some(f) = &o.from_incarnation { " of incarnation " code { (f) } }
+                        @if let Some(t) = &o.finished_at { " · finished " (t) }
+                    }
+                    @if let (Some(f), Some(now)) = (&o.from_incarnation, s.status.incarnation.as_deref()) {
+                        @if f != now && s.status.running { " · now incarnation " code .new-inc { (now) } }
+                    }
+                    @if let Some(said) = &o.said { p { (said) } }
+                    @if !o.output.is_empty() { pre .out { @for l in &o.output { (l) "\n" } } }
+                }
+            }
+        }
+    }
+}
+
 /// The actions that make sense in a state (its badge): a running gateway can be restarted or
-/// stopped, a draining one's drain cancelled, a stopped or parked one started.
+/// stopped, a draining or starting one stopped, a stopped or parked one started (from the
+/// fleet page: a stopped gateway serves no page).
 pub fn actions_for(badge: &str) -> &'static [&'static str] {
     match badge.split([' ', ':']).next().unwrap_or("") {
         "running" => &["restart", "stop"],
-        "draining" => &["cancel-drain", "stop"],
         "stopped" | "parked" => &["start"],
         _ => &["stop"],
     }
@@ -421,7 +471,7 @@ fn runs(s: &Snapshot) -> Markup {
     }
 }
 
-fn queue(s: &Snapshot) -> Markup {
+fn queue(s: &Snapshot, v: &Viewer) -> Markup {
     html! {
         section #(sse::QUEUE) {
             h2 { "Messages" }
@@ -430,6 +480,66 @@ fn queue(s: &Snapshot) -> Markup {
                 Some(q) => dl .counts {
                     dt { "queued" } dd { (q.queued) } dt { "running" } dd { (q.running) }
                     dt { "failed" } dd { (q.failed) } dt { "given up" } dd { (q.given_up) }
+                },
+            }
+            @if !s.messages.is_empty() {
+                table #messages {
+                    thead { tr { th { "message" } th { "chat" } th { "state" } th { "text" } th { "why" } th { "updated" } th {} } }
+                    tbody {
+                        @for m in &s.messages {
+                            tr data-state=(m.state.as_str()) {
+                                td { code { (m.id) } } td { (m.chat) } td { (m.state.as_str()) }
+                                td { (m.text) } td { (opt(m.reason.as_deref())) } td { (m.updated_at) }
+                                td {
+                                    @if matches!(m.state, MessageState::Failed | MessageState::GivenUp) {
+                                        (post_form(v, "retry", &[("id", &m.id)], "Retry", None))
+                                    }
+                                }
+                            }
+                            @if !m.trace.is_empty() {
+                                tr .trace { td colspan="7" { ol .trace { @for t in &m.trace {
+                                    li { small { (t.at) } " " (t.step) @if let Some(d) = &t.detail { " · " (d) } }
+                                } } } }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn conversations(s: &Snapshot, v: &Viewer) -> Markup {
+    html! {
+        section #(sse::CONVERSATIONS) {
+            h2 { "Conversations" }
+            @if s.conversations.is_empty() {
+                p .empty { "No platform conversations in the journal." }
+            } @else {
+                @for c in &s.conversations {
+                    div .conv {
+                        h3 { (c.platform.as_deref().unwrap_or("http")) ":" (c.chat) " " small { (c.last_at) } }
+                        dl .turns { @for (q, a) in &c.turns { dt { (q) } dd { (opt(a.as_deref())) } } }
+                        @if let Some(p) = &c.platform {
+                            (post_form(v, "new", &[("platform", p), ("chat", &c.chat)], "/new", Some("Start a new conversation in this chat?")))
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn providers(s: &Snapshot) -> Markup {
+    html! {
+        section #(sse::PROVIDERS) {
+            h2 { "Providers" }
+            @match &s.status.providers {
+                None => p .empty { "The agent backend has no upstream providers." },
+                Some(ps) => table {
+                    thead { tr { th { "provider" } th { "health" } th { "reason" } th { "cool-down until" } th { "attempts" } th { "failures" } } }
+                    tbody { @for p in ps { tr { td { (p.name) } td { (p.state) } td { (opt(p.reason.as_deref())) }
+                        td { (opt(p.until.map(|u| fmt_ts(i128::from(u) * 1_000_000)).as_deref())) } td { (p.attempts) } td { (p.failures) } } } }
                 },
             }
         }
@@ -452,7 +562,7 @@ fn platforms(s: &Snapshot) -> Markup {
     }
 }
 
-fn update(s: &Snapshot) -> Markup {
+fn update(s: &Snapshot, v: &Viewer) -> Markup {
     html! {
         section #(sse::UPDATE) {
             h2 { "Update" }
@@ -465,6 +575,14 @@ fn update(s: &Snapshot) -> Markup {
                     }
                     @match u.blessed { Some(true) => " · blessed", Some(false) => " · not blessed yet", None => "" }
                 },
+            }
+            @if s.status.running {
+                @if let Some(src) = &s.update_source {
+                    (post_form(v, "update", &[], "Update", Some(&format!("Install the release at {src}? The gateway restarts into it."))))
+                }
+                @if s.update.as_ref().is_some_and(|u| u.last_phase.is_some()) {
+                    (post_form(v, "rollback", &[], "Roll back", Some("Go back to the last known good binary?")))
+                }
             }
         }
     }
@@ -611,7 +729,7 @@ fn fmt_in(now: i128, t: i128) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::{DrainView, Finding, LockView, LogLine, QueueCounts, RunView, UpdateView};
+    use crate::snapshot::{Conversation, DrainView, Finding, LockView, LogLine, MessageView, QueueCounts, RunView, UpdateView};
     use gatewarden_control::proto::StatusReport;
     use gatewarden_lifecycle::ledger::parse_line;
     use serde_json::json;
@@ -682,6 +800,10 @@ mod tests {
             doctor: vec![Finding { severity: "warn".into(), code: "service-drift".into(), message: "the unit file differs".into() }],
             update: Some(UpdateView { version: "0.1.0".into(), last_phase: Some("committed".into()), last_from: Some("0.0.9".into()), last_to: Some("0.1.0".into()), blessed: Some(true) }),
             log_tail: (0..200).map(|k| LogLine { level: ["info", "warn", "error", "debug"][k % 4].into(), text: format!("{{\"ts\":\"2026-12-01T10:00:{:02}.123456+00:00\",\"level\":\"info\",\"msg\":\"run finished\",\"run\":\"run-abc-{k}\",\"chat\":\"telegram:12345\",\"ms\":{k}}}", k % 60) }).collect(),
+            messages: (0..10).map(|k| MessageView { id: format!("m{k:015}"), chat: format!("telegram:{k}"), state: [MessageState::Queued, MessageState::Failed][k % 2], text: "what is the weather like in a city far away".into(), reason: (k % 2 == 1).then(|| "agent failed: timeout".into()), attempts: 1, updated_at: "2026-12-01T11:59:00+00:00".into(), trace: Vec::new() }).collect(),
+            conversations: (0..5).map(|k| Conversation { platform: Some("tg".into()), chat: format!("{k}"), turns: vec![("hello there".into(), Some("hi! how can I help you today?".into())); 3], last_at: "2026-12-01T11:59:00+00:00".into() }).collect(),
+            outcome: None,
+            update_source: None,
         }
     }
 
@@ -899,7 +1021,7 @@ mod tests {
     #[test]
     fn actions_follow_the_state() {
         assert_eq!(actions_for("running"), ["restart", "stop"]);
-        assert_eq!(actions_for("draining 1/2"), ["cancel-drain", "stop"]);
+        assert_eq!(actions_for("draining 1/2"), ["stop"]);
         assert_eq!(actions_for("parked: crash loop"), ["start"]);
         assert_eq!(actions_for("stopped"), ["start"]);
         assert_eq!(actions_for("starting"), ["stop"]);

@@ -30,6 +30,15 @@ pub struct Snapshot {
     pub doctor: Vec<Finding>,
     pub update: Option<UpdateView>,
     pub log_tail: Vec<LogLine>,
+    /// The journal's messages that are not done (queued, running, failed, given up), newest
+    /// first, bounded by the gatherer.
+    pub messages: Vec<MessageView>,
+    /// Chats with their last turns, most recent first.
+    pub conversations: Vec<Conversation>,
+    /// The last dashboard action and what came of it (crate::actions).
+    pub outcome: Option<crate::actions::Outcome>,
+    /// What chat `/update` would install (`[update] source`): the page offers Update only then.
+    pub update_source: Option<String>,
 }
 
 /// The OS lock (`gateway.lock`) as a probe saw it.
@@ -86,6 +95,63 @@ pub struct UpdateView {
     pub last_from: Option<String>,
     pub last_to: Option<String>,
     pub blessed: Option<bool>,
+}
+
+/// Where a journaled message is, as the Messages section groups them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageState {
+    Queued,
+    Running,
+    Failed,
+    /// Failed because it was interrupted by restarts too many times (the journal's recovery
+    /// gave up on it).
+    GivenUp,
+}
+
+impl MessageState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageState::Queued => "queued",
+            MessageState::Running => "running",
+            MessageState::Failed => "failed",
+            MessageState::GivenUp => "given up",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageView {
+    pub id: String,
+    /// `platform:chat` or the HTTP chat id.
+    pub chat: String,
+    pub state: MessageState,
+    /// The message's text, shortened by the gatherer.
+    pub text: String,
+    pub reason: Option<String>,
+    pub attempts: i64,
+    pub updated_at: String,
+    /// The message's path through the gateway (received, journaled, claimed, backend called,
+    /// …), oldest first: empty until a trace source fills it (see docs/architecture.md,
+    /// "Dashboard": the trace hook).
+    pub trace: Vec<TraceStep>,
+}
+
+/// One step of a message's trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceStep {
+    pub at: String,
+    pub step: String,
+    pub detail: Option<String>,
+}
+
+/// One chat and its last turns (user text, reply), oldest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conversation {
+    /// The platform adapter's name; `None` for the HTTP API.
+    pub platform: Option<String>,
+    pub chat: String,
+    pub turns: Vec<(String, Option<String>)>,
+    pub last_at: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

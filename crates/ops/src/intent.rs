@@ -28,7 +28,7 @@ fn ledger(home: &Home) -> Ledger {
 }
 
 fn requester_json() -> serde_json::Value {
-    let r = Requester::current("cli");
+    let r = Requester::cli();
     json!({"pid": r.pid, "argv": r.argv, "channel": r.channel})
 }
 
