@@ -71,6 +71,14 @@ pub struct Viewer {
     pub csrf: Option<String>,
     /// Where the page's event stream is (`/ui/events`).
     pub events_path: String,
+    /// Where the page's forms post (`<base>/login`, `<base>/action/<verb>`); empty: `/ui`.
+    pub base: String,
+}
+
+impl Viewer {
+    fn base(&self) -> &str {
+        if self.base.is_empty() { "/ui" } else { &self.base }
+    }
 }
 
 /// The main page of one home.
@@ -235,9 +243,9 @@ fn actions(s: &Snapshot, v: &Viewer) -> Markup {
                     };
                     (post_form(v, verb, &[], label, confirm))
                 }
-                form method="post" action="/ui/logout" { (csrf_field(v)) button type="submit" .quiet { "Log out" } }
+                form method="post" action={ (v.base()) "/logout" } { (csrf_field(v)) button type="submit" .quiet { "Log out" } }
             } @else {
-                form #login method="post" action="/ui/login" {
+                form #login method="post" action={ (v.base()) "/login" } {
                     label { "api_token " input type="password" name="token" autocomplete="off"; }
                     button type="submit" { "Unlock actions" }
                 }
@@ -250,7 +258,7 @@ fn actions(s: &Snapshot, v: &Viewer) -> Markup {
 fn post_form(v: &Viewer, verb: &str, fields: &[(&str, &str)], label: &str, confirm: Option<&str>) -> Markup {
     html! {
         @if v.csrf.is_some() {
-            form method="post" action={ "/ui/action/" (verb) } data-confirm=[confirm] {
+            form method="post" action={ (v.base()) "/action/" (verb) } data-confirm=[confirm] {
                 (csrf_field(v))
                 @for (k, val) in fields { input type="hidden" name=(k) value=(val); }
                 button type="submit" { (label) }
@@ -631,7 +639,12 @@ pub fn fleet(homes: &[HomeSummary], skipped: &[(String, String)]) -> String {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head { meta charset="utf-8"; title { "gatewarden fleet" } style { (PreEscaped(CSS)) } }
+            head {
+                meta charset="utf-8";
+                // No script on this page: it refreshes itself.
+                meta http-equiv="refresh" content="5";
+                title { "gatewarden fleet" } style { (PreEscaped(CSS)) }
+            }
             body {
                 h1 { "Gateway homes on this machine" }
                 @if homes.is_empty() {
@@ -644,9 +657,10 @@ pub fn fleet(homes: &[HomeSummary], skipped: &[(String, String)]) -> String {
                                 @let badge = h.state.clone();
                                 tr data-state=(h.state) {
                                     td { @match &h.listen {
-                                        Some(l) => a href={ "http://" (l) "/ui" } { code { (h.path) } },
+                                        Some(l) => a .own href={ "http://" (l) "/ui" } { code { (h.path) } },
                                         None => code { (h.path) },
-                                    } @if h.kind != "gatewarden" { " " small { "(" (h.kind) ")" } } }
+                                    } @if h.kind != "gatewarden" { " " small { "(" (h.kind) ")" } }
+                                    " " a .files href={ "/ui/home/" (home_key(&h.path)) } { small { "(from its files)" } } }
                                     td { span .badge .(state_class(&badge)) { (badge) } }
                                     td { (opt(h.pid.map(|p| p.to_string()).as_deref())) }
                                     td { (opt(h.version.as_deref())) }
@@ -667,6 +681,11 @@ pub fn fleet(homes: &[HomeSummary], skipped: &[(String, String)]) -> String {
         }
     }
     .into_string()
+}
+
+/// The key of a home in the fleet server's paths (`/ui/home/<key>`): its registry file name.
+pub fn home_key(path: &str) -> String {
+    crate::registry::file_name(path).trim_end_matches(".json").to_owned()
 }
 
 /// The answer to an action or a login: what happened, in words (the new incarnation, or what
@@ -814,7 +833,7 @@ mod tests {
     #[test]
     fn the_main_page_stays_within_its_budget() {
         let s = big(now());
-        let v = Viewer { actions_configured: true, csrf: Some("c".repeat(64)), events_path: "/ui/events".into() };
+        let v = Viewer { actions_configured: true, csrf: Some("c".repeat(64)), events_path: "/ui/events".into(), ..Viewer::default() };
         let started = std::time::Instant::now();
         let html = page(&s, &v);
         eprintln!(

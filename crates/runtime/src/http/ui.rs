@@ -86,7 +86,7 @@ fn viewer(gw: &App, headers: &HeaderMap) -> Viewer {
         .unwrap_or_else(|p| p.into_inner())
         .find(header_str(headers, header::COOKIE), now_us())
         .map(|s| s.csrf.clone());
-    Viewer { actions_configured: gw.work.api_token.is_some(), csrf, events_path: "/ui/events".into() }
+    Viewer { actions_configured: gw.work.api_token.is_some(), csrf, events_path: "/ui/events".into(), base: String::new() }
 }
 
 /// Reading is open on a loopback listener; on any other, only to a logged-in session.
@@ -124,7 +124,7 @@ fn see_ui(cookie: Option<String>) -> Response {
 async fn page(State(gw): State<Arc<App>>, headers: HeaderMap) -> Response {
     let v = viewer(&gw, &headers);
     if !may_read(&gw, &v) {
-        let login = Viewer { actions_configured: true, csrf: None, events_path: String::new() };
+        let login = Viewer { actions_configured: true, csrf: None, events_path: String::new(), base: String::new() };
         return html(StatusCode::OK, render::page(&Snapshot::default(), &login));
     }
     let s = snapshot(Arc::clone(&gw)).await;
