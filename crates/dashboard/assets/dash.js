@@ -5,8 +5,8 @@
     var es = new EventSource(src);
     (b.dataset.fragments || "").split(" ").forEach(function (id) {
       es.addEventListener(id, function (e) {
-        var el = document.getElementById(id);
-        if (el) el.outerHTML = e.data;
+        var el = document.getElementById(id), v = /data-v="(\w+)"/.exec(e.data);
+        if (el && !(v && el.dataset.v === v[1])) el.outerHTML = e.data;
       });
     });
     es.onopen = function () { b.classList.remove("stale"); };

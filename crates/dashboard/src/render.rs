@@ -95,22 +95,22 @@ pub fn page(s: &Snapshot, v: &Viewer) -> String {
                 style { (PreEscaped(CSS)) }
             }
             body data-events=(v.events_path) data-fragments=(sse::FRAGMENTS.join(" ")) {
-                (header(s, &incs))
-                (actions(s, v))
-                (outcome_section(s))
-                (timeline_section(s, &incs))
-                (runs(s))
-                (queue(s, v))
-                (conversations(s, v))
-                (platforms(s))
-                (providers(s))
-                (update(s, v))
-                (doctor(s))
+                (stamped(header(s, &incs)))
+                (stamped(actions(s, v)))
+                (stamped(outcome_section(s)))
+                (stamped(timeline_section(s, &incs)))
+                (stamped(runs(s)))
+                (stamped(queue(s, v)))
+                (stamped(conversations(s, v)))
+                (stamped(platforms(s)))
+                (stamped(providers(s)))
+                (stamped(update(s, v)))
+                (stamped(doctor(s)))
                 div #logwrap data-min="debug" {
                     label { "level " select #level {
                         @for l in ["debug", "info", "warn", "error"] { option value=(l) { (l) } }
                     } }
-                    (log(s))
+                    (stamped(log(s)))
                 }
                 script { (PreEscaped(JS)) }
             }
@@ -143,7 +143,25 @@ pub fn fragment_for(id: &str, s: &Snapshot, v: &Viewer) -> Option<String> {
         sse::LOG => log(s),
         _ => return None,
     };
-    Some(m.into_string())
+    Some(stamped(m).0)
+}
+
+/// A fragment with its version (`data-v`, a hash of its HTML) in its first tag: the page's
+/// script skips an update whose version it already shows, so a new stream's first round
+/// (every fragment) leaves an unchanged section, and whatever is being typed into it, alone.
+fn stamped(m: Markup) -> PreEscaped<String> {
+    let html = m.into_string();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in html.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    match html.find('>') {
+        Some(end) if html.starts_with('<') => {
+            PreEscaped(format!("{} data-v=\"{h:016x}\"{}", &html[..end], &html[end..]))
+        }
+        _ => PreEscaped(html),
+    }
 }
 
 fn incarnations(s: &Snapshot) -> Vec<Incarnation> {

@@ -328,3 +328,57 @@ fn wait_find(b: &Browser, css: &str) -> gatewarden_testkit::browser::Element {
     });
     found.unwrap_or_else(|| panic!("no {css:?}; page: {:?}", b.find("body").and_then(|e| b.text(&e))))
 }
+
+/// Messages: a failed message is listed with its reason and a Retry button; Retry (with the
+/// token) queues a copy through the journal, which now succeeds; the outcome names the copy
+/// and the ledger records the dashboard as the requester.
+#[test]
+fn a_failed_message_is_retried_from_the_page() {
+    let Some(b) = Browser::start(Duration::from_secs(30)) else { return };
+    let home = TempHome::new();
+    let ok = home.path().join("ok");
+    let (_gw, listen) = {
+        let (g, l) = start_detached(&home);
+        // The agent fails until `ok` exists (config read at start: restart to apply it).
+        home.write(
+            "config.toml",
+            format!(
+                "api_token = \"{TOKEN}\"\n[agent]\nbackend = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", \"test -e {} && cat\"]\n",
+                ok.display()
+            ),
+        );
+        assert_cli(&run_cli(&home, &["restart"]), 0, "restart with the failing agent");
+        (g, l)
+    };
+    let api = gatewarden_testkit::api::Api::new(listen.parse().expect("addr")).with_token(TOKEN);
+    let id = api.submit("c1", "hello retry");
+    let failed = gatewarden_testkit::wait_until(PAGE, || {
+        api.message(&id).is_some_and(|m| m["state"] == "failed")
+    });
+    assert!(failed, "the message fails first: {:?}", api.message(&id));
+
+    b.navigate(&format!("http://{listen}/ui")).expect("navigate");
+    let row = text_of(&b, &format!("#messages tr[data-state=failed]"));
+    assert!(row.contains(&id) && row.contains("hello retry"), "{row}");
+    assert!(b.find_all("#messages form[action='/ui/action/retry']").expect("find").is_empty(), "no button without the token");
+    b.send_keys(&b.find("form#login input[name=token]").expect("token input"), TOKEN).expect("type");
+    b.click(&b.find("form#login button").expect("button")).expect("click");
+    std::fs::write(&ok, "").expect("let the agent succeed");
+    b.click(&wait_find(&b, "#messages form[action='/ui/action/retry'] button")).expect("retry");
+    let outcome = b.wait_text("#action", "retry: done", PAGE).expect("the retry's outcome");
+    let copy = outcome
+        .split("queued again as ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the outcome names the copy: {outcome}"))
+        .to_owned();
+    let done = gatewarden_testkit::wait_until(PAGE, || api.message(&copy).is_some_and(|m| m["state"] == "done"));
+    assert!(done, "the copy runs: {:?}", api.message(&copy));
+    assert_eq!(api.message(&copy).map(|m| m["reply"].clone()), Some(serde_json::json!("hello retry")));
+    let ledger = home.ledger_text();
+    assert!(
+        ledger.lines().any(|l| l.contains("\"dashboard_action\"") && l.contains("\"channel\":\"dashboard\"") && l.contains(&id)),
+        "{ledger}"
+    );
+    b.quit();
+}

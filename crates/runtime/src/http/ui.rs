@@ -26,7 +26,7 @@ use axum::response::{IntoResponse, Response};
 use gatewarden_dashboard::actions::{self, Action};
 use gatewarden_dashboard::auth::{self, CSRF_FIELD, Policy, Post, Refusal};
 use gatewarden_dashboard::snapshot::{
-    Conversation, DrainView, LogLine, MessageState, MessageView, QueueCounts, RunView, Snapshot,
+    Conversation, DrainView, Finding, LogLine, MessageState, MessageView, QueueCounts, RunView, Snapshot,
 };
 use gatewarden_dashboard::{Viewer, gather, live, render, sse};
 use gatewarden_journal::{Message, State as MsgState};
@@ -153,6 +153,7 @@ fn snapshot_now(gw: &App) -> Snapshot {
     s.update = Some(gather::update_view(&gw.home, gatewarden_lifecycle::VERSION));
     s.update_source = gw.work.update_source().map(str::to_owned);
     s.outcome = actions::read(&gw.home);
+    s.doctor = doctor_findings(gw);
     let j = &gw.work.journal;
     if let Ok(c) = j.counts() {
         let unfinished = j.recent(&[MsgState::Queued, MsgState::Running, MsgState::Failed], MESSAGES).unwrap_or_default();
@@ -181,6 +182,81 @@ fn snapshot_now(gw: &App) -> Snapshot {
         s.conversations = conversations(&j.recent(&[MsgState::Done], 200).unwrap_or_default());
     }
     s
+}
+
+/// How often the doctor's findings are refreshed while a page is open, and how long one run
+/// of it may take.
+const DOCTOR_EVERY: Duration = Duration::from_secs(60);
+const DOCTOR_TIMEOUT: Duration = Duration::from_secs(10);
+static DOCTOR: std::sync::Mutex<Option<(std::time::Instant, Vec<Finding>)>> = std::sync::Mutex::new(None);
+static DOCTOR_RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The doctor's findings, from `gatewarden doctor --json` (the CLI's own checks, run beside the
+/// gateway rather than inside it: they look at the service manager and the home from outside),
+/// refreshed in the background at most every [`DOCTOR_EVERY`]; the last ones meanwhile.
+fn doctor_findings(gw: &App) -> Vec<Finding> {
+    let cached = DOCTOR.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let stale = cached.as_ref().is_none_or(|(at, _)| at.elapsed() >= DOCTOR_EVERY);
+    if stale && !DOCTOR_RUNNING.swap(true, Ordering::AcqRel) {
+        let home = gw.home.dir().to_path_buf();
+        std::thread::spawn(move || {
+            let found = run_doctor(&home);
+            *DOCTOR.lock().unwrap_or_else(|p| p.into_inner()) = Some((std::time::Instant::now(), found));
+            DOCTOR_RUNNING.store(false, Ordering::Release);
+        });
+    }
+    cached.map(|(_, f)| f).unwrap_or_default()
+}
+
+fn run_doctor(home: &std::path::Path) -> Vec<Finding> {
+    use std::io::Read;
+    let fail = |why: String| vec![Finding { severity: "warn".into(), code: "doctor".into(), message: why }];
+    let exe = match gatewarden_lifecycle::platform::spawn::self_exe() {
+        Ok(e) => e,
+        Err(e) => return fail(format!("cannot run the doctor: {e}")),
+    };
+    let mut child = match std::process::Command::new(exe)
+        .arg("--home")
+        .arg(home)
+        .args(["doctor", "--json"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => return fail(format!("cannot run the doctor: {e}")),
+    };
+    let deadline = std::time::Instant::now() + DOCTOR_TIMEOUT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return fail(format!("the doctor did not finish within {DOCTOR_TIMEOUT:?}"));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if let Some(o) = child.stdout.as_mut() {
+        let _ = o.take(1 << 20).read_to_end(&mut out);
+    }
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out) else {
+        return fail("the doctor's answer was not JSON".into());
+    };
+    let s = |i: &serde_json::Value, k: &str| i.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
+    v.get("findings")
+        .and_then(|f| f.as_array())
+        .into_iter()
+        .flatten()
+        .map(|i| Finding {
+            severity: s(i, "severity"),
+            code: s(i, "id"),
+            message: format!("{}: {}", s(i, "subject"), s(i, "message")),
+        })
+        .collect()
 }
 
 fn given_up(m: &Message) -> bool {
