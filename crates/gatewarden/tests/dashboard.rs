@@ -147,8 +147,14 @@ fn start_detached(home: &TempHome) -> (Started<'_>, String) {
     (Started(home), s.listen.clone().unwrap_or_else(|| panic!("no listen address: {s:?}")))
 }
 
+/// The text of the first element matching `css`, read in one script call: the live page swaps
+/// sections under an element reference (the header changes every tick: uptime).
 fn text_of(b: &Browser, css: &str) -> String {
-    b.find(css).and_then(|e| b.text(&e)).unwrap_or_else(|e| panic!("{css}: {e}"))
+    let q = serde_json::Value::String(css.to_owned());
+    let v = b
+        .execute(&format!("const e = document.querySelector({q}); return e ? e.innerText : null"))
+        .unwrap_or_else(|e| panic!("{css}: {e}"));
+    v.as_str().map(str::to_owned).unwrap_or_else(|| panic!("no {css:?} on the page"))
 }
 
 /// The gateway's own page: its state; read-only without the token (a forged POST is refused);
