@@ -577,12 +577,14 @@ fn platforms(s: &Snapshot) -> Markup {
     html! {
         section #(sse::PLATFORMS) {
             h2 { "Platforms" }
+            @if let Some(l) = s.credential_lease() { p { "credential lease: " (l) } }
             @if ps.is_empty() {
                 p .empty { "No chat platforms configured." }
             } @else {
-                table { thead { tr { th { "name" } th { "kind" } th { "state" } th { "lag" } th { "last error" } th { "received" } th { "sent" } } }
-                    tbody { @for p in &ps { tr { td { (p.name) } td { (p.kind) } td { (p.state) }
-                        td { (opt(p.lag_s.map(fmt_secs).as_deref())) } td { (opt(p.reason.as_deref())) } td { (p.received) } td { (p.sent) } } } } }
+                table { thead { tr { th { "name" } th { "kind" } th { "state" } th { "since" } th { "lag" } th { "last error" } th { "received" } th { "sent" } th { "conflicts" } } }
+                    tbody { @for p in &ps { tr { td { (p.name) } td { (p.kind) } td { (p.state) @if let Some(r) = &p.reason { " " small { "(" (r) ")" } } }
+                        td { (opt(p.since.as_deref())) } td { (opt(p.lag_s.map(fmt_secs).as_deref())) } td { (opt(p.last_error.as_deref())) }
+                        td { (p.received) } td { (p.sent) } td { (p.conflicts) } } } } }
             }
         }
     }

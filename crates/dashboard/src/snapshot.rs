@@ -180,6 +180,11 @@ pub struct PlatformView {
     pub lag_s: Option<f64>,
     pub received: u64,
     pub sent: u64,
+    /// The last error the adapter saw, even after it recovered.
+    pub last_error: Option<String>,
+    pub since: Option<String>,
+    /// Another poller seen on the same credential (Telegram's 409).
+    pub conflicts: u64,
 }
 
 impl Snapshot {
@@ -201,6 +206,18 @@ impl Snapshot {
         })
     }
 
+    /// Who may use the platforms' credentials now: under `[cluster]` only the active, for as
+    /// long as its lease lasts (`extra.cluster.lease_left_ms`); `None` without a cluster.
+    pub fn credential_lease(&self) -> Option<String> {
+        let c = self.cluster()?;
+        let left = self.status.extra.get("cluster")?.get("lease_left_ms").and_then(Value::as_u64);
+        Some(match (c.role.as_str(), left) {
+            ("active", Some(ms)) => format!("held by this gateway (the cluster's active), {:.1} s left", ms as f64 / 1000.0),
+            ("active", None) => "held by this gateway (the cluster's active)".to_owned(),
+            (role, _) => format!("not held: this gateway is {role}; the active polls"),
+        })
+    }
+
     pub fn platforms(&self) -> Vec<PlatformView> {
         let Some(list) = self.status.extra.get("platforms").and_then(Value::as_array) else { return Vec::new() };
         list.iter()
@@ -215,6 +232,13 @@ impl Snapshot {
                     lag_s: p.get("lag_s").and_then(Value::as_f64),
                     received: p.get("received").and_then(Value::as_u64).unwrap_or(0),
                     sent: p.get("sent").and_then(Value::as_u64).unwrap_or(0),
+                    last_error: match p.get("last_error") {
+                        Some(Value::String(e)) => Some(e.clone()),
+                        Some(Value::Null) | None => None,
+                        Some(other) => Some(other.to_string()),
+                    },
+                    since: s("since"),
+                    conflicts: p.get("conflicts").and_then(Value::as_u64).unwrap_or(0),
                 }
             })
             .collect()
@@ -400,7 +424,7 @@ mod tests {
         );
         s.status.extra.insert(
             "platforms".into(),
-            json!([{"name":"tg","kind":"telegram","state":"retrying","reason":"401","lag_s":1.5,"received":3,"sent":2}]),
+            json!([{"name":"tg","kind":"telegram","state":"retrying","reason":"401","lag_s":1.5,"received":3,"sent":2,"last_error":"409 conflict","conflicts":1}]),
         );
         let c = s.cluster().unwrap();
         assert_eq!((c.role.as_str(), c.epoch, c.active.as_deref()), ("standby", Some(4), Some("h2 (10.0.0.2:8080)")));
@@ -408,6 +432,13 @@ mod tests {
         assert_eq!(
             (p.name.as_str(), p.state.as_str(), p.reason.as_deref(), p.sent),
             ("tg", "retrying", Some("401"), 2)
+        );
+        assert_eq!((p.last_error.as_deref(), p.conflicts), (Some("409 conflict"), 1));
+        assert_eq!(s.credential_lease().as_deref(), Some("not held: this gateway is standby; the active polls"));
+        s.status.extra.insert("cluster".into(), json!({"name":"c1","role":"active","lease_left_ms":2500}));
+        assert_eq!(
+            s.credential_lease().as_deref(),
+            Some("held by this gateway (the cluster's active), 2.5 s left")
         );
     }
 
