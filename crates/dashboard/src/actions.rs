@@ -182,7 +182,13 @@ pub fn read(home: &Home) -> Option<Outcome> {
 /// [`OUTPUT_FILE`], `channel: dashboard` for the ledger and [`OUTCOME_ENV`] for its exit code.
 /// The outcome record is written first, so a page shows `running` at once. A thread reaps the
 /// command when it ends (while this process lives).
-pub fn launch(home: &Home, exe: &Path, verb: &str, args: &[String], from_incarnation: Option<String>) -> std::io::Result<Outcome> {
+pub fn launch(
+    home: &Home,
+    exe: &Path,
+    verb: &str,
+    args: &[String],
+    from_incarnation: Option<String>,
+) -> std::io::Result<Outcome> {
     use std::process::{Command, Stdio};
     gatewarden_lifecycle::platform::create_private_dir(&home.logs_dir())?;
     let out_path = output_path(home);

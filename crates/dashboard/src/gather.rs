@@ -46,7 +46,13 @@ pub fn update_view(home: &Home, version: &str) -> crate::snapshot::UpdateView {
         Some("rolled_back" | "failed") | None => None,
         Some(_) => Some(false),
     };
-    crate::snapshot::UpdateView { version: version.to_owned(), last_from: s("from"), last_to: s("to"), last_phase: phase, blessed }
+    crate::snapshot::UpdateView {
+        version: version.to_owned(),
+        last_from: s("from"),
+        last_to: s("to"),
+        last_phase: phase,
+        blessed,
+    }
 }
 
 /// The gateway's log file when it runs detached (`gatewarden start`, crates/ops/src/launch.rs).

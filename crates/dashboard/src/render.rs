@@ -768,7 +768,9 @@ fn fmt_in(now: i128, t: i128) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::{Conversation, DrainView, Finding, LockView, LogLine, MessageView, QueueCounts, RunView, UpdateView};
+    use crate::snapshot::{
+        Conversation, DrainView, Finding, LockView, LogLine, MessageView, QueueCounts, RunView, UpdateView,
+    };
     use gatewarden_control::proto::StatusReport;
     use gatewarden_lifecycle::ledger::parse_line;
     use serde_json::json;
@@ -853,7 +855,12 @@ mod tests {
     #[test]
     fn the_main_page_stays_within_its_budget() {
         let s = big(now());
-        let v = Viewer { actions_configured: true, csrf: Some("c".repeat(64)), events_path: "/ui/events".into(), ..Viewer::default() };
+        let v = Viewer {
+            actions_configured: true,
+            csrf: Some("c".repeat(64)),
+            events_path: "/ui/events".into(),
+            ..Viewer::default()
+        };
         let started = std::time::Instant::now();
         let html = page(&s, &v);
         eprintln!(

@@ -212,7 +212,9 @@ impl Snapshot {
         let c = self.cluster()?;
         let left = self.status.extra.get("cluster")?.get("lease_left_ms").and_then(Value::as_u64);
         Some(match (c.role.as_str(), left) {
-            ("active", Some(ms)) => format!("held by this gateway (the cluster's active), {:.1} s left", ms as f64 / 1000.0),
+            ("active", Some(ms)) => {
+                format!("held by this gateway (the cluster's active), {:.1} s left", ms as f64 / 1000.0)
+            }
             ("active", None) => "held by this gateway (the cluster's active)".to_owned(),
             (role, _) => format!("not held: this gateway is {role}; the active polls"),
         })
@@ -436,10 +438,7 @@ mod tests {
         assert_eq!((p.last_error.as_deref(), p.conflicts), (Some("409 conflict"), 1));
         assert_eq!(s.credential_lease().as_deref(), Some("not held: this gateway is standby; the active polls"));
         s.status.extra.insert("cluster".into(), json!({"name":"c1","role":"active","lease_left_ms":2500}));
-        assert_eq!(
-            s.credential_lease().as_deref(),
-            Some("held by this gateway (the cluster's active), 2.5 s left")
-        );
+        assert_eq!(s.credential_lease().as_deref(), Some("held by this gateway (the cluster's active), 2.5 s left"));
     }
 
     #[test]

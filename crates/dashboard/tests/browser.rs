@@ -232,7 +232,8 @@ fn screenshot_dir() -> PathBuf {
 fn pages_render_in_headless_chromium_and_take_live_updates() {
     let Some(b) = Browser::start(Duration::from_secs(30)) else { return };
     let s = snapshot();
-    let viewer = Viewer { actions_configured: false, csrf: None, events_path: "/ui/events".into(), ..Viewer::default() };
+    let viewer =
+        Viewer { actions_configured: false, csrf: None, events_path: "/ui/events".into(), ..Viewer::default() };
     let main = page(&s, &viewer);
     // What the stream pushes, as the runtime will (live::Live: only changed fragments): the
     // same home draining one of two runs, then restarted into a new incarnation.

@@ -193,9 +193,9 @@ fn the_gateways_page_follows_restarts_and_restarts_with_the_token() {
     assert_cli(&out, 0, "restart");
     let second = status_json(home.path()).incarnation.expect("incarnation");
     assert_ne!(second, first);
-    let table = b.wait_text("table.incs", &second, SSE_DEADLINE).unwrap_or_else(|e| {
-        panic!("the CLI restart did not reach the page within {SSE_DEADLINE:?}: {e}")
-    });
+    let table = b
+        .wait_text("table.incs", &second, SSE_DEADLINE)
+        .unwrap_or_else(|e| panic!("the CLI restart did not reach the page within {SSE_DEADLINE:?}: {e}"));
     assert!(table.contains("exit 75 (planned_restart)") && table.contains("via cli"), "{table}");
     b.wait_text("#truth", &second, PAGE).expect("the header follows");
     assert_eq!(b.execute("return window.__same_page === true").expect("js"), serde_json::json!(true), "no reload");
@@ -358,15 +358,16 @@ fn a_failed_message_is_retried_from_the_page() {
     };
     let api = gatewarden_testkit::api::Api::new(listen.parse().expect("addr")).with_token(TOKEN);
     let id = api.submit("c1", "hello retry");
-    let failed = gatewarden_testkit::wait_until(PAGE, || {
-        api.message(&id).is_some_and(|m| m["state"] == "failed")
-    });
+    let failed = gatewarden_testkit::wait_until(PAGE, || api.message(&id).is_some_and(|m| m["state"] == "failed"));
     assert!(failed, "the message fails first: {:?}", api.message(&id));
 
     b.navigate(&format!("http://{listen}/ui")).expect("navigate");
-    let row = text_of(&b, &format!("#messages tr[data-state=failed]"));
+    let row = text_of(&b, "#messages tr[data-state=failed]");
     assert!(row.contains(&id) && row.contains("hello retry"), "{row}");
-    assert!(b.find_all("#messages form[action='/ui/action/retry']").expect("find").is_empty(), "no button without the token");
+    assert!(
+        b.find_all("#messages form[action='/ui/action/retry']").expect("find").is_empty(),
+        "no button without the token"
+    );
     b.send_keys(&b.find("form#login input[name=token]").expect("token input"), TOKEN).expect("type");
     b.click(&b.find("form#login button").expect("button")).expect("click");
     std::fs::write(&ok, "").expect("let the agent succeed");
@@ -383,7 +384,9 @@ fn a_failed_message_is_retried_from_the_page() {
     assert_eq!(api.message(&copy).map(|m| m["reply"].clone()), Some(serde_json::json!("hello retry")));
     let ledger = home.ledger_text();
     assert!(
-        ledger.lines().any(|l| l.contains("\"dashboard_action\"") && l.contains("\"channel\":\"dashboard\"") && l.contains(&id)),
+        ledger
+            .lines()
+            .any(|l| l.contains("\"dashboard_action\"") && l.contains("\"channel\":\"dashboard\"") && l.contains(&id)),
         "{ledger}"
     );
     b.quit();

@@ -1281,7 +1281,8 @@ mod tests {
         let b = j.accept(&msg("b")).unwrap();
         assert!(j.claim(&b, "i").unwrap());
         assert!(j.fail(&b, "i", "boom").unwrap());
-        let ids = |states: &[State]| -> Vec<String> { j.recent(states, 10).unwrap().into_iter().map(|m| m.id).collect() };
+        let ids =
+            |states: &[State]| -> Vec<String> { j.recent(states, 10).unwrap().into_iter().map(|m| m.id).collect() };
         assert_eq!(ids(&[State::Failed]), vec![b.clone()]);
         assert_eq!(ids(&[State::Queued, State::Failed]), vec![b.clone(), a.clone()]);
         assert!(ids(&[]).is_empty());

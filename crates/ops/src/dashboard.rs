@@ -64,10 +64,8 @@ enum Source {
 }
 
 pub fn dashboard(args: DashboardArgs) -> crate::Result<ExitCode> {
-    let addr: std::net::SocketAddr = args
-        .listen
-        .parse()
-        .map_err(|e| crate::Error::msg(format!("invalid listen address {:?}: {e}", args.listen)))?;
+    let addr: std::net::SocketAddr =
+        args.listen.parse().map_err(|e| crate::Error::msg(format!("invalid listen address {:?}: {e}", args.listen)))?;
     if !addr.ip().is_loopback() {
         return Err(crate::Error::msg(format!(
             "the fleet dashboard listens on loopback only, not {addr}: reach it through an SSH tunnel"
@@ -87,7 +85,11 @@ pub fn dashboard(args: DashboardArgs) -> crate::Result<ExitCode> {
             .map_err(|e| crate::Error::msg(format!("cannot listen on {addr}: {e}")))?;
         let bound = listener.local_addr().map_err(|e| crate::Error::msg(e.to_string()))?;
         let fleet = Arc::new(Fleet {
-            policy: Policy { api_token: Some(token.clone()), bound: Some(bound.to_string()), allowed_hosts: Vec::new() },
+            policy: Policy {
+                api_token: Some(token.clone()),
+                bound: Some(bound.to_string()),
+                allowed_hosts: Vec::new(),
+            },
             sessions: Mutex::new(Sessions::default()),
             homes: args.homes,
             hermes_homes: args.hermes_homes,
@@ -241,7 +243,7 @@ fn summaries(f: &Fleet) -> (Vec<HomeSummary>, Vec<(String, String)>) {
             }
             Source::Hermes(dir) => {
                 let s = gatewarden_hermes::status::status(&gatewarden_hermes::home::HermesHome::at(&dir));
-                let phase = serde_json::to_value(&s.phase).ok().and_then(|v| v.as_str().map(str::to_owned));
+                let phase = serde_json::to_value(s.phase).ok().and_then(|v| v.as_str().map(str::to_owned));
                 rows.push(HomeSummary {
                     path: s.home.clone(),
                     state: s.gateway_state.clone().or(phase).unwrap_or_else(|| "unknown".into()),
@@ -396,9 +398,10 @@ fn post_facts<'a>(headers: &'a HeaderMap, csrf: Option<&'a str>) -> Post<'a> {
 async fn login(State(f): State<Arc<Fleet>>, Path(key): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
     let form = String::from_utf8_lossy(&body);
     let given = auth::form_value(&form, "token").unwrap_or_default();
-    let res = f.policy.check_origin(&post_facts(&headers, None)).and_then(|()| {
-        f.sessions.lock().unwrap_or_else(|p| p.into_inner()).login(&f.policy, &given, now_us())
-    });
+    let res = f
+        .policy
+        .check_origin(&post_facts(&headers, None))
+        .and_then(|()| f.sessions.lock().unwrap_or_else(|p| p.into_inner()).login(&f.policy, &given, now_us()));
     match res {
         // The fleet's cookie covers every home's page.
         Ok(s) => see(&format!("/ui/home/{key}"), Some(auth::set_cookie(&s))),

@@ -93,7 +93,10 @@ pub fn findings(home: &Home) -> Vec<gatewarden_dashboard::snapshot::Finding> {
     check(&home.canonicalized())
         .into_iter()
         .map(|i| gatewarden_dashboard::snapshot::Finding {
-            severity: serde_json::to_value(i.severity).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
+            severity: serde_json::to_value(i.severity)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
             code: i.id,
             message: format!("{}: {}", i.subject, i.message),
         })

@@ -80,11 +80,10 @@ fn stop_via_manager(
         // manager records as success); if the endpoint is silent, the marker makes the
         // manager's own stop signal a planned stop (exit 0) too.
         let progress = crate::progress::Progress::new();
-        let graceful =
-            stopper::request_stop(home, &Requester::cli(), StopReason::Stop, deadline, &mut |p| match p {
-                stopper::Phase::Note(n) => eprintln!("{n}"),
-                _ => progress.phase(&format!("stopping {who}: draining active runs")),
-            });
+        let graceful = stopper::request_stop(home, &Requester::cli(), StopReason::Stop, deadline, &mut |p| match p {
+            stopper::Phase::Note(n) => eprintln!("{n}"),
+            _ => progress.phase(&format!("stopping {who}: draining active runs")),
+        });
         progress.finish();
         if !graceful && let Ok(h) = lock_holder(home) {
             marker::write(home.dir(), MarkerKind::PlannedStop, h.identity, &home.dir().to_string_lossy())?;

@@ -43,7 +43,11 @@ pub fn dispatch(home: HermesHome, by: SelectedBy, command: Command) -> anyhow::R
         // `--hermes-home DIR dashboard`: the fleet page, with this hermes home among the rest.
         Command::Dashboard { listen, homes, mut hermes_homes } => {
             hermes_homes.insert(0, home.dir().to_path_buf());
-            gatewarden_ops::dashboard::dashboard(gatewarden_ops::dashboard::DashboardArgs { listen, homes, hermes_homes })?
+            gatewarden_ops::dashboard::dashboard(gatewarden_ops::dashboard::DashboardArgs {
+                listen,
+                homes,
+                hermes_homes,
+            })?
         }
         Command::Top { .. } => anyhow::bail!("`top` shows a native home's snapshot; for a hermes home use `status`"),
     })

@@ -23,8 +23,8 @@ mod messages;
 mod metrics;
 mod openai;
 pub mod resources;
-pub mod ui;
 pub mod serve;
+pub mod ui;
 
 /// The request-body types and their pure helpers, for the fuzz targets (fuzz/fuzz_targets);
 /// not an API.

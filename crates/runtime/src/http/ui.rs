@@ -74,7 +74,7 @@ fn now_us() -> i128 {
     timefmt::to_micros(SystemTime::now())
 }
 
-fn header_str<'a>(h: &'a HeaderMap, name: header::HeaderName) -> Option<&'a str> {
+fn header_str(h: &HeaderMap, name: header::HeaderName) -> Option<&str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
@@ -86,12 +86,18 @@ fn viewer(gw: &App, headers: &HeaderMap) -> Viewer {
         .unwrap_or_else(|p| p.into_inner())
         .find(header_str(headers, header::COOKIE), now_us())
         .map(|s| s.csrf.clone());
-    Viewer { actions_configured: gw.work.api_token.is_some(), csrf, events_path: "/ui/events".into(), base: String::new() }
+    Viewer {
+        actions_configured: gw.work.api_token.is_some(),
+        csrf,
+        events_path: "/ui/events".into(),
+        base: String::new(),
+    }
 }
 
 /// Reading is open on a loopback listener; on any other, only to a logged-in session.
 fn may_read(gw: &App, v: &Viewer) -> bool {
-    let loopback = gw.listen().and_then(|l| l.parse::<std::net::SocketAddr>().ok()).is_some_and(|a| a.ip().is_loopback());
+    let loopback =
+        gw.listen().and_then(|l| l.parse::<std::net::SocketAddr>().ok()).is_some_and(|a| a.ip().is_loopback());
     loopback || v.csrf.is_some()
 }
 
@@ -156,7 +162,8 @@ fn snapshot_now(gw: &App) -> Snapshot {
     s.doctor = doctor_findings(gw);
     let j = &gw.work.journal;
     if let Ok(c) = j.counts() {
-        let unfinished = j.recent(&[MsgState::Queued, MsgState::Running, MsgState::Failed], MESSAGES).unwrap_or_default();
+        let unfinished =
+            j.recent(&[MsgState::Queued, MsgState::Running, MsgState::Failed], MESSAGES).unwrap_or_default();
         let given_up = unfinished.iter().filter(|m| given_up(m)).count() as u64;
         s.queue = Some(QueueCounts {
             queued: c.queued,
@@ -293,9 +300,16 @@ fn message_view(m: &Message) -> MessageView {
         reason: m.reason.as_deref().map(short),
         attempts: m.attempts,
         updated_at: m.updated_at.clone(),
-        // The hook for message traces: filled from the journal's trace once it records one.
-        trace: Vec::new(),
+        trace: trace_of(m),
     }
+}
+
+/// The hook for message traces (issue 21: received, journaled, claimed, backend called,
+/// provider tried, first token, done, outbox sent): the page renders `MessageView::trace`
+/// under the message when it is not empty. Nothing records traces yet; once the journal does,
+/// this is the one place to read them.
+fn trace_of(_m: &Message) -> Vec<gatewarden_dashboard::snapshot::TraceStep> {
+    Vec::new()
 }
 
 /// Platform chats (the ones with history and `/new`), most recent first, each with its last
@@ -394,9 +408,9 @@ async fn login(State(gw): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> R
     let form = String::from_utf8_lossy(&body);
     let given = auth::form_value(&form, "token").unwrap_or_default();
     let p = policy(&gw);
-    let res = p.check_origin(&post_facts(&headers, None)).and_then(|()| {
-        gw.ui_sessions.lock().unwrap_or_else(|e| e.into_inner()).login(&p, &given, now_us())
-    });
+    let res = p
+        .check_origin(&post_facts(&headers, None))
+        .and_then(|()| gw.ui_sessions.lock().unwrap_or_else(|e| e.into_inner()).login(&p, &given, now_us()));
     match res {
         Ok(s) => see_ui(Some(auth::set_cookie(&s))),
         Err(e) => refused("login", &e),
@@ -457,7 +471,10 @@ async fn carry_out(gw: &Arc<App>, act: &Action) -> Result<(), String> {
                 }
                 _ => return Err("not an action of this page".into()),
             };
-            gw.record("dashboard_action", json!({"verb": act.verb(), "said": said, "requester": dashboard_requester()}));
+            gw.record(
+                "dashboard_action",
+                json!({"verb": act.verb(), "said": said, "requester": dashboard_requester()}),
+            );
             actions::record_done(&gw.home, act.verb(), me, said).map_err(|e| e.to_string())
         }
     }
