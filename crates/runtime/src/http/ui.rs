@@ -41,7 +41,7 @@ use crate::app::App;
 const MAX_STREAMS: usize = 16;
 static STREAMS: AtomicUsize = AtomicUsize::new(0);
 /// How often a stream looks for changes (the phase wakes it at once).
-const TICK: Duration = Duration::from_millis(400);
+const TICK: Duration = Duration::from_secs(1);
 /// A quiet stream sends a comment this often, so a closed client is noticed.
 const KEEPALIVE: Duration = Duration::from_secs(10);
 /// How soon a browser reconnects a stream that ended (a restart's).
