@@ -256,7 +256,7 @@ fn actions(s: &Snapshot, v: &Viewer) -> Markup {
                 @for &verb in actions_for(&state_badge(s)) {
                     @let (label, confirm) = match verb {
                         "restart" => ("Restart (drain)", Some(interrupt.as_str())),
-                        "stop" => ("Stop", Some("Stop the gateway? It stays down until started.")),
+                        "stop" => ("Stop", Some("Stop the gateway? It stays down until started (`gatewarden start`, or Start on `gatewarden dashboard`).")),
                         _ => ("Start", None),
                     };
                     (post_form(v, verb, &[], label, confirm))
