@@ -513,3 +513,59 @@ async fn retry(gw: &Arc<App>, id: &str) -> Result<String, String> {
     gw.work.enqueue(new_id.clone());
     Ok(format!("message {id} queued again as {new_id}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gatewarden_journal::Kind;
+
+    fn msg(id: &str, platform: Option<&str>, chat: &str, state: MsgState, reason: Option<&str>) -> Message {
+        Message {
+            id: id.into(),
+            chat_id: chat.into(),
+            user_id: "u".into(),
+            text: format!("q{id}"),
+            kind: Kind::Async,
+            state,
+            reply: (state == MsgState::Done).then(|| format!("a{id}")),
+            reason: reason.map(str::to_owned),
+            attempts: 1,
+            incarnation: None,
+            is_command: false,
+            platform: platform.map(str::to_owned),
+            created_at: String::new(),
+            updated_at: format!("t{id}"),
+        }
+    }
+
+    #[test]
+    fn conversations_are_platform_chats_newest_first_with_their_last_turns_in_order() {
+        // Newest first, as `Store::recent` returns them.
+        let done: Vec<Message> = vec![
+            msg("5", Some("tg"), "1", MsgState::Done, None),
+            msg("4", Some("tg"), "2", MsgState::Done, None),
+            msg("3", Some("tg"), "1", MsgState::Done, None),
+            msg("2", None, "http-chat", MsgState::Done, None),
+            msg("1", Some("tg"), "1", MsgState::Done, None),
+            msg("0", Some("tg"), "1", MsgState::Done, None),
+        ];
+        let c = conversations(&done);
+        let chats: Vec<&str> = c.iter().map(|c| c.chat.as_str()).collect();
+        assert_eq!(chats, ["1", "2"], "platform chats only, the most recent first");
+        let turns: Vec<&str> = c[0].turns.iter().map(|(q, _)| q.as_str()).collect();
+        assert_eq!(turns, ["q1", "q3", "q5"], "the last {TURNS}, oldest first");
+        assert_eq!(c[0].turns[2].1.as_deref(), Some("a5"));
+        assert_eq!(c[0].last_at, "t5");
+    }
+
+    #[test]
+    fn a_message_interrupted_twice_is_given_up_not_failed() {
+        let gave_up = msg("1", None, "c", MsgState::Failed, Some(gatewarden_journal::REASON_INTERRUPTED_TWICE));
+        assert_eq!(message_view(&gave_up).state, MessageState::GivenUp);
+        let failed = msg("2", Some("tg"), "c", MsgState::Failed, Some("agent failed"));
+        let v = message_view(&failed);
+        assert_eq!((v.state, v.chat.as_str()), (MessageState::Failed, "tg:c"));
+        let long = Message { text: "x".repeat(1000), ..failed };
+        assert_eq!(message_view(&long).text.chars().count(), TEXT_CHARS + 1, "shortened, with an ellipsis");
+    }
+}
