@@ -86,6 +86,11 @@ pub fn test_env(cmd: &mut std::process::Command) {
         cmd.env_remove(k);
     }
     cmd.env("GATEWARDEN_SUPERVISOR", "none");
+    // Test gateways stay out of the developer's fleet (`gatewarden dashboard`); a test of the
+    // fleet names its own registry.
+    if std::env::var_os("GATEWARDEN_REGISTRY").is_none() {
+        cmd.env("GATEWARDEN_REGISTRY", "none");
+    }
 }
 
 /// Whether a systemd user manager answers (`scripts/systemd-user` starts one). Without one a
