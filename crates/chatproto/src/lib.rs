@@ -7,7 +7,10 @@
 //!   PRIVMSG with splitting, 433 as a typed conflict, a [`irc::Writer`] for sending from another
 //!   thread) and a total line parser.
 //!
-//! Both are blocking by design: an adapter runs each connection on a dedicated thread, as the
+//! * [`xmpp`]: a blocking XMPP client (STARTTLS, SCRAM, bind, stream management acks, MUC,
+//!   the message archive) on quick-xml.
+//!
+//! All are blocking by design: an adapter runs each connection on a dedicated thread, as the
 //! `openai` backend does with ureq (`crates/agent/src/backend/openai.rs`), and every call is
 //! bounded by a timeout, so a thread never hangs on a dead server. Errors carry a
 //! [`matrix::ErrorKind`] / [`irc::ErrorKind`] that tells the adapter what to do: retry with
@@ -16,3 +19,4 @@
 
 pub mod irc;
 pub mod matrix;
+pub mod xmpp;

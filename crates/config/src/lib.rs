@@ -77,6 +77,8 @@ const PLATFORM_KEYS: &[&str] = &[
     "tls",
     "sasl_password_env",
     "bot_token_env",
+    "jid",
+    "rooms",
 ];
 const CLUSTER_KEYS: &[&str] =
     &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s", "ca_file"];
@@ -283,6 +285,8 @@ pub enum PlatformKind {
     Matrix,
     /// IRC (one TCP connection, one nick).
     Irc,
+    /// XMPP (one account's stream, direct chats and MUC rooms, the server's archive).
+    Xmpp,
     /// Discord: the Gateway WebSocket (v10) to receive, REST to reply.
     Discord,
     /// Email: one IMAP account read (IDLE), replies by SMTP submission.
@@ -298,6 +302,7 @@ impl PlatformKind {
             PlatformKind::Telegram => "telegram",
             PlatformKind::Matrix => "matrix",
             PlatformKind::Irc => "irc",
+            PlatformKind::Xmpp => "xmpp",
             PlatformKind::Discord => "discord",
             PlatformKind::Email => "email",
             PlatformKind::Slack => "slack",
@@ -322,10 +327,11 @@ pub struct PlatformConfig {
     /// names the gateway: `wss://` only, `ws://` only under an `http://` base for tests).
     #[serde(default)]
     pub api_base: Option<String>,
-    /// IRC: the server, `host:port`.
+    /// IRC: the server, `host:port`. XMPP: where to connect, `host:port` (default: the JID's
+    /// domain, port 5222).
     #[serde(default)]
     pub server: Option<String>,
-    /// IRC: the nick; never replaced by another one on a collision.
+    /// IRC: the nick; never replaced by another one on a collision. XMPP: the nick in rooms.
     #[serde(default)]
     pub nick: Option<String>,
     /// Chats served (Telegram chat ids, Matrix room ids, IRC channels or nicks for private
@@ -373,6 +379,12 @@ pub struct PlatformConfig {
     /// `chat.postMessage`; `token_env` holds the app-level token (`xapp-…`, the credential).
     #[serde(default)]
     pub bot_token_env: Option<String>,
+    /// XMPP: the account's bare JID, `user@domain` (`token_env` holds its password).
+    #[serde(default)]
+    pub jid: Option<String>,
+    /// XMPP: the rooms (MUC) to join, as bare JIDs `room@conference.domain`.
+    #[serde(default)]
+    pub rooms: Vec<String>,
 }
 
 fn default_poll_timeout() -> u64 {
@@ -1154,6 +1166,36 @@ fn irc_server_ok(server: Option<&str>) -> Result<(), String> {
 
 /// One IRC word (a nick or a channel): non-empty, no space, comma or control character, no
 /// leading `:`.
+/// A bare JID `local@domain` as the XMPP adapter takes it (no resource, no spaces or quotes).
+fn bare_jid_ok(s: &str) -> bool {
+    let forbidden = |c: char| c.is_whitespace() || c.is_control() || "\"&'/:<>".contains(c);
+    s.split_once('@').is_some_and(|(l, d)| !l.is_empty() && !d.is_empty() && !d.contains('@')) && !s.contains(forbidden)
+}
+
+fn validate_xmpp(bad: &dyn Fn(&str, String) -> ConfigError, name: &str, p: &PlatformConfig) -> Result<(), ConfigError> {
+    if !p.jid.as_deref().is_some_and(bare_jid_ok) {
+        return Err(bad("jid", format!("[[platform]] {name:?} (xmpp) needs jid, the account's bare JID user@domain")));
+    }
+    if let Some(r) = p.rooms.iter().find(|r| !bare_jid_ok(r)) {
+        return Err(bad("rooms", format!("{r:?}: a room's bare JID, room@conference.domain")));
+    }
+    if let Some(c) = p.allowed_chats.iter().find(|c| !bare_jid_ok(c)) {
+        return Err(bad("allowed_chats", format!("{c:?}: bare JIDs (user@domain) whose direct messages are served")));
+    }
+    if p.server.is_some() && irc_server_ok(p.server.as_deref()).is_err() {
+        return Err(bad("server", format!("[[platform]] {name:?} (xmpp): server must be host:port")));
+    }
+    if p.nick.as_deref().is_some_and(|n| n.trim().is_empty() || n.contains(char::is_control)) {
+        return Err(bad("nick", "the room nick must not be empty or contain control characters".into()));
+    }
+    for (key, set) in [("api_base", p.api_base.is_some()), ("proxy", p.proxy.is_some())] {
+        if set {
+            return Err(bad(key, format!("xmpp connects directly to server; {key} is not used")));
+        }
+    }
+    Ok(())
+}
+
 fn irc_word_ok(s: &str) -> bool {
     !s.is_empty() && !s.starts_with(':') && !s.contains(|c: char| c == ' ' || c == ',' || c.is_control())
 }
@@ -1174,6 +1216,7 @@ impl Config {
                 ));
             }
             let irc = p.kind == PlatformKind::Irc;
+            let xmpp = p.kind == PlatformKind::Xmpp;
             match p.token_env.as_deref() {
                 // IRC's password is optional: many servers need none.
                 None if irc => {}
@@ -1190,12 +1233,12 @@ impl Config {
                 }
                 Some(_) => {}
             }
-            for (key, set) in [
-                ("server", p.server.is_some()),
-                ("nick", p.nick.is_some()),
-                ("tls", p.tls),
-                ("sasl_password_env", p.sasl_password_env.is_some()),
-            ] {
+            for (key, set) in [("server", p.server.is_some()), ("nick", p.nick.is_some())] {
+                if set && !irc && !xmpp {
+                    return Err(bad(key, format!("{key} is for kind = \"irc\" or \"xmpp\" only")));
+                }
+            }
+            for (key, set) in [("tls", p.tls), ("sasl_password_env", p.sasl_password_env.is_some())] {
                 if set && !irc {
                     return Err(bad(key, format!("{key} is for kind = \"irc\" only")));
                 }
@@ -1214,7 +1257,13 @@ impl Config {
             if p.bot_token_env.is_some() && p.kind != PlatformKind::Slack {
                 return Err(bad("bot_token_env", "bot_token_env is for kind = \"slack\" only".into()));
             }
+            for (key, set) in [("jid", p.jid.is_some()), ("rooms", !p.rooms.is_empty())] {
+                if set && !xmpp {
+                    return Err(bad(key, format!("{key} is for kind = \"xmpp\" only")));
+                }
+            }
             match p.kind {
+                PlatformKind::Xmpp => validate_xmpp(&bad, &name, p)?,
                 PlatformKind::Telegram => validate_api_base(&bad, p.api_base.as_deref(), true)?,
                 PlatformKind::Matrix => {
                     if p.api_base.is_none() {
@@ -1830,6 +1879,30 @@ api_key_env = "MY_KEY"
         assert!(err(&format!("{ok}allowed_chats = [\"x\"]\n")).contains("allowed_senders"));
         assert!(err(&format!("{ok}nick = \"x\"\n")).contains("irc"));
         assert!(err("[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\naccount = \"a@b\"\n").contains("email"));
+    }
+
+    #[test]
+    fn xmpp_platforms_validate_their_keys() {
+        let x = parse(
+            "[[platform]]\nkind = \"xmpp\"\ntoken_env = \"XP\"\njid = \"bot@example.org\"\n\
+             rooms = [\"ops@conference.example.org\"]\nserver = \"127.0.0.1:5222\"\nnick = \"gw\"\n\
+             allowed_chats = [\"me@example.org\"]\n",
+        )
+        .unwrap();
+        assert_eq!((x.platform[0].kind, x.platform[0].jid.as_deref()), (PlatformKind::Xmpp, Some("bot@example.org")));
+        let base = "[[platform]]\nkind = \"xmpp\"\ntoken_env = \"XP\"\n";
+        assert!(err(base).contains("needs jid"));
+        for bad_jid in ["bot", "bot@", "@d", "a b@d", "bot@d/res", "a@b@c"] {
+            assert!(err(&format!("{base}jid = \"{bad_jid}\"\n")).contains("jid"), "{bad_jid}");
+        }
+        let with = |extra: &str| err(&format!("{base}jid = \"b@d\"\n{extra}"));
+        assert!(with("rooms = [\"no-domain\"]\n").contains("rooms"));
+        assert!(with("allowed_chats = [\"#chan\"]\n").contains("allowed_chats"));
+        assert!(with("server = \"h h\"\n").contains("server"));
+        assert!(with("tls = true\n").contains("irc"));
+        assert!(with("proxy = \"http://p:1\"\n").contains("proxy"));
+        assert!(err("[[platform]]\nkind = \"xmpp\"\njid = \"b@d\"\n").contains("token_env"));
+        assert!(err("[[platform]]\nkind = \"irc\"\nserver = \"h\"\nnick = \"b\"\njid = \"b@d\"\n").contains("xmpp"));
     }
 
     #[test]

@@ -30,6 +30,9 @@ impl Hello {
 }
 
 /// Who asked for a stop or restart; recorded in the ledger so shutdown logs name the stopper.
+/// Set to `dashboard` on a CLI command a dashboard runs for one of its buttons.
+pub const REQUESTER_CHANNEL_ENV: &str = "GATEWARDEN_REQUESTER_CHANNEL";
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Requester {
     pub pid: u32,
@@ -46,6 +49,13 @@ impl Requester {
             argv: std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect(),
             channel: channel.into(),
         }
+    }
+
+    /// The operator's command line: channel `cli`, or `dashboard` when a dashboard started
+    /// this command for a button ([`REQUESTER_CHANNEL_ENV`]); the ledger then says who asked.
+    pub fn cli() -> Requester {
+        let dashboard = std::env::var_os(REQUESTER_CHANNEL_ENV).is_some_and(|v| v == "dashboard");
+        Requester::current(if dashboard { "dashboard" } else { "cli" })
     }
 
     pub fn describe(&self) -> String {

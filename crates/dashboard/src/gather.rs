@@ -31,6 +31,30 @@ pub fn from_home(home: &Home, status: StatusReport, now: SystemTime) -> Snapshot
     }
 }
 
+/// The update transaction's record (`<home>/update.json`, written by crates/ops/src/update):
+/// its phase and versions; `committed` is blessed, a transaction still in probation is not yet.
+pub fn update_view(home: &Home, version: &str) -> crate::snapshot::UpdateView {
+    use gatewarden_lifecycle::fsio::{ReadOutcome, read_capped};
+    let t = match read_capped(&home.dir().join("update.json"), 64 << 10) {
+        ReadOutcome::Ok(b) => serde_json::from_slice::<serde_json::Value>(&b).ok(),
+        _ => None,
+    };
+    let s = |k: &str| t.as_ref().and_then(|t| t.get(k)).and_then(|v| v.as_str()).map(str::to_owned);
+    let phase = s("phase");
+    let blessed = match phase.as_deref() {
+        Some("committed") => Some(true),
+        Some("rolled_back" | "failed") | None => None,
+        Some(_) => Some(false),
+    };
+    crate::snapshot::UpdateView {
+        version: version.to_owned(),
+        last_from: s("from"),
+        last_to: s("to"),
+        last_phase: phase,
+        blessed,
+    }
+}
+
 /// The gateway's log file when it runs detached (`gatewarden start`, crates/ops/src/launch.rs).
 pub const LOG_FILE: &str = "gateway.log";
 

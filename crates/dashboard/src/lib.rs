@@ -5,12 +5,14 @@
 //! * [`render`]: the main page, its live fragments, the fleet page (HTML with inline SVG).
 //! * [`text`]: the same snapshot as plain text, for a terminal view.
 //! * [`sse`]: the server-sent-events encoder and the fragment ids the page's script swaps.
+//! * [`actions`]: what a button does (the CLI verb it runs) and the outcome it reports.
 //! * [`auth`]: token → session cookie, CSRF, `Origin`/`Host` checks.
 //! * [`gather`]: a snapshot from a home's files (ledger, desired state, state file, OS lock).
 //! * [`registry`]: the per-user registry of gateway homes the fleet page lists.
 //!
 //! Nothing here listens or spawns: see docs/architecture.md ("Dashboard") for what is wired.
 
+pub mod actions;
 pub mod auth;
 pub mod gather;
 pub mod live;

@@ -12,14 +12,20 @@ use crate::sse::{FRAGMENTS, fragment};
 pub struct Live {
     last: Vec<(&'static str, String)>,
     seq: u64,
+    viewer: crate::Viewer,
 }
 
 impl Live {
+    /// A stream for this viewer: its fragments carry its session's forms (and CSRF token).
+    pub fn for_viewer(viewer: crate::Viewer) -> Live {
+        Live { viewer, ..Live::default() }
+    }
+
     /// The events that bring a page from the last update to `s` (empty when nothing changed).
     pub fn update(&mut self, s: &crate::Snapshot) -> String {
         let mut out = String::new();
         for &id in FRAGMENTS {
-            let Some(html) = crate::render::fragment(id, s) else { continue };
+            let Some(html) = crate::render::fragment_for(id, s, &self.viewer) else { continue };
             match self.last.iter_mut().find(|(k, _)| *k == id) {
                 Some((_, old)) if *old == html => continue,
                 Some((_, old)) => *old = html.clone(),

@@ -58,8 +58,18 @@ pub fn dir_with(env: impl Fn(&str) -> Option<OsString>) -> Result<PathBuf, Regis
     Ok(base.join("gatewarden").join("homes"))
 }
 
-pub fn dir() -> Result<PathBuf, RegistryError> {
-    dir_with(|k| std::env::var_os(k))
+/// Overrides the registry's directory; `none` turns registration off (the test suites set
+/// it so that their gateways never join the developer's own fleet).
+pub const DIR_ENV: &str = "GATEWARDEN_REGISTRY";
+
+/// The registry directory, or `None` when [`DIR_ENV`] is `none`.
+pub fn dir() -> Result<Option<PathBuf>, RegistryError> {
+    match std::env::var_os(DIR_ENV).filter(|v| !v.is_empty()) {
+        Some(v) if v == "none" => Ok(None),
+        Some(v) if Path::new(&v).is_absolute() => Ok(Some(PathBuf::from(v))),
+        Some(_) => Err(RegistryError::Insecure { dir: PathBuf::from("."), why: format!("{DIR_ENV} must be absolute") }),
+        None => dir_with(|k| std::env::var_os(k)).map(Some),
+    }
 }
 
 /// The entry's file name: FNV-1a of the path, so it is stable across builds and processes.

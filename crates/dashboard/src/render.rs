@@ -5,7 +5,7 @@
 use gatewarden_lifecycle::timefmt;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-use crate::snapshot::{HomeSummary, Snapshot};
+use crate::snapshot::{HomeSummary, MessageState, Snapshot};
 use crate::sse;
 use crate::timeline::{self, Ending, Incarnation};
 
@@ -71,6 +71,14 @@ pub struct Viewer {
     pub csrf: Option<String>,
     /// Where the page's event stream is (`/ui/events`).
     pub events_path: String,
+    /// Where the page's forms post (`<base>/login`, `<base>/action/<verb>`); empty: `/ui`.
+    pub base: String,
+}
+
+impl Viewer {
+    fn base(&self) -> &str {
+        if self.base.is_empty() { "/ui" } else { &self.base }
+    }
 }
 
 /// The main page of one home.
@@ -87,19 +95,22 @@ pub fn page(s: &Snapshot, v: &Viewer) -> String {
                 style { (PreEscaped(CSS)) }
             }
             body data-events=(v.events_path) data-fragments=(sse::FRAGMENTS.join(" ")) {
-                (header(s, &incs))
-                (actions(s, v))
-                (timeline_section(s, &incs))
-                (runs(s))
-                (queue(s))
-                (platforms(s))
-                (update(s))
-                (doctor(s))
+                (stamped(header(s, &incs)))
+                (stamped(actions(s, v)))
+                (stamped(outcome_section(s)))
+                (stamped(timeline_section(s, &incs)))
+                (stamped(runs(s)))
+                (stamped(queue(s, v)))
+                (stamped(conversations(s, v)))
+                (stamped(platforms(s)))
+                (stamped(providers(s)))
+                (stamped(update(s, v)))
+                (stamped(doctor(s)))
                 div #logwrap data-min="debug" {
                     label { "level " select #level {
                         @for l in ["debug", "info", "warn", "error"] { option value=(l) { (l) } }
                     } }
-                    (log(s))
+                    (stamped(log(s)))
                 }
                 script { (PreEscaped(JS)) }
             }
@@ -109,20 +120,48 @@ pub fn page(s: &Snapshot, v: &Viewer) -> String {
 }
 
 /// One fragment by id (see [`sse::FRAGMENTS`]), for an SSE update; `None` for an unknown id.
+/// As a read-only viewer sees it.
 pub fn fragment(id: &str, s: &Snapshot) -> Option<String> {
+    fragment_for(id, s, &Viewer::default())
+}
+
+/// [`fragment`] as `v` sees it (with its session's forms).
+pub fn fragment_for(id: &str, s: &Snapshot, v: &Viewer) -> Option<String> {
     let incs = || incarnations(s);
     let m = match id {
         sse::HEADER => header(s, &incs()),
+        sse::ACTIONS => actions(s, v),
+        sse::OUTCOME => outcome_section(s),
         sse::TIMELINE => timeline_section(s, &incs()),
         sse::RUNS => runs(s),
-        sse::QUEUE => queue(s),
+        sse::QUEUE => queue(s, v),
+        sse::CONVERSATIONS => conversations(s, v),
         sse::PLATFORMS => platforms(s),
+        sse::PROVIDERS => providers(s),
         sse::DOCTOR => doctor(s),
-        sse::UPDATE => update(s),
+        sse::UPDATE => update(s, v),
         sse::LOG => log(s),
         _ => return None,
     };
-    Some(m.into_string())
+    Some(stamped(m).0)
+}
+
+/// A fragment with its version (`data-v`, a hash of its HTML) in its first tag: the page's
+/// script skips an update whose version it already shows, so a new stream's first round
+/// (every fragment) leaves an unchanged section, and whatever is being typed into it, alone.
+fn stamped(m: Markup) -> PreEscaped<String> {
+    let html = m.into_string();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in html.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    match html.find('>') {
+        Some(end) if html.starts_with('<') => {
+            PreEscaped(format!("{} data-v=\"{h:016x}\"{}", &html[..end], &html[end..]))
+        }
+        _ => PreEscaped(html),
+    }
 }
 
 fn incarnations(s: &Snapshot) -> Vec<Incarnation> {
@@ -210,24 +249,21 @@ fn actions(s: &Snapshot, v: &Viewer) -> Markup {
         format!("Restart now? It will drain and may interrupt: {}", list.join("; "))
     };
     html! {
-        section #actions {
+        section #(sse::ACTIONS) {
             @if !v.actions_configured {
                 p .empty { "Read-only: no api_token is configured, so this page offers no actions." }
-            } @else if let Some(csrf) = &v.csrf {
+            } @else if v.csrf.is_some() {
                 @for &verb in actions_for(&state_badge(s)) {
                     @let (label, confirm) = match verb {
                         "restart" => ("Restart (drain)", Some(interrupt.as_str())),
-                        "stop" => ("Stop", Some("Stop the gateway? It stays down until started.")),
-                        "start" => ("Start", None),
-                        _ => ("Cancel drain", None),
+                        "stop" => ("Stop", Some("Stop the gateway? It stays down until started (`gatewarden start`, or Start on `gatewarden dashboard`).")),
+                        _ => ("Start", None),
                     };
-                    form method="post" action={ "/ui/action/" (verb) } data-confirm=[confirm] {
-                        input type="hidden" name="csrf" value=(csrf);
-                        button type="submit" { (label) }
-                    }
+                    (post_form(v, verb, &[], label, confirm))
                 }
+                form method="post" action={ (v.base()) "/logout" } { (csrf_field(v)) button type="submit" .quiet { "Log out" } }
             } @else {
-                form #login method="post" action="/ui/login" {
+                form #login method="post" action={ (v.base()) "/login" } {
                     label { "api_token " input type="password" name="token" autocomplete="off"; }
                     button type="submit" { "Unlock actions" }
                 }
@@ -236,12 +272,52 @@ fn actions(s: &Snapshot, v: &Viewer) -> Markup {
     }
 }
 
+/// A POST form for one action, carrying the viewer's CSRF token; nothing without a session.
+fn post_form(v: &Viewer, verb: &str, fields: &[(&str, &str)], label: &str, confirm: Option<&str>) -> Markup {
+    html! {
+        @if v.csrf.is_some() {
+            form method="post" action={ (v.base()) "/action/" (verb) } data-confirm=[confirm] {
+                (csrf_field(v))
+                @for (k, val) in fields { input type="hidden" name=(k) value=(val); }
+                button type="submit" { (label) }
+            }
+        }
+    }
+}
+
+fn csrf_field(v: &Viewer) -> Markup {
+    html! { @if let Some(c) = &v.csrf { input type="hidden" name="csrf" value=(c); } }
+}
+
+/// The last dashboard action and what came of it: the verdict, the incarnation it was asked
+/// of next to the one running now, and the command's last lines.
+fn outcome_section(s: &Snapshot) -> Markup {
+    html! {
+        section #(sse::OUTCOME) {
+            @if let Some(o) = &s.outcome {
+                div .outcome data-verdict=(o.verdict()) {
+                    strong { (o.verb) ": " (o.verdict()) } " "
+                    small { "asked at " (o.requested_at)
+                        @if let Some(f) = &o.from_incarnation { " of incarnation " code { (f) } }
+                        @if let Some(t) = &o.finished_at { " · finished " (t) }
+                    }
+                    @if let (Some(f), Some(now)) = (&o.from_incarnation, s.status.incarnation.as_deref()) {
+                        @if f != now && s.status.running { " · now incarnation " code .new-inc { (now) } }
+                    }
+                    @if let Some(said) = &o.said { p { (said) } }
+                    @if !o.output.is_empty() { pre .out { @for l in &o.output { (l) "\n" } } }
+                }
+            }
+        }
+    }
+}
+
 /// The actions that make sense in a state (its badge): a running gateway can be restarted or
-/// stopped, a draining one's drain cancelled, a stopped or parked one started.
+/// stopped, a draining or starting one stopped, a stopped or parked one started (from the
+/// fleet page: a stopped gateway serves no page).
 pub fn actions_for(badge: &str) -> &'static [&'static str] {
     match badge.split([' ', ':']).next().unwrap_or("") {
         "running" => &["restart", "stop"],
-        "draining" => &["cancel-drain", "stop"],
         "stopped" | "parked" => &["start"],
         _ => &["stop"],
     }
@@ -421,7 +497,7 @@ fn runs(s: &Snapshot) -> Markup {
     }
 }
 
-fn queue(s: &Snapshot) -> Markup {
+fn queue(s: &Snapshot, v: &Viewer) -> Markup {
     html! {
         section #(sse::QUEUE) {
             h2 { "Messages" }
@@ -430,6 +506,66 @@ fn queue(s: &Snapshot) -> Markup {
                 Some(q) => dl .counts {
                     dt { "queued" } dd { (q.queued) } dt { "running" } dd { (q.running) }
                     dt { "failed" } dd { (q.failed) } dt { "given up" } dd { (q.given_up) }
+                },
+            }
+            @if !s.messages.is_empty() {
+                table #messages {
+                    thead { tr { th { "message" } th { "chat" } th { "state" } th { "text" } th { "why" } th { "updated" } th {} } }
+                    tbody {
+                        @for m in &s.messages {
+                            tr data-state=(m.state.as_str()) {
+                                td { code { (m.id) } } td { (m.chat) } td { (m.state.as_str()) }
+                                td { (m.text) } td { (opt(m.reason.as_deref())) } td { (m.updated_at) }
+                                td {
+                                    @if matches!(m.state, MessageState::Failed | MessageState::GivenUp) {
+                                        (post_form(v, "retry", &[("id", &m.id)], "Retry", None))
+                                    }
+                                }
+                            }
+                            @if !m.trace.is_empty() {
+                                tr .trace { td colspan="7" { ol .trace { @for t in &m.trace {
+                                    li { small { (t.at) } " " (t.step) @if let Some(d) = &t.detail { " · " (d) } }
+                                } } } }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn conversations(s: &Snapshot, v: &Viewer) -> Markup {
+    html! {
+        section #(sse::CONVERSATIONS) {
+            h2 { "Conversations" }
+            @if s.conversations.is_empty() {
+                p .empty { "No platform conversations in the journal." }
+            } @else {
+                @for c in &s.conversations {
+                    div .conv {
+                        h3 { (c.platform.as_deref().unwrap_or("http")) ":" (c.chat) " " small { (c.last_at) } }
+                        dl .turns { @for (q, a) in &c.turns { dt { (q) } dd { (opt(a.as_deref())) } } }
+                        @if let Some(p) = &c.platform {
+                            (post_form(v, "new", &[("platform", p), ("chat", &c.chat)], "/new", Some("Start a new conversation in this chat?")))
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn providers(s: &Snapshot) -> Markup {
+    html! {
+        section #(sse::PROVIDERS) {
+            h2 { "Providers" }
+            @match &s.status.providers {
+                None => p .empty { "The agent backend has no upstream providers." },
+                Some(ps) => table {
+                    thead { tr { th { "provider" } th { "health" } th { "reason" } th { "cool-down until" } th { "attempts" } th { "failures" } } }
+                    tbody { @for p in ps { tr { td { (p.name) } td { (p.state) } td { (opt(p.reason.as_deref())) }
+                        td { (opt(p.until.map(|u| fmt_ts(i128::from(u) * 1_000_000)).as_deref())) } td { (p.attempts) } td { (p.failures) } } } }
                 },
             }
         }
@@ -441,18 +577,20 @@ fn platforms(s: &Snapshot) -> Markup {
     html! {
         section #(sse::PLATFORMS) {
             h2 { "Platforms" }
+            @if let Some(l) = s.credential_lease() { p { "credential lease: " (l) } }
             @if ps.is_empty() {
                 p .empty { "No chat platforms configured." }
             } @else {
-                table { thead { tr { th { "name" } th { "kind" } th { "state" } th { "lag" } th { "last error" } th { "received" } th { "sent" } } }
-                    tbody { @for p in &ps { tr { td { (p.name) } td { (p.kind) } td { (p.state) }
-                        td { (opt(p.lag_s.map(fmt_secs).as_deref())) } td { (opt(p.reason.as_deref())) } td { (p.received) } td { (p.sent) } } } } }
+                table { thead { tr { th { "name" } th { "kind" } th { "state" } th { "since" } th { "lag" } th { "last error" } th { "received" } th { "sent" } th { "conflicts" } } }
+                    tbody { @for p in &ps { tr { td { (p.name) } td { (p.kind) } td { (p.state) @if let Some(r) = &p.reason { " " small { "(" (r) ")" } } }
+                        td { (opt(p.since.as_deref())) } td { (opt(p.lag_s.map(fmt_secs).as_deref())) } td { (opt(p.last_error.as_deref())) }
+                        td { (p.received) } td { (p.sent) } td { (p.conflicts) } } } } }
             }
         }
     }
 }
 
-fn update(s: &Snapshot) -> Markup {
+fn update(s: &Snapshot, v: &Viewer) -> Markup {
     html! {
         section #(sse::UPDATE) {
             h2 { "Update" }
@@ -465,6 +603,14 @@ fn update(s: &Snapshot) -> Markup {
                     }
                     @match u.blessed { Some(true) => " · blessed", Some(false) => " · not blessed yet", None => "" }
                 },
+            }
+            @if s.status.running {
+                @if let Some(src) = &s.update_source {
+                    (post_form(v, "update", &[], "Update", Some(&format!("Install the release at {src}? The gateway restarts into it."))))
+                }
+                @if s.update.as_ref().is_some_and(|u| u.last_phase.is_some()) {
+                    (post_form(v, "rollback", &[], "Roll back", Some("Go back to the last known good binary?")))
+                }
             }
         }
     }
@@ -513,7 +659,12 @@ pub fn fleet(homes: &[HomeSummary], skipped: &[(String, String)]) -> String {
     html! {
         (DOCTYPE)
         html lang="en" {
-            head { meta charset="utf-8"; title { "gatewarden fleet" } style { (PreEscaped(CSS)) } }
+            head {
+                meta charset="utf-8";
+                // No script on this page: it refreshes itself.
+                meta http-equiv="refresh" content="5";
+                title { "gatewarden fleet" } style { (PreEscaped(CSS)) }
+            }
             body {
                 h1 { "Gateway homes on this machine" }
                 @if homes.is_empty() {
@@ -526,9 +677,10 @@ pub fn fleet(homes: &[HomeSummary], skipped: &[(String, String)]) -> String {
                                 @let badge = h.state.clone();
                                 tr data-state=(h.state) {
                                     td { @match &h.listen {
-                                        Some(l) => a href={ "http://" (l) "/ui" } { code { (h.path) } },
+                                        Some(l) => a .own href={ "http://" (l) "/ui" } { code { (h.path) } },
                                         None => code { (h.path) },
-                                    } @if h.kind != "gatewarden" { " " small { "(" (h.kind) ")" } } }
+                                    } @if h.kind != "gatewarden" { " " small { "(" (h.kind) ")" } }
+                                    " " a .files href={ "/ui/home/" (home_key(&h.path)) } { small { "(from its files)" } } }
                                     td { span .badge .(state_class(&badge)) { (badge) } }
                                     td { (opt(h.pid.map(|p| p.to_string()).as_deref())) }
                                     td { (opt(h.version.as_deref())) }
@@ -549,6 +701,11 @@ pub fn fleet(homes: &[HomeSummary], skipped: &[(String, String)]) -> String {
         }
     }
     .into_string()
+}
+
+/// The key of a home in the fleet server's paths (`/ui/home/<key>`): its registry file name.
+pub fn home_key(path: &str) -> String {
+    crate::registry::file_name(path).trim_end_matches(".json").to_owned()
 }
 
 /// The answer to an action or a login: what happened, in words (the new incarnation, or what
@@ -611,7 +768,9 @@ fn fmt_in(now: i128, t: i128) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::{DrainView, Finding, LockView, LogLine, QueueCounts, RunView, UpdateView};
+    use crate::snapshot::{
+        Conversation, DrainView, Finding, LockView, LogLine, MessageView, QueueCounts, RunView, UpdateView,
+    };
     use gatewarden_control::proto::StatusReport;
     use gatewarden_lifecycle::ledger::parse_line;
     use serde_json::json;
@@ -682,6 +841,10 @@ mod tests {
             doctor: vec![Finding { severity: "warn".into(), code: "service-drift".into(), message: "the unit file differs".into() }],
             update: Some(UpdateView { version: "0.1.0".into(), last_phase: Some("committed".into()), last_from: Some("0.0.9".into()), last_to: Some("0.1.0".into()), blessed: Some(true) }),
             log_tail: (0..200).map(|k| LogLine { level: ["info", "warn", "error", "debug"][k % 4].into(), text: format!("{{\"ts\":\"2026-12-01T10:00:{:02}.123456+00:00\",\"level\":\"info\",\"msg\":\"run finished\",\"run\":\"run-abc-{k}\",\"chat\":\"telegram:12345\",\"ms\":{k}}}", k % 60) }).collect(),
+            messages: (0..10).map(|k| MessageView { id: format!("m{k:015}"), chat: format!("telegram:{k}"), state: [MessageState::Queued, MessageState::Failed][k % 2], text: "what is the weather like in a city far away".into(), reason: (k % 2 == 1).then(|| "agent failed: timeout".into()), attempts: 1, updated_at: "2026-12-01T11:59:00+00:00".into(), trace: Vec::new() }).collect(),
+            conversations: (0..5).map(|k| Conversation { platform: Some("tg".into()), chat: format!("{k}"), turns: vec![("hello there".into(), Some("hi! how can I help you today?".into())); 3], last_at: "2026-12-01T11:59:00+00:00".into() }).collect(),
+            outcome: None,
+            update_source: None,
         }
     }
 
@@ -692,7 +855,12 @@ mod tests {
     #[test]
     fn the_main_page_stays_within_its_budget() {
         let s = big(now());
-        let v = Viewer { actions_configured: true, csrf: Some("c".repeat(64)), events_path: "/ui/events".into() };
+        let v = Viewer {
+            actions_configured: true,
+            csrf: Some("c".repeat(64)),
+            events_path: "/ui/events".into(),
+            ..Viewer::default()
+        };
         let started = std::time::Instant::now();
         let html = page(&s, &v);
         eprintln!(
@@ -899,7 +1067,7 @@ mod tests {
     #[test]
     fn actions_follow_the_state() {
         assert_eq!(actions_for("running"), ["restart", "stop"]);
-        assert_eq!(actions_for("draining 1/2"), ["cancel-drain", "stop"]);
+        assert_eq!(actions_for("draining 1/2"), ["stop"]);
         assert_eq!(actions_for("parked: crash loop"), ["start"]);
         assert_eq!(actions_for("stopped"), ["start"]);
         assert_eq!(actions_for("starting"), ["stop"]);

@@ -30,6 +30,15 @@ pub struct Snapshot {
     pub doctor: Vec<Finding>,
     pub update: Option<UpdateView>,
     pub log_tail: Vec<LogLine>,
+    /// The journal's messages that are not done (queued, running, failed, given up), newest
+    /// first, bounded by the gatherer.
+    pub messages: Vec<MessageView>,
+    /// Chats with their last turns, most recent first.
+    pub conversations: Vec<Conversation>,
+    /// The last dashboard action and what came of it (crate::actions).
+    pub outcome: Option<crate::actions::Outcome>,
+    /// What chat `/update` would install (`[update] source`): the page offers Update only then.
+    pub update_source: Option<String>,
 }
 
 /// The OS lock (`gateway.lock`) as a probe saw it.
@@ -88,6 +97,63 @@ pub struct UpdateView {
     pub blessed: Option<bool>,
 }
 
+/// Where a journaled message is, as the Messages section groups them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageState {
+    Queued,
+    Running,
+    Failed,
+    /// Failed because it was interrupted by restarts too many times (the journal's recovery
+    /// gave up on it).
+    GivenUp,
+}
+
+impl MessageState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageState::Queued => "queued",
+            MessageState::Running => "running",
+            MessageState::Failed => "failed",
+            MessageState::GivenUp => "given up",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageView {
+    pub id: String,
+    /// `platform:chat` or the HTTP chat id.
+    pub chat: String,
+    pub state: MessageState,
+    /// The message's text, shortened by the gatherer.
+    pub text: String,
+    pub reason: Option<String>,
+    pub attempts: i64,
+    pub updated_at: String,
+    /// The message's path through the gateway (received, journaled, claimed, backend called,
+    /// …), oldest first: empty until a trace source fills it (see docs/architecture.md,
+    /// "Dashboard": the trace hook).
+    pub trace: Vec<TraceStep>,
+}
+
+/// One step of a message's trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceStep {
+    pub at: String,
+    pub step: String,
+    pub detail: Option<String>,
+}
+
+/// One chat and its last turns (user text, reply), oldest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conversation {
+    /// The platform adapter's name; `None` for the HTTP API.
+    pub platform: Option<String>,
+    pub chat: String,
+    pub turns: Vec<(String, Option<String>)>,
+    pub last_at: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogLine {
     pub level: String,
@@ -114,6 +180,11 @@ pub struct PlatformView {
     pub lag_s: Option<f64>,
     pub received: u64,
     pub sent: u64,
+    /// The last error the adapter saw, even after it recovered.
+    pub last_error: Option<String>,
+    pub since: Option<String>,
+    /// Another poller seen on the same credential (Telegram's 409).
+    pub conflicts: u64,
 }
 
 impl Snapshot {
@@ -135,6 +206,20 @@ impl Snapshot {
         })
     }
 
+    /// Who may use the platforms' credentials now: under `[cluster]` only the active, for as
+    /// long as its lease lasts (`extra.cluster.lease_left_ms`); `None` without a cluster.
+    pub fn credential_lease(&self) -> Option<String> {
+        let c = self.cluster()?;
+        let left = self.status.extra.get("cluster")?.get("lease_left_ms").and_then(Value::as_u64);
+        Some(match (c.role.as_str(), left) {
+            ("active", Some(ms)) => {
+                format!("held by this gateway (the cluster's active), {:.1} s left", ms as f64 / 1000.0)
+            }
+            ("active", None) => "held by this gateway (the cluster's active)".to_owned(),
+            (role, _) => format!("not held: this gateway is {role}; the active polls"),
+        })
+    }
+
     pub fn platforms(&self) -> Vec<PlatformView> {
         let Some(list) = self.status.extra.get("platforms").and_then(Value::as_array) else { return Vec::new() };
         list.iter()
@@ -149,6 +234,13 @@ impl Snapshot {
                     lag_s: p.get("lag_s").and_then(Value::as_f64),
                     received: p.get("received").and_then(Value::as_u64).unwrap_or(0),
                     sent: p.get("sent").and_then(Value::as_u64).unwrap_or(0),
+                    last_error: match p.get("last_error") {
+                        Some(Value::String(e)) => Some(e.clone()),
+                        Some(Value::Null) | None => None,
+                        Some(other) => Some(other.to_string()),
+                    },
+                    since: s("since"),
+                    conflicts: p.get("conflicts").and_then(Value::as_u64).unwrap_or(0),
                 }
             })
             .collect()
@@ -334,7 +426,7 @@ mod tests {
         );
         s.status.extra.insert(
             "platforms".into(),
-            json!([{"name":"tg","kind":"telegram","state":"retrying","reason":"401","lag_s":1.5,"received":3,"sent":2}]),
+            json!([{"name":"tg","kind":"telegram","state":"retrying","reason":"401","lag_s":1.5,"received":3,"sent":2,"last_error":"409 conflict","conflicts":1}]),
         );
         let c = s.cluster().unwrap();
         assert_eq!((c.role.as_str(), c.epoch, c.active.as_deref()), ("standby", Some(4), Some("h2 (10.0.0.2:8080)")));
@@ -343,6 +435,10 @@ mod tests {
             (p.name.as_str(), p.state.as_str(), p.reason.as_deref(), p.sent),
             ("tg", "retrying", Some("401"), 2)
         );
+        assert_eq!((p.last_error.as_deref(), p.conflicts), (Some("409 conflict"), 1));
+        assert_eq!(s.credential_lease().as_deref(), Some("not held: this gateway is standby; the active polls"));
+        s.status.extra.insert("cluster".into(), json!({"name":"c1","role":"active","lease_left_ms":2500}));
+        assert_eq!(s.credential_lease().as_deref(), Some("held by this gateway (the cluster's active), 2.5 s left"));
     }
 
     #[test]

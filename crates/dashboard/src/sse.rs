@@ -3,7 +3,8 @@
 
 /// The fragments a live page replaces: an SSE event named after one of these carries that
 /// element's new outer HTML as its data.
-pub const FRAGMENTS: &[&str] = &[HEADER, TIMELINE, RUNS, QUEUE, PLATFORMS, DOCTOR, UPDATE, LOG];
+pub const FRAGMENTS: &[&str] =
+    &[HEADER, ACTIONS, OUTCOME, TIMELINE, RUNS, QUEUE, CONVERSATIONS, PLATFORMS, PROVIDERS, DOCTOR, UPDATE, LOG];
 
 pub const HEADER: &str = "truth";
 pub const TIMELINE: &str = "timeline";
@@ -13,6 +14,10 @@ pub const PLATFORMS: &str = "platforms";
 pub const DOCTOR: &str = "doctor";
 pub const UPDATE: &str = "update";
 pub const LOG: &str = "log";
+pub const ACTIONS: &str = "actions";
+pub const OUTCOME: &str = "action";
+pub const CONVERSATIONS: &str = "conversations";
+pub const PROVIDERS: &str = "providers";
 
 /// One event: `event:` (when named), `id:` (when given), one `data:` line per line of `data`
 /// (CR, LF and CRLF all split, as a browser would), then the blank line that ends it. A name

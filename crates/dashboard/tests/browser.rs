@@ -232,7 +232,8 @@ fn screenshot_dir() -> PathBuf {
 fn pages_render_in_headless_chromium_and_take_live_updates() {
     let Some(b) = Browser::start(Duration::from_secs(30)) else { return };
     let s = snapshot();
-    let viewer = Viewer { actions_configured: false, csrf: None, events_path: "/ui/events".into() };
+    let viewer =
+        Viewer { actions_configured: false, csrf: None, events_path: "/ui/events".into(), ..Viewer::default() };
     let main = page(&s, &viewer);
     // What the stream pushes, as the runtime will (live::Live: only changed fragments): the
     // same home draining one of two runs, then restarted into a new incarnation.
@@ -350,7 +351,7 @@ fn actions_need_the_token_and_come_from_the_page_itself() {
         match (req.method.as_str(), req.path.as_str()) {
             ("GET", "/ui") => {
                 let csrf = sessions.find(req.header("cookie"), now).map(|s| s.csrf.clone());
-                let v = Viewer { actions_configured: true, csrf, events_path: String::new() };
+                let v = Viewer { actions_configured: true, csrf, events_path: String::new(), ..Viewer::default() };
                 page_reply("200 OK", page(&snap, &v))
             }
             ("POST", "/ui/login") => {

@@ -115,6 +115,28 @@ pub enum Command {
     /// after an unplanned exit, waits the crash loop's growing delay before systemd restarts
     #[command(hide = true)]
     CrashBackoff,
+    /// Serve one dashboard page for every gateway home of this user (the per-user registry
+    /// each gateway joins at start), on loopback
+    Dashboard {
+        /// Loopback address to serve on (port 0 picks a free port; the URL is printed)
+        #[arg(long, default_value = "127.0.0.1:7879", value_name = "ADDR")]
+        listen: String,
+        /// Also list this gatewarden home (repeatable)
+        #[arg(long = "home-dir", value_name = "DIR")]
+        homes: Vec<PathBuf>,
+        /// Also list this hermes home (repeatable)
+        #[arg(long = "hermes", value_name = "DIR")]
+        hermes_homes: Vec<PathBuf>,
+    },
+    /// A terminal view of this home's dashboard snapshot, redrawn every second (--once: print it once)
+    Top {
+        /// Print one snapshot and exit
+        #[arg(long)]
+        once: bool,
+        /// Log lines shown
+        #[arg(short = 'n', default_value_t = 8)]
+        n: usize,
+    },
     /// Show the lifecycle ledger, newest last
     History {
         /// Number of events to show

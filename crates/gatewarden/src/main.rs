@@ -15,11 +15,26 @@ fn main() -> ExitCode {
     let started = Instant::now();
     gatewarden_lifecycle::platform::spawn::remember_self_exe();
     let cli = cli::Cli::parse();
-    match cmd::dispatch(cli, started_at, started) {
+    let code = match cmd::dispatch(cli, started_at, started) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("gatewarden: {e:#}");
             ExitCode::from(1)
         }
+    };
+    report_to_dashboard(code);
+    code
+}
+
+/// A command a dashboard started for a button (crates/dashboard/src/actions.rs) leaves its exit
+/// code where the page reads it.
+fn report_to_dashboard(code: ExitCode) {
+    use gatewarden_dashboard::actions;
+    let Some(path) = std::env::var_os(actions::OUTCOME_ENV) else { return };
+    // ExitCode has no getter: find the byte it was made from.
+    let n = (0..=255u8).find(|n| ExitCode::from(*n) == code).map_or(1, i32::from);
+    let verb = std::env::args().nth(3).unwrap_or_default();
+    if let Err(e) = actions::finish(std::path::Path::new(&path), &verb, n) {
+        eprintln!("gatewarden: cannot record the outcome for the dashboard: {e}");
     }
 }

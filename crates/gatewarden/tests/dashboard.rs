@@ -1,7 +1,11 @@
-//! The dashboard's pure parts (crates/dashboard) fed from real gateways: a home's snapshot
-//! gathered from its files after a stop from the CLI, a SIGKILL and a running gateway, and the
-//! fleet page of three registered homes, one of them stopped. The dashboard is not served by
-//! the gateway yet (docs/architecture.md, "Dashboard"): these check what the page would say.
+//! The dashboard against real gateways. The pure parts (crates/dashboard) fed from a home's
+//! files; then, in a real headless Chromium (testkit::browser, `scripts/setup-chromium`), the
+//! page a gateway serves on its own listener (`/ui`: state, the timeline over SSE across a CLI
+//! restart, the token, the Restart button, a foreign `Host`) and the fleet page `gatewarden
+//! dashboard` serves (three registered homes, one stopped with its reason, and Start from it).
+//! Screenshots go to `target/screenshots/`.
+//!
+//!   cargo nextest run -p gatewarden --test dashboard
 #![cfg(target_os = "linux")]
 
 mod common;
@@ -106,4 +110,284 @@ fn the_fleet_lists_registered_homes_and_why_a_stopped_one_ended() {
 /// The escaping maud applies to text (`&`, `<`, `>`, `"`).
 fn maud_escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+// ---- In a real browser -------------------------------------------------------------------
+
+use gatewarden_testkit::browser::Browser;
+
+const TOKEN: &str = "dashboard-test-token-0123456789";
+/// The issue's bound for a CLI restart to reach an open page over SSE.
+const SSE_DEADLINE: Duration = Duration::from_secs(1);
+const PAGE: Duration = Duration::from_secs(10);
+
+fn screenshot_dir() -> std::path::PathBuf {
+    // target/tmp -> target/screenshots (follows CARGO_TARGET_DIR).
+    std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .map_or_else(|| std::path::PathBuf::from("target"), std::path::PathBuf::from)
+        .join("screenshots")
+}
+
+/// A detached gateway (`gatewarden start`), stopped when the test ends however it ends: its
+/// restarts hand over to successors the test does not hold.
+struct Started<'a>(&'a TempHome);
+
+impl Drop for Started<'_> {
+    fn drop(&mut self) {
+        let _ = run_cli(self.0, &["stop", "--timeout", "10"]);
+    }
+}
+
+fn start_detached(home: &TempHome) -> (Started<'_>, String) {
+    home.write("config.toml", format!("api_token = \"{TOKEN}\"\n"));
+    let out = run_cli(home, &["start", "--listen", "127.0.0.1:0"]);
+    assert_cli(&out, 0, "start");
+    let s = status_json(home.path());
+    (Started(home), s.listen.clone().unwrap_or_else(|| panic!("no listen address: {s:?}")))
+}
+
+/// The text of the first element matching `css`, read in one script call: the live page swaps
+/// sections under an element reference (the header changes every tick: uptime).
+fn text_of(b: &Browser, css: &str) -> String {
+    let q = serde_json::Value::String(css.to_owned());
+    let v = b
+        .execute(&format!("const e = document.querySelector({q}); return e ? e.innerText : null"))
+        .unwrap_or_else(|e| panic!("{css}: {e}"));
+    v.as_str().map(str::to_owned).unwrap_or_else(|| panic!("no {css:?} on the page"))
+}
+
+/// The gateway's own page: its state; read-only without the token (a forged POST is refused);
+/// a CLI restart reaches the open page over SSE (the stream ends with the old incarnation and
+/// the page reconnects to the new one); the token unlocks Restart, which produces a new
+/// incarnation shown on the page and recorded as `channel: dashboard`; a foreign `Host` is
+/// refused.
+#[test]
+fn the_gateways_page_follows_restarts_and_restarts_with_the_token() {
+    let Some(b) = Browser::start_with(Duration::from_secs(30), &["--host-resolver-rules=MAP evil.test 127.0.0.1"])
+    else {
+        return;
+    };
+    let home = TempHome::new();
+    let (_gw, listen) = start_detached(&home);
+    let first = status_json(home.path()).incarnation.expect("incarnation");
+    let url = format!("http://{listen}/ui");
+
+    b.navigate(&url).expect("navigate");
+    assert_eq!(text_of(&b, "#state"), "running");
+    assert!(text_of(&b, "#truth").contains(&first));
+    assert!(text_of(&b, "table.incs").contains(&first), "the timeline lists the running incarnation");
+    // Read-only until the token is given: a login form, no buttons, and a forged POST refused.
+    b.find("form#login").expect("the login form");
+    assert!(b.find_all("form[action='/ui/action/restart']").expect("find").is_empty());
+    let forged = b
+        .execute("return fetch('/ui/action/restart', {method: 'POST', headers: {'Content-Type': 'application/x-www-form-urlencoded'}, body: 'csrf=guess'}).then(async r => r.status + ' ' + await r.text())")
+        .expect("fetch");
+    let forged = forged.as_str().unwrap_or_default();
+    assert!(forged.starts_with("403 ") && forged.contains("not logged in"), "{forged}");
+    assert_eq!(status_json(home.path()).incarnation.as_deref(), Some(first.as_str()), "nothing restarted");
+
+    // A restart from the CLI: the open page shows it over SSE, without being reloaded.
+    b.execute("window.__same_page = true; return 1").expect("mark the page");
+    let out = run_cli(&home, &["restart", "--timeout", "30"]);
+    assert_cli(&out, 0, "restart");
+    let second = status_json(home.path()).incarnation.expect("incarnation");
+    assert_ne!(second, first);
+    let table = b
+        .wait_text("table.incs", &second, SSE_DEADLINE)
+        .unwrap_or_else(|e| panic!("the CLI restart did not reach the page within {SSE_DEADLINE:?}: {e}"));
+    assert!(table.contains("exit 75 (planned_restart)") && table.contains("via cli"), "{table}");
+    b.wait_text("#truth", &second, PAGE).expect("the header follows");
+    assert_eq!(b.execute("return window.__same_page === true").expect("js"), serde_json::json!(true), "no reload");
+    assert_eq!(b.execute("return document.body.classList.contains('stale')").expect("js"), serde_json::json!(false));
+
+    // The token, once: a session cookie scripts cannot read, and the buttons.
+    b.send_keys(&b.find("form#login input[name=token]").expect("token input"), TOKEN).expect("type");
+    b.click(&b.find("form#login button").expect("button")).expect("click");
+    let restart = wait_find(&b, "form[action='/ui/action/restart'] button");
+    assert_eq!(b.execute("return document.cookie").expect("cookie"), serde_json::json!(""));
+    assert!(!b.find("body").and_then(|e| b.text(&e)).unwrap_or_default().contains(TOKEN), "no secret on the page");
+    let png = screenshot_dir().join("gateway-main.png");
+    b.screenshot(&png).expect("screenshot");
+    eprintln!("screenshot: {}", png.display());
+
+    // Restart from the page: it asks first, then the CLI's verified restart runs.
+    b.click(&restart).expect("click restart");
+    assert!(gatewarden_testkit::wait_until(Duration::from_secs(5), || b.alert_text().is_some()), "a confirmation");
+    assert!(b.alert_text().unwrap_or_default().starts_with("Restart now?"));
+    b.accept_alert().expect("accept");
+    let outcome = b.wait_text("#action", "restart: done", Duration::from_secs(30)).expect("the restart's outcome");
+    assert!(outcome.contains(&format!("of incarnation {second}")), "{outcome}");
+    let third = status_json(home.path()).incarnation.expect("incarnation");
+    assert_ne!(third, second, "a new incarnation");
+    b.wait_text("#truth", &third, PAGE).expect("the new incarnation in the header");
+    b.wait_text("#action", &third, PAGE).expect("the outcome names the new incarnation");
+    let ledger = home.ledger_text();
+    assert!(
+        ledger.lines().any(|l| l.contains("\"restart_requested\"")
+            && l.contains(&format!("\"incarnation\":\"{second}\""))
+            && l.contains("\"channel\":\"dashboard\"")),
+        "the ledger records requester dashboard:\n{ledger}"
+    );
+
+    // The page under a foreign name (DNS rebinding) is refused outright.
+    b.navigate(&format!("http://evil.test:{}/ui", listen.rsplit(':').next().unwrap_or("0"))).expect("navigate");
+    let body = text_of(&b, "body");
+    assert!(body.contains("does not answer to Host") && body.contains("evil.test"), "{body}");
+    b.quit();
+}
+
+/// Kills the fleet server when the test ends.
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `gatewarden dashboard` on a free loopback port; its URL from its first line.
+fn fleet_server(registry: &std::path::Path) -> (Server, String) {
+    use std::io::BufRead;
+    let mut cmd = std::process::Command::new(bin());
+    gatewarden_testkit::test_env(&mut cmd);
+    cmd.args(["dashboard", "--listen", "127.0.0.1:0"])
+        .env("GATEWARDEN_REGISTRY", registry)
+        .env("GATEWARDEN_DASHBOARD_TOKEN", TOKEN)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit());
+    let mut child = cmd.spawn().expect("spawn dashboard");
+    let stdout = child.stdout.take().expect("stdout");
+    let server = Server(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(PAGE).expect("the dashboard prints its URL");
+    let url = line.trim().strip_prefix("dashboard: ").unwrap_or_else(|| panic!("{line:?}")).to_owned();
+    (server, url)
+}
+
+/// The fleet: three homes registered by their gateways at start, one stopped from the CLI. The
+/// page lists all three, the stopped one with why it ended; its own page (from its files)
+/// starts it again with the token, and the new incarnation shows there.
+#[test]
+fn the_fleet_page_lists_three_homes_and_starts_a_stopped_one() {
+    let Some(b) = Browser::start(Duration::from_secs(30)) else { return };
+    let reg = tempfile::tempdir().unwrap();
+    let dir = reg.path().join("homes");
+    let homes = [TempHome::new(), TempHome::new(), TempHome::new()];
+    let mut gws: Vec<Gateway> = homes
+        .iter()
+        .map(|h| {
+            h.write("config.toml", format!("api_token = \"{TOKEN}\"\n"));
+            let mut g = builder(h).env("GATEWARDEN_REGISTRY", &dir).spawn();
+            g.wait_ready(READY);
+            g
+        })
+        .collect();
+    let stop = run_cli(&homes[2], &["stop"]);
+    assert_cli(&stop, 0, "stop");
+    gws[2].wait_exit(EXIT);
+    let stopped_path = std::fs::canonicalize(homes[2].path()).unwrap().to_string_lossy().into_owned();
+    let (_server, url) = fleet_server(&dir);
+
+    b.navigate(&url).expect("navigate fleet");
+    assert_eq!(b.find_all("#fleet tbody tr").expect("rows").len(), 3, "{}", text_of(&b, "body"));
+    assert_eq!(b.find_all("#fleet tr[data-state=running]").expect("rows").len(), 2);
+    let row = text_of(&b, "#fleet tr[data-state=stopped]");
+    assert!(row.contains(&stopped_path), "{row}");
+    assert!(row.contains("exit 0:") && row.contains(&format!("pid {}", stop.pid)), "why it ended: {row}");
+    for g in gws.iter().take(2) {
+        assert_eq!(b.find_all(&format!("a.own[href='http://{}/ui']", g.listen())).expect("find").len(), 1);
+    }
+    let png = screenshot_dir().join("fleet.png");
+    b.screenshot(&png).expect("screenshot");
+    eprintln!("screenshot: {}", png.display());
+
+    // The stopped home's page, from its files: stopped, then Start with the token.
+    let link = b.find("#fleet tr[data-state=stopped] a.files").expect("its page");
+    b.click(&link).expect("open");
+    b.wait_text("#state", "stopped", PAGE).expect("the stopped home's page");
+    b.send_keys(&b.find("form#login input[name=token]").expect("token input"), TOKEN).expect("type");
+    b.click(&b.find("form#login button").expect("button")).expect("click");
+    b.click(&wait_find(&b, "#actions button")).expect("click start");
+    b.wait_text("#action", "start: done", Duration::from_secs(30)).expect("the start's outcome");
+    b.wait_text("#state", "running", PAGE).expect("running again");
+    let s = status_json(homes[2].path());
+    assert!(s.running, "{s:?}");
+    b.wait_text("#truth", s.incarnation.as_deref().unwrap_or("?"), PAGE).expect("the new incarnation");
+    let desired = std::fs::read_to_string(homes[2].file("desired_state.json")).unwrap_or_default();
+    assert!(desired.contains("dashboard start"), "the start is recorded as the dashboard's: {desired}");
+    let _ = run_cli(&homes[2], &["stop"]);
+    b.quit();
+}
+
+fn wait_find(b: &Browser, css: &str) -> gatewarden_testkit::browser::Element {
+    let mut found = None;
+    gatewarden_testkit::wait_until(PAGE, || {
+        found = b.find(css).ok();
+        found.is_some()
+    });
+    found.unwrap_or_else(|| panic!("no {css:?}; page: {:?}", b.find("body").and_then(|e| b.text(&e))))
+}
+
+/// Messages: a failed message is listed with its reason and a Retry button; Retry (with the
+/// token) queues a copy through the journal, which now succeeds; the outcome names the copy
+/// and the ledger records the dashboard as the requester.
+#[test]
+fn a_failed_message_is_retried_from_the_page() {
+    let Some(b) = Browser::start(Duration::from_secs(30)) else { return };
+    let home = TempHome::new();
+    let ok = home.path().join("ok");
+    let (_gw, listen) = {
+        let (g, l) = start_detached(&home);
+        // The agent fails until `ok` exists (config read at start: restart to apply it).
+        home.write(
+            "config.toml",
+            format!(
+                "api_token = \"{TOKEN}\"\n[agent]\nbackend = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", \"test -e {} && cat\"]\n",
+                ok.display()
+            ),
+        );
+        assert_cli(&run_cli(&home, &["restart"]), 0, "restart with the failing agent");
+        (g, l)
+    };
+    let api = gatewarden_testkit::api::Api::new(listen.parse().expect("addr")).with_token(TOKEN);
+    let id = api.submit("c1", "hello retry");
+    let failed = gatewarden_testkit::wait_until(PAGE, || api.message(&id).is_some_and(|m| m["state"] == "failed"));
+    assert!(failed, "the message fails first: {:?}", api.message(&id));
+
+    b.navigate(&format!("http://{listen}/ui")).expect("navigate");
+    let row = text_of(&b, "#messages tr[data-state=failed]");
+    assert!(row.contains(&id) && row.contains("hello retry"), "{row}");
+    assert!(
+        b.find_all("#messages form[action='/ui/action/retry']").expect("find").is_empty(),
+        "no button without the token"
+    );
+    b.send_keys(&b.find("form#login input[name=token]").expect("token input"), TOKEN).expect("type");
+    b.click(&b.find("form#login button").expect("button")).expect("click");
+    std::fs::write(&ok, "").expect("let the agent succeed");
+    b.click(&wait_find(&b, "#messages form[action='/ui/action/retry'] button")).expect("retry");
+    let outcome = b.wait_text("#action", "retry: done", PAGE).expect("the retry's outcome");
+    let copy = outcome
+        .split("queued again as ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the outcome names the copy: {outcome}"))
+        .to_owned();
+    let done = gatewarden_testkit::wait_until(PAGE, || api.message(&copy).is_some_and(|m| m["state"] == "done"));
+    assert!(done, "the copy runs: {:?}", api.message(&copy));
+    assert_eq!(api.message(&copy).map(|m| m["reply"].clone()), Some(serde_json::json!("hello retry")));
+    let ledger = home.ledger_text();
+    assert!(
+        ledger
+            .lines()
+            .any(|l| l.contains("\"dashboard_action\"") && l.contains("\"channel\":\"dashboard\"") && l.contains(&id)),
+        "{ledger}"
+    );
+    b.quit();
 }

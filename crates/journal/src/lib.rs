@@ -219,6 +219,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn get(&self, id: &str) -> Result<Option<Message>, JournalError>;
     fn pending(&self) -> Result<Vec<Message>, JournalError>;
     fn counts(&self) -> Result<Counts, JournalError>;
+    /// The newest `limit` messages in one of `states`, newest first (the dashboard's Messages
+    /// and Conversations). A store that cannot list them says so with an empty list.
+    fn recent(&self, states: &[State], limit: usize) -> Result<Vec<Message>, JournalError> {
+        let _ = (states, limit);
+        Ok(Vec::new())
+    }
     fn prune(&self, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError>;
     /// Queued messages: `(of this chat, in all)`, for the `[journal]` queue caps.
     fn queued(&self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), JournalError>;

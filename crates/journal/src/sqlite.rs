@@ -19,7 +19,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::row::{self, Cells, MESSAGE_COLUMNS, OUTGOING_COLUMNS};
 use crate::{
-    Counts, JournalError, MAX_ATTEMPTS, Message, NewMessage, Outgoing, Pruned, REASON_INTERRUPTED_TWICE, Store,
+    Counts, JournalError, MAX_ATTEMPTS, Message, NewMessage, Outgoing, Pruned, REASON_INTERRUPTED_TWICE, State, Store,
     failure_notice,
 };
 
@@ -525,6 +525,27 @@ impl Store for Journal {
             *COLUMNS
         ))?;
         let mut rows = stmt.query([])?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            out.push(row::read_message(r)?);
+        }
+        Ok(out)
+    }
+
+    /// The newest `limit` messages in `states` (by last update), newest first.
+    fn recent(&self, states: &[State], limit: usize) -> Result<Vec<Message>, JournalError> {
+        if states.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        // The states are the enum's own fixed words: nothing from outside reaches the SQL.
+        let list: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+        let conn = self.read();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {} FROM messages WHERE state IN ({}) ORDER BY updated_at DESC, rowid DESC LIMIT ?1",
+            *COLUMNS,
+            list.join(", ")
+        ))?;
+        let mut rows = stmt.query(params![i64::try_from(limit).unwrap_or(i64::MAX)])?;
         let mut out = Vec::new();
         while let Some(r) = rows.next()? {
             out.push(row::read_message(r)?);
@@ -1251,6 +1272,21 @@ mod tests {
         assert!(!j.claim(&id, "a").unwrap());
         assert_eq!(j.recover("b").unwrap(), Vec::<String>::new());
         assert!(j.pending().unwrap().is_empty());
+    }
+
+    #[test]
+    fn recent_lists_by_state_newest_first() {
+        let (_d, j) = journal();
+        let a = j.accept(&msg("a")).unwrap();
+        let b = j.accept(&msg("b")).unwrap();
+        assert!(j.claim(&b, "i").unwrap());
+        assert!(j.fail(&b, "i", "boom").unwrap());
+        let ids =
+            |states: &[State]| -> Vec<String> { j.recent(states, 10).unwrap().into_iter().map(|m| m.id).collect() };
+        assert_eq!(ids(&[State::Failed]), vec![b.clone()]);
+        assert_eq!(ids(&[State::Queued, State::Failed]), vec![b.clone(), a.clone()]);
+        assert!(ids(&[]).is_empty());
+        assert_eq!(j.recent(&[State::Queued, State::Failed], 1).unwrap().len(), 1);
     }
 
     #[test]

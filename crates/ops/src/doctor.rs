@@ -88,6 +88,21 @@ fn from_finding(f: Finding, refresh_cmd: &str) -> Item {
     }
 }
 
+/// The findings as the dashboard shows them: what `doctor` would print, without fixing.
+pub fn findings(home: &Home) -> Vec<gatewarden_dashboard::snapshot::Finding> {
+    check(&home.canonicalized())
+        .into_iter()
+        .map(|i| gatewarden_dashboard::snapshot::Finding {
+            severity: serde_json::to_value(i.severity)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            code: i.id,
+            message: format!("{}: {}", i.subject, i.message),
+        })
+        .collect()
+}
+
 pub fn doctor(home: &Home, fix: bool, json_out: bool) -> crate::Result<ExitCode> {
     let home = home.canonicalized();
     // What the operator wanted when doctor looked: a fix never acts across a newer request.

@@ -80,11 +80,10 @@ fn stop_via_manager(
         // manager records as success); if the endpoint is silent, the marker makes the
         // manager's own stop signal a planned stop (exit 0) too.
         let progress = crate::progress::Progress::new();
-        let graceful =
-            stopper::request_stop(home, &Requester::current("cli"), StopReason::Stop, deadline, &mut |p| match p {
-                stopper::Phase::Note(n) => eprintln!("{n}"),
-                _ => progress.phase(&format!("stopping {who}: draining active runs")),
-            });
+        let graceful = stopper::request_stop(home, &Requester::cli(), StopReason::Stop, deadline, &mut |p| match p {
+            stopper::Phase::Note(n) => eprintln!("{n}"),
+            _ => progress.phase(&format!("stopping {who}: draining active runs")),
+        });
         progress.finish();
         if !graceful && let Ok(h) = lock_holder(home) {
             marker::write(home.dir(), MarkerKind::PlannedStop, h.identity, &home.dir().to_string_lossy())?;
@@ -109,7 +108,7 @@ fn stop_via_manager(
 fn stop_direct(home: &Home, timeout_s: u64, no_kill: bool) -> crate::Result<ExitCode> {
     let who =
         read_pid_record(&home.pid_file()).ok().map_or("the gateway".to_string(), |r| format!("gateway pid {}", r.pid));
-    let mut plan = StopPlan::new(Requester::current("cli"), Duration::from_secs(timeout_s));
+    let mut plan = StopPlan::new(Requester::cli(), Duration::from_secs(timeout_s));
     plan.kill = !no_kill;
     let progress = crate::progress::Progress::new();
     let outcome = stopper::stop(home, &plan, &mut |p| match p {

@@ -28,7 +28,7 @@ fn ledger(home: &Home) -> Ledger {
 }
 
 fn requester_json() -> serde_json::Value {
-    let r = Requester::current("cli");
+    let r = Requester::cli();
     json!({"pid": r.pid, "argv": r.argv, "channel": r.channel})
 }
 
@@ -72,7 +72,9 @@ pub fn ledger_stop_if_unrecorded(home: &Home, d: Option<&Desired>) {
 /// own `started` / `restart_requested` lines are the ledger's record of it. A stop issued
 /// after this command was invoked overrides it: refused (and in the ledger).
 pub fn record_run(home: &Home, verb: &str) -> Result<u64, Refusal> {
-    match desired::record_if(home.dir(), Want::Run, &format!("cli {verb}"), true, issued(), |_| true) {
+    // `cli start`, or `dashboard start` for a button's (Requester::cli).
+    let by = format!("{} {verb}", Requester::cli().channel);
+    match desired::record_if(home.dir(), Want::Run, &by, true, issued(), |_| true) {
         Ok((d, true)) => Ok(d.seq),
         Ok((d, false)) => {
             let r = Refusal::Stopped(Box::new(d));

@@ -10,7 +10,7 @@
 //!   procedures, below the verbs.
 //! - the verbs, one module each, each called by one line of the binary: [`start`], [`stop`],
 //!   [`restart`], [`status`], [`update`] (the verified binary swap), [`supervise`],
-//!   [`doctor`], [`check`], [`service`], [`send`], [`logs`], [`history`],
+//!   [`doctor`], [`check`], [`dashboard`] (the fleet page), [`service`], [`send`], [`logs`], [`history`],
 //!   [`crash_backoff`], and the hermes-home verbs ([`hermes`]); what they share below them:
 //!   [`options`] (filled by the binary's parser), [`intent`], `presence`, `progress`,
 //!   [`ready`], [`release`], [`orchestrator`], [`crash_loop`], [`tail`].
@@ -24,6 +24,7 @@
 pub mod check;
 pub mod crash_backoff;
 pub mod crash_loop;
+pub mod dashboard;
 pub mod doctor;
 pub mod env;
 mod error;

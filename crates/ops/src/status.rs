@@ -19,6 +19,18 @@ const CONTROL_TIMEOUT: Duration = Duration::from_millis(200);
 const STARTING_GRACE: Duration = Duration::from_secs(10);
 
 pub fn status(home: &Home, as_json: bool) -> crate::Result<ExitCode> {
+    let (code, report) = report(home);
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_human(&report, code);
+    }
+    Ok(ExitCode::from(code))
+}
+
+/// The status report and its exit code (0 running, 3 not running, 4 unknown): what `status`
+/// prints, and what the fleet page (dashboard.rs) shows for each home.
+pub fn report(home: &Home) -> (u8, StatusReport) {
     let home = home.canonicalized();
     // Read the records before a possible heal, so the report says what was found.
     let pid = read_pid_record(&home.pid_file());
@@ -134,12 +146,7 @@ pub fn status(home: &Home, as_json: bool) -> crate::Result<ExitCode> {
             report.extra.insert("parked".into(), json!({"unreadable": why}));
         }
     }
-    if as_json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_human(&report, code);
-    }
-    Ok(ExitCode::from(code))
+    (code, report)
 }
 
 /// Why a lock holder whose control endpoint did not answer is wedged, or `None` while it is

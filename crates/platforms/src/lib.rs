@@ -17,7 +17,8 @@
 //!    server keeps nothing for a successor, so its adapter listens on until `close`.)
 //!
 //! Steps 2 to 5 are the skeleton's ([`skeleton`]); a platform is a [`skeleton::Protocol`] in
-//! its own module ([`telegram`], [`matrix`], [`irc`], [`discord`], [`email`]) and one arm in [`build`]
+//! its own module ([`telegram`], [`matrix`], [`irc`], [`discord`], [`xmpp`], [`email`]) and one arm
+//! in [`build`]
 //! (docs/adding-a-platform.md).
 
 pub mod credlock;
@@ -28,6 +29,7 @@ pub mod matrix;
 pub mod skeleton;
 pub mod slack;
 pub mod telegram;
+pub mod xmpp;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -320,6 +322,7 @@ pub fn build(cfg: &PlatformConfig) -> Result<Arc<dyn Adapter>, AdapterError> {
         // The password is optional; a named variable that is unset is still an error.
         PlatformKind::Irc if cfg.token_env.is_some() && token.is_none() => Err(missing()),
         PlatformKind::Irc => Ok(Arc::new(irc::Irc::new(cfg, token)?)),
+        PlatformKind::Xmpp => Ok(Arc::new(xmpp::Xmpp::new(cfg, token.ok_or_else(missing)?)?)),
         PlatformKind::Discord => Ok(Arc::new(discord::Discord::new(cfg, token.ok_or_else(missing)?)?)),
         PlatformKind::Email => Ok(Arc::new(email::Email::new(cfg, token.ok_or_else(missing)?)?)),
         PlatformKind::Slack => {

@@ -82,6 +82,8 @@ fn config(base: &str) -> PlatformConfig {
         account: None,
         allowed_senders: Vec::new(),
         bot_token_env: None,
+        jid: None,
+        rooms: Vec::new(),
     }
 }
 

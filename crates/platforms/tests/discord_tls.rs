@@ -67,6 +67,8 @@ fn start(base: &str, ca_file: &Path, dir: &Path, first_seq: usize) -> Arc<Discor
         account: None,
         allowed_senders: Vec::new(),
         bot_token_env: None,
+        jid: None,
+        rooms: Vec::new(),
     };
     let d = Arc::new(Discord::new(&cfg, TOKEN.into()).unwrap());
     let mem = MemHost::echoing();

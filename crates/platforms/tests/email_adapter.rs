@@ -46,6 +46,8 @@ fn config(imap: String, smtp: String, ca: &Path, allowed: &[&str]) -> PlatformCo
         tls: false,
         sasl_password_env: None,
         bot_token_env: None,
+        jid: None,
+        rooms: Vec::new(),
         imap: Some(imap),
         smtp: Some(smtp),
         account: Some(address("bot")),

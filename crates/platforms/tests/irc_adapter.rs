@@ -58,6 +58,8 @@ fn routes_inbound_refuses_bad_targets_paces_lines_and_quits() {
         account: None,
         allowed_senders: Vec::new(),
         bot_token_env: None,
+        jid: None,
+        rooms: Vec::new(),
     };
     let irc = Irc::new(&cfg, None).unwrap();
     assert_eq!(irc.credential(), format!("{}/gwbot", s.addr()));

@@ -42,6 +42,8 @@ fn config(server: String, ca_file: &Path) -> PlatformConfig {
         account: None,
         allowed_senders: Vec::new(),
         bot_token_env: None,
+        jid: None,
+        rooms: Vec::new(),
     }
 }
 

@@ -157,6 +157,8 @@ fn config(conflict_s: u64) -> PlatformConfig {
         account: None,
         allowed_senders: Vec::new(),
         bot_token_env: None,
+        jid: None,
+        rooms: Vec::new(),
     }
 }
 

@@ -37,6 +37,8 @@ fn config(base: &str) -> PlatformConfig {
         account: None,
         allowed_senders: Vec::new(),
         bot_token_env: Some("UNUSED_TOO".into()),
+        jid: None,
+        rooms: Vec::new(),
     }
 }
 

@@ -41,6 +41,8 @@ fn config(base: &str, ca_file: &Path) -> PlatformConfig {
         account: None,
         allowed_senders: Vec::new(),
         bot_token_env: Some("UNUSED_TOO".into()),
+        jid: None,
+        rooms: Vec::new(),
     }
 }
 

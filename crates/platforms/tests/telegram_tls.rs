@@ -44,6 +44,8 @@ fn config(base: &str, ca_file: &Path) -> PlatformConfig {
         account: None,
         allowed_senders: Vec::new(),
         bot_token_env: None,
+        jid: None,
+        rooms: Vec::new(),
     }
 }
 

@@ -122,6 +122,10 @@ pub struct Gateway {
     intake: std::sync::RwLock<bool>,
     /// The main loop's inbox, once it runs (`serve`).
     causes: Mutex<Option<UnboundedSender<Cause>>>,
+    /// The drain under way: runs when it began, and its deadline (the dashboard's progress).
+    drain: Mutex<Option<(u64, SystemTime)>>,
+    /// The dashboard's logged-in sessions (http/ui.rs).
+    pub ui_sessions: Mutex<gatewarden_dashboard::auth::Sessions>,
 }
 
 impl Gateway {
@@ -152,7 +156,19 @@ impl Gateway {
             exit: Mutex::new(None),
             intake: std::sync::RwLock::new(true),
             causes: Mutex::new(None),
+            drain: Mutex::new(None),
+            ui_sessions: Mutex::new(gatewarden_dashboard::auth::Sessions::default()),
         }
+    }
+
+    /// Remembers a drain's start: `runs` active then, ending by `deadline`.
+    pub fn set_drain(&self, runs: u64, deadline: SystemTime) {
+        *self.drain.lock().unwrap_or_else(|p| p.into_inner()) = Some((runs, deadline));
+    }
+
+    /// The drain under way, if any: runs at its start and its deadline.
+    pub fn drain_info(&self) -> Option<(u64, SystemTime)> {
+        *self.drain.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Connects chat commands and the adapters' role task to the main loop.

@@ -354,6 +354,18 @@ async fn serve_until_classified(
     gw.advance(GatewayState::Running);
     platforms.watchdog(Arc::clone(gw));
     gw.record("ready", json!({"listen": addr, "control": gw.control}));
+    // Join the per-user fleet (`gatewarden dashboard`); a home that cannot register still serves.
+    match gatewarden_dashboard::registry::dir() {
+        Ok(Some(dir)) => {
+            if let Err(e) =
+                gatewarden_dashboard::registry::register(&dir, &gw.home_str, Some(gatewarden_lifecycle::VERSION))
+            {
+                warn!("not in the dashboard's fleet: {e}");
+            }
+        }
+        Ok(None) => {}
+        Err(e) => warn!("not in the dashboard's fleet: {e}"),
+    }
     info!("gateway {} ready: http://{addr} (control {})", gw.me.id, gw.control);
     if opts.ready_stdout {
         use std::io::Write;
@@ -511,6 +523,7 @@ async fn drain(app: &App, signals: &mut impl Shutdown, timeout: Duration) {
     }
     let t0 = std::time::Instant::now();
     let at_start = gw.runs.active();
+    gw.set_drain(at_start, SystemTime::now() + timeout);
     let runs = Arc::clone(&gw.runs);
     let extend = {
         let n = gw.notifier.clone();

@@ -89,6 +89,7 @@ pub fn write(level: Level, msg: std::fmt::Arguments<'_>) {
         }
         Format::Plain => format!("{}: {msg}\n", level.as_str()),
     };
+    remember(level, line.trim_end());
     if let Some(sink) = FILE.get() {
         if let Ok(mut sink) = sink.lock() {
             if sink.size + line.len() as u64 > ROTATE_BYTES {
@@ -102,6 +103,23 @@ pub fn write(level: Level, msg: std::fmt::Arguments<'_>) {
     }
     // One write per line so concurrent lines do not interleave.
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// The last lines logged, for the dashboard's live log tail (bounded: [`RECENT`] lines).
+pub const RECENT: usize = 200;
+static TAIL: Mutex<std::collections::VecDeque<(&'static str, String)>> = Mutex::new(std::collections::VecDeque::new());
+
+fn remember(level: Level, line: &str) {
+    let mut t = TAIL.lock().unwrap_or_else(|p| p.into_inner());
+    if t.len() >= RECENT {
+        t.pop_front();
+    }
+    t.push_back((level.as_str(), line.to_owned()));
+}
+
+/// The recent lines, oldest first, as `(level, line)`.
+pub fn recent() -> Vec<(&'static str, String)> {
+    TAIL.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
 }
 
 #[macro_export]

@@ -207,6 +207,11 @@ impl Work {
         }
     }
 
+    /// `[update] source`: what chat `/update` (and the dashboard's Update) installs.
+    pub fn update_source(&self) -> Option<&str> {
+        self.update_source.as_deref()
+    }
+
     /// Queues a journaled message id for the async worker.
     pub fn enqueue(&self, id: String) {
         let _ = self.queue.send(id);

@@ -8,7 +8,8 @@
 //! * [`wait_until`] / [`holds_for`]: condition waits with deadlines, no bare sleeps.
 //! * [`http_get`] / [`http_post_json`]: a tiny blocking HTTP/1.1 client, loopback only.
 //! * [`browser`]: headless Chromium over WebDriver, for the dashboard's browser tests.
-//! * [`servers`]: real chat servers (Synapse for Matrix, ngIRCd for IRC) in temp dirs.
+//! * [`servers`]: real chat servers (Synapse for Matrix, ngIRCd for IRC) in temp dirs;
+//!   [`prosody`] for XMPP.
 //! * [`slackfake`]: a protocol-faithful Slack (Socket Mode and the Web API) on loopback.
 //! * [`proc_start_time`], [`pid_alive`], [`lock_holders`]: read-only process / lock inspection.
 //! * [`marker_json`], [`rfc3339`]: build planned-stop / takeover markers.
@@ -44,6 +45,7 @@ mod http;
 pub mod llmfake;
 pub mod netfakes;
 pub mod postgres;
+pub mod prosody;
 mod proc;
 pub mod servers;
 pub mod slackfake;
@@ -86,6 +88,11 @@ pub fn test_env(cmd: &mut std::process::Command) {
         cmd.env_remove(k);
     }
     cmd.env("GATEWARDEN_SUPERVISOR", "none");
+    // Test gateways stay out of the developer's fleet (`gatewarden dashboard`); a test of the
+    // fleet names its own registry.
+    if std::env::var_os("GATEWARDEN_REGISTRY").is_none() {
+        cmd.env("GATEWARDEN_REGISTRY", "none");
+    }
 }
 
 /// Whether a systemd user manager answers (`scripts/systemd-user` starts one). Without one a

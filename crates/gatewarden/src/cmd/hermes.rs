@@ -40,5 +40,15 @@ pub fn dispatch(home: HermesHome, by: SelectedBy, command: Command) -> anyhow::R
         }
         Command::Check { .. } => anyhow::bail!("`check` validates a native home; for a hermes home use `doctor`"),
         Command::CrashBackoff => anyhow::bail!("`crash-backoff` belongs to a native home's systemd unit"),
+        // `--hermes-home DIR dashboard`: the fleet page, with this hermes home among the rest.
+        Command::Dashboard { listen, homes, mut hermes_homes } => {
+            hermes_homes.insert(0, home.dir().to_path_buf());
+            gatewarden_ops::dashboard::dashboard(gatewarden_ops::dashboard::DashboardArgs {
+                listen,
+                homes,
+                hermes_homes,
+            })?
+        }
+        Command::Top { .. } => anyhow::bail!("`top` shows a native home's snapshot; for a hermes home use `status`"),
     })
 }

@@ -40,5 +40,9 @@ pub fn dispatch(cli: Cli, started_at: SystemTime, started: Instant) -> anyhow::R
         Command::Check { target, json } => ops::check::check(&home, target.as_deref(), json)?,
         Command::Update(args) => ops::update::update(&home, args.into())?,
         Command::CrashBackoff => ops::crash_backoff::crash_backoff(&home)?,
+        Command::Dashboard { listen, homes, hermes_homes } => {
+            ops::dashboard::dashboard(ops::dashboard::DashboardArgs { listen, homes, hermes_homes })?
+        }
+        Command::Top { once, n } => ops::dashboard::top(&home, once, n)?,
     })
 }

@@ -135,7 +135,7 @@ fn run_ladder(home: &Home, ladder: &Ladder, t0: Instant) -> crate::Result<ExitCo
             ladder.owner.prepare_restart();
             ladder.progress.phase("requesting restart");
             let requested = Client::connect(&ep, Duration::from_secs(2))
-                .and_then(|mut c| c.call(Op::Restart { requester: Requester::current("cli") }, Duration::from_secs(5)));
+                .and_then(|mut c| c.call(Op::Restart { requester: Requester::cli() }, Duration::from_secs(5)));
             match requested {
                 Ok(_) => {}
                 // An explicit refusal (or a protocol mismatch) is final.
@@ -319,7 +319,7 @@ impl<'h> Ladder<'h> {
             return self.finish(Err(format!("overtaken by a stop: {}", r.describe())), None);
         }
         eprintln!("{why}; stopping it (verified escalation) and starting a new incarnation");
-        let mut plan = StopPlan::new(Requester::current("cli"), WEDGED_STOP.min(self.left()));
+        let mut plan = StopPlan::new(Requester::cli(), WEDGED_STOP.min(self.left()));
         plan.skip_control = old.is_none();
         plan.keep_lock = true;
         plan.by = "restart";

@@ -904,7 +904,7 @@ impl<'h> Updater<'h> {
 /// Who asked, for `update_refused`: the command the operator ran (or the gateway's, for chat
 /// `/update`), on its channel.
 fn requester(chat: bool) -> serde_json::Value {
-    let r = gatewarden_control::Requester::current(if chat { "chat" } else { "cli" });
+    let r = if chat { gatewarden_control::Requester::current("chat") } else { gatewarden_control::Requester::cli() };
     json!({"pid": crate::orchestrator::requester_pid(), "argv": r.argv, "channel": r.channel})
 }
 

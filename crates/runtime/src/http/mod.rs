@@ -24,6 +24,7 @@ mod metrics;
 mod openai;
 pub mod resources;
 pub mod serve;
+pub mod ui;
 
 /// The request-body types and their pure helpers, for the fuzz targets (fuzz/fuzz_targets);
 /// not an API.
@@ -46,10 +47,13 @@ pub fn router(gw: Arc<App>) -> Router {
         .route_layer(middleware::from_fn_with_state(Arc::clone(&gw), body_deadline))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&gw), crate::cluster::standby_gate))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&gw), auth));
+    // The dashboard: open for reading (loopback), its own auth for actions (ui.rs).
+    let ui = ui::routes().route_layer(middleware::from_fn_with_state(Arc::clone(&gw), body_deadline));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(api)
+        .merge(ui)
         .layer(middleware::from_fn_with_state(Arc::clone(&gw), host_check))
         .with_state(gw)
 }

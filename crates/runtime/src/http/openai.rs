@@ -151,7 +151,7 @@ pub async fn completions(State(gw): State<Arc<App>>, Json(body): Json<Completion
 }
 
 /// An mpsc receiver as a `Stream` of body frames.
-struct ReceiverStream(mpsc::Receiver<Bytes>);
+pub(super) struct ReceiverStream(pub(super) mpsc::Receiver<Bytes>);
 
 impl futures_core::Stream for ReceiverStream {
     type Item = Result<Bytes, std::convert::Infallible>;

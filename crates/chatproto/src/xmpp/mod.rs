@@ -1,0 +1,1129 @@
+//! `xmpp`: a blocking XMPP client (RFC 6120/6121) over `std::net::TcpStream`, with just what a
+//! bot account needs: STARTTLS (always, verified with crates/net's rustls settings), SASL
+//! SCRAM-SHA-1 (PLAIN only as a fallback, and only inside TLS), resource binding, stream
+//! management acks (XEP-0198, no resumption), multi-user chat (XEP-0045), the message archive
+//! (XEP-0313) and stanza ids (XEP-0359).
+//!
+//! The XML is quick-xml's ([`xml`]): the stream is cut into top-level elements, each read into
+//! a small tree. Everything is bounded: the connect by its deadline, each read by the caller's
+//! timeout, a silent server by the keepalive (an SM ack request or an XEP-0199 ping after
+//! [`Config::ping_interval`], dead after [`Config::ping_timeout`] more).
+//!
+//! One [`Connection`] reads; any number of [`Writer`]s (other threads) write through it, one
+//! lock per stanza.
+
+pub mod scram;
+pub mod xml;
+
+use std::collections::VecDeque;
+use std::io::{ErrorKind as IoKind, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use gatewarden_net::rustls;
+
+pub use xml::{Element, Frame, Framer, XmlFault, escape};
+
+/// STARTTLS (RFC 6120 §5).
+pub const NS_TLS: &str = "urn:ietf:params:xml:ns:xmpp-tls";
+/// SASL (RFC 6120 §6).
+pub const NS_SASL: &str = "urn:ietf:params:xml:ns:xmpp-sasl";
+/// Resource binding (RFC 6120 §7).
+pub const NS_BIND: &str = "urn:ietf:params:xml:ns:xmpp-bind";
+/// Stanza error conditions (RFC 6120 §8.3).
+pub const NS_STANZAS: &str = "urn:ietf:params:xml:ns:xmpp-stanzas";
+/// Stream error conditions (RFC 6120 §4.9).
+pub const NS_STREAMS: &str = "urn:ietf:params:xml:ns:xmpp-streams";
+/// Stream management (XEP-0198).
+pub const NS_SM: &str = "urn:xmpp:sm:3";
+/// Multi-user chat, joining (XEP-0045).
+pub const NS_MUC: &str = "http://jabber.org/protocol/muc";
+/// Multi-user chat, occupant data (XEP-0045).
+pub const NS_MUC_USER: &str = "http://jabber.org/protocol/muc#user";
+/// The message archive (XEP-0313).
+pub const NS_MAM: &str = "urn:xmpp:mam:2";
+/// Result set paging (XEP-0059).
+pub const NS_RSM: &str = "http://jabber.org/protocol/rsm";
+/// Forwarded stanzas (XEP-0297).
+pub const NS_FORWARD: &str = "urn:xmpp:forward:0";
+/// Delayed delivery timestamps (XEP-0203).
+pub const NS_DELAY: &str = "urn:xmpp:delay";
+/// Stanza and origin ids (XEP-0359).
+pub const NS_SID: &str = "urn:xmpp:sid:0";
+/// Pings (XEP-0199).
+pub const NS_PING: &str = "urn:xmpp:ping";
+/// Data forms (XEP-0004).
+pub const NS_DATA: &str = "jabber:x:data";
+use xml::{NS_CLIENT, NS_STREAM};
+
+/// What the adapter does next after an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Retry with backoff (network, timeouts, a closed stream, a TLS failure).
+    Transient,
+    /// The server refused our credentials: park.
+    Rejected,
+    /// Another session took our resource (`<conflict/>`): another consumer is active.
+    Conflict,
+    /// This request can never work (a malformed address, a refused room).
+    Permanent,
+}
+
+/// A client error.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A socket error.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// Nothing came within the bound.
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// The server closed the stream or the socket.
+    #[error("connection closed: {0}")]
+    Closed(String),
+    /// STARTTLS missing or refused, or the certificate not verified for `host`.
+    #[error("TLS with {host}: {reason}")]
+    Tls {
+        /// The name verified (the JID's domain).
+        host: String,
+        /// Why, in crates/net's words.
+        reason: String,
+    },
+    /// Malformed XML or an answer out of order.
+    #[error("the server broke the protocol: {0}")]
+    Protocol(String),
+    /// SASL failed (the credentials, or no usable mechanism).
+    #[error("authentication refused: {0}")]
+    Rejected(String),
+    /// The server ended the stream with an error (RFC 6120 §4.9).
+    #[error("stream error <{condition}/>: {text}")]
+    Stream {
+        /// The defined condition (`conflict`, `system-shutdown`, …).
+        condition: String,
+        /// The server's text, cut to 200 characters.
+        text: String,
+    },
+    /// An address or nick that cannot go on the wire.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// A request answered with a stanza error.
+    #[error("{what} refused: <{condition}/>")]
+    Refused {
+        /// The request.
+        what: String,
+        /// The defined condition (`item-not-found`, `forbidden`, …).
+        condition: String,
+    },
+}
+
+impl Error {
+    /// What the adapter does next.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Rejected(_) => ErrorKind::Rejected,
+            Error::Stream { condition, .. } if condition == "conflict" => ErrorKind::Conflict,
+            Error::Stream { condition, .. } if condition == "not-authorized" => ErrorKind::Rejected,
+            Error::InvalidInput(_) | Error::Refused { .. } => ErrorKind::Permanent,
+            _ => ErrorKind::Transient,
+        }
+    }
+}
+
+impl From<XmlFault> for Error {
+    fn from(f: XmlFault) -> Self {
+        Error::Protocol(f.0)
+    }
+}
+
+/// A bare JID, `local@domain`, checked: the account and the rooms.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BareJid {
+    /// The local part, as given.
+    pub local: String,
+    /// The domain, lower-cased.
+    pub domain: String,
+}
+
+impl BareJid {
+    /// Parses `local@domain` (no resource). Refuses spaces, controls and the characters
+    /// RFC 7622 forbids in a local part.
+    pub fn parse(s: &str) -> Result<BareJid, Error> {
+        let bad = || Error::InvalidInput(format!("{s:?} is not a bare JID (local@domain)"));
+        let (local, domain) = s.trim().split_once('@').ok_or_else(bad)?;
+        let forbidden = |c: char| c.is_whitespace() || c.is_control() || "\"&'/:<>@".contains(c);
+        if local.is_empty() || domain.is_empty() || local.len() > 1023 || domain.len() > 1023 {
+            return Err(bad());
+        }
+        if local.chars().any(forbidden) || domain.chars().any(forbidden) {
+            return Err(bad());
+        }
+        Ok(BareJid { local: local.to_owned(), domain: domain.to_ascii_lowercase() })
+    }
+
+    /// `local@domain`, the local part as given.
+    pub fn as_string(&self) -> String {
+        format!("{}@{}", self.local, self.domain)
+    }
+
+    /// Whether `jid` (bare or full) is this bare JID (case-insensitively: servers fold case).
+    pub fn matches(&self, jid: &str) -> bool {
+        bare(jid).eq_ignore_ascii_case(&self.as_string())
+    }
+}
+
+impl std::fmt::Display for BareJid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.local, self.domain)
+    }
+}
+
+/// The bare part of a JID (everything before the first `/`).
+pub fn bare(jid: &str) -> &str {
+    jid.split_once('/').map_or(jid, |(b, _)| b)
+}
+
+/// The resource of a full JID (the occupant nick of a room JID).
+pub fn resource(jid: &str) -> Option<&str> {
+    jid.split_once('/').map(|(_, r)| r)
+}
+
+/// How to connect.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `host:port` (no DNS SRV: the configuration names the server).
+    pub addr: String,
+    /// The account.
+    pub jid: BareJid,
+    /// Its password.
+    pub password: String,
+    /// The resource asked for (the server may assign another).
+    pub resource: String,
+    /// The trust for STARTTLS (crates/net). There is no plaintext mode.
+    pub tls: gatewarden_net::ClientTls,
+    /// The bound of the whole connect (TCP, STARTTLS, SASL, bind).
+    pub connect_timeout: Duration,
+    /// Silence before the client checks the server is alive.
+    pub ping_interval: Duration,
+    /// How long the check may go unanswered before the connection is dead.
+    pub ping_timeout: Duration,
+}
+
+impl Config {
+    /// The defaults: resource `gatewarden`, 15 s to connect, a keepalive check after 60 s of
+    /// silence, dead 30 s later.
+    pub fn new(addr: String, jid: BareJid, password: String, tls: gatewarden_net::ClientTls) -> Config {
+        Config {
+            addr,
+            jid,
+            password,
+            resource: "gatewarden".into(),
+            tls,
+            connect_timeout: Duration::from_secs(15),
+            ping_interval: Duration::from_secs(60),
+            ping_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Where stanzas are written: the socket, through the TLS session once STARTTLS is done.
+#[derive(Debug)]
+struct Sink {
+    sock: TcpStream,
+    tls: Option<Arc<Mutex<rustls::ClientConnection>>>,
+    /// Stanzas sent since stream management was enabled (XEP-0198's outbound count).
+    sent: u32,
+    sm: bool,
+}
+
+impl Sink {
+    fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        let Some(tls) = &self.tls else { return self.sock.write_all(bytes) };
+        let mut conn = tls.lock().unwrap_or_else(|p| p.into_inner());
+        conn.writer().write_all(bytes)?;
+        while conn.wants_write() {
+            conn.write_tls(&mut self.sock)?;
+        }
+        Ok(())
+    }
+}
+
+fn io_error(e: std::io::Error) -> Error {
+    match e.kind() {
+        IoKind::WouldBlock | IoKind::TimedOut => Error::Timeout(format!("socket: {e}")),
+        IoKind::UnexpectedEof | IoKind::BrokenPipe | IoKind::ConnectionReset | IoKind::ConnectionAborted => {
+            Error::Closed(e.to_string())
+        }
+        _ => Error::Io(e),
+    }
+}
+
+fn write(out: &Mutex<Sink>, data: &str, stanza: bool) -> Result<(), Error> {
+    let mut s = out.lock().unwrap_or_else(|p| p.into_inner());
+    s.write_all(data.as_bytes()).map_err(io_error)?;
+    if stanza && s.sm {
+        s.sent = s.sent.wrapping_add(1);
+    }
+    Ok(())
+}
+
+/// A unique id for stanzas and origin-ids: a process-wide counter with the pid and start time.
+pub fn new_id() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    static START: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    let start = START.get_or_init(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros())
+    });
+    format!("gw{start:x}.{}.{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A chat message as it goes out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing<'a> {
+    /// The recipient: a bare JID, or a room.
+    pub to: &'a str,
+    /// `chat` to a person, `groupchat` to a room.
+    pub groupchat: bool,
+    /// The text (escaped on the way out; what XML cannot carry is dropped).
+    pub body: &'a str,
+    /// The message id and its XEP-0359 origin-id.
+    pub id: &'a str,
+}
+
+/// The `<message>` for `m` (the body escaped, the address checked).
+pub fn message_xml(m: &Outgoing<'_>) -> Result<String, Error> {
+    if m.to.is_empty() || m.to.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(Error::InvalidInput(format!("recipient {:?}", m.to)));
+    }
+    let kind = if m.groupchat { "groupchat" } else { "chat" };
+    Ok(format!(
+        "<message to='{to}' type='{kind}' id='{id}'><body>{body}</body><origin-id xmlns='{NS_SID}' id='{id}'/></message>",
+        to = escape(m.to),
+        id = escape(m.id),
+        body = escape(m.body)
+    ))
+}
+
+/// The server's count of our stanzas it has handled (XEP-0198 `<a h=…>`), shared between the
+/// reader, which sees the acks, and the writers, which wait for them.
+#[derive(Debug, Default)]
+struct Acks {
+    /// The last `h`, and whether the connection is gone (no ack will come).
+    state: Mutex<(u32, bool)>,
+    changed: Condvar,
+}
+
+impl Acks {
+    fn set(&self, h: u32) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).0 = h;
+        self.changed.notify_all();
+    }
+
+    /// The connection is gone: every waiter gives up.
+    fn end(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
+        self.changed.notify_all();
+    }
+
+    /// Waits until the server has handled stanza number `n` (counts wrap at 2^32); `false`
+    /// at `timeout` or when the connection ends first.
+    fn wait(&self, n: u32, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            // `h` has reached `n` when `h - n` (mod 2^32) is in the lower half.
+            if st.0.wrapping_sub(n) < 1 << 31 {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if st.1 || left.is_zero() {
+                return false;
+            }
+            st = self.changed.wait_timeout(st, left).map_or_else(|p| p.into_inner().0, |(g, _)| g);
+        }
+    }
+}
+
+/// The sending half of a [`Connection`], for another thread.
+#[derive(Debug, Clone)]
+pub struct Writer {
+    out: Arc<Mutex<Sink>>,
+    acks: Arc<Acks>,
+}
+
+impl Writer {
+    /// Sends one chat message. With stream management, returns only once the server has
+    /// acknowledged it (XEP-0198), so a message written into a connection that then dies is
+    /// an error (sent again on the next connection), not a silent loss; `Error::Timeout` when
+    /// no ack came within `ack_timeout`.
+    pub fn message(&self, m: &Outgoing<'_>, ack_timeout: Duration) -> Result<(), Error> {
+        let xml = message_xml(m)?;
+        let n = {
+            let mut s = self.out.lock().unwrap_or_else(|p| p.into_inner());
+            s.write_all(xml.as_bytes()).map_err(io_error)?;
+            if !s.sm {
+                return Ok(());
+            }
+            s.sent = s.sent.wrapping_add(1);
+            s.write_all(format!("<r xmlns='{NS_SM}'/>").as_bytes()).map_err(io_error)?;
+            s.sent
+        };
+        if self.acks.wait(n, ack_timeout) {
+            Ok(())
+        } else {
+            Err(Error::Closed(format!(
+                "no stream management ack for a message (within {ack_timeout:?}, or before the connection ended)"
+            )))
+        }
+    }
+
+    /// Closes the socket: the reader's next read fails, so it reconnects.
+    pub fn shutdown(&self) {
+        let s = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = s.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// One archived message from a MAM query.
+#[derive(Debug, Clone)]
+pub struct Archived {
+    /// The archive's id for it (`<result id=…>`), the position to resume after.
+    pub archive_id: String,
+    /// The forwarded `<message>`.
+    pub message: Element,
+    /// The archive's timestamp (`<delay stamp=…>`), as sent.
+    pub stamp: Option<String>,
+}
+
+/// One page of a MAM query.
+#[derive(Debug, Clone, Default)]
+pub struct Page {
+    /// The messages, oldest first.
+    pub items: Vec<Archived>,
+    /// The server said this is the end (`<fin complete='true'>`).
+    pub complete: bool,
+    /// The last id of the page (`<set><last>`), when the page had any.
+    pub last: Option<String>,
+}
+
+/// Where a MAM query starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Since {
+    /// After this archive id.
+    After(String),
+    /// From this instant (XEP-0082 date-time), for an archive with no saved id.
+    Start(String),
+    /// From the beginning of the archive.
+    Beginning,
+}
+
+/// A bound XMPP session.
+#[derive(Debug)]
+pub struct Connection {
+    stream: TcpStream,
+    tls: Option<Arc<Mutex<rustls::ClientConnection>>>,
+    out: Arc<Mutex<Sink>>,
+    acks: Arc<Acks>,
+    framer: Framer,
+    /// Stanzas read while waiting for something else (a join's presence, an IQ result).
+    pending: VecDeque<Element>,
+    /// The full JID the server bound.
+    jid: String,
+    domain: String,
+    /// XEP-0198: stanzas handled since `<enabled/>` (`None`: not enabled).
+    handled: Option<u32>,
+    last_rx: Instant,
+    check_sent: Option<Instant>,
+    ping_interval: Duration,
+    ping_timeout: Duration,
+}
+
+impl Connection {
+    /// Connects, secures (STARTTLS), authenticates, binds and enables stream management when
+    /// offered; returns before any presence is sent.
+    pub fn connect(cfg: &Config) -> Result<Connection, Error> {
+        let deadline = Instant::now() + cfg.connect_timeout;
+        let stream = connect_any(&cfg.addr, cfg.connect_timeout)?;
+        stream.set_nodelay(true)?;
+        stream.set_write_timeout(Some(cfg.connect_timeout.max(Duration::from_secs(1))))?;
+        let sink = Sink { sock: stream.try_clone()?, tls: None, sent: 0, sm: false };
+        let mut c = Connection {
+            stream,
+            tls: None,
+            out: Arc::new(Mutex::new(sink)),
+            acks: Arc::default(),
+            framer: Framer::default(),
+            pending: VecDeque::new(),
+            jid: String::new(),
+            domain: cfg.jid.domain.clone(),
+            handled: None,
+            last_rx: Instant::now(),
+            check_sent: None,
+            ping_interval: cfg.ping_interval,
+            ping_timeout: cfg.ping_timeout,
+        };
+        // 1. Plain stream: STARTTLS is required (no plaintext mode at all).
+        let features = c.open_stream(deadline)?;
+        if features.child("starttls", NS_TLS).is_none() {
+            return Err(Error::Tls {
+                host: cfg.addr.clone(),
+                reason: "the server does not offer STARTTLS, and this client never talks in plaintext".into(),
+            });
+        }
+        c.send_nonza(&format!("<starttls xmlns='{NS_TLS}'/>"))?;
+        let answer = c.read_element(deadline)?;
+        if !answer.is("proceed", NS_TLS) {
+            return Err(Error::Tls { host: cfg.addr.clone(), reason: format!("STARTTLS answered <{}/>", answer.name) });
+        }
+        if c.framer.pending() != 0 {
+            return Err(Error::Protocol("data after <proceed/> before the TLS handshake".into()));
+        }
+        // RFC 6120 §13.7.2.1: the certificate must name the JID's domain, whatever address the
+        // configuration connects to.
+        let tls = Arc::new(Mutex::new(handshake(&mut c.stream, &cfg.jid.domain, &cfg.tls, deadline)?));
+        c.tls = Some(Arc::clone(&tls));
+        c.out.lock().unwrap_or_else(|p| p.into_inner()).tls = Some(tls);
+        c.framer.restart();
+        // 2. Secured stream: SASL.
+        let features = c.open_stream(deadline)?;
+        let mechanisms: Vec<String> = features
+            .child("mechanisms", NS_SASL)
+            .map(|m| m.children_named("mechanism", NS_SASL).map(|x| x.text.trim().to_owned()).collect())
+            .unwrap_or_default();
+        c.authenticate(cfg, &mechanisms, deadline)?;
+        c.framer.restart();
+        // 3. Authenticated stream: bind, then stream management.
+        let features = c.open_stream(deadline)?;
+        if features.child("bind", NS_BIND).is_none() {
+            return Err(Error::Protocol("no resource binding offered".into()));
+        }
+        let bind = format!("<bind xmlns='{NS_BIND}'><resource>{}</resource></bind>", escape(&cfg.resource));
+        let result = c.iq(None, "set", &bind, deadline)?;
+        let jid = result.child("bind", NS_BIND).and_then(|b| b.child("jid", NS_BIND)).map(|j| j.text.trim().to_owned());
+        c.jid = jid.filter(|j| cfg.jid.matches(j)).ok_or_else(|| Error::Protocol("bound to another JID".into()))?;
+        if features.child("sm", NS_SM).is_some() {
+            c.send_nonza(&format!("<enable xmlns='{NS_SM}'/>"))?;
+            loop {
+                let e = c.read_element(deadline)?;
+                if e.is("enabled", NS_SM) {
+                    c.handled = Some(0);
+                    let mut out = c.out.lock().unwrap_or_else(|p| p.into_inner());
+                    out.sm = true;
+                    out.sent = 0;
+                    break;
+                }
+                if e.is("failed", NS_SM) {
+                    break;
+                }
+                c.pending.push_back(e);
+            }
+        }
+        Ok(c)
+    }
+
+    /// The full JID the server bound.
+    pub fn jid(&self) -> &str {
+        &self.jid
+    }
+
+    /// Whether XEP-0198 stream management is on.
+    pub fn stream_management(&self) -> bool {
+        self.handled.is_some()
+    }
+
+    /// A handle that sends on this connection from another thread.
+    pub fn writer(&self) -> Writer {
+        Writer { out: Arc::clone(&self.out), acks: Arc::clone(&self.acks) }
+    }
+
+    /// Sends one stanza (counted for stream management).
+    pub fn send_stanza(&mut self, xml: &str) -> Result<(), Error> {
+        write(&self.out, xml, true)
+    }
+
+    fn send_nonza(&mut self, xml: &str) -> Result<(), Error> {
+        write(&self.out, xml, false)
+    }
+
+    /// Sends the initial presence (available, no priority games).
+    pub fn presence(&mut self) -> Result<(), Error> {
+        self.send_stanza("<presence/>")
+    }
+
+    /// Joins `room` as `nick` without history (the archive is the history), waiting for our
+    /// own presence (status 110) or the room's refusal.
+    pub fn join(&mut self, room: &BareJid, nick: &str, timeout: Duration) -> Result<(), Error> {
+        if nick.is_empty() || nick.chars().any(char::is_control) {
+            return Err(Error::InvalidInput(format!("room nick {nick:?}")));
+        }
+        let occupant = format!("{room}/{nick}");
+        self.send_stanza(&format!(
+            "<presence to='{}'><x xmlns='{NS_MUC}'><history maxstanzas='0'/></x></presence>",
+            escape(&occupant)
+        ))?;
+        let deadline = Instant::now() + timeout;
+        let mut held = Vec::new();
+        let outcome = loop {
+            let Some(e) = self.read_stanza(deadline)? else {
+                break Err(Error::Timeout(format!("no answer to joining {room} within {timeout:?}")));
+            };
+            let from = e.attr("from").unwrap_or_default();
+            if e.is("presence", NS_CLIENT) && room.matches(from) {
+                if e.attr("type") == Some("error") {
+                    break Err(Error::Refused { what: format!("joining {room}"), condition: error_condition(&e) });
+                }
+                let own = e
+                    .child("x", NS_MUC_USER)
+                    .is_some_and(|x| x.children_named("status", NS_MUC_USER).any(|s| s.attr("code") == Some("110")));
+                if own {
+                    break Ok(());
+                }
+                // Other occupants' presence: not chat.
+                continue;
+            }
+            held.push(e);
+        };
+        for e in held.into_iter().rev() {
+            self.pending.push_front(e);
+        }
+        outcome
+    }
+
+    /// One page of `archive`'s messages (`None`: the account's own archive), oldest first,
+    /// at most `max`.
+    pub fn mam_page(
+        &mut self,
+        archive: Option<&BareJid>,
+        from: &Since,
+        max: u32,
+        timeout: Duration,
+    ) -> Result<Page, Error> {
+        let qid = new_id();
+        let start_field = match from {
+            Since::Start(t) => format!("<field var='start'><value>{}</value></field>", escape(t)),
+            _ => String::new(),
+        };
+        let after = match from {
+            Since::After(id) => format!("<after>{}</after>", escape(id)),
+            _ => String::new(),
+        };
+        let query = format!(
+            "<query xmlns='{NS_MAM}' queryid='{qid}'><x xmlns='{NS_DATA}' type='submit'>\
+             <field var='FORM_TYPE' type='hidden'><value>{NS_MAM}</value></field>{start_field}</x>\
+             <set xmlns='{NS_RSM}'><max>{max}</max>{after}</set></query>"
+        );
+        self.mam(archive, &qid, &query, timeout)
+    }
+
+    /// The archive's newest id (`None`: the archive is empty): where a first start begins.
+    pub fn mam_newest(&mut self, archive: Option<&BareJid>, timeout: Duration) -> Result<Option<String>, Error> {
+        let qid = new_id();
+        let query = format!(
+            "<query xmlns='{NS_MAM}' queryid='{qid}'><x xmlns='{NS_DATA}' type='submit'>\
+             <field var='FORM_TYPE' type='hidden'><value>{NS_MAM}</value></field></x>\
+             <set xmlns='{NS_RSM}'><max>1</max><before/></set></query>"
+        );
+        let page = self.mam(archive, &qid, &query, timeout)?;
+        Ok(page.items.last().map(|a| a.archive_id.clone()).or(page.last))
+    }
+
+    fn mam(&mut self, archive: Option<&BareJid>, qid: &str, query: &str, timeout: Duration) -> Result<Page, Error> {
+        let deadline = Instant::now() + timeout;
+        let iq_id = new_id();
+        let to = archive.map(|a| format!(" to='{}'", escape(&a.as_string()))).unwrap_or_default();
+        self.send_stanza(&format!("<iq type='set' id='{iq_id}'{to}>{query}</iq>"))?;
+        let expected_from = archive.map(BareJid::as_string);
+        let mut page = Page::default();
+        let mut held = Vec::new();
+        let outcome = loop {
+            let Some(e) = self.read_stanza(deadline)? else {
+                break Err(Error::Timeout(format!("no archive answer within {timeout:?}")));
+            };
+            let from = e.attr("from").unwrap_or_default();
+            // Results come only from the archive asked (our own account: no `from`, or our JID).
+            let from_archive = match &expected_from {
+                Some(a) => bare(from).eq_ignore_ascii_case(a),
+                None => from.is_empty() || bare(from).eq_ignore_ascii_case(bare(&self.jid)),
+            };
+            let result = e.child("result", NS_MAM).filter(|r| r.attr("queryid") == Some(qid));
+            if let Some(r) = result.filter(|_| e.is("message", NS_CLIENT) && from_archive) {
+                let fwd = r.child("forwarded", NS_FORWARD);
+                let msg = fwd.and_then(|f| f.child("message", NS_CLIENT));
+                if let (Some(id), Some(msg)) = (r.attr("id"), msg) {
+                    let stamp = fwd.and_then(|f| f.child("delay", NS_DELAY)).and_then(|d| d.attr("stamp"));
+                    page.items.push(Archived {
+                        archive_id: id.to_owned(),
+                        message: msg.clone(),
+                        stamp: stamp.map(str::to_owned),
+                    });
+                }
+                continue;
+            }
+            if e.is("iq", NS_CLIENT) && e.attr("id") == Some(iq_id.as_str()) && from_archive {
+                match e.attr("type") {
+                    Some("result") => {
+                        let fin = e.child("fin", NS_MAM);
+                        page.complete = fin.and_then(|f| f.attr("complete")).is_some_and(|c| c == "true" || c == "1");
+                        page.last = fin
+                            .and_then(|f| f.child("set", NS_RSM))
+                            .and_then(|s| s.child("last", NS_RSM))
+                            .map(|l| l.text.trim().to_owned());
+                        break Ok(());
+                    }
+                    _ => {
+                        let condition = error_condition(&e);
+                        break Err(Error::Refused { what: "the archive query".into(), condition });
+                    }
+                }
+            }
+            held.push(e);
+        };
+        for e in held.into_iter().rev() {
+            self.pending.push_front(e);
+        }
+        outcome.map(|()| page)
+    }
+
+    /// The next stanza (message, presence, IQ), waiting at most `timeout`; `Ok(None)` when
+    /// nothing came. Answers stream management's ack requests and pings, refuses other IQs it
+    /// does not handle, and keeps the connection alive.
+    pub fn next_stanza(&mut self, timeout: Duration) -> Result<Option<Element>, Error> {
+        if let Some(e) = self.pending.pop_front() {
+            return Ok(Some(e));
+        }
+        self.read_stanza(Instant::now() + timeout)
+    }
+
+    /// Closes the stream politely (best effort) and the socket. With stream management, the
+    /// last ack goes first: the server then holds nothing of ours as unacknowledged (which it
+    /// could bounce to the senders).
+    pub fn close(mut self) {
+        if let Some(a) = self.ack_xml() {
+            let _ = self.send_nonza(&a);
+        }
+        let _ = self.send_nonza("<presence type='unavailable'/></stream:stream>");
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
+    fn ack_xml(&self) -> Option<String> {
+        self.handled.map(|h| format!("<a xmlns='{NS_SM}' h='{h}'/>"))
+    }
+
+    /// Reads stanzas until one for the caller arrives.
+    fn read_stanza(&mut self, deadline: Instant) -> Result<Option<Element>, Error> {
+        loop {
+            let Some(e) = self.read_frame(deadline)? else { return Ok(None) };
+            if e.ns == NS_SM {
+                // An ack request is answered; acks of what we sent are the liveness answer to
+                // our own request (any data resets the keepalive).
+                if e.name == "r"
+                    && let Some(a) = self.ack_xml()
+                {
+                    self.send_nonza(&a)?;
+                }
+                if e.name == "a"
+                    && let Some(h) = e.attr("h").and_then(|h| h.parse::<u32>().ok())
+                {
+                    self.acks.set(h);
+                }
+                continue;
+            }
+            if e.ns != NS_CLIENT {
+                continue;
+            }
+            if let Some(h) = self.handled.as_mut() {
+                *h = h.wrapping_add(1);
+            }
+            if e.name == "iq" {
+                match e.attr("type") {
+                    Some("get") | Some("set") => {
+                        self.answer_iq(&e)?;
+                        continue;
+                    }
+                    // Our keepalive ping's answer.
+                    _ if e.attr("id").is_some_and(|id| id.starts_with("ping-")) => continue,
+                    _ => {}
+                }
+            }
+            return Ok(Some(e));
+        }
+    }
+
+    /// Answers an IQ request: pings, and `service-unavailable` for everything else (RFC 6120
+    /// §8.4: an IQ request must be answered).
+    fn answer_iq(&mut self, e: &Element) -> Result<(), Error> {
+        let id = escape(e.attr("id").unwrap_or_default());
+        let to = e.attr("from").map(|f| format!(" to='{}'", escape(f))).unwrap_or_default();
+        let ping = e.attr("type") == Some("get") && e.child("ping", NS_PING).is_some();
+        let xml = if ping {
+            format!("<iq type='result' id='{id}'{to}/>")
+        } else {
+            format!(
+                "<iq type='error' id='{id}'{to}><error type='cancel'><service-unavailable xmlns='{NS_STANZAS}'/></error></iq>"
+            )
+        };
+        self.send_stanza(&xml)
+    }
+
+    /// Sends an IQ and waits for its answer; other stanzas are kept for later.
+    fn iq(&mut self, to: Option<&str>, kind: &str, payload: &str, deadline: Instant) -> Result<Element, Error> {
+        let id = new_id();
+        let to_attr = to.map(|t| format!(" to='{}'", escape(t))).unwrap_or_default();
+        self.send_stanza(&format!("<iq type='{kind}' id='{id}'{to_attr}>{payload}</iq>"))?;
+        loop {
+            let e = self.read_element(deadline)?;
+            if e.is("iq", NS_CLIENT) && e.attr("id") == Some(id.as_str()) {
+                return match e.attr("type") {
+                    Some("result") => Ok(e),
+                    _ => Err(Error::Refused { what: format!("IQ {kind}"), condition: error_condition(&e) }),
+                };
+            }
+            self.pending.push_back(e);
+        }
+    }
+
+    /// Opens a stream and returns the server's features.
+    fn open_stream(&mut self, deadline: Instant) -> Result<Element, Error> {
+        self.send_nonza(&format!(
+            "<?xml version='1.0'?><stream:stream to='{}' version='1.0' xmlns='{NS_CLIENT}' xmlns:stream='{NS_STREAM}'>",
+            escape(&self.domain)
+        ))?;
+        let mut opened = false;
+        loop {
+            match self.next_frame(deadline)? {
+                None => return Err(Error::Timeout("no stream features from the server".into())),
+                Some(Frame::Open(_)) => opened = true,
+                Some(Frame::Element(e)) if opened && e.is("features", NS_STREAM) => return Ok(e),
+                Some(Frame::Element(e)) if e.is("error", NS_STREAM) => return Err(stream_error(&e)),
+                Some(Frame::Element(e)) => {
+                    return Err(Error::Protocol(format!("expected stream features, got <{}>", e.name)));
+                }
+                Some(Frame::Close) => return Err(Error::Closed("the server closed the stream".into())),
+            }
+        }
+    }
+
+    fn authenticate(&mut self, cfg: &Config, mechanisms: &[String], deadline: Instant) -> Result<(), Error> {
+        let has = |m: &str| mechanisms.iter().any(|x| x.eq_ignore_ascii_case(m));
+        if has("SCRAM-SHA-1") {
+            let mut nonce = [0u8; 18];
+            getrandom::fill(&mut nonce).map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
+            let mut s = scram::Scram::new(&cfg.jid.local, &cfg.password, &scram::encode_payload(&nonce));
+            self.send_nonza(&format!(
+                "<auth xmlns='{NS_SASL}' mechanism='SCRAM-SHA-1'>{}</auth>",
+                scram::encode_payload(s.client_first().as_bytes())
+            ))?;
+            let first = self.sasl_step(deadline)?;
+            let SaslStep::Challenge(first) = first else {
+                return Err(Error::Protocol("SCRAM: success before the proof".into()));
+            };
+            let answer = s.client_final(&first).map_err(|e| Error::Protocol(e.to_string()))?;
+            self.send_nonza(&format!(
+                "<response xmlns='{NS_SASL}'>{}</response>",
+                scram::encode_payload(answer.as_bytes())
+            ))?;
+            let last = match self.sasl_step(deadline)? {
+                SaslStep::Success(data) => data,
+                // Some servers send the signature as a challenge, then success.
+                SaslStep::Challenge(data) => {
+                    self.send_nonza(&format!("<response xmlns='{NS_SASL}'/>"))?;
+                    match self.sasl_step(deadline)? {
+                        SaslStep::Success(_) => data,
+                        SaslStep::Challenge(_) => return Err(Error::Protocol("SCRAM: a third challenge".into())),
+                    }
+                }
+            };
+            // A server that cannot prove it knows the password is not the server.
+            return s.verify(&last).map_err(|e| Error::Protocol(e.to_string()));
+        }
+        if has("PLAIN") && self.tls.is_some() {
+            let token = format!("\0{}\0{}", cfg.jid.local, cfg.password);
+            self.send_nonza(&format!(
+                "<auth xmlns='{NS_SASL}' mechanism='PLAIN'>{}</auth>",
+                scram::encode_payload(token.as_bytes())
+            ))?;
+            return match self.sasl_step(deadline)? {
+                SaslStep::Success(_) => Ok(()),
+                SaslStep::Challenge(_) => Err(Error::Protocol("PLAIN: a challenge".into())),
+            };
+        }
+        Err(Error::Rejected(format!(
+            "no usable SASL mechanism (offered: {}; this client does SCRAM-SHA-1 and PLAIN over TLS)",
+            mechanisms.join(", ")
+        )))
+    }
+
+    fn sasl_step(&mut self, deadline: Instant) -> Result<SaslStep, Error> {
+        let e = self.read_element(deadline)?;
+        let payload = || scram::decode_payload(&e.text).map_err(|err| Error::Protocol(err.to_string()));
+        match (e.ns.as_str(), e.name.as_str()) {
+            (NS_SASL, "challenge") => Ok(SaslStep::Challenge(payload()?)),
+            (NS_SASL, "success") => Ok(SaslStep::Success(payload()?)),
+            (NS_SASL, "failure") => {
+                let condition = e.children.first().map_or("failure", |c| c.name.as_str()).to_owned();
+                let text = e.children.iter().find(|c| c.name == "text").map(|t| t.text.clone()).unwrap_or_default();
+                Err(Error::Rejected(format!("SASL <{condition}/> {text}").trim_end().to_owned()))
+            }
+            _ => Err(Error::Protocol(format!("unexpected <{}> during SASL", e.name))),
+        }
+    }
+
+    /// The next top-level element (during set-up; a stream error is an error).
+    fn read_element(&mut self, deadline: Instant) -> Result<Element, Error> {
+        self.read_frame(deadline)?.ok_or_else(|| Error::Timeout("the server did not answer".into()))
+    }
+
+    fn read_frame(&mut self, deadline: Instant) -> Result<Option<Element>, Error> {
+        match self.next_frame(deadline)? {
+            None => Ok(None),
+            Some(Frame::Element(e)) if e.is("error", NS_STREAM) => Err(stream_error(&e)),
+            Some(Frame::Element(e)) => Ok(Some(e)),
+            Some(Frame::Open(_)) => Err(Error::Protocol("a second stream header".into())),
+            Some(Frame::Close) => Err(Error::Closed("the server closed the stream".into())),
+        }
+    }
+
+    /// Reads until a frame is complete (`Ok(None)` at `deadline`), keeping the connection
+    /// alive: after [`Config::ping_interval`] of silence an ack request (or a ping) goes out,
+    /// and silence past [`Config::ping_timeout`] more is a dead connection.
+    fn next_frame(&mut self, deadline: Instant) -> Result<Option<Frame>, Error> {
+        loop {
+            if let Some(f) = self.framer.next_frame()? {
+                return Ok(Some(f));
+            }
+            let now = Instant::now();
+            let silent = now.saturating_duration_since(self.last_rx);
+            if silent >= self.ping_interval + self.ping_timeout {
+                return Err(Error::Timeout(format!("no data from the server for {silent:?}")));
+            }
+            if silent >= self.ping_interval && self.check_sent.is_none() && !self.jid.is_empty() {
+                if self.handled.is_some() {
+                    self.send_nonza(&format!("<r xmlns='{NS_SM}'/>"))?;
+                } else {
+                    let id = format!("ping-{}", new_id());
+                    let domain = escape(&self.domain);
+                    self.send_stanza(&format!(
+                        "<iq type='get' id='{id}' to='{domain}'><ping xmlns='{NS_PING}'/></iq>"
+                    ))?;
+                }
+                self.check_sent = Some(now);
+            }
+            if now >= deadline {
+                return Ok(None);
+            }
+            let keepalive_at = if self.check_sent.is_some() {
+                self.last_rx + self.ping_interval + self.ping_timeout
+            } else {
+                self.last_rx + self.ping_interval
+            };
+            let wait = deadline.min(keepalive_at).saturating_duration_since(now).max(Duration::from_millis(1));
+            self.stream.set_read_timeout(Some(wait))?;
+            let mut chunk = [0u8; 8192];
+            match self.read_some(&mut chunk) {
+                Ok(0) => return Err(Error::Closed("the server closed the connection".into())),
+                Ok(n) => {
+                    self.last_rx = Instant::now();
+                    self.check_sent = None;
+                    self.framer.push(&chunk[..n]);
+                }
+                Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut | IoKind::Interrupted) => {}
+                Err(e) => return Err(io_error(e)),
+            }
+        }
+    }
+
+    /// The socket's bytes, or with TLS the plaintext they decrypt to.
+    fn read_some(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let Some(tls) = &self.tls else { return self.stream.read(buf) };
+        loop {
+            {
+                let mut conn = tls.lock().unwrap_or_else(|p| p.into_inner());
+                match conn.reader().read(buf) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == IoKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let mut raw = [0u8; 8192];
+            let n = self.stream.read(&mut raw)?;
+            if n == 0 {
+                return Ok(0);
+            }
+            let mut conn = tls.lock().unwrap_or_else(|p| p.into_inner());
+            let mut rest = &raw[..n];
+            while !rest.is_empty() {
+                conn.read_tls(&mut rest)?;
+                conn.process_new_packets().map_err(|e| std::io::Error::new(IoKind::InvalidData, e))?;
+            }
+            while conn.wants_write() {
+                conn.write_tls(&mut self.stream)?;
+            }
+        }
+    }
+}
+
+/// Whether another session holds `cfg.resource` on the account, asked without taking it: a
+/// second stream binds a throwaway resource (sending no presence, so no chat is routed to it)
+/// and pings the full JID (XEP-0199). An answer from there means a live session (ours answers
+/// pings); the server's `service-unavailable` or `recipient-unavailable`, or no answer at all
+/// within `timeout` (a dead stream the server still holds), means free. Binding the resource
+/// itself would close the other session's stream (RFC 6120 §7.7.2.2): this is how a consumer
+/// that was pushed off the account stays off without pushing back.
+pub fn resource_in_use(cfg: &Config, timeout: Duration) -> Result<bool, Error> {
+    let mut probe = cfg.clone();
+    probe.resource = format!("{}-probe-{}", cfg.resource, new_id());
+    let mut c = Connection::connect(&probe)?;
+    let full = format!("{}/{}", cfg.jid, cfg.resource);
+    let ping = format!("<ping xmlns='{NS_PING}'/>");
+    let answer = c.iq(Some(&full), "get", &ping, Instant::now() + timeout);
+    c.close();
+    match answer {
+        Ok(_) => Ok(true),
+        Err(Error::Refused { condition, .. }) => {
+            Ok(!matches!(condition.as_str(), "service-unavailable" | "recipient-unavailable" | "item-not-found"))
+        }
+        Err(Error::Timeout(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+impl Drop for Connection {
+    /// The reader is gone: a writer waiting for an ack on this connection stops waiting.
+    fn drop(&mut self) {
+        self.acks.end();
+    }
+}
+
+enum SaslStep {
+    Challenge(String),
+    Success(String),
+}
+
+/// The defined condition of a stanza error (`<error><item-not-found/>…`).
+pub fn error_condition(e: &Element) -> String {
+    e.child("error", NS_CLIENT)
+        .and_then(|err| err.children.iter().find(|c| c.ns == NS_STANZAS && c.name != "text"))
+        .map_or_else(|| "undefined-condition".to_owned(), |c| c.name.clone())
+}
+
+fn stream_error(e: &Element) -> Error {
+    let condition = e.children.iter().find(|c| c.ns == NS_STREAMS && c.name != "text");
+    let text = e.children.iter().find(|c| c.ns == NS_STREAMS && c.name == "text");
+    Error::Stream {
+        condition: condition.map_or_else(|| "undefined-condition".to_owned(), |c| c.name.clone()),
+        text: text.map(|t| t.text.chars().take(200).collect()).unwrap_or_default(),
+    }
+}
+
+/// The TLS handshake after `<proceed/>`, bounded by `deadline`; verified against `host` (the
+/// JID's domain) as crates/net configures it.
+fn handshake(
+    sock: &mut TcpStream,
+    host: &str,
+    settings: &gatewarden_net::ClientTls,
+    deadline: Instant,
+) -> Result<rustls::ClientConnection, Error> {
+    let addr = host;
+    let tls_error = |reason: String| Error::Tls { host: host.to_owned(), reason };
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|_| tls_error(format!("{host:?} is not a host name or address")))?;
+    let config = settings.rustls_config().map_err(|e| tls_error(e.to_string()))?;
+    let mut conn = rustls::ClientConnection::new(config, name).map_err(|e| tls_error(e.to_string()))?;
+    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    sock.set_read_timeout(Some(left))?;
+    while conn.is_handshaking() {
+        if let Err(e) = conn.complete_io(sock) {
+            return Err(match gatewarden_net::io_tls_reason(&e) {
+                Some(reason) => tls_error(reason),
+                None if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut) => {
+                    Error::Timeout(format!("TLS handshake with {addr}"))
+                }
+                None => io_error(e),
+            });
+        }
+    }
+    Ok(conn)
+}
+
+/// Connects to the first address of `addr` that answers within `timeout` (overall).
+fn connect_any(addr: &str, timeout: Duration) -> Result<TcpStream, Error> {
+    let addrs: Vec<_> = addr
+        .to_socket_addrs()
+        .map_err(|e| match e.kind() {
+            IoKind::InvalidInput => Error::InvalidInput(format!("address {addr:?}: {e}")),
+            _ => Error::Io(e),
+        })?
+        .collect();
+    let deadline = Instant::now() + timeout;
+    let mut last = None;
+    for a in addrs {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match TcpStream::connect_timeout(&a, left) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.map_or_else(|| Error::Timeout(format!("connecting to {addr}")), io_error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jids_are_checked() {
+        let j = BareJid::parse("Bot@Example.ORG").unwrap();
+        assert_eq!(j.to_string(), "Bot@example.org");
+        assert!(j.matches("bot@example.org/res"));
+        for bad in ["bot", "@x", "bot@", "a b@x", "a@b/c", "a'@b", "a<@b"] {
+            assert!(BareJid::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!((bare("a@b/c/d"), resource("r@m/nick/x")), ("a@b", Some("nick/x")));
+    }
+
+    #[test]
+    fn outgoing_messages_are_escaped_and_carry_an_origin_id() {
+        let xml = message_xml(&Outgoing { to: "a@b'/x", groupchat: true, body: "<hi> & \u{1}bye", id: "i'1" }).unwrap();
+        let e = xml::parse_element(&xml).unwrap();
+        assert_eq!(e.attr("to"), Some("a@b'/x"));
+        assert_eq!(e.attr("type"), Some("groupchat"));
+        assert_eq!(e.child("body", NS_CLIENT).unwrap().text, "<hi> & bye");
+        assert_eq!(e.child("origin-id", NS_SID).unwrap().attr("id"), Some("i'1"));
+        assert!(message_xml(&Outgoing { to: "a b", groupchat: false, body: "x", id: "1" }).is_err());
+    }
+
+    #[test]
+    fn acks_are_counted_modulo_2_32_and_end_with_the_connection() {
+        let a = Acks::default();
+        a.set(5);
+        assert!(a.wait(5, Duration::ZERO) && a.wait(1, Duration::ZERO));
+        assert!(!a.wait(6, Duration::from_millis(10)), "not acked yet");
+        a.set(2);
+        assert!(a.wait(u32::MAX - 3, Duration::ZERO), "h wrapped past n");
+        assert!(!a.wait(3, Duration::ZERO));
+        let a = Arc::new(Acks::default());
+        let waiter = {
+            let a = Arc::clone(&a);
+            std::thread::spawn(move || a.wait(1, Duration::from_secs(30)))
+        };
+        a.end();
+        assert!(!waiter.join().unwrap(), "the end of the connection ends the wait");
+    }
+
+    #[test]
+    fn stream_errors_are_typed() {
+        let e = xml::parse_element(
+            "<stream:error><conflict xmlns='urn:ietf:params:xml:ns:xmpp-streams'/>\
+             <text xmlns='urn:ietf:params:xml:ns:xmpp-streams'>Replaced by new connection</text></stream:error>",
+        )
+        .unwrap();
+        let err = stream_error(&e);
+        assert_eq!(err.kind(), ErrorKind::Conflict);
+        assert!(err.to_string().contains("Replaced"), "{err}");
+        assert_eq!(Error::Rejected("x".into()).kind(), ErrorKind::Rejected);
+    }
+}

@@ -1,0 +1,682 @@
+//! XMPP adapter: one account (crates/chatproto/src/xmpp), direct chats and multi-user chat
+//! rooms, with the server's message archive as the position.
+//!
+//! - **Configuration.** `jid = "bot@example.org"` (the account; `token_env` names its
+//!   password), `server = "host:port"` (default: the JID's domain, port 5222; no DNS SRV
+//!   lookup), `rooms` (room JIDs to join), `nick` (the nick in rooms; default the JID's local
+//!   part), `allowed_chats` (bare JIDs whose direct messages are served; empty: anyone's),
+//!   `ca_file`. The stream is always STARTTLS, verified for the JID's domain with crates/net's
+//!   settings; SASL is SCRAM-SHA-1, or PLAIN inside TLS where that is all the server offers.
+//! - **One consumer per account.** The credential lock is keyed by the bare JID (lower-cased).
+//!   On the wire, a second session binding our resource makes the server close our stream with
+//!   `<conflict/>`: that is [`Failure::Conflict`]. From then on each connect first asks whether
+//!   the resource is in use ([`x::resource_in_use`], a ping from a throwaway resource) and binds
+//!   only when it is free: the adapter never pushes the other consumer off, and past
+//!   `conflict_standby_s` it stands by.
+//! - **Nothing lost across a restart (XEP-0313).** The position is, per archive (the account's
+//!   own, and each room's), the archive id (`<stanza-id by=…>`, XEP-0359) of the last message
+//!   journaled, saved in `<home>/platforms/xmpp-<name>.json` only after the journal commit
+//!   ([`Receiver::confirm`]). Each connect (a start, a restart, a reconnect after an outage)
+//!   first pages through every archive after its saved id, then reads live. A first start with
+//!   no saved id begins at the archive's newest message (or, in a cluster, at the host's
+//!   fresh-start window), so history is never answered.
+//! - **Deduplicated (XEP-0359).** A message's event id is its sender's `origin-id` (scoped by
+//!   chat and sender), else the archive's stanza id, so the live copy, the archived copy and a
+//!   sender's retransmission journal once. A message with neither (a server without MAM) gets a
+//!   per-connection id and is at most once.
+//! - **Rooms.** Joined without history (`maxstanzas='0'`; the archive is the history); our own
+//!   reflected messages (our nick), the subject and delayed history are ignored.
+//! - **Stream management (XEP-0198)** is enabled where offered: the server's ack requests are
+//!   answered, and an ack request is the keepalive (else an XEP-0199 ping). No resumption: the
+//!   archive is what bridges a new stream.
+//! - **At least once outbound.** Each piece carries a fresh `origin-id`. With stream management
+//!   a piece counts as sent only once the server acknowledged it (XEP-0198 `<a h>`): a piece
+//!   written into a dying connection is sent again on the next one, never silently lost. An
+//!   entry is marked sent after its last piece, so a crash in between sends it again.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use gatewarden_chatproto::xmpp::{
+    self as x, BareJid, Config, Connection, Element, ErrorKind, NS_DELAY, NS_MAM, NS_SID, Outgoing, Since, Writer,
+};
+use gatewarden_config::PlatformConfig;
+use gatewarden_lifecycle::fsio;
+use serde::{Deserialize, Serialize};
+
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::{AdapterError, Host, Inbound};
+
+/// How long one live read waits before the receive loop looks at its flags again.
+const READ_SLICE: Duration = Duration::from_millis(250);
+const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a sent message may wait for the server's stream management ack before the
+/// connection is taken for dead (and the message sent again on the next one): longer than the
+/// skeleton's longest backoff (15 s), during which the read side, which sees the acks, pauses.
+const ACK_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the resource probe waits for an answer from the other session.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// One archive page's bound.
+const MAM_TIMEOUT: Duration = Duration::from_secs(10);
+/// Messages per archive page.
+const MAM_PAGE: u32 = 50;
+/// A reply piece: XMPP has no hard limit below the server's stanza limit (prosody: 256 KiB).
+pub const MAX_TEXT_CHARS: usize = 10_000;
+/// The default client port (RFC 6120 §14.7).
+pub const DEFAULT_PORT: u16 = 5222;
+
+/// The XMPP adapter.
+pub type Xmpp = Skeleton<Proto>;
+
+/// The XMPP protocol.
+pub struct Proto {
+    name: String,
+    cfg: Config,
+    rooms: Vec<BareJid>,
+    nick: String,
+    allowed: Vec<String>,
+    /// The bare JID, lower-cased: what two consumers must not share.
+    credential: String,
+}
+
+impl Skeleton<Proto> {
+    pub fn new(cfg: &PlatformConfig, password: String) -> Result<Xmpp, AdapterError> {
+        let name = cfg.adapter_name();
+        let err = |message: String| AdapterError::Start { name: name.clone(), message };
+        let jid = BareJid::parse(cfg.jid.as_deref().unwrap_or_default()).map_err(|e| err(format!("jid: {e}")))?;
+        let rooms = cfg
+            .rooms
+            .iter()
+            .map(|r| BareJid::parse(r).map_err(|e| err(format!("rooms: {e}"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tls = gatewarden_net::ClientTls::new(cfg.ca_file.as_deref()).map_err(|e| err(e.to_string()))?;
+        let addr = match cfg.server.as_deref().map(str::trim) {
+            Some(s) if !s.is_empty() => s.to_owned(),
+            _ => format!("{}:{DEFAULT_PORT}", jid.domain),
+        };
+        let nick = cfg.nick.clone().unwrap_or_else(|| jid.local.clone());
+        let proto = Proto {
+            name: name.clone(),
+            credential: jid.as_string().to_lowercase(),
+            cfg: Config::new(addr, jid, password, tls),
+            rooms,
+            nick,
+            allowed: cfg.allowed_chats.iter().map(|c| c.trim().to_lowercase()).collect(),
+        };
+        Ok(Skeleton::from_protocol(cfg, proto))
+    }
+}
+
+/// The live connection's write side, shared by the two halves (`None` while disconnected).
+type WriterSlot = Arc<Mutex<Option<Writer>>>;
+
+fn set_writer(slot: &WriterSlot, w: Option<Writer>) {
+    *slot.lock().unwrap_or_else(|p| p.into_inner()) = w;
+}
+
+impl Protocol for Proto {
+    const KIND: &'static str = "xmpp";
+    const LIMITS: Limits = Limits {
+        piece: PieceLimit::Chars(MAX_TEXT_CHARS),
+        line_per_piece: false,
+        batch: 16,
+        pace: None,
+        // An archive page is one request: give it a second at least.
+        min_receive: Duration::from_secs(1),
+        // The archive keeps what was not confirmed; an unconfirmed batch is returned again.
+        redelivers: true,
+        // The stream stays up until `close` has flushed the outbox: replies go out during the
+        // drain (their acks arrive on the read side), and what arrives meanwhile is journaled
+        // for the successor (or read back from the archive by it).
+        listens_through_drain: true,
+        connected_after_receive: false,
+        close_grace: Duration::from_secs(2),
+    };
+    type Receiver = Reader;
+    type Sender = Talker;
+
+    fn credential(&self) -> &str {
+        &self.credential
+    }
+
+    /// The client declares a silent connection dead after 90 s; the watchdog backs that up.
+    fn watchdog_after(&self) -> Duration {
+        Duration::from_secs(150)
+    }
+
+    fn open(&self, host: &Arc<dyn Host>) -> Result<(Reader, Talker), String> {
+        let path = host.state_dir().map(|d| d.join(format!("xmpp-{}.json", self.name)));
+        let cursors = load(path.as_deref());
+        let writer: WriterSlot = Arc::default();
+        let reader = Reader {
+            cfg: self.cfg.clone(),
+            rooms: self.rooms.clone(),
+            nick: self.nick.clone(),
+            allowed: self.allowed.clone(),
+            writer: Arc::clone(&writer),
+            path,
+            cursors,
+            live: None,
+            catchup: Vec::new(),
+            unconfirmed: None,
+            pushed_off: false,
+        };
+        let rooms = self.rooms.iter().map(|r| r.as_string().to_lowercase()).collect();
+        Ok((reader, Talker { writer, rooms }))
+    }
+}
+
+/// The saved positions: per archive (lower-cased bare JID), the archive id after which to
+/// resume (`None`: from the archive's beginning, it was empty at the first start).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cursors {
+    pub after: BTreeMap<String, Option<String>>,
+}
+
+fn load(path: Option<&Path>) -> Cursors {
+    path.and_then(|p| fsio::read_capped(p, fsio::MAX_RECORD_BYTES).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+fn save(path: &Path, c: &Cursors) -> Result<(), String> {
+    if let Some(dir) = path.parent() {
+        gatewarden_lifecycle::platform::create_private_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    fsio::write_json(path, c).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// A batch returned but not confirmed yet: the same again until it is.
+#[derive(Debug, Clone)]
+struct Unconfirmed {
+    messages: Vec<Inbound>,
+    /// Where each archive's position goes once the batch is journaled.
+    moves: Vec<(String, String)>,
+}
+
+/// The live connection, its id (for messages without stanza ids) and its counter.
+struct Live {
+    conn: Connection,
+    id: String,
+    n: u64,
+}
+
+/// The receive side: owns the connection.
+pub struct Reader {
+    cfg: Config,
+    rooms: Vec<BareJid>,
+    nick: String,
+    allowed: Vec<String>,
+    writer: WriterSlot,
+    path: Option<PathBuf>,
+    cursors: Cursors,
+    live: Option<Live>,
+    /// Archives still to page through after the connect, with where each page starts.
+    catchup: Vec<(Option<BareJid>, Since)>,
+    unconfirmed: Option<Unconfirmed>,
+    /// Another session pushed us off: ask before binding again (never push back).
+    pushed_off: bool,
+}
+
+/// A client error as the skeleton's failure.
+fn failure(what: &str, e: &x::Error) -> Failure {
+    match e.kind() {
+        ErrorKind::Conflict => Failure::Conflict(format!("another session took this account's resource: {e}")),
+        ErrorKind::Rejected => Failure::Rejected(e.to_string()),
+        ErrorKind::Transient | ErrorKind::Permanent => Failure::Down(format!("{what}: {e}")),
+    }
+}
+
+/// What one `<message>` is to us.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// The message to journal, when it is one we serve.
+    pub inbound: Option<Inbound>,
+    /// The archive and its id for this message, when the archive vouches for it.
+    pub archived: Option<(String, String)>,
+}
+
+/// Reads one message stanza (live, or forwarded by an archive whose id is `archive_id`).
+/// `own` is our bare JID, `rooms` the joined rooms (lower-cased), `nick` our nick in them,
+/// `allowed` the bare JIDs served in direct chats (empty: anyone). Total on hostile input.
+pub fn classify(
+    m: &Element,
+    own: &BareJid,
+    rooms: &[String],
+    nick: &str,
+    allowed: &[String],
+    archive_id: Option<&str>,
+    fallback_id: impl FnOnce() -> String,
+) -> Seen {
+    classify_at(m, own, rooms, nick, allowed, archive_id.map(|id| (id, None)), fallback_id)
+}
+
+/// [`classify`] with the archive's timestamp (`<delay stamp>`, XEP-0203) as the sent time.
+pub fn classify_at(
+    m: &Element,
+    own: &BareJid,
+    rooms: &[String],
+    nick: &str,
+    allowed: &[String],
+    archived_as: Option<(&str, Option<&str>)>,
+    fallback_id: impl FnOnce() -> String,
+) -> Seen {
+    let archive_id = archived_as.map(|(id, _)| id);
+    let sent_at = archived_as.and_then(|(_, stamp)| stamp).and_then(gatewarden_lifecycle::timefmt::parse);
+    let from = m.attr("from").unwrap_or_default();
+    let from_bare = x::bare(from).to_lowercase();
+    let kind = m.attr("type").unwrap_or("normal");
+    let room = rooms.iter().find(|r| **r == from_bare).cloned();
+    // The archive that vouches for this message: the room's for groupchat, ours otherwise.
+    let archive = match (&room, kind) {
+        (Some(r), "groupchat") => Some(r.clone()),
+        (None, "chat" | "normal") => Some(own.as_string().to_lowercase()),
+        _ => None,
+    };
+    let stanza_id = archive.as_ref().and_then(|a| {
+        archive_id.map(str::to_owned).or_else(|| {
+            m.children_named("stanza-id", NS_SID)
+                .find(|s| s.attr("by").is_some_and(|by| by.eq_ignore_ascii_case(a)))
+                .and_then(|s| s.attr("id"))
+                .map(str::to_owned)
+        })
+    });
+    let archived = archive.clone().zip(stanza_id.clone());
+    let none = Seen { inbound: None, archived: archived.clone() };
+    let Some(body) = m.child("body", x::xml::NS_CLIENT).map(|b| b.text.clone()) else { return none };
+    if body.trim().is_empty() {
+        return none;
+    }
+    let (chat, user) = match (&room, kind) {
+        (Some(r), "groupchat") => {
+            let Some(who) = x::resource(from).filter(|n| !n.is_empty()) else { return none };
+            // Our own reflection, or history the room replays (delayed, stamped by the room).
+            let history = archive_id.is_none() && m.child("delay", NS_DELAY).is_some();
+            if who == nick || history {
+                return none;
+            }
+            (r.clone(), format!("{r}/{who}"))
+        }
+        (None, "chat" | "normal") => {
+            if own.matches(from) || from_bare.is_empty() || !from_bare.contains('@') {
+                return none;
+            }
+            if !allowed.is_empty() && !allowed.contains(&from_bare) {
+                return none;
+            }
+            (from_bare.clone(), from_bare.clone())
+        }
+        _ => return none,
+    };
+    let origin = m.child("origin-id", NS_SID).and_then(|o| o.attr("id")).filter(|id| !id.is_empty());
+    let event_id = match (origin, &stanza_id) {
+        (Some(o), _) => format!("o:{chat}:{user}:{o}"),
+        (None, Some(s)) => format!("s:{}:{s}", archive.as_deref().unwrap_or_default()),
+        (None, None) => fallback_id(),
+    };
+    Seen { inbound: Some(Inbound { event_id, chat_id: chat, user_id: user, text: body, sent_at }), archived }
+}
+
+/// A connection id unique across restarts: the connect time (µs) and the pid.
+fn connection_id(now: SystemTime) -> String {
+    let us = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_micros());
+    format!("c{us:x}.{}", std::process::id())
+}
+
+impl Reader {
+    fn lost(&mut self, why: String) -> Failure {
+        self.live = None;
+        set_writer(&self.writer, None);
+        Failure::Lost(format!("connection lost: {why}"))
+    }
+
+    /// The room we were just removed from, when `p` is our own unavailable presence there
+    /// (status 110: it is about us).
+    fn removed_from(&self, p: &Element) -> Option<BareJid> {
+        if p.name != "presence" || p.attr("type") != Some("unavailable") {
+            return None;
+        }
+        let from = p.attr("from")?;
+        let room = self.rooms.iter().find(|r| r.matches(from))?;
+        let own = p
+            .child("x", x::NS_MUC_USER)
+            .is_some_and(|x| x.children_named("status", x::NS_MUC_USER).any(|s| s.attr("code") == Some("110")));
+        (own && x::resource(from) == Some(self.nick.as_str())).then(|| room.clone())
+    }
+
+    fn room_keys(&self) -> Vec<String> {
+        self.rooms.iter().map(|r| r.as_string().to_lowercase()).collect()
+    }
+
+    fn key(&self, archive: Option<&BareJid>) -> String {
+        archive.unwrap_or(&self.cfg.jid).as_string().to_lowercase()
+    }
+
+    /// Where each archive's catch-up starts; an archive with no saved position gets one now
+    /// (its newest id, or the host's fresh-start window), saved at once: nothing before it
+    /// is ever delivered.
+    fn plan_catchup(&mut self, ctx: &Ctx) -> Result<(), Failure> {
+        let mut plan = Vec::new();
+        let mut fresh = false;
+        let archives: Vec<Option<BareJid>> =
+            std::iter::once(None).chain(self.rooms.iter().cloned().map(Some)).collect();
+        for a in archives {
+            let key = self.key(a.as_ref());
+            let since = match self.cursors.after.get(&key) {
+                Some(Some(id)) => Since::After(id.clone()),
+                Some(None) => Since::Beginning,
+                None => match ctx.host().fresh_start_window() {
+                    Some(w) => {
+                        let t = SystemTime::now().checked_sub(w).unwrap_or(SystemTime::UNIX_EPOCH);
+                        Since::Start(gatewarden_lifecycle::timefmt::format(t))
+                    }
+                    None => {
+                        let Some(l) = self.live.as_mut() else { return Err(self.lost("not connected".into())) };
+                        let newest = l.conn.mam_newest(a.as_ref(), MAM_TIMEOUT);
+                        let newest = match newest {
+                            Ok(n) => n,
+                            Err(e) if e.kind() == ErrorKind::Transient => return Err(self.lost(e.to_string())),
+                            Err(e) => return Err(failure("the archive", &e)),
+                        };
+                        self.cursors.after.insert(key, newest);
+                        fresh = true;
+                        continue;
+                    }
+                },
+            };
+            plan.push((a, since));
+        }
+        if fresh && let Some(p) = &self.path {
+            save(p, &self.cursors).map_err(|e| Failure::Down(format!("cannot save the archive position: {e}")))?;
+        }
+        self.catchup = plan;
+        Ok(())
+    }
+
+    /// One page of the first archive still to catch up.
+    fn catchup_page(&mut self, budget: Option<Duration>) -> Result<Batch, Failure> {
+        let timeout = budget.map_or(MAM_TIMEOUT, |b| b.min(MAM_TIMEOUT));
+        let Some((archive, since)) = self.catchup.first().cloned() else { return Ok(Batch::default()) };
+        let key = self.key(archive.as_ref());
+        let Some(l) = self.live.as_mut() else { return Err(self.lost("not connected".into())) };
+        let page = match l.conn.mam_page(archive.as_ref(), &since, MAM_PAGE, timeout) {
+            Ok(p) => p,
+            Err(e) if e.kind() == ErrorKind::Transient => return Err(self.lost(e.to_string())),
+            // The archive refuses (an unknown id after a server reset, no MAM): reading live
+            // only, and said so.
+            Err(e) => {
+                self.catchup.remove(0);
+                self.cursors.after.remove(&key);
+                return Ok(Batch {
+                    messages: Vec::new(),
+                    gap: Some(format!("cannot read {key}'s archive ({e}); messages missed meanwhile are not answered")),
+                });
+            }
+        };
+        let (rooms, own) = (self.room_keys(), self.cfg.jid.clone());
+        let mut out = Unconfirmed { messages: Vec::new(), moves: Vec::new() };
+        for item in &page.items {
+            let l = self.live.as_mut().ok_or_else(|| Failure::Lost("not connected".into()))?;
+            let archived_as = Some((item.archive_id.as_str(), item.stamp.as_deref()));
+            let seen = classify_at(&item.message, &own, &rooms, &self.nick, &self.allowed, archived_as, || {
+                l.n += 1;
+                format!("{}:{}", l.id, l.n)
+            });
+            out.messages.extend(seen.inbound);
+        }
+        let last = page.items.last().map(|i| i.archive_id.clone()).or(page.last.clone());
+        if let Some(id) = &last {
+            out.moves.push((key, id.clone()));
+        }
+        match (page.complete || page.items.is_empty(), last) {
+            (false, Some(id)) => self.catchup[0].1 = Since::After(id),
+            _ => {
+                self.catchup.remove(0);
+            }
+        }
+        self.unconfirmed = Some(out.clone());
+        Ok(Batch { messages: out.messages, gap: None })
+    }
+}
+
+impl skeleton::Receiver for Reader {
+    fn connect(&mut self, ctx: &Ctx) -> Result<(), Failure> {
+        self.unconfirmed = None;
+        if self.pushed_off {
+            match x::resource_in_use(&self.cfg, PROBE_TIMEOUT) {
+                Ok(false) => {}
+                Ok(true) => {
+                    return Err(Failure::Conflict(format!(
+                        "{}/{} is in use by another session",
+                        self.cfg.jid, self.cfg.resource
+                    )));
+                }
+                Err(e) => return Err(failure(&format!("connecting to {}", self.cfg.addr), &e)),
+            }
+        }
+        let connected = Connection::connect(&self.cfg).and_then(|mut c| {
+            c.presence()?;
+            for room in &self.rooms {
+                c.join(room, &self.nick, JOIN_TIMEOUT)?;
+            }
+            Ok(c)
+        });
+        match connected {
+            Ok(conn) => {
+                self.pushed_off = false;
+                set_writer(&self.writer, Some(conn.writer()));
+                self.live = Some(Live { conn, id: connection_id(SystemTime::now()), n: 0 });
+                self.plan_catchup(ctx)
+            }
+            Err(e) => {
+                self.pushed_off |= e.kind() == ErrorKind::Conflict;
+                Err(failure(&format!("connecting to {}", self.cfg.addr), &e))
+            }
+        }
+    }
+
+    fn receive(&mut self, _ctx: &Ctx, budget: Option<Duration>) -> Result<Batch, Failure> {
+        if let Some(u) = &self.unconfirmed {
+            // Not journaled last time: the same messages again (the journal deduplicates).
+            return Ok(Batch { messages: u.messages.clone(), gap: None });
+        }
+        if !self.catchup.is_empty() {
+            return self.catchup_page(budget);
+        }
+        let slice = budget.map_or(READ_SLICE, |b| b.min(READ_SLICE));
+        let (rooms, own) = (self.room_keys(), self.cfg.jid.clone());
+        let Some(l) = self.live.as_mut() else { return Err(self.lost("not connected".into())) };
+        let stanza = match l.conn.next_stanza(slice) {
+            Ok(s) => s,
+            Err(e) if e.kind() == ErrorKind::Conflict => {
+                let f = failure("reading", &e);
+                self.pushed_off = true;
+                self.live = None;
+                set_writer(&self.writer, None);
+                return Err(f);
+            }
+            Err(e) => return Err(self.lost(e.to_string())),
+        };
+        if let Some(room) = stanza.as_ref().and_then(|p| self.removed_from(p)) {
+            // Kicked, or the room restarted: join again (a ban makes that fail, and the
+            // reconnect loop reports why). What was said meanwhile is in the room's archive.
+            let l = self.live.as_mut().ok_or_else(|| Failure::Lost("not connected".into()))?;
+            if let Err(e) = l.conn.join(&room, &self.nick, JOIN_TIMEOUT) {
+                return Err(self.lost(format!("removed from {room}, cannot join again: {e}")));
+            }
+            let key = room.as_string().to_lowercase();
+            let since = match self.cursors.after.get(&key) {
+                Some(Some(id)) => Since::After(id.clone()),
+                _ => return Ok(Batch::default()),
+            };
+            self.catchup.push((Some(room), since));
+            return Ok(Batch::default());
+        }
+        let Some(m) = stanza.filter(|s| s.name == "message" && s.attr("type") != Some("error")) else {
+            return Ok(Batch::default());
+        };
+        // A MAM result outside a query (a late page): not live chat.
+        if m.child("result", NS_MAM).is_some() {
+            return Ok(Batch::default());
+        }
+        let Some(l) = self.live.as_mut() else { return Err(self.lost("not connected".into())) };
+        let seen = classify(&m, &own, &rooms, &self.nick, &self.allowed, None, || {
+            l.n += 1;
+            format!("{}:{}", l.id, l.n)
+        });
+        let u =
+            Unconfirmed { messages: seen.inbound.into_iter().collect(), moves: seen.archived.into_iter().collect() };
+        let batch = Batch { messages: u.messages.clone(), gap: None };
+        if !u.moves.is_empty() || !u.messages.is_empty() {
+            self.unconfirmed = Some(u);
+        }
+        Ok(batch)
+    }
+
+    /// Moves each archive's position past the journaled batch and saves it.
+    fn confirm(&mut self, _ctx: &Ctx) -> Result<(), String> {
+        let Some(u) = self.unconfirmed.take() else { return Ok(()) };
+        if u.moves.is_empty() {
+            return Ok(());
+        }
+        for (archive, id) in u.moves {
+            self.cursors.after.insert(archive, Some(id));
+        }
+        match &self.path {
+            // Not fatal: the next start reads from an older position and deduplicates.
+            Some(p) => save(p, &self.cursors).map_err(|e| format!("cannot save the archive position: {e}")),
+            None => Ok(()),
+        }
+    }
+
+    fn disconnect(&mut self) {
+        set_writer(&self.writer, None);
+        if let Some(l) = self.live.take() {
+            l.conn.close();
+        }
+    }
+
+    /// Leaves, after `close` flushed the outbox: what arrives after this is in the archive for
+    /// the successor.
+    fn hang_up(&mut self) -> Vec<Inbound> {
+        self.disconnect();
+        Vec::new()
+    }
+}
+
+/// The send side: messages through the live connection's [`Writer`].
+pub struct Talker {
+    writer: WriterSlot,
+    /// Joined rooms (lower-cased): a reply there is `groupchat`.
+    rooms: Vec<String>,
+}
+
+impl Talker {
+    fn writer(&self) -> Option<Writer> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl skeleton::Sender for Talker {
+    fn ready(&self) -> bool {
+        self.writer().is_some()
+    }
+
+    fn send(&mut self, chat: &str, piece: &str, _id: PieceId) -> Result<(), SendError> {
+        let Some(w) = self.writer() else { return Err(SendError::Lost("not connected".into())) };
+        let to = chat.trim();
+        let groupchat = self.rooms.iter().any(|r| r.eq_ignore_ascii_case(to));
+        let id = x::new_id();
+        match w.message(&Outgoing { to, groupchat, body: piece, id: &id }, ACK_TIMEOUT) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::Permanent => Err(SendError::Rejected(e.to_string())),
+            Err(e) => {
+                // The receive side sees the closed socket, reports it and reconnects.
+                w.shutdown();
+                Err(SendError::Lost(e.to_string()))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gatewarden_chatproto::xmpp::xml::parse_element;
+
+    fn seen(xml: &str, archive_id: Option<&str>) -> Seen {
+        let own = BareJid::parse("bot@example.org").unwrap();
+        let rooms = vec!["room@muc.example.org".to_owned()];
+        let m = parse_element(xml).unwrap();
+        classify(&m, &own, &rooms, "gw", &[], archive_id, || "c1:1".into())
+    }
+
+    #[test]
+    fn direct_messages_use_origin_ids_and_trusted_stanza_ids() {
+        let s = seen(
+            "<message from='Alice@example.org/phone' type='chat'><body>hi</body>\
+             <origin-id xmlns='urn:xmpp:sid:0' id='o1'/>\
+             <stanza-id xmlns='urn:xmpp:sid:0' by='evil@example.org' id='E'/>\
+             <stanza-id xmlns='urn:xmpp:sid:0' by='bot@example.org' id='S1'/></message>",
+            None,
+        );
+        let i = s.inbound.unwrap();
+        assert_eq!((i.chat_id.as_str(), i.user_id.as_str()), ("alice@example.org", "alice@example.org"));
+        assert_eq!(i.event_id, "o:alice@example.org:alice@example.org:o1");
+        assert_eq!(s.archived, Some(("bot@example.org".into(), "S1".into())), "only the stanza-id by our archive");
+        // The same message from the archive: the same event id.
+        let a = seen(
+            "<message from='alice@example.org/phone' type='chat'><body>hi</body>\
+             <origin-id xmlns='urn:xmpp:sid:0' id='o1'/></message>",
+            Some("S1"),
+        );
+        assert_eq!(a.inbound.unwrap().event_id, i.event_id);
+        // No origin-id: the archive id; neither: the connection's counter.
+        let b = seen("<message from='a@example.org' type='chat'><body>x</body></message>", Some("S2"));
+        assert_eq!(b.inbound.unwrap().event_id, "s:bot@example.org:S2");
+        let c = seen("<message from='a@example.org' type='chat'><body>x</body></message>", None);
+        assert_eq!((c.inbound.unwrap().event_id.as_str(), c.archived), ("c1:1", None));
+    }
+
+    #[test]
+    fn rooms_ignore_our_reflection_history_and_subjects() {
+        let live = seen(
+            "<message from='room@muc.example.org/alice' type='groupchat'><body>hello</body>\
+             <stanza-id xmlns='urn:xmpp:sid:0' by='room@muc.example.org' id='R1'/></message>",
+            None,
+        );
+        let i = live.inbound.unwrap();
+        assert_eq!((i.chat_id.as_str(), i.user_id.as_str()), ("room@muc.example.org", "room@muc.example.org/alice"));
+        assert_eq!(i.event_id, "s:room@muc.example.org:R1");
+        let own = seen(
+            "<message from='room@muc.example.org/gw' type='groupchat'><body>reply</body>\
+             <stanza-id xmlns='urn:xmpp:sid:0' by='room@muc.example.org' id='R2'/></message>",
+            None,
+        );
+        assert_eq!(own.inbound, None);
+        assert_eq!(own.archived, Some(("room@muc.example.org".into(), "R2".into())), "still moves the position");
+        let history = seen(
+            "<message from='room@muc.example.org/alice' type='groupchat'><body>old</body>\
+             <delay xmlns='urn:xmpp:delay' stamp='2020-01-01T00:00:00Z'/></message>",
+            None,
+        );
+        assert_eq!(history.inbound, None);
+        let subject =
+            seen("<message from='room@muc.example.org' type='groupchat'><subject>t</subject></message>", None);
+        assert_eq!(subject.inbound, None);
+        // A groupchat from a room we did not join, our own direct message, an error: ignored.
+        assert_eq!(seen("<message from='other@muc/x' type='groupchat'><body>x</body></message>", None).inbound, None);
+        assert_eq!(seen("<message from='bot@example.org/r' type='chat'><body>x</body></message>", None).inbound, None);
+        assert_eq!(seen("<message from='a@example.org' type='headline'><body>x</body></message>", None).inbound, None);
+    }
+
+    #[test]
+    fn allowed_chats_filter_direct_messages() {
+        let own = BareJid::parse("bot@example.org").unwrap();
+        let m = parse_element("<message from='mallory@example.org/x' type='chat'><body>x</body></message>").unwrap();
+        let allowed = vec!["alice@example.org".to_owned()];
+        assert_eq!(classify(&m, &own, &[], "gw", &allowed, None, || "c".into()).inbound, None);
+    }
+}
