@@ -190,6 +190,13 @@ impl Platforms {
         }
     }
 
+    /// A run's activity in one of `adapter`'s chats (never blocks).
+    pub fn show(&self, adapter: &str, chat: &str, run: &str, activity: gatewarden_platforms::Activity) {
+        if let Some(e) = self.get(adapter) {
+            e.adapter.show(chat, run, activity);
+        }
+    }
+
     /// Drain, step 1 (blocking, bounded by one short call per adapter).
     pub fn stop_intake(&self) {
         for e in &self.entries {

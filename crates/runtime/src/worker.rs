@@ -33,6 +33,7 @@ use crate::cause::{Cause, ControlKind};
 use crate::commands::{self, Admins, Channel, Command, CommandOutcome, Sender};
 use crate::gateway::Gateway;
 use crate::intake::{Intake, Wake};
+use gatewarden_platforms::Activity;
 use crate::notices::{self, Notices};
 
 /// Async runs in flight at once.
@@ -568,8 +569,13 @@ impl Work {
             text: msg.text.clone(),
             history,
         };
-        let r = self.run_reply(gw, req, None).await;
-        if matches!(r, Err(AgentError::Cancelled)) {
+        let shown = msg.platform.as_ref().map(|p| Shown::start(&self.wake, p, &msg.chat_id, &msg.id));
+        let r = self.run_reply(gw, req, shown.as_ref().map(|s| s.chunks.clone())).await;
+        let cancelled = matches!(r, Err(AgentError::Cancelled));
+        if let Some(s) = shown {
+            s.end(!cancelled).await;
+        }
+        if cancelled {
             // Interrupted by the drain: stays `running` for the next incarnation to re-run once.
             return;
         }
@@ -597,6 +603,45 @@ impl Work {
     /// Ends the drain's patience: every active run is cancelled.
     pub fn cancel_all(&self) {
         self.cancel.cancel();
+    }
+}
+
+/// A platform run's activity on its way to the chat (typing, a growing preview; crates/platforms
+/// skeleton/progress.rs): the agent's text deltas are forwarded as they come, through the
+/// [`Wake`] channel, so they reach the adapter before the wake for the reply.
+struct Shown {
+    chunks: mpsc::Sender<String>,
+    forward: tokio::task::JoinHandle<()>,
+    wake: Wake,
+    at: (String, String, String),
+}
+
+/// How long a finished run's last deltas may take to be forwarded (a backend's streaming
+/// thread can outlive a cancelled run; it is not waited for).
+const FORWARD_GRACE: Duration = Duration::from_millis(500);
+
+impl Shown {
+    fn start(wake: &Wake, platform: &str, chat: &str, run: &str) -> Shown {
+        wake.show(platform, chat, run, Activity::Started);
+        let (chunks, mut rx) = mpsc::channel::<String>(64);
+        let at = (platform.to_owned(), chat.to_owned(), run.to_owned());
+        let (w, (p, c, r)) = (wake.clone(), at.clone());
+        let forward = tokio::spawn(async move {
+            while let Some(delta) = rx.recv().await {
+                w.show(&p, &c, &r, Activity::Text(delta));
+            }
+        });
+        Shown { chunks, forward, wake: wake.clone(), at }
+    }
+
+    /// The run ended; `replied`: its reply or failure notice is about to be queued.
+    async fn end(self, replied: bool) {
+        let Shown { chunks, mut forward, wake, at: (p, c, r) } = self;
+        drop(chunks);
+        if tokio::time::timeout(FORWARD_GRACE, &mut forward).await.is_err() {
+            forward.abort();
+        }
+        wake.show(&p, &c, &r, Activity::Ended { replied });
     }
 }
 

@@ -3,7 +3,9 @@
 use std::time::{Duration, Instant};
 
 use gatewarden_chatproto::irc::split_text;
+use gatewarden_lifecycle::fsio;
 
+use super::progress::{Progress, Step};
 use super::{BACKOFF_MIN, Ctx, Limits, MAX_RETRY_AFTER, Pace, PieceLimit, next_backoff};
 use crate::{Sent, State};
 
@@ -50,6 +52,27 @@ pub trait Sender: Send + 'static {
     }
     /// Sends one piece of a reply to `chat`, blocking at most the platform's request bound.
     fn send(&mut self, chat: &str, piece: &str, id: PieceId) -> Result<(), SendError>;
+
+    /// Shows (`on`), or stops showing, "typing…" in `chat` while a run is in progress. Called
+    /// every 4 s while on (Telegram's `sendChatAction` lasts 5 s; Matrix's typing notice takes
+    /// a timeout), once with `false` when no run of the chat is left. Default: nothing (IRC).
+    fn typing(&mut self, _chat: &str, _on: bool) -> Result<(), SendError> {
+        Ok(())
+    }
+
+    /// Shows `text`, the reply being written, as a preview in `chat`: a new message when
+    /// `shown` is `None`, else an edit of message `shown` (an edit that changes nothing counts
+    /// as done). Returns the preview message's id; `Ok(None)`: this platform shows no
+    /// previews (the default; IRC).
+    fn preview(&mut self, _chat: &str, _text: &str, _shown: Option<&str>) -> Result<Option<String>, SendError> {
+        Ok(None)
+    }
+
+    /// Removes preview message `shown` from `chat`: the final reply was sent as its own
+    /// message, or the run was abandoned (a message already gone counts as done).
+    fn unpreview(&mut self, _chat: &str, _shown: &str) -> Result<(), SendError> {
+        Ok(())
+    }
 }
 
 /// Cuts `text` into the pieces a platform with `limits` takes; never empty.
@@ -114,6 +137,9 @@ struct Loop<'a, S> {
     ctx: &'a Ctx,
     limits: Limits,
     bucket: Option<Bucket>,
+    progress: Progress,
+    /// Where the previews on screen are listed (`<home>/platforms/previews-<name>.json`).
+    previews_file: Option<std::path::PathBuf>,
 }
 
 /// Drains the outbox through `tx` until the drain's close: then until it is empty or the
@@ -122,7 +148,23 @@ pub(crate) fn run<S: Sender>(tx: S, ctx: &Ctx, limits: Limits) -> bool {
     // Whether what is left is nothing (the gateway warns otherwise).
     let left_empty = || ctx.host().outbox(ctx.name(), 1).is_ok_and(|b| b.is_empty());
     let bucket = limits.pace.map(|p| Bucket::new(Instant::now(), p));
-    let mut l = Loop { tx, ctx, limits, bucket };
+    let previews_file = ctx.host().state_dir().map(|d| d.join(format!("previews-{}.json", ctx.name())));
+    let mut progress = Progress::new(limits.piece);
+    if let Some(left) = previews_file.as_deref().and_then(|p| fsio::read_capped(p, fsio::MAX_RECORD_BYTES).ok()) {
+        progress.leftover(serde_json::from_slice(&left).unwrap_or_default(), Instant::now());
+    }
+    let mut l = Loop { tx, ctx, limits, bucket, progress, previews_file };
+    let empty = l.run(&left_empty);
+    // The drain: what is left to tidy (previews of cancelled runs, typing) before the deadline.
+    if l.tx.ready() {
+        l.show();
+    }
+    empty
+}
+
+impl<S: Sender> Loop<'_, S> {
+    fn run(&mut self, left_empty: &dyn Fn() -> bool) -> bool {
+    let (ctx, l) = (self.ctx, self);
     let mut backoff = BACKOFF_MIN;
     loop {
         let closing = ctx.shared.flags.get().close;
@@ -146,8 +188,7 @@ pub(crate) fn run<S: Sender>(tx: S, ctx: &Ctx, limits: Limits) -> bool {
                 if closing {
                     return true;
                 }
-                ctx.shared.flags.sleep(IDLE_POLL, |b| b.wake || b.close);
-                ctx.shared.flags.take_wake();
+                l.idle();
             }
             Ok(false) => backoff = BACKOFF_MIN,
             Err(Stop::Deadline) => return left_empty(),
@@ -164,9 +205,68 @@ pub(crate) fn run<S: Sender>(tx: S, ctx: &Ctx, limits: Limits) -> bool {
             }
         }
     }
-}
+    }
 
-impl<S: Sender> Loop<'_, S> {
+    /// Nothing to send: shows the runs' activity as it comes and falls due, until the outbox
+    /// wakes us or [`IDLE_POLL`] has passed.
+    fn idle(&mut self) {
+        let flags = &self.ctx.shared.flags;
+        let until = Instant::now() + IDLE_POLL;
+        loop {
+            self.show();
+            let now = Instant::now();
+            let next = self.progress.next_due(now).map_or(until, |t| t.min(until));
+            let b = flags.sleep(next.saturating_duration_since(now), |b| b.wake || b.close || b.show);
+            if b.wake || b.close || Instant::now() >= until {
+                break;
+            }
+        }
+        flags.take_wake();
+    }
+
+    /// Takes the runs' activity and does what is due (progress.rs): typing, previews, their
+    /// removal. Each call is bounded by the protocol's request bound; a closing sender stops at
+    /// its deadline.
+    fn show(&mut self) {
+        let ctx = self.ctx;
+        ctx.shared.flags.take_show();
+        let posted: Vec<_> = ctx.shared.shown.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        let now = Instant::now();
+        for (chat, run, activity) in posted {
+            self.progress.post(&chat, &run, activity, now);
+        }
+        let mut changed = false;
+        for step in self.progress.due(now) {
+            if ctx.close_deadline().is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
+            match step {
+                Step::Typing { chat, on } => {
+                    let r = self.tx.typing(&chat, on);
+                    self.progress.typed(&chat, r, Instant::now());
+                }
+                Step::Preview { chat, run, text, shown } => {
+                    let r = self.tx.preview(&chat, &text, shown.as_deref());
+                    changed |= self.progress.previewed(&chat, &run, text, r, Instant::now());
+                }
+                Step::Unpreview { chat, run, shown } => {
+                    let r = self.tx.unpreview(&chat, &shown);
+                    changed |= self.progress.unpreviewed(&chat, &run, r, Instant::now());
+                }
+            }
+        }
+        if changed && let Some(path) = &self.previews_file {
+            let shown = self.progress.shown();
+            let r = match path.parent() {
+                Some(dir) => gatewarden_lifecycle::platform::create_private_dir(dir)
+                    .and_then(|()| fsio::write_json(path, &shown)),
+                None => fsio::write_json(path, &shown),
+            };
+            // Best-effort like the previews themselves: unrecorded, a crash leaves one on screen.
+            drop(r);
+        }
+    }
+
     /// Sends one batch of the outbox. `Ok(true)` when it was empty.
     fn flush(&mut self) -> Result<bool, Stop> {
         let ctx = self.ctx;
@@ -194,6 +294,9 @@ impl<S: Sender> Loop<'_, S> {
                         }
                         Err(SendError::Rejected(why)) => {
                             ctx.host().sent(item.seq, Sent::Rejected(why));
+                            if let Some(run) = &item.message_id {
+                                self.progress.sent(run);
+                            }
                             continue 'items;
                         }
                         Err(SendError::Unauthorized(why)) => {
@@ -206,6 +309,10 @@ impl<S: Sender> Loop<'_, S> {
                 }
             }
             ctx.host().sent(item.seq, Sent::Ok);
+            // The reply is out: its preview goes (progress.rs).
+            if let Some(run) = &item.message_id {
+                self.progress.sent(run);
+            }
         }
         Ok(false)
     }
