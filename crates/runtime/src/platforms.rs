@@ -437,6 +437,10 @@ impl Host for GatewayHost {
         self.gw.upgrade().map(|gw| gw.home.dir().join("platforms"))
     }
 
+    fn menu(&self) -> Vec<gatewarden_platforms::MenuCommand> {
+        crate::commands::menu()
+    }
+
     fn state_changed(&self, adapter: &str, state: &State) {
         let Ok(gw) = self.gw() else { return };
         match state {

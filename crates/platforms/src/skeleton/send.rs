@@ -2,7 +2,6 @@
 
 use std::time::{Duration, Instant};
 
-use gatewarden_chatproto::irc::split_text;
 use gatewarden_lifecycle::fsio;
 
 use super::progress::{Progress, Step};
@@ -75,7 +74,11 @@ pub trait Sender: Send + 'static {
     }
 }
 
-/// Cuts `text` into the pieces a platform with `limits` takes; never empty.
+/// Cuts `text` into the pieces a platform with `limits` takes; never empty. Each piece is cut
+/// at the last paragraph break (a blank line) within the limit, else the last line break, else
+/// the last sentence end (`.`, `!`, `?`, `…` before whitespace), else the last whitespace,
+/// else mid-word; the whitespace at a cut is dropped, as is a piece of only whitespace. In
+/// order, nothing but that whitespace lost (property-tested below).
 pub fn pieces(text: &str, limits: &Limits) -> Vec<String> {
     let lines: Vec<String> = if limits.line_per_piece {
         text.split('\n')
@@ -86,16 +89,67 @@ pub fn pieces(text: &str, limits: &Limits) -> Vec<String> {
     };
     let mut out = Vec::new();
     for line in &lines {
-        match limits.piece {
-            PieceLimit::Chars(n) => {
-                let chars: Vec<char> = line.chars().collect();
-                out.extend(chars.chunks(n.max(1)).map(|c| c.iter().collect::<String>()));
-            }
-            PieceLimit::Bytes(n) => out.extend(split_text(line, n.max(1)).into_iter().map(str::to_owned)),
-        }
+        out.extend(split_at_boundaries(line, limits.piece).into_iter().map(str::to_owned));
     }
     if out.is_empty() {
         out.push("(empty reply)".to_owned());
+    }
+    out
+}
+
+/// The byte index where the longest prefix of `s` that fits `limit` ends (at least one char).
+fn longest_fit(s: &str, limit: PieceLimit) -> usize {
+    let end = match limit {
+        PieceLimit::Chars(n) => s.char_indices().nth(n.max(1)).map_or(s.len(), |(i, _)| i),
+        PieceLimit::Bytes(n) => {
+            let mut end = n.min(s.len());
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            end
+        }
+    };
+    if end == 0 { s.chars().next().map_or(0, char::len_utf8) } else { end }
+}
+
+/// [`pieces`] of one text: the cuts of the module notes.
+fn split_at_boundaries(text: &str, limit: PieceLimit) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let max = longest_fit(rest, limit);
+        if max >= rest.len() {
+            if !rest.trim().is_empty() {
+                out.push(rest.trim_end());
+            }
+            break;
+        }
+        // The window includes the char at `max`: a boundary right after the piece counts.
+        let window = &rest[..max + rest[max..].chars().next().map_or(0, char::len_utf8)];
+        let after = |i: usize| i > 0 && i <= max && !rest[..i].trim().is_empty();
+        let cut = window
+            .rfind("\n\n")
+            .filter(|&i| after(i))
+            .or_else(|| window.rfind('\n').filter(|&i| after(i)))
+            .or_else(|| {
+                window
+                    .char_indices()
+                    .filter(|&(i, c)| {
+                        matches!(c, '.' | '!' | '?' | '…') && window[i + c.len_utf8()..].starts_with(char::is_whitespace)
+                    })
+                    .map(|(i, c)| i + c.len_utf8())
+                    .filter(|&i| after(i))
+                    .last()
+            })
+            .or_else(|| {
+                window.char_indices().filter(|&(i, c)| c.is_whitespace() && after(i)).map(|(i, _)| i).last()
+            })
+            .unwrap_or(max);
+        let piece = rest[..cut].trim_end();
+        if !piece.trim().is_empty() {
+            out.push(piece);
+        }
+        rest = rest[cut..].trim_start();
     }
     out
 }
@@ -368,6 +422,56 @@ mod tests {
             assert_eq!(b.take(later), Duration::ZERO);
         }
         assert!(b.take(later) > Duration::ZERO);
+    }
+
+    #[test]
+    fn pieces_prefer_paragraphs_then_sentences_then_words() {
+        let l = |n| Limits { piece: PieceLimit::Chars(n), ..LIMITS };
+        let text = "One two. Three four five.\n\nSix seven eight nine ten. Eleven.";
+        assert_eq!(pieces(text, &l(40)), vec!["One two. Three four five.", "Six seven eight nine ten. Eleven."]);
+        assert_eq!(pieces(text, &l(20)), vec!["One two.", "Three four five.", "Six seven eight nine", "ten. Eleven."]);
+        assert_eq!(pieces("aaaa bbbb cccc", &l(9)), vec!["aaaa bbbb", "cccc"], "a space right after the piece");
+        let irc = Limits { piece: PieceLimit::Bytes(10), line_per_piece: true, ..LIMITS };
+        assert_eq!(pieces("héllo wörld again\nx", &irc), vec!["héllo", "wörld", "again", "x"]);
+    }
+
+    fn fits(p: &str, limit: PieceLimit) -> bool {
+        match limit {
+            PieceLimit::Chars(n) => p.chars().count() <= n,
+            PieceLimit::Bytes(n) => p.len() <= n,
+        }
+    }
+
+    proptest::proptest! {
+        /// In order, nothing but whitespace at the cuts lost, every piece within the limit (a
+        /// char wider than a byte limit alone excepted) and never empty.
+        #[test]
+        fn splitting_keeps_order_and_content_within_the_limit(
+            text in "([a-zé€😀]{1,12}|[ .!?\n]|\n\n|\r){0,80}",
+            n in 1usize..60,
+            bytes: bool,
+            lines: bool,
+        ) {
+            let piece = if bytes { PieceLimit::Bytes(n) } else { PieceLimit::Chars(n) };
+            let l = Limits { piece, line_per_piece: lines, ..LIMITS };
+            let out = pieces(&text, &l);
+            let text: String = if lines { text.chars().filter(|c| !matches!(c, '\r' | '\0')).collect() } else { text };
+            proptest::prop_assert!(!out.is_empty());
+            let visible = |s: &str| s.chars().filter(|c| !c.is_whitespace() && *c != '\0').collect::<String>();
+            if visible(&text).is_empty() {
+                proptest::prop_assert_eq!(out, vec!["(empty reply)".to_string()]);
+            } else {
+                proptest::prop_assert_eq!(visible(&out.concat()), visible(&text));
+                let mut at = 0;
+                for p in &out {
+                    proptest::prop_assert!(!p.trim().is_empty(), "empty piece in {:?}", out);
+                    proptest::prop_assert!(fits(p, piece) || p.chars().count() == 1, "{:?} over {:?}", p, piece);
+                    let found = text[at..].find(p.as_str());
+                    proptest::prop_assert!(found.is_some(), "{:?} not in order in {:?}", p, text);
+                    at += found.unwrap_or(0) + p.len();
+                }
+            }
+        }
     }
 
     #[test]
