@@ -407,6 +407,8 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/_fake/inject", post(http_inject))
         .route("/_fake/sent", get(http_sent))
         .route("/_fake/stats", get(http_stats))
+        .route("/_fake/actions", get(http_actions))
+        .route("/_fake/visible", get(http_visible))
         .route("/{bot}/{method}", post(api).get(api))
         .route("/c/{consumer}/{bot}/{method}", post(consumer_api).get(consumer_api))
         .with_state(shared)
@@ -842,4 +844,24 @@ async fn http_stats(State(shared): State<Arc<Shared>>, Query(q): Query<HashMap<S
     });
     ok(json!({"get_updates": s.get_updates, "conflicts": s.conflicts, "pending": s.pending, "confirmed": s.confirmed,
               "sent": s.sent, "max_poll_gap_ms": s.max_poll_gap_ms}))
+}
+
+async fn http_actions(State(shared): State<Arc<Shared>>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let token = q.get("token").cloned().unwrap_or_default();
+    let actions = shared.with(&token, |b| b.actions.clone());
+    ok(Value::Array(actions.into_iter().map(|a| json!({"chat_id": a.chat_id, "action": a.action})).collect()))
+}
+
+async fn http_visible(State(shared): State<Arc<Shared>>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let token = q.get("token").cloned().unwrap_or_default();
+    let fake_view = shared.with(&token, |b| {
+        b.sent
+            .iter()
+            .filter_map(|m| match b.texts.get(&m.message_id) {
+                Some(Some(t)) => Some(json!({"message_id": m.message_id, "chat_id": m.chat_id, "text": t})),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    });
+    ok(Value::Array(fake_view))
 }
