@@ -366,8 +366,7 @@ impl Client {
     /// the user id ([`Client::whoami`]).
     pub fn typing(&self, room_id: &str, on: bool, timeout: Duration) -> Result<(), Error> {
         let user = self.user_id().ok_or(Error::NotLoggedIn)?;
-        let path =
-            format!("/_matrix/client/v3/rooms/{}/typing/{}", encode_segment(room_id), encode_segment(user));
+        let path = format!("/_matrix/client/v3/rooms/{}/typing/{}", encode_segment(room_id), encode_segment(user));
         let body = if on {
             json!({"typing": true, "timeout": u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)})
         } else {

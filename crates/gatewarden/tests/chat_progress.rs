@@ -82,7 +82,10 @@ fn a_streaming_run_types_previews_and_ends_with_the_final_text_once() {
     let everyone = names("default");
     assert!(everyone.iter().any(|c| c == "status") && everyone.iter().any(|c| c == "new"), "{everyone:?}");
     assert!(everyone.iter().any(|c| c == "help"), "{everyone:?}");
-    assert!(!everyone.iter().any(|c| c == "restart" || c == "stop"), "admin commands in the default menu: {everyone:?}");
+    assert!(
+        !everyone.iter().any(|c| c == "restart" || c == "stop"),
+        "admin commands in the default menu: {everyone:?}"
+    );
     let admin = names(&format!("chat:{ADMIN}"));
     assert!(admin.iter().any(|c| c == "restart") && admin.iter().any(|c| c == "status"), "{admin:?}");
     assert_eq!(names(&format!("chat:{CHAT}")), Vec::<String>::new(), "no menu for a non-admin's chat");
@@ -91,7 +94,11 @@ fn a_streaming_run_types_previews_and_ends_with_the_final_text_once() {
     let got = fake.wait_sent(&tok, WAIT, |s| s.iter().any(|m| m.text == text));
     let sent = got.unwrap_or_else(|s| panic!("no final reply: {s:#?}\n{}", g.diag()));
     let final_id = sent.iter().find(|m| m.text == text).map(|m| m.message_id).unwrap_or_default();
-    assert!(wait_until(WAIT, || on_screen(&fake, &tok) == [text.clone()]), "left on screen: {:?}", on_screen(&fake, &tok));
+    assert!(
+        wait_until(WAIT, || on_screen(&fake, &tok) == [text.clone()]),
+        "left on screen: {:?}",
+        on_screen(&fake, &tok)
+    );
 
     // Typing: on from the start (before the preview and the reply), refreshed during the ~6 s run.
     let actions: Vec<_> = fake.actions(&tok).into_iter().filter(|a| a.chat_id == json!(CHAT)).collect();

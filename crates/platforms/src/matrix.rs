@@ -164,7 +164,12 @@ impl Protocol for Proto {
     fn open(&self, host: &Arc<dyn Host>) -> Result<(Syncer, Poster), String> {
         let cursor_path = host.state_dir().map(|d| d.join(format!("matrix-{}.json", self.name)));
         let cursor = load_cursor(cursor_path.as_ref()).map_err(|e| format!("sync token file: {e}"))?;
-        let tx = Poster { client: self.client()?, txn_prefix: cursor.txn_prefix.clone(), show_prefix: random_prefix(), shows: 0 };
+        let tx = Poster {
+            client: self.client()?,
+            txn_prefix: cursor.txn_prefix.clone(),
+            show_prefix: random_prefix(),
+            shows: 0,
+        };
         let rx = Syncer {
             client: self.client()?,
             allowed: self.allowed.clone(),

@@ -64,7 +64,12 @@ fn typing(base: &str, token: &str, room: &str, since: &mut Option<String>) -> Op
     *since = v["next_batch"].as_str().map(str::to_owned);
     let events = v["rooms"]["join"][room]["ephemeral"]["events"].as_array()?.clone();
     events.iter().rev().find(|e| e["type"] == "m.typing").map(|e| {
-        e["content"]["user_ids"].as_array().into_iter().flatten().filter_map(|u| u.as_str().map(str::to_owned)).collect()
+        e["content"]["user_ids"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|u| u.as_str().map(str::to_owned))
+            .collect()
     })
 }
 

@@ -27,8 +27,8 @@ pub struct Server {
     pub conflict: bool,                      // another consumer polls this token
     pub refuse_token: bool,
     pub polls: usize,
-    pub typing: Vec<(String, bool)>,                // (chat, on): every typing notice
-    pub previews: Vec<Option<(String, String)>>,    // by message id: (chat, text), None once removed
+    pub typing: Vec<(String, bool)>,             // (chat, on): every typing notice
+    pub previews: Vec<Option<(String, String)>>, // by message id: (chat, text), None once removed
 }
 
 pub type Board = Arc<Mutex<Server>>;
@@ -282,7 +282,8 @@ fn journal_first_then_confirm_and_replies_leave_in_pieces() {
     wait("the echo", || board.lock().unwrap().sent.len() == 3);
     let sent: Vec<String> = board.lock().unwrap().sent.iter().map(|s| s.1.clone()).collect();
     assert_eq!(sent, pieces("echo: hello there, toy", &Toy::LIMITS));
-    assert_eq!(sent.concat(), "echo: hello there, toy", "split at 10 characters, nothing lost");
+    assert_eq!(sent, ["echo:", "hello", "there, toy"], "split at words within 10 characters");
+    assert_eq!(sent.join(" "), "echo: hello there, toy", "nothing lost but the spaces at the cuts");
     assert_eq!(board.lock().unwrap().confirmed, 6);
     assert_eq!(a.status().snapshot().sent, 3, "pieces are counted");
 
@@ -376,8 +377,8 @@ fn a_zero_budget_receives_nothing_and_start_after_close_starts_afresh() {
     a.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
     wait("received after the promotion", || host.inbox.lock().unwrap().len() == 1);
     wait("answered", || host.outbox.lock().unwrap().is_empty());
-    let sent: String = board.lock().unwrap().sent.iter().map(|s| s.1.as_str()).collect();
-    assert_eq!(sent, "echo: held back");
+    let sent: Vec<String> = board.lock().unwrap().sent.iter().map(|s| s.1.clone()).collect();
+    assert_eq!(sent.join(" "), "echo: held back");
     assert!(a.close(Instant::now() + Duration::from_secs(2)));
 }
 
@@ -425,7 +426,7 @@ fn a_run_in_progress_types_previews_and_the_reply_replaces_the_preview() {
     });
     wait("typing off", || board.lock().unwrap().typing.last() == Some(&("c1".into(), false)));
     let sent: Vec<String> = board.lock().unwrap().sent.iter().map(|s| s.1.clone()).collect();
-    assert_eq!(sent.concat(), "Hi you, and more.", "the final text once, through the outbox");
+    assert_eq!(sent.join(" "), "Hi you, and more.", "the final text once, through the outbox");
 
     // A run the drain cancels (re-run by the next incarnation): its preview goes at once.
     a.show("c1", "run-2", Activity::Started);

@@ -33,8 +33,8 @@ use crate::cause::{Cause, ControlKind};
 use crate::commands::{self, Admins, Channel, Command, CommandOutcome, Sender};
 use crate::gateway::Gateway;
 use crate::intake::{Intake, Wake};
-use gatewarden_platforms::Activity;
 use crate::notices::{self, Notices};
+use gatewarden_platforms::Activity;
 
 /// Async runs in flight at once.
 const ASYNC_CONCURRENCY: usize = 64;

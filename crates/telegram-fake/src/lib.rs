@@ -598,7 +598,9 @@ fn chat_param(p: &HashMap<String, Value>) -> Option<Value> {
 
 /// The message `id` the bot sent in `chat`, if not deleted.
 fn own_message<'a>(b: &'a Bot, chat: &Value, id: i64) -> Option<&'a str> {
-    let same_chat = b.sent.iter().any(|m| m.message_id == id && (m.chat_id == *chat || m.chat_id.to_string() == chat.to_string().trim_matches('"')));
+    // `chat_id` may come as a number or as a string of one.
+    let key = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+    let same_chat = b.sent.iter().any(|m| m.message_id == id && key(&m.chat_id) == key(chat));
     b.texts.get(&id).and_then(|t| t.as_deref()).filter(|_| same_chat)
 }
 
@@ -654,7 +656,9 @@ fn delete_message(shared: &Shared, token: &str, p: &HashMap<String, Value>) -> R
 fn scope_key(p: &HashMap<String, Value>) -> Result<String, String> {
     let scope = match p.get("scope") {
         None | Some(Value::Null) => return Ok("default".into()),
-        Some(Value::String(s)) => serde_json::from_str::<Value>(s).map_err(|_| "Bad Request: can't parse scope JSON object".to_string())?,
+        Some(Value::String(s)) => {
+            serde_json::from_str::<Value>(s).map_err(|_| "Bad Request: can't parse scope JSON object".to_string())?
+        }
         Some(v) => v.clone(),
     };
     match scope["type"].as_str() {

@@ -100,16 +100,19 @@ impl Progress {
     pub fn leftover(&mut self, shown: Vec<(String, String)>, now: Instant) {
         for (i, (chat, id)) in shown.into_iter().enumerate() {
             let run = format!("\0leftover-{i}");
-            self.insert(run, Run {
-                chat,
-                started: now,
-                text: String::new(),
-                full: true,
-                shown: Some(id),
-                shown_text: String::new(),
-                no_preview: true,
-                phase: Phase::Remove,
-            });
+            self.insert(
+                run,
+                Run {
+                    chat,
+                    started: now,
+                    text: String::new(),
+                    full: true,
+                    shown: Some(id),
+                    shown_text: String::new(),
+                    no_preview: true,
+                    phase: Phase::Remove,
+                },
+            );
         }
     }
 
@@ -138,16 +141,19 @@ impl Progress {
         match activity {
             Activity::Started => {
                 if !self.runs.contains_key(run) {
-                    self.insert(run.to_owned(), Run {
-                        chat: chat.to_owned(),
-                        started: now,
-                        text: String::new(),
-                        full: false,
-                        shown: None,
-                        shown_text: String::new(),
-                        no_preview: false,
-                        phase: Phase::Running,
-                    });
+                    self.insert(
+                        run.to_owned(),
+                        Run {
+                            chat: chat.to_owned(),
+                            started: now,
+                            text: String::new(),
+                            full: false,
+                            shown: None,
+                            shown_text: String::new(),
+                            no_preview: false,
+                            phase: Phase::Running,
+                        },
+                    );
                 }
             }
             Activity::Text(delta) => {
@@ -242,7 +248,12 @@ impl Progress {
                     if wanted && paced && !edited.contains(&r.chat) {
                         edited.insert(r.chat.clone());
                         c.edit_at = Some(now);
-                        steps.push(Step::Preview { chat: r.chat.clone(), run: run.clone(), text, shown: r.shown.clone() });
+                        steps.push(Step::Preview {
+                            chat: r.chat.clone(),
+                            run: run.clone(),
+                            text,
+                            shown: r.shown.clone(),
+                        });
                     }
                 }
                 Phase::Replied => {}
@@ -262,7 +273,10 @@ impl Progress {
                 Phase::Remove => at(hold.unwrap_or(now)),
                 Phase::Running => {
                     at(hold.unwrap_or(now).max(c.and_then(|c| c.typing_at).map_or(now, |t| t + TYPING_EVERY)));
-                    if !r.no_preview && !r.text.trim().is_empty() && format!("{}{MORE}", r.text.trim_end()) != r.shown_text {
+                    if !r.no_preview
+                        && !r.text.trim().is_empty()
+                        && format!("{}{MORE}", r.text.trim_end()) != r.shown_text
+                    {
                         let edit = c.and_then(|c| c.edit_at).map_or(now, |t| t + EDIT_EVERY);
                         at(hold.unwrap_or(now).max(edit).max(r.started + PREVIEW_AFTER));
                     }
@@ -377,21 +391,16 @@ mod tests {
         assert_eq!(p.due(t0 + s(1000)), vec![], "no preview before 2 s, typing still fresh");
         assert_eq!(p.next_due(t0 + s(1000)), Some(t0 + PREVIEW_AFTER));
         let steps = p.due(t0 + s(2000));
-        assert_eq!(steps, vec![Step::Preview {
-            chat: "c".into(),
-            run: "r".into(),
-            text: "Hel …".into(),
-            shown: None
-        }]);
+        assert_eq!(steps, vec![Step::Preview { chat: "c".into(), run: "r".into(), text: "Hel …".into(), shown: None }]);
         assert!(p.previewed("c", "r", "Hel …".into(), Ok(Some("m1".into())), t0 + s(2000)));
         p.post("c", "r", Activity::Text("lo".into()), t0 + s(2100));
         assert!(previews(&p.due(t0 + s(2500))).is_empty(), "one edit per second");
-        assert_eq!(p.due(t0 + s(3000)), vec![Step::Preview {
-            chat: "c".into(),
-            run: "r".into(),
-            text: "Hello …".into(),
-            shown: Some("m1".into())
-        }]);
+        assert_eq!(
+            p.due(t0 + s(3000)),
+            vec![Step::Preview {
+                chat: "c".into(), run: "r".into(), text: "Hello …".into(), shown: Some("m1".into())
+            }]
+        );
         assert!(!p.previewed("c", "r", "Hello …".into(), Ok(Some("m1".into())), t0 + s(3000)));
         assert!(p.due(t0 + s(3900)).is_empty(), "unchanged text is not edited again");
         assert_eq!(p.due(t0 + s(4000)), vec![Step::Typing { chat: "c".into(), on: true }]);
@@ -431,7 +440,10 @@ mod tests {
         assert!(p.previewed("c", "r", "xy …".into(), Ok(Some("m2".into())), t0 + s(11_000)));
         p.post("c", "r", Activity::Ended { replied: false }, t0 + s(11_500));
         let steps = p.due(t0 + s(11_500));
-        assert!(steps.contains(&Step::Unpreview { chat: "c".into(), run: "r".into(), shown: "m2".into() }), "{steps:?}");
+        assert!(
+            steps.contains(&Step::Unpreview { chat: "c".into(), run: "r".into(), shown: "m2".into() }),
+            "{steps:?}"
+        );
         assert!(steps.contains(&Step::Typing { chat: "c".into(), on: false }), "{steps:?}");
     }
 

@@ -132,18 +132,14 @@ fn split_at_boundaries(text: &str, limit: PieceLimit) -> Vec<&str> {
             .filter(|&i| after(i))
             .or_else(|| window.rfind('\n').filter(|&i| after(i)))
             .or_else(|| {
-                window
-                    .char_indices()
-                    .filter(|&(i, c)| {
-                        matches!(c, '.' | '!' | '?' | '…') && window[i + c.len_utf8()..].starts_with(char::is_whitespace)
-                    })
-                    .map(|(i, c)| i + c.len_utf8())
-                    .filter(|&i| after(i))
-                    .last()
+                let sentence_end = |&(i, c): &(usize, char)| {
+                    matches!(c, '.' | '!' | '?' | '…')
+                        && window[i + c.len_utf8()..].starts_with(char::is_whitespace)
+                        && after(i + c.len_utf8())
+                };
+                window.char_indices().rev().find(sentence_end).map(|(i, c)| i + c.len_utf8())
             })
-            .or_else(|| {
-                window.char_indices().filter(|&(i, c)| c.is_whitespace() && after(i)).map(|(i, _)| i).last()
-            })
+            .or_else(|| window.char_indices().rev().find(|&(i, c)| c.is_whitespace() && after(i)).map(|(i, _)| i))
             .unwrap_or(max);
         let piece = rest[..cut].trim_end();
         if !piece.trim().is_empty() {
@@ -218,47 +214,47 @@ pub(crate) fn run<S: Sender>(tx: S, ctx: &Ctx, limits: Limits) -> bool {
 
 impl<S: Sender> Loop<'_, S> {
     fn run(&mut self, left_empty: &dyn Fn() -> bool) -> bool {
-    let (ctx, l) = (self.ctx, self);
-    let mut backoff = BACKOFF_MIN;
-    loop {
-        let closing = ctx.shared.flags.get().close;
-        let deadline = ctx.close_deadline();
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return left_empty();
-        }
-        let parked = matches!(ctx.status.state(), State::Parked(_));
-        if parked || !l.tx.ready() {
-            // Neither heals before the drain ends (no connection is made then): the outbox
-            // waits for the next start or the successor.
-            if closing {
+        let (ctx, l) = (self.ctx, self);
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            let closing = ctx.shared.flags.get().close;
+            let deadline = ctx.close_deadline();
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return left_empty();
             }
-            ctx.shared.flags.sleep(IDLE, |b| b.close);
-            continue;
-        }
-        match l.flush() {
-            Ok(true) => {
-                backoff = BACKOFF_MIN;
+            let parked = matches!(ctx.status.state(), State::Parked(_));
+            if parked || !l.tx.ready() {
+                // Neither heals before the drain ends (no connection is made then): the outbox
+                // waits for the next start or the successor.
                 if closing {
-                    return true;
+                    return left_empty();
                 }
-                l.idle();
+                ctx.shared.flags.sleep(IDLE, |b| b.close);
+                continue;
             }
-            Ok(false) => backoff = BACKOFF_MIN,
-            Err(Stop::Deadline) => return left_empty(),
-            Err(stop) => {
-                // A parked adapter stays parked: its reason is the one that matters.
-                if let Stop::Failed(e) = stop
-                    && !matches!(ctx.status.state(), State::Parked(_))
-                {
-                    ctx.set(State::Degraded(format!("cannot send: {e}")));
+            match l.flush() {
+                Ok(true) => {
+                    backoff = BACKOFF_MIN;
+                    if closing {
+                        return true;
+                    }
+                    l.idle();
                 }
-                let d = deadline.map_or(backoff, |d| backoff.min(d.saturating_duration_since(Instant::now())));
-                ctx.shared.flags.sleep(d, |b| b.close && !closing);
-                backoff = next_backoff(backoff);
+                Ok(false) => backoff = BACKOFF_MIN,
+                Err(Stop::Deadline) => return left_empty(),
+                Err(stop) => {
+                    // A parked adapter stays parked: its reason is the one that matters.
+                    if let Stop::Failed(e) = stop
+                        && !matches!(ctx.status.state(), State::Parked(_))
+                    {
+                        ctx.set(State::Degraded(format!("cannot send: {e}")));
+                    }
+                    let d = deadline.map_or(backoff, |d| backoff.min(d.saturating_duration_since(Instant::now())));
+                    ctx.shared.flags.sleep(d, |b| b.close && !closing);
+                    backoff = next_backoff(backoff);
+                }
             }
         }
-    }
     }
 
     /// Nothing to send: shows the runs' activity as it comes and falls due, until the outbox
