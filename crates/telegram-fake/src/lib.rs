@@ -167,6 +167,8 @@ struct Bot {
     commands: HashMap<String, Value>,
     command_sets: Vec<(String, Value)>,
     method_flood: HashMap<String, (u64, u32)>,
+    /// Every API call by method, with its time (flooded ones too).
+    calls: Vec<(String, Instant)>,
     stats: Stats,
     notify: Arc<Notify>,
     /// Since when no `getUpdates` is in flight.
@@ -337,6 +339,11 @@ impl FakeTelegram {
         self.shared.with(token, |b| b.method_flood.insert(method.to_owned(), (retry_after, calls)));
     }
 
+    /// When each call of `method` arrived (answered 429 or not), oldest first.
+    pub fn calls(&self, token: &str, method: &str) -> Vec<Instant> {
+        self.shared.with(token, |b| b.calls.iter().filter(|(m, _)| m == method).map(|(_, t)| *t).collect())
+    }
+
     /// Every `sendChatAction`, oldest first.
     pub fn actions(&self, token: &str) -> Vec<ChatAction> {
         self.shared.with(token, |b| b.actions.clone())
@@ -499,6 +506,11 @@ async fn call(
     if shared.revoked.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|t| t == token) {
         return fail(401, "Unauthorized");
     }
+    shared.with(token, |b| {
+        if b.calls.len() < 100_000 {
+            b.calls.push((method.clone(), Instant::now()));
+        }
+    });
     let flooded = shared.with(token, |b| match b.flood {
         Some((after, n)) if n > 0 => {
             b.flood = (n > 1).then_some((after, n - 1));
