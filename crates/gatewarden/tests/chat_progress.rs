@@ -66,7 +66,7 @@ fn on_screen(fake: &FakeTelegram, tok: &str) -> Vec<String> {
 /// Typing while the run is in progress (refreshed), stopped after; a preview after 2 s, edited
 /// as the reply grows, each edit a longer prefix of the reply and at most one a second; then
 /// the final text once, and the preview gone. The menu: everyone's commands by default, the
-/// admin commands only in the admin's chat.
+/// admin commands only in the admin's chat. The run's tokens show per chat in `status --json`.
 #[test]
 fn a_streaming_run_types_previews_and_ends_with_the_final_text_once() {
     let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), fake(), token());
@@ -125,6 +125,11 @@ fn a_streaming_run_types_previews_and_ends_with_the_final_text_once() {
         let gap = w[1].at.duration_since(w[0].at);
         assert!(gap >= Duration::from_millis(800), "edits {gap:?} apart: {edits:#?}");
     }
+    // The run's tokens, as the provider reported them, per chat in `status --json`.
+    let out = run_cli(&home, &["status", "--json"]);
+    let v: Value = serde_json::from_str(&out.stdout).unwrap_or(Value::Null);
+    let want = json!({"platform": "telegram", "chat_id": CHAT.to_string(), "runs": 1, "prompt_tokens": 7, "completion_tokens": 3});
+    assert_eq!(v["agent"]["usage_by_chat"], json!([want]), "{}", out.stdout);
     assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
 }
 

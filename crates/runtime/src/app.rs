@@ -61,7 +61,8 @@ impl App {
         }
         s.extra.insert(
             "agent".to_owned(),
-            json!({"backend": self.work.agent.name(), "last_failure": self.work.metrics.last_failure_json()}),
+            json!({"backend": self.work.agent.name(), "last_failure": self.work.metrics.last_failure_json(),
+                   "usage_by_chat": self.work.metrics.chat_usage_json(100)}),
         );
         if !self.platforms.is_empty() {
             s.extra.insert("platforms".to_owned(), Value::Array(self.platforms.report()));
