@@ -5,35 +5,18 @@
 //! missing Synapse fails this test; elsewhere it prints SKIPPED and passes.
 #![cfg(target_os = "linux")]
 
-use std::sync::{Arc, Mutex};
+mod support;
+
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gatewarden_chatproto::matrix::{Client, encode_segment};
 use gatewarden_config::{PlatformConfig, PlatformKind};
-use gatewarden_platforms::{Activity, Adapter, Host, Inbound, Outgoing, Sent, State};
+use gatewarden_platforms::{Activity, Adapter, Host, State};
 use gatewarden_testkit::servers::Synapse;
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-/// A host whose outbox the test fills by hand.
-#[derive(Default)]
-struct Outbox {
-    entries: Mutex<Vec<Outgoing>>,
-}
-
-impl Host for Outbox {
-    fn deliver(&self, _adapter: &str, _msg: Inbound) -> Result<(), String> {
-        Ok(())
-    }
-    fn outbox(&self, _adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
-        Ok(self.entries.lock().unwrap().iter().take(limit).cloned().collect())
-    }
-    fn sent(&self, seq: i64, _outcome: Sent) {
-        self.entries.lock().unwrap().retain(|o| o.seq != seq);
-    }
-    fn state_changed(&self, _adapter: &str, _state: &State) {}
-}
 
 /// One raw client-server call as `token` (the typed client has no ephemeral events).
 fn get(base: &str, token: &str, path: &str) -> Value {
@@ -108,7 +91,7 @@ fn a_run_in_progress_types_edits_and_is_replaced_by_the_reply() {
         tls: false,
         sasl_password_env: None,
     };
-    let host = Arc::new(Outbox::default());
+    let host = Arc::new(support::MemHost::silent());
     let a = gatewarden_platforms::matrix::Matrix::new(&cfg, bot.access_token.clone()).unwrap();
     a.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
     wait("connected", || a.status().state() == State::Connected);
@@ -133,13 +116,7 @@ fn a_run_in_progress_types_edits_and_is_replaced_by_the_reply() {
     let preview_id = preview_id.and_then(|v| v.as_str().map(str::to_owned)).expect("the preview's event id");
 
     a.show(&room, "run-1", Activity::Ended { replied: true });
-    host.entries.lock().unwrap().push(Outgoing {
-        seq: 1,
-        chat_id: room.clone(),
-        text: "Hello world.".into(),
-        message_id: Some("run-1".into()),
-        created_at: String::new(),
-    });
+    host.queue_reply(&room, "Hello world.", Some("run-1"));
     a.wake();
     wait("the reply, and the preview redacted", || {
         let ev = events();
