@@ -34,7 +34,8 @@ impl Command {
         }
     }
 
-    /// Every command, in menu order.
+    /// Every command, in menu order: the platforms' command menus list these (a new command
+    /// belongs here too, or no menu shows it).
     pub const ALL: [Command; 6] =
         [Command::Status, Command::New, Command::Help, Command::Restart, Command::Stop, Command::Update];
 
