@@ -118,8 +118,8 @@ pub(crate) struct Shared {
     shown: Mutex<std::collections::VecDeque<(String, String, Activity)>>,
 }
 
-/// Activity entries waiting for the sender; past it, text deltas are dropped (a preview is
-/// best-effort), starts and ends never.
+/// Activity entries waiting for the sender; past it, text deltas that cannot be merged into the
+/// previous entry are dropped (a preview is best-effort), starts and ends never.
 const MAX_SHOWN: usize = 4096;
 
 impl AsRef<Flags> for Shared {
@@ -319,10 +319,18 @@ impl<P: Protocol> Adapter for Skeleton<P> {
         let Some(shared) = self.run.shared() else { return };
         {
             let mut q = shared.shown.lock().unwrap_or_else(|p| p.into_inner());
-            if q.len() >= MAX_SHOWN && matches!(activity, Activity::Text(_)) {
+            // Deltas the sender has not taken yet are merged: a busy sender (a long flush, a
+            // rate limit) finds one entry per run, not one per token.
+            if let (Activity::Text(more), Some((c, r, Activity::Text(text)))) = (&activity, q.back_mut())
+                && c == chat
+                && r == run
+            {
+                text.push_str(more);
+            } else if q.len() >= MAX_SHOWN && matches!(activity, Activity::Text(_)) {
                 return;
+            } else {
+                q.push_back((chat.to_owned(), run.to_owned(), activity));
             }
-            q.push_back((chat.to_owned(), run.to_owned(), activity));
         }
         shared.flags.update(|b| b.show = true);
     }
