@@ -282,6 +282,8 @@ pub enum PlatformKind {
     Matrix,
     /// IRC (one TCP connection, one nick).
     Irc,
+    /// Discord: the Gateway WebSocket (v10) to receive, REST to reply.
+    Discord,
 }
 
 impl PlatformKind {
@@ -291,6 +293,7 @@ impl PlatformKind {
             PlatformKind::Telegram => "telegram",
             PlatformKind::Matrix => "matrix",
             PlatformKind::Irc => "irc",
+            PlatformKind::Discord => "discord",
         }
     }
 }
@@ -308,7 +311,8 @@ pub struct PlatformConfig {
     #[serde(default)]
     pub token_env: Option<String>,
     /// The platform's API base URL (Telegram: `https://api.telegram.org`; Matrix: the
-    /// homeserver, required).
+    /// homeserver, required; Discord: `https://discord.com/api/v10`, whose `/gateway/bot`
+    /// names the gateway: `wss://` only, `ws://` only under an `http://` base for tests).
     #[serde(default)]
     pub api_base: Option<String>,
     /// IRC: the server, `host:port`.
@@ -1098,7 +1102,12 @@ fn validate_api_base(
             return Err(bad("api_base", format!("{url:?} is https, but {NO_TLS}")));
         }
     } else if default_https && !gatewarden_net::TLS {
-        return Err(bad("api_base", format!("the default https://api.telegram.org is https, but {NO_TLS}")));
+        return Err(bad(
+            "api_base",
+            format!(
+                "the default API base (https://api.telegram.org, https://discord.com/api/v10) is https, but {NO_TLS}"
+            ),
+        ));
     }
     Ok(())
 }
@@ -1180,6 +1189,24 @@ impl Config {
                         ));
                     }
                     validate_api_base(&bad, p.api_base.as_deref(), false)?;
+                }
+                PlatformKind::Discord => {
+                    if p.proxy.is_some() {
+                        return Err(bad(
+                            "proxy",
+                            "the Discord gateway's WebSocket connects directly; proxy is for telegram and matrix"
+                                .into(),
+                        ));
+                    }
+                    validate_api_base(&bad, p.api_base.as_deref(), true)?;
+                    for (key, ids) in [("allowed_chats", &p.allowed_chats), ("admins", &p.admins)] {
+                        if let Some(c) = ids.iter().find(|c| c.parse::<u64>().is_err()) {
+                            return Err(bad(
+                                key,
+                                format!("{c:?}: Discord channel and user ids are numbers (snowflakes)"),
+                            ));
+                        }
+                    }
                 }
                 PlatformKind::Irc => {
                     if p.proxy.is_some() {
@@ -1690,6 +1717,30 @@ api_key_env = "MY_KEY"
         let e = Config::load(dir.path()).unwrap_err();
         assert!(matches!(e, ConfigError::Read { .. }), "{e}");
         assert_eq!(e.exit_code(), 78);
+    }
+
+    #[test]
+    fn discord_platforms_validate_their_keys() {
+        let d = parse(
+            "[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nallowed_chats = [\"123\"]\nadmins = [\"42\"]\n",
+        )
+        .unwrap();
+        assert_eq!((d.platform[0].kind, d.platform[0].adapter_name().as_str()), (PlatformKind::Discord, "discord"));
+        assert!(err("[[platform]]\nkind = \"discord\"\n").contains("needs token_env"));
+        assert!(
+            err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nallowed_chats = [\"#general\"]\n")
+                .contains("snowflakes")
+        );
+        assert!(
+            err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nadmins = [\"me\"]\n").contains("snowflakes")
+        );
+        assert!(
+            err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nproxy = \"http://p:1\"\n").contains("directly")
+        );
+        assert!(
+            err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\napi_base = \"ftp://x\"\n").contains("http://")
+        );
+        assert!(err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nnick = \"x\"\n").contains("irc"));
     }
 
     #[test]

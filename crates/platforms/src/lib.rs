@@ -17,10 +17,11 @@
 //!    server keeps nothing for a successor, so its adapter listens on until `close`.)
 //!
 //! Steps 2 to 5 are the skeleton's ([`skeleton`]); a platform is a [`skeleton::Protocol`] in
-//! its own module ([`telegram`], [`matrix`], [`irc`]) and one arm in [`build`]
+//! its own module ([`telegram`], [`matrix`], [`irc`], [`discord`]) and one arm in [`build`]
 //! (docs/adding-a-platform.md).
 
 pub mod credlock;
+pub mod discord;
 pub mod irc;
 pub mod matrix;
 pub mod skeleton;
@@ -350,6 +351,7 @@ pub fn build(cfg: &PlatformConfig) -> Result<Arc<dyn Adapter>, AdapterError> {
         // The password is optional; a named variable that is unset is still an error.
         PlatformKind::Irc if cfg.token_env.is_some() && token.is_none() => Err(missing()),
         PlatformKind::Irc => Ok(Arc::new(irc::Irc::new(cfg, token)?)),
+        PlatformKind::Discord => Ok(Arc::new(discord::Discord::new(cfg, token.ok_or_else(missing)?)?)),
     }
 }
 
