@@ -76,6 +76,7 @@ const PLATFORM_KEYS: &[&str] = &[
     "proxy",
     "tls",
     "sasl_password_env",
+    "bot_token_env",
 ];
 const CLUSTER_KEYS: &[&str] =
     &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s", "ca_file"];
@@ -284,6 +285,8 @@ pub enum PlatformKind {
     Irc,
     /// Discord: the Gateway WebSocket (v10) to receive, REST to reply.
     Discord,
+    /// Slack: Socket Mode events over a WebSocket, replies with `chat.postMessage`.
+    Slack,
 }
 
 impl PlatformKind {
@@ -294,6 +297,7 @@ impl PlatformKind {
             PlatformKind::Matrix => "matrix",
             PlatformKind::Irc => "irc",
             PlatformKind::Discord => "discord",
+            PlatformKind::Slack => "slack",
         }
     }
 }
@@ -350,6 +354,10 @@ pub struct PlatformConfig {
     /// variable; registration fails (the adapter is parked) if the server cannot do it.
     #[serde(default)]
     pub sasl_password_env: Option<String>,
+    /// Slack: the environment variable holding the bot token (`xoxb-…`) that replies with
+    /// `chat.postMessage`; `token_env` holds the app-level token (`xapp-…`, the credential).
+    #[serde(default)]
+    pub bot_token_env: Option<String>,
 }
 
 fn default_poll_timeout() -> u64 {
@@ -1177,6 +1185,9 @@ impl Config {
                     return Err(bad(key, format!("{key} is for kind = \"irc\" only")));
                 }
             }
+            if p.bot_token_env.is_some() && p.kind != PlatformKind::Slack {
+                return Err(bad("bot_token_env", "bot_token_env is for kind = \"slack\" only".into()));
+            }
             match p.kind {
                 PlatformKind::Telegram => validate_api_base(&bad, p.api_base.as_deref(), true)?,
                 PlatformKind::Matrix => {
@@ -1206,6 +1217,29 @@ impl Config {
                                 format!("{c:?}: Discord channel and user ids are numbers (snowflakes)"),
                             ));
                         }
+                    }
+                }
+                PlatformKind::Slack => {
+                    validate_api_base(&bad, p.api_base.as_deref(), false)?;
+                    if p.api_base.is_none() && !gatewarden_net::TLS {
+                        return Err(bad(
+                            "api_base",
+                            format!("the default https://slack.com/api/ is https, but {NO_TLS}"),
+                        ));
+                    }
+                    if !p.bot_token_env.as_deref().is_some_and(|v| !v.is_empty() && !v.contains(['=', '\0'])) {
+                        return Err(bad(
+                            "bot_token_env",
+                            format!(
+                                "[[platform]] {name:?} (slack) needs bot_token_env, the environment variable holding the bot token (xoxb-…); token_env holds the app-level token (xapp-…)"
+                            ),
+                        ));
+                    }
+                    if p.proxy.is_some() {
+                        return Err(bad(
+                            "proxy",
+                            "slack's Socket Mode WebSocket connects directly; proxy is for telegram and matrix".into(),
+                        ));
                     }
                 }
                 PlatformKind::Irc => {
@@ -1741,6 +1775,22 @@ api_key_env = "MY_KEY"
             err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\napi_base = \"ftp://x\"\n").contains("http://")
         );
         assert!(err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nnick = \"x\"\n").contains("irc"));
+    }
+
+    #[test]
+    fn slack_needs_both_tokens_and_no_proxy() {
+        let ok = "[[platform]]\nkind = \"slack\"\ntoken_env = \"SLACK_APP\"\nbot_token_env = \"SLACK_BOT\"\n";
+        let s = parse(ok).unwrap();
+        assert_eq!((s.platform[0].kind, s.platform[0].adapter_name().as_str()), (PlatformKind::Slack, "slack"));
+        assert_eq!(s.platform[0].bot_token_env.as_deref(), Some("SLACK_BOT"));
+        assert!(err("[[platform]]\nkind = \"slack\"\ntoken_env = \"A\"\n").contains("needs bot_token_env"));
+        assert!(err("[[platform]]\nkind = \"slack\"\nbot_token_env = \"B\"\n").contains("needs token_env"));
+        assert!(err(&format!("{ok}proxy = \"http://p:3128\"\n")).contains("connects directly"));
+        assert!(err(&format!("{ok}api_base = \"slack.com\"\n")).contains("http://"));
+        assert!(
+            err("[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\nbot_token_env = \"B\"\n")
+                .contains("slack\" only")
+        );
     }
 
     #[test]

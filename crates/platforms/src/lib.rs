@@ -25,6 +25,7 @@ pub mod discord;
 pub mod irc;
 pub mod matrix;
 pub mod skeleton;
+pub mod slack;
 pub mod telegram;
 
 use std::path::PathBuf;
@@ -352,6 +353,14 @@ pub fn build(cfg: &PlatformConfig) -> Result<Arc<dyn Adapter>, AdapterError> {
         PlatformKind::Irc if cfg.token_env.is_some() && token.is_none() => Err(missing()),
         PlatformKind::Irc => Ok(Arc::new(irc::Irc::new(cfg, token)?)),
         PlatformKind::Discord => Ok(Arc::new(discord::Discord::new(cfg, token.ok_or_else(missing)?)?)),
+        PlatformKind::Slack => {
+            // The app-level token is the credential; the bot token posts the replies.
+            let app = token.ok_or_else(missing)?;
+            let bot_var = cfg.bot_token_env.clone().unwrap_or_default();
+            let bot = std::env::var(&bot_var).ok().map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
+            let bot = bot.ok_or_else(|| AdapterError::MissingCredential { name: name.clone(), var: bot_var })?;
+            Ok(Arc::new(slack::Slack::new(cfg, app, bot)?))
+        }
     }
 }
 

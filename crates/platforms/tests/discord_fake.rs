@@ -77,6 +77,7 @@ fn config(base: &str) -> PlatformConfig {
         proxy: None,
         tls: false,
         sasl_password_env: None,
+        bot_token_env: None,
     }
 }
 

@@ -62,6 +62,7 @@ fn start(base: &str, ca_file: &Path, dir: &Path, first_seq: usize) -> Arc<Discor
         proxy: None,
         tls: false,
         sasl_password_env: None,
+        bot_token_env: None,
     };
     let d = Arc::new(Discord::new(&cfg, TOKEN.into()).unwrap());
     let mem = MemHost::echoing();
