@@ -90,6 +90,7 @@ fn a_run_in_progress_types_edits_and_is_replaced_by_the_reply() {
         proxy: None,
         tls: false,
         sasl_password_env: None,
+        bot_token_env: None,
     };
     let host = Arc::new(support::MemHost::silent());
     let a = gatewarden_platforms::matrix::Matrix::new(&cfg, bot.access_token.clone()).unwrap();
