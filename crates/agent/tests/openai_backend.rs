@@ -191,6 +191,26 @@ async fn streaming_passes_deltas_through_as_they_arrive() {
     assert_eq!(seen.header("authorization"), None);
 }
 
+/// An upstream that ignores `stream: true` and answers one JSON completion: the whole reply is
+/// passed on as one delta, with its usage.
+#[tokio::test]
+async fn a_json_answer_to_a_streaming_request_is_one_delta() {
+    let (addr, seen) = upstream(|mut sock| async move {
+        let body = json!({"object": "chat.completion", "usage": {"prompt_tokens": 4, "completion_tokens": 2},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "All at once"}, "finish_reason": "stop"}]});
+        sock.write_all(json_response("200 OK", &body.to_string()).as_bytes()).await.unwrap();
+    })
+    .await;
+    let a = agent(addr, ApiKey::None, DEADLINE);
+    let (tx, mut rx) = mpsc::channel(8);
+    let r = a.run_streaming(req("hi"), CancellationToken::new(), tx).await.unwrap();
+    assert_eq!(r.text, "All at once");
+    assert_eq!(r.usage.map(|u| (u.prompt_tokens, u.completion_tokens)), Some((4, 2)));
+    assert_eq!(rx.recv().await.as_deref(), Some("All at once"));
+    assert_eq!(rx.recv().await, None);
+    assert_eq!(seen.await.unwrap().body["stream"], json!(true));
+}
+
 #[tokio::test]
 async fn stream_cut_before_done_fails() {
     let (addr, _seen) = upstream(|mut sock| async move {

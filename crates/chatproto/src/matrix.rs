@@ -332,6 +332,11 @@ impl Client {
     /// Sends a text message with transaction id `txn_id`; returns the event id. Re-sending with
     /// the same `txn_id` from the same device returns the same event id and delivers nothing new.
     pub fn send_text(&self, room_id: &str, txn_id: &str, body: &str) -> Result<String, Error> {
+        self.send_message(room_id, txn_id, &json!({"msgtype": "m.text", "body": body}))
+    }
+
+    /// Sends an `m.room.message` with this `content` (see [`Client::send_text`]).
+    fn send_message(&self, room_id: &str, txn_id: &str, content: &Value) -> Result<String, Error> {
         if txn_id.is_empty() {
             return Err(Error::Config("empty transaction id".into()));
         }
@@ -340,8 +345,45 @@ impl Client {
             encode_segment(room_id),
             encode_segment(txn_id)
         );
-        let content = json!({"msgtype": "m.text", "body": body});
-        let v = self.request(Method::Put, &path, &[], Some(&content), None, false)?;
+        let v = self.request(Method::Put, &path, &[], Some(content), None, false)?;
+        str_field(&v, "event_id")
+    }
+
+    /// Replaces the text of our message `event_id` (an `m.replace` edit, client-server API
+    /// "Event replacements": the fallback `body` is `* <text>`, the new text in
+    /// `m.new_content`); returns the edit's event id.
+    pub fn edit_text(&self, room_id: &str, txn_id: &str, event_id: &str, body: &str) -> Result<String, Error> {
+        let content = json!({
+            "msgtype": "m.text",
+            "body": format!("* {body}"),
+            "m.new_content": {"msgtype": "m.text", "body": body},
+            "m.relates_to": {"rel_type": "m.replace", "event_id": event_id},
+        });
+        self.send_message(room_id, txn_id, &content)
+    }
+
+    /// `PUT /rooms/{room}/typing/{user}`: our typing notice on for `timeout`, or off. Needs
+    /// the user id ([`Client::whoami`]).
+    pub fn typing(&self, room_id: &str, on: bool, timeout: Duration) -> Result<(), Error> {
+        let user = self.user_id().ok_or(Error::NotLoggedIn)?;
+        let path = format!("/_matrix/client/v3/rooms/{}/typing/{}", encode_segment(room_id), encode_segment(user));
+        let body = if on {
+            json!({"typing": true, "timeout": u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)})
+        } else {
+            json!({"typing": false})
+        };
+        self.request(Method::Put, &path, &[], Some(&body), None, false).map(drop)
+    }
+
+    /// `PUT /rooms/{room}/redact/{event}/{txn}`: removes an event's content.
+    pub fn redact(&self, room_id: &str, event_id: &str, txn_id: &str) -> Result<String, Error> {
+        let path = format!(
+            "/_matrix/client/v3/rooms/{}/redact/{}/{}",
+            encode_segment(room_id),
+            encode_segment(event_id),
+            encode_segment(txn_id)
+        );
+        let v = self.request(Method::Put, &path, &[], Some(&json!({})), None, false)?;
         str_field(&v, "event_id")
     }
 

@@ -222,6 +222,32 @@ pub struct Inbound {
 /// A reply to send, from the journal's outbox.
 pub use gatewarden_journal::Outgoing;
 
+/// What the worker tells an adapter about one run in one chat ([`Adapter::show`]), so the chat
+/// sees the agent at work. Best-effort: nothing here is journaled; the reply itself still
+/// leaves through the outbox (docs/adding-a-platform.md, "Showing the agent at work").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Activity {
+    /// The run started: the chat shows "typing…" until [`Activity::Ended`].
+    Started,
+    /// More of the reply was written: appended to what the run wrote so far (an agent's text
+    /// delta). A reply still being written 2 s after the start is previewed as it grows.
+    Text(String),
+    /// The run ended. `replied`: its reply (or failure notice) is in the outbox, and the preview
+    /// goes once that entry is sent; otherwise (cancelled by the drain, re-run by the next
+    /// incarnation) the preview goes now.
+    Ended { replied: bool },
+}
+
+/// One command of the platform's command menu (Telegram's `setMyCommands`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MenuCommand {
+    /// Without the slash: `status`.
+    pub name: String,
+    pub description: String,
+    /// Only admins may run it: shown only in the admins' chats.
+    pub admin: bool,
+}
+
 /// How a send ended, for the outbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Sent {
@@ -262,6 +288,10 @@ pub trait Host: Send + Sync {
     fn state_dir(&self) -> Option<PathBuf> {
         None
     }
+    /// The chat commands, for platforms with a command menu (runtime/src/commands.rs).
+    fn menu(&self) -> Vec<MenuCommand> {
+        Vec::new()
+    }
 }
 
 /// Why an adapter cannot be built or started.
@@ -301,6 +331,9 @@ pub trait Adapter: Send + Sync {
     }
     /// How long without progress before the watchdog reconnects.
     fn watchdog_after(&self) -> Duration;
+    /// Shows a run's progress in `chat` (typing, a growing preview); `run` is the journaled
+    /// message id, which the reply's outbox entry names. Never blocks; best-effort.
+    fn show(&self, _chat: &str, _run: &str, _activity: Activity) {}
 }
 
 /// The lowercase hex SHA-256 of `data`: the credential lock's and lease's key, so the credential

@@ -21,6 +21,9 @@
 //! - **Errors.** 429 waits `retry_after_ms`; rejected credentials park the adapter; an
 //!   unreachable homeserver is `degraded` and retried with backoff; a room the bot cannot join
 //!   keeps it `degraded`, naming the room.
+//! - **Showing work** (skeleton/progress.rs decides when): typing notices with a 30 s
+//!   timeout, turned off when no run is left; previews are a message, then `m.replace` edits
+//!   of it, redacted once the reply is sent (a client shows "message deleted").
 //! - **Drain.** [`Adapter::stop_intake`] stops syncing: a batch that arrives after it is dropped
 //!   unsaved, so the successor reads it again from the saved token. The homeserver keeps what
 //!   arrives meanwhile.
@@ -161,7 +164,12 @@ impl Protocol for Proto {
     fn open(&self, host: &Arc<dyn Host>) -> Result<(Syncer, Poster), String> {
         let cursor_path = host.state_dir().map(|d| d.join(format!("matrix-{}.json", self.name)));
         let cursor = load_cursor(cursor_path.as_ref()).map_err(|e| format!("sync token file: {e}"))?;
-        let tx = Poster { client: self.client()?, txn_prefix: cursor.txn_prefix.clone() };
+        let tx = Poster {
+            client: self.client()?,
+            txn_prefix: cursor.txn_prefix.clone(),
+            show_prefix: random_prefix(),
+            shows: 0,
+        };
         let rx = Syncer {
             client: self.client()?,
             allowed: self.allowed.clone(),
@@ -366,20 +374,63 @@ impl skeleton::Receiver for Syncer {
 pub struct Poster {
     client: Client,
     txn_prefix: String,
+    /// Transaction ids of previews, edits and redactions: random per start, so that none is
+    /// taken by the homeserver for an earlier start's (which it would answer without sending).
+    show_prefix: String,
+    shows: u64,
+}
+
+/// How long one typing notice lasts: refreshed every 4 s (skeleton/progress.rs), so it
+/// lapses on its own soon after a crash.
+const TYPING_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn send_error(e: &MxError) -> SendError {
+    match e.kind() {
+        ErrorKind::RateLimited => SendError::RateLimited(e.retry_after()),
+        // Unknown room, not joined, forbidden: never retried.
+        ErrorKind::Permanent => SendError::Rejected(e.to_string()),
+        ErrorKind::Rejected => SendError::Unauthorized(e.to_string()),
+        ErrorKind::Transient => SendError::Failed(e.to_string()),
+    }
+}
+
+impl Poster {
+    fn next_txn(&mut self) -> String {
+        self.shows += 1;
+        format!("{}-show-{}", self.show_prefix, self.shows)
+    }
 }
 
 impl skeleton::Sender for Poster {
     fn send(&mut self, chat: &str, piece: &str, id: PieceId) -> Result<(), SendError> {
         let txn = txn_id(&self.txn_prefix, id.seq, id.index);
-        match self.client.send_text(chat, &txn, piece) {
+        self.client.send_text(chat, &txn, piece).map(drop).map_err(|e| send_error(&e))
+    }
+
+    fn typing(&mut self, chat: &str, on: bool) -> Result<(), SendError> {
+        if self.client.user_id().is_none() {
+            self.client.whoami().map_err(|e| send_error(&e))?;
+        }
+        self.client.typing(chat, on, TYPING_TIMEOUT).map_err(|e| send_error(&e))
+    }
+
+    fn preview(&mut self, chat: &str, text: &str, shown: Option<&str>) -> Result<Option<String>, SendError> {
+        let txn = self.next_txn();
+        match shown {
+            None => self.client.send_text(chat, &txn, text).map(Some).map_err(|e| send_error(&e)),
+            Some(id) => {
+                self.client.edit_text(chat, &txn, id, text).map_err(|e| send_error(&e))?;
+                Ok(Some(id.to_owned()))
+            }
+        }
+    }
+
+    fn unpreview(&mut self, chat: &str, shown: &str) -> Result<(), SendError> {
+        let txn = self.next_txn();
+        match self.client.redact(chat, shown, &txn) {
             Ok(_) => Ok(()),
-            Err(e) => Err(match e.kind() {
-                ErrorKind::RateLimited => SendError::RateLimited(e.retry_after()),
-                // Unknown room, not joined, forbidden: never retried.
-                ErrorKind::Permanent => SendError::Rejected(e.to_string()),
-                ErrorKind::Rejected => SendError::Unauthorized(e.to_string()),
-                ErrorKind::Transient => SendError::Failed(e.to_string()),
-            }),
+            Err(e) if e.kind() == ErrorKind::Permanent => Ok(()),
+            Err(e) => Err(send_error(&e)),
         }
     }
 }

@@ -15,6 +15,14 @@
 //!   (Telegram answers it 409 "terminated by other getUpdates request"), so no abandoned poll
 //!   lingers into the successor's first poll.
 //! - **Flood control.** A 429 waits the `retry_after` it names (capped) before the same call.
+//! - **Showing work** (skeleton/progress.rs decides when): `sendChatAction` `typing`;
+//!   previews are a `sendMessage`, then `editMessageText` ("message is not modified" is done),
+//!   removed with `deleteMessage` once the reply is sent.
+//! - **The command menu.** At connect, `setMyCommands` for the default scope (the commands
+//!   everyone may run) and, for each of `[[platform]] admins`, a `BotCommandScopeChat` of
+//!   their private chat (the chat id of a private chat is the user's id) with the admin
+//!   commands too; each only when `getMyCommands` shows it differs. Best-effort: a failure
+//!   does not fail the connect; a 429 is waited out once, then left to the next connect.
 //! - **Bounded polls.** A long poll's `timeout` is never longer than [`Host::receive_budget`]
 //!   (a cluster active's lease left; docs/architecture.md, "Cluster"); under one second left,
 //!   the receiver does not poll at all and looks again shortly.
@@ -40,7 +48,7 @@ use gatewarden_net::Outbound;
 use serde_json::{Value, json};
 
 use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
-use crate::{AdapterError, Host, Inbound};
+use crate::{AdapterError, Host, Inbound, MenuCommand};
 
 /// The public Bot API.
 pub const DEFAULT_API_BASE: &str = "https://api.telegram.org";
@@ -154,6 +162,8 @@ pub struct Proto {
     /// `ca_file` and `proxy` (crates/net).
     out: Outbound,
     allowed: Vec<String>,
+    /// `[[platform]] admins`: their private chats get the admin commands in the menu.
+    admins: Vec<String>,
     poll_timeout: Duration,
     /// The next offset: every update below it is committed to the journal. Kept across starts.
     offset: Arc<AtomicI64>,
@@ -170,6 +180,7 @@ impl Skeleton<Proto> {
             base: cfg.api_base.clone().unwrap_or_else(|| DEFAULT_API_BASE.to_owned()),
             out,
             allowed: cfg.allowed_chats.clone(),
+            admins: cfg.admins.clone(),
             poll_timeout: Duration::from_secs(cfg.poll_timeout_s),
             offset: Arc::new(AtomicI64::new(0)),
         };
@@ -214,6 +225,7 @@ impl Protocol for Proto {
             token: self.token.clone(),
             out: self.out.clone(),
             allowed: self.allowed.clone(),
+            admins: self.admins.clone(),
             poll_timeout: self.poll_timeout,
             offset: Arc::clone(&self.offset),
             pending: None,
@@ -278,6 +290,7 @@ pub struct Poller {
     token: String,
     out: Outbound,
     allowed: Vec<String>,
+    admins: Vec<String>,
     poll_timeout: Duration,
     offset: Arc<AtomicI64>,
     /// The offset past the last batch, confirmed once it is journaled.
@@ -287,8 +300,12 @@ pub struct Poller {
 impl skeleton::Receiver for Poller {
     /// `getMe` first: "connected" and "credentials rejected" are known at once, not after the
     /// first long poll ends.
-    fn connect(&mut self, _ctx: &Ctx) -> Result<(), Failure> {
-        self.api.call("getMe", &json!({}), Duration::from_secs(10)).map(drop).map_err(ApiError::failure)
+    fn connect(&mut self, ctx: &Ctx) -> Result<(), Failure> {
+        self.api.call("getMe", &json!({}), Duration::from_secs(10)).map(drop).map_err(ApiError::failure)?;
+        for (scope, commands) in menus(&ctx.host().menu(), &self.admins) {
+            sync_menu(&self.api, ctx, &scope, &commands);
+        }
+        Ok(())
     }
 
     fn receive(&mut self, _ctx: &Ctx, budget: Option<Duration>) -> Result<Batch, Failure> {
@@ -334,20 +351,102 @@ impl skeleton::Receiver for Poller {
     }
 }
 
-/// The send side: `sendMessage`.
+/// Most admins' chats given their own menu (one `getMyCommands` and maybe one `setMyCommands`
+/// each at connect).
+const MAX_ADMIN_MENUS: usize = 32;
+
+/// The menus to set: `(scope, commands)`, the default scope's first.
+fn menus(menu: &[MenuCommand], admins: &[String]) -> Vec<(Value, Value)> {
+    if menu.is_empty() {
+        return Vec::new();
+    }
+    let list = |admin: bool| -> Value {
+        menu.iter()
+            .filter(|c| admin || !c.admin)
+            .map(|c| json!({"command": c.name, "description": c.description}))
+            .collect()
+    };
+    let mut out = vec![(json!({"type": "default"}), list(false))];
+    for a in admins.iter().filter(|a| a.parse::<i64>().is_ok()).take(MAX_ADMIN_MENUS) {
+        out.push((json!({"type": "chat", "chat_id": chat_json(a)}), list(true)));
+    }
+    out
+}
+
+/// Sets one scope's menu when it differs; a 429 is waited out once (module notes).
+fn sync_menu(api: &Api, ctx: &Ctx, scope: &Value, commands: &Value) {
+    let timeout = Duration::from_secs(10);
+    for attempt in 0..2 {
+        let r = api.call("getMyCommands", &json!({"scope": scope}), timeout).and_then(|have| {
+            if have == *commands {
+                return Ok(());
+            }
+            api.call("setMyCommands", &json!({"scope": scope, "commands": commands}), timeout).map(drop)
+        });
+        match r {
+            Err(ApiError::Flood(d)) if attempt == 0 => ctx.pause(d.min(Duration::from_secs(30))),
+            _ => return,
+        }
+    }
+}
+
+/// The send side: `sendMessage`, and the previews' calls.
 pub struct Poster {
     api: Api,
 }
 
+fn send_error(e: ApiError) -> SendError {
+    match e {
+        ApiError::Flood(d) => SendError::RateLimited(Some(d)),
+        ApiError::Rejected(desc) => SendError::Rejected(desc),
+        ApiError::Unauthorized(desc) => SendError::Unauthorized(desc),
+        e => SendError::Failed(e.to_string()),
+    }
+}
+
+/// Calls that show work are short: a slow one is skipped, not waited for.
+const SHOW_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl skeleton::Sender for Poster {
     fn send(&mut self, chat: &str, piece: &str, _id: PieceId) -> Result<(), SendError> {
         let body = json!({"chat_id": chat_json(chat), "text": piece});
-        match self.api.call("sendMessage", &body, Duration::from_secs(30)) {
-            Ok(_) => Ok(()),
-            Err(ApiError::Flood(d)) => Err(SendError::RateLimited(Some(d))),
-            Err(ApiError::Rejected(desc)) => Err(SendError::Rejected(desc)),
-            Err(ApiError::Unauthorized(desc)) => Err(SendError::Unauthorized(desc)),
-            Err(e) => Err(SendError::Failed(e.to_string())),
+        self.api.call("sendMessage", &body, Duration::from_secs(30)).map(drop).map_err(send_error)
+    }
+
+    /// The action lasts 5 s or until the bot's next message; there is no "off".
+    fn typing(&mut self, chat: &str, on: bool) -> Result<(), SendError> {
+        if !on {
+            return Ok(());
+        }
+        let body = json!({"chat_id": chat_json(chat), "action": "typing"});
+        self.api.call("sendChatAction", &body, SHOW_TIMEOUT).map(drop).map_err(send_error)
+    }
+
+    fn preview(&mut self, chat: &str, text: &str, shown: Option<&str>) -> Result<Option<String>, SendError> {
+        let Some(id) = shown else {
+            let body = json!({"chat_id": chat_json(chat), "text": text});
+            let m = self.api.call("sendMessage", &body, SHOW_TIMEOUT).map_err(send_error)?;
+            return match m["message_id"].as_i64() {
+                Some(id) => Ok(Some(id.to_string())),
+                None => Err(SendError::Failed("sendMessage returned no message_id".into())),
+            };
+        };
+        let Ok(message_id) = id.parse::<i64>() else { return Err(SendError::Rejected(format!("bad message id {id}"))) };
+        let body = json!({"chat_id": chat_json(chat), "message_id": message_id, "text": text});
+        match self.api.call("editMessageText", &body, SHOW_TIMEOUT) {
+            Ok(_) => Ok(Some(id.to_owned())),
+            Err(ApiError::Rejected(desc)) if desc.contains("message is not modified") => Ok(Some(id.to_owned())),
+            Err(e) => Err(send_error(e)),
+        }
+    }
+
+    fn unpreview(&mut self, chat: &str, shown: &str) -> Result<(), SendError> {
+        let Ok(message_id) = shown.parse::<i64>() else { return Ok(()) };
+        let body = json!({"chat_id": chat_json(chat), "message_id": message_id});
+        match self.api.call("deleteMessage", &body, SHOW_TIMEOUT) {
+            // Already gone, or too old for a bot to delete (48 h): nothing more to do.
+            Ok(_) | Err(ApiError::Rejected(_)) => Ok(()),
+            Err(e) => Err(send_error(e)),
         }
     }
 }
@@ -367,6 +466,19 @@ mod tests {
         assert!(parse_update(&json!({"update_id": 8, "edited_message": {}})).is_none());
         assert!(parse_update(&json!({"update_id": 9, "message": {"photo": [], "chat": {"id": 1}}})).is_none());
         assert!(parse_update(&json!("garbage")).is_none());
+    }
+
+    #[test]
+    fn the_menu_scopes_admin_commands_to_the_admins_chats() {
+        let c = |name: &str, admin| MenuCommand { name: name.into(), description: format!("do {name}"), admin };
+        let menu = [c("status", false), c("restart", true)];
+        let m = menus(&menu, &["42".into(), "@nope".into()]);
+        assert_eq!(m.len(), 2, "the default scope and one admin chat (a non-numeric id has no private chat)");
+        assert_eq!(m[0].0, json!({"type": "default"}));
+        assert_eq!(m[0].1, json!([{"command": "status", "description": "do status"}]));
+        assert_eq!(m[1].0, json!({"type": "chat", "chat_id": 42}));
+        assert_eq!(m[1].1.as_array().map(Vec::len), Some(2));
+        assert!(menus(&[], &["42".into()]).is_empty(), "no menu from a host without one");
     }
 
     #[test]

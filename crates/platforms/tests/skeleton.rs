@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use gatewarden_config::{PlatformConfig, PlatformKind};
 use gatewarden_platforms::skeleton::{Skeleton, pieces};
-use gatewarden_platforms::{Adapter, Host, Inbound, Sent, State};
+use gatewarden_platforms::{Activity, Adapter, Host, Inbound, Sent, State};
 
 // -- example begins --
 use gatewarden_platforms::skeleton::{
@@ -30,6 +30,8 @@ pub struct Server {
     pub conflict: bool,                      // another consumer polls this token
     pub refuse_token: bool,
     pub polls: usize,
+    pub typing: Vec<(String, bool)>,             // (chat, on): every typing notice
+    pub previews: Vec<Option<(String, String)>>, // by message id: (chat, text), None once removed
 }
 
 pub type Board = Arc<Mutex<Server>>;
@@ -133,6 +135,36 @@ impl Sender for ToySender {
             }
         }
     }
+
+    // Optional: "typing…" and previews of a reply being written (IRC has neither).
+    fn typing(&mut self, chat: &str, on: bool) -> Result<(), SendError> {
+        self.board.lock().unwrap().typing.push((chat.to_owned(), on));
+        Ok(())
+    }
+
+    fn preview(&mut self, chat: &str, text: &str, shown: Option<&str>) -> Result<Option<String>, SendError> {
+        let mut server = self.board.lock().unwrap();
+        let id = match shown.and_then(|s| s.parse::<usize>().ok()) {
+            Some(id) => id,
+            None => {
+                server.previews.push(None);
+                server.previews.len() - 1
+            }
+        };
+        match server.previews.get_mut(id) {
+            Some(p) => *p = Some((chat.to_owned(), text.to_owned())),
+            None => return Err(SendError::Rejected(format!("no message {id}"))),
+        }
+        Ok(Some(id.to_string()))
+    }
+
+    fn unpreview(&mut self, _chat: &str, shown: &str) -> Result<(), SendError> {
+        let mut server = self.board.lock().unwrap();
+        if let Some(p) = shown.parse::<usize>().ok().and_then(|id| server.previews.get_mut(id)) {
+            *p = None;
+        }
+        Ok(())
+    }
 }
 // -- example ends --
 
@@ -195,7 +227,8 @@ fn journal_first_then_confirm_and_replies_leave_in_pieces() {
     wait("the echo", || board.lock().unwrap().sent.len() == 3);
     let sent: Vec<String> = board.lock().unwrap().sent.iter().map(|s| s.1.clone()).collect();
     assert_eq!(sent, pieces("echo: hello there, toy", &Toy::LIMITS));
-    assert_eq!(sent.concat(), "echo: hello there, toy", "split at 10 characters, nothing lost");
+    assert_eq!(sent, ["echo:", "hello", "there, toy"], "split at words within 10 characters");
+    assert_eq!(sent.join(" "), "echo: hello there, toy", "nothing lost but the spaces at the cuts");
     assert_eq!(board.lock().unwrap().confirmed, 6);
     assert_eq!(a.status().snapshot().sent, 3, "pieces are counted");
 
@@ -289,8 +322,8 @@ fn a_zero_budget_receives_nothing_and_start_after_close_starts_afresh() {
     a.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
     wait("received after the promotion", || host.inbox.lock().unwrap().len() == 1);
     wait("answered", || host.outbox.lock().unwrap().is_empty());
-    let sent: String = board.lock().unwrap().sent.iter().map(|s| s.1.as_str()).collect();
-    assert_eq!(sent, "echo: held back");
+    let sent: Vec<String> = board.lock().unwrap().sent.iter().map(|s| s.1.clone()).collect();
+    assert_eq!(sent.join(" "), "echo: held back");
     assert!(a.close(Instant::now() + Duration::from_secs(2)));
 }
 
@@ -310,6 +343,44 @@ fn the_drain_flushes_until_the_deadline_and_never_past_it() {
     assert!(board.lock().unwrap().sent.is_empty());
     assert_eq!(host.outbox.lock().unwrap().len(), 1, "left in the outbox, not marked sent");
     assert_eq!(a.status().state(), State::Closed);
+}
+
+/// A run's activity: typing from its start; a preview once it has written for 2 s, edited as
+/// it grows; then the reply leaves through the outbox as its own message, the preview is
+/// removed after it, and typing is turned off.
+#[test]
+fn a_run_in_progress_types_previews_and_the_reply_replaces_the_preview() {
+    let board = Board::default();
+    let (a, host) = start(&board, 30);
+    wait("connected", || a.status().state() == State::Connected);
+    a.show("c1", "run-1", Activity::Started);
+    a.show("c1", "run-1", Activity::Text("Hi ".into()));
+    wait("typing", || board.lock().unwrap().typing.contains(&("c1".into(), true)));
+    let on_screen = |b: &Board| b.lock().unwrap().previews.iter().flatten().cloned().collect::<Vec<_>>();
+    wait("a preview", || on_screen(&board) == [("c1".to_string(), "Hi …".to_string())]);
+    a.show("c1", "run-1", Activity::Text("you".into()));
+    wait("the preview edited", || on_screen(&board) == [("c1".to_string(), "Hi you …".to_string())]);
+    assert_eq!(board.lock().unwrap().previews.len(), 1, "edits, not new messages");
+    assert!(board.lock().unwrap().sent.is_empty(), "a preview is not the reply");
+
+    a.show("c1", "run-1", Activity::Ended { replied: true });
+    host.queue_reply("c1", "Hi you, and more.", Some("run-1"));
+    a.wake();
+    wait("the reply, then the preview removed", || {
+        board.lock().unwrap().sent.len() == 2 && on_screen(&board).is_empty()
+    });
+    wait("typing off", || board.lock().unwrap().typing.last() == Some(&("c1".into(), false)));
+    let sent: Vec<String> = board.lock().unwrap().sent.iter().map(|s| s.1.clone()).collect();
+    assert_eq!(sent.join(" "), "Hi you, and more.", "the final text once, through the outbox");
+
+    // A run the drain cancels (re-run by the next incarnation): its preview goes at once.
+    a.show("c1", "run-2", Activity::Started);
+    a.show("c1", "run-2", Activity::Text("half".into()));
+    wait("a second preview", || on_screen(&board).len() == 1);
+    a.show("c1", "run-2", Activity::Ended { replied: false });
+    wait("removed", || on_screen(&board).is_empty());
+    assert_eq!(board.lock().unwrap().sent.len(), 2, "nothing else sent");
+    assert!(a.close(Instant::now() + Duration::from_secs(2)));
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use gatewarden_config::{PlatformConfig, PlatformKind};
 use gatewarden_platforms::telegram::Telegram;
-use gatewarden_platforms::{Adapter, Host, State};
+use gatewarden_platforms::{Activity, Adapter, Host, Outgoing, State};
 use gatewarden_telegram_fake::{FakeTelegram, Options};
 
 const TOKEN: &str = "123456:test-token";
@@ -165,4 +165,42 @@ fn polls_follow_the_receive_budget_and_start_after_close_works() {
     t.stop_intake();
     assert!(t.close(Instant::now() + Duration::from_secs(3)));
     assert_eq!(fake.stats(TOKEN).pending, 0, "the stop with budget confirmed the offset");
+}
+
+/// A 429 on a preview edit holds the chat for its `retry_after`: the edit is not retried in a
+/// loop, the next one (with the newer text) comes once the wait is over; an edit that changes
+/// nothing never reaches the API; the reply then replaces the preview.
+#[test]
+fn a_flooded_preview_edit_is_waited_out_not_retried() {
+    let fake = FakeTelegram::start(Options::default()).unwrap();
+    let host = Arc::new(MemHost::silent());
+    let a = Telegram::new(&config(&fake.base_url(), 30), TOKEN.into()).unwrap();
+    a.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
+    wait_for("connected", Duration::from_secs(10), || a.status().state() == State::Connected);
+    a.show("5", "run", Activity::Started);
+    a.show("5", "run", Activity::Text("one".into()));
+    wait_for("a preview", Duration::from_secs(10), || fake.sent(TOKEN).len() == 1);
+    fake.flood_method(TOKEN, "editMessageText", 3, 1);
+    a.show("5", "run", Activity::Text(" two".into()));
+    wait_for("the flooded edit", Duration::from_secs(10), || fake.calls(TOKEN, "editMessageText").len() == 1);
+    a.show("5", "run", Activity::Text(" three".into()));
+    wait_for("the edit after the wait", Duration::from_secs(10), || fake.edits(TOKEN).len() == 1);
+    let calls = fake.calls(TOKEN, "editMessageText");
+    assert_eq!(calls.len(), 2, "one flooded call, one after the wait: {calls:?}");
+    assert!(calls[1].duration_since(calls[0]) >= Duration::from_millis(2900), "retry_after honoured: {calls:?}");
+    assert_eq!(fake.edits(TOKEN)[0].text, "one two three …", "the newest text, not the refused one");
+
+    a.show("5", "run", Activity::Ended { replied: true });
+    host.outbox.lock().unwrap().push(Outgoing {
+        seq: 100,
+        chat_id: "5".into(),
+        text: "one two three.".into(),
+        message_id: Some("run".into()),
+        created_at: String::new(),
+    });
+    a.wake();
+    let only_reply = || fake.visible(TOKEN).iter().map(|m| m.text.clone()).collect::<Vec<_>>() == ["one two three."];
+    wait_for("the reply, the preview deleted", Duration::from_secs(10), only_reply);
+    assert!(fake.actions(TOKEN).iter().all(|x| x.action == "typing") && !fake.actions(TOKEN).is_empty());
+    assert!(a.close(Instant::now() + Duration::from_secs(2)));
 }

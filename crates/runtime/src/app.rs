@@ -11,7 +11,7 @@ use gatewarden_control::StatusReport;
 use serde_json::{Value, json};
 
 use crate::gateway::Gateway;
-use crate::intake::{Intake, WakeRx};
+use crate::intake::{Intake, Nudge, WakeRx};
 use crate::platforms::Platforms;
 use crate::worker::Work;
 
@@ -42,8 +42,11 @@ impl App {
         let Some(mut rx) = self.wakes.lock().unwrap_or_else(|p| p.into_inner()).take() else { return };
         let platforms = Arc::clone(&self.platforms);
         tokio::spawn(async move {
-            while let Some(adapter) = rx.recv().await {
-                platforms.wake(&adapter);
+            while let Some(nudge) = rx.recv().await {
+                match nudge {
+                    Nudge::Outbox(adapter) => platforms.wake(&adapter),
+                    Nudge::Show { adapter, chat, run, activity } => platforms.show(&adapter, &chat, &run, activity),
+                }
             }
         });
     }
@@ -58,7 +61,8 @@ impl App {
         }
         s.extra.insert(
             "agent".to_owned(),
-            json!({"backend": self.work.agent.name(), "last_failure": self.work.metrics.last_failure_json()}),
+            json!({"backend": self.work.agent.name(), "last_failure": self.work.metrics.last_failure_json(),
+                   "usage_by_chat": self.work.metrics.chat_usage_json(100)}),
         );
         if !self.platforms.is_empty() {
             s.extra.insert("platforms".to_owned(), Value::Array(self.platforms.report()));

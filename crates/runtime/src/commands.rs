@@ -34,6 +34,23 @@ impl Command {
         }
     }
 
+    /// Every command, in menu order: the platforms' command menus list these (a new command
+    /// belongs here too, or no menu shows it).
+    pub const ALL: [Command; 6] =
+        [Command::Status, Command::New, Command::Help, Command::Restart, Command::Stop, Command::Update];
+
+    /// One line for a platform's command menu.
+    pub fn description(self) -> &'static str {
+        match self {
+            Command::Status => "the gateway's state",
+            Command::Restart => "restart the gateway (admins)",
+            Command::Stop => "stop the gateway (admins)",
+            Command::Help => "the commands",
+            Command::New => "start a fresh conversation",
+            Command::Update => "install the configured release (admins)",
+        }
+    }
+
     /// Whether only an admin may run it (see [`Admins::may_run`]).
     pub fn needs_admin(self) -> bool {
         matches!(self, Command::Restart | Command::Stop | Command::Update)
@@ -54,6 +71,19 @@ pub fn parse_command(text: &str) -> Option<Command> {
         "update" => Command::Update,
         _ => return None,
     })
+}
+
+/// The chat platforms' command menu (Telegram's `setMyCommands`): every command, the admin
+/// ones marked so that only admins' chats show them.
+pub fn menu() -> Vec<gatewarden_platforms::MenuCommand> {
+    Command::ALL
+        .iter()
+        .map(|c| gatewarden_platforms::MenuCommand {
+            name: c.name().trim_start_matches('/').to_owned(),
+            description: c.description().to_owned(),
+            admin: c.needs_admin(),
+        })
+        .collect()
 }
 
 /// The channel a chat message came through.
@@ -146,6 +176,18 @@ mod tests {
         assert_eq!(parse_command("please /restart"), None);
         assert_eq!(parse_command("/unknown"), None);
         assert_eq!(parse_command(""), None);
+    }
+
+    /// The menu lists every command once, each a command its parser knows.
+    #[test]
+    fn the_menu_is_every_command() {
+        let m = menu();
+        assert_eq!(m.len(), Command::ALL.len());
+        for c in &m {
+            let parsed = parse_command(&format!("/{}", c.name)).expect("a known command");
+            assert_eq!(parsed.needs_admin(), c.admin, "{}", c.name);
+        }
+        assert!(m.iter().any(|c| c.name == "status" && !c.admin) && m.iter().any(|c| c.name == "restart" && c.admin));
     }
 
     fn admins(token: bool) -> Admins {

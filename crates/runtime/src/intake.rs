@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use gatewarden_journal::Store;
-use gatewarden_platforms::Inbound;
+use gatewarden_platforms::{Activity, Inbound};
 use tokio::sync::mpsc;
 
 use crate::gateway::Gateway;
@@ -30,12 +30,23 @@ pub fn deliver(gw: &Gateway, intake: &dyn Intake, adapter: &str, m: Inbound) -> 
     })
 }
 
-/// Tells the platform host that an adapter's outbox has something (by adapter name).
+/// Tells the platform host that an adapter's outbox has something (by adapter name), and what
+/// the runs of its chats are doing ([`Wake::show`]). One ordered channel: a run's activity
+/// reaches the adapter before the wake for its reply.
 #[derive(Debug, Clone)]
-pub struct Wake(mpsc::UnboundedSender<String>);
+pub struct Wake(mpsc::UnboundedSender<Nudge>);
+
+/// What the [`Wake`] channel carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Nudge {
+    /// The adapter's outbox has something.
+    Outbox(String),
+    /// A run's activity in one of the adapter's chats (`Adapter::show`).
+    Show { adapter: String, chat: String, run: String, activity: Activity },
+}
 
 /// The platform host's end of the [`Wake`] channel.
-pub type WakeRx = mpsc::UnboundedReceiver<String>;
+pub type WakeRx = mpsc::UnboundedReceiver<Nudge>;
 
 impl Wake {
     pub fn channel() -> (Wake, WakeRx) {
@@ -45,6 +56,16 @@ impl Wake {
 
     /// Never blocks; a wake after the host is gone is dropped (the outbox keeps the entry).
     pub fn wake(&self, adapter: &str) {
-        let _ = self.0.send(adapter.to_owned());
+        let _ = self.0.send(Nudge::Outbox(adapter.to_owned()));
+    }
+
+    /// Shows a run's activity in a platform chat (best-effort, never blocks).
+    pub fn show(&self, adapter: &str, chat: &str, run: &str, activity: Activity) {
+        let _ = self.0.send(Nudge::Show {
+            adapter: adapter.to_owned(),
+            chat: chat.to_owned(),
+            run: run.to_owned(),
+            activity,
+        });
     }
 }

@@ -190,6 +190,13 @@ impl Platforms {
         }
     }
 
+    /// A run's activity in one of `adapter`'s chats (never blocks).
+    pub fn show(&self, adapter: &str, chat: &str, run: &str, activity: gatewarden_platforms::Activity) {
+        if let Some(e) = self.get(adapter) {
+            e.adapter.show(chat, run, activity);
+        }
+    }
+
     /// Drain, step 1 (blocking, bounded by one short call per adapter).
     pub fn stop_intake(&self) {
         for e in &self.entries {
@@ -428,6 +435,10 @@ impl Host for GatewayHost {
 
     fn state_dir(&self) -> Option<std::path::PathBuf> {
         self.gw.upgrade().map(|gw| gw.home.dir().join("platforms"))
+    }
+
+    fn menu(&self) -> Vec<gatewarden_platforms::MenuCommand> {
+        crate::commands::menu()
     }
 
     fn state_changed(&self, adapter: &str, state: &State) {

@@ -34,6 +34,7 @@ use crate::commands::{self, Admins, Channel, Command, CommandOutcome, Sender};
 use crate::gateway::Gateway;
 use crate::intake::{Intake, Wake};
 use crate::notices::{self, Notices};
+use gatewarden_platforms::Activity;
 
 /// Async runs in flight at once.
 const ASYNC_CONCURRENCY: usize = 64;
@@ -61,6 +62,20 @@ pub struct Metrics {
     /// Tokens the upstream reported (openai), this incarnation.
     pub prompt_tokens: AtomicU64,
     pub completion_tokens: AtomicU64,
+    /// The same per `(platform, chat)` (`None`: the HTTP API), with the runs that reported
+    /// them; at most [`MAX_USAGE_CHATS`] chats, the rest counted together.
+    pub chat_usage: Mutex<std::collections::BTreeMap<(Option<String>, String), ChatUsage>>,
+}
+
+/// Chats whose token usage `status --json` shows one by one.
+pub const MAX_USAGE_CHATS: usize = 4096;
+
+/// One chat's token usage this incarnation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChatUsage {
+    pub runs: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
 }
 
 impl Metrics {
@@ -78,6 +93,36 @@ impl Metrics {
             *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some((std::time::SystemTime::now(), e.to_string()));
         }
+    }
+
+    /// Adds one run's usage to its chat's.
+    pub fn add_chat_usage(&self, platform: Option<&str>, chat: &str, u: gatewarden_agent::Usage) {
+        let mut m = self.chat_usage.lock().unwrap_or_else(|p| p.into_inner());
+        let mut key = (platform.map(str::to_owned), chat.to_owned());
+        if m.len() >= MAX_USAGE_CHATS && !m.contains_key(&key) {
+            key = (Some("*".to_owned()), "(other chats)".to_owned());
+        }
+        let e = m.entry(key).or_default();
+        e.runs += 1;
+        e.prompt_tokens = e.prompt_tokens.saturating_add(u.prompt_tokens);
+        e.completion_tokens = e.completion_tokens.saturating_add(u.completion_tokens);
+    }
+
+    /// `status --json`'s `agent.usage_by_chat`: the chats that used most tokens first, at most
+    /// `limit`.
+    pub fn chat_usage_json(&self, limit: usize) -> serde_json::Value {
+        let m = self.chat_usage.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rows: Vec<_> = m.iter().collect();
+        rows.sort_by_key(|(_, u)| std::cmp::Reverse(u.prompt_tokens.saturating_add(u.completion_tokens)));
+        serde_json::Value::Array(
+            rows.into_iter()
+                .take(limit)
+                .map(|((p, c), u)| {
+                    serde_json::json!({"platform": p, "chat_id": c, "runs": u.runs,
+                        "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens})
+                })
+                .collect(),
+        )
     }
 
     /// `{"at", "reason"}` of the last failed run, or null.
@@ -317,7 +362,20 @@ impl Work {
         req: AgentRequest,
         chunks: Option<mpsc::Sender<String>>,
     ) -> Result<gatewarden_agent::AgentReply, AgentError> {
+        self.run_reply_in(gw, None, req, chunks).await
+    }
+
+    /// [`Self::run_reply`] for a chat of `platform` (`None`: the HTTP API), whose usage it
+    /// adds to.
+    async fn run_reply_in(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        platform: Option<&str>,
+        req: AgentRequest,
+        chunks: Option<mpsc::Sender<String>>,
+    ) -> Result<gatewarden_agent::AgentReply, AgentError> {
         let _run = gw.runs.begin();
+        let chat = req.chat_id.clone();
         let token = self.cancel.child_token();
         let _cancel_on_drop = token.clone().drop_guard();
         let me = Arc::clone(self);
@@ -332,6 +390,7 @@ impl Work {
         if let Ok(gatewarden_agent::AgentReply { usage: Some(u), .. }) = &r {
             self.metrics.prompt_tokens.fetch_add(u.prompt_tokens, Ordering::Relaxed);
             self.metrics.completion_tokens.fetch_add(u.completion_tokens, Ordering::Relaxed);
+            self.metrics.add_chat_usage(platform, &chat, *u);
         }
         for ev in self.agent.take_provider_events() {
             let s = ev.status;
@@ -573,8 +632,13 @@ impl Work {
             text: msg.text.clone(),
             history,
         };
-        let r = self.run_reply(gw, req, None).await;
-        if matches!(r, Err(AgentError::Cancelled)) {
+        let shown = msg.platform.as_ref().map(|p| Shown::start(&self.wake, p, &msg.chat_id, &msg.id));
+        let r = self.run_reply_in(gw, msg.platform.as_deref(), req, shown.as_ref().map(|s| s.chunks.clone())).await;
+        let cancelled = matches!(r, Err(AgentError::Cancelled));
+        if let Some(s) = shown {
+            s.end(!cancelled).await;
+        }
+        if cancelled {
             // Interrupted by the drain: stays `running` for the next incarnation to re-run once.
             return;
         }
@@ -602,6 +666,45 @@ impl Work {
     /// Ends the drain's patience: every active run is cancelled.
     pub fn cancel_all(&self) {
         self.cancel.cancel();
+    }
+}
+
+/// A platform run's activity on its way to the chat (typing, a growing preview; crates/platforms
+/// skeleton/progress.rs): the agent's text deltas are forwarded as they come, through the
+/// [`Wake`] channel, so they reach the adapter before the wake for the reply.
+struct Shown {
+    chunks: mpsc::Sender<String>,
+    forward: tokio::task::JoinHandle<()>,
+    wake: Wake,
+    at: (String, String, String),
+}
+
+/// How long a finished run's last deltas may take to be forwarded (a backend's streaming
+/// thread can outlive a cancelled run; it is not waited for).
+const FORWARD_GRACE: Duration = Duration::from_millis(500);
+
+impl Shown {
+    fn start(wake: &Wake, platform: &str, chat: &str, run: &str) -> Shown {
+        wake.show(platform, chat, run, Activity::Started);
+        let (chunks, mut rx) = mpsc::channel::<String>(64);
+        let at = (platform.to_owned(), chat.to_owned(), run.to_owned());
+        let (w, (p, c, r)) = (wake.clone(), at.clone());
+        let forward = tokio::spawn(async move {
+            while let Some(delta) = rx.recv().await {
+                w.show(&p, &c, &r, Activity::Text(delta));
+            }
+        });
+        Shown { chunks, forward, wake: wake.clone(), at }
+    }
+
+    /// The run ended; `replied`: its reply or failure notice is about to be queued.
+    async fn end(self, replied: bool) {
+        let Shown { chunks, mut forward, wake, at: (p, c, r) } = self;
+        drop(chunks);
+        if tokio::time::timeout(FORWARD_GRACE, &mut forward).await.is_err() {
+            forward.abort();
+        }
+        wake.show(&p, &c, &r, Activity::Ended { replied });
     }
 }
 

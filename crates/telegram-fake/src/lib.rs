@@ -15,6 +15,22 @@
 //!   `parameters.retry_after`.
 //! - `sendMessage` (logged for [`FakeTelegram::sent`]), `getMe`, `setWebhook`,
 //!   `deleteWebhook`, `getWebhookInfo` (`pending_update_count`).
+//! - **Showing work** (https://core.telegram.org/bots/api#sendchataction,
+//!   #editmessagetext, #deletemessage): `sendChatAction` takes one of the documented actions
+//!   (logged with its time, [`FakeTelegram::actions`]); `editMessageText` edits a message the
+//!   bot sent in that chat (logged, [`FakeTelegram::edits`]), answering 400 "Bad Request:
+//!   message is not modified: …" when the text is unchanged and "Bad Request: message to edit
+//!   not found" for an unknown or deleted one; `deleteMessage` deletes one
+//!   ("Bad Request: message to delete not found" otherwise). [`FakeTelegram::visible`] is the
+//!   chat as a user sees it: the bot's messages not deleted, with their current text.
+//! - **The command menu** (https://core.telegram.org/bots/api#setmycommands, #getmycommands,
+//!   #botcommandscope): `setMyCommands` stores up to 100 commands per scope (`default`,
+//!   `all_private_chats`, `all_group_chats`, `all_chat_administrators`, `chat` with
+//!   `chat_id`), each command 1-32 characters of lowercase letters, digits and underscores
+//!   and a description of 1-256 characters (400 otherwise); `getMyCommands` returns a scope's
+//!   list (empty when unset). Each set is logged ([`FakeTelegram::command_sets`]).
+//! - **Per-method flood control**: [`FakeTelegram::flood_method`] makes the next calls of
+//!   one method answer 429 with `retry_after` (Telegram limits edits and messages per chat).
 //!
 //! - **Consumers told apart.** `<base>/c/<consumer>` is the same API as `<base>`, with every
 //!   `getUpdates` logged under that consumer's name ([`FakeTelegram::polls`]: start, end,
@@ -70,6 +86,38 @@ pub struct SentMessage {
     pub text: String,
 }
 
+/// A `sendChatAction` the bot made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatAction {
+    pub chat_id: Value,
+    pub action: String,
+    pub at: Instant,
+}
+
+/// An `editMessageText` that changed a message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Edit {
+    pub message_id: i64,
+    pub chat_id: Value,
+    pub text: String,
+    pub at: Instant,
+}
+
+/// The `chat_action` values the Bot API documents.
+const ACTIONS: &[&str] = &[
+    "typing",
+    "upload_photo",
+    "record_video",
+    "upload_video",
+    "record_voice",
+    "upload_voice",
+    "upload_document",
+    "choose_sticker",
+    "find_location",
+    "record_video_note",
+    "upload_video_note",
+];
+
 /// Counters for one bot.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -111,6 +159,16 @@ struct Bot {
     webhook: Option<String>,
     flood: Option<(u64, u32)>,
     sent: Vec<SentMessage>,
+    /// Current text of each message the bot sent, by id; `None` once deleted.
+    texts: HashMap<i64, Option<String>>,
+    actions: Vec<ChatAction>,
+    edits: Vec<Edit>,
+    /// The command menu by scope key (`default`, `chat:<id>`, …), and every set in order.
+    commands: HashMap<String, Value>,
+    command_sets: Vec<(String, Value)>,
+    method_flood: HashMap<String, (u64, u32)>,
+    /// Every API call by method, with its time (flooded ones too).
+    calls: Vec<(String, Instant)>,
     stats: Stats,
     notify: Arc<Notify>,
     /// Since when no `getUpdates` is in flight.
@@ -276,6 +334,49 @@ impl FakeTelegram {
         self.shared.with(token, |b| b.polls.clone())
     }
 
+    /// The next `calls` calls of `method` by this bot answer 429 with `retry_after` seconds.
+    pub fn flood_method(&self, token: &str, method: &str, retry_after: u64, calls: u32) {
+        self.shared.with(token, |b| b.method_flood.insert(method.to_owned(), (retry_after, calls)));
+    }
+
+    /// When each call of `method` arrived (answered 429 or not), oldest first.
+    pub fn calls(&self, token: &str, method: &str) -> Vec<Instant> {
+        self.shared.with(token, |b| b.calls.iter().filter(|(m, _)| m == method).map(|(_, t)| *t).collect())
+    }
+
+    /// Every `sendChatAction`, oldest first.
+    pub fn actions(&self, token: &str) -> Vec<ChatAction> {
+        self.shared.with(token, |b| b.actions.clone())
+    }
+
+    /// Every `editMessageText` that changed a message, oldest first.
+    pub fn edits(&self, token: &str) -> Vec<Edit> {
+        self.shared.with(token, |b| b.edits.clone())
+    }
+
+    /// The bot's messages a user sees now: not deleted, with their current text.
+    pub fn visible(&self, token: &str) -> Vec<SentMessage> {
+        self.shared.with(token, |b| {
+            b.sent
+                .iter()
+                .filter_map(|m| match b.texts.get(&m.message_id) {
+                    Some(Some(t)) => Some(SentMessage { text: t.clone(), ..m.clone() }),
+                    _ => None,
+                })
+                .collect()
+        })
+    }
+
+    /// The command menu of `scope` (`default`, `chat:<id>`, …; module notes).
+    pub fn commands(&self, token: &str, scope: &str) -> Value {
+        self.shared.with(token, |b| b.commands.get(scope).cloned().unwrap_or_else(|| json!([])))
+    }
+
+    /// Every `setMyCommands` as `(scope, commands)`, oldest first.
+    pub fn command_sets(&self, token: &str) -> Vec<(String, Value)> {
+        self.shared.with(token, |b| b.command_sets.clone())
+    }
+
     /// Every later call with this token answers 401 Unauthorized.
     pub fn revoke(&self, token: &str) {
         self.shared.revoked.lock().unwrap_or_else(|p| p.into_inner()).push(token.to_owned());
@@ -313,6 +414,8 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/_fake/inject", post(http_inject))
         .route("/_fake/sent", get(http_sent))
         .route("/_fake/stats", get(http_stats))
+        .route("/_fake/actions", get(http_actions))
+        .route("/_fake/visible", get(http_visible))
         .route("/{bot}/{method}", post(api).get(api))
         .route("/c/{consumer}/{bot}/{method}", post(consumer_api).get(consumer_api))
         .with_state(shared)
@@ -403,12 +506,26 @@ async fn call(
     if shared.revoked.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|t| t == token) {
         return fail(401, "Unauthorized");
     }
+    shared.with(token, |b| {
+        if b.calls.len() < 100_000 {
+            b.calls.push((method.clone(), Instant::now()));
+        }
+    });
     let flooded = shared.with(token, |b| match b.flood {
         Some((after, n)) if n > 0 => {
             b.flood = (n > 1).then_some((after, n - 1));
             Some(after)
         }
         _ => None,
+    });
+    let flooded = flooded.or_else(|| {
+        shared.with(token, |b| match b.method_flood.get(&method).copied() {
+            Some((after, n)) if n > 0 => {
+                b.method_flood.insert(method.clone(), (after, n - 1));
+                Some(after)
+            }
+            _ => None,
+        })
     });
     if let Some(after) = flooded {
         return (
@@ -432,6 +549,14 @@ async fn call(
             r
         }
         "sendMessage" => send_message(&shared, token, &p),
+        "sendChatAction" => send_chat_action(&shared, token, &p),
+        "editMessageText" => edit_message_text(&shared, token, &p),
+        "deleteMessage" => delete_message(&shared, token, &p),
+        "setMyCommands" => set_my_commands(&shared, token, &p),
+        "getMyCommands" => match scope_key(&p) {
+            Ok(scope) => shared.with(token, |b| ok(b.commands.get(&scope).cloned().unwrap_or_else(|| json!([])))),
+            Err(e) => fail(400, &e),
+        },
         "getMe" => {
             let id = token.split(':').next().unwrap_or("0").parse::<u64>().unwrap_or(0);
             ok(json!({"id": id, "is_bot": true, "first_name": "fake", "username": format!("fake{id}_bot")}))
@@ -474,8 +599,124 @@ fn send_message(shared: &Shared, token: &str, p: &HashMap<String, Value>) -> Res
         let id = b.next_message;
         b.next_message += 1;
         b.sent.push(SentMessage { message_id: id, chat_id: chat.clone(), text: text.to_owned() });
+        b.texts.insert(id, Some(text.to_owned()));
         ok(json!({"message_id": id, "chat": {"id": chat}, "text": text}))
     })
+}
+
+fn chat_param(p: &HashMap<String, Value>) -> Option<Value> {
+    p.get("chat_id").cloned().filter(|c| c.is_i64() || c.as_str().is_some_and(|s| !s.is_empty()))
+}
+
+/// The message `id` the bot sent in `chat`, if not deleted.
+fn own_message<'a>(b: &'a Bot, chat: &Value, id: i64) -> Option<&'a str> {
+    // `chat_id` may come as a number or as a string of one.
+    let key = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+    let same_chat = b.sent.iter().any(|m| m.message_id == id && key(&m.chat_id) == key(chat));
+    b.texts.get(&id).and_then(|t| t.as_deref()).filter(|_| same_chat)
+}
+
+fn send_chat_action(shared: &Shared, token: &str, p: &HashMap<String, Value>) -> Response {
+    let Some(chat) = chat_param(p) else { return fail(400, "Bad Request: chat_id is empty") };
+    let action = p.get("action").and_then(Value::as_str).unwrap_or("");
+    if !ACTIONS.contains(&action) {
+        return fail(400, "Bad Request: wrong parameter action in request");
+    }
+    shared.with(token, |b| b.actions.push(ChatAction { chat_id: chat, action: action.to_owned(), at: Instant::now() }));
+    ok(json!(true))
+}
+
+fn edit_message_text(shared: &Shared, token: &str, p: &HashMap<String, Value>) -> Response {
+    let Some(chat) = chat_param(p) else { return fail(400, "Bad Request: chat_id is empty") };
+    let Some(id) = int(p, "message_id") else { return fail(400, "Bad Request: message identifier is not specified") };
+    let text = p.get("text").and_then(Value::as_str).unwrap_or("");
+    if text.is_empty() {
+        return fail(400, "Bad Request: message text is empty");
+    }
+    if text.chars().count() > 4096 {
+        return fail(400, "Bad Request: MESSAGE_TOO_LONG");
+    }
+    shared.with(token, |b| {
+        let Some(current) = own_message(b, &chat, id) else {
+            return fail(400, "Bad Request: message to edit not found");
+        };
+        if current == text {
+            return fail(
+                400,
+                "Bad Request: message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message",
+            );
+        }
+        b.texts.insert(id, Some(text.to_owned()));
+        b.edits.push(Edit { message_id: id, chat_id: chat.clone(), text: text.to_owned(), at: Instant::now() });
+        ok(json!({"message_id": id, "chat": {"id": chat}, "text": text}))
+    })
+}
+
+fn delete_message(shared: &Shared, token: &str, p: &HashMap<String, Value>) -> Response {
+    let Some(chat) = chat_param(p) else { return fail(400, "Bad Request: chat_id is empty") };
+    let Some(id) = int(p, "message_id") else { return fail(400, "Bad Request: message identifier is not specified") };
+    shared.with(token, |b| {
+        if own_message(b, &chat, id).is_none() {
+            return fail(400, "Bad Request: message to delete not found");
+        }
+        b.texts.insert(id, None);
+        ok(json!(true))
+    })
+}
+
+/// A `BotCommandScope` as a key: `default`, `all_private_chats`, …, `chat:<chat_id>`.
+fn scope_key(p: &HashMap<String, Value>) -> Result<String, String> {
+    let scope = match p.get("scope") {
+        None | Some(Value::Null) => return Ok("default".into()),
+        Some(Value::String(s)) => {
+            serde_json::from_str::<Value>(s).map_err(|_| "Bad Request: can't parse scope JSON object".to_string())?
+        }
+        Some(v) => v.clone(),
+    };
+    match scope["type"].as_str() {
+        Some(t @ ("default" | "all_private_chats" | "all_group_chats" | "all_chat_administrators")) => Ok(t.to_owned()),
+        Some("chat") => match &scope["chat_id"] {
+            Value::Number(n) => Ok(format!("chat:{n}")),
+            Value::String(s) if !s.is_empty() => Ok(format!("chat:{s}")),
+            _ => Err("Bad Request: chat_id is empty".into()),
+        },
+        _ => Err("Bad Request: unsupported bot command scope type".into()),
+    }
+}
+
+fn set_my_commands(shared: &Shared, token: &str, p: &HashMap<String, Value>) -> Response {
+    let scope = match scope_key(p) {
+        Ok(s) => s,
+        Err(e) => return fail(400, &e),
+    };
+    let commands = match p.get("commands") {
+        Some(Value::String(s)) => serde_json::from_str::<Value>(s).unwrap_or(Value::Null),
+        Some(v) => v.clone(),
+        None => Value::Null,
+    };
+    let Some(list) = commands.as_array() else { return fail(400, "Bad Request: can't parse commands JSON object") };
+    if list.len() > 100 {
+        return fail(400, "Bad Request: too many commands");
+    }
+    for c in list {
+        let name = c["command"].as_str().unwrap_or("");
+        let valid = (1..=32).contains(&name.len())
+            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !valid {
+            return fail(400, "Bad Request: BOT_COMMAND_INVALID");
+        }
+        let desc = c["description"].as_str().unwrap_or("");
+        if !(1..=256).contains(&desc.chars().count()) {
+            return fail(400, "Bad Request: command description is empty or too long");
+        }
+    }
+    let list: Vec<Value> =
+        list.iter().map(|c| json!({"command": c["command"], "description": c["description"]})).collect();
+    shared.with(token, |b| {
+        b.commands.insert(scope.clone(), json!(list));
+        b.command_sets.push((scope, json!(list)));
+    });
+    ok(json!(true))
 }
 
 /// Marks the poll abandoned if its handler is dropped before answering (the client went away).
@@ -619,4 +860,24 @@ async fn http_stats(State(shared): State<Arc<Shared>>, Query(q): Query<HashMap<S
     });
     ok(json!({"get_updates": s.get_updates, "conflicts": s.conflicts, "pending": s.pending, "confirmed": s.confirmed,
               "sent": s.sent, "max_poll_gap_ms": s.max_poll_gap_ms}))
+}
+
+async fn http_actions(State(shared): State<Arc<Shared>>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let token = q.get("token").cloned().unwrap_or_default();
+    let actions = shared.with(&token, |b| b.actions.clone());
+    ok(Value::Array(actions.into_iter().map(|a| json!({"chat_id": a.chat_id, "action": a.action})).collect()))
+}
+
+async fn http_visible(State(shared): State<Arc<Shared>>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let token = q.get("token").cloned().unwrap_or_default();
+    let fake_view = shared.with(&token, |b| {
+        b.sent
+            .iter()
+            .filter_map(|m| match b.texts.get(&m.message_id) {
+                Some(Some(t)) => Some(json!({"message_id": m.message_id, "chat_id": m.chat_id, "text": t})),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    });
+    ok(Value::Array(fake_view))
 }

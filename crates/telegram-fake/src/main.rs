@@ -1,7 +1,8 @@
 //! `telegram-fake [--listen ADDR] [--linger-ms N]`: the fake Bot API as a process, for
 //! scripts/bench-platforms. Prints `listening http://ADDR` once it accepts, then serves until
 //! killed. Test API: `POST /_fake/inject {"token","chat_id","user_id","text"}`,
-//! `GET /_fake/sent?token=`, `GET /_fake/stats?token=`.
+//! `GET /_fake/sent?token=`, `GET /_fake/stats?token=`, `GET /_fake/actions?token=` (chat
+//! actions), `GET /_fake/visible?token=` (the bot's messages as a user sees them now).
 
 use std::time::Duration;
 

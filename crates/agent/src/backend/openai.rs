@@ -17,7 +17,8 @@
 //! parses the server-sent events (`data: {json}` lines, ended by `data: [DONE]`) and passes each
 //! `choices[0].delta.content` through as a chunk (backend/sse.rs bounds lines and events).
 //! Streaming requests ask for `stream_options.include_usage`; the usage, streamed or not, is in
-//! the reply. A 4xx that every provider would repeat becomes [`AgentError::Upstream`].
+//! the reply. An upstream that answers a streaming request with one JSON completion is passed
+//! on as one delta. A 4xx that every provider would repeat becomes [`AgentError::Upstream`].
 //!
 //! TLS and proxies come from crates/net (the OS trust store or `[agent] ca_file`; the
 //! environment's `HTTPS_PROXY` / `NO_PROXY`); a certificate the upstream cannot prove fails the
@@ -598,7 +599,11 @@ impl Call {
 
     /// Non-streaming: the whole reply.
     fn complete(&self) -> Result<Done, Failure> {
-        let mut response = self.send()?;
+        self.completion(self.send()?)
+    }
+
+    /// A `chat.completion` object's reply and usage.
+    fn completion(&self, mut response: ureq::http::Response<ureq::Body>) -> Result<Done, Failure> {
         let text = response
             .body_mut()
             .with_config()
@@ -619,6 +624,18 @@ impl Call {
     /// Streaming: deltas go to `deltas`; the reply is what was streamed.
     fn streaming(&self, deltas: &mpsc::Sender<String>) -> Result<Done, Failure> {
         let response = self.send()?;
+        // An upstream that ignores `stream: true` answers one JSON completion (the chats stream
+        // every run since issue 17 §3): passed on as one delta.
+        let content_type = response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+        if content_type.trim_start().to_ascii_lowercase().starts_with("application/json") {
+            let done = self.completion(response)?;
+            if let Some(text) = done.text.filter(|t| !t.is_empty())
+                && deltas.blocking_send(text).is_err()
+            {
+                return Err(Failure::Protocol("cancelled".into()));
+            }
+            return Ok(Done { text: None, usage: done.usage });
+        }
         let mut reader = response.into_body().into_reader();
         let mut decoder = SseDecoder::new(MAX_LINE_BYTES, MAX_EVENT_BYTES);
         let mut finished = false;

@@ -36,6 +36,9 @@
 //! - **At least once outbound.** A crash between the SMTP send and the outbox commit sends the
 //!   reply again, with the same Message-ID.
 //!
+//! - **No typing, no previews.** Email has no typing notice and a sent mail cannot be edited: the
+//!   skeleton's progress hooks keep their defaults (nothing is sent until the reply).
+//!
 //! The loops, states, backoff and drain are the skeleton's (crates/platforms/src/skeleton).
 
 pub mod imap;

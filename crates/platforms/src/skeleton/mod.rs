@@ -25,6 +25,7 @@
 //! A protocol never sets the state: it returns typed outcomes ([`Failure`], [`SendError`]) and
 //! the skeleton decides. docs/adding-a-platform.md walks through a new adapter.
 
+pub mod progress;
 mod receive;
 mod send;
 mod wait;
@@ -35,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use gatewarden_config::PlatformConfig;
 
-use crate::{Adapter, AdapterError, Host, State, Status};
+use crate::{Activity, Adapter, AdapterError, Host, State, Status};
 use wait::{Flags, Running, Slot};
 
 pub use receive::{Batch, Failure, Receiver};
@@ -113,7 +114,13 @@ pub(crate) struct Shared {
     host: Arc<dyn Host>,
     /// Set by the sender as it ends: whether the outbox was empty then.
     emptied: AtomicBool,
+    /// Runs' activity for the sender (progress.rs), oldest first, bounded by [`MAX_SHOWN`].
+    shown: Mutex<std::collections::VecDeque<(String, String, Activity)>>,
 }
+
+/// Activity entries waiting for the sender; past it, text deltas that cannot be merged into the
+/// previous entry are dropped (a preview is best-effort), starts and ends never.
+const MAX_SHOWN: usize = 4096;
 
 impl AsRef<Flags> for Shared {
     fn as_ref(&self) -> &Flags {
@@ -247,6 +254,7 @@ impl<P: Protocol> Adapter for Skeleton<P> {
             close_deadline: Mutex::new(None),
             host,
             emptied: AtomicBool::new(false),
+            shown: Mutex::new(std::collections::VecDeque::new()),
         });
         let (rctx, sctx) = (self.ctx(&shared), self.ctx(&shared));
         let bound = self.conflict_bound;
@@ -305,5 +313,25 @@ impl<P: Protocol> Adapter for Skeleton<P> {
 
     fn watchdog_after(&self) -> Duration {
         self.proto.watchdog_after()
+    }
+
+    fn show(&self, chat: &str, run: &str, activity: Activity) {
+        let Some(shared) = self.run.shared() else { return };
+        {
+            let mut q = shared.shown.lock().unwrap_or_else(|p| p.into_inner());
+            // Deltas the sender has not taken yet are merged: a busy sender (a long flush, a
+            // rate limit) finds one entry per run, not one per token.
+            if let (Activity::Text(more), Some((c, r, Activity::Text(text)))) = (&activity, q.back_mut())
+                && c == chat
+                && r == run
+            {
+                text.push_str(more);
+            } else if q.len() >= MAX_SHOWN && matches!(activity, Activity::Text(_)) {
+                return;
+            } else {
+                q.push_back((chat.to_owned(), run.to_owned(), activity));
+            }
+        }
+        shared.flags.update(|b| b.show = true);
     }
 }

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 /// Flags an adapter's threads wait on: `stop` ends intake, `close` ends sending, `wake` says
 /// the outbox has something, `kick` asks the receiver to reconnect, `hangup` (set once the
-/// sender is done) ends a receive side that listens through the drain.
+/// sender is done) ends a receive side that listens through the drain, `show` says a run's
+/// activity came in (progress.rs).
 #[derive(Debug, Default)]
 pub struct Flags {
     m: Mutex<Bits>,
@@ -22,6 +23,7 @@ pub struct Bits {
     pub wake: bool,
     pub kick: bool,
     pub hangup: bool,
+    pub show: bool,
 }
 
 impl Flags {
@@ -41,6 +43,11 @@ impl Flags {
     /// Takes the `wake` flag.
     pub fn take_wake(&self) -> bool {
         std::mem::take(&mut self.lock().wake)
+    }
+
+    /// Takes the `show` flag.
+    pub fn take_show(&self) -> bool {
+        std::mem::take(&mut self.lock().show)
     }
 
     /// Takes the `kick` flag.

@@ -54,13 +54,18 @@ impl MemHost {
 
     /// Queues `text` for `chat`; returns its outbox sequence number (1, 2, …).
     pub fn queue(&self, chat: &str, text: &str) -> i64 {
+        self.queue_reply(chat, text, None)
+    }
+
+    /// [`MemHost::queue`] as the reply to journaled message `run` (what a preview waits for).
+    pub fn queue_reply(&self, chat: &str, text: &str, run: Option<&str>) -> i64 {
         let mut seq = self.seq.lock().unwrap();
         *seq += 1;
         let o = Outgoing {
             seq: *seq,
             chat_id: chat.into(),
             text: text.into(),
-            message_id: None,
+            message_id: run.map(str::to_owned),
             created_at: String::new(),
         };
         self.outbox.lock().unwrap().push(o);
