@@ -617,6 +617,9 @@ impl Cells for PgRow<'_> {
             Err(_) => self.0.try_get::<_, i32>(i).map(i64::from).map_err(cell),
         }
     }
+    fn int_opt(&self, i: usize) -> Result<Option<i64>, JournalError> {
+        self.0.try_get(i).map_err(cell)
+    }
     fn flag(&self, i: usize) -> Result<bool, JournalError> {
         self.0.try_get(i).map_err(cell)
     }
