@@ -89,7 +89,8 @@ impl Step {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceEvent {
     pub step: Step,
-    /// When the step ended, RFC 3339 UTC with microseconds (crates/lifecycle/src/timefmt.rs).
+    /// When it happened (a step with `elapsed_ms`: when it began), RFC 3339 UTC with
+    /// microseconds (crates/lifecycle/src/timefmt.rs).
     pub at: String,
     /// Who: the incarnation, backend, provider or platform the step names.
     pub subject: Option<String>,

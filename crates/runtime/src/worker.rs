@@ -21,7 +21,8 @@ use std::time::Duration;
 
 use gatewarden_agent::{Agent, AgentError, AgentRequest, Turn};
 use gatewarden_control::Requester;
-use gatewarden_journal::{JournalError, Kind, NewMessage, Store};
+use gatewarden_agent::backend::trace::{Note, RunNotes};
+use gatewarden_journal::{JournalError, Kind, NewMessage, RunSteps, Step, Store, TraceEvent};
 use gatewarden_lifecycle::platform::spawn;
 use gatewarden_lifecycle::records::GatewayState;
 use gatewarden_platforms::Inbound;
@@ -148,6 +149,8 @@ pub struct Work {
     /// Platform chats told that their queue is full (`platform\0chat`): told once while it
     /// stays full, so a flood past the cap cannot grow the outbox with notices instead.
     full_told: Mutex<HashSet<String>>,
+    /// `[telemetry] otlp_endpoint`: finished messages' traces go out as OTLP spans.
+    pub telemetry: std::sync::OnceLock<Arc<gatewarden_telemetry::Exporter>>,
 }
 
 impl Work {
@@ -184,6 +187,7 @@ impl Work {
             history_chars: config.agent.history_chars,
             update_source: config.update.source.clone(),
             full_told: Mutex::new(HashSet::new()),
+            telemetry: std::sync::OnceLock::new(),
         }
     }
 
@@ -312,14 +316,32 @@ impl Work {
         req: AgentRequest,
         chunks: Option<mpsc::Sender<String>>,
     ) -> Result<gatewarden_agent::AgentReply, AgentError> {
+        self.run_traced(gw, req, chunks, None).await
+    }
+
+    /// [`Self::run_reply`], with what the backend notes for the message's trace (providers
+    /// tried, first token) going to `notes`.
+    async fn run_traced(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        req: AgentRequest,
+        chunks: Option<mpsc::Sender<String>>,
+        notes: Option<RunNotes>,
+    ) -> Result<gatewarden_agent::AgentReply, AgentError> {
         let _run = gw.runs.begin();
         let token = self.cancel.child_token();
         let _cancel_on_drop = token.clone().drop_guard();
         let me = Arc::clone(self);
         let handle = tokio::spawn(async move {
-            match chunks {
-                Some(tx) => me.agent.run_streaming(req, token, tx).await,
-                None => me.agent.run(req, token).await,
+            let run = async {
+                match chunks {
+                    Some(tx) => me.agent.run_streaming(req, token, tx).await,
+                    None => me.agent.run(req, token).await,
+                }
+            };
+            match notes {
+                Some(n) => gatewarden_agent::backend::trace::scope(n, run).await,
+                None => run.await,
             }
         });
         let r = handle.await.unwrap_or_else(|e| Err(AgentError::Failed(format!("run panicked: {e}"))));
@@ -568,36 +590,78 @@ impl Work {
             text: msg.text.clone(),
             history,
         };
-        let r = self.run_reply(gw, req, None).await;
+        // The run streams (into nothing) so that its first token is known for the trace; the
+        // reply is the whole answer either way.
+        let mut steps = RunSteps::default();
+        steps.push(TraceEvent::at(Step::BackendCalled, std::time::SystemTime::now()).subject(self.agent.name()));
+        let notes = RunNotes::default();
+        let (tx, mut rx) = mpsc::channel::<String>(64);
+        let drain = async move { while rx.recv().await.is_some() {} };
+        let (r, ()) = tokio::join!(self.run_traced(gw, req, Some(tx), Some(notes.clone())), drain);
         if matches!(r, Err(AgentError::Cancelled)) {
             // Interrupted by the drain: stays `running` for the next incarnation to re-run once.
             return;
         }
+        for n in noted(notes.take()) {
+            steps.push(n);
+        }
         let inc = gw.me.id.clone();
         let outcome = r.map_err(|e| e.to_string());
+        let id2 = id.clone();
         let done = self
             .journal_step(gw, move |j| match &outcome {
-                Ok(reply) => j.complete_with_usage(
-                    &id,
+                Ok(reply) => j.complete_traced(
+                    &id2,
                     &inc,
                     &reply.text,
                     reply.usage.map(|u| (u.prompt_tokens, u.completion_tokens)),
+                    steps.steps(),
                 ),
-                Err(e) => j.fail(&id, &inc, e),
+                Err(e) => j.fail_traced(&id2, &inc, e, steps.steps()),
             })
             .await;
-        if let Err(e) = done {
-            crate::error!("journal update failed: {e}");
+        match done {
+            Err(e) => crate::error!("journal update failed: {e}"),
+            Ok(true) => self.export_trace(&id),
+            Ok(false) => {}
         }
         if let Some(p) = &msg.platform {
             self.wake.wake(p);
         }
     }
 
+    /// Hands a finished message's trace to the OTLP exporter, when one is configured: one read
+    /// off the async workers, and the exporter's queue never blocks (it drops and counts).
+    fn export_trace(self: &Arc<Self>, id: &str) {
+        let Some(exporter) = self.telemetry.get().cloned() else { return };
+        let (journal, id) = (Arc::clone(&self.journal), id.to_owned());
+        tokio::task::spawn_blocking(move || match (journal.get(&id), journal.trace(&id)) {
+            (Ok(Some(msg)), Ok(events)) => exporter.message(&msg, &events),
+            (Ok(None), _) => {}
+            (Err(e), _) | (_, Err(e)) => crate::warn!("cannot read the trace of {id} for export: {e}"),
+        });
+    }
+
     /// Ends the drain's patience: every active run is cancelled.
     pub fn cancel_all(&self) {
         self.cancel.cancel();
     }
+}
+
+/// The backend's notes as trace steps, in the order they began.
+fn noted(notes: Vec<Note>) -> Vec<TraceEvent> {
+    let mut out: Vec<(std::time::SystemTime, TraceEvent)> = notes
+        .into_iter()
+        .map(|n| match n {
+            Note::ProviderTried { provider, outcome, started, elapsed } => (
+                started,
+                TraceEvent::at(Step::ProviderTried, started).subject(provider).outcome(outcome).elapsed(elapsed),
+            ),
+            Note::FirstToken { at } => (at, TraceEvent::at(Step::FirstToken, at)),
+        })
+        .collect();
+    out.sort_by_key(|(t, _)| *t);
+    out.into_iter().map(|(_, e)| e).collect()
 }
 
 impl Intake for Work {

@@ -40,6 +40,7 @@ mod home;
 mod http;
 pub mod llmfake;
 pub mod netfakes;
+pub mod otlp;
 pub mod postgres;
 mod proc;
 pub mod servers;

@@ -40,5 +40,6 @@ pub fn dispatch(home: HermesHome, by: SelectedBy, command: Command) -> anyhow::R
         }
         Command::Check { .. } => anyhow::bail!("`check` validates a native home; for a hermes home use `doctor`"),
         Command::CrashBackoff => anyhow::bail!("`crash-backoff` belongs to a native home's systemd unit"),
+        Command::Trace { .. } => anyhow::bail!("`trace` reads a native gateway's journal; hermes keeps none"),
     })
 }
