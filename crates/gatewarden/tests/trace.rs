@@ -172,12 +172,25 @@ fn a_message_trace_shows_every_step_in_order_and_goes_out_as_otlp_spans_and_metr
 fn a_failed_message_trace_ends_in_failed_with_the_reason() {
     let primary = FakeLlm::start(Reply::status(502)).unwrap();
     let (home, sw) = (TempHome::new(), Sweeper::new());
-    let g = gateway(&home, &sw, &config(&[("primary", &primary)], None));
+    write_config(home.path(), &config(&[("primary", &primary)], None));
+    let mut g = builder(&home).env(TAG_VAR, sw.tag()).arg("--log-format").arg("json").spawn();
+    g.wait_ready(READY);
     let api = Api::new(g.listen());
 
     let id = api.submit("c1", "this will fail");
     let m = wait_final(&api, &id, FINAL);
     assert_eq!(m["state"], "failed", "{m}");
+
+    // The JSON log keeps its keys and gains the message span's fields.
+    let logged = |g: &Gateway| {
+        g.stderr().lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|v| {
+            v["msg"].as_str().is_some_and(|m| m.starts_with("message failed")) && v["message_id"] == json!(id)
+        })
+    };
+    must_wait_until(FINAL, "the failure's log line with its span fields", || logged(&g).is_some());
+    let line = logged(&g).unwrap();
+    assert_eq!((line["level"].as_str(), line["platform"].as_str()), (Some("warn"), Some("http")), "{line}");
+    assert!(line["ts"].as_str().is_some_and(|t| t.ends_with("+00:00")), "{line}");
 
     let t = trace_json(&home, &id);
     assert_eq!(t["state"], "failed", "{t}");

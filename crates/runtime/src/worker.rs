@@ -332,7 +332,9 @@ impl Work {
         let token = self.cancel.child_token();
         let _cancel_on_drop = token.clone().drop_guard();
         let me = Arc::clone(self);
-        let handle = tokio::spawn(async move {
+        // The agent's task stays in the caller's span (a message's id and platform in its logs).
+        let span = tracing::Span::current();
+        let handle = tokio::spawn(tracing::Instrument::instrument(async move {
             let run = async {
                 match chunks {
                     Some(tx) => me.agent.run_streaming(req, token, tx).await,
@@ -343,7 +345,7 @@ impl Work {
                 Some(n) => gatewarden_agent::backend::trace::scope(n, run).await,
                 None => run.await,
             }
-        });
+        }, span));
         let r = handle.await.unwrap_or_else(|e| Err(AgentError::Failed(format!("run panicked: {e}"))));
         self.metrics.count(&r);
         if let Ok(gatewarden_agent::AgentReply { usage: Some(u), .. }) = &r {
@@ -554,7 +556,14 @@ impl Work {
         }
     }
 
+    /// One async message, in a `message` span: its log lines carry its id and platform.
     async fn run_async(self: &Arc<Self>, gw: &Gateway, id: String) {
+        use tracing::Instrument;
+        let span = tracing::info_span!("message", message_id = %id, platform = tracing::field::Empty);
+        self.run_message(gw, id).instrument(span).await;
+    }
+
+    async fn run_message(self: &Arc<Self>, gw: &Gateway, id: String) {
         let (inc, id2) = (gw.me.id.clone(), id.clone());
         match self.journal_step(gw, move |j| j.claim(&id2, &inc)).await {
             Ok(true) => {}
@@ -567,6 +576,7 @@ impl Work {
             Ok(None) => return,
             Err(e) => return crate::error!("journal read of {id} failed: {e}"),
         };
+        tracing::Span::current().record("platform", msg.platform.as_deref().unwrap_or("http"));
         // A chat platform's conversation: the session's last turns, within the char budget.
         let history = if msg.platform.is_some() && self.history_turns > 0 {
             let (id, turns, chars) = (msg.id.clone(), self.history_turns, self.history_chars);
@@ -607,6 +617,10 @@ impl Work {
         }
         let inc = gw.me.id.clone();
         let outcome = r.map_err(|e| e.to_string());
+        if let Err(e) = &outcome {
+            // In the message's span: the line carries its id and platform.
+            crate::warn!("message failed: {e}");
+        }
         let id2 = id.clone();
         let done = self
             .journal_step(gw, move |j| match &outcome {
