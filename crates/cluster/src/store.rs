@@ -276,7 +276,13 @@ impl Store for PgStore {
         })
     }
 
-    fn fail_traced(&self, id: &str, incarnation: &str, reason: &str, steps: &[TraceEvent]) -> Result<bool, JournalError> {
+    fn fail_traced(
+        &self,
+        id: &str,
+        incarnation: &str,
+        reason: &str,
+        steps: &[TraceEvent],
+    ) -> Result<bool, JournalError> {
         let (id, inc, reason, steps) = (id.to_owned(), incarnation.to_owned(), reason.to_owned(), steps.to_vec());
         self.write(move |j, e| {
             Box::pin(async move {

@@ -382,7 +382,10 @@ fn the_trace_on_postgres_matches_the_sqlite_journal_and_is_pruned_with_the_messa
     );
     let t = s.trace(&id).unwrap();
     assert_eq!((t[0].subject.as_deref(), t[8].subject.as_deref()), (Some("tg"), Some("tg")));
-    assert_eq!((t[4].subject.as_deref(), t[4].outcome.as_deref(), t[4].elapsed_ms), (Some("p1"), Some("HTTP 502"), Some(4)));
+    assert_eq!(
+        (t[4].subject.as_deref(), t[4].outcome.as_deref(), t[4].elapsed_ms),
+        (Some("p1"), Some("HTTP 502"), Some(4))
+    );
     assert!(t.iter().all(|e| e.time().is_some()), "protocol timestamps: {t:?}");
     assert_eq!(t[3].at, run[0].at, "a noted step keeps its own time");
 

@@ -36,8 +36,19 @@ pub const MAX_SECONDS: u64 = 7 * 24 * 3600;
 /// Upper bound for the millisecond knobs (one hour).
 pub const MAX_MILLIS: u64 = 3600 * 1000;
 
-const TOP_KEYS: &[&str] =
-    &["listen", "api_token", "admins", "drain_timeout_s", "agent", "http", "journal", "platform", "cluster", "update", "telemetry"];
+const TOP_KEYS: &[&str] = &[
+    "listen",
+    "api_token",
+    "admins",
+    "drain_timeout_s",
+    "agent",
+    "http",
+    "journal",
+    "platform",
+    "cluster",
+    "update",
+    "telemetry",
+];
 const HTTP_KEYS: &[&str] = &["allowed_hosts", "max_connections", "header_timeout_s", "body_timeout_s"];
 const JOURNAL_KEYS: &[&str] = &["max_age_days", "max_size_mb", "max_queued_per_chat", "max_queued"];
 

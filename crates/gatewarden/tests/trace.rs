@@ -17,7 +17,8 @@ use work_common::*;
 const FINAL: Duration = Duration::from_secs(30);
 
 fn config(providers: &[(&str, &FakeLlm)], telemetry: Option<&OtlpReceiver>) -> String {
-    let mut c = String::from("[agent]\nbackend = \"openai\"\nretries = 0\nbackoff_ms = 10\ncooldown_s = 1\ntimeout_s = 30\n\n");
+    let mut c =
+        String::from("[agent]\nbackend = \"openai\"\nretries = 0\nbackoff_ms = 10\ncooldown_s = 1\ntimeout_s = 30\n\n");
     for (name, fake) in providers {
         c.push_str(&format!(
             "[[agent.provider]]\nname = \"{name}\"\nbase_url = \"{}\"\nmodel = \"m\"\n\n",
@@ -75,7 +76,16 @@ fn a_message_trace_shows_every_step_in_order_and_goes_out_as_otlp_spans_and_metr
     assert_eq!((t["id"].as_str(), t["state"].as_str()), (Some(id.as_str()), Some("done")), "{t}");
     assert_eq!(
         steps(&t),
-        ["received", "journaled", "claimed", "backend_called", "provider_tried", "provider_tried", "first_token", "done"],
+        [
+            "received",
+            "journaled",
+            "claimed",
+            "backend_called",
+            "provider_tried",
+            "provider_tried",
+            "first_token",
+            "done"
+        ],
         "{t}"
     );
     let s = &t["steps"];
@@ -147,8 +157,7 @@ fn a_message_trace_shows_every_step_in_order_and_goes_out_as_otlp_spans_and_metr
     // The metrics behind /metrics, as OTLP metrics.
     let point = |otlp: &OtlpReceiver, metric: &str, label: Option<(&str, &str)>| {
         otlp.points().into_iter().rev().find(|p| {
-            p.metric == metric
-                && label.is_none_or(|(k, v)| p.attributes.get(k).map(String::as_str) == Some(v))
+            p.metric == metric && label.is_none_or(|(k, v)| p.attributes.get(k).map(String::as_str) == Some(v))
         })
     };
     must_wait_until(FINAL, "gatewarden_runs_total{outcome=ok} >= 1 as an OTLP sum", || {
@@ -160,7 +169,9 @@ fn a_message_trace_shows_every_step_in_order_and_goes_out_as_otlp_spans_and_metr
     assert_eq!((up.kind, up.value), ("gauge", 1.0));
     let done: BTreeMap<String, String> = [("state".to_owned(), "done".to_owned())].into();
     assert!(
-        otlp.points().iter().any(|p| p.metric == "gatewarden_journal_messages" && p.attributes == done && p.value >= 1.0),
+        otlp.points()
+            .iter()
+            .any(|p| p.metric == "gatewarden_journal_messages" && p.attributes == done && p.value >= 1.0),
         "the journal gauge counts the message"
     );
     assert_eq!(otlp.refused(), Vec::<String>::new(), "every payload decodes");

@@ -216,7 +216,13 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         self.complete_with_usage(id, incarnation, reply, usage)
     }
     /// `fail`, writing the run's `steps` and its `failed` step into the same commit.
-    fn fail_traced(&self, id: &str, incarnation: &str, reason: &str, steps: &[TraceEvent]) -> Result<bool, JournalError> {
+    fn fail_traced(
+        &self,
+        id: &str,
+        incarnation: &str,
+        reason: &str,
+        steps: &[TraceEvent],
+    ) -> Result<bool, JournalError> {
         let _ = steps;
         self.fail(id, incarnation, reason)
     }

@@ -239,7 +239,11 @@ impl Store for Journal {
                 )?
                 .execute(params![id, incarnation, now_rfc3339()])?;
             if n == 1 {
-                trace_step(conn, &id, &TraceEvent::at(Step::Claimed, std::time::SystemTime::now()).subject(incarnation))?;
+                trace_step(
+                    conn,
+                    &id,
+                    &TraceEvent::at(Step::Claimed, std::time::SystemTime::now()).subject(incarnation),
+                )?;
             }
             Ok(n == 1)
         })
@@ -301,7 +305,13 @@ impl Store for Journal {
     }
 
     /// [`Store::fail`], with the run's steps and its `failed` step in the same commit.
-    fn fail_traced(&self, id: &str, incarnation: &str, reason: &str, steps: &[TraceEvent]) -> Result<bool, JournalError> {
+    fn fail_traced(
+        &self,
+        id: &str,
+        incarnation: &str,
+        reason: &str,
+        steps: &[TraceEvent],
+    ) -> Result<bool, JournalError> {
         let (id, incarnation, reason) = (id.to_owned(), incarnation.to_owned(), reason.to_owned());
         let steps = bounded(steps);
         self.write(move |conn| {
@@ -437,7 +447,12 @@ impl Store for Journal {
                     "INSERT INTO trace (message_id, step, at, subject, outcome)
                      SELECT message_id, ?2, ?3, platform, ?4 FROM outbox WHERE seq = ?1 AND message_id IS NOT NULL",
                 )?
-                .execute(params![seq, step.as_str(), now_rfc3339(), failed.as_deref().unwrap_or("ok")])?;
+                .execute(params![
+                    seq,
+                    step.as_str(),
+                    now_rfc3339(),
+                    failed.as_deref().unwrap_or("ok")
+                ])?;
             }
             Ok(n == 1)
         })
@@ -1165,7 +1180,10 @@ mod tests {
         let now = std::time::SystemTime::now();
         let run = [
             TraceEvent::at(Step::BackendCalled, now).subject("openai"),
-            TraceEvent::at(Step::ProviderTried, now).subject("primary").outcome("HTTP 500").elapsed(Duration::from_millis(7)),
+            TraceEvent::at(Step::ProviderTried, now)
+                .subject("primary")
+                .outcome("HTTP 500")
+                .elapsed(Duration::from_millis(7)),
             TraceEvent::at(Step::ProviderTried, now).subject("backup").outcome("ok"),
             TraceEvent::at(Step::FirstToken, now),
         ];
@@ -1194,7 +1212,10 @@ mod tests {
         let t = j.trace(&id).unwrap();
         assert_eq!(t[0].subject.as_deref(), Some("irc"));
         assert_eq!(t[2].subject.as_deref(), Some("inc-1"));
-        assert_eq!((t[4].subject.as_deref(), t[4].outcome.as_deref(), t[4].elapsed_ms), (Some("primary"), Some("HTTP 500"), Some(7)));
+        assert_eq!(
+            (t[4].subject.as_deref(), t[4].outcome.as_deref(), t[4].elapsed_ms),
+            (Some("primary"), Some("HTTP 500"), Some(7))
+        );
         assert_eq!(t[8].subject.as_deref(), Some("irc"));
         assert!(t.iter().all(|e| e.time().is_some()), "every step has a protocol timestamp: {t:?}");
     }

@@ -141,7 +141,8 @@ fn render(format: Format, stamped: bool, level: Level, msg: &str, fields: &[(&'s
     };
     match format {
         Format::Json => {
-            let mut v = serde_json::json!({"ts": gatewarden_lifecycle::timefmt::now(), "level": level.as_str(), "msg": msg});
+            let mut v =
+                serde_json::json!({"ts": gatewarden_lifecycle::timefmt::now(), "level": level.as_str(), "msg": msg});
             for (k, val) in fields {
                 // The line's own keys stay the line's.
                 if !matches!(*k, "ts" | "level" | "msg") {
@@ -314,7 +315,10 @@ mod tests {
         let fields = vec![("message_id", "m1".to_owned()), ("msg", "not the message".to_owned())];
         let j: serde_json::Value =
             serde_json::from_str(&render(Format::Json, false, Level::Warn, "slow", &fields)).unwrap();
-        assert_eq!((j["level"].as_str(), j["msg"].as_str(), j["message_id"].as_str()), (Some("warn"), Some("slow"), Some("m1")));
+        assert_eq!(
+            (j["level"].as_str(), j["msg"].as_str(), j["message_id"].as_str()),
+            (Some("warn"), Some("slow"), Some("m1"))
+        );
         assert!(j["ts"].as_str().is_some());
         assert_eq!(render(Format::Plain, false, Level::Info, "hi", &fields[..1]), "info: hi [message_id=m1]\n");
         assert_eq!(render(Format::Plain, false, Level::Error, "plain", &[]), "error: plain\n");

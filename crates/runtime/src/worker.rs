@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gatewarden_agent::backend::trace::{Note, RunNotes};
 use gatewarden_agent::{Agent, AgentError, AgentRequest, Turn};
 use gatewarden_control::Requester;
-use gatewarden_agent::backend::trace::{Note, RunNotes};
 use gatewarden_journal::{JournalError, Kind, NewMessage, RunSteps, Step, Store, TraceEvent};
 use gatewarden_lifecycle::platform::spawn;
 use gatewarden_lifecycle::records::GatewayState;
@@ -334,18 +334,21 @@ impl Work {
         let me = Arc::clone(self);
         // The agent's task stays in the caller's span (a message's id and platform in its logs).
         let span = tracing::Span::current();
-        let handle = tokio::spawn(tracing::Instrument::instrument(async move {
-            let run = async {
-                match chunks {
-                    Some(tx) => me.agent.run_streaming(req, token, tx).await,
-                    None => me.agent.run(req, token).await,
+        let handle = tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                let run = async {
+                    match chunks {
+                        Some(tx) => me.agent.run_streaming(req, token, tx).await,
+                        None => me.agent.run(req, token).await,
+                    }
+                };
+                match notes {
+                    Some(n) => gatewarden_agent::backend::trace::scope(n, run).await,
+                    None => run.await,
                 }
-            };
-            match notes {
-                Some(n) => gatewarden_agent::backend::trace::scope(n, run).await,
-                None => run.await,
-            }
-        }, span));
+            },
+            span,
+        ));
         let r = handle.await.unwrap_or_else(|e| Err(AgentError::Failed(format!("run panicked: {e}"))));
         self.metrics.count(&r);
         if let Ok(gatewarden_agent::AgentReply { usage: Some(u), .. }) = &r {

@@ -69,8 +69,11 @@ pub fn parse(text: &str) -> Vec<Metric> {
     out
 }
 
+/// A sample's labels, in order.
+type Labels = Vec<(String, String)>;
+
 /// `name{a="x",b="y"} value` → its parts.
-fn sample(line: &str) -> Option<(&str, Vec<(String, String)>, f64)> {
+fn sample(line: &str) -> Option<(&str, Labels, f64)> {
     let (head, value) = line.rsplit_once(' ')?;
     let value: f64 = value.trim().parse().ok()?;
     let Some((name, rest)) = head.split_once('{') else { return Some((head.trim(), Vec::new(), value)) };
