@@ -224,3 +224,66 @@ fn a_failed_message_trace_ends_in_failed_with_the_reason() {
     assert_ne!(none.code, Some(0), "{}", none.stdout);
     assert!(none.stderr.contains("no message 0123456789abcdef01234567"), "{}", none.stderr);
 }
+
+/// A chat platform message (the in-repo fake Telegram Bot API): its trace names the platform
+/// and ends with the reply leaving through the outbox.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_platform_message_trace_ends_with_the_outbox_sent() {
+    use gatewarden_telegram_fake::{FakeTelegram, Options};
+    const TOKEN_ENV: &str = "GW_TEST_TRACE_TELEGRAM_TOKEN";
+    let fake = FakeTelegram::start(Options { linger: Duration::from_millis(800), ..Options::default() }).unwrap();
+    let token = format!("{}77:trace-{}", std::process::id(), std::process::id());
+    let creds = std::env::temp_dir().join(format!("gw-creds-trace-{}", std::process::id()));
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    write_config(
+        home.path(),
+        &format!(
+            "[agent]\nbackend = \"echo\"\n[[platform]]\nkind = \"telegram\"\ntoken_env = \"{TOKEN_ENV}\"\n\
+             api_base = \"{}\"\npoll_timeout_s = 2\n",
+            fake.base_url()
+        ),
+    );
+    let mut g = builder(&home)
+        .env(TAG_VAR, sw.tag())
+        .env(TOKEN_ENV, &token)
+        .env("GATEWARDEN_CREDS_DIR", creds.to_string_lossy().as_ref())
+        .spawn();
+    g.wait_ready(READY);
+    fake.inject(&token, 7, 42, "trace me on telegram");
+    let sent = fake.wait_sent(&token, FINAL, |s| s.iter().any(|m| m.text == "trace me on telegram"));
+    assert!(sent.is_ok(), "no reply: {sent:?}");
+
+    // The message id, from the journal (read-only) as an operator would from the dashboard.
+    let db = home.path().join("journal.sqlite3");
+    let out = std::process::Command::new(python())
+        .args([
+            "-c",
+            "import sqlite3,sys; c=sqlite3.connect('file:%s?mode=ro' % sys.argv[1], uri=True); \
+                      print(c.execute(\"SELECT id FROM messages WHERE platform IS NOT NULL AND is_command = 0 \
+                      ORDER BY rowid DESC LIMIT 1\").fetchone()[0])",
+        ])
+        .arg(&db)
+        .output()
+        .expect("python3 (scripts/setup-python)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+
+    // Sent is recorded just after the platform answers: wait for the last step.
+    let mut t = Value::Null;
+    must_wait_until(FINAL, "outbox_sent in the trace", || {
+        t = trace_json(&home, &id);
+        steps(&t).last() == Some(&"outbox_sent")
+    });
+    assert_eq!(
+        steps(&t),
+        ["received", "journaled", "claimed", "backend_called", "first_token", "done", "outbox_sent"],
+        "{t}"
+    );
+    let s = &t["steps"];
+    let platform = s[0]["subject"].as_str().unwrap_or_default().to_owned();
+    assert!(!platform.is_empty() && platform != "http", "received names the adapter: {t}");
+    assert_eq!(t["platform"].as_str(), Some(platform.as_str()), "{t}");
+    assert_eq!((s[3]["subject"].as_str(), s[6]["subject"].as_str()), (Some("echo"), Some(platform.as_str())), "{t}");
+    assert_eq!(s[6]["outcome"], "ok", "{t}");
+}
