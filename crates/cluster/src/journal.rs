@@ -325,7 +325,10 @@ impl PgJournal {
                            epoch = $2, updated_at = clock_timestamp()
                       FROM f
                      WHERE m.name = $1 AND m.id = $3
-                    RETURNING (SELECT state FROM gw_messages o WHERE o.name = $1 AND o.id = $3) AS was)
+                    RETURNING (SELECT state FROM gw_messages o WHERE o.name = $1 AND o.id = $3) AS was),
+                 t AS (
+                    INSERT INTO gw_trace (name, message_id, step, outcome)
+                    SELECT $1, $3, 'done', 'command' FROM u WHERE was IN ('queued', 'running'))
                  SELECT count(*) FILTER (WHERE was IN ('queued', 'running')) FROM u",
                 &[&id],
             )

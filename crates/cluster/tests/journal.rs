@@ -404,6 +404,10 @@ fn the_trace_on_postgres_matches_the_sqlite_journal_and_is_pruned_with_the_messa
     assert!(s.claim(&r, "b").unwrap());
     s.recover("c").unwrap();
     assert_eq!(steps(&s, &r), ["received", "journaled", "claimed", "requeued", "claimed", "given_up"]);
+    let c = s.accept(&msg("/restart please")).unwrap();
+    assert!(s.claim(&c, "c").unwrap());
+    assert!(s.mark_command(&c).unwrap());
+    assert_eq!(steps(&s, &c), ["received", "journaled", "claimed", "done"]);
 
     let traced = || pg.sql("SELECT count(*) FROM gw_trace WHERE name = 'tr'").trim().parse::<i64>().unwrap();
     assert!(traced() > 0);

@@ -527,6 +527,9 @@ impl Store for Journal {
                 params![id, now_rfc3339()],
             )?;
             conn.execute("UPDATE messages SET is_command = 1 WHERE id = ?1", params![id])?;
+            if finished == 1 {
+                trace_step(conn, &id, &TraceEvent::at(Step::Done, std::time::SystemTime::now()).outcome("command"))?;
+            }
             Ok(finished == 1)
         })
     }
@@ -1237,6 +1240,13 @@ mod tests {
         assert!(j.claim(&b, "inc-2").unwrap());
         j.recover("inc-3").unwrap();
         assert_eq!(steps(&j, &b), ["received", "journaled", "claimed", "requeued", "claimed", "given_up"]);
+
+        // A run that asked for a restart is finished as a command before the drain.
+        let c = j.accept(&msg("/restart please")).unwrap();
+        assert!(j.claim(&c, "inc-3").unwrap());
+        assert!(j.mark_command(&c).unwrap());
+        assert_eq!(steps(&j, &c), ["received", "journaled", "claimed", "done"]);
+        assert_eq!(j.trace(&c).unwrap()[3].outcome.as_deref(), Some("command"));
 
         let traced: i64 = j.read().query_row("SELECT COUNT(*) FROM trace", [], |r| r.get(0)).unwrap();
         assert!(traced > 0);
