@@ -235,13 +235,14 @@ fn a_platform_message_trace_ends_with_the_outbox_sent() {
     let fake = FakeTelegram::start(Options { linger: Duration::from_millis(800), ..Options::default() }).unwrap();
     let token = format!("{}77:trace-{}", std::process::id(), std::process::id());
     let creds = std::env::temp_dir().join(format!("gw-creds-trace-{}", std::process::id()));
-    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let (home, sw, otlp) = (TempHome::new(), Sweeper::new(), OtlpReceiver::start().unwrap());
     write_config(
         home.path(),
         &format!(
             "[agent]\nbackend = \"echo\"\n[[platform]]\nkind = \"telegram\"\ntoken_env = \"{TOKEN_ENV}\"\n\
-             api_base = \"{}\"\npoll_timeout_s = 2\n",
-            fake.base_url()
+             api_base = \"{}\"\npoll_timeout_s = 2\n[telemetry]\notlp_endpoint = \"{}\"\n",
+            fake.base_url(),
+            otlp.endpoint()
         ),
     );
     let mut g = builder(&home)
@@ -286,4 +287,21 @@ fn a_platform_message_trace_ends_with_the_outbox_sent() {
     assert_eq!(t["platform"].as_str(), Some(platform.as_str()), "{t}");
     assert_eq!((s[3]["subject"].as_str(), s[6]["subject"].as_str()), (Some("echo"), Some(platform.as_str())), "{t}");
     assert_eq!(s[6]["outcome"], "ok", "{t}");
+
+    // The reply's send goes out as the message's outbox span, under its message span.
+    let mine = || -> Vec<gatewarden_testkit::otlp::Span> {
+        otlp.spans().into_iter().filter(|s| s.attributes.get("gatewarden.message_id") == Some(&id)).collect()
+    };
+    must_wait_until(FINAL, "the outbox span at the OTLP receiver", || {
+        let spans = mine();
+        ["gatewarden.message", "gatewarden.outbox"].iter().all(|n| spans.iter().any(|s| s.name == *n))
+    });
+    let spans = mine();
+    let root = spans.iter().find(|s| s.name == "gatewarden.message").unwrap();
+    let outbox = spans.iter().find(|s| s.name == "gatewarden.outbox").unwrap();
+    assert_eq!((outbox.trace_id.as_str(), outbox.parent.as_ref()), (root.trace_id.as_str(), Some(&root.span_id)));
+    assert_eq!(outbox.attributes.get("gatewarden.platform"), Some(&platform));
+    assert_eq!(root.attributes.get("gatewarden.platform"), Some(&platform));
+    assert_eq!(spans.iter().filter(|s| s.name == "gatewarden.outbox").count(), 1, "exported once: {spans:#?}");
+    assert_eq!(otlp.refused(), Vec::<String>::new());
 }

@@ -732,4 +732,14 @@ impl Intake for Work {
     fn journal(&self) -> &Arc<dyn Store> {
         &self.journal
     }
+
+    /// Exports the outbox span of the message's trace (its other spans went at its finish).
+    fn answered(&self, message_id: &str) {
+        let Some(exporter) = self.telemetry.get() else { return };
+        match (self.journal.get(message_id), self.journal.trace(message_id)) {
+            (Ok(Some(msg)), Ok(events)) => exporter.outbox(&msg, &events),
+            (Ok(None), _) => {}
+            (Err(e), _) | (_, Err(e)) => crate::warn!("cannot read the trace of {message_id} for export: {e}"),
+        }
+    }
 }

@@ -85,11 +85,23 @@ impl Exporter {
         &self.stats
     }
 
-    /// Exports the spans of a message's trace ([`crate::spans::spans_for`]).
+    /// Exports the spans of a message's trace ([`crate::spans::spans_for`]) at its finish,
+    /// but for the outbox's: the send may or may not have happened by the time the trace is
+    /// read, so [`Exporter::outbox`] alone exports those (each exactly once).
     pub fn message(&self, msg: &Message, events: &[TraceEvent]) {
-        let spans = crate::spans::spans_for(msg, events);
+        let mut spans = crate::spans::spans_for(msg, events);
+        spans.retain(|s| s.name != "gatewarden.outbox");
         if !spans.is_empty() {
             self.send(Batch::Traces(crate::otlp::traces(&self.service, &spans)));
+        }
+    }
+
+    /// Exports the last `gatewarden.outbox` span of a message's trace: its reply just left
+    /// (the message's other spans were exported at its finish, [`Exporter::message`]).
+    pub fn outbox(&self, msg: &Message, events: &[TraceEvent]) {
+        let spans = crate::spans::spans_for(msg, events);
+        if let Some(last) = spans.into_iter().rev().find(|s| s.name == "gatewarden.outbox") {
+            self.send(Batch::Traces(crate::otlp::traces(&self.service, &[last])));
         }
     }
 
