@@ -1085,6 +1085,11 @@ impl Config {
         {
             return Err(telemetry("otlp_endpoint", "must be an http:// or https:// URL".into()));
         }
+        if let Some(url) = t.otlp_endpoint.as_deref().filter(|u| u.starts_with("https://"))
+            && !gatewarden_net::TLS
+        {
+            return Err(telemetry("otlp_endpoint", format!("{url:?} is https, but {NO_TLS}")));
+        }
         if t.metrics_interval_s == 0 || t.metrics_interval_s > MAX_SECONDS {
             return Err(telemetry("metrics_interval_s", format!("must be between 1 and {MAX_SECONDS} seconds")));
         }

@@ -305,3 +305,46 @@ fn a_platform_message_trace_ends_with_the_outbox_sent() {
     assert_eq!(spans.iter().filter(|s| s.name == "gatewarden.outbox").count(), 1, "exported once: {spans:#?}");
     assert_eq!(otlp.refused(), Vec::<String>::new());
 }
+
+/// An https collector goes through crates/net like every client: with its private CA as
+/// `[telemetry] ca_file` the spans arrive over TLS; without it the certificate does not verify,
+/// nothing arrives, and the failed batches are counted (the message itself is unaffected).
+#[cfg(feature = "tls")]
+#[test]
+fn an_https_collector_is_verified_with_the_configured_ca() {
+    use gatewarden_testkit::tls::{TestCa, TlsFront, Validity};
+    let ca = TestCa::new("gatewarden otel test CA");
+    for pinned in [true, false] {
+        let otlp = OtlpReceiver::start().unwrap();
+        let front = TlsFront::start(otlp.addr(), &ca.leaf(&["localhost"], Validity::Now)).unwrap();
+        let (home, sw) = (TempHome::new(), Sweeper::new());
+        let ca_line = if pinned {
+            format!("ca_file = \"{}\"\n", ca.write_pem(home.path(), "otel-ca.pem").display())
+        } else {
+            String::new()
+        };
+        let config = format!(
+            "[telemetry]\notlp_endpoint = \"https://localhost:{}\"\n{ca_line}metrics_interval_s = 3600\n",
+            front.addr().port()
+        );
+        let g = gateway(&home, &sw, &config);
+        let api = Api::new(g.listen());
+        let id = api.submit("c1", "over tls");
+        assert_eq!(wait_final(&api, &id, FINAL)["state"], "done");
+        if pinned {
+            must_wait_until(FINAL, "the spans through the TLS front", || {
+                otlp.spans().iter().any(|s| s.attributes.get("gatewarden.message_id") == Some(&id))
+            });
+            assert!(front.handshakes() >= 1);
+        } else {
+            must_wait_until(FINAL, "the refused export counted in /metrics", || {
+                api.get("/metrics").is_ok_and(|r| {
+                    r.text().lines().any(|l| {
+                        l.starts_with("gatewarden_otlp_batches_total{outcome=\"failed\"}") && !l.ends_with(" 0")
+                    })
+                })
+            });
+            assert_eq!(otlp.requests(), 0, "nothing reached the collector past an unverified certificate");
+        }
+    }
+}
