@@ -1456,6 +1456,26 @@ mod tests {
         parse(text).expect_err("must be rejected").to_string()
     }
 
+    /// `[telemetry]`: nothing exported by default; the endpoint must be http(s); its bounds
+    /// are checked; an unknown key names the table's keys.
+    #[test]
+    fn telemetry_table() {
+        assert_eq!(parse("").unwrap().telemetry, TelemetryConfig::default());
+        let c = parse("[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318\"\nqueue = 8\n").unwrap();
+        assert_eq!((c.telemetry.otlp_endpoint.as_deref(), c.telemetry.queue), (Some("http://127.0.0.1:4318"), 8));
+        for (bad, key) in [
+            ("otlp_endpoint = \"ftp://x\"", "otlp_endpoint"),
+            ("queue = 0", "queue"),
+            ("timeout_s = 0", "timeout_s"),
+            ("metrics_interval_s = 0", "metrics_interval_s"),
+            ("proxy = \"ftp://p\"", "proxy"),
+        ] {
+            let e = parse(&format!("[telemetry]\n{bad}\n")).unwrap_err();
+            assert_eq!(e.key(), Some(key), "{bad}: {e}");
+        }
+        assert!(err("[telemetry]\nendpoint = \"x\"\n").contains("otlp_endpoint"), "the known keys are named");
+    }
+
     #[test]
     fn missing_file_is_defaults() {
         let dir = tempfile::tempdir().unwrap();
