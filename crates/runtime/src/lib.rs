@@ -201,6 +201,9 @@ pub fn prepare(
     let work =
         Arc::new(worker::Work::new(agent, journal, &config, config.is_loopback_listen(), platforms.admins(), wake));
     work.metrics.seed_from_ledger(&home.ledger());
+    if let Some(x) = gatewarden_telemetry::Exporter::start(&config.telemetry).map_err(|e| fatal(e.to_string()))? {
+        let _ = work.telemetry.set(Arc::new(x));
+    }
     opts.listen = Some(config.listen.to_string());
     let drain_timeout = opts.drain_timeout.unwrap_or(config.drain_timeout());
     let ep = Endpoint::for_home(home.dir());
@@ -279,6 +282,21 @@ fn describe_holder(home: &Home) -> String {
 /// drains, and writes the exit records (the home lock, if any, is the caller's to release
 /// after this returns). Every OS signal comes from `shutdown` (the installed handlers in
 /// [`run`]; a channel in a test). Binds the control endpoint of the gateway's home.
+/// With `[telemetry]`: the numbers `/metrics` serves go out as OTLP metrics every
+/// `metrics_interval_s` (crates/telemetry), rendered by the same code.
+fn export_metrics(app: &Arc<App>) {
+    let Some(x) = app.work.telemetry.get().cloned() else { return };
+    let app = Arc::clone(app);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(x.metrics_interval());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            x.metrics(&http::metrics::render(&app).await);
+        }
+    });
+}
+
 pub async fn serve(
     app: Arc<App>,
     listener: tokio::net::TcpListener,
@@ -382,6 +400,7 @@ async fn serve_until_classified(
         }
         None => app.work.start_worker(Arc::clone(gw)),
     }
+    export_metrics(app);
     // A marker may have landed before the watch was set up.
     let _ = tx.send(Cause::MarkerChanged);
     // Start-up is over once the worker and the adapters have settled: its code pages (config,

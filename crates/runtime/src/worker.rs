@@ -19,9 +19,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gatewarden_agent::backend::trace::{Note, RunNotes};
 use gatewarden_agent::{Agent, AgentError, AgentRequest, Turn};
 use gatewarden_control::Requester;
-use gatewarden_journal::{JournalError, Kind, NewMessage, Store};
+use gatewarden_journal::{JournalError, Kind, NewMessage, RunSteps, Step, Store, TraceEvent};
 use gatewarden_lifecycle::platform::spawn;
 use gatewarden_lifecycle::records::GatewayState;
 use gatewarden_platforms::Inbound;
@@ -193,6 +194,8 @@ pub struct Work {
     /// Platform chats told that their queue is full (`platform\0chat`): told once while it
     /// stays full, so a flood past the cap cannot grow the outbox with notices instead.
     full_told: Mutex<HashSet<String>>,
+    /// `[telemetry] otlp_endpoint`: finished messages' traces go out as OTLP spans.
+    pub telemetry: std::sync::OnceLock<Arc<gatewarden_telemetry::Exporter>>,
 }
 
 impl Work {
@@ -229,6 +232,7 @@ impl Work {
             history_chars: config.agent.history_chars,
             update_source: config.update.source.clone(),
             full_told: Mutex::new(HashSet::new()),
+            telemetry: std::sync::OnceLock::new(),
         }
     }
 
@@ -362,29 +366,42 @@ impl Work {
         req: AgentRequest,
         chunks: Option<mpsc::Sender<String>>,
     ) -> Result<gatewarden_agent::AgentReply, AgentError> {
-        self.run_reply_in(gw, None, req, chunks).await
+        self.run_traced(gw, None, req, chunks, None).await
     }
 
-    /// [`Self::run_reply`] for a chat of `platform` (`None`: the HTTP API), whose usage it
-    /// adds to.
-    async fn run_reply_in(
+    /// [`Self::run_reply`] for a chat of `platform` (`None`: the HTTP API), whose usage it adds
+    /// to, with what the backend notes for the message's trace (providers tried, first token)
+    /// going to `notes`.
+    async fn run_traced(
         self: &Arc<Self>,
         gw: &Gateway,
         platform: Option<&str>,
         req: AgentRequest,
         chunks: Option<mpsc::Sender<String>>,
+        notes: Option<RunNotes>,
     ) -> Result<gatewarden_agent::AgentReply, AgentError> {
         let _run = gw.runs.begin();
         let chat = req.chat_id.clone();
         let token = self.cancel.child_token();
         let _cancel_on_drop = token.clone().drop_guard();
         let me = Arc::clone(self);
-        let handle = tokio::spawn(async move {
-            match chunks {
-                Some(tx) => me.agent.run_streaming(req, token, tx).await,
-                None => me.agent.run(req, token).await,
-            }
-        });
+        // The agent's task stays in the caller's span (a message's id and platform in its logs).
+        let span = tracing::Span::current();
+        let handle = tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                let run = async {
+                    match chunks {
+                        Some(tx) => me.agent.run_streaming(req, token, tx).await,
+                        None => me.agent.run(req, token).await,
+                    }
+                };
+                match notes {
+                    Some(n) => gatewarden_agent::backend::trace::scope(n, run).await,
+                    None => run.await,
+                }
+            },
+            span,
+        ));
         let r = handle.await.unwrap_or_else(|e| Err(AgentError::Failed(format!("run panicked: {e}"))));
         self.metrics.count(&r);
         if let Ok(gatewarden_agent::AgentReply { usage: Some(u), .. }) = &r {
@@ -596,7 +613,14 @@ impl Work {
         }
     }
 
+    /// One async message, in a `message` span: its log lines carry its id and platform.
     async fn run_async(self: &Arc<Self>, gw: &Gateway, id: String) {
+        use tracing::Instrument;
+        let span = tracing::info_span!("message", message_id = %id, platform = tracing::field::Empty);
+        self.run_message(gw, id).instrument(span).await;
+    }
+
+    async fn run_message(self: &Arc<Self>, gw: &Gateway, id: String) {
         let (inc, id2) = (gw.me.id.clone(), id.clone());
         match self.journal_step(gw, move |j| j.claim(&id2, &inc)).await {
             Ok(true) => {}
@@ -609,6 +633,7 @@ impl Work {
             Ok(None) => return,
             Err(e) => return crate::error!("journal read of {id} failed: {e}"),
         };
+        tracing::Span::current().record("platform", msg.platform.as_deref().unwrap_or("http"));
         // A chat platform's conversation: the session's last turns, within the char budget.
         let history = if msg.platform.is_some() && self.history_turns > 0 {
             let (id, turns, chars) = (msg.id.clone(), self.history_turns, self.history_chars);
@@ -632,8 +657,17 @@ impl Work {
             text: msg.text.clone(),
             history,
         };
+        let mut steps = RunSteps::default();
+        steps.push(TraceEvent::at(Step::BackendCalled, std::time::SystemTime::now()).subject(self.agent.name()));
+        let notes = RunNotes::default();
+        // The run always streams: into the chat (typing, a growing preview) or into nothing, so
+        // that its first token is known for the trace; the reply is the whole answer either way.
         let shown = msg.platform.as_ref().map(|p| Shown::start(&self.wake, p, &msg.chat_id, &msg.id));
-        let r = self.run_reply_in(gw, msg.platform.as_deref(), req, shown.as_ref().map(|s| s.chunks.clone())).await;
+        let (tx, mut rx) = mpsc::channel::<String>(64);
+        let chunks = shown.as_ref().map_or(tx, |s| s.chunks.clone());
+        let drain = async move { while rx.recv().await.is_some() {} };
+        let run = self.run_traced(gw, msg.platform.as_deref(), req, Some(chunks), Some(notes.clone()));
+        let (r, ()) = tokio::join!(run, drain);
         let cancelled = matches!(r, Err(AgentError::Cancelled));
         if let Some(s) = shown {
             s.end(!cancelled).await;
@@ -642,25 +676,48 @@ impl Work {
             // Interrupted by the drain: stays `running` for the next incarnation to re-run once.
             return;
         }
+        for n in noted(notes.take()) {
+            steps.push(n);
+        }
         let inc = gw.me.id.clone();
         let outcome = r.map_err(|e| e.to_string());
+        if let Err(e) = &outcome {
+            // In the message's span: the line carries its id and platform.
+            crate::warn!("message failed: {e}");
+        }
+        let id2 = id.clone();
         let done = self
             .journal_step(gw, move |j| match &outcome {
-                Ok(reply) => j.complete_with_usage(
-                    &id,
+                Ok(reply) => j.complete_traced(
+                    &id2,
                     &inc,
                     &reply.text,
                     reply.usage.map(|u| (u.prompt_tokens, u.completion_tokens)),
+                    steps.steps(),
                 ),
-                Err(e) => j.fail(&id, &inc, e),
+                Err(e) => j.fail_traced(&id2, &inc, e, steps.steps()),
             })
             .await;
-        if let Err(e) = done {
-            crate::error!("journal update failed: {e}");
+        match done {
+            Err(e) => crate::error!("journal update failed: {e}"),
+            Ok(true) => self.export_trace(&id),
+            Ok(false) => {}
         }
         if let Some(p) = &msg.platform {
             self.wake.wake(p);
         }
+    }
+
+    /// Hands a finished message's trace to the OTLP exporter, when one is configured: one read
+    /// off the async workers, and the exporter's queue never blocks (it drops and counts).
+    fn export_trace(self: &Arc<Self>, id: &str) {
+        let Some(exporter) = self.telemetry.get().cloned() else { return };
+        let (journal, id) = (Arc::clone(&self.journal), id.to_owned());
+        tokio::task::spawn_blocking(move || match (journal.get(&id), journal.trace(&id)) {
+            (Ok(Some(msg)), Ok(events)) => exporter.message(&msg, &events),
+            (Ok(None), _) => {}
+            (Err(e), _) | (_, Err(e)) => crate::warn!("cannot read the trace of {id} for export: {e}"),
+        });
     }
 
     /// Ends the drain's patience: every active run is cancelled.
@@ -706,6 +763,22 @@ impl Shown {
         }
         wake.show(&p, &c, &r, Activity::Ended { replied });
     }
+}
+
+/// The backend's notes as trace steps, in the order they began.
+fn noted(notes: Vec<Note>) -> Vec<TraceEvent> {
+    let mut out: Vec<(std::time::SystemTime, TraceEvent)> = notes
+        .into_iter()
+        .map(|n| match n {
+            Note::ProviderTried { provider, outcome, started, elapsed } => (
+                started,
+                TraceEvent::at(Step::ProviderTried, started).subject(provider).outcome(outcome).elapsed(elapsed),
+            ),
+            Note::FirstToken { at } => (at, TraceEvent::at(Step::FirstToken, at)),
+        })
+        .collect();
+    out.sort_by_key(|(t, _)| *t);
+    out.into_iter().map(|(_, e)| e).collect()
 }
 
 impl Intake for Work {
@@ -758,5 +831,15 @@ impl Intake for Work {
 
     fn journal(&self) -> &Arc<dyn Store> {
         &self.journal
+    }
+
+    /// Exports the outbox span of the message's trace (its other spans went at its finish).
+    fn answered(&self, message_id: &str) {
+        let Some(exporter) = self.telemetry.get() else { return };
+        match (self.journal.get(message_id), self.journal.trace(message_id)) {
+            (Ok(Some(msg)), Ok(events)) => exporter.outbox(&msg, &events),
+            (Ok(None), _) => {}
+            (Err(e), _) | (_, Err(e)) => crate::warn!("cannot read the trace of {message_id} for export: {e}"),
+        }
     }
 }

@@ -42,6 +42,7 @@ mod home;
 mod http;
 pub mod llmfake;
 pub mod netfakes;
+pub mod otlp;
 pub mod postgres;
 pub mod prosody;
 mod proc;

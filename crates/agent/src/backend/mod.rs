@@ -25,6 +25,7 @@ mod openai;
 mod process_group;
 pub mod provider;
 pub mod sse;
+pub mod trace;
 
 pub use echo::EchoAgent;
 pub use exec::{ExecAgent, MAX_STDOUT_BYTES};
@@ -231,6 +232,7 @@ async fn send_chunk(
     if chunk.is_empty() || chunks.is_closed() {
         return Ok(());
     }
+    trace::note(trace::Note::FirstToken { at: std::time::SystemTime::now() });
     tokio::select! {
         _ = chunks.send(chunk) => Ok(()),
         () = cancel.cancelled() => Err(AgentError::Cancelled),
