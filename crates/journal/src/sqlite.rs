@@ -425,6 +425,16 @@ impl Store for Journal {
         })
     }
 
+    fn session_started(&self, platform: &str, chat_id: &str) -> Result<Option<String>, JournalError> {
+        let conn = self.read();
+        let mut stmt = conn.prepare_cached("SELECT started_at FROM sessions WHERE platform = ?1 AND chat_id = ?2")?;
+        let mut rows = stmt.query(params![platform, chat_id])?;
+        Ok(match rows.next()? {
+            Some(r) => Some(r.get::<_, String>(0)?),
+            None => None,
+        })
+    }
+
     /// The conversation before message `before` in its `(platform, chat)`: the last `turns`
     /// answered (non-command) messages of the current session, oldest first, as
     /// `(user text, reply)` pairs.

@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod commands;
 pub mod control;
 pub mod drain;
+pub mod hermes;
 pub mod gateway;
 pub mod http;
 pub mod intake;
@@ -301,6 +302,8 @@ async fn serve_until_classified(
     gw.set_listen(addr.clone());
     gw.set_causes(tx.clone());
     app.follow_wakes();
+    // `[agent] hermes_home`: hermes's API server is ours to run until the drain is over.
+    let hermes_child = app.work.hermes.clone().and_then(hermes::Child::start);
     if let Err(e) = control::bind(&Endpoint::for_home(gw.home.dir()), Arc::clone(app), tx.clone()) {
         return startup_failed(gw, e);
     }
@@ -392,6 +395,9 @@ async fn serve_until_classified(
     app.work.notices.set_restarting(decision.intent == ExitIntent::PlannedRestart);
     info!("stopping: {}", decision.reason);
     drain(app, signals, opts.drain_timeout).await;
+    if let Some(h) = hermes_child {
+        h.stop().await;
+    }
     // Drained: hand the lease to a standby now rather than at its expiry.
     cluster::release(app).await;
     gw.advance(GatewayState::Stopping);

@@ -33,3 +33,25 @@ pub const SCRUB: &[&str] = &[
     "HERMES_GATEWAY_LOCK_DIR",
     "GATEWARDEN_HERMES_HOME",
 ];
+
+/// The API server key tests give hermes (hermes refuses keys under 16 characters).
+pub const API_KEY: &str = "gatewarden-test-api-server-key-0123456789";
+
+/// Writes a hermes home whose gateway serves the API server (the `api_server` platform) on
+/// `127.0.0.1:<port>` with [`API_KEY`], its agent pointed at the OpenAI-compatible `llm_base`
+/// (`http://…/v1`, e.g. [`crate::llmfake::FakeLlm::base_url`]), offline: no tirith download,
+/// approvals left to the caller (hermes's own wait is an hour, so the caller's expiry decides).
+/// hermes's `.env` overrides the process environment, so everything is set there.
+pub fn write_api_server_home(home: &std::path::Path, port: u16, llm_base: &str) {
+    std::fs::create_dir_all(home).expect("hermes home");
+    let env = format!(
+        "API_SERVER_ENABLED=true\nAPI_SERVER_KEY={API_KEY}\nAPI_SERVER_PORT={port}\nAPI_SERVER_HOST=127.0.0.1\n\
+         TIRITH_ENABLED=false\n"
+    );
+    std::fs::write(home.join(".env"), env).expect("hermes .env");
+    let config = format!(
+        "model:\n  provider: custom\n  base_url: {llm_base}\n  default: fake-model\n  api_key: sk-fake-provider\n\
+         approvals:\n  timeout: 3600\n"
+    );
+    std::fs::write(home.join("config.yaml"), config).expect("hermes config.yaml");
+}

@@ -1,0 +1,254 @@
+//! Issue 17 section 2: `backend = "hermes"`, the real hermes-agent 0.19 agent behind the
+//! gateway through its API server, with `[agent] hermes_home` (gatewarden runs hermes itself).
+//!
+//! Real processes: the gatewarden binary, the real `hermes gateway run` from
+//! `scripts/hermes-venv` (with the `[messaging]` extra its API server needs), the Telegram
+//! fake (crates/telegram-fake) for the chat, and the scripted OpenAI-compatible fake
+//! (testkit::llmfake) as hermes's LLM provider, so hermes's real agent loop (tool calls,
+//! approvals, sessions) runs offline and deterministically. Every hermes runs hermetically
+//! (`HOME` and `XDG_STATE_HOME` in a temp dir, its own home); the sweeper kills what is left.
+//! Under `CI` a missing venv fails.
+#![cfg(target_os = "linux")]
+
+mod common;
+mod work_common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+use work_common::*;
+
+use gatewarden_telegram_fake::{FakeTelegram, Options};
+use gatewarden_testkit::hermes::{SCRUB, venv, write_api_server_home};
+use gatewarden_testkit::llmfake::{FakeLlm, Reply};
+
+const TOKEN_ENV: &str = "GW_TEST_TELEGRAM_TOKEN";
+const ADMIN: i64 = 42;
+const USER: i64 = 5;
+const OTHER: i64 = 6;
+/// hermes starts in seconds, but a second run after a restart or a kill waits for it.
+const REPLY: Duration = Duration::from_secs(60);
+const APPROVAL_S: u64 = 6;
+
+fn token() -> String {
+    static N: AtomicU32 = AtomicU32::new(1);
+    format!("{}{:04}:hermes-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), std::process::id())
+}
+
+struct Rig {
+    home: TempHome,
+    sw: Sweeper,
+    tg: FakeTelegram,
+    llm: FakeLlm,
+    tok: String,
+    /// The hermes home, and a scratch folder beside it (`HOME`, `XDG_STATE_HOME`, victims).
+    hermes_home: PathBuf,
+    scratch: tempfile::TempDir,
+    g: Option<Gateway>,
+}
+
+impl Rig {
+    fn new() -> Option<Rig> {
+        let venv = venv()?;
+        let scratch = tempfile::tempdir().expect("tempdir");
+        let hermes_home = scratch.path().join("hermes");
+        let llm = FakeLlm::start(Reply::Echo).expect("fake LLM");
+        write_api_server_home(&hermes_home, gatewarden_testkit::api::free_port(), &llm.base_url());
+        for d in ["user", "xdg"] {
+            std::fs::create_dir_all(scratch.path().join(d)).expect("scratch dir");
+        }
+        let tg = FakeTelegram::start(Options { linger: Duration::from_millis(800), ..Options::default() })
+            .expect("fake Bot API");
+        let home = TempHome::new();
+        let config = format!(
+            "drain_timeout_s = 3\n[agent]\nbackend = \"hermes\"\nhermes_home = \"{}\"\nhermes_program = \"{}\"\n\
+             timeout_s = 90\napproval_timeout_s = {APPROVAL_S}\n\
+             [[platform]]\nkind = \"telegram\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\nadmins = [\"{ADMIN}\"]\n\
+             poll_timeout_s = 2\nconflict_standby_s = 2\n",
+            hermes_home.display(),
+            venv.join("bin/hermes").display(),
+            tg.base_url()
+        );
+        write_config(home.path(), &config);
+        Some(Rig { home, sw: Sweeper::new(), tg, llm, tok: token(), hermes_home, scratch, g: None })
+    }
+
+    fn start(&mut self) {
+        let mut b = builder(&self.home)
+            .env(TAG_VAR, self.sw.tag())
+            .env(TOKEN_ENV, &self.tok)
+            .env("GATEWARDEN_CREDS_DIR", self.scratch.path().join("creds"))
+            .env("HOME", self.scratch.path().join("user"))
+            .env("XDG_STATE_HOME", self.scratch.path().join("xdg"));
+        for k in SCRUB {
+            b = b.env_remove(*k);
+        }
+        let mut g = b.spawn();
+        g.wait_ready(READY);
+        self.g = Some(g);
+    }
+
+    fn say(&self, chat: i64, user: i64, text: &str) {
+        self.tg.inject(&self.tok, chat, user, text);
+    }
+
+    /// The newest message the bot sent in `chat` matching `pred`, waiting for it.
+    #[track_caller]
+    fn reply(&self, chat: i64, pred: impl Fn(&str) -> bool) -> String {
+        let got = self.tg.wait_sent(&self.tok, REPLY, |s| s.iter().any(|m| m.chat_id == json!(chat) && pred(&m.text)));
+        let sent = got.unwrap_or_else(|s| {
+            panic!("no matching reply in chat {chat} within {REPLY:?}; sent: {s:#?}\n{}", self.diag())
+        });
+        sent.into_iter().rev().find(|m| m.chat_id == json!(chat) && pred(&m.text)).map(|m| m.text).unwrap_or_default()
+    }
+
+    fn count(&self, chat: i64, text: &str) -> usize {
+        self.tg.sent(&self.tok).iter().filter(|m| m.chat_id == json!(chat) && m.text == text).count()
+    }
+
+    /// The pid hermes recorded (`gateway.pid`), once it holds its lock.
+    fn hermes_pid(&self) -> Option<u32> {
+        let text = std::fs::read_to_string(self.hermes_home.join("gateway.pid")).ok()?;
+        let pid = serde_json::from_str::<Value>(&text).ok()?["pid"].as_u64()? as u32;
+        pid_alive(pid).then_some(pid)
+    }
+
+    fn diag(&self) -> String {
+        let log = std::fs::read_to_string(self.hermes_home.join("gatewarden/gateway-stdio.log")).unwrap_or_default();
+        let tail: String = log.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+        format!(
+            "gateway: {}\nhermes stdio (tail):\n{tail}\nLLM saw {} request(s)",
+            self.g.as_ref().map(|g| g.diag()).unwrap_or_default(),
+            self.llm.requests()
+        )
+    }
+
+    fn victim(&self, name: &str) -> PathBuf {
+        let p = self.scratch.path().join(name);
+        std::fs::create_dir_all(&p).expect("victim dir");
+        p
+    }
+}
+
+/// Whether any request for the message `asked` carried `earlier` in its conversation.
+fn remembered(llm: &FakeLlm, asked: &str, earlier: &str) -> bool {
+    llm.asked(asked).iter().any(|s| {
+        s.body["messages"].as_array().into_iter().flatten().any(|m| {
+            m["role"] != "system" && m["content"].as_str().is_some_and(|c| c.contains(earlier) && !c.contains(asked))
+        })
+    })
+}
+
+fn rm(path: &Path) -> Value {
+    json!({"command": format!("rm -rf {}", path.display())})
+}
+
+/// One gatewarden with its own hermes: a round trip from a Telegram chat; the conversation
+/// remembered by hermes's session across messages and forgotten after `/new`; an approval
+/// asked in the chat, refused to another user, answered `/approve` by the asker, and the tool
+/// run; another left unanswered, answered "deny" at its expiry, and the tool not run; `stop`
+/// stops hermes too.
+#[test]
+fn chat_sessions_and_approvals_through_real_hermes() {
+    let Some(mut r) = Rig::new() else { return };
+    let (cleaned, kept) = (r.victim("victim-approved"), r.victim("victim-expired"));
+    // The tool's result decides the last answer: hermes says BLOCKED when denied.
+    r.llm
+        .on("user", "please clean up", [Reply::tool("terminal", rm(&cleaned))])
+        .on("user", "please wipe", [Reply::tool("terminal", rm(&kept))])
+        .on("tool", "BLOCKED", [Reply::text("the command was not allowed")])
+        .on("tool", "", [Reply::text("cleaned up")]);
+    r.start();
+
+    r.say(7, USER, "hello hermes");
+    r.reply(7, |t| t == "echo: hello hermes");
+    let hermes = r.hermes_pid().expect("gatewarden started hermes, and hermes holds its lock");
+
+    r.say(7, USER, "second message");
+    r.reply(7, |t| t == "echo: second message");
+    assert!(remembered(&r.llm, "second message", "hello hermes"), "the session carries the first turn\n{}", r.diag());
+
+    r.say(7, USER, "/new");
+    r.reply(7, |t| t.starts_with("new conversation"));
+    r.say(7, USER, "third message");
+    r.reply(7, |t| t == "echo: third message");
+    for earlier in ["hello hermes", "second message"] {
+        assert!(!remembered(&r.llm, "third message", earlier), "/new starts a fresh session\n{}", r.diag());
+    }
+
+    // Approved by the asker (another user of the chat cannot).
+    r.say(7, USER, "please clean up");
+    let q = r.reply(7, |t| t.contains("asks for approval"));
+    assert!(q.contains(&cleaned.display().to_string()) && q.contains("/approve"), "{q}");
+    r.say(7, OTHER, "/approve");
+    r.reply(7, |t| t.contains("only the user who asked"));
+    assert!(cleaned.exists(), "not approved yet");
+    r.say(7, USER, "/approve");
+    r.reply(7, |t| t.starts_with("approved:"));
+    r.reply(7, |t| t == "cleaned up");
+    assert!(!cleaned.exists(), "the approved tool ran\n{}", r.diag());
+
+    // Left to expire: denied, the tool not run.
+    r.say(7, USER, "please wipe");
+    r.reply(7, |t| t.contains("asks for approval") && t.contains("victim-expired"));
+    r.reply(7, |t| t.starts_with(&format!("no answer within {APPROVAL_S} s: denied")));
+    r.reply(7, |t| t == "the command was not allowed");
+    assert!(kept.exists(), "a denied tool never runs");
+    r.say(7, USER, "/approve");
+    r.reply(7, |t| t == "nothing waits for an approval here");
+
+    let out = run_cli(&r.home, &["stop"]);
+    assert_cli(&out, 0, "stop");
+    assert!(wait_until(EXIT, || !pid_alive(hermes)), "stop stops hermes too");
+}
+
+/// A run in flight when gatewarden restarts is stopped at the drain budget, re-run once by the
+/// next incarnation (with hermes started again), and answered once.
+#[test]
+fn a_run_interrupted_by_a_restart_is_finished_once_after_it() {
+    let Some(mut r) = Rig::new() else { return };
+    r.llm.on("user", "slow task", [Reply::held(Reply::text("slow done")), Reply::text("slow done")]);
+    r.start();
+    r.say(7, USER, "slow task");
+    assert!(wait_until(REPLY, || r.llm.holding() == 1), "hermes called its LLM\n{}", r.diag());
+    let old = r.g.as_ref().map(Gateway::pid).unwrap_or_default();
+    // The successor inherits the gateway's environment; the CLI gets the same, in case.
+    let (creds, user, xdg) = (r.scratch.path().join("creds"), r.scratch.path().join("user"), r.scratch.path().join("xdg"));
+    let env = [
+        (TAG_VAR, r.sw.tag()),
+        (TOKEN_ENV, r.tok.as_str()),
+        ("GATEWARDEN_CREDS_DIR", creds.to_str().unwrap_or_default()),
+        ("HOME", user.to_str().unwrap_or_default()),
+        ("XDG_STATE_HOME", xdg.to_str().unwrap_or_default()),
+    ];
+    let out = cli_with(bin(), r.home.path(), &["restart", "--timeout", "40"], &env, Duration::from_secs(60));
+    assert_cli(&out, 0, "restart");
+    wait_new_ready(r.home.path(), &[old], READY).expect("successor ready");
+    r.reply(7, |t| t == "slow done");
+    // A later message is answered after it: the interrupted one was not queued twice.
+    r.say(7, USER, "after the restart");
+    r.reply(7, |t| t == "echo: after the restart");
+    assert_eq!(r.count(7, "slow done"), 1, "answered once\n{}", r.diag());
+    assert!(r.llm.asked("slow task").len() >= 2, "run again after the restart");
+    r.llm.release();
+    assert_cli(&run_cli(&r.home, &["stop"]), 0, "stop");
+}
+
+/// hermes killed with SIGKILL mid-run: gatewarden revives it, the message waits (it is not
+/// failed) and is answered by the new hermes.
+#[test]
+fn hermes_killed_mid_run_is_revived_and_the_message_answered() {
+    let Some(mut r) = Rig::new() else { return };
+    r.llm.on("user", "long job", [Reply::held(Reply::text("long done")), Reply::text("long done")]);
+    r.start();
+    r.say(7, USER, "long job");
+    assert!(wait_until(REPLY, || r.llm.holding() == 1), "hermes called its LLM\n{}", r.diag());
+    let first = r.hermes_pid().expect("hermes runs");
+    send_signal(first, sig::SIGKILL).expect("SIGKILL hermes");
+    assert!(wait_until(REPLY, || r.hermes_pid().is_some_and(|p| p != first)), "hermes revived\n{}", r.diag());
+    r.reply(7, |t| t == "long done");
+    assert_eq!(r.count(7, "long done"), 1);
+    assert!(r.tg.sent(&r.tok).iter().all(|m| !m.text.starts_with("sorry")), "never failed");
+    r.llm.release();
+    assert_cli(&run_cli(&r.home, &["stop"]), 0, "stop");
+}
