@@ -734,6 +734,20 @@ proxy = "socks5h://127.0.0.1:1080"
         let e = parse(&format!("{base}proxy = \"ftp://x\"\n")).unwrap_err();
         assert_eq!(e.key(), Some("proxy"), "{e}");
     }
+
+    #[test]
+    fn hermes_needs_a_home_or_an_api_server_with_its_key() {
+        let e = parse("[agent]\nbackend = \"hermes\"\n").unwrap_err();
+        assert_eq!(e.key(), Some("base_url"), "{e}");
+        let c = parse("[agent]\nbackend = \"hermes\"\nhermes_home = \"hermes\"\n").unwrap();
+        assert_eq!(c.agent.hermes_home.as_deref(), Some(Path::new("/h/hermes")), "relative to the home");
+        assert_eq!(c.agent.approval_timeout_s, 300);
+        let e = parse("[agent]\nbackend = \"hermes\"\nbase_url = \"http://127.0.0.1:8642\"\n").unwrap_err();
+        assert_eq!(e.key(), Some("api_key_env"), "{e}");
+        parse("[agent]\nbackend = \"hermes\"\nbase_url = \"http://127.0.0.1:8642\"\napi_key_env = \"K\"\n").unwrap();
+        let e = parse("[agent]\nbackend = \"hermes\"\nhermes_home = \"/x\"\napproval_timeout_s = 0\n").unwrap_err();
+        assert_eq!(e.key(), Some("approval_timeout_s"), "{e}");
+    }
 }
 
 // ---- end of [[agent.provider]] ----
@@ -1457,7 +1471,7 @@ mod tests {
             );
         }
         // Uncommenting every commented-out assignment of each backend block must still parse.
-        for backend in ["exec", "openai"] {
+        for backend in ["exec", "openai", "hermes"] {
             let enabled = enable_block(text, backend);
             let c = parse(&enabled).unwrap_or_else(|e| panic!("{backend} block: {e}"));
             assert_eq!(c.agent.backend.as_str(), backend);
