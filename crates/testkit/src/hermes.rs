@@ -40,7 +40,9 @@ pub const API_KEY: &str = "gatewarden-test-api-server-key-0123456789";
 /// Writes a hermes home whose gateway serves the API server (the `api_server` platform) on
 /// `127.0.0.1:<port>` with [`API_KEY`], its agent pointed at the OpenAI-compatible `llm_base`
 /// (`http://…/v1`, e.g. [`crate::llmfake::FakeLlm::base_url`]), offline: no tirith download,
-/// approvals left to the caller (hermes's own wait is an hour, so the caller's expiry decides).
+/// approvals left to the caller (hermes's own wait is an hour, so the caller's expiry decides),
+/// the context window given (no model-metadata lookups), and only the terminal tool for API
+/// runs (each run builds its agent with every enabled tool's checks: fewer is faster).
 /// hermes's `.env` overrides the process environment, so everything is set there.
 pub fn write_api_server_home(home: &std::path::Path, port: u16, llm_base: &str) {
     std::fs::create_dir_all(home).expect("hermes home");
@@ -51,7 +53,7 @@ pub fn write_api_server_home(home: &std::path::Path, port: u16, llm_base: &str) 
     std::fs::write(home.join(".env"), env).expect("hermes .env");
     let config = format!(
         "model:\n  provider: custom\n  base_url: {llm_base}\n  default: fake-model\n  api_key: sk-fake-provider\n\
-         approvals:\n  timeout: 3600\n"
+         \x20 context_length: 128000\napprovals:\n  timeout: 3600\nplatform_toolsets:\n  api_server: [terminal]\n"
     );
     std::fs::write(home.join("config.yaml"), config).expect("hermes config.yaml");
 }

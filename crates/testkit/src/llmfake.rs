@@ -3,7 +3,10 @@
 //!
 //! What it models of the public OpenAI API (https://platform.openai.com/docs/api-reference/chat):
 //! - `POST /v1/chat/completions` with a JSON body (`model`, `messages`, `stream`,
-//!   `stream_options.include_usage`); any other path is a 404 with an `error` object.
+//!   `stream_options.include_usage`); any other path is a 404 with an `error` object, except:
+//! - `GET /v1/models` (https://platform.openai.com/docs/api-reference/models/list): a `list` of
+//!   one `model` object (`id` `fake-model`, `created`, `owned_by`), and `GET /v1/models/{id}`
+//!   (…/models/retrieve) that object (clients probe these before their first call).
 //! - A non-streaming answer is a `chat.completion` object: `choices[0].message.content`,
 //!   `finish_reason: "stop"`, and `usage` (`prompt_tokens`, `completion_tokens`,
 //!   `total_tokens`).
@@ -252,6 +255,20 @@ fn serve(conn: TcpStream, script: &Mutex<Script>, stopped: &std::sync::atomic::A
         };
         (reply, s.latency, s.chunk_gap)
     };
+    if method == "GET" && (path == "/v1/models" || path.starts_with("/v1/models/")) {
+        let model = |id: &str| json!({"id": id, "object": "model", "created": 0, "owned_by": "gatewarden-fake"});
+        let body = match path.strip_prefix("/v1/models/") {
+            Some(id) => model(id),
+            None => json!({"object": "list", "data": [model("fake-model")]}),
+        }
+        .to_string();
+        let _ = write!(
+            w,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        return;
+    }
     if method != "POST" || !path.ends_with("/chat/completions") {
         let _ = respond_error(&mut w, 404, None);
         return;
