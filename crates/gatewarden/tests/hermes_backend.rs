@@ -233,7 +233,8 @@ fn chat_sessions_and_approvals_through_real_hermes() {
 /// - hermes killed with SIGKILL: gatewarden revives it, the message waits (it is not failed)
 ///   and is answered once by the new hermes;
 /// - gatewarden restarted: the run is stopped at the drain budget, re-run once by the next
-///   incarnation (which starts hermes again) and answered once.
+///   incarnation on the same hermes (a restart leaves it running, warm) and answered once;
+///   `stop` then stops that hermes too.
 #[test]
 fn runs_survive_hermes_killed_and_gatewarden_restarted() {
     let Some(mut r) = Rig::new() else { return };
@@ -257,6 +258,7 @@ fn runs_survive_hermes_killed_and_gatewarden_restarted() {
     assert!(wait_until(REPLY, || r.llm.holding() == 1), "hermes called its LLM\n{}", r.diag());
     r.step("hermes holds the LLM call");
     let old = r.g.as_ref().map(Gateway::pid).unwrap_or_default();
+    let warm = r.hermes_pid().expect("hermes runs");
     // The successor inherits the gateway's environment; the CLI gets the same, in case.
     let (creds, user, xdg) = (r.scratch.path().join("creds"), r.scratch.path().join("user"), r.scratch.path().join("xdg"));
     let env = [
@@ -276,9 +278,11 @@ fn runs_survive_hermes_killed_and_gatewarden_restarted() {
     r.reply(7, |t| t == "echo: after the restart");
     assert_eq!(r.count(7, "slow done"), 1, "answered once\n{}", r.diag());
     assert_eq!(r.count(7, "long done"), 1);
+    assert_eq!(r.hermes_pid(), Some(warm), "the successor adopted the running hermes\n{}", r.diag());
     r.llm.release();
     if std::env::var_os("GW_TEST_DIAG").is_some() {
         eprintln!("{}", r.diag());
     }
     assert_cli(&run_cli(&r.home, &["stop"]), 0, "stop");
+    assert!(wait_until(EXIT, || !pid_alive(warm)), "stop stops the adopted hermes");
 }

@@ -200,7 +200,10 @@ pub fn prepare(
     let platforms = Arc::new(platforms::Platforms::build(&config).map_err(fatal)?);
     let (wake, wakes) = intake::Wake::channel();
     let work =
-        Arc::new(worker::Work::new(agent, journal, &config, config.is_loopback_listen(), platforms.admins(), wake));
+        Arc::new(
+            worker::Work::new(agent, journal, &config, config.is_loopback_listen(), platforms.admins(), wake)
+                .with_hermes(hermes::Spec::from_config(&config.agent, home.dir())),
+        );
     work.metrics.seed_from_ledger(&home.ledger());
     opts.listen = Some(config.listen.to_string());
     let drain_timeout = opts.drain_timeout.unwrap_or(config.drain_timeout());
@@ -396,7 +399,12 @@ async fn serve_until_classified(
     info!("stopping: {}", decision.reason);
     drain(app, signals, opts.drain_timeout).await;
     if let Some(h) = hermes_child {
-        h.stop().await;
+        // A restart hands hermes, warm, to the successor (its runs were stopped by the drain);
+        // anything else stops it.
+        match decision.intent {
+            ExitIntent::PlannedRestart | ExitIntent::Takeover => h.leave(),
+            _ => h.stop().await,
+        }
     }
     // Drained: hand the lease to a standby now rather than at its expiry.
     cluster::release(app).await;

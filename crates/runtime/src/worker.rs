@@ -194,10 +194,16 @@ impl Work {
             history_chars: config.agent.history_chars,
             update_source: config.update.source.clone(),
             full_told: Mutex::new(HashSet::new()),
-            hermes: crate::hermes::Spec::from_config(&config.agent),
+            hermes: None,
             chat_runs: Mutex::new(HashMap::new()),
             cancelled_by_chat: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// With `[agent] hermes_home`: the hermes gateway this gateway runs.
+    pub fn with_hermes(mut self, spec: Option<crate::hermes::Spec>) -> Work {
+        self.hermes = spec;
+        self
     }
 
     /// Why a new message of `(platform, chat)` is refused: past the `[journal]` queue caps
