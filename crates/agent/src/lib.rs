@@ -6,6 +6,6 @@
 pub mod backend;
 
 pub use backend::{
-    Agent, AgentError, Approvals, HermesAgent, Pending, Question, AgentFuture, AgentReply, AgentRequest, ProviderEvent, ProviderStatus, Turn, Usage, build_agent,
-    build_agent_with_env, within_budget,
+    Agent, AgentError, AgentFuture, AgentReply, AgentRequest, Approvals, HermesAgent, Pending, ProviderEvent,
+    ProviderStatus, Question, Turn, Usage, build_agent, build_agent_with_env, within_budget,
 };

@@ -112,8 +112,12 @@ impl Rig {
         let sent = got.unwrap_or_else(|s| {
             panic!("no matching reply in chat {chat} within {REPLY:?}; sent: {s:#?}\n{}", self.diag())
         });
-        let text =
-            sent.into_iter().rev().find(|m| m.chat_id == json!(chat) && pred(&m.text)).map(|m| m.text).unwrap_or_default();
+        let text = sent
+            .into_iter()
+            .rev()
+            .find(|m| m.chat_id == json!(chat) && pred(&m.text))
+            .map(|m| m.text)
+            .unwrap_or_default();
         self.step(&format!("got {text:?}"));
         text
     }
@@ -131,7 +135,8 @@ impl Rig {
 
     fn diag(&self) -> String {
         let log = std::fs::read_to_string(self.hermes_home.join("gatewarden/gateway-stdio.log")).unwrap_or_default();
-        let tail: String = log.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+        let tail: String =
+            log.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
         let seen: Vec<String> = self
             .llm
             .seen()
@@ -139,7 +144,13 @@ impl Rig {
             .map(|s| {
                 let last = s.body["messages"].as_array().and_then(|m| m.last()).cloned().unwrap_or(Value::Null);
                 let text: String = last["content"].to_string().chars().take(60).collect();
-                format!("{:?} {} stream={} {} {text}", s.at.duration_since(self.t0_instant()), s.path, s.body["stream"], last["role"])
+                format!(
+                    "{:?} {} stream={} {} {text}",
+                    s.at.duration_since(self.t0_instant()),
+                    s.path,
+                    s.body["stream"],
+                    last["role"]
+                )
             })
             .collect();
         format!(
@@ -238,9 +249,11 @@ fn chat_sessions_and_approvals_through_real_hermes() {
 #[test]
 fn runs_survive_hermes_killed_and_gatewarden_restarted() {
     let Some(mut r) = Rig::new() else { return };
-    r.llm
-        .on("user", "long job", [Reply::held(Reply::text("long done")), Reply::text("long done")])
-        .on("user", "slow task", [Reply::held(Reply::text("slow done")), Reply::text("slow done")]);
+    r.llm.on("user", "long job", [Reply::held(Reply::text("long done")), Reply::text("long done")]).on(
+        "user",
+        "slow task",
+        [Reply::held(Reply::text("slow done")), Reply::text("slow done")],
+    );
     r.start();
 
     r.say(7, USER, "long job");
@@ -260,7 +273,8 @@ fn runs_survive_hermes_killed_and_gatewarden_restarted() {
     let old = r.g.as_ref().map(Gateway::pid).unwrap_or_default();
     let warm = r.hermes_pid().expect("hermes runs");
     // The successor inherits the gateway's environment; the CLI gets the same, in case.
-    let (creds, user, xdg) = (r.scratch.path().join("creds"), r.scratch.path().join("user"), r.scratch.path().join("xdg"));
+    let (creds, user, xdg) =
+        (r.scratch.path().join("creds"), r.scratch.path().join("user"), r.scratch.path().join("xdg"));
     let env = [
         (TAG_VAR, r.sw.tag()),
         (TOKEN_ENV, r.tok.as_str()),

@@ -24,8 +24,7 @@ pub enum Command {
 }
 
 /// `/help`'s reply.
-pub const HELP: &str =
-    "commands: /status, /new (fresh conversation), /cancel (stop the reply being written), /approve or /deny (what the agent asks), /restart (admins), /stop (admins), /update (admins), /help";
+pub const HELP: &str = "commands: /status, /new (fresh conversation), /cancel (stop the reply being written), /approve or /deny (what the agent asks), /restart (admins), /stop (admins), /update (admins), /help";
 
 impl Command {
     /// What the user typed, for replies.

@@ -25,8 +25,8 @@ use gatewarden_hermes::HermesHome;
 use gatewarden_hermes::holder::{self, Finding};
 use gatewarden_hermes::start::{self, Mode};
 use gatewarden_hermes::stop::{self, StopOptions};
-use gatewarden_lifecycle::ProcessIdentity;
 use gatewarden_hermes::supervise::{End, Event, Supervise};
+use gatewarden_lifecycle::ProcessIdentity;
 use gatewarden_service::supervise::SupervisePolicy;
 
 /// What a hermes child must not inherit from us: it would believe systemd supervises it, or
@@ -174,8 +174,15 @@ fn supervise(spec: &Spec, stop: &AtomicBool, leave: &AtomicBool) {
                 let ours = left_to_us(spec, identity);
                 if !told_busy {
                     match ours {
-                        true => crate::info!("hermes: adopting pid {}, left running by the previous incarnation", identity.pid),
-                        false => crate::info!("hermes: pid {} runs in {}; using it until it stops", identity.pid, home.display()),
+                        true => crate::info!(
+                            "hermes: adopting pid {}, left running by the previous incarnation",
+                            identity.pid
+                        ),
+                        false => crate::info!(
+                            "hermes: pid {} runs in {}; using it until it stops",
+                            identity.pid,
+                            home.display()
+                        ),
                     }
                     told_busy = true;
                 }

@@ -14,8 +14,8 @@ pub mod cluster;
 pub mod commands;
 pub mod control;
 pub mod drain;
-pub mod hermes;
 pub mod gateway;
+pub mod hermes;
 pub mod http;
 pub mod intake;
 pub mod log;
@@ -199,11 +199,10 @@ pub fn prepare(
     };
     let platforms = Arc::new(platforms::Platforms::build(&config).map_err(fatal)?);
     let (wake, wakes) = intake::Wake::channel();
-    let work =
-        Arc::new(
-            worker::Work::new(agent, journal, &config, config.is_loopback_listen(), platforms.admins(), wake)
-                .with_hermes(hermes::Spec::from_config(&config.agent, home.dir())),
-        );
+    let work = Arc::new(
+        worker::Work::new(agent, journal, &config, config.is_loopback_listen(), platforms.admins(), wake)
+            .with_hermes(hermes::Spec::from_config(&config.agent, home.dir())),
+    );
     work.metrics.seed_from_ledger(&home.ledger());
     opts.listen = Some(config.listen.to_string());
     let drain_timeout = opts.drain_timeout.unwrap_or(config.drain_timeout());

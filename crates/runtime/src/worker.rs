@@ -433,7 +433,9 @@ impl Work {
             }
             Command::Update => reply(self.start_update(gw, platform, chat_id, user_id)),
             Command::Cancel => reply(self.cancel_chat(platform, chat_id)),
-            Command::Approve | Command::Deny => reply(self.answer_approval(platform, chat_id, user_id, cmd == Command::Approve)),
+            Command::Approve | Command::Deny => {
+                reply(self.answer_approval(platform, chat_id, user_id, cmd == Command::Approve))
+            }
         }
     }
 
@@ -667,7 +669,12 @@ impl Work {
         };
         let key = chat_key(msg.platform.as_deref(), &msg.chat_id);
         let token = self.cancel.child_token();
-        self.chat_runs.lock().unwrap_or_else(|p| p.into_inner()).entry(key.clone()).or_default().push((id.clone(), token.clone()));
+        self.chat_runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .push((id.clone(), token.clone()));
         let r = self.run_with(gw, req, None, token).await;
         {
             let mut runs = self.chat_runs.lock().unwrap_or_else(|p| p.into_inner());

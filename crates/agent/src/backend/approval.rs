@@ -93,7 +93,13 @@ impl Approvals {
 
     /// Registers a question of run `pending.run_id` for `(platform, chat)` and tells the chat.
     /// `None`: nobody can be asked (no chat, no runtime listening, too many waiting): deny.
-    pub fn ask(&self, platform: Option<&str>, chat_id: &str, pending: Pending, text: String) -> Option<oneshot::Receiver<bool>> {
+    pub fn ask(
+        &self,
+        platform: Option<&str>,
+        chat_id: &str,
+        pending: Pending,
+        text: String,
+    ) -> Option<oneshot::Receiver<bool>> {
         let platform = platform?;
         if !self.listening.load(Ordering::SeqCst) {
             return None;

@@ -246,8 +246,8 @@ impl HermesAgent {
         let (url, key) = resolve(&self.endpoint)?;
         let deadline = Instant::now() + self.timeout;
         let http = http_agent(self.timeout);
-        let r = with_timeout(self.timeout, &cancel, |tok| self.drive(&req, tok, chunks, (url, key), deadline, http))
-            .await;
+        let r =
+            with_timeout(self.timeout, &cancel, |tok| self.drive(&req, tok, chunks, (url, key), deadline, http)).await;
         self.approvals.withdraw(&req.run_id);
         r
     }
@@ -429,7 +429,12 @@ struct Client {
 }
 
 impl Client {
-    fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Result<ureq::http::Response<ureq::Body>, Step> {
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<ureq::http::Response<ureq::Body>, Step> {
         let url = format!("{}{path}", self.url);
         let auth = format!("Bearer {}", self.key);
         let r = match (method, body) {
@@ -599,7 +604,8 @@ impl RunThread {
                 // hermes died mid-run, or the connection broke.
                 Err(_) => return Ok(None),
             };
-            let events = if n == 0 { decoder.finish().map(|e| e.into_iter().collect()) } else { decoder.push(&buf[..n]) };
+            let events =
+                if n == 0 { decoder.finish().map(|e| e.into_iter().collect()) } else { decoder.push(&buf[..n]) };
             let events = events.map_err(|e| Step::End(AgentError::Failed(format!("hermes run events: {e}"))))?;
             for data in events {
                 let Ok(v) = serde_json::from_str::<Value>(&data) else { continue };

@@ -28,8 +28,8 @@ mod process_group;
 pub mod provider;
 pub mod sse;
 
-pub use echo::EchoAgent;
 pub use approval::{Approvals, Pending, Question};
+pub use echo::EchoAgent;
 pub use exec::{ExecAgent, MAX_STDOUT_BYTES};
 pub use hermes::HermesAgent;
 pub use openai::{ApiKey, OpenAiAgent, Policy};
