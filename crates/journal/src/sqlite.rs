@@ -1442,6 +1442,20 @@ mod tests {
         assert!(j.history(&fresh, 10).unwrap().is_empty(), "/new forgets the earlier turns");
     }
 
+    /// The hermes backend names its session after this: none before `/new`, then a start that
+    /// each `/new` moves.
+    #[test]
+    fn session_start_is_read_from_the_sessions_row() {
+        let (_d, j) = journal();
+        assert_eq!(j.session_started("tg", "c1").unwrap(), None);
+        j.new_session("tg", "c1").unwrap();
+        let first = j.session_started("tg", "c1").unwrap().expect("a start");
+        assert_eq!(j.session_started("tg", "c2").unwrap(), None, "per chat");
+        std::thread::sleep(Duration::from_millis(2));
+        j.new_session("tg", "c1").unwrap();
+        assert_ne!(j.session_started("tg", "c1").unwrap(), Some(first), "/new moves it");
+    }
+
     #[test]
     fn concurrent_first_opens_migrate_once() {
         let dir = tempfile::tempdir().unwrap();
