@@ -35,7 +35,11 @@ struct Unit {
 impl Unit {
     /// Writes `config` (if any) into a fresh home and runs `service install <args>`.
     fn install(config: Option<&str>, args: &[&str]) -> Unit {
-        let home = TempHome::new();
+        Self::install_as(TempHome::new(), bin(), config, args)
+    }
+
+    /// [`Unit::install`] by the binary `exe` (which becomes the unit's `ExecStart=`).
+    fn install_as(home: TempHome, exe: &str, config: Option<&str>, args: &[&str]) -> Unit {
         if let Some(c) = config {
             home.write("config.toml", c);
         }
@@ -44,7 +48,7 @@ impl Unit {
         let unit = Unit { home, name, probe: None };
         let mut full = vec!["service", "install"];
         full.extend_from_slice(args);
-        let out = cli_with(bin(), unit.home.path(), &full, &[], Duration::from_secs(60));
+        let out = cli_with(exe, unit.home.path(), &full, &[], Duration::from_secs(60));
         assert_cli(&out, 0, "service install");
         unit
     }
@@ -150,7 +154,7 @@ fn print_renders_the_exit_code_contract() {
         "RestartForceExitStatus=75",
         "SuccessExitStatus=75",
         "RestartPreventExitStatus=78",
-        "RestartSec=100ms",
+        "RestartSec=0s",
         "KillMode=mixed",
         "WantedBy=default.target",
         // max(max(45, 0 + 10) + 30, 45 + 60 + 10, 30) = 115
@@ -513,4 +517,47 @@ fn a_crash_loop_is_named_and_never_ends_the_unit() {
     });
     assert!(named, "{st:#}");
     assert!(st["last_exit_reason"].as_str().unwrap_or_default().contains("killed"), "{st:#}");
+}
+
+/// Issue 22's kill -9 budget: without `RestartSteps=` (systemd < 254) the unit restarts at once
+/// (`RestartSec=0`) and the crash-backoff helper holds the whole delay. When the helper cannot
+/// run (here: the unit's binary replaced by one that fails at once), the unit's own fallback
+/// delay still holds, so a broken binary is no hot restart loop; and once a working binary is
+/// back, the loop ends by itself.
+#[test]
+fn a_binary_that_cannot_run_is_retried_slowly_and_recovers() {
+    if !have_user_manager() {
+        return;
+    }
+    let home = TempHome::new();
+    let exe = home.scratch("gatewarden", "");
+    std::fs::copy(bin(), &exe).unwrap();
+    let u = Unit::install_as(home, exe.to_str().unwrap(), Some(LOOPBACK), &[]);
+    let unit_text = std::fs::read_to_string(u.path()).unwrap();
+    if !unit_text.contains("crash-backoff") {
+        assert!(unit_text.contains("RestartSteps="), "{unit_text}");
+        eprintln!("systemd >= 254: RestartSteps= brakes the loop; no helper to lose");
+        return;
+    }
+    assert!(unit_text.contains("RestartSec=0s\n"), "{unit_text}");
+    let old = u.wait_running(0, READY)["pid"].as_u64().unwrap() as u32;
+    let n0: u32 = u.prop("NRestarts").parse().unwrap();
+    // Broken in place (a new inode: the running gateway keeps its own).
+    let swap = |from: &std::path::Path| {
+        let tmp = exe.with_extension("new");
+        std::fs::copy(from, &tmp).unwrap();
+        std::fs::rename(&tmp, &exe).unwrap();
+    };
+    let broken = u.home.scratch("broken", ".sh");
+    std::fs::write(&broken, "#!/bin/sh\nexit 1\n").unwrap();
+    std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    swap(&broken);
+    send_signal(old, sig::SIGKILL).unwrap();
+    // Without the fallback this is hundreds of restarts a second.
+    let restarts = || u.prop("NRestarts").parse::<u32>().unwrap_or(u32::MAX).saturating_sub(n0);
+    assert_eq!(holds_for(Duration::from_secs(2), || restarts() == 0), Ok(()), "{:?}", u.show());
+    swap(std::path::Path::new(bin()));
+    let back = u.wait_running(old, Duration::from_secs(30));
+    assert!(restarts() <= 3, "{} restarts: {:?}", restarts(), u.show());
+    assert_eq!(back["state"], "running");
 }

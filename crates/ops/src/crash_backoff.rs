@@ -11,11 +11,11 @@
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
-use gatewarden_lifecycle::crashes::crash_run;
+use gatewarden_lifecycle::crashes::{CrashRun, crash_run};
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
 use gatewarden_lifecycle::{ExitIntent, Home};
 use gatewarden_service::supervise::SupervisePolicy;
-use serde_json::json;
+use serde_json::{Map, Value, json};
 
 use crate::crash_loop::events;
 
@@ -29,8 +29,9 @@ pub fn crash_backoff(home: &Home) -> crate::Result<ExitCode> {
     };
     let Some(exit) = describe(&how, &status) else { return Ok(ExitCode::SUCCESS) };
     let home = home.canonicalized();
-    let run = crash_run(&events(&home), SystemTime::now(), false);
-    let crashes = run.crashes.max(1);
+    let events = events(&home);
+    let run = crash_run(&events, SystemTime::now(), false);
+    let crashes = crashes_in_a_row(&run, &events);
     let delay = delay_after(crashes);
     let _ = Ledger::new(home.ledger(), Writer::current()).append(
         "crash_backoff",
@@ -44,6 +45,18 @@ pub fn crash_backoff(home: &Home) -> crate::Result<ExitCode> {
         std::thread::sleep(delay);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The crashes in a row, this one included. The ledger's crash run counts incarnations that
+/// wrote `started`; one that died before (a broken release, a missing library) left only the
+/// `crash_backoff` line written after it, so those after the newest `started` count too (one
+/// of them is the newest incarnation's own when it crashed, and then this crash is not it).
+/// Without them, `RestartSec=0` would restart such a loop at once, forever.
+fn crashes_in_a_row(run: &CrashRun, events: &[Map<String, Value>]) -> u32 {
+    let is = |e: &Map<String, Value>, name: &str| e.get("event").and_then(Value::as_str) == Some(name);
+    let after_start = events.iter().rposition(|e| is(e, "started")).map_or(0, |i| i + 1);
+    let backoffs = events[after_start..].iter().filter(|e| is(e, "crash_backoff")).count();
+    run.crashes.max(1).saturating_add(u32::try_from(backoffs).unwrap_or(u32::MAX))
 }
 
 /// How the main process ended, in words; `None` for an exit that is not a crash.
@@ -79,6 +92,29 @@ mod tests {
         assert_eq!(describe("killed", "KILL").as_deref(), Some("killed by SIGKILL"));
         assert_eq!(describe("dumped", "SEGV").as_deref(), Some("killed by SIGSEGV (core dumped)"));
         assert_eq!(describe("weird", "x"), None);
+    }
+
+    fn ev(event: &str, code: Option<i64>) -> Map<String, Value> {
+        let mut m = json!({"event": event, "incarnation": "i", "ts": "2026-12-01T20:00:00.000000+00:00"});
+        if let Some(c) = code {
+            m["code"] = json!(c);
+        }
+        m.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn crashes_before_started_count_from_their_backoff_lines() {
+        let run = |crashes| CrashRun { crashes, last: None, since: None };
+        // The newest incarnation crashed and nothing came after it: this crash is it.
+        let log = [ev("started", None)];
+        assert_eq!(crashes_in_a_row(&run(3), &log), 3);
+        // Its line, then two processes that died before `started`: this is the third of those.
+        let log = [ev("started", None), ev("crash_backoff", None), ev("crash_backoff", None)];
+        assert_eq!(crashes_in_a_row(&run(3), &log), 5);
+        // After a planned exit, every line is a crash before `started`, and so is this one.
+        let log = [ev("started", None), ev("exited", Some(0)), ev("crash_backoff", None)];
+        assert_eq!(crashes_in_a_row(&run(0), &log), 2);
+        assert_eq!(crashes_in_a_row(&run(0), &[]), 1);
     }
 
     #[test]

@@ -34,8 +34,8 @@ fn spec_with_overrides(home: &Home, a: &InstallArgs) -> crate::Result<ServiceSpe
     let scope = if a.system { Scope::System } else { Scope::User };
     let mut spec = owner::spec_for(home, scope)?;
     spec.run_as_user = a.run_as.clone();
-    if let Some(ms) = a.restart_sec_ms {
-        spec.restart_sec_ms = ms;
+    if a.restart_sec_ms.is_some() {
+        spec.restart_sec_ms = a.restart_sec_ms;
     }
     if let Some(w) = a.watchdog_s {
         spec.watchdog_s = w;

@@ -3,54 +3,19 @@
 //! flood control on the wire, and the QUIT at close.
 #![cfg(unix)]
 
-use std::sync::{Arc, Mutex};
+mod support;
+use support::{MemHost, wait};
+
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gatewarden_chatproto::irc::{Config, Connection, Event};
 use gatewarden_config::{PlatformConfig, PlatformKind};
 use gatewarden_platforms::irc::{FLOOD_BURST, FLOOD_EVERY, Irc};
-use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
+use gatewarden_platforms::{Adapter, Sent, State};
 use gatewarden_testkit::servers::Ngircd;
 
 const WAIT: Duration = Duration::from_secs(10);
-
-#[derive(Default)]
-struct MemHost {
-    inbox: Mutex<Vec<Inbound>>,
-    outbox: Mutex<Vec<Outgoing>>,
-    outcomes: Mutex<Vec<(i64, Sent)>>,
-}
-
-impl MemHost {
-    fn queue(&self, seq: i64, chat: &str, text: &str) {
-        let o = Outgoing { seq, chat_id: chat.into(), text: text.into(), message_id: None, created_at: String::new() };
-        self.outbox.lock().unwrap().push(o);
-    }
-}
-
-impl Host for MemHost {
-    fn deliver(&self, _adapter: &str, msg: Inbound) -> Result<(), String> {
-        self.inbox.lock().unwrap().push(msg);
-        Ok(())
-    }
-    fn outbox(&self, _adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
-        Ok(self.outbox.lock().unwrap().iter().take(limit).cloned().collect())
-    }
-    fn sent(&self, seq: i64, outcome: Sent) {
-        self.outbox.lock().unwrap().retain(|o| o.seq != seq);
-        self.outcomes.lock().unwrap().push((seq, outcome));
-    }
-    fn state_changed(&self, _adapter: &str, _state: &State) {}
-}
-
-#[track_caller]
-fn wait(what: &str, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + WAIT;
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 /// The next `n` PRIVMSG texts from the bot, with the time the last one arrived.
 fn bot_lines(c: &mut Connection, n: usize) -> (Vec<String>, Instant) {
@@ -91,7 +56,7 @@ fn routes_inbound_refuses_bad_targets_paces_lines_and_quits() {
     };
     let irc = Irc::new(&cfg, None).unwrap();
     assert_eq!(irc.credential(), format!("{}/gwbot", s.addr()));
-    let host = Arc::new(MemHost::default());
+    let host = Arc::new(MemHost::silent());
     irc.start(host.clone()).unwrap();
     wait("connected", || irc.status().state() == State::Connected);
     wait(
@@ -110,8 +75,8 @@ fn routes_inbound_refuses_bad_targets_paces_lines_and_quits() {
     assert_eq!(inbox[0].event_id.rsplit_once(':').unwrap().0, inbox[1].event_id.rsplit_once(':').unwrap().0);
 
     // A target that cannot go on the wire is refused for good; a newline makes two lines.
-    host.queue(1, "bad target", "never");
-    host.queue(2, "#gw", "first line\nsecond line");
+    host.queue("bad target", "never");
+    host.queue("#gw", "first line\nsecond line");
     irc.wake();
     let (lines, _) = bot_lines(&mut alice, 2);
     assert_eq!(lines, vec!["first line", "second line"]);
@@ -124,7 +89,7 @@ fn routes_inbound_refuses_bad_targets_paces_lines_and_quits() {
     std::thread::sleep(FLOOD_EVERY * FLOOD_BURST); // a full bucket
     let n = FLOOD_BURST as usize + 4;
     for i in 0..n {
-        host.queue(10 + i as i64, "#gw", &format!("line {i}"));
+        host.queue("#gw", &format!("line {i}"));
     }
     let t0 = Instant::now();
     irc.wake();

@@ -4,56 +4,22 @@
 //! `degraded` adapter naming the server and the reason, and the bot never registers.
 #![cfg(unix)]
 
+mod support;
+use support::{MemHost, wait};
+
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gatewarden_chatproto::irc::{Config, Connection, Error, Event};
 use gatewarden_config::{PlatformConfig, PlatformKind};
 use gatewarden_net::ClientTls;
 use gatewarden_platforms::irc::Irc;
-use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
+use gatewarden_platforms::{Adapter, State};
 use gatewarden_testkit::servers::Ngircd;
 use gatewarden_testkit::tls::{TestCa, Validity};
 
 const WAIT: Duration = Duration::from_secs(10);
-
-#[derive(Default)]
-struct MemHost {
-    inbox: Mutex<Vec<Inbound>>,
-    outbox: Mutex<Vec<Outgoing>>,
-}
-
-impl Host for MemHost {
-    fn deliver(&self, _adapter: &str, msg: Inbound) -> Result<(), String> {
-        let o = Outgoing {
-            seq: 1,
-            chat_id: msg.chat_id.clone(),
-            text: format!("echo: {}", msg.text),
-            message_id: None,
-            created_at: String::new(),
-        };
-        self.outbox.lock().unwrap().push(o);
-        self.inbox.lock().unwrap().push(msg);
-        Ok(())
-    }
-    fn outbox(&self, _adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
-        Ok(self.outbox.lock().unwrap().iter().take(limit).cloned().collect())
-    }
-    fn sent(&self, seq: i64, _outcome: Sent) {
-        self.outbox.lock().unwrap().retain(|o| o.seq != seq);
-    }
-    fn state_changed(&self, _adapter: &str, _state: &State) {}
-}
-
-#[track_caller]
-fn wait(what: &str, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + WAIT;
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 fn config(server: String, ca_file: &Path) -> PlatformConfig {
     PlatformConfig {
@@ -90,7 +56,7 @@ fn the_adapter_talks_over_tls_and_refuses_an_untrusted_server() {
     carol.join("#tls", WAIT).unwrap();
 
     let irc = Irc::new(&config(format!("localhost:{}", tls_addr.port()), &ca_file), None).unwrap();
-    let host = Arc::new(MemHost::default());
+    let host = Arc::new(MemHost::echoing());
     irc.start(host.clone()).unwrap();
     wait("connected", || irc.status().state() == State::Connected);
     wait(
@@ -121,7 +87,7 @@ fn the_adapter_talks_over_tls_and_refuses_an_untrusted_server() {
     assert!(matches!(&e, Error::Tls { .. } | Error::Timeout(_)), "{e}");
 
     let irc = Irc::new(&config(format!("localhost:{}", tls_addr.port()), &stranger), None).unwrap();
-    irc.start(Arc::new(MemHost::default())).unwrap();
+    irc.start(Arc::new(MemHost::echoing())).unwrap();
     wait("degraded", || matches!(irc.status().state(), State::Degraded(_)));
     let reason = irc.status().state().reason().unwrap_or_default().to_owned();
     assert!(
@@ -144,7 +110,7 @@ fn sasl_against_a_server_without_it_parks_the_adapter() {
     // SAFETY: set before any thread of this test reads the environment; no other test uses it.
     unsafe { std::env::set_var("GW_TEST_IRC_SASL_PW", "sasl-secret") };
     let irc = Irc::new(&cfg, None).unwrap();
-    irc.start(Arc::new(MemHost::default())).unwrap();
+    irc.start(Arc::new(MemHost::echoing())).unwrap();
     wait("parked", || matches!(irc.status().state(), State::Parked(_)));
     let reason = irc.status().state().reason().unwrap_or_default().to_owned();
     assert!(reason.contains("SASL") && !reason.contains("sasl-secret"), "{reason}");

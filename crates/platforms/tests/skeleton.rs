@@ -4,12 +4,15 @@
 //! docs/adding-a-platform.md, which quotes the region between the `example` markers verbatim
 //! (checked by `the_docs_quote_this_example`).
 
+mod support;
+use support::{MemHost, wait};
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gatewarden_config::{PlatformConfig, PlatformKind};
 use gatewarden_platforms::skeleton::{Skeleton, pieces};
-use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
+use gatewarden_platforms::{Adapter, Host, Inbound, Sent, State};
 
 // -- example begins --
 use gatewarden_platforms::skeleton::{
@@ -133,58 +136,6 @@ impl Sender for ToySender {
 }
 // -- example ends --
 
-/// Echoes every message through an outbox; can refuse commits.
-#[derive(Default)]
-struct MemHost {
-    inbox: Mutex<Vec<Inbound>>,
-    outbox: Mutex<Vec<Outgoing>>,
-    outcomes: Mutex<Vec<(i64, Sent)>>,
-    refuse: Mutex<bool>,
-    seq: Mutex<i64>,
-    budget: Mutex<Option<Duration>>,
-}
-
-impl MemHost {
-    fn queue(&self, chat: &str, text: &str) -> i64 {
-        let mut seq = self.seq.lock().unwrap();
-        *seq += 1;
-        let o = Outgoing {
-            seq: *seq,
-            chat_id: chat.into(),
-            text: text.into(),
-            message_id: None,
-            created_at: String::new(),
-        };
-        self.outbox.lock().unwrap().push(o);
-        *seq
-    }
-}
-
-impl Host for MemHost {
-    fn deliver(&self, _adapter: &str, msg: Inbound) -> Result<(), String> {
-        if *self.refuse.lock().unwrap() {
-            return Err("disk full".into());
-        }
-        if self.inbox.lock().unwrap().iter().any(|m| m.event_id == msg.event_id) {
-            return Ok(());
-        }
-        self.queue(&msg.chat_id, &format!("echo: {}", msg.text));
-        self.inbox.lock().unwrap().push(msg);
-        Ok(())
-    }
-    fn outbox(&self, _adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
-        Ok(self.outbox.lock().unwrap().iter().take(limit).cloned().collect())
-    }
-    fn sent(&self, seq: i64, outcome: Sent) {
-        self.outbox.lock().unwrap().retain(|o| o.seq != seq);
-        self.outcomes.lock().unwrap().push((seq, outcome));
-    }
-    fn state_changed(&self, _adapter: &str, _state: &State) {}
-    fn receive_budget(&self) -> Option<Duration> {
-        *self.budget.lock().unwrap()
-    }
-}
-
 fn config(conflict_s: u64) -> PlatformConfig {
     PlatformConfig {
         kind: PlatformKind::Telegram,
@@ -204,17 +155,8 @@ fn config(conflict_s: u64) -> PlatformConfig {
     }
 }
 
-#[track_caller]
-fn wait(what: &str, f: impl Fn() -> bool) {
-    let end = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 fn start(board: &Board, conflict_s: u64) -> (Skeleton<Toy>, Arc<MemHost>) {
-    let host = Arc::new(MemHost::default());
+    let host = Arc::new(MemHost::echoing());
     let toy = Toy { token: "t0k3n".into(), board: Arc::clone(board) };
     let a = Skeleton::from_protocol(&config(conflict_s), toy);
     a.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
@@ -324,7 +266,7 @@ fn a_persistent_conflict_stands_by_and_rejected_credentials_park() {
 #[test]
 fn a_zero_budget_receives_nothing_and_start_after_close_starts_afresh() {
     let board = Board::default();
-    let host = Arc::new(MemHost::default());
+    let host = Arc::new(MemHost::echoing());
     *host.budget.lock().unwrap() = Some(Duration::ZERO);
     let a = Skeleton::from_protocol(&config(1), Toy { token: "t".into(), board: Arc::clone(&board) });
     a.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();

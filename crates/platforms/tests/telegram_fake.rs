@@ -1,59 +1,18 @@
 //! The Telegram adapter against the fake Bot API, with an in-memory host: commit-before-confirm,
 //! conflicts, flood control, a server that dies and comes back, rejected credentials.
 
-use std::sync::{Arc, Mutex};
+mod support;
+use support::{MemHost, wait_for};
+
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gatewarden_config::{PlatformConfig, PlatformKind};
 use gatewarden_platforms::telegram::Telegram;
-use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
+use gatewarden_platforms::{Adapter, Host, State};
 use gatewarden_telegram_fake::{FakeTelegram, Options};
 
 const TOKEN: &str = "123456:test-token";
-
-/// Echoes every message through an outbox; can refuse commits.
-#[derive(Default)]
-struct MemHost {
-    inbox: Mutex<Vec<Inbound>>,
-    outbox: Mutex<Vec<Outgoing>>,
-    refuse: Mutex<bool>,
-    seq: Mutex<i64>,
-    /// What `receive_budget` answers.
-    budget: Mutex<Option<Duration>>,
-}
-
-impl Host for MemHost {
-    fn deliver(&self, _adapter: &str, msg: Inbound) -> Result<(), String> {
-        if *self.refuse.lock().unwrap() {
-            return Err("disk full".into());
-        }
-        let mut inbox = self.inbox.lock().unwrap();
-        if inbox.iter().any(|m| m.event_id == msg.event_id) {
-            return Ok(());
-        }
-        let mut seq = self.seq.lock().unwrap();
-        *seq += 1;
-        self.outbox.lock().unwrap().push(Outgoing {
-            seq: *seq,
-            chat_id: msg.chat_id.clone(),
-            text: format!("echo: {}", msg.text),
-            message_id: None,
-            created_at: String::new(),
-        });
-        inbox.push(msg);
-        Ok(())
-    }
-    fn outbox(&self, _adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
-        Ok(self.outbox.lock().unwrap().iter().take(limit).cloned().collect())
-    }
-    fn sent(&self, seq: i64, _outcome: Sent) {
-        self.outbox.lock().unwrap().retain(|o| o.seq != seq);
-    }
-    fn state_changed(&self, _adapter: &str, _state: &State) {}
-    fn receive_budget(&self) -> Option<Duration> {
-        *self.budget.lock().unwrap()
-    }
-}
 
 fn config(base: &str, conflict_s: u64) -> PlatformConfig {
     PlatformConfig {
@@ -74,17 +33,8 @@ fn config(base: &str, conflict_s: u64) -> PlatformConfig {
     }
 }
 
-#[track_caller]
-fn wait(what: &str, timeout: Duration, f: impl Fn() -> bool) {
-    let end = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 fn start(fake: &FakeTelegram, conflict_s: u64) -> (Arc<Telegram>, Arc<MemHost>) {
-    let host = Arc::new(MemHost::default());
+    let host = Arc::new(MemHost::echoing());
     let t = Arc::new(Telegram::new(&config(&fake.base_url(), conflict_s), TOKEN.into()).unwrap());
     t.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
     (t, host)
@@ -94,7 +44,7 @@ fn start(fake: &FakeTelegram, conflict_s: u64) -> (Arc<Telegram>, Arc<MemHost>) 
 fn round_trip_and_offset_confirmed_only_after_commit() {
     let fake = FakeTelegram::start(Options { linger: Duration::from_millis(300), ..Options::default() }).unwrap();
     let (t, host) = start(&fake, 30);
-    wait("connected", Duration::from_secs(5), || t.status().state() == State::Connected);
+    wait_for("connected", Duration::from_secs(5), || t.status().state() == State::Connected);
     fake.inject(TOKEN, 7, 42, "hi");
     let sent = fake.wait_sent(TOKEN, Duration::from_secs(5), |s| !s.is_empty()).unwrap();
     assert_eq!(sent[0].text, "echo: hi");
@@ -103,12 +53,12 @@ fn round_trip_and_offset_confirmed_only_after_commit() {
     // A commit that fails leaves the update unconfirmed on the server…
     *host.refuse.lock().unwrap() = true;
     fake.inject(TOKEN, 7, 42, "second");
-    wait("degraded", Duration::from_secs(5), || matches!(t.status().state(), State::Degraded(_)));
+    wait_for("degraded", Duration::from_secs(5), || matches!(t.status().state(), State::Degraded(_)));
     assert_eq!(fake.stats(TOKEN).pending, 1, "an uncommitted update must not be confirmed");
     // …and it is delivered once the journal works again.
     *host.refuse.lock().unwrap() = false;
     fake.wait_sent(TOKEN, Duration::from_secs(10), |s| s.iter().any(|m| m.text == "echo: second")).unwrap();
-    wait("connected again", Duration::from_secs(5), || t.status().state() == State::Connected);
+    wait_for("connected again", Duration::from_secs(5), || t.status().state() == State::Connected);
 
     // Drain: intake stops at once (our own long poll is ended), then the outbox flushes.
     let t0 = Instant::now();
@@ -124,7 +74,7 @@ fn persistent_conflict_means_standby_and_recovery_after() {
     let fake = FakeTelegram::start(Options { linger: Duration::from_millis(200), ..Options::default() }).unwrap();
     fake.set_webhook(TOKEN, Some("https://example.invalid/hook"));
     let (t, _host) = start(&fake, 1);
-    wait("standby", Duration::from_secs(10), || matches!(t.status().state(), State::Standby(_)));
+    wait_for("standby", Duration::from_secs(10), || matches!(t.status().state(), State::Standby(_)));
     let reason = t.status().state().reason().unwrap_or_default().to_owned();
     assert!(reason.contains("another consumer is active") && reason.contains("webhook"), "{reason}");
     // The adapter never deleted the webhook nor dropped updates.
@@ -141,9 +91,9 @@ fn persistent_conflict_means_standby_and_recovery_after() {
 fn flood_control_and_server_death_are_survived() {
     let fake = FakeTelegram::start(Options { linger: Duration::from_millis(200), ..Options::default() }).unwrap();
     let (t, _host) = start(&fake, 30);
-    wait("connected", Duration::from_secs(5), || t.status().state() == State::Connected);
+    wait_for("connected", Duration::from_secs(5), || t.status().state() == State::Connected);
     fake.kill();
-    wait("degraded", Duration::from_secs(10), || matches!(t.status().state(), State::Degraded(_)));
+    wait_for("degraded", Duration::from_secs(10), || matches!(t.status().state(), State::Degraded(_)));
     fake.inject(TOKEN, 3, 3, "while down");
     fake.revive().unwrap();
     fake.wait_sent(TOKEN, Duration::from_secs(20), |s| s.iter().any(|m| m.text == "echo: while down")).unwrap();
@@ -160,7 +110,7 @@ fn rejected_credentials_park_the_adapter() {
     let fake = FakeTelegram::start(Options::default()).unwrap();
     fake.revoke(TOKEN);
     let (t, _host) = start(&fake, 30);
-    wait("parked", Duration::from_secs(5), || matches!(t.status().state(), State::Parked(_)));
+    wait_for("parked", Duration::from_secs(5), || matches!(t.status().state(), State::Parked(_)));
     assert!(t.status().state().reason().unwrap_or_default().contains("Unauthorized"));
     t.close(Instant::now() + Duration::from_secs(1));
 }
@@ -171,18 +121,20 @@ fn rejected_credentials_park_the_adapter() {
 #[test]
 fn polls_follow_the_receive_budget_and_start_after_close_works() {
     let fake = FakeTelegram::start(Options { linger: Duration::from_millis(300), ..Options::default() }).unwrap();
-    let host = Arc::new(MemHost::default());
+    let host = Arc::new(MemHost::echoing());
     *host.budget.lock().unwrap() = Some(Duration::from_millis(1500));
     let cfg = config(&format!("{}/c/a", fake.base_url()), 30);
     let t = Arc::new(Telegram::new(&cfg, TOKEN.into()).unwrap());
     t.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
-    wait("three polls", Duration::from_secs(10), || fake.polls(TOKEN).len() >= 3);
+    wait_for("three polls", Duration::from_secs(10), || fake.polls(TOKEN).len() >= 3);
     let polls = fake.polls(TOKEN);
     assert!(polls.iter().all(|p| p.consumer == "a" && p.timeout_s == 1), "{polls:#?}");
 
     // Under a second left: no poll at all.
     *host.budget.lock().unwrap() = Some(Duration::from_millis(300));
-    wait("the last budgeted poll ends", Duration::from_secs(5), || fake.polls(TOKEN).iter().all(|p| p.end.is_some()));
+    wait_for("the last budgeted poll ends", Duration::from_secs(5), || {
+        fake.polls(TOKEN).iter().all(|p| p.end.is_some())
+    });
     let before = fake.polls(TOKEN).len();
     fake.inject(TOKEN, 7, 42, "held back");
     // An observation window for an absence: three would-be polls long.
@@ -201,7 +153,7 @@ fn polls_follow_the_receive_budget_and_start_after_close_works() {
     *host.budget.lock().unwrap() = None;
     t.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
     fake.wait_sent(TOKEN, Duration::from_secs(10), |s| s.iter().any(|m| m.text == "echo: held back")).unwrap();
-    wait("connected", Duration::from_secs(5), || t.status().state() == State::Connected);
+    wait_for("connected", Duration::from_secs(5), || t.status().state() == State::Connected);
     assert!(fake.polls(TOKEN).iter().skip(before).any(|p| p.timeout_s == 2), "unbudgeted polls use poll_timeout_s");
     t.stop_intake();
     assert!(t.close(Instant::now() + Duration::from_secs(3)));

@@ -7,47 +7,21 @@
 // testkit (the TLS fronts, the CA) is Unix-only; crates/net's own tests run everywhere.
 #![cfg(unix)]
 
+mod support;
+use support::{MemHost, wait_for};
+
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gatewarden_config::{PlatformConfig, PlatformKind};
 use gatewarden_platforms::telegram::Telegram;
-use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
+use gatewarden_platforms::{Adapter, Host, State};
 use gatewarden_telegram_fake::{FakeTelegram, Options};
 use gatewarden_testkit::tls::{Leaf, TestCa, TlsFront, Validity};
 
 const TOKEN: &str = "123456:tls-token";
-
-/// Echoes every message through an outbox.
-#[derive(Default)]
-struct MemHost {
-    outbox: Mutex<Vec<Outgoing>>,
-    seq: Mutex<i64>,
-}
-
-impl Host for MemHost {
-    fn deliver(&self, _adapter: &str, msg: Inbound) -> Result<(), String> {
-        let mut seq = self.seq.lock().unwrap();
-        *seq += 1;
-        self.outbox.lock().unwrap().push(Outgoing {
-            seq: *seq,
-            chat_id: msg.chat_id.clone(),
-            text: format!("echo: {}", msg.text),
-            message_id: None,
-            created_at: String::new(),
-        });
-        Ok(())
-    }
-    fn outbox(&self, _adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
-        Ok(self.outbox.lock().unwrap().iter().take(limit).cloned().collect())
-    }
-    fn sent(&self, seq: i64, _outcome: Sent) {
-        self.outbox.lock().unwrap().retain(|o| o.seq != seq);
-    }
-    fn state_changed(&self, _adapter: &str, _state: &State) {}
-}
 
 fn config(base: &str, ca_file: &Path) -> PlatformConfig {
     PlatformConfig {
@@ -68,15 +42,6 @@ fn config(base: &str, ca_file: &Path) -> PlatformConfig {
     }
 }
 
-#[track_caller]
-fn wait(what: &str, timeout: Duration, f: impl Fn() -> bool) {
-    let end = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 fn fake() -> FakeTelegram {
     FakeTelegram::start(Options { linger: Duration::from_millis(300), ..Options::default() }).unwrap()
 }
@@ -87,7 +52,7 @@ fn front(fake: &FakeTelegram, leaf: &Leaf) -> TlsFront {
 
 fn start(base: String, ca_file: &Path) -> Arc<Telegram> {
     let t = Arc::new(Telegram::new(&config(&base, ca_file), TOKEN.into()).unwrap());
-    t.start(Arc::new(MemHost::default()) as Arc<dyn Host>).unwrap();
+    t.start(Arc::new(MemHost::echoing()) as Arc<dyn Host>).unwrap();
     t
 }
 
@@ -105,7 +70,7 @@ fn round_trip_over_tls_with_a_private_ca() {
     // By name (SNI and a DNS-name check) and by address (an IP SAN).
     for name in ["localhost", "127.0.0.1"] {
         let t = start(https(name, front.addr()), &ca_file);
-        wait("connected", Duration::from_secs(10), || t.status().state() == State::Connected);
+        wait_for("connected", Duration::from_secs(10), || t.status().state() == State::Connected);
         let text = format!("over TLS to {name}");
         fake.inject(TOKEN, 7, 42, &text);
         let want = format!("echo: {text}");
@@ -132,13 +97,13 @@ fn certificate_failures_degrade_name_the_host_and_send_nothing() {
         let front = front(&fake, &leaf);
         let base = https("localhost", front.addr());
         let t = start(base, &ca_file);
-        wait(case, Duration::from_secs(10), || matches!(t.status().state(), State::Degraded(_)));
+        wait_for(case, Duration::from_secs(10), || matches!(t.status().state(), State::Degraded(_)));
         let reason = t.status().state().reason().unwrap_or_default().to_owned();
         let host = format!("localhost:{}", front.addr().port());
         assert!(reason.contains(&host) && reason.contains(why), "{case}: {reason}");
         assert!(!reason.contains(TOKEN), "{case}: the token leaked: {reason}");
         // Retried with backoff: more attempts come, each refused.
-        wait("a retry", Duration::from_secs(10), || front.accepted() >= 2);
+        wait_for("a retry", Duration::from_secs(10), || front.accepted() >= 2);
         assert_eq!(front.handshakes(), 0, "{case}: a handshake completed");
         assert!(fake.polls(TOKEN).is_empty(), "{case}: the fake saw a poll");
         assert!(matches!(t.status().state(), State::Degraded(_)), "{case}");

@@ -13,6 +13,16 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// Single-quotes a word for `/bin/sh`.
+pub(crate) fn sh_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '_' | '.' | '-' | ':' | '@' | '+' | ','))
+    {
+        return s.to_owned();
+    }
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
 /// What a finished command produced.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CommandOutput {
@@ -204,6 +214,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sh_quote_quotes_only_when_needed() {
+        assert_eq!(sh_quote("/a/b.plist"), "/a/b.plist");
+        assert_eq!(sh_quote("/a b/it's"), r"'/a b/it'\''s'");
+        assert_eq!(sh_quote(""), "''");
+    }
+
     use super::*;
 
     #[test]

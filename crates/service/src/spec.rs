@@ -71,9 +71,11 @@ pub struct ServiceSpec {
     pub scope: Scope,
     /// Account the system-scope service runs as (`User=`); ignored for user scope.
     pub run_as_user: Option<String>,
-    /// Delay before systemd restarts the unit, in milliseconds. Short on purpose: a planned
-    /// restart (exit 75) should be back at once (class G2: a long backoff hides the gap).
-    pub restart_sec_ms: u64,
+    /// systemd `RestartSec=` in milliseconds; `None` is the generator's choice
+    /// (crates/service/src/systemd/render.rs: 0 where the crash-backoff helper holds the whole
+    /// ladder, 100 ms under `RestartSteps=`). Short on purpose: a planned restart (exit 75)
+    /// should be back at once (class G2: a long backoff hides the gap).
+    pub restart_sec_ms: Option<u64>,
     /// systemd `WatchdogSec=` in seconds; 0 omits the directive.
     pub watchdog_s: u64,
     /// `StartLimitIntervalSec=`, seconds. 0 (the default): systemd never stops restarting a
@@ -138,7 +140,7 @@ pub enum SpecError {
 }
 
 impl ServiceSpec {
-    /// A spec with the documented defaults: user scope, 30 s drain, 100 ms restart delay,
+    /// A spec with the documented defaults: user scope, 30 s drain, the generator's restart delay,
     /// 30 s watchdog, at most 5 starts in 60 s, 10 s launchd throttle.
     #[must_use]
     pub fn new(exe: impl Into<PathBuf>, home: impl Into<PathBuf>) -> Self {
@@ -151,7 +153,7 @@ impl ServiceSpec {
             cron_floor_s: 0,
             scope: Scope::User,
             run_as_user: None,
-            restart_sec_ms: 100,
+            restart_sec_ms: None,
             watchdog_s: 30,
             start_limit_interval_s: 0,
             start_limit_burst: 5,

@@ -29,6 +29,7 @@
 use std::time::Duration;
 
 use super::LaunchdTarget;
+use crate::command::sh_quote;
 
 /// A gateway incarnation: the pair the lock record publishes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -308,16 +309,6 @@ fn in_stage_since(since: Duration, now: Duration) -> Duration {
     now.saturating_sub(since)
 }
 
-/// Single-quotes a word for `/bin/sh`.
-pub(crate) fn sh_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '_' | '.' | '-' | ':' | '@' | '+' | ','))
-    {
-        return s.to_owned();
-    }
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,12 +397,5 @@ mod tests {
         let alive = Some((100, None, "aaaa"));
         assert!(matches!(l.next(&obs(99, true, &[100], alive)), LadderAction::Wait(_)));
         assert_eq!(l.next(&obs(100, true, &[100], alive)), LadderAction::KickstartKill);
-    }
-
-    #[test]
-    fn sh_quote_quotes_only_when_needed() {
-        assert_eq!(sh_quote("/a/b.plist"), "/a/b.plist");
-        assert_eq!(sh_quote("/a b/it's"), r"'/a b/it'\''s'");
-        assert_eq!(sh_quote(""), "''");
     }
 }

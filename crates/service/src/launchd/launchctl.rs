@@ -8,8 +8,8 @@
 //! removes itself.
 
 use super::LaunchdTarget;
-use super::ladder::sh_quote;
 use super::print::{LaunchdPrint, parse_print};
+use crate::command::sh_quote;
 use crate::command::{CommandError, CommandOutput, CommandRunner};
 
 /// `launchctl print` exit code for "Could not find service".
