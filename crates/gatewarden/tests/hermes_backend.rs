@@ -184,8 +184,8 @@ fn rm(path: &Path) -> Value {
 /// One gatewarden with its own hermes: a round trip from a Telegram chat; the conversation
 /// remembered by hermes's session across messages and forgotten after `/new`; an approval
 /// asked in the chat, refused to another user, answered `/approve` by the asker, and the tool
-/// run; another left unanswered, answered "deny" at its expiry, and the tool not run; `stop`
-/// stops hermes too.
+/// run; another left unanswered, answered "deny" at its expiry, and the tool not run; a run
+/// stopped by `/cancel`; `stop` stops hermes too.
 #[test]
 fn chat_sessions_and_approvals_through_real_hermes() {
     let Some(mut r) = Rig::new() else { return };
@@ -234,6 +234,21 @@ fn chat_sessions_and_approvals_through_real_hermes() {
     assert!(kept.exists(), "a denied tool never runs");
     r.say(7, USER, "/approve");
     r.reply(7, |t| t == "nothing waits for an approval here");
+
+    // `/cancel` stops hermes's run (`/v1/runs/{id}/stop`) and fails the message.
+    let log = r.hermes_home.join("gatewarden/gateway-stdio.log");
+    let interruptions =
+        || std::fs::read_to_string(&log).map_or(0, |l| l.matches("Interrupted during API call").count());
+    let before = interruptions();
+    r.llm.on("user", "endless", [Reply::held(Reply::text("never sent"))]);
+    r.say(7, USER, "endless");
+    assert!(wait_until(REPLY, || r.llm.holding() == 1), "hermes called its LLM\n{}", r.diag());
+    r.say(7, USER, "/cancel");
+    r.reply(7, |t| t == "cancelling 1 run(s)");
+    r.reply(7, |t| t.contains("cancelled (/cancel)"));
+    // hermes abandons the LLM call (it stays open at the fake) and says so on its console.
+    assert!(wait_until(REPLY, || interruptions() > before), "hermes stopped the run\n{}", r.diag());
+    assert_eq!(r.count(7, "never sent"), 0);
 
     let out = run_cli(&r.home, &["stop"]);
     assert_cli(&out, 0, "stop");
