@@ -79,6 +79,7 @@ const PLATFORM_KEYS: &[&str] = &[
     "proxy",
     "tls",
     "sasl_password_env",
+    "bot_token_env",
 ];
 const CLUSTER_KEYS: &[&str] =
     &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s", "ca_file"];
@@ -285,6 +286,10 @@ pub enum PlatformKind {
     Matrix,
     /// IRC (one TCP connection, one nick).
     Irc,
+    /// Discord: the Gateway WebSocket (v10) to receive, REST to reply.
+    Discord,
+    /// Slack: Socket Mode events over a WebSocket, replies with `chat.postMessage`.
+    Slack,
 }
 
 impl PlatformKind {
@@ -294,6 +299,8 @@ impl PlatformKind {
             PlatformKind::Telegram => "telegram",
             PlatformKind::Matrix => "matrix",
             PlatformKind::Irc => "irc",
+            PlatformKind::Discord => "discord",
+            PlatformKind::Slack => "slack",
         }
     }
 }
@@ -311,7 +318,8 @@ pub struct PlatformConfig {
     #[serde(default)]
     pub token_env: Option<String>,
     /// The platform's API base URL (Telegram: `https://api.telegram.org`; Matrix: the
-    /// homeserver, required).
+    /// homeserver, required; Discord: `https://discord.com/api/v10`, whose `/gateway/bot`
+    /// names the gateway: `wss://` only, `ws://` only under an `http://` base for tests).
     #[serde(default)]
     pub api_base: Option<String>,
     /// IRC: the server, `host:port`.
@@ -349,6 +357,10 @@ pub struct PlatformConfig {
     /// variable; registration fails (the adapter is parked) if the server cannot do it.
     #[serde(default)]
     pub sasl_password_env: Option<String>,
+    /// Slack: the environment variable holding the bot token (`xoxb-…`) that replies with
+    /// `chat.postMessage`; `token_env` holds the app-level token (`xapp-…`, the credential).
+    #[serde(default)]
+    pub bot_token_env: Option<String>,
 }
 
 fn default_poll_timeout() -> u64 {
@@ -1151,7 +1163,12 @@ fn validate_api_base(
             return Err(bad("api_base", format!("{url:?} is https, but {NO_TLS}")));
         }
     } else if default_https && !gatewarden_net::TLS {
-        return Err(bad("api_base", format!("the default https://api.telegram.org is https, but {NO_TLS}")));
+        return Err(bad(
+            "api_base",
+            format!(
+                "the default API base (https://api.telegram.org, https://discord.com/api/v10) is https, but {NO_TLS}"
+            ),
+        ));
     }
     Ok(())
 }
@@ -1221,6 +1238,9 @@ impl Config {
                     return Err(bad(key, format!("{key} is for kind = \"irc\" only")));
                 }
             }
+            if p.bot_token_env.is_some() && p.kind != PlatformKind::Slack {
+                return Err(bad("bot_token_env", "bot_token_env is for kind = \"slack\" only".into()));
+            }
             match p.kind {
                 PlatformKind::Telegram => validate_api_base(&bad, p.api_base.as_deref(), true)?,
                 PlatformKind::Matrix => {
@@ -1233,6 +1253,47 @@ impl Config {
                         ));
                     }
                     validate_api_base(&bad, p.api_base.as_deref(), false)?;
+                }
+                PlatformKind::Discord => {
+                    if p.proxy.is_some() {
+                        return Err(bad(
+                            "proxy",
+                            "the Discord gateway's WebSocket connects directly; proxy is for telegram and matrix"
+                                .into(),
+                        ));
+                    }
+                    validate_api_base(&bad, p.api_base.as_deref(), true)?;
+                    for (key, ids) in [("allowed_chats", &p.allowed_chats), ("admins", &p.admins)] {
+                        if let Some(c) = ids.iter().find(|c| c.parse::<u64>().is_err()) {
+                            return Err(bad(
+                                key,
+                                format!("{c:?}: Discord channel and user ids are numbers (snowflakes)"),
+                            ));
+                        }
+                    }
+                }
+                PlatformKind::Slack => {
+                    validate_api_base(&bad, p.api_base.as_deref(), false)?;
+                    if p.api_base.is_none() && !gatewarden_net::TLS {
+                        return Err(bad(
+                            "api_base",
+                            format!("the default https://slack.com/api/ is https, but {NO_TLS}"),
+                        ));
+                    }
+                    if !p.bot_token_env.as_deref().is_some_and(|v| !v.is_empty() && !v.contains(['=', '\0'])) {
+                        return Err(bad(
+                            "bot_token_env",
+                            format!(
+                                "[[platform]] {name:?} (slack) needs bot_token_env, the environment variable holding the bot token (xoxb-…); token_env holds the app-level token (xapp-…)"
+                            ),
+                        ));
+                    }
+                    if p.proxy.is_some() {
+                        return Err(bad(
+                            "proxy",
+                            "slack's Socket Mode WebSocket connects directly; proxy is for telegram and matrix".into(),
+                        ));
+                    }
                 }
                 PlatformKind::Irc => {
                     if p.proxy.is_some() {
@@ -1743,6 +1804,46 @@ api_key_env = "MY_KEY"
         let e = Config::load(dir.path()).unwrap_err();
         assert!(matches!(e, ConfigError::Read { .. }), "{e}");
         assert_eq!(e.exit_code(), 78);
+    }
+
+    #[test]
+    fn discord_platforms_validate_their_keys() {
+        let d = parse(
+            "[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nallowed_chats = [\"123\"]\nadmins = [\"42\"]\n",
+        )
+        .unwrap();
+        assert_eq!((d.platform[0].kind, d.platform[0].adapter_name().as_str()), (PlatformKind::Discord, "discord"));
+        assert!(err("[[platform]]\nkind = \"discord\"\n").contains("needs token_env"));
+        assert!(
+            err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nallowed_chats = [\"#general\"]\n")
+                .contains("snowflakes")
+        );
+        assert!(
+            err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nadmins = [\"me\"]\n").contains("snowflakes")
+        );
+        assert!(
+            err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nproxy = \"http://p:1\"\n").contains("directly")
+        );
+        assert!(
+            err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\napi_base = \"ftp://x\"\n").contains("http://")
+        );
+        assert!(err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nnick = \"x\"\n").contains("irc"));
+    }
+
+    #[test]
+    fn slack_needs_both_tokens_and_no_proxy() {
+        let ok = "[[platform]]\nkind = \"slack\"\ntoken_env = \"SLACK_APP\"\nbot_token_env = \"SLACK_BOT\"\n";
+        let s = parse(ok).unwrap();
+        assert_eq!((s.platform[0].kind, s.platform[0].adapter_name().as_str()), (PlatformKind::Slack, "slack"));
+        assert_eq!(s.platform[0].bot_token_env.as_deref(), Some("SLACK_BOT"));
+        assert!(err("[[platform]]\nkind = \"slack\"\ntoken_env = \"A\"\n").contains("needs bot_token_env"));
+        assert!(err("[[platform]]\nkind = \"slack\"\nbot_token_env = \"B\"\n").contains("needs token_env"));
+        assert!(err(&format!("{ok}proxy = \"http://p:3128\"\n")).contains("connects directly"));
+        assert!(err(&format!("{ok}api_base = \"slack.com\"\n")).contains("http://"));
+        assert!(
+            err("[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\nbot_token_env = \"B\"\n")
+                .contains("slack\" only")
+        );
     }
 
     #[test]

@@ -17,13 +17,15 @@
 //!    server keeps nothing for a successor, so its adapter listens on until `close`.)
 //!
 //! Steps 2 to 5 are the skeleton's ([`skeleton`]); a platform is a [`skeleton::Protocol`] in
-//! its own module ([`telegram`], [`matrix`], [`irc`]) and one arm in [`build`]
+//! its own module ([`telegram`], [`matrix`], [`irc`], [`discord`]) and one arm in [`build`]
 //! (docs/adding-a-platform.md).
 
 pub mod credlock;
+pub mod discord;
 pub mod irc;
 pub mod matrix;
 pub mod skeleton;
+pub mod slack;
 pub mod telegram;
 
 use std::path::PathBuf;
@@ -317,6 +319,15 @@ pub fn build(cfg: &PlatformConfig) -> Result<Arc<dyn Adapter>, AdapterError> {
         // The password is optional; a named variable that is unset is still an error.
         PlatformKind::Irc if cfg.token_env.is_some() && token.is_none() => Err(missing()),
         PlatformKind::Irc => Ok(Arc::new(irc::Irc::new(cfg, token)?)),
+        PlatformKind::Discord => Ok(Arc::new(discord::Discord::new(cfg, token.ok_or_else(missing)?)?)),
+        PlatformKind::Slack => {
+            // The app-level token is the credential; the bot token posts the replies.
+            let app = token.ok_or_else(missing)?;
+            let bot_var = cfg.bot_token_env.clone().unwrap_or_default();
+            let bot = std::env::var(&bot_var).ok().map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
+            let bot = bot.ok_or_else(|| AdapterError::MissingCredential { name: name.clone(), var: bot_var })?;
+            Ok(Arc::new(slack::Slack::new(cfg, app, bot)?))
+        }
     }
 }
 

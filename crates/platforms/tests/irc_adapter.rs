@@ -53,6 +53,7 @@ fn routes_inbound_refuses_bad_targets_paces_lines_and_quits() {
         proxy: None,
         tls: false,
         sasl_password_env: None,
+        bot_token_env: None,
     };
     let irc = Irc::new(&cfg, None).unwrap();
     assert_eq!(irc.credential(), format!("{}/gwbot", s.addr()));

@@ -37,6 +37,7 @@ fn config(server: String, ca_file: &Path) -> PlatformConfig {
         proxy: None,
         tls: true,
         sasl_password_env: None,
+        bot_token_env: None,
     }
 }
 

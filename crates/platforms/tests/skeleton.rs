@@ -152,6 +152,7 @@ fn config(conflict_s: u64) -> PlatformConfig {
         proxy: None,
         tls: false,
         sasl_password_env: None,
+        bot_token_env: None,
     }
 }
 

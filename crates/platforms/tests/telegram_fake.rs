@@ -30,6 +30,7 @@ fn config(base: &str, conflict_s: u64) -> PlatformConfig {
         proxy: None,
         tls: false,
         sasl_password_env: None,
+        bot_token_env: None,
     }
 }
 

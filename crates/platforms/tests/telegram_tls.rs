@@ -39,6 +39,7 @@ fn config(base: &str, ca_file: &Path) -> PlatformConfig {
         proxy: None,
         tls: false,
         sasl_password_env: None,
+        bot_token_env: None,
     }
 }
 

@@ -9,6 +9,7 @@
 //! * [`http_get`] / [`http_post_json`]: a tiny blocking HTTP/1.1 client, loopback only.
 //! * [`browser`]: headless Chromium over WebDriver, for the dashboard's browser tests.
 //! * [`servers`]: real chat servers (Synapse for Matrix, ngIRCd for IRC) in temp dirs.
+//! * [`slackfake`]: a protocol-faithful Slack (Socket Mode and the Web API) on loopback.
 //! * [`proc_start_time`], [`pid_alive`], [`lock_holders`]: read-only process / lock inspection.
 //! * [`marker_json`], [`rfc3339`]: build planned-stop / takeover markers.
 //! * [`archive`]: release archives (`.tar.gz`) built byte by byte, hostile ones included.
@@ -43,6 +44,7 @@ pub mod netfakes;
 pub mod postgres;
 mod proc;
 pub mod servers;
+pub mod slackfake;
 pub mod sweep;
 mod time;
 #[cfg(feature = "tls")]

@@ -6,6 +6,7 @@ use gatewarden_service::ServiceSpec;
 use gatewarden_service::doctor::Finding;
 
 use super::ServiceState;
+pub use super::not_systemd::{gave_up, host_findings, prepare_restart, verify_restart};
 
 pub const MANAGER: gatewarden_service::ManagerKind = gatewarden_service::ManagerKind::None;
 
@@ -36,27 +37,6 @@ pub fn kick(_spec: &ServiceSpec) -> crate::Result<()> {
 }
 pub fn drift(_spec: &ServiceSpec) -> Vec<Finding> {
     Vec::new()
-}
-pub fn host_findings(_spec: &ServiceSpec) -> Vec<Finding> {
-    Vec::new()
-}
-
-/// No asynchronous relaunch ladder here: restarts are verified by the caller's status loop
-/// (and `kick`).
-pub fn verify_restart(
-    _spec: &ServiceSpec,
-    _old: Option<(u32, String)>,
-    _budget: std::time::Duration,
-) -> Option<crate::Result<u32>> {
-    None
-}
-
-/// Nothing to prepare: only systemd counts planned restarts against a start limit.
-pub fn prepare_restart(_spec: &ServiceSpec) {}
-
-/// Only systemd runs the gateway itself and can give up on it (see `linux.rs`).
-pub fn gave_up(_spec: &ServiceSpec) -> bool {
-    false
 }
 
 super::definition_manager!(

@@ -13,6 +13,7 @@ use gatewarden_service::{Scope, ServiceSpec};
 use serde_json::json;
 
 use super::ServiceState;
+pub use super::not_systemd::{gave_up, host_findings, prepare_restart};
 
 pub const MANAGER: gatewarden_service::ManagerKind = gatewarden_service::ManagerKind::Launchd;
 
@@ -144,10 +145,6 @@ pub fn drift(spec: &ServiceSpec) -> Vec<Finding> {
     doctor::check_launchd_plist(bytes.as_deref(), &expected)
 }
 
-pub fn host_findings(_spec: &ServiceSpec) -> Vec<Finding> {
-    Vec::new()
-}
-
 /// Drives the launchd restart ladder (`gatewarden_service::launchd::RestartLadder`) until a new
 /// incarnation supervised by the label holds the lock, or the ladder gives up. Observations:
 /// `launchctl print` (loaded, pid, pended spawn) and the home's lock record; actions are
@@ -209,14 +206,6 @@ pub fn verify_restart(spec: &ServiceSpec, old: Option<(u32, String)>, budget: Du
             eprintln!("launchctl: {e}");
         }
     }
-}
-
-/// Nothing to prepare: only systemd counts planned restarts against a start limit.
-pub fn prepare_restart(_spec: &ServiceSpec) {}
-
-/// Only systemd runs the gateway itself and can give up on it (see `linux.rs`).
-pub fn gave_up(_spec: &ServiceSpec) -> bool {
-    false
 }
 
 super::definition_manager!(

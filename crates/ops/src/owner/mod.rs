@@ -18,6 +18,8 @@ use serde_json::{Value, json};
 use gatewarden_service::doctor::Finding;
 use serde::Serialize;
 
+#[cfg(not(target_os = "linux"))]
+mod not_systemd;
 /// The per-OS facade of the service manager (one file per OS, identical signatures):
 /// `render`, `definition_path`, `install`, `uninstall`, `query`, `stop` (the manager's stop,
 /// after the caller's graceful request), `kick` (start now, bypassing backoff and failed

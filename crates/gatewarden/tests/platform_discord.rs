@@ -1,0 +1,293 @@
+//! Issue 20: the Discord adapter in real gateway processes against the in-repo fake Discord
+//! (crates/discord-fake: Gateway v10 and REST). Loopback only; every wait is bounded.
+#![cfg(target_os = "linux")]
+
+mod common;
+mod work_common;
+use common::*;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use work_common::*;
+
+use gatewarden_discord_fake::{FakeDiscord, Options, SentMessage};
+
+const TOKEN_ENV: &str = "GW_TEST_DISCORD_TOKEN";
+const ADMIN: &str = "42";
+const REPLY: Duration = Duration::from_secs(15);
+
+/// A token no other test uses (the credential lock is keyed by it).
+fn token() -> String {
+    static N: AtomicU32 = AtomicU32::new(1);
+    format!("discord.{}.{:04}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// One credential-lock directory per test binary run, so parallel test binaries never share.
+fn creds_dir() -> String {
+    std::env::temp_dir().join(format!("gw-creds-test-{}", std::process::id())).to_string_lossy().into_owned()
+}
+
+/// A fake for `token`, heartbeats every 500 ms (so heartbeats happen in every test), and a
+/// channel bucket roomy enough for a steady stream's replies in one channel (the default, 5
+/// per 5 s, would make the replies, not the restarts, the bottleneck).
+fn fake(token: &str) -> FakeDiscord {
+    let opts = Options {
+        token: token.to_owned(),
+        heartbeat_interval: Duration::from_millis(500),
+        bucket_limit: 100,
+        bucket_window: Duration::from_secs(1),
+        ..Options::default()
+    };
+    FakeDiscord::start(opts).expect("fake Discord")
+}
+
+fn config(fake: &FakeDiscord, agent: &str, extra: &str) -> String {
+    let backend = if agent.contains("backend") { "" } else { "backend = \"echo\"" };
+    format!(
+        "drain_timeout_s = 10\n[agent]\n{backend}\n{agent}\n\
+         [[platform]]\nkind = \"discord\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\nadmins = [\"{ADMIN}\"]\n\
+         conflict_standby_s = 2\n{extra}",
+        fake.api_base()
+    )
+}
+
+fn spawn(home: &TempHome, sw: &Sweeper, token: &str, config: &str) -> Gateway {
+    write_config(home.path(), config);
+    builder(home).env(TAG_VAR, sw.tag()).env(TOKEN_ENV, token).env("GATEWARDEN_CREDS_DIR", creds_dir()).spawn()
+}
+
+/// A ready gateway whose adapter is connected: Discord delivers only to a live session, so a
+/// message sent before the first IDENTIFY would reach nobody (as on Discord).
+fn start_gw(home: &TempHome, sw: &Sweeper, token: &str, config: &str) -> Gateway {
+    let mut g = spawn(home, sw, token, config);
+    g.wait_ready(READY);
+    if !config.contains("message_content") {
+        wait_until(READY, || platforms(home)[0]["state"] != "connecting");
+    }
+    g
+}
+
+fn count(sent: &[SentMessage], channel: &str, text: &str) -> usize {
+    sent.iter().filter(|m| m.channel_id == channel && m.content == text).count()
+}
+
+#[track_caller]
+fn wait_reply(fake: &FakeDiscord, channel: &str, pred: impl Fn(&str) -> bool) -> String {
+    let got = fake.wait_sent(REPLY, |s| s.iter().any(|m| m.channel_id == channel && pred(&m.content)));
+    let sent = got.unwrap_or_else(|s| panic!("no matching reply in channel {channel} within {REPLY:?}; sent: {s:#?}"));
+    sent.into_iter().rev().find(|m| m.channel_id == channel && pred(&m.content)).map(|m| m.content).unwrap_or_default()
+}
+
+/// Round trip through the echo agent; /status and /new; a non-admin's /restart is refused;
+/// an admin's /restart is answered, and the successor RESUMEs (no second IDENTIFY) and says
+/// "back online" once; status and /metrics show the adapter.
+#[test]
+fn round_trip_commands_and_restart_resumes() {
+    let (home, sw, tok) = (TempHome::new(), Sweeper::new(), token());
+    let fake = fake(&tok);
+    let mut g = start_gw(&home, &sw, &tok, &config(&fake, "", ""));
+    fake.message("7", ADMIN, "hello there");
+    wait_reply(&fake, "7", |t| t == "hello there");
+    fake.message("7", ADMIN, "/status");
+    assert!(wait_reply(&fake, "7", |t| t.contains("incarnation")).contains("running"));
+    fake.message("7", ADMIN, "/new");
+    wait_reply(&fake, "7", |t| t.starts_with("new conversation"));
+
+    wait_adapter(&home, "connected", READY);
+    let p = platforms(&home);
+    assert_eq!((p[0]["name"].as_str(), p[0]["kind"].as_str()), (Some("discord"), Some("discord")), "{p}");
+    assert!(p[0]["received"].as_u64() >= Some(3) && p[0]["lag_s"].is_number(), "{p}");
+    let metrics = http_get(g.listen(), "/metrics", Duration::from_secs(5)).unwrap().text();
+    assert!(
+        metrics.contains("gatewarden_platform_state{platform=\"discord\",kind=\"discord\",state=\"connected\"} 1"),
+        "{metrics}"
+    );
+
+    fake.message("8", "99", "/restart");
+    assert!(wait_reply(&fake, "8", |t| t.contains("admins")).contains("/restart"));
+    assert!(g.alive(), "a non-admin's /restart must not restart");
+
+    let old = g.pid();
+    fake.message("7", ADMIN, "/restart");
+    wait_reply(&fake, "7", |t| t == "restarting…");
+    let st = g.wait_exit(EXIT);
+    assert_exit_code(&g, st, 75, "chat /restart (unsupervised: successor started)");
+    let (_, inc2, _) = wait_new_ready(home.path(), &[old], READY).expect("successor ready");
+    let notice = wait_reply(&fake, "7", |t| t.contains("back online"));
+    assert!(notice.contains(&inc2), "{notice}");
+    fake.message("7", ADMIN, "after the restart");
+    wait_reply(&fake, "7", |t| t == "after the restart");
+    let sent = fake.sent();
+    for text in ["hello there", "restarting…", "after the restart", notice.as_str()] {
+        assert_eq!(count(&sent, "7", text), 1, "{text:?} sent once: {sent:#?}");
+    }
+    let st = fake.stats();
+    assert_eq!(st.identifies, 1, "the successor resumed the session: {st:?}");
+    assert!(st.resumed >= 1, "{st:?}");
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
+/// Mid-conversation restart: a run is in flight and more messages arrive during the drain.
+/// Every message is answered exactly once, the later ones by the successor after its RESUME.
+#[test]
+fn restart_mid_conversation_loses_and_repeats_nothing() {
+    let (home, sw, tok) = (TempHome::new(), Sweeper::new(), token());
+    let fake = fake(&tok);
+    let g = start_gw(&home, &sw, &tok, &config(&fake, "delay_ms = 1500", ""));
+    fake.message("5", "1", "m1");
+    wait_active(g.listen(), 1);
+    let restart = cli_bg(&home, &sw, &["restart", "--timeout", "30"], Duration::from_secs(40));
+    wait_until(Duration::from_secs(5), || home.state().as_deref() == Some("draining"));
+    fake.message("5", "1", "m2");
+    fake.message("5", "1", "m3");
+    assert_cli(&restart.join().unwrap(), 0, "restart");
+    for m in ["m1", "m2", "m3"] {
+        wait_reply(&fake, "5", |t| t == m);
+    }
+    let quiet = holds_for(Duration::from_millis(500), || fake.sent().len() == 3);
+    assert!(quiet.is_ok(), "duplicates: {:#?}", fake.sent());
+    assert_eq!(fake.stats().identifies, 1);
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
+/// The fake dies and comes back: degraded in between, then connected; the message sent
+/// meanwhile is replayed by the RESUME and answered once.
+#[test]
+fn discord_killed_and_revived() {
+    let (home, sw, tok) = (TempHome::new(), Sweeper::new(), token());
+    let fake = fake(&tok);
+    let mut g = start_gw(&home, &sw, &tok, &config(&fake, "", ""));
+    wait_adapter(&home, "connected", READY);
+    fake.kill();
+    wait_adapter(&home, "degraded", Duration::from_secs(15));
+    assert!(serving(&mut g), "a degraded adapter never stops the gateway");
+    fake.message("9", "1", "sent while Discord was down");
+    fake.revive().unwrap();
+    wait_reply(&fake, "9", |t| t == "sent while Discord was down");
+    wait_adapter(&home, "connected", Duration::from_secs(10));
+    assert!(home.events("platform_state").iter().any(|e| e["state"] == "degraded"), "{}", home.ledger_text());
+    assert_eq!(count(&fake.sent(), "9", "sent while Discord was down"), 1);
+    stop_cleanly(&home, &mut g);
+}
+
+/// kill -9 while the agent runs: the next incarnation RESUMEs from the saved `seq` (the
+/// message is replayed and deduplicated) and the journal's run answers it exactly once.
+#[test]
+fn kill_9_mid_run_is_answered_once_by_the_next_incarnation() {
+    let (home, sw, tok) = (TempHome::new(), Sweeper::new(), token());
+    let fake = fake(&tok);
+    let cfg = config(&fake, "delay_ms = 1000", "");
+    let mut g = start_gw(&home, &sw, &tok, &cfg);
+    fake.message("3", "1", "survive me");
+    wait_active(g.listen(), 1);
+    g.kill();
+    // Sent while no gateway ran: replayed by the successor's RESUME.
+    fake.message("3", "1", "while dead");
+    assert!(fake.sent().is_empty());
+    let mut g2 = start_gw(&home, &sw, &tok, &cfg);
+    wait_reply(&fake, "3", |t| t == "survive me");
+    wait_reply(&fake, "3", |t| t == "while dead");
+    let quiet = holds_for(Duration::from_millis(1500), || fake.sent().len() == 2);
+    assert!(quiet.is_ok(), "answered more than once: {:#?}", fake.sent());
+    assert_eq!(fake.stats().identifies, 1, "resumed after the kill -9: {:?}", fake.stats());
+    stop_cleanly(&home, &mut g2);
+}
+
+/// Two homes with the same token: the second gateway exits 78 naming the holder's home and pid
+/// (Discord itself would deliver every event to both); once the holder is gone it starts.
+#[test]
+fn two_homes_same_token() {
+    let (a, b, sw, tok) = (TempHome::new(), TempHome::new(), Sweeper::new(), token());
+    let fake = fake(&tok);
+    let mut ga = start_gw(&a, &sw, &tok, &config(&fake, "", ""));
+    wait_adapter(&a, "connected", READY);
+    let mut gb = spawn(&b, &sw, &tok, &config(&fake, "", ""));
+    let st = gb.wait_exit(EXIT);
+    assert_exit_code(&gb, st, 78, "second gateway with the same (only) token");
+    let err = gb.stderr();
+    assert!(err.contains(&a.path().to_string_lossy().to_string()) && err.contains(&ga.pid().to_string()), "{err}");
+    assert_eq!(fake.stats().identifies, 1, "the refused gateway never connected");
+    fake.message("11", "1", "who answers");
+    wait_reply(&fake, "11", |t| t == "who answers");
+    assert!(holds_for(Duration::from_millis(500), || fake.sent().len() == 1).is_ok());
+    stop_cleanly(&a, &mut ga);
+    let mut gb2 = start_gw(&b, &sw, &tok, &config(&fake, "", ""));
+    wait_adapter(&b, "connected", READY);
+    stop_cleanly(&b, &mut gb2);
+}
+
+/// The privileged message-content intent not enabled for the bot: the adapter parks, naming
+/// 4014 and what to enable; the gateway keeps serving.
+#[test]
+fn disallowed_intents_park_the_adapter_saying_why() {
+    let (home, sw, tok) = (TempHome::new(), Sweeper::new(), token());
+    let opts = Options { token: tok.clone(), message_content_enabled: false, ..Options::default() };
+    let fake = FakeDiscord::start(opts).unwrap();
+    let mut g = start_gw(&home, &sw, &tok, &config(&fake, "", ""));
+    let p = wait_adapter(&home, "parked", READY);
+    assert!(p[0]["reason"].as_str().is_some_and(|r| r.contains("4014") && r.contains("Message Content Intent")), "{p}");
+    assert!(serving(&mut g));
+    stop_cleanly(&home, &mut g);
+}
+
+/// 10 restarts in CI (GW_PLATFORM_RESTARTS for more) under a steady inbound stream: every
+/// message answered, none twice; every successor RESUMEs. Prints and replays its seed
+/// (GW_PLATFORM_SEED).
+#[test]
+fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
+    let restarts: u32 = std::env::var("GW_PLATFORM_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let seed: u64 = std::env::var("GW_PLATFORM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    eprintln!("seed {seed} (replay with GW_PLATFORM_SEED={seed}), {restarts} restarts");
+    let (home, sw, tok) = (TempHome::new(), Sweeper::new(), token());
+    let fake = Arc::new(fake(&tok));
+    let _g = start_gw(&home, &sw, &tok, &config(&fake, "", ""));
+    let stop = Arc::new(AtomicBool::new(false));
+    let injected = Arc::new(AtomicU32::new(0));
+    let stream = {
+        let (fake, stop, injected) = (Arc::clone(&fake), Arc::clone(&stop), Arc::clone(&injected));
+        std::thread::spawn(move || {
+            let mut x = seed | 1;
+            while !stop.load(Ordering::Relaxed) {
+                let n = injected.fetch_add(1, Ordering::Relaxed);
+                fake.message("1", "1", &format!("msg {n}"));
+                // xorshift: 10..50 ms between messages.
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                std::thread::sleep(Duration::from_millis(10 + x % 40));
+            }
+        })
+    };
+    let t0 = Instant::now();
+    for i in 0..restarts {
+        let out = cli_tagged(&home, &sw, &["restart", "--timeout", "30"], Duration::from_secs(40));
+        assert!(out.code == Some(0), "restart {i} failed: {out:#?}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    stream.join().unwrap();
+    let total = injected.load(Ordering::Relaxed);
+    eprintln!("{restarts} restarts in {:?}, {total} messages", t0.elapsed());
+    let sent = fake.wait_sent(Duration::from_secs(30), |s| s.len() >= total as usize).unwrap_or_else(|s| s);
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for m in &sent {
+        *seen.entry(m.content.as_str()).or_default() += 1;
+    }
+    let lost: Vec<u32> = (0..total).filter(|n| !seen.contains_key(format!("msg {n}").as_str())).collect();
+    let dup: Vec<(&&str, &usize)> = seen.iter().filter(|(_, c)| **c > 1).collect();
+    let st = fake.stats();
+    assert!(
+        lost.is_empty() && dup.is_empty(),
+        "seed {seed}: {} lost (first {:?}), duplicated {dup:?}; {st:?}; {}; other replies: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(10)],
+        platforms(&home),
+        sent.iter().filter(|m| !m.content.starts_with("msg ")).take(5).collect::<Vec<_>>(),
+    );
+    assert!(holds_for(Duration::from_millis(500), || fake.sent().len() == total as usize).is_ok());
+    assert_eq!(st.identifies, 1, "every successor resumed: {st:?}");
+    assert!(st.resumed >= u64::from(restarts), "{st:?}");
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}

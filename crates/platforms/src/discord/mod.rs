@@ -1,0 +1,663 @@
+//! Discord adapter: the Gateway WebSocket (API v10, JSON) to receive, REST Create Message to
+//! reply.
+//!
+//! - **Credential.** `token_env` names the variable holding the bot token; it is the credential
+//!   lock's key. Discord itself would deliver every event to a second gateway on the same
+//!   token; the lock (or the cluster lease) refuses that gateway instead.
+//! - **Intents.** IDENTIFY asks for GUILD_MESSAGES, DIRECT_MESSAGES and the privileged
+//!   MESSAGE_CONTENT intent, which must be enabled for the bot in the Developer Portal: without
+//!   it Discord closes with 4014 and the adapter parks, saying so (README, "Discord").
+//! - **Nothing lost across a restart.** Each dispatch carries a sequence number `s`. The
+//!   adapter keeps `session_id`, `resume_gateway_url` and the `seq` of the last batch whose
+//!   messages are journaled in `<home>/platforms/discord-<name>.json`, written only in
+//!   [`skeleton::Receiver::confirm`], after the journal commit. A successor (a restart, a kill
+//!   -9, a reconnect) RESUMEs from that `seq` on the resume URL, and Discord replays every
+//!   dispatch after it; what was journaled already is deduplicated by message id. Discord
+//!   keeps a session resumable only for a while: past it (INVALID_SESSION `false`, close 4007
+//!   or 4009) the adapter identifies anew and reports the gap as `degraded`, never silently.
+//! - **Heartbeats.** Every `heartbeat_interval` (the first one jittered), with the last `s`
+//!   received; a heartbeat due while the previous one has no ACK means a zombied connection:
+//!   close with a non-1000 code (the session stays resumable), reconnect and resume.
+//! - **RECONNECT (op 7), INVALID_SESSION (op 9), close codes.** Op 7 and a resumable op 9 resume
+//!   on a new connection at once; 4004 (bad token), 4010–4014 (shards, version, intents) are
+//!   fatal: the adapter parks naming the code; every other close reconnects and resumes.
+//! - **Replies.** `POST /channels/{id}/messages`, 2,000 characters a piece, mentions disabled,
+//!   with an enforced `nonce` (`<home prefix><outbox seq>.<piece>`): a resend after a crash
+//!   within Discord's nonce window returns the first message instead of a second one. The
+//!   per-route buckets (`X-RateLimit-Remaining`, `-Reset-After`) are waited out before a
+//!   request, a 429 waits its `retry_after` (for every route when `global`), and the skeleton
+//!   paces all sends under the documented global 50 requests a second.
+//! - **Whose messages.** `allowed_chats` are channel ids (DM channels included; empty: all);
+//!   messages by bots (ours included) and empty ones are ignored.
+//!
+//! The loops, states, backoff and drain are the skeleton's (crates/platforms/src/skeleton);
+//! the wire is `gateway.rs` (tungstenite over crates/net's rustls) and `rest.rs` (ureq).
+
+mod gateway;
+mod rest;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use gatewarden_config::PlatformConfig;
+use gatewarden_lifecycle::fsio;
+use gatewarden_net::Outbound;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+pub use gateway::{CloseAction, Payload, close_action, decode};
+use gateway::{Frame, Socket, SocketError, WsUrl, parse_url};
+use rest::{Rest, RestError};
+
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, Pace, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::{AdapterError, Host, Inbound};
+
+/// The public REST API, version 10.
+pub const DEFAULT_API_BASE: &str = "https://discord.com/api/v10";
+/// GUILD_MESSAGES (1 << 9) | DIRECT_MESSAGES (1 << 12) | MESSAGE_CONTENT (1 << 15).
+pub const INTENTS: u64 = (1 << 9) | (1 << 12) | (1 << 15);
+/// Discord's epoch for snowflakes, in ms since the Unix epoch.
+const DISCORD_EPOCH_MS: u64 = 1_420_070_400_000;
+/// Characters per message.
+const MAX_TEXT_CHARS: usize = 2000;
+/// Connect, handshake and HELLO/READY bound.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+/// The longest one receive reads when the host sets no budget; short, so the drain is prompt.
+const RECEIVE_SLICE: Duration = Duration::from_secs(1);
+/// One socket read at most (the drain's flag is looked at in between).
+const READ_SLICE: Duration = Duration::from_millis(250);
+/// An idle session saves its `seq` at most this often (a batch with messages saves at once).
+const SAVE_IDLE_EVERY: Duration = Duration::from_secs(60);
+/// Dispatches buffered from a resume's replay before a receive takes them.
+const MAX_QUEUE: usize = 10_000;
+/// A non-1000 close: the session stays resumable ("Gateway Close Event Codes").
+const CLOSE_RESUMABLE: u16 = 4000;
+
+/// What the home keeps for one Discord adapter.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Saved {
+    session_id: Option<String>,
+    resume_gateway_url: Option<String>,
+    /// The `s` of the last dispatch whose batch is journaled.
+    seq: u64,
+    /// This home's nonce prefix.
+    nonce_prefix: String,
+}
+
+/// The Discord adapter.
+pub type Discord = Skeleton<Proto>;
+
+/// The Gateway and REST protocol.
+pub struct Proto {
+    token: String,
+    base: String,
+    out: Outbound,
+    name: String,
+    allowed: Vec<String>,
+}
+
+impl Skeleton<Proto> {
+    pub fn new(cfg: &PlatformConfig, token: String) -> Result<Discord, AdapterError> {
+        let out = Outbound::new(cfg.ca_file.as_deref(), cfg.proxy.as_deref())
+            .map_err(|e| AdapterError::Start { name: cfg.adapter_name(), message: e.to_string() })?;
+        let proto = Proto {
+            token,
+            base: cfg.api_base.clone().unwrap_or_else(|| DEFAULT_API_BASE.to_owned()),
+            out,
+            name: cfg.adapter_name(),
+            allowed: cfg.allowed_chats.clone(),
+        };
+        Ok(Skeleton::from_protocol(cfg, proto))
+    }
+}
+
+impl Protocol for Proto {
+    const KIND: &'static str = "discord";
+    const LIMITS: Limits = Limits {
+        piece: PieceLimit::Chars(MAX_TEXT_CHARS),
+        line_per_piece: false,
+        batch: 32,
+        // The global limit: 50 requests a second per bot (docs: "Rate Limits").
+        pace: Some(Pace { burst: 50, every: Duration::from_millis(20) }),
+        min_receive: Duration::from_millis(250),
+        redelivers: true,
+        listens_through_drain: false,
+        connected_after_receive: false,
+        close_grace: Duration::from_millis(300),
+    };
+    type Receiver = GatewayRx;
+    type Sender = Poster;
+
+    fn credential(&self) -> &str {
+        &self.token
+    }
+
+    fn watchdog_after(&self) -> Duration {
+        // A receive returns at least every RECEIVE_SLICE while connected.
+        Duration::from_secs(90)
+    }
+
+    fn open(&self, host: &Arc<dyn Host>) -> Result<(GatewayRx, Poster), String> {
+        let path = host.state_dir().map(|d| d.join(format!("discord-{}.json", self.name)));
+        let saved = load(path.as_ref()).map_err(|e| format!("session file: {e}"))?;
+        let plain_ok = self.base.starts_with("http://");
+        let tx =
+            Poster { rest: Rest::new(&self.base, &self.token, &self.out), nonce_prefix: saved.nonce_prefix.clone() };
+        let rx = GatewayRx {
+            rest: Rest::new(&self.base, &self.token, &self.out),
+            token: self.token.clone(),
+            tls: self.out.tls.clone(),
+            plain_ok,
+            allowed: self.allowed.clone(),
+            path,
+            saved_at: Instant::now(),
+            saved,
+            socket: None,
+            session: None,
+            received_seq: 0,
+            heartbeat: Heartbeat::default(),
+            queue: Vec::new(),
+            pending: None,
+            pending_busy: false,
+            gap: None,
+            reopen: None,
+            me: None,
+            failed: None,
+        };
+        Ok((rx, tx))
+    }
+}
+
+/// A random hex prefix (std's per-process random hash keys, the pid and the time).
+fn random_hex() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    format!("{:08x}", h.finish() as u32)
+}
+
+/// A fraction in [0, 1) for the first heartbeat's jitter and the identify wait.
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Reads the saved session (missing or unreadable: none) and makes the nonce prefix durable.
+fn load(path: Option<&PathBuf>) -> Result<Saved, String> {
+    let saved = path
+        .and_then(|p| fsio::read_capped(p, fsio::MAX_RECORD_BYTES).ok())
+        .and_then(|b| serde_json::from_slice::<Saved>(&b).ok());
+    if let Some(s) = saved.filter(|s| !s.nonce_prefix.is_empty()) {
+        return Ok(s);
+    }
+    let s = Saved { nonce_prefix: random_hex(), ..Saved::default() };
+    if let Some(p) = path {
+        save(p, &s)?;
+    }
+    Ok(s)
+}
+
+fn save(path: &Path, s: &Saved) -> Result<(), String> {
+    if let Some(dir) = path.parent() {
+        gatewarden_lifecycle::platform::create_private_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    fsio::write_json(path, s).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// A MESSAGE_CREATE worth answering (`None`: a bot's, empty, or not a message).
+fn parse_message(d: &Value) -> Option<Inbound> {
+    if d["author"]["bot"] == Value::Bool(true) {
+        return None;
+    }
+    let id = d["id"].as_str()?;
+    let text = d["content"].as_str().filter(|t| !t.trim().is_empty())?;
+    let chat = d["channel_id"].as_str()?;
+    let user = d["author"]["id"].as_str()?;
+    let sent_at = id
+        .parse::<u64>()
+        .ok()
+        .map(|n| SystemTime::UNIX_EPOCH + Duration::from_millis((n >> 22).saturating_add(DISCORD_EPOCH_MS)));
+    Some(Inbound {
+        event_id: id.to_owned(),
+        chat_id: chat.to_owned(),
+        user_id: user.to_owned(),
+        text: text.to_owned(),
+        sent_at,
+    })
+}
+
+/// The live session (from READY, or the saved one being resumed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Session {
+    id: String,
+    resume_url: String,
+}
+
+#[derive(Debug, Default)]
+struct Heartbeat {
+    interval: Duration,
+    next: Option<Instant>,
+    acked: bool,
+}
+
+/// The receive side: one gateway connection.
+pub struct GatewayRx {
+    rest: Rest,
+    token: String,
+    tls: gatewarden_net::ClientTls,
+    /// `ws://` allowed (an `http://` API base: tests).
+    plain_ok: bool,
+    allowed: Vec<String>,
+    path: Option<PathBuf>,
+    saved: Saved,
+    saved_at: Instant,
+    socket: Option<Socket>,
+    session: Option<Session>,
+    /// The last `s` received (heartbeats carry it).
+    received_seq: u64,
+    heartbeat: Heartbeat,
+    /// Dispatches read while connecting (a resume's replay), for the next receive.
+    queue: Vec<Payload>,
+    /// The `s` past the last batch, saved once it is journaled, and whether the batch had
+    /// messages (an idle one is saved only now and then).
+    pending: Option<u64>,
+    pending_busy: bool,
+    /// A session that could not be resumed: reported with the next batch.
+    gap: Option<String>,
+    /// Reconnect before the next read (op 7, resumable op 9), with the reason.
+    reopen: Option<String>,
+    /// Our own user id (READY).
+    me: Option<String>,
+    /// A failure held back until the batch read before it is journaled.
+    failed: Option<Failure>,
+}
+
+impl GatewayRx {
+    fn hang(&mut self) {
+        if let Some(mut s) = self.socket.take() {
+            s.close(CLOSE_RESUMABLE);
+        }
+    }
+
+    /// Forgets the session: the next connect identifies, and the gap is reported.
+    fn lose_session(&mut self, why: &str) {
+        if self.session.take().is_some() || self.saved.session_id.is_some() {
+            self.gap = Some(format!(
+                "the Discord session could not be resumed ({why}); messages sent since the last journaled one are not answered"
+            ));
+        }
+        self.saved.session_id = None;
+        self.saved.resume_gateway_url = None;
+        self.saved.seq = 0;
+        self.received_seq = 0;
+    }
+
+    fn identify(&mut self) -> Result<(), Failure> {
+        let identify = json!({"op": 2, "d": {
+            "token": self.token,
+            "intents": INTENTS,
+            "properties": {"os": std::env::consts::OS, "browser": "gatewarden", "device": "gatewarden"},
+        }});
+        self.send(&identify)
+    }
+
+    fn send(&mut self, v: &Value) -> Result<(), Failure> {
+        let Some(s) = self.socket.as_mut() else { return Err(Failure::Lost("no gateway connection".into())) };
+        s.send(v).map_err(|e| Failure::Lost(e.to_string()))
+    }
+
+    /// Opens a connection and identifies or resumes, reading up to READY or RESUMED (queueing
+    /// the replay on the way).
+    fn open_session(&mut self, ctx: &Ctx) -> Result<(), Failure> {
+        self.hang();
+        self.queue.clear();
+        self.pending = None;
+        // No heartbeat is due before this connection's HELLO.
+        self.heartbeat = Heartbeat::default();
+        let resume = self.saved.session_id.clone().zip(self.saved.resume_gateway_url.clone());
+        let url = match &resume {
+            Some((_, url)) => url.clone(),
+            None => self.rest.gateway_url().map_err(rest_failure)?,
+        };
+        let target: WsUrl = parse_url(&url, self.plain_ok).map_err(|e| match e {
+            // A URL we refuse is a configuration problem, not a passing one.
+            SocketError::Url(m) => Failure::Rejected(m),
+            SocketError::Lost(m) => Failure::Down(m),
+        })?;
+        let socket = Socket::open(&target, &self.tls, CONNECT_TIMEOUT).map_err(|e| Failure::Down(e.to_string()))?;
+        self.socket = Some(socket);
+        let end = Instant::now() + CONNECT_TIMEOUT;
+        // HELLO first.
+        let hello = loop {
+            match self.read_until(end)? {
+                Some(p) if p.op == 10 => break p,
+                Some(_) => {}
+                None => return Err(self.lost("no HELLO from the gateway")),
+            }
+        };
+        let ms = hello.d["heartbeat_interval"].as_u64().unwrap_or(41_250).clamp(100, 600_000);
+        self.heartbeat = Heartbeat {
+            interval: Duration::from_millis(ms),
+            next: Some(Instant::now() + Duration::from_millis(ms).mul_f64(jitter())),
+            acked: true,
+        };
+        match &resume {
+            Some((id, url)) => {
+                self.session = Some(Session { id: id.clone(), resume_url: url.clone() });
+                self.received_seq = self.saved.seq;
+                let r = json!({"op": 6, "d": {"token": self.token, "session_id": id, "seq": self.saved.seq}});
+                self.send(&r)?;
+            }
+            None => self.identify()?,
+        }
+        loop {
+            let Some(p) = self.read_until(end)? else {
+                return Err(self.lost("no READY or RESUMED from the gateway"));
+            };
+            match (p.op, p.t.as_deref()) {
+                (0, Some("READY")) => {
+                    let id = p.d["session_id"].as_str().unwrap_or_default().to_owned();
+                    // Before `resume_gateway_url` existed, sessions resumed where they began.
+                    let resume_url =
+                        p.d["resume_gateway_url"].as_str().filter(|u| !u.is_empty()).unwrap_or(url.as_str()).to_owned();
+                    self.me = p.d["user"]["id"].as_str().map(str::to_owned);
+                    self.session = Some(Session { id, resume_url });
+                    self.take(p);
+                    return Ok(());
+                }
+                (0, Some("RESUMED")) => {
+                    self.take(p);
+                    return Ok(());
+                }
+                (0, _) => self.take(p),
+                (9, _) if p.d == Value::Bool(true) && resume.is_some() => {
+                    // Resumable, but not now: a new connection resumes.
+                    return Err(self.lost("INVALID_SESSION (resumable) while resuming"));
+                }
+                (9, _) => {
+                    // "wait a random amount of time—between 1 and 5 seconds—then send a fresh
+                    // Opcode 2 Identify".
+                    self.lose_session("INVALID_SESSION");
+                    self.queue.clear();
+                    ctx.pause(Duration::from_secs(1) + Duration::from_secs(4).mul_f64(jitter()));
+                    if ctx.ending() {
+                        return Err(self.lost("draining"));
+                    }
+                    self.identify()?;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn lost(&mut self, why: &str) -> Failure {
+        self.hang();
+        Failure::Lost(why.to_owned())
+    }
+
+    /// Queues a dispatch for the next batch.
+    fn take(&mut self, p: Payload) {
+        if let Some(s) = p.s {
+            self.received_seq = self.received_seq.max(s);
+        }
+        if self.queue.len() < MAX_QUEUE {
+            self.queue.push(p);
+        } else {
+            // Beyond the bound the rest is replayed again by the next resume.
+            self.reopen = Some("too many replayed events at once".into());
+        }
+    }
+
+    /// Reads one payload before `end`, answering heartbeats on the way. `None`: time is up.
+    fn read_until(&mut self, end: Instant) -> Result<Option<Payload>, Failure> {
+        loop {
+            let now = Instant::now();
+            if now >= end {
+                return Ok(None);
+            }
+            self.heartbeat_if_due(now)?;
+            let mut wait = (end - now).min(READ_SLICE);
+            if let Some(next) = self.heartbeat.next {
+                wait = wait.min(next.saturating_duration_since(now).max(Duration::from_millis(1)));
+            }
+            let Some(socket) = self.socket.as_mut() else { return Err(Failure::Lost("no gateway connection".into())) };
+            match socket.read(wait) {
+                Ok(Frame::Idle) => {}
+                Ok(Frame::Closed(code, reason)) => return Err(self.closed(code, &reason)),
+                Ok(Frame::Payload(p)) => match p.op {
+                    11 => self.heartbeat.acked = true,
+                    1 => {
+                        // The gateway asks for a heartbeat now.
+                        let hb = json!({"op": 1, "d": self.seq_json()});
+                        self.send(&hb)?;
+                    }
+                    _ => return Ok(Some(p)),
+                },
+                Err(e) => return Err(self.lost(&e.to_string())),
+            }
+        }
+    }
+
+    fn seq_json(&self) -> Value {
+        if self.received_seq == 0 { Value::Null } else { json!(self.received_seq) }
+    }
+
+    fn heartbeat_if_due(&mut self, now: Instant) -> Result<(), Failure> {
+        let Some(next) = self.heartbeat.next else { return Ok(()) };
+        if now < next {
+            return Ok(());
+        }
+        if !self.heartbeat.acked {
+            // "If a client does not receive a heartbeat ACK between its attempts at sending
+            // heartbeats, … terminate the connection with a non-1000 close code, reconnect, and
+            // attempt to Resume."
+            return Err(self.lost("no heartbeat ACK from the gateway; reconnecting to resume"));
+        }
+        let hb = json!({"op": 1, "d": self.seq_json()});
+        self.send(&hb)?;
+        self.heartbeat.acked = false;
+        self.heartbeat.next = Some(now + self.heartbeat.interval);
+        Ok(())
+    }
+
+    /// The server closed: what the code asks for.
+    fn closed(&mut self, code: Option<u16>, reason: &str) -> Failure {
+        self.hang();
+        let Some(code) = code else { return Failure::Lost("the gateway closed the connection".into()) };
+        match close_action(code) {
+            CloseAction::Fatal(why) => Failure::Rejected(format!("Discord closed the gateway with {why}")),
+            CloseAction::NewSession => {
+                self.lose_session(&format!("close {code} {reason}"));
+                Failure::Lost(format!("the gateway closed with {code} {reason}; identifying anew"))
+            }
+            CloseAction::Resume => Failure::Lost(format!("the gateway closed with {code} {reason}; resuming")),
+        }
+    }
+
+    /// Turns queued dispatches into the batch, and moves the pending `seq`.
+    fn drain_queue(&mut self, messages: &mut Vec<Inbound>) {
+        for p in std::mem::take(&mut self.queue) {
+            if let Some(s) = p.s {
+                self.pending = Some(self.pending.map_or(s, |x| x.max(s)));
+            }
+            if p.t.as_deref() != Some("MESSAGE_CREATE") {
+                continue;
+            }
+            if let Some(m) = parse_message(&p.d)
+                && Some(&m.user_id) != self.me.as_ref()
+                && (self.allowed.is_empty() || self.allowed.contains(&m.chat_id))
+            {
+                messages.push(m);
+                self.pending_busy = true;
+            }
+        }
+    }
+}
+
+fn rest_failure(e: RestError) -> Failure {
+    match e {
+        RestError::Unauthorized(m) => Failure::Rejected(format!("GET /gateway/bot: {m}")),
+        RestError::Limited(d) => Failure::RateLimited(Some(d)),
+        e => Failure::Down(format!("GET /gateway/bot: {e}")),
+    }
+}
+
+impl skeleton::Receiver for GatewayRx {
+    fn connect(&mut self, ctx: &Ctx) -> Result<(), Failure> {
+        self.reopen = None;
+        self.failed = None;
+        self.open_session(ctx)
+    }
+
+    fn receive(&mut self, ctx: &Ctx, budget: Option<Duration>) -> Result<Batch, Failure> {
+        self.pending = None;
+        self.pending_busy = false;
+        if let Some(f) = self.failed.take() {
+            return Err(f);
+        }
+        let mut messages = Vec::new();
+        if self.queue.is_empty()
+            && let Some(why) = self.reopen.take()
+        {
+            // Op 7 or a resumable op 9: resume on a new connection now, unjournaled dispatches
+            // included (the resume starts from the saved `seq`).
+            self.open_session(ctx).map_err(|f| match f {
+                Failure::Lost(m) => Failure::Lost(format!("{why}: {m}")),
+                other => other,
+            })?;
+        }
+        self.drain_queue(&mut messages);
+        let end = Instant::now() + budget.unwrap_or(RECEIVE_SLICE).min(RECEIVE_SLICE);
+        while messages.is_empty() && self.reopen.is_none() && !ctx.ending() {
+            let p = match self.read_until(end) {
+                Ok(Some(p)) => p,
+                Ok(None) => break,
+                // What was read before the failure is journaled first (its `seq` saved), so the
+                // resume replays less.
+                Err(f) if self.pending.is_some() => {
+                    self.failed = Some(f);
+                    break;
+                }
+                Err(f) => return Err(f),
+            };
+            match p.op {
+                0 => {
+                    self.take(p);
+                    self.drain_queue(&mut messages);
+                }
+                7 => self.reopen = Some("the gateway asked to reconnect (op 7)".into()),
+                9 if p.d == Value::Bool(true) => self.reopen = Some("INVALID_SESSION (resumable)".into()),
+                9 => {
+                    self.lose_session("INVALID_SESSION");
+                    return Err(self.lost("INVALID_SESSION (not resumable); identifying anew"));
+                }
+                _ => {}
+            }
+        }
+        Ok(Batch { messages, gap: self.gap.take() })
+    }
+
+    /// Saves the session and the `seq` past the journaled batch.
+    fn confirm(&mut self, _ctx: &Ctx) -> Result<(), String> {
+        let Some(seq) = self.pending.take() else { return Ok(()) };
+        let session_changed = self.session.as_ref().map(|s| &s.id) != self.saved.session_id.as_ref();
+        self.saved.seq = seq;
+        if let Some(s) = &self.session {
+            self.saved.session_id = Some(s.id.clone());
+            self.saved.resume_gateway_url = Some(s.resume_url.clone());
+        }
+        // An idle batch (no message: heartbeats' neighbours, guild events) need not cost an
+        // fsync every time: resuming from an older `seq` replays them, and they answer nothing.
+        let busy = std::mem::take(&mut self.pending_busy);
+        if !busy && !session_changed && self.saved_at.elapsed() < SAVE_IDLE_EVERY {
+            return Ok(());
+        }
+        self.saved_at = Instant::now();
+        match &self.path {
+            Some(p) => save(p, &self.saved).map_err(|e| format!("cannot save the Discord session: {e}")),
+            None => Ok(()),
+        }
+    }
+
+    fn disconnect(&mut self) {
+        self.hang();
+    }
+
+    fn hang_up(&mut self) -> Vec<Inbound> {
+        self.hang();
+        Vec::new()
+    }
+}
+
+/// The send side: Create Message.
+pub struct Poster {
+    rest: Rest,
+    nonce_prefix: String,
+}
+
+/// The enforced nonce of one piece (at most 25 characters; longer: none).
+fn nonce(prefix: &str, id: PieceId) -> Option<String> {
+    let n = format!("{prefix}{}.{}", id.seq, id.index);
+    (n.len() <= 25).then_some(n)
+}
+
+impl skeleton::Sender for Poster {
+    fn send(&mut self, chat: &str, piece: &str, id: PieceId) -> Result<(), SendError> {
+        match self.rest.create_message(chat, piece, nonce(&self.nonce_prefix, id).as_deref()) {
+            Ok(()) => Ok(()),
+            Err(RestError::Limited(d)) => Err(SendError::RateLimited(Some(d))),
+            Err(RestError::Rejected(m)) => Err(SendError::Rejected(m)),
+            Err(RestError::Unauthorized(m)) => Err(SendError::Unauthorized(m)),
+            Err(e) => Err(SendError::Failed(e.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_parse_and_bots_and_empty_ones_are_skipped() {
+        let d = json!({"id": "1177000000000000000", "channel_id": "42", "author": {"id": "7"}, "content": "hi"});
+        let m = parse_message(&d).unwrap();
+        assert_eq!(
+            (m.event_id.as_str(), m.chat_id.as_str(), m.user_id.as_str(), m.text.as_str()),
+            ("1177000000000000000", "42", "7", "hi")
+        );
+        let t = m.sent_at.unwrap().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
+        assert_eq!(t, (1_177_000_000_000_000_000u64 >> 22) + DISCORD_EPOCH_MS, "the snowflake's time");
+        let bot = json!({"id": "2", "channel_id": "42", "author": {"id": "7", "bot": true}, "content": "hi"});
+        assert!(parse_message(&bot).is_none());
+        let empty = json!({"id": "3", "channel_id": "42", "author": {"id": "7"}, "content": ""});
+        assert!(parse_message(&empty).is_none(), "no content: the message-content intent is missing");
+        assert!(parse_message(&json!("garbage")).is_none());
+    }
+
+    #[test]
+    fn nonces_fit_discords_25_characters() {
+        let p = random_hex();
+        assert_eq!(p.len(), 8);
+        assert_eq!(nonce("abcd1234", PieceId { seq: 7, index: 2 }).as_deref(), Some("abcd12347.2"));
+        assert!(nonce("abcd1234", PieceId { seq: i64::MAX, index: 0 }).is_none());
+    }
+
+    #[test]
+    fn the_session_file_is_created_once_and_survives_reloads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("platforms").join("discord-d.json");
+        let first = load(Some(&path)).unwrap();
+        assert_eq!((first.session_id.as_deref(), first.seq), (None, 0));
+        assert_eq!(load(Some(&path)).unwrap(), first, "the nonce prefix is durable before any send");
+        let s =
+            Saved { session_id: Some("s".into()), resume_gateway_url: Some("wss://r".into()), seq: 9, ..first.clone() };
+        save(&path, &s).unwrap();
+        assert_eq!(load(Some(&path)).unwrap(), s);
+        std::fs::write(&path, b"garbage").unwrap();
+        assert_eq!(load(Some(&path)).unwrap().session_id, None);
+    }
+}

@@ -1,0 +1,848 @@
+//! Slack adapter: Socket Mode events over a WebSocket, replies with the Web API's
+//! `chat.postMessage`.
+//!
+//! - **Credentials.** `token_env` holds the app-level token (`xapp-…`, scope
+//!   `connections:write`): it opens the Socket Mode connections and is the credential lock's key,
+//!   since Slack spreads one app's events over every connection opened with it. `bot_token_env`
+//!   holds the bot token (`xoxb-…`) that `auth.test` checks at connect and that posts the
+//!   replies. `invalid_auth`, `not_authed`, `account_inactive`, `token_revoked` and friends park
+//!   the adapter naming the error; so does a `disconnect` with reason `link_disabled` (Socket
+//!   Mode turned off for the app).
+//! - **Nothing lost.** Every `events_api` envelope is acknowledged only in
+//!   [`Receiver::confirm`](skeleton::Receiver::confirm), after the skeleton journaled the batch
+//!   it came in (a receive returns at most [`GATHER`] after its first envelope, far inside
+//!   Slack's 3 s). An envelope not acknowledged (a failed commit, a crash, one that came after
+//!   the drain sealed the journal, a dropped connection) is redelivered by Slack with `retry_attempt` and `retry_reason`, and the journal
+//!   drops the copy: the journal key is the message's `client_msg_id`, else the payload's
+//!   `event_id`, both the same in every redelivery (and a `message` and an `app_mention` of one
+//!   message share the `client_msg_id`). Envelopes the adapter ignores (edits, bots, joins,
+//!   other event types) are acknowledged too, so Slack does not redeliver them. What a restart
+//!   can and cannot lose is in README.md ("Slack").
+//! - **Through the drain.** The connections stay open until the replies are out
+//!   (`Limits::listens_through_drain`): what Slack sends them meanwhile is journaled and run by
+//!   the successor, instead of waiting unacknowledged for a redelivery 3 s later.
+//! - **Refresh without a gap.** On `disconnect` (`refresh_requested`, `warning`) the adapter
+//!   opens a new connection (`apps.connections.open`, then the new URL's `hello`) before it
+//!   closes the old one, reading both meanwhile; the old one is closed after the acks of what it
+//!   carried. Slack may send on any open connection: every receive reads them all.
+//! - **Threads.** A message in a thread is the chat `<channel>/<thread_ts>` (its own
+//!   conversation), and the reply goes to the same thread (`thread_ts`); a top-level message is
+//!   the chat `<channel>`. `allowed_chats` and `admins` are channel and user ids.
+//! - **Replies.** `chat.postMessage`, at most [`MAX_TEXT_CHARS`] characters a piece, `&`, `<`
+//!   and `>` escaped as Slack asks; a 429 waits its `Retry-After` (the method's per-channel
+//!   limit). No idempotency key: a crash between a post and the outbox commit posts that piece
+//!   again after the restart.
+//! - **Bots and edits are not answered**: messages with a `bot_id`, from our own bot user, or
+//!   with a subtype other than `thread_broadcast` and `file_share` (`message_changed`,
+//!   `bot_message`, `channel_join`, …).
+//!
+//! The WebSocket is tungstenite over a TCP stream, with TLS only from crates/net's rustls
+//! configuration (`ca_file` pins a private CA); `ws://` is accepted only from an `http://`
+//! `api_base` (a loopback fake). The loops, states, backoff and drain are the skeleton's
+//! (crates/platforms/src/skeleton).
+
+use std::io::{self, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use gatewarden_config::PlatformConfig;
+use gatewarden_net::{ClientTls, Outbound, rustls};
+use serde_json::{Value, json};
+use tungstenite::{Message, WebSocket};
+
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::{AdapterError, Host, Inbound};
+
+/// The public Web API.
+pub const DEFAULT_API_BASE: &str = "https://slack.com/api/";
+/// Characters per reply piece: Slack recommends at most 4,000 (it truncates past 40,000).
+const MAX_TEXT_CHARS: usize = 4000;
+const MAX_BODY_BYTES: u64 = 4 << 20;
+/// Largest WebSocket message or frame accepted from the server.
+const MAX_WS_MESSAGE: usize = 4 << 20;
+/// Bound on every Web API call and on opening a connection (TCP, TLS, WebSocket, `hello`).
+const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// One read of one connection waits at most this long.
+const READ_SLICE: Duration = Duration::from_millis(20);
+/// A read once a receive has envelopes in hand.
+const QUICK_READ: Duration = Duration::from_millis(1);
+/// A receive without a budget waits at most this long for an envelope.
+const RECEIVE_WAIT: Duration = Duration::from_secs(1);
+/// After its first envelope, a receive reads on only while envelopes keep coming, and at most
+/// this long, before it returns the batch (whose acks must reach Slack within 3 s).
+pub const GATHER: Duration = Duration::from_millis(100);
+/// We ping each connection this often; one silent for [`DEAD_AFTER`] is dropped.
+const PING_EVERY: Duration = Duration::from_secs(10);
+const DEAD_AFTER: Duration = Duration::from_secs(35);
+/// Connections open at once, at most (Slack allows 10 per app): the steady one and those a
+/// `disconnect` retired but whose envelopes are not yet acknowledged.
+const MAX_CONNS: usize = 4;
+/// A failed refresh (`apps.connections.open` is a Tier 1 method) is tried again this late.
+const REFRESH_RETRY: Duration = Duration::from_secs(5);
+
+/// `ok: false` errors that no retry can fix: the token or the app is refused.
+const AUTH_ERRORS: &[&str] = &[
+    "invalid_auth",
+    "not_authed",
+    "account_inactive",
+    "token_revoked",
+    "token_expired",
+    "not_allowed_token_type",
+    "missing_scope",
+    "no_permission",
+    "ekm_access_denied",
+];
+/// `ok: false` errors worth retrying.
+const SERVER_ERRORS: &[&str] = &["internal_error", "fatal_error", "service_unavailable", "request_timeout"];
+
+/// Why a Web API call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ApiError {
+    /// No answer (connect, timeout, unreadable body).
+    Network(String),
+    /// HTTP 429 or `ratelimited`, with `Retry-After`.
+    RateLimited(Option<Duration>),
+    /// [`AUTH_ERRORS`]: the token is refused.
+    Auth(String),
+    /// Any other `ok: false`: this request will never succeed (`channel_not_found`, …).
+    Refused(String),
+    /// 5xx and [`SERVER_ERRORS`].
+    Server(String),
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApiError::Network(m) => write!(f, "cannot reach the Slack Web API: {m}"),
+            ApiError::RateLimited(d) => write!(f, "rate limited (Retry-After {:?})", d.map(|d| d.as_secs())),
+            ApiError::Auth(m) | ApiError::Refused(m) | ApiError::Server(m) => f.write_str(m),
+        }
+    }
+}
+
+/// Classifies one Web API answer (`Retry-After` in seconds, when present).
+fn classify(status: u16, body: &Value, retry_after: Option<Duration>, method: &str) -> Result<Value, ApiError> {
+    if status == 429 {
+        return Err(ApiError::RateLimited(retry_after));
+    }
+    if status == 200 && body["ok"] == Value::Bool(true) {
+        return Ok(body.clone());
+    }
+    let error = body["error"].as_str().unwrap_or("");
+    let what = if error.is_empty() { format!("{method}: HTTP {status}") } else { format!("{method}: {error}") };
+    Err(if error == "ratelimited" {
+        ApiError::RateLimited(retry_after)
+    } else if AUTH_ERRORS.contains(&error) {
+        ApiError::Auth(what)
+    } else if status >= 500 || SERVER_ERRORS.contains(&error) || (error.is_empty() && status != 200) {
+        ApiError::Server(what)
+    } else {
+        ApiError::Refused(what)
+    })
+}
+
+/// The Web API at `base` (`https://slack.com/api/`).
+#[derive(Clone)]
+struct WebApi {
+    http: ureq::Agent,
+    base: String,
+}
+
+impl WebApi {
+    fn new(base: &str, out: &Outbound) -> WebApi {
+        let http = gatewarden_net::http_config(out).http_status_as_error(false).build().new_agent();
+        WebApi { http, base: format!("{}/", base.trim_end_matches('/')) }
+    }
+
+    /// POSTs `body` (JSON; none: an empty form) to `method` with `token`.
+    fn call(&self, method: &str, token: &str, body: Option<&Value>) -> Result<Value, ApiError> {
+        let url = format!("{}{method}", self.base);
+        let req = self
+            .http
+            .post(&url)
+            .header("Authorization", &format!("Bearer {token}"))
+            .config()
+            .timeout_global(Some(CALL_TIMEOUT))
+            .build();
+        let sent = match body {
+            Some(b) => req.header("Content-Type", "application/json; charset=utf-8").send(b.to_string()),
+            None => req.header("Content-Type", "application/x-www-form-urlencoded").send(""),
+        };
+        let response = sent.map_err(|e| ApiError::Network(gatewarden_net::describe(&e, &url)))?;
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let text = response
+            .into_body()
+            .with_config()
+            .limit(MAX_BODY_BYTES)
+            .read_to_string()
+            .map_err(|e| ApiError::Network(e.to_string()))?;
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        classify(status, &v, retry_after, method)
+    }
+}
+
+impl ApiError {
+    fn failure(self) -> Failure {
+        match self {
+            ApiError::RateLimited(d) => Failure::RateLimited(d),
+            ApiError::Auth(m) => Failure::Rejected(m),
+            e @ (ApiError::Network(_) | ApiError::Server(_) | ApiError::Refused(_)) => Failure::Down(e.to_string()),
+        }
+    }
+}
+
+/// The Slack adapter.
+pub type Slack = Skeleton<Proto>;
+
+/// Socket Mode and the Web API.
+pub struct Proto {
+    app_token: String,
+    bot_token: String,
+    base: String,
+    out: Outbound,
+    tls: ClientTls,
+    allowed: Vec<String>,
+}
+
+impl Skeleton<Proto> {
+    /// `app_token` is `token_env`'s (`xapp-…`), `bot_token` `bot_token_env`'s (`xoxb-…`).
+    pub fn new(cfg: &PlatformConfig, app_token: String, bot_token: String) -> Result<Slack, AdapterError> {
+        let start_error = |message: String| AdapterError::Start { name: cfg.adapter_name(), message };
+        let out =
+            Outbound::new(cfg.ca_file.as_deref(), cfg.proxy.as_deref()).map_err(|e| start_error(e.to_string()))?;
+        let tls = ClientTls::new(cfg.ca_file.as_deref()).map_err(|e| start_error(e.to_string()))?;
+        let proto = Proto {
+            app_token,
+            bot_token,
+            base: cfg.api_base.clone().unwrap_or_else(|| DEFAULT_API_BASE.to_owned()),
+            out,
+            tls,
+            allowed: cfg.allowed_chats.clone(),
+        };
+        Ok(Skeleton::from_protocol(cfg, proto))
+    }
+}
+
+impl Protocol for Proto {
+    const KIND: &'static str = "slack";
+    const LIMITS: Limits = Limits {
+        piece: PieceLimit::Chars(MAX_TEXT_CHARS),
+        line_per_piece: false,
+        batch: 16,
+        // chat.postMessage's own 429s pace the replies.
+        pace: None,
+        min_receive: READ_SLICE,
+        redelivers: true,
+        // What Slack sends to the old connections during the drain is journaled (and run by
+        // the successor) rather than left to a redelivery 3 s later; after the journal is
+        // sealed a delivery is refused, so it stays unacknowledged and comes again.
+        listens_through_drain: true,
+        connected_after_receive: false,
+        close_grace: Duration::from_millis(300),
+    };
+    type Receiver = SocketMode;
+    type Sender = Poster;
+
+    fn credential(&self) -> &str {
+        &self.app_token
+    }
+
+    fn watchdog_after(&self) -> Duration {
+        DEAD_AFTER + Duration::from_secs(30)
+    }
+
+    fn open(&self, _host: &Arc<dyn Host>) -> Result<(SocketMode, Poster), String> {
+        let api = WebApi::new(&self.base, &self.out);
+        let rx = SocketMode {
+            api: api.clone(),
+            app_token: self.app_token.clone(),
+            bot_token: self.bot_token.clone(),
+            tls: self.tls.clone(),
+            plain_ok: self.base.starts_with("http://"),
+            allowed: self.allowed.clone(),
+            me: None,
+            conns: Vec::new(),
+            next_id: 0,
+            acks: Vec::new(),
+            fatal: None,
+            refresh: None,
+        };
+        Ok((rx, Poster { api, bot_token: self.bot_token.clone() }))
+    }
+}
+
+/// The `(channel, thread_ts)` of a chat id.
+fn split_chat(chat: &str) -> (&str, Option<&str>) {
+    match chat.split_once('/') {
+        Some((channel, ts)) if !ts.is_empty() => (channel, Some(ts)),
+        _ => (chat.trim_end_matches('/'), None),
+    }
+}
+
+/// Slack's three control characters in message text.
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// A Slack `ts` (`"1700000000.000100"`) as a time.
+fn ts_time(ts: &str) -> Option<SystemTime> {
+    let (secs, micros) = ts.split_once('.').unwrap_or((ts, "0"));
+    let secs = secs.parse::<u64>().ok()?;
+    let micros = format!("{micros:0<6}").get(..6)?.parse::<u64>().ok()?;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros))
+}
+
+/// Subtypes that are a person's new text.
+const ANSWERED_SUBTYPES: &[&str] = &["thread_broadcast", "file_share"];
+
+/// The inbound message of one `events_api` payload (`None`: not one the agent answers).
+/// `me` is our bot's user id.
+fn parse_event(payload: &Value, me: Option<&str>) -> Option<Inbound> {
+    let e = &payload["event"];
+    if !matches!(e["type"].as_str(), Some("message" | "app_mention")) {
+        return None;
+    }
+    if e["subtype"].as_str().is_some_and(|s| !ANSWERED_SUBTYPES.contains(&s)) || !e["bot_id"].is_null() {
+        return None;
+    }
+    let user = e["user"].as_str().filter(|u| !u.is_empty() && Some(*u) != me)?;
+    let text = e["text"].as_str().filter(|t| !t.trim().is_empty())?;
+    let channel = e["channel"].as_str().filter(|c| !c.is_empty() && !c.contains('/'))?;
+    // One key per message: a redelivery keeps both ids, and a message that is also an
+    // app_mention shares its client_msg_id.
+    let key = match (e["client_msg_id"].as_str(), payload["event_id"].as_str()) {
+        (Some(m), _) if !m.is_empty() => format!("msg:{m}"),
+        (_, Some(ev)) if !ev.is_empty() => format!("ev:{ev}"),
+        _ => format!("ts:{channel}/{}", e["ts"].as_str()?),
+    };
+    let chat = match e["thread_ts"].as_str().filter(|t| !t.is_empty()) {
+        Some(thread) => format!("{channel}/{thread}"),
+        None => channel.to_owned(),
+    };
+    let sent_at = e["ts"].as_str().and_then(ts_time);
+    Some(Inbound { event_id: key, chat_id: chat, user_id: user.to_owned(), text: text.to_owned(), sent_at })
+}
+
+/// A TCP stream, with TLS from crates/net or (a loopback fake) without.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => &s.sock,
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// A `ws://` or `wss://` URL's parts.
+#[derive(Debug, PartialEq, Eq)]
+struct WsUrl {
+    tls: bool,
+    host: String,
+    port: u16,
+}
+
+fn parse_ws_url(url: &str) -> Option<WsUrl> {
+    let (tls, rest) =
+        if let Some(r) = url.strip_prefix("wss://") { (true, r) } else { (false, url.strip_prefix("ws://")?) };
+    let authority = rest.split(['/', '?']).next()?;
+    if authority.is_empty() || authority.contains('@') {
+        return None;
+    }
+    let default = if tls { 443 } else { 80 };
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (h, after) = v6.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse().ok()?,
+            None if after.is_empty() => default,
+            None => return None,
+        };
+        (h.to_owned(), port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h.to_owned(), p.parse().ok()?),
+            None => (authority.to_owned(), default),
+        }
+    };
+    (!host.is_empty()).then_some(WsUrl { tls, host, port })
+}
+
+/// Whether an io error is a read timeout (Unix: `WouldBlock`; Windows: `TimedOut`).
+fn timed_out(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+}
+
+/// One Socket Mode connection.
+struct Conn {
+    id: u64,
+    ws: WebSocket<Stream>,
+    /// A `disconnect` asked us to move: closed once a newer connection said `hello`.
+    retiring: bool,
+    last_frame: Instant,
+    last_ping: Instant,
+    /// Messages read while waiting for `hello`.
+    early: Vec<Value>,
+}
+
+impl Conn {
+    /// Reads one message, waiting at most the stream's read timeout: `Ok(None)` on a timeout.
+    fn read(&mut self) -> Result<Option<Value>, String> {
+        match self.ws.read() {
+            Ok(Message::Text(t)) => {
+                self.last_frame = Instant::now();
+                Ok(Some(serde_json::from_str(t.as_str()).unwrap_or(Value::Null)))
+            }
+            Ok(Message::Close(frame)) => Err(format!(
+                "Slack closed the connection{}",
+                frame.map(|f| format!(" ({} {})", u16::from(f.code), f.reason)).unwrap_or_default()
+            )),
+            Ok(_) => {
+                self.last_frame = Instant::now();
+                Ok(None)
+            }
+            Err(tungstenite::Error::Io(e)) if timed_out(&e) => Ok(None),
+            Err(e) => Err(format!("the Socket Mode connection failed: {e}")),
+        }
+    }
+
+    fn send(&mut self, text: String) -> Result<(), String> {
+        self.ws.send(Message::text(text)).map_err(|e| format!("cannot write to the Socket Mode connection: {e}"))
+    }
+
+    /// A close frame, written without waiting for the answer.
+    fn close(mut self) {
+        let _ = self.ws.close(None);
+        let _ = self.ws.flush();
+        let _ = self.ws.get_ref().tcp().shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// The receive side: `auth.test`, `apps.connections.open`, then the connections' envelopes.
+pub struct SocketMode {
+    api: WebApi,
+    app_token: String,
+    bot_token: String,
+    tls: ClientTls,
+    plain_ok: bool,
+    allowed: Vec<String>,
+    /// Our bot's user id (from `auth.test`): its own messages are not answered.
+    me: Option<String>,
+    conns: Vec<Conn>,
+    next_id: u64,
+    /// The envelopes of the last batch, by connection: acknowledged in `confirm`.
+    acks: Vec<(u64, String)>,
+    /// A `link_disabled`: parks at the next receive, after the batch in hand is journaled.
+    fatal: Option<String>,
+    /// A `disconnect` asked for a new connection: when to try (again).
+    refresh: Option<Instant>,
+}
+
+impl SocketMode {
+    /// `apps.connections.open`, the WebSocket, and its `hello`.
+    fn open_conn(&mut self) -> Result<Conn, Failure> {
+        let v = self.api.call("apps.connections.open", &self.app_token, None).map_err(ApiError::failure)?;
+        let url = v["url"].as_str().ok_or_else(|| Failure::Down("apps.connections.open returned no url".into()))?;
+        let parts = parse_ws_url(url)
+            .ok_or_else(|| Failure::Down("apps.connections.open returned a URL that is not ws(s)://".into()))?;
+        if !parts.tls && !self.plain_ok {
+            return Err(Failure::Down("apps.connections.open returned a ws:// URL for an https API; refused".into()));
+        }
+        let lost =
+            |what: &str, e: &dyn std::fmt::Display| Failure::Down(format!("{what} {}:{}: {e}", parts.host, parts.port));
+        let addrs: Vec<_> =
+            (parts.host.as_str(), parts.port).to_socket_addrs().map_err(|e| lost("cannot resolve", &e))?.collect();
+        let mut tcp = Err(io::Error::new(io::ErrorKind::NotFound, "no address"));
+        for a in &addrs {
+            tcp = TcpStream::connect_timeout(a, CALL_TIMEOUT);
+            if tcp.is_ok() {
+                break;
+            }
+        }
+        let tcp = tcp.map_err(|e| lost("cannot connect to", &e))?;
+        tcp.set_read_timeout(Some(CALL_TIMEOUT)).map_err(|e| lost("cannot use", &e))?;
+        tcp.set_write_timeout(Some(CALL_TIMEOUT)).map_err(|e| lost("cannot use", &e))?;
+        let _ = tcp.set_nodelay(true);
+        let stream = if parts.tls {
+            let name = rustls::pki_types::ServerName::try_from(parts.host.clone())
+                .map_err(|_| Failure::Down(format!("{:?} is not a host name", parts.host)))?;
+            let config = self.tls.rustls_config().map_err(|e| lost("TLS for", &e))?;
+            let conn = rustls::ClientConnection::new(config, name).map_err(|e| lost("TLS for", &e))?;
+            Stream::Tls(Box::new(rustls::StreamOwned::new(conn, tcp)))
+        } else {
+            Stream::Plain(tcp)
+        };
+        let config = tungstenite::protocol::WebSocketConfig::default()
+            .max_message_size(Some(MAX_WS_MESSAGE))
+            .max_frame_size(Some(MAX_WS_MESSAGE));
+        let (ws, _) = tungstenite::client::client_with_config(url, stream, Some(config)).map_err(|e| match e {
+            tungstenite::HandshakeError::Failure(tungstenite::Error::Io(io)) => {
+                lost("the WebSocket handshake failed at", &gatewarden_net::io_tls_reason(&io).unwrap_or(io.to_string()))
+            }
+            tungstenite::HandshakeError::Failure(e) => lost("the WebSocket handshake failed at", &e),
+            tungstenite::HandshakeError::Interrupted(_) => lost("the WebSocket handshake timed out at", &"no answer"),
+        })?;
+        self.next_id += 1;
+        let now = Instant::now();
+        let mut conn =
+            Conn { id: self.next_id, ws, retiring: false, last_frame: now, last_ping: now, early: Vec::new() };
+        let deadline = now + CALL_TIMEOUT;
+        loop {
+            match conn.read().map_err(Failure::Down)? {
+                Some(v) if v["type"] == "hello" => break,
+                Some(_) if conn.early.len() >= MAX_CONNS * 256 => {
+                    return Err(Failure::Down("the Socket Mode connection sent no hello".into()));
+                }
+                Some(v) => conn.early.push(v),
+                None if Instant::now() >= deadline => {
+                    return Err(Failure::Down("the Socket Mode connection sent no hello".into()));
+                }
+                None => {}
+            }
+        }
+        conn.ws.get_ref().tcp().set_read_timeout(Some(READ_SLICE)).map_err(|e| Failure::Down(e.to_string()))?;
+        Ok(conn)
+    }
+
+    fn drop_all(&mut self) {
+        for c in self.conns.drain(..) {
+            c.close();
+        }
+    }
+
+    /// One message from connection `cid`: its envelope to acknowledge, its inbound message.
+    fn handle(&mut self, cid: u64, v: &Value, out: &mut Vec<Inbound>) {
+        match v["type"].as_str() {
+            Some("disconnect") => match v["reason"].as_str() {
+                Some("link_disabled") => {
+                    self.fatal = Some("Socket Mode is turned off for this app (disconnect: link_disabled)".into());
+                }
+                // refresh_requested, warning, and any reason to come: move to a new connection.
+                _ => {
+                    if let Some(c) = self.conns.iter_mut().find(|c| c.id == cid) {
+                        c.retiring = true;
+                    }
+                    self.refresh.get_or_insert_with(Instant::now);
+                }
+            },
+            Some("hello") => {}
+            _ => {
+                // events_api, and interactive or slash_commands envelopes we do not serve:
+                // every envelope is acknowledged, after the batch is journaled.
+                if let Some(env) = v["envelope_id"].as_str() {
+                    self.acks.push((cid, env.to_owned()));
+                }
+                if v["type"] == "events_api"
+                    && let Some(msg) = parse_event(&v["payload"], self.me.as_deref())
+                {
+                    let (channel, _) = split_chat(&msg.chat_id);
+                    if self.allowed.is_empty() || self.allowed.iter().any(|a| a == channel) {
+                        out.push(msg);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Opens the connection a `disconnect` asked for; the old one stays until it is acked.
+    fn refresh_now(&mut self) {
+        let Some(at) = self.refresh else { return };
+        if Instant::now() < at || self.conns.len() >= MAX_CONNS {
+            return;
+        }
+        match self.open_conn() {
+            Ok(c) => {
+                self.conns.push(c);
+                self.refresh = None;
+            }
+            // The old connection serves meanwhile; if it goes, the loss is reported then.
+            Err(_) => self.refresh = Some(Instant::now() + REFRESH_RETRY),
+        }
+    }
+}
+
+impl skeleton::Receiver for SocketMode {
+    /// `auth.test` with the bot token (our user id, and "rejected" known at once), then one
+    /// connection.
+    fn connect(&mut self, _ctx: &Ctx) -> Result<(), Failure> {
+        self.drop_all();
+        self.refresh = None;
+        let me = self
+            .api
+            .call("auth.test", &self.bot_token, None)
+            .map_err(|e| named(ApiError::failure(e), "bot token (bot_token_env)"))?;
+        self.me = me["user_id"].as_str().map(str::to_owned);
+        let conn = self.open_conn().map_err(|f| named(f, "app-level token (token_env)"))?;
+        self.conns.push(conn);
+        Ok(())
+    }
+
+    fn receive(&mut self, ctx: &Ctx, budget: Option<Duration>) -> Result<Batch, Failure> {
+        self.acks.clear();
+        if let Some(why) = self.fatal.take() {
+            self.drop_all();
+            return Err(Failure::Rejected(why));
+        }
+        self.refresh_now();
+        let mut messages = Vec::new();
+        // Messages that came before a hello.
+        for i in 0..self.conns.len() {
+            let early = std::mem::take(&mut self.conns[i].early);
+            let cid = self.conns[i].id;
+            for v in early {
+                self.handle(cid, &v, &mut messages);
+            }
+        }
+        for c in &self.conns {
+            let _ = c.ws.get_ref().tcp().set_read_timeout(Some(READ_SLICE));
+        }
+        let mut deadline = Instant::now() + budget.unwrap_or(RECEIVE_WAIT).min(RECEIVE_WAIT);
+        if !self.acks.is_empty() {
+            deadline = deadline.min(Instant::now() + GATHER);
+        }
+        let mut lost: Option<String> = None;
+        while !self.conns.is_empty() {
+            let got_before = self.acks.len();
+            let mut i = 0;
+            while i < self.conns.len() {
+                let now = Instant::now();
+                let c = &mut self.conns[i];
+                let mut failed = None;
+                if now.duration_since(c.last_frame) > DEAD_AFTER {
+                    failed = Some(format!("no frame from Slack for {} s", DEAD_AFTER.as_secs()));
+                } else if now.duration_since(c.last_ping) >= PING_EVERY {
+                    c.last_ping = now;
+                    if let Err(e) = c.ws.send(Message::Ping(Vec::new().into())) {
+                        failed = Some(format!("cannot ping: {e}"));
+                    }
+                }
+                if !self.acks.is_empty() {
+                    // Envelopes in hand: only what is already there, not another slice's wait.
+                    let _ = c.ws.get_ref().tcp().set_read_timeout(Some(QUICK_READ));
+                }
+                let read = if failed.is_none() { c.read() } else { Ok(None) };
+                let cid = c.id;
+                match (failed, read) {
+                    (None, Ok(Some(v))) => {
+                        let before = self.acks.len();
+                        self.handle(cid, &v, &mut messages);
+                        if before == 0 && !self.acks.is_empty() {
+                            // The first envelope: its ack is due within 3 s.
+                            deadline = deadline.min(Instant::now() + GATHER);
+                        }
+                        i += 1;
+                    }
+                    (None, Ok(None)) => i += 1,
+                    (Some(e), _) | (None, Err(e)) => {
+                        // Its unacknowledged envelopes come again on another connection.
+                        let c = self.conns.remove(i);
+                        c.close();
+                        self.acks.retain(|(id, _)| *id != cid);
+                        lost = Some(e);
+                    }
+                }
+            }
+            // Once envelopes are in hand, a pass that brought no more ends the receive.
+            let quiet = got_before > 0 && self.acks.len() == got_before;
+            if quiet || Instant::now() >= deadline || self.fatal.is_some() || ctx.ending() {
+                break;
+            }
+            if self.refresh.is_some_and(|at| Instant::now() >= at) {
+                self.refresh_now();
+            }
+        }
+        if self.conns.is_empty() && messages.is_empty() {
+            return Err(Failure::Lost(lost.unwrap_or_else(|| "no Socket Mode connection".into())));
+        }
+        Ok(Batch { messages, gap: None })
+    }
+
+    /// Acknowledges the batch's envelopes on the connections that carried them, then closes the
+    /// connections a `disconnect` retired once a newer one is up.
+    fn confirm(&mut self, _ctx: &Ctx) -> Result<(), String> {
+        for (cid, env) in std::mem::take(&mut self.acks) {
+            let Some(i) = self.conns.iter().position(|c| c.id == cid) else { continue };
+            if self.conns[i].send(json!({ "envelope_id": env }).to_string()).is_err() {
+                // Not acknowledged: Slack redelivers it, and the journal drops the copy.
+                self.conns.remove(i).close();
+            }
+        }
+        if self.conns.iter().any(|c| !c.retiring) {
+            let (old, keep): (Vec<Conn>, Vec<Conn>) = self.conns.drain(..).partition(|c| c.retiring);
+            self.conns = keep;
+            for c in old {
+                c.close();
+            }
+        }
+        Ok(())
+    }
+
+    fn disconnect(&mut self) {
+        self.drop_all();
+    }
+
+    /// Closes the connections: what they carried unacknowledged is redelivered to the successor.
+    fn hang_up(&mut self) -> Vec<Inbound> {
+        self.drop_all();
+        Vec::new()
+    }
+}
+
+/// `f` with `what` named when it is a refusal (which token was refused).
+fn named(f: Failure, what: &str) -> Failure {
+    match f {
+        Failure::Rejected(m) => Failure::Rejected(format!("{what}: {m}")),
+        other => other,
+    }
+}
+
+/// The send side: `chat.postMessage` with the bot token.
+pub struct Poster {
+    api: WebApi,
+    bot_token: String,
+}
+
+impl skeleton::Sender for Poster {
+    fn send(&mut self, chat: &str, piece: &str, _id: PieceId) -> Result<(), SendError> {
+        let (channel, thread) = split_chat(chat);
+        let mut body = json!({ "channel": channel, "text": escape(piece) });
+        if let Some(ts) = thread {
+            body["thread_ts"] = json!(ts);
+        }
+        match self.api.call("chat.postMessage", &self.bot_token, Some(&body)) {
+            Ok(_) => Ok(()),
+            Err(ApiError::RateLimited(d)) => Err(SendError::RateLimited(d)),
+            Err(ApiError::Refused(m)) => Err(SendError::Rejected(m)),
+            Err(ApiError::Auth(m)) => Err(SendError::Unauthorized(format!("bot token (bot_token_env): {m}"))),
+            Err(e) => Err(SendError::Failed(e.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payload(event: Value) -> Value {
+        json!({"type": "event_callback", "event_id": "Ev1", "event": event})
+    }
+
+    #[test]
+    fn messages_map_to_inbound_and_threads_stay_threads() {
+        let p = payload(
+            json!({"type": "message", "user": "U1", "text": "hi", "channel": "C1", "ts": "1700000000.000100", "client_msg_id": "m-1"}),
+        );
+        let m = parse_event(&p, Some("UBOT")).unwrap();
+        assert_eq!((m.event_id.as_str(), m.chat_id.as_str(), m.user_id.as_str()), ("msg:m-1", "C1", "U1"));
+        assert_eq!(m.sent_at, Some(SystemTime::UNIX_EPOCH + Duration::from_micros(1_700_000_000_000_100)));
+        let t = payload(
+            json!({"type": "app_mention", "user": "U1", "text": "<@UBOT> hi", "channel": "C1", "ts": "2.0", "thread_ts": "1.5"}),
+        );
+        let m = parse_event(&t, Some("UBOT")).unwrap();
+        assert_eq!((m.event_id.as_str(), m.chat_id.as_str()), ("ev:Ev1", "C1/1.5"));
+        assert_eq!(split_chat("C1/1.5"), ("C1", Some("1.5")));
+        assert_eq!(split_chat("C1"), ("C1", None));
+    }
+
+    #[test]
+    fn bots_edits_joins_and_our_own_messages_are_not_answered() {
+        let base = json!({"type": "message", "user": "U1", "text": "x", "channel": "C1", "ts": "1.0"});
+        let with = |k: &str, v: Value| {
+            let mut e = base.clone();
+            e[k] = v;
+            payload(e)
+        };
+        assert!(parse_event(&payload(base.clone()), None).is_some());
+        for sub in ["message_changed", "bot_message", "channel_join", "message_deleted"] {
+            assert!(parse_event(&with("subtype", json!(sub)), None).is_none(), "{sub}");
+        }
+        assert!(parse_event(&with("subtype", json!("thread_broadcast")), None).is_some());
+        assert!(parse_event(&with("bot_id", json!("B1")), None).is_none());
+        assert!(parse_event(&payload(base.clone()), Some("U1")).is_none(), "our own bot user");
+        assert!(parse_event(&with("text", json!("  ")), None).is_none());
+        assert!(parse_event(&with("type", json!("reaction_added")), None).is_none());
+        assert!(parse_event(&with("channel", json!("C1/x")), None).is_none());
+        assert!(parse_event(&json!("garbage"), None).is_none());
+    }
+
+    #[test]
+    fn web_api_answers_are_classified() {
+        let s = Duration::from_secs;
+        assert_eq!(classify(200, &json!({"ok": true, "x": 1}), None, "m"), Ok(json!({"ok": true, "x": 1})));
+        assert_eq!(
+            classify(429, &json!({"ok": false, "error": "ratelimited"}), Some(s(7)), "m"),
+            Err(ApiError::RateLimited(Some(s(7))))
+        );
+        for e in ["invalid_auth", "not_authed", "account_inactive", "token_revoked"] {
+            assert_eq!(
+                classify(200, &json!({"ok": false, "error": e}), None, "m"),
+                Err(ApiError::Auth(format!("m: {e}")))
+            );
+        }
+        assert_eq!(
+            classify(200, &json!({"ok": false, "error": "channel_not_found"}), None, "m"),
+            Err(ApiError::Refused("m: channel_not_found".into()))
+        );
+        assert!(matches!(classify(503, &Value::Null, None, "m"), Err(ApiError::Server(_))));
+        assert!(matches!(
+            classify(200, &json!({"ok": false, "error": "fatal_error"}), None, "m"),
+            Err(ApiError::Server(_))
+        ));
+    }
+
+    #[test]
+    fn urls_times_and_escapes() {
+        assert_eq!(
+            parse_ws_url("wss://wss-primary.slack.com/link/?ticket=t&app_id=A"),
+            Some(WsUrl { tls: true, host: "wss-primary.slack.com".into(), port: 443 })
+        );
+        assert_eq!(
+            parse_ws_url("ws://127.0.0.1:9/link"),
+            Some(WsUrl { tls: false, host: "127.0.0.1".into(), port: 9 })
+        );
+        assert_eq!(parse_ws_url("ws://[::1]:9/"), Some(WsUrl { tls: false, host: "::1".into(), port: 9 }));
+        assert_eq!(parse_ws_url("https://x/"), None);
+        assert_eq!(parse_ws_url("wss://u@x/"), None);
+        assert_eq!(parse_ws_url("wss://x:notaport/"), None);
+        assert_eq!(ts_time("5.5"), Some(SystemTime::UNIX_EPOCH + Duration::from_millis(5500)));
+        assert_eq!(ts_time("x"), None);
+        assert_eq!(escape("a<b>&c"), "a&lt;b&gt;&amp;c");
+        let text: String = std::iter::repeat_n('é', MAX_TEXT_CHARS + 1).collect();
+        assert_eq!(skeleton::pieces(&text, &Proto::LIMITS).len(), 2);
+    }
+}
