@@ -19,7 +19,7 @@ use std::time::Duration;
 use work_common::*;
 
 use gatewarden_telegram_fake::{FakeTelegram, Options};
-use gatewarden_testkit::hermes::{SCRUB, venv, write_api_server_home};
+use gatewarden_testkit::hermes::{SCRUB, venv_with_api_server, write_api_server_home};
 use gatewarden_testkit::llmfake::{FakeLlm, Reply};
 
 const TOKEN_ENV: &str = "GW_TEST_TELEGRAM_TOKEN";
@@ -51,7 +51,7 @@ struct Rig {
 
 impl Rig {
     fn new() -> Option<Rig> {
-        let venv = venv()?;
+        let venv = venv_with_api_server()?;
         let scratch = tempfile::tempdir().expect("tempdir");
         let hermes_home = scratch.path().join("hermes");
         let llm = FakeLlm::start(Reply::Echo).expect("fake LLM");

@@ -17,6 +17,16 @@ pub fn venv() -> Option<PathBuf> {
     }
 }
 
+/// The venv, with the `[messaging]` extra hermes's API server needs (aiohttp): the stamp
+/// `scripts/hermes-venv` writes once it is installed. Missing: [`crate::unavailable`].
+pub fn venv_with_api_server() -> Option<PathBuf> {
+    let v = venv()?;
+    if v.join(".gatewarden-hermes-agent-0.19.0-messaging").is_file() {
+        return Some(v);
+    }
+    crate::unavailable("hermes-agent[messaging]", &format!("{} lacks the [messaging] extra (run scripts/hermes-venv)", v.display()))
+}
+
 /// Variables a hermes child must not inherit: they would make it believe it is supervised, or
 /// point it at the real user's state.
 pub const SCRUB: &[&str] = &[
