@@ -428,6 +428,20 @@ impl PgJournal {
         .map(|_| ())
     }
 
+    /// When the current conversation of `(platform, chat)` started (a read).
+    pub async fn session_started(&mut self, platform: &str, chat_id: &str) -> Result<Option<String>, ClusterError> {
+        let name = self.name().to_owned();
+        let c = self.lease.client().await?;
+        let row = c
+            .query_opt(
+                "SELECT started_at::text FROM gw_sessions WHERE name = $1 AND platform = $2 AND chat_id = $3",
+                &[&name, &platform, &chat_id],
+            )
+            .await
+            .map_err(read)?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
     /// The conversation before message `before`: the last `turns` answered, non-command
     /// messages of its chat's current session, oldest first (a read).
     pub async fn history(&mut self, before: &str, turns: usize) -> Result<Vec<(String, String)>, ClusterError> {

@@ -344,6 +344,11 @@ impl Store for PgStore {
         self.write(move |j, e| Box::pin(async move { j.new_session(e, &p, &c).await }))
     }
 
+    fn session_started(&self, platform: &str, chat_id: &str) -> Result<Option<String>, JournalError> {
+        let (p, c) = (platform.to_owned(), chat_id.to_owned());
+        self.call(move |j| Box::pin(async move { j.session_started(&p, &c).await }))
+    }
+
     fn history(&self, before: &str, turns: usize) -> Result<Vec<(String, String)>, JournalError> {
         let before = before.to_owned();
         self.call(move |j| Box::pin(async move { j.history(&before, turns).await }))

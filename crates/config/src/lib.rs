@@ -71,6 +71,9 @@ const AGENT_KEYS: &[&str] = &[
     "backoff_ms",
     "cooldown_s",
     "attempt_timeout_s",
+    "hermes_home",
+    "hermes_program",
+    "approval_timeout_s",
 ];
 const PLATFORM_KEYS: &[&str] = &[
     "kind",
@@ -514,6 +517,8 @@ pub enum BackendKind {
     Exec,
     /// Any OpenAI-compatible chat-completions upstream.
     Openai,
+    /// hermes-agent's own agent through its API server (`/v1/runs`).
+    Hermes,
 }
 
 impl BackendKind {
@@ -523,6 +528,7 @@ impl BackendKind {
             BackendKind::Echo => "echo",
             BackendKind::Exec => "exec",
             BackendKind::Openai => "openai",
+            BackendKind::Hermes => "hermes",
         }
     }
 }
@@ -563,6 +569,14 @@ pub struct AgentConfig {
     pub cooldown_s: u64,
     /// openai: one attempt's wait for the response head (bounded by `timeout_s`).
     pub attempt_timeout_s: u64,
+    /// hermes: a hermes home whose gateway (with its API server) gatewarden starts, supervises
+    /// and stops itself; `base_url` and the key then default to its `.env`.
+    pub hermes_home: Option<PathBuf>,
+    /// hermes: the `hermes` executable for `hermes_home` (default: `GATEWARDEN_HERMES`, else
+    /// `hermes` on `PATH`).
+    pub hermes_program: Option<PathBuf>,
+    /// hermes: an approval the chat leaves unanswered this long is answered "deny".
+    pub approval_timeout_s: u64,
 }
 
 impl Default for AgentConfig {
@@ -584,6 +598,9 @@ impl Default for AgentConfig {
             backoff_ms: 500,
             cooldown_s: 30,
             attempt_timeout_s: 30,
+            hermes_home: None,
+            hermes_program: None,
+            approval_timeout_s: 300,
         }
     }
 }
@@ -793,6 +810,20 @@ proxy = "socks5h://127.0.0.1:1080"
         let e = parse(&format!("{base}proxy = \"ftp://x\"\n")).unwrap_err();
         assert_eq!(e.key(), Some("proxy"), "{e}");
     }
+
+    #[test]
+    fn hermes_needs_a_home_or_an_api_server_with_its_key() {
+        let e = parse("[agent]\nbackend = \"hermes\"\n").unwrap_err();
+        assert_eq!(e.key(), Some("base_url"), "{e}");
+        let c = parse("[agent]\nbackend = \"hermes\"\nhermes_home = \"hermes\"\n").unwrap();
+        assert_eq!(c.agent.hermes_home.as_deref(), Some(Path::new("/h/hermes")), "relative to the home");
+        assert_eq!(c.agent.approval_timeout_s, 300);
+        let e = parse("[agent]\nbackend = \"hermes\"\nbase_url = \"http://127.0.0.1:8642\"\n").unwrap_err();
+        assert_eq!(e.key(), Some("api_key_env"), "{e}");
+        parse("[agent]\nbackend = \"hermes\"\nbase_url = \"http://127.0.0.1:8642\"\napi_key_env = \"K\"\n").unwrap();
+        let e = parse("[agent]\nbackend = \"hermes\"\nhermes_home = \"/x\"\napproval_timeout_s = 0\n").unwrap_err();
+        assert_eq!(e.key(), Some("approval_timeout_s"), "{e}");
+    }
 }
 
 // ---- end of [[agent.provider]] ----
@@ -971,6 +1002,7 @@ impl Config {
             }
         };
         fix(&mut self.agent.ca_file);
+        fix(&mut self.agent.hermes_home);
         self.agent.provider.iter_mut().for_each(|p| fix(&mut p.ca_file));
         fix(&mut self.update.ca_file);
         fix(&mut self.telemetry.ca_file);
@@ -1170,6 +1202,27 @@ impl Config {
                 }
             }
             BackendKind::Openai => {}
+            BackendKind::Hermes => {
+                match (&a.base_url, &a.hermes_home) {
+                    (None, None) => {
+                        return Err(agent(
+                            "base_url",
+                            "backend \"hermes\" needs base_url (hermes's API server, e.g. \"http://127.0.0.1:8642\") or hermes_home".into(),
+                        ));
+                    }
+                    (Some(url), _) => check_url(url.trim()).map_err(|m| agent("base_url", m))?,
+                    (None, Some(_)) => {}
+                }
+                if a.base_url.is_some() && a.hermes_home.is_none() && a.api_key_env.is_none() {
+                    return Err(agent(
+                        "api_key_env",
+                        "backend \"hermes\" needs the API server's key: api_key_env names the variable holding API_SERVER_KEY".into(),
+                    ));
+                }
+                if a.approval_timeout_s == 0 || a.approval_timeout_s > MAX_SECONDS {
+                    return Err(agent("approval_timeout_s", format!("must be between 1 and {MAX_SECONDS} seconds")));
+                }
+            }
         }
         Ok(())
     }
@@ -1630,7 +1683,7 @@ mod tests {
             );
         }
         // Uncommenting every commented-out assignment of each backend block must still parse.
-        for backend in ["exec", "openai"] {
+        for backend in ["exec", "openai", "hermes"] {
             let enabled = enable_block(text, backend);
             let c = parse(&enabled).unwrap_or_else(|e| panic!("{backend} block: {e}"));
             assert_eq!(c.agent.backend.as_str(), backend);

@@ -246,6 +246,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn outbox_done(&self, seq: i64, failed: Option<&str>) -> Result<bool, JournalError>;
     fn outbox_counts(&self, platform: &str) -> Result<(u64, u64, u64), JournalError>;
     fn new_session(&self, platform: &str, chat_id: &str) -> Result<(), JournalError>;
+    /// When the current conversation of `(platform, chat)` started (its last `/new`), as the
+    /// store renders it; `None` before any. A read of the existing `sessions` row: the hermes
+    /// backend names its session after it.
+    fn session_started(&self, platform: &str, chat_id: &str) -> Result<Option<String>, JournalError>;
     fn history(&self, before: &str, turns: usize) -> Result<Vec<(String, String)>, JournalError>;
     fn mark_command(&self, id: &str) -> Result<bool, JournalError>;
     fn recover(&self, new_incarnation: &str) -> Result<Vec<String>, JournalError>;

@@ -489,6 +489,16 @@ impl Store for Journal {
         })
     }
 
+    fn session_started(&self, platform: &str, chat_id: &str) -> Result<Option<String>, JournalError> {
+        let conn = self.read();
+        let mut stmt = conn.prepare_cached("SELECT started_at FROM sessions WHERE platform = ?1 AND chat_id = ?2")?;
+        let mut rows = stmt.query(params![platform, chat_id])?;
+        Ok(match rows.next()? {
+            Some(r) => Some(r.get::<_, String>(0)?),
+            None => None,
+        })
+    }
+
     /// The conversation before message `before` in its `(platform, chat)`: the last `turns`
     /// answered (non-command) messages of the current session, oldest first, as
     /// `(user text, reply)` pairs.
@@ -1699,6 +1709,20 @@ mod tests {
         std::thread::sleep(Duration::from_millis(2));
         let fresh = j.accept_inbound("tg", "5", &msg("four")).unwrap().unwrap();
         assert!(j.history(&fresh, 10).unwrap().is_empty(), "/new forgets the earlier turns");
+    }
+
+    /// The hermes backend names its session after this: none before `/new`, then a start that
+    /// each `/new` moves.
+    #[test]
+    fn session_start_is_read_from_the_sessions_row() {
+        let (_d, j) = journal();
+        assert_eq!(j.session_started("tg", "c1").unwrap(), None);
+        j.new_session("tg", "c1").unwrap();
+        let first = j.session_started("tg", "c1").unwrap().expect("a start");
+        assert_eq!(j.session_started("tg", "c2").unwrap(), None, "per chat");
+        std::thread::sleep(Duration::from_millis(2));
+        j.new_session("tg", "c1").unwrap();
+        assert_ne!(j.session_started("tg", "c1").unwrap(), Some(first), "/new moves it");
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod commands;
 pub mod control;
 pub mod drain;
 pub mod gateway;
+pub mod hermes;
 pub mod http;
 pub mod intake;
 pub mod log;
@@ -198,8 +199,10 @@ pub fn prepare(
     };
     let platforms = Arc::new(platforms::Platforms::build(&config).map_err(fatal)?);
     let (wake, wakes) = intake::Wake::channel();
-    let work =
-        Arc::new(worker::Work::new(agent, journal, &config, config.is_loopback_listen(), platforms.admins(), wake));
+    let work = Arc::new(
+        worker::Work::new(agent, journal, &config, config.is_loopback_listen(), platforms.admins(), wake)
+            .with_hermes(hermes::Spec::from_config(&config.agent, home.dir())),
+    );
     work.metrics.seed_from_ledger(&home.ledger());
     if let Some(x) = gatewarden_telemetry::Exporter::start(&config.telemetry).map_err(|e| fatal(e.to_string()))? {
         let _ = work.telemetry.set(Arc::new(x));
@@ -319,6 +322,8 @@ async fn serve_until_classified(
     gw.set_listen(addr.clone());
     gw.set_causes(tx.clone());
     app.follow_wakes();
+    // `[agent] hermes_home`: hermes's API server is ours to run until the drain is over.
+    let hermes_child = app.work.hermes.clone().and_then(hermes::Child::start);
     if let Err(e) = control::bind(&Endpoint::for_home(gw.home.dir()), Arc::clone(app), tx.clone()) {
         return startup_failed(gw, e);
     }
@@ -423,6 +428,14 @@ async fn serve_until_classified(
     app.work.notices.set_restarting(decision.intent == ExitIntent::PlannedRestart);
     info!("stopping: {}", decision.reason);
     drain(app, signals, opts.drain_timeout).await;
+    if let Some(h) = hermes_child {
+        // A restart hands hermes, warm, to the successor (its runs were stopped by the drain);
+        // anything else stops it.
+        match decision.intent {
+            ExitIntent::PlannedRestart | ExitIntent::Takeover => h.leave(),
+            _ => h.stop().await,
+        }
+    }
     // Drained: hand the lease to a standby now rather than at its expiry.
     cluster::release(app).await;
     gw.advance(GatewayState::Stopping);

@@ -14,7 +14,7 @@
 //!   as runs (the drain never waits on its own requester) and journaled as finished commands,
 //!   never replayed.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -196,6 +196,16 @@ pub struct Work {
     full_told: Mutex<HashSet<String>>,
     /// `[telemetry] otlp_endpoint`: finished messages' traces go out as OTLP spans.
     pub telemetry: std::sync::OnceLock<Arc<gatewarden_telemetry::Exporter>>,
+    /// `[agent] hermes_home`: the hermes gateway this gateway runs (hermes.rs).
+    pub hermes: Option<crate::hermes::Spec>,
+    /// Async runs in flight by chat (`platform\0chat`, `""` for the HTTP API), for `/cancel`.
+    chat_runs: Mutex<HashMap<String, Vec<(String, CancellationToken)>>>,
+    /// Runs a chat `/cancel` stopped: they fail instead of waiting for the next incarnation.
+    cancelled_by_chat: Mutex<HashSet<String>>,
+}
+
+fn chat_key(platform: Option<&str>, chat: &str) -> String {
+    format!("{}\0{chat}", platform.unwrap_or(""))
 }
 
 impl Work {
@@ -233,7 +243,16 @@ impl Work {
             update_source: config.update.source.clone(),
             full_told: Mutex::new(HashSet::new()),
             telemetry: std::sync::OnceLock::new(),
+            hermes: None,
+            chat_runs: Mutex::new(HashMap::new()),
+            cancelled_by_chat: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// With `[agent] hermes_home`: the hermes gateway this gateway runs.
+    pub fn with_hermes(mut self, spec: Option<crate::hermes::Spec>) -> Work {
+        self.hermes = spec;
+        self
     }
 
     /// Why a new message of `(platform, chat)` is refused: past the `[journal]` queue caps
@@ -366,12 +385,12 @@ impl Work {
         req: AgentRequest,
         chunks: Option<mpsc::Sender<String>>,
     ) -> Result<gatewarden_agent::AgentReply, AgentError> {
-        self.run_traced(gw, None, req, chunks, None).await
+        self.run_traced(gw, None, req, chunks, None, self.cancel.child_token()).await
     }
 
     /// [`Self::run_reply`] for a chat of `platform` (`None`: the HTTP API), whose usage it adds
-    /// to, with what the backend notes for the message's trace (providers tried, first token)
-    /// going to `notes`.
+    /// to, under `token` (a child of [`Self::cancel`]), with what the backend notes for the
+    /// message's trace (providers tried, first token) going to `notes`.
     async fn run_traced(
         self: &Arc<Self>,
         gw: &Gateway,
@@ -379,10 +398,10 @@ impl Work {
         req: AgentRequest,
         chunks: Option<mpsc::Sender<String>>,
         notes: Option<RunNotes>,
+        token: CancellationToken,
     ) -> Result<gatewarden_agent::AgentReply, AgentError> {
         let _run = gw.runs.begin();
         let chat = req.chat_id.clone();
-        let token = self.cancel.child_token();
         let _cancel_on_drop = token.clone().drop_guard();
         let me = Arc::clone(self);
         // The agent's task stays in the caller's span (a message's id and platform in its logs).
@@ -484,7 +503,63 @@ impl Work {
                 }
             }
             Command::Update => reply(self.start_update(gw, platform, chat_id, user_id)),
+            Command::Cancel => reply(self.cancel_chat(platform, chat_id)),
+            Command::Approve | Command::Deny => {
+                reply(self.answer_approval(platform, chat_id, user_id, cmd == Command::Approve))
+            }
         }
+    }
+
+    /// `/cancel`: stops this chat's runs in flight (the hermes backend stops hermes's run);
+    /// they fail with "cancelled", never re-run.
+    fn cancel_chat(&self, platform: Option<&str>, chat_id: &str) -> String {
+        let runs = self.chat_runs.lock().unwrap_or_else(|p| p.into_inner()).get(&chat_key(platform, chat_id)).cloned();
+        let runs = runs.unwrap_or_default();
+        if runs.is_empty() {
+            return "nothing to cancel".into();
+        }
+        let mut marked = self.cancelled_by_chat.lock().unwrap_or_else(|p| p.into_inner());
+        for (id, token) in &runs {
+            marked.insert(id.clone());
+            token.cancel();
+        }
+        format!("cancelling {} run(s)", runs.len())
+    }
+
+    /// `/approve`, `/deny`: answers the oldest approval the agent asks in this chat, when the
+    /// sender may ([`commands::Admins::may_answer`]).
+    fn answer_approval(&self, platform: Option<&str>, chat_id: &str, user_id: &str, approve: bool) -> String {
+        let (Some(approvals), Some(p)) = (self.agent.approvals(), platform) else {
+            return "nothing waits for an approval here".into();
+        };
+        let Some(pending) = approvals.pending(p, chat_id) else {
+            return "nothing waits for an approval here".into();
+        };
+        let from = Sender { channel: Channel::Platform(p), user_id };
+        if !self.admins.may_answer(from, &pending.user_id) {
+            return "only the user who asked, or an admin, can answer this approval".into();
+        }
+        match (approvals.answer(p, chat_id, &pending.run_id, approve), approve) {
+            (false, _) => "that approval is no longer waiting".into(),
+            (true, true) => format!("approved: {}", pending.what),
+            (true, false) => format!("denied: {}", pending.what),
+        }
+    }
+
+    /// Relays the questions the agent asks (hermes approvals) to their chats through the
+    /// outbox, as long as the worker runs.
+    fn relay_questions(self: &Arc<Self>) {
+        let Some(mut rx) = self.agent.approvals().and_then(|a| a.take_questions()) else { return };
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            while let Some(q) = rx.recv().await {
+                let (p, c, t) = (q.platform.clone(), q.chat_id.clone(), q.text);
+                match me.with_journal(move |j| j.enqueue(&p, &c, &t)).await {
+                    Ok(_) => me.wake.wake(&q.platform),
+                    Err(e) => crate::warn!("cannot tell chat {} the agent's question: {e}", q.chat_id),
+                }
+            }
+        });
     }
 
     /// `/update`: a detached `gatewarden update --from <[update] source> --chat <chat>`. It
@@ -558,6 +633,7 @@ impl Work {
     /// and the journal's retention.
     pub fn start_worker(self: &Arc<Self>, gw: Arc<Gateway>) {
         self.start_pruning();
+        self.relay_questions();
         let Some(mut rx) = self.queue_rx.lock().ok().and_then(|mut g| g.take()) else { return };
         let me = Arc::clone(self);
         tokio::spawn(async move {
@@ -650,13 +726,34 @@ impl Work {
         } else {
             Vec::new()
         };
+        // The conversation's start names the hermes session (backend/hermes.rs): `/new` moves it.
+        let session_started = match &msg.platform {
+            Some(p) => {
+                let (p, c) = (p.clone(), msg.chat_id.clone());
+                self.with_journal(move |j| j.session_started(&p, &c)).await.unwrap_or_else(|e| {
+                    crate::warn!("cannot read the session of {}: {e}", msg.id);
+                    None
+                })
+            }
+            None => None,
+        };
         let req = AgentRequest {
             run_id: msg.id.clone(),
             chat_id: msg.chat_id.clone(),
             user_id: msg.user_id.clone(),
             text: msg.text.clone(),
             history,
+            platform: msg.platform.clone(),
+            session_started,
         };
+        let key = chat_key(msg.platform.as_deref(), &msg.chat_id);
+        let token = self.cancel.child_token();
+        self.chat_runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .push((id.clone(), token.clone()));
         let mut steps = RunSteps::default();
         steps.push(TraceEvent::at(Step::BackendCalled, std::time::SystemTime::now()).subject(self.agent.name()));
         let notes = RunNotes::default();
@@ -666,8 +763,22 @@ impl Work {
         let (tx, mut rx) = mpsc::channel::<String>(64);
         let chunks = shown.as_ref().map_or(tx, |s| s.chunks.clone());
         let drain = async move { while rx.recv().await.is_some() {} };
-        let run = self.run_traced(gw, msg.platform.as_deref(), req, Some(chunks), Some(notes.clone()));
+        let run = self.run_traced(gw, msg.platform.as_deref(), req, Some(chunks), Some(notes.clone()), token);
         let (r, ()) = tokio::join!(run, drain);
+        {
+            let mut runs = self.chat_runs.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(v) = runs.get_mut(&key) {
+                v.retain(|(i, _)| i != &id);
+                if v.is_empty() {
+                    runs.remove(&key);
+                }
+            }
+        }
+        let by_chat = self.cancelled_by_chat.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        let r = match r {
+            Err(AgentError::Cancelled) if by_chat => Err(AgentError::Failed("cancelled (/cancel)".into())),
+            r => r,
+        };
         let cancelled = matches!(r, Err(AgentError::Cancelled));
         if let Some(s) = shown {
             s.end(!cancelled).await;
