@@ -1,11 +1,11 @@
 //! gatewarden-agent: what answers messages.
 //!
-//! - [`backend`]: the [`Agent`] trait and its three backends (`echo`, `exec`, `openai`), built
+//! - [`backend`]: the [`Agent`] trait and its four backends (`echo`, `exec`, `openai`, `hermes`), built
 //!   from `[agent]` of config.toml (crates/config).
 
 pub mod backend;
 
 pub use backend::{
-    Agent, AgentError, AgentFuture, AgentReply, AgentRequest, ProviderEvent, ProviderStatus, Turn, Usage, build_agent,
-    build_agent_with_env, within_budget,
+    Agent, AgentError, AgentFuture, AgentReply, AgentRequest, Approvals, HermesAgent, Pending, ProviderEvent,
+    ProviderStatus, Question, Turn, Usage, build_agent, build_agent_with_env, within_budget,
 };

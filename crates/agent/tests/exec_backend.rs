@@ -25,6 +25,8 @@ fn req(text: &str) -> AgentRequest {
         user_id: "user-1".into(),
         text: text.into(),
         history: Vec::new(),
+        platform: None,
+        session_started: None,
     }
 }
 

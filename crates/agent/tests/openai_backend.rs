@@ -110,6 +110,8 @@ fn req(text: &str) -> AgentRequest {
         user_id: "u1".into(),
         text: text.into(),
         history: Vec::new(),
+        platform: None,
+        session_started: None,
     }
 }
 

@@ -28,7 +28,7 @@ fn config(providers: Vec<ProviderConfig>, retries: u32, backoff_ms: u64) -> Agen
 }
 
 fn req(text: &str) -> AgentRequest {
-    AgentRequest { run_id: "r1".into(), chat_id: "c".into(), user_id: "u".into(), text: text.into(), history: vec![] }
+    AgentRequest::new("r1", "c", "u", text, vec![])
 }
 
 async fn run(a: &dyn Agent, text: &str) -> Result<gatewarden_agent::AgentReply, AgentError> {

@@ -15,9 +15,10 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use gatewarden_journal::row::{self, Cells, MESSAGE_COLUMNS, OUTGOING_COLUMNS};
+use gatewarden_journal::trace::{MAX_RUN_STEPS, TRACE_COLUMNS};
 use gatewarden_journal::{
-    Counts, JournalError, Kind, MAX_ATTEMPTS, Message, NewMessage, Outgoing, Pruned, REASON_INTERRUPTED_TWICE,
-    failure_notice,
+    Counts, JournalError, Kind, MAX_ATTEMPTS, Message, NewMessage, Outgoing, Pruned, REASON_INTERRUPTED_TWICE, Step,
+    TraceEvent, failure_notice,
 };
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
@@ -77,16 +78,20 @@ impl PgJournal {
 
     /// Journals `msg` as queued, under `epoch`; returns its id.
     pub async fn accept_message(&mut self, epoch: i64, msg: &NewMessage) -> Result<String, ClusterError> {
-        let kind = msg.kind.as_str();
+        let (kind, received) = (msg.kind.as_str(), received_now());
         let row = self
             .query_one(
                 epoch,
                 &format!(
-                    "INSERT INTO gw_messages (name, id, chat_id, user_id, text, kind, state, epoch)
-                     SELECT $1, {NEW_ID}, $3, $4, $5, $6, 'queued', $2 FROM (SELECT gw_fence($1, $2)) AS f
-                     RETURNING id"
+                    "WITH m AS (
+                        INSERT INTO gw_messages (name, id, chat_id, user_id, text, kind, state, epoch)
+                        SELECT $1, {NEW_ID}, $3, $4, $5, $6, 'queued', $2 FROM (SELECT gw_fence($1, $2)) AS f
+                        RETURNING id),
+                     t AS ({})
+                     SELECT id FROM m",
+                    accepted_trace("$7", "NULL", false)
                 ),
-                &[&msg.chat_id, &msg.user_id, &msg.text, &kind],
+                &[&msg.chat_id, &msg.user_id, &msg.text, &kind, &received],
             )
             .await?;
         Ok(row.get(0))
@@ -94,16 +99,20 @@ impl PgJournal {
 
     /// A lifecycle command answered at once: a row that is already done, flagged as a command.
     pub async fn accept_command(&mut self, epoch: i64, msg: &NewMessage, reply: &str) -> Result<String, ClusterError> {
-        let kind = msg.kind.as_str();
+        let (kind, received) = (msg.kind.as_str(), received_now());
         let row = self
             .query_one(
                 epoch,
                 &format!(
-                    "INSERT INTO gw_messages (name, id, chat_id, user_id, text, kind, state, reply, is_command, epoch)
-                     SELECT $1, {NEW_ID}, $3, $4, $5, $6, 'done', $7, true, $2 FROM (SELECT gw_fence($1, $2)) AS f
-                     RETURNING id"
+                    "WITH m AS (
+                        INSERT INTO gw_messages (name, id, chat_id, user_id, text, kind, state, reply, is_command, epoch)
+                        SELECT $1, {NEW_ID}, $3, $4, $5, $6, 'done', $7, true, $2 FROM (SELECT gw_fence($1, $2)) AS f
+                        RETURNING id),
+                     t AS ({})
+                     SELECT id FROM m",
+                    accepted_trace("$8", "NULL", true)
                 ),
-                &[&msg.chat_id, &msg.user_id, &msg.text, &kind, &reply],
+                &[&msg.chat_id, &msg.user_id, &msg.text, &kind, &reply, &received],
             )
             .await?;
         Ok(row.get(0))
@@ -117,16 +126,21 @@ impl PgJournal {
         event_id: &str,
         msg: &NewMessage,
     ) -> Result<Option<String>, ClusterError> {
+        let received = received_now();
         let row = self
             .query_opt(
                 epoch,
                 &format!(
-                    "INSERT INTO gw_messages (name, id, chat_id, user_id, text, kind, state, platform, event_id, epoch)
-                     SELECT $1, {NEW_ID}, $3, $4, $5, 'async', 'queued', $6, $7, $2 FROM (SELECT gw_fence($1, $2)) AS f
-                     ON CONFLICT (name, platform, event_id) WHERE event_id IS NOT NULL DO NOTHING
-                     RETURNING id"
+                    "WITH m AS (
+                        INSERT INTO gw_messages (name, id, chat_id, user_id, text, kind, state, platform, event_id, epoch)
+                        SELECT $1, {NEW_ID}, $3, $4, $5, 'async', 'queued', $6, $7, $2 FROM (SELECT gw_fence($1, $2)) AS f
+                        ON CONFLICT (name, platform, event_id) WHERE event_id IS NOT NULL DO NOTHING
+                        RETURNING id),
+                     t AS ({})
+                     SELECT id FROM m",
+                    accepted_trace("$8", "$6", false)
                 ),
-                &[&msg.chat_id, &msg.user_id, &msg.text, &platform, &event_id],
+                &[&msg.chat_id, &msg.user_id, &msg.text, &platform, &event_id, &received],
             )
             .await?;
         Ok(row.map(|r| r.get(0)))
@@ -142,6 +156,7 @@ impl PgJournal {
         msg: &NewMessage,
         reply: &str,
     ) -> Result<Option<String>, ClusterError> {
+        let received = received_now();
         let row = self
             .query_opt(
                 epoch,
@@ -155,10 +170,12 @@ impl PgJournal {
                         RETURNING id, platform, chat_id),
                      o AS (
                         INSERT INTO gw_outbox (name, platform, chat_id, text, message_id, epoch)
-                        SELECT $1, platform, chat_id, $6, id, $2 FROM m)
-                     SELECT id FROM m"
+                        SELECT $1, platform, chat_id, $6, id, $2 FROM m),
+                     t AS ({})
+                     SELECT id FROM m",
+                    accepted_trace("$9", "$7", true)
                 ),
-                &[&msg.chat_id, &msg.user_id, &msg.text, &reply, &platform, &event_id],
+                &[&msg.chat_id, &msg.user_id, &msg.text, &reply, &platform, &event_id, &received],
             )
             .await?;
         Ok(row.map(|r| r.get(0)))
@@ -180,15 +197,21 @@ impl PgJournal {
 
     /// `queued → running` under `incarnation`; false if it was not queued.
     pub async fn claim(&mut self, epoch: i64, id: &str, incarnation: &str) -> Result<bool, ClusterError> {
-        self.update(
-            epoch,
-            "UPDATE gw_messages m SET state = 'running', attempts = attempts + 1, incarnation = $4,
-                    epoch = $2, updated_at = clock_timestamp()
-               FROM (SELECT gw_fence($1, $2)) AS f
-              WHERE m.name = $1 AND m.id = $3 AND m.state = 'queued'",
-            &[&id, &incarnation],
-        )
-        .await
+        let row = self
+            .query_one(
+                epoch,
+                "WITH u AS (
+                    UPDATE gw_messages m SET state = 'running', attempts = attempts + 1, incarnation = $4,
+                           epoch = $2, updated_at = clock_timestamp()
+                      FROM (SELECT gw_fence($1, $2)) AS f
+                     WHERE m.name = $1 AND m.id = $3 AND m.state = 'queued'
+                    RETURNING m.id),
+                 t AS (INSERT INTO gw_trace (name, message_id, step, subject) SELECT $1, id, 'claimed', $4 FROM u)
+                 SELECT count(*) FROM u",
+                &[&id, &incarnation],
+            )
+            .await?;
+        Ok(row.get::<_, i64>(0) == 1)
     }
 
     /// `running → done` with the reply, only by the incarnation that runs it; a platform
@@ -200,16 +223,43 @@ impl PgJournal {
         incarnation: &str,
         reply: &str,
     ) -> Result<bool, ClusterError> {
-        self.finish(epoch, id, incarnation, "done", reply, reply).await
+        self.complete_traced(epoch, id, incarnation, reply, &[]).await
+    }
+
+    /// [`PgJournal::complete`], writing the run's `steps` and its `done` step with it.
+    pub async fn complete_traced(
+        &mut self,
+        epoch: i64,
+        id: &str,
+        incarnation: &str,
+        reply: &str,
+        steps: &[TraceEvent],
+    ) -> Result<bool, ClusterError> {
+        let done = TraceEvent::at(Step::Done, std::time::SystemTime::now());
+        self.finish(epoch, id, incarnation, "done", reply, reply, run_steps(steps, done)).await
     }
 
     /// `running → failed` with a reason, only by the incarnation that runs it; a platform
     /// message's chat is told through the outbox.
     pub async fn fail(&mut self, epoch: i64, id: &str, incarnation: &str, reason: &str) -> Result<bool, ClusterError> {
-        let notice = failure_notice(reason);
-        self.finish(epoch, id, incarnation, "failed", reason, &notice).await
+        self.fail_traced(epoch, id, incarnation, reason, &[]).await
     }
 
+    /// [`PgJournal::fail`], writing the run's `steps` and its `failed` step with it.
+    pub async fn fail_traced(
+        &mut self,
+        epoch: i64,
+        id: &str,
+        incarnation: &str,
+        reason: &str,
+        steps: &[TraceEvent],
+    ) -> Result<bool, ClusterError> {
+        let notice = failure_notice(reason);
+        let failed = TraceEvent::at(Step::Failed, std::time::SystemTime::now()).outcome(reason);
+        self.finish(epoch, id, incarnation, "failed", reason, &notice, run_steps(steps, failed)).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
     async fn finish(
         &mut self,
         epoch: i64,
@@ -218,6 +268,7 @@ impl PgJournal {
         state: &str,
         detail: &str,
         outgoing: &str,
+        steps: Columns,
     ) -> Result<bool, ClusterError> {
         let row = self
             .query_one(
@@ -234,9 +285,26 @@ impl PgJournal {
                     RETURNING m.id, m.platform, m.chat_id),
                  o AS (
                     INSERT INTO gw_outbox (name, platform, chat_id, text, message_id, epoch)
-                    SELECT $1, platform, chat_id, $7, id, $2 FROM u WHERE platform IS NOT NULL)
+                    SELECT $1, platform, chat_id, $7, id, $2 FROM u WHERE platform IS NOT NULL),
+                 t AS (
+                    INSERT INTO gw_trace (name, message_id, step, at, subject, outcome, elapsed_ms)
+                    SELECT $1, u.id, s.step, s.at::timestamptz, s.subject, s.outcome, s.elapsed
+                      FROM u, unnest($8::text[], $9::text[], $10::text[], $11::text[], $12::bigint[])
+                           WITH ORDINALITY AS s(step, at, subject, outcome, elapsed, n)
+                     ORDER BY s.n)
                  SELECT count(*) FROM u",
-                &[&id, &incarnation, &state, &detail, &outgoing],
+                &[
+                    &id,
+                    &incarnation,
+                    &state,
+                    &detail,
+                    &outgoing,
+                    &steps.step,
+                    &steps.at,
+                    &steps.subject,
+                    &steps.outcome,
+                    &steps.elapsed,
+                ],
             )
             .await?;
         Ok(row.get::<_, i64>(0) == 1)
@@ -257,7 +325,10 @@ impl PgJournal {
                            epoch = $2, updated_at = clock_timestamp()
                       FROM f
                      WHERE m.name = $1 AND m.id = $3
-                    RETURNING (SELECT state FROM gw_messages o WHERE o.name = $1 AND o.id = $3) AS was)
+                    RETURNING (SELECT state FROM gw_messages o WHERE o.name = $1 AND o.id = $3) AS was),
+                 t AS (
+                    INSERT INTO gw_trace (name, message_id, step, outcome)
+                    SELECT $1, $3, 'done', 'command' FROM u WHERE was IN ('queued', 'running'))
                  SELECT count(*) FILTER (WHERE was IN ('queued', 'running')) FROM u",
                 &[&id],
             )
@@ -306,14 +377,24 @@ impl PgJournal {
     /// An outbox entry left for good: sent, or failed with the platform's reason.
     pub async fn outbox_done(&mut self, epoch: i64, seq: i64, failed: Option<&str>) -> Result<bool, ClusterError> {
         let state = if failed.is_some() { "failed" } else { "sent" };
-        self.update(
-            epoch,
-            "UPDATE gw_outbox o SET state = $4, reason = $5, epoch = $2, updated_at = clock_timestamp()
-               FROM (SELECT gw_fence($1, $2)) AS f
-              WHERE o.name = $1 AND o.seq = $3 AND o.state = 'pending'",
-            &[&seq, &state, &failed],
-        )
-        .await
+        let step = if failed.is_some() { Step::OutboxFailed } else { Step::OutboxSent }.as_str();
+        let outcome = failed.unwrap_or("ok");
+        let row = self
+            .query_one(
+                epoch,
+                "WITH u AS (
+                    UPDATE gw_outbox o SET state = $4, reason = $5, epoch = $2, updated_at = clock_timestamp()
+                      FROM (SELECT gw_fence($1, $2)) AS f
+                     WHERE o.name = $1 AND o.seq = $3 AND o.state = 'pending'
+                    RETURNING o.message_id, o.platform),
+                 t AS (
+                    INSERT INTO gw_trace (name, message_id, step, subject, outcome)
+                    SELECT $1, message_id, $6, platform, $7 FROM u WHERE message_id IS NOT NULL)
+                 SELECT count(*) FROM u",
+                &[&seq, &state, &failed, &step, &outcome],
+            )
+            .await?;
+        Ok(row.get::<_, i64>(0) == 1)
     }
 
     /// Outbox entries by state for `platform`: (pending, sent, failed) (a read).
@@ -345,6 +426,20 @@ impl PgJournal {
         )
         .await
         .map(|_| ())
+    }
+
+    /// When the current conversation of `(platform, chat)` started (a read).
+    pub async fn session_started(&mut self, platform: &str, chat_id: &str) -> Result<Option<String>, ClusterError> {
+        let name = self.name().to_owned();
+        let c = self.lease.client().await?;
+        let row = c
+            .query_opt(
+                "SELECT started_at::text FROM gw_sessions WHERE name = $1 AND platform = $2 AND chat_id = $3",
+                &[&name, &platform, &chat_id],
+            )
+            .await
+            .map_err(read)?;
+        Ok(row.map(|r| r.get(0)))
     }
 
     /// The conversation before message `before`: the last `turns` answered, non-command
@@ -426,7 +521,12 @@ impl PgJournal {
                       FROM f
                      WHERE m.name = $1 AND m.state = 'running' AND NOT m.is_command
                        AND m.incarnation IS DISTINCT FROM $3 AND m.attempts < $4::bigint
-                    RETURNING m.id, m.created_at, m.seq)
+                    RETURNING m.id, m.created_at, m.seq),
+                 traced AS (
+                    INSERT INTO gw_trace (name, message_id, step, subject, outcome)
+                    SELECT $1, id, 'given_up', $3, $5 FROM failed
+                    UNION ALL
+                    SELECT $1, id, 'requeued', $3, 'interrupted' FROM requeued)
                  SELECT id FROM (
                     SELECT id, created_at, seq FROM requeued
                     UNION ALL
@@ -450,6 +550,24 @@ impl PgJournal {
         params.extend_from_slice(rest);
         let c = self.lease.client().await?;
         c.query(sql, &params).await.map_err(|e| fenced(epoch, e))
+    }
+
+    /// The steps of message `id`, oldest first (a read).
+    pub async fn trace(&mut self, id: &str) -> Result<Vec<TraceEvent>, ClusterError> {
+        let name = self.name().to_owned();
+        let c = self.lease.client().await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {} FROM gw_trace WHERE name = $1 AND message_id = $2 ORDER BY seq",
+                    // `at` is a timestamp too, though not named `*_at`.
+                    TRACE_COLUMNS.map(|c| if c == "at" { timestamp(c) } else { c.to_owned() }).join(", ")
+                ),
+                &[&name, &id],
+            )
+            .await
+            .map_err(read)?;
+        rows.iter().map(|r| gatewarden_journal::trace::read_event(id, &PgRow(r)).map_err(from_row)).collect()
     }
 
     /// One message as the runtime sees it (a read).
@@ -600,6 +718,48 @@ fn timestamp(column: &str) -> String {
     format!("to_char({column} AT TIME ZONE 'UTC', {TS})")
 }
 
+/// The trace of the message `m` a statement just inserted: `received` (when the journal was
+/// asked: the text parameter `received`, e.g. `$7`), `journaled` (the statement) and, for a
+/// command answered at once, `done`; one INSERT, so the steps keep their order (`seq`).
+/// `platform`: a text parameter or `NULL` (the HTTP API).
+fn accepted_trace(received: &str, platform: &str, command: bool) -> String {
+    let done = if command { ", (3, 'done', clock_timestamp(), NULL::text, 'command')" } else { "" };
+    format!(
+        "INSERT INTO gw_trace (name, message_id, step, at, subject, outcome)
+         SELECT $1, m.id, s.step, s.at, s.subject, s.outcome
+           FROM m, (VALUES (1, 'received', {received}::text::timestamptz, COALESCE({platform}::text, 'http'), NULL::text),
+                           (2, 'journaled', clock_timestamp(), NULL::text, NULL::text){done})
+                   AS s(n, step, at, subject, outcome)
+          ORDER BY s.n"
+    )
+}
+
+/// Now in the protocol's timestamp text: when the journal was asked to take a message.
+fn received_now() -> String {
+    TraceEvent::at(Step::Received, std::time::SystemTime::now()).at
+}
+
+/// A run's steps as the columns `finish` unnests (at most [`MAX_RUN_STEPS`], then `last`).
+struct Columns {
+    step: Vec<String>,
+    at: Vec<String>,
+    subject: Vec<Option<String>>,
+    outcome: Vec<Option<String>>,
+    elapsed: Vec<Option<i64>>,
+}
+
+fn run_steps(steps: &[TraceEvent], last: TraceEvent) -> Columns {
+    let mut c = Columns { step: vec![], at: vec![], subject: vec![], outcome: vec![], elapsed: vec![] };
+    for e in steps.iter().take(MAX_RUN_STEPS).chain(std::iter::once(&last)) {
+        c.step.push(e.step.as_str().to_owned());
+        c.at.push(e.at.clone());
+        c.subject.push(e.subject.clone());
+        c.outcome.push(e.outcome.clone());
+        c.elapsed.push(e.elapsed_ms.map(|v| i64::try_from(v).unwrap_or(i64::MAX)));
+    }
+    c
+}
+
 /// A PostgreSQL row as the journal's row mapping reads it.
 struct PgRow<'a>(&'a Row);
 
@@ -616,6 +776,9 @@ impl Cells for PgRow<'_> {
             Ok(n) => Ok(n),
             Err(_) => self.0.try_get::<_, i32>(i).map(i64::from).map_err(cell),
         }
+    }
+    fn int_opt(&self, i: usize) -> Result<Option<i64>, JournalError> {
+        self.0.try_get(i).map_err(cell)
     }
     fn flag(&self, i: usize) -> Result<bool, JournalError> {
         self.0.try_get(i).map_err(cell)

@@ -4,7 +4,7 @@
 
 /// `(version, SQL)`, ascending.
 pub const MIGRATIONS: &[(i32, &str)] =
-    &[(1, V1_LEASE), (2, V2_JOURNAL), (3, V3_CREDENTIAL_LEASE), (4, V4_GATEWAY_JOURNAL)];
+    &[(1, V1_LEASE), (2, V2_JOURNAL), (3, V3_CREDENTIAL_LEASE), (4, V4_GATEWAY_JOURNAL), (5, V5_TRACE)];
 
 /// The lease, its grant history, the fenced event log (a copy of the lifecycle ledger), and
 /// the fence itself.
@@ -133,6 +133,31 @@ CREATE TABLE gw_sessions (
     epoch      bigint NOT NULL,
     PRIMARY KEY (name, platform, chat_id)
 );
+"#;
+
+/// Every message's trace (crates/journal/src/trace.rs; the SQLite journal's `trace` table),
+/// written by the statements that already change the message (journal.rs), and deleted with
+/// the message by a trigger, whoever deletes it: the table is bounded by the messages'
+/// retention. An older gatewarden ignores it (it runs only the migrations it knows).
+const V5_TRACE: &str = r#"
+CREATE TABLE gw_trace (
+    seq        bigserial PRIMARY KEY,
+    name       text NOT NULL,
+    message_id text NOT NULL,
+    step       text NOT NULL,
+    at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    subject    text,
+    outcome    text,
+    elapsed_ms bigint
+);
+CREATE INDEX gw_trace_message ON gw_trace (name, message_id, seq);
+CREATE FUNCTION gw_trace_pruned() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM gw_trace WHERE name = OLD.name AND message_id = OLD.id;
+    RETURN OLD;
+END $$;
+CREATE TRIGGER gw_trace_pruned AFTER DELETE ON gw_messages
+    FOR EACH ROW EXECUTE FUNCTION gw_trace_pruned();
 "#;
 
 /// The SQLSTATE `gw_fence` raises.

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use gatewarden_journal::JournalError;
-use gatewarden_journal::{Counts, Message, NewMessage, Outgoing, Pruned, State, Store};
+use gatewarden_journal::{Counts, Message, NewMessage, Outgoing, Pruned, State, Store, TraceEvent};
 use tokio::sync::mpsc;
 
 use crate::driver::Handle;
@@ -258,6 +258,46 @@ impl Store for PgStore {
         })
     }
 
+    fn complete_traced(
+        &self,
+        id: &str,
+        incarnation: &str,
+        reply: &str,
+        _usage: Option<(u64, u64)>,
+        steps: &[TraceEvent],
+    ) -> Result<bool, JournalError> {
+        let (id, inc, reply, steps) = (id.to_owned(), incarnation.to_owned(), reply.to_owned(), steps.to_vec());
+        self.write(move |j, e| {
+            Box::pin(async move {
+                let run = run_tag(&inc, e);
+                let r = j.complete_traced(e, &id, &run, &reply, &steps).await;
+                settle(j, r, &id, &run, State::Done).await
+            })
+        })
+    }
+
+    fn fail_traced(
+        &self,
+        id: &str,
+        incarnation: &str,
+        reason: &str,
+        steps: &[TraceEvent],
+    ) -> Result<bool, JournalError> {
+        let (id, inc, reason, steps) = (id.to_owned(), incarnation.to_owned(), reason.to_owned(), steps.to_vec());
+        self.write(move |j, e| {
+            Box::pin(async move {
+                let run = run_tag(&inc, e);
+                let r = j.fail_traced(e, &id, &run, &reason, &steps).await;
+                settle(j, r, &id, &run, State::Failed).await
+            })
+        })
+    }
+
+    fn trace(&self, id: &str) -> Result<Vec<TraceEvent>, JournalError> {
+        let id = id.to_owned();
+        self.call(move |j| Box::pin(async move { j.trace(&id).await }))
+    }
+
     fn accept_inbound(&self, platform: &str, event_id: &str, msg: &NewMessage) -> Result<Option<String>, JournalError> {
         let (p, ev, msg) = (platform.to_owned(), event_id.to_owned(), msg.clone());
         self.write(move |j, e| Box::pin(async move { j.accept_inbound(e, &p, &ev, &msg).await }))
@@ -302,6 +342,11 @@ impl Store for PgStore {
     fn new_session(&self, platform: &str, chat_id: &str) -> Result<(), JournalError> {
         let (p, c) = (platform.to_owned(), chat_id.to_owned());
         self.write(move |j, e| Box::pin(async move { j.new_session(e, &p, &c).await }))
+    }
+
+    fn session_started(&self, platform: &str, chat_id: &str) -> Result<Option<String>, JournalError> {
+        let (p, c) = (platform.to_owned(), chat_id.to_owned());
+        self.call(move |j| Box::pin(async move { j.session_started(&p, &c).await }))
     }
 
     fn history(&self, before: &str, turns: usize) -> Result<Vec<(String, String)>, JournalError> {

@@ -56,7 +56,7 @@ fn a_deposed_active_cannot_complete_and_the_new_one_reruns_once() {
         assert_eq!((epoch_of(&m2), epoch_of(&m1)), (gb.epoch.to_string(), ga.epoch.to_string()));
     });
     assert_eq!(pg.sql("SELECT count(*) FROM gw_messages WHERE name = 'j'"), "2", "the late accept left no row");
-    assert_eq!(pg.sql("SELECT string_agg(version::text, ',' ORDER BY version) FROM gw_schema_version"), "1,2,3,4");
+    assert_eq!(pg.sql("SELECT string_agg(version::text, ',' ORDER BY version) FROM gw_schema_version"), "1,2,3,4,5");
     assert_eq!(pg.sql("SELECT string_agg(finishes::text, ',') FROM gw_messages WHERE name = 'j'"), "1,1");
 }
 
@@ -337,4 +337,81 @@ fn a_retried_claim_whose_first_answer_was_lost_is_ours() {
     assert!(!s.claim(&id, "inc1").unwrap(), "and only the retry: a later claim is a duplicate");
     assert!(!s.claim(&id, "inc2").unwrap(), "another run's claim is not settled as ours");
     assert!(s.complete(&id, "inc1", "ok").unwrap());
+}
+
+fn steps(s: &PgStore, id: &str) -> Vec<&'static str> {
+    s.trace(id).unwrap().into_iter().map(|e| e.step.as_str()).collect()
+}
+
+/// The trace on PostgreSQL (migration 5): the same steps as the SQLite journal's, written by
+/// the statements that change the message (accept, claim, finish, recover, outbox), in order,
+/// with the run's steps; and deleted with the message by retention.
+#[test]
+fn the_trace_on_postgres_matches_the_sqlite_journal_and_is_pruned_with_the_message() {
+    use gatewarden_journal::{Step, TraceEvent};
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let s = store(&pg, "tr");
+    s.attach(active_driver(&rt, &pg, "tr", 1));
+
+    let id = s.accept_inbound("tg", "1", &msg("hi")).unwrap().unwrap();
+    assert!(s.claim(&id, "a").unwrap());
+    let now = std::time::SystemTime::now();
+    let run = [
+        TraceEvent::at(Step::BackendCalled, now).subject("openai"),
+        TraceEvent::at(Step::ProviderTried, now).subject("p1").outcome("HTTP 502").elapsed(Duration::from_millis(4)),
+        TraceEvent::at(Step::ProviderTried, now).subject("p2").outcome("ok"),
+        TraceEvent::at(Step::FirstToken, now),
+    ];
+    assert!(s.complete_traced(&id, "a", "hello", None, &run).unwrap());
+    let out = s.outbox_pending("tg", 10).unwrap();
+    assert!(s.outbox_done(out[0].seq, None).unwrap());
+    assert_eq!(
+        steps(&s, &id),
+        [
+            "received",
+            "journaled",
+            "claimed",
+            "backend_called",
+            "provider_tried",
+            "provider_tried",
+            "first_token",
+            "done",
+            "outbox_sent"
+        ]
+    );
+    let t = s.trace(&id).unwrap();
+    assert_eq!((t[0].subject.as_deref(), t[8].subject.as_deref()), (Some("tg"), Some("tg")));
+    assert_eq!(
+        (t[4].subject.as_deref(), t[4].outcome.as_deref(), t[4].elapsed_ms),
+        (Some("p1"), Some("HTTP 502"), Some(4))
+    );
+    assert!(t.iter().all(|e| e.time().is_some()), "protocol timestamps: {t:?}");
+    assert_eq!(t[3].at, run[0].at, "a noted step keeps its own time");
+
+    let f = s.accept(&msg("boom")).unwrap();
+    assert!(s.claim(&f, "a").unwrap());
+    assert!(s.fail_traced(&f, "a", "no provider answered", &[]).unwrap());
+    assert_eq!(steps(&s, &f), ["received", "journaled", "claimed", "failed"]);
+    assert_eq!(s.trace(&f).unwrap()[0].subject.as_deref(), Some("http"));
+
+    let cmd = s.accept_command(&msg("/help"), "commands").unwrap();
+    assert_eq!(steps(&s, &cmd), ["received", "journaled", "done"]);
+
+    let r = s.accept(&msg("interrupted")).unwrap();
+    assert!(s.claim(&r, "a").unwrap());
+    s.recover("b").unwrap();
+    assert!(s.claim(&r, "b").unwrap());
+    s.recover("c").unwrap();
+    assert_eq!(steps(&s, &r), ["received", "journaled", "claimed", "requeued", "claimed", "given_up"]);
+    let c = s.accept(&msg("/restart please")).unwrap();
+    assert!(s.claim(&c, "c").unwrap());
+    assert!(s.mark_command(&c).unwrap());
+    assert_eq!(steps(&s, &c), ["received", "journaled", "claimed", "done"]);
+
+    let traced = || pg.sql("SELECT count(*) FROM gw_trace WHERE name = 'tr'").trim().parse::<i64>().unwrap();
+    assert!(traced() > 0);
+    pg.sql("UPDATE gw_messages SET updated_at = updated_at - interval '40 days' WHERE name = 'tr'");
+    s.prune(Some(Duration::from_secs(30 * 24 * 3600)), None).unwrap();
+    assert_eq!(traced(), 0, "no step outlives its message");
 }

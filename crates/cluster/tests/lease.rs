@@ -63,7 +63,7 @@ fn grant_renew_release_and_the_fence() {
         pg.sql("SELECT string_agg(event || '@' || epoch, ',' ORDER BY id) FROM gw_events WHERE name = 'c1'"),
         "hello@1,mine@2"
     );
-    assert_eq!(pg.sql("SELECT string_agg(version::text, ',' ORDER BY version) FROM gw_schema_version"), "1,2,3,4");
+    assert_eq!(pg.sql("SELECT string_agg(version::text, ',' ORDER BY version) FROM gw_schema_version"), "1,2,3,4,5");
 }
 
 #[test]

@@ -36,8 +36,19 @@ pub const MAX_SECONDS: u64 = 7 * 24 * 3600;
 /// Upper bound for the millisecond knobs (one hour).
 pub const MAX_MILLIS: u64 = 3600 * 1000;
 
-const TOP_KEYS: &[&str] =
-    &["listen", "api_token", "admins", "drain_timeout_s", "agent", "http", "journal", "platform", "cluster", "update"];
+const TOP_KEYS: &[&str] = &[
+    "listen",
+    "api_token",
+    "admins",
+    "drain_timeout_s",
+    "agent",
+    "http",
+    "journal",
+    "platform",
+    "cluster",
+    "update",
+    "telemetry",
+];
 const HTTP_KEYS: &[&str] = &["allowed_hosts", "max_connections", "header_timeout_s", "body_timeout_s"];
 const JOURNAL_KEYS: &[&str] = &["max_age_days", "max_size_mb", "max_queued_per_chat", "max_queued"];
 
@@ -60,6 +71,9 @@ const AGENT_KEYS: &[&str] = &[
     "backoff_ms",
     "cooldown_s",
     "attempt_timeout_s",
+    "hermes_home",
+    "hermes_program",
+    "approval_timeout_s",
 ];
 const PLATFORM_KEYS: &[&str] = &[
     "kind",
@@ -83,6 +97,8 @@ const PLATFORM_KEYS: &[&str] = &[
 const CLUSTER_KEYS: &[&str] =
     &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s", "ca_file"];
 const UPDATE_KEYS: &[&str] = &["public_key", "probation_s", "source", "ca_file"];
+const TELEMETRY_KEYS: &[&str] =
+    &["otlp_endpoint", "ca_file", "proxy", "metrics_interval_s", "timeout_s", "queue", "service_name"];
 
 /// Why the configuration cannot be used. Every variant maps to [`ExitIntent::FatalConfig`]'s exit
 /// code (78, `EX_CONFIG` from sysexits.h; protocol.md §6.1).
@@ -179,6 +195,43 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     /// `gatewarden update`: signature key and probation.
     pub update: UpdateConfig,
+    /// `[telemetry]`: OpenTelemetry export of message traces and metrics (crates/telemetry).
+    pub telemetry: TelemetryConfig,
+}
+
+/// The `[telemetry]` table: where OTLP/HTTP traces and metrics go (none by default).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// The collector's OTLP/HTTP base URL (`http://host:4318`); `/v1/traces` and `/v1/metrics`
+    /// are appended. `None`: nothing is exported.
+    pub otlp_endpoint: Option<String>,
+    /// A private CA (PEM) for an https endpoint (crates/net).
+    pub ca_file: Option<PathBuf>,
+    /// The collector's own proxy, instead of the environment's.
+    pub proxy: Option<String>,
+    /// How often the metrics behind `/metrics` are exported.
+    pub metrics_interval_s: u64,
+    /// Each export request gives up after this long.
+    pub timeout_s: u64,
+    /// Export batches waiting at most; past it new ones are dropped (and counted).
+    pub queue: usize,
+    /// `service.name` of the exported resource.
+    pub service_name: String,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: None,
+            ca_file: None,
+            proxy: None,
+            metrics_interval_s: 60,
+            timeout_s: 10,
+            queue: 256,
+            service_name: "gatewarden".into(),
+        }
+    }
 }
 
 /// The `[http]` table: what the listener accepts (docs/security.md).
@@ -444,6 +497,7 @@ impl Default for Config {
             platform: Vec::new(),
             cluster: None,
             update: UpdateConfig::default(),
+            telemetry: TelemetryConfig::default(),
         }
     }
 }
@@ -462,6 +516,7 @@ impl fmt::Debug for Config {
             .field("platform", &self.platform)
             .field("cluster", &self.cluster)
             .field("update", &self.update)
+            .field("telemetry", &self.telemetry)
             .finish()
     }
 }
@@ -477,6 +532,8 @@ pub enum BackendKind {
     Exec,
     /// Any OpenAI-compatible chat-completions upstream.
     Openai,
+    /// hermes-agent's own agent through its API server (`/v1/runs`).
+    Hermes,
 }
 
 impl BackendKind {
@@ -486,6 +543,7 @@ impl BackendKind {
             BackendKind::Echo => "echo",
             BackendKind::Exec => "exec",
             BackendKind::Openai => "openai",
+            BackendKind::Hermes => "hermes",
         }
     }
 }
@@ -526,6 +584,14 @@ pub struct AgentConfig {
     pub cooldown_s: u64,
     /// openai: one attempt's wait for the response head (bounded by `timeout_s`).
     pub attempt_timeout_s: u64,
+    /// hermes: a hermes home whose gateway (with its API server) gatewarden starts, supervises
+    /// and stops itself; `base_url` and the key then default to its `.env`.
+    pub hermes_home: Option<PathBuf>,
+    /// hermes: the `hermes` executable for `hermes_home` (default: `GATEWARDEN_HERMES`, else
+    /// `hermes` on `PATH`).
+    pub hermes_program: Option<PathBuf>,
+    /// hermes: an approval the chat leaves unanswered this long is answered "deny".
+    pub approval_timeout_s: u64,
 }
 
 impl Default for AgentConfig {
@@ -547,6 +613,9 @@ impl Default for AgentConfig {
             backoff_ms: 500,
             cooldown_s: 30,
             attempt_timeout_s: 30,
+            hermes_home: None,
+            hermes_program: None,
+            approval_timeout_s: 300,
         }
     }
 }
@@ -756,6 +825,20 @@ proxy = "socks5h://127.0.0.1:1080"
         let e = parse(&format!("{base}proxy = \"ftp://x\"\n")).unwrap_err();
         assert_eq!(e.key(), Some("proxy"), "{e}");
     }
+
+    #[test]
+    fn hermes_needs_a_home_or_an_api_server_with_its_key() {
+        let e = parse("[agent]\nbackend = \"hermes\"\n").unwrap_err();
+        assert_eq!(e.key(), Some("base_url"), "{e}");
+        let c = parse("[agent]\nbackend = \"hermes\"\nhermes_home = \"hermes\"\n").unwrap();
+        assert_eq!(c.agent.hermes_home.as_deref(), Some(Path::new("/h/hermes")), "relative to the home");
+        assert_eq!(c.agent.approval_timeout_s, 300);
+        let e = parse("[agent]\nbackend = \"hermes\"\nbase_url = \"http://127.0.0.1:8642\"\n").unwrap_err();
+        assert_eq!(e.key(), Some("api_key_env"), "{e}");
+        parse("[agent]\nbackend = \"hermes\"\nbase_url = \"http://127.0.0.1:8642\"\napi_key_env = \"K\"\n").unwrap();
+        let e = parse("[agent]\nbackend = \"hermes\"\nhermes_home = \"/x\"\napproval_timeout_s = 0\n").unwrap_err();
+        assert_eq!(e.key(), Some("approval_timeout_s"), "{e}");
+    }
 }
 
 // ---- end of [[agent.provider]] ----
@@ -934,8 +1017,10 @@ impl Config {
             }
         };
         fix(&mut self.agent.ca_file);
+        fix(&mut self.agent.hermes_home);
         self.agent.provider.iter_mut().for_each(|p| fix(&mut p.ca_file));
         fix(&mut self.update.ca_file);
+        fix(&mut self.telemetry.ca_file);
         if let Some(c) = self.cluster.as_mut() {
             fix(&mut c.ca_file);
         }
@@ -965,6 +1050,12 @@ impl Config {
             }
         }
         check("update", self.update.ca_file.as_deref())?;
+        check("telemetry", self.telemetry.ca_file.as_deref())?;
+        if let Some(proxy) = &self.telemetry.proxy
+            && let Err(e) = gatewarden_net::ProxyUrl::parse(proxy)
+        {
+            return Err(index.invalid(&["telemetry", "proxy"], e.to_string()));
+        }
         check("cluster", self.cluster.as_ref().and_then(|c| c.ca_file.as_deref()))?;
         for p in &self.platform {
             check("platform", p.ca_file.as_deref())?;
@@ -1058,6 +1149,27 @@ impl Config {
         if let Some(c) = &self.cluster {
             c.validate(index)?;
         }
+        let t = &self.telemetry;
+        let telemetry = |key: &str, message: String| index.invalid(&["telemetry", key], message);
+        if let Some(url) = &t.otlp_endpoint
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(telemetry("otlp_endpoint", "must be an http:// or https:// URL".into()));
+        }
+        if let Some(url) = t.otlp_endpoint.as_deref().filter(|u| u.starts_with("https://"))
+            && !gatewarden_net::TLS
+        {
+            return Err(telemetry("otlp_endpoint", format!("{url:?} is https, but {NO_TLS}")));
+        }
+        if t.metrics_interval_s == 0 || t.metrics_interval_s > MAX_SECONDS {
+            return Err(telemetry("metrics_interval_s", format!("must be between 1 and {MAX_SECONDS} seconds")));
+        }
+        if t.timeout_s == 0 || t.timeout_s > MAX_SECONDS {
+            return Err(telemetry("timeout_s", format!("must be between 1 and {MAX_SECONDS} seconds")));
+        }
+        if t.queue == 0 || t.queue > 65_536 {
+            return Err(telemetry("queue", "must be between 1 and 65536".into()));
+        }
         if self.update.probation_s > MAX_SECONDS {
             return Err(index.invalid(&["update", "probation_s"], format!("must be at most {MAX_SECONDS} seconds")));
         }
@@ -1105,6 +1217,27 @@ impl Config {
                 }
             }
             BackendKind::Openai => {}
+            BackendKind::Hermes => {
+                match (&a.base_url, &a.hermes_home) {
+                    (None, None) => {
+                        return Err(agent(
+                            "base_url",
+                            "backend \"hermes\" needs base_url (hermes's API server, e.g. \"http://127.0.0.1:8642\") or hermes_home".into(),
+                        ));
+                    }
+                    (Some(url), _) => check_url(url.trim()).map_err(|m| agent("base_url", m))?,
+                    (None, Some(_)) => {}
+                }
+                if a.base_url.is_some() && a.hermes_home.is_none() && a.api_key_env.is_none() {
+                    return Err(agent(
+                        "api_key_env",
+                        "backend \"hermes\" needs the API server's key: api_key_env names the variable holding API_SERVER_KEY".into(),
+                    ));
+                }
+                if a.approval_timeout_s == 0 || a.approval_timeout_s > MAX_SECONDS {
+                    return Err(agent("approval_timeout_s", format!("must be between 1 and {MAX_SECONDS} seconds")));
+                }
+            }
         }
         Ok(())
     }
@@ -1491,6 +1624,7 @@ impl<'a> KeyIndex<'a> {
                 Some("platform") => PLATFORM_KEYS.join(", "),
                 Some("cluster") => CLUSTER_KEYS.join(", "),
                 Some("update") => UPDATE_KEYS.join(", "),
+                Some("telemetry") => TELEMETRY_KEYS.join(", "),
                 Some(_) => String::from("(no keys)"),
             };
             return ConfigError::UnknownKey { path: self.path.to_path_buf(), line, key, table, expected };
@@ -1549,6 +1683,26 @@ mod tests {
         parse(text).expect_err("must be rejected").to_string()
     }
 
+    /// `[telemetry]`: nothing exported by default; the endpoint must be http(s); its bounds
+    /// are checked; an unknown key names the table's keys.
+    #[test]
+    fn telemetry_table() {
+        assert_eq!(parse("").unwrap().telemetry, TelemetryConfig::default());
+        let c = parse("[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318\"\nqueue = 8\n").unwrap();
+        assert_eq!((c.telemetry.otlp_endpoint.as_deref(), c.telemetry.queue), (Some("http://127.0.0.1:4318"), 8));
+        for (bad, key) in [
+            ("otlp_endpoint = \"ftp://x\"", "otlp_endpoint"),
+            ("queue = 0", "queue"),
+            ("timeout_s = 0", "timeout_s"),
+            ("metrics_interval_s = 0", "metrics_interval_s"),
+            ("proxy = \"ftp://p\"", "proxy"),
+        ] {
+            let e = parse(&format!("[telemetry]\n{bad}\n")).unwrap_err();
+            assert_eq!(e.key(), Some(key), "{bad}: {e}");
+        }
+        assert!(err("[telemetry]\nendpoint = \"x\"\n").contains("otlp_endpoint"), "the known keys are named");
+    }
+
     #[test]
     fn missing_file_is_defaults() {
         let dir = tempfile::tempdir().unwrap();
@@ -1585,6 +1739,7 @@ mod tests {
             .chain(JOURNAL_KEYS)
             .chain(CLUSTER_KEYS)
             .chain(UPDATE_KEYS)
+            .chain(TELEMETRY_KEYS)
         {
             assert!(
                 text.contains(&format!("{key} =")) || text.contains(&format!("[{key}]")),
@@ -1592,7 +1747,7 @@ mod tests {
             );
         }
         // Uncommenting every commented-out assignment of each backend block must still parse.
-        for backend in ["exec", "openai"] {
+        for backend in ["exec", "openai", "hermes"] {
             let enabled = enable_block(text, backend);
             let c = parse(&enabled).unwrap_or_else(|e| panic!("{backend} block: {e}"));
             assert_eq!(c.agent.backend.as_str(), backend);

@@ -131,8 +131,7 @@ pub struct MessageView {
     pub attempts: i64,
     pub updated_at: String,
     /// The message's path through the gateway (received, journaled, claimed, backend called,
-    /// …), oldest first: empty until a trace source fills it (see docs/architecture.md,
-    /// "Dashboard": the trace hook).
+    /// …), oldest first, from the journal (crates/runtime/src/http/ui.rs `trace_of`).
     pub trace: Vec<TraceStep>,
 }
 

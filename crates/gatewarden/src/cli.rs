@@ -137,6 +137,16 @@ pub enum Command {
         #[arg(short = 'n', default_value_t = 8)]
         n: usize,
     },
+    /// Show a message's path through the gateway: received, journaled, claimed, backend
+    /// called, providers tried, first token, done or failed, outbox sent
+    Trace {
+        /// The message id (`/v1/messages` answers it; the dashboard lists it)
+        #[arg(value_name = "MESSAGE_ID")]
+        id: String,
+        /// One JSON object with the steps
+        #[arg(long)]
+        json: bool,
+    },
     /// Show the lifecycle ledger, newest last
     History {
         /// Number of events to show

@@ -81,7 +81,7 @@ fn a_streaming_run_types_previews_and_ends_with_the_final_text_once() {
     assert!(wait_until(WAIT, || names(&format!("chat:{ADMIN}")).len() > names("default").len()), "menus");
     let everyone = names("default");
     assert!(everyone.iter().any(|c| c == "status") && everyone.iter().any(|c| c == "new"), "{everyone:?}");
-    assert!(everyone.iter().any(|c| c == "help"), "{everyone:?}");
+    assert!(everyone.iter().any(|c| c == "help") && everyone.iter().any(|c| c == "cancel"), "{everyone:?}");
     assert!(
         !everyone.iter().any(|c| c == "restart" || c == "stop"),
         "admin commands in the default menu: {everyone:?}"

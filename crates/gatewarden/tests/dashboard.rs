@@ -364,6 +364,13 @@ fn a_failed_message_is_retried_from_the_page() {
     b.navigate(&format!("http://{listen}/ui")).expect("navigate");
     let row = text_of(&b, "#messages tr[data-state=failed]");
     assert!(row.contains(&id) && row.contains("hello retry"), "{row}");
+    // Its trace (the journal's, as `gatewarden trace` prints it) is under it, ending in the failure.
+    let trace = text_of(&b, "#messages ol.trace");
+    let steps: Vec<&str> = ["received", "journaled", "claimed", "backend_called", "failed"]
+        .into_iter()
+        .filter(|s| !trace.contains(s))
+        .collect();
+    assert!(steps.is_empty(), "missing {steps:?} in the trace: {trace}");
     assert!(
         b.find_all("#messages form[action='/ui/action/retry']").expect("find").is_empty(),
         "no button without the token"

@@ -26,8 +26,10 @@
 
 pub mod row;
 pub mod sqlite;
+pub mod trace;
 
 pub use sqlite::{JOURNAL_FILE, Journal, check_schema};
+pub use trace::{RunSteps, Step, TraceEvent};
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -199,6 +201,37 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         self.complete(id, incarnation, reply)
     }
     fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError>;
+    /// `complete_with_usage`, writing the run's noted `steps` (backend called, providers tried,
+    /// first token) and its `done` step into the same commit; a store without a trace finishes
+    /// the run without them.
+    fn complete_traced(
+        &self,
+        id: &str,
+        incarnation: &str,
+        reply: &str,
+        usage: Option<(u64, u64)>,
+        steps: &[TraceEvent],
+    ) -> Result<bool, JournalError> {
+        let _ = steps;
+        self.complete_with_usage(id, incarnation, reply, usage)
+    }
+    /// `fail`, writing the run's `steps` and its `failed` step into the same commit.
+    fn fail_traced(
+        &self,
+        id: &str,
+        incarnation: &str,
+        reason: &str,
+        steps: &[TraceEvent],
+    ) -> Result<bool, JournalError> {
+        let _ = steps;
+        self.fail(id, incarnation, reason)
+    }
+    /// The message's trace, oldest step first (empty: unknown, pruned, or a store that keeps
+    /// none).
+    fn trace(&self, id: &str) -> Result<Vec<TraceEvent>, JournalError> {
+        let _ = id;
+        Ok(Vec::new())
+    }
     fn accept_inbound(&self, platform: &str, event_id: &str, msg: &NewMessage) -> Result<Option<String>, JournalError>;
     fn accept_inbound_command(
         &self,
@@ -213,6 +246,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn outbox_done(&self, seq: i64, failed: Option<&str>) -> Result<bool, JournalError>;
     fn outbox_counts(&self, platform: &str) -> Result<(u64, u64, u64), JournalError>;
     fn new_session(&self, platform: &str, chat_id: &str) -> Result<(), JournalError>;
+    /// When the current conversation of `(platform, chat)` started (its last `/new`), as the
+    /// store renders it; `None` before any. A read of the existing `sessions` row: the hermes
+    /// backend names its session after it.
+    fn session_started(&self, platform: &str, chat_id: &str) -> Result<Option<String>, JournalError>;
     fn history(&self, before: &str, turns: usize) -> Result<Vec<(String, String)>, JournalError>;
     fn mark_command(&self, id: &str) -> Result<bool, JournalError>;
     fn recover(&self, new_incarnation: &str) -> Result<Vec<String>, JournalError>;

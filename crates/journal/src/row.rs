@@ -41,6 +41,7 @@ pub trait Cells {
     fn text(&self, i: usize) -> Result<String, JournalError>;
     fn text_opt(&self, i: usize) -> Result<Option<String>, JournalError>;
     fn int(&self, i: usize) -> Result<i64, JournalError>;
+    fn int_opt(&self, i: usize) -> Result<Option<i64>, JournalError>;
     fn flag(&self, i: usize) -> Result<bool, JournalError>;
 }
 

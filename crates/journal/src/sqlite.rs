@@ -18,6 +18,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::row::{self, Cells, MESSAGE_COLUMNS, OUTGOING_COLUMNS};
+use crate::trace::{Step, TRACE_COLUMNS, TraceEvent};
 use crate::{
     Counts, JournalError, MAX_ATTEMPTS, Message, NewMessage, Outgoing, Pruned, REASON_INTERRUPTED_TWICE, State, Store,
     failure_notice,
@@ -59,6 +60,9 @@ impl Cells for Row<'_> {
         Ok(self.get(i)?)
     }
     fn int(&self, i: usize) -> Result<i64, JournalError> {
+        Ok(self.get(i)?)
+    }
+    fn int_opt(&self, i: usize) -> Result<Option<i64>, JournalError> {
         Ok(self.get(i)?)
     }
     fn flag(&self, i: usize) -> Result<bool, JournalError> {
@@ -136,6 +140,7 @@ impl Journal {
             migrate_to_2(&conn).map_err(wrap)?;
         }
         add_usage_columns(&conn).map_err(wrap)?;
+        add_trace_table(&conn).map_err(wrap)?;
         // The readers' connection: the file is WAL already; `query_only` keeps every write on
         // the writer's connection, where it is batched and fsynced.
         let read = Connection::open_with_flags(path, open_flags()).map_err(wrap)?;
@@ -180,10 +185,10 @@ impl Store for Journal {
 
     /// Records a new `queued` message and returns its id; the row is durable when this returns.
     fn accept(&self, msg: &NewMessage) -> Result<String, JournalError> {
-        let msg = msg.clone();
+        let (msg, received) = (msg.clone(), now_rfc3339());
         self.write(move |conn| {
             // 96 random bits from SQLite's CSPRNG: unique without coordination.
-            let id = conn
+            let id: String = conn
                 .prepare_cached(
                     "INSERT INTO messages (id, chat_id, user_id, text, kind, state, attempts, is_command,
                                        created_at, updated_at)
@@ -193,6 +198,7 @@ impl Store for Journal {
                 .query_row(params![msg.chat_id, msg.user_id, msg.text, msg.kind.as_str(), now_rfc3339()], |r| {
                     r.get(0)
                 })?;
+            trace_accepted(conn, &id, &received, None)?;
             Ok(id)
         })
     }
@@ -201,9 +207,9 @@ impl Store for Journal {
     /// that is already `done` with `reply` and flagged as a command, in one statement: there is
     /// no instant at which a crash could leave it queued, so it can never be replayed.
     fn accept_command(&self, msg: &NewMessage, reply: &str) -> Result<String, JournalError> {
-        let (msg, reply) = (msg.clone(), reply.to_owned());
+        let (msg, reply, received) = (msg.clone(), reply.to_owned(), now_rfc3339());
         self.write(move |conn| {
-            let id = conn
+            let id: String = conn
                 .prepare_cached(
                     "INSERT INTO messages (id, chat_id, user_id, text, kind, state, reply, attempts,
                                        is_command, created_at, updated_at)
@@ -214,6 +220,8 @@ impl Store for Journal {
                     params![msg.chat_id, msg.user_id, msg.text, msg.kind.as_str(), reply, now_rfc3339()],
                     |r| r.get(0),
                 )?;
+            trace_accepted(conn, &id, &received, None)?;
+            trace_step(conn, &id, &TraceEvent::at(Step::Done, std::time::SystemTime::now()).outcome("command"))?;
             Ok(id)
         })
     }
@@ -230,6 +238,13 @@ impl Store for Journal {
                  WHERE id = ?1 AND state = 'queued'",
                 )?
                 .execute(params![id, incarnation, now_rfc3339()])?;
+            if n == 1 {
+                trace_step(
+                    conn,
+                    &id,
+                    &TraceEvent::at(Step::Claimed, std::time::SystemTime::now()).subject(incarnation),
+                )?;
+            }
             Ok(n == 1)
         })
     }
@@ -249,7 +264,21 @@ impl Store for Journal {
         reply: &str,
         usage: Option<(u64, u64)>,
     ) -> Result<bool, JournalError> {
+        self.complete_traced(id, incarnation, reply, usage, &[])
+    }
+
+    /// [`Store::complete_with_usage`], with the run's steps and its `done` step in the same
+    /// commit.
+    fn complete_traced(
+        &self,
+        id: &str,
+        incarnation: &str,
+        reply: &str,
+        usage: Option<(u64, u64)>,
+        steps: &[TraceEvent],
+    ) -> Result<bool, JournalError> {
         let (id, incarnation, reply) = (id.to_owned(), incarnation.to_owned(), reply.to_owned());
+        let steps = bounded(steps);
         let tokens = |f: fn((u64, u64)) -> u64| usage.map(|u| i64::try_from(f(u)).unwrap_or(i64::MAX));
         let (prompt, completion) = (tokens(|u| u.0), tokens(|u| u.1));
         self.write(move |conn| {
@@ -262,6 +291,7 @@ impl Store for Journal {
                 )?
                 .execute(params![id, incarnation, reply, now, prompt, completion])?;
             if n == 1 {
+                trace_run(conn, &id, &steps, TraceEvent::at(Step::Done, std::time::SystemTime::now()))?;
                 queue_reply(conn, &id, &reply, &now)?;
             }
             Ok(n == 1)
@@ -271,7 +301,19 @@ impl Store for Journal {
     /// `running → failed` with a reason, only if `incarnation` owns the run. A platform
     /// message's chat is told that it failed (through the outbox, in the same transaction).
     fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError> {
+        self.fail_traced(id, incarnation, reason, &[])
+    }
+
+    /// [`Store::fail`], with the run's steps and its `failed` step in the same commit.
+    fn fail_traced(
+        &self,
+        id: &str,
+        incarnation: &str,
+        reason: &str,
+        steps: &[TraceEvent],
+    ) -> Result<bool, JournalError> {
         let (id, incarnation, reason) = (id.to_owned(), incarnation.to_owned(), reason.to_owned());
+        let steps = bounded(steps);
         self.write(move |conn| {
             let now = now_rfc3339();
             let n = conn
@@ -281,6 +323,8 @@ impl Store for Journal {
                 )?
                 .execute(params![id, incarnation, reason, now])?;
             if n == 1 {
+                let failed = TraceEvent::at(Step::Failed, std::time::SystemTime::now()).outcome(reason.as_str());
+                trace_run(conn, &id, &steps, failed)?;
                 queue_reply(conn, &id, &failure_notice(&reason), &now)?;
             }
             Ok(n == 1)
@@ -292,6 +336,7 @@ impl Store for Journal {
     /// acknowledgement). Durable when this returns.
     fn accept_inbound(&self, platform: &str, event_id: &str, msg: &NewMessage) -> Result<Option<String>, JournalError> {
         let (platform, event_id, msg) = (platform.to_owned(), event_id.to_owned(), msg.clone());
+        let received = now_rfc3339();
         self.write(move |conn| {
             let id = conn
                 .prepare_cached(
@@ -304,6 +349,9 @@ impl Store for Journal {
                     r.get::<_, String>(0)
                 })
                 .optional()?;
+            if let Some(id) = &id {
+                trace_accepted(conn, id, &received, Some(&platform))?;
+            }
             Ok(id)
         })
     }
@@ -319,6 +367,7 @@ impl Store for Journal {
     ) -> Result<Option<String>, JournalError> {
         let (platform, event_id, msg, reply) =
             (platform.to_owned(), event_id.to_owned(), msg.clone(), reply.to_owned());
+        let received = now_rfc3339();
         self.write(move |conn| {
             let now = now_rfc3339();
             let id = conn
@@ -333,6 +382,8 @@ impl Store for Journal {
                 })
                 .optional()?;
             if let Some(id) = &id {
+                trace_accepted(conn, id, &received, Some(&platform))?;
+                trace_step(conn, id, &TraceEvent::at(Step::Done, std::time::SystemTime::now()).outcome("command"))?;
                 queue_reply(conn, id, &reply, &now)?;
             }
             Ok(id)
@@ -390,6 +441,19 @@ impl Store for Journal {
                     "UPDATE outbox SET state = ?2, reason = ?3, updated_at = ?4 WHERE seq = ?1 AND state = 'pending'",
                 )?
                 .execute(params![seq, state, failed, now_rfc3339()])?;
+            if n == 1 {
+                let step = if failed.is_some() { Step::OutboxFailed } else { Step::OutboxSent };
+                conn.prepare_cached(
+                    "INSERT INTO trace (message_id, step, at, subject, outcome)
+                     SELECT message_id, ?2, ?3, platform, ?4 FROM outbox WHERE seq = ?1 AND message_id IS NOT NULL",
+                )?
+                .execute(params![
+                    seq,
+                    step.as_str(),
+                    now_rfc3339(),
+                    failed.as_deref().unwrap_or("ok")
+                ])?;
+            }
             Ok(n == 1)
         })
     }
@@ -422,6 +486,16 @@ impl Store for Journal {
                 params![platform, chat_id, now_rfc3339()],
             )?;
             Ok(())
+        })
+    }
+
+    fn session_started(&self, platform: &str, chat_id: &str) -> Result<Option<String>, JournalError> {
+        let conn = self.read();
+        let mut stmt = conn.prepare_cached("SELECT started_at FROM sessions WHERE platform = ?1 AND chat_id = ?2")?;
+        let mut rows = stmt.query(params![platform, chat_id])?;
+        Ok(match rows.next()? {
+            Some(r) => Some(r.get::<_, String>(0)?),
+            None => None,
         })
     }
 
@@ -463,6 +537,9 @@ impl Store for Journal {
                 params![id, now_rfc3339()],
             )?;
             conn.execute("UPDATE messages SET is_command = 1 WHERE id = ?1", params![id])?;
+            if finished == 1 {
+                trace_step(conn, &id, &TraceEvent::at(Step::Done, std::time::SystemTime::now()).outcome("command"))?;
+            }
             Ok(finished == 1)
         })
     }
@@ -480,6 +557,14 @@ impl Store for Journal {
                 "UPDATE messages SET state = 'done', updated_at = ?1
                  WHERE is_command = 1 AND state IN ('queued', 'running')",
                 params![now],
+            )?;
+            // The trace says which interrupted runs are given up and which run again.
+            tx.execute(
+                "INSERT INTO trace (message_id, step, at, subject, outcome)
+                 SELECT id, CASE WHEN attempts >= ?4 THEN 'given_up' ELSE 'requeued' END, ?2, ?1,
+                        CASE WHEN attempts >= ?4 THEN ?3 ELSE 'interrupted' END
+                 FROM messages WHERE state = 'running' AND incarnation IS NOT ?1 AND is_command = 0",
+                params![new_incarnation, now, REASON_INTERRUPTED_TWICE, MAX_ATTEMPTS],
             )?;
             // A platform chat whose message is given up is told so, as for any failed run.
             tx.execute(
@@ -514,6 +599,21 @@ impl Store for Journal {
         let mut stmt = conn.prepare_cached(&format!("SELECT {} FROM messages WHERE id = ?1", *COLUMNS))?;
         let mut rows = stmt.query(params![id])?;
         rows.next()?.map(row::read_message).transpose()
+    }
+
+    /// The message's steps in the order they were recorded.
+    fn trace(&self, id: &str) -> Result<Vec<TraceEvent>, JournalError> {
+        let conn = self.read();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {} FROM trace WHERE message_id = ?1 ORDER BY seq",
+            TRACE_COLUMNS.join(", ")
+        ))?;
+        let mut rows = stmt.query(params![id])?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            out.push(crate::trace::read_event(id, r)?);
+        }
+        Ok(out)
     }
 
     /// Messages not yet final (queued or running), oldest first.
@@ -982,6 +1082,60 @@ fn migrate_to_2(conn: &Connection) -> rusqlite::Result<()> {
     }
 }
 
+/// The trace (crates/journal/src/trace.rs), additive like [`add_usage_columns`]: no version
+/// bump, so that a gatewarden from before it (an update's rollback) still opens the journal and
+/// simply writes no steps. The trigger bounds the table by the messages: a message pruned (or
+/// deleted by any build) takes its steps with it.
+fn add_trace_table(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS trace (
+             seq        INTEGER PRIMARY KEY,
+             message_id TEXT NOT NULL,
+             step       TEXT NOT NULL,
+             at         TEXT NOT NULL,
+             subject    TEXT,
+             outcome    TEXT,
+             elapsed_ms INTEGER
+         );
+         CREATE INDEX IF NOT EXISTS trace_message ON trace (message_id, seq);
+         CREATE TRIGGER IF NOT EXISTS trace_pruned AFTER DELETE ON messages BEGIN
+             DELETE FROM trace WHERE message_id = old.id;
+         END;",
+    )
+}
+
+/// A run's steps past [`crate::trace::MAX_RUN_STEPS`] are not written.
+fn bounded(steps: &[TraceEvent]) -> Vec<TraceEvent> {
+    steps.iter().take(crate::trace::MAX_RUN_STEPS).cloned().collect()
+}
+
+/// Writes one step of message `id`.
+fn trace_step(conn: &Connection, id: &str, e: &TraceEvent) -> Result<(), JournalError> {
+    let elapsed = e.elapsed_ms.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
+    conn.prepare_cached(
+        "INSERT INTO trace (message_id, step, at, subject, outcome, elapsed_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![id, e.step.as_str(), e.at, e.subject, e.outcome, elapsed])?;
+    Ok(())
+}
+
+/// `received` (when the journal was asked) and `journaled` (now, inside the commit).
+fn trace_accepted(conn: &Connection, id: &str, received: &str, platform: Option<&str>) -> Result<(), JournalError> {
+    let mut r = TraceEvent::at(Step::Received, std::time::SystemTime::now());
+    r.at = received.to_owned();
+    r.subject = Some(platform.unwrap_or("http").to_owned());
+    trace_step(conn, id, &r)?;
+    trace_step(conn, id, &TraceEvent::at(Step::Journaled, std::time::SystemTime::now()))
+}
+
+/// A finished run's noted steps, then its final step.
+fn trace_run(conn: &Connection, id: &str, steps: &[TraceEvent], last: TraceEvent) -> Result<(), JournalError> {
+    for e in steps {
+        trace_step(conn, id, e)?;
+    }
+    trace_step(conn, id, &last)
+}
+
 /// Queues `text` for the chat of message `id` if that message came from a platform.
 fn queue_reply(conn: &Connection, id: &str, text: &str, now: &str) -> Result<(), JournalError> {
     conn.prepare_cached(
@@ -1042,6 +1196,95 @@ mod tests {
     fn sql(j: &Journal, sql: &str, args: &[&str]) {
         let (sql, args): (String, Vec<String>) = (sql.into(), args.iter().map(|a| (*a).to_owned()).collect());
         j.write(move |c| Ok(c.execute(&sql, rusqlite::params_from_iter(args))?)).unwrap();
+    }
+
+    fn steps(j: &Journal, id: &str) -> Vec<&'static str> {
+        j.trace(id).unwrap().into_iter().map(|e| e.step.as_str()).collect()
+    }
+
+    /// Every step of a platform message lands in the commit that already happens: accept
+    /// (received, journaled), claim, finish (the run's steps, then done) and the outbox; the
+    /// trace costs no commit of its own.
+    #[test]
+    fn a_message_trace_is_written_with_the_commits_that_happen_anyway() {
+        let (_d, j) = journal();
+        let id = j.accept_inbound("irc", "ev1", &msg("hi")).unwrap().unwrap();
+        assert!(j.claim(&id, "inc-1").unwrap());
+        let commits = j.writer.commits.load(std::sync::atomic::Ordering::Relaxed);
+        let now = std::time::SystemTime::now();
+        let run = [
+            TraceEvent::at(Step::BackendCalled, now).subject("openai"),
+            TraceEvent::at(Step::ProviderTried, now)
+                .subject("primary")
+                .outcome("HTTP 500")
+                .elapsed(Duration::from_millis(7)),
+            TraceEvent::at(Step::ProviderTried, now).subject("backup").outcome("ok"),
+            TraceEvent::at(Step::FirstToken, now),
+        ];
+        assert!(j.complete_traced(&id, "inc-1", "hello", None, &run).unwrap());
+        assert_eq!(
+            j.writer.commits.load(std::sync::atomic::Ordering::Relaxed),
+            commits + 1,
+            "the run's steps share the finish's commit"
+        );
+        let out = j.outbox_pending("irc", 10).unwrap();
+        assert!(j.outbox_done(out[0].seq, None).unwrap());
+        assert_eq!(
+            steps(&j, &id),
+            [
+                "received",
+                "journaled",
+                "claimed",
+                "backend_called",
+                "provider_tried",
+                "provider_tried",
+                "first_token",
+                "done",
+                "outbox_sent"
+            ]
+        );
+        let t = j.trace(&id).unwrap();
+        assert_eq!(t[0].subject.as_deref(), Some("irc"));
+        assert_eq!(t[2].subject.as_deref(), Some("inc-1"));
+        assert_eq!(
+            (t[4].subject.as_deref(), t[4].outcome.as_deref(), t[4].elapsed_ms),
+            (Some("primary"), Some("HTTP 500"), Some(7))
+        );
+        assert_eq!(t[8].subject.as_deref(), Some("irc"));
+        assert!(t.iter().all(|e| e.time().is_some()), "every step has a protocol timestamp: {t:?}");
+    }
+
+    /// A failed run ends in `failed` with its reason; an interrupted one is requeued once and
+    /// then given up; pruning a message takes its trace with it (the table is bounded).
+    #[test]
+    fn failed_requeued_and_given_up_are_traced_and_pruned_with_the_message() {
+        let (_d, j) = journal();
+        let a = j.accept(&msg("a")).unwrap();
+        assert!(j.claim(&a, "inc-1").unwrap());
+        assert!(j.fail_traced(&a, "inc-1", "upstream said no", &[]).unwrap());
+        assert_eq!(steps(&j, &a), ["received", "journaled", "claimed", "failed"]);
+        assert_eq!(j.trace(&a).unwrap()[3].outcome.as_deref(), Some("upstream said no"));
+
+        let b = j.accept(&msg("b")).unwrap();
+        assert!(j.claim(&b, "inc-1").unwrap());
+        j.recover("inc-2").unwrap();
+        assert!(j.claim(&b, "inc-2").unwrap());
+        j.recover("inc-3").unwrap();
+        assert_eq!(steps(&j, &b), ["received", "journaled", "claimed", "requeued", "claimed", "given_up"]);
+
+        // A run that asked for a restart is finished as a command before the drain.
+        let c = j.accept(&msg("/restart please")).unwrap();
+        assert!(j.claim(&c, "inc-3").unwrap());
+        assert!(j.mark_command(&c).unwrap());
+        assert_eq!(steps(&j, &c), ["received", "journaled", "claimed", "done"]);
+        assert_eq!(j.trace(&c).unwrap()[3].outcome.as_deref(), Some("command"));
+
+        let traced: i64 = j.read().query_row("SELECT COUNT(*) FROM trace", [], |r| r.get(0)).unwrap();
+        assert!(traced > 0);
+        j.prune(Some(Duration::ZERO), None).unwrap();
+        assert!(j.get(&a).unwrap().is_none());
+        let traced: i64 = j.read().query_row("SELECT COUNT(*) FROM trace", [], |r| r.get(0)).unwrap();
+        assert_eq!(traced, 0, "no step outlives its message");
     }
 
     #[test]
@@ -1466,6 +1709,20 @@ mod tests {
         std::thread::sleep(Duration::from_millis(2));
         let fresh = j.accept_inbound("tg", "5", &msg("four")).unwrap().unwrap();
         assert!(j.history(&fresh, 10).unwrap().is_empty(), "/new forgets the earlier turns");
+    }
+
+    /// The hermes backend names its session after this: none before `/new`, then a start that
+    /// each `/new` moves.
+    #[test]
+    fn session_start_is_read_from_the_sessions_row() {
+        let (_d, j) = journal();
+        assert_eq!(j.session_started("tg", "c1").unwrap(), None);
+        j.new_session("tg", "c1").unwrap();
+        let first = j.session_started("tg", "c1").unwrap().expect("a start");
+        assert_eq!(j.session_started("tg", "c2").unwrap(), None, "per chat");
+        std::thread::sleep(Duration::from_millis(2));
+        j.new_session("tg", "c1").unwrap();
+        assert_ne!(j.session_started("tg", "c1").unwrap(), Some(first), "/new moves it");
     }
 
     #[test]

@@ -51,6 +51,7 @@ pub mod status;
 pub mod stop;
 pub mod supervise;
 pub mod tail;
+pub mod trace;
 pub mod update;
 
 pub use error::{Context, Error, Result};

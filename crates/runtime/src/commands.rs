@@ -15,11 +15,16 @@ pub enum Command {
     /// Start a fresh conversation in this chat.
     New,
     Update,
+    /// Stop this chat's runs in flight.
+    Cancel,
+    /// Answer the approval the agent asks in this chat (hermes): yes.
+    Approve,
+    /// …: no.
+    Deny,
 }
 
 /// `/help`'s reply.
-pub const HELP: &str =
-    "commands: /status, /new (fresh conversation), /restart (admins), /stop (admins), /update (admins), /help";
+pub const HELP: &str = "commands: /status, /new (fresh conversation), /cancel (stop the reply being written), /approve or /deny (what the agent asks), /restart (admins), /stop (admins), /update (admins), /help";
 
 impl Command {
     /// What the user typed, for replies.
@@ -31,13 +36,25 @@ impl Command {
             Command::Help => "/help",
             Command::New => "/new",
             Command::Update => "/update",
+            Command::Cancel => "/cancel",
+            Command::Approve => "/approve",
+            Command::Deny => "/deny",
         }
     }
 
     /// Every command, in menu order: the platforms' command menus list these (a new command
     /// belongs here too, or no menu shows it).
-    pub const ALL: [Command; 6] =
-        [Command::Status, Command::New, Command::Help, Command::Restart, Command::Stop, Command::Update];
+    pub const ALL: [Command; 9] = [
+        Command::Status,
+        Command::New,
+        Command::Cancel,
+        Command::Approve,
+        Command::Deny,
+        Command::Help,
+        Command::Restart,
+        Command::Stop,
+        Command::Update,
+    ];
 
     /// One line for a platform's command menu.
     pub fn description(self) -> &'static str {
@@ -48,6 +65,9 @@ impl Command {
             Command::Help => "the commands",
             Command::New => "start a fresh conversation",
             Command::Update => "install the configured release (admins)",
+            Command::Cancel => "stop the reply being written",
+            Command::Approve => "allow what the agent asks",
+            Command::Deny => "refuse what the agent asks",
         }
     }
 
@@ -69,6 +89,9 @@ pub fn parse_command(text: &str) -> Option<Command> {
         "help" => Command::Help,
         "new" => Command::New,
         "update" => Command::Update,
+        "cancel" => Command::Cancel,
+        "approve" => Command::Approve,
+        "deny" => Command::Deny,
         _ => return None,
     })
 }
@@ -128,6 +151,12 @@ impl Admins {
             }
     }
 
+    /// Who may answer an approval the agent asked in a chat (`/approve`, `/deny`): the user
+    /// whose message started the run (`asker`), or an admin of the channel.
+    pub fn may_answer(&self, from: Sender<'_>, asker: &str) -> bool {
+        from.user_id == asker || self.may_run(Command::Stop, from)
+    }
+
     /// The reply to a sender who may not run `cmd`.
     fn refusal(&self, cmd: Command, from: Sender<'_>) -> String {
         match from.channel {
@@ -173,6 +202,9 @@ mod tests {
         assert_eq!(parse_command("/help"), Some(Command::Help));
         assert_eq!(parse_command("/new"), Some(Command::New));
         assert_eq!(parse_command("/update"), Some(Command::Update));
+        assert_eq!(parse_command("/cancel"), Some(Command::Cancel));
+        assert_eq!(parse_command("/approve@bot"), Some(Command::Approve));
+        assert_eq!(parse_command("/deny please"), Some(Command::Deny));
         assert_eq!(parse_command("please /restart"), None);
         assert_eq!(parse_command("/unknown"), None);
         assert_eq!(parse_command(""), None);
@@ -209,7 +241,7 @@ mod tests {
     #[test]
     fn everyone_may_ask_for_status_help_and_new() {
         let a = admins(false);
-        for text in ["/status", "/help", "/new"] {
+        for text in ["/status", "/help", "/new", "/cancel", "/approve", "/deny"] {
             for from in [http("anyone"), tg("7"), Sender { channel: Channel::Platform("nope"), user_id: "" }] {
                 assert!(matches!(decide(text, from, &a), CommandOutcome::Run(_)), "{text} from {from:?}");
             }
@@ -250,5 +282,18 @@ mod tests {
         let other = Sender { channel: Channel::Platform("matrix"), user_id: "42" };
         assert!(matches!(decide("/restart", other, &a), CommandOutcome::Refused { .. }));
         assert!(matches!(decide("/restart", http("42"), &a), CommandOutcome::Refused { .. }));
+    }
+
+    /// An approval is answered by the user who asked the agent, or by an admin of the same
+    /// channel; anyone else in the chat cannot.
+    #[test]
+    fn approvals_are_answered_by_the_asker_or_an_admin() {
+        let a = admins(true);
+        assert!(a.may_answer(tg("7"), "7"));
+        assert!(a.may_answer(tg("42"), "7"), "a tg admin");
+        assert!(!a.may_answer(tg("8"), "7"));
+        assert!(!a.may_answer(Sender { channel: Channel::Platform("matrix"), user_id: "42" }, "7"));
+        assert!(!a.may_answer(http("u-admin"), "7") || a.api_token);
+        assert!(!admins(false).may_answer(http("u-admin"), "7"));
     }
 }

@@ -19,6 +19,12 @@ pub trait Intake: Send + Sync {
 
     /// The journal whose outbox the adapters send.
     fn journal(&self) -> &Arc<dyn Store>;
+
+    /// The reply to message `message_id` left through the outbox (recorded as sent, or failed
+    /// for good): the last step of its trace, for telemetry (blocking: it reads the journal).
+    fn answered(&self, message_id: &str) {
+        let _ = message_id;
+    }
 }
 
 /// Delivers `m` unless the intake is sealed (`Gateway::seal_intake`, just before the home

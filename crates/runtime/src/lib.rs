@@ -15,6 +15,7 @@ pub mod commands;
 pub mod control;
 pub mod drain;
 pub mod gateway;
+pub mod hermes;
 pub mod http;
 pub mod intake;
 pub mod log;
@@ -198,9 +199,14 @@ pub fn prepare(
     };
     let platforms = Arc::new(platforms::Platforms::build(&config).map_err(fatal)?);
     let (wake, wakes) = intake::Wake::channel();
-    let work =
-        Arc::new(worker::Work::new(agent, journal, &config, config.is_loopback_listen(), platforms.admins(), wake));
+    let work = Arc::new(
+        worker::Work::new(agent, journal, &config, config.is_loopback_listen(), platforms.admins(), wake)
+            .with_hermes(hermes::Spec::from_config(&config.agent, home.dir())),
+    );
     work.metrics.seed_from_ledger(&home.ledger());
+    if let Some(x) = gatewarden_telemetry::Exporter::start(&config.telemetry).map_err(|e| fatal(e.to_string()))? {
+        let _ = work.telemetry.set(Arc::new(x));
+    }
     opts.listen = Some(config.listen.to_string());
     let drain_timeout = opts.drain_timeout.unwrap_or(config.drain_timeout());
     let ep = Endpoint::for_home(home.dir());
@@ -279,6 +285,21 @@ fn describe_holder(home: &Home) -> String {
 /// drains, and writes the exit records (the home lock, if any, is the caller's to release
 /// after this returns). Every OS signal comes from `shutdown` (the installed handlers in
 /// [`run`]; a channel in a test). Binds the control endpoint of the gateway's home.
+/// With `[telemetry]`: the numbers `/metrics` serves go out as OTLP metrics every
+/// `metrics_interval_s` (crates/telemetry), rendered by the same code.
+fn export_metrics(app: &Arc<App>) {
+    let Some(x) = app.work.telemetry.get().cloned() else { return };
+    let app = Arc::clone(app);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(x.metrics_interval());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            x.metrics(&http::metrics::render(&app).await);
+        }
+    });
+}
+
 pub async fn serve(
     app: Arc<App>,
     listener: tokio::net::TcpListener,
@@ -301,6 +322,8 @@ async fn serve_until_classified(
     gw.set_listen(addr.clone());
     gw.set_causes(tx.clone());
     app.follow_wakes();
+    // `[agent] hermes_home`: hermes's API server is ours to run until the drain is over.
+    let hermes_child = app.work.hermes.clone().and_then(hermes::Child::start);
     if let Err(e) = control::bind(&Endpoint::for_home(gw.home.dir()), Arc::clone(app), tx.clone()) {
         return startup_failed(gw, e);
     }
@@ -382,6 +405,7 @@ async fn serve_until_classified(
         }
         None => app.work.start_worker(Arc::clone(gw)),
     }
+    export_metrics(app);
     // A marker may have landed before the watch was set up.
     let _ = tx.send(Cause::MarkerChanged);
     // Start-up is over once the worker and the adapters have settled: its code pages (config,
@@ -404,6 +428,14 @@ async fn serve_until_classified(
     app.work.notices.set_restarting(decision.intent == ExitIntent::PlannedRestart);
     info!("stopping: {}", decision.reason);
     drain(app, signals, opts.drain_timeout).await;
+    if let Some(h) = hermes_child {
+        // A restart hands hermes, warm, to the successor (its runs were stopped by the drain);
+        // anything else stops it.
+        match decision.intent {
+            ExitIntent::PlannedRestart | ExitIntent::Takeover => h.leave(),
+            _ => h.stop().await,
+        }
+    }
     // Drained: hand the lease to a standby now rather than at its expiry.
     cluster::release(app).await;
     gw.advance(GatewayState::Stopping);

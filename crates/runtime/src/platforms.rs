@@ -353,11 +353,26 @@ struct GatewayHost {
     /// an adapter's flush re-reads the same pending entry and sends it in a loop for as long as
     /// the write fails (a fenced, just-deposed active sent one reply hundreds of times).
     unrecorded: Mutex<BTreeMap<i64, Option<String>>>,
+    /// Outbox entries handed to an adapter that answer a message (`seq` → its id), so that a
+    /// send can be traced (`Intake::answered`); at most [`ANSWERS`], oldest dropped first.
+    answers: Mutex<BTreeMap<i64, String>>,
 }
+
+/// Entries [`GatewayHost::answers`] keeps at most.
+const ANSWERS: usize = 1024;
 
 impl GatewayHost {
     fn new(gw: &Arc<Gateway>, intake: Option<Arc<dyn Intake>>) -> GatewayHost {
-        GatewayHost { gw: Arc::downgrade(gw), intake, unrecorded: Mutex::new(BTreeMap::new()) }
+        GatewayHost {
+            gw: Arc::downgrade(gw),
+            intake,
+            unrecorded: Mutex::new(BTreeMap::new()),
+            answers: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn answers(&self) -> std::sync::MutexGuard<'_, BTreeMap<i64, String>> {
+        self.answers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn intake(&self) -> Result<&Arc<dyn Intake>, String> {
@@ -379,7 +394,17 @@ impl GatewayHost {
         let mut unrecorded = self.unrecorded();
         unrecorded.retain(|seq, failed| journal.outbox_done(*seq, failed.as_deref()).is_err());
         let batch = journal.outbox_pending(adapter, limit + unrecorded.len()).map_err(|e| e.to_string())?;
-        Ok(batch.into_iter().filter(|o| !unrecorded.contains_key(&o.seq)).take(limit).collect())
+        let out: Vec<Outgoing> = batch.into_iter().filter(|o| !unrecorded.contains_key(&o.seq)).take(limit).collect();
+        let mut answers = self.answers();
+        for o in &out {
+            if let Some(id) = &o.message_id {
+                answers.insert(o.seq, id.clone());
+            }
+        }
+        while answers.len() > ANSWERS {
+            answers.pop_first();
+        }
+        Ok(out)
     }
 
     fn gw(&self) -> Result<Arc<Gateway>, String> {
@@ -418,9 +443,17 @@ impl Host for GatewayHost {
         if let Some(why) = failed {
             crate::warn!("outbox entry {seq} refused by the platform for good: {why}");
         }
-        if let Err(e) = journal.outbox_done(seq, failed) {
-            crate::error!("cannot record outbox entry {seq} as sent: {e}");
-            self.unrecorded().insert(seq, failed.map(str::to_owned));
+        let answered = self.answers().remove(&seq);
+        match journal.outbox_done(seq, failed) {
+            Err(e) => {
+                crate::error!("cannot record outbox entry {seq} as sent: {e}");
+                self.unrecorded().insert(seq, failed.map(str::to_owned));
+            }
+            Ok(recorded) => {
+                if let (true, Some(id), Ok(intake)) = (recorded, answered, self.intake()) {
+                    intake.answered(&id);
+                }
+            }
         }
     }
 

@@ -14,14 +14,15 @@
 //!   as runs (the drain never waits on its own requester) and journaled as finished commands,
 //!   never replayed.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gatewarden_agent::backend::trace::{Note, RunNotes};
 use gatewarden_agent::{Agent, AgentError, AgentRequest, Turn};
 use gatewarden_control::Requester;
-use gatewarden_journal::{JournalError, Kind, NewMessage, Store};
+use gatewarden_journal::{JournalError, Kind, NewMessage, RunSteps, Step, Store, TraceEvent};
 use gatewarden_lifecycle::platform::spawn;
 use gatewarden_lifecycle::records::GatewayState;
 use gatewarden_platforms::Inbound;
@@ -193,6 +194,18 @@ pub struct Work {
     /// Platform chats told that their queue is full (`platform\0chat`): told once while it
     /// stays full, so a flood past the cap cannot grow the outbox with notices instead.
     full_told: Mutex<HashSet<String>>,
+    /// `[telemetry] otlp_endpoint`: finished messages' traces go out as OTLP spans.
+    pub telemetry: std::sync::OnceLock<Arc<gatewarden_telemetry::Exporter>>,
+    /// `[agent] hermes_home`: the hermes gateway this gateway runs (hermes.rs).
+    pub hermes: Option<crate::hermes::Spec>,
+    /// Async runs in flight by chat (`platform\0chat`, `""` for the HTTP API), for `/cancel`.
+    chat_runs: Mutex<HashMap<String, Vec<(String, CancellationToken)>>>,
+    /// Runs a chat `/cancel` stopped: they fail instead of waiting for the next incarnation.
+    cancelled_by_chat: Mutex<HashSet<String>>,
+}
+
+fn chat_key(platform: Option<&str>, chat: &str) -> String {
+    format!("{}\0{chat}", platform.unwrap_or(""))
 }
 
 impl Work {
@@ -229,7 +242,17 @@ impl Work {
             history_chars: config.agent.history_chars,
             update_source: config.update.source.clone(),
             full_told: Mutex::new(HashSet::new()),
+            telemetry: std::sync::OnceLock::new(),
+            hermes: None,
+            chat_runs: Mutex::new(HashMap::new()),
+            cancelled_by_chat: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// With `[agent] hermes_home`: the hermes gateway this gateway runs.
+    pub fn with_hermes(mut self, spec: Option<crate::hermes::Spec>) -> Work {
+        self.hermes = spec;
+        self
     }
 
     /// Why a new message of `(platform, chat)` is refused: past the `[journal]` queue caps
@@ -362,29 +385,42 @@ impl Work {
         req: AgentRequest,
         chunks: Option<mpsc::Sender<String>>,
     ) -> Result<gatewarden_agent::AgentReply, AgentError> {
-        self.run_reply_in(gw, None, req, chunks).await
+        self.run_traced(gw, None, req, chunks, None, self.cancel.child_token()).await
     }
 
-    /// [`Self::run_reply`] for a chat of `platform` (`None`: the HTTP API), whose usage it
-    /// adds to.
-    async fn run_reply_in(
+    /// [`Self::run_reply`] for a chat of `platform` (`None`: the HTTP API), whose usage it adds
+    /// to, under `token` (a child of [`Self::cancel`]), with what the backend notes for the
+    /// message's trace (providers tried, first token) going to `notes`.
+    async fn run_traced(
         self: &Arc<Self>,
         gw: &Gateway,
         platform: Option<&str>,
         req: AgentRequest,
         chunks: Option<mpsc::Sender<String>>,
+        notes: Option<RunNotes>,
+        token: CancellationToken,
     ) -> Result<gatewarden_agent::AgentReply, AgentError> {
         let _run = gw.runs.begin();
         let chat = req.chat_id.clone();
-        let token = self.cancel.child_token();
         let _cancel_on_drop = token.clone().drop_guard();
         let me = Arc::clone(self);
-        let handle = tokio::spawn(async move {
-            match chunks {
-                Some(tx) => me.agent.run_streaming(req, token, tx).await,
-                None => me.agent.run(req, token).await,
-            }
-        });
+        // The agent's task stays in the caller's span (a message's id and platform in its logs).
+        let span = tracing::Span::current();
+        let handle = tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                let run = async {
+                    match chunks {
+                        Some(tx) => me.agent.run_streaming(req, token, tx).await,
+                        None => me.agent.run(req, token).await,
+                    }
+                };
+                match notes {
+                    Some(n) => gatewarden_agent::backend::trace::scope(n, run).await,
+                    None => run.await,
+                }
+            },
+            span,
+        ));
         let r = handle.await.unwrap_or_else(|e| Err(AgentError::Failed(format!("run panicked: {e}"))));
         self.metrics.count(&r);
         if let Ok(gatewarden_agent::AgentReply { usage: Some(u), .. }) = &r {
@@ -467,7 +503,63 @@ impl Work {
                 }
             }
             Command::Update => reply(self.start_update(gw, platform, chat_id, user_id)),
+            Command::Cancel => reply(self.cancel_chat(platform, chat_id)),
+            Command::Approve | Command::Deny => {
+                reply(self.answer_approval(platform, chat_id, user_id, cmd == Command::Approve))
+            }
         }
+    }
+
+    /// `/cancel`: stops this chat's runs in flight (the hermes backend stops hermes's run);
+    /// they fail with "cancelled", never re-run.
+    fn cancel_chat(&self, platform: Option<&str>, chat_id: &str) -> String {
+        let runs = self.chat_runs.lock().unwrap_or_else(|p| p.into_inner()).get(&chat_key(platform, chat_id)).cloned();
+        let runs = runs.unwrap_or_default();
+        if runs.is_empty() {
+            return "nothing to cancel".into();
+        }
+        let mut marked = self.cancelled_by_chat.lock().unwrap_or_else(|p| p.into_inner());
+        for (id, token) in &runs {
+            marked.insert(id.clone());
+            token.cancel();
+        }
+        format!("cancelling {} run(s)", runs.len())
+    }
+
+    /// `/approve`, `/deny`: answers the oldest approval the agent asks in this chat, when the
+    /// sender may ([`commands::Admins::may_answer`]).
+    fn answer_approval(&self, platform: Option<&str>, chat_id: &str, user_id: &str, approve: bool) -> String {
+        let (Some(approvals), Some(p)) = (self.agent.approvals(), platform) else {
+            return "nothing waits for an approval here".into();
+        };
+        let Some(pending) = approvals.pending(p, chat_id) else {
+            return "nothing waits for an approval here".into();
+        };
+        let from = Sender { channel: Channel::Platform(p), user_id };
+        if !self.admins.may_answer(from, &pending.user_id) {
+            return "only the user who asked, or an admin, can answer this approval".into();
+        }
+        match (approvals.answer(p, chat_id, &pending.run_id, approve), approve) {
+            (false, _) => "that approval is no longer waiting".into(),
+            (true, true) => format!("approved: {}", pending.what),
+            (true, false) => format!("denied: {}", pending.what),
+        }
+    }
+
+    /// Relays the questions the agent asks (hermes approvals) to their chats through the
+    /// outbox, as long as the worker runs.
+    fn relay_questions(self: &Arc<Self>) {
+        let Some(mut rx) = self.agent.approvals().and_then(|a| a.take_questions()) else { return };
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            while let Some(q) = rx.recv().await {
+                let (p, c, t) = (q.platform.clone(), q.chat_id.clone(), q.text);
+                match me.with_journal(move |j| j.enqueue(&p, &c, &t)).await {
+                    Ok(_) => me.wake.wake(&q.platform),
+                    Err(e) => crate::warn!("cannot tell chat {} the agent's question: {e}", q.chat_id),
+                }
+            }
+        });
     }
 
     /// `/update`: a detached `gatewarden update --from <[update] source> --chat <chat>`. It
@@ -541,6 +633,7 @@ impl Work {
     /// and the journal's retention.
     pub fn start_worker(self: &Arc<Self>, gw: Arc<Gateway>) {
         self.start_pruning();
+        self.relay_questions();
         let Some(mut rx) = self.queue_rx.lock().ok().and_then(|mut g| g.take()) else { return };
         let me = Arc::clone(self);
         tokio::spawn(async move {
@@ -596,7 +689,14 @@ impl Work {
         }
     }
 
+    /// One async message, in a `message` span: its log lines carry its id and platform.
     async fn run_async(self: &Arc<Self>, gw: &Gateway, id: String) {
+        use tracing::Instrument;
+        let span = tracing::info_span!("message", message_id = %id, platform = tracing::field::Empty);
+        self.run_message(gw, id).instrument(span).await;
+    }
+
+    async fn run_message(self: &Arc<Self>, gw: &Gateway, id: String) {
         let (inc, id2) = (gw.me.id.clone(), id.clone());
         match self.journal_step(gw, move |j| j.claim(&id2, &inc)).await {
             Ok(true) => {}
@@ -609,6 +709,7 @@ impl Work {
             Ok(None) => return,
             Err(e) => return crate::error!("journal read of {id} failed: {e}"),
         };
+        tracing::Span::current().record("platform", msg.platform.as_deref().unwrap_or("http"));
         // A chat platform's conversation: the session's last turns, within the char budget.
         let history = if msg.platform.is_some() && self.history_turns > 0 {
             let (id, turns, chars) = (msg.id.clone(), self.history_turns, self.history_chars);
@@ -625,15 +726,59 @@ impl Work {
         } else {
             Vec::new()
         };
+        // The conversation's start names the hermes session (backend/hermes.rs): `/new` moves it.
+        let session_started = match &msg.platform {
+            Some(p) => {
+                let (p, c) = (p.clone(), msg.chat_id.clone());
+                self.with_journal(move |j| j.session_started(&p, &c)).await.unwrap_or_else(|e| {
+                    crate::warn!("cannot read the session of {}: {e}", msg.id);
+                    None
+                })
+            }
+            None => None,
+        };
         let req = AgentRequest {
             run_id: msg.id.clone(),
             chat_id: msg.chat_id.clone(),
             user_id: msg.user_id.clone(),
             text: msg.text.clone(),
             history,
+            platform: msg.platform.clone(),
+            session_started,
         };
+        let key = chat_key(msg.platform.as_deref(), &msg.chat_id);
+        let token = self.cancel.child_token();
+        self.chat_runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .push((id.clone(), token.clone()));
+        let mut steps = RunSteps::default();
+        steps.push(TraceEvent::at(Step::BackendCalled, std::time::SystemTime::now()).subject(self.agent.name()));
+        let notes = RunNotes::default();
+        // The run always streams: into the chat (typing, a growing preview) or into nothing, so
+        // that its first token is known for the trace; the reply is the whole answer either way.
         let shown = msg.platform.as_ref().map(|p| Shown::start(&self.wake, p, &msg.chat_id, &msg.id));
-        let r = self.run_reply_in(gw, msg.platform.as_deref(), req, shown.as_ref().map(|s| s.chunks.clone())).await;
+        let (tx, mut rx) = mpsc::channel::<String>(64);
+        let chunks = shown.as_ref().map_or(tx, |s| s.chunks.clone());
+        let drain = async move { while rx.recv().await.is_some() {} };
+        let run = self.run_traced(gw, msg.platform.as_deref(), req, Some(chunks), Some(notes.clone()), token);
+        let (r, ()) = tokio::join!(run, drain);
+        {
+            let mut runs = self.chat_runs.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(v) = runs.get_mut(&key) {
+                v.retain(|(i, _)| i != &id);
+                if v.is_empty() {
+                    runs.remove(&key);
+                }
+            }
+        }
+        let by_chat = self.cancelled_by_chat.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        let r = match r {
+            Err(AgentError::Cancelled) if by_chat => Err(AgentError::Failed("cancelled (/cancel)".into())),
+            r => r,
+        };
         let cancelled = matches!(r, Err(AgentError::Cancelled));
         if let Some(s) = shown {
             s.end(!cancelled).await;
@@ -642,25 +787,48 @@ impl Work {
             // Interrupted by the drain: stays `running` for the next incarnation to re-run once.
             return;
         }
+        for n in noted(notes.take()) {
+            steps.push(n);
+        }
         let inc = gw.me.id.clone();
         let outcome = r.map_err(|e| e.to_string());
+        if let Err(e) = &outcome {
+            // In the message's span: the line carries its id and platform.
+            crate::warn!("message failed: {e}");
+        }
+        let id2 = id.clone();
         let done = self
             .journal_step(gw, move |j| match &outcome {
-                Ok(reply) => j.complete_with_usage(
-                    &id,
+                Ok(reply) => j.complete_traced(
+                    &id2,
                     &inc,
                     &reply.text,
                     reply.usage.map(|u| (u.prompt_tokens, u.completion_tokens)),
+                    steps.steps(),
                 ),
-                Err(e) => j.fail(&id, &inc, e),
+                Err(e) => j.fail_traced(&id2, &inc, e, steps.steps()),
             })
             .await;
-        if let Err(e) = done {
-            crate::error!("journal update failed: {e}");
+        match done {
+            Err(e) => crate::error!("journal update failed: {e}"),
+            Ok(true) => self.export_trace(&id),
+            Ok(false) => {}
         }
         if let Some(p) = &msg.platform {
             self.wake.wake(p);
         }
+    }
+
+    /// Hands a finished message's trace to the OTLP exporter, when one is configured: one read
+    /// off the async workers, and the exporter's queue never blocks (it drops and counts).
+    fn export_trace(self: &Arc<Self>, id: &str) {
+        let Some(exporter) = self.telemetry.get().cloned() else { return };
+        let (journal, id) = (Arc::clone(&self.journal), id.to_owned());
+        tokio::task::spawn_blocking(move || match (journal.get(&id), journal.trace(&id)) {
+            (Ok(Some(msg)), Ok(events)) => exporter.message(&msg, &events),
+            (Ok(None), _) => {}
+            (Err(e), _) | (_, Err(e)) => crate::warn!("cannot read the trace of {id} for export: {e}"),
+        });
     }
 
     /// Ends the drain's patience: every active run is cancelled.
@@ -706,6 +874,22 @@ impl Shown {
         }
         wake.show(&p, &c, &r, Activity::Ended { replied });
     }
+}
+
+/// The backend's notes as trace steps, in the order they began.
+fn noted(notes: Vec<Note>) -> Vec<TraceEvent> {
+    let mut out: Vec<(std::time::SystemTime, TraceEvent)> = notes
+        .into_iter()
+        .map(|n| match n {
+            Note::ProviderTried { provider, outcome, started, elapsed } => (
+                started,
+                TraceEvent::at(Step::ProviderTried, started).subject(provider).outcome(outcome).elapsed(elapsed),
+            ),
+            Note::FirstToken { at } => (at, TraceEvent::at(Step::FirstToken, at)),
+        })
+        .collect();
+    out.sort_by_key(|(t, _)| *t);
+    out.into_iter().map(|(_, e)| e).collect()
 }
 
 impl Intake for Work {
@@ -758,5 +942,15 @@ impl Intake for Work {
 
     fn journal(&self) -> &Arc<dyn Store> {
         &self.journal
+    }
+
+    /// Exports the outbox span of the message's trace (its other spans went at its finish).
+    fn answered(&self, message_id: &str) {
+        let Some(exporter) = self.telemetry.get() else { return };
+        match (self.journal.get(message_id), self.journal.trace(message_id)) {
+            (Ok(Some(msg)), Ok(events)) => exporter.outbox(&msg, &events),
+            (Ok(None), _) => {}
+            (Err(e), _) | (_, Err(e)) => crate::warn!("cannot read the trace of {message_id} for export: {e}"),
+        }
     }
 }

@@ -44,6 +44,7 @@ pub mod mail;
 mod http;
 pub mod llmfake;
 pub mod netfakes;
+pub mod otlp;
 pub mod postgres;
 pub mod prosody;
 mod proc;

@@ -3,7 +3,10 @@
 //!
 //! What it models of the public OpenAI API (https://platform.openai.com/docs/api-reference/chat):
 //! - `POST /v1/chat/completions` with a JSON body (`model`, `messages`, `stream`,
-//!   `stream_options.include_usage`); any other path is a 404 with an `error` object.
+//!   `stream_options.include_usage`); any other path is a 404 with an `error` object, except:
+//! - `GET /v1/models` (https://platform.openai.com/docs/api-reference/models/list): a `list` of
+//!   one `model` object (`id` `fake-model`, `created`, `owned_by`), and `GET /v1/models/{id}`
+//!   (…/models/retrieve) that object (clients probe these before their first call).
 //! - A non-streaming answer is a `chat.completion` object: `choices[0].message.content`,
 //!   `finish_reason: "stop"`, and `usage` (`prompt_tokens`, `completion_tokens`,
 //!   `total_tokens`).
@@ -14,6 +17,17 @@
 //!   `data: [DONE]`.
 //! - Errors are `{"error": {"message", "type", "code"}}` with the HTTP status; a 429 (rate
 //!   limit) may carry `Retry-After` (seconds or an HTTP date).
+//! - Tool calls (https://platform.openai.com/docs/guides/function-calling): the assistant
+//!   message has `content: null` and `tool_calls: [{id, type: "function", function: {name,
+//!   arguments}}]` (`arguments` a JSON string), `finish_reason: "tool_calls"`; streamed, the
+//!   first delta carries the calls with their `index`. The caller then sends the tool's result
+//!   as a `role: "tool"` message with the call's `tool_call_id`.
+//!
+//! Scripting: answers queued with [`FakeLlm::then`] are given in arrival order; rules
+//! ([`FakeLlm::on`]) answer by the request's last message instead, so an agent that makes
+//! extra calls of its own (hermes-agent titles its sessions) still meets its script. A
+//! [`Reply::Held`] answer waits for [`FakeLlm::release`] (a run kept in flight on purpose), or
+//! ends unanswered when the caller closes its connection first.
 //!
 //! Every response is `Connection: close` (no keep-alive to reason about). Plain std threads,
 //! like the other fakes in netfakes.rs.
@@ -38,6 +52,12 @@ pub enum Reply {
     Status { code: u16, retry_after: Option<String> },
     /// Read the request, then answer nothing (until the fake is dropped).
     Hang,
+    /// An assistant message calling one tool (`arguments` is sent as a JSON string).
+    ToolCall { name: String, arguments: Value },
+    /// `echo: <the last user message>`.
+    Echo,
+    /// Waits for [`FakeLlm::release`] (or the fake's drop), then answers the inner reply.
+    Held(Box<Reply>),
 }
 
 impl Reply {
@@ -52,6 +72,24 @@ impl Reply {
     pub fn rate_limited(retry_after: &str) -> Reply {
         Reply::Status { code: 429, retry_after: Some(retry_after.into()) }
     }
+
+    pub fn tool(name: &str, arguments: Value) -> Reply {
+        Reply::ToolCall { name: name.into(), arguments }
+    }
+
+    /// `then`, once [`FakeLlm::release`] is called.
+    pub fn held(then: Reply) -> Reply {
+        Reply::Held(Box::new(then))
+    }
+}
+
+/// Answers for requests whose last message has `role` and contains `contains`: the replies in
+/// order, the last one repeated.
+#[derive(Debug)]
+struct Rule {
+    role: String,
+    contains: String,
+    replies: VecDeque<Reply>,
 }
 
 /// A request as the fake saw it.
@@ -79,6 +117,11 @@ struct Script {
     latency: Duration,
     /// Between two streamed chunks.
     chunk_gap: Duration,
+    rules: Vec<Rule>,
+    /// [`FakeLlm::release`] calls so far; a held answer waits for the next one.
+    released: u64,
+    /// Requests holding right now.
+    holding: usize,
 }
 
 /// The fake provider. Dropping it stops accepting and releases hanging requests.
@@ -97,6 +140,9 @@ impl FakeLlm {
             seen: Vec::new(),
             latency: Duration::ZERO,
             chunk_gap: Duration::ZERO,
+            rules: Vec::new(),
+            released: 0,
+            holding: 0,
         }));
         let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (s, stop) = (Arc::clone(&script), Arc::clone(&stopped));
@@ -108,6 +154,32 @@ impl FakeLlm {
     pub fn then(&self, replies: impl IntoIterator<Item = Reply>) -> &FakeLlm {
         self.lock().next.extend(replies);
         self
+    }
+
+    /// Answers a request whose last message has `role` (`user`, `tool`) and contains
+    /// `contains` with `replies` in order, the last one for every later match. Rules are
+    /// tried in the order they were added, before the queue of [`FakeLlm::then`].
+    pub fn on(&self, role: &str, contains: &str, replies: impl IntoIterator<Item = Reply>) -> &FakeLlm {
+        let replies: VecDeque<Reply> = replies.into_iter().collect();
+        if !replies.is_empty() {
+            self.lock().rules.push(Rule { role: role.into(), contains: contains.into(), replies });
+        }
+        self
+    }
+
+    /// Lets every request holding now (a [`Reply::Held`]) answer.
+    pub fn release(&self) {
+        self.lock().released += 1;
+    }
+
+    /// How many requests are holding now.
+    pub fn holding(&self) -> usize {
+        self.lock().holding
+    }
+
+    /// The requests whose last user message contains `text`.
+    pub fn asked(&self, text: &str) -> Vec<Seen> {
+        self.seen().into_iter().filter(|s| last_of(&s.body, "user").is_some_and(|c| c.contains(text))).collect()
     }
 
     /// The provider's own latency before each response head, and between streamed chunks.
@@ -172,14 +244,69 @@ fn serve(conn: TcpStream, script: &Mutex<Script>, stopped: &std::sync::atomic::A
     let (reply, latency, gap) = {
         let mut s = script.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         s.seen.push(Seen { at, path: path.clone(), headers, body: body.clone() });
-        let reply = s.next.pop_front().unwrap_or_else(|| s.default.clone());
+        let last = body.get("messages").and_then(Value::as_array).and_then(|m| m.last()).cloned().unwrap_or(Value::Null);
+        let (role, content) = (last["role"].as_str().unwrap_or_default(), text_of(&last["content"]));
+        let ruled = s.rules.iter_mut().find(|r| r.role == role && content.contains(&r.contains)).map(|r| {
+            if r.replies.len() > 1 { r.replies.pop_front().unwrap_or(Reply::Echo) } else { r.replies[0].clone() }
+        });
+        let reply = match ruled {
+            Some(r) => r,
+            None => s.next.pop_front().unwrap_or_else(|| s.default.clone()),
+        };
         (reply, s.latency, s.chunk_gap)
     };
+    if method == "GET" && (path == "/v1/models" || path.starts_with("/v1/models/")) {
+        let model = |id: &str| json!({"id": id, "object": "model", "created": 0, "owned_by": "gatewarden-fake"});
+        let body = match path.strip_prefix("/v1/models/") {
+            Some(id) => model(id),
+            None => json!({"object": "list", "data": [model("fake-model")]}),
+        }
+        .to_string();
+        let _ = write!(
+            w,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        return;
+    }
     if method != "POST" || !path.ends_with("/chat/completions") {
         let _ = respond_error(&mut w, 404, None);
         return;
     }
     std::thread::sleep(latency);
+    let reply = match reply {
+        Reply::Held(then) => {
+            let mark = {
+                let mut s = script.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                s.holding += 1;
+                s.released
+            };
+            // The caller may give up first (hermes aborts its request when its run is
+            // stopped; a killed process closes it): then nothing is answered.
+            let _ = w.set_nonblocking(true);
+            let mut gone = false;
+            loop {
+                let s = script.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if s.released > mark || stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                drop(s);
+                if matches!(w.peek(&mut [0u8; 1]), Ok(0)) || matches!(w.peek(&mut [0u8; 1]), Err(ref e) if e.kind() != io::ErrorKind::WouldBlock) {
+                    gone = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = w.set_nonblocking(false);
+            script.lock().unwrap_or_else(std::sync::PoisonError::into_inner).holding -= 1;
+            if gone {
+                return;
+            }
+            *then
+        }
+        Reply::Echo => Reply::Text { text: format!("echo: {}", last_of(&body, "user").unwrap_or_default()), usage: Some((7, 3)) },
+        r => r,
+    };
     let _ = match reply {
         Reply::Status { code, retry_after } => respond_error(&mut w, code, retry_after.as_deref()),
         Reply::Hang => {
@@ -193,7 +320,64 @@ fn serve(conn: TcpStream, script: &Mutex<Script>, stopped: &std::sync::atomic::A
             respond_stream(&mut w, &body, &text, usage.filter(|_| include_usage), gap)
         }
         Reply::Text { text, usage } => respond_json(&mut w, &body, &text, usage),
+        Reply::ToolCall { name, arguments } => respond_tool(&mut w, &body, &name, &arguments, body["stream"] == json!(true)),
+        // Nested holds and echoes are answered as text.
+        Reply::Held(_) | Reply::Echo => respond_json(&mut w, &body, "", None),
     };
+}
+
+/// A message's text: a string, or the text parts of a content array.
+fn text_of(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join(" "),
+        _ => String::new(),
+    }
+}
+
+/// The content of the last message with `role` in a chat-completions body.
+fn last_of(body: &Value, role: &str) -> Option<String> {
+    let msgs = body.get("messages")?.as_array()?;
+    msgs.iter().rev().find(|m| m["role"] == role).map(|m| text_of(&m["content"]))
+}
+
+fn respond_tool(w: &mut TcpStream, req: &Value, name: &str, arguments: &Value, stream: bool) -> io::Result<()> {
+    let call = |index: Option<usize>| {
+        let mut c = json!({"id": "call_fake_1", "type": "function", "function": {"name": name, "arguments": arguments.to_string()}});
+        if let Some(i) = index {
+            c["index"] = json!(i);
+        }
+        c
+    };
+    if !stream {
+        let body = json!({
+            "id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": req["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": [call(None)]},
+                         "finish_reason": "tool_calls"}],
+            "usage": usage_json((7, 3)),
+        })
+        .to_string();
+        return write!(
+            w,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    }
+    w.write_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n",
+    )?;
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": req["model"],
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    for e in [
+        chunk(json!({"role": "assistant", "content": null, "tool_calls": [call(Some(0))]}), Value::Null),
+        chunk(json!({}), json!("tool_calls")),
+    ] {
+        write!(w, "data: {e}\n\n")?;
+    }
+    w.write_all(b"data: [DONE]\n\n")?;
+    w.flush()
 }
 
 fn usage_json(u: (u64, u64)) -> Value {

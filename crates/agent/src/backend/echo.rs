@@ -77,6 +77,8 @@ mod tests {
             user_id: "u".into(),
             text: text.into(),
             history: Vec::new(),
+            platform: None,
+            session_started: None,
         }
     }
 

@@ -19,15 +19,20 @@ use tokio_util::sync::CancellationToken;
 
 use gatewarden_config::{AgentConfig, BackendKind};
 
+pub mod approval;
 mod echo;
 mod exec;
+pub mod hermes;
 mod openai;
 mod process_group;
 pub mod provider;
 pub mod sse;
+pub mod trace;
 
+pub use approval::{Approvals, Pending, Question};
 pub use echo::EchoAgent;
 pub use exec::{ExecAgent, MAX_STDOUT_BYTES};
+pub use hermes::HermesAgent;
 pub use openai::{ApiKey, OpenAiAgent, Policy};
 
 /// One message for an agent.
@@ -41,6 +46,32 @@ pub struct AgentRequest {
     /// The conversation before `text`, oldest first (empty for a single turn). From the journal
     /// for chat platforms, from the caller's `messages` for `/v1/chat/completions`.
     pub history: Vec<Turn>,
+    /// The chat platform adapter the message came through (`None`: the HTTP API).
+    pub platform: Option<String>,
+    /// When the chat's current conversation started (the journal's session row; `None`: no
+    /// `/new` yet): with `platform` and `chat_id`, it names the hermes session.
+    pub session_started: Option<String>,
+}
+
+impl AgentRequest {
+    /// A message outside any chat platform, with `history`.
+    pub fn new(
+        run_id: impl Into<String>,
+        chat_id: impl Into<String>,
+        user_id: impl Into<String>,
+        text: impl Into<String>,
+        history: Vec<Turn>,
+    ) -> AgentRequest {
+        AgentRequest {
+            run_id: run_id.into(),
+            chat_id: chat_id.into(),
+            user_id: user_id.into(),
+            text: text.into(),
+            history,
+            platform: None,
+            session_started: None,
+        }
+    }
 }
 
 /// One earlier message of a conversation.
@@ -165,6 +196,11 @@ pub trait Agent: Send + Sync {
         Vec::new()
     }
 
+    /// The approvals its runs ask chats for (hermes), for the runtime to relay and answer.
+    fn approvals(&self) -> Option<std::sync::Arc<Approvals>> {
+        None
+    }
+
     /// Like [`Agent::run`], streaming the reply to `chunks` as well.
     fn run_streaming(
         &self,
@@ -191,6 +227,7 @@ pub fn build_agent_with_env(config: &AgentConfig, env: Vec<(String, String)>) ->
             Box::new(ExecAgent::new(config.command.clone(), config.timeout(), config.kill_grace()).with_env(env))
         }
         BackendKind::Openai => Box::new(OpenAiAgent::from_config(config)),
+        BackendKind::Hermes => Box::new(HermesAgent::from_config(config)),
     }
 }
 
@@ -231,6 +268,7 @@ async fn send_chunk(
     if chunk.is_empty() || chunks.is_closed() {
         return Ok(());
     }
+    trace::note(trace::Note::FirstToken { at: std::time::SystemTime::now() });
     tokio::select! {
         _ = chunks.send(chunk) => Ok(()),
         () = cancel.cancelled() => Err(AgentError::Cancelled),

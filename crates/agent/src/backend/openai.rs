@@ -330,7 +330,19 @@ impl OpenAiAgent {
                     }
                     Admit::Yes => called = true,
                 }
-                match self.call_one(i, &req, &cancel, chunks.as_ref(), deadline).await {
+                let (started, t0) = (std::time::SystemTime::now(), Instant::now());
+                let r = self.call_one(i, &req, &cancel, chunks.as_ref(), deadline).await;
+                super::trace::note(super::trace::Note::ProviderTried {
+                    provider: name.clone(),
+                    outcome: match &r {
+                        Ok(_) => "ok".into(),
+                        Err(CallEnd::Failed(f)) => f.reason(),
+                        Err(CallEnd::Stop(e, _)) => e.to_string(),
+                    },
+                    started,
+                    elapsed: t0.elapsed(),
+                });
+                match r {
                     Ok(reply) => {
                         let before = self.with_health(|h| h[i].succeeded());
                         self.changed(i, before);

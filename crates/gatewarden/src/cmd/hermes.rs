@@ -50,5 +50,6 @@ pub fn dispatch(home: HermesHome, by: SelectedBy, command: Command) -> anyhow::R
             })?
         }
         Command::Top { .. } => anyhow::bail!("`top` shows a native home's snapshot; for a hermes home use `status`"),
+        Command::Trace { .. } => anyhow::bail!("`trace` reads a native gateway's journal; hermes keeps none"),
     })
 }

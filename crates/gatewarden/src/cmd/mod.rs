@@ -34,6 +34,7 @@ pub fn dispatch(cli: Cli, started_at: SystemTime, started: Instant) -> anyhow::R
         Command::Send { text, chat, user, is_async } => ops::send::send(&home, &text, &chat, &user, is_async)?,
         Command::Logs { follow, n } => ops::logs::logs(&home, follow, n)?,
         Command::History { n, json } => ops::history::history(&home, n, json)?,
+        Command::Trace { id, json } => ops::trace::trace(&home, &id, json)?,
         Command::Service(args) => ops::service::service(&home, args.into())?,
         Command::Supervise(args) => ops::supervise::supervise(&home, args.into())?,
         Command::Doctor(args) => ops::doctor::doctor(&home, args.fix, args.json)?,

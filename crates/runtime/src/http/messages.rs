@@ -120,6 +120,8 @@ pub async fn post(State(gw): State<Arc<App>>, Json(m): Json<MessageIn>) -> Respo
         user_id: m.user_id,
         text: m.text,
         history: Vec::new(),
+        platform: None,
+        session_started: None,
     };
     match work.run_sync(&gw, req, None).await {
         Ok(reply) => {

@@ -13,6 +13,12 @@ use gatewarden_agent::ProviderStatus;
 use crate::app::App;
 
 pub async fn metrics(State(gw): State<Arc<App>>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render(&gw).await).into_response()
+}
+
+/// The exposition text: what `/metrics` serves and what the OTLP exporter sends
+/// (crates/telemetry/src/metrics.rs reads it back).
+pub(crate) async fn render(gw: &Arc<App>) -> String {
     let m = &gw.work.metrics;
     let counts = gw.work.with_journal(|j| j.counts()).await.ok();
     let mut out = String::with_capacity(1024);
@@ -45,12 +51,24 @@ pub async fn metrics(State(gw): State<Arc<App>>) -> Response {
             let _ = writeln!(out, "gatewarden_journal_messages{{state=\"{state}\"}} {n}");
         }
     }
-    provider_metrics(&gw, &mut out);
-    platform_metrics(&gw, &mut out).await;
+    provider_metrics(gw, &mut out);
+    platform_metrics(gw, &mut out).await;
+    telemetry_metrics(gw, &mut out);
     let _ = writeln!(out, "# HELP gatewarden_up 1 while the gateway serves; state as a label.");
     let _ = writeln!(out, "# TYPE gatewarden_up gauge");
     let _ = writeln!(out, "gatewarden_up{{state=\"{}\",incarnation=\"{}\"}} 1", gw.phase.get(), gw.me.id);
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+    out
+}
+
+/// The OTLP exporter's outcomes (crates/telemetry), when `[telemetry]` is configured.
+fn telemetry_metrics(gw: &Arc<App>, out: &mut String) {
+    let Some(x) = gw.work.telemetry.get() else { return };
+    let s = x.stats();
+    let _ = writeln!(out, "# HELP gatewarden_otlp_batches_total OTLP export batches by outcome.");
+    let _ = writeln!(out, "# TYPE gatewarden_otlp_batches_total counter");
+    for (outcome, c) in [("exported", &s.exported), ("dropped", &s.dropped), ("failed", &s.failed)] {
+        let _ = writeln!(out, "gatewarden_otlp_batches_total{{outcome=\"{outcome}\"}} {}", c.load(Ordering::Relaxed));
+    }
 }
 
 /// Per chat-platform adapter gauges and counters (crates/runtime/src/platforms.rs).

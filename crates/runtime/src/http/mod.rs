@@ -20,7 +20,7 @@ use crate::app::App;
 use crate::worker::Work;
 
 mod messages;
-mod metrics;
+pub(crate) mod metrics;
 mod openai;
 pub mod resources;
 pub mod serve;

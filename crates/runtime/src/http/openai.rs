@@ -82,7 +82,7 @@ pub async fn completions(State(gw): State<Arc<App>>, Json(body): Json<Completion
     let model = body.model.clone().unwrap_or_else(|| gw.work.model.clone());
     let run_id = gw.work.next_run_id(&gw.me.id);
     let id = format!("chatcmpl-{run_id}");
-    let req = AgentRequest { run_id, chat_id: chat.clone(), user_id: chat, text, history };
+    let req = AgentRequest::new(run_id, chat.clone(), chat, text, history);
     if !body.stream {
         return match gw.work.run_reply(&gw, req, None).await {
             Ok(reply) => Json(json!({

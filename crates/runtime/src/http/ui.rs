@@ -185,7 +185,8 @@ fn snapshot_now(gw: &App) -> Snapshot {
                 streaming: false,
             })
             .collect();
-        s.messages = unfinished.iter().map(message_view).collect();
+        s.messages =
+            unfinished.iter().map(|m| MessageView { trace: trace_of(j.as_ref(), &m.id), ..message_view(m) }).collect();
         s.conversations = conversations(&j.recent(&[MsgState::Done], 200).unwrap_or_default());
     }
     s
@@ -300,16 +301,27 @@ fn message_view(m: &Message) -> MessageView {
         reason: m.reason.as_deref().map(short),
         attempts: m.attempts,
         updated_at: m.updated_at.clone(),
-        trace: trace_of(m),
+        trace: Vec::new(),
     }
 }
 
-/// The hook for message traces (issue 21: received, journaled, claimed, backend called,
-/// provider tried, first token, done, outbox sent): the page renders `MessageView::trace`
-/// under the message when it is not empty. Nothing records traces yet; once the journal does,
-/// this is the one place to read them.
-fn trace_of(_m: &Message) -> Vec<gatewarden_dashboard::snapshot::TraceStep> {
-    Vec::new()
+/// A listed message's trace from the journal (received, journaled, claimed, backend called,
+/// providers tried, first token, done or failed, outbox sent; crates/journal/src/trace.rs), as
+/// `gatewarden trace` reads it; the page renders it under the message. Unreadable: none.
+fn trace_of(j: &dyn gatewarden_journal::Store, id: &str) -> Vec<gatewarden_dashboard::snapshot::TraceStep> {
+    let events = j.trace(id).unwrap_or_default();
+    events
+        .into_iter()
+        .map(|e| {
+            let parts: Vec<String> =
+                [e.subject, e.outcome, e.elapsed_ms.map(|ms| format!("{ms} ms"))].into_iter().flatten().collect();
+            gatewarden_dashboard::snapshot::TraceStep {
+                at: e.at,
+                step: e.step.as_str().to_owned(),
+                detail: (!parts.is_empty()).then(|| parts.join(", ")),
+            }
+        })
+        .collect()
 }
 
 /// Platform chats (the ones with history and `/new`), most recent first, each with its last
