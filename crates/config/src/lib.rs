@@ -449,6 +449,34 @@ fn default_conflict_standby() -> u64 {
 }
 
 impl PlatformConfig {
+    /// A table of `kind` with every other key at its default, as `[[platform]] kind = "…"` alone
+    /// reads (code and tests that build one name only what differs: `..PlatformConfig::new(k)`).
+    pub fn new(kind: PlatformKind) -> Self {
+        PlatformConfig {
+            kind,
+            name: None,
+            token_env: None,
+            api_base: None,
+            server: None,
+            nick: None,
+            allowed_chats: Vec::new(),
+            admins: Vec::new(),
+            poll_timeout_s: default_poll_timeout(),
+            conflict_standby_s: default_conflict_standby(),
+            ca_file: None,
+            proxy: None,
+            tls: false,
+            sasl_password_env: None,
+            imap: None,
+            smtp: None,
+            account: None,
+            allowed_senders: Vec::new(),
+            bot_token_env: None,
+            jid: None,
+            rooms: Vec::new(),
+        }
+    }
+
     /// The adapter's name: `name`, else the kind.
     pub fn adapter_name(&self) -> String {
         self.name.clone().unwrap_or_else(|| self.kind.as_str().to_owned())

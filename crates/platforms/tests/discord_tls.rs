@@ -48,27 +48,12 @@ impl Host for DirHost {
 /// the nonce is keyed by it).
 fn start(base: &str, ca_file: &Path, dir: &Path, first_seq: usize) -> Arc<Discord> {
     let cfg = PlatformConfig {
-        kind: PlatformKind::Discord,
-        name: None,
         token_env: Some("UNUSED".into()),
         api_base: Some(base.into()),
-        server: None,
-        nick: None,
-        allowed_chats: Vec::new(),
-        admins: Vec::new(),
         poll_timeout_s: 2,
         conflict_standby_s: 30,
         ca_file: Some(ca_file.to_owned()),
-        proxy: None,
-        tls: false,
-        sasl_password_env: None,
-        imap: None,
-        smtp: None,
-        account: None,
-        allowed_senders: Vec::new(),
-        bot_token_env: None,
-        jid: None,
-        rooms: Vec::new(),
+        ..PlatformConfig::new(PlatformKind::Discord)
     };
     let d = Arc::new(Discord::new(&cfg, TOKEN.into()).unwrap());
     let mem = MemHost::echoing();

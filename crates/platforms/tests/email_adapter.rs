@@ -31,27 +31,16 @@ fn texts(h: &MemHost) -> Vec<String> {
 
 fn config(imap: String, smtp: String, ca: &Path, allowed: &[&str]) -> PlatformConfig {
     PlatformConfig {
-        kind: PlatformKind::Email,
         name: Some("mail".into()),
         token_env: Some("UNUSED".into()),
-        api_base: None,
-        server: None,
-        nick: None,
-        allowed_chats: Vec::new(),
-        admins: Vec::new(),
         poll_timeout_s: 5,
         conflict_standby_s: 30,
         ca_file: Some(ca.to_owned()),
-        proxy: None,
-        tls: false,
-        sasl_password_env: None,
-        bot_token_env: None,
-        jid: None,
-        rooms: Vec::new(),
         imap: Some(imap),
         smtp: Some(smtp),
         account: Some(address("bot")),
         allowed_senders: allowed.iter().map(|a| a.to_string()).collect(),
+        ..PlatformConfig::new(PlatformKind::Email)
     }
 }
 

@@ -39,27 +39,11 @@ fn routes_inbound_refuses_bad_targets_paces_lines_and_quits() {
     let mut alice = Connection::connect(&Config::new(s.addr().to_string(), "alice")).unwrap();
     alice.join("#gw", WAIT).unwrap();
     let cfg = PlatformConfig {
-        kind: PlatformKind::Irc,
-        name: None,
-        token_env: None,
-        api_base: None,
         server: Some(s.addr().to_string()),
         nick: Some("gwbot".into()),
         allowed_chats: vec!["#gw".into()],
-        admins: Vec::new(),
-        poll_timeout_s: 25,
         conflict_standby_s: 5,
-        ca_file: None,
-        proxy: None,
-        tls: false,
-        sasl_password_env: None,
-        imap: None,
-        smtp: None,
-        account: None,
-        allowed_senders: Vec::new(),
-        bot_token_env: None,
-        jid: None,
-        rooms: Vec::new(),
+        ..PlatformConfig::new(PlatformKind::Irc)
     };
     let irc = Irc::new(&cfg, None).unwrap();
     assert_eq!(irc.credential(), format!("{}/gwbot", s.addr()));

@@ -23,27 +23,13 @@ const WAIT: Duration = Duration::from_secs(10);
 
 fn config(server: String, ca_file: &Path) -> PlatformConfig {
     PlatformConfig {
-        kind: PlatformKind::Irc,
-        name: None,
-        token_env: None,
-        api_base: None,
         server: Some(server),
         nick: Some("gwtls".into()),
         allowed_chats: vec!["#tls".into()],
-        admins: Vec::new(),
-        poll_timeout_s: 25,
         conflict_standby_s: 5,
         ca_file: Some(ca_file.to_owned()),
-        proxy: None,
         tls: true,
-        sasl_password_env: None,
-        imap: None,
-        smtp: None,
-        account: None,
-        allowed_senders: Vec::new(),
-        bot_token_env: None,
-        jid: None,
-        rooms: Vec::new(),
+        ..PlatformConfig::new(PlatformKind::Irc)
     }
 }
 

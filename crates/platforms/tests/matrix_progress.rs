@@ -76,27 +76,12 @@ fn a_run_in_progress_types_edits_and_is_replaced_by_the_reply() {
     client.whoami().unwrap();
     let room = client.create_room(&[&bot.user_id]).unwrap();
     let cfg = PlatformConfig {
-        kind: PlatformKind::Matrix,
         name: Some("mx".into()),
-        token_env: None,
         api_base: Some(base.clone()),
-        server: None,
-        nick: None,
         allowed_chats: vec![room.clone()],
-        admins: Vec::new(),
         poll_timeout_s: 1,
         conflict_standby_s: 30,
-        ca_file: None,
-        proxy: None,
-        tls: false,
-        sasl_password_env: None,
-        imap: None,
-        smtp: None,
-        account: None,
-        allowed_senders: Vec::new(),
-        bot_token_env: None,
-        jid: None,
-        rooms: Vec::new(),
+        ..PlatformConfig::new(PlatformKind::Matrix)
     };
     let host = Arc::new(support::MemHost::silent());
     let a = gatewarden_platforms::matrix::Matrix::new(&cfg, bot.access_token.clone()).unwrap();

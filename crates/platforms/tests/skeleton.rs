@@ -170,27 +170,10 @@ impl Sender for ToySender {
 
 fn config(conflict_s: u64) -> PlatformConfig {
     PlatformConfig {
-        kind: PlatformKind::Telegram,
         name: Some("toy".into()),
-        token_env: None,
-        api_base: None,
-        server: None,
-        nick: None,
-        allowed_chats: Vec::new(),
-        admins: Vec::new(),
         poll_timeout_s: 1,
         conflict_standby_s: conflict_s,
-        ca_file: None,
-        proxy: None,
-        tls: false,
-        sasl_password_env: None,
-        imap: None,
-        smtp: None,
-        account: None,
-        allowed_senders: Vec::new(),
-        bot_token_env: None,
-        jid: None,
-        rooms: Vec::new(),
+        ..PlatformConfig::new(PlatformKind::Telegram)
     }
 }
 

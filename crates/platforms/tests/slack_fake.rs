@@ -18,27 +18,11 @@ use support::{MemHost, wait_for as wait};
 
 fn config(base: &str) -> PlatformConfig {
     PlatformConfig {
-        kind: PlatformKind::Slack,
-        name: None,
         token_env: Some("UNUSED".into()),
         api_base: Some(base.into()),
-        server: None,
-        nick: None,
-        allowed_chats: Vec::new(),
-        admins: Vec::new(),
-        poll_timeout_s: 25,
         conflict_standby_s: 30,
-        ca_file: None,
-        proxy: None,
-        tls: false,
-        sasl_password_env: None,
-        imap: None,
-        smtp: None,
-        account: None,
-        allowed_senders: Vec::new(),
         bot_token_env: Some("UNUSED_TOO".into()),
-        jid: None,
-        rooms: Vec::new(),
+        ..PlatformConfig::new(PlatformKind::Slack)
     }
 }
 

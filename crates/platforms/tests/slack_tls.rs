@@ -22,27 +22,12 @@ use gatewarden_testkit::tls::{TestCa, TlsFront, Validity};
 
 fn config(base: &str, ca_file: &Path) -> PlatformConfig {
     PlatformConfig {
-        kind: PlatformKind::Slack,
-        name: None,
         token_env: Some("UNUSED".into()),
         api_base: Some(base.into()),
-        server: None,
-        nick: None,
-        allowed_chats: Vec::new(),
-        admins: Vec::new(),
-        poll_timeout_s: 25,
         conflict_standby_s: 30,
         ca_file: Some(ca_file.to_owned()),
-        proxy: None,
-        tls: false,
-        sasl_password_env: None,
-        imap: None,
-        smtp: None,
-        account: None,
-        allowed_senders: Vec::new(),
         bot_token_env: Some("UNUSED_TOO".into()),
-        jid: None,
-        rooms: Vec::new(),
+        ..PlatformConfig::new(PlatformKind::Slack)
     }
 }
 

@@ -16,27 +16,11 @@ const TOKEN: &str = "123456:test-token";
 
 fn config(base: &str, conflict_s: u64) -> PlatformConfig {
     PlatformConfig {
-        kind: PlatformKind::Telegram,
-        name: None,
         token_env: Some("UNUSED".into()),
         api_base: Some(base.into()),
-        server: None,
-        nick: None,
-        allowed_chats: Vec::new(),
-        admins: Vec::new(),
         poll_timeout_s: 2,
         conflict_standby_s: conflict_s,
-        ca_file: None,
-        proxy: None,
-        tls: false,
-        sasl_password_env: None,
-        imap: None,
-        smtp: None,
-        account: None,
-        allowed_senders: Vec::new(),
-        bot_token_env: None,
-        jid: None,
-        rooms: Vec::new(),
+        ..PlatformConfig::new(PlatformKind::Telegram)
     }
 }
 

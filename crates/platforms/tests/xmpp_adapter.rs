@@ -95,27 +95,15 @@ fn rig() -> Option<Rig> {
 impl Rig {
     fn platform(&self) -> PlatformConfig {
         PlatformConfig {
-            kind: PlatformKind::Xmpp,
             name: Some("xmpp".into()),
             token_env: Some("XMPP_PASSWORD".into()),
-            api_base: None,
             server: Some(self.server.addr().to_string()),
             nick: Some("gw".into()),
-            allowed_chats: Vec::new(),
-            admins: Vec::new(),
-            poll_timeout_s: 25,
             conflict_standby_s: 5,
             ca_file: Some(self.ca_file.clone()),
-            proxy: None,
-            tls: false,
-            sasl_password_env: None,
-            imap: None,
-            smtp: None,
-            account: None,
-            allowed_senders: Vec::new(),
-            bot_token_env: None,
             jid: Some("gwbot@localhost".into()),
             rooms: vec![self.room.clone()],
+            ..PlatformConfig::new(PlatformKind::Xmpp)
         }
     }
 
