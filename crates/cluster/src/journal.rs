@@ -223,7 +223,7 @@ impl PgJournal {
         incarnation: &str,
         reply: &str,
     ) -> Result<bool, ClusterError> {
-        self.complete_traced(epoch, id, incarnation, reply, &[]).await
+        self.complete_traced(epoch, id, incarnation, reply, None, &[]).await
     }
 
     /// [`PgJournal::complete`], writing the run's `steps` and its `done` step with it.
@@ -233,10 +233,11 @@ impl PgJournal {
         id: &str,
         incarnation: &str,
         reply: &str,
+        usage: Option<(u64, u64)>,
         steps: &[TraceEvent],
     ) -> Result<bool, ClusterError> {
         let done = TraceEvent::at(Step::Done, std::time::SystemTime::now());
-        self.finish(epoch, id, incarnation, "done", reply, reply, run_steps(steps, done)).await
+        self.finish(epoch, id, incarnation, "done", reply, reply, usage, run_steps(steps, done)).await
     }
 
     /// `running → failed` with a reason, only by the incarnation that runs it; a platform
@@ -256,7 +257,7 @@ impl PgJournal {
     ) -> Result<bool, ClusterError> {
         let notice = failure_notice(reason);
         let failed = TraceEvent::at(Step::Failed, std::time::SystemTime::now()).outcome(reason);
-        self.finish(epoch, id, incarnation, "failed", reason, &notice, run_steps(steps, failed)).await
+        self.finish(epoch, id, incarnation, "failed", reason, &notice, None, run_steps(steps, failed)).await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -268,8 +269,11 @@ impl PgJournal {
         state: &str,
         detail: &str,
         outgoing: &str,
+        usage: Option<(u64, u64)>,
         steps: Columns,
     ) -> Result<bool, ClusterError> {
+        let tokens = |f: fn((u64, u64)) -> u64| usage.map(|u| i64::try_from(f(u)).unwrap_or(i64::MAX));
+        let (prompt, completion) = (tokens(|u| u.0), tokens(|u| u.1));
         let row = self
             .query_one(
                 epoch,
@@ -279,6 +283,7 @@ impl PgJournal {
                        SET state = $5,
                            reply = CASE WHEN $5 = 'done' THEN $6 ELSE m.reply END,
                            reason = CASE WHEN $5 = 'done' THEN NULL ELSE $6 END,
+                           prompt_tokens = $13, completion_tokens = $14,
                            finishes = finishes + 1, epoch = $2, updated_at = clock_timestamp()
                       FROM f
                      WHERE m.name = $1 AND m.id = $3 AND m.state = 'running' AND m.incarnation = $4
@@ -304,6 +309,8 @@ impl PgJournal {
                     &steps.subject,
                     &steps.outcome,
                     &steps.elapsed,
+                    &prompt,
+                    &completion,
                 ],
             )
             .await?;
@@ -579,6 +586,21 @@ impl PgJournal {
             .await
             .map_err(read)?;
         row.map(|r| to_message(&r)).transpose()
+    }
+
+    /// The `(prompt, completion)` tokens recorded with a run, if any (a read).
+    pub async fn usage(&mut self, id: &str) -> Result<Option<(u64, u64)>, ClusterError> {
+        let name = self.name().to_owned();
+        let c = self.lease.client().await?;
+        let row = c
+            .query_opt(
+                "SELECT prompt_tokens, completion_tokens FROM gw_messages WHERE name = $1 AND id = $2",
+                &[&name, &id],
+            )
+            .await
+            .map_err(read)?;
+        let tokens = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
+        Ok(row.and_then(|r| Some((tokens(r.get(0))?, tokens(r.get(1)).unwrap_or(0)))))
     }
 
     /// Messages not yet final, oldest first (a read).

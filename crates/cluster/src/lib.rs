@@ -22,6 +22,11 @@ pub mod driver;
 pub mod journal;
 pub mod machine;
 mod migrations;
+
+/// The schema versions this build migrates a cluster database to, in order.
+pub fn schema_versions() -> impl Iterator<Item = i32> {
+    migrations::MIGRATIONS.iter().map(|(v, _)| *v)
+}
 pub mod postgres;
 pub mod store;
 pub mod tls;

@@ -4,7 +4,7 @@
 
 /// `(version, SQL)`, ascending.
 pub const MIGRATIONS: &[(i32, &str)] =
-    &[(1, V1_LEASE), (2, V2_JOURNAL), (3, V3_CREDENTIAL_LEASE), (4, V4_GATEWAY_JOURNAL), (5, V5_TRACE)];
+    &[(1, V1_LEASE), (2, V2_JOURNAL), (3, V3_CREDENTIAL_LEASE), (4, V4_GATEWAY_JOURNAL), (5, V5_TRACE), (6, V6_USAGE)];
 
 /// The lease, its grant history, the fenced event log (a copy of the lifecycle ledger), and
 /// the fence itself.
@@ -158,6 +158,13 @@ BEGIN
 END $$;
 CREATE TRIGGER gw_trace_pruned AFTER DELETE ON gw_messages
     FOR EACH ROW EXECUTE FUNCTION gw_trace_pruned();
+"#;
+
+/// A run's `(prompt, completion)` tokens when the upstream reports them (issue 17: usage in the
+/// journal), as the SQLite journal's `messages` columns of the same names. Nullable: an older
+/// gatewarden writes none, and reads no further than its own columns.
+const V6_USAGE: &str = r#"
+ALTER TABLE gw_messages ADD COLUMN prompt_tokens bigint, ADD COLUMN completion_tokens bigint;
 "#;
 
 /// The SQLSTATE `gw_fence` raises.

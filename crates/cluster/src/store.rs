@@ -263,14 +263,14 @@ impl Store for PgStore {
         id: &str,
         incarnation: &str,
         reply: &str,
-        _usage: Option<(u64, u64)>,
+        usage: Option<(u64, u64)>,
         steps: &[TraceEvent],
     ) -> Result<bool, JournalError> {
         let (id, inc, reply, steps) = (id.to_owned(), incarnation.to_owned(), reply.to_owned(), steps.to_vec());
         self.write(move |j, e| {
             Box::pin(async move {
                 let run = run_tag(&inc, e);
-                let r = j.complete_traced(e, &id, &run, &reply, &steps).await;
+                let r = j.complete_traced(e, &id, &run, &reply, usage, &steps).await;
                 settle(j, r, &id, &run, State::Done).await
             })
         })
@@ -367,6 +367,11 @@ impl Store for PgStore {
     fn get(&self, id: &str) -> Result<Option<Message>, JournalError> {
         let id = id.to_owned();
         self.call(move |j| Box::pin(async move { j.message(&id).await }))
+    }
+
+    fn usage(&self, id: &str) -> Result<Option<(u64, u64)>, JournalError> {
+        let id = id.to_owned();
+        self.call(move |j| Box::pin(async move { j.usage(&id).await }))
     }
 
     fn pending(&self) -> Result<Vec<Message>, JournalError> {

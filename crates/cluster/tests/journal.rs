@@ -56,7 +56,10 @@ fn a_deposed_active_cannot_complete_and_the_new_one_reruns_once() {
         assert_eq!((epoch_of(&m2), epoch_of(&m1)), (gb.epoch.to_string(), ga.epoch.to_string()));
     });
     assert_eq!(pg.sql("SELECT count(*) FROM gw_messages WHERE name = 'j'"), "2", "the late accept left no row");
-    assert_eq!(pg.sql("SELECT string_agg(version::text, ',' ORDER BY version) FROM gw_schema_version"), "1,2,3,4,5");
+    assert_eq!(
+        pg.sql("SELECT string_agg(version::text, ',' ORDER BY version) FROM gw_schema_version"),
+        gatewarden_cluster::schema_versions().map(|v| v.to_string()).collect::<Vec<_>>().join(",")
+    );
     assert_eq!(pg.sql("SELECT string_agg(finishes::text, ',') FROM gw_messages WHERE name = 'j'"), "1,1");
 }
 
@@ -363,7 +366,9 @@ fn the_trace_on_postgres_matches_the_sqlite_journal_and_is_pruned_with_the_messa
         TraceEvent::at(Step::ProviderTried, now).subject("p2").outcome("ok"),
         TraceEvent::at(Step::FirstToken, now),
     ];
-    assert!(s.complete_traced(&id, "a", "hello", None, &run).unwrap());
+    assert!(s.complete_traced(&id, "a", "hello", Some((12, 5)), &run).unwrap());
+    // The run's usage is in the journal, as in SQLite (issue 17).
+    assert_eq!(s.usage(&id).unwrap(), Some((12, 5)));
     let out = s.outbox_pending("tg", 10).unwrap();
     assert!(s.outbox_done(out[0].seq, None).unwrap());
     assert_eq!(

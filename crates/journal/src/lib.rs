@@ -232,6 +232,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         let _ = id;
         Ok(Vec::new())
     }
+    /// The `(prompt, completion)` tokens recorded with a run, if any (issue 17: usage in the
+    /// journal, SQLite and PostgreSQL alike).
+    fn usage(&self, id: &str) -> Result<Option<(u64, u64)>, JournalError>;
     fn accept_inbound(&self, platform: &str, event_id: &str, msg: &NewMessage) -> Result<Option<String>, JournalError>;
     fn accept_inbound_command(
         &self,

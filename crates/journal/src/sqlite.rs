@@ -602,6 +602,10 @@ impl Store for Journal {
     }
 
     /// The message's steps in the order they were recorded.
+    fn usage(&self, id: &str) -> Result<Option<(u64, u64)>, JournalError> {
+        Journal::usage(self, id)
+    }
+
     fn trace(&self, id: &str) -> Result<Vec<TraceEvent>, JournalError> {
         let conn = self.read();
         let mut stmt = conn.prepare_cached(&format!(
