@@ -24,8 +24,8 @@
 //! use a loopback ngIRCd, and a TLS stream can later wrap the same line loop.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind as IoKind, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::io::ErrorKind as IoKind;
+use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -319,11 +319,15 @@ impl Connection {
             }
         }
         let deadline = Instant::now() + cfg.connect_timeout;
-        let mut stream = connect_any(&cfg.addr, cfg.connect_timeout)?;
+        let mut stream = crate::wire::connect_any(&cfg.addr, cfg.connect_timeout)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(cfg.connect_timeout.max(Duration::from_secs(1))))?;
         let tls = match &cfg.tls {
-            Some(settings) => Some(Arc::new(Mutex::new(handshake(&mut stream, &cfg.addr, settings, deadline)?))),
+            Some(settings) => {
+                let host = cfg.addr.rsplit_once(':').map_or(cfg.addr.as_str(), |(h, _)| h);
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                Some(Arc::new(Mutex::new(crate::wire::handshake(&mut stream, host, &cfg.addr, settings, deadline)?)))
+            }
             None => None,
         };
         let out = Arc::new(Mutex::new(Sink { sock: stream.try_clone()?, tls: tls.clone() }));
@@ -550,7 +554,7 @@ impl Connection {
             let wait = deadline.min(keepalive_at).saturating_duration_since(now).max(Duration::from_millis(1));
             self.stream.set_read_timeout(Some(wait))?;
             let mut chunk = [0u8; 4096];
-            match self.read_some(&mut chunk) {
+            match crate::wire::read_some(&mut self.stream, self.tls.as_ref(), &mut chunk) {
                 Ok(0) => return Err(Error::Closed("server closed the connection".into())),
                 Ok(n) => {
                     self.last_rx = Instant::now();
@@ -559,37 +563,6 @@ impl Connection {
                 }
                 Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut | IoKind::Interrupted) => {}
                 Err(e) => return Err(io_error(e)),
-            }
-        }
-    }
-
-    /// Reads what arrived: the socket's bytes, or with TLS the plaintext they decrypt to.
-    /// `Ok(0)` is the end of the stream; a read timeout surfaces as `WouldBlock`/`TimedOut`.
-    fn read_some(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let Some(tls) = &self.tls else { return self.stream.read(buf) };
-        loop {
-            {
-                let mut conn = tls.lock().unwrap_or_else(|p| p.into_inner());
-                match conn.reader().read(buf) {
-                    Ok(n) => return Ok(n),
-                    Err(e) if e.kind() == IoKind::WouldBlock => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            let mut raw = [0u8; 4096];
-            let n = self.stream.read(&mut raw)?;
-            if n == 0 {
-                return Ok(0);
-            }
-            let mut conn = tls.lock().unwrap_or_else(|p| p.into_inner());
-            let mut rest = &raw[..n];
-            while !rest.is_empty() {
-                conn.read_tls(&mut rest)?;
-                conn.process_new_packets().map_err(|e| std::io::Error::new(IoKind::InvalidData, e))?;
-            }
-            // Post-handshake records we owe the server (a key update's answer, an alert).
-            while conn.wants_write() {
-                conn.write_tls(&mut self.stream)?;
             }
         }
     }
@@ -630,55 +603,26 @@ struct Sink {
     tls: Option<Arc<Mutex<rustls::ClientConnection>>>,
 }
 
+impl From<crate::wire::WireError> for Error {
+    fn from(e: crate::wire::WireError) -> Error {
+        use crate::wire::WireError as W;
+        match e {
+            W::InvalidInput(s) => Error::InvalidInput(s),
+            W::Timeout(s) => Error::Timeout(s),
+            W::Tls { host, reason } => Error::Tls { host, reason },
+            W::Io(e) => io_error(e),
+        }
+    }
+}
+
 impl Sink {
     fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        let Some(tls) = &self.tls else { return self.sock.write_all(bytes) };
-        // Every socket write happens under the session's lock (the reader's too), so records
-        // never interleave.
-        let mut conn = tls.lock().unwrap_or_else(|p| p.into_inner());
-        conn.writer().write_all(bytes)?;
-        while conn.wants_write() {
-            conn.write_tls(&mut self.sock)?;
-        }
-        Ok(())
+        crate::wire::write_all(&mut self.sock, self.tls.as_ref(), bytes)
     }
 
     fn shutdown(&self) {
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
-}
-
-/// The TLS handshake on a fresh connection to `addr` (`host:port`), bounded by `deadline`;
-/// verification against `host` as crates/net configures it.
-fn handshake(
-    sock: &mut TcpStream,
-    addr: &str,
-    settings: &gatewarden_net::ClientTls,
-    deadline: Instant,
-) -> Result<rustls::ClientConnection, Error> {
-    let tls_error = |reason: String| Error::Tls { host: addr.to_owned(), reason };
-    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
-    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
-        .map_err(|_| tls_error(format!("{host:?} is not a host name or address")))?;
-    let config = settings.rustls_config().map_err(|e| tls_error(e.to_string()))?;
-    let mut conn = rustls::ClientConnection::new(config, name).map_err(|e| tls_error(e.to_string()))?;
-    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    sock.set_read_timeout(Some(left))?;
-    while conn.is_handshaking() {
-        if let Err(e) = conn.complete_io(sock) {
-            return Err(match gatewarden_net::io_tls_reason(&e) {
-                Some(reason) => tls_error(reason),
-                None if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut) => {
-                    Error::Timeout(format!("TLS handshake with {addr}"))
-                }
-                None if e.kind() == IoKind::UnexpectedEof => {
-                    tls_error("the server closed the connection during the handshake (no TLS on this port?)".into())
-                }
-                None => io_error(e),
-            });
-        }
-    }
-    Ok(conn)
 }
 
 /// The sending half of a [`Connection`], for a thread other than the reader's.
@@ -742,31 +686,6 @@ fn io_error(e: std::io::Error) -> Error {
         }
         _ => Error::Io(e),
     }
-}
-
-/// Connects to the first address of `addr` that answers within `timeout` (overall).
-fn connect_any(addr: &str, timeout: Duration) -> Result<TcpStream, Error> {
-    // A malformed address is permanent; a failed name lookup may heal.
-    let addrs: Vec<_> = addr
-        .to_socket_addrs()
-        .map_err(|e| match e.kind() {
-            IoKind::InvalidInput => Error::InvalidInput(format!("address {addr:?}: {e}")),
-            _ => Error::Io(e),
-        })?
-        .collect();
-    let deadline = Instant::now() + timeout;
-    let mut last = None;
-    for a in addrs {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        match TcpStream::connect_timeout(&a, left) {
-            Ok(s) => return Ok(s),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.map_or_else(|| Error::Timeout(format!("connect to {addr}")), Error::Io))
 }
 
 /// Standard base64 with padding (RFC 4648), for SASL's one token.
@@ -838,6 +757,7 @@ pub fn split_text(text: &str, max: usize) -> Vec<&str> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::io::{Read, Write};
 
     #[test]
     fn parses_the_usual_shapes() {

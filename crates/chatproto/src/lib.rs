@@ -19,4 +19,5 @@
 
 pub mod irc;
 pub mod matrix;
+mod wire;
 pub mod xmpp;

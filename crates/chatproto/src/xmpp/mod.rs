@@ -16,8 +16,8 @@ pub mod scram;
 pub mod xml;
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind as IoKind, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::io::ErrorKind as IoKind;
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -239,13 +239,19 @@ struct Sink {
 
 impl Sink {
     fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        let Some(tls) = &self.tls else { return self.sock.write_all(bytes) };
-        let mut conn = tls.lock().unwrap_or_else(|p| p.into_inner());
-        conn.writer().write_all(bytes)?;
-        while conn.wants_write() {
-            conn.write_tls(&mut self.sock)?;
+        crate::wire::write_all(&mut self.sock, self.tls.as_ref(), bytes)
+    }
+}
+
+impl From<crate::wire::WireError> for Error {
+    fn from(e: crate::wire::WireError) -> Error {
+        use crate::wire::WireError as W;
+        match e {
+            W::InvalidInput(s) => Error::InvalidInput(s),
+            W::Timeout(s) => Error::Timeout(s),
+            W::Tls { host, reason } => Error::Tls { host, reason },
+            W::Io(e) => io_error(e),
         }
-        Ok(())
     }
 }
 
@@ -444,7 +450,7 @@ impl Connection {
     /// offered; returns before any presence is sent.
     pub fn connect(cfg: &Config) -> Result<Connection, Error> {
         let deadline = Instant::now() + cfg.connect_timeout;
-        let stream = connect_any(&cfg.addr, cfg.connect_timeout)?;
+        let stream = crate::wire::connect_any(&cfg.addr, cfg.connect_timeout)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(cfg.connect_timeout.max(Duration::from_secs(1))))?;
         let sink = Sink { sock: stream.try_clone()?, tls: None, sent: 0, sm: false };
@@ -481,7 +487,8 @@ impl Connection {
         }
         // RFC 6120 §13.7.2.1: the certificate must name the JID's domain, whatever address the
         // configuration connects to.
-        let tls = Arc::new(Mutex::new(handshake(&mut c.stream, &cfg.jid.domain, &cfg.tls, deadline)?));
+        let domain = &cfg.jid.domain;
+        let tls = Arc::new(Mutex::new(crate::wire::handshake(&mut c.stream, domain, domain, &cfg.tls, deadline)?));
         c.tls = Some(Arc::clone(&tls));
         c.out.lock().unwrap_or_else(|p| p.into_inner()).tls = Some(tls);
         c.framer.restart();
@@ -920,7 +927,7 @@ impl Connection {
             let wait = deadline.min(keepalive_at).saturating_duration_since(now).max(Duration::from_millis(1));
             self.stream.set_read_timeout(Some(wait))?;
             let mut chunk = [0u8; 8192];
-            match self.read_some(&mut chunk) {
+            match crate::wire::read_some(&mut self.stream, self.tls.as_ref(), &mut chunk) {
                 Ok(0) => return Err(Error::Closed("the server closed the connection".into())),
                 Ok(n) => {
                     self.last_rx = Instant::now();
@@ -929,35 +936,6 @@ impl Connection {
                 }
                 Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut | IoKind::Interrupted) => {}
                 Err(e) => return Err(io_error(e)),
-            }
-        }
-    }
-
-    /// The socket's bytes, or with TLS the plaintext they decrypt to.
-    fn read_some(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let Some(tls) = &self.tls else { return self.stream.read(buf) };
-        loop {
-            {
-                let mut conn = tls.lock().unwrap_or_else(|p| p.into_inner());
-                match conn.reader().read(buf) {
-                    Ok(n) => return Ok(n),
-                    Err(e) if e.kind() == IoKind::WouldBlock => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            let mut raw = [0u8; 8192];
-            let n = self.stream.read(&mut raw)?;
-            if n == 0 {
-                return Ok(0);
-            }
-            let mut conn = tls.lock().unwrap_or_else(|p| p.into_inner());
-            let mut rest = &raw[..n];
-            while !rest.is_empty() {
-                conn.read_tls(&mut rest)?;
-                conn.process_new_packets().map_err(|e| std::io::Error::new(IoKind::InvalidData, e))?;
-            }
-            while conn.wants_write() {
-                conn.write_tls(&mut self.stream)?;
             }
         }
     }
@@ -1014,60 +992,6 @@ fn stream_error(e: &Element) -> Error {
         condition: condition.map_or_else(|| "undefined-condition".to_owned(), |c| c.name.clone()),
         text: text.map(|t| t.text.chars().take(200).collect()).unwrap_or_default(),
     }
-}
-
-/// The TLS handshake after `<proceed/>`, bounded by `deadline`; verified against `host` (the
-/// JID's domain) as crates/net configures it.
-fn handshake(
-    sock: &mut TcpStream,
-    host: &str,
-    settings: &gatewarden_net::ClientTls,
-    deadline: Instant,
-) -> Result<rustls::ClientConnection, Error> {
-    let addr = host;
-    let tls_error = |reason: String| Error::Tls { host: host.to_owned(), reason };
-    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
-        .map_err(|_| tls_error(format!("{host:?} is not a host name or address")))?;
-    let config = settings.rustls_config().map_err(|e| tls_error(e.to_string()))?;
-    let mut conn = rustls::ClientConnection::new(config, name).map_err(|e| tls_error(e.to_string()))?;
-    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    sock.set_read_timeout(Some(left))?;
-    while conn.is_handshaking() {
-        if let Err(e) = conn.complete_io(sock) {
-            return Err(match gatewarden_net::io_tls_reason(&e) {
-                Some(reason) => tls_error(reason),
-                None if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut) => {
-                    Error::Timeout(format!("TLS handshake with {addr}"))
-                }
-                None => io_error(e),
-            });
-        }
-    }
-    Ok(conn)
-}
-
-/// Connects to the first address of `addr` that answers within `timeout` (overall).
-fn connect_any(addr: &str, timeout: Duration) -> Result<TcpStream, Error> {
-    let addrs: Vec<_> = addr
-        .to_socket_addrs()
-        .map_err(|e| match e.kind() {
-            IoKind::InvalidInput => Error::InvalidInput(format!("address {addr:?}: {e}")),
-            _ => Error::Io(e),
-        })?
-        .collect();
-    let deadline = Instant::now() + timeout;
-    let mut last = None;
-    for a in addrs {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        match TcpStream::connect_timeout(&a, left) {
-            Ok(s) => return Ok(s),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.map_or_else(|| Error::Timeout(format!("connecting to {addr}")), io_error))
 }
 
 #[cfg(test)]
