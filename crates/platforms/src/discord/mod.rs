@@ -367,6 +367,13 @@ impl GatewayRx {
                     self.me = p.d["user"]["id"].as_str().map(str::to_owned);
                     self.session = Some(Session { id, resume_url });
                     self.take(p);
+                    // A new session is saved at once: READY carries no message, so nothing awaits
+                    // the journal, and a restart before the first batch's confirm then resumes
+                    // this session instead of identifying anew (which loses what this one was
+                    // sent meanwhile). A failed save is reported by the next confirm.
+                    if self.queue.iter().all(|q| q.t.as_deref() != Some("MESSAGE_CREATE")) {
+                        let _ = self.save_session(self.received_seq);
+                    }
                     return Ok(());
                 }
                 (0, Some("RESUMED")) => {
@@ -391,6 +398,20 @@ impl GatewayRx {
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// Saves the live session with `seq`, the position past what is journaled.
+    fn save_session(&mut self, seq: u64) -> Result<(), String> {
+        self.saved.seq = seq;
+        if let Some(s) = &self.session {
+            self.saved.session_id = Some(s.id.clone());
+            self.saved.resume_gateway_url = Some(s.resume_url.clone());
+        }
+        self.saved_at = Instant::now();
+        match &self.path {
+            Some(p) => save(p, &self.saved).map_err(|e| format!("cannot save the Discord session: {e}")),
+            None => Ok(()),
         }
     }
 
@@ -565,22 +586,14 @@ impl skeleton::Receiver for GatewayRx {
     fn confirm(&mut self, _ctx: &Ctx) -> Result<(), String> {
         let Some(seq) = self.pending.take() else { return Ok(()) };
         let session_changed = self.session.as_ref().map(|s| &s.id) != self.saved.session_id.as_ref();
-        self.saved.seq = seq;
-        if let Some(s) = &self.session {
-            self.saved.session_id = Some(s.id.clone());
-            self.saved.resume_gateway_url = Some(s.resume_url.clone());
-        }
         // An idle batch (no message: heartbeats' neighbours, guild events) need not cost an
         // fsync every time: resuming from an older `seq` replays them, and they answer nothing.
         let busy = std::mem::take(&mut self.pending_busy);
         if !busy && !session_changed && self.saved_at.elapsed() < SAVE_IDLE_EVERY {
+            self.saved.seq = seq;
             return Ok(());
         }
-        self.saved_at = Instant::now();
-        match &self.path {
-            Some(p) => save(p, &self.saved).map_err(|e| format!("cannot save the Discord session: {e}")),
-            None => Ok(()),
-        }
+        self.save_session(seq)
     }
 
     fn disconnect(&mut self) {
