@@ -283,7 +283,9 @@ fn the_fleet_page_lists_three_homes_and_starts_a_stopped_one() {
     let mut gws: Vec<Gateway> = homes
         .iter()
         .map(|h| {
-            h.write("config.toml", format!("api_token = \"{TOKEN}\"\n"));
+            // The page's Start runs `gatewarden start`, which reads the listen address from here
+            // (never the default port, which anything on the machine may hold).
+            h.write("config.toml", format!("api_token = \"{TOKEN}\"\nlisten = \"127.0.0.1:0\"\n"));
             let mut g = builder(h).env("GATEWARDEN_REGISTRY", &dir).spawn();
             g.wait_ready(READY);
             g

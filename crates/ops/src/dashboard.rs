@@ -29,6 +29,7 @@ use gatewarden_dashboard::auth::{self, CSRF_FIELD, Policy, Post, Refusal, Sessio
 use gatewarden_dashboard::snapshot::{Finding, Snapshot};
 use gatewarden_dashboard::{HomeSummary, Viewer, gather, live, registry, render, sse};
 use gatewarden_lifecycle::{Home, timefmt};
+use gatewarden_runtime::http::ui::{html, refused};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -140,22 +141,6 @@ async fn host_check(State(f): State<Arc<Fleet>>, req: Request, next: Next) -> Re
     } else {
         refused("request", &Refusal::Host(host.to_owned()))
     }
-}
-
-fn html(status: StatusCode, body: String) -> Response {
-    let mut r = (status, body).into_response();
-    for (k, v) in render::security_headers() {
-        r.headers_mut().insert(k, HeaderValue::from_static(v));
-    }
-    r
-}
-
-fn refused(what: &str, e: &Refusal) -> Response {
-    let status = match e {
-        Refusal::Host(_) => StatusCode::MISDIRECTED_REQUEST,
-        _ => StatusCode::FORBIDDEN,
-    };
-    html(status, render::outcome(what, Err(&e.to_string())))
 }
 
 fn see(to: &str, cookie: Option<String>) -> Response {

@@ -101,7 +101,9 @@ fn may_read(gw: &App, v: &Viewer) -> bool {
     loopback || v.csrf.is_some()
 }
 
-fn html(status: StatusCode, body: String) -> Response {
+/// A dashboard page with its security headers (the fleet server's pages too, crates/ops
+/// dashboard.rs).
+pub fn html(status: StatusCode, body: String) -> Response {
     let mut r = (status, body).into_response();
     for (k, v) in render::security_headers() {
         r.headers_mut().insert(k, HeaderValue::from_static(v));
@@ -109,7 +111,8 @@ fn html(status: StatusCode, body: String) -> Response {
     r
 }
 
-fn refused(what: &str, e: &Refusal) -> Response {
+/// A refused request, as a page that says why: 421 for a foreign Host, 403 otherwise.
+pub fn refused(what: &str, e: &Refusal) -> Response {
     let status = match e {
         Refusal::Host(_) => StatusCode::MISDIRECTED_REQUEST,
         Refusal::Random(_) => StatusCode::INTERNAL_SERVER_ERROR,
