@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::servers::{Proc, free_port, tail, wait_ready};
+use crate::servers::{Proc, free_ports, tail, wait_ready};
 use crate::tls::{TestCa, Validity};
 
 /// The mail domain every test user is in.
@@ -122,13 +122,14 @@ impl MailServer {
         let users: String = USERS.iter().map(|u| format!("{}:{{PLAIN}}{}::::::\n", address(u), password(u))).collect();
         // Read by Dovecot's auth process, which runs as the `dovecot` user (test passwords only).
         std::fs::write(d.join("users"), &users).expect("users");
+        let [imap, imaps, lmtp, submission, submissions, smtp] = free_ports();
         let ports = Ports {
-            imap: free_port(),
-            imaps: free_port(),
-            lmtp: free_port(),
-            submission: free_port(),
-            submissions: free_port(),
-            smtp: free_port(),
+            imap,
+            imaps,
+            lmtp,
+            submission,
+            submissions,
+            smtp,
         };
         let mut conf = dovecot_config(d, ports);
         if !idle {

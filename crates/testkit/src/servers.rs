@@ -35,8 +35,15 @@ pub const SYNAPSE_SERVER_NAME: &str = "localhost";
 /// A loopback port that was free a moment ago. The server binds it shortly after; another
 /// process would have to be handed the same ephemeral port inside that window.
 pub(crate) fn free_port() -> u16 {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local_addr").port()
+    free_ports::<1>()[0]
+}
+
+/// `N` distinct free loopback ports: every listener is held until all are chosen (one after
+/// another, a port just released may be handed out again; dovecot refuses duplicate listeners).
+pub(crate) fn free_ports<const N: usize>() -> [u16; N] {
+    let held: [TcpListener; N] =
+        std::array::from_fn(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0"));
+    held.map(|l| l.local_addr().expect("local_addr").port())
 }
 
 /// Random bytes for secrets and keys (test-only; `/dev/urandom` on every Unix).
