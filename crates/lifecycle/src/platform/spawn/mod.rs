@@ -55,15 +55,40 @@ pub enum Reaped {
 pub fn self_exe() -> std::io::Result<std::path::PathBuf> {
     match SELF_EXE.get() {
         Some(p) => Ok(p.clone()),
-        None => std::env::current_exe(),
+        None => std::env::current_exe().map(undeleted),
     }
 }
 
 /// Captures [`self_exe`]; call first thing in `main`.
 pub fn remember_self_exe() {
     if let Ok(p) = std::env::current_exe() {
-        let _ = SELF_EXE.set(p);
+        let _ = SELF_EXE.set(undeleted(p));
+    }
+}
+
+/// `<path> (deleted)` → `<path>` when `<path>` exists: a swap that landed between our exec and
+/// [`remember_self_exe`] (the overlap soak: `start` 167 ms into a rollback could not start the
+/// gateway) leaves the path holding the new binary, which is what we mean to start.
+fn undeleted(p: std::path::PathBuf) -> std::path::PathBuf {
+    let s = p.to_string_lossy();
+    match s.strip_suffix(" (deleted)").map(std::path::PathBuf::from) {
+        Some(live) if live.exists() => live,
+        _ => p,
     }
 }
 
 static SELF_EXE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+#[cfg(test)]
+mod undeleted_tests {
+    #[test]
+    fn a_replaced_executable_is_started_by_its_path() {
+        let d = tempfile::tempdir().unwrap();
+        let exe = d.path().join("gatewarden");
+        std::fs::write(&exe, "new").unwrap();
+        let deleted = std::path::PathBuf::from(format!("{} (deleted)", exe.display()));
+        assert_eq!(super::undeleted(deleted), exe);
+        let gone = d.path().join("gone (deleted)");
+        assert_eq!(super::undeleted(gone.clone()), gone, "no live path: unchanged");
+    }
+}
