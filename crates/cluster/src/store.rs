@@ -236,28 +236,6 @@ impl Store for PgStore {
         })
     }
 
-    fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError> {
-        let (id, inc, reply) = (id.to_owned(), incarnation.to_owned(), reply.to_owned());
-        self.write(move |j, e| {
-            Box::pin(async move {
-                let run = run_tag(&inc, e);
-                let r = j.complete(e, &id, &run, &reply).await;
-                settle(j, r, &id, &run, State::Done).await
-            })
-        })
-    }
-
-    fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError> {
-        let (id, inc, reason) = (id.to_owned(), incarnation.to_owned(), reason.to_owned());
-        self.write(move |j, e| {
-            Box::pin(async move {
-                let run = run_tag(&inc, e);
-                let r = j.fail(e, &id, &run, &reason).await;
-                settle(j, r, &id, &run, State::Failed).await
-            })
-        })
-    }
-
     fn complete_traced(
         &self,
         id: &str,

@@ -187,23 +187,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn accept(&self, msg: &NewMessage) -> Result<String, JournalError>;
     fn accept_command(&self, msg: &NewMessage, reply: &str) -> Result<String, JournalError>;
     fn claim(&self, id: &str, incarnation: &str) -> Result<bool, JournalError>;
-    fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError>;
-    /// `complete` with the run's `(prompt, completion)` tokens; a store without a place for
-    /// them completes the run without.
-    fn complete_with_usage(
-        &self,
-        id: &str,
-        incarnation: &str,
-        reply: &str,
-        usage: Option<(u64, u64)>,
-    ) -> Result<bool, JournalError> {
-        let _ = usage;
-        self.complete(id, incarnation, reply)
-    }
-    fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError>;
-    /// `complete_with_usage`, writing the run's noted `steps` (backend called, providers tried,
-    /// first token) and its `done` step into the same commit; a store without a trace finishes
-    /// the run without them.
+    /// `running → done` with the reply, only if `incarnation` owns the run, with the run's
+    /// `(prompt, completion)` tokens and its noted `steps` (backend called, providers tried,
+    /// first token) and `done` step in the same commit. A platform message's reply is queued
+    /// in the outbox in that commit too: never lost between the two, nor queued twice.
     fn complete_traced(
         &self,
         id: &str,
@@ -211,27 +198,27 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         reply: &str,
         usage: Option<(u64, u64)>,
         steps: &[TraceEvent],
-    ) -> Result<bool, JournalError> {
-        let _ = steps;
-        self.complete_with_usage(id, incarnation, reply, usage)
+    ) -> Result<bool, JournalError>;
+    /// [`Store::complete_traced`] without usage or noted steps.
+    fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError> {
+        self.complete_traced(id, incarnation, reply, None, &[])
     }
-    /// `fail`, writing the run's `steps` and its `failed` step into the same commit.
+    /// `running → failed` with a reason, only if `incarnation` owns the run, with the run's
+    /// `steps` and its `failed` step in the same commit (a platform message's chat is told
+    /// through the outbox).
     fn fail_traced(
         &self,
         id: &str,
         incarnation: &str,
         reason: &str,
         steps: &[TraceEvent],
-    ) -> Result<bool, JournalError> {
-        let _ = steps;
-        self.fail(id, incarnation, reason)
+    ) -> Result<bool, JournalError>;
+    /// [`Store::fail_traced`] without noted steps.
+    fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError> {
+        self.fail_traced(id, incarnation, reason, &[])
     }
-    /// The message's trace, oldest step first (empty: unknown, pruned, or a store that keeps
-    /// none).
-    fn trace(&self, id: &str) -> Result<Vec<TraceEvent>, JournalError> {
-        let _ = id;
-        Ok(Vec::new())
-    }
+    /// The message's trace, oldest step first (empty: unknown or pruned).
+    fn trace(&self, id: &str) -> Result<Vec<TraceEvent>, JournalError>;
     /// The `(prompt, completion)` tokens recorded with a run, if any (issue 17: usage in the
     /// journal, SQLite and PostgreSQL alike).
     fn usage(&self, id: &str) -> Result<Option<(u64, u64)>, JournalError>;

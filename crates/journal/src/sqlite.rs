@@ -249,26 +249,6 @@ impl Store for Journal {
         })
     }
 
-    /// `running → done` with the reply, only if `incarnation` owns the run.
-    /// A message that came from a chat platform also queues its reply in the outbox, in the
-    /// same transaction: a reply is never lost between the two, nor queued twice.
-    fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError> {
-        self.complete_with_usage(id, incarnation, reply, None)
-    }
-
-    /// [`Store::complete`], recording the run's `(prompt, completion)` tokens with it.
-    fn complete_with_usage(
-        &self,
-        id: &str,
-        incarnation: &str,
-        reply: &str,
-        usage: Option<(u64, u64)>,
-    ) -> Result<bool, JournalError> {
-        self.complete_traced(id, incarnation, reply, usage, &[])
-    }
-
-    /// [`Store::complete_with_usage`], with the run's steps and its `done` step in the same
-    /// commit.
     fn complete_traced(
         &self,
         id: &str,
@@ -300,11 +280,6 @@ impl Store for Journal {
 
     /// `running → failed` with a reason, only if `incarnation` owns the run. A platform
     /// message's chat is told that it failed (through the outbox, in the same transaction).
-    fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError> {
-        self.fail_traced(id, incarnation, reason, &[])
-    }
-
-    /// [`Store::fail`], with the run's steps and its `failed` step in the same commit.
     fn fail_traced(
         &self,
         id: &str,
@@ -1774,7 +1749,7 @@ mod tests {
         assert!(j.accept_inbound("tg", "1", &msg("new")).unwrap().is_some());
         // The usage columns: the run's tokens go in with its reply.
         assert!(j.claim("old", "x").unwrap());
-        assert!(j.complete_with_usage("old", "x", "r", Some((12, 5))).unwrap());
+        assert!(j.complete_traced("old", "x", "r", Some((12, 5)), &[]).unwrap());
         assert_eq!(j.usage("old").unwrap(), Some((12, 5)));
         drop(j);
         let j = Journal::open(&path).unwrap();
