@@ -31,6 +31,8 @@ use std::time::{Duration, Instant};
 
 use gatewarden_net::rustls;
 
+use crate::wire::Silence;
+
 /// Longest incoming line kept (IRCv3 allows 8191 bytes of tags plus the 512-byte message).
 pub const MAX_LINE_BYTES: usize = 8704;
 /// Longest outgoing line, CRLF excluded (RFC 1459: 512 with CRLF).
@@ -304,10 +306,7 @@ pub struct Connection {
     /// Events read while waiting for something else (a JOIN echo).
     pending: VecDeque<Event>,
     nick: String,
-    last_rx: Instant,
-    ping_sent: Option<Instant>,
-    ping_interval: Duration,
-    ping_timeout: Duration,
+    keepalive: crate::wire::Keepalive,
 }
 
 impl Connection {
@@ -340,10 +339,7 @@ impl Connection {
             discarding: false,
             pending: VecDeque::new(),
             nick: cfg.nick.clone(),
-            last_rx: Instant::now(),
-            ping_sent: None,
-            ping_interval: cfg.ping_interval,
-            ping_timeout: cfg.ping_timeout,
+            keepalive: crate::wire::Keepalive::new(cfg.ping_interval, cfg.ping_timeout),
         };
         if cfg.sasl.is_some() {
             // Registration waits for `CAP END` (IRCv3 capability negotiation).
@@ -534,35 +530,29 @@ impl Connection {
                 return Ok(Some(m));
             }
             let now = Instant::now();
-            let silent = now.saturating_duration_since(self.last_rx);
-            if silent >= self.ping_interval + self.ping_timeout {
-                return Err(Error::Timeout(format!("no data from the server for {silent:?}")));
-            }
-            if silent >= self.ping_interval && self.ping_sent.is_none() {
-                self.send_raw("PING :gatewarden")?;
-                self.ping_sent = Some(now);
+            match self.keepalive.check(now) {
+                Silence::Dead(silent) => return Err(Error::Timeout(format!("no data from the server for {silent:?}"))),
+                Silence::Probe => {
+                    self.send_raw("PING :gatewarden")?;
+                    self.keepalive.probed();
+                }
+                Silence::Fine => {}
             }
             if now >= deadline {
                 return Ok(None);
             }
-            // Wake for whichever comes first: the caller's deadline or the next keepalive step.
-            let keepalive_at = if self.ping_sent.is_some() {
-                self.last_rx + self.ping_interval + self.ping_timeout
-            } else {
-                self.last_rx + self.ping_interval
-            };
-            let wait = deadline.min(keepalive_at).saturating_duration_since(now).max(Duration::from_millis(1));
-            self.stream.set_read_timeout(Some(wait))?;
             let mut chunk = [0u8; 4096];
-            match crate::wire::read_some(&mut self.stream, self.tls.as_ref(), &mut chunk) {
-                Ok(0) => return Err(Error::Closed("server closed the connection".into())),
-                Ok(n) => {
-                    self.last_rx = Instant::now();
-                    self.ping_sent = None;
-                    self.push_bytes(&chunk[..n]);
-                }
-                Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut | IoKind::Interrupted) => {}
-                Err(e) => return Err(io_error(e)),
+            let read = crate::wire::read_before(
+                &mut self.stream,
+                self.tls.as_ref(),
+                &mut self.keepalive,
+                deadline,
+                &mut chunk,
+            );
+            match read.map_err(io_error)? {
+                Some(0) => return Err(Error::Closed("server closed the connection".into())),
+                Some(n) => self.push_bytes(&chunk[..n]),
+                None => {}
             }
         }
     }
@@ -877,10 +867,7 @@ mod tests {
             discarding: false,
             pending: VecDeque::new(),
             nick: "bot".into(),
-            last_rx: Instant::now(),
-            ping_sent: None,
-            ping_interval: Duration::from_secs(60),
-            ping_timeout: Duration::from_secs(30),
+            keepalive: crate::wire::Keepalive::new(Duration::from_secs(60), Duration::from_secs(30)),
         };
         (c, server)
     }
@@ -942,8 +929,8 @@ mod tests {
     #[test]
     fn a_silent_server_is_pinged_then_declared_dead() {
         let (mut c, mut server) = conn_pair();
-        c.ping_interval = Duration::from_millis(50);
-        c.ping_timeout = Duration::from_millis(100);
+        c.keepalive.interval = Duration::from_millis(50);
+        c.keepalive.timeout = Duration::from_millis(100);
         let started = Instant::now();
         let e = c.next_event(Duration::from_secs(10)).unwrap_err();
         assert!(matches!(e, Error::Timeout(_)), "{e}");

@@ -127,3 +127,75 @@ pub(crate) fn read_some(sock: &mut TcpStream, tls: Option<&Session>, buf: &mut [
         }
     }
 }
+
+/// The silence rule both clients keep: after `interval` without data, probe once (IRC's
+/// `PING`, an XMPP ping or ack request); after `interval + timeout` without data the
+/// connection is dead. Any data answers the probe.
+#[derive(Debug)]
+pub(crate) struct Keepalive {
+    pub(crate) interval: Duration,
+    pub(crate) timeout: Duration,
+    last_rx: Instant,
+    probed: bool,
+}
+
+/// What the silence so far asks for.
+pub(crate) enum Silence {
+    /// Nothing to do yet.
+    Fine,
+    /// Time to probe (not probed yet).
+    Probe,
+    /// Dead: silent this long.
+    Dead(Duration),
+}
+
+impl Keepalive {
+    pub(crate) fn new(interval: Duration, timeout: Duration) -> Keepalive {
+        Keepalive { interval, timeout, last_rx: Instant::now(), probed: false }
+    }
+
+    pub(crate) fn check(&self, now: Instant) -> Silence {
+        let silent = now.saturating_duration_since(self.last_rx);
+        if silent >= self.interval + self.timeout {
+            Silence::Dead(silent)
+        } else if silent >= self.interval && !self.probed {
+            Silence::Probe
+        } else {
+            Silence::Fine
+        }
+    }
+
+    pub(crate) fn probed(&mut self) {
+        self.probed = true;
+    }
+
+    /// When the next step is due: the probe, or once probed, the end of patience.
+    fn next_at(&self) -> Instant {
+        self.last_rx + self.interval + if self.probed { self.timeout } else { Duration::ZERO }
+    }
+}
+
+/// One read of a client's loop, waiting until `deadline` or the keepalive's next step,
+/// whichever comes first: `Some(n)` bytes (`Some(0)`: the end of the stream), `None` when
+/// nothing came in that time.
+pub(crate) fn read_before(
+    sock: &mut TcpStream,
+    tls: Option<&Session>,
+    keepalive: &mut Keepalive,
+    deadline: Instant,
+    buf: &mut [u8],
+) -> std::io::Result<Option<usize>> {
+    let wait =
+        deadline.min(keepalive.next_at()).saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    sock.set_read_timeout(Some(wait))?;
+    match read_some(sock, tls, buf) {
+        Ok(0) => Ok(Some(0)),
+        Ok(n) => {
+            keepalive.last_rx = Instant::now();
+            keepalive.probed = false;
+            Ok(Some(n))
+        }
+        Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut | IoKind::Interrupted) => Ok(None),
+        Err(e) => Err(e),
+    }
+}

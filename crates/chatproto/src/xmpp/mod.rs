@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 
 use gatewarden_net::rustls;
 
+use crate::wire::Silence;
+
 pub use xml::{Element, Frame, Framer, XmlFault, escape};
 
 /// STARTTLS (RFC 6120 §5).
@@ -439,10 +441,7 @@ pub struct Connection {
     domain: String,
     /// XEP-0198: stanzas handled since `<enabled/>` (`None`: not enabled).
     handled: Option<u32>,
-    last_rx: Instant,
-    check_sent: Option<Instant>,
-    ping_interval: Duration,
-    ping_timeout: Duration,
+    keepalive: crate::wire::Keepalive,
 }
 
 impl Connection {
@@ -464,10 +463,7 @@ impl Connection {
             jid: String::new(),
             domain: cfg.jid.domain.clone(),
             handled: None,
-            last_rx: Instant::now(),
-            check_sent: None,
-            ping_interval: cfg.ping_interval,
-            ping_timeout: cfg.ping_timeout,
+            keepalive: crate::wire::Keepalive::new(cfg.ping_interval, cfg.ping_timeout),
         };
         // 1. Plain stream: STARTTLS is required (no plaintext mode at all).
         let features = c.open_stream(deadline)?;
@@ -900,42 +896,38 @@ impl Connection {
                 return Ok(Some(f));
             }
             let now = Instant::now();
-            let silent = now.saturating_duration_since(self.last_rx);
-            if silent >= self.ping_interval + self.ping_timeout {
-                return Err(Error::Timeout(format!("no data from the server for {silent:?}")));
-            }
-            if silent >= self.ping_interval && self.check_sent.is_none() && !self.jid.is_empty() {
-                if self.handled.is_some() {
-                    self.send_nonza(&format!("<r xmlns='{NS_SM}'/>"))?;
-                } else {
-                    let id = format!("ping-{}", new_id());
-                    let domain = escape(&self.domain);
-                    self.send_stanza(&format!(
-                        "<iq type='get' id='{id}' to='{domain}'><ping xmlns='{NS_PING}'/></iq>"
-                    ))?;
+            match self.keepalive.check(now) {
+                Silence::Dead(silent) => return Err(Error::Timeout(format!("no data from the server for {silent:?}"))),
+                // Before binding there is nothing to ask the server (the handshake's own deadlines hold).
+                Silence::Probe if !self.jid.is_empty() => {
+                    if self.handled.is_some() {
+                        self.send_nonza(&format!("<r xmlns='{NS_SM}'/>"))?;
+                    } else {
+                        let id = format!("ping-{}", new_id());
+                        let domain = escape(&self.domain);
+                        self.send_stanza(&format!(
+                            "<iq type='get' id='{id}' to='{domain}'><ping xmlns='{NS_PING}'/></iq>"
+                        ))?;
+                    }
+                    self.keepalive.probed();
                 }
-                self.check_sent = Some(now);
+                Silence::Probe | Silence::Fine => {}
             }
             if now >= deadline {
                 return Ok(None);
             }
-            let keepalive_at = if self.check_sent.is_some() {
-                self.last_rx + self.ping_interval + self.ping_timeout
-            } else {
-                self.last_rx + self.ping_interval
-            };
-            let wait = deadline.min(keepalive_at).saturating_duration_since(now).max(Duration::from_millis(1));
-            self.stream.set_read_timeout(Some(wait))?;
             let mut chunk = [0u8; 8192];
-            match crate::wire::read_some(&mut self.stream, self.tls.as_ref(), &mut chunk) {
-                Ok(0) => return Err(Error::Closed("the server closed the connection".into())),
-                Ok(n) => {
-                    self.last_rx = Instant::now();
-                    self.check_sent = None;
-                    self.framer.push(&chunk[..n]);
-                }
-                Err(e) if matches!(e.kind(), IoKind::WouldBlock | IoKind::TimedOut | IoKind::Interrupted) => {}
-                Err(e) => return Err(io_error(e)),
+            let read = crate::wire::read_before(
+                &mut self.stream,
+                self.tls.as_ref(),
+                &mut self.keepalive,
+                deadline,
+                &mut chunk,
+            );
+            match read.map_err(io_error)? {
+                Some(0) => return Err(Error::Closed("the server closed the connection".into())),
+                Some(n) => self.framer.push(&chunk[..n]),
+                None => {}
             }
         }
     }
