@@ -7,9 +7,7 @@
 mod common;
 mod work_common;
 use common::*;
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use work_common::*;
 
@@ -164,50 +162,26 @@ fn kill_9_mid_run_is_answered_once_by_the_next_incarnation() {
 fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
     let Some(s) = MailServer::start() else { return };
     let s = Arc::new(s);
-    let restarts: u32 = std::env::var("GW_PLATFORM_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    let seed: u64 = std::env::var("GW_PLATFORM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-    });
-    eprintln!("seed {seed} (replay with GW_PLATFORM_SEED={seed}), {restarts} restarts");
+    let (restarts, seed) = soak::soak_params(3);
     let (home, sw) = (TempHome::new(), Sweeper::new());
     let _g = start_gw(&home, &sw, &config(&s, ""));
     wait_adapter(&home, "connected", READY);
-    let stop = Arc::new(AtomicBool::new(false));
-    let sent = Arc::new(AtomicU32::new(0));
+    // 50..250 ms between messages: each is an SMTP session.
     let stream = {
-        let (s, stop, sent) = (Arc::clone(&s), Arc::clone(&stop), Arc::clone(&sent));
-        std::thread::spawn(move || {
-            let mut x = seed | 1;
-            while !stop.load(Ordering::Relaxed) {
-                let n = sent.fetch_add(1, Ordering::Relaxed);
-                mail(&s, "alice", &format!("s{n}"), &format!("msg {n}"));
-                // xorshift: 50..250 ms between messages (each is an SMTP session).
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                std::thread::sleep(Duration::from_millis(50 + x % 200));
-            }
+        soak::steady_stream(seed, 50, 200, Arc::clone(&s), |s, n| {
+            mail(s, "alice", &format!("s{n}"), &format!("msg {n}"))
         })
     };
     let t0 = Instant::now();
-    for i in 0..restarts {
-        let out = cli_tagged(&home, &sw, &["restart", "--timeout", "30"], Duration::from_secs(40));
-        assert!(out.code == Some(0), "restart {i} failed: {out:#?}");
-    }
+    soak::restart_times(&home, &sw, restarts);
     // At least 12 messages, whatever the restarts' pace.
-    wait_until(Duration::from_secs(10), || sent.load(Ordering::Relaxed) >= 12);
-    stop.store(true, Ordering::Relaxed);
-    stream.join().unwrap();
-    let total = sent.load(Ordering::Relaxed) as usize;
+    wait_until(Duration::from_secs(10), || stream.sent() >= 12);
+    let (total, _) = stream.stop();
     eprintln!("{restarts} restarts in {:?}, {total} messages", t0.elapsed());
+    let total = total as usize;
     let all = wait_until(Duration::from_secs(60), || s.texts("alice").len() >= total);
     let texts = s.texts("alice");
-    let mut seen: HashMap<&str, usize> = HashMap::new();
-    for t in &texts {
-        *seen.entry(t.as_str()).or_default() += 1;
-    }
-    let lost: Vec<usize> = (0..total).filter(|n| !seen.contains_key(format!("msg {n}").as_str())).collect();
-    let dup: Vec<(&&str, &usize)> = seen.iter().filter(|(_, c)| **c > 1).collect();
+    let (lost, dup) = soak::lost_and_duplicated(total as u32, texts.iter().map(String::as_str));
     assert!(all && lost.is_empty() && dup.is_empty(), "seed {seed}: lost {lost:?}, duplicated {dup:?}");
     assert!(holds_for(Duration::from_millis(500), || s.texts("alice").len() == total).is_ok());
     assert_cli(&run_cli(&home, &["stop"]), 0, "stop");

@@ -10,9 +10,8 @@
 mod common;
 mod work_common;
 use common::*;
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use work_common::*;
 
@@ -212,47 +211,21 @@ fn two_homes_same_app() {
 /// stream: every message answered, none twice. Prints and replays its seed (GW_PLATFORM_SEED).
 #[test]
 fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
-    let restarts: u32 = std::env::var("GW_PLATFORM_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
-    let seed: u64 = std::env::var("GW_PLATFORM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-    });
-    eprintln!("seed {seed} (replay with GW_PLATFORM_SEED={seed}), {restarts} restarts");
+    let (restarts, seed) = soak::soak_params(10);
     let (home, sw, fake) = (TempHome::new(), Sweeper::new(), Arc::new(fake()));
     let _g = start_gw(&home, &sw, &fake, &config(&fake, ""));
-    let stop = Arc::new(AtomicBool::new(false));
-    let injected = Arc::new(AtomicU32::new(0));
     let stream = {
-        let (fake, stop, injected) = (Arc::clone(&fake), Arc::clone(&stop), Arc::clone(&injected));
-        std::thread::spawn(move || {
-            let mut x = seed | 1;
-            while !stop.load(Ordering::Relaxed) {
-                let n = injected.fetch_add(1, Ordering::Relaxed);
-                fake.user_message("C1", "U1", &format!("msg {n}"), None);
-                // xorshift: 10..50 ms between messages.
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                std::thread::sleep(Duration::from_millis(10 + x % 40));
-            }
-        })
+        let say = |fake: &mut Arc<FakeSlack>, n| fake.user_message("C1", "U1", &format!("msg {n}"), None);
+        soak::steady_stream(seed, 10, 40, Arc::clone(&fake), say)
     };
     let t0 = Instant::now();
-    for i in 0..restarts {
-        let out = cli_tagged(&home, &sw, &["restart", "--timeout", "30"], Duration::from_secs(40));
-        assert!(out.code == Some(0), "restart {i} failed: {out:#?}");
-    }
-    stop.store(true, Ordering::Relaxed);
-    stream.join().unwrap();
-    let total = injected.load(Ordering::Relaxed) as usize;
+    soak::restart_times(&home, &sw, restarts);
+    let (total, _) = stream.stop();
+    let total = total as usize;
     eprintln!("{restarts} restarts in {:?}, {total} messages, {:?}", t0.elapsed(), fake.stats());
     let _ = fake.wait_posted(total, Duration::from_secs(40));
     let posted = fake.posted();
-    let mut seen: HashMap<&str, usize> = HashMap::new();
-    for p in &posted {
-        *seen.entry(p.text.as_str()).or_default() += 1;
-    }
-    let lost: Vec<usize> = (0..total).filter(|n| !seen.contains_key(format!("msg {n}").as_str())).collect();
-    let dup: Vec<(&&str, &usize)> = seen.iter().filter(|(_, c)| **c > 1).collect();
+    let (lost, dup) = soak::lost_and_duplicated(total as u32, posted.iter().map(|p| p.text.as_str()));
     assert!(lost.is_empty() && dup.is_empty(), "seed {seed}: lost {lost:?}, duplicated {dup:?}, {:?}", fake.stats());
     assert!(holds_for(Duration::from_millis(500), || fake.posted().len() == total).is_ok());
     assert_eq!(fake.stats().lost, 0);

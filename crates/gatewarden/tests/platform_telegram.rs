@@ -5,7 +5,6 @@
 mod common;
 mod work_common;
 use common::*;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -285,40 +284,16 @@ fn restarts_under_a_steady_stream_lose_and_repeat_nothing_over_tls() {
 /// `GW_PLATFORM_RESTARTS` times (else `default_restarts`) under a steady inbound stream:
 /// every message answered, none twice. Returns the number of restarts.
 fn steady_stream_under_restarts(fake: &Arc<FakeTelegram>, api_base: &str, extra: &str, default_restarts: u32) -> u32 {
-    // CI runs the short form; scripts/soak-platforms the long one (50 restarts, issue 10).
-    let restarts: u32 =
-        std::env::var("GW_PLATFORM_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(default_restarts);
-    let seed: u64 = std::env::var("GW_PLATFORM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-    });
-    eprintln!("seed {seed} (replay with GW_PLATFORM_SEED={seed}), {restarts} restarts");
+    let (restarts, seed) = soak::soak_params(default_restarts);
     let (home, sw, tok) = (TempHome::new(), Sweeper::new(), token());
     let _g = start_gw(&home, &sw, &tok, &config_at(api_base, "", extra));
-    let stop = Arc::new(AtomicBool::new(false));
-    let injected = Arc::new(AtomicU32::new(0));
     let stream = {
-        let (fake, tok, stop, injected) = (Arc::clone(fake), tok.clone(), Arc::clone(&stop), Arc::clone(&injected));
-        std::thread::spawn(move || {
-            let mut x = seed | 1;
-            while !stop.load(Ordering::Relaxed) {
-                let n = injected.fetch_add(1, Ordering::Relaxed);
-                fake.inject(&tok, 1, 1, &format!("msg {n}"));
-                // xorshift: 10..50 ms between messages.
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                std::thread::sleep(Duration::from_millis(10 + x % 40));
-            }
-        })
+        let sender = (Arc::clone(fake), tok.clone());
+        soak::steady_stream(seed, 10, 40, sender, |(fake, tok), n| fake.inject(tok, 1, 1, &format!("msg {n}")))
     };
     let t0 = Instant::now();
-    for i in 0..restarts {
-        let out = cli_tagged(&home, &sw, &["restart", "--timeout", "30"], Duration::from_secs(40));
-        assert!(out.code == Some(0), "restart {i} failed: {out:#?}");
-    }
-    stop.store(true, Ordering::Relaxed);
-    stream.join().unwrap();
-    let total = injected.load(Ordering::Relaxed);
+    soak::restart_times(&home, &sw, restarts);
+    let (total, _) = stream.stop();
     let st = fake.stats(&tok);
     eprintln!(
         "{restarts} restarts in {:?}, {total} messages, longest polling gap {} ms",
@@ -327,12 +302,7 @@ fn steady_stream_under_restarts(fake: &Arc<FakeTelegram>, api_base: &str, extra:
     );
     let done = fake.wait_sent(&tok, Duration::from_secs(30), |s| s.len() >= total as usize);
     let sent = done.unwrap_or_else(|s| s);
-    let mut seen: HashMap<&str, usize> = HashMap::new();
-    for m in &sent {
-        *seen.entry(m.text.as_str()).or_default() += 1;
-    }
-    let lost: Vec<u32> = (0..total).filter(|n| !seen.contains_key(format!("msg {n}").as_str())).collect();
-    let dup: Vec<(&&str, &usize)> = seen.iter().filter(|(_, c)| **c > 1).collect();
+    let (lost, dup) = soak::lost_and_duplicated(total, sent.iter().map(|m| m.text.as_str()));
     assert!(lost.is_empty() && dup.is_empty(), "seed {seed}: lost {lost:?}, duplicated {dup:?}");
     assert!(holds_for(Duration::from_millis(500), || fake.sent(&tok).len() == total as usize).is_ok());
     let out = run_cli(&home, &["stop"]);

@@ -7,10 +7,7 @@
 mod common;
 mod work_common;
 use common::*;
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use work_common::*;
 
@@ -340,54 +337,22 @@ fn two_homes_same_account() {
 #[test]
 fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
     let Some(s) = setup() else { return };
-    let restarts: u32 = std::env::var("GW_PLATFORM_RESTARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
-    let seed: u64 = std::env::var("GW_PLATFORM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-    });
-    eprintln!("seed {seed} (replay with GW_PLATFORM_SEED={seed}), {restarts} restarts");
+    let (restarts, seed) = soak::soak_params(5);
     let (home, sw) = (TempHome::new(), Sweeper::new());
     let _g = start_gw(&home, &sw, &config(&s, ""));
     wait_adapter(&home, "connected", READY);
-    let stop = Arc::new(AtomicBool::new(false));
-    let injected = Arc::new(AtomicU32::new(0));
-    let stream = {
-        let (stop, injected) = (Arc::clone(&stop), Arc::clone(&injected));
-        let mut sender = User::new(&s, "bob");
-        std::thread::spawn(move || {
-            let mut x = seed | 1;
-            while !stop.load(Ordering::Relaxed) {
-                let n = injected.fetch_add(1, Ordering::Relaxed);
-                sender.say(&format!("msg {n}"));
-                // xorshift: 20..80 ms between messages.
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                std::thread::sleep(Duration::from_millis(20 + x % 60));
-            }
-            sender
-        })
-    };
+    let stream = { soak::steady_stream(seed, 20, 60, User::new(&s, "bob"), |bob, n| bob.say(&format!("msg {n}"))) };
     let mut alice = User::new(&s, "alice");
     let t0 = Instant::now();
-    for i in 0..restarts {
-        let out = cli_tagged(&home, &sw, &["restart", "--timeout", "30"], Duration::from_secs(40));
-        assert!(out.code == Some(0), "restart {i} failed: {out:#?}");
-    }
-    stop.store(true, Ordering::Relaxed);
-    let mut bob = stream.join().unwrap();
-    let total = injected.load(Ordering::Relaxed);
+    soak::restart_times(&home, &sw, restarts);
+    let (total, mut bob) = stream.stop();
     eprintln!("{restarts} restarts in {:?}, {total} messages", t0.elapsed());
     let end = Instant::now() + Duration::from_secs(60);
     while (0..total).any(|n| bob.count(&format!("msg {n}")) == 0) && Instant::now() < end {
         bob.poll(Duration::from_millis(200));
     }
     bob.quiet_for(Duration::from_millis(1000));
-    let mut seen: HashMap<&str, usize> = HashMap::new();
-    for (_, t) in &bob.said {
-        *seen.entry(t.as_str()).or_default() += 1;
-    }
-    let lost: Vec<u32> = (0..total).filter(|n| !seen.contains_key(format!("msg {n}").as_str())).collect();
-    let dup: Vec<(&&str, &usize)> = seen.iter().filter(|(_, c)| **c > 1).collect();
+    let (lost, dup) = soak::lost_and_duplicated(total, bob.said.iter().map(|(_, t)| t.as_str()));
     assert!(lost.is_empty() && dup.is_empty(), "seed {seed}: lost {lost:?}, duplicated {dup:?}");
     alice.poll(Duration::from_millis(10));
     assert_cli(&run_cli(&home, &["stop"]), 0, "stop");

@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 
+/// The platform restart soaks' shared parts.
+pub mod soak;
+
 /// The update rig (private binary copy, patched releases): tests/update.rs, tests/overlap.rs.
 #[cfg(target_os = "linux")]
 pub mod rig;
