@@ -272,8 +272,7 @@ impl PgJournal {
         usage: Option<(u64, u64)>,
         steps: Columns,
     ) -> Result<bool, ClusterError> {
-        let tokens = |f: fn((u64, u64)) -> u64| usage.map(|u| i64::try_from(f(u)).unwrap_or(i64::MAX));
-        let (prompt, completion) = (tokens(|u| u.0), tokens(|u| u.1));
+        let (prompt, completion) = gatewarden_journal::row::usage_columns(usage);
         let row = self
             .query_one(
                 epoch,
@@ -599,8 +598,7 @@ impl PgJournal {
             )
             .await
             .map_err(read)?;
-        let tokens = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
-        Ok(row.and_then(|r| Some((tokens(r.get(0))?, tokens(r.get(1)).unwrap_or(0)))))
+        Ok(row.and_then(|r| gatewarden_journal::row::usage_from(r.get(0), r.get(1))))
     }
 
     /// Messages not yet final, oldest first (a read).

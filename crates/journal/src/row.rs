@@ -98,6 +98,20 @@ impl Counts {
     }
 }
 
+/// A run's `(prompt, completion)` tokens as the two nullable integer columns both stores keep
+/// (`prompt_tokens`, `completion_tokens`); a count past `i64::MAX` is stored as the maximum.
+pub fn usage_columns(usage: Option<(u64, u64)>) -> (Option<i64>, Option<i64>) {
+    let column = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    (usage.map(|u| column(u.0)), usage.map(|u| column(u.1)))
+}
+
+/// The inverse of [`usage_columns`]: none without a prompt count, a missing completion count
+/// read as 0, a negative one (never written) as none.
+pub fn usage_from(prompt: Option<i64>, completion: Option<i64>) -> Option<(u64, u64)> {
+    let count = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
+    Some((count(prompt)?, count(completion).unwrap_or(0)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -80,8 +80,7 @@ impl Journal {
                 Ok((r.get(0)?, r.get(1)?))
             })
             .optional()?;
-        let tokens = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok());
-        Ok(row.and_then(|(p, c)| Some((tokens(p)?, tokens(c).unwrap_or(0)))))
+        Ok(row.and_then(|(p, c)| crate::row::usage_from(p, c)))
     }
 
     /// Opens (creating if needed) the journal at `path`, usually `<home>/journal.sqlite3`.
@@ -259,8 +258,7 @@ impl Store for Journal {
     ) -> Result<bool, JournalError> {
         let (id, incarnation, reply) = (id.to_owned(), incarnation.to_owned(), reply.to_owned());
         let steps = bounded(steps);
-        let tokens = |f: fn((u64, u64)) -> u64| usage.map(|u| i64::try_from(f(u)).unwrap_or(i64::MAX));
-        let (prompt, completion) = (tokens(|u| u.0), tokens(|u| u.1));
+        let (prompt, completion) = crate::row::usage_columns(usage);
         self.write(move |conn| {
             let now = now_rfc3339();
             let n = conn
