@@ -1,6 +1,7 @@
 //! A fake Discord for gatewarden's tests and benches: the Gateway (WebSocket, API v10, JSON
-//! encoding) and the two REST routes a bot needs. Each behaviour modelled cites the public
-//! developer documentation (https://discord.com/developers/docs/…, below as `docs/…`):
+//! encoding) and the REST routes a bot replies and shows progress with. Each behaviour
+//! modelled cites the public developer documentation (https://discord.com/developers/docs/…,
+//! below as `docs/…`):
 //!
 //! - **Connecting.** `GET /api/v10/gateway/bot` answers the gateway `url` (docs/events/gateway
 //!   "Connecting", docs/topics/gateway "Get Gateway Bot"). A connection must ask for `v=10`
@@ -1179,7 +1180,7 @@ async fn sent(State(shared): State<Arc<Shared>>) -> Response {
         .world()
         .sent
         .iter()
-        .map(|m| json!({"id": m.id, "channel_id": m.channel_id, "content": m.content}))
+        .map(|m| json!({"id": m.id, "channel_id": m.channel_id, "content": m.content, "deleted": m.deleted}))
         .collect();
     (StatusCode::OK, Value::Array(list).to_string()).into_response()
 }

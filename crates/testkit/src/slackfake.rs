@@ -922,9 +922,10 @@ fn answer(
             let before = s.posted[i].clone();
             let previous = s.edited.insert(ts.clone(), text.clone()).unwrap_or(before.text);
             let message = json!({"type": "message", "user": s.opts.bot_user, "bot_id": BOT_ID, "text": text, "ts": ts});
+            let was = json!({"type": "message", "user": s.opts.bot_user, "text": previous, "ts": ts});
             let mut changed = json!({"type": "message", "subtype": "message_changed", "channel": channel,
                                      "hidden": true, "ts": ts_now(s.seq), "message": message,
-                                     "previous_message": {"type": "message", "user": s.opts.bot_user, "text": previous, "ts": ts}});
+                                     "previous_message": was});
             if let Some(t) = &before.thread_ts {
                 changed["message"]["thread_ts"] = json!(t);
             }
