@@ -15,7 +15,7 @@ use gatewarden_lifecycle::crashes::{CrashRun, crash_run};
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
 use gatewarden_lifecycle::{ExitIntent, Home};
 use gatewarden_service::supervise::SupervisePolicy;
-use serde_json::{Map, Value, json};
+use serde_json::json;
 
 use crate::crash_loop::events;
 
@@ -78,6 +78,7 @@ fn delay_after(crashes: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Map, Value};
 
     #[test]
     fn only_crashes_wait() {
