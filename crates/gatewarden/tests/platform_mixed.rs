@@ -189,6 +189,9 @@ impl Part for Telegram {
     }
 }
 
+/// The Matrix reader thread: its stop flag, the bot's messages so far, and the thread.
+type MatrixReader = (Arc<AtomicBool>, Arc<Mutex<Vec<String>>>, JoinHandle<()>);
+
 /// The Matrix stream's sender retries each message with the same transaction id until the
 /// homeserver takes it; a reader collects the bot's messages with back-to-back syncs.
 struct Matrix {
@@ -199,7 +202,7 @@ struct Matrix {
     client: Client,
     since: String,
     stream: Option<SteadyStream<Client>>,
-    reader: Option<(Arc<AtomicBool>, Arc<Mutex<Vec<String>>>, JoinHandle<()>)>,
+    reader: Option<MatrixReader>,
 }
 
 impl Matrix {

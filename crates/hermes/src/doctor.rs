@@ -4,7 +4,7 @@
 use std::time::SystemTime;
 
 use gatewarden_lifecycle::fsio::{self, ReadOutcome};
-use gatewarden_lifecycle::probe::{Liveness, probe_u32};
+use gatewarden_lifecycle::probe::probe_u32;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -72,10 +72,7 @@ impl Context {
 
 /// The scoped-lock directory as hermes resolves it from `env`.
 pub fn scoped_lock_dir(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<std::path::PathBuf> {
-    let set = |k: &str| env(k).filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
-    set("HERMES_GATEWAY_LOCK_DIR")
-        .or_else(|| set("XDG_STATE_HOME").map(|x| x.join("hermes/gateway-locks")))
-        .or_else(|| set("HOME").map(|h| h.join(".local/state/hermes/gateway-locks")))
+    crate::scoped::lock_dir(env)
 }
 
 pub fn doctor(home: &HermesHome, ctx: &Context) -> Vec<Finding> {
@@ -116,14 +113,8 @@ pub fn doctor(home: &HermesHome, ctx: &Context) -> Vec<Finding> {
     {
         for e in entries.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".lock")) {
             let Some(v) = fsio::read_json::<Value>(&e.path()).ok() else { continue };
-            let Some(pid) = v.get("pid").and_then(Value::as_u64).and_then(|p| u32::try_from(p).ok()) else { continue };
-            let start = v.get("start_time").and_then(Value::as_u64);
-            let dead = match probe_u32(pid) {
-                Liveness::Dead => true,
-                Liveness::Alive { start_time: Some(t) } => start.is_some_and(|s| s != t),
-                _ => false,
-            };
-            if dead {
+            let Some(pid) = v.get("pid").and_then(Value::as_u64) else { continue };
+            if crate::scoped::judge(v.to_string().as_bytes(), probe_u32) == crate::scoped::Record::Stale {
                 add(
                     Code::StaleScopedLock,
                     format!("{} names pid {pid}, which no longer runs", e.path().display()),

@@ -25,6 +25,7 @@
 //! - [`supervise`]: the supervise loop for a hermes child.
 //! - [`supervisor`]: who supervises a running hermes.
 //! - [`history`], [`doctor`], [`unit`]: exit history, findings, a systemd unit.
+//! - [`scoped`]: hermes's scoped credential locks, read and shared (one bot token, one gateway).
 //! - [`sys`]: the per-OS facade (the only place with `cfg`).
 
 pub mod doctor;
@@ -37,6 +38,7 @@ pub mod ledger;
 pub mod marker;
 pub mod policy;
 pub mod restart;
+pub mod scoped;
 pub mod start;
 pub mod status;
 pub mod stop;

@@ -13,11 +13,13 @@
 //!   A later promotion starts them again.
 
 use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use gatewarden_cluster::ClusterError;
 use gatewarden_cluster::credlease::{CredAcquired, CredHolder, CredKey, PgCredLeases};
+use gatewarden_hermes::scoped;
 use gatewarden_journal::Store;
 use gatewarden_lifecycle::records::GatewayState;
 use gatewarden_platforms::credlock::{self, CredLock, CredLockError, Holder};
@@ -56,6 +58,37 @@ enum CredGuard {
     Local { _lock: CredLock },
     /// A lease row in the cluster store, renewed and released by the role task.
     Lease,
+}
+
+/// Where hermes-agent keeps its scoped credential locks on this host (crates/hermes/src/
+/// scoped.rs; its own resolution from our environment): a credential a hermes gateway uses is
+/// refused like one another gateway holds.
+#[derive(Default)]
+struct HermesLocks(Option<PathBuf>);
+
+impl HermesLocks {
+    /// The refusal while a hermes gateway uses `a`'s credential.
+    fn refusal(&self, a: &dyn Adapter) -> Option<String> {
+        let (pid, path) = scoped::holder(self.0.as_deref()?, a.kind(), a.credential())?;
+        Some(scoped::describe_holder(pid, &path))
+    }
+}
+
+/// Why an adapter's credential is not ours.
+enum Refused {
+    /// Our own lock: another gateway holds it, or its folder is not usable.
+    Ours(CredLockError),
+    /// A hermes gateway uses it (the refusal, in words).
+    Hermes(String),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Ours(e) => e.fmt(f),
+            Refused::Hermes(r) => f.write_str(r),
+        }
+    }
 }
 
 struct Entry {
@@ -98,6 +131,7 @@ pub struct Platforms {
     role: OnceLock<mpsc::UnboundedSender<RoleEvent>>,
     /// Where inbound messages go (the worker; app.rs).
     intake: OnceLock<Arc<dyn Intake>>,
+    hermes: HermesLocks,
 }
 
 impl Platforms {
@@ -108,7 +142,8 @@ impl Platforms {
             let adapter = gatewarden_platforms::build(p).map_err(|e| e.to_string())?;
             entries.push(Entry { adapter, admins: p.admins.clone(), guard: Mutex::new(None) });
         }
-        Ok(Platforms { entries, started: Mutex::new(None), role: OnceLock::new(), intake: OnceLock::new() })
+        let hermes = HermesLocks(scoped::lock_dir(|k| std::env::var_os(k)));
+        Ok(Platforms { entries, started: Mutex::new(None), role: OnceLock::new(), intake: OnceLock::new(), hermes })
     }
 
     /// Connects the adapters' deliveries to the worker (once, before they start).
@@ -148,15 +183,23 @@ impl Platforms {
                 incarnation: Some(gw.me.id.clone()),
                 adapter: Some(a.name().to_owned()),
             };
-            match credlock::acquire(a.kind(), a.credential(), &me) {
+            let acquired = match self.hermes.refusal(&**a) {
+                Some(reason) => Err(Refused::Hermes(reason)),
+                None => credlock::acquire(a.kind(), a.credential(), &me).map_err(Refused::Ours),
+            };
+            let only = self.entries.len() == 1;
+            match acquired {
                 Ok(lock) => e.set_guard(Some(CredGuard::Local { _lock: lock })),
-                Err(err @ CredLockError::Held { .. }) if self.entries.len() == 1 => {
+                Err(Refused::Ours(err @ CredLockError::Held { .. })) if only => {
                     return Err(format!(
                         "[[platform]] {}: {err}; one bot credential serves one gateway (stop the other one, or remove this [[platform]] table)",
                         a.name()
                     ));
                 }
-                Err(err) if self.entries.len() == 1 => {
+                Err(Refused::Hermes(reason)) if only => {
+                    return Err(format!("[[platform]] {}: {reason}; one bot credential serves one gateway", a.name()));
+                }
+                Err(Refused::Ours(err)) if only => {
                     return Err(format!(
                         "[[platform]] {}: cannot take its credential lock: {err}; it is the only chat platform, so this gateway would serve nothing{}",
                         a.name(),
@@ -169,8 +212,8 @@ impl Platforms {
                         }
                     ));
                 }
-                Err(err) => {
-                    let reason = err.to_string();
+                Err(refused) => {
+                    let reason = refused.to_string();
                     crate::warn!("[[platform]] {}: parked: {reason}", a.name());
                     a.park(reason);
                     host.state_changed(a.name(), &a.status().state());
@@ -586,6 +629,11 @@ impl RoleTask {
                 let e = &self.platforms.entries[i];
                 (e.key(), self.me(epoch, e.adapter.name()))
             };
+            // A credential a hermes gateway here uses is not leased.
+            if let Some(reason) = self.platforms.hermes.refusal(&*self.platforms.entries[i].adapter) {
+                self.refuse(i, only, Refusal::Held(reason));
+                continue;
+            }
             let ttl = self.ttl;
             let r = self.bounded(async |l| l.acquire(&key, &me, ttl).await).await;
             let refusal = match r {
@@ -618,21 +666,29 @@ impl RoleTask {
                         Err(err) => crate::error!("[[platform]] {}: cannot start: {err}", a.name()),
                     }
                 }
-                Some(Refusal::Held(reason)) => {
-                    if only {
-                        // Same rule as the local lock: the only adapter cannot serve; exit 78.
-                        self.gw.send_cause(Cause::Fatal(format!("[[platform]] {}: {reason}", a.name())));
-                    }
-                    if !matches!(a.status().state(), State::Parked(ref r) if *r == reason) {
-                        a.park(reason);
-                        self.host.state_changed(a.name(), &a.status().state());
-                    }
+                Some(r) => self.refuse(i, only, r),
+            }
+        }
+    }
+
+    /// An adapter whose credential is not ours this round: parked (held elsewhere; the only
+    /// adapter ends the gateway, exit 78, as with the local lock) or degraded (the store).
+    fn refuse(&self, i: usize, only: bool, refusal: Refusal) {
+        let a = &self.platforms.entries[i].adapter;
+        match refusal {
+            Refusal::Held(reason) => {
+                if only {
+                    self.gw.send_cause(Cause::Fatal(format!("[[platform]] {}: {reason}", a.name())));
                 }
-                Some(Refusal::Store(reason)) => {
-                    let state = State::Degraded(reason);
-                    if a.status().set(state.clone()) {
-                        self.host.state_changed(a.name(), &state);
-                    }
+                if !matches!(a.status().state(), State::Parked(ref r) if *r == reason) {
+                    a.park(reason);
+                    self.host.state_changed(a.name(), &a.status().state());
+                }
+            }
+            Refusal::Store(reason) => {
+                let state = State::Degraded(reason);
+                if a.status().set(state.clone()) {
+                    self.host.state_changed(a.name(), &state);
                 }
             }
         }

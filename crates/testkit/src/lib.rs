@@ -94,6 +94,12 @@ pub fn test_env(cmd: &mut std::process::Command) {
     if std::env::var_os("GATEWARDEN_REGISTRY").is_none() {
         cmd.env("GATEWARDEN_REGISTRY", "none");
     }
+    // Nor do they touch the developer's hermes credential locks (crates/hermes/src/scoped.rs);
+    // a test of those names its own directory.
+    if std::env::var_os("HERMES_GATEWAY_LOCK_DIR").is_none() {
+        let dir = std::env::temp_dir().join(format!("gw-hermes-locks-test-{}", std::process::id()));
+        cmd.env("HERMES_GATEWAY_LOCK_DIR", dir);
+    }
 }
 
 /// Whether a systemd user manager answers (`scripts/systemd-user` starts one). Without one a
