@@ -30,15 +30,15 @@
 //!   answered, and an ack request is the keepalive (else an XEP-0199 ping). No resumption: the
 //!   archive is what bridges a new stream.
 //! - **The agent at work** (skeleton/progress.rs). Typing is XEP-0085: one standalone
-//!   `<composing/>` when a run starts (not the skeleton's 4 s refresh: §5.1 forbids repeating
-//!   a standalone state), `<active/>` when no run is left; every message with a body carries
+//!   `<composing/>` when a run starts (not the skeleton's 4 s refresh: XEP-0085's business
+//!   rules forbid repeating a standalone notification), `<active/>` when no run is left; every message with a body carries
 //!   `<active/>`. In rooms these go to the room, `groupchat`. A preview is a message with a
 //!   fresh id (= its origin-id); each edit is an XEP-0308 correction, a new message whose
 //!   `<replace id>` is always the ORIGINAL preview's id. Once the reply is sent (or the run is
 //!   abandoned) the preview is retracted (XEP-0424, with a fallback body and the store hint):
 //!   retraction rather than correcting it into a note, because the reply is its own message
 //!   and a note would stay above every reply, while the clients that show corrections in
-//!   place (Conversations, Dino, Gajim, Monal) also honour retractions. In a room the
+//!   place mostly honour retractions too (without XEP-0424 a client shows the fallback line). In a room the
 //!   retraction names the room's stanza id for the preview (read from its reflection), else,
 //!   for a preview whose reflection was not seen (a crash's leftover), its origin id.
 //!   Previews and retractions are written without waiting for the ack: best-effort, and their
@@ -701,7 +701,7 @@ pub struct Talker {
     rooms: Vec<String>,
     room_ids: SharedRoomIds,
     /// The standalone chat state last sent per chat (lower-cased), so none is repeated
-    /// (XEP-0085 §5.1). The `<active/>` that messages with a body carry is not counted: the
+    /// (XEP-0085). The `<active/>` that messages with a body carry is not counted: the
     /// run's `<composing/>` is followed by one standalone `<active/>` when it ends.
     states: BTreeMap<String, ChatState>,
 }

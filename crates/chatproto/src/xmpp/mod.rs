@@ -315,7 +315,7 @@ pub struct Outgoing<'a> {
 /// What a message with a body does besides being read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind<'a> {
-    /// A new message (with `<active/>`: XEP-0085 §5.1, a message with a body carries the
+    /// A new message (with `<active/>`: per XEP-0085 §5, a message with a body carries the
     /// sender's chat state once it uses chat states at all).
     New,
     /// A correction (XEP-0308) of the message whose `id` this is: always the ORIGINAL
