@@ -390,7 +390,7 @@ pub fn stanza_xml(m: &Outgoing<'_>, kind: Kind<'_>) -> Result<String, Error> {
     ))
 }
 
-/// A standalone chat state notification (XEP-0085 §5.5: no body; `groupchat` to a room), not
+/// A standalone chat state notification (XEP-0085: no body; `groupchat` to a room), not
 /// to be archived (XEP-0334 `<no-store/>`).
 pub fn chat_state_xml(to: &str, groupchat: bool, state: ChatState, id: &str) -> Result<String, Error> {
     check_recipient(to)?;
