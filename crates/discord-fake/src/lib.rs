@@ -1,6 +1,7 @@
 //! A fake Discord for gatewarden's tests and benches: the Gateway (WebSocket, API v10, JSON
-//! encoding) and the two REST routes a bot needs. Each behaviour modelled cites the public
-//! developer documentation (https://discord.com/developers/docs/…, below as `docs/…`):
+//! encoding) and the REST routes a bot replies and shows progress with. Each behaviour
+//! modelled cites the public developer documentation (https://discord.com/developers/docs/…,
+//! below as `docs/…`):
 //!
 //! - **Connecting.** `GET /api/v10/gateway/bot` answers the gateway `url` (docs/events/gateway
 //!   "Connecting", docs/topics/gateway "Get Gateway Bot"). A connection must ask for `v=10`
@@ -40,7 +41,22 @@
 //!   (else 400, code 50035 or 50006); `nonce` with `enforce_nonce: true` returns the earlier
 //!   message instead of creating a second one within [`Options::nonce_window`] ("checked for
 //!   uniqueness in the past few minutes").
-//! - **Rate limits.** Per-route buckets keyed by the major parameter (the channel) with the
+//! - **Trigger Typing Indicator.** `POST /api/v10/channels/{id}/typing`, no body, answers 204
+//!   (https://discord.com/developers/docs/resources/channel "Trigger Typing Indicator": the
+//!   indicator lasts about 10 s or until the bot sends a message; the fake only records it).
+//! - **Edit Message.** `PATCH /api/v10/channels/{id}/messages/{message.id}` with `content`
+//!   (https://discord.com/developers/docs/resources/message "Edit Message"): the bot's own
+//!   message, 1 to 2,000 characters, answered with the updated message object and dispatched as
+//!   MESSAGE_UPDATE; any other id is 404, code 10008 "Unknown Message".
+//! - **Delete Message.** `DELETE /api/v10/channels/{id}/messages/{message.id}`
+//!   (https://discord.com/developers/docs/resources/message "Delete Message"): 204, dispatched as
+//!   MESSAGE_DELETE; a message deleted already, or unknown, is 404 code 10008 "Unknown Message"
+//!   (docs/topics/opcodes-and-status-codes "JSON Error Codes").
+//!   Every REST call is logged ([`FakeDiscord::calls`]), and [`FakeDiscord::fault`] makes a
+//!   route's next calls answer a 429 or an HTTP error, for tests of the client's error paths.
+//! - **Rate limits.** Per-route buckets keyed by the major parameter (the channel): each of
+//!   the four routes above has its own bucket per channel, of [`Options::bucket_limit`] per
+//!   [`Options::bucket_window`], with the
 //!   `X-RateLimit-Limit`, `-Remaining`, `-Reset`, `-Reset-After` and `-Bucket` headers; an
 //!   exhausted bucket answers 429 with `retry_after` (seconds, a float), `global: false`,
 //!   `X-RateLimit-Scope: user`; past [`Options::global_per_s`] requests a second, 429 with
@@ -66,7 +82,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, patch, post};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tungstenite::protocol::CloseFrame;
@@ -94,7 +110,8 @@ pub struct Options {
     /// Whether the privileged message-content intent is enabled for the app (the developer
     /// portal's switch); `false`: IDENTIFY with it closes 4014.
     pub message_content_enabled: bool,
-    /// Per-route bucket: requests per `bucket_window` for one channel's Create Message.
+    /// Per-route bucket: requests per `bucket_window` for one route in one channel (Create
+    /// Message, Edit Message, Delete Message and Trigger Typing Indicator each have their own).
     pub bucket_limit: u32,
     pub bucket_window: Duration,
     /// The global limit (Discord: 50 requests per second per bot).
@@ -129,8 +146,58 @@ impl Default for Options {
 pub struct SentMessage {
     pub id: String,
     pub channel_id: String,
+    /// Its content now (after any edit).
     pub content: String,
     pub nonce: Option<String>,
+    /// Deleted (Delete Message).
+    pub deleted: bool,
+}
+
+/// The REST routes of a channel, each with its own rate-limit bucket per channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Route {
+    /// `POST /channels/{id}/messages`.
+    CreateMessage,
+    /// `PATCH /channels/{id}/messages/{message.id}`.
+    EditMessage,
+    /// `DELETE /channels/{id}/messages/{message.id}`.
+    DeleteMessage,
+    /// `POST /channels/{id}/typing`.
+    Typing,
+}
+
+impl Route {
+    fn name(self) -> &'static str {
+        match self {
+            Route::CreateMessage => "create-message",
+            Route::EditMessage => "edit-message",
+            Route::DeleteMessage => "delete-message",
+            Route::Typing => "typing",
+        }
+    }
+}
+
+/// What [`FakeDiscord::fault`] makes a route answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// A 429 of the route's bucket with this `retry_after` (the bucket is exhausted until then).
+    Limited(Duration),
+    /// This HTTP status (a 5xx: Discord's side failed).
+    Status(u16),
+}
+
+/// One REST call to a channel route, as the fake saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestCall {
+    pub route: Route,
+    pub channel: String,
+    /// The message created, edited or deleted.
+    pub message: Option<String>,
+    /// The content sent (Create and Edit Message).
+    pub content: Option<String>,
+    /// The HTTP status answered.
+    pub status: u16,
+    pub at: Instant,
 }
 
 /// Counters.
@@ -148,7 +215,7 @@ pub struct Stats {
     pub resume_url_connects: u64,
     /// Connections open now.
     pub connections: u64,
-    /// 429s from a route bucket, and from the global limit.
+    /// 429s from a route bucket (faults included), and from the global limit.
     pub limited_route: u64,
     pub limited_global: u64,
     /// Create Message calls that returned an earlier message (enforced nonce).
@@ -189,8 +256,11 @@ struct World {
     conns: HashMap<u64, VecDeque<Cmd>>,
     sent: Vec<SentMessage>,
     nonces: HashMap<String, (usize, Instant)>,
-    buckets: HashMap<String, Bucket>,
+    /// Per (route, channel).
+    buckets: HashMap<(Route, String), Bucket>,
     global: Option<(Instant, u32)>,
+    calls: Vec<RestCall>,
+    faults: HashMap<Route, (u32, Fault)>,
     stats: Stats,
     next_id: u64,
 }
@@ -407,6 +477,26 @@ impl FakeDiscord {
 
     pub fn stats(&self) -> Stats {
         self.shared.world().stats.clone()
+    }
+
+    /// Every REST call to a channel route so far, in order.
+    pub fn calls(&self) -> Vec<RestCall> {
+        self.shared.world().calls.clone()
+    }
+
+    /// Waits until `pred(calls)` holds, up to `timeout`; the calls either way.
+    pub fn wait_calls(
+        &self,
+        timeout: Duration,
+        pred: impl Fn(&[RestCall]) -> bool,
+    ) -> Result<Vec<RestCall>, Vec<RestCall>> {
+        self.wait(timeout, |w| pred(&w.calls).then(|| w.calls.clone())).map_err(|()| self.calls())
+    }
+
+    /// The next `calls` requests to `route` (any channel) are answered with `fault`, after the
+    /// global limit and the route's bucket are counted.
+    pub fn fault(&self, route: Route, calls: u32, fault: Fault) {
+        self.shared.world().faults.insert(route, (calls, fault));
     }
 
     /// Waits until `pred(stats)` holds, up to `timeout`.
@@ -775,6 +865,8 @@ fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/api/v10/gateway/bot", get(gateway_bot))
         .route("/api/v10/channels/{channel}/messages", post(create_message))
+        .route("/api/v10/channels/{channel}/messages/{message}", patch(edit_message).delete(delete_message))
+        .route("/api/v10/channels/{channel}/typing", post(trigger_typing))
         .route("/_fake/inject", post(inject))
         .route("/_fake/sent", get(sent))
         .route("/_fake/stats", get(stats))
@@ -828,31 +920,10 @@ async fn create_message(
     }
     let opts = &shared.opts;
     let mut w = shared.world();
-    let now = Instant::now();
-    // The global limit first (docs/topics/rate-limits "Global Rate Limit").
-    let (start, count) = w.global.filter(|(t, _)| now.duration_since(*t) < Duration::from_secs(1)).unwrap_or((now, 0));
-    if count >= opts.global_per_s {
-        w.stats.limited_global += 1;
-        shared.changed.notify_all();
-        return limited(Duration::from_secs(1).saturating_sub(now.duration_since(start)), true);
-    }
-    w.global = Some((start, count + 1));
-    // The route's bucket, keyed by its major parameter.
-    let bucket = w
-        .buckets
-        .entry(channel.clone())
-        .or_insert(Bucket { remaining: opts.bucket_limit, reset_at: now + opts.bucket_window });
-    if now >= bucket.reset_at {
-        *bucket = Bucket { remaining: opts.bucket_limit, reset_at: now + opts.bucket_window };
-    }
-    let reset_after = bucket.reset_at.saturating_duration_since(now);
-    if bucket.remaining == 0 {
-        w.stats.limited_route += 1;
-        shared.changed.notify_all();
-        let mut r = limited(reset_after, false);
-        bucket_headers(r.headers_mut(), opts.bucket_limit, 0, reset_after, &channel);
-        return r;
-    }
+    let (remaining, reset_after) = match admit(&shared, &mut w, Route::CreateMessage, &channel, None) {
+        Ok(r) => r,
+        Err(r) => return *r,
+    };
     let Ok(v) = serde_json::from_slice::<Value>(&body) else {
         return error(StatusCode::BAD_REQUEST, 50109, "The request body contains invalid JSON.");
     };
@@ -866,11 +937,6 @@ async fn create_message(
     if content.chars().count() > 2000 {
         return error(StatusCode::BAD_REQUEST, 50035, "Invalid Form Body: content: Must be 2000 or fewer in length.");
     }
-    let remaining = {
-        let Some(b) = w.buckets.get_mut(&channel) else { return error(StatusCode::INTERNAL_SERVER_ERROR, 0, "bucket") };
-        b.remaining -= 1;
-        b.remaining
-    };
     let nonce = match &v["nonce"] {
         Value::String(s) => Some(s.clone()),
         Value::Number(n) => Some(n.to_string()),
@@ -878,6 +944,7 @@ async fn create_message(
     };
     let enforce = v["enforce_nonce"].as_bool() == Some(true);
     let window = opts.nonce_window;
+    let now = Instant::now();
     w.nonces.retain(|_, (_, at)| at.elapsed() < window);
     let earlier = nonce.as_ref().filter(|_| enforce).and_then(|n| w.nonces.get(n)).map(|(i, _)| *i);
     let msg = match earlier.and_then(|i| w.sent.get(i).cloned()) {
@@ -892,6 +959,7 @@ async fn create_message(
                 channel_id: channel.clone(),
                 content: content.clone(),
                 nonce: nonce.clone(),
+                deleted: false,
             };
             if let (Some(n), true) = (&nonce, enforce) {
                 let index = w.sent.len();
@@ -904,15 +972,180 @@ async fn create_message(
             m
         }
     };
+    log(&mut w, Route::CreateMessage, &channel, Some(&msg.id), Some(&content), 200);
     shared.changed.notify_all();
     let obj = message_object(&msg.id, &msg.channel_id, BOT_USER_ID, true, &msg.content, msg.nonce.as_deref());
     let mut r = (StatusCode::OK, [("content-type", "application/json")], obj.to_string()).into_response();
-    bucket_headers(r.headers_mut(), opts.bucket_limit, remaining, reset_after, &channel);
+    bucket_headers(r.headers_mut(), opts.bucket_limit, remaining, reset_after, Route::CreateMessage);
+    r
+}
+
+fn log(w: &mut World, route: Route, channel: &str, message: Option<&str>, content: Option<&str>, status: u16) {
+    let call = RestCall {
+        route,
+        channel: channel.to_owned(),
+        message: message.map(str::to_owned),
+        content: content.map(str::to_owned),
+        status,
+        at: Instant::now(),
+    };
+    w.calls.push(call);
+}
+
+/// Counts one request to `route` in `channel` against the global limit, then the route's
+/// bucket (docs/topics/rate-limits), then the test's [`Fault`]: the bucket's `(remaining,
+/// reset_after)` for the headers, or the answer that refuses it (logged).
+fn admit(
+    shared: &Shared,
+    w: &mut World,
+    route: Route,
+    channel: &str,
+    message: Option<&str>,
+) -> Result<(u32, Duration), Box<Response>> {
+    let opts = &shared.opts;
+    let now = Instant::now();
+    // The global limit first (docs/topics/rate-limits "Global Rate Limit").
+    let (start, count) = w.global.filter(|(t, _)| now.duration_since(*t) < Duration::from_secs(1)).unwrap_or((now, 0));
+    if count >= opts.global_per_s {
+        w.stats.limited_global += 1;
+        log(w, route, channel, message, None, 429);
+        shared.changed.notify_all();
+        return Err(Box::new(limited(Duration::from_secs(1).saturating_sub(now.duration_since(start)), true)));
+    }
+    w.global = Some((start, count + 1));
+    // The route's bucket, keyed by its major parameter.
+    let fault = w.faults.get_mut(&route).filter(|(n, _)| *n > 0).map(|(n, f)| {
+        *n -= 1;
+        *f
+    });
+    let bucket = w
+        .buckets
+        .entry((route, channel.to_owned()))
+        .or_insert(Bucket { remaining: opts.bucket_limit, reset_at: now + opts.bucket_window });
+    if now >= bucket.reset_at {
+        *bucket = Bucket { remaining: opts.bucket_limit, reset_at: now + opts.bucket_window };
+    }
+    if let Some(Fault::Limited(d)) = fault {
+        bucket.remaining = 0;
+        bucket.reset_at = bucket.reset_at.max(now + d);
+    }
+    let reset_after = bucket.reset_at.saturating_duration_since(now);
+    if bucket.remaining == 0 {
+        w.stats.limited_route += 1;
+        log(w, route, channel, message, None, 429);
+        shared.changed.notify_all();
+        let mut r = limited(reset_after, false);
+        bucket_headers(r.headers_mut(), opts.bucket_limit, 0, reset_after, route);
+        return Err(Box::new(r));
+    }
+    bucket.remaining -= 1;
+    let remaining = bucket.remaining;
+    if let Some(Fault::Status(code)) = fault {
+        log(w, route, channel, message, None, code);
+        shared.changed.notify_all();
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return Err(Box::new(error(status, 0, "500: Internal Server Error")));
+    }
+    Ok((remaining, reset_after))
+}
+
+/// The bot's own message `message` in `channel`, if it exists and is not deleted.
+fn own_message<'a>(w: &'a mut World, channel: &str, message: &str) -> Option<&'a mut SentMessage> {
+    w.sent.iter_mut().find(|m| m.id == message && m.channel_id == channel && !m.deleted)
+}
+
+async fn edit_message(
+    State(shared): State<Arc<Shared>>,
+    Path((channel, message)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !authorized(&shared, &headers) {
+        return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
+    }
+    let mut w = shared.world();
+    let (remaining, reset_after) = match admit(&shared, &mut w, Route::EditMessage, &channel, Some(&message)) {
+        Ok(r) => r,
+        Err(r) => return *r,
+    };
+    let Ok(v) = serde_json::from_slice::<Value>(&body) else {
+        return error(StatusCode::BAD_REQUEST, 50109, "The request body contains invalid JSON.");
+    };
+    let content = v["content"].as_str().unwrap_or_default().to_owned();
+    if content.is_empty() {
+        return error(StatusCode::BAD_REQUEST, 50006, "Cannot send an empty message");
+    }
+    if content.chars().count() > 2000 {
+        return error(StatusCode::BAD_REQUEST, 50035, "Invalid Form Body: content: Must be 2000 or fewer in length.");
+    }
+    let Some(m) = own_message(&mut w, &channel, &message) else {
+        log(&mut w, Route::EditMessage, &channel, Some(&message), Some(&content), 404);
+        shared.changed.notify_all();
+        return error(StatusCode::NOT_FOUND, 10008, "Unknown Message");
+    };
+    m.content.clone_from(&content);
+    let nonce = m.nonce.clone();
+    let obj = message_object(&message, &channel, BOT_USER_ID, true, &content, nonce.as_deref());
+    shared.dispatch_all(&mut w, "MESSAGE_UPDATE", &obj);
+    log(&mut w, Route::EditMessage, &channel, Some(&message), Some(&content), 200);
+    shared.changed.notify_all();
+    let mut r = (StatusCode::OK, [("content-type", "application/json")], obj.to_string()).into_response();
+    bucket_headers(r.headers_mut(), shared.opts.bucket_limit, remaining, reset_after, Route::EditMessage);
+    r
+}
+
+async fn delete_message(
+    State(shared): State<Arc<Shared>>,
+    Path((channel, message)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    if !authorized(&shared, &headers) {
+        return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
+    }
+    let mut w = shared.world();
+    let (remaining, reset_after) = match admit(&shared, &mut w, Route::DeleteMessage, &channel, Some(&message)) {
+        Ok(r) => r,
+        Err(r) => return *r,
+    };
+    let Some(m) = own_message(&mut w, &channel, &message) else {
+        log(&mut w, Route::DeleteMessage, &channel, Some(&message), None, 404);
+        shared.changed.notify_all();
+        return error(StatusCode::NOT_FOUND, 10008, "Unknown Message");
+    };
+    m.deleted = true;
+    shared.dispatch_all(&mut w, "MESSAGE_DELETE", &json!({"id": message, "channel_id": channel}));
+    log(&mut w, Route::DeleteMessage, &channel, Some(&message), None, 204);
+    shared.changed.notify_all();
+    let mut r = StatusCode::NO_CONTENT.into_response();
+    bucket_headers(r.headers_mut(), shared.opts.bucket_limit, remaining, reset_after, Route::DeleteMessage);
+    r
+}
+
+async fn trigger_typing(
+    State(shared): State<Arc<Shared>>,
+    Path(channel): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if !authorized(&shared, &headers) {
+        return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
+    }
+    let mut w = shared.world();
+    let (remaining, reset_after) = match admit(&shared, &mut w, Route::Typing, &channel, None) {
+        Ok(r) => r,
+        Err(r) => return *r,
+    };
+    if channel.parse::<u64>().is_err() {
+        return error(StatusCode::NOT_FOUND, 10003, "Unknown Channel");
+    }
+    log(&mut w, Route::Typing, &channel, None, None, 204);
+    shared.changed.notify_all();
+    let mut r = StatusCode::NO_CONTENT.into_response();
+    bucket_headers(r.headers_mut(), shared.opts.bucket_limit, remaining, reset_after, Route::Typing);
     r
 }
 
 /// docs/topics/rate-limits "Header Format".
-fn bucket_headers(h: &mut HeaderMap, limit: u32, remaining: u32, reset_after: Duration, channel: &str) {
+fn bucket_headers(h: &mut HeaderMap, limit: u32, remaining: u32, reset_after: Duration, route: Route) {
     let reset = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default() + reset_after;
     h.insert("x-ratelimit-limit", HeaderValue::from(limit));
     h.insert("x-ratelimit-remaining", HeaderValue::from(remaining));
@@ -922,8 +1155,8 @@ fn bucket_headers(h: &mut HeaderMap, limit: u32, remaining: u32, reset_after: Du
     if let Ok(v) = HeaderValue::from_str(&format!("{:.3}", reset_after.as_secs_f64())) {
         h.insert("x-ratelimit-reset-after", v);
     }
-    // One bucket per route shape; the channel makes it per resource (the major parameter).
-    if let Ok(v) = HeaderValue::from_str(&format!("create-message-{}", channel.len() % 7)) {
+    // One bucket hash per route shape; the channel makes it per resource (the major parameter).
+    if let Ok(v) = HeaderValue::from_str(route.name()) {
         h.insert("x-ratelimit-bucket", v);
     }
 }
@@ -947,7 +1180,7 @@ async fn sent(State(shared): State<Arc<Shared>>) -> Response {
         .world()
         .sent
         .iter()
-        .map(|m| json!({"id": m.id, "channel_id": m.channel_id, "content": m.content}))
+        .map(|m| json!({"id": m.id, "channel_id": m.channel_id, "content": m.content, "deleted": m.deleted}))
         .collect();
     (StatusCode::OK, Value::Array(list).to_string()).into_response()
 }

@@ -250,6 +250,29 @@ fn chat_sessions_and_approvals_through_real_hermes() {
     assert!(wait_until(REPLY, || interruptions() > before), "hermes stopped the run\n{}", r.diag());
     assert_eq!(r.count(7, "never sent"), 0);
 
+    // hermes's run events drive the chat (issue 17 section 3): its `message.delta`s, streamed
+    // from the LLM a word every 300 ms, grow a preview after 2 s; then the final text once and
+    // the preview gone, typing all along.
+    let long = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen";
+    r.llm.on("user", "tell me slowly", [Reply::text(long)]);
+    r.llm.set_latency(Duration::ZERO, Duration::from_millis(300));
+    r.say(8, USER, "tell me slowly");
+    r.reply(8, |t| t == long);
+    r.llm.set_latency(Duration::ZERO, Duration::ZERO);
+    let in_8 = |v: &Value| *v == json!(8);
+    let previews: Vec<_> = r.tg.sent(&r.tok).into_iter().filter(|m| in_8(&m.chat_id) && m.text != long).collect();
+    assert_eq!(previews.len(), 1, "one preview, of the reply as hermes streamed it: {previews:#?}\n{}", r.diag());
+    let edits: Vec<_> = r.tg.edits(&r.tok).into_iter().filter(|e| e.message_id == previews[0].message_id).collect();
+    assert!(!edits.is_empty(), "the preview grows with hermes's deltas: {previews:#?}");
+    for shown in previews.iter().map(|p| &p.text).chain(edits.iter().map(|e| &e.text)) {
+        let shown = shown.strip_suffix(" …").unwrap_or_else(|| panic!("a preview ends with ' …': {shown:?}"));
+        assert!(long.starts_with(shown), "a preview is a prefix of the reply: {shown:?}");
+    }
+    let gone = || !r.tg.visible(&r.tok).iter().any(|m| m.message_id == previews[0].message_id);
+    assert!(wait_until(REPLY, gone), "the preview is removed once the final text is sent");
+    assert_eq!(r.count(8, long), 1);
+    assert!(r.tg.actions(&r.tok).iter().any(|a| in_8(&a.chat_id) && a.action == "typing"), "typing while hermes works");
+
     let out = run_cli(&r.home, &["stop"]);
     assert_cli(&out, 0, "stop");
     assert!(wait_until(EXIT, || !pid_alive(hermes)), "stop stops hermes too");

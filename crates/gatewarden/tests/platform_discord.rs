@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use work_common::*;
 
-use gatewarden_discord_fake::{FakeDiscord, Options, SentMessage};
+use gatewarden_discord_fake::{FakeDiscord, Options, Route, SentMessage};
+use gatewarden_testkit::llmfake::{FakeLlm, Reply};
 
 const TOKEN_ENV: &str = "GW_TEST_DISCORD_TOKEN";
 const ADMIN: &str = "42";
@@ -259,5 +260,43 @@ fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
     assert!(holds_for(Duration::from_millis(500), || fake.sent().len() == total as usize).is_ok());
     assert_eq!(st.identifies, 1, "every successor resumed: {st:?}");
     assert!(st.resumed >= u64::from(restarts), "{st:?}");
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
+/// Issue 20, typing and progress through the real binary: `backend = "openai"` against the
+/// streaming fake provider (16 words, one per 250 ms). The channel shows typing from the start,
+/// a preview message edited as the reply grows, then the final text as its own message, once,
+/// and the preview deleted.
+#[test]
+fn a_streaming_run_types_previews_and_ends_with_the_final_text_once() {
+    let (home, sw, tok) = (TempHome::new(), Sweeper::new(), token());
+    let fake = fake(&tok);
+    let words: Vec<String> = (1..=16).map(|i| format!("word{i}")).collect();
+    let text = format!("{}.", words.join(" "));
+    let llm = FakeLlm::start(Reply::text(&text)).expect("fake provider");
+    llm.set_latency(Duration::ZERO, Duration::from_millis(250));
+    let agent = format!("backend = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"\ntimeout_s = 60", llm.base_url());
+    let _g = start_gw(&home, &sw, &tok, &config(&fake, &agent, ""));
+    fake.message("7", ADMIN, "tell me a story");
+    wait_reply(&fake, "7", |t| t == text);
+    let on_screen = || -> Vec<String> {
+        fake.sent().into_iter().filter(|m| m.channel_id == "7" && !m.deleted).map(|m| m.content).collect()
+    };
+    assert!(wait_until(REPLY, || on_screen() == [text.clone()]), "left on screen: {:?}", on_screen());
+
+    let calls: Vec<_> = fake.calls().into_iter().filter(|c| c.channel == "7" && c.status < 300).collect();
+    let final_at = calls.iter().position(|c| c.content.as_deref() == Some(text.as_str())).expect("the reply");
+    let first_typing = calls.iter().position(|c| c.route == Route::Typing).expect("typing");
+    let preview = calls
+        .iter()
+        .position(|c| c.route == Route::CreateMessage && c.content.as_deref().is_some_and(|t| t.ends_with(" …")))
+        .unwrap_or_else(|| panic!("no preview: {calls:#?}"));
+    assert!(first_typing < preview && preview < final_at, "typing, preview, reply: {calls:#?}");
+    let id = calls[preview].message.clone();
+    let edits = calls.iter().filter(|c| c.route == Route::EditMessage && c.message == id).count();
+    assert!(edits >= 1, "the preview grows: {calls:#?}");
+    let deleted = calls.iter().position(|c| c.route == Route::DeleteMessage && c.message == id);
+    assert!(deleted.is_some_and(|d| d > final_at), "deleted after the reply: {calls:#?}");
+    assert_eq!(count(&fake.sent(), "7", &text), 1, "the final text once");
     assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
 }

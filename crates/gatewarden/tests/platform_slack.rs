@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use work_common::*;
 
+use gatewarden_testkit::llmfake::{FakeLlm, Reply};
 use gatewarden_testkit::slackfake::{FakeSlack, Options, Posted};
 
 const APP_ENV: &str = "GW_TEST_SLACK_APP_TOKEN";
@@ -294,4 +295,44 @@ fn cluster_failover_only_the_active_consumes() {
     let posted = fake.posted();
     assert_eq!((count(&posted, "C1", "before"), count(&posted, "C1", "after")), (1, 1), "{posted:#?}");
     stop_cleanly(&hb, &mut gb);
+}
+
+/// Issue 20, progress through the real binary: `backend = "openai"` against the streaming fake
+/// provider (16 words, one per 250 ms), a message in a thread. The preview is posted in that
+/// thread, updated as the reply grows, and deleted once the final text is out in the thread,
+/// once.
+#[test]
+fn a_streaming_run_in_a_thread_previews_and_ends_with_the_final_text_once() {
+    const THREAD: &str = "1700000000.000300";
+    let (home, sw, fake) = (TempHome::new(), Sweeper::new(), fake());
+    let words: Vec<String> = (1..=16).map(|i| format!("word{i}")).collect();
+    let text = format!("{}.", words.join(" "));
+    let llm = FakeLlm::start(Reply::text(&text)).expect("fake provider");
+    llm.set_latency(Duration::ZERO, Duration::from_millis(250));
+    let agent = format!("backend = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"\ntimeout_s = 60", llm.base_url());
+    let _g = start_gw(&home, &sw, &fake, &config(&fake, &agent));
+    wait_adapter(&home, "connected", READY);
+    fake.user_message("C7", ADMIN, "tell me a story", Some(THREAD));
+    wait_reply(&fake, "C7", |t| t == text);
+    let on_screen = || -> Vec<(String, Option<String>)> {
+        fake.visible().into_iter().filter(|p| p.channel == "C7").map(|p| (p.text, p.thread_ts)).collect()
+    };
+    let want = [(text.clone(), Some(THREAD.to_owned()))];
+    assert!(wait_until(REPLY, || on_screen() == want), "left on screen: {:?}", on_screen());
+
+    let calls: Vec<_> = fake.calls().into_iter().filter(|c| c.channel == "C7" && c.error.is_none()).collect();
+    let is_preview = |c: &&gatewarden_testkit::slackfake::Call| c.text.as_deref().is_some_and(|t| t.ends_with(" …"));
+    let preview = calls
+        .iter()
+        .position(|c| c.method == "chat.postMessage" && is_preview(&c))
+        .unwrap_or_else(|| panic!("no preview: {calls:#?}"));
+    assert_eq!(calls[preview].thread_ts.as_deref(), Some(THREAD), "the preview stays in the thread");
+    let ts = calls[preview].ts.clone();
+    let final_at = calls.iter().position(|c| c.text.as_deref() == Some(text.as_str())).expect("the reply");
+    assert!(preview < final_at);
+    assert!(calls.iter().any(|c| c.method == "chat.update" && c.ts == ts), "the preview grows: {calls:#?}");
+    let deleted = calls.iter().position(|c| c.method == "chat.delete" && c.ts == ts);
+    assert!(deleted.is_some_and(|d| d > final_at), "deleted after the reply: {calls:#?}");
+    assert_eq!(count(&fake.posted(), "C7", &text), 1, "the final text once");
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
 }

@@ -6,6 +6,11 @@
 //! far, its `exited` event. One that never wrote `exited` was killed (SIGKILL, the OOM killer)
 //! or died before its exit path; one that exited 0 or 75 ended as asked; 78 is not revived by
 //! any manager. A run that lasted [`HEALTHY`] or longer breaks the loop.
+//!
+//! A process that died before writing `started` (a broken release, a missing library) leaves
+//! only the `crash_backoff` line the unit's `ExecStopPost=` writes after every crash
+//! (crates/ops/src/crash_backoff.rs). Those lines after the newest `started` are crashes too,
+//! except the first when the newest incarnation crashed: that line is its own.
 
 use std::time::{Duration, SystemTime};
 
@@ -25,6 +30,8 @@ pub enum LastExit {
     Code { code: i64, reason: Option<String> },
     /// It wrote no exit: killed (SIGKILL, the OOM killer) or died before its exit path.
     Unrecorded,
+    /// It died before writing `started`; `exit` is how, as systemd told `crash-backoff`.
+    BeforeStart { exit: String },
 }
 
 impl LastExit {
@@ -33,6 +40,7 @@ impl LastExit {
             LastExit::Code { code, reason: Some(r) } => format!("exit {code} ({r})"),
             LastExit::Code { code, reason: None } => format!("exit {code}"),
             LastExit::Unrecorded => "no exit recorded (killed, e.g. by SIGKILL or the OOM killer)".into(),
+            LastExit::BeforeStart { exit } => format!("{exit}, before it started"),
         }
     }
 }
@@ -46,6 +54,10 @@ pub struct CrashRun {
     pub last: Option<LastExit>,
     /// When the first of them started (RFC 3339), for "N crashes since T".
     pub since: Option<String>,
+    /// The newest incarnation crashed and no `crash_backoff` line followed it yet: the
+    /// `ExecStopPost=` running now is for that crash (else for one before `started`).
+    #[serde(skip)]
+    pub newest_unlogged: bool,
 }
 
 struct Incarnation<'a> {
@@ -63,6 +75,8 @@ pub fn crash_run<'a>(
     running_now: bool,
 ) -> CrashRun {
     let mut incs: Vec<(String, Incarnation<'a>)> = Vec::new();
+    // The `crash_backoff` lines after the newest `started`: (ts, exit) each.
+    let mut backoffs: Vec<(&'a str, Option<&'a str>)> = Vec::new();
     for e in events {
         let (Some(inc), Some(ev), Some(ts)) = (
             e.get("incarnation").and_then(Value::as_str),
@@ -73,7 +87,11 @@ pub fn crash_run<'a>(
         };
         let Some(at) = timefmt::parse(ts) else { continue };
         match ev {
-            "started" => incs.push((inc.to_owned(), Incarnation { started: at, started_ts: ts, exited: None })),
+            "started" => {
+                backoffs.clear();
+                incs.push((inc.to_owned(), Incarnation { started: at, started_ts: ts, exited: None }));
+            }
+            "crash_backoff" => backoffs.push((ts, e.get("exit").and_then(Value::as_str))),
             "exited" => {
                 if let Some((_, i)) = incs.iter_mut().rev().find(|(id, _)| id == inc) {
                     let code = e.get("code").and_then(Value::as_i64);
@@ -84,8 +102,9 @@ pub fn crash_run<'a>(
             _ => {}
         }
     }
-    let mut run = CrashRun { crashes: 0, last: None, since: None };
+    let mut run = CrashRun { crashes: 0, last: None, since: None, newest_unlogged: false };
     let mut end_of_next = now;
+    let mut newest_crashed = false;
     for (n, (_, i)) in incs.iter().rev().enumerate() {
         let end = match &i.exited {
             Some((at, _, _)) => *at,
@@ -112,12 +131,20 @@ pub fn crash_run<'a>(
                 None => LastExit::Unrecorded,
             });
         }
+        newest_crashed |= n == 0;
         run.crashes += 1;
         run.since = Some(i.started_ts.to_owned());
         if end.duration_since(i.started).is_ok_and(|up| up >= HEALTHY) {
             break;
         }
         end_of_next = i.started;
+    }
+    run.newest_unlogged = newest_crashed && backoffs.is_empty();
+    let before_start = &backoffs[usize::from(newest_crashed).min(backoffs.len())..];
+    if let (Some((first_ts, _)), Some((_, exit))) = (before_start.first(), before_start.last()) {
+        run.crashes = run.crashes.saturating_add(u32::try_from(before_start.len()).unwrap_or(u32::MAX));
+        run.last = Some(LastExit::BeforeStart { exit: exit.unwrap_or("a crash").to_owned() });
+        run.since.get_or_insert_with(|| (*first_ts).to_owned());
     }
     run
 }
@@ -172,7 +199,43 @@ mod tests {
         assert_eq!(crash_run(&log, at(302), false).crashes, 3, "e and d quick, c healthy then killed");
         assert_eq!(crash_run(&log[..3], at(200), false).crashes, 0, "the newest exited 75");
         assert_eq!(crash_run(&log[..1], at(200), false).crashes, 1, "one long run that ended unrecorded");
-        assert_eq!(crash_run(&[], at(0), false), CrashRun { crashes: 0, last: None, since: None });
+        assert_eq!(
+            crash_run(&[], at(0), false),
+            CrashRun { crashes: 0, last: None, since: None, newest_unlogged: false }
+        );
+    }
+
+    #[test]
+    fn processes_that_died_before_started_count_from_their_backoff_lines() {
+        let line = |secs, exit: &str| ev("crash_backoff", "x", secs, json!({"exit": exit}));
+        let a = [ev("started", "a", 0, json!({})), ev("exited", "a", 1, json!({"code": 1}))];
+        // The newest incarnation crashed; its own line not written yet, then written.
+        let r = crash_run(&a, at(2), false);
+        assert_eq!((r.crashes, r.newest_unlogged), (1, true));
+        let mut log = a.to_vec();
+        log.push(line(2, "exit 1"));
+        let r = crash_run(&log, at(3), false);
+        assert_eq!((r.crashes, r.newest_unlogged), (1, false));
+        // Two more processes that never wrote `started`: three in a row, the last one's exit.
+        log.extend([line(3, "exit 127"), line(4, "killed by SIGSEGV")]);
+        let r = crash_run(&log, at(5), false);
+        assert_eq!(r.crashes, 3);
+        assert_eq!(r.last, Some(LastExit::BeforeStart { exit: "killed by SIGSEGV".into() }));
+        assert_eq!(r.since.as_deref(), log[0]["ts"].as_str());
+        // After a planned exit every line is a crash before `started`, counted from the first.
+        let log = [
+            ev("started", "a", 0, json!({})),
+            ev("exited", "a", 1, json!({"code": 0})),
+            line(2, "exit 127"),
+            line(3, "exit 127"),
+        ];
+        let r = crash_run(&log, at(4), false);
+        assert_eq!((r.crashes, r.newest_unlogged), (2, false));
+        assert_eq!(r.since.as_deref(), log[2]["ts"].as_str());
+        // A `started` after them ends that count: it is a new incarnation.
+        let mut log = log.to_vec();
+        log.push(ev("started", "b", 5, json!({})));
+        assert_eq!(crash_run(&log, at(6), true).crashes, 0);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use gatewarden_lifecycle::crashes::{CrashRun, crash_run};
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
 use gatewarden_lifecycle::{ExitIntent, Home};
 use gatewarden_service::supervise::SupervisePolicy;
-use serde_json::{Map, Value, json};
+use serde_json::json;
 
 use crate::crash_loop::events;
 
@@ -31,7 +31,7 @@ pub fn crash_backoff(home: &Home) -> crate::Result<ExitCode> {
     let home = home.canonicalized();
     let events = events(&home);
     let run = crash_run(&events, SystemTime::now(), false);
-    let crashes = crashes_in_a_row(&run, &events);
+    let crashes = crashes_in_a_row(&run);
     let delay = delay_after(crashes);
     let _ = Ledger::new(home.ledger(), Writer::current()).append(
         "crash_backoff",
@@ -47,16 +47,12 @@ pub fn crash_backoff(home: &Home) -> crate::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The crashes in a row, this one included. The ledger's crash run counts incarnations that
-/// wrote `started`; one that died before (a broken release, a missing library) left only the
-/// `crash_backoff` line written after it, so those after the newest `started` count too (one
-/// of them is the newest incarnation's own when it crashed, and then this crash is not it).
-/// Without them, `RestartSec=0` would restart such a loop at once, forever.
-fn crashes_in_a_row(run: &CrashRun, events: &[Map<String, Value>]) -> u32 {
-    let is = |e: &Map<String, Value>, name: &str| e.get("event").and_then(Value::as_str) == Some(name);
-    let after_start = events.iter().rposition(|e| is(e, "started")).map_or(0, |i| i + 1);
-    let backoffs = events[after_start..].iter().filter(|e| is(e, "crash_backoff")).count();
-    run.crashes.max(1).saturating_add(u32::try_from(backoffs).unwrap_or(u32::MAX))
+/// The crashes in a row, this one included: the ledger's crash run (which counts processes
+/// that died before `started` by their lines), plus this crash unless it is the newest
+/// incarnation's, already counted. Without the ones before `started`, `RestartSec=0` would
+/// restart such a loop at once, forever.
+fn crashes_in_a_row(run: &CrashRun) -> u32 {
+    if run.newest_unlogged { run.crashes } else { run.crashes.saturating_add(1) }
 }
 
 /// How the main process ended, in words; `None` for an exit that is not a crash.
@@ -82,6 +78,7 @@ fn delay_after(crashes: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Map, Value};
 
     #[test]
     fn only_crashes_wait() {
@@ -104,17 +101,17 @@ mod tests {
 
     #[test]
     fn crashes_before_started_count_from_their_backoff_lines() {
-        let run = |crashes| CrashRun { crashes, last: None, since: None };
+        let in_a_row = |log: &[Map<String, Value>]| crashes_in_a_row(&crash_run(log, SystemTime::now(), false));
         // The newest incarnation crashed and nothing came after it: this crash is it.
         let log = [ev("started", None)];
-        assert_eq!(crashes_in_a_row(&run(3), &log), 3);
+        assert_eq!(in_a_row(&log), 1);
         // Its line, then two processes that died before `started`: this is the third of those.
         let log = [ev("started", None), ev("crash_backoff", None), ev("crash_backoff", None)];
-        assert_eq!(crashes_in_a_row(&run(3), &log), 5);
+        assert_eq!(in_a_row(&log), 3);
         // After a planned exit, every line is a crash before `started`, and so is this one.
         let log = [ev("started", None), ev("exited", Some(0)), ev("crash_backoff", None)];
-        assert_eq!(crashes_in_a_row(&run(0), &log), 2);
-        assert_eq!(crashes_in_a_row(&run(0), &[]), 1);
+        assert_eq!(in_a_row(&log), 2);
+        assert_eq!(in_a_row(&[]), 1);
     }
 
     #[test]

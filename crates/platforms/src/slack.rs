@@ -32,6 +32,14 @@
 //!   and `>` escaped as Slack asks; a 429 waits its `Retry-After` (the method's per-channel
 //!   limit). No idempotency key: a crash between a post and the outbox commit posts that piece
 //!   again after the restart.
+//! - **The agent at work** (skeleton/progress.rs). No typing indicator: Slack gives bots none in
+//!   Socket Mode or the Web API, so `typing` stays a no-op. A preview is a message of its own,
+//!   posted with `chat.postMessage` into the chat's thread (`thread_ts`, like the reply), edited
+//!   with `chat.update` (channel and `ts`) as the reply grows, and deleted with `chat.delete`
+//!   (`message_not_found` counts as deleted) once the reply is sent as its own message or the
+//!   run is abandoned. `chat.update` and `chat.delete` are Tier 3 (about 50 a minute per app
+//!   and workspace): each is counted on our side, and a 429's `Retry-After` holds that method
+//!   (and the chat's previews), never the outbox.
 //! - **Bots and edits are not answered**: messages with a `bot_id`, from our own bot user, or
 //!   with a subtype other than `thread_broadcast` and `file_share` (`message_changed`,
 //!   `bot_message`, `channel_join`, …).
@@ -274,7 +282,7 @@ impl Protocol for Proto {
             fatal: None,
             refresh: None,
         };
-        Ok((rx, Poster { api, bot_token: self.bot_token.clone() }))
+        Ok((rx, Poster { api, bot_token: self.bot_token.clone(), update: Tier::new(), delete: Tier::new() }))
     }
 }
 
@@ -731,26 +739,122 @@ fn named(f: Failure, what: &str) -> Failure {
     }
 }
 
-/// The send side: `chat.postMessage` with the bot token.
+/// The send side: `chat.postMessage` with the bot token for replies and previews,
+/// `chat.update` and `chat.delete` for previews.
 pub struct Poster {
     api: WebApi,
     bot_token: String,
+    /// `chat.update`'s and `chat.delete`'s own limits (their tiers are per app and workspace).
+    update: Tier,
+    delete: Tier,
+}
+
+/// A Web API failure as the skeleton's sender takes it.
+fn send_error(e: ApiError) -> SendError {
+    match e {
+        ApiError::RateLimited(d) => SendError::RateLimited(d),
+        ApiError::Refused(m) => SendError::Rejected(m),
+        ApiError::Auth(m) => SendError::Unauthorized(format!("bot token (bot_token_env): {m}")),
+        e @ (ApiError::Network(_) | ApiError::Server(_)) => SendError::Failed(e.to_string()),
+    }
+}
+
+/// One Tier 3 method's limit, kept on our side (https://api.slack.com/apis/rate-limits: "50+
+/// per minute", per method, app and workspace): the calls of the last minute, and a time a 429
+/// named before which no call is made.
+struct Tier {
+    calls: std::collections::VecDeque<Instant>,
+    until: Option<Instant>,
+}
+
+impl Tier {
+    const PER_MINUTE: usize = 50;
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    fn new() -> Tier {
+        Tier { calls: std::collections::VecDeque::with_capacity(Self::PER_MINUTE), until: None }
+    }
+
+    /// Takes a call at `now`, or says how long to wait for one.
+    fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        if let Some(t) = self.until.filter(|t| *t > now) {
+            return Err(t - now);
+        }
+        while self.calls.front().is_some_and(|t| now.saturating_duration_since(*t) >= Self::MINUTE) {
+            self.calls.pop_front();
+        }
+        if self.calls.len() >= Self::PER_MINUTE {
+            let oldest = self.calls.front().copied().unwrap_or(now);
+            return Err((oldest + Self::MINUTE).saturating_duration_since(now).max(Duration::from_millis(1)));
+        }
+        self.calls.push_back(now);
+        Ok(())
+    }
+
+    /// A 429 (or `ratelimited`) of this method: nothing more before its `Retry-After`.
+    fn limited(&mut self, e: &ApiError, now: Instant) {
+        if let ApiError::RateLimited(d) = e {
+            self.until = Some(now + d.unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(300)));
+        }
+    }
+}
+
+impl Poster {
+    /// `method` through `tier`: waited out on our side, a 429 remembered for the next call.
+    fn tiered(tier: &mut Tier, api: &WebApi, token: &str, method: &str, body: &Value) -> Result<Value, ApiError> {
+        tier.take(Instant::now()).map_err(|d| ApiError::RateLimited(Some(d)))?;
+        api.call(method, token, Some(body)).inspect_err(|e| tier.limited(e, Instant::now()))
+    }
+
+    /// `chat.postMessage` of `text` to `chat` (its thread, if any); returns the message's `ts`.
+    fn post(&self, chat: &str, text: &str) -> Result<Value, ApiError> {
+        let (channel, thread) = split_chat(chat);
+        let mut body = json!({ "channel": channel, "text": escape(text) });
+        if let Some(ts) = thread {
+            body["thread_ts"] = json!(ts);
+        }
+        self.api.call("chat.postMessage", &self.bot_token, Some(&body))
+    }
 }
 
 impl skeleton::Sender for Poster {
     fn send(&mut self, chat: &str, piece: &str, _id: PieceId) -> Result<(), SendError> {
-        let (channel, thread) = split_chat(chat);
-        let mut body = json!({ "channel": channel, "text": escape(piece) });
-        if let Some(ts) = thread {
-            body["thread_ts"] = json!(ts);
-        }
-        match self.api.call("chat.postMessage", &self.bot_token, Some(&body)) {
-            Ok(_) => Ok(()),
-            Err(ApiError::RateLimited(d)) => Err(SendError::RateLimited(d)),
-            Err(ApiError::Refused(m)) => Err(SendError::Rejected(m)),
-            Err(ApiError::Auth(m)) => Err(SendError::Unauthorized(format!("bot token (bot_token_env): {m}"))),
-            Err(e) => Err(SendError::Failed(e.to_string())),
-        }
+        self.post(chat, piece).map(drop).map_err(send_error)
+    }
+
+    // `typing` stays the skeleton's no-op: the Web API and Socket Mode give bots no typing
+    // indicator (the RTM API's `typing` message is not available to them).
+
+    /// A preview is a message of its own in the chat's thread (`chat.postMessage`, whose `ts`
+    /// names it), then `chat.update` of it.
+    fn preview(&mut self, chat: &str, text: &str, shown: Option<&str>) -> Result<Option<String>, SendError> {
+        let Some(ts) = shown else {
+            let v = self.post(chat, text).map_err(send_error)?;
+            return match v["ts"].as_str().filter(|t| !t.is_empty()) {
+                Some(ts) => Ok(Some(ts.to_owned())),
+                None => Err(SendError::Failed("chat.postMessage returned no ts".into())),
+            };
+        };
+        let (channel, _) = split_chat(chat);
+        let body = json!({ "channel": channel, "ts": ts, "text": escape(text) });
+        Self::tiered(&mut self.update, &self.api, &self.bot_token, "chat.update", &body).map_err(send_error)?;
+        Ok(Some(ts.to_owned()))
+    }
+
+    /// `chat.delete`; a message already gone (`message_not_found`) counts as deleted.
+    fn unpreview(&mut self, chat: &str, shown: &str) -> Result<(), SendError> {
+        let (channel, _) = split_chat(chat);
+        let body = json!({ "channel": channel, "ts": shown });
+        gone_is_done(Self::tiered(&mut self.delete, &self.api, &self.bot_token, "chat.delete", &body))
+    }
+}
+
+/// `chat.delete`'s outcome: `message_not_found` is what was wanted.
+fn gone_is_done(r: Result<Value, ApiError>) -> Result<(), SendError> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(ApiError::Refused(m)) if m.ends_with(": message_not_found") => Ok(()),
+        Err(e) => Err(send_error(e)),
     }
 }
 
@@ -823,6 +927,26 @@ mod tests {
             classify(200, &json!({"ok": false, "error": "fatal_error"}), None, "m"),
             Err(ApiError::Server(_))
         ));
+    }
+
+    #[test]
+    fn tier_limits_are_kept_on_our_side_and_a_gone_preview_is_deleted() {
+        let t0 = Instant::now();
+        let mut t = Tier::new();
+        for _ in 0..Tier::PER_MINUTE {
+            assert_eq!(t.take(t0), Ok(()));
+        }
+        assert_eq!(t.take(t0 + Duration::from_secs(10)), Err(Duration::from_secs(50)), "50 a minute");
+        assert_eq!(t.take(t0 + Tier::MINUTE), Ok(()), "the window slid");
+        t.limited(&ApiError::RateLimited(Some(Duration::from_secs(7))), t0 + Tier::MINUTE);
+        assert_eq!(t.take(t0 + Tier::MINUTE + Duration::from_secs(2)), Err(Duration::from_secs(5)), "a 429 holds it");
+        assert!(t.calls.len() <= Tier::PER_MINUTE);
+        assert_eq!(gone_is_done(Err(ApiError::Refused("chat.delete: message_not_found".into()))), Ok(()));
+        assert_eq!(
+            gone_is_done(Err(ApiError::Refused("chat.delete: cant_delete_message".into()))),
+            Err(SendError::Rejected("chat.delete: cant_delete_message".into()))
+        );
+        assert_eq!(gone_is_done(Err(ApiError::RateLimited(None))), Err(SendError::RateLimited(None)));
     }
 
     #[test]

@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gatewarden_config::{PlatformConfig, PlatformKind};
-use gatewarden_discord_fake::{FakeDiscord, Options};
+use gatewarden_discord_fake::{FakeDiscord, Fault, Options, RestCall, Route};
 use gatewarden_platforms::discord::Discord;
-use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
+use gatewarden_platforms::{Activity, Adapter, Host, Inbound, Outgoing, Sent, State};
 
 mod support;
 use support::{MemHost, wait_for};
@@ -323,4 +323,148 @@ fn a_reply_sent_again_after_a_lost_outbox_commit_is_not_duplicated() {
     wait_for("the outbox emptied", Duration::from_secs(10), || host.mem.outbox.lock().unwrap().is_empty());
     stop(&d);
     assert_eq!(count(&fake, "echo: once"), 1, "Discord returned the first message instead of a second");
+}
+
+/// The calls to `channel` that succeeded, in order.
+fn done(fake: &FakeDiscord, channel: &str) -> Vec<RestCall> {
+    fake.calls().into_iter().filter(|c| c.channel == channel && c.status < 300).collect()
+}
+
+/// Waits for a call that `pred` picks (any status); all calls so far.
+#[track_caller]
+fn saw(fake: &FakeDiscord, what: &str, pred: impl Fn(&RestCall) -> bool) -> Vec<RestCall> {
+    match fake.wait_calls(Duration::from_secs(15), |cs| cs.iter().any(&pred)) {
+        Ok(c) => c,
+        Err(c) => panic!("no {what} among {c:#?}"),
+    }
+}
+
+fn is(route: Route, channel: &str, content: &str) -> impl Fn(&RestCall) -> bool {
+    move |c| c.route == route && c.channel == channel && c.status < 300 && c.content.as_deref() == Some(content)
+}
+
+/// The id of the message created in `channel` with `content`.
+fn created(fake: &FakeDiscord, channel: &str, content: &str) -> String {
+    let c = fake.calls().into_iter().find(is(Route::CreateMessage, channel, content));
+    c.and_then(|c| c.message).unwrap_or_else(|| panic!("no {content:?} created"))
+}
+
+fn deleted(channel: &str, id: &str) -> impl Fn(&RestCall) -> bool {
+    move |c| {
+        c.route == Route::DeleteMessage && c.channel == channel && c.status < 300 && c.message.as_deref() == Some(id)
+    }
+}
+
+/// What a user sees in `channel`: the bot's messages not deleted.
+fn visible(fake: &FakeDiscord, channel: &str) -> Vec<String> {
+    fake.sent().into_iter().filter(|m| m.channel_id == channel && !m.deleted).map(|m| m.content).collect()
+}
+
+/// Issue 20, "typing and progress": a streaming run shows "typing…" (Trigger Typing Indicator,
+/// refreshed), a preview message edited as it grows, then the reply as its own message and the
+/// preview deleted; an abandoned run's preview is deleted and nothing replaces it. While that
+/// second run refreshes its typing, the first chat gets none: its typing stopped with its run.
+#[test]
+fn a_streaming_run_types_previews_and_is_replaced_by_the_reply() {
+    const OTHER: &str = "300";
+    let dir = tempfile::tempdir().unwrap();
+    let fake = fake(Options::default());
+    let host = DirHost::new(dir.path().join("platforms"));
+    let d = start(&fake, &host, TOKEN);
+    wait_for("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
+
+    d.show(CHANNEL, "run-1", Activity::Started);
+    d.show(CHANNEL, "run-1", Activity::Text("Hello ".into()));
+    saw(&fake, "typing", |c| c.route == Route::Typing && c.channel == CHANNEL);
+    saw(&fake, "a preview", is(Route::CreateMessage, CHANNEL, "Hello …"));
+    d.show(CHANNEL, "run-1", Activity::Text("world".into()));
+    saw(&fake, "an edit", is(Route::EditMessage, CHANNEL, "Hello world …"));
+    d.show(CHANNEL, "run-1", Activity::Ended { replied: true });
+    host.mem.queue_reply(CHANNEL, "Hello world.", Some("run-1"));
+    d.wake();
+    let preview = created(&fake, CHANNEL, "Hello …");
+    saw(&fake, "the preview deleted", deleted(CHANNEL, &preview));
+    let reply = created(&fake, CHANNEL, "Hello world.");
+    assert_ne!(reply, preview, "the reply is a message of its own");
+
+    let calls = done(&fake, CHANNEL);
+    let steps: Vec<(Route, Option<&str>, Option<&str>)> = calls
+        .iter()
+        .filter(|c| c.route != Route::Typing)
+        .map(|c| (c.route, c.message.as_deref(), c.content.as_deref()))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            (Route::CreateMessage, Some(preview.as_str()), Some("Hello …")),
+            (Route::EditMessage, Some(preview.as_str()), Some("Hello world …")),
+            (Route::CreateMessage, Some(reply.as_str()), Some("Hello world.")),
+            (Route::DeleteMessage, Some(preview.as_str()), None),
+        ],
+        "create, edit, reply, delete"
+    );
+    let reply_at = calls.iter().find(|c| c.message.as_deref() == Some(reply.as_str())).map(|c| c.at).unwrap();
+
+    // An abandoned run (cancelled by a drain): its preview goes, no reply comes.
+    d.show(OTHER, "run-2", Activity::Started);
+    d.show(OTHER, "run-2", Activity::Text("Thinking".into()));
+    saw(&fake, "a preview in the other channel", is(Route::CreateMessage, OTHER, "Thinking …"));
+    // Typing is refreshed while a run is in progress (at its start, again after the preview
+    // message ended it, then every 4 s)...
+    let typing = |cs: &[RestCall]| cs.iter().filter(|c| c.route == Route::Typing && c.channel == OTHER).count();
+    if let Err(cs) = fake.wait_calls(Duration::from_secs(15), |cs| typing(cs) >= 3) {
+        panic!("typing not refreshed: {cs:#?}");
+    }
+    d.show(OTHER, "run-2", Activity::Ended { replied: false });
+    let abandoned = created(&fake, OTHER, "Thinking …");
+    saw(&fake, "the abandoned preview deleted", deleted(OTHER, &abandoned));
+    stop(&d);
+    // ...and not after: none in the first channel once its reply was out, though the other
+    // run's refreshes came 4 s and more later.
+    let late: Vec<_> =
+        done(&fake, CHANNEL).into_iter().filter(|c| c.route == Route::Typing && c.at > reply_at).collect();
+    assert!(late.is_empty(), "typing after the run ended: {late:?}");
+    assert_eq!(visible(&fake, CHANNEL), ["Hello world."], "the final text, once");
+    assert!(visible(&fake, OTHER).is_empty(), "nothing left of the abandoned run");
+    assert_eq!(fake.stats().limited_route + fake.stats().limited_global, 0, "within the buckets");
+}
+
+/// A preview call that fails (a 500) or is rate limited (a 429 for a minute) never holds up the
+/// reply, nor sends it twice; the preview the limit kept on screen is listed in the home, and
+/// the successor deletes it.
+#[test]
+fn failed_and_rate_limited_previews_never_hold_up_or_double_the_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = fake(Options::default());
+    fake.fault(Route::CreateMessage, 1, Fault::Status(500));
+    fake.fault(Route::EditMessage, 1, Fault::Limited(Duration::from_secs(60)));
+    let host = DirHost::new(dir.path().join("platforms"));
+    let d = start(&fake, &host, TOKEN);
+    wait_for("connected", Duration::from_secs(10), || d.status().state() == State::Connected);
+
+    d.show(CHANNEL, "run-1", Activity::Started);
+    d.show(CHANNEL, "run-1", Activity::Text("Hello ".into()));
+    saw(&fake, "the failed preview", |c| c.route == Route::CreateMessage && c.status == 500);
+    saw(&fake, "the preview, tried again", is(Route::CreateMessage, CHANNEL, "Hello …"));
+    d.show(CHANNEL, "run-1", Activity::Text("world".into()));
+    saw(&fake, "the rate-limited edit", |c| c.route == Route::EditMessage && c.status == 429);
+    d.show(CHANNEL, "run-1", Activity::Ended { replied: true });
+    let seq = host.mem.queue_reply(CHANNEL, "Hello world.", Some("run-1"));
+    d.wake();
+    // Well inside the edit route's minute: the outbox is not held by the previews' limit.
+    saw(&fake, "the reply", is(Route::CreateMessage, CHANNEL, "Hello world."));
+    stop(&d);
+    assert!(host.mem.outcomes.lock().unwrap().contains(&(seq, Sent::Ok)));
+    let preview = created(&fake, CHANNEL, "Hello …");
+    assert_eq!(visible(&fake, CHANNEL), ["Hello …", "Hello world."], "the preview waits out the limit");
+    let listed = std::fs::read_to_string(dir.path().join("platforms/previews-discord.json")).unwrap();
+    assert!(listed.contains(&preview), "{listed}");
+
+    let d = start(&fake, &host, TOKEN);
+    saw(&fake, "the leftover preview deleted by the successor", deleted(CHANNEL, &preview));
+    stop(&d);
+    assert_eq!(visible(&fake, CHANNEL), ["Hello world."]);
+    assert_eq!(count(&fake, "Hello world."), 1, "the reply once");
+    let edits = fake.calls().into_iter().filter(|c| c.route == Route::EditMessage).count();
+    assert_eq!(edits, 1, "the held chat was not edited again (nor retried in a loop)");
 }

@@ -1,7 +1,8 @@
 //! The Slack adapter against the fake Slack (crates/testkit/src/slackfake.rs), with an
 //! in-memory host: acknowledgement only after the commit, redelivery journaled once, threads,
 //! filters, refresh without a gap over several connections, rate limits, a fake killed and
-//! revived, refused tokens and `link_disabled`.
+//! revived, refused tokens and `link_disabled`, and a run shown at work (a preview in the
+//! thread, edited then deleted; rate-limited preview calls).
 #![cfg(unix)]
 
 mod support;
@@ -11,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use gatewarden_config::{PlatformConfig, PlatformKind};
 use gatewarden_platforms::slack::Slack;
-use gatewarden_platforms::{Adapter, Host, Sent, State};
-use gatewarden_testkit::slackfake::{FakeSlack, Options};
+use gatewarden_platforms::{Activity, Adapter, Host, Sent, State};
+use gatewarden_testkit::slackfake::{Call, FakeSlack, Options};
 use serde_json::json;
 use support::{MemHost, wait_for as wait};
 
@@ -227,4 +228,137 @@ fn only_allowed_channels_are_answered_and_start_after_close_works() {
     assert_eq!(texts(&fake), ["echo: in a thread here", "echo: after close"]);
     assert_eq!(host.inbox.lock().unwrap().len(), 2);
     s.close(Instant::now() + Duration::from_secs(3));
+}
+
+/// Waits for a `chat.*` call that `pred` picks (any outcome); all calls so far.
+#[track_caller]
+fn saw(fake: &FakeSlack, what: &str, pred: impl Fn(&Call) -> bool) -> Vec<Call> {
+    match fake.wait_calls(Duration::from_secs(15), |cs| cs.iter().any(&pred)) {
+        Ok(c) => c,
+        Err(c) => panic!("no {what} among {c:#?}"),
+    }
+}
+
+fn ok(method: &'static str, channel: &'static str, text: &'static str) -> impl Fn(&Call) -> bool {
+    move |c| {
+        c.method == method
+            && c.channel == channel
+            && c.status == 200
+            && c.error.is_none()
+            && c.text.as_deref() == Some(text)
+    }
+}
+
+/// The `ts` of the message posted to `channel` with `text`.
+fn posted_ts(fake: &FakeSlack, channel: &'static str, text: &'static str) -> String {
+    let c = fake.calls().into_iter().find(ok("chat.postMessage", channel, text));
+    c.and_then(|c| c.ts).unwrap_or_else(|| panic!("no {text:?} posted"))
+}
+
+fn deleted(channel: &'static str, ts: &str) -> impl Fn(&Call) -> bool {
+    let ts = ts.to_owned();
+    move |c| c.method == "chat.delete" && c.channel == channel && c.error.is_none() && c.ts.as_deref() == Some(&ts)
+}
+
+/// Issue 20, "typing and progress": Slack gives bots no typing indicator, so a streaming run
+/// shows a preview, posted in the run's thread, updated as it grows, and deleted once the reply
+/// is out as its own message in the same thread; an abandoned run's preview is deleted and
+/// nothing replaces it.
+#[test]
+fn a_streaming_run_in_a_thread_previews_edits_and_is_replaced_by_the_reply() {
+    const THREAD: &str = "1700000000.000100";
+    let fake = FakeSlack::start(quick()).unwrap();
+    let (s, host) = start(&fake, config(&fake.api_base()));
+    let chat = format!("C1/{THREAD}");
+    s.show(&chat, "run-1", Activity::Started);
+    s.show(&chat, "run-1", Activity::Text("Hello ".into()));
+    saw(&fake, "a preview", ok("chat.postMessage", "C1", "Hello …"));
+    s.show(&chat, "run-1", Activity::Text("world".into()));
+    saw(&fake, "an update", ok("chat.update", "C1", "Hello world …"));
+    s.show(&chat, "run-1", Activity::Ended { replied: true });
+    host.queue_reply(&chat, "Hello world.", Some("run-1"));
+    s.wake();
+    let preview = posted_ts(&fake, "C1", "Hello …");
+    saw(&fake, "the preview deleted", deleted("C1", &preview));
+    let reply = posted_ts(&fake, "C1", "Hello world.");
+    assert_ne!(reply, preview, "the reply is a message of its own");
+    type Step = (String, Option<String>, Option<String>, Option<String>);
+    let steps: Vec<Step> =
+        fake.calls().into_iter().filter(|c| c.channel == "C1").map(|c| (c.method, c.ts, c.thread_ts, c.text)).collect();
+    let step = |m: &str, ts: &str, thread: Option<&str>, text: Option<&str>| {
+        (m.to_owned(), Some(ts.to_owned()), thread.map(str::to_owned), text.map(str::to_owned))
+    };
+    assert_eq!(
+        steps,
+        [
+            step("chat.postMessage", &preview, Some(THREAD), Some("Hello …")),
+            step("chat.update", &preview, None, Some("Hello world …")),
+            step("chat.postMessage", &reply, Some(THREAD), Some("Hello world.")),
+            step("chat.delete", &preview, None, None),
+        ],
+        "post in the thread, update, reply in the thread, delete"
+    );
+
+    // An abandoned run (cancelled by a drain), at the top level of another channel.
+    s.show("C2", "run-2", Activity::Started);
+    s.show("C2", "run-2", Activity::Text("Thinking".into()));
+    saw(&fake, "a preview in C2", ok("chat.postMessage", "C2", "Thinking …"));
+    s.show("C2", "run-2", Activity::Ended { replied: false });
+    let abandoned = posted_ts(&fake, "C2", "Thinking …");
+    saw(&fake, "the abandoned preview deleted", deleted("C2", &abandoned));
+    assert!(s.close(Instant::now() + Duration::from_secs(3)));
+    let visible: Vec<(String, String, Option<String>)> =
+        fake.visible().into_iter().map(|p| (p.channel, p.text, p.thread_ts)).collect();
+    assert_eq!(
+        visible,
+        [("C1".to_owned(), "Hello world.".to_owned(), Some(THREAD.to_owned()))],
+        "the final text, once"
+    );
+    assert!(fake.calls().iter().all(|c| c.status == 200 && c.error.is_none()), "{:#?}", fake.calls());
+}
+
+/// A preview post answered 429 and an update limited for a minute never hold up the reply nor
+/// send it twice; the preview the limit kept on screen is listed in the home, and the
+/// successor deletes it.
+#[test]
+fn rate_limited_previews_never_hold_up_or_double_the_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSlack::start(quick()).unwrap();
+    fake.flood(1, 1);
+    fake.flood_method("chat.update", 1, 60);
+    let host = Arc::new(MemHost::echoing());
+    *host.state_dir.lock().unwrap() = Some(dir.path().to_owned());
+    let o = fake.options();
+    let s = Slack::new(&config(&fake.api_base()), o.app_token.clone(), o.bot_token.clone()).unwrap();
+    s.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
+    wait("connected", Duration::from_secs(10), || s.status().state() == State::Connected);
+
+    s.show("C1", "run-1", Activity::Started);
+    s.show("C1", "run-1", Activity::Text("Hello ".into()));
+    saw(&fake, "the rate-limited preview", |c| c.method == "chat.postMessage" && c.status == 429);
+    saw(&fake, "the preview, after its Retry-After", ok("chat.postMessage", "C1", "Hello …"));
+    s.show("C1", "run-1", Activity::Text("world".into()));
+    saw(&fake, "the rate-limited update", |c| c.method == "chat.update" && c.status == 429);
+    s.show("C1", "run-1", Activity::Ended { replied: true });
+    let seq = host.queue_reply("C1", "Hello world.", Some("run-1"));
+    s.wake();
+    // Well inside chat.update's minute: the outbox is not held by the previews' limit.
+    saw(&fake, "the reply", ok("chat.postMessage", "C1", "Hello world."));
+    assert!(s.close(Instant::now() + Duration::from_secs(3)));
+    assert!(host.outcomes.lock().unwrap().contains(&(seq, Sent::Ok)));
+    let preview = posted_ts(&fake, "C1", "Hello …");
+    let texts: Vec<String> = fake.visible().into_iter().map(|p| p.text).collect();
+    assert_eq!(texts, ["Hello …", "Hello world."], "the preview waits out the limit");
+    let listed = std::fs::read_to_string(dir.path().join("previews-slack.json")).unwrap();
+    assert!(listed.contains(&preview), "{listed}");
+
+    let s = Slack::new(&config(&fake.api_base()), o.app_token, o.bot_token).unwrap();
+    s.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
+    saw(&fake, "the leftover preview deleted by the successor", deleted("C1", &preview));
+    assert!(s.close(Instant::now() + Duration::from_secs(3)));
+    let texts: Vec<String> = fake.visible().into_iter().map(|p| p.text).collect();
+    assert_eq!(texts, ["Hello world."]);
+    let updates = fake.calls().iter().filter(|c| c.method == "chat.update").count();
+    assert_eq!(updates, 1, "the held chat was not updated again (nor retried in a loop)");
+    assert_eq!(fake.calls().iter().filter(|c| c.text.as_deref() == Some("Hello world.")).count(), 1, "the reply once");
 }

@@ -37,6 +37,17 @@
 //!   `Retry-After` and `{"ok": false, "error": "ratelimited"}`. A post to an unknown channel is
 //!   `channel_not_found`. Each post comes back as a `message` event with the bot's `bot_id`
 //!   and `user` (as Slack echoes an app's own messages to its subscriptions).
+//! - **`chat.update`** (https://api.slack.com/methods/chat.update): `channel` and `ts` of a
+//!   message the bot posted, and the new `text`; `message_not_found` for any other (or a deleted)
+//!   one, `channel_not_found`, `no_text`. Answers `channel`, `ts`, `text`, and comes back as a
+//!   `message` event with subtype `message_changed`. Tier 3: more than
+//!   [`Options::tier3_per_minute`] calls within a minute are answered HTTP 429 with
+//!   `Retry-After` (https://api.slack.com/apis/rate-limits, "50+ per minute").
+//! - **`chat.delete`** (https://api.slack.com/methods/chat.delete): `channel` and `ts`;
+//!   `message_not_found` for a message that is not there (or deleted already); comes back as
+//!   `message_deleted`. Tier 3 like `chat.update`, each method counted on its own.
+//!   [`FakeSlack::flood_method`] answers any method's next calls 429. Every `chat.*` call is
+//!   logged with its outcome ([`FakeSlack::calls`]); [`FakeSlack::visible`] is what a user sees.
 //! - **`ok: false` errors** (https://api.slack.com/web#responses, each method's "Errors"): a
 //!   missing token is `not_authed`, a wrong one `invalid_auth`; [`FakeSlack::revoke_app`] and
 //!   [`FakeSlack::revoke_bot`] make a token answer `invalid_auth`, `account_inactive` or
@@ -89,6 +100,8 @@ pub struct Options {
     /// What connection URLs start with instead of `ws://<the WebSocket port>` (a TLS front in
     /// front of it: `wss://localhost:<port>`).
     pub ws_url: Option<String>,
+    /// Calls a minute of each Tier 3 method (`chat.update`, `chat.delete`) before 429s.
+    pub tier3_per_minute: usize,
 }
 
 impl Default for Options {
@@ -102,6 +115,7 @@ impl Default for Options {
             disconnect_grace: Duration::from_secs(10),
             channels: Vec::new(),
             ws_url: None,
+            tier3_per_minute: 50,
         }
     }
 }
@@ -113,6 +127,21 @@ pub struct Posted {
     pub text: String,
     pub thread_ts: Option<String>,
     pub ts: String,
+}
+
+/// One `chat.*` Web API call, as the fake answered it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// `chat.postMessage`, `chat.update`, `chat.delete`.
+    pub method: String,
+    pub channel: String,
+    /// The message posted (its new `ts`), updated or deleted.
+    pub ts: Option<String>,
+    pub thread_ts: Option<String>,
+    pub text: Option<String>,
+    /// The HTTP status, and the `error` of an `ok: false`.
+    pub status: u16,
+    pub error: Option<String>,
 }
 
 /// One envelope sent.
@@ -185,7 +214,15 @@ struct State {
     /// The consumer of every connection accepted, in order.
     connected: Vec<String>,
     posted: Vec<Posted>,
-    flood: Option<(u32, u64)>,
+    /// `ts` -> the text of its last `chat.update`.
+    edited: HashMap<String, String>,
+    /// The `ts` of deleted messages.
+    deleted: std::collections::HashSet<String>,
+    calls: Vec<Call>,
+    /// Method -> the calls of the last minute (Tier 3).
+    tier3: HashMap<String, VecDeque<Instant>>,
+    /// Method -> (calls left, Retry-After) answered 429.
+    floods: HashMap<String, (u32, u64)>,
     deliveries: Vec<Delivery>,
     stats: Stats,
     rr: usize,
@@ -235,7 +272,11 @@ impl FakeSlack {
                 tickets: HashMap::new(),
                 connected: Vec::new(),
                 posted: Vec::new(),
-                flood: None,
+                edited: HashMap::new(),
+                deleted: std::collections::HashSet::new(),
+                calls: Vec::new(),
+                tier3: HashMap::new(),
+                floods: HashMap::new(),
                 deliveries: Vec::new(),
                 stats: Stats::default(),
                 rr: 0,
@@ -421,7 +462,42 @@ impl FakeSlack {
 
     /// The next `calls` posts are answered 429 with `Retry-After: retry_after`.
     pub fn flood(&self, calls: u32, retry_after: u64) {
-        self.shared.lock().flood = Some((calls, retry_after));
+        self.flood_method("chat.postMessage", calls, retry_after);
+    }
+
+    /// The next `calls` calls of `method` are answered 429 with `Retry-After: retry_after`.
+    pub fn flood_method(&self, method: &str, calls: u32, retry_after: u64) {
+        self.shared.lock().floods.insert(method.to_owned(), (calls, retry_after));
+    }
+
+    /// Every `chat.*` call so far, in order.
+    pub fn calls(&self) -> Vec<Call> {
+        self.shared.lock().calls.clone()
+    }
+
+    /// Waits until `pred(calls)` holds, up to `timeout`; the calls either way.
+    pub fn wait_calls(&self, timeout: Duration, pred: impl Fn(&[Call]) -> bool) -> Result<Vec<Call>, Vec<Call>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let c = self.calls();
+            if pred(&c) {
+                return Ok(c);
+            }
+            if Instant::now() >= deadline {
+                return Err(c);
+            }
+            std::thread::sleep(TICK);
+        }
+    }
+
+    /// The bot's messages as a user sees them now: not deleted, with their last edit.
+    pub fn visible(&self) -> Vec<Posted> {
+        let s = self.shared.lock();
+        s.posted
+            .iter()
+            .filter(|p| !s.deleted.contains(&p.ts))
+            .map(|p| Posted { text: s.edited.get(&p.ts).unwrap_or(&p.text).clone(), ..p.clone() })
+            .collect()
     }
 
     /// Drops every connection and stops listening.
@@ -724,8 +800,35 @@ fn serve_http(shared: &Shared, conn: TcpStream, ws: SocketAddr) {
     );
 }
 
-/// One Web API method: `(status, Retry-After, body)`.
+/// One Web API method: `(status, Retry-After, body)`; `chat.*` calls are logged.
 fn api(
+    s: &mut State,
+    method: &str,
+    token: Option<&str>,
+    args: &Value,
+    ws: SocketAddr,
+    consumer: &str,
+) -> (u16, Option<u64>, Value) {
+    let answer = answer(s, method, token, args, ws, consumer);
+    if method.starts_with("chat.") {
+        let (status, _, v) = &answer;
+        let text = |v: &Value| v.as_str().map(str::to_owned);
+        let ts = if method == "chat.postMessage" { text(&v["ts"]) } else { text(&args["ts"]) };
+        s.calls.push(Call {
+            method: method.to_owned(),
+            channel: args["channel"].as_str().unwrap_or_default().to_owned(),
+            ts,
+            thread_ts: text(&args["thread_ts"]),
+            text: text(&args["text"]),
+            status: *status,
+            error: text(&v["error"]),
+        });
+    }
+    answer
+}
+
+/// [`api`]'s answer.
+fn answer(
     s: &mut State,
     method: &str,
     token: Option<&str>,
@@ -745,6 +848,33 @@ fn api(
     if let Some(e) = refused {
         return refuse(&e.clone());
     }
+    if let Some((n, after)) = s.floods.get(method).copied() {
+        if n > 1 {
+            s.floods.insert(method.to_owned(), (n - 1, after));
+        } else {
+            s.floods.remove(method);
+        }
+        return (429, Some(after), json!({"ok": false, "error": "ratelimited"}));
+    }
+    if matches!(method, "chat.update" | "chat.delete") {
+        // Tier 3, per method (https://api.slack.com/apis/rate-limits).
+        let now = Instant::now();
+        let (limit, minute) = (s.opts.tier3_per_minute, Duration::from_secs(60));
+        let window = s.tier3.entry(method.to_owned()).or_default();
+        while window.front().is_some_and(|t| now.duration_since(*t) >= minute) {
+            window.pop_front();
+        }
+        if window.len() >= limit {
+            let after = window.front().map_or(minute, |t| minute.saturating_sub(now.duration_since(*t)));
+            return (429, Some(after.as_secs().max(1)), json!({"ok": false, "error": "ratelimited"}));
+        }
+        window.push_back(now);
+    }
+    let channel = args["channel"].as_str().unwrap_or("").to_owned();
+    let known_channel = !channel.is_empty() && (s.opts.channels.is_empty() || s.opts.channels.contains(&channel));
+    let ts = args["ts"].as_str().unwrap_or("").to_owned();
+    // The bot's own message `ts` in `channel`, not deleted.
+    let own = |s: &State| s.posted.iter().position(|p| p.channel == channel && p.ts == ts && !s.deleted.contains(&ts));
     match method {
         "apps.connections.open" => {
             s.seq += 1;
@@ -761,13 +891,8 @@ fn api(
                    "team_id": TEAM_ID, "user_id": s.opts.bot_user, "bot_id": BOT_ID, "is_enterprise_install": false}),
         ),
         "chat.postMessage" => {
-            if let Some((n, after)) = s.flood {
-                s.flood = (n > 1).then(|| (n - 1, after));
-                return (429, Some(after), json!({"ok": false, "error": "ratelimited"}));
-            }
-            let channel = args["channel"].as_str().unwrap_or("").to_owned();
             let text = args["text"].as_str().unwrap_or("").to_owned();
-            if channel.is_empty() || (!s.opts.channels.is_empty() && !s.opts.channels.contains(&channel)) {
+            if !known_channel {
                 return refuse("channel_not_found");
             }
             if text.is_empty() {
@@ -784,6 +909,43 @@ fn api(
             }
             push_event(s, echo.clone());
             (200, None, json!({"ok": true, "channel": channel, "ts": ts, "message": echo}))
+        }
+        "chat.update" => {
+            let text = args["text"].as_str().unwrap_or("").to_owned();
+            if !known_channel {
+                return refuse("channel_not_found");
+            }
+            let Some(i) = own(s) else { return refuse("message_not_found") };
+            if text.is_empty() {
+                return refuse("no_text");
+            }
+            let before = s.posted[i].clone();
+            let previous = s.edited.insert(ts.clone(), text.clone()).unwrap_or(before.text);
+            let message = json!({"type": "message", "user": s.opts.bot_user, "bot_id": BOT_ID, "text": text, "ts": ts});
+            let was = json!({"type": "message", "user": s.opts.bot_user, "text": previous, "ts": ts});
+            let mut changed = json!({"type": "message", "subtype": "message_changed", "channel": channel,
+                                     "hidden": true, "ts": ts_now(s.seq), "message": message,
+                                     "previous_message": was});
+            if let Some(t) = &before.thread_ts {
+                changed["message"]["thread_ts"] = json!(t);
+            }
+            push_event(s, changed);
+            (200, None, json!({"ok": true, "channel": channel, "ts": ts, "text": text, "message": message}))
+        }
+        "chat.delete" => {
+            if !known_channel {
+                return refuse("channel_not_found");
+            }
+            if own(s).is_none() {
+                return refuse("message_not_found");
+            }
+            s.deleted.insert(ts.clone());
+            push_event(
+                s,
+                json!({"type": "message", "subtype": "message_deleted", "channel": channel, "hidden": true,
+                       "ts": ts_now(s.seq), "deleted_ts": ts}),
+            );
+            (200, None, json!({"ok": true, "channel": channel, "ts": ts}))
         }
         _ => (200, None, json!({"ok": false, "error": "unknown_method"})),
     }

@@ -298,8 +298,8 @@ impl HermesAgent {
                             let _ = send_chunk(ch, &cancel, d).await;
                         }
                     }
-                    // Chat progress (issue 17 section 3) feeds from here once the runtime has
-                    // a channel for it; until then the events are dropped.
+                    // The chat's progress is the text deltas above (typing, a growing
+                    // preview); tool and reasoning events have no place in it yet.
                     Some(Ev::Progress(_)) => {}
                     Some(Ev::Approval { hermes_run, what }) => {
                         self.approval(req, client.clone(), hermes_run, what, approvals_done.clone());

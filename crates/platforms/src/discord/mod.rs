@@ -27,6 +27,14 @@
 //!   per-route buckets (`X-RateLimit-Remaining`, `-Reset-After`) are waited out before a
 //!   request, a 429 waits its `retry_after` (for every route when `global`), and the skeleton
 //!   paces all sends under the documented global 50 requests a second.
+//! - **The agent at work** (skeleton/progress.rs). Typing: `POST /channels/{id}/typing`,
+//!   refreshed every 4 s while a run is in progress (Discord shows it about 10 s, and stops it
+//!   when the bot's next message arrives: nothing to call for "off"). Preview: a message of its
+//!   own (Create Message), edited as the reply grows (`PATCH /channels/{id}/messages/{id}`),
+//!   deleted (`DELETE …`; Unknown Message counts as deleted) once the reply is sent as its own
+//!   message or the run is abandoned. These calls share the replies' client, so each route's
+//!   bucket and the global limit hold for them too; a 429 holds the chat's previews, never the
+//!   outbox.
 //! - **Whose messages.** `allowed_chats` are channel ids (DM channels included; empty: all);
 //!   messages by bots (ours included) and empty ones are ignored.
 //!
@@ -71,6 +79,10 @@ const READ_SLICE: Duration = Duration::from_millis(250);
 const SAVE_IDLE_EVERY: Duration = Duration::from_secs(60);
 /// Dispatches buffered from a resume's replay before a receive takes them.
 const MAX_QUEUE: usize = 10_000;
+/// The bound on one reply piece's request.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// The bound on one typing, preview or preview-removal request (they hold up the outbox).
+const SHOW_TIMEOUT: Duration = Duration::from_secs(10);
 /// A non-1000 close: the session stays resumable ("Gateway Close Event Codes").
 const CLOSE_RESUMABLE: u16 = 4000;
 
@@ -606,7 +618,8 @@ impl skeleton::Receiver for GatewayRx {
     }
 }
 
-/// The send side: Create Message.
+/// The send side: Create Message for replies; Trigger Typing Indicator, and Create, Edit and
+/// Delete Message for previews, all through one [`Rest`] (one set of route buckets).
 pub struct Poster {
     rest: Rest,
     nonce_prefix: String,
@@ -618,15 +631,54 @@ fn nonce(prefix: &str, id: PieceId) -> Option<String> {
     (n.len() <= 25).then_some(n)
 }
 
+/// A REST failure as the skeleton's sender takes it.
+fn send_error(e: RestError) -> SendError {
+    match e {
+        RestError::Limited(d) => SendError::RateLimited(Some(d)),
+        RestError::Rejected(m) | RestError::Gone(m) => SendError::Rejected(m),
+        RestError::Unauthorized(m) => SendError::Unauthorized(m),
+        e @ (RestError::Network(_) | RestError::Server(_)) => SendError::Failed(e.to_string()),
+    }
+}
+
 impl skeleton::Sender for Poster {
     fn send(&mut self, chat: &str, piece: &str, id: PieceId) -> Result<(), SendError> {
-        match self.rest.create_message(chat, piece, nonce(&self.nonce_prefix, id).as_deref()) {
-            Ok(()) => Ok(()),
-            Err(RestError::Limited(d)) => Err(SendError::RateLimited(Some(d))),
-            Err(RestError::Rejected(m)) => Err(SendError::Rejected(m)),
-            Err(RestError::Unauthorized(m)) => Err(SendError::Unauthorized(m)),
-            Err(e) => Err(SendError::Failed(e.to_string())),
+        let nonce = nonce(&self.nonce_prefix, id);
+        self.rest.create_message(chat, piece, nonce.as_deref(), SEND_TIMEOUT).map(drop).map_err(send_error)
+    }
+
+    /// Trigger Typing Indicator. Discord shows it for about 10 s, or until the bot's next
+    /// message in the channel, so `off` needs no call.
+    fn typing(&mut self, chat: &str, on: bool) -> Result<(), SendError> {
+        if !on {
+            return Ok(());
         }
+        self.rest.trigger_typing(chat, SHOW_TIMEOUT).map_err(send_error)
+    }
+
+    /// A preview is a message of its own (Create Message, no nonce: it is not a reply), then
+    /// Edit Message of it.
+    fn preview(&mut self, chat: &str, text: &str, shown: Option<&str>) -> Result<Option<String>, SendError> {
+        match shown {
+            None => match self.rest.create_message(chat, text, None, SHOW_TIMEOUT).map_err(send_error)? {
+                Some(id) => {
+                    // The new message ended the typing indicator: it is shown again at once rather
+                    // than at the next refresh (best-effort, like the indicator itself).
+                    let _ = self.rest.trigger_typing(chat, SHOW_TIMEOUT);
+                    Ok(Some(id))
+                }
+                None => Err(SendError::Failed("Create Message returned no message id".into())),
+            },
+            Some(id) => {
+                self.rest.edit_message(chat, id, text, SHOW_TIMEOUT).map_err(send_error)?;
+                Ok(Some(id.to_owned()))
+            }
+        }
+    }
+
+    /// Delete Message (one already gone, Unknown Message, counts as done: rest.rs).
+    fn unpreview(&mut self, chat: &str, shown: &str) -> Result<(), SendError> {
+        self.rest.delete_message(chat, shown, SHOW_TIMEOUT).map_err(send_error)
     }
 }
 

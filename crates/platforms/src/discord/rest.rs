@@ -1,5 +1,6 @@
-//! Discord's REST API as the adapter uses it: `GET /gateway/bot` and Create Message, with the
-//! per-route buckets and the global limit kept from the `X-RateLimit-*` headers and 429s.
+//! Discord's REST API as the adapter uses it: `GET /gateway/bot`, Create, Edit and Delete
+//! Message and Trigger Typing Indicator, with the per-route buckets and the global limit kept
+//! from the `X-RateLimit-*` headers and 429s, for every one of them alike.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -22,6 +23,8 @@ pub enum RestError {
     Unauthorized(String),
     /// 400/403/404: this request never succeeds (unknown channel, missing permissions).
     Rejected(String),
+    /// 404 with code 10008, Unknown Message: the message is gone (deleted, or never ours).
+    Gone(String),
     /// 5xx and anything else.
     Server(String),
 }
@@ -31,9 +34,33 @@ impl std::fmt::Display for RestError {
         match self {
             RestError::Network(m) => write!(f, "cannot reach the Discord API: {m}"),
             RestError::Limited(d) => write!(f, "rate limited: retry after {:.3} s", d.as_secs_f64()),
-            RestError::Unauthorized(m) | RestError::Rejected(m) | RestError::Server(m) => f.write_str(m),
+            RestError::Unauthorized(m) | RestError::Rejected(m) | RestError::Gone(m) | RestError::Server(m) => {
+                f.write_str(m)
+            }
         }
     }
+}
+
+/// Discord's JSON error code for Unknown Message (docs: "JSON Error Codes").
+const UNKNOWN_MESSAGE: u64 = 10008;
+
+/// One request's method and body.
+#[derive(Debug, Clone, Copy)]
+enum Verb<'a> {
+    Get,
+    /// A POST with a JSON body, or an empty one (Trigger Typing Indicator).
+    Post(Option<&'a Value>),
+    Patch(&'a Value),
+    Delete,
+}
+
+/// `id` as a path segment: Discord's ids are snowflakes, decimal digits only (so an id from a
+/// chat, a preview file or a server can never reach another route).
+fn snowflake<'a>(what: &str, id: &'a str) -> Result<&'a str, RestError> {
+    if id.is_empty() || id.len() > 20 || !id.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(RestError::Rejected(format!("{id:?} is no Discord {what} id")));
+    }
+    Ok(id)
 }
 
 /// One route bucket's last known state.
@@ -90,23 +117,26 @@ impl Rest {
         }
     }
 
-    fn call(&mut self, key: &str, path: &str, body: Option<&Value>, timeout: Duration) -> Result<Value, RestError> {
+    fn call(&mut self, key: &str, path: &str, verb: Verb<'_>, timeout: Duration) -> Result<Value, RestError> {
         if let Some(wait) = self.wait_for(key, Instant::now()) {
             return Err(RestError::Limited(wait));
         }
         let url = format!("{}{path}", self.base);
         let auth = format!("Bot {}", self.token);
-        let result = match body {
-            Some(b) => self
-                .http
-                .post(&url)
-                .header("Authorization", &auth)
-                .config()
-                .timeout_global(Some(timeout))
-                .build()
-                .send_json(b),
-            None => {
-                self.http.get(&url).header("Authorization", &auth).config().timeout_global(Some(timeout)).build().call()
+        let t = Some(timeout);
+        let result = match verb {
+            Verb::Get => self.http.get(&url).header("Authorization", &auth).config().timeout_global(t).build().call(),
+            Verb::Post(Some(b)) => {
+                self.http.post(&url).header("Authorization", &auth).config().timeout_global(t).build().send_json(b)
+            }
+            Verb::Post(None) => {
+                self.http.post(&url).header("Authorization", &auth).config().timeout_global(t).build().send_empty()
+            }
+            Verb::Patch(b) => {
+                self.http.patch(&url).header("Authorization", &auth).config().timeout_global(t).build().send_json(b)
+            }
+            Verb::Delete => {
+                self.http.delete(&url).header("Authorization", &auth).config().timeout_global(t).build().call()
             }
         };
         let response = result.map_err(|e| RestError::Network(self.redact(gatewarden_net::describe(&e, &url))))?;
@@ -150,6 +180,7 @@ impl Rest {
         });
         Err(match status {
             401 => RestError::Unauthorized(desc),
+            404 if v["code"].as_u64() == Some(UNKNOWN_MESSAGE) => RestError::Gone(desc),
             400 | 403 | 404 => RestError::Rejected(desc),
             _ => RestError::Server(desc),
         })
@@ -157,22 +188,61 @@ impl Rest {
 
     /// `GET /gateway/bot`: the gateway URL (and a check of the token).
     pub fn gateway_url(&mut self) -> Result<String, RestError> {
-        let v = self.call("GET /gateway/bot", "/gateway/bot", None, Duration::from_secs(15))?;
+        let v = self.call("GET /gateway/bot", "/gateway/bot", Verb::Get, Duration::from_secs(15))?;
         v["url"].as_str().map(str::to_owned).ok_or_else(|| RestError::Server("/gateway/bot returned no url".into()))
     }
 
-    /// Create Message with `content`; `nonce` (enforced) makes a resend return the first one.
-    pub fn create_message(&mut self, channel: &str, content: &str, nonce: Option<&str>) -> Result<(), RestError> {
-        if channel.is_empty() || !channel.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(RestError::Rejected(format!("{channel:?} is no Discord channel id")));
-        }
+    /// Create Message with `content`, mentions disabled; `nonce` (enforced) makes a resend
+    /// return the first one. Returns the message's id, when the answer names it.
+    pub fn create_message(
+        &mut self,
+        channel: &str,
+        content: &str,
+        nonce: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Option<String>, RestError> {
+        let channel = snowflake("channel", channel)?;
         let mut body = json!({"content": content, "allowed_mentions": {"parse": []}});
         if let Some(n) = nonce {
             body["nonce"] = json!(n);
             body["enforce_nonce"] = json!(true);
         }
         let key = format!("POST /channels/{channel}/messages");
-        self.call(&key, &format!("/channels/{channel}/messages"), Some(&body), Duration::from_secs(30)).map(drop)
+        let v = self.call(&key, &format!("/channels/{channel}/messages"), Verb::Post(Some(&body)), timeout)?;
+        Ok(v["id"].as_str().map(str::to_owned))
+    }
+
+    /// Edit Message: `PATCH /channels/{channel}/messages/{message}` with the new `content`.
+    pub fn edit_message(
+        &mut self,
+        channel: &str,
+        message: &str,
+        content: &str,
+        timeout: Duration,
+    ) -> Result<(), RestError> {
+        let (channel, message) = (snowflake("channel", channel)?, snowflake("message", message)?);
+        let body = json!({"content": content, "allowed_mentions": {"parse": []}});
+        // The route's bucket is per channel (its major parameter), whatever the message.
+        let key = format!("PATCH /channels/{channel}/messages/:id");
+        self.call(&key, &format!("/channels/{channel}/messages/{message}"), Verb::Patch(&body), timeout).map(drop)
+    }
+
+    /// Delete Message; one already gone (Unknown Message) counts as deleted.
+    pub fn delete_message(&mut self, channel: &str, message: &str, timeout: Duration) -> Result<(), RestError> {
+        let (channel, message) = (snowflake("channel", channel)?, snowflake("message", message)?);
+        let key = format!("DELETE /channels/{channel}/messages/:id");
+        match self.call(&key, &format!("/channels/{channel}/messages/{message}"), Verb::Delete, timeout) {
+            Ok(_) | Err(RestError::Gone(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Trigger Typing Indicator: `POST /channels/{channel}/typing`, shown for about 10 s or
+    /// until the bot's next message in the channel.
+    pub fn trigger_typing(&mut self, channel: &str, timeout: Duration) -> Result<(), RestError> {
+        let channel = snowflake("channel", channel)?;
+        let key = format!("POST /channels/{channel}/typing");
+        self.call(&key, &format!("/channels/{channel}/typing"), Verb::Post(None), timeout).map(drop)
     }
 }
 
@@ -192,6 +262,10 @@ mod tests {
         r.global_until = Some(now + Duration::from_secs(5));
         assert_eq!(r.wait_for("b", now), Some(Duration::from_secs(5)), "the global limit holds every route");
         assert_eq!(secs(1e12), Duration::from_secs(86_400));
-        assert!(matches!(r.create_message("../x", "hi", None), Err(RestError::Rejected(_))));
+        let t = Duration::from_secs(1);
+        assert!(matches!(r.create_message("../x", "hi", None, t), Err(RestError::Rejected(_))));
+        assert!(matches!(r.edit_message("1", "2/../3", "hi", t), Err(RestError::Rejected(_))));
+        assert!(matches!(r.delete_message("1", "", t), Err(RestError::Rejected(_))));
+        assert!(matches!(r.trigger_typing("1?x=", t), Err(RestError::Rejected(_))));
     }
 }
