@@ -39,8 +39,9 @@
 //!   retraction rather than correcting it into a note, because the reply is its own message
 //!   and a note would stay above every reply, while the clients that show corrections in
 //!   place mostly honour retractions too (without XEP-0424 a client shows the fallback line). In a room the
-//!   retraction names the room's stanza id for the preview (read from its reflection), else,
-//!   for a preview whose reflection was not seen (a crash's leftover), its origin id.
+//!   retraction names the room's stanza id for the preview (read from its reflection, waited
+//!   for at most 2 s), else its origin id (a room that assigns none, a
+//!   crash's leftover).
 //!   Previews and retractions are written without waiting for the ack: best-effort, and their
 //!   id is kept from the moment they may have reached anyone.
 //! - **Edits are not prompts.** A user's correction (XEP-0308), retraction (XEP-0424) or a
@@ -162,10 +163,11 @@ impl RoomIds {
         self.ids.insert(key, None);
     }
 
-    /// The reflection of `origin` in `room` carries the room's stanza id `id`.
-    pub fn reflected(&mut self, room: &str, origin: &str, id: &str) {
+    /// The reflection of `origin` in `room` was read, with the room's stanza id `id` (`None`:
+    /// a room that assigns none, where the origin id is all there is).
+    pub fn reflected(&mut self, room: &str, origin: &str, id: Option<&str>) {
         if let Some(slot) = self.ids.get_mut(&(room.to_lowercase(), origin.to_owned())) {
-            *slot = Some(id.to_owned());
+            *slot = Some(id.unwrap_or(origin).to_owned());
         }
     }
 
@@ -196,7 +198,7 @@ impl SharedIds {
         self.ids.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn reflected(&self, room: &str, origin: &str, id: &str) {
+    fn reflected(&self, room: &str, origin: &str, id: Option<&str>) {
         self.lock().reflected(room, origin, id);
         self.filled.notify_all();
     }
@@ -217,8 +219,8 @@ impl SharedIds {
     }
 }
 
-/// Our own message reflected by a room: `(room, origin id, the room's stanza id)`.
-pub fn own_reflection(m: &Element, rooms: &[String], nick: &str) -> Option<(String, String, String)> {
+/// Our own message reflected by a room: `(room, origin id, the room's stanza id if any)`.
+pub fn own_reflection(m: &Element, rooms: &[String], nick: &str) -> Option<(String, String, Option<String>)> {
     let from = m.attr("from")?;
     let room = x::bare(from).to_lowercase();
     if m.attr("type") != Some("groupchat") || x::resource(from) != Some(nick) || !rooms.contains(&room) {
@@ -228,8 +230,8 @@ pub fn own_reflection(m: &Element, rooms: &[String], nick: &str) -> Option<(Stri
     let sid = m
         .children_named("stanza-id", NS_SID)
         .find(|s| s.attr("by").is_some_and(|by| by.eq_ignore_ascii_case(&room)))
-        .and_then(|s| s.attr("id"))?;
-    Some((room, origin.to_owned(), sid.to_owned()))
+        .and_then(|s| s.attr("id"));
+    Some((room, origin.to_owned(), sid.map(str::to_owned)))
 }
 
 fn set_writer(slot: &WriterSlot, w: Option<Writer>) {
@@ -647,7 +649,7 @@ impl skeleton::Receiver for Reader {
             return Ok(Batch::default());
         }
         if let Some((room, origin, sid)) = own_reflection(&m, &rooms, &self.nick) {
-            self.room_ids.reflected(&room, &origin, &sid);
+            self.room_ids.reflected(&room, &origin, sid.as_deref());
         }
         let Some(l) = self.live.as_mut() else { return Err(self.lost("not connected".into())) };
         let seen = classify(&m, &own, &rooms, &self.nick, &self.allowed, None, || {
@@ -942,14 +944,22 @@ mod tests {
         )
         .unwrap();
         let rooms = vec!["room@muc.example.org".to_owned()];
-        assert_eq!(own_reflection(&m, &rooms, "gw"), Some(("room@muc.example.org".into(), "P1".into(), "R9".into())));
+        let r9 = Some("R9".to_owned());
+        assert_eq!(own_reflection(&m, &rooms, "gw"), Some(("room@muc.example.org".into(), "P1".into(), r9)));
         assert_eq!(own_reflection(&m, &rooms, "alice"), None, "someone else's message");
         let mut ids = RoomIds::default();
-        ids.reflected("room@muc.example.org", "P1", "R9");
+        ids.reflected("room@muc.example.org", "P1", Some("R9"));
         assert_eq!(ids.take("room@muc.example.org", "P1"), "P1", "only previews we expect are filled");
         ids.expect("Room@muc.example.org", "P1");
-        ids.reflected("room@muc.example.org", "P1", "R9");
+        assert!(ids.awaited("room@muc.example.org", "P1"));
+        ids.reflected("room@muc.example.org", "P1", Some("R9"));
+        assert!(!ids.awaited("room@muc.example.org", "P1"));
         assert_eq!(ids.take("room@muc.example.org", "P1"), "R9");
+        // A room without stanza ids: the reflection ends the wait, the origin id is named.
+        ids.expect("room@muc.example.org", "P2");
+        ids.reflected("room@muc.example.org", "P2", None);
+        assert!(!ids.awaited("room@muc.example.org", "P2"));
+        assert_eq!(ids.take("room@muc.example.org", "P2"), "P2");
         assert_eq!(ids.take("room@muc.example.org", "P1"), "P1", "taken once");
         for i in 0..MAX_TRACKED + 10 {
             ids.expect("r@m", &i.to_string());
