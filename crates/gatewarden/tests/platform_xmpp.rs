@@ -496,3 +496,89 @@ fn bench_xmpp_latency_and_restart_gap() {
     }
     assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
 }
+
+/// The bot's messages `c` receives (as raw stanzas), until `done` holds for all of them.
+fn bot_messages_until(c: &mut Connection, done: impl Fn(&[x::Element]) -> bool) -> Vec<x::Element> {
+    let end = Instant::now() + REPLY;
+    let mut got = Vec::new();
+    while !done(&got) {
+        let left = end.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "not the expected messages from the bot within {REPLY:?}: {got:#?}");
+        let Some(m) = c.next_stanza(left.min(Duration::from_millis(500))).unwrap() else { continue };
+        if m.name == "message" && m.attr("from").is_some_and(|f| x::bare(f).eq_ignore_ascii_case(BOT)) {
+            got.push(m);
+        }
+    }
+    got
+}
+
+fn body(m: &x::Element) -> Option<&str> {
+    m.child("body", x::xml::NS_CLIENT).map(|b| b.text.as_str())
+}
+
+fn retracts(m: &x::Element) -> Option<&str> {
+    m.child("retract", x::NS_RETRACT).and_then(|r| r.attr("id"))
+}
+
+fn corrects(m: &x::Element) -> Option<&str> {
+    m.child("replace", x::NS_CORRECT).and_then(|r| r.attr("id"))
+}
+
+/// Issue 20, typing and progress through the real binary (`openai` against the streaming fake
+/// provider, slowed): a direct chat sees `<composing/>`, a preview, XEP-0308 corrections naming
+/// it, the final text once as its own message, `<active/>` and the preview retracted
+/// (XEP-0424). Then `kill -9` mid-stream: the successor retracts the preview the dead
+/// incarnation left, and the chat gets the final text once.
+#[test]
+fn a_streaming_run_previews_and_a_kill_mid_stream_leaves_the_final_text_once() {
+    use gatewarden_testkit::llmfake::{FakeLlm, Reply};
+    let Some(s) = setup() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let words: Vec<String> = (1..=24).map(|i| format!("word{i}")).collect();
+    let text = format!("{}.", words.join(" "));
+    let llm = FakeLlm::start(Reply::text(&text)).expect("fake provider");
+    llm.set_latency(Duration::ZERO, Duration::from_millis(250));
+    let agent = format!("base_url = \"{}\"\nmodel = \"m\"\ntimeout_s = 60", llm.base_url());
+    let cfg = config(&s, &agent).replace("backend = \"echo\"", "backend = \"openai\"");
+    let alice_user = User::new(&s, "alice");
+    let mut alice = alice_user.conn.expect("alice connected");
+    let g = start_gw(&home, &sw, &cfg);
+    wait_adapter(&home, "connected", READY);
+
+    let say = |c: &mut Connection, t: &str| {
+        let xml = x::message_xml(&Outgoing { to: BOT, groupchat: false, body: t, id: &x::new_id() }).unwrap();
+        c.send_stanza(&xml).unwrap();
+    };
+    say(&mut alice, "tell me a story");
+    let got = bot_messages_until(&mut alice, |m| m.last().and_then(retracts).is_some());
+    let is_state = |m: &x::Element, st: &str| body(m).is_none() && m.child(st, x::NS_CHATSTATES).is_some();
+    let composing = got.iter().position(|m| is_state(m, "composing")).expect("composing");
+    let preview = got.iter().position(|m| body(m).is_some_and(|b| b.ends_with(" …"))).expect("a preview");
+    assert!(composing < preview, "composing before the preview: {got:#?}");
+    let original = got[preview].attr("id").expect("the preview's id").to_owned();
+    let edits: Vec<_> = got.iter().filter_map(corrects).collect();
+    assert!(!edits.is_empty() && edits.iter().all(|id| *id == original), "corrections of the preview: {got:#?}");
+    let finals: Vec<_> = got.iter().filter(|m| body(m) == Some(text.as_str())).collect();
+    assert_eq!(finals.len(), 1, "the final text once: {got:#?}");
+    assert_eq!(corrects(finals[0]), None, "the final text is its own message");
+    assert_eq!(got.last().and_then(retracts), Some(original.as_str()));
+    assert!(got.iter().any(|m| is_state(m, "active")), "typing off: {got:#?}\n{}", g.diag());
+
+    // kill -9 while the second reply is previewed.
+    let mut g = g;
+    say(&mut alice, "another one");
+    let got = bot_messages_until(&mut alice, |m| m.iter().any(|m| corrects(m).is_some()));
+    let left = got.iter().find(|m| body(m).is_some_and(|b| b.ends_with(" …")) && corrects(m).is_none());
+    let left = left.and_then(|m| m.attr("id")).expect("the dead incarnation's preview").to_owned();
+    g.kill();
+    let mut g2 = start_gw(&home, &sw, &cfg);
+    let got = bot_messages_until(&mut alice, |m| {
+        let finals = m.iter().filter(|m| body(m) == Some(text.as_str())).count();
+        let gone: Vec<_> = m.iter().filter_map(retracts).collect();
+        finals >= 1 && gone.contains(&left.as_str()) && gone.len() >= 2
+    });
+    let finals = got.iter().filter(|m| body(m) == Some(text.as_str())).count();
+    assert_eq!(finals, 1, "the final text once: {got:#?}");
+    assert_eq!(llm.requests(), 3, "the second message run once by each incarnation");
+    stop_cleanly(&home, &mut g2);
+}

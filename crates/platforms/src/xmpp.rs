@@ -29,6 +29,25 @@
 //! - **Stream management (XEP-0198)** is enabled where offered: the server's ack requests are
 //!   answered, and an ack request is the keepalive (else an XEP-0199 ping). No resumption: the
 //!   archive is what bridges a new stream.
+//! - **The agent at work** (skeleton/progress.rs). Typing is XEP-0085: one standalone
+//!   `<composing/>` when a run starts (not the skeleton's 4 s refresh: XEP-0085's business
+//!   rules forbid repeating a standalone notification), `<active/>` when no run is left; every message with a body carries
+//!   `<active/>`. In rooms these go to the room, `groupchat`. A preview is a message with a
+//!   fresh id (= its origin-id); each edit is an XEP-0308 correction, a new message whose
+//!   `<replace id>` is always the ORIGINAL preview's id. Once the reply is sent (or the run is
+//!   abandoned) the preview is retracted (XEP-0424, with a fallback body and the store hint):
+//!   retraction rather than correcting it into a note, because the reply is its own message
+//!   and a note would stay above every reply, while the clients that show corrections in
+//!   place mostly honour retractions too (without XEP-0424 a client shows the fallback line). In a room the
+//!   retraction names the room's stanza id for the preview (read from its reflection, waited
+//!   for at most 2 s), else its origin id (a room that assigns none, a
+//!   crash's leftover).
+//!   Previews and retractions are written without waiting for the ack: best-effort, and their
+//!   id is kept from the moment they may have reached anyone.
+//! - **Edits are not prompts.** A user's correction (XEP-0308), retraction (XEP-0424) or a
+//!   moderation is not journaled (the position moves past it): the original message was the
+//!   prompt, answered once; its edit is not answered again. Our own previews, corrections and
+//!   retractions, reflected by rooms, are ignored like every reflection of ours.
 //! - **At least once outbound.** Each piece carries a fresh `origin-id`. With stream management
 //!   a piece counts as sent only once the server acknowledged it (XEP-0198 `<a h>`): a piece
 //!   written into a dying connection is sent again on the next one, never silently lost. An
@@ -40,7 +59,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use gatewarden_chatproto::xmpp::{
-    self as x, BareJid, Config, Connection, Element, ErrorKind, NS_DELAY, NS_MAM, NS_SID, Outgoing, Since, Writer,
+    self as x, BareJid, ChatState, Config, Connection, Element, ErrorKind, Kind, NS_DELAY, NS_MAM, NS_SID, Outgoing,
+    Since, Writer,
 };
 use gatewarden_config::PlatformConfig;
 use gatewarden_lifecycle::fsio;
@@ -64,6 +84,13 @@ const MAM_TIMEOUT: Duration = Duration::from_secs(10);
 const MAM_PAGE: u32 = 50;
 /// A reply piece: XMPP has no hard limit below the server's stanza limit (prosody: 256 KiB).
 pub const MAX_TEXT_CHARS: usize = 10_000;
+/// The fallback body of a preview's retraction (XEP-0428), for clients without XEP-0424.
+pub const RETRACTED: &str = "(preview removed)";
+/// Chats whose chat state is remembered, and room previews awaiting their stanza id: past it
+/// the oldest are forgotten (a state is then sent again; a retraction names the origin id).
+const MAX_TRACKED: usize = 1024;
+/// How long a room preview's retraction waits for the preview's reflection (its stanza id).
+const REFLECTION_WAIT: Duration = Duration::from_secs(2);
 /// The default client port (RFC 6120 §14.7).
 pub const DEFAULT_PORT: u16 = 5222;
 
@@ -112,6 +139,101 @@ impl Skeleton<Proto> {
 /// The live connection's write side, shared by the two halves (`None` while disconnected).
 type WriterSlot = Arc<Mutex<Option<Writer>>>;
 
+/// Room previews (`(room, origin id)`) and the room's stanza id for each once its reflection
+/// was read: what an XEP-0424 retraction in a room names. The sender adds, the reader fills.
+#[derive(Debug, Default)]
+pub struct RoomIds {
+    order: std::collections::VecDeque<(String, String)>,
+    ids: BTreeMap<(String, String), Option<String>>,
+}
+
+impl RoomIds {
+    /// A preview `origin` was posted in `room`.
+    pub fn expect(&mut self, room: &str, origin: &str) {
+        let key = (room.to_lowercase(), origin.to_owned());
+        if self.ids.contains_key(&key) {
+            return;
+        }
+        while self.order.len() >= MAX_TRACKED {
+            if let Some(old) = self.order.pop_front() {
+                self.ids.remove(&old);
+            }
+        }
+        self.order.push_back(key.clone());
+        self.ids.insert(key, None);
+    }
+
+    /// The reflection of `origin` in `room` was read, with the room's stanza id `id` (`None`:
+    /// a room that assigns none, where the origin id is all there is).
+    pub fn reflected(&mut self, room: &str, origin: &str, id: Option<&str>) {
+        if let Some(slot) = self.ids.get_mut(&(room.to_lowercase(), origin.to_owned())) {
+            *slot = Some(id.unwrap_or(origin).to_owned());
+        }
+    }
+
+    /// What a retraction of `origin` in `room` names; forgets it.
+    pub fn take(&mut self, room: &str, origin: &str) -> String {
+        let key = (room.to_lowercase(), origin.to_owned());
+        self.order.retain(|k| *k != key);
+        self.ids.remove(&key).flatten().unwrap_or_else(|| origin.to_owned())
+    }
+
+    /// Whether the stanza id of an expected preview is still to come.
+    fn awaited(&self, room: &str, origin: &str) -> bool {
+        matches!(self.ids.get(&(room.to_lowercase(), origin.to_owned())), Some(None))
+    }
+}
+
+/// [`RoomIds`] between the two halves: the reader notifies when it fills one.
+#[derive(Debug, Default)]
+struct SharedIds {
+    ids: Mutex<RoomIds>,
+    filled: std::sync::Condvar,
+}
+
+type SharedRoomIds = Arc<SharedIds>;
+
+impl SharedIds {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RoomIds> {
+        self.ids.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn reflected(&self, room: &str, origin: &str, id: Option<&str>) {
+        self.lock().reflected(room, origin, id);
+        self.filled.notify_all();
+    }
+
+    /// [`RoomIds::take`], once the reflection of a preview we posted was read or `timeout`
+    /// passed (a retraction right after the preview would otherwise race its reflection).
+    fn take_within(&self, room: &str, origin: &str, timeout: Duration) -> String {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut ids = self.lock();
+        while ids.awaited(room, origin) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            ids = self.filled.wait_timeout(ids, left).map_or_else(|p| p.into_inner().0, |(g, _)| g);
+        }
+        ids.take(room, origin)
+    }
+}
+
+/// Our own message reflected by a room: `(room, origin id, the room's stanza id if any)`.
+pub fn own_reflection(m: &Element, rooms: &[String], nick: &str) -> Option<(String, String, Option<String>)> {
+    let from = m.attr("from")?;
+    let room = x::bare(from).to_lowercase();
+    if m.attr("type") != Some("groupchat") || x::resource(from) != Some(nick) || !rooms.contains(&room) {
+        return None;
+    }
+    let origin = m.child("origin-id", NS_SID).and_then(|o| o.attr("id"))?;
+    let sid = m
+        .children_named("stanza-id", NS_SID)
+        .find(|s| s.attr("by").is_some_and(|by| by.eq_ignore_ascii_case(&room)))
+        .and_then(|s| s.attr("id"));
+    Some((room, origin.to_owned(), sid.map(str::to_owned)))
+}
+
 fn set_writer(slot: &WriterSlot, w: Option<Writer>) {
     *slot.lock().unwrap_or_else(|p| p.into_inner()) = w;
 }
@@ -150,7 +272,9 @@ impl Protocol for Proto {
         let path = host.state_dir().map(|d| d.join(format!("xmpp-{}.json", self.name)));
         let cursors = load(path.as_deref());
         let writer: WriterSlot = Arc::default();
+        let room_ids: SharedRoomIds = Arc::default();
         let reader = Reader {
+            room_ids: Arc::clone(&room_ids),
             cfg: self.cfg.clone(),
             rooms: self.rooms.clone(),
             nick: self.nick.clone(),
@@ -164,7 +288,7 @@ impl Protocol for Proto {
             pushed_off: false,
         };
         let rooms = self.rooms.iter().map(|r| r.as_string().to_lowercase()).collect();
-        Ok((reader, Talker { writer, rooms }))
+        Ok((reader, Talker { writer, rooms, room_ids, states: BTreeMap::new() }))
     }
 }
 
@@ -210,6 +334,8 @@ pub struct Reader {
     nick: String,
     allowed: Vec<String>,
     writer: WriterSlot,
+    /// Where our room previews' stanza ids go (for their retraction).
+    room_ids: SharedRoomIds,
     path: Option<PathBuf>,
     cursors: Cursors,
     live: Option<Live>,
@@ -286,7 +412,8 @@ pub fn classify_at(
     let archived = archive.clone().zip(stanza_id.clone());
     let none = Seen { inbound: None, archived: archived.clone() };
     let Some(body) = m.child("body", x::xml::NS_CLIENT).map(|b| b.text.clone()) else { return none };
-    if body.trim().is_empty() {
+    // An edit or retraction of an earlier message: not a new prompt (module notes).
+    if body.trim().is_empty() || x::amends_another(m) {
         return none;
     }
     let (chat, user) = match (&room, kind) {
@@ -521,6 +648,9 @@ impl skeleton::Receiver for Reader {
         if m.child("result", NS_MAM).is_some() {
             return Ok(Batch::default());
         }
+        if let Some((room, origin, sid)) = own_reflection(&m, &rooms, &self.nick) {
+            self.room_ids.reflected(&room, &origin, sid.as_deref());
+        }
         let Some(l) = self.live.as_mut() else { return Err(self.lost("not connected".into())) };
         let seen = classify(&m, &own, &rooms, &self.nick, &self.allowed, None, || {
             l.n += 1;
@@ -571,11 +701,53 @@ pub struct Talker {
     writer: WriterSlot,
     /// Joined rooms (lower-cased): a reply there is `groupchat`.
     rooms: Vec<String>,
+    room_ids: SharedRoomIds,
+    /// The standalone chat state last sent per chat (lower-cased), so none is repeated
+    /// (XEP-0085). The `<active/>` that messages with a body carry is not counted: the
+    /// run's `<composing/>` is followed by one standalone `<active/>` when it ends.
+    states: BTreeMap<String, ChatState>,
+}
+
+/// A client error while sending, as the skeleton's.
+fn send_error(e: &x::Error) -> SendError {
+    match e.kind() {
+        ErrorKind::Permanent => SendError::Rejected(e.to_string()),
+        _ => SendError::Lost(e.to_string()),
+    }
 }
 
 impl Talker {
     fn writer(&self) -> Option<Writer> {
         self.writer.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn groupchat(&self, to: &str) -> bool {
+        self.rooms.iter().any(|r| r.eq_ignore_ascii_case(to))
+    }
+
+    /// Records `state` as sent in `chat`; `false` when it already was.
+    fn state_changes(&mut self, chat: &str, state: ChatState) -> bool {
+        let key = chat.trim().to_lowercase();
+        if self.states.get(&key) == Some(&state) {
+            return false;
+        }
+        if self.states.len() >= MAX_TRACKED && !self.states.contains_key(&key) {
+            // Forget the idle ones first; a forgotten chat gets its next state again.
+            self.states.retain(|_, s| *s != ChatState::Active);
+            if self.states.len() >= MAX_TRACKED {
+                self.states.clear();
+            }
+        }
+        self.states.insert(key, state);
+        true
+    }
+
+    /// Posts a best-effort message of `kind` (no ack wait).
+    fn post(&mut self, chat: &str, body: &str, id: &str, kind: Kind<'_>) -> Result<(), SendError> {
+        let Some(w) = self.writer() else { return Err(SendError::Lost("not connected".into())) };
+        let to = chat.trim();
+        let groupchat = self.groupchat(to);
+        w.post(&Outgoing { to, groupchat, body, id }, kind).map_err(|e| send_error(&e))
     }
 }
 
@@ -587,7 +759,7 @@ impl skeleton::Sender for Talker {
     fn send(&mut self, chat: &str, piece: &str, _id: PieceId) -> Result<(), SendError> {
         let Some(w) = self.writer() else { return Err(SendError::Lost("not connected".into())) };
         let to = chat.trim();
-        let groupchat = self.rooms.iter().any(|r| r.eq_ignore_ascii_case(to));
+        let groupchat = self.groupchat(to);
         let id = x::new_id();
         match w.message(&Outgoing { to, groupchat, body: piece, id: &id }, ACK_TIMEOUT) {
             Ok(()) => Ok(()),
@@ -598,6 +770,75 @@ impl skeleton::Sender for Talker {
                 Err(SendError::Lost(e.to_string()))
             }
         }
+    }
+
+    /// XEP-0085: `<composing/>` once when a run starts (the skeleton's refreshes are not
+    /// repeated on the wire), `<active/>` once it ends.
+    fn typing(&mut self, chat: &str, on: bool) -> Result<(), SendError> {
+        let state = if on { ChatState::Composing } else { ChatState::Active };
+        let to = chat.trim();
+        let previous = self.states.get(&to.to_lowercase()).copied();
+        // No run shown yet in this chat: nothing to turn off.
+        if !on && previous.is_none() {
+            return Ok(());
+        }
+        if !self.state_changes(to, state) {
+            return Ok(());
+        }
+        let Some(w) = self.writer() else {
+            self.forget_state(to, previous);
+            return Err(SendError::Lost("not connected".into()));
+        };
+        let r = w.chat_state(to, self.groupchat(to), state).map_err(|e| send_error(&e));
+        if r.is_err() {
+            // Not sent: the next call tries again.
+            self.forget_state(to, previous);
+        }
+        r
+    }
+
+    /// A new message the first time, then XEP-0308 corrections naming the original's id.
+    fn preview(&mut self, chat: &str, text: &str, shown: Option<&str>) -> Result<Option<String>, SendError> {
+        let id = x::new_id();
+        match shown {
+            None => {
+                // Expected before it is posted: the reflection may be read at once.
+                let room = self.groupchat(chat.trim());
+                if room {
+                    self.room_ids.lock().expect(chat.trim(), &id);
+                }
+                let r = self.post(chat, text, &id, Kind::New);
+                if room && r.is_err() {
+                    self.room_ids.lock().take(chat.trim(), &id);
+                }
+                r.map(|()| Some(id))
+            }
+            Some(original) => {
+                self.post(chat, text, &id, Kind::Correct(original))?;
+                Ok(Some(original.to_owned()))
+            }
+        }
+    }
+
+    /// An XEP-0424 retraction (module notes); a refused one counts as done.
+    fn unpreview(&mut self, chat: &str, shown: &str) -> Result<(), SendError> {
+        let to = chat.trim();
+        let target =
+            if self.groupchat(to) { self.room_ids.take_within(to, shown, REFLECTION_WAIT) } else { shown.to_owned() };
+        match self.post(to, RETRACTED, &x::new_id(), Kind::Retract(&target)) {
+            Err(SendError::Rejected(_)) => Ok(()),
+            r => r,
+        }
+    }
+}
+
+impl Talker {
+    fn forget_state(&mut self, chat: &str, previous: Option<ChatState>) {
+        let key = chat.to_lowercase();
+        match previous {
+            Some(s) => self.states.insert(key, s),
+            None => self.states.remove(&key),
+        };
     }
 }
 
@@ -670,6 +911,79 @@ mod tests {
         assert_eq!(seen("<message from='other@muc/x' type='groupchat'><body>x</body></message>", None).inbound, None);
         assert_eq!(seen("<message from='bot@example.org/r' type='chat'><body>x</body></message>", None).inbound, None);
         assert_eq!(seen("<message from='a@example.org' type='headline'><body>x</body></message>", None).inbound, None);
+    }
+
+    #[test]
+    fn edits_retractions_and_chat_states_are_not_prompts() {
+        let correction = seen(
+            "<message from='alice@example.org/phone' type='chat'><body>fixed</body>\
+             <replace xmlns='urn:xmpp:message-correct:0' id='o1'/>\
+             <stanza-id xmlns='urn:xmpp:sid:0' by='bot@example.org' id='S3'/></message>",
+            None,
+        );
+        assert_eq!(correction.inbound, None);
+        assert_eq!(correction.archived, Some(("bot@example.org".into(), "S3".into())), "the position moves past it");
+        let retraction = seen(
+            "<message from='room@muc.example.org/alice' type='groupchat'><body>retracted</body>\
+             <retract xmlns='urn:xmpp:message-retract:1' id='R1'/>\
+             <fallback xmlns='urn:xmpp:fallback:0' for='urn:xmpp:message-retract:1'/></message>",
+            None,
+        );
+        assert_eq!(retraction.inbound, None);
+        let composing = seen(
+            "<message from='alice@example.org/phone' type='chat'>\
+             <composing xmlns='http://jabber.org/protocol/chatstates'/></message>",
+            None,
+        );
+        assert_eq!(composing.inbound, None);
+        // Our own preview reflected by the room: ignored, its stanza id read for the retraction.
+        let m = parse_element(
+            "<message from='room@muc.example.org/gw' type='groupchat'><body>Hel …</body>\
+             <origin-id xmlns='urn:xmpp:sid:0' id='P1'/>\
+             <stanza-id xmlns='urn:xmpp:sid:0' by='room@muc.example.org' id='R9'/></message>",
+        )
+        .unwrap();
+        let rooms = vec!["room@muc.example.org".to_owned()];
+        let r9 = Some("R9".to_owned());
+        assert_eq!(own_reflection(&m, &rooms, "gw"), Some(("room@muc.example.org".into(), "P1".into(), r9)));
+        assert_eq!(own_reflection(&m, &rooms, "alice"), None, "someone else's message");
+        let mut ids = RoomIds::default();
+        ids.reflected("room@muc.example.org", "P1", Some("R9"));
+        assert_eq!(ids.take("room@muc.example.org", "P1"), "P1", "only previews we expect are filled");
+        ids.expect("Room@muc.example.org", "P1");
+        assert!(ids.awaited("room@muc.example.org", "P1"));
+        ids.reflected("room@muc.example.org", "P1", Some("R9"));
+        assert!(!ids.awaited("room@muc.example.org", "P1"));
+        assert_eq!(ids.take("room@muc.example.org", "P1"), "R9");
+        // A room without stanza ids: the reflection ends the wait, the origin id is named.
+        ids.expect("room@muc.example.org", "P2");
+        ids.reflected("room@muc.example.org", "P2", None);
+        assert!(!ids.awaited("room@muc.example.org", "P2"));
+        assert_eq!(ids.take("room@muc.example.org", "P2"), "P2");
+        assert_eq!(ids.take("room@muc.example.org", "P1"), "P1", "taken once");
+        for i in 0..MAX_TRACKED + 10 {
+            ids.expect("r@m", &i.to_string());
+        }
+        assert_eq!((ids.order.len(), ids.ids.len()), (MAX_TRACKED, MAX_TRACKED), "bounded");
+    }
+
+    #[test]
+    fn chat_states_are_sent_once_per_change() {
+        let mut t =
+            Talker { writer: Arc::default(), rooms: Vec::new(), room_ids: Arc::default(), states: BTreeMap::new() };
+        use skeleton::Sender as _;
+        // Not connected: an error, and the state is not recorded as sent.
+        assert!(matches!(t.typing("a@b", true), Err(SendError::Lost(_))));
+        assert!(t.states.is_empty());
+        // Off before anything was on: nothing to send.
+        assert_eq!(t.typing("a@b", false), Ok(()));
+        assert!(t.state_changes("a@b", ChatState::Composing));
+        assert!(!t.state_changes("A@b", ChatState::Composing), "a refresh repeats nothing");
+        assert!(t.state_changes("a@b", ChatState::Active));
+        for i in 0..MAX_TRACKED + 5 {
+            t.state_changes(&format!("u{i}@b"), ChatState::Composing);
+        }
+        assert!(t.states.len() <= MAX_TRACKED);
     }
 
     #[test]

@@ -2,17 +2,21 @@
 //! with an in-memory host: direct chats and a room both ways, our own room echo and the room's
 //! history ignored, what arrives while the adapter is stopped fetched from the archive exactly
 //! once, the server killed and revived, refused credentials parked, an untrusted certificate
-//! refused.
+//! refused; a run at work shown (XEP-0085 chat states, a preview corrected by XEP-0308 and
+//! retracted by XEP-0424), and users' corrections and retractions not taken for prompts.
 #![cfg(unix)]
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gatewarden_chatproto::xmpp::{self as x, BareJid, Config, Connection, NS_SID, Outgoing};
+use gatewarden_chatproto::xmpp::{
+    self as x, BareJid, Config, Connection, Element, Kind, NS_CHATSTATES, NS_CORRECT, NS_FALLBACK, NS_HINTS,
+    NS_RETRACT, NS_SID, Outgoing,
+};
 use gatewarden_config::{PlatformConfig, PlatformKind};
 use gatewarden_platforms::xmpp::Xmpp;
-use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing as OutboxEntry, Sent, State};
+use gatewarden_platforms::{Activity, Adapter, Host, Inbound, Outgoing as OutboxEntry, Sent, State};
 use gatewarden_testkit::prosody::{MUC_DOMAIN, Prosody};
 use gatewarden_testkit::tls::{TestCa, Validity};
 
@@ -38,6 +42,18 @@ impl MemHost {
     fn queue(&self, seq: i64, chat: &str, text: &str) {
         let o =
             OutboxEntry { seq, chat_id: chat.into(), text: text.into(), message_id: None, created_at: String::new() };
+        self.outbox.lock().unwrap().push(o);
+    }
+
+    /// A reply that answers `run` (its preview goes once it is sent).
+    fn queue_reply(&self, seq: i64, chat: &str, text: &str, run: &str) {
+        let o = OutboxEntry {
+            seq,
+            chat_id: chat.into(),
+            text: text.into(),
+            message_id: Some(run.into()),
+            created_at: String::new(),
+        };
         self.outbox.lock().unwrap().push(o);
     }
 
@@ -391,5 +407,124 @@ fn kicked_from_the_room_joins_again() {
     let texts = host.texts();
     assert_eq!(texts.iter().filter(|t| *t == "while kicked").count(), 1, "{texts:?}");
     assert_eq!(xmpp.status().state(), State::Connected);
+    assert!(xmpp.close(Instant::now() + Duration::from_secs(3)));
+}
+
+fn body(m: &Element) -> Option<&str> {
+    m.child("body", x::xml::NS_CLIENT).map(|b| b.text.as_str())
+}
+
+/// The messages from `from` (a bare JID or occupant JID prefix) that `c` receives, up to and
+/// including the first for which `last` holds.
+fn messages_until(c: &mut Connection, from: &str, last: impl Fn(&Element) -> bool) -> Vec<Element> {
+    let end = Instant::now() + WAIT;
+    let mut got = Vec::new();
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "not the expected message from {from} within {WAIT:?}; got {got:#?}");
+        let Some(m) = c.next_stanza(left).unwrap() else { continue };
+        if m.name == "message" && m.attr("from").is_some_and(|f| f.starts_with(from)) {
+            let done = last(&m);
+            got.push(m);
+            if done {
+                return got;
+            }
+        }
+    }
+}
+
+/// A standalone chat state (no body) named `state`.
+fn is_state(m: &Element, state: &str) -> bool {
+    body(m).is_none() && m.child(state, NS_CHATSTATES).is_some()
+}
+
+fn retracted(m: &Element) -> Option<&str> {
+    m.child("retract", NS_RETRACT).and_then(|r| r.attr("id"))
+}
+
+/// Issue 20, typing and progress: a run in a direct chat shows `<composing/>`, a preview, an
+/// XEP-0308 correction naming the preview's id, then the reply once as its own message, a
+/// standalone `<active/>` and the preview retracted (XEP-0424). An abandoned run in the room
+/// has its preview retracted by the room's stanza id. Alice's own correction and retraction,
+/// and the room's reflections of the bot's previews, are not prompts.
+#[test]
+fn a_run_in_progress_composes_previews_corrects_and_retracts() {
+    let Some(rig) = rig() else { return };
+    let mut alice = rig.alice();
+    let host = MemHost::new(&rig.state_dir());
+    let xmpp = rig.adapter("bot-secret");
+    xmpp.start(host.clone()).unwrap();
+    wait("connected", || xmpp.status().state() == State::Connected);
+    let (bot, chat) = ("gwbot@localhost", "alice@localhost");
+
+    // A direct chat, answered.
+    xmpp.show(chat, "run-1", Activity::Started);
+    xmpp.show(chat, "run-1", Activity::Text("Hello ".into()));
+    let first = messages_until(&mut alice, bot, |m| body(m) == Some("Hello …"));
+    let (preview, before) = first.split_last().unwrap();
+    assert!(before.iter().any(|m| is_state(m, "composing")), "composing before the preview: {before:#?}");
+    assert_eq!(preview.attr("type"), Some("chat"));
+    let original = preview.attr("id").expect("the preview's id").to_owned();
+    assert_eq!(preview.child("origin-id", NS_SID).and_then(|o| o.attr("id")), Some(original.as_str()));
+    assert!(preview.child("replace", NS_CORRECT).is_none() && preview.child("active", NS_CHATSTATES).is_some());
+    xmpp.show(chat, "run-1", Activity::Text("world".into()));
+    let edits = messages_until(&mut alice, bot, |m| body(m) == Some("Hello world …"));
+    let edit = edits.last().unwrap();
+    assert_eq!(edit.child("replace", NS_CORRECT).and_then(|r| r.attr("id")), Some(original.as_str()));
+    assert_ne!(edit.attr("id"), Some(original.as_str()), "a correction is a new message");
+    xmpp.show(chat, "run-1", Activity::Text(" Again.".into()));
+    let edits = messages_until(&mut alice, bot, |m| body(m) == Some("Hello world Again. …"));
+    assert_eq!(
+        edits.last().unwrap().child("replace", NS_CORRECT).and_then(|r| r.attr("id")),
+        Some(original.as_str()),
+        "every correction names the original, never the previous correction"
+    );
+    xmpp.show(chat, "run-1", Activity::Ended { replied: true });
+    host.queue_reply(1, chat, "Hello world. Again.", "run-1");
+    xmpp.wake();
+    let rest = messages_until(&mut alice, bot, |m| retracted(m).is_some());
+    let retraction = rest.last().unwrap();
+    assert_eq!(retracted(retraction), Some(original.as_str()));
+    assert_eq!(retraction.child("fallback", NS_FALLBACK).and_then(|f| f.attr("for")), Some(NS_RETRACT));
+    assert!(retraction.child("store", NS_HINTS).is_some() && body(retraction).is_some_and(|b| !b.is_empty()));
+    let replies: Vec<&Element> = rest.iter().filter(|m| body(m) == Some("Hello world. Again.")).collect();
+    assert_eq!(replies.len(), 1, "the reply once: {rest:#?}");
+    assert!(replies[0].child("replace", NS_CORRECT).is_none(), "the reply is its own message");
+    assert!(replies[0].child("active", NS_CHATSTATES).is_some());
+    assert!(rest.iter().any(|m| is_state(m, "active")), "typing off: {rest:#?}");
+    wait("the reply sent", || host.outcomes.lock().unwrap().as_slice() == [(1, Sent::Ok)]);
+
+    // The room: a run abandoned (cancelled by a drain) has its preview retracted at once.
+    let occupant = format!("{}/gw", rig.room);
+    xmpp.show(&rig.room, "run-2", Activity::Started);
+    xmpp.show(&rig.room, "run-2", Activity::Text("Partial ".into()));
+    let first = messages_until(&mut alice, &occupant, |m| body(m) == Some("Partial …"));
+    let (preview, before) = first.split_last().unwrap();
+    assert!(before.iter().any(|m| is_state(m, "composing") && m.attr("type") == Some("groupchat")), "{before:#?}");
+    assert_eq!(preview.attr("type"), Some("groupchat"));
+    let room_id = preview
+        .children_named("stanza-id", NS_SID)
+        .find(|s| s.attr("by") == Some(rig.room.as_str()))
+        .and_then(|s| s.attr("id"))
+        .expect("the room's stanza id")
+        .to_owned();
+    xmpp.show(&rig.room, "run-2", Activity::Ended { replied: false });
+    let rest = messages_until(&mut alice, &occupant, |m| retracted(m).is_some());
+    assert_eq!(retracted(rest.last().unwrap()), Some(room_id.as_str()), "a room's retraction names its stanza id");
+    assert!(rest.iter().any(|m| is_state(m, "active")), "typing off in the room: {rest:#?}");
+    assert!(!rest.iter().any(|m| body(m).is_some() && retracted(m).is_none()), "no reply: {rest:#?}");
+
+    // Alice asks, corrects her question and retracts a room message: one prompt. The room's
+    // reflections of the bot's preview and retraction were not prompts either.
+    let question = x::new_id();
+    let asked = Outgoing { to: bot, groupchat: false, body: "question", id: &question };
+    alice.send_stanza(&x::message_xml(&asked).unwrap()).unwrap();
+    let fixed = Outgoing { to: bot, groupchat: false, body: "question, fixed", id: &x::new_id() };
+    alice.send_stanza(&x::stanza_xml(&fixed, Kind::Correct(&question)).unwrap()).unwrap();
+    let gone = Outgoing { to: &rig.room, groupchat: true, body: "retracted", id: &x::new_id() };
+    alice.send_stanza(&x::stanza_xml(&gone, Kind::Retract("some-id")).unwrap()).unwrap();
+    say(&mut alice, &rig.room, true, "marker");
+    wait("the marker", || host.texts().contains(&"marker".to_owned()));
+    assert_eq!(host.texts(), vec!["question".to_owned(), "marker".to_owned()]);
     assert!(xmpp.close(Instant::now() + Duration::from_secs(3)));
 }

@@ -2,7 +2,8 @@
 //! bot account needs: STARTTLS (always, verified with crates/net's rustls settings), SASL
 //! SCRAM-SHA-1 (PLAIN only as a fallback, and only inside TLS), resource binding, stream
 //! management acks (XEP-0198, no resumption), multi-user chat (XEP-0045), the message archive
-//! (XEP-0313) and stanza ids (XEP-0359).
+//! (XEP-0313), stanza ids (XEP-0359), and what shows a bot at work: chat states (XEP-0085),
+//! corrections (XEP-0308) and retractions (XEP-0424).
 //!
 //! The XML is quick-xml's ([`xml`]): the stream is cut into top-level elements, each read into
 //! a small tree. Everything is bounded: the connect by its deadline, each read by the caller's
@@ -58,6 +59,18 @@ pub const NS_SID: &str = "urn:xmpp:sid:0";
 pub const NS_PING: &str = "urn:xmpp:ping";
 /// Data forms (XEP-0004).
 pub const NS_DATA: &str = "jabber:x:data";
+/// Chat state notifications (XEP-0085).
+pub const NS_CHATSTATES: &str = "http://jabber.org/protocol/chatstates";
+/// Last message correction (XEP-0308).
+pub const NS_CORRECT: &str = "urn:xmpp:message-correct:0";
+/// Message retraction (XEP-0424).
+pub const NS_RETRACT: &str = "urn:xmpp:message-retract:1";
+/// Message fastening (XEP-0422), which older retractions and moderations use.
+pub const NS_FASTEN: &str = "urn:xmpp:fasten:0";
+/// Fallback indication (XEP-0428).
+pub const NS_FALLBACK: &str = "urn:xmpp:fallback:0";
+/// Message processing hints (XEP-0334).
+pub const NS_HINTS: &str = "urn:xmpp:hints";
 use xml::{NS_CLIENT, NS_STREAM};
 
 /// What the adapter does next after an error.
@@ -299,18 +312,107 @@ pub struct Outgoing<'a> {
     pub id: &'a str,
 }
 
+/// What a message with a body does besides being read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind<'a> {
+    /// A new message (with `<active/>`: per XEP-0085 §5, a message with a body carries the
+    /// sender's chat state once it uses chat states at all).
+    New,
+    /// A correction (XEP-0308) of the message whose `id` this is: always the ORIGINAL
+    /// message's id, never a previous correction's (XEP-0308 §5), in rooms too. The body is
+    /// the full new text.
+    Correct(&'a str),
+    /// A retraction (XEP-0424) of the message this id names (in a room, the room's stanza id
+    /// for it). The body is the fallback text for clients without XEP-0424 (XEP-0428), and the
+    /// store hint (XEP-0334) keeps the retraction in archives, which is how a client that was
+    /// offline learns of it.
+    Retract(&'a str),
+}
+
+/// A chat state (XEP-0085).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChatState {
+    /// Paying attention, not writing.
+    Active,
+    /// Writing a message.
+    Composing,
+    /// Stopped writing for now.
+    Paused,
+}
+
+impl ChatState {
+    /// The element name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ChatState::Active => "active",
+            ChatState::Composing => "composing",
+            ChatState::Paused => "paused",
+        }
+    }
+}
+
+fn check_recipient(to: &str) -> Result<(), Error> {
+    if to.is_empty() || to.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(Error::InvalidInput(format!("recipient {to:?}")));
+    }
+    Ok(())
+}
+
+fn message_type(groupchat: bool) -> &'static str {
+    if groupchat { "groupchat" } else { "chat" }
+}
+
 /// The `<message>` for `m` (the body escaped, the address checked).
 pub fn message_xml(m: &Outgoing<'_>) -> Result<String, Error> {
-    if m.to.is_empty() || m.to.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(Error::InvalidInput(format!("recipient {:?}", m.to)));
-    }
-    let kind = if m.groupchat { "groupchat" } else { "chat" };
+    stanza_xml(m, Kind::New)
+}
+
+/// The `<message>` for `m` as `kind` says: every id and text escaped, the address checked.
+pub fn stanza_xml(m: &Outgoing<'_>, kind: Kind<'_>) -> Result<String, Error> {
+    check_recipient(m.to)?;
+    let extra = match kind {
+        Kind::New => format!("<active xmlns='{NS_CHATSTATES}'/>"),
+        Kind::Correct(original) => {
+            format!("<replace xmlns='{NS_CORRECT}' id='{}'/><active xmlns='{NS_CHATSTATES}'/>", escape(original))
+        }
+        Kind::Retract(target) => format!(
+            "<retract xmlns='{NS_RETRACT}' id='{}'/><fallback xmlns='{NS_FALLBACK}' for='{NS_RETRACT}'/>\
+             <store xmlns='{NS_HINTS}'/>",
+            escape(target)
+        ),
+    };
     Ok(format!(
-        "<message to='{to}' type='{kind}' id='{id}'><body>{body}</body><origin-id xmlns='{NS_SID}' id='{id}'/></message>",
+        "<message to='{to}' type='{kind}' id='{id}'><body>{body}</body><origin-id xmlns='{NS_SID}' id='{id}'/>{extra}</message>",
         to = escape(m.to),
+        kind = message_type(m.groupchat),
         id = escape(m.id),
         body = escape(m.body)
     ))
+}
+
+/// A standalone chat state notification (XEP-0085: no body; `groupchat` to a room), not
+/// to be archived (XEP-0334 `<no-store/>`).
+pub fn chat_state_xml(to: &str, groupchat: bool, state: ChatState, id: &str) -> Result<String, Error> {
+    check_recipient(to)?;
+    Ok(format!(
+        "<message to='{to}' type='{kind}' id='{id}'><{state} xmlns='{NS_CHATSTATES}'/><no-store xmlns='{NS_HINTS}'/></message>",
+        to = escape(to),
+        kind = message_type(groupchat),
+        id = escape(id),
+        state = state.name()
+    ))
+}
+
+/// Whether `m` changes an earlier message rather than saying something new: a correction
+/// (XEP-0308), a retraction (XEP-0424, either version), or a moderation fastened to another
+/// message (XEP-0422/0425). Their bodies, if any, are fallbacks or edits, not new prompts.
+pub fn amends_another(m: &Element) -> bool {
+    m.child("replace", NS_CORRECT).is_some()
+        || m.child("retract", NS_RETRACT).is_some()
+        || m.child("apply-to", NS_FASTEN).is_some()
+        || m.children_named("fallback", NS_FALLBACK)
+            .any(|f| f.attr("for").is_some_and(|x| x.starts_with("urn:xmpp:message-retract")))
+        || m.child("moderated", "urn:xmpp:message-moderate:1").is_some()
 }
 
 /// The server's count of our stanzas it has handled (XEP-0198 `<a h=…>`), shared between the
@@ -384,6 +486,23 @@ impl Writer {
                 "no stream management ack for a message (within {ack_timeout:?}, or before the connection ended)"
             )))
         }
+    }
+
+    /// Sends a message of `kind` without waiting for the server's ack (it is counted for
+    /// stream management, and acked with the next acked message): for what is best-effort
+    /// anyway, previews and their retraction, whose id must be remembered as soon as it may
+    /// have reached anyone.
+    pub fn post(&self, m: &Outgoing<'_>, kind: Kind<'_>) -> Result<(), Error> {
+        self.write_stanza(&stanza_xml(m, kind)?)
+    }
+
+    /// Sends a standalone chat state (XEP-0085) without waiting for an ack.
+    pub fn chat_state(&self, to: &str, groupchat: bool, state: ChatState) -> Result<(), Error> {
+        self.write_stanza(&chat_state_xml(to, groupchat, state, &new_id())?)
+    }
+
+    fn write_stanza(&self, xml: &str) -> Result<(), Error> {
+        write(&self.out, xml, true)
     }
 
     /// Closes the socket: the reader's next read fails, so it reconnects.
@@ -1010,6 +1129,36 @@ mod tests {
         assert_eq!(e.child("body", NS_CLIENT).unwrap().text, "<hi> & bye");
         assert_eq!(e.child("origin-id", NS_SID).unwrap().attr("id"), Some("i'1"));
         assert!(message_xml(&Outgoing { to: "a b", groupchat: false, body: "x", id: "1" }).is_err());
+    }
+
+    #[test]
+    fn corrections_retractions_and_chat_states_are_escaped_and_typed() {
+        let m = Outgoing { to: "room@muc", groupchat: true, body: "new <text>", id: "c1" };
+        let e = xml::parse_element(&stanza_xml(&m, Kind::Correct("o'1")).unwrap()).unwrap();
+        assert_eq!(e.child("replace", NS_CORRECT).and_then(|r| r.attr("id")), Some("o'1"));
+        assert_eq!((e.attr("id"), e.attr("type")), (Some("c1"), Some("groupchat")));
+        assert_eq!(e.child("body", NS_CLIENT).unwrap().text, "new <text>");
+        assert!(e.child("active", NS_CHATSTATES).is_some(), "a message with a body carries <active/>");
+        assert!(amends_another(&e));
+        let new = xml::parse_element(&message_xml(&m).unwrap()).unwrap();
+        assert!(new.child("active", NS_CHATSTATES).is_some() && !amends_another(&new));
+        let r = Outgoing { to: "a@b", groupchat: false, body: "(removed)", id: "r1" };
+        let e = xml::parse_element(&stanza_xml(&r, Kind::Retract("o1")).unwrap()).unwrap();
+        assert_eq!(e.child("retract", NS_RETRACT).and_then(|r| r.attr("id")), Some("o1"));
+        assert_eq!(e.child("fallback", NS_FALLBACK).and_then(|f| f.attr("for")), Some(NS_RETRACT));
+        assert!(e.child("store", NS_HINTS).is_some() && e.child("active", NS_CHATSTATES).is_none());
+        assert!(amends_another(&e));
+        let c = xml::parse_element(&chat_state_xml("a@b", false, ChatState::Composing, "s1").unwrap()).unwrap();
+        assert!(c.child("composing", NS_CHATSTATES).is_some() && c.child("body", NS_CLIENT).is_none());
+        assert_eq!(c.attr("type"), Some("chat"));
+        assert!(chat_state_xml("a b", true, ChatState::Active, "s").is_err());
+        assert!(stanza_xml(&Outgoing { to: "", groupchat: false, body: "x", id: "1" }, Kind::Retract("1")).is_err());
+        let old = xml::parse_element(
+            "<message><apply-to xmlns='urn:xmpp:fasten:0' id='x'><retract xmlns='urn:xmpp:message-retract:0'/></apply-to>\
+             <body>fallback</body></message>",
+        )
+        .unwrap();
+        assert!(amends_another(&old));
     }
 
     #[test]
