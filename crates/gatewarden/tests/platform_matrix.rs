@@ -93,12 +93,7 @@ struct Setup {
 /// A Synapse with a bot and an admin user; the admin made a room and invited the bot.
 fn setup() -> Option<Setup> {
     let synapse = Synapse::start()?;
-    let bot = synapse.register("gwbot", "pw-gwbot");
-    let alice = synapse.register("alice", "pw-alice");
-    let mut client = Client::new(&synapse.base_url(), Duration::from_secs(30)).unwrap();
-    client.set_access_token(alice.access_token.clone());
-    client.whoami().unwrap();
-    let room = client.create_room(&[&bot.user_id]).unwrap();
+    let (bot, alice, client, room) = matrix_room(&synapse);
     let mut chat = Chat { client, room, bot: bot.user_id.clone(), since: None, said: Vec::new() };
     chat.poll(Duration::ZERO);
     Some(Setup { synapse, bot_id: bot.user_id, bot_token: bot.access_token, admin: alice.user_id, chat })

@@ -210,12 +210,7 @@ impl Matrix {
 
     fn new() -> Option<Matrix> {
         let synapse = Synapse::start()?;
-        let bot = synapse.register("gwbot", "pw-gwbot");
-        let alice = synapse.register("alice", "pw-alice");
-        let mut client = Client::new(&synapse.base_url(), Duration::from_secs(30)).unwrap();
-        client.set_access_token(alice.access_token.clone());
-        client.whoami().unwrap();
-        let room = client.create_room(&[&bot.user_id]).unwrap();
+        let (bot, _, client, room) = matrix_room(&synapse);
         let since = client.sync(None, Duration::ZERO).unwrap().next_batch;
         Some(Matrix {
             synapse,

@@ -127,6 +127,15 @@ impl Rig {
         Xmpp::new(&self.platform(), password.into()).unwrap()
     }
 
+    /// The bot's adapter, started on a fresh in-memory host and connected.
+    fn connected(&self) -> (Xmpp, Arc<MemHost>) {
+        let host = MemHost::new(&self.state_dir());
+        let xmpp = self.adapter("bot-secret");
+        xmpp.start(host.clone()).unwrap();
+        wait("connected", || xmpp.status().state() == State::Connected);
+        (xmpp, host)
+    }
+
     /// Alice, connected, present, in the room.
     fn alice(&self) -> Connection {
         let tls = gatewarden_net::ClientTls::from_ca_file(&self.ca_file).unwrap();
@@ -231,10 +240,7 @@ fn direct_chats_and_rooms_both_ways_without_our_echo() {
 fn what_arrives_while_stopped_comes_from_the_archive_once() {
     let Some(rig) = rig() else { return };
     let mut alice = rig.alice();
-    let host = MemHost::new(&rig.state_dir());
-    let first = rig.adapter("bot-secret");
-    first.start(host.clone()).unwrap();
-    wait("connected", || first.status().state() == State::Connected);
+    let (first, host) = rig.connected();
     say(&mut alice, "gwbot@localhost", false, "before");
     say(&mut alice, &rig.room, true, "room before");
     wait("two before the stop", || host.inbox.lock().unwrap().len() == 2);
@@ -373,10 +379,7 @@ fn kicked_from_the_room_joins_again() {
     let Some(rig) = rig() else { return };
     // Alice made the room (her join created it): she owns it.
     let mut alice = rig.alice();
-    let host = MemHost::new(&rig.state_dir());
-    let xmpp = rig.adapter("bot-secret");
-    xmpp.start(host.clone()).unwrap();
-    wait("connected", || xmpp.status().state() == State::Connected);
+    let (xmpp, host) = rig.connected();
     say(&mut alice, &rig.room, true, "before the kick");
     wait("before the kick", || host.texts().contains(&"before the kick".to_owned()));
     let kick = format!(
@@ -451,10 +454,7 @@ fn retracted(m: &Element) -> Option<&str> {
 fn a_run_in_progress_composes_previews_corrects_and_retracts() {
     let Some(rig) = rig() else { return };
     let mut alice = rig.alice();
-    let host = MemHost::new(&rig.state_dir());
-    let xmpp = rig.adapter("bot-secret");
-    xmpp.start(host.clone()).unwrap();
-    wait("connected", || xmpp.status().state() == State::Connected);
+    let (xmpp, host) = rig.connected();
     let (bot, chat) = ("gwbot@localhost", "alice@localhost");
 
     // A direct chat, answered.

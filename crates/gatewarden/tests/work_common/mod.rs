@@ -169,3 +169,22 @@ pub fn soak_seed(var: &str) -> u64 {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1) | 1
     })
 }
+
+/// A Matrix room on `synapse` for a gateway test: alice made it and invited `gwbot`. The bot,
+/// alice, alice's logged-in client and the room id (platform_matrix.rs, platform_mixed.rs).
+pub fn matrix_room(
+    synapse: &gatewarden_testkit::servers::Synapse,
+) -> (
+    gatewarden_testkit::servers::MatrixUser,
+    gatewarden_testkit::servers::MatrixUser,
+    gatewarden_chatproto::matrix::Client,
+    String,
+) {
+    let bot = synapse.register("gwbot", "pw-gwbot");
+    let alice = synapse.register("alice", "pw-alice");
+    let mut client = gatewarden_chatproto::matrix::Client::new(&synapse.base_url(), Duration::from_secs(30)).unwrap();
+    client.set_access_token(alice.access_token.clone());
+    client.whoami().unwrap();
+    let room = client.create_room(&[&bot.user_id]).unwrap();
+    (bot, alice, client, room)
+}
