@@ -464,14 +464,13 @@ impl Part for Slack {
     }
 }
 
-/// bob's direct messages to the bot; what the bot says back is read once the stream stops
-/// (it waits in bob's stream meanwhile).
+/// bob's direct messages to the bot, and what the bot says back, read between them and after.
 struct Xmpp {
     server: Prosody,
     _dir: tempfile::TempDir,
     ca_file: std::path::PathBuf,
     bob: Option<x::Connection>,
-    stream: Option<SteadyStream<x::Connection>>,
+    stream: Option<SteadyStream<(x::Connection, Vec<String>)>>,
 }
 
 impl Xmpp {
@@ -514,25 +513,19 @@ impl Part for Xmpp {
         vec![(Self::ENV, "pw-gwbot".into())]
     }
     fn start(&mut self, seed: u64) {
-        let say = |bob: &mut x::Connection, n: u32| {
+        // Bob reads between his messages: a stream left unread for a long soak is one the
+        // client (and prosody) call dead.
+        let say = |(bob, said): &mut (x::Connection, Vec<String>), n: u32| {
             let body = format!("msg {n}");
             let m = x::Outgoing { to: Self::JID, groupchat: false, body: &body, id: &x::new_id() };
             bob.send_stanza(&x::message_xml(&m).expect("a message")).expect("bob sends");
+            while read(bob, said, Duration::from_millis(1)) {}
         };
         let bob = self.bob.take().expect("bob");
-        self.stream = Some(soak::steady_stream(seed, 20, 60, bob, say));
+        self.stream = Some(soak::steady_stream(seed, 20, 60, (bob, Vec::new()), say));
     }
     fn finish(&mut self, seed: u64, _: u32) -> String {
-        let (total, mut bob) = stopped(&mut self.stream, "xmpp");
-        let mut said = Vec::new();
-        /// Reads one stanza within `wait`, keeping the bot's message bodies; `false`: none came.
-        fn read(bob: &mut x::Connection, said: &mut Vec<String>, wait: Duration) -> bool {
-            let Some(m) = bob.next_stanza(wait).expect("bob's stream") else { return false };
-            if m.name == "message" && x::bare(m.attr("from").unwrap_or_default()).eq_ignore_ascii_case(Xmpp::JID) {
-                said.extend(m.child("body", x::xml::NS_CLIENT).map(|b| b.text.clone()));
-            }
-            true
-        }
+        let (total, (mut bob, mut said)) = stopped(&mut self.stream, "xmpp");
         let end = Instant::now() + SETTLE;
         while said.len() < total as usize && Instant::now() < end {
             read(&mut bob, &mut said, Duration::from_millis(200));
@@ -541,6 +534,15 @@ impl Part for Xmpp {
         while read(&mut bob, &mut said, Duration::from_secs(1)) {}
         exactly_once("xmpp", seed, total, said.iter().map(String::as_str))
     }
+}
+
+/// Reads one stanza within `wait`, keeping the bot's message bodies; `false`: none came.
+fn read(bob: &mut x::Connection, said: &mut Vec<String>, wait: Duration) -> bool {
+    let Some(m) = bob.next_stanza(wait).expect("bob's stream") else { return false };
+    if m.name == "message" && x::bare(m.attr("from").unwrap_or_default()).eq_ignore_ascii_case(Xmpp::JID) {
+        said.extend(m.child("body", x::xml::NS_CLIENT).map(|b| b.text.clone()));
+    }
+    true
 }
 
 struct Email {
