@@ -23,11 +23,6 @@ fn token() -> String {
     format!("discord.{}.{:04}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
 
-/// One credential-lock directory per test binary run, so parallel test binaries never share.
-fn creds_dir() -> String {
-    std::env::temp_dir().join(format!("gw-creds-test-{}", std::process::id())).to_string_lossy().into_owned()
-}
-
 /// A fake for `token`, heartbeats every 500 ms (so heartbeats happen in every test), and a
 /// channel bucket roomy enough for a steady stream's replies in one channel (the default, 5
 /// per 5 s, would make the replies, not the restarts, the bottleneck).

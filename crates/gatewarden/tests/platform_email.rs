@@ -16,10 +16,6 @@ use gatewarden_testkit::mail::{MailServer, address, password};
 const PW_ENV: &str = "GW_TEST_MAIL_PASSWORD";
 const REPLY: Duration = Duration::from_secs(20);
 
-fn creds_dir() -> String {
-    std::env::temp_dir().join(format!("gw-creds-test-{}", std::process::id())).to_string_lossy().into_owned()
-}
-
 fn config(s: &MailServer, agent: &str) -> String {
     format!(
         "drain_timeout_s = 10\n[agent]\nbackend = \"echo\"\n{agent}\n\

@@ -17,10 +17,6 @@ const ADMIN: &str = "alice";
 const CHANNEL: &str = "#gw";
 const REPLY: Duration = Duration::from_secs(15);
 
-fn creds_dir() -> String {
-    std::env::temp_dir().join(format!("gw-creds-test-{}", std::process::id())).to_string_lossy().into_owned()
-}
-
 /// A user in the channel: sends, and collects what the bot says (in the channel or privately).
 struct User {
     conn: Option<Connection>,

@@ -16,10 +16,6 @@ use gatewarden_testkit::servers::Synapse;
 const TOKEN_ENV: &str = "GW_TEST_MATRIX_TOKEN";
 const REPLY: Duration = Duration::from_secs(20);
 
-fn creds_dir() -> String {
-    std::env::temp_dir().join(format!("gw-creds-test-{}", std::process::id())).to_string_lossy().into_owned()
-}
-
 /// A user's view of one room: sends, and collects what the bot says there.
 struct Chat {
     client: Client,
@@ -281,21 +277,6 @@ fn kill_9_mid_run_is_answered_once_by_the_next_incarnation() {
     s.chat.quiet_for(Duration::from_millis(1500));
     assert_eq!(s.chat.count("survive me"), 1, "{:#?}", s.chat.said);
     stop_cleanly(&home, &mut g2);
-}
-
-/// The `cluster.role` of the gateway in `home` (status --json).
-fn role(home: &TempHome) -> Option<String> {
-    let v: Value = serde_json::from_str(&run_cli(home, &["status", "--json"]).stdout).ok()?;
-    v["cluster"]["role"].as_str().map(str::to_owned)
-}
-
-#[track_caller]
-fn wait_role(home: &TempHome, want: &str, within: Duration) {
-    assert!(
-        wait_until(within, || role(home).as_deref() == Some(want)),
-        "not {want} within {within:?}: {:?}",
-        role(home)
-    );
 }
 
 /// A cluster (issue 11) on Matrix: the standby, promoted in another home after kill -9 of the

@@ -103,8 +103,7 @@ fn mixed_soak(kinds: &[Kind], default_restarts: u32) {
     let config = format!("drain_timeout_s = 10\n[agent]\nbackend = \"echo\"\n{sections}");
     let (home, sw) = (TempHome::new(), Sweeper::new());
     write_config(home.path(), &config);
-    let creds = std::env::temp_dir().join(format!("gw-creds-test-{}", std::process::id()));
-    let mut b = builder(&home).env(TAG_VAR, sw.tag()).env("GATEWARDEN_CREDS_DIR", creds);
+    let mut b = builder(&home).env(TAG_VAR, sw.tag()).env("GATEWARDEN_CREDS_DIR", creds_dir());
     for (k, v) in parts.iter().flat_map(|p| p.env()) {
         b = b.env(k, v);
     }

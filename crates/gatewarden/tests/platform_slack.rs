@@ -35,11 +35,6 @@ fn fake() -> FakeSlack {
     .expect("fake Slack")
 }
 
-/// One credential-lock directory per test binary run, so parallel test binaries never share.
-fn creds_dir() -> String {
-    std::env::temp_dir().join(format!("gw-creds-test-{}", std::process::id())).to_string_lossy().into_owned()
-}
-
 fn config_at(api_base: &str, agent: &str, extra: &str) -> String {
     let backend = if agent.contains("backend") { "" } else { "backend = \"echo\"" };
     format!(

@@ -22,11 +22,6 @@ fn token() -> String {
     format!("{}{:04}:tok-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), std::process::id())
 }
 
-/// One credential-lock directory per test binary run, so parallel test binaries never share.
-fn creds_dir() -> String {
-    std::env::temp_dir().join(format!("gw-creds-test-{}", std::process::id())).to_string_lossy().into_owned()
-}
-
 fn fake() -> FakeTelegram {
     FakeTelegram::start(Options { linger: Duration::from_millis(800), ..Options::default() }).expect("fake Bot API")
 }

@@ -20,10 +20,6 @@ const BOT: &str = "gwbot@localhost";
 const ADMIN: &str = "alice@localhost";
 const REPLY: Duration = Duration::from_secs(20);
 
-fn creds_dir() -> String {
-    std::env::temp_dir().join(format!("gw-creds-test-{}", std::process::id())).to_string_lossy().into_owned()
-}
-
 fn room() -> String {
     format!("gw@{MUC_DOMAIN}")
 }
@@ -356,21 +352,6 @@ fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
     assert!(lost.is_empty() && dup.is_empty(), "seed {seed}: lost {lost:?}, duplicated {dup:?}");
     alice.poll(Duration::from_millis(10));
     assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
-}
-
-/// The `cluster.role` of the gateway in `home` (status --json).
-fn role(home: &TempHome) -> Option<String> {
-    let v: Value = serde_json::from_str(&run_cli(home, &["status", "--json"]).stdout).ok()?;
-    v["cluster"]["role"].as_str().map(str::to_owned)
-}
-
-#[track_caller]
-fn wait_role(home: &TempHome, want: &str, within: Duration) {
-    assert!(
-        wait_until(within, || role(home).as_deref() == Some(want)),
-        "not {want} within {within:?}: {:?}",
-        role(home)
-    );
 }
 
 /// A cluster (issue 11) on XMPP: only the active holds a stream (the standby's adapter waits,

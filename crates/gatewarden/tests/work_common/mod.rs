@@ -188,3 +188,24 @@ pub fn matrix_room(
     let room = client.create_room(&[&bot.user_id]).unwrap();
     (bot, alice, client, room)
 }
+
+/// One credential-lock directory per test binary run (`GATEWARDEN_CREDS_DIR`), so parallel test
+/// binaries never share one, while the gateways of one test binary do (two homes, one token).
+pub fn creds_dir() -> String {
+    std::env::temp_dir().join(format!("gw-creds-test-{}", std::process::id())).to_string_lossy().into_owned()
+}
+
+/// The `cluster.role` of the gateway in `home` (status --json).
+pub fn cluster_role(home: &TempHome) -> Option<String> {
+    let v: Value = serde_json::from_str(&run_cli(home, &["status", "--json"]).stdout).ok()?;
+    v["cluster"]["role"].as_str().map(str::to_owned)
+}
+
+#[track_caller]
+pub fn wait_role(home: &TempHome, want: &str, within: Duration) {
+    assert!(
+        wait_until(within, || cluster_role(home).as_deref() == Some(want)),
+        "not {want} within {within:?}: {:?}",
+        cluster_role(home)
+    );
+}
