@@ -114,7 +114,7 @@ pub fn doctor(home: &HermesHome, ctx: &Context) -> Vec<Finding> {
         for e in entries.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".lock")) {
             let Some(v) = fsio::read_json::<Value>(&e.path()).ok() else { continue };
             let Some(pid) = v.get("pid").and_then(Value::as_u64) else { continue };
-            if crate::scoped::judge(v.to_string().as_bytes(), probe_u32) == crate::scoped::Record::Stale {
+            if crate::scoped::judge_value(&v, probe_u32) == crate::scoped::Record::Stale {
                 add(
                     Code::StaleScopedLock,
                     format!("{} names pid {pid}, which no longer runs", e.path().display()),

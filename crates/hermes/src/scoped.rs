@@ -66,7 +66,11 @@ pub enum Record {
 
 /// Judges a record's bytes against `probe` (pid → liveness).
 pub fn judge(bytes: &[u8], probe: impl Fn(u32) -> Liveness) -> Record {
-    let Ok(v) = fsio::parse_json_value(bytes) else { return Record::Stale };
+    fsio::parse_json_value(bytes).map_or(Record::Stale, |v| judge_value(&v, probe))
+}
+
+/// [`judge`] of a record already parsed.
+pub fn judge_value(v: &Value, probe: impl Fn(u32) -> Liveness) -> Record {
     let Some(pid) = v.get("pid").and_then(Value::as_u64).and_then(|p| u32::try_from(p).ok()) else {
         return Record::Stale;
     };
