@@ -32,6 +32,10 @@ pub enum Mode {
     Supervised,
 }
 
+/// hermes's own supervisor markers: an inherited one would make a child believe another
+/// supervisor runs it (ours says so with `--external-supervisor` where it is true).
+const HERMES_SUPERVISOR_ENV: &[&str] = &["HERMES_GATEWAY_EXTERNAL_SUPERVISOR", "HERMES_S6_SUPERVISED_CHILD"];
+
 /// The `hermes gateway run` command for `home`. Callers may add to it (tests make it
 /// hermetic) before passing it to [`spawn`].
 pub fn command(home: &HermesHome, hermes: &Path, mode: Mode) -> Command {
@@ -39,8 +43,15 @@ pub fn command(home: &HermesHome, hermes: &Path, mode: Mode) -> Command {
 }
 
 /// [`command`] for a resolved [`Launch`] (what ran before, see [`crate::launch`]).
+///
+/// The child inherits our environment without our own service manager's variables
+/// (`supervisor::MANAGER_ENV`: with them it would believe systemd runs it directly, or answer
+/// our manager) and without hermes's supervisor markers.
 pub fn command_for(home: &HermesHome, launch: &Launch, mode: Mode) -> Command {
     let mut cmd = Command::new(&launch.program);
+    for k in gatewarden_lifecycle::supervisor::MANAGER_ENV.iter().chain(HERMES_SUPERVISOR_ENV) {
+        cmd.env_remove(k);
+    }
     cmd.args(&launch.args);
     cmd.env("HERMES_HOME", home.env_value()).env("PYTHONUNBUFFERED", "1").stdin(Stdio::null());
     match mode {
@@ -172,4 +183,22 @@ pub fn describe(status: ExitStatus) -> String {
 /// The signal that ended a process, where the OS has signals.
 pub fn exit_signal(status: ExitStatus) -> Option<i32> {
     spawn::exit_signal(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn children_do_not_inherit_our_manager_or_another_supervisor() {
+        let home = HermesHome::at(PathBuf::from("/h"));
+        for mode in [Mode::Detached, Mode::Supervised] {
+            let cmd = command(&home, Path::new("hermes"), mode);
+            let removed: Vec<_> = cmd.get_envs().filter(|(_, v)| v.is_none()).map(|(k, _)| k.to_owned()).collect();
+            for k in ["NOTIFY_SOCKET", "INVOCATION_ID", "LISTEN_FDS", "HERMES_GATEWAY_EXTERNAL_SUPERVISOR"] {
+                assert!(removed.iter().any(|r| r == k), "{k} removed in {mode:?}: {removed:?}");
+            }
+            assert!(cmd.get_envs().any(|(k, v)| k == "HERMES_HOME" && v.is_some()));
+        }
+    }
 }

@@ -30,11 +30,6 @@ use serde_json::json;
 use crate::options::{ServiceAction, ServiceArgs, SuperviseArgs};
 use crate::os;
 
-/// Variables of our own service manager that a hermes child must not inherit: with them it
-/// would believe systemd runs it directly (we are its supervisor) or answer our manager.
-const NOT_FOR_CHILD: &[&str] =
-    &["INVOCATION_ID", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"];
-
 /// A native verb's flag given for a hermes home: refused, naming the flag.
 pub fn refuse_native(verb: &str, given: &[(&str, bool)]) -> crate::Result<()> {
     match given.iter().find(|(_, set)| *set) {
@@ -62,15 +57,6 @@ fn hermes_exe_absolute(flag: Option<PathBuf>) -> crate::Result<PathBuf> {
         .map(|d| d.join(&exe))
         .find(|p| p.is_file())
         .with_context(|| format!("{} is not on PATH: pass --hermes /path/to/venv/bin/hermes", exe.display()))
-}
-
-/// `hermes gateway run` for `home`, without our own manager's variables.
-fn command(home: &HermesHome, launch: &Launch, mode: Mode) -> std::process::Command {
-    let mut cmd = start::command_for(home, launch, mode);
-    for k in NOT_FOR_CHILD {
-        cmd.env_remove(k);
-    }
-    cmd
 }
 
 pub fn status(home: &HermesHome, as_json: bool) -> crate::Result<ExitCode> {
@@ -137,7 +123,7 @@ pub fn start(home: &HermesHome, timeout_s: u64) -> crate::Result<ExitCode> {
             return Ok(ExitCode::from(1));
         }
     };
-    match start::start(home, command(home, &launch, Mode::Detached), Duration::from_secs(timeout_s)) {
+    match start::start(home, start::command_for(home, &launch, Mode::Detached), Duration::from_secs(timeout_s)) {
         Ok(s) => {
             println!("hermes gateway {} ready in {} ms", s.identity, s.elapsed.as_millis());
             Ok(ExitCode::SUCCESS)
@@ -156,7 +142,7 @@ pub fn start(home: &HermesHome, timeout_s: u64) -> crate::Result<ExitCode> {
 
 pub fn restart(home: &HermesHome, timeout_s: u64) -> crate::Result<ExitCode> {
     let opts = RestartOptions { ready_timeout: Duration::from_secs(timeout_s), ..RestartOptions::default() };
-    match restart::restart(home, &opts, explicit_hermes(), |l| command(home, l, Mode::Detached)) {
+    match restart::restart(home, &opts, explicit_hermes(), |l| start::command_for(home, l, Mode::Detached)) {
         Ok(r) => {
             let old = r.old.map_or("nothing running".into(), |o| format!("pid {}", o.pid));
             let path =
@@ -203,7 +189,7 @@ pub fn supervise(home: &HermesHome, args: SuperviseArgs) -> crate::Result<ExitCo
     let sup = Supervise {
         home: home.clone(),
         command: Box::new(move || {
-            command(&cmd_home, &Launch::hermes(&hermes, launch::Source::Explicit), Mode::Supervised)
+            start::command_for(&cmd_home, &Launch::hermes(&hermes, launch::Source::Explicit), Mode::Supervised)
         }),
         policy: SupervisePolicy {
             initial_backoff: Duration::from_millis(args.backoff_ms),

@@ -29,22 +29,6 @@ use gatewarden_hermes::supervise::{End, Event, Supervise};
 use gatewarden_lifecycle::ProcessIdentity;
 use gatewarden_service::supervise::SupervisePolicy;
 
-/// What a hermes child must not inherit from us: it would believe systemd supervises it, or
-/// the next incarnation's sweep would take it for one of our runs.
-const SCRUB: &[&str] = &[
-    "INVOCATION_ID",
-    "NOTIFY_SOCKET",
-    "JOURNAL_STREAM",
-    "WATCHDOG_USEC",
-    "WATCHDOG_PID",
-    "LISTEN_PID",
-    "LISTEN_FDS",
-    "LISTEN_FDNAMES",
-    "XPC_SERVICE_NAME",
-    "HERMES_GATEWAY_EXTERNAL_SUPERVISOR",
-    "HERMES_S6_SUPERVISED_CHILD",
-    crate::options::RUN_TAG,
-];
 /// Between two looks at a lock someone else holds, and after a parked or failed supervise.
 const PAUSE: Duration = Duration::from_millis(500);
 const PARKED_PAUSE: Duration = Duration::from_secs(5);
@@ -214,9 +198,8 @@ fn supervise(spec: &Spec, stop: &AtomicBool, leave: &AtomicBool) {
             home: home.clone(),
             command: Box::new(move || {
                 let mut cmd = start::command(&h, &program, Mode::Supervised);
-                for k in SCRUB {
-                    cmd.env_remove(k);
-                }
+                // Not one of our runs: the next incarnation's sweep must not take it for one.
+                cmd.env_remove(crate::options::RUN_TAG);
                 cmd
             }),
             policy: SupervisePolicy::default(),
