@@ -198,10 +198,7 @@ fn two_homes_same_token() {
     let mut ga = start_gw(&a, &sw, &tok, &config(&fake, "", ""));
     wait_adapter(&a, "connected", READY);
     let mut gb = spawn(&b, &sw, &tok, &config(&fake, "", ""));
-    let st = gb.wait_exit(EXIT);
-    assert_exit_code(&gb, st, 78, "second gateway with the same (only) token");
-    let err = gb.stderr();
-    assert!(err.contains(&a.path().to_string_lossy().to_string()) && err.contains(&ga.pid().to_string()), "{err}");
+    refused_naming_the_holder(&mut gb, &a, &ga, "second gateway with the same (only) token");
     assert_eq!(fake.stats().identifies, 1, "the refused gateway never connected");
     fake.message("11", "1", "who answers");
     wait_reply(&fake, "11", |t| t == "who answers");

@@ -212,10 +212,7 @@ fn two_homes_same_account() {
     let mut ga = start_gw(&a, &sw, &config(&s, ""));
     wait_adapter(&a, "connected", READY);
     let mut gb = spawn(&b, &sw, &config(&s, ""));
-    let st = gb.wait_exit(EXIT);
-    assert_exit_code(&gb, st, 78, "second gateway with the same email account");
-    let err = gb.stderr();
-    assert!(err.contains(&a.path().to_string_lossy().to_string()) && err.contains(&ga.pid().to_string()), "{err}");
+    refused_naming_the_holder(&mut gb, &a, &ga, "second gateway with the same email account");
     assert_eq!(platforms(&a)[0]["state"], json!("connected"), "the holder is undisturbed");
     mail(&s, "alice", "holder", "who answers");
     wait_reply(&s, "alice", |t| t == "who answers");

@@ -195,10 +195,7 @@ fn two_homes_same_app() {
     let mut ga = start_gw(&a, &sw, &fake, &config(&fake, ""));
     wait_adapter(&a, "connected", READY);
     let mut gb = spawn(&b, &sw, &fake, &config(&fake, ""));
-    let st = gb.wait_exit(EXIT);
-    assert_exit_code(&gb, st, 78, "second gateway with the same app-level token");
-    let err = gb.stderr();
-    assert!(err.contains(&a.path().to_string_lossy().to_string()) && err.contains(&ga.pid().to_string()), "{err}");
+    refused_naming_the_holder(&mut gb, &a, &ga, "second gateway with the same app-level token");
     assert_eq!(fake.stats().connections, 1, "the second gateway never connected");
     stop_cleanly(&a, &mut ga);
 }

@@ -209,3 +209,17 @@ pub fn wait_role(home: &TempHome, want: &str, within: Duration) {
         cluster_role(home)
     );
 }
+
+/// Two homes on one credential: `second`, spawned while the gateway `holder` of `holder_home`
+/// holds it, exits 78 before it connects, naming the holder's home and pid (`what`: which
+/// credential, for the failure message).
+#[track_caller]
+pub fn refused_naming_the_holder(second: &mut Gateway, holder_home: &TempHome, holder: &Gateway, what: &str) {
+    let st = second.wait_exit(EXIT);
+    assert_exit_code(second, st, 78, what);
+    let err = second.stderr();
+    assert!(
+        err.contains(&holder_home.path().to_string_lossy().to_string()) && err.contains(&holder.pid().to_string()),
+        "{err}"
+    );
+}
