@@ -12,7 +12,6 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -220,14 +219,6 @@ fn restarted(s: &Snapshot) -> Snapshot {
     r
 }
 
-fn screenshot_dir() -> PathBuf {
-    // target/tmp -> target/screenshots (follows CARGO_TARGET_DIR).
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .map_or_else(|| PathBuf::from("target"), PathBuf::from)
-        .join("screenshots")
-}
-
 #[test]
 fn pages_render_in_headless_chromium_and_take_live_updates() {
     let Some(b) = Browser::start(Duration::from_secs(30)) else { return };
@@ -281,7 +272,7 @@ fn pages_render_in_headless_chromium_and_take_live_updates() {
     assert!(table.contains("stop by pid 3845 (gatewarden --home /tmp/sd2 stop) via cli"), "{table}");
     assert!(table.contains("exit 0 (planned_stop)"), "{table}");
 
-    let dir = screenshot_dir();
+    let dir = gatewarden_testkit::browser::screenshot_dir(env!("CARGO_TARGET_TMPDIR"));
     let main_png = dir.join("dashboard-main.png");
     b.screenshot(&main_png).expect("screenshot");
     assert!(std::fs::metadata(&main_png).is_ok_and(|m| m.len() > 1000));
@@ -389,13 +380,7 @@ fn actions_need_the_token_and_come_from_the_page_itself() {
 
     // Without a session: a login form, no action buttons, and a forged POST is refused.
     b.navigate(&format!("http://{addr}/ui")).expect("navigate");
-    b.find("form#login").expect("the login form");
-    assert!(b.find_all("form[action='/ui/action/restart']").expect("find").is_empty());
-    let forged = b
-        .execute("return fetch('/ui/action/restart', {method: 'POST', headers: {'Content-Type': 'application/x-www-form-urlencoded'}, body: 'csrf=guess'}).then(async r => r.status + ' ' + await r.text())")
-        .expect("fetch");
-    let forged = forged.as_str().unwrap_or_default();
-    assert!(forged.starts_with("403 ") && forged.contains("not logged in"), "{forged}");
+    b.assert_read_only_page();
 
     // A wrong token is refused; the right one unlocks the actions.
     let login = |token: &str| {
@@ -407,10 +392,10 @@ fn actions_need_the_token_and_come_from_the_page_itself() {
     login("not-the-token");
     b.wait_text("#outcome", "wrong token", Duration::from_secs(10)).expect("a wrong token is refused");
     login(TOKEN);
-    let restart = wait_find(&b, "form[action='/ui/action/restart'] button");
+    let restart = b.wait_find("form[action='/ui/action/restart'] button", Duration::from_secs(10));
     // The session cookie is out of the page's scripts' reach.
     assert_eq!(b.execute("return document.cookie").expect("cookie"), serde_json::json!(""));
-    let png = screenshot_dir().join("dashboard-actions.png");
+    let png = gatewarden_testkit::browser::screenshot_dir(env!("CARGO_TARGET_TMPDIR")).join("dashboard-actions.png");
     b.screenshot(&png).expect("screenshot");
     eprintln!("screenshot: {}", png.display());
 
@@ -432,13 +417,4 @@ fn actions_need_the_token_and_come_from_the_page_itself() {
     let text = b.wait_text("#outcome", "does not answer to Host", Duration::from_secs(10)).expect("foreign Host");
     assert!(text.contains("evil.test"), "{text}");
     b.quit();
-}
-
-fn wait_find(b: &Browser, css: &str) -> gatewarden_testkit::browser::Element {
-    let mut found = None;
-    gatewarden_testkit::wait_until(Duration::from_secs(10), || {
-        found = b.find(css).ok();
-        found.is_some()
-    });
-    found.unwrap_or_else(|| panic!("no {css:?} after logging in; page: {:?}", b.find("body").and_then(|e| b.text(&e))))
 }

@@ -121,14 +121,6 @@ const TOKEN: &str = "dashboard-test-token-0123456789";
 const SSE_DEADLINE: Duration = Duration::from_secs(1);
 const PAGE: Duration = Duration::from_secs(10);
 
-fn screenshot_dir() -> std::path::PathBuf {
-    // target/tmp -> target/screenshots (follows CARGO_TARGET_DIR).
-    std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .map_or_else(|| std::path::PathBuf::from("target"), std::path::PathBuf::from)
-        .join("screenshots")
-}
-
 /// A detached gateway (`gatewarden start`), stopped when the test ends however it ends: its
 /// restarts hand over to successors the test does not hold.
 struct Started<'a>(&'a TempHome);
@@ -178,13 +170,7 @@ fn the_gateways_page_follows_restarts_and_restarts_with_the_token() {
     assert!(text_of(&b, "#truth").contains(&first));
     assert!(text_of(&b, "table.incs").contains(&first), "the timeline lists the running incarnation");
     // Read-only until the token is given: a login form, no buttons, and a forged POST refused.
-    b.find("form#login").expect("the login form");
-    assert!(b.find_all("form[action='/ui/action/restart']").expect("find").is_empty());
-    let forged = b
-        .execute("return fetch('/ui/action/restart', {method: 'POST', headers: {'Content-Type': 'application/x-www-form-urlencoded'}, body: 'csrf=guess'}).then(async r => r.status + ' ' + await r.text())")
-        .expect("fetch");
-    let forged = forged.as_str().unwrap_or_default();
-    assert!(forged.starts_with("403 ") && forged.contains("not logged in"), "{forged}");
+    b.assert_read_only_page();
     assert_eq!(status_json(home.path()).incarnation.as_deref(), Some(first.as_str()), "nothing restarted");
 
     // A restart from the CLI: the open page shows it over SSE, without being reloaded.
@@ -204,10 +190,10 @@ fn the_gateways_page_follows_restarts_and_restarts_with_the_token() {
     // The token, once: a session cookie scripts cannot read, and the buttons.
     b.send_keys(&b.find("form#login input[name=token]").expect("token input"), TOKEN).expect("type");
     b.click(&b.find("form#login button").expect("button")).expect("click");
-    let restart = wait_find(&b, "form[action='/ui/action/restart'] button");
+    let restart = b.wait_find("form[action='/ui/action/restart'] button", PAGE);
     assert_eq!(b.execute("return document.cookie").expect("cookie"), serde_json::json!(""));
     assert!(!b.find("body").and_then(|e| b.text(&e)).unwrap_or_default().contains(TOKEN), "no secret on the page");
-    let png = screenshot_dir().join("gateway-main.png");
+    let png = gatewarden_testkit::browser::screenshot_dir(env!("CARGO_TARGET_TMPDIR")).join("gateway-main.png");
     b.screenshot(&png).expect("screenshot");
     eprintln!("screenshot: {}", png.display());
 
@@ -306,7 +292,7 @@ fn the_fleet_page_lists_three_homes_and_starts_a_stopped_one() {
     for g in gws.iter().take(2) {
         assert_eq!(b.find_all(&format!("a.own[href='http://{}/ui']", g.listen())).expect("find").len(), 1);
     }
-    let png = screenshot_dir().join("fleet.png");
+    let png = gatewarden_testkit::browser::screenshot_dir(env!("CARGO_TARGET_TMPDIR")).join("fleet.png");
     b.screenshot(&png).expect("screenshot");
     eprintln!("screenshot: {}", png.display());
 
@@ -316,7 +302,7 @@ fn the_fleet_page_lists_three_homes_and_starts_a_stopped_one() {
     b.wait_text("#state", "stopped", PAGE).expect("the stopped home's page");
     b.send_keys(&b.find("form#login input[name=token]").expect("token input"), TOKEN).expect("type");
     b.click(&b.find("form#login button").expect("button")).expect("click");
-    b.click(&wait_find(&b, "#actions button")).expect("click start");
+    b.click(&b.wait_find("#actions button", PAGE)).expect("click start");
     b.wait_text("#action", "start: done", Duration::from_secs(30)).expect("the start's outcome");
     b.wait_text("#state", "running", PAGE).expect("running again");
     let s = status_json(homes[2].path());
@@ -326,15 +312,6 @@ fn the_fleet_page_lists_three_homes_and_starts_a_stopped_one() {
     assert!(desired.contains("dashboard start"), "the start is recorded as the dashboard's: {desired}");
     let _ = run_cli(&homes[2], &["stop"]);
     b.quit();
-}
-
-fn wait_find(b: &Browser, css: &str) -> gatewarden_testkit::browser::Element {
-    let mut found = None;
-    gatewarden_testkit::wait_until(PAGE, || {
-        found = b.find(css).ok();
-        found.is_some()
-    });
-    found.unwrap_or_else(|| panic!("no {css:?}; page: {:?}", b.find("body").and_then(|e| b.text(&e))))
 }
 
 /// Messages: a failed message is listed with its reason and a Retry button; Retry (with the
@@ -380,7 +357,7 @@ fn a_failed_message_is_retried_from_the_page() {
     b.send_keys(&b.find("form#login input[name=token]").expect("token input"), TOKEN).expect("type");
     b.click(&b.find("form#login button").expect("button")).expect("click");
     std::fs::write(&ok, "").expect("let the agent succeed");
-    b.click(&wait_find(&b, "#messages form[action='/ui/action/retry'] button")).expect("retry");
+    b.click(&b.wait_find("#messages form[action='/ui/action/retry'] button", PAGE)).expect("retry");
     let outcome = b.wait_text("#action", "retry: done", PAGE).expect("the retry's outcome");
     let copy = outcome
         .split("queued again as ")

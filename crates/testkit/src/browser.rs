@@ -17,6 +17,12 @@ use serde_json::{Value, json};
 use crate::HttpResponse;
 use crate::servers::Proc;
 
+/// Where screenshots go: `target/screenshots`, beside the test's `CARGO_TARGET_TMPDIR`
+/// (`target/tmp`; it follows `CARGO_TARGET_DIR`), which only a test binary is compiled with.
+pub fn screenshot_dir(target_tmpdir: &str) -> PathBuf {
+    PathBuf::from(target_tmpdir).parent().map_or_else(|| PathBuf::from("target"), PathBuf::from).join("screenshots")
+}
+
 /// The W3C key under which an element reference comes back.
 const ELEMENT_KEY: &str = "element-6066-11e4-a52e-4f735466cecf";
 
@@ -206,6 +212,31 @@ impl Browser {
             }
         });
         if ok { Ok(last) } else { Err(format!("{css:?} did not show {needle:?} within {timeout:?}; last: {last:?}")) }
+    }
+
+    /// The first element matching `css`, waiting for it up to `timeout`; panics naming the
+    /// page's text when none comes.
+    #[track_caller]
+    pub fn wait_find(&self, css: &str, timeout: Duration) -> Element {
+        let mut found = None;
+        crate::wait_until(timeout, || {
+            found = self.find(css).ok();
+            found.is_some()
+        });
+        found.unwrap_or_else(|| panic!("no {css:?} within {timeout:?}; page: {:?}", self.find("body").and_then(|e| self.text(&e))))
+    }
+
+    /// The dashboard's page without a session (crates/runtime/src/http/ui.rs, and the fleet's):
+    /// a login form, no action buttons, and a forged POST refused as not logged in.
+    #[track_caller]
+    pub fn assert_read_only_page(&self) {
+        self.find("form#login").expect("the login form");
+        assert!(self.find_all("form[action='/ui/action/restart']").expect("find").is_empty());
+        let forged = self
+            .execute("return fetch('/ui/action/restart', {method: 'POST', headers: {'Content-Type': 'application/x-www-form-urlencoded'}, body: 'csrf=guess'}).then(async r => r.status + ' ' + await r.text())")
+            .expect("fetch");
+        let forged = forged.as_str().unwrap_or_default();
+        assert!(forged.starts_with("403 ") && forged.contains("not logged in"), "{forged}");
     }
 
     /// A PNG of the viewport, written to `path` (parent directories created).
