@@ -88,6 +88,11 @@ pub enum Op {
     Restart {
         requester: Requester,
     },
+    /// Cancels the drain of a planned restart: the gateway runs on (docs/protocol.md §3).
+    /// Answered once it is `running` again, or with why it cannot be cancelled.
+    CancelDrain {
+        requester: Requester,
+    },
 }
 
 fn default_stop_reason() -> StopReason {

@@ -33,6 +33,8 @@ pub enum Action {
     Restart,
     /// `gatewarden stop`.
     Stop,
+    /// `gatewarden cancel-drain` (a restart's drain; the gateway says when it cannot be).
+    CancelDrain,
     /// `gatewarden start` (the fleet page: a stopped gateway serves no page of its own).
     Start,
     /// `gatewarden update --from <[update] source>`.
@@ -59,6 +61,7 @@ impl Action {
         Ok(match verb {
             "restart" => Action::Restart,
             "stop" => Action::Stop,
+            "cancel-drain" => Action::CancelDrain,
             "start" => Action::Start,
             "update" => Action::Update,
             "rollback" => Action::Rollback,
@@ -72,6 +75,7 @@ impl Action {
         match self {
             Action::Restart => "restart",
             Action::Stop => "stop",
+            Action::CancelDrain => "cancel-drain",
             Action::Start => "start",
             Action::Update => "update",
             Action::Rollback => "rollback",
@@ -88,6 +92,7 @@ impl Action {
         match self {
             Action::Restart => v(&["restart"]),
             Action::Stop => v(&["stop"]),
+            Action::CancelDrain => v(&["cancel-drain"]),
             Action::Start => v(&["start"]),
             Action::Rollback => v(&["update", "--rollback"]),
             Action::Update => match update_source {
@@ -251,7 +256,9 @@ mod tests {
         assert!(Action::Update.cli_args(None).is_err());
         assert_eq!(Action::Update.cli_args(Some("/r/gw")).unwrap().unwrap()[2], "/r/gw");
         assert_eq!(Action::Retry { id: "x".into() }.cli_args(None), Ok(None));
-        for v in ["restart", "stop", "start", "update", "rollback"] {
+        assert_eq!(Action::parse("cancel-drain", form(&[])), Ok(Action::CancelDrain));
+        assert_eq!(Action::CancelDrain.cli_args(None), Ok(Some(vec!["cancel-drain".to_owned()])));
+        for v in ["restart", "stop", "cancel-drain", "start", "update", "rollback"] {
             assert_eq!(Action::parse(v, form(&[])).unwrap().verb(), v);
         }
     }

@@ -257,6 +257,7 @@ fn actions(s: &Snapshot, v: &Viewer) -> Markup {
                     @let (label, confirm) = match verb {
                         "restart" => ("Restart (drain)", Some(interrupt.as_str())),
                         "stop" => ("Stop", Some("Stop the gateway? It stays down until started (`gatewarden start`, or Start on `gatewarden dashboard`).")),
+                        "cancel-drain" => ("Cancel drain", Some("Cancel the restart? The gateway runs on as it is (a stop's drain cannot be cancelled).")),
                         _ => ("Start", None),
                     };
                     (post_form(v, verb, &[], label, confirm))
@@ -313,12 +314,14 @@ fn outcome_section(s: &Snapshot) -> Markup {
 }
 
 /// The actions that make sense in a state (its badge): a running gateway can be restarted or
-/// stopped, a draining or starting one stopped, a stopped or parked one started (from the
-/// fleet page: a stopped gateway serves no page).
+/// stopped, a draining one's restart cancelled (the gateway refuses a stop's) or stopped, a
+/// starting one stopped, a stopped or parked one started (from the fleet page: a stopped
+/// gateway serves no page).
 pub fn actions_for(badge: &str) -> &'static [&'static str] {
     match badge.split([' ', ':']).next().unwrap_or("") {
         "running" => &["restart", "stop"],
         "stopped" | "parked" => &["start"],
+        "draining" => &["cancel-drain", "stop"],
         _ => &["stop"],
     }
 }
@@ -1067,7 +1070,7 @@ mod tests {
     #[test]
     fn actions_follow_the_state() {
         assert_eq!(actions_for("running"), ["restart", "stop"]);
-        assert_eq!(actions_for("draining 1/2"), ["stop"]);
+        assert_eq!(actions_for("draining 1/2"), ["cancel-drain", "stop"]);
         assert_eq!(actions_for("parked: crash loop"), ["start"]);
         assert_eq!(actions_for("stopped"), ["start"]);
         assert_eq!(actions_for("starting"), ["stop"]);

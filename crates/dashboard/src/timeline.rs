@@ -143,8 +143,12 @@ pub fn incarnations(lines: &[Line], live: Option<&str>) -> Vec<Incarnation> {
                     None => {}
                 }
             }
-            "stop_requested" | "restart_requested" | "update_requested" => {
-                let verb = event.trim_end_matches("_requested").to_owned();
+            "stop_requested" | "restart_requested" | "update_requested" | "drain_cancelled" => {
+                // A cancelled drain is listed with the requests: the restart it undid is there too.
+                let verb = match event.as_str() {
+                    "drain_cancelled" => "cancel-drain".to_owned(),
+                    e => e.trim_end_matches("_requested").to_owned(),
+                };
                 let req = request_of(m, &verb, at);
                 // The gateway's own copy names its incarnation; the CLI's copy (no
                 // incarnation) goes to the newest incarnation still open.
@@ -361,6 +365,18 @@ not json at all
         assert_eq!(incs[0].ending.class(), "end-1");
         assert_eq!(incs[0].requests[0].verb, "update");
         assert_eq!(incs[0].requests[0].who, "user 7 in chat 42 via telegram");
+    }
+
+    #[test]
+    fn a_cancelled_drain_is_listed_after_the_restart_it_undid() {
+        let text = r#"{"ts":"2026-12-01T10:00:00+00:00","event":"started","pid":10,"incarnation":"a"}
+{"ts":"2026-12-01T10:01:00+00:00","event":"restart_requested","pid":10,"incarnation":"a","requester":{"pid":20,"argv":[],"channel":"cli-send"}}
+{"ts":"2026-12-01T10:01:05+00:00","event":"drain_cancelled","pid":10,"incarnation":"a","requester":{"pid":21,"argv":["gatewarden","cancel-drain"],"channel":"dashboard"},"seq":4}"#;
+        let incs = incarnations(&lines(text), Some("a"));
+        assert_eq!(incs.len(), 1);
+        assert_eq!(incs[0].ending, Ending::Running);
+        let verbs: Vec<(&str, &str)> = incs[0].requests.iter().map(|r| (r.verb.as_str(), r.channel.as_str())).collect();
+        assert_eq!(verbs, [("restart", "cli-send"), ("cancel-drain", "dashboard")]);
     }
 
     #[test]

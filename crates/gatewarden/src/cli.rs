@@ -69,6 +69,8 @@ pub enum Command {
         #[arg(long, hide = true, value_name = "SEQ", requires = "backstop")]
         desired_seq: Option<u64>,
     },
+    /// Cancel the drain of a restart: the gateway runs on (exit 0 once it answers `running`)
+    CancelDrain,
     /// Send a message (or a chat command such as /status) to the running gateway
     Send {
         /// The message text

@@ -314,6 +314,51 @@ fn the_fleet_page_lists_three_homes_and_starts_a_stopped_one() {
     b.quit();
 }
 
+/// Cancel drain from the fleet's page of a home (the gateway's own listener is handed to the
+/// successor during a restart's drain): the home shows `draining` and a Cancel drain button;
+/// with the token it runs `gatewarden cancel-drain`, the same incarnation runs on, and the
+/// ledger names the dashboard.
+#[test]
+fn a_restart_drain_is_cancelled_from_the_fleet_page() {
+    let Some(b) = Browser::start(Duration::from_secs(30)) else { return };
+    let reg = tempfile::tempdir().unwrap();
+    let dir = reg.path().join("homes");
+    let home = TempHome::new();
+    let gate = home.scratch("gate", "");
+    home.write("config.toml", format!("api_token = \"{TOKEN}\"\n{}", gated_exec(&gate)));
+    let mut g = builder(&home).env("GATEWARDEN_REGISTRY", &dir).spawn();
+    g.wait_ready(READY);
+    let inc = status_json(home.path()).incarnation.expect("incarnation");
+    let addr = g.listen();
+    let run = std::thread::spawn(move || gatewarden_testkit::api::Api::new(addr).with_token(TOKEN).send("c", "u", "x"));
+    assert!(wait_until(READY, || status_json(home.path()).active_runs == Some(1)), "the run never started");
+    assert_cli(&run_cli(&home, &["send", "/restart"]), 0, "send /restart");
+    assert!(wait_until(READY, || home.state().as_deref() == Some("draining")), "never draining");
+    let (_server, url) = fleet_server(&dir);
+
+    b.navigate(&url).expect("navigate fleet");
+    b.click(&b.wait_find("#fleet tr[data-state=draining] a.files", PAGE)).expect("open its page");
+    b.wait_text("#state", "draining", PAGE).expect("the draining home's page");
+    b.send_keys(&b.find("form#login input[name=token]").expect("token input"), TOKEN).expect("type");
+    b.click(&b.find("form#login button").expect("button")).expect("click");
+    b.click(&b.wait_find("#actions form[action$='/action/cancel-drain'] button", PAGE)).expect("click cancel");
+    assert!(wait_until(Duration::from_secs(5), || b.alert_text().is_some()), "a confirmation");
+    assert!(b.alert_text().unwrap_or_default().starts_with("Cancel the restart?"));
+    b.accept_alert().expect("accept");
+    b.wait_text("#action", "cancel-drain: done", Duration::from_secs(30)).expect("the cancel's outcome");
+    b.wait_text("#state", "running", PAGE).expect("running again");
+    let s = status_json(home.path());
+    assert_eq!((s.incarnation.as_deref(), s.state.as_deref()), (Some(inc.as_str()), Some("running")), "{s:?}");
+    let c = home.events("drain_cancelled");
+    assert_eq!(c.len(), 1, "{}", home.ledger_text());
+    assert_eq!(c[0]["requester"]["channel"], json!("dashboard"), "{}", c[0]);
+    std::fs::write(&gate, b"").unwrap();
+    assert_eq!(run.join().unwrap().expect("an answer").status, 200);
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+    g.wait_exit(EXIT);
+    b.quit();
+}
+
 /// Messages: a failed message is listed with its reason and a Retry button; Retry (with the
 /// token) queues a copy through the journal, which now succeeds; the outcome names the copy
 /// and the ledger records the dashboard as the requester.

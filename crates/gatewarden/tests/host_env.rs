@@ -180,6 +180,49 @@ fn pid1_restarts_re_execute_in_place() {
     assert_eq!(status.and_then(|s| s.code()), Some(0), "PID 1 exits 0 on a planned stop");
 }
 
+/// PID 1's re-exec route (issue 21, cancel drain): cancelled during the drain, PID 1 keeps its
+/// image and incarnation instead of re-executing; a later restart re-executes as usual.
+#[test]
+fn pid1_cancelled_restart_drain_keeps_its_image() {
+    if Command::new("unshare").arg("--version").output().is_err() {
+        gatewarden_testkit::unavailable::<()>("unshare", "not installed (util-linux)");
+        return;
+    }
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let gate = home.scratch("gate", "");
+    std::fs::write(home.path().join("config.toml"), gated_exec(&gate)).unwrap();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"]).arg(bin());
+    cmd.arg("--home").arg(home.path()).args(["run", "--listen", "127.0.0.1:0"]);
+    cmd.env_remove("GATEWARDEN_HOME").env_remove("GATEWARDEN_SUPERVISOR").env(TAG_VAR, sw.tag());
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(home.scratch("pid1", "log")).unwrap());
+    let mut child = cmd.spawn().expect("unshare");
+    let mut st = Value::Null;
+    let up = wait_until(READY, || {
+        st = serde_json::from_str(host_cli(&home, &sw, &["status", "--json"]).stdout.trim()).unwrap_or(Value::Null);
+        st["state"] == "running"
+    });
+    assert!(up, "PID 1 gateway not ready: {st:#}");
+    let inc = st["incarnation"].as_str().unwrap().to_owned();
+    let addr: std::net::SocketAddr = st["listen"].as_str().unwrap().parse().unwrap();
+    let run = std::thread::spawn(move || gatewarden_testkit::api::Api::new(addr).send("c", "u", "waited on"));
+    assert!(wait_until(READY, || status_json(&home, &sw)["active_runs"] == 1));
+    assert_cli(&host_cli(&home, &sw, &["send", "/restart"]), 0, "send /restart");
+    cancel_keeps(&home, &inc, |a| host_cli(&home, &sw, a));
+    std::fs::write(&gate, b"").unwrap();
+    assert_eq!(run.join().unwrap().expect("an answer").status, 200);
+    let st = status_json(&home, &sw);
+    assert_eq!((st["pid"].clone(), st["incarnation"].as_str()), (json!(1), Some(inc.as_str())), "{st:#}");
+    assert!(child.try_wait().unwrap().is_none(), "the namespace's init exited");
+    assert_cli(&host_cli(&home, &sw, &["restart", "--timeout", "60"]), 0, "restart after the cancel");
+    let st = status_json(&home, &sw);
+    assert_eq!(st["pid"], json!(1), "{st:#}");
+    assert_ne!(st["incarnation"].as_str(), Some(inc.as_str()), "{st:#}");
+    assert_cli(&host_cli(&home, &sw, &["stop"]), 0, "stop");
+    assert!(wait_until(EXIT, || child.try_wait().unwrap().is_some()), "PID 1 did not exit");
+}
+
 /// A gateway that holds the lock but cannot answer (SIGSTOP): `status` says `unresponsive`
 /// (exit 4) and why; `restart` stops it by the verified escalation and starts a new one.
 #[test]

@@ -138,6 +138,31 @@ fn planned_restart_and_kill9_are_restarted() {
     assert!(!home.exists("supervise_state.json"));
 }
 
+/// The manager route (issue 21, cancel drain): a restart under supervise ends in exit 75 for
+/// the manager to relaunch; cancelled during its drain, the same child runs on, supervise sees
+/// no exit, and the backstop stands down.
+#[test]
+fn a_cancelled_restart_drain_under_supervise_keeps_the_child() {
+    let home = TempHome::new();
+    let gate = home.scratch("gate", "");
+    std::fs::write(home.path().join("config.toml"), gated_exec(&gate)).unwrap();
+    let mut s = Supervise::spawn(&home, &[]);
+    let first = wait_running(&home, None, READY);
+    let inc = first["incarnation"].as_str().unwrap().to_owned();
+    let addr: std::net::SocketAddr = first["listen"].as_str().unwrap().parse().unwrap();
+    let run = std::thread::spawn(move || gatewarden_testkit::api::Api::new(addr).send("c", "u", "waited on"));
+    assert!(wait_until(READY, || run_cli(&home, &["status", "--json"]).json()["active_runs"] == 1));
+    assert_cli(&run_cli(&home, &["send", "/restart"]), 0, "send /restart");
+    cancel_keeps(&home, &inc, |a| run_cli(&home, a));
+    std::fs::write(&gate, b"").unwrap();
+    assert_eq!(run.join().unwrap().expect("an answer").status, 200);
+    let b = wait_until(READY, || home.events("restart_backstop").iter().any(|e| e["ok"] == json!(false)));
+    assert!(b, "the backstop did not stand down:\n{}", home.ledger_text());
+    assert!(s.running(), "{}", s.log());
+    assert_eq!(count(&home, "supervise_child_exited"), 0, "{}", home.ledger_text());
+    assert_eq!(run_cli(&home, &["status", "--json"]).json()["incarnation"].as_str(), Some(inc.as_str()));
+}
+
 /// Exit 78 (fatal configuration) parks: supervise_state.json says why, status shows it,
 /// supervise exits 0, and there is no restart loop.
 #[test]

@@ -8,6 +8,11 @@
 //! next sequence number under `desired_state.lock`, so sequences are unique and ordered: an
 //! actor that formed its plan under sequence `b` can tell whether an operator spoke since.
 //!
+//! A cancelled restart drain is recorded too: `run`, with [`Desired::keep`] naming the incarnation
+//! that keeps running. Every actor carrying out the restart planned under an earlier sequence (the
+//! successor waiting for the lock, the backstop, the CLI's ladder: [`Starter::Carry`]) stands down
+//! while that incarnation lives; the next operator verb writes a record without `keep`.
+//!
 //! The record is gatewarden's own (hermes homes do not have it); a missing or unreadable one
 //! means `run` at sequence 0, which is what every home meant before the record existed.
 
@@ -66,6 +71,16 @@ pub struct Desired {
     /// When this record was written (µs since the epoch), see [`overrides`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recorded_us: Option<i128>,
+    /// A cancelled drain: the incarnation that keeps running instead of being restarted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<Kept>,
+}
+
+/// The incarnation a cancelled drain keeps: its id and its process identity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Kept {
+    pub incarnation: String,
+    pub process: ProcessIdentity,
 }
 
 impl Desired {
@@ -80,6 +95,7 @@ impl Desired {
             in_flight: None,
             issued_us: None,
             recorded_us: None,
+            keep: None,
         }
     }
 
@@ -147,6 +163,25 @@ pub fn record_if(
     issued: Option<SystemTime>,
     cond: impl FnOnce(&Desired) -> bool,
 ) -> std::io::Result<(Desired, bool)> {
+    write_if(home_dir, want, requester, in_flight, issued, None, cond)
+}
+
+/// Records that the drain of `kept` was cancelled: `run`, keeping it. A stop in force is not
+/// replaced (it is on its way, and a stop stays down): `Err` with that record.
+pub fn record_cancel(home_dir: &Path, kept: Kept, requester: &str) -> std::io::Result<Result<Desired, Desired>> {
+    let (d, wrote) = write_if(home_dir, Want::Run, requester, false, None, Some(kept), |d| d.want == Want::Run)?;
+    Ok(if wrote { Ok(d) } else { Err(d) })
+}
+
+fn write_if(
+    home_dir: &Path,
+    want: Want,
+    requester: &str,
+    in_flight: bool,
+    issued: Option<SystemTime>,
+    keep: Option<Kept>,
+    cond: impl FnOnce(&Desired) -> bool,
+) -> std::io::Result<(Desired, bool)> {
     let _lock = InstanceLock::acquire(&home_dir.join(LOCK_FILE), LOCK_PATIENCE).map_err(std::io::Error::other)?;
     let now = current(home_dir);
     let issued_us = issued.map(timefmt::to_micros);
@@ -163,6 +198,7 @@ pub fn record_if(
         in_flight: if in_flight { ProcessIdentity::current() } else { None },
         issued_us,
         recorded_us: Some(timefmt::to_micros(SystemTime::now())),
+        keep,
     };
     fsio::write_json(&path(home_dir), &d)?;
     Ok((d, true))
@@ -174,6 +210,10 @@ pub enum Starter {
     /// Carries out a start or restart (a successor, a backstop, a restart's kick, `start`
     /// itself, a service manager's launch). Refused only by a stop.
     Resume,
+    /// Carries out a restart (or the start that completes one) planned under sequence `basis`:
+    /// the successor, the backstop, the restart ladder and what they start. Refused by a stop,
+    /// and by a drain cancelled since `basis` while the incarnation it kept lives.
+    Carry { basis: u64 },
     /// Restarts a running gateway on its own initiative (`doctor --fix`, an update's
     /// rollback), having looked at the home under sequence `basis`. Refused by a stop, by any
     /// operator request since `basis`, and while an operator's start or restart is in flight.
@@ -189,12 +229,14 @@ pub enum Refusal {
     Superseded(Box<Desired>),
     /// An operator's start or restart is still being carried out.
     InFlight(Box<Desired>),
+    /// The restart's drain was cancelled; the incarnation it kept still runs.
+    Cancelled(Box<Desired>),
 }
 
 impl Refusal {
     pub fn record(&self) -> &Desired {
         match self {
-            Refusal::Stopped(d) | Refusal::Superseded(d) | Refusal::InFlight(d) => d,
+            Refusal::Stopped(d) | Refusal::Superseded(d) | Refusal::InFlight(d) | Refusal::Cancelled(d) => d,
         }
     }
 
@@ -207,6 +249,13 @@ impl Refusal {
             Refusal::InFlight(d) => {
                 format!("{} is still carrying out its request (a handover in progress)", d.describe())
             }
+            Refusal::Cancelled(d) => {
+                let kept = d.keep.as_ref().map_or_else(
+                    || "the draining gateway".to_owned(),
+                    |k| format!("incarnation {} (pid {})", k.incarnation, k.process.pid),
+                );
+                format!("the restart was cancelled by {}; {kept} keeps running", d.describe())
+            }
         }
     }
 
@@ -217,22 +266,35 @@ impl Refusal {
             Refusal::Stopped(_) => "stopped",
             Refusal::Superseded(_) => "superseded",
             Refusal::InFlight(_) => "in_flight",
+            Refusal::Cancelled(_) => "cancelled",
         };
         serde_json::json!({"why": kind, "seq": d.seq, "want": d.want.as_str(),
                            "requester": d.requester, "requester_pid": d.pid})
     }
 }
 
-/// The one decision. Pure: `in_flight_alive` is whether the record's `in_flight` process is
-/// still that process (see [`in_flight_alive`]).
-pub fn decide(current: &Desired, starter: Starter, in_flight_alive: bool) -> Result<(), Refusal> {
+/// Which processes a record names are still those processes (see [`in_flight_alive`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Alive {
+    /// The record's `in_flight` requester.
+    pub in_flight: bool,
+    /// The incarnation a cancelled drain kept.
+    pub kept: bool,
+}
+
+/// The one decision. Pure: `alive` says which processes the record names still live.
+pub fn decide(current: &Desired, starter: Starter, alive: Alive) -> Result<(), Refusal> {
     match (current.want, starter) {
         (Want::Stopped, _) => Err(Refusal::Stopped(Box::new(current.clone()))),
         (Want::Run, Starter::Resume) => Ok(()),
+        (Want::Run, Starter::Carry { basis }) if current.seq > basis && current.keep.is_some() && alive.kept => {
+            Err(Refusal::Cancelled(Box::new(current.clone())))
+        }
+        (Want::Run, Starter::Carry { .. }) => Ok(()),
         (Want::Run, Starter::Repair { basis }) if current.seq > basis => {
             Err(Refusal::Superseded(Box::new(current.clone())))
         }
-        (Want::Run, Starter::Repair { .. }) if in_flight_alive => Err(Refusal::InFlight(Box::new(current.clone()))),
+        (Want::Run, Starter::Repair { .. }) if alive.in_flight => Err(Refusal::InFlight(Box::new(current.clone()))),
         (Want::Run, Starter::Repair { .. }) => Ok(()),
     }
 }
@@ -245,10 +307,19 @@ pub fn in_flight_alive(d: &Desired) -> bool {
     })
 }
 
+/// Whether the incarnation a cancelled drain kept is still that process (unverifiable counts
+/// as alive: a restart's helpers stand down rather than start a second gateway).
+pub fn kept_alive(d: &Desired) -> bool {
+    d.keep.as_ref().is_some_and(|k| matches!(k.process.check(), IdentityCheck::Same | IdentityCheck::Unverifiable(_)))
+}
+
 /// [`decide`] against the record in force: the I/O edge.
 pub fn check(home_dir: &Path, starter: Starter) -> Result<Desired, Refusal> {
     let d = current(home_dir);
-    let alive = matches!(starter, Starter::Repair { .. }) && in_flight_alive(&d);
+    let alive = Alive {
+        in_flight: matches!(starter, Starter::Repair { .. }) && in_flight_alive(&d),
+        kept: matches!(starter, Starter::Carry { .. }) && kept_alive(&d),
+    };
     decide(&d, starter, alive).map(|()| d)
 }
 
@@ -266,7 +337,8 @@ mod tests {
         for s in
             [Starter::Resume, Starter::Repair { basis: 3 }, Starter::Repair { basis: 4 }, Starter::Repair { basis: 9 }]
         {
-            for alive in [false, true] {
+            for (in_flight, kept) in [(false, false), (true, true)] {
+                let alive = Alive { in_flight, kept };
                 assert!(matches!(decide(&stopped, s, alive), Err(Refusal::Stopped(d)) if d.seq == 4), "{s:?}");
             }
         }
@@ -275,11 +347,44 @@ mod tests {
     #[test]
     fn run_lets_resumers_start_and_holds_repairs_to_their_basis() {
         let run = rec(Want::Run, 5);
-        assert_eq!(decide(&run, Starter::Resume, true), Ok(()));
-        assert_eq!(decide(&run, Starter::Repair { basis: 5 }, false), Ok(()));
-        assert!(matches!(decide(&run, Starter::Repair { basis: 4 }, false), Err(Refusal::Superseded(_))));
-        assert!(matches!(decide(&run, Starter::Repair { basis: 5 }, true), Err(Refusal::InFlight(_))));
-        assert_eq!(decide(&Desired::initial(), Starter::Repair { basis: 0 }, false), Ok(()));
+        let (none, busy) = (Alive::default(), Alive { in_flight: true, kept: true });
+        assert_eq!(decide(&run, Starter::Resume, busy), Ok(()));
+        assert_eq!(decide(&run, Starter::Repair { basis: 5 }, none), Ok(()));
+        assert!(matches!(decide(&run, Starter::Repair { basis: 4 }, none), Err(Refusal::Superseded(_))));
+        assert!(matches!(decide(&run, Starter::Repair { basis: 5 }, busy), Err(Refusal::InFlight(_))));
+        assert_eq!(decide(&Desired::initial(), Starter::Repair { basis: 0 }, none), Ok(()));
+        // Without a cancel, a carrier goes on whatever was recorded since its basis.
+        assert_eq!(decide(&run, Starter::Carry { basis: 2 }, busy), Ok(()));
+    }
+
+    #[test]
+    fn a_cancel_stands_down_only_the_restart_planned_before_it_while_its_gateway_lives() {
+        let kept = Kept { incarnation: "abc".into(), process: ProcessIdentity { pid: 7, start_time: 1 } };
+        let cancel = Desired { keep: Some(kept), ..rec(Want::Run, 6) };
+        let alive = Alive { in_flight: false, kept: true };
+        let r = decide(&cancel, Starter::Carry { basis: 5 }, alive).unwrap_err();
+        assert!(matches!(r, Refusal::Cancelled(_)));
+        assert!(r.describe().contains("incarnation abc (pid 7) keeps running"), "{}", r.describe());
+        assert_eq!(r.json()["why"], "cancelled");
+        // A restart requested after the cancel carries its own basis.
+        assert_eq!(decide(&cancel, Starter::Carry { basis: 6 }, alive), Ok(()));
+        // The kept gateway died since: the restart's helpers start the next one after all.
+        assert_eq!(decide(&cancel, Starter::Carry { basis: 5 }, Alive::default()), Ok(()));
+        // Starters that carry out no restart are not bound by it.
+        assert_eq!(decide(&cancel, Starter::Resume, alive), Ok(()));
+
+        let dir = tempfile::tempdir().unwrap();
+        let me = ProcessIdentity::current().unwrap();
+        let restart = record(dir.path(), Want::Run, "cli restart", true).unwrap();
+        let k = Kept { incarnation: "me".into(), process: me };
+        let c = record_cancel(dir.path(), k.clone(), "cli cancel-drain").unwrap().unwrap();
+        assert_eq!((c.seq, c.keep.as_ref()), (restart.seq + 1, Some(&k)));
+        assert!(matches!(check(dir.path(), Starter::Carry { basis: restart.seq }), Err(Refusal::Cancelled(_))));
+        assert!(check(dir.path(), Starter::Carry { basis: c.seq }).is_ok());
+        // A stop in force is never turned into a cancel; a later verb drops `keep`.
+        let stop = record(dir.path(), Want::Stopped, "cli stop", false).unwrap();
+        assert_eq!(stop.keep, None);
+        assert_eq!(record_cancel(dir.path(), k, "cli cancel-drain").unwrap(), Err(stop));
     }
 
     #[test]

@@ -52,7 +52,7 @@ pub fn launch(
     // stop); a start on behalf of an earlier request (a restart's kick) obeys a later stop.
     let seq = match on_behalf {
         None => crate::intent::record_run(&home, "start"),
-        Some(seq) => crate::intent::may_start(&home, "start", Starter::Resume).map(|_| seq),
+        Some(seq) => crate::intent::may_start(&home, "start", Starter::Carry { basis: seq }).map(|_| seq),
     };
     let seq = match seq {
         Ok(seq) => seq,
@@ -150,7 +150,7 @@ pub fn launch(
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 // stdout closed before readiness: the child exited (or is exiting).
                 let status = child.wait()?;
-                if let Err(r) = desired::check(home.dir(), Starter::Resume) {
+                if let Err(r) = desired::check(home.dir(), Starter::Carry { basis: seq }) {
                     eprintln!("the gateway did not start: {}", r.describe());
                     return Ok(ExitCode::from(1));
                 }

@@ -21,6 +21,7 @@
 //! reverts an unblessed release through the update transaction (`update::revert_after_crash`),
 //! which only that module can finish.
 
+pub mod cancel;
 pub mod check;
 pub mod crash_backoff;
 pub mod crash_loop;

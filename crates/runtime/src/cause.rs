@@ -17,12 +17,18 @@ pub enum ControlKind {
 }
 
 /// Everything that can end (or try to end) the main loop.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum Cause {
     Signal(SignalKind),
     Control {
         kind: ControlKind,
         requester: Requester,
+    },
+    /// Cancel the drain under way (only a restart's can be: `drain::may_cancel`); the answer
+    /// goes back on `reply` once the gateway runs again, or says why not.
+    CancelDrain {
+        requester: Requester,
+        reply: tokio::sync::oneshot::Sender<gatewarden_control::Response>,
     },
     /// A marker file changed; the main loop re-probes.
     MarkerChanged,

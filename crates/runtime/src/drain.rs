@@ -1,5 +1,7 @@
-//! The drain: active-run accounting and the phase machine
-//! `starting → running → draining → stopping → stopped`, published on a watch channel.
+//! The drain: active-run accounting, the phase machine
+//! `starting → running → draining → stopping → stopped` (and `draining → running` when a
+//! restart's drain is cancelled), published on a watch channel, and whether a drain may be
+//! cancelled ([`may_cancel`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,9 +23,58 @@ pub fn allowed(from: GatewayState, to: GatewayState) -> bool {
             | (Starting, Stopping)
             | (Running, Draining)
             | (Draining, Stopping)
+            | (Draining, Running)
             | (Running, Stopping)
             | (Stopping, Stopped)
     )
+}
+
+/// What decides whether the drain under way may be cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CancelFacts {
+    /// The drain ends in a planned restart (a stop's requester waits for the exit).
+    pub restart: bool,
+    /// `[cluster]`: the lease goes to a standby after the drain.
+    pub cluster: bool,
+    /// systemd was told `STOPPING=1`, which it cannot be told to take back.
+    pub systemd: bool,
+    /// A SIGTERM arrived during the drain: whoever sent it waits for the exit.
+    pub terminated: bool,
+}
+
+/// Why a drain cannot be cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotCancellable {
+    NotARestart,
+    Cluster,
+    Systemd,
+    Terminated,
+}
+
+impl NotCancellable {
+    pub fn describe(self) -> &'static str {
+        match self {
+            NotCancellable::NotARestart => {
+                "only a restart's drain can be cancelled; this one ends in a stop (start the gateway again afterwards)"
+            }
+            NotCancellable::Cluster => "a cluster member's drain hands the lease to a standby; it cannot be cancelled",
+            NotCancellable::Systemd => {
+                "systemd was told the unit is stopping (STOPPING=1) and cannot be told otherwise; it restarts the unit"
+            }
+            NotCancellable::Terminated => "a SIGTERM arrived during the drain; whoever sent it waits for the exit",
+        }
+    }
+}
+
+/// The one rule: a drain may be cancelled only when nobody but the restart waits for its end.
+pub fn may_cancel(f: CancelFacts) -> Result<(), NotCancellable> {
+    match f {
+        CancelFacts { restart: false, .. } => Err(NotCancellable::NotARestart),
+        CancelFacts { terminated: true, .. } => Err(NotCancellable::Terminated),
+        CancelFacts { systemd: true, .. } => Err(NotCancellable::Systemd),
+        CancelFacts { cluster: true, .. } => Err(NotCancellable::Cluster),
+        CancelFacts { .. } => Ok(()),
+    }
 }
 
 /// Counts runs in flight and wakes the drain when the count reaches zero.
@@ -120,11 +171,29 @@ mod tests {
         assert!(p.advance(Running));
         assert!(!p.advance(Starting));
         assert!(p.advance(Draining));
-        assert!(!p.advance(Running));
+        assert!(p.advance(Running), "a cancelled drain runs on");
+        assert!(p.advance(Draining));
         assert!(p.advance(Stopping));
+        assert!(!p.advance(Running));
         assert!(p.advance(Stopped));
         assert!(!p.advance(Running));
         assert_eq!(p.get(), Stopped);
+    }
+
+    #[test]
+    fn only_a_restart_that_nobody_else_waits_for_is_cancelled() {
+        let ok = CancelFacts { restart: true, cluster: false, systemd: false, terminated: false };
+        assert_eq!(may_cancel(ok), Ok(()));
+        let cases = [
+            (CancelFacts { restart: false, ..ok }, NotCancellable::NotARestart),
+            (CancelFacts { terminated: true, ..ok }, NotCancellable::Terminated),
+            (CancelFacts { systemd: true, ..ok }, NotCancellable::Systemd),
+            (CancelFacts { cluster: true, ..ok }, NotCancellable::Cluster),
+        ];
+        for (f, why) in cases {
+            assert_eq!(may_cancel(f), Err(why), "{f:?}");
+            assert!(!why.describe().is_empty());
+        }
     }
 
     #[tokio::test]

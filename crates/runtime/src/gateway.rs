@@ -166,6 +166,11 @@ impl Gateway {
         *self.drain.lock().unwrap_or_else(|p| p.into_inner()) = Some((runs, deadline));
     }
 
+    /// A cancelled drain is over.
+    pub fn end_drain(&self) {
+        *self.drain.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
     /// The drain under way, if any: runs at its start and its deadline.
     pub fn drain_info(&self) -> Option<(u64, SystemTime)> {
         *self.drain.lock().unwrap_or_else(|p| p.into_inner())
@@ -226,6 +231,11 @@ impl Gateway {
     /// Marks that a successor holds our listener: stop accepting as soon as the drain starts.
     pub fn set_handing_over(&self) {
         self.handing_over.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// A cancelled drain: the listener stays ours.
+    pub fn stop_handing_over(&self) {
+        self.handing_over.store(false, std::sync::atomic::Ordering::Release);
     }
 
     pub fn handing_over(&self) -> bool {

@@ -32,13 +32,13 @@ pub mod worker;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use gatewarden_control::Endpoint;
+use gatewarden_control::{Endpoint, Requester, Response};
 use gatewarden_lifecycle::heal::heal_stale;
 use gatewarden_lifecycle::marker::{self, MarkerKind, Verdict};
 use gatewarden_lifecycle::probe::probe_u32;
 use gatewarden_lifecycle::records::{GatewayState, read_pid_record};
 use gatewarden_lifecycle::supervisor::Detection;
-use gatewarden_lifecycle::{ExitIntent, Home, InstanceLock, LockError, Supervisor};
+use gatewarden_lifecycle::{ExitIntent, Home, InstanceLock, LockError, ProcessIdentity, Supervisor};
 use serde_json::json;
 use tokio::sync::mpsc;
 
@@ -57,6 +57,11 @@ const LOCK_PATIENCE: Duration = Duration::from_millis(300);
 const BIND_PATIENCE: Duration = Duration::from_secs(5);
 /// How much longer than the drain budget a successor waits for its predecessor's lock.
 const SUCCESSOR_GRACE: Duration = Duration::from_secs(30);
+/// How often a waiting successor looks whether its restart was cancelled.
+const SUCCESSOR_LOOK: Duration = Duration::from_millis(200);
+/// After a cancelled drain: how long the adapters get to send what is queued before they are
+/// started again (what is left stays in the outbox and goes out after the restart).
+const RESTART_ADAPTERS_FLUSH: Duration = Duration::from_secs(2);
 
 /// Runs one incarnation to its end. Never panics on bad state; every failure is an outcome.
 pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcome {
@@ -234,7 +239,13 @@ fn obey_desired(gw: &Gateway, opts: &ResolvedOptions, first: bool) -> Result<(),
         }
         return Ok(());
     }
-    desired::check(gw.home.dir(), Starter::Resume).map(|_| ()).map_err(|r| {
+    let starter = opts.desired_seq.map_or(Starter::Resume, |basis| Starter::Carry { basis });
+    desired::check(gw.home.dir(), starter).map(|_| ()).map_err(|r| not_starting(gw, opts, &r))
+}
+
+/// A start the desired state refused: recorded, told to systemd, and a clean exit.
+fn not_starting(gw: &Gateway, opts: &ResolvedOptions, r: &gatewarden_lifecycle::desired::Refusal) -> Outcome {
+    {
         let by = match (opts.successor, opts.desired_seq) {
             (true, _) => "successor",
             (false, Some(_)) => "start",
@@ -249,19 +260,46 @@ fn obey_desired(gw: &Gateway, opts: &ResolvedOptions, first: bool) -> Result<(),
         // which Restart=on-failure repeats: this start ends cleanly instead, and says why.
         gw.notifier.send(&format!("READY=1\nSTATUS=not starting: {}", r.describe()));
         Outcome::new(ExitIntent::PlannedStop, format!("start prevented: {}", r.describe()))
-    })
+    }
 }
 
 /// Takes the lock, or the home from its current holder with `--replace`.
 fn claim(gw: &Gateway, opts: &ResolvedOptions) -> Result<InstanceLock, Outcome> {
     let home = &gw.home;
-    let patience = if opts.successor { opts.drain_timeout + SUCCESSOR_GRACE } else { LOCK_PATIENCE };
-    match InstanceLock::acquire(&home.lock(), patience) {
+    let acquired = match (opts.successor, opts.desired_seq) {
+        (true, Some(basis)) => await_predecessor(gw, opts, opts.drain_timeout + SUCCESSOR_GRACE, basis)?,
+        (true, None) => InstanceLock::acquire(&home.lock(), opts.drain_timeout + SUCCESSOR_GRACE),
+        (false, _) => InstanceLock::acquire(&home.lock(), LOCK_PATIENCE),
+    };
+    match acquired {
         Ok(l) => Ok(l),
         Err(LockError::Held { .. }) if opts.replace => takeover::take_over(home, opts.takeover_timeout, &gw.ledger)
             .map_err(|e| Outcome::new(ExitIntent::FatalConfig, e)),
         Err(LockError::Held { .. }) => Err(Outcome::new(ExitIntent::FatalConfig, describe_holder(home))),
         Err(e) => Err(Outcome::new(ExitIntent::FatalConfig, e.to_string())),
+    }
+}
+
+/// A successor waits for its predecessor's lock through the drain, looking at the desired state
+/// between tries: a cancelled drain (`desired::Refusal::Cancelled`) keeps the predecessor, and
+/// this process stands down at once instead of waiting out its patience.
+fn await_predecessor(
+    gw: &Gateway,
+    opts: &ResolvedOptions,
+    patience: Duration,
+    basis: u64,
+) -> Result<Result<InstanceLock, LockError>, Outcome> {
+    use gatewarden_lifecycle::desired::{self, Refusal, Starter};
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match InstanceLock::acquire(&gw.home.lock(), left.min(SUCCESSOR_LOOK)) {
+            Err(LockError::Held { .. }) if !left.is_zero() => {}
+            other => return Ok(other),
+        }
+        if let Err(r @ Refusal::Cancelled(_)) = desired::check(gw.home.dir(), Starter::Carry { basis }) {
+            return Err(not_starting(gw, opts, &r));
+        }
     }
 }
 
@@ -417,17 +455,28 @@ async fn serve_until_classified(
     });
 
     let decision = loop {
-        let cause = tokio::select! {
-            s = signals.recv() => Cause::Signal(s),
-            Some(c) = rx.recv() => c,
+        let decision = loop {
+            let cause = tokio::select! {
+                s = signals.recv() => Cause::Signal(s),
+                Some(c) = rx.recv() => c,
+            };
+            if let Some(o) = classify(gw, opts, cause, &tx) {
+                break o;
+            }
         };
-        if let Some(o) = classify(gw, opts, cause, &tx) {
-            break o;
+        app.work.notices.set_restarting(decision.intent == ExitIntent::PlannedRestart);
+        info!("stopping: {}", decision.reason);
+        match drain(app, signals, &mut rx, opts, decision.intent).await {
+            Drained::Over => break decision,
+            Drained::Cancelled { requester, reply, deferred } => {
+                run_on(app, requester, reply).await;
+                // What arrived during the drain is classified now, in order.
+                for c in deferred {
+                    let _ = tx.send(c);
+                }
+            }
         }
     };
-    app.work.notices.set_restarting(decision.intent == ExitIntent::PlannedRestart);
-    info!("stopping: {}", decision.reason);
-    drain(app, signals, opts.drain_timeout).await;
     if let Some(h) = hermes_child {
         // A restart hands hermes, warm, to the successor (its runs were stopped by the drain);
         // anything else stops it.
@@ -497,6 +546,11 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause, tx: &mpsc::Unbou
             error!("{reason}");
             Some(Outcome::new(ExitIntent::FatalConfig, reason))
         }
+        Cause::CancelDrain { reply, .. } => {
+            let _ =
+                reply.send(Response::err("not_draining", "nothing to cancel: the gateway is running, not draining"));
+            None
+        }
         Cause::MarkerChanged => {
             for (kind, intent) in
                 [(MarkerKind::Takeover, ExitIntent::Takeover), (MarkerKind::PlannedStop, ExitIntent::PlannedStop)]
@@ -539,9 +593,28 @@ fn stop_requested(gw: &Gateway, marker: Option<&marker::Marker>, channel: &str, 
     gw.record("stop_requested", json!({"requester": requester, "reason": reason}));
 }
 
-/// Waits for active runs, bounded by `timeout`; a second SIGINT forces.
-async fn drain(app: &App, signals: &mut impl Shutdown, timeout: Duration) {
+/// How a drain ended.
+enum Drained {
+    /// The gateway goes on to exit.
+    Over,
+    /// A restart's drain was cancelled (`drain::may_cancel`) and recorded
+    /// (`desired::record_cancel`): the gateway runs on ([`run_on`]); `deferred` are the causes
+    /// that arrived meanwhile.
+    Cancelled { requester: Requester, reply: tokio::sync::oneshot::Sender<Response>, deferred: Vec<Cause> },
+}
+
+/// Waits for active runs, bounded by the drain budget; a second SIGINT forces. While it waits,
+/// a restart's drain may be cancelled (control `cancel_drain`): it then returns before anything
+/// is closed or cancelled, and before the runs are interrupted.
+async fn drain(
+    app: &App,
+    signals: &mut impl Shutdown,
+    rx: &mut mpsc::UnboundedReceiver<Cause>,
+    opts: &ResolvedOptions,
+    intent: ExitIntent,
+) -> Drained {
     let gw = &app.gw;
+    let timeout = opts.drain_timeout;
     app.work.notices.reset_for_drain();
     // Chat platforms stop receiving first: what arrives from now on stays with the platform for
     // the successor (no poll of ours lingers to fight its first one).
@@ -551,7 +624,7 @@ async fn drain(app: &App, signals: &mut impl Shutdown, timeout: Duration) {
         let _ = tokio::task::spawn_blocking(move || p.stop_intake()).await;
     }
     if !gw.advance(GatewayState::Draining) {
-        return;
+        return Drained::Over;
     }
     let t0 = std::time::Instant::now();
     let at_start = gw.runs.active();
@@ -569,15 +642,41 @@ async fn drain(app: &App, signals: &mut impl Shutdown, timeout: Duration) {
             }
         }
     };
-    tokio::select! {
-        () = extend => {}
-        idle = runs.wait_idle(timeout) => {
-            if !idle {
-                warn!("drain timed out after {timeout:?} with {} active run(s)", gw.runs.active());
+    let mut facts = drain::CancelFacts {
+        restart: intent == ExitIntent::PlannedRestart,
+        cluster: opts.cluster.is_some(),
+        systemd: gw.notifier.enabled(),
+        terminated: false,
+    };
+    let mut deferred = Vec::new();
+    let idle = runs.wait_idle(timeout);
+    tokio::pin!(extend, idle);
+    loop {
+        tokio::select! {
+            () = &mut extend => {}
+            idle = &mut idle => {
+                if !idle {
+                    warn!("drain timed out after {timeout:?} with {} active run(s)", gw.runs.active());
+                }
+                break;
             }
-        }
-        () = async { loop { if signals.recv().await == SignalKind::Interrupt { break; } } } => {
-            warn!("second interrupt: not waiting for {} active run(s)", gw.runs.active());
+            sig = signals.recv() => match sig {
+                SignalKind::Interrupt => {
+                    warn!("second interrupt: not waiting for {} active run(s)", gw.runs.active());
+                    break;
+                }
+                SignalKind::Terminate => facts.terminated = true,
+                _ => {}
+            },
+            Some(cause) = rx.recv() => match cause {
+                Cause::CancelDrain { requester, reply } => match cancel(gw, facts, &requester) {
+                    Ok(()) => return Drained::Cancelled { requester, reply, deferred },
+                    Err(e) => {
+                        let _ = reply.send(e);
+                    }
+                },
+                other => deferred.push(other),
+            },
         }
     }
     let interrupted = gw.runs.active();
@@ -599,6 +698,73 @@ async fn drain(app: &App, signals: &mut impl Shutdown, timeout: Duration) {
         "drained",
         json!({"duration_ms": t0.elapsed().as_millis() as u64, "runs_at_start": at_start, "interrupted": interrupted}),
     );
+    Drained::Over
+}
+
+/// Whether the drain may be cancelled, and if so the cancel recorded in the desired state (the
+/// restart's successor, backstop and ladder stand down on it): `Err` is the answer to send.
+fn cancel(gw: &Gateway, facts: drain::CancelFacts, requester: &Requester) -> Result<(), Response> {
+    use gatewarden_lifecycle::desired::{self, Kept};
+    if let Err(why) = drain::may_cancel(facts) {
+        return Err(Response::err("not_cancellable", why.describe()));
+    }
+    let process = gw.me.start_time.map(|start_time| ProcessIdentity { pid: gw.me.pid, start_time });
+    let Some(process) = process.or_else(ProcessIdentity::current) else {
+        return Err(Response::err("not_cancellable", "this process cannot tell its own identity; the drain goes on"));
+    };
+    let kept = Kept { incarnation: gw.me.id.clone(), process };
+    let by = format!("{} cancel-drain", requester.channel);
+    match desired::record_cancel(gw.home.dir(), kept, &by) {
+        Ok(Ok(d)) => {
+            gw.record(
+                "drain_cancelled",
+                json!({"requester": {"pid": requester.pid, "argv": requester.argv, "channel": requester.channel},
+                       "seq": d.seq, "active_runs": gw.runs.active()}),
+            );
+            Ok(())
+        }
+        Ok(Err(stop)) => Err(Response::err(
+            "not_cancellable",
+            format!("a stop was recorded since by {}; the gateway stays down", stop.describe()),
+        )),
+        Err(e) => Err(Response::err("not_cancellable", format!("cannot record the cancel: {e}"))),
+    }
+}
+
+/// After a cancelled drain: the gateway runs on as it did before the restart was asked for. It
+/// keeps its listener and stops handing it over, restarts its chat adapters (their intake
+/// stopped first thing in the drain; the cluster's promotion path, `Platforms::start`), takes
+/// the queued messages again, and answers the requester once it is `running`.
+async fn run_on(app: &Arc<App>, requester: Requester, reply: tokio::sync::oneshot::Sender<Response>) {
+    let gw = &app.gw;
+    gw.stop_handing_over();
+    gw.end_drain();
+    app.work.notices.set_restarting(false);
+    let mut platforms_error = None;
+    if !app.platforms.is_empty() {
+        let (p, g) = (Arc::clone(&app.platforms), Arc::clone(gw));
+        let restarted = tokio::task::spawn_blocking(move || {
+            p.close(Instant::now() + RESTART_ADAPTERS_FLUSH);
+            p.start(&g)
+        })
+        .await;
+        platforms_error = match restarted {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e),
+            Err(e) => Some(format!("cannot restart the chat platform adapters: {e}")),
+        };
+    }
+    gw.advance(GatewayState::Running);
+    app.work.resume_queued(Arc::clone(gw));
+    if let Some(e) = &platforms_error {
+        error!("after the cancelled drain: {e}");
+        gw.record("platform_restart_failed", json!({"reason": e}));
+    }
+    info!("drain cancelled by {}: incarnation {} runs on", requester.describe(), gw.me.id);
+    let _ = reply.send(Response::ok(json!({
+        "cancelled": true, "incarnation": gw.me.id, "pid": gw.me.pid, "state": gw.phase.get().as_str(),
+        "platforms_error": platforms_error,
+    })));
 }
 
 fn startup_failed(gw: &Gateway, reason: String) -> Outcome {

@@ -367,8 +367,11 @@ impl Platforms {
             let mut tick = tokio::time::interval(WATCHDOG_EVERY);
             loop {
                 tick.tick().await;
-                if gw.phase.get() != GatewayState::Running {
-                    return;
+                // A drain pauses it; a cancelled drain returns to `running`.
+                match gw.phase.get() {
+                    GatewayState::Running => {}
+                    GatewayState::Starting | GatewayState::Draining => continue,
+                    _ => return,
                 }
                 let Some(started) = *me.started.lock().unwrap_or_else(|p| p.into_inner()) else { continue };
                 for e in &me.entries {

@@ -34,6 +34,11 @@ pub fn dispatch(home: HermesHome, by: SelectedBy, command: Command) -> anyhow::R
         Command::Doctor(args) => h::doctor(&home, args.fix, args.json)?,
         Command::Service(args) => h::service(&home, args.into())?,
         Command::Run(_) => anyhow::bail!("`run` is for native homes; for a hermes home use `start` or `supervise`"),
+        Command::CancelDrain => {
+            anyhow::bail!(
+                "`cancel-drain` talks to a native gateway's control endpoint; a hermes drain cannot be cancelled"
+            )
+        }
         Command::Send { .. } => anyhow::bail!("`send` talks to a native gateway's control endpoint; hermes has none"),
         Command::Update(_) => {
             anyhow::bail!("`update` replaces gatewarden's own binary; update hermes-agent with `hermes update`")

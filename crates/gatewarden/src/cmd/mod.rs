@@ -31,6 +31,7 @@ pub fn dispatch(cli: Cli, started_at: SystemTime, started: Instant) -> anyhow::R
         Command::Restart { timeout, backstop, desired_seq } => {
             ops::restart::restart(&home, timeout, backstop, desired_seq)?
         }
+        Command::CancelDrain => ops::cancel::cancel_drain(&home)?,
         Command::Send { text, chat, user, is_async } => ops::send::send(&home, &text, &chat, &user, is_async)?,
         Command::Logs { follow, n } => ops::logs::logs(&home, follow, n)?,
         Command::History { n, json } => ops::history::history(&home, n, json)?,

@@ -130,3 +130,25 @@ pub fn stop_cleanly(home: &TempHome, g: &mut Gateway) {
     let st = g.wait_exit(EXIT);
     assert_exit_code(g, st, 0, "planned stop via `stop`");
 }
+
+/// An exec agent whose every run waits until `gate` exists, then replies `released`: a drain
+/// that waits on such a run lasts exactly until the test opens the gate.
+pub fn gated_exec(gate: &Path) -> String {
+    let script = format!("while [ ! -e '{}' ]; do sleep 0.05; done; echo released", gate.display());
+    format!("drain_timeout_s = 120\n[agent]\nbackend = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", {}]\n", json!(script))
+}
+
+/// Once the gateway of `home` is draining: `cancel-drain` (run by `cli`) exits 0 naming
+/// `incarnation`, which then answers `running` (`status`, also through `cli`).
+#[track_caller]
+pub fn cancel_keeps(home: &TempHome, incarnation: &str, cli: impl Fn(&[&str]) -> CliOutput) {
+    let ok = wait_until(Duration::from_secs(20), || home.state().as_deref() == Some("draining"));
+    assert!(ok, "never draining:\n{}", home.ledger_text());
+    let out = cli(&["cancel-drain"]);
+    assert_cli(&out, 0, "cancel-drain");
+    assert!(out.stdout.contains(&format!("drain cancelled: incarnation {incarnation}")), "{}", out.stdout);
+    let st = cli(&["status", "--json"]).json();
+    assert_eq!((st["incarnation"].as_str(), st["state"].as_str()), (Some(incarnation), Some("running")), "{st:#}");
+    let c = home.events("drain_cancelled");
+    assert_eq!(c.len(), 1, "{}", home.ledger_text());
+}

@@ -157,6 +157,14 @@ fn run_ladder(home: &Home, ladder: &Ladder, t0: Instant) -> crate::Result<ExitCo
     ladder.finish(ladder.await_new(Some(&old), drain_budget(&old)), old.incarnation.as_deref())
 }
 
+/// What the ladder says when the desired state ends it: a stop, or a cancelled drain.
+fn overtaken(r: &Refusal) -> String {
+    match r {
+        Refusal::Cancelled(_) => format!("not restarted: {}", r.describe()),
+        _ => format!("overtaken by a stop: {}", r.describe()),
+    }
+}
+
 fn drain_budget(s: &StatusReport) -> Option<Duration> {
     s.extra.get("drain_timeout_s").and_then(Value::as_u64).map(Duration::from_secs)
 }
@@ -241,10 +249,10 @@ impl<'h> Ladder<'h> {
         let _ = self.ledger.append("restart_result", fields);
     }
 
-    /// A stop recorded since the restart was requested (or any stop in force): the ladder
-    /// starts nothing more. Written to the ledger once.
+    /// A stop recorded since the restart was requested (or any stop in force), or a cancel of
+    /// this restart's drain: the ladder starts nothing more. Written to the ledger once.
     fn stopped(&self) -> Option<Refusal> {
-        let r = desired::check(self.home.dir(), Starter::Resume).err()?;
+        let r = desired::check(self.home.dir(), Starter::Carry { basis: self.seq }).err()?;
         if !self.prevented.replace(true) {
             crate::intent::prevented(self.home, self.by, &r);
         }
@@ -270,7 +278,7 @@ impl<'h> Ladder<'h> {
     fn start_fresh(&self, lock: Option<InstanceLock>) -> crate::Result<ExitCode> {
         drop(lock);
         if let Some(r) = self.stopped() {
-            return self.finish(Err(format!("overtaken by a stop: {}", r.describe())), None);
+            return self.finish(Err(overtaken(&r)), None);
         }
         let listen = read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
         // Inside `update` stdout is the update's own (`--json`): the start reports to stderr.
@@ -316,7 +324,7 @@ impl<'h> Ladder<'h> {
     /// A wedged gateway: the one stopper (no control: it is silent), then a new incarnation.
     fn recover_wedged(&self, why: &str, old: Option<&StatusReport>) -> crate::Result<ExitCode> {
         if let Some(r) = self.stopped() {
-            return self.finish(Err(format!("overtaken by a stop: {}", r.describe())), None);
+            return self.finish(Err(overtaken(&r)), None);
         }
         eprintln!("{why}; stopping it (verified escalation) and starting a new incarnation");
         let mut plan = StopPlan::new(Requester::cli(), WEDGED_STOP.min(self.left()));
@@ -406,10 +414,7 @@ impl<'h> Ladder<'h> {
                 Action::RecoverWedged { why, old_answers } => {
                     return self.recover_wedged_inline(&why, old.filter(|_| old_answers));
                 }
-                Action::Overtaken => {
-                    let why = stop.map(|r| r.describe()).unwrap_or_default();
-                    return Err(format!("overtaken by a stop: {why}"));
-                }
+                Action::Overtaken => return Err(stop.as_ref().map(overtaken).unwrap_or_default()),
                 Action::Fail { seen } => return Err(seen),
             }
             if !watch.phase().is_empty() {

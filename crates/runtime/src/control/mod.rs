@@ -19,6 +19,9 @@ pub use transport::{bind, unbind};
 use crate::app::App;
 use crate::cause::{Cause, ControlKind};
 
+/// How long a cancel request waits for the main loop's answer (the platforms restart first).
+const CANCEL_ANSWER: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Serves one connection until the peer closes it or the process exits.
 pub(crate) async fn serve_conn<S>(stream: S, gw: Arc<App>, tx: UnboundedSender<Cause>)
 where
@@ -52,7 +55,10 @@ where
                 ),
                 None,
             ),
-            Ok(req) => handle(&gw, req.op),
+            Ok(req) => match req.op {
+                Op::CancelDrain { requester } => (cancel_drain(&tx, requester).await, None),
+                op => handle(&gw, op),
+            },
             Err(e) => (Response::err("bad_request", e.to_string()), None),
         };
         // Reply first, then act: the caller always sees the acknowledgement.
@@ -85,6 +91,21 @@ fn handle(gw: &App, op: Op) -> (Response, Option<Cause>) {
             Response::ok(json!({"accepted": true, "state": "draining"})),
             Some(Cause::Control { kind: ControlKind::Restart, requester }),
         ),
+        // Answered by the main loop (`cancel_drain`); never reaches here.
+        Op::CancelDrain { .. } => (Response::err("bad_request", "cancel_drain is answered by the main loop"), None),
+    }
+}
+
+/// The one request answered after the main loop acted: whether the drain was cancelled.
+async fn cancel_drain(tx: &UnboundedSender<Cause>, requester: gatewarden_control::Requester) -> Response {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    if tx.send(Cause::CancelDrain { requester, reply }).is_err() {
+        return Response::err("too_late", "the gateway is exiting");
+    }
+    match tokio::time::timeout(CANCEL_ANSWER, answer).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => Response::err("too_late", "the drain is over: the gateway is exiting"),
+        Err(_) => Response::err("too_late", "no answer: the drain is past the point where it can be cancelled"),
     }
 }
 

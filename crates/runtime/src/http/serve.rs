@@ -84,36 +84,35 @@ pub async fn serve(listener: TcpListener, app: Router, gw: Arc<App>, drain_timeo
     let router = TowerToHyperService::new(app);
     let shutdown = CancellationToken::new();
     let mut conns = JoinSet::new();
+    // The latest drain's start (a cancelled drain returns to `running`; the next one counts anew).
     let mut draining_at = None;
-    let mut seen = |p: GatewayState| {
-        if p == GatewayState::Draining {
-            draining_at.get_or_insert_with(Instant::now);
-        }
-        p
-    };
-
-    let first = phase.wait_for(|p| *p != GatewayState::Starting).await.map(|p| *p).unwrap_or(GatewayState::Stopping);
-    if accepting(seen(first), &gw) {
-        loop {
-            tokio::select! {
-                biased;
-                changed = phase.changed() => {
-                    let p = if changed.is_ok() { *phase.borrow_and_update() } else { GatewayState::Stopping };
-                    if !accepting(seen(p), &gw) {
-                        break;
-                    }
+    let mut p = phase.wait_for(|p| *p != GatewayState::Starting).await.map(|p| *p).unwrap_or(GatewayState::Stopping);
+    if p == GatewayState::Draining {
+        draining_at = Some(Instant::now());
+    }
+    // A drain handing over pauses accepting (the successor takes the backlog) but keeps the
+    // listener: a cancelled drain accepts again.
+    while !past_draining(p) {
+        let accept = accepting(p, &gw);
+        tokio::select! {
+            biased;
+            changed = phase.changed() => {
+                let next = if changed.is_ok() { *phase.borrow_and_update() } else { GatewayState::Stopping };
+                if next == GatewayState::Draining && p != GatewayState::Draining {
+                    draining_at = Some(Instant::now());
                 }
-                Some(_) = conns.join_next(), if !conns.is_empty() => {}
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => match open.admit() {
-                        Some(slot) => {
-                            conns.spawn(connection(stream, router.clone(), Arc::clone(&gw), shutdown.clone(), slot, header_timeout));
-                        }
-                        None => refuse(stream, &lingering),
-                    },
-                    Err(e) => accept_failed(e).await,
-                },
+                p = next;
             }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            accepted = listener.accept(), if accept => match accepted {
+                Ok((stream, _)) => match open.admit() {
+                    Some(slot) => {
+                        conns.spawn(connection(stream, router.clone(), Arc::clone(&gw), shutdown.clone(), slot, header_timeout));
+                    }
+                    None => refuse(stream, &lingering),
+                },
+                Err(e) => accept_failed(e).await,
+            },
         }
     }
     drop(listener);
