@@ -98,3 +98,32 @@ fn a_waiting_restart_reports_the_cancel_and_only_a_restart_drain_is_cancelled() 
     let (resp, _) = run.join().unwrap();
     assert_eq!(resp.expect("an answer").status, 200);
 }
+
+/// A stop issued during a restart's drain wins over a cancel that comes after it: the cancel is
+/// refused naming the stop, the drain ends, and nothing runs afterwards (the successor obeys
+/// the stop). A stop stays down.
+#[test]
+fn a_stop_during_a_restart_drain_is_not_undone_by_a_cancel() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let gate = home.scratch("gate", "");
+    let mut g = gateway(&home, &sw, &gated_exec(&gate));
+    let run = send_bg(g.listen(), "c", "waited on");
+    wait_active(g.listen(), 1);
+    assert_cli(&cli_tagged(&home, &sw, &["send", "/restart"], READY), 0, "send /restart");
+    wait_state(&home, "draining", READY);
+    let stop = cli_bg(&home, &sw, &["stop", "--timeout", "60"], RESTART_TIMEOUT);
+    must_wait_until(READY, "the stop recorded", || {
+        std::fs::read_to_string(home.file("desired_state.json")).unwrap_or_default().contains("\"stopped\"")
+    });
+    let out = run_cli(&home, &["cancel-drain"]);
+    assert_cli(&out, 1, "cancel-drain after a stop");
+    assert!(out.stderr.contains("a stop was recorded since"), "{}", out.stderr);
+    std::fs::write(&gate, b"").unwrap();
+    assert_cli(&stop.join().unwrap(), 0, "stop");
+    g.wait_exit(EXIT);
+    let _ = run.join();
+    must_wait_until(READY, "nothing holds the home", || !home.lock_held());
+    assert_eq!(home.events("started").len(), 1, "nothing started after the stop:\n{}", home.ledger_text());
+    assert!(home.events("drain_cancelled").is_empty(), "{}", home.ledger_text());
+}
