@@ -131,6 +131,24 @@ fn inherited_unit_environment_is_not_evidence() {
     assert_cli(&host_cli(&home, &sw, &["stop"]), 0, "stop");
 }
 
+/// `gatewarden run` as PID 1 of a new PID namespace (`unshare`), once it answers `running`: the
+/// `unshare` child and its status.
+fn pid1_gateway(home: &TempHome, sw: &Sweeper) -> (std::process::Child, Value) {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"]).arg(bin());
+    cmd.arg("--home").arg(home.path()).args(["run", "--listen", "127.0.0.1:0"]);
+    cmd.env_remove("GATEWARDEN_HOME").env_remove("GATEWARDEN_SUPERVISOR").env(TAG_VAR, sw.tag());
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(home.scratch("pid1", "log")).unwrap());
+    let child = cmd.spawn().expect("unshare");
+    let mut st = Value::Null;
+    let up = wait_until(READY, || {
+        st = serde_json::from_str(host_cli(home, sw, &["status", "--json"]).stdout.trim()).unwrap_or(Value::Null);
+        st["state"] == "running"
+    });
+    assert!(up, "PID 1 gateway not ready: {st:#}");
+    (child, st)
+}
+
 /// PID 1 of a PID namespace (a container's init): nothing revives it, so a planned restart
 /// re-executes in place — same pid, new incarnation, same listener — and a stop exits 0.
 #[test]
@@ -141,18 +159,7 @@ fn pid1_restarts_re_execute_in_place() {
     }
     let home = TempHome::new();
     let sw = Sweeper::new();
-    let mut cmd = Command::new("unshare");
-    cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"]).arg(bin());
-    cmd.arg("--home").arg(home.path()).args(["run", "--listen", "127.0.0.1:0"]);
-    cmd.env_remove("GATEWARDEN_HOME").env_remove("GATEWARDEN_SUPERVISOR").env(TAG_VAR, sw.tag());
-    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(home.scratch("pid1", "log")).unwrap());
-    let mut child = cmd.spawn().expect("unshare");
-    let mut st = Value::Null;
-    let up = wait_until(READY, || {
-        st = serde_json::from_str(host_cli(&home, &sw, &["status", "--json"]).stdout.trim()).unwrap_or(Value::Null);
-        st["state"] == "running"
-    });
-    assert!(up, "PID 1 gateway not ready: {st:#}");
+    let (mut child, mut st) = pid1_gateway(&home, &sw);
     assert_eq!(st["pid"], json!(1), "{st:#}");
     assert_eq!(st["supervisor"], json!("container"), "{st:#}");
     let listen = st["listen"].clone();
@@ -192,18 +199,7 @@ fn pid1_cancelled_restart_drain_keeps_its_image() {
     let sw = Sweeper::new();
     let gate = home.scratch("gate", "");
     std::fs::write(home.path().join("config.toml"), gated_exec(&gate)).unwrap();
-    let mut cmd = Command::new("unshare");
-    cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"]).arg(bin());
-    cmd.arg("--home").arg(home.path()).args(["run", "--listen", "127.0.0.1:0"]);
-    cmd.env_remove("GATEWARDEN_HOME").env_remove("GATEWARDEN_SUPERVISOR").env(TAG_VAR, sw.tag());
-    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(std::fs::File::create(home.scratch("pid1", "log")).unwrap());
-    let mut child = cmd.spawn().expect("unshare");
-    let mut st = Value::Null;
-    let up = wait_until(READY, || {
-        st = serde_json::from_str(host_cli(&home, &sw, &["status", "--json"]).stdout.trim()).unwrap_or(Value::Null);
-        st["state"] == "running"
-    });
-    assert!(up, "PID 1 gateway not ready: {st:#}");
+    let (mut child, st) = pid1_gateway(&home, &sw);
     let inc = st["incarnation"].as_str().unwrap().to_owned();
     let addr: std::net::SocketAddr = st["listen"].as_str().unwrap().parse().unwrap();
     let run = std::thread::spawn(move || gatewarden_testkit::api::Api::new(addr).send("c", "u", "waited on"));
