@@ -847,3 +847,37 @@ mod telegram {
         r.assert_one_gateway(&r.version);
     }
 }
+
+/// Issue 21, cancel drain: an update's restart whose drain is cancelled is not a new version
+/// that failed; the update puts the old binary back, says the restart was cancelled, and does
+/// not drain again (the old version never stopped running).
+#[test]
+fn a_cancelled_drain_rolls_the_update_back_without_a_second_restart() {
+    let r = Rig::installed();
+    let gate = r.home.scratch("gate", "");
+    write_config(r.home.path(), &format!("{}[update]\nprobation_s = 1\n", gated_exec(&gate)));
+    let mut g = GatewayBuilder::new(&r.exe, &r.home).env(TAG_VAR, r.sw.tag()).spawn();
+    g.wait_ready(READY);
+    let inc = incarnation_of(&r.home, g.pid()).expect("incarnation");
+    let run = send_bg(g.listen(), "c", "waited on");
+    wait_active(g.listen(), 1);
+    let b = r.release("9.9.9");
+    let (exe, home, tag, src) = (r.exe.clone(), r.home.path().to_path_buf(), r.sw.tag().to_owned(), b.clone());
+    let update = std::thread::spawn(move || {
+        let args = ["update", "--from", src.to_str().unwrap(), "--timeout", "60"];
+        cli_with(&exe, &home, &args, &[(TAG_VAR, tag.as_str())], UPDATE_LIMIT)
+    });
+    cancel_keeps(&r.home, &inc, |a| cli_with(&r.exe, r.home.path(), a, &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT));
+    let out = update.join().unwrap();
+    assert_cli(&out, 1, "the update whose restart was cancelled");
+    let said = out.text_lc();
+    assert!(said.contains("the restart was cancelled") && said.contains("never stopped running"), "{out:#?}");
+    assert_eq!(r.txn()["phase"], json!("rolled_back"), "{}", r.txn());
+    assert_eq!(version_of(&r.exe), r.version, "the old binary is back in place");
+    assert_eq!(r.home.events("restart_requested").len(), 1, "one restart, cancelled:\n{}", r.home.ledger_text());
+    assert!(r.home.events("drained").is_empty(), "no drain ran to its end:\n{}", r.home.ledger_text());
+    std::fs::write(&gate, b"").unwrap();
+    assert_eq!(run.join().unwrap().0.expect("an answer").status, 200);
+    r.assert_one_gateway(&r.version);
+    assert_eq!(current_gateway(r.home.path()).unwrap().0, g.pid(), "the same process runs");
+}

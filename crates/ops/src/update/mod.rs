@@ -516,6 +516,19 @@ impl<'h> Updater<'h> {
             self.say(&format!("{} is back in place; not starting it: {}", t.from, r.describe()));
             return Ok(None);
         }
+        // The old version never stopped (its restart's drain was cancelled, or the restart
+        // joined one that began before the swap): it is what a rollback restarts onto, so a
+        // second drain would only wait on the same runs again.
+        let now = status_of(&Endpoint::for_home(self.home.dir()), Duration::from_millis(500)).ok();
+        if let Some(s) = now.filter(|s| s.state.as_deref() == Some("running") && s.version.as_deref() == Some(&t.from))
+        {
+            self.say(&format!(
+                "{} is back in place, and incarnation {} never stopped running it",
+                t.from,
+                s.incarnation.clone().unwrap_or_default()
+            ));
+            return Ok(Some(s));
+        }
         let s = match self.restart_onto_swap(&t.from, self.timeout_s.max(30)) {
             Ok(s) => s,
             // A stop recorded during the restart: the old file is in place, and the gateway
