@@ -1,6 +1,6 @@
 //! Issue 22, item 7: a seeded soak that overlaps every ordered pair of verbs — `start`, `stop`,
 //! `restart`, chat `/restart` (the HTTP chat API, as an admin), `update` (to a real patched
-//! release), `update --rollback` and `doctor --fix` — the second one a seeded 0–300 ms after the
+//! release), `update --rollback`, `doctor --fix` and `cancel-drain` (issue 21) — the second one a seeded 0–300 ms after the
 //! first, both as child processes of the installed binary (tests/work_common/rig.rs).
 //!
 //! Before each pair the home is put back to one baseline: a committed update 0.1.0 → 7.7.7,
@@ -11,7 +11,8 @@
 //!   no `run` process but the holder;
 //! - exit codes tell the truth: `update` 0 ⇒ its new incarnation ran 9.9.9, 1 ⇒ refused or
 //!   rolled back (the old version back, or left stopped); `restart` 0 ⇒ a new incarnation ran;
-//!   `doctor --fix` never restarts a healthy gateway mid-handover; what runs is the installed
+//!   `doctor --fix` never restarts a healthy gateway mid-handover; `cancel-drain` 0 ⇒ the
+//!   ledger's `drain_cancelled` names it and the restart it cancelled says so (exit 1); what runs is the installed
 //!   file, and the installed file is what the last transaction says;
 //! - a run in flight when the pair began (half the pairs, seeded) is drained, never cut;
 //! - every outcome is in the ledger, naming the verb's process (`stop_requested`,
@@ -60,10 +61,19 @@ enum Verb {
     Update,
     Rollback,
     DoctorFix,
+    CancelDrain,
 }
 
-const VERBS: [Verb; 7] =
-    [Verb::Start, Verb::Stop, Verb::Restart, Verb::ChatRestart, Verb::Update, Verb::Rollback, Verb::DoctorFix];
+const VERBS: [Verb; 8] = [
+    Verb::Start,
+    Verb::Stop,
+    Verb::Restart,
+    Verb::ChatRestart,
+    Verb::Update,
+    Verb::Rollback,
+    Verb::DoctorFix,
+    Verb::CancelDrain,
+];
 
 impl Verb {
     fn name(self) -> &'static str {
@@ -75,6 +85,7 @@ impl Verb {
             Verb::Update => "update",
             Verb::Rollback => "rollback",
             Verb::DoctorFix => "doctor-fix",
+            Verb::CancelDrain => "cancel-drain",
         }
     }
 
@@ -171,6 +182,7 @@ impl Soak {
             Verb::Update => &["update", "--from", next, "--timeout", "30"],
             Verb::Rollback => &["update", "--rollback", "--timeout", "30"],
             Verb::DoctorFix => &["doctor", "--fix"],
+            Verb::CancelDrain => &["cancel-drain"],
             Verb::ChatRestart => {
                 // Where the operator's chat client points: the gateway's address (a restart keeps it).
                 let addr = current_gateway(self.r.home.path()).and_then(|g| g.3).or(self.addr);
@@ -396,6 +408,7 @@ impl Soak {
             named(events, name).into_iter().filter(|x| x.pointer(key) == Some(&json!(e.pid))).collect()
         };
         let stop_in_pair = other.verb == Verb::Stop;
+        let cancelled_by_other = other.verb == Verb::CancelDrain && other.code == Some(0);
         match (e.verb, e.code) {
             (Verb::Start, Some(0)) => {
                 if let Some(pid) = e.out.split("started gateway pid ").nth(1).and_then(|s| s.split(' ').next()) {
@@ -432,8 +445,9 @@ impl Soak {
                         if r["ok"] != json!(false) {
                             broken.push(format!("{v} exit 1, but its result says {r}"));
                         }
-                        if !stop_in_pair {
-                            broken.push(format!("{v} exit 1 with no stop in the pair: {r}"));
+                        let cancel = cancelled_by_other && r["seen"].as_str().is_some_and(|s| s.contains("cancelled"));
+                        if !stop_in_pair && !cancel {
+                            broken.push(format!("{v} exit 1 with no stop or cancel in the pair: {r}"));
                         }
                     }
                 }
@@ -457,7 +471,8 @@ impl Soak {
             (Verb::Update | Verb::Rollback, Some(code @ (0 | 1))) => {
                 // The release is good and the baseline has a transaction to roll back: only the
                 // operator's stop, or another update or rollback, may keep either from happening.
-                if code == 1 && !matches!(other.verb, Verb::Stop | Verb::Update | Verb::Rollback) {
+                if code == 1 && !matches!(other.verb, Verb::Stop | Verb::Update | Verb::Rollback) && !cancelled_by_other
+                {
                     broken.push(format!("{v} exit 1 though only `{}` overlapped it", other.verb.name()));
                 }
                 let refused = by_me("update_refused", "/requester/pid");
@@ -490,6 +505,19 @@ impl Soak {
                             broken.push(format!("{v} exit 0 with no incarnation: {r}"));
                         }
                     }
+                }
+            }
+            (Verb::CancelDrain, Some(code @ (0 | 1))) => {
+                let mine = by_me("drain_cancelled", "/requester/pid");
+                match code {
+                    0 if mine.len() != 1 => {
+                        broken.push(format!("{v} exit 0, but {} `drain_cancelled` name pid {}", mine.len(), e.pid))
+                    }
+                    0 if !matches!(other.verb, Verb::Restart | Verb::ChatRestart | Verb::Update | Verb::Rollback) => {
+                        broken.push(format!("{v} exit 0, but `{}` started no restart to cancel", other.verb.name()))
+                    }
+                    1 if !mine.is_empty() => broken.push(format!("{v} exit 1, but the ledger says it cancelled")),
+                    _ => {}
                 }
             }
             (Verb::DoctorFix, Some(0 | 1)) => {

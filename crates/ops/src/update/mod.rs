@@ -822,6 +822,7 @@ impl<'h> Updater<'h> {
         self.await_restart_under_way();
         t.chat = None;
         let why = "rolled back by hand (`update --rollback`)".to_owned();
+        let basis = desired::current(self.home.dir()).seq;
         match self.revert(&t) {
             Ok(None) => {
                 self.say(&format!(
@@ -844,11 +845,36 @@ impl<'h> Updater<'h> {
                 let _ = self.finish_as(&mut t, Phase::RolledBack, Some(why), s.incarnation, true);
                 Ok(ExitCode::SUCCESS)
             }
-            Err(e) => {
-                eprintln!("the rollback to {} failed: {e}", t.from);
-                Ok(self.finish(&mut t, Phase::Failed, Some(format!("{why}: {e}")), None))
-            }
+            Err(e) => match desired::check(self.home.dir(), Starter::Carry { basis }) {
+                Err(r @ Refusal::Cancelled(_)) => Ok(self.rollback_cancelled(&t, &r)),
+                _ => {
+                    eprintln!("the rollback to {} failed: {e}", t.from);
+                    Ok(self.finish(&mut t, Phase::Failed, Some(format!("{why}: {e}")), None))
+                }
+            },
         }
+    }
+
+    /// The rollback's restart had its drain cancelled (issue 21): the operator kept the running
+    /// gateway, so the installed file goes back to the version it runs, and the transaction
+    /// stays as it was. Recorded as `update_refused` (nothing changed).
+    fn rollback_cancelled(&self, t: &Txn, r: &Refusal) -> ExitCode {
+        let running = status_of(&Endpoint::for_home(self.home.dir()), Duration::from_secs(2)).ok();
+        let runs_to = running.as_ref().and_then(|s| s.version.as_deref()) == Some(t.to.as_str());
+        if runs_to && let Err(e) = swap_in(&t.staged, &t.target) {
+            let mut t = t.clone();
+            let msg = format!("the rollback was cancelled ({}), and {} cannot be put back: {e}", r.describe(), t.to);
+            eprintln!("{msg}");
+            return self.finish(&mut t, Phase::Failed, Some(msg), None);
+        }
+        let kept = if runs_to { &t.to } else { &t.from };
+        let why = format!("the rollback's restart was cancelled: {}; {kept} stays installed", r.describe());
+        let _ = self.ledger.append("update_refused", json!({"reason": why, "requester": requester(false)}));
+        if self.json {
+            println!("{}", json!({"ok": false, "changed": false, "reason": why}));
+        }
+        eprintln!("{why}");
+        ExitCode::from(1)
     }
 
     /// Finishes a transaction whose updater died (module doc): a new incarnation of the new
