@@ -471,6 +471,32 @@ fn d9_stop_after_a_chat_restart_stays_down() {
     u.wait_running(0, READY);
 }
 
+/// Issue 21, cancel drain, under systemd: the drain of a planned restart told systemd
+/// `STOPPING=1`, which cannot be taken back, so the cancel is refused with that reason and the
+/// restart completes (systemd revives the unit once the run ends).
+#[test]
+fn a_restart_drain_under_systemd_is_not_cancelled() {
+    if !have_user_manager() {
+        return;
+    }
+    let home = TempHome::new();
+    let gate = home.scratch("gate", "");
+    let u =
+        Unit::install_as(home, bin(), Some(&format!("{LOOPBACK}{}", gated_exec(&gate))), &["--restart-sec-ms", "100"]);
+    let first = u.wait_running(0, READY);
+    start_long_run(&u);
+    assert_cli(&u.cli(&["send", "/restart"]), 0, "send /restart");
+    must_wait_until(READY, "draining", || u.home.state().as_deref() == Some("draining"));
+    let out = u.cli(&["cancel-drain"]);
+    assert_cli(&out, 1, "cancel-drain under systemd");
+    assert!(out.stderr.contains("systemd was told the unit is stopping"), "{}", out.stderr);
+    assert!(u.home.events("drain_cancelled").is_empty(), "{}", u.home.ledger_text());
+    std::fs::write(&gate, b"").unwrap();
+    let pid = first["pid"].as_u64().unwrap() as u32;
+    let next = u.wait_running(pid, Duration::from_secs(30));
+    assert_ne!(next["incarnation"], first["incarnation"], "{next:#}");
+}
+
 /// Issue 22, item 5: seven kill -9 in a row, each as soon as the gateway is back. With the old
 /// unit (`StartLimitBurst=5` in 60 s) the fifth or sixth left it `failed` for good while
 /// `status` said "last state: running" and `doctor` found nothing. Now the unit never gives
