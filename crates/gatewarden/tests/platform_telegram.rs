@@ -138,6 +138,35 @@ fn restart_mid_conversation_loses_and_repeats_nothing() {
     assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
 }
 
+/// Issue 21, cancel drain: a restart's drain cancelled while a chat's run holds it. The adapter,
+/// whose intake the drain stopped first, is started again by the same incarnation: the held
+/// run's reply, a message sent during the drain and one sent after the cancel are each
+/// answered once, and nothing else started.
+#[test]
+fn a_cancelled_restart_drain_restarts_the_adapter_and_loses_nothing() {
+    let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), fake(), token());
+    let gate = home.scratch("gate", "");
+    let g = start_gw(&home, &sw, &tok, &config(&fake, &gated_exec_agent(&gate), ""));
+    let inc = incarnation_of(&home, g.pid()).expect("incarnation");
+    fake.inject(&tok, 5, 1, "m1");
+    wait_active(g.listen(), 1);
+    assert_cli(&cli_tagged(&home, &sw, &["send", "/restart"], READY), 0, "send /restart");
+    wait_state(&home, "draining", READY);
+    fake.inject(&tok, 5, 1, "m2");
+    cancel_keeps(&home, &inc, |a| run_cli(&home, a));
+    wait_adapter(&home, "connected", READY);
+    std::fs::write(&gate, b"").unwrap();
+    fake.inject(&tok, 5, 1, "m3");
+    for m in ["m1", "m2", "m3"] {
+        wait_reply(&fake, &tok, 5, |t| t == m);
+    }
+    let quiet = holds_for(Duration::from_millis(500), || fake.sent(&tok).len() == 3);
+    assert!(quiet.is_ok(), "duplicates: {:#?}", fake.sent(&tok));
+    assert_eq!(home.events("started").len(), 1, "nothing else started:\n{}", home.ledger_text());
+    assert_eq!(run_cli(&home, &["status", "--json"]).json()["incarnation"].as_str(), Some(inc.as_str()));
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
 /// The Bot API dies and comes back: degraded in between, then connected, and the message sent
 /// meanwhile is answered once.
 #[test]

@@ -55,7 +55,7 @@ impl NotCancellable {
     pub fn describe(self) -> &'static str {
         match self {
             NotCancellable::NotARestart => {
-                "only a restart's drain can be cancelled; this one ends in a stop (start the gateway again afterwards)"
+                "only a restart's drain can be cancelled; this one ends the gateway (a stop or a takeover), and its requester waits for the exit"
             }
             NotCancellable::Cluster => "a cluster member's drain hands the lease to a standby; it cannot be cancelled",
             NotCancellable::Systemd => {

@@ -131,11 +131,16 @@ pub fn stop_cleanly(home: &TempHome, g: &mut Gateway) {
     assert_exit_code(g, st, 0, "planned stop via `stop`");
 }
 
-/// An exec agent whose every run waits until `gate` exists, then replies `released`: a drain
-/// that waits on such a run lasts exactly until the test opens the gate.
+/// A config whose exec agent holds every run until `gate` exists, then replies with the
+/// message: a drain that waits on such a run lasts exactly until the test opens the gate.
 pub fn gated_exec(gate: &Path) -> String {
-    let script = format!("while [ ! -e '{}' ]; do sleep 0.05; done; echo released", gate.display());
-    format!("drain_timeout_s = 120\n[agent]\nbackend = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", {}]\n", json!(script))
+    format!("drain_timeout_s = 120\n[agent]\n{}", gated_exec_agent(gate))
+}
+
+/// The `[agent]` lines of [`gated_exec`], for configs that write their own table header.
+pub fn gated_exec_agent(gate: &Path) -> String {
+    let script = format!("while [ ! -e '{}' ]; do sleep 0.05; done; cat", gate.display());
+    format!("backend = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", {}]\n", json!(script))
 }
 
 /// Once the gateway of `home` is draining: `cancel-drain` (run by `cli`) exits 0 naming
