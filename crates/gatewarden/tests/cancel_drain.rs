@@ -31,7 +31,14 @@ fn a_cancelled_restart_drain_runs_on_and_its_successor_and_backstop_stand_down()
     assert_cli(&cli_tagged(&home, &sw, &["send", "/restart"], READY), 0, "send /restart");
     let successor = wait_events(&home, "successor_started", 1, READY)[0]["successor_pid"].as_u64().unwrap() as u32;
     let backstop = wait_events(&home, "restart_backstop", 1, READY)[0]["backstop_pid"].as_u64().unwrap() as u32;
+    // A second request during the drain joins this restart, and is cancelled with it.
+    wait_state(&home, "draining", READY);
+    assert_cli(&cli_tagged(&home, &sw, &["send", "/restart"], READY), 0, "send /restart again");
     cancel_keeps(&home, &inc, |a| run_cli(&home, a));
+    let joined = wait_events(&home, "restart_requested", 2, READY);
+    assert_eq!(joined[1]["joined"], json!("restart"), "{}", home.ledger_text());
+    let once = holds_for(Duration::from_secs(1), || home.events("successor_started").len() == 1);
+    assert_eq!(once, Ok(()), "the joined request restarted after the cancel:\n{}", home.ledger_text());
 
     // Both helpers of the restart are gone, and say why.
     assert!(wait_until(READY, || !pid_alive(successor)), "successor {successor} still waits for the lock");

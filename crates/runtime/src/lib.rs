@@ -470,9 +470,21 @@ async fn serve_until_classified(
             Drained::Over => break decision,
             Drained::Cancelled { requester, reply, deferred } => {
                 run_on(app, requester, reply).await;
-                // What arrived during the drain is classified now, in order.
+                // What arrived during the drain is classified now, in order; a restart asked for
+                // meanwhile joined the restart that was cancelled, and is not carried out again.
                 for c in deferred {
-                    let _ = tx.send(c);
+                    match c {
+                        Cause::Control { kind: ControlKind::Restart, requester: r } => {
+                            let who = json!({"pid": r.pid, "argv": r.argv, "channel": r.channel});
+                            gw.record(
+                                "restart_requested",
+                                json!({"requester": who, "reason": "restart", "joined": "restart"}),
+                            );
+                        }
+                        c => {
+                            let _ = tx.send(c);
+                        }
+                    }
                 }
             }
         }
