@@ -55,10 +55,7 @@ where
                 ),
                 None,
             ),
-            Ok(req) => match req.op {
-                Op::CancelDrain { requester } => (cancel_drain(&tx, requester).await, None),
-                op => handle(&gw, op),
-            },
+            Ok(req) => handle(&gw, &tx, req.op).await,
             Err(e) => (Response::err("bad_request", e.to_string()), None),
         };
         // Reply first, then act: the caller always sees the acknowledgement.
@@ -72,8 +69,9 @@ where
 }
 
 /// The dispatch table. Returns the response and, for lifecycle requests, the cause to hand
-/// to the main loop once the response is on its way.
-fn handle(gw: &App, op: Op) -> (Response, Option<Cause>) {
+/// to the main loop once the response is on its way (`cancel_drain` is answered by the main
+/// loop itself, through `tx`).
+async fn handle(gw: &App, tx: &UnboundedSender<Cause>, op: Op) -> (Response, Option<Cause>) {
     match op {
         Op::Ping => (Response::ok(json!({"pong": true})), None),
         Op::Status => (Response::ok(serde_json::to_value(gw.status()).unwrap_or_default()), None),
@@ -91,8 +89,7 @@ fn handle(gw: &App, op: Op) -> (Response, Option<Cause>) {
             Response::ok(json!({"accepted": true, "state": "draining"})),
             Some(Cause::Control { kind: ControlKind::Restart, requester }),
         ),
-        // Answered by the main loop (`cancel_drain`); never reaches here.
-        Op::CancelDrain { .. } => (Response::err("bad_request", "cancel_drain is answered by the main loop"), None),
+        Op::CancelDrain { requester } => (cancel_drain(tx, requester).await, None),
     }
 }
 
