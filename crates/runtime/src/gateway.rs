@@ -41,6 +41,11 @@ impl Incarnation {
 }
 
 impl Incarnation {
+    /// This process as `(pid, start time)`; `None` where the start time cannot be read.
+    pub fn identity(&self) -> Option<gatewarden_lifecycle::ProcessIdentity> {
+        self.start_time.map(|start_time| gatewarden_lifecycle::ProcessIdentity { pid: self.pid, start_time })
+    }
+
     pub fn pid_record(&self, home: &str) -> PidRecord {
         PidRecord {
             pid: self.pid,

@@ -38,7 +38,7 @@ use gatewarden_lifecycle::marker::{self, MarkerKind, Verdict};
 use gatewarden_lifecycle::probe::probe_u32;
 use gatewarden_lifecycle::records::{GatewayState, read_pid_record};
 use gatewarden_lifecycle::supervisor::Detection;
-use gatewarden_lifecycle::{ExitIntent, Home, InstanceLock, LockError, ProcessIdentity, Supervisor};
+use gatewarden_lifecycle::{ExitIntent, Home, InstanceLock, LockError, Supervisor};
 use serde_json::json;
 use tokio::sync::mpsc;
 
@@ -245,31 +245,28 @@ fn obey_desired(gw: &Gateway, opts: &ResolvedOptions, first: bool) -> Result<(),
 
 /// A start the desired state refused: recorded, told to systemd, and a clean exit.
 fn not_starting(gw: &Gateway, opts: &ResolvedOptions, r: &gatewarden_lifecycle::desired::Refusal) -> Outcome {
-    {
-        let by = match (opts.successor, opts.desired_seq) {
-            (true, _) => "successor",
-            (false, Some(_)) => "start",
-            (false, None) => gw.supervisor.as_str(),
-        };
-        let mut v = r.json();
-        v["by"] = json!(by);
-        v["basis"] = json!(opts.desired_seq);
-        gw.record("start_prevented", v);
-        info!("not starting: {}", r.describe());
-        // Under systemd a main process that exits before READY=1 is a failed start ("protocol"),
-        // which Restart=on-failure repeats: this start ends cleanly instead, and says why.
-        gw.notifier.send(&format!("READY=1\nSTATUS=not starting: {}", r.describe()));
-        Outcome::new(ExitIntent::PlannedStop, format!("start prevented: {}", r.describe()))
-    }
+    let by = match (opts.successor, opts.desired_seq) {
+        (true, _) => "successor",
+        (false, Some(_)) => "start",
+        (false, None) => gw.supervisor.as_str(),
+    };
+    let mut v = r.json();
+    v["by"] = json!(by);
+    v["basis"] = json!(opts.desired_seq);
+    gw.record("start_prevented", v);
+    info!("not starting: {}", r.describe());
+    // Under systemd a main process that exits before READY=1 is a failed start ("protocol"),
+    // which Restart=on-failure repeats: this start ends cleanly instead, and says why.
+    gw.notifier.send(&format!("READY=1\nSTATUS=not starting: {}", r.describe()));
+    Outcome::new(ExitIntent::PlannedStop, format!("start prevented: {}", r.describe()))
 }
 
 /// Takes the lock, or the home from its current holder with `--replace`.
 fn claim(gw: &Gateway, opts: &ResolvedOptions) -> Result<InstanceLock, Outcome> {
     let home = &gw.home;
-    let acquired = match (opts.successor, opts.desired_seq) {
-        (true, Some(basis)) => await_predecessor(gw, opts, opts.drain_timeout + SUCCESSOR_GRACE, basis)?,
-        (true, None) => InstanceLock::acquire(&home.lock(), opts.drain_timeout + SUCCESSOR_GRACE),
-        (false, _) => InstanceLock::acquire(&home.lock(), LOCK_PATIENCE),
+    let acquired = match opts.successor {
+        true => await_predecessor(gw, opts, opts.drain_timeout + SUCCESSOR_GRACE)?,
+        false => InstanceLock::acquire(&home.lock(), LOCK_PATIENCE),
     };
     match acquired {
         Ok(l) => Ok(l),
@@ -281,13 +278,13 @@ fn claim(gw: &Gateway, opts: &ResolvedOptions) -> Result<InstanceLock, Outcome> 
 }
 
 /// A successor waits for its predecessor's lock through the drain, looking at the desired state
-/// between tries: a cancelled drain (`desired::Refusal::Cancelled`) keeps the predecessor, and
-/// this process stands down at once instead of waiting out its patience.
+/// between tries: a drain cancelled since the restart's sequence (`--desired-seq`;
+/// `desired::Refusal::Cancelled`) keeps the predecessor, and this process stands down at once
+/// instead of waiting out its patience.
 fn await_predecessor(
     gw: &Gateway,
     opts: &ResolvedOptions,
     patience: Duration,
-    basis: u64,
 ) -> Result<Result<InstanceLock, LockError>, Outcome> {
     use gatewarden_lifecycle::desired::{self, Refusal, Starter};
     let deadline = std::time::Instant::now() + patience;
@@ -297,7 +294,9 @@ fn await_predecessor(
             Err(LockError::Held { .. }) if !left.is_zero() => {}
             other => return Ok(other),
         }
-        if let Err(r @ Refusal::Cancelled(_)) = desired::check(gw.home.dir(), Starter::Carry { basis }) {
+        if let Some(basis) = opts.desired_seq
+            && let Err(r @ Refusal::Cancelled(_)) = desired::check(gw.home.dir(), Starter::Carry { basis })
+        {
             return Err(not_starting(gw, opts, &r));
         }
     }
@@ -474,12 +473,9 @@ async fn serve_until_classified(
                 // meanwhile joined the restart that was cancelled, and is not carried out again.
                 for c in deferred {
                     match c {
-                        Cause::Control { kind: ControlKind::Restart, requester: r } => {
-                            let who = json!({"pid": r.pid, "argv": r.argv, "channel": r.channel});
-                            gw.record(
-                                "restart_requested",
-                                json!({"requester": who, "reason": "restart", "joined": "restart"}),
-                            );
+                        Cause::Control { kind: ControlKind::Restart, requester } => {
+                            let fields = json!({"requester": requester, "reason": "restart", "joined": "restart"});
+                            gw.record("restart_requested", fields);
                         }
                         c => {
                             let _ = tx.send(c);
@@ -533,10 +529,9 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause, tx: &mpsc::Unbou
         }
         Cause::Control { kind, requester } => {
             let who = requester.describe();
-            let json_requester = json!({"pid": requester.pid, "argv": requester.argv, "channel": requester.channel});
             Some(match kind {
                 ControlKind::Stop => {
-                    let mut fields = json!({"requester": json_requester, "reason": "stop"});
+                    let mut fields = json!({"requester": requester, "reason": "stop"});
                     if let Some(seq) = gw.record_operator_stop(&requester.channel) {
                         fields["want"] = json!("stopped");
                         fields["seq"] = json!(seq);
@@ -545,11 +540,11 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause, tx: &mpsc::Unbou
                     Outcome::new(ExitIntent::PlannedStop, format!("planned stop requested by {who}"))
                 }
                 ControlKind::Takeover => {
-                    gw.record("stop_requested", json!({"requester": json_requester, "reason": "takeover"}));
+                    gw.record("stop_requested", json!({"requester": requester, "reason": "takeover"}));
                     Outcome::new(ExitIntent::Takeover, format!("replaced by {who}"))
                 }
                 ControlKind::Restart => {
-                    gw.record("restart_requested", json!({"requester": json_requester, "reason": "restart"}));
+                    gw.record("restart_requested", json!({"requester": requester, "reason": "restart"}));
                     return restart::begin(gw, opts, &format!("requested by {who}"), &requester.channel);
                 }
             })
@@ -720,8 +715,7 @@ fn cancel(gw: &Gateway, facts: drain::CancelFacts, requester: &Requester) -> Res
     if let Err(why) = drain::may_cancel(facts) {
         return Err(Response::err("not_cancellable", why.describe()));
     }
-    let process = gw.me.start_time.map(|start_time| ProcessIdentity { pid: gw.me.pid, start_time });
-    let Some(process) = process.or_else(ProcessIdentity::current) else {
+    let Some(process) = gw.me.identity() else {
         return Err(Response::err("not_cancellable", "this process cannot tell its own identity; the drain goes on"));
     };
     let kept = Kept { incarnation: gw.me.id.clone(), process };
@@ -730,8 +724,7 @@ fn cancel(gw: &Gateway, facts: drain::CancelFacts, requester: &Requester) -> Res
         Ok(Ok(d)) => {
             gw.record(
                 "drain_cancelled",
-                json!({"requester": {"pid": requester.pid, "argv": requester.argv, "channel": requester.channel},
-                       "seq": d.seq, "active_runs": gw.runs.active()}),
+                json!({"requester": requester, "seq": d.seq, "active_runs": gw.runs.active()}),
             );
             Ok(())
         }
