@@ -87,21 +87,20 @@ pub async fn serve(listener: TcpListener, app: Router, gw: Arc<App>, drain_timeo
     // The latest drain's start (a cancelled drain returns to `running`; the next one counts anew).
     let mut draining_at = None;
     let mut p = phase.wait_for(|p| *p != GatewayState::Starting).await.map(|p| *p).unwrap_or(GatewayState::Stopping);
-    if p == GatewayState::Draining {
-        draining_at = Some(Instant::now());
-    }
     // A drain handing over pauses accepting (the successor takes the backlog) but keeps the
     // listener: a cancelled drain accepts again.
     while !past_draining(p) {
+        match p {
+            GatewayState::Draining => {
+                draining_at.get_or_insert_with(Instant::now);
+            }
+            _ => draining_at = None,
+        }
         let accept = accepting(p, &gw);
         tokio::select! {
             biased;
             changed = phase.changed() => {
-                let next = if changed.is_ok() { *phase.borrow_and_update() } else { GatewayState::Stopping };
-                if next == GatewayState::Draining && p != GatewayState::Draining {
-                    draining_at = Some(Instant::now());
-                }
-                p = next;
+                p = if changed.is_ok() { *phase.borrow_and_update() } else { GatewayState::Stopping };
             }
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             accepted = listener.accept(), if accept => match accepted {
