@@ -32,12 +32,13 @@ pub fn cancel_drain(home: &Home) -> crate::Result<ExitCode> {
         .and_then(|mut c| c.call(Op::CancelDrain { requester: Requester::cli() }, ANSWER));
     let result = match answer {
         Ok(v) => v,
-        Err(ClientError::Refused { message, .. }) => {
-            eprintln!("the drain was not cancelled: {message}");
-            return Ok(ExitCode::from(1));
-        }
         Err(e) => {
-            eprintln!("the drain was not cancelled: {e}");
+            // The gateway's refusal in its own words; anything else as the client saw it.
+            let why = match e {
+                ClientError::Refused { message, .. } => message,
+                e => e.to_string(),
+            };
+            eprintln!("the drain was not cancelled: {why}");
             return Ok(ExitCode::from(1));
         }
     };
