@@ -59,7 +59,7 @@ impl Context {
             matches!(crate::supervisor::detect(id), crate::supervisor::SupervisedBy::Gatewarden { .. })
         });
         Context {
-            scoped_lock_dir: scoped_lock_dir(|k| std::env::var_os(k)),
+            scoped_lock_dir: crate::scoped::lock_dir(|k| std::env::var_os(k)),
             gatewarden_manages: holder_supervised || crate::unit::find_our_unit(home).is_some(),
             hermes_pids: gatewarden_lifecycle::platform::processes_with_env(
                 "HERMES_HOME",
@@ -68,11 +68,6 @@ impl Context {
             ),
         }
     }
-}
-
-/// The scoped-lock directory as hermes resolves it from `env`.
-pub fn scoped_lock_dir(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<std::path::PathBuf> {
-    crate::scoped::lock_dir(env)
 }
 
 pub fn doctor(home: &HermesHome, ctx: &Context) -> Vec<Finding> {
