@@ -15,14 +15,19 @@ use work_common::*;
 
 const RESTART_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// A gateway whose runs wait for the returned gate file ([`gated_exec`]).
+fn gated_gateway(home: &TempHome, sw: &Sweeper) -> (Gateway, std::path::PathBuf) {
+    let gate = home.scratch("gate", "");
+    (gateway(home, sw, &gated_exec(&gate)), gate)
+}
+
 /// The spawn route, asked for by a requester that does not verify (`send /restart`, as a chat
 /// would): a successor and a backstop are started; the cancel stands both down.
 #[test]
 fn a_cancelled_restart_drain_runs_on_and_its_successor_and_backstop_stand_down() {
     let home = TempHome::new();
     let sw = Sweeper::new();
-    let gate = home.scratch("gate", "");
-    let g = gateway(&home, &sw, &gated_exec(&gate));
+    let (g, gate) = gated_gateway(&home, &sw);
     let api = Api::new(g.listen());
     let inc = incarnation_of(&home, g.pid()).expect("incarnation");
     let waited_on = api.submit("c1", "before the restart");
@@ -76,8 +81,7 @@ fn a_cancelled_restart_drain_runs_on_and_its_successor_and_backstop_stand_down()
 fn a_waiting_restart_reports_the_cancel_and_only_a_restart_drain_is_cancelled() {
     let home = TempHome::new();
     let sw = Sweeper::new();
-    let gate = home.scratch("gate", "");
-    let mut g = gateway(&home, &sw, &gated_exec(&gate));
+    let (mut g, gate) = gated_gateway(&home, &sw);
     let inc = incarnation_of(&home, g.pid()).expect("incarnation");
 
     let out = run_cli(&home, &["cancel-drain"]);
@@ -117,8 +121,7 @@ fn a_waiting_restart_reports_the_cancel_and_only_a_restart_drain_is_cancelled() 
 fn a_stop_during_a_restart_drain_is_not_undone_by_a_cancel() {
     let home = TempHome::new();
     let sw = Sweeper::new();
-    let gate = home.scratch("gate", "");
-    let mut g = gateway(&home, &sw, &gated_exec(&gate));
+    let (mut g, gate) = gated_gateway(&home, &sw);
     let run = send_bg(g.listen(), "c", "waited on");
     wait_active(g.listen(), 1);
     assert_cli(&cli_tagged(&home, &sw, &["send", "/restart"], READY), 0, "send /restart");

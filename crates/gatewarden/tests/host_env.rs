@@ -132,8 +132,11 @@ fn inherited_unit_environment_is_not_evidence() {
 }
 
 /// `gatewarden run` as PID 1 of a new PID namespace (`unshare`), once it answers `running`: the
-/// `unshare` child and its status.
-fn pid1_gateway(home: &TempHome, sw: &Sweeper) -> (std::process::Child, Value) {
+/// `unshare` child and its status; `None` (reported) without `unshare`.
+fn pid1_gateway(home: &TempHome, sw: &Sweeper) -> Option<(std::process::Child, Value)> {
+    if Command::new("unshare").arg("--version").output().is_err() {
+        return gatewarden_testkit::unavailable("unshare", "not installed (util-linux)");
+    }
     let mut cmd = Command::new("unshare");
     cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"]).arg(bin());
     cmd.arg("--home").arg(home.path()).args(["run", "--listen", "127.0.0.1:0"]);
@@ -146,20 +149,16 @@ fn pid1_gateway(home: &TempHome, sw: &Sweeper) -> (std::process::Child, Value) {
         st["state"] == "running"
     });
     assert!(up, "PID 1 gateway not ready: {st:#}");
-    (child, st)
+    Some((child, st))
 }
 
 /// PID 1 of a PID namespace (a container's init): nothing revives it, so a planned restart
 /// re-executes in place — same pid, new incarnation, same listener — and a stop exits 0.
 #[test]
 fn pid1_restarts_re_execute_in_place() {
-    if Command::new("unshare").arg("--version").output().is_err() {
-        gatewarden_testkit::unavailable::<()>("unshare", "not installed (util-linux)");
-        return;
-    }
     let home = TempHome::new();
     let sw = Sweeper::new();
-    let (mut child, mut st) = pid1_gateway(&home, &sw);
+    let Some((mut child, mut st)) = pid1_gateway(&home, &sw) else { return };
     assert_eq!(st["pid"], json!(1), "{st:#}");
     assert_eq!(st["supervisor"], json!("container"), "{st:#}");
     let listen = st["listen"].clone();
@@ -191,15 +190,11 @@ fn pid1_restarts_re_execute_in_place() {
 /// image and incarnation instead of re-executing; a later restart re-executes as usual.
 #[test]
 fn pid1_cancelled_restart_drain_keeps_its_image() {
-    if Command::new("unshare").arg("--version").output().is_err() {
-        gatewarden_testkit::unavailable::<()>("unshare", "not installed (util-linux)");
-        return;
-    }
     let home = TempHome::new();
     let sw = Sweeper::new();
     let gate = home.scratch("gate", "");
     std::fs::write(home.path().join("config.toml"), gated_exec(&gate)).unwrap();
-    let (mut child, st) = pid1_gateway(&home, &sw);
+    let Some((mut child, st)) = pid1_gateway(&home, &sw) else { return };
     let inc = st["incarnation"].as_str().unwrap().to_owned();
     let addr: std::net::SocketAddr = st["listen"].as_str().unwrap().parse().unwrap();
     let run = std::thread::spawn(move || gatewarden_testkit::api::Api::new(addr).send("c", "u", "waited on"));
