@@ -16,7 +16,11 @@ fuzz_target!(|data: &[u8]| {
         assert!(line.len() <= MAX_LINE, "a frame is never longer than the cap");
         // The server side (crates/runtime/src/control/mod.rs).
         if let Ok(req) = serde_json::from_slice::<Request>(&line) {
-            if let Op::Stop { requester, .. } | Op::Restart { requester } | Op::CancelDrain { requester } = &req.op {
+            if let Op::Stop { requester, .. }
+            | Op::Restart { requester }
+            | Op::CancelDrain { requester }
+            | Op::Reload { requester } = &req.op
+            {
                 let _ = requester.describe();
             }
             let again: Request = decode(&encode(&req).expect("encodes")).expect("re-decodes");

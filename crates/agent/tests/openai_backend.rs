@@ -314,7 +314,7 @@ async fn missing_key_variable_is_named_and_nothing_is_sent() {
     assert_eq!(a.name(), "openai");
     let r = a.run(req("x"), CancellationToken::new()).await;
     assert!(
-        matches!(&r, Err(AgentError::Failed(m)) if m.contains("GATEWARDEN_TEST_UNSET_KEY_41c9") && m.contains("not set")),
+        matches!(&r, Err(AgentError::Failed(m)) if m.contains("GATEWARDEN_TEST_UNSET_KEY_41c9") && m.contains("is set in neither")),
         "{r:?}"
     );
 }

@@ -282,3 +282,105 @@ async fn a_provider_silent_past_attempt_timeout_falls_back() {
     let st = &a.providers()[0];
     assert!(st.reason.as_deref().is_some_and(|r| r.contains("attempt_timeout_s")), "{st:?}");
 }
+
+/// A streaming run whose consumer shows each chunk through the run's delivery
+/// (crates/agent/src/backend/delivery.rs) the way the runtime does; the chunks it showed.
+async fn run_shown(a: &dyn Agent, text: &str) -> (Result<gatewarden_agent::AgentReply, AgentError>, Vec<String>) {
+    use gatewarden_agent::backend::delivery::{self, Delivery};
+    let d = Delivery::default();
+    let (tx, mut rx) = mpsc::channel::<String>(64);
+    let consumer = {
+        let d = d.clone();
+        tokio::spawn(async move {
+            let mut shown = Vec::new();
+            while let Some(c) = rx.recv().await {
+                if d.take().is_some_and(|e| d.reach(e)) {
+                    shown.push(c);
+                }
+            }
+            shown
+        })
+    };
+    let r = tokio::time::timeout(
+        Duration::from_secs(60),
+        delivery::scope(d, a.run_streaming(req(text), CancellationToken::new(), tx)),
+    )
+    .await
+    .expect("run ended");
+    (r, consumer.await.unwrap())
+}
+
+/// Issue 27 §6: a provider that breaks off mid-stream is retried and failed over while none of
+/// its reply was shown: here the consumer shows every chunk at once, so the first piece
+/// reached it and the run ends (as before); with nothing shown yet it is failed over, its
+/// pieces dropped. Either way the provider's `failures` count the drop.
+#[tokio::test]
+async fn a_stream_broken_off_is_failed_over_until_something_was_shown() {
+    let primary = FakeLlm::start(Reply::broken("half an ans")).unwrap();
+    let fallback = FakeLlm::start(Reply::text("the whole answer")).unwrap();
+    // The pieces come 200 ms apart: each is shown long before the stream breaks off.
+    primary.set_latency(Duration::ZERO, Duration::from_millis(200));
+    let a = build_agent(&config(
+        vec![provider("primary", primary.base_url()), provider("fallback", fallback.base_url())],
+        1,
+        10,
+    ));
+    // Shown at once: too late to fail over.
+    let (r, shown) = run_shown(&*a, "hi").await;
+    assert!(matches!(&r, Err(AgentError::Failed(why)) if why.contains("[DONE]")), "{r:?}");
+    assert_eq!(shown.concat(), "half an ans");
+    assert_eq!(fallback.requests(), 0);
+    let st = a.providers();
+    assert_eq!((st[0].attempts, st[0].failures), (1, 1), "a mid-stream drop is a failure: {st:?}");
+
+    // Nothing shown (a chat's preview comes later, an async caller reads the end): the broken
+    // provider is retried, then the fallback answers; none of the broken pieces remain.
+    let primary = FakeLlm::start(Reply::broken("half an ans")).unwrap();
+    let fallback = FakeLlm::start(Reply::text("the whole answer")).unwrap();
+    let a = build_agent(&config(
+        vec![provider("primary", primary.base_url()), provider("fallback", fallback.base_url())],
+        1,
+        10,
+    ));
+    let (tx, mut rx) = mpsc::channel::<String>(64);
+    let d = gatewarden_agent::backend::delivery::Delivery::default();
+    let held = {
+        let d = d.clone();
+        tokio::spawn(async move {
+            let mut kept: Vec<(u64, String)> = Vec::new();
+            while let Some(c) = rx.recv().await {
+                if let Some(e) = d.take() {
+                    kept.push((e, c));
+                }
+            }
+            // Shown only at the end, in the epoch it was taken.
+            kept.into_iter().filter(|(e, _)| d.reach(*e)).map(|(_, c)| c).collect::<String>()
+        })
+    };
+    let r =
+        gatewarden_agent::backend::delivery::scope(d, a.run_streaming(req("hi"), CancellationToken::new(), tx)).await;
+    assert_eq!(r.unwrap().text, "the whole answer");
+    assert_eq!(held.await.unwrap(), "the whole answer", "only the fallback's pieces are shown");
+    assert_eq!(primary.requests(), 2, "retried like a refused connection, then failed over");
+    let st = a.providers();
+    assert_eq!((st[0].attempts, st[0].failures), (2, 2), "{st:?}");
+}
+
+/// Issue 31 §5: an upstream that streams forever ends the run once the reply passes
+/// `max_reply_bytes`, with a failure that names the key; the provider is not blamed.
+#[tokio::test]
+async fn an_endless_stream_ends_at_max_reply_bytes() {
+    let endless = FakeLlm::start(Reply::Endless).unwrap();
+    let mut c = config(vec![provider("endless", endless.base_url())], 0, 10);
+    c.max_reply_bytes = 64 * 1024;
+    let a = build_agent(&c);
+    let t0 = Instant::now();
+    let (r, shown) = run_shown(&*a, "hi").await;
+    assert!(matches!(&r, Err(AgentError::Failed(why)) if why.contains("max_reply_bytes")), "{r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(15), "ended by the cap, not the timeout: {:?}", t0.elapsed());
+    let streamed: usize = shown.iter().map(String::len).sum();
+    assert!(streamed <= 64 * 1024, "{streamed} bytes passed on");
+    // Not streamed (a sync caller): the same cap on the body's content.
+    let r = tokio::time::timeout(Duration::from_secs(60), a.run(req("hi"), CancellationToken::new())).await.unwrap();
+    assert!(r.is_err(), "{r:?}");
+}

@@ -159,6 +159,11 @@ pub struct TextMessage {
     pub body: String,
     /// Sender's server timestamp (ms since the epoch), 0 when absent.
     pub origin_server_ts: u64,
+    /// The message mentions us: our user id in `m.mentions.user_ids` (which clients also set
+    /// for the sender of the event a reply answers, spec v1.7 "User and room mentions"), or
+    /// in its body or formatted body (a mention pill links to it; an older reply's fallback
+    /// quotes it).
+    pub mentions_me: bool,
 }
 
 /// One `/sync` answer, reduced to what an adapter acts on.
@@ -170,6 +175,9 @@ pub struct SyncBatch {
     pub messages: Vec<TextMessage>,
     /// Rooms the user has been invited to (join them with [`Client::join`]).
     pub invites: Vec<String>,
+    /// Those of [`SyncBatch::invites`] whose invite says `is_direct` (a direct chat, spec
+    /// "Direct Messaging": the `m.room.member` invite event of our user in `invite_state`).
+    pub direct_invites: Vec<String>,
     /// Rooms whose timeline was `limited`: the server skipped events between the last batch and
     /// this one (read them with [`Client::messages_before`] from the room's `prev_batch`).
     pub gaps: Vec<String>,
@@ -292,6 +300,28 @@ impl Client {
     pub fn join(&self, room: &str) -> Result<String, Error> {
         let path = format!("/_matrix/client/v3/join/{}", encode_segment(room));
         let v = self.request(Method::Post, &path, &[], Some(&json!({})), None, false)?;
+        str_field(&v, "room_id")
+    }
+
+    /// How many users have joined `room` (`GET /rooms/{roomId}/joined_members`): a room of two,
+    /// the bot and one person, is a direct chat whatever it is called.
+    pub fn joined_member_count(&self, room: &str) -> Result<usize, Error> {
+        let path = format!("/_matrix/client/v3/rooms/{}/joined_members", encode_segment(room));
+        let v = self.request(Method::Get, &path, &[], None, None, false)?;
+        Ok(v["joined"].as_object().map_or(0, serde_json::Map::len))
+    }
+
+    /// Sends any `m.room.message` content (a test user's mention: `m.mentions`, a reply's
+    /// `m.relates_to`); returns the event id. [`Client::send_text`] is the plain case.
+    pub fn send_content(&self, room_id: &str, txn_id: &str, content: &Value) -> Result<String, Error> {
+        self.send_message(room_id, txn_id, content)
+    }
+
+    /// Creates a direct chat with `user`: a private room whose invite says `is_direct` (spec
+    /// "Direct Messaging"); returns the room id.
+    pub fn create_direct(&self, user: &str) -> Result<String, Error> {
+        let body = json!({"preset": "trusted_private_chat", "invite": [user], "is_direct": true});
+        let v = self.request(Method::Post, "/_matrix/client/v3/createRoom", &[], Some(&body), None, false)?;
         str_field(&v, "room_id")
     }
 
@@ -521,7 +551,18 @@ pub fn parse_sync(v: &Value, own_user_id: &str) -> Result<SyncBatch, Error> {
         }
     }
     if let Some(invite) = v["rooms"]["invite"].as_object() {
-        batch.invites.extend(invite.keys().cloned());
+        for (room_id, room) in invite {
+            batch.invites.push(room_id.clone());
+            let events = room["invite_state"]["events"].as_array().map(Vec::as_slice).unwrap_or_default();
+            let direct = events.iter().any(|e| {
+                e["type"] == "m.room.member"
+                    && e["state_key"].as_str() == Some(own_user_id)
+                    && e["content"]["is_direct"] == Value::Bool(true)
+            });
+            if direct {
+                batch.direct_invites.push(room_id.clone());
+            }
+        }
     }
     Ok(batch)
 }
@@ -547,12 +588,17 @@ fn text_message(room_id: &str, e: &Value, own_user_id: &str) -> Option<TextMessa
     if sender == own_user_id {
         return None;
     }
+    let body = content["body"].as_str()?;
+    let listed = content["m.mentions"]["user_ids"].as_array().is_some_and(|ids| ids.iter().any(|i| i == own_user_id));
+    let named = !own_user_id.is_empty()
+        && (body.contains(own_user_id) || content["formatted_body"].as_str().is_some_and(|f| f.contains(own_user_id)));
     Some(TextMessage {
         room_id: room_id.to_string(),
         event_id: e["event_id"].as_str()?.to_string(),
         sender: sender.to_string(),
-        body: content["body"].as_str()?.to_string(),
+        body: body.to_string(),
         origin_server_ts: e["origin_server_ts"].as_u64().unwrap_or(0),
+        mentions_me: listed || named,
     })
 }
 
@@ -638,7 +684,11 @@ mod tests {
                     ]}},
                     "!b:hs": {"timeline": "garbage"},
                 },
-                "invite": {"!c:hs": {"invite_state": {"events": []}}},
+                "invite": {
+                    "!c:hs": {"invite_state": {"events": []}},
+                    "!d:hs": {"invite_state": {"events": [{"type": "m.room.member", "state_key": "@bot:hs",
+                                                          "content": {"membership": "invite", "is_direct": true}}]}},
+                },
             },
         });
         let b = parse_sync(&v, "@bot:hs").unwrap();
@@ -646,10 +696,27 @@ mod tests {
         assert_eq!(b.messages.len(), 1, "{b:?}");
         assert_eq!((b.messages[0].event_id.as_str(), b.messages[0].body.as_str()), ("$1", "hi"));
         assert_eq!(b.messages[0].origin_server_ts, 5);
-        assert_eq!(b.invites, vec!["!c:hs".to_string()]);
+        assert_eq!(b.invites, vec!["!c:hs".to_string(), "!d:hs".to_string()]);
+        assert_eq!(b.direct_invites, vec!["!d:hs".to_string()], "only an invite that says is_direct");
+        assert!(!b.messages[0].mentions_me);
         assert_eq!(b.gaps, vec!["!a:hs".to_string()]);
 
         assert!(matches!(parse_sync(&json!({"rooms": {}}), "@bot:hs"), Err(Error::Protocol(_))));
+    }
+
+    /// A mention is `m.mentions` naming us, or our user id in the body or the formatted body.
+    #[test]
+    fn mentions_of_the_bot() {
+        let msg = |content: Value| {
+            let e = json!({"type": "m.room.message", "event_id": "$1", "sender": "@alice:hs", "content": content});
+            text_message("!r:hs", &e, "@bot:hs").unwrap().mentions_me
+        };
+        assert!(!msg(json!({"msgtype": "m.text", "body": "hello bot"})));
+        assert!(msg(json!({"msgtype": "m.text", "body": "bot: hi", "m.mentions": {"user_ids": ["@bot:hs"]}})));
+        assert!(msg(json!({"msgtype": "m.text", "body": "> <@bot:hs> earlier\n\nyes"})));
+        assert!(msg(json!({"msgtype": "m.text", "body": "Bot: hi",
+                           "formatted_body": "<a href=\"https://matrix.to/#/@bot:hs\">Bot</a>: hi"})));
+        assert!(!msg(json!({"msgtype": "m.text", "body": "hi", "m.mentions": {"user_ids": ["@carol:hs"]}})));
     }
 
     #[test]

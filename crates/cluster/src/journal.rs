@@ -243,21 +243,22 @@ impl PgJournal {
     /// `running → failed` with a reason, only by the incarnation that runs it; a platform
     /// message's chat is told through the outbox.
     pub async fn fail(&mut self, epoch: i64, id: &str, incarnation: &str, reason: &str) -> Result<bool, ClusterError> {
-        self.fail_traced(epoch, id, incarnation, reason, &[]).await
+        self.fail_traced(epoch, id, incarnation, reason, &failure_notice(reason), &[]).await
     }
 
-    /// [`PgJournal::fail`], writing the run's `steps` and its `failed` step with it.
+    /// [`PgJournal::fail`], writing the run's `steps` and its `failed` step with it; the chat
+    /// is told `notice`.
     pub async fn fail_traced(
         &mut self,
         epoch: i64,
         id: &str,
         incarnation: &str,
         reason: &str,
+        notice: &str,
         steps: &[TraceEvent],
     ) -> Result<bool, ClusterError> {
-        let notice = failure_notice(reason);
         let failed = TraceEvent::at(Step::Failed, std::time::SystemTime::now()).outcome(reason);
-        self.finish(epoch, id, incarnation, "failed", reason, &notice, None, run_steps(steps, failed)).await
+        self.finish(epoch, id, incarnation, "failed", reason, notice, None, run_steps(steps, failed)).await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -635,6 +636,27 @@ impl PgJournal {
     }
 
     /// Queued messages `(of this chat, in all)`, for the queue caps (a read).
+    /// The cluster's pairing book (`gw_access`), `None` before any (a read).
+    pub async fn access_doc(&mut self) -> Result<Option<String>, ClusterError> {
+        let name = self.name().to_owned();
+        let c = self.lease.client().await?;
+        let row = c.query_opt("SELECT doc FROM gw_access WHERE name = $1", &[&name]).await.map_err(read)?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    /// Replaces the cluster's pairing book, fenced by `epoch`.
+    pub async fn put_access_doc(&mut self, epoch: i64, doc: &str) -> Result<(), ClusterError> {
+        self.update(
+            epoch,
+            "INSERT INTO gw_access (name, doc, epoch, updated_at)
+             SELECT $1, $3, $2, clock_timestamp() FROM (SELECT gw_fence($1, $2)) AS f
+             ON CONFLICT (name) DO UPDATE SET doc = excluded.doc, epoch = excluded.epoch, updated_at = excluded.updated_at",
+            &[&doc],
+        )
+        .await
+        .map(|_| ())
+    }
+
     pub async fn queued(&mut self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), ClusterError> {
         let name = self.name().to_owned();
         let c = self.lease.client().await?;

@@ -3,8 +3,15 @@
 //! which ran. Never edit a shipped migration: append a new one.
 
 /// `(version, SQL)`, ascending.
-pub const MIGRATIONS: &[(i32, &str)] =
-    &[(1, V1_LEASE), (2, V2_JOURNAL), (3, V3_CREDENTIAL_LEASE), (4, V4_GATEWAY_JOURNAL), (5, V5_TRACE), (6, V6_USAGE)];
+pub const MIGRATIONS: &[(i32, &str)] = &[
+    (1, V1_LEASE),
+    (2, V2_JOURNAL),
+    (3, V3_CREDENTIAL_LEASE),
+    (4, V4_GATEWAY_JOURNAL),
+    (5, V5_TRACE),
+    (6, V6_USAGE),
+    (7, V7_ACCESS),
+];
 
 /// The lease, its grant history, the fenced event log (a copy of the lifecycle ledger), and
 /// the fence itself.
@@ -165,6 +172,18 @@ CREATE TRIGGER gw_trace_pruned AFTER DELETE ON gw_messages
 /// gatewarden writes none, and reads no further than its own columns.
 const V6_USAGE: &str = r#"
 ALTER TABLE gw_messages ADD COLUMN prompt_tokens bigint, ADD COLUMN completion_tokens bigint;
+"#;
+
+/// The access policy's pairing book (crates/runtime/src/access/pairing.rs), one document per
+/// cluster: what one home keeps in `pairing.json`, here so that a standby promoted on another
+/// host decides as the old active did. Written by the active only, fenced.
+const V7_ACCESS: &str = r#"
+CREATE TABLE gw_access (
+    name       text PRIMARY KEY,
+    doc        text NOT NULL,
+    epoch      bigint NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 "#;
 
 /// The SQLSTATE `gw_fence` raises.

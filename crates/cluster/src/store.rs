@@ -259,13 +259,15 @@ impl Store for PgStore {
         id: &str,
         incarnation: &str,
         reason: &str,
+        notice: &str,
         steps: &[TraceEvent],
     ) -> Result<bool, JournalError> {
         let (id, inc, reason, steps) = (id.to_owned(), incarnation.to_owned(), reason.to_owned(), steps.to_vec());
+        let notice = notice.to_owned();
         self.write(move |j, e| {
             Box::pin(async move {
                 let run = run_tag(&inc, e);
-                let r = j.fail_traced(e, &id, &run, &reason, &steps).await;
+                let r = j.fail_traced(e, &id, &run, &reason, &notice, &steps).await;
                 settle(j, r, &id, &run, State::Failed).await
             })
         })
@@ -371,5 +373,14 @@ impl Store for PgStore {
     fn queued(&self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), JournalError> {
         let (platform, chat_id) = (platform.map(str::to_owned), chat_id.to_owned());
         self.call(move |j| Box::pin(async move { j.queued(platform.as_deref(), &chat_id).await }))
+    }
+
+    fn access_doc(&self) -> Result<Option<String>, JournalError> {
+        self.call(|j| Box::pin(async move { j.access_doc().await }))
+    }
+
+    fn put_access_doc(&self, doc: &str) -> Result<(), JournalError> {
+        let doc = doc.to_owned();
+        self.write(move |j, e| Box::pin(async move { j.put_access_doc(e, &doc).await }))
     }
 }

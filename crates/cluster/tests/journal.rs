@@ -396,7 +396,7 @@ fn the_trace_on_postgres_matches_the_sqlite_journal_and_is_pruned_with_the_messa
 
     let f = s.accept(&msg("boom")).unwrap();
     assert!(s.claim(&f, "a").unwrap());
-    assert!(s.fail_traced(&f, "a", "no provider answered", &[]).unwrap());
+    assert!(s.fail_traced(&f, "a", "no provider answered", "sorry, that failed (ref f)", &[]).unwrap());
     assert_eq!(steps(&s, &f), ["received", "journaled", "claimed", "failed"]);
     assert_eq!(s.trace(&f).unwrap()[0].subject.as_deref(), Some("http"));
 
@@ -419,4 +419,26 @@ fn the_trace_on_postgres_matches_the_sqlite_journal_and_is_pruned_with_the_messa
     pg.sql("UPDATE gw_messages SET updated_at = updated_at - interval '40 days' WHERE name = 'tr'");
     s.prune(Some(Duration::from_secs(30 * 24 * 3600)), None).unwrap();
     assert_eq!(traced(), 0, "no step outlives its message");
+}
+
+/// The pairing book in the cluster's store (`gw_access`): none at first, written by the
+/// active, read by whichever gateway is promoted next; a deposed active's write is refused.
+#[test]
+fn the_pairing_book_is_shared_and_fenced() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let a = store(&pg, "acc");
+    let ha = active_driver(&rt, &pg, "acc", 1);
+    a.attach(ha.clone());
+    assert_eq!(a.access_doc().unwrap(), None, "no book yet");
+    a.put_access_doc(r#"{"v":1,"platforms":{}}"#).unwrap();
+    a.put_access_doc(r#"{"v":1,"platforms":{"bot":{"approved":[{"user":"102"}]}}}"#).unwrap();
+    pg.sql("UPDATE gw_lease SET expires_at = '-infinity' WHERE name = 'acc'");
+    let b = store(&pg, "acc");
+    b.attach(active_driver(&rt, &pg, "acc", 2));
+    assert!(b.access_doc().unwrap().is_some_and(|d| d.contains("102")), "the successor reads the old active's book");
+    let late = a.put_access_doc(r#"{"v":1,"platforms":{}}"#);
+    assert!(matches!(late, Err(JournalError::Fenced(_))), "{late:?}");
+    assert!(b.access_doc().unwrap().is_some_and(|d| d.contains("102")), "the deposed write changed nothing");
+    assert_eq!(pg.sql("SELECT count(*) FROM gw_access"), "1");
 }

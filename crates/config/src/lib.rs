@@ -16,6 +16,9 @@
 //! and use the same index for their line numbers. `crates/config/config.example.toml` documents
 //! every key.
 
+mod env;
+pub use env::{ENV_PREFIX, key_paths, var_name};
+
 use gatewarden_lifecycle::exit::ExitIntent;
 use gatewarden_lifecycle::fsio::ReadOutcome;
 use std::fmt;
@@ -25,6 +28,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
+
+pub mod secrets;
+pub use secrets::{Secret, SecretId, Secrets};
 
 /// The configuration file's name inside the home.
 pub const CONFIG_FILE: &str = "config.toml";
@@ -39,8 +45,11 @@ pub const MAX_MILLIS: u64 = 3600 * 1000;
 const TOP_KEYS: &[&str] = &[
     "listen",
     "api_token",
+    "api_token_env",
+    "api_token_file",
     "admins",
     "drain_timeout_s",
+    "log_level",
     "agent",
     "http",
     "journal",
@@ -49,7 +58,7 @@ const TOP_KEYS: &[&str] = &[
     "update",
     "telemetry",
 ];
-const HTTP_KEYS: &[&str] = &["allowed_hosts", "max_connections", "header_timeout_s", "body_timeout_s"];
+const HTTP_KEYS: &[&str] = &["allowed_hosts", "max_connections", "header_timeout_s", "body_timeout_s", "ui_show_text"];
 const JOURNAL_KEYS: &[&str] = &["max_age_days", "max_size_mb", "max_queued_per_chat", "max_queued"];
 
 /// Upper bound for `[http] max_connections` (each connection costs at least one descriptor).
@@ -63,6 +72,7 @@ const AGENT_KEYS: &[&str] = &[
     "base_url",
     "model",
     "api_key_env",
+    "api_key_file",
     "history_turns",
     "history_chars",
     "ca_file",
@@ -74,11 +84,15 @@ const AGENT_KEYS: &[&str] = &[
     "hermes_home",
     "hermes_program",
     "approval_timeout_s",
+    "max_reply_bytes",
+    "failure_text",
+    "failure_reasons_for_admins",
 ];
 const PLATFORM_KEYS: &[&str] = &[
     "kind",
     "name",
     "token_env",
+    "token_file",
     "api_base",
     "server",
     "nick",
@@ -90,9 +104,14 @@ const PLATFORM_KEYS: &[&str] = &[
     "proxy",
     "tls",
     "sasl_password_env",
+    "sasl_password_file",
     "bot_token_env",
+    "bot_token_file",
     "jid",
     "rooms",
+    "access",
+    "allowed_users",
+    "require_mention",
 ];
 const CLUSTER_KEYS: &[&str] =
     &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s", "ca_file"];
@@ -138,9 +157,13 @@ pub enum ConfigError {
     /// A non-loopback `listen` address without an `api_token`: the API would be open to the
     /// network with no authentication.
     #[error(
-        "listen address {listen} is not a loopback address and no api_token is set; set api_token in {CONFIG_FILE} or listen on 127.0.0.1"
+        "listen address {listen} is not a loopback address and no api_token is set; set api_token_file (or api_token_env) in {CONFIG_FILE} or listen on 127.0.0.1"
     )]
     Exposed { listen: SocketAddr },
+    /// A setting from the environment (`GATEWARDEN_…`, crates/config/src/env.rs) that cannot
+    /// be used: named by its variable.
+    #[error("{var} (environment): {message}")]
+    Env { var: String, key: String, message: String },
 }
 
 impl ConfigError {
@@ -155,7 +178,45 @@ impl ConfigError {
         match self {
             ConfigError::UnknownKey { key, .. } | ConfigError::InvalidValue { key, .. } => Some(key),
             ConfigError::Exposed { .. } => Some("listen"),
+            ConfigError::Env { key, .. } => Some(key),
             ConfigError::Read { .. } | ConfigError::Syntax { .. } => None,
+        }
+    }
+
+    /// The table of the offending key (`agent`, `agent.provider`), when it has one.
+    pub fn table(&self) -> Option<&str> {
+        match self {
+            ConfigError::UnknownKey { table, .. } | ConfigError::InvalidValue { table, .. } => table.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// What is wrong, without the file and line.
+    fn without_location(&self) -> String {
+        let table = |t: &Option<String>| t.as_deref().map(|t| format!(" in [{t}]")).unwrap_or_default();
+        match self {
+            ConfigError::Syntax { message, .. } => message.clone(),
+            ConfigError::UnknownKey { key, table: t, expected, .. } => {
+                format!("unknown key '{key}'{} (expected one of: {expected})", table(t))
+            }
+            ConfigError::InvalidValue { key, table: t, message, .. } => {
+                format!("invalid value for '{key}'{}: {message}", table(t))
+            }
+            other => other.to_string(),
+        }
+    }
+
+    /// The same error on another line of its file.
+    fn at_line(self, at: usize) -> ConfigError {
+        match self {
+            ConfigError::Syntax { path, message, .. } => ConfigError::Syntax { path, line: at, message },
+            ConfigError::UnknownKey { path, key, table, expected, .. } => {
+                ConfigError::UnknownKey { path, line: at, key, table, expected }
+            }
+            ConfigError::InvalidValue { path, key, table, message, .. } => {
+                ConfigError::InvalidValue { path, line: at, key, table, message }
+            }
+            other => other,
         }
     }
 
@@ -165,7 +226,7 @@ impl ConfigError {
             ConfigError::Syntax { line, .. }
             | ConfigError::UnknownKey { line, .. }
             | ConfigError::InvalidValue { line, .. } => Some(*line),
-            ConfigError::Read { .. } | ConfigError::Exposed { .. } => None,
+            ConfigError::Read { .. } | ConfigError::Exposed { .. } | ConfigError::Env { .. } => None,
         }
     }
 }
@@ -177,12 +238,20 @@ pub struct Config {
     /// Address of the HTTP API (default `127.0.0.1:7878`).
     #[serde(deserialize_with = "de_socket_addr")]
     pub listen: SocketAddr,
-    /// Bearer token required by the HTTP API; `None` = no authentication (loopback only).
+    /// Bearer token required by the HTTP API, written in the file; `None` = no authentication
+    /// (loopback only) unless [`Config::api_token_env`] or [`Config::api_token_file`] names it
+    /// (the one resolver, crates/config/src/secrets.rs, reads those; [`Config::has_api_token`]).
     pub api_token: Option<String>,
+    /// The variable holding the token (`<home>/secrets.env`, then the environment).
+    pub api_token_env: Option<String>,
+    /// The file holding the token (relative to the home; a systemd credential under systemd).
+    pub api_token_file: Option<PathBuf>,
     /// User ids allowed to run admin commands (`/restart`, `/stop`) from chat.
     pub admins: Vec<String>,
     /// How long a drain waits for active runs before they are interrupted.
     pub drain_timeout_s: u64,
+    /// The least severe log line written (`info`, `warn`, `error`); a reload changes it live.
+    pub log_level: LogLevel,
     /// The agent backend.
     pub agent: AgentConfig,
     /// The HTTP listener's limits and the `Host` names it answers to.
@@ -248,11 +317,20 @@ pub struct HttpConfig {
     pub header_timeout_s: u64,
     /// A request body must arrive completely within this long of its head.
     pub body_timeout_s: u64,
+    /// Without an `api_token`, `/ui` is open to every local user: it shows message text
+    /// (messages, replies, failure reasons, the log tail) only when this is true.
+    pub ui_show_text: bool,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        HttpConfig { allowed_hosts: Vec::new(), max_connections: 512, header_timeout_s: 10, body_timeout_s: 30 }
+        HttpConfig {
+            allowed_hosts: Vec::new(),
+            max_connections: 512,
+            header_timeout_s: 10,
+            body_timeout_s: 30,
+            ui_show_text: false,
+        }
     }
 }
 
@@ -294,6 +372,22 @@ impl Default for JournalConfig {
 pub const MIN_API_TOKEN_BYTES: usize = 16;
 /// How to make a good `api_token` (config errors and `doctor` say it).
 pub const MAKE_API_TOKEN: &str = "openssl rand -hex 32";
+
+/// What is wrong with a token a person chose (`api_token`, the fleet dashboard's
+/// `GATEWARDEN_DASHBOARD_TOKEN`), or `None`: the one rule for both.
+pub fn token_problem(token: &str) -> Option<String> {
+    if token.trim().is_empty() {
+        return Some("must not be empty".into());
+    }
+    // It travels in an HTTP header or a form, where only visible ASCII survives: any other
+    // token could never authenticate.
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Some("must be printable ASCII without spaces".into());
+    }
+    // A short token is guessable over loopback at HTTP speed.
+    (token.len() < MIN_API_TOKEN_BYTES)
+        .then(|| format!("must be at least {MIN_API_TOKEN_BYTES} bytes (make one with: {MAKE_API_TOKEN})"))
+}
 
 /// Bounds for the `[journal]` queue caps (0 disables a cap).
 const MAX_QUEUED: u64 = 10_000_000;
@@ -361,6 +455,42 @@ impl PlatformKind {
             PlatformKind::Slack => "slack",
         }
     }
+
+    /// Whether a sender id on this platform can be forged by whoever sends the message: an
+    /// email's `From`, an IRC nick on a network without nick registration. Such platforms get
+    /// no pairing (a pairing reply would let strangers make the gateway send mail or flood).
+    pub fn forgeable(self) -> bool {
+        matches!(self, PlatformKind::Irc | PlatformKind::Email)
+    }
+
+    /// The access policy of a `[[platform]]` without an `access` key.
+    pub fn default_access(self) -> Access {
+        if self.forgeable() { Access::Allowlist } else { Access::Pairing }
+    }
+}
+
+/// Who may reach the agent through a `[[platform]]` (README, "Access"): decided per sender.
+/// `admins` are always allowed; `allowed_users` too; anyone else is governed by this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Access {
+    /// An unknown sender's direct message gets a pairing code; the owner approves it.
+    Pairing,
+    /// Only `admins`, `allowed_users` and the chats `allowed_chats` names.
+    Allowlist,
+    /// Anyone who finds the bot (must be written out).
+    Open,
+}
+
+impl Access {
+    /// The name used in the config file and in `status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Pairing => "pairing",
+            Access::Allowlist => "allowlist",
+            Access::Open => "open",
+        }
+    }
 }
 
 /// One `[[platform]]` table. Credentials come only from environment variables named here.
@@ -372,9 +502,13 @@ pub struct PlatformConfig {
     #[serde(default)]
     pub name: Option<String>,
     /// The environment variable holding the credential (Telegram: the bot token; Matrix: the
-    /// access token; IRC, optional: the server password sent as `PASS`).
+    /// access token; IRC, optional: the server password sent as `PASS`); looked up in
+    /// `<home>/secrets.env`, then the environment (crates/config/src/secrets.rs).
     #[serde(default)]
     pub token_env: Option<String>,
+    /// Or the file holding it (0600, ours; relative to the home). Not both.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
     /// The platform's API base URL (Telegram: `https://api.telegram.org`; Matrix: the
     /// homeserver, required; Discord: `https://discord.com/api/v10`, whose `/gateway/bot`
     /// names the gateway: `wss://` only, `ws://` only under an `http://` base for tests).
@@ -387,13 +521,25 @@ pub struct PlatformConfig {
     /// IRC: the nick; never replaced by another one on a collision. XMPP: the nick in rooms.
     #[serde(default)]
     pub nick: Option<String>,
-    /// Chats served (Telegram chat ids, Matrix room ids, IRC channels or nicks for private
-    /// messages); empty = every chat (IRC: no channel, private messages from anyone).
+    /// The groups and rooms served (Telegram chat ids, Matrix room ids, IRC channels, Slack and
+    /// Discord channel ids); a direct chat listed here (a Telegram user's chat id, an IRC nick,
+    /// an XMPP bare JID) is served too. Empty: no group (with `access = "open"`: every chat).
     #[serde(default)]
     pub allowed_chats: Vec<String>,
-    /// Platform user ids allowed to run `/restart` and `/stop` from this platform.
+    /// Platform user ids allowed to run `/restart`, `/stop`, `/update`, `/approve CODE` and
+    /// `/revoke USER` from this platform; always allowed to talk to the agent.
     #[serde(default)]
     pub admins: Vec<String>,
+    /// Who may reach the agent: `pairing`, `allowlist` or `open`. Unset: `pairing`, except on
+    /// platforms whose sender ids can be forged (IRC, email): `allowlist` ([`PlatformKind::forgeable`]).
+    #[serde(default)]
+    pub access: Option<Access>,
+    /// Sender ids (as the platform names them) allowed to talk to the agent besides `admins`.
+    #[serde(default)]
+    pub allowed_users: Vec<String>,
+    /// In a group or room the agent answers only a message that mentions it or replies to it.
+    #[serde(default = "default_require_mention")]
+    pub require_mention: bool,
     /// Telegram: the long-poll `timeout` of getUpdates; Matrix: the `/sync` timeout.
     #[serde(default = "default_poll_timeout")]
     pub poll_timeout_s: u64,
@@ -416,6 +562,9 @@ pub struct PlatformConfig {
     /// variable; registration fails (the adapter is parked) if the server cannot do it.
     #[serde(default)]
     pub sasl_password_env: Option<String>,
+    /// IRC: or the file holding that password.
+    #[serde(default)]
+    pub sasl_password_file: Option<PathBuf>,
     /// Email: the IMAP server, `imaps://host:993` (TLS) or `imap://host:143` (STARTTLS).
     #[serde(default)]
     pub imap: Option<String>,
@@ -432,6 +581,9 @@ pub struct PlatformConfig {
     /// `chat.postMessage`; `token_env` holds the app-level token (`xapp-…`, the credential).
     #[serde(default)]
     pub bot_token_env: Option<String>,
+    /// Slack: or the file holding the bot token.
+    #[serde(default)]
+    pub bot_token_file: Option<PathBuf>,
     /// XMPP: the account's bare JID, `user@domain` (`token_env` holds its password).
     #[serde(default)]
     pub jid: Option<String>,
@@ -442,6 +594,10 @@ pub struct PlatformConfig {
 
 fn default_poll_timeout() -> u64 {
     25
+}
+
+fn default_require_mention() -> bool {
+    true
 }
 
 fn default_conflict_standby() -> u64 {
@@ -456,25 +612,36 @@ impl PlatformConfig {
             kind,
             name: None,
             token_env: None,
+            token_file: None,
             api_base: None,
             server: None,
             nick: None,
             allowed_chats: Vec::new(),
             admins: Vec::new(),
+            access: None,
+            allowed_users: Vec::new(),
+            require_mention: default_require_mention(),
             poll_timeout_s: default_poll_timeout(),
             conflict_standby_s: default_conflict_standby(),
             ca_file: None,
             proxy: None,
             tls: false,
             sasl_password_env: None,
+            sasl_password_file: None,
             imap: None,
             smtp: None,
             account: None,
             allowed_senders: Vec::new(),
             bot_token_env: None,
+            bot_token_file: None,
             jid: None,
             rooms: Vec::new(),
         }
+    }
+
+    /// The access policy in force: `access`, else the kind's default ([`PlatformKind::default_access`]).
+    pub fn access(&self) -> Access {
+        self.access.unwrap_or(self.kind.default_access())
     }
 
     /// The adapter's name: `name`, else the kind.
@@ -517,8 +684,11 @@ impl Default for Config {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 7878)),
             api_token: None,
+            api_token_env: None,
+            api_token_file: None,
             admins: Vec::new(),
             drain_timeout_s: 30,
+            log_level: LogLevel::Info,
             agent: AgentConfig::default(),
             http: HttpConfig::default(),
             journal: JournalConfig::default(),
@@ -536,8 +706,11 @@ impl fmt::Debug for Config {
         f.debug_struct("Config")
             .field("listen", &self.listen)
             .field("api_token", &self.api_token.as_ref().map(|_| "<redacted>"))
+            .field("api_token_env", &self.api_token_env)
+            .field("api_token_file", &self.api_token_file)
             .field("admins", &self.admins)
             .field("drain_timeout_s", &self.drain_timeout_s)
+            .field("log_level", &self.log_level)
             .field("agent", &self.agent)
             .field("http", &self.http)
             .field("journal", &self.journal)
@@ -547,6 +720,19 @@ impl fmt::Debug for Config {
             .field("telemetry", &self.telemetry)
             .finish()
     }
+}
+
+/// `log_level`: the least severe line the gateway's log keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// Everything: start, readiness, each lifecycle step (the default).
+    #[default]
+    Info,
+    /// Warnings and errors only.
+    Warn,
+    /// Errors only.
+    Error,
 }
 
 /// Which agent backend answers messages.
@@ -594,8 +780,11 @@ pub struct AgentConfig {
     pub base_url: Option<String>,
     /// openai: model name sent upstream.
     pub model: Option<String>,
-    /// openai: name of the environment variable holding the API key (`None` = no key sent).
+    /// openai: name of the environment variable holding the API key (`None` = no key sent);
+    /// hermes: the API server's key. Looked up in `<home>/secrets.env`, then the environment.
     pub api_key_env: Option<String>,
+    /// Or the file holding the key (0600, ours; relative to the home). Not both.
+    pub api_key_file: Option<PathBuf>,
     /// Chat platforms: how many earlier turns of the conversation a run gets.
     pub history_turns: usize,
     /// openai: the character budget for those turns (the oldest are dropped first).
@@ -620,7 +809,22 @@ pub struct AgentConfig {
     pub hermes_program: Option<PathBuf>,
     /// hermes: an approval the chat leaves unanswered this long is answered "deny".
     pub approval_timeout_s: u64,
+    /// Every backend: the largest reply a run may produce, counted as it streams to chats and
+    /// callers; past it the run ends with a failure (an endless stream must not exhaust memory).
+    pub max_reply_bytes: usize,
+    /// What a chat or `/v1/messages` caller is told when a run fails, followed by the reference
+    /// `gatewarden trace` takes; the reason itself is the operator's (trace, status, log).
+    pub failure_text: String,
+    /// The platforms' and the API's admins get the whole reason in their own chats.
+    pub failure_reasons_for_admins: bool,
 }
+
+/// The default of `[agent] max_reply_bytes` (1 MiB, the exec backend's stdout cap too).
+pub const DEFAULT_MAX_REPLY_BYTES: usize = 1 << 20;
+/// The largest `[agent] max_reply_bytes` accepted.
+pub const MAX_REPLY_BYTES: usize = 256 << 20;
+/// The default of `[agent] failure_text`.
+pub const DEFAULT_FAILURE_TEXT: &str = "sorry, that failed";
 
 impl Default for AgentConfig {
     fn default() -> Self {
@@ -633,6 +837,7 @@ impl Default for AgentConfig {
             base_url: None,
             model: None,
             api_key_env: None,
+            api_key_file: None,
             history_turns: 10,
             history_chars: 8000,
             ca_file: None,
@@ -644,6 +849,9 @@ impl Default for AgentConfig {
             hermes_home: None,
             hermes_program: None,
             approval_timeout_s: 300,
+            max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
+            failure_text: DEFAULT_FAILURE_TEXT.to_owned(),
+            failure_reasons_for_admins: false,
         }
     }
 }
@@ -675,6 +883,7 @@ impl AgentConfig {
             base_url: self.base_url.clone().unwrap_or_default(),
             model: self.model.clone().unwrap_or_default(),
             api_key_env: self.api_key_env.clone(),
+            api_key_file: self.api_key_file.clone(),
             headers: std::collections::BTreeMap::new(),
             ca_file: self.ca_file.clone(),
             proxy: None,
@@ -684,7 +893,8 @@ impl AgentConfig {
 
 // ---- [[agent.provider]] (issue 17): one block, kept together for the crates/config move. ----
 
-const PROVIDER_KEYS: &[&str] = &["name", "base_url", "model", "api_key_env", "headers", "ca_file", "proxy"];
+const PROVIDER_KEYS: &[&str] =
+    &["name", "base_url", "model", "api_key_env", "api_key_file", "headers", "ca_file", "proxy"];
 
 /// One `[[agent.provider]]` table: an OpenAI-compatible upstream. The first is the primary,
 /// the rest are fallbacks (crates/agent/src/backend/openai.rs).
@@ -698,6 +908,9 @@ pub struct ProviderConfig {
     pub model: String,
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// Or the file holding the key. Not both.
+    #[serde(default)]
+    pub api_key_file: Option<PathBuf>,
     /// Extra request headers (an organisation id, a gateway's routing key).
     #[serde(default)]
     pub headers: std::collections::BTreeMap<String, String>,
@@ -759,11 +972,7 @@ fn validate_providers(a: &AgentConfig, index: &KeyIndex) -> Result<(), ConfigErr
         if p.model.trim().is_empty() {
             return Err(prov("model", "must not be empty".into()));
         }
-        if let Some(name) = &p.api_key_env
-            && (name.is_empty() || name.contains(['=', '\0']))
-        {
-            return Err(prov("api_key_env", "must be the name of an environment variable".into()));
-        }
+        one_source(&prov, "api_key", p.api_key_env.as_deref(), p.api_key_file.as_deref())?;
         for (k, v) in &p.headers {
             let token =
                 !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
@@ -775,6 +984,27 @@ fn validate_providers(a: &AgentConfig, index: &KeyIndex) -> Result<(), ConfigErr
         if name.trim().is_empty() || !names.insert(name.clone()) {
             return Err(prov("name", format!("two providers are named {name:?}; give each a unique name")));
         }
+    }
+    Ok(())
+}
+
+/// A secret named two ways, `<what>_env` (a variable) and `<what>_file` (a file): each well
+/// formed, and at most one of them (crates/config/src/secrets.rs reads it).
+fn one_source(
+    bad: &dyn Fn(&str, String) -> ConfigError,
+    what: &str,
+    env: Option<&str>,
+    file: Option<&Path>,
+) -> Result<(), ConfigError> {
+    let (env_key, file_key) = (format!("{what}_env"), format!("{what}_file"));
+    if env.is_some_and(|v| v.is_empty() || v.contains(['=', '\0'])) {
+        return Err(bad(&env_key, "must be the name of an environment variable".into()));
+    }
+    if file.is_some_and(|f| f.as_os_str().is_empty()) {
+        return Err(bad(&file_key, "must be the path of a file".into()));
+    }
+    if env.is_some() && file.is_some() {
+        return Err(bad(&file_key, format!("set {env_key} or {file_key}, not both")));
     }
     Ok(())
 }
@@ -926,23 +1156,6 @@ impl ClusterConfig {
         format!("{}{sep}sslrootcert={path}", self.store)
     }
 
-    /// The store password from the environment or the file (trailing newline removed);
-    /// `Ok(None)` when neither is configured (e.g. peer or trust authentication).
-    pub fn password(&self, home: &Path) -> Result<Option<String>, String> {
-        if let Some(var) = &self.password_env {
-            return std::env::var(var)
-                .map(Some)
-                .map_err(|_| format!("[cluster] password_env names {var}, which is not set in the environment"));
-        }
-        if let Some(file) = &self.password_file {
-            let path = home.join(file);
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| format!("[cluster] password_file {}: {e}", path.display()))?;
-            return Ok(Some(text.trim_end_matches(['\r', '\n']).to_owned()));
-        }
-        Ok(None)
-    }
-
     fn validate(&self, index: &KeyIndex) -> Result<(), ConfigError> {
         let bad = |key: &str, message: String| index.invalid(&["cluster", key], message);
         if self.name.is_empty()
@@ -971,14 +1184,7 @@ impl ClusterConfig {
                 return Err(bad("store", "use ca_file in [cluster] instead of sslrootcert".into()));
             }
         }
-        if self.password_env.is_some() && self.password_file.is_some() {
-            return Err(bad("password_file", "set password_env or password_file, not both".into()));
-        }
-        if let Some(name) = &self.password_env
-            && (name.is_empty() || name.contains(['=', '\0']))
-        {
-            return Err(bad("password_env", "must be the name of an environment variable".into()));
-        }
+        one_source(&bad, "password", self.password_env.as_deref(), self.password_file.as_deref())?;
         if self.lease_ttl_s < 2 || self.lease_ttl_s > 3600 {
             return Err(bad("lease_ttl_s", "must be between 2 and 3600 seconds".into()));
         }
@@ -993,32 +1199,52 @@ impl ClusterConfig {
 }
 
 impl Config {
-    /// Reads `<home>/config.toml`; a missing file yields [`Config::default`].
+    /// Reads the home's configuration (`<home>/config.toml`, or the file `GATEWARDEN_CONFIG`
+    /// names: crates/lifecycle/src/home.rs `config_path_with`) with the environment's
+    /// `GATEWARDEN_…` settings over it (crates/config/src/env.rs); a missing file and no setting
+    /// yield [`Config::default`]. Relative `*_file` and `ca_file` paths are the home's either way.
     pub fn load(home: &Path) -> Result<Config, ConfigError> {
-        let path = home.join(CONFIG_FILE);
+        Config::load_with_env(home, &|k| std::env::var(k).ok())
+    }
+
+    /// [`Config::load`] with the environment given.
+    pub fn load_with_env(home: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let path = gatewarden_lifecycle::home::config_path_with(home, |k| env(k).map(Into::into));
         // The home's one read helper: no symlinks, FIFOs or devices, and a size cap checked
         // before anything is allocated (a 1 GB config.toml is refused, not loaded).
-        match gatewarden_lifecycle::fsio::read_capped(&path, MAX_CONFIG_BYTES) {
-            ReadOutcome::Ok(bytes) => Config::from_bytes(&path, &bytes),
-            ReadOutcome::Missing => Ok(Config::default()),
+        let bytes = match gatewarden_lifecycle::fsio::read_capped(&path, MAX_CONFIG_BYTES) {
+            ReadOutcome::Ok(bytes) => bytes,
+            ReadOutcome::Missing => Vec::new(),
             ReadOutcome::Unreadable(why) | ReadOutcome::Transient(why) => {
-                Err(ConfigError::Read { path, source: std::io::Error::other(why) })
+                return Err(ConfigError::Read { path, source: std::io::Error::other(why) });
             }
-        }
+        };
+        let text = Config::utf8(&path, &bytes)?;
+        env::load(&path, home, text, env)
+    }
+
+    fn utf8<'a>(path: &Path, bytes: &'a [u8]) -> Result<&'a str, ConfigError> {
+        std::str::from_utf8(bytes).map_err(|e| ConfigError::Syntax {
+            path: path.to_path_buf(),
+            line: line_of(bytes, e.valid_up_to()),
+            message: "file is not valid UTF-8".into(),
+        })
     }
 
     /// Parses and validates file contents; `path` is only used in error messages.
     pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Config, ConfigError> {
-        let text = std::str::from_utf8(bytes).map_err(|e| ConfigError::Syntax {
-            path: path.to_path_buf(),
-            line: line_of(bytes, e.valid_up_to()),
-            message: "file is not valid UTF-8".into(),
-        })?;
-        Config::from_toml_str(path, text)
+        Config::from_toml_str(path, Config::utf8(path, bytes)?)
     }
 
-    /// Parses and validates TOML text; `path` is only used in error messages.
+    /// Parses and validates TOML text; `path` is only used in error messages, and its folder
+    /// is what relative `*_file` and `ca_file` paths are relative to.
     pub fn from_toml_str(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_in(path, text, path.parent().unwrap_or(Path::new(".")))
+    }
+
+    /// [`Config::from_toml_str`] for the configuration of the home `home`: relative paths are
+    /// the home's, wherever the file itself is (`GATEWARDEN_CONFIG`).
+    pub(crate) fn from_toml_in(path: &Path, text: &str, home: &Path) -> Result<Config, ConfigError> {
         let index = KeyIndex::build(path, text)?;
         // `[[agent]]` or `agent = 1` would otherwise surface as a confusing serde message about
         // the first field.
@@ -1029,13 +1255,13 @@ impl Config {
         }
         let mut config: Config = toml::from_str(text).map_err(|e| index.serde_error(&e))?;
         config.validate(&index)?;
-        // The config file lives in the home: relative CA files are relative to it.
-        config.resolve_ca_files(path.parent().unwrap_or(Path::new(".")));
+        // Relative CA and secret files are the home's (README, "Secrets").
+        config.resolve_ca_files(home);
         config.validate_outbound(&index)?;
         Ok(config)
     }
 
-    /// Every `ca_file` made absolute against `home`.
+    /// Every `ca_file` and `*_file` made absolute against `home`.
     fn resolve_ca_files(&mut self, home: &Path) {
         let fix = |f: &mut Option<PathBuf>| {
             if let Some(p) = f.as_mut()
@@ -1044,15 +1270,26 @@ impl Config {
                 *p = home.join(&*p);
             }
         };
+        fix(&mut self.api_token_file);
         fix(&mut self.agent.ca_file);
         fix(&mut self.agent.hermes_home);
-        self.agent.provider.iter_mut().for_each(|p| fix(&mut p.ca_file));
+        fix(&mut self.agent.api_key_file);
+        for p in &mut self.agent.provider {
+            fix(&mut p.ca_file);
+            fix(&mut p.api_key_file);
+        }
         fix(&mut self.update.ca_file);
         fix(&mut self.telemetry.ca_file);
         if let Some(c) = self.cluster.as_mut() {
             fix(&mut c.ca_file);
+            fix(&mut c.password_file);
         }
-        self.platform.iter_mut().for_each(|p| fix(&mut p.ca_file));
+        for p in &mut self.platform {
+            fix(&mut p.ca_file);
+            for f in [&mut p.token_file, &mut p.bot_token_file, &mut p.sasl_password_file] {
+                fix(f);
+            }
+        }
     }
 
     /// Each `ca_file` is read and must hold certificates, and each `proxy` must be a proxy URL
@@ -1104,11 +1341,17 @@ impl Config {
     /// The start-up exposure check: a non-loopback `listen` requires an `api_token`. Kept apart
     /// from [`Config::load`] because a command-line `--listen` may override the file.
     pub fn check_exposure(&self) -> Result<(), ConfigError> {
-        if self.is_loopback_listen() || self.api_token.is_some() {
+        if self.is_loopback_listen() || self.has_api_token() {
             Ok(())
         } else {
             Err(ConfigError::Exposed { listen: self.listen })
         }
+    }
+
+    /// Whether the HTTP API has a token: written in the file, or named by `api_token_env` or
+    /// `api_token_file` (whose value a start resolves, and refuses to run without).
+    pub fn has_api_token(&self) -> bool {
+        self.api_token.is_some() || self.api_token_env.is_some() || self.api_token_file.is_some()
     }
 
     /// `drain_timeout_s` as a duration.
@@ -1120,22 +1363,13 @@ impl Config {
         let top = |key: &str, message: String| index.invalid(&[key], message);
         let agent = |key: &str, message: String| index.invalid(&["agent", key], message);
 
-        if let Some(token) = &self.api_token {
-            if token.trim().is_empty() {
-                return Err(top("api_token", "must not be empty".into()));
-            }
-            // It travels in an HTTP header, where only visible ASCII survives: any other token
-            // could never authenticate.
-            if !token.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(top("api_token", "must be printable ASCII without spaces".into()));
-            }
-            // A short token is guessable over loopback at HTTP speed.
-            if token.len() < MIN_API_TOKEN_BYTES {
-                return Err(top(
-                    "api_token",
-                    format!("must be at least {MIN_API_TOKEN_BYTES} bytes (make one with: {MAKE_API_TOKEN})"),
-                ));
-            }
+        if let Some(why) = self.api_token.as_deref().and_then(token_problem) {
+            return Err(top("api_token", why));
+        }
+        one_source(&top, "api_token", self.api_token_env.as_deref(), self.api_token_file.as_deref())?;
+        if self.api_token.is_some() && (self.api_token_env.is_some() || self.api_token_file.is_some()) {
+            let key = if self.api_token_env.is_some() { "api_token_env" } else { "api_token_file" };
+            return Err(top(key, "set api_token, api_token_env or api_token_file, not two of them".into()));
         }
         let http = |key: &str, message: String| index.invalid(&["http", key], message);
         let h = &self.http;
@@ -1214,16 +1448,18 @@ impl Config {
         if a.kill_grace_ms > MAX_MILLIS {
             return Err(agent("kill_grace_ms", format!("must be at most {MAX_MILLIS} milliseconds")));
         }
-        if let Some(name) = &a.api_key_env
-            && (name.is_empty() || name.contains(['=', '\0']))
-        {
-            return Err(agent("api_key_env", "must be the name of an environment variable".into()));
-        }
+        one_source(&agent, "api_key", a.api_key_env.as_deref(), a.api_key_file.as_deref())?;
         if a.history_turns > 1000 {
             return Err(agent("history_turns", "must be at most 1000".into()));
         }
         if a.history_chars > 10_000_000 {
             return Err(agent("history_chars", "must be at most 10000000 characters".into()));
+        }
+        if !(1024..=MAX_REPLY_BYTES).contains(&a.max_reply_bytes) {
+            return Err(agent("max_reply_bytes", format!("must be between 1024 and {MAX_REPLY_BYTES} bytes")));
+        }
+        if a.failure_text.trim().is_empty() || a.failure_text.len() > 1000 {
+            return Err(agent("failure_text", "must be a short non-empty text (at most 1000 bytes)".into()));
         }
         self.validate_platforms(index)?;
         validate_providers(a, index)?;
@@ -1256,10 +1492,14 @@ impl Config {
                     (Some(url), _) => check_url(url.trim()).map_err(|m| agent("base_url", m))?,
                     (None, Some(_)) => {}
                 }
-                if a.base_url.is_some() && a.hermes_home.is_none() && a.api_key_env.is_none() {
+                if a.base_url.is_some()
+                    && a.hermes_home.is_none()
+                    && a.api_key_env.is_none()
+                    && a.api_key_file.is_none()
+                {
                     return Err(agent(
                         "api_key_env",
-                        "backend \"hermes\" needs the API server's key: api_key_env names the variable holding API_SERVER_KEY".into(),
+                        "backend \"hermes\" needs the API server's key: api_key_env names the variable holding API_SERVER_KEY (or api_key_file the file)".into(),
                     ));
                 }
                 if a.approval_timeout_s == 0 || a.approval_timeout_s > MAX_SECONDS {
@@ -1378,28 +1618,28 @@ impl Config {
             }
             let irc = p.kind == PlatformKind::Irc;
             let xmpp = p.kind == PlatformKind::Xmpp;
-            match p.token_env.as_deref() {
-                // IRC's password is optional: many servers need none.
-                None if irc => {}
-                None | Some("") => {
-                    return Err(bad(
-                        "token_env",
-                        format!(
-                            "[[platform]] {name:?} needs token_env, the name of the environment variable holding its token"
-                        ),
-                    ));
-                }
-                Some(v) if v.is_empty() || v.contains(['=', '\0']) => {
-                    return Err(bad("token_env", "must be the name of an environment variable".into()));
-                }
-                Some(_) => {}
+            // IRC's password is optional: many servers need none.
+            if p.token_env.is_none() && p.token_file.is_none() && !irc {
+                return Err(bad(
+                    "token_env",
+                    format!(
+                        "[[platform]] {name:?} needs token_env, the name of the environment variable holding its token (or token_file, the file)"
+                    ),
+                ));
             }
+            one_source(&bad, "token", p.token_env.as_deref(), p.token_file.as_deref())?;
+            one_source(&bad, "bot_token", p.bot_token_env.as_deref(), p.bot_token_file.as_deref())?;
+            one_source(&bad, "sasl_password", p.sasl_password_env.as_deref(), p.sasl_password_file.as_deref())?;
             for (key, set) in [("server", p.server.is_some()), ("nick", p.nick.is_some())] {
                 if set && !irc && !xmpp {
                     return Err(bad(key, format!("{key} is for kind = \"irc\" or \"xmpp\" only")));
                 }
             }
-            for (key, set) in [("tls", p.tls), ("sasl_password_env", p.sasl_password_env.is_some())] {
+            for (key, set) in [
+                ("tls", p.tls),
+                ("sasl_password_env", p.sasl_password_env.is_some()),
+                ("sasl_password_file", p.sasl_password_file.is_some()),
+            ] {
                 if set && !irc {
                     return Err(bad(key, format!("{key} is for kind = \"irc\" only")));
                 }
@@ -1415,8 +1655,12 @@ impl Config {
                     return Err(bad(key, format!("{key} is for kind = \"email\" only")));
                 }
             }
-            if p.bot_token_env.is_some() && p.kind != PlatformKind::Slack {
-                return Err(bad("bot_token_env", "bot_token_env is for kind = \"slack\" only".into()));
+            for (key, set) in
+                [("bot_token_env", p.bot_token_env.is_some()), ("bot_token_file", p.bot_token_file.is_some())]
+            {
+                if set && p.kind != PlatformKind::Slack {
+                    return Err(bad(key, format!("{key} is for kind = \"slack\" only")));
+                }
             }
             for (key, set) in [("jid", p.jid.is_some()), ("rooms", !p.rooms.is_empty())] {
                 if set && !xmpp {
@@ -1463,11 +1707,11 @@ impl Config {
                             format!("the default https://slack.com/api/ is https, but {NO_TLS}"),
                         ));
                     }
-                    if !p.bot_token_env.as_deref().is_some_and(|v| !v.is_empty() && !v.contains(['=', '\0'])) {
+                    if p.bot_token_env.is_none() && p.bot_token_file.is_none() {
                         return Err(bad(
                             "bot_token_env",
                             format!(
-                                "[[platform]] {name:?} (slack) needs bot_token_env, the environment variable holding the bot token (xoxb-…); token_env holds the app-level token (xapp-…)"
+                                "[[platform]] {name:?} (slack) needs bot_token_env, the environment variable holding the bot token (xoxb-…), or bot_token_file; token_env holds the app-level token (xapp-…)"
                             ),
                         ));
                     }
@@ -1481,9 +1725,6 @@ impl Config {
                 PlatformKind::Irc => {
                     if p.proxy.is_some() {
                         return Err(bad("proxy", "irc connects directly; proxy is for telegram and matrix".into()));
-                    }
-                    if p.sasl_password_env.as_deref().is_some_and(|v| v.is_empty() || v.contains(['=', '\0'])) {
-                        return Err(bad("sasl_password_env", "must be the name of an environment variable".into()));
                     }
                     if p.api_base.is_some() {
                         return Err(bad("api_base", "irc has no api_base; use server = \"host:port\"".into()));
@@ -1551,6 +1792,23 @@ impl Config {
             }
             if p.admins.iter().chain(&p.allowed_chats).any(|a| a.trim().is_empty()) {
                 return Err(bad("admins", "ids must not be empty".into()));
+            }
+            if p.allowed_users.iter().any(|a| a.trim().is_empty()) {
+                return Err(bad("allowed_users", "ids must not be empty".into()));
+            }
+            if p.kind == PlatformKind::Discord
+                && let Some(u) = p.allowed_users.iter().find(|u| u.parse::<u64>().is_err())
+            {
+                return Err(bad("allowed_users", format!("{u:?}: Discord user ids are numbers (snowflakes)")));
+            }
+            if p.access == Some(Access::Pairing) && p.kind.forgeable() {
+                return Err(bad(
+                    "access",
+                    format!(
+                        "[[platform]] {name:?} ({}): its sender ids can be forged, so it sends no pairing codes (strangers could make the gateway send mail or flood); use access = \"allowlist\" with allowed_users",
+                        p.kind.as_str()
+                    ),
+                ));
             }
             if p.poll_timeout_s > 300 {
                 return Err(bad("poll_timeout_s", "must be at most 300 seconds".into()));
@@ -1686,8 +1944,9 @@ fn collect(prefix: &[String], table: &toml::de::DeTable<'_>, out: &mut Vec<Entry
         });
         match value.get_ref() {
             toml::de::DeValue::Table(inner) => collect(&path, inner, out),
-            // `[[agent.provider]]`: each table's keys, so an error points at its line.
-            toml::de::DeValue::Array(items) if path.first().is_some_and(|p| p == "agent") => {
+            // `[[agent.provider]]` and `[[platform]]`: each table's keys, so an error points at
+            // its line and names its key.
+            toml::de::DeValue::Array(items) if path.first().is_some_and(|p| p == "agent" || p == "platform") => {
                 for item in items {
                     if let toml::de::DeValue::Table(inner) = item.get_ref() {
                         collect(&path, inner, out);
@@ -1768,6 +2027,7 @@ mod tests {
             .chain(CLUSTER_KEYS)
             .chain(UPDATE_KEYS)
             .chain(TELEMETRY_KEYS)
+            .chain(["access", "allowed_users", "require_mention"].iter())
         {
             assert!(
                 text.contains(&format!("{key} =")) || text.contains(&format!("[{key}]")),
@@ -2011,21 +2271,29 @@ api_key_env = "MY_KEY"
     #[test]
     fn cluster_password_sources() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("pw"), "s3cret\n").unwrap();
-        let mut c = ClusterConfig {
-            name: "n".into(),
-            store: "postgres://u@h/d".into(),
-            password_env: None,
-            password_file: Some("pw".into()),
-            lease_ttl_s: 15,
-            renew_interval_s: 5,
-            ca_file: None,
-        };
-        assert_eq!(c.password(dir.path()).unwrap().as_deref(), Some("s3cret"));
-        c.password_file = None;
-        assert_eq!(c.password(dir.path()).unwrap(), None);
-        c.password_env = Some("GATEWARDEN_TEST_SURELY_UNSET_VAR".into());
-        assert!(c.password(dir.path()).unwrap_err().contains("GATEWARDEN_TEST_SURELY_UNSET_VAR"));
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "s3cret\n").unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let base = "[cluster]\nname = \"n\"\nstore = \"postgres://u@h/d\"\n";
+        let load =
+            |extra: &str| Config::from_toml_str(&dir.path().join(CONFIG_FILE), &format!("{base}{extra}")).unwrap();
+        let password = |c: &Config| Secrets::resolve_with(dir.path(), c, &|_| None).get(&SecretId::Cluster);
+        let c = load("password_file = \"pw\"\n");
+        assert_eq!(c.cluster.as_ref().unwrap().password_file.as_deref(), Some(pw.as_path()), "relative to the home");
+        assert_eq!(password(&c).unwrap().unwrap().expose(), "s3cret");
+        assert_eq!(password(&load("")).unwrap(), None);
+        let e = password(&load("password_env = \"GATEWARDEN_TEST_SURELY_UNSET_VAR\"\n")).unwrap_err();
+        assert!(e.contains("GATEWARDEN_TEST_SURELY_UNSET_VAR"), "{e}");
+        let both = Config::from_toml_str(
+            &dir.path().join(CONFIG_FILE),
+            &format!("{base}password_env = \"A\"\npassword_file = \"pw\"\n"),
+        )
+        .unwrap_err();
+        assert!(both.to_string().contains("set password_env or password_file, not both"), "{both}");
     }
 
     #[test]
@@ -2040,6 +2308,25 @@ api_key_env = "MY_KEY"
     }
 
     #[test]
+    fn gatewarden_config_names_the_file_and_relative_paths_stay_the_home_s() {
+        let home = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let file = elsewhere.path().join("gw.toml");
+        std::fs::write(&file, "drain_timeout_s = 7\n[agent]\nbackend = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\napi_key_file = \"key\"\n").unwrap();
+        // The home's own file is not read when the variable names another.
+        std::fs::write(home.path().join(CONFIG_FILE), "drain_timeout_s = 99\n").unwrap();
+        let var = file.to_string_lossy().into_owned();
+        let env = |k: &str| (k == "GATEWARDEN_CONFIG").then(|| var.clone());
+        let c = Config::load_with_env(home.path(), &env).unwrap();
+        assert_eq!(c.drain_timeout_s, 7);
+        assert_eq!(c.agent.api_key_file.as_deref(), Some(home.path().join("key").as_path()));
+        // Errors name the file that was read.
+        std::fs::write(&file, "drain_timeout_s = \"x\"\n").unwrap();
+        let e = Config::load_with_env(home.path(), &env).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("{}:1:", file.display())), "{e}");
+    }
+
+    #[test]
     fn unreadable_path_is_a_read_error() {
         let dir = tempfile::tempdir().unwrap();
         // A directory where the file should be: reading fails with something other than NotFound.
@@ -2047,6 +2334,37 @@ api_key_env = "MY_KEY"
         let e = Config::load(dir.path()).unwrap_err();
         assert!(matches!(e, ConfigError::Read { .. }), "{e}");
         assert_eq!(e.exit_code(), 78);
+    }
+
+    /// Closed by default: no `access` key is pairing, except where a sender can be forged
+    /// (allowlist); `open` is written out; pairing is refused where it could be abused.
+    #[test]
+    fn access_defaults_per_kind_and_its_keys_validate() {
+        let tg = "[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\n";
+        let c = parse(tg).unwrap();
+        let p = &c.platform[0];
+        assert_eq!((p.access, p.access(), p.require_mention), (None, Access::Pairing, true));
+        let c = parse(&format!("{tg}access = \"open\"\nallowed_users = [\"7\"]\nrequire_mention = false\n")).unwrap();
+        let p = &c.platform[0];
+        assert_eq!(
+            (p.access(), p.allowed_users.as_slice(), p.require_mention),
+            (Access::Open, &["7".to_owned()][..], false)
+        );
+        assert_eq!(parse(&format!("{tg}access = \"allowlist\"\n")).unwrap().platform[0].access(), Access::Allowlist);
+        let e = parse(&format!("{tg}access = \"everyone\"\n")).unwrap_err();
+        assert_eq!(e.key(), Some("access"), "{e}");
+        assert!(err(&format!("{tg}allowed_users = [\" \"]\n")).contains("allowed_users"));
+        let irc = "[[platform]]\nkind = \"irc\"\nserver = \"h:6667\"\nnick = \"gw\"\n";
+        assert_eq!(parse(irc).unwrap().platform[0].access(), Access::Allowlist, "an IRC nick can be taken by anyone");
+        let e = err(&format!("{irc}access = \"pairing\"\n"));
+        assert!(e.contains("access") && e.contains("forged"), "{e}");
+        assert_eq!(parse(&format!("{irc}access = \"open\"\n")).unwrap().platform[0].access(), Access::Open);
+        let mail = "[[platform]]\nkind = \"email\"\ntoken_env = \"PW\"\nimap = \"imaps://h\"\nsmtp = \"smtp://h:587\"\naccount = \"bot@h\"\n";
+        assert_eq!(parse(mail).unwrap().platform[0].access(), Access::Allowlist);
+        assert!(err(&format!("{mail}access = \"pairing\"\n")).contains("forged"));
+        let dc = "[[platform]]\nkind = \"discord\"\ntoken_env = \"D\"\n";
+        assert!(err(&format!("{dc}allowed_users = [\"bob\"]\n")).contains("snowflakes"));
+        assert!(PlatformKind::Irc.forgeable() && PlatformKind::Email.forgeable() && !PlatformKind::Xmpp.forgeable());
     }
 
     #[test]
@@ -2110,6 +2428,71 @@ api_key_env = "MY_KEY"
             err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\napi_base = \"ftp://x\"\n").contains("http://")
         );
         assert!(err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nnick = \"x\"\n").contains("irc"));
+    }
+
+    /// The API token is a secret like the others: written in the file, or named by a variable
+    /// or a file (relative to the home), one of the three; a non-loopback listener accepts any.
+    #[test]
+    fn the_api_token_is_written_or_named_by_a_variable_or_a_file() {
+        let c = parse("api_token_file = \"api.token\"\nlisten = \"0.0.0.0:7878\"\n").unwrap();
+        assert_eq!(c.api_token_file.as_deref(), Some(Path::new("/h/api.token")));
+        assert!(c.has_api_token() && c.check_exposure().is_ok());
+        let c = parse("api_token_env = \"GW_TOKEN\"\nlisten = \"0.0.0.0:7878\"\n").unwrap();
+        assert!(c.check_exposure().is_ok());
+        let open = parse("listen = \"0.0.0.0:7878\"\n").unwrap().check_exposure().unwrap_err().to_string();
+        assert!(open.contains("api_token_file"), "{open}");
+        let e = err("api_token_env = \"A\"\napi_token_file = \"f\"\n");
+        assert!(e.contains("set api_token_env or api_token_file, not both"), "{e}");
+        let e = err("api_token = \"0123456789abcdef\"\napi_token_file = \"f\"\n");
+        assert!(e.contains("'api_token_file'") && e.contains("not two of them"), "{e}");
+        assert!(err("api_token_env = \"\"\n").contains("name of an environment variable"));
+        let dir = tempfile::tempdir().unwrap();
+        let c = Config::from_toml_str(&dir.path().join(CONFIG_FILE), "api_token_file = \"t\"\n").unwrap();
+        let resolve = |c: &Config| Secrets::resolve_with(dir.path(), c, &|_| None);
+        let tok = dir.path().join("t");
+        std::fs::write(&tok, "0123456789abcdef0123\n").unwrap();
+        #[cfg(unix)]
+        std::fs::set_permissions(&tok, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        assert_eq!(resolve(&c).api_token().map(|t| t.expose().to_owned()).as_deref(), Some("0123456789abcdef0123"));
+        assert_eq!(resolve(&c).report()[0].secret, "api_token");
+        std::fs::write(&tok, "too-short\n").unwrap();
+        let s = resolve(&c);
+        assert_eq!(s.api_token(), None);
+        let p = s.problems();
+        assert!(p.len() == 1 && p[0].starts_with("api_token: the value of api_token_file"), "{p:?}");
+        assert!(p[0].contains("at least 16 bytes") && !p[0].contains("too-short"), "{p:?}");
+        // Written in the file, it needs no resolving.
+        let inline = parse("api_token = \"0123456789abcdef\"\n").unwrap();
+        assert_eq!(resolve(&inline).api_token().map(|t| t.expose().to_owned()).as_deref(), Some("0123456789abcdef"));
+        assert!(inline.secret_specs().is_empty());
+    }
+
+    /// Every secret can be named by a variable or a file, never both, and only where its
+    /// platform reads it; files are relative to the home.
+    #[test]
+    fn secrets_are_named_by_a_variable_or_a_file() {
+        let c = parse("[[platform]]\nkind = \"telegram\"\ntoken_file = \"tg.token\"\n").unwrap();
+        assert_eq!(c.platform[0].token_file.as_deref(), Some(Path::new("/h/tg.token")));
+        let both = err("[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\ntoken_file = \"t\"\n");
+        assert!(both.contains("'token_file'") && both.contains("set token_env or token_file, not both"), "{both}");
+        assert!(err("[[platform]]\nkind = \"telegram\"\n").contains("needs token_env"));
+        let slack = "[[platform]]\nkind = \"slack\"\ntoken_file = \"/a\"\nbot_token_file = \"/b\"\n";
+        assert_eq!(parse(slack).unwrap().platform[0].bot_token_file.as_deref(), Some(Path::new("/b")));
+        assert!(
+            err("[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\nbot_token_file = \"b\"\n").contains("slack")
+        );
+        assert!(
+            err("[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\nsasl_password_file = \"p\"\n").contains("irc")
+        );
+        let irc = "[[platform]]\nkind = \"irc\"\nserver = \"h:6667\"\nnick = \"n\"\nsasl_password_file = \"p\"\n";
+        assert_eq!(parse(irc).unwrap().platform[0].sasl_password_file.as_deref(), Some(Path::new("/h/p")));
+        let p = "[agent]\nbackend = \"openai\"\n[[agent.provider]]\nbase_url = \"http://a/v1\"\nmodel = \"m\"\n";
+        let e = err(&format!("{p}api_key_env = \"K\"\napi_key_file = \"k\"\n"));
+        assert!(e.contains("set api_key_env or api_key_file, not both"), "{e}");
+        let c = parse(&format!("{p}api_key_file = \"k\"\n")).unwrap();
+        assert_eq!(c.agent.provider[0].api_key_file.as_deref(), Some(Path::new("/h/k")));
+        let hermes = "[agent]\nbackend = \"hermes\"\nbase_url = \"http://127.0.0.1:8642\"\napi_key_file = \"k\"\n";
+        assert_eq!(parse(hermes).unwrap().agent.api_key_file.as_deref(), Some(Path::new("/h/k")));
     }
 
     #[test]

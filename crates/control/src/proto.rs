@@ -33,6 +33,10 @@ impl Hello {
 /// Set to `dashboard` on a CLI command a dashboard runs for one of its buttons.
 pub const REQUESTER_CHANNEL_ENV: &str = "GATEWARDEN_REQUESTER_CHANNEL";
 
+/// The error code of a `restart` the gateway refused because the next incarnation could not
+/// start (docs/protocol.md §3); the running one keeps serving.
+pub const RESTART_REFUSED: &str = "restart_refused";
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Requester {
     pub pid: u32,
@@ -93,6 +97,27 @@ pub enum Op {
     CancelDrain {
         requester: Requester,
     },
+    /// Re-reads config.toml and the secrets and applies what can change live (docs/protocol.md
+    /// §3). Answered once applied, or with why the configuration was refused.
+    Reload {
+        requester: Requester,
+    },
+    /// The access policy's pairing book: list it, approve a code, revoke a sender
+    /// (docs/protocol.md §3). Decided at once by the running gateway.
+    Pairing {
+        requester: Requester,
+        request: PairingRequest,
+    },
+}
+
+/// What an [`Op::Pairing`] asks. `platform` is a `[[platform]]`'s name, or its kind when the
+/// home has one of that kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum PairingRequest {
+    List,
+    Approve { platform: String, code: String },
+    Revoke { platform: String, user: String },
 }
 
 fn default_stop_reason() -> StopReason {
@@ -198,5 +223,14 @@ mod tests {
         let stop: Request = serde_json::from_str(r#"{"v":1,"op":"stop","requester":{"pid":1,"channel":"x"}}"#).unwrap();
         assert!(matches!(stop.op, Op::Stop { reason: StopReason::Stop, .. }));
         assert!(serde_json::from_str::<Request>(r#"{"v":1,"op":"explode"}"#).is_err());
+        let p: Request = Op::Pairing {
+            requester: Requester { pid: 5, argv: vec![], channel: "cli".into() },
+            request: PairingRequest::Approve { platform: "telegram".into(), code: "XKGH5N7P".into() },
+        }
+        .into();
+        assert_eq!(
+            serde_json::to_string(&p).unwrap(),
+            r#"{"v":1,"op":"pairing","requester":{"pid":5,"argv":[],"channel":"cli"},"request":{"action":"approve","platform":"telegram","code":"XKGH5N7P"}}"#
+        );
     }
 }

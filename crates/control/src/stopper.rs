@@ -5,7 +5,8 @@
 //! 2. if the lock is still held: a marker naming the lock holder, then a SIGTERM sent through a
 //!    handle opened *before* the identity re-check (`platform::signal_verified`);
 //! 3. wait for the lock;
-//! 4. if still held and killing is allowed: identify the holder afresh, verified SIGKILL, wait.
+//! 4. if still held and killing is allowed: identify the holder afresh, verified SIGKILL, wait;
+//! 5. after a kill: end what the killed incarnation's agent runs left (issue 30, item 5).
 //!
 //! It never signals a process that the kernel's lock table (or, where the OS does not tell, a
 //! re-verified pid record) does not name as the holder. When the caller takes over the home,
@@ -18,6 +19,7 @@ use gatewarden_lifecycle::ledger::{Ledger, Writer};
 use gatewarden_lifecycle::lock::LockProbe;
 use gatewarden_lifecycle::marker::{self, MarkerKind};
 use gatewarden_lifecycle::platform::{self, Signal, SignalOutcome, signal_verified};
+use gatewarden_lifecycle::records::read_pid_record;
 use gatewarden_lifecycle::{Home, InstanceLock, ProcessIdentity};
 use serde_json::json;
 
@@ -247,6 +249,9 @@ pub fn stop(home: &Home, plan: &StopPlan, on_phase: &mut dyn FnMut(Phase)) -> St
         }
     };
     on_phase(Phase::Killing(target));
+    // Whose runs it leaves, known while its pid record still names it.
+    let incarnation =
+        read_pid_record(&home.pid_file()).ok().filter(|r| r.identity() == Some(target)).and_then(|r| r.incarnation);
     let outcome = signal_verified(&target, Signal::Kill);
     let _ = Ledger::new(home.ledger(), Writer::current()).append(
         "stop_escalated",
@@ -260,9 +265,28 @@ pub fn stop(home: &Home, plan: &StopPlan, on_phase: &mut dyn FnMut(Phase)) -> St
     match take(Instant::now() + AFTER_KILL) {
         Some(l) => {
             marker::clear_if_targets(home.dir(), kind, target);
+            if let Some(inc) = incarnation {
+                end_runs_of(home, &inc, plan.by);
+            }
             done(How::Killed, Some(target), l)
         }
         None => StopOutcome::SurvivedKill { target },
+    }
+}
+
+/// Step 5: a killed gateway could not end its runs' process groups (an exec backend's `sh -c …`
+/// outlives it): they are ended here, found by the incarnation's run tag and each pinned and
+/// re-checked before the signal (`runs::end_runs`), and waited for (bounded).
+fn end_runs_of(home: &Home, incarnation: &str, by: &str) {
+    let pids = crate::runs::end_runs(home, incarnation);
+    if pids.is_empty() {
+        return;
+    }
+    let _ = Ledger::new(home.ledger(), Writer::current())
+        .append("orphan_runs_killed", json!({"pids": pids, "incarnation": incarnation, "by": by}));
+    let until = Instant::now() + AFTER_KILL;
+    while Instant::now() < until && pids.iter().any(|&p| platform::probe(p).is_alive()) {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -35,7 +35,8 @@ pub enum Action {
     Stop,
     /// `gatewarden cancel-drain` (a restart's drain; the gateway says when it cannot be).
     CancelDrain,
-    /// `gatewarden start` (the fleet page: a stopped gateway serves no page of its own).
+    /// `gatewarden start --as-before` (the fleet page: a stopped gateway serves no page of its
+    /// own), with the settings of the gateway it revives.
     Start,
     /// `gatewarden update --from <[update] source>`.
     Update,
@@ -45,6 +46,10 @@ pub enum Action {
     Retry { id: String },
     /// A platform chat's `/new`: later runs see no earlier turns.
     NewConversation { platform: String, chat: String },
+    /// Approve the sender a pairing code was given to (in the gateway, at once).
+    Approve { platform: String, code: String },
+    /// Take a sender's approval back (in the gateway, at once).
+    Revoke { platform: String, user: String },
 }
 
 impl Action {
@@ -67,6 +72,8 @@ impl Action {
             "rollback" => Action::Rollback,
             "retry" => Action::Retry { id: arg("id")? },
             "new" => Action::NewConversation { platform: arg("platform")?, chat: arg("chat")? },
+            "approve" => Action::Approve { platform: arg("platform")?, code: arg("code")? },
+            "revoke" => Action::Revoke { platform: arg("platform")?, user: arg("user")? },
             other => return Err(format!("no such action: {:?}", other.chars().take(40).collect::<String>())),
         })
     }
@@ -81,6 +88,8 @@ impl Action {
             Action::Rollback => "rollback",
             Action::Retry { .. } => "retry",
             Action::NewConversation { .. } => "new",
+            Action::Approve { .. } => "approve",
+            Action::Revoke { .. } => "revoke",
         }
     }
 
@@ -93,13 +102,15 @@ impl Action {
             Action::Restart => v(&["restart"]),
             Action::Stop => v(&["stop"]),
             Action::CancelDrain => v(&["cancel-drain"]),
-            Action::Start => v(&["start"]),
+            Action::Start => v(&["start", "--as-before"]),
             Action::Rollback => v(&["update", "--rollback"]),
             Action::Update => match update_source {
                 Some(src) => v(&["update", "--from", src]),
                 None => Err("no [update] source is configured: run `gatewarden update --from …`".into()),
             },
-            Action::Retry { .. } | Action::NewConversation { .. } => Ok(None),
+            Action::Retry { .. } | Action::NewConversation { .. } | Action::Approve { .. } | Action::Revoke { .. } => {
+                Ok(None)
+            }
         }
     }
 }
@@ -142,12 +153,15 @@ impl Outcome {
         }
     }
 
-    /// `running`, `done` (exit 0) or `failed (exit N)`.
+    /// `running`, `done` (exit 0), `refused (exit 78)` (a restart the gateway refused because
+    /// the next incarnation could not start: it keeps serving) or `failed (exit N)`.
     pub fn verdict(&self) -> String {
+        let refused = i32::from(gatewarden_lifecycle::ExitIntent::FatalConfig.code());
         match self.code {
             None if self.said.is_some() => "done".into(),
             None => "running".into(),
             Some(0) => "done".into(),
+            Some(c) if c == refused && self.verb == "restart" => format!("refused (exit {c})"),
             Some(c) => format!("failed (exit {c})"),
         }
     }
@@ -257,6 +271,16 @@ mod tests {
         assert_eq!(Action::Update.cli_args(Some("/r/gw")).unwrap().unwrap()[2], "/r/gw");
         assert_eq!(Action::Retry { id: "x".into() }.cli_args(None), Ok(None));
         assert_eq!(Action::parse("cancel-drain", form(&[])), Ok(Action::CancelDrain));
+        assert_eq!(
+            Action::parse("approve", form(&[("platform", "telegram"), ("code", "XKGH5N7P")])),
+            Ok(Action::Approve { platform: "telegram".into(), code: "XKGH5N7P".into() })
+        );
+        assert_eq!(
+            Action::parse("revoke", form(&[("platform", "telegram"), ("user", "102")])),
+            Ok(Action::Revoke { platform: "telegram".into(), user: "102".into() })
+        );
+        assert!(Action::parse("approve", form(&[("platform", "telegram")])).is_err());
+        assert_eq!(Action::Revoke { platform: "t".into(), user: "1".into() }.cli_args(None), Ok(None));
         assert_eq!(Action::CancelDrain.cli_args(None), Ok(Some(vec!["cancel-drain".to_owned()])));
         for v in ["restart", "stop", "cancel-drain", "start", "update", "rollback"] {
             assert_eq!(Action::parse(v, form(&[])).unwrap().verb(), v);
@@ -280,5 +304,7 @@ mod tests {
         assert_eq!(r.output, ["restarting…", "restarted: incarnation def [2J"]);
         finish(&outcome_path(&home), "restart", 1).unwrap();
         assert_eq!(read(&home).unwrap().verdict(), "failed (exit 1)");
+        finish(&outcome_path(&home), "restart", 78).unwrap();
+        assert_eq!(read(&home).unwrap().verdict(), "refused (exit 78)");
     }
 }

@@ -1,16 +1,19 @@
 //! Who may do what on the dashboard, as pure functions (the clock and the request's headers
 //! are arguments; only [`random_token`] touches the OS).
 //!
-//! * Reading is open (on the listener the gateway already guards with its `Host` check).
+//! * Reading needs a session wherever a token is configured (the web layer's `ReadRule`,
+//!   crate::web); without one, a gateway's page is open on loopback and shows no message text.
 //! * Actions need the gateway's `api_token`, given once (`POST /ui/login`) and exchanged for a
 //!   random session id in an `HttpOnly; SameSite=Strict` cookie; without a configured token
 //!   there are no actions at all.
+//! * Failed logins are throttled per client ([`Throttle`]): a few free tries, then each one
+//!   waits longer, up to a minute; the web layer records each in the ledger.
 //! * Every POST must come from the page itself: its `Host` is one this gateway answers to,
 //!   its `Origin` names that same host, and (once logged in) it carries the session's CSRF
 //!   token. A token, a session id or a CSRF token is never rendered into a page except the
 //!   CSRF token of the session viewing it.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 /// The session cookie's name.
 pub const COOKIE: &str = "gw_session";
@@ -19,8 +22,6 @@ pub const CSRF_FIELD: &str = "csrf";
 pub const CSRF_HEADER: &str = "x-csrf-token";
 /// A session lasts this long (µs): a day of work, then the token again.
 pub const SESSION_TTL_US: i128 = 12 * 3600 * 1_000_000;
-/// Sessions kept at once; the oldest is dropped past it, so logins cannot grow memory.
-pub const MAX_SESSIONS: usize = 32;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
@@ -36,6 +37,8 @@ pub enum Refusal {
     NoSession,
     #[error("missing or wrong CSRF token")]
     Csrf,
+    #[error("too many failed logins from this client: try again in {0} s")]
+    Throttled(u64),
     #[error("the operating system gave no random bytes: {0}")]
     Random(String),
 }
@@ -129,46 +132,90 @@ impl Policy {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Session {
+    /// The cookie's value: `<created µs, hex>.<256 random bits, hex>.<its HMAC, hex>`.
     pub id: String,
     pub csrf: String,
     pub created_us: i128,
 }
 
-/// The logged-in sessions of one gateway, in memory (a restart logs everyone out).
+/// Logouts remembered at once (each until its session would have expired anyway); past it the
+/// oldest is forgotten.
+pub const MAX_LOGOUTS: usize = 1024;
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    use hmac::{KeyInit, Mac};
+    // HMAC takes a key of any length: `new_from_slice` cannot fail for it.
+    let Ok(mut m) = <HmacSha256 as KeyInit>::new_from_slice(key) else { return [0; 32] };
+    for p in parts {
+        m.update(p);
+    }
+    m.finalize().into_bytes().into()
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Logged-in sessions, carried by their cookie: the session id is signed with a key derived
+/// from the token, so every incarnation of a gateway that has the same token accepts it (a
+/// restart does not log the open page out, and its event stream reconnects to the successor),
+/// and a changed token ends them all. The CSRF token is an HMAC of the session id. Held in
+/// memory: only logouts (bounded; a restart forgets them, while the browser forgot the cookie
+/// at logout already).
 #[derive(Debug, Default)]
 pub struct Sessions {
-    list: VecDeque<Session>,
+    /// `None`: no token, no sessions.
+    key: Option<[u8; 32]>,
+    logouts: VecDeque<(String, i128)>,
 }
 
 impl Sessions {
+    /// The sessions of a server whose token is `token`.
+    pub fn new(token: Option<&str>) -> Sessions {
+        Sessions {
+            key: token.map(|t| hmac(t.as_bytes(), &[b"gatewarden dashboard sessions"])),
+            logouts: VecDeque::new(),
+        }
+    }
+
+    fn csrf(key: &[u8; 32], id: &str) -> String {
+        hex(&hmac(key, &[b"csrf\0", id.as_bytes()]))
+    }
+
     /// `POST /ui/login`: the given token against the configured one (constant time); a new
-    /// session on success. The caller has run [`Policy::check_origin`].
+    /// session on success. The caller has run [`Policy::check_origin`] and the throttle.
     pub fn login(&mut self, policy: &Policy, given: &str, now_us: i128) -> Result<Session, Refusal> {
         let token = policy.api_token.as_deref().ok_or(Refusal::NoToken)?;
+        let key = self.key.ok_or(Refusal::NoToken)?;
         if !ct_eq(given.trim().as_bytes(), token.as_bytes()) {
             return Err(Refusal::WrongToken);
         }
-        let s = Session { id: random_token()?, csrf: random_token()?, created_us: now_us };
-        self.list.retain(|s| now_us - s.created_us < SESSION_TTL_US);
-        while self.list.len() >= MAX_SESSIONS {
-            self.list.pop_front();
-        }
-        self.list.push_back(s.clone());
-        Ok(s)
+        let body = format!("{now_us:x}.{}", random_token()?);
+        let id = format!("{body}.{}", hex(&hmac(&key, &[b"session\0", body.as_bytes()])));
+        Ok(Session { csrf: Sessions::csrf(&key, &id), id, created_us: now_us })
     }
 
-    /// The live session named by a `Cookie` header.
-    pub fn find(&self, cookie_header: Option<&str>, now_us: i128) -> Option<&Session> {
+    /// The live session named by a `Cookie` header: signed with this token, not expired, not
+    /// logged out.
+    pub fn find(&self, cookie_header: Option<&str>, now_us: i128) -> Option<Session> {
+        let key = self.key?;
         let id = cookie_value(cookie_header?, COOKIE)?;
-        // Every live session is compared, so the time taken does not say which one matched.
-        self.list
-            .iter()
-            .filter(|s| now_us - s.created_us < SESSION_TTL_US)
-            .fold(None, |found, s| if ct_eq(s.id.as_bytes(), id.as_bytes()) { Some(s) } else { found })
+        let (body, mac) = id.rsplit_once('.')?;
+        let created_us = i128::from_str_radix(body.split_once('.')?.0, 16).ok()?;
+        let want = hex(&hmac(&key, &[b"session\0", body.as_bytes()]));
+        let live = (0..SESSION_TTL_US).contains(&(now_us - created_us));
+        let out = self.logouts.iter().any(|(gone, _)| ct_eq(gone.as_bytes(), id.as_bytes()));
+        (ct_eq(mac.as_bytes(), want.as_bytes()) && live && !out).then(|| Session {
+            csrf: Sessions::csrf(&key, id),
+            id: id.to_owned(),
+            created_us,
+        })
     }
 
     /// An action's POST: origin checks, a live session, its CSRF token.
-    pub fn check_action(&self, policy: &Policy, p: &Post<'_>, now_us: i128) -> Result<&Session, Refusal> {
+    pub fn check_action(&self, policy: &Policy, p: &Post<'_>, now_us: i128) -> Result<Session, Refusal> {
         policy.check_origin(p)?;
         if policy.api_token.is_none() {
             return Err(Refusal::NoToken);
@@ -180,8 +227,14 @@ impl Sessions {
         }
     }
 
-    pub fn logout(&mut self, id: &str) {
-        self.list.retain(|s| !ct_eq(s.id.as_bytes(), id.as_bytes()));
+    /// Ends a session (found by [`Sessions::find`] or [`Sessions::check_action`]) for this
+    /// server's lifetime.
+    pub fn logout(&mut self, s: &Session, now_us: i128) {
+        self.logouts.retain(|(_, until)| *until > now_us);
+        while self.logouts.len() >= MAX_LOGOUTS {
+            self.logouts.pop_front();
+        }
+        self.logouts.push_back((s.id.clone(), s.created_us + SESSION_TTL_US));
     }
 }
 
@@ -194,6 +247,78 @@ pub fn set_cookie(s: &Session) -> String {
 /// One cookie's value from a `Cookie` header (`a=1; gw_session=…`).
 pub fn cookie_value<'a>(header: &'a str, name: &str) -> Option<&'a str> {
     header.split(';').filter_map(|kv| kv.trim().split_once('=')).find(|(k, _)| *k == name).map(|(_, v)| v.trim())
+}
+
+/// Failed logins a client may make before it has to wait.
+pub const FREE_FAILURES: u32 = 5;
+/// The longest wait after a failed login (µs): doubling from one second past the free tries.
+pub const MAX_LOCKOUT_US: i128 = 60 * 1_000_000;
+/// A client's failures are forgotten this long after its last one (µs).
+pub const FORGET_US: i128 = 15 * 60 * 1_000_000;
+/// Clients remembered at once; past it the longest-quiet one is forgotten first.
+pub const MAX_CLIENTS: usize = 4096;
+
+/// One client's failed logins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tries {
+    failures: u32,
+    last_us: i128,
+    /// No login is looked at from this client before then.
+    until_us: i128,
+}
+
+/// What a failed login did to its client: for the refusal and the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failed {
+    /// Failures in a row (within [`FORGET_US`] of each other).
+    pub failures: u32,
+    /// Seconds before this client's next login is looked at (0: at once).
+    pub wait_s: u64,
+}
+
+/// Failed logins per client (its address), in memory: a login is looked at only once the
+/// client's wait is over, so guessing a token costs time, not just requests. Pure: the clock is
+/// an argument.
+#[derive(Debug, Default)]
+pub struct Throttle {
+    clients: HashMap<String, Tries>,
+}
+
+impl Throttle {
+    /// `Err(seconds)` while `client` must wait; a login is not even compared meanwhile.
+    pub fn check(&self, client: &str, now_us: i128) -> Result<(), u64> {
+        match self.clients.get(client) {
+            Some(t) if t.until_us > now_us => Err(secs_up(t.until_us - now_us)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Records a failed login of `client`.
+    pub fn failed(&mut self, client: &str, now_us: i128) -> Failed {
+        self.clients.retain(|_, t| now_us - t.last_us < FORGET_US);
+        if self.clients.len() >= MAX_CLIENTS && !self.clients.contains_key(client) {
+            let quiet = self.clients.iter().min_by_key(|(_, t)| t.last_us).map(|(k, _)| k.clone());
+            if let Some(k) = quiet {
+                self.clients.remove(&k);
+            }
+        }
+        let t = self.clients.entry(client.to_owned()).or_insert(Tries { failures: 0, last_us: now_us, until_us: 0 });
+        t.failures = t.failures.saturating_add(1);
+        t.last_us = now_us;
+        let past = t.failures.saturating_sub(FREE_FAILURES);
+        let wait = if past == 0 { 0 } else { (1_000_000i128 << (past - 1).min(6)).min(MAX_LOCKOUT_US) };
+        t.until_us = now_us + wait;
+        Failed { failures: t.failures, wait_s: secs_up(wait) }
+    }
+
+    /// A successful login forgets the client's failures.
+    pub fn succeeded(&mut self, client: &str) {
+        self.clients.remove(client);
+    }
+}
+
+fn secs_up(us: i128) -> u64 {
+    u64::try_from((us + 999_999) / 1_000_000).unwrap_or(u64::MAX)
 }
 
 /// One field of an `application/x-www-form-urlencoded` body (`+` is a space, `%XX` a byte;
@@ -284,16 +409,16 @@ mod tests {
     #[test]
     fn token_once_then_cookie_and_csrf() {
         let p = policy();
-        let mut s = Sessions::default();
+        let mut s = Sessions::new(p.api_token.as_deref());
         assert_eq!(s.login(&p, "wrong", 0), Err(Refusal::WrongToken));
-        assert_eq!(s.login(&Policy::default(), "s3cret", 0), Err(Refusal::NoToken));
+        assert_eq!(Sessions::default().login(&Policy::default(), "s3cret", 0), Err(Refusal::NoToken));
         let sess = s.login(&p, "s3cret", 0).unwrap();
-        assert_eq!(sess.id.len(), 64);
         assert_ne!(sess.id, sess.csrf);
+        assert!(sess.id.len() > 128 && !sess.id.contains("s3cret"), "{}", sess.id);
         let c = set_cookie(&sess);
         assert!(c.contains("HttpOnly") && c.contains("SameSite=Strict") && c.starts_with("gw_session="), "{c}");
         let cookie = format!("theme=dark; {COOKIE}={}", sess.id);
-        assert_eq!(s.check_action(&p, &post(Some(&cookie), Some(&sess.csrf)), 1).map(|x| &x.id), Ok(&sess.id));
+        assert_eq!(s.check_action(&p, &post(Some(&cookie), Some(&sess.csrf)), 1).map(|x| x.id), Ok(sess.id.clone()));
         assert_eq!(s.check_action(&p, &post(Some(&cookie), None), 1).err(), Some(Refusal::Csrf));
         assert_eq!(s.check_action(&p, &post(Some(&cookie), Some("0")), 1).err(), Some(Refusal::Csrf));
         assert_eq!(s.check_action(&p, &post(None, Some(&sess.csrf)), 1).err(), Some(Refusal::NoSession));
@@ -305,20 +430,71 @@ mod tests {
         // A foreign origin is refused before the session is even looked at.
         let foreign = Post { origin: Some("http://evil.test"), ..post(Some(&cookie), Some(&sess.csrf)) };
         assert!(matches!(s.check_action(&p, &foreign, 1), Err(Refusal::Origin(_))));
-        s.logout(&sess.id);
+        s.logout(&sess, 1);
         assert_eq!(s.check_action(&p, &post(Some(&cookie), Some(&sess.csrf)), 1).err(), Some(Refusal::NoSession));
     }
 
+    /// A session is the token holder's in every incarnation with that token (a restart keeps
+    /// the page logged in), in none other, and cannot be forged or stretched.
     #[test]
-    fn sessions_are_bounded() {
+    fn sessions_outlive_a_restart_but_not_a_new_token_or_a_forgery() {
         let p = policy();
-        let mut s = Sessions::default();
-        let first = s.login(&p, "s3cret", 0).unwrap();
-        for _ in 0..MAX_SESSIONS {
-            s.login(&p, "s3cret", 0).unwrap();
+        let sess = Sessions::new(Some("s3cret")).login(&p, "s3cret", 0).unwrap();
+        let cookie = format!("{COOKIE}={}", sess.id);
+        let successor = Sessions::new(Some("s3cret"));
+        assert_eq!(successor.find(Some(&cookie), 1).map(|s| s.csrf), Some(sess.csrf.clone()));
+        assert!(Sessions::new(Some("another-token-0123")).find(Some(&cookie), 1).is_none());
+        assert!(Sessions::default().find(Some(&cookie), 1).is_none());
+        // A later creation time (a longer life) under the same mac, or a guessed mac.
+        let (body, mac) = sess.id.rsplit_once('.').unwrap();
+        let (_, nonce) = body.split_once('.').unwrap();
+        for forged in [
+            format!("{:x}.{nonce}.{mac}", SESSION_TTL_US),
+            format!("{body}.{}", "0".repeat(64)),
+            "0.0".into(),
+            "".into(),
+        ] {
+            assert!(successor.find(Some(&format!("{COOKIE}={forged}")), 1).is_none(), "{forged}");
         }
-        assert_eq!(s.list.len(), MAX_SESSIONS);
-        assert!(s.find(Some(&format!("{COOKIE}={}", first.id)), 0).is_none());
+        // Logouts are bounded in memory.
+        let mut s = Sessions::new(Some("s3cret"));
+        for i in 0..MAX_LOGOUTS + 5 {
+            let x = s.login(&p, "s3cret", i as i128).unwrap();
+            s.logout(&x, i as i128);
+        }
+        assert_eq!(s.logouts.len(), MAX_LOGOUTS);
+    }
+
+    #[test]
+    fn failed_logins_wait_longer_and_longer_per_client() {
+        let mut t = Throttle::default();
+        let s = 1_000_000i128;
+        for n in 1..=FREE_FAILURES {
+            assert_eq!(t.check("10.0.0.1", 0), Ok(()));
+            assert_eq!(t.failed("10.0.0.1", 0), Failed { failures: n, wait_s: 0 });
+        }
+        assert_eq!(t.failed("10.0.0.1", 0), Failed { failures: 6, wait_s: 1 });
+        assert_eq!(t.check("10.0.0.1", 0), Err(1));
+        assert_eq!(t.check("10.0.0.2", 0), Ok(()), "per client");
+        assert_eq!(t.check("10.0.0.1", s), Ok(()));
+        assert_eq!(t.failed("10.0.0.1", s).wait_s, 2);
+        let mut now = s;
+        for _ in 0..20 {
+            now += MAX_LOCKOUT_US;
+            assert_eq!(t.check("10.0.0.1", now), Ok(()));
+            assert!(t.failed("10.0.0.1", now).wait_s <= 60, "capped at a minute");
+        }
+        assert_eq!(t.check("10.0.0.1", now + 30 * s), Err(30));
+        t.succeeded("10.0.0.1");
+        assert_eq!(t.check("10.0.0.1", now), Ok(()));
+        // Forgotten after a quiet while; bounded in clients.
+        t.failed("10.0.0.3", 0);
+        t.failed("10.0.0.3", FORGET_US + 1);
+        assert_eq!(t.clients["10.0.0.3"].failures, 1);
+        for i in 0..MAX_CLIENTS + 10 {
+            t.failed(&format!("c{i}"), FORGET_US + 2);
+        }
+        assert!(t.clients.len() <= MAX_CLIENTS);
     }
 
     #[test]

@@ -71,19 +71,41 @@ pub fn log_tail(path: &std::path::Path, n: usize) -> Vec<LogLine> {
 /// One line of the gateway's log (crates/runtime/src/log.rs): JSON (`level`, `msg`, `ts`),
 /// `<ts> <level>: msg` or `<level>: msg`. Anything else is shown whole, level `info`. Pure.
 pub fn parse_log_line(line: &str) -> LogLine {
-    const LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
-    if let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(line) {
-        let s = |k: &str| m.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
+    let (json, v) = read_log_line(line);
+    let s = |k: &str| v.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
+    let level = Some(s("level")).filter(|l| !l.is_empty()).unwrap_or_else(|| "info".into());
+    if json {
         let ts = s("ts");
         let text = if ts.is_empty() { s("msg") } else { format!("{ts} {}", s("msg")) };
-        return LogLine { level: s("level"), text };
+        return LogLine { level, text };
     }
-    let level = line
-        .split_once(": ")
-        .and_then(|(head, _)| head.rsplit(' ').next())
-        .filter(|l| LEVELS.contains(l))
-        .unwrap_or("info");
-    LogLine { level: level.to_owned(), text: line.to_owned() }
+    LogLine { level, text: line.to_owned() }
+}
+
+/// One line of the gateway's log as an object (`logs --json`): a JSON line's own fields; a
+/// plain line's `ts` (when stamped), `level` and `msg`, null where the line has none; always
+/// `text`, the line itself. Pure.
+pub fn log_line_json(line: &str) -> serde_json::Value {
+    read_log_line(line).1
+}
+
+/// [`log_line_json`], and whether the line was written in the JSON format.
+fn read_log_line(line: &str) -> (bool, serde_json::Value) {
+    use serde_json::{Value, json};
+    const LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
+    if let Ok(Value::Object(mut m)) = serde_json::from_str::<Value>(line) {
+        m.insert("text".into(), json!(line));
+        return (true, Value::Object(m));
+    }
+    let (ts, rest) = match line.split_once(' ') {
+        Some((ts, rest)) if timefmt::parse(ts).is_some() => (Some(ts), rest),
+        _ => (None, line),
+    };
+    let v = match rest.split_once(": ").filter(|(level, _)| LEVELS.contains(level)) {
+        Some((level, msg)) => json!({"ts": ts, "level": level, "msg": msg, "text": line}),
+        None => json!({"ts": null, "level": null, "msg": null, "text": line}),
+    };
+    (false, v)
 }
 
 /// What the OS lock says: the kernel's holder where it names one (Linux `/proc/locks`),
@@ -145,6 +167,15 @@ mod tests {
         assert_eq!(l.level, "error");
         assert_eq!(parse_log_line("debug: x").level, "debug");
         assert_eq!(parse_log_line("something else: entirely").level, "info");
+        let plain = "2026-12-01T10:00:00.000001+00:00 warn: adapter tg: degraded [platform=tg]";
+        let v = log_line_json(plain);
+        assert_eq!((v["ts"].as_str(), v["level"].as_str()), (Some("2026-12-01T10:00:00.000001+00:00"), Some("warn")));
+        assert_eq!((v["msg"].as_str(), v["text"].as_str()), (Some("adapter tg: degraded [platform=tg]"), Some(plain)));
+        let j = r#"{"ts":"2026-12-01T10:00:00+00:00","level":"info","msg":"ready","message_id":"m1"}"#;
+        let v = log_line_json(j);
+        assert_eq!((v["message_id"].as_str(), v["text"].as_str()), (Some("m1"), Some(j)));
+        let v = log_line_json("a stray line: with a colon");
+        assert!(v["ts"].is_null() && v["level"].is_null() && v["text"] == "a stray line: with a colon");
     }
 
     #[test]

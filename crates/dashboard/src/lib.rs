@@ -1,4 +1,4 @@
-//! gatewarden-dashboard: the gateway's web dashboard, as pure parts the runtime wires later.
+//! gatewarden-dashboard: the gateway's web dashboard: pure parts, and the web layer that serves them.
 //!
 //! * [`snapshot`]: the plain data a page is rendered from ([`Snapshot`], [`HomeSummary`]).
 //! * [`timeline`]: the ledger reduced to incarnations (how each ended, who asked).
@@ -9,8 +9,11 @@
 //! * [`auth`]: token → session cookie, CSRF, `Origin`/`Host` checks.
 //! * [`gather`]: a snapshot from a home's files (ledger, desired state, state file, OS lock).
 //! * [`registry`]: the per-user registry of gateway homes the fleet page lists.
+//! * [`web`]: the one web layer both servers mount (a gateway's `/ui`, the fleet's pages):
+//!   who may read, logins and their throttle, sessions, event streams, action checks.
 //!
-//! Nothing here listens or spawns: see docs/architecture.md ("Dashboard") for what is wired.
+//! Nothing here listens or spawns: the runtime and `gatewarden dashboard` serve [`web`]'s
+//! routes (docs/architecture.md, "Dashboard").
 
 pub mod actions;
 pub mod auth;
@@ -22,6 +25,7 @@ pub mod snapshot;
 pub mod sse;
 pub mod text;
 pub mod timeline;
+pub mod web;
 
 pub use render::{Viewer, fleet, fragment, page};
 pub use snapshot::{HomeSummary, Snapshot};

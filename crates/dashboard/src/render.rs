@@ -103,6 +103,7 @@ pub fn page(s: &Snapshot, v: &Viewer) -> String {
                 (stamped(queue(s, v)))
                 (stamped(conversations(s, v)))
                 (stamped(platforms(s)))
+                (stamped(access(s, v)))
                 (stamped(providers(s)))
                 (stamped(update(s, v)))
                 (stamped(doctor(s)))
@@ -137,6 +138,7 @@ pub fn fragment_for(id: &str, s: &Snapshot, v: &Viewer) -> Option<String> {
         sse::QUEUE => queue(s, v),
         sse::CONVERSATIONS => conversations(s, v),
         sse::PLATFORMS => platforms(s),
+        sse::ACCESS => access(s, v),
         sse::PROVIDERS => providers(s),
         sse::DOCTOR => doctor(s),
         sse::UPDATE => update(s, v),
@@ -250,6 +252,12 @@ fn actions(s: &Snapshot, v: &Viewer) -> Markup {
     };
     html! {
         section #(sse::ACTIONS) {
+            @if s.text_hidden {
+                p #text-hidden .note {
+                    "Message text is hidden: without an api_token every local user can read this page. "
+                    "Set api_token (reading then needs it), or [http] ui_show_text = true to show the text anyway."
+                }
+            }
             @if !v.actions_configured {
                 p .empty { "Read-only: no api_token is configured, so this page offers no actions." }
             } @else if v.csrf.is_some() {
@@ -352,7 +360,7 @@ fn timeline_section(s: &Snapshot, incs: &[Incarnation]) -> Markup {
                                 td { (opt(ran(i, s.now_us).as_deref())) }
                                 td { (i.ending.label()) }
                                 td { (opt(reason(i).map(timeline::redact_text).as_deref())) }
-                                td { @for r in &i.requests { div { (r.verb) " by " (r.who) } } }
+                                td { @for r in &i.requests { div { (r.phrase()) } } }
                             }
                         }
                     }
@@ -593,6 +601,37 @@ fn platforms(s: &Snapshot) -> Markup {
     }
 }
 
+/// Who may reach the agent through each platform: its access, the pairing codes waiting for
+/// the owner (Approve) and the approved senders (Revoke), behind the page's login and CSRF.
+fn access(s: &Snapshot, v: &Viewer) -> Markup {
+    html! {
+        section #(sse::ACCESS) {
+            h2 { "Access" }
+            @if s.access.is_empty() { p .empty { "No chat platforms configured." } }
+            @for a in &s.access {
+                h3 { (a.platform) " (" (a.kind) "): " (a.access)
+                    @if a.access == "open" { " — anyone who finds the bot reaches the agent" } }
+                @if a.pending.is_empty() {
+                    p .empty { "No pairing code waits." }
+                } @else {
+                    table .pending { thead { tr { th { "code" } th { "sender" } th { "chat" } th { "valid until" } th {} } }
+                        tbody { @for (code, user, chat, until) in &a.pending { tr data-code=(code) {
+                            td { code { (code) } } td { (user) } td { (chat) } td { (until) }
+                            td { (post_form(v, "approve", &[("platform", &a.platform), ("code", code)], "Approve",
+                                Some(&format!("Let {user} reach the agent?")))) } } } } }
+                }
+                @if !a.approved.is_empty() {
+                    table .approved { thead { tr { th { "approved sender" } th { "since" } th { "by" } th {} } }
+                        tbody { @for (user, at, by) in &a.approved { tr data-user=(user) {
+                            td { (user) } td { (at) } td { (by) }
+                            td { (post_form(v, "revoke", &[("platform", &a.platform), ("user", user)], "Revoke",
+                                Some(&format!("Stop {user} reaching the agent?")))) } } } } }
+                }
+            }
+        }
+    }
+}
+
 fn update(s: &Snapshot, v: &Viewer) -> Markup {
     html! {
         section #(sse::UPDATE) {
@@ -655,10 +694,31 @@ fn level_class(l: &str) -> &'static str {
     }
 }
 
+/// A page that needs a session, to a viewer without one: the token form, posting to
+/// `<base>/login`, and why it is asked for.
+pub fn login(base: &str, why: &str) -> String {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head { meta charset="utf-8"; title { "gatewarden: log in" } style { (PreEscaped(CSS)) } }
+            body {
+                h1 { "gatewarden" }
+                p #why { (why) }
+                form #login method="post" action={ (base) "/login" } {
+                    label { "token " input type="password" name="token" autocomplete="off"; }
+                    button type="submit" { "Log in" }
+                }
+            }
+        }
+    }
+    .into_string()
+}
+
 /// The fleet page: every registered home, running or not, each linking to its own page, and
 /// the registry files that were skipped with why (`registry::Listing::skipped`), so a planted
-/// or damaged entry is seen rather than silently ignored.
-pub fn fleet(homes: &[HomeSummary], skipped: &[(String, String)]) -> String {
+/// or damaged entry is seen rather than silently ignored. `note`: said above the list (whose
+/// homes these are, when that is not obvious).
+pub fn fleet(homes: &[HomeSummary], skipped: &[(String, String)], note: Option<&str>) -> String {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -670,6 +730,7 @@ pub fn fleet(homes: &[HomeSummary], skipped: &[(String, String)]) -> String {
             }
             body {
                 h1 { "Gateway homes on this machine" }
+                @if let Some(n) = note { p #whose .note { (n) } }
                 @if homes.is_empty() {
                     p .empty { "No homes registered yet: each gateway registers its home when it starts." }
                 } @else {
@@ -772,7 +833,7 @@ fn fmt_in(now: i128, t: i128) -> String {
 mod tests {
     use super::*;
     use crate::snapshot::{
-        Conversation, DrainView, Finding, LockView, LogLine, MessageView, QueueCounts, RunView, UpdateView,
+        AccessView, Conversation, DrainView, Finding, LockView, LogLine, MessageView, QueueCounts, RunView, UpdateView,
     };
     use gatewarden_control::proto::StatusReport;
     use gatewarden_lifecycle::ledger::parse_line;
@@ -848,11 +909,35 @@ mod tests {
             conversations: (0..5).map(|k| Conversation { platform: Some("tg".into()), chat: format!("{k}"), turns: vec![("hello there".into(), Some("hi! how can I help you today?".into())); 3], last_at: "2026-12-01T11:59:00+00:00".into() }).collect(),
             outcome: None,
             update_source: None,
+            text_hidden: false,
+            access: Vec::new(),
         }
     }
 
     fn now() -> i128 {
         timefmt::to_micros(timefmt::parse("2026-12-01T12:00:00+00:00").unwrap())
+    }
+
+    /// A page any local user may read shows no conversation text, no message ids and no log,
+    /// and says so.
+    #[test]
+    fn hidden_text_is_left_out_and_said() {
+        let mut s = big(now());
+        s.hide_text();
+        let html = page(&s, &Viewer::default());
+        for secret in [
+            "what is the weather",
+            "hello there",
+            "how can I help",
+            "m000000000000001",
+            "run-abc-3",
+            "run finished",
+            "agent failed",
+        ] {
+            assert!(!html.contains(secret), "{secret} shown");
+        }
+        assert!(html.contains("id=\"text-hidden\"") && html.contains("ui_show_text"), "the page says why");
+        assert!(html.contains("telegram:3"), "chats and counts stay");
     }
 
     #[test]
@@ -942,6 +1027,36 @@ mod tests {
         assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
     }
 
+    /// The pending codes and approved senders, each with its button only behind a session (its
+    /// CSRF token in the form); an open platform says so plainly; a sender's id is escaped.
+    #[test]
+    fn access_lists_codes_and_senders_with_buttons_only_for_a_session() {
+        let mut s = Snapshot { now_us: now(), ..Snapshot::default() };
+        s.access = vec![
+            AccessView {
+                platform: "telegram".into(),
+                kind: "telegram".into(),
+                access: "pairing".into(),
+                pending: vec![(
+                    "XKGH5N7P".into(),
+                    "<b>102</b>".into(),
+                    "102".into(),
+                    "2026-12-01T12:00:00+00:00".into(),
+                )],
+                approved: vec![("103".into(), "2026-12-01T11:00:00+00:00".into(), "cli (pid 7)".into())],
+            },
+            AccessView { platform: "irc".into(), kind: "irc".into(), access: "open".into(), ..AccessView::default() },
+        ];
+        let read_only = page(&s, &Viewer::default());
+        assert!(read_only.contains("XKGH5N7P") && read_only.contains("&lt;b&gt;102&lt;/b&gt;"));
+        assert!(!read_only.contains("/ui/action/approve") && !read_only.contains("/ui/action/revoke"));
+        assert!(read_only.contains("anyone who finds the bot reaches the agent"));
+        let v = Viewer { actions_configured: true, csrf: Some("c".repeat(64)), ..Viewer::default() };
+        let html = page(&s, &v);
+        assert!(html.contains("action=\"/ui/action/approve\"") && html.contains("value=\"XKGH5N7P\""), "{html}");
+        assert!(html.contains("action=\"/ui/action/revoke\"") && html.contains("value=\"103\""));
+    }
+
     #[test]
     fn every_fragment_renders_with_its_id() {
         let s = big(now());
@@ -976,12 +1091,12 @@ mod tests {
                 kind: "gatewarden".into(),
             },
         ];
-        let html = fleet(&homes, &[("0000000000000000.json".into(), "its file name is not its home's".into())]);
+        let html = fleet(&homes, &[("0000000000000000.json".into(), "its file name is not its home's".into())], None);
         assert!(html.contains("<code>0000000000000000.json</code>: its file name"));
         assert!(html.contains("href=\"http://127.0.0.1:1/ui\""));
         assert!(html.contains("exit 78: port 8080 taken"));
         assert_eq!(html.matches("<tr data-state=").count(), 2);
-        let empty = fleet(&[], &[]);
+        let empty = fleet(&[], &[], Some("served as root"));
         assert!(empty.contains("No homes registered yet") && !empty.contains("skipped"));
     }
 

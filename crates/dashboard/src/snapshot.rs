@@ -39,6 +39,42 @@ pub struct Snapshot {
     pub outcome: Option<crate::actions::Outcome>,
     /// What chat `/update` would install (`[update] source`): the page offers Update only then.
     pub update_source: Option<String>,
+    /// Message text was left out ([`Snapshot::hide_text`]); the page says so.
+    pub text_hidden: bool,
+    /// Who may reach the agent, per platform: its access and pairing book (the gateway's own
+    /// page; crates/runtime/src/access/).
+    pub access: Vec<AccessView>,
+}
+
+/// One platform's access policy and pairing book.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AccessView {
+    pub platform: String,
+    pub kind: String,
+    /// `pairing`, `allowlist` or `open`.
+    pub access: String,
+    /// `(code, sender, chat, valid until)`.
+    pub pending: Vec<(String, String, String, String)>,
+    /// `(sender, approved at, by)`.
+    pub approved: Vec<(String, String, String)>,
+}
+
+impl AccessView {
+    /// From one platform of `pairing list`'s JSON (docs/protocol.md §3).
+    pub fn from_json(v: &Value) -> AccessView {
+        let s = |v: &Value, k: &str| v[k].as_str().unwrap_or_default().to_owned();
+        let list = |k: &str| v[k].as_array().cloned().unwrap_or_default();
+        AccessView {
+            platform: s(v, "name"),
+            kind: s(v, "kind"),
+            access: s(v, "access"),
+            pending: list("pending")
+                .iter()
+                .map(|q| (s(q, "code"), s(q, "user"), s(q, "chat"), s(q, "expires_at")))
+                .collect(),
+            approved: list("approved").iter().map(|a| (s(a, "user"), s(a, "approved_at"), s(a, "by"))).collect(),
+        }
+    }
 }
 
 /// The OS lock (`gateway.lock`) as a probe saw it.
@@ -187,6 +223,35 @@ pub struct PlatformView {
 }
 
 impl Snapshot {
+    /// Leaves out what carries conversation text, for a page any local user may read (a
+    /// gateway without `api_token`, crates/dashboard/src/web.rs): the messages' text, failure
+    /// reasons, trace details and ids (an id reads the reply from `/v1/messages/{id}`), the
+    /// runs' message ids, the chats' turns, the log tail and a dashboard action's output.
+    /// Counts, states, chats and times stay.
+    pub fn hide_text(&mut self) {
+        const HIDDEN: &str = "(hidden)";
+        for m in &mut self.messages {
+            m.id = HIDDEN.into();
+            m.text = HIDDEN.into();
+            m.reason = m.reason.as_ref().map(|_| HIDDEN.into());
+            for t in &mut m.trace {
+                t.detail = None;
+            }
+        }
+        for r in &mut self.runs {
+            r.id = HIDDEN.into();
+        }
+        for c in &mut self.conversations {
+            c.turns.clear();
+        }
+        self.log_tail.clear();
+        if let Some(o) = &mut self.outcome {
+            o.output.clear();
+            o.said = o.said.as_ref().map(|_| HIDDEN.into());
+        }
+        self.text_hidden = true;
+    }
+
     pub fn cluster(&self) -> Option<ClusterView> {
         let c = self.status.extra.get("cluster")?.as_object()?;
         let s = |k: &str| c.get(k).and_then(Value::as_str).map(str::to_owned);

@@ -3,14 +3,28 @@
 
 /// The fragments a live page replaces: an SSE event named after one of these carries that
 /// element's new outer HTML as its data.
-pub const FRAGMENTS: &[&str] =
-    &[HEADER, ACTIONS, OUTCOME, TIMELINE, RUNS, QUEUE, CONVERSATIONS, PLATFORMS, PROVIDERS, DOCTOR, UPDATE, LOG];
+pub const FRAGMENTS: &[&str] = &[
+    HEADER,
+    ACTIONS,
+    OUTCOME,
+    TIMELINE,
+    RUNS,
+    QUEUE,
+    CONVERSATIONS,
+    PLATFORMS,
+    ACCESS,
+    PROVIDERS,
+    DOCTOR,
+    UPDATE,
+    LOG,
+];
 
 pub const HEADER: &str = "truth";
 pub const TIMELINE: &str = "timeline";
 pub const RUNS: &str = "runs";
 pub const QUEUE: &str = "queue";
 pub const PLATFORMS: &str = "platforms";
+pub const ACCESS: &str = "access";
 pub const DOCTOR: &str = "doctor";
 pub const UPDATE: &str = "update";
 pub const LOG: &str = "log";

@@ -57,7 +57,7 @@ pub fn text(s: &Snapshot, log_lines: usize) -> String {
     let _ =
         writeln!(out, "last {}: [{strip}]  (0 stop, R restart, ! crash, F fatal, ? killed, * running)", recent.len());
     if let Some(i) = recent.iter().rev().find(|i| !matches!(i.ending, Ending::Running)) {
-        let by = i.requests.last().map(|r| format!(", {} by {}", r.verb, r.who)).unwrap_or_default();
+        let by = i.requests.last().map(|r| format!(", {}", r.phrase())).unwrap_or_default();
         let when = i.ended_us.map(fmt_ts).unwrap_or_else(|| "?".into());
         let _ = writeln!(out, "last end: {} {} at {when}{by}", i.id, i.ending.label());
     }

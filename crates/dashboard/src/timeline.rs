@@ -19,7 +19,7 @@ pub enum Ending {
     Running,
     /// Recorded its own `exited` (or `start_refused`) line: the exit code and why.
     Exited { code: i32, intent: Option<String>, reason: Option<String> },
-    /// No exit line: killed (SIGKILL, the OOM killer) or crashed. `superseded` when a later
+    /// No exit line of its own: why it ended is not known. `superseded` when a later
     /// incarnation started, which bounds when it ended.
     NoExitRecorded { superseded: bool },
 }
@@ -43,7 +43,7 @@ impl Ending {
             Ending::Running => "running".into(),
             Ending::Exited { code, intent: Some(i), .. } => format!("exit {code} ({i})"),
             Ending::Exited { code, intent: None, .. } => format!("exit {code}"),
-            Ending::NoExitRecorded { .. } => "no exit recorded (killed or crashed)".into(),
+            Ending::NoExitRecorded { .. } => "no exit recorded (why is not known)".into(),
         }
     }
 }
@@ -58,8 +58,17 @@ pub struct Request {
     /// `cli`, `control`, `chat`, `http`, `signal`, `dashboard`, … (docs/protocol.md §2.4).
     pub channel: String,
     pub pid: Option<u32>,
-    /// "pid 5151 (gatewarden stop) via cli", or the chat and user of an `/update`.
+    /// Who asked, a noun phrase whatever the ledger line holds: "pid 5151 (gatewarden stop)
+    /// via cli", "an unnamed sender via SIGTERM", or the chat and user of an `/update`.
     pub who: String,
+}
+
+impl Request {
+    /// The request in words, as the timeline and `top` show it: "stop by pid 5151 (gatewarden
+    /// stop) via cli".
+    pub fn phrase(&self) -> String {
+        format!("{} by {}", self.verb, self.who)
+    }
 }
 
 /// One run of the gateway.
@@ -119,6 +128,8 @@ pub fn incarnations(lines: &[Line], live: Option<&str>) -> Vec<Incarnation> {
                     out[i].ready_us = out[i].ready_us.or(at);
                 }
             }
+            // Added later on its behalf (crates/lifecycle/src/heal.rs): still no exit recorded.
+            "exited" if m.contains_key("recorded_by") => {}
             "exited" | "start_refused" => {
                 let code = m.get("code").and_then(Value::as_i64).and_then(|c| i32::try_from(c).ok()).unwrap_or(1);
                 let ending = Ending::Exited { code, intent: str_of(m, "intent"), reason: str_of(m, "reason") };
@@ -187,16 +198,21 @@ fn request_of(m: &Map<String, Value>, verb: &str, at_us: Option<i128>) -> Reques
     match m.get("requester") {
         Some(Value::Object(r)) => {
             let pid = r.get("pid").and_then(Value::as_u64).and_then(|p| u32::try_from(p).ok());
-            let channel = str_of(r, "channel").unwrap_or_else(|| "unknown".into());
+            let channel = str_of(r, "channel").filter(|c| !c.is_empty()).unwrap_or_else(|| "unknown".into());
             let argv: Vec<&str> = r
                 .get("argv")
                 .and_then(Value::as_array)
-                .map_or(Vec::new(), |a| a.iter().filter_map(Value::as_str).collect());
+                .map_or(Vec::new(), |a| a.iter().filter_map(Value::as_str).filter(|a| !a.is_empty()).collect());
             let argv = redact_argv(&argv).join(" ");
+            // A signal's requester names the signal: "via SIGTERM" says more than "via signal".
+            let via = match str_of(r, "signal").filter(|s| !s.is_empty() && channel == "signal") {
+                Some(sig) => sig,
+                None => channel.clone(),
+            };
             let who = match (pid, argv.is_empty()) {
-                (Some(p), false) => format!("pid {p} ({argv}) via {channel}"),
-                (Some(p), true) => format!("pid {p} via {channel}"),
-                (None, _) => format!("via {channel}"),
+                (Some(p), false) => format!("pid {p} ({argv}) via {via}"),
+                (Some(p), true) => format!("pid {p} via {via}"),
+                (None, _) => format!("an unnamed sender via {via}"),
             };
             Request { verb: verb.into(), at_us, channel, pid, who }
         }
@@ -209,7 +225,8 @@ fn request_of(m: &Map<String, Value>, verb: &str, at_us: Option<i128>) -> Reques
             let who = match (user.is_empty(), chat.is_empty()) {
                 (false, false) => format!("user {user} in chat {chat} via {channel}"),
                 (false, true) => format!("user {user} via {channel}"),
-                _ => format!("via {channel}"),
+                (true, false) => format!("an unnamed user in chat {chat} via {channel}"),
+                (true, true) => format!("an unnamed user via {channel}"),
             };
             Request { verb: verb.into(), at_us, channel, pid: None, who }
         }
@@ -283,6 +300,7 @@ pub fn state_since(lines: &[Line], incarnation: Option<&str>) -> Option<i128> {
 mod tests {
     use super::*;
     use gatewarden_lifecycle::ledger::parse_line;
+    use serde_json::json;
 
     fn lines(text: &str) -> Vec<Line> {
         text.lines().filter(|l| !l.trim().is_empty()).map(|l| parse_line(l.as_bytes())).collect()
@@ -377,6 +395,73 @@ not json at all
         assert_eq!(incs[0].ending, Ending::Running);
         let verbs: Vec<(&str, &str)> = incs[0].requests.iter().map(|r| (r.verb.as_str(), r.channel.as_str())).collect();
         assert_eq!(verbs, [("restart", "cli-send"), ("cancel-drain", "dashboard")]);
+    }
+
+    /// Every way the ledger names who asked (docs/protocol.md §2.4: a control client, a signal
+    /// with and without a sender the OS named, a chat's `/update`, missing or empty fields)
+    /// reads as a sentence in the timeline and in `top`: no "stop by via signal".
+    #[test]
+    fn every_request_reads_as_a_sentence() {
+        let requesters = [
+            json!({"pid": 5151, "argv": ["gatewarden", "stop"], "channel": "cli"}),
+            json!({"pid": 5151, "argv": [], "channel": "control"}),
+            json!({"pid": null, "uid": null, "argv": [], "channel": "signal", "signal": "SIGTERM"}),
+            json!({"pid": 77, "uid": 1000, "argv": ["kill", "-TERM", "10"], "channel": "signal", "signal": "SIGINT"}),
+            json!({"pid": null, "argv": null, "channel": ""}),
+            json!({"argv": [""], "channel": "dashboard"}),
+            json!({}),
+        ];
+        let mut lines =
+            vec![r#"{"ts":"2026-12-01T10:00:00+00:00","event":"started","pid":10,"incarnation":"a"}"#.to_owned()];
+        for (n, r) in requesters.iter().enumerate() {
+            for event in ["stop_requested", "restart_requested", "drain_cancelled"] {
+                let line = json!({"ts": format!("2026-12-01T10:00:{:02}+00:00", n + 1), "event": event, "pid": 10,
+                                  "incarnation": "a", "requester": r});
+                lines.push(line.to_string());
+            }
+        }
+        for chat in [
+            json!({"chat_id": 42, "platform": "telegram", "user_id": "7"}),
+            json!({"chat_id": null}),
+            json!({"user_id": ""}),
+        ] {
+            let mut line =
+                json!({"ts": "2026-12-01T10:01:00+00:00", "event": "update_requested", "pid": 10, "incarnation": "a"});
+            line.as_object_mut().unwrap().extend(chat.as_object().unwrap().clone());
+            lines.push(line.to_string());
+        }
+        lines.push(r#"{"ts":"2026-12-01T10:02:00+00:00","event":"exited","pid":10,"incarnation":"a","code":0,"intent":"planned_stop","reason":"planned stop"}"#.into());
+        let incs = incarnations(&self::lines(&lines.join("\n")), None);
+        let phrases: Vec<String> = incs[0].requests.iter().map(Request::phrase).collect();
+        assert!(phrases.len() >= 3 * 2 + 3, "{phrases:#?}");
+        let reads_well = |p: &str| {
+            let words: Vec<&str> = p.split(' ').collect();
+            !p.contains("by via")
+                && !p.contains("  ")
+                && !p.contains("()")
+                && !p.contains("null")
+                && !p.ends_with(" via")
+                && !p.ends_with(' ')
+                && words.windows(2).all(|w| !(w[0] == "by" && w[1] == "via"))
+                && words.iter().all(|w| !w.is_empty())
+        };
+        for p in &phrases {
+            assert!(reads_well(p), "{p:?} does not read as a sentence");
+        }
+        assert!(phrases.contains(&"stop by an unnamed sender via SIGTERM".to_owned()), "{phrases:#?}");
+        assert!(phrases.contains(&"stop by pid 77 (kill -TERM 10) via SIGINT".to_owned()), "{phrases:#?}");
+        assert!(phrases.contains(&"update by user 7 in chat 42 via telegram".to_owned()), "{phrases:#?}");
+        // The text view's last line about an ending uses the same words.
+        let mut snap = crate::snapshot::Snapshot { ledger: self::lines(&lines.join("\n")), ..Default::default() };
+        snap.status.home = "/h".into();
+        let text = crate::text::text(&snap, 0);
+        let last = text.lines().find(|l| l.starts_with("last end:")).unwrap();
+        assert!(reads_well(last.trim_start_matches("last end: ")), "{last}");
+        for code in [0, 1, 75, 78, 3] {
+            for intent in [None, Some("planned_stop".to_owned())] {
+                assert!(reads_well(&Ending::Exited { code, intent: intent.clone(), reason: None }.label()));
+            }
+        }
     }
 
     #[test]

@@ -240,7 +240,7 @@ fn pages_render_in_headless_chromium_and_take_live_updates() {
     let first = format!("{}{first}", sse::retry(200));
     let after = live::Live::default().update(&restarted(&draining));
     let go = Arc::new(AtomicBool::new(false));
-    let addr = serve_pages(main, fleet(&homes(), &[]), first, after, Arc::clone(&go));
+    let addr = serve_pages(main, fleet(&homes(), &[], None), first, after, Arc::clone(&go));
 
     b.navigate(&format!("http://{addr}/ui")).expect("navigate");
     // The header's state, then the SSE update swapped in by the page's script.
@@ -323,7 +323,7 @@ fn actions_need_the_token_and_come_from_the_page_itself() {
         return;
     };
     const TOKEN: &str = "browser-test-token-0123456789";
-    let sessions = Arc::new(Mutex::new(Sessions::default()));
+    let sessions = Arc::new(Mutex::new(Sessions::new(Some(TOKEN))));
     let bound: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     let snap = snapshot();
     let (sessions2, bound2) = (Arc::clone(&sessions), Arc::clone(&bound));

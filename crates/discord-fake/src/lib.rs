@@ -31,7 +31,9 @@
 //!   IDENTIFY with 4005 "Already authenticated", bad JSON with 4002 "Decode error", an unknown
 //!   op with 4001 (docs/topics/opcodes-and-status-codes "Gateway Close Event Codes").
 //!   [`FakeDiscord::close_all`] closes every connection with any code.
-//! - **MESSAGE_CREATE.** [`FakeDiscord::message`] dispatches a message to every live session
+//! - **MESSAGE_CREATE.** [`FakeDiscord::message`] dispatches a direct message (no `guild_id`)
+//!   and [`FakeDiscord::guild_message`] a guild channel's (with `guild_id`, `mentions` of the
+//!   bot, a reply's `referenced_message`) to every live session
 //!   (detached ones keep it for their resume), `content` empty unless the session identified
 //!   with the MESSAGE_CONTENT intent (docs/events/gateway "Message Content Intent"). Two
 //!   sessions of one bot both get every event: Discord does not refuse a second consumer.
@@ -440,6 +442,35 @@ impl FakeDiscord {
         let mut w = self.shared.world();
         let id = Shared::snowflake(&mut w);
         let d = message_object(&id, channel, author, false, content, None);
+        self.shared.dispatch_all(&mut w, "MESSAGE_CREATE", &d);
+        id
+    }
+
+    /// A user's message in `channel` of guild `guild` (a guild text channel, not a DM): the
+    /// MESSAGE_CREATE carries `guild_id`; with `mention`, `mentions` names the bot and the
+    /// content starts `<@BOT_USER_ID>`; `reply_to`, a message of the bot, makes it a reply
+    /// (`message_reference` and `referenced_message`, docs/resources/message "Message Object").
+    pub fn guild_message(
+        &self,
+        guild: &str,
+        channel: &str,
+        author: &str,
+        content: &str,
+        mention: bool,
+        reply_to: Option<&str>,
+    ) -> String {
+        let mut w = self.shared.world();
+        let id = Shared::snowflake(&mut w);
+        let text = if mention { format!("<@{BOT_USER_ID}> {content}") } else { content.to_owned() };
+        let mut d = message_object(&id, channel, author, false, &text, None);
+        d["guild_id"] = json!(guild);
+        d["mentions"] =
+            if mention { json!([{"id": BOT_USER_ID, "username": "fakebot", "bot": true}]) } else { json!([]) };
+        if let Some(r) = reply_to {
+            let replied = w.sent.iter().find(|m| m.id == r).map(|m| m.content.clone()).unwrap_or_default();
+            d["message_reference"] = json!({"message_id": r, "channel_id": channel, "guild_id": guild});
+            d["referenced_message"] = message_object(r, channel, BOT_USER_ID, true, &replied, None);
+        }
         self.shared.dispatch_all(&mut w, "MESSAGE_CREATE", &d);
         id
     }

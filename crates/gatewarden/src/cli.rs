@@ -18,12 +18,25 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "DIR")]
     pub hermes_home: Option<PathBuf>,
 
+    /// The configuration file, for this command and every gateway it starts [default:
+    /// <home>/config.toml]
+    #[arg(long, global = true, env = "GATEWARDEN_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Colour: auto (on a terminal, unless NO_COLOR is set), always or never
+    #[arg(long, global = true, value_enum, default_value_t = Color::Auto, value_name = "WHEN")]
+    pub color: Color,
+
     #[command(subcommand)]
     pub command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Set up this home: one chat platform and one agent backend, asked on a terminal or given
+    /// as flags; secrets go to secrets.env, the rest to a commented config.toml; credentials are
+    /// tried, `check` is run, and the next step is printed
+    Init(InitArgs),
     /// Run the gateway in the foreground
     Run(RunArgs),
     /// Show whether a gateway runs in this home (exit 0 running, 3 not running, 4 unknown)
@@ -40,6 +53,9 @@ pub enum Command {
         /// Never kill: exit 1 if the gateway is still running after the timeout
         #[arg(long)]
         no_kill: bool,
+        /// One JSON document on stdout: the outcome and the status left (lines go to stderr)
+        #[arg(long)]
+        json: bool,
     },
     /// Start the gateway in the background and wait until it is ready
     Start {
@@ -56,6 +72,13 @@ pub enum Command {
         /// (a restart's kick): obey a later stop, record nothing
         #[arg(long, hide = true, value_name = "SEQ")]
         desired_seq: Option<u64>,
+        /// Start with the settings of the last gateway that ran here (its recorded --listen
+        /// and --drain-timeout), not only the config's; --listen / --drain-timeout still win
+        #[arg(long)]
+        as_before: bool,
+        /// One JSON document on stdout: the outcome and the status left (lines go to stderr)
+        #[arg(long)]
+        json: bool,
     },
     /// Restart the gateway and exit 0 only when a new incarnation is ready
     Restart {
@@ -68,9 +91,24 @@ pub enum Command {
         /// Internal: the desired-state sequence the backstop's restart was requested under
         #[arg(long, hide = true, value_name = "SEQ", requires = "backstop")]
         desired_seq: Option<u64>,
+        /// One JSON document on stdout: the outcome and the status left (lines go to stderr)
+        #[arg(long)]
+        json: bool,
     },
     /// Cancel the drain of a restart: the gateway runs on (exit 0 once it answers `running`)
-    CancelDrain,
+    CancelDrain {
+        /// One JSON document on stdout: the outcome and the status left (lines go to stderr)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-read config.toml and the secrets and apply what can change live (as SIGHUP does);
+    /// names the keys that need a restart. Exit 0 applied, 78 refused (the file, line and key
+    /// are printed; nothing changed), 3 not running
+    Reload {
+        /// One JSON document on stdout
+        #[arg(long)]
+        json: bool,
+    },
     /// Send a message (or a chat command such as /status) to the running gateway
     Send {
         /// The message text
@@ -84,6 +122,9 @@ pub enum Command {
         /// Journal the message and return its id instead of waiting for the reply
         #[arg(long = "async")]
         is_async: bool,
+        /// One JSON document on stdout: the reply (or the message id) and the notices
+        #[arg(long)]
+        json: bool,
     },
     /// Show the gateway's log (written by background starts)
     Logs {
@@ -93,12 +134,16 @@ pub enum Command {
         /// Number of lines to show
         #[arg(short = 'n', default_value_t = 50)]
         n: usize,
+        /// One JSON object per line (`text`, and `ts`, `level`, `message` where the line has them)
+        #[arg(long)]
+        json: bool,
     },
     /// Install, remove or inspect this home's service (systemd, launchd, Windows task/service)
     Service(ServiceArgs),
     /// Run the gateway as a child and supervise it (for places without a service manager)
     Supervise(SuperviseArgs),
-    /// Check the service definition, stale files, port, permissions and a parked supervisor
+    /// Check the service definition, stale files, port, permissions, a parked supervisor, and what
+    /// users see: failing providers, degraded platforms, failing runs, full queues, the clock
     Doctor(DoctorArgs),
     /// Replace the gateway binary as a verified transaction (stage, preflight, swap, restart,
     /// probation), rolling back on failure
@@ -118,9 +163,12 @@ pub enum Command {
     #[command(hide = true)]
     CrashBackoff,
     /// Serve one dashboard page for every gateway home of this user (the per-user registry
-    /// each gateway joins at start), on loopback
+    /// each gateway joins at start); every page asks for its token (GATEWARDEN_DASHBOARD_TOKEN,
+    /// or the file GATEWARDEN_DASHBOARD_TOKEN_FILE names; at least 16 bytes, else a random one
+    /// printed at start)
     Dashboard {
-        /// Loopback address to serve on (port 0 picks a free port; the URL is printed)
+        /// Address to serve on: loopback unless a token is given (port 0 picks
+        /// a free port; the URL is printed)
         #[arg(long, default_value = "127.0.0.1:7879", value_name = "ADDR")]
         listen: String,
         /// Also list this gatewarden home (repeatable)
@@ -130,7 +178,8 @@ pub enum Command {
         #[arg(long = "hermes", value_name = "DIR")]
         hermes_homes: Vec<PathBuf>,
     },
-    /// A terminal view of this home's dashboard snapshot, redrawn every second (--once: print it once)
+    /// A live view of the gateway, redrawn every second: its CPU, memory and threads, each
+    /// platform's state and lag, the queue, runs in flight, providers, messages per minute
     Top {
         /// Print one snapshot and exit
         #[arg(long)]
@@ -138,6 +187,9 @@ pub enum Command {
         /// Log lines shown
         #[arg(short = 'n', default_value_t = 8)]
         n: usize,
+        /// One snapshot as a JSON document (implies --once)
+        #[arg(long)]
+        json: bool,
     },
     /// Show a message's path through the gateway: received, journaled, claimed, backend
     /// called, providers tried, first token, done or failed, outbox sent
@@ -149,6 +201,19 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the shell completion script for SHELL (bash, zsh, fish) on stdout
+    Completions {
+        #[arg(value_enum)]
+        shell: CompletionShell,
+    },
+    /// Print the man page (roff) on stdout: `gatewarden man > gatewarden.1`
+    Man,
+    /// Who may reach the agent: list pairing codes and approved senders, approve a code,
+    /// revoke a sender (takes effect at once in the running gateway)
+    Pairing {
+        #[command(subcommand)]
+        action: PairingAction,
+    },
     /// Show the lifecycle ledger, newest last
     History {
         /// Number of events to show
@@ -158,6 +223,113 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PairingAction {
+    /// Each platform's access, pending codes and approved senders
+    List {
+        /// One JSON document
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve the sender a pairing code was given to
+    Approve {
+        /// The `[[platform]]`'s kind, or its name where the home has two of one kind
+        platform: String,
+        /// The code the sender got (any case)
+        code: String,
+        /// One JSON document
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take a sender's approval back: its messages no longer reach the agent
+    Revoke {
+        /// The `[[platform]]`'s kind, or its name where the home has two of one kind
+        platform: String,
+        /// The sender's id, as the platform names it (`pairing list` shows it)
+        user: String,
+        /// One JSON document
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+impl PairingAction {
+    /// The request, and whether JSON was asked for.
+    pub fn request(self) -> (gatewarden_ops::pairing::PairingRequest, bool) {
+        use gatewarden_ops::pairing::PairingRequest as R;
+        match self {
+            PairingAction::List { json } => (R::List, json),
+            PairingAction::Approve { platform, code, json } => (R::Approve { platform, code }, json),
+            PairingAction::Revoke { platform, user, json } => (R::Revoke { platform, user }, json),
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct InitArgs {
+    /// The chat platform (asked on a terminal; `none`: the HTTP API only)
+    #[arg(long, value_name = "KIND", value_parser = ["telegram", "none"])]
+    pub platform: Option<String>,
+    /// The agent backend (asked on a terminal; `echo` answers with the message, for a first try)
+    #[arg(long, value_name = "KIND", value_parser = ["openai", "echo"])]
+    pub backend: Option<String>,
+    /// The provider's OpenAI-compatible base URL [default: https://api.openai.com/v1]
+    #[arg(long, value_name = "URL")]
+    pub base_url: Option<String>,
+    /// The model the provider serves
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// The variable holding the provider's API key, in secrets.env [default: OPENAI_API_KEY];
+    /// without a terminal its value is taken from init's own environment
+    #[arg(long, value_name = "NAME")]
+    pub api_key_env: Option<String>,
+    /// The variable holding the bot token, in secrets.env [default: TELEGRAM_BOT_TOKEN];
+    /// without a terminal its value is taken from init's own environment
+    #[arg(long, value_name = "NAME")]
+    pub token_env: Option<String>,
+    /// Another Bot API server (written as the platform's api_base) [default: https://api.telegram.org]
+    #[arg(long, value_name = "URL")]
+    pub api_base: Option<String>,
+    /// The owner's user id on the platform (may run /restart, /stop, /update); repeatable
+    #[arg(long = "admin", value_name = "ID")]
+    pub admins: Vec<String>,
+    /// HTTP listen address [default: 127.0.0.1:7878]
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Replace an existing config.toml (the old one is kept as config.toml.bak-<time>)
+    #[arg(long)]
+    pub force: bool,
+    /// Do not try the credentials over the network
+    #[arg(long)]
+    pub offline: bool,
+    /// Never ask: a missing answer is an error (the default without a terminal)
+    #[arg(long)]
+    pub no_input: bool,
+    /// One JSON document on stdout: what was written, what was found, the check, the next step
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl From<InitArgs> for ops::options::InitArgs {
+    fn from(a: InitArgs) -> Self {
+        ops::options::InitArgs {
+            platform: a.platform,
+            backend: a.backend,
+            base_url: a.base_url,
+            model: a.model,
+            api_key_env: a.api_key_env,
+            token_env: a.token_env,
+            api_base: a.api_base,
+            admins: a.admins,
+            listen: a.listen,
+            force: a.force,
+            offline: a.offline,
+            no_input: a.no_input,
+            json: a.json,
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -179,7 +351,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "KIND", value_parser = parse_supervisor)]
     pub supervisor: Option<gatewarden_lifecycle::Supervisor>,
     /// Log format
-    #[arg(long, value_enum, default_value_t = LogFormat::Plain)]
+    #[arg(long, value_enum, default_value_t = LogFormat::Plain, env = "GATEWARDEN_LOG_FORMAT")]
     pub log_format: LogFormat,
     /// Write the log to this file (rotated by size) instead of stderr
     #[arg(long, value_name = "FILE")]
@@ -197,12 +369,42 @@ pub struct RunArgs {
     /// a later stop makes it exit before it is ready
     #[arg(long, hide = true, value_name = "SEQ")]
     pub desired_seq: Option<u64>,
+    /// Internal: only say whether a gateway could start with these arguments, then exit (a
+    /// restart's preflight)
+    #[arg(long, hide = true)]
+    pub preflight: bool,
 }
 
 /// `--supervisor` goes through the lifecycle crate's one parser, like `GATEWARDEN_SUPERVISOR`.
 fn parse_supervisor(s: &str) -> Result<gatewarden_lifecycle::Supervisor, String> {
     gatewarden_lifecycle::Supervisor::parse(s)
         .ok_or_else(|| format!("{s:?} is not a supervisor (systemd, launchd, container, external, none)"))
+}
+
+/// The shells release tarballs ship completions for (scripts/release).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// `--color`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Color {
+    Auto,
+    Always,
+    Never,
+}
+
+impl From<Color> for ops::ui::ColorChoice {
+    fn from(c: Color) -> Self {
+        match c {
+            Color::Auto => ops::ui::ColorChoice::Auto,
+            Color::Always => ops::ui::ColorChoice::Always,
+            Color::Never => ops::ui::ColorChoice::Never,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -262,6 +464,9 @@ pub struct InstallArgs {
     /// Internal (tests): crash-loop brake burst
     #[arg(long, hide = true)]
     pub start_limit_burst: Option<u32>,
+    /// One JSON document on stdout: the outcome and the service's state (lines go to stderr)
+    #[arg(long, conflicts_with = "print")]
+    pub json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -269,6 +474,9 @@ pub struct UninstallArgs {
     /// Remove the system-wide definition (default: whichever is installed, user first)
     #[arg(long)]
     pub system: bool,
+    /// One JSON document on stdout: the outcome and the service's state (lines go to stderr)
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -301,8 +509,8 @@ pub struct UpdateArgs {
     /// gateway exited: reverts an unfinished update whose release died
     #[arg(long, hide = true)]
     pub after_exit: bool,
-    /// Install a release older than the running version (refused otherwise when [update]
-    /// public_key is set; chat `/update` never downgrades). `--rollback` needs no flag
+    /// Install a release not newer than the running version (refused otherwise, signed or
+    /// not; chat `/update` never downgrades). `--rollback` needs no flag
     #[arg(long, conflicts_with_all = ["status", "rollback"])]
     pub allow_downgrade: bool,
     /// Internal: the chat that asked (`/update`); it gets the outcome notice
@@ -368,9 +576,10 @@ impl From<ServiceArgs> for ops::options::ServiceArgs {
                 restart_sec_ms: i.restart_sec_ms,
                 watchdog_s: i.watchdog_s,
                 start_limit_burst: i.start_limit_burst,
+                json: i.json,
             }),
             ServiceAction::Uninstall(u) => {
-                ops::options::ServiceAction::Uninstall(ops::options::UninstallArgs { system: u.system })
+                ops::options::ServiceAction::Uninstall(ops::options::UninstallArgs { system: u.system, json: u.json })
             }
             ServiceAction::Status { json } => ops::options::ServiceAction::Status { json },
         };
@@ -409,5 +618,58 @@ impl From<SuperviseArgs> for ops::options::SuperviseArgs {
             backoff_ms: a.backoff_ms,
             max_backoff_ms: a.max_backoff_ms,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Verbs that report nothing a program would read: each with why. Every other verb has
+    /// `--json` (docs/protocol.md §6.3); a verb added without it fails [`every_verb_that_reports_has_json`].
+    const NO_JSON: &[(&str, &str)] = &[
+        ("run", "the gateway itself: it serves until it stops (its log has --log-format json)"),
+        ("supervise", "a supervisor: it runs until its child stays down"),
+        ("dashboard", "a web server: it serves until Ctrl-C"),
+        ("crash-backoff", "internal (the unit's ExecStopPost=): it only waits"),
+        ("completions", "prints a shell script"),
+        ("man", "prints a man page"),
+        ("service", "a group: its subcommands are walked"),
+        ("pairing", "a group: its subcommands are walked"),
+    ];
+
+    fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<(String, bool)>) {
+        for sub in cmd.get_subcommands() {
+            let name = if path.is_empty() { sub.get_name().to_owned() } else { format!("{path} {}", sub.get_name()) };
+            let json = sub.get_arguments().any(|a| a.get_long() == Some("json"));
+            out.push((name.clone(), json));
+            walk(sub, &name, out);
+        }
+    }
+
+    #[test]
+    fn every_verb_that_reports_has_json() {
+        let mut verbs = Vec::new();
+        walk(&Cli::command(), "", &mut verbs);
+        assert!(verbs.len() > 20, "{verbs:?}");
+        let exempt = |v: &str| NO_JSON.iter().any(|(n, _)| *n == v);
+        let missing: Vec<&str> =
+            verbs.iter().filter(|(v, json)| !json && !exempt(v)).map(|(v, _)| v.as_str()).collect();
+        assert!(missing.is_empty(), "verbs without --json (add it, documented in docs/protocol.md §6.3): {missing:?}");
+        // The exemptions name verbs that exist, and none of them grew a --json.
+        for (name, why) in NO_JSON {
+            let found = verbs.iter().find(|(v, _)| v == name);
+            assert!(found.is_some_and(|(_, json)| !json), "{name} ({why}) is not a verb without --json any more");
+        }
+    }
+
+    #[test]
+    fn config_and_color_are_global() {
+        let cli =
+            Cli::try_parse_from(["gatewarden", "status", "--config", "/etc/gw.toml", "--color", "never"]).unwrap();
+        assert_eq!(cli.config.as_deref(), Some(std::path::Path::new("/etc/gw.toml")));
+        assert_eq!(cli.color, Color::Never);
+        assert!(Cli::try_parse_from(["gatewarden", "--color", "sometimes", "status"]).is_err());
     }
 }

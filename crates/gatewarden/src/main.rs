@@ -1,5 +1,6 @@
 //! `gatewarden`: a thin binary. It parses the command line and hands each verb to its file in
 //! `cmd/`; the logic lives in the library crates.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 mod cli;
 mod cmd;
@@ -15,10 +16,20 @@ fn main() -> ExitCode {
     let started = Instant::now();
     gatewarden_lifecycle::platform::spawn::remember_self_exe();
     let cli = cli::Cli::parse();
+    if let Some(path) = &cli.config {
+        // `--config` (or GATEWARDEN_CONFIG) as one absolute path in the environment: the config
+        // crate reads it there (crates/lifecycle/src/home.rs `config_path_with`), and every
+        // process this one starts (a background `run`, a restart's successor) inherits it.
+        let abs = std::path::absolute(path).unwrap_or_else(|_| path.clone());
+        // SAFETY: nothing else runs yet (no thread was started: clap parsed, and
+        // remember_self_exe only read the executable's path), so no reader of the environment
+        // can race this write.
+        unsafe { std::env::set_var(gatewarden_lifecycle::home::CONFIG_ENV, abs) };
+    }
     let code = match cmd::dispatch(cli, started_at, started) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("gatewarden: {e:#}");
+            gatewarden_ops::errln!("gatewarden: {e:#}");
             ExitCode::from(1)
         }
     };
@@ -35,6 +46,6 @@ fn report_to_dashboard(code: ExitCode) {
     let n = (0..=255u8).find(|n| ExitCode::from(*n) == code).map_or(1, i32::from);
     let verb = std::env::args().nth(3).unwrap_or_default();
     if let Err(e) = actions::finish(std::path::Path::new(&path), &verb, n) {
-        eprintln!("gatewarden: cannot record the outcome for the dashboard: {e}");
+        gatewarden_ops::errln!("gatewarden: cannot record the outcome for the dashboard: {e}");
     }
 }

@@ -42,7 +42,7 @@ fn slow_llm(words: usize, gap: Duration) -> (FakeLlm, String) {
 fn start(home: &TempHome, sw: &Sweeper, fake: &FakeTelegram, llm: &FakeLlm, tok: &str) -> Gateway {
     let config = format!(
         "drain_timeout_s = 10\n[agent]\nbackend = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"\ntimeout_s = 60\n\
-         [[platform]]\nkind = \"telegram\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\nadmins = [\"{ADMIN}\"]\n\
+         [[platform]]\nkind = \"telegram\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\nadmins = [\"{ADMIN}\"]\n\
          poll_timeout_s = 2\n",
         llm.base_url(),
         fake.base_url()

@@ -199,3 +199,77 @@ fn usage_error_exits_2() {
     assert_cli(&run_cli(&home, &["frobnicate"]), 2, "unknown verb");
     assert_cli(&run_cli(&home, &["stop", "--timeout", "soon"]), 2, "bad --timeout");
 }
+
+/// Issue 28: shell completions (bash, zsh, fish) and the man page come from the parser itself
+/// (what release tarballs ship, scripts/release): each names every public verb, the bash script
+/// parses, and the man page has a section per verb. Neither needs a home.
+#[test]
+fn completions_and_man_page_come_from_the_parser() {
+    let home = TempHome::new();
+    let verbs = ["run", "status", "stop", "start", "restart", "update", "supervise", "history", "completions"];
+    for shell in ["bash", "zsh", "fish"] {
+        let out = run_cli(&home, &["completions", shell]);
+        assert_cli(&out, 0, shell);
+        for v in verbs {
+            assert!(out.stdout.contains(v), "{shell} completions lack {v}");
+        }
+    }
+    let bash = run_cli(&home, &["completions", "bash"]);
+    let script = home.scratch("completion", "bash");
+    std::fs::write(&script, &bash.stdout).unwrap();
+    let syntax = std::process::Command::new("bash").arg("-n").arg(&script).output().unwrap();
+    assert!(syntax.status.success(), "{}", String::from_utf8_lossy(&syntax.stderr));
+    let man = run_cli(&home, &["man"]);
+    assert_cli(&man, 0, "man");
+    assert!(man.stdout.starts_with(".ie") && man.stdout.contains(".TH gatewarden 1"), "{}", &man.stdout[..200]);
+    for v in verbs {
+        assert!(man.stdout.contains(&format!(".SH \"GATEWARDEN {}\"", v.to_ascii_uppercase())), "no section for {v}");
+    }
+    assert!(!man.stdout.contains("CRASH-BACKOFF"), "hidden verbs stay out of the man page");
+    assert_cli(&run_cli(&home, &["completions", "tcsh"]), 2, "an unknown shell is a usage error");
+    assert!(!home.path().join("gateway.lock").exists(), "no home was touched");
+}
+
+/// Issue 27 §7: no verb panics on a closed stdout (`history -n 200 | head -c1` exited 134):
+/// each verb, with stdout (and then stderr too) a pipe whose reader is gone, exits with the
+/// code it has with a reader, and finishes its work: `stop` with no reader still stops.
+#[test]
+fn no_verb_panics_when_the_reader_of_its_output_is_gone() {
+    let home = TempHome::new();
+    let mut g = start(&home);
+    let api = api::Api::new(g.listen());
+    for i in 0..40 {
+        api.send("c", "u", &format!("message {i}")).expect("send");
+    }
+    let verbs: &[&[&str]] = &[
+        &["history", "-n", "200"],
+        &["history", "-n", "200", "--json"],
+        &["status"],
+        &["status", "--json"],
+        &["check"],
+        &["check", "--json"],
+        &["doctor"],
+        &["service", "install", "--print"],
+        &["service", "status"],
+        &["logs", "-n", "50"],
+        &["send", "hello"],
+        &["trace", "no-such-message"],
+        &["update", "--status"],
+    ];
+    for args in verbs {
+        let with_reader = run_cli(&home, args);
+        assert!(!with_reader.panicked(), "{args:?} with a reader: {with_reader:#?}");
+        for stderr_too in [false, true] {
+            let out = cli_reader_gone(bin(), home.path(), args, stderr_too);
+            assert!(!out.panicked(), "{args:?} (stderr closed too: {stderr_too}) panicked: {out:#?}");
+            assert_eq!(
+                out.code, with_reader.code,
+                "{args:?} (stderr closed too: {stderr_too}) exits as it does with a reader: {out:#?}"
+            );
+        }
+    }
+    let out = cli_reader_gone(bin(), home.path(), &["stop"], true);
+    assert_eq!(out.code, Some(0), "stop with no reader: {out:#?}");
+    let st = g.wait_exit(EXIT);
+    assert_exit_code(&g, st, 0, "stopped by a `stop` whose output nobody read");
+}

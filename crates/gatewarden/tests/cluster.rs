@@ -58,7 +58,7 @@ impl Node {
     fn spawn_telegram(name: &str, url: &str, api_base: &str, token: &str) -> Node {
         let home = TempHome::new();
         let top = format!(
-            "[agent]\nbackend = \"echo\"\n[[platform]]\nkind = \"telegram\"\nname = \"bot\"\ntoken_env = \"{TOKEN_ENV}\"\n\
+            "[agent]\nbackend = \"echo\"\n[[platform]]\nkind = \"telegram\"\naccess = \"open\"\nrequire_mention = false\nname = \"bot\"\ntoken_env = \"{TOKEN_ENV}\"\n\
              api_base = \"{api_base}\"\npoll_timeout_s = 20\nconflict_standby_s = 2\n"
         );
         let envs = vec![(TOKEN_ENV, token.to_owned())];
@@ -72,7 +72,7 @@ impl Node {
     fn spawn_slow(name: &str, url: &str, label: &str, secs: f64, drain_s: u64) -> Node {
         let home = TempHome::new();
         let script = home.path().join("agent.sh");
-        let runs = home.path().join("runs");
+        let runs = home.path().join("agent_runs");
         std::fs::write(
             &script,
             format!(
@@ -91,7 +91,7 @@ impl Node {
 
     /// The run ids this node's slow agent started.
     fn runs(&self) -> Vec<String> {
-        std::fs::read_to_string(self.home.path().join("runs"))
+        std::fs::read_to_string(self.home.path().join("agent_runs"))
             .map(|s| s.lines().map(str::to_owned).collect())
             .unwrap_or_default()
     }

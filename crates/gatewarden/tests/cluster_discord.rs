@@ -29,7 +29,7 @@ impl Node {
         let cfg = format!(
             "drain_timeout_s = 5\n[agent]\nbackend = \"echo\"\n\
              [cluster]\nname = \"{cluster}\"\nstore = \"{url}\"\npassword_env = \"{PW_ENV}\"\nlease_ttl_s = {}\nrenew_interval_s = 1\n\
-             [[platform]]\nkind = \"discord\"\nname = \"bot\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\nconflict_standby_s = 2\n",
+             [[platform]]\nkind = \"discord\"\naccess = \"open\"\nrequire_mention = false\nname = \"bot\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\nconflict_standby_s = 2\n",
             TTL.as_secs(),
             fake.api_base()
         );

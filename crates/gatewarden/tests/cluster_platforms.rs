@@ -45,8 +45,20 @@ struct Node {
 
 impl Node {
     /// A gateway of cluster `cluster` polling `platforms` (`(name, token)`) through the fake as
-    /// consumer `consumer`.
+    /// consumer `consumer`, open to anyone.
     fn spawn(cluster: &str, url: &str, fake: &FakeTelegram, consumer: &str, platforms: &[(&str, &str)]) -> Node {
+        Node::spawn_with(cluster, url, fake, consumer, platforms, "access = \"open\"\nrequire_mention = false\n")
+    }
+
+    /// [`Node::spawn`] with `access` (lines of each `[[platform]]` table) instead of `open`.
+    fn spawn_with(
+        cluster: &str,
+        url: &str,
+        fake: &FakeTelegram,
+        consumer: &str,
+        platforms: &[(&str, &str)],
+        access: &str,
+    ) -> Node {
         let home = TempHome::new();
         let envs = [TOKEN_ENV, TOKEN2_ENV];
         let mut cfg = format!(
@@ -57,8 +69,8 @@ impl Node {
         );
         for (i, (name, _)) in platforms.iter().enumerate() {
             cfg += &format!(
-                "[[platform]]\nkind = \"telegram\"\nname = \"{name}\"\ntoken_env = \"{}\"\napi_base = \"{}/c/{consumer}\"\n\
-                 poll_timeout_s = 20\nconflict_standby_s = 2\n",
+                "[[platform]]\nkind = \"telegram\"\n{access}name = \"{name}\"\ntoken_env = \"{}\"\napi_base = \"{}/c/{consumer}\"\n\
+                 admins = [\"1\"]\npoll_timeout_s = 20\nconflict_standby_s = 2\n",
                 envs[i],
                 fake.base_url()
             );
@@ -179,6 +191,50 @@ fn only_the_active_polls_and_after_kill9_the_standby_polls_within_ttl() {
     let polls = fake.polls(&tok);
     assert!(polls_of(&polls, "b").iter().all(|p| !p.conflict), "the new active got 409s: {polls:#?}");
     assert_eq!(b.adapter("bot")["state"], "connected");
+}
+
+/// The pairing book is the cluster's (in its store): a code issued and approved on the active
+/// holds on the standby promoted after a kill -9 of the active, which reads it before its
+/// adapter starts; a standby decides nothing and names the active.
+#[test]
+fn an_approval_survives_failover_to_a_standby() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let (fake, tok) = (fake(), token());
+    let mut a = Node::spawn_with("pair", &pg.url(), &fake, "a", &[("bot", &tok)], "");
+    a.wait_role("active", READY);
+    a.wait_adapter("bot", |p| p["state"] == "connected", READY);
+    let mut b = Node::spawn_with("pair", &pg.url(), &fake, "b", &[("bot", &tok)], "");
+    b.wait_role("standby", READY);
+
+    fake.inject(&tok, 102, 102, "let me in");
+    let got =
+        fake.wait_sent(&tok, REPLY, |s| s.iter().any(|m| m.chat_id == json!(102) && m.text.contains("pairing code")));
+    let reply = got.unwrap_or_else(|s| panic!("no pairing code: {s:#?}")).into_iter().find(|m| m.chat_id == json!(102));
+    let text = reply.map(|m| m.text).unwrap_or_default();
+    let code: String = text.split("pairing code is ").nth(1).unwrap_or_default().chars().take(8).collect();
+    // Refused on the standby, which names the active once it has seen it (its next renewal).
+    let mut refused = run_cli(&b.home, &["pairing", "approve", "bot", &code]);
+    let named = wait_until(READY, || {
+        refused = run_cli(&b.home, &["pairing", "approve", "bot", &code]);
+        refused.code == Some(1) && refused.stderr.contains("standby") && refused.stderr.contains("the active serves")
+    });
+    assert!(named, "the standby refuses and names the active: {refused:?}");
+    assert_cli(&run_cli(&a.home, &["pairing", "approve", "bot", &code]), 0, "pairing approve on the active");
+    fake.inject(&tok, 102, 102, "approved on a");
+    wait_reply(&fake, &tok, 102, "approved on a");
+
+    a.g.kill();
+    b.wait_role("active", TTL + Duration::from_secs(5));
+    b.wait_adapter("bot", |p| p["state"] == "connected", READY);
+    fake.inject(&tok, 102, 102, "still approved on b");
+    wait_reply(&fake, &tok, 102, "still approved on b");
+    let list = run_cli(&b.home, &["pairing", "list", "--json"]);
+    assert_cli(&list, 0, "pairing list on the new active");
+    assert!(list.stdout.contains("\"user\":\"102\""), "{}", list.stdout);
+    fake.inject(&tok, 103, 103, "a new stranger");
+    let got =
+        fake.wait_sent(&tok, REPLY, |s| s.iter().any(|m| m.chat_id == json!(103) && m.text.contains("pairing code")));
+    assert!(got.is_ok(), "the new active pairs strangers too");
 }
 
 /// `gatewarden stop` of the active: its adapter stops (confirming the offset), its credential

@@ -250,3 +250,28 @@ fn exec_runs_of_a_sigkilled_gateway_are_killed_before_the_next_incarnation_rerun
         pids[0]
     );
 }
+
+/// Issue 30, item 5: `stop --timeout 2` during a run that outlasts it (drain budget 30 s): the
+/// stopper SIGKILLs the gateway, and the run's processes (the `sh -c` and what it started,
+/// every one carrying the incarnation's run tag) end with it, ended by the stopper as it ends
+/// the gateway, not left for the next start. (Before: they ran on until the next `start`.)
+#[test]
+fn a_gateway_killed_by_the_stopper_leaves_no_agent_process() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let pids_file = home.scratch("pids", ".txt");
+    let g = gateway(&home, &sw, &format!("drain_timeout_s = 30\n{}", never_ending_exec(&pids_file)));
+    let inc = incarnation_of(&home, g.pid()).expect("its incarnation");
+    let accepted = Api::new(g.listen()).send_async("c", "u", "outlasts the stop").unwrap();
+    assert_eq!(accepted.status, 202, "{}", accepted.text());
+    let pids = read_pids(&pids_file, 4);
+    let stop = cli_tagged(&home, &sw, &["stop", "--timeout", "2"], Duration::from_secs(30));
+    assert_cli(&stop, 0, "stop");
+    assert!(stop.stdout.contains("killed"), "the stop had to kill: {stop:#?}");
+    let left: Vec<(u32, Vec<String>)> =
+        pids.iter().filter(|&&p| pid_alive(p)).map(|&p| (p, sweep::cmdline_of(p))).collect();
+    let ended = home.events("orphan_runs_killed");
+    sw.sweep();
+    assert!(left.is_empty(), "the run's processes outlived the stop: {left:?}\n{}", home.ledger_text());
+    assert!(ended.iter().any(|e| e["incarnation"] == json!(inc) && e["by"] == json!("stop")), "{}", home.ledger_text());
+}

@@ -65,7 +65,7 @@ impl Rig {
         let config = format!(
             "drain_timeout_s = 3\n[agent]\nbackend = \"hermes\"\nhermes_home = \"{}\"\nhermes_program = \"{}\"\n\
              timeout_s = 90\napproval_timeout_s = {APPROVAL_S}\n\
-             [[platform]]\nkind = \"telegram\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\nadmins = [\"{ADMIN}\"]\n\
+             [[platform]]\nkind = \"telegram\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\nadmins = [\"{ADMIN}\"]\n\
              poll_timeout_s = 2\nconflict_standby_s = 2\n",
             hermes_home.display(),
             venv.join("bin/hermes").display(),

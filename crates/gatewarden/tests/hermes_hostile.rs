@@ -4,8 +4,8 @@
 //! owned by them, created here by root and handed over with `lchown`), then the real binary
 //! runs as root against the home.
 //!
-//! Needs root and `useradd` (a second user, `gw-hostile`, created once); under `CI` a missing
-//! one fails the test.
+//! Needs root and `useradd` (a second user made for each lab, with a unique name, and removed
+//! with it: `testkit::users::TempUser`); under `CI` a missing one fails the test.
 #![cfg(target_os = "linux")]
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -14,37 +14,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use gatewarden_testkit::{CliOutput, cli_with, lock_is_held, must_wait_until, pid_alive, proc_start_time, unavailable};
-
-const USER: &str = "gw-hostile";
+use gatewarden_testkit::users::TempUser;
+use gatewarden_testkit::{CliOutput, cli_with, lock_is_held, must_wait_until, pid_alive, proc_start_time};
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_gatewarden")
-}
-
-/// The second user: (uid, gid). Created with `useradd` the first time.
-fn attacker() -> Option<(u32, u32)> {
-    if !rustix_is_root() {
-        return unavailable("root", "these tests act as root against another user's home");
-    }
-    let id = |flag: &str| -> Option<u32> {
-        let out = Command::new("id").arg(flag).arg(USER).output().ok()?;
-        String::from_utf8_lossy(&out.stdout).trim().parse().ok().filter(|_| out.status.success())
-    };
-    if id("-u").is_none() {
-        // Exit 9: created meanwhile by a parallel test.
-        let st = Command::new("useradd")
-            .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER])
-            .status();
-        if !st.as_ref().is_ok_and(|s| s.success() || s.code() == Some(9)) {
-            return unavailable("useradd", &format!("cannot create the user {USER}: {st:?}"));
-        }
-    }
-    Some((id("-u")?, id("-g")?))
-}
-
-fn rustix_is_root() -> bool {
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
 /// A lab: a traversable temp folder with `home/` owned by the attacker (0755) and a
@@ -54,14 +28,22 @@ struct Lab {
     uid: u32,
     gid: u32,
     children: Vec<Child>,
+    /// Removed last, once its processes and files are gone.
+    _user: TempUser,
 }
 
 impl Lab {
     fn new() -> Option<Lab> {
-        let (uid, gid) = attacker()?;
-        let dir = tempfile::tempdir().expect("tempdir");
+        Lab::new_in(&std::env::temp_dir())
+    }
+
+    /// A lab whose folder is made in `parent`.
+    fn new_in(parent: &Path) -> Option<Lab> {
+        let user = TempUser::create()?;
+        let (uid, gid) = user.ids();
+        let dir = tempfile::tempdir_in(parent).expect("tempdir");
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let lab = Lab { dir, uid, gid, children: Vec::new() };
+        let lab = Lab { dir, uid, gid, children: Vec::new(), _user: user };
         std::fs::create_dir(lab.home()).unwrap();
         std::fs::set_permissions(lab.home(), std::fs::Permissions::from_mode(0o755)).unwrap();
         lab.give(&lab.home());
@@ -333,4 +315,131 @@ fn a_system_unit_for_another_users_home_runs_as_that_user() {
     let out = lab.cli(&["service", "install", "--print", "--hermes", "/bin/true"], &[], Duration::from_secs(30));
     assert_ne!(out.code, Some(0), "{out:?}");
     assert!(out.stderr.contains("--system"), "{out:?}");
+}
+
+/// A command of the attacker's choosing, recorded as hermes's argv: when run, it appends the
+/// uid it runs as to `drop/ran` (a sticky folder anyone can write) and exits 1.
+fn plant_command(lab: &Lab) -> (PathBuf, PathBuf) {
+    let drop = lab.dir.path().join("drop");
+    std::fs::create_dir(&drop).unwrap();
+    std::fs::set_permissions(&drop, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let ran = drop.join("ran");
+    let evil = lab.dir.path().join("evil.sh");
+    std::fs::write(
+        &evil,
+        format!("#!/bin/sh\nid -u >> {}\necho \"evil ran as uid $(id -u)\"\nexit 1\n", ran.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&evil, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (evil, ran)
+}
+
+fn argv_record(program: &Path) -> String {
+    format!(
+        r#"{{"pid": 999999, "kind": "hermes-gateway", "argv": ["{}", "gateway", "run"], "start_time": 1}}"#,
+        program.display()
+    )
+}
+
+/// No `hermes` on PATH: only a recorded argv could run.
+const NO_HERMES: [(&str, &str); 1] = [("PATH", "/usr/bin:/bin")];
+
+/// Issue 31 item 1: the owner links `hh` to a root-owned, world-writable folder (like
+/// /var/tmp) and writes a `gateway.pid` there whose argv is any command ending in `gateway
+/// run`. Root's `start` executed it as uid 0, and `service install --system` wrote a unit with
+/// no `User=`. The linked home, and the shared folder named directly, are refused.
+#[test]
+fn a_linked_or_world_writable_hermes_home_is_refused() {
+    let Some(lab) = Lab::new() else { return };
+    let (evil, ran) = plant_command(&lab);
+    let shared = lab.dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::fs::write(shared.join("gateway.pid"), argv_record(&evil)).unwrap();
+    std::os::unix::fs::lchown(shared.join("gateway.pid"), Some(lab.uid), Some(lab.gid)).unwrap();
+    lab.plant_link("hh", &shared);
+    let hh = lab.home().join("hh");
+    let cli = |home: &Path, args: &[&str]| {
+        let mut all = vec!["--hermes-home", home.to_str().unwrap()];
+        all.extend_from_slice(args);
+        cli_with(bin(), &lab.dir.path().join("native-unused"), &all, &NO_HERMES, Duration::from_secs(30))
+    };
+    for home in [hh.clone(), PathBuf::from(format!("{}/", hh.display()))] {
+        let out = cli(&home, &["start", "--timeout", "5"]);
+        assert_ne!(out.code, Some(0), "{out:?}");
+        assert!(out.stderr.contains("symbolic link"), "the refusal says why: {out:?}");
+        let out = cli(&home, &["service", "install", "--system", "--print", "--hermes", "/bin/true"]);
+        assert_ne!(out.code, Some(0), "a unit for a linked home: {out:?}");
+        assert!(out.stderr.contains("symbolic link"), "{out:?}");
+    }
+    let out = cli(&shared, &["start", "--timeout", "5"]);
+    assert_ne!(out.code, Some(0), "{out:?}");
+    assert!(out.stderr.contains("writable by group or others (mode 1777)"), "{out:?}");
+    let out = cli(&shared, &["stop"]);
+    assert!(out.stderr.contains("writable by group or others"), "every verb refuses it: {out:?}");
+    assert!(!ran.exists(), "the planted command ran: {:?}", std::fs::read_to_string(&ran));
+}
+
+/// Issue 31 item 1: a recorded argv never runs with more rights than whoever could write the
+/// record. A home of root's whose `gateway.pid` (root's) sits below a folder the user owns
+/// (the user could have swapped the home): root's `start` does not run it. A user's home and
+/// record: the argv runs, as that user. And a system unit always names its user, root's too.
+#[test]
+fn a_recorded_argv_runs_only_with_the_rights_of_whoever_could_write_it() {
+    let Some(lab) = Lab::new() else { return };
+    let (evil, ran) = plant_command(&lab);
+    let env = NO_HERMES;
+
+    // A root-owned home in a folder of the user's.
+    let userdir = lab.mkdir("../userdir");
+    let root_home = userdir.join("roothome");
+    std::fs::create_dir(&root_home).unwrap();
+    std::fs::set_permissions(&root_home, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(root_home.join("gateway.pid"), argv_record(&evil)).unwrap();
+    let args = ["--hermes-home", root_home.to_str().unwrap(), "start", "--timeout", "5"];
+    let out = cli_with(bin(), &lab.dir.path().join("native-unused"), &args, &env, Duration::from_secs(30));
+    assert_ne!(out.code, Some(0), "{out:?}");
+    assert!(!ran.exists(), "root ran a record others could have written: {:?}", std::fs::read_to_string(&ran));
+    assert!(out.stderr.contains("is not run"), "the refusal says why: {out:?}");
+    let unit = cli_with(
+        bin(),
+        &lab.dir.path().join("native-unused"),
+        &[
+            "--hermes-home",
+            root_home.to_str().unwrap(),
+            "service",
+            "install",
+            "--system",
+            "--print",
+            "--hermes",
+            "/bin/true",
+        ],
+        &[],
+        Duration::from_secs(30),
+    );
+    assert_eq!(unit.code, Some(0), "{unit:?}");
+    assert!(unit.stdout.contains("User=0\nGroup=0\n"), "a system unit names its user, root too: {}", unit.stdout);
+
+    // The user's own home and record: it runs, as the user.
+    lab.write("gateway.pid", &argv_record(&evil));
+    let out = lab.cli(&["start", "--timeout", "5"], &env, Duration::from_secs(30));
+    assert_ne!(out.code, Some(0), "the command exits 1: {out:?}");
+    let uids = std::fs::read_to_string(&ran).unwrap_or_default();
+    assert_eq!(uids.trim(), lab.uid.to_string(), "the user's record runs as the user, and only that: {out:?}");
+}
+
+/// The control: a record in a home that only root can change (every folder above it root's,
+/// none writable by others) is root's own, and root's `start` runs it.
+#[test]
+fn root_runs_the_record_of_a_home_only_root_can_write() {
+    let Some(lab) = Lab::new_in(Path::new("/run")) else { return };
+    let (evil, ran) = plant_command(&lab);
+    let home = lab.dir.path().join("roothome");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(home.join("gateway.pid"), argv_record(&evil)).unwrap();
+    let args = ["--hermes-home", home.to_str().unwrap(), "start", "--timeout", "5"];
+    let out = cli_with(bin(), &lab.dir.path().join("native-unused"), &args, &NO_HERMES, Duration::from_secs(30));
+    assert_ne!(out.code, Some(0), "the command exits 1: {out:?}");
+    assert_eq!(std::fs::read_to_string(&ran).unwrap_or_default().trim(), "0", "{out:?}");
 }

@@ -52,7 +52,7 @@ fn a_token_a_hermes_gateway_uses_is_refused_and_a_dead_ones_file_is_left_alone()
     write_config(
         home.path(),
         &format!(
-            "[agent]\nbackend = \"echo\"\n[[platform]]\nkind = \"telegram\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\npoll_timeout_s = 1\n",
+            "[agent]\nbackend = \"echo\"\n[[platform]]\nkind = \"telegram\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\npoll_timeout_s = 1\n",
             fake.base_url()
         ),
     );

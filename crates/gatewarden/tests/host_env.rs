@@ -214,6 +214,62 @@ fn pid1_cancelled_restart_drain_keeps_its_image() {
     assert!(wait_until(EXIT, || child.try_wait().unwrap().is_some()), "PID 1 did not exit");
 }
 
+/// Issue 28, a container's PID 1: every child is reaped — 20 exec runs each leave an orphan
+/// that exits after the run (re-parented to PID 1, which nobody else would reap) — and a bare
+/// SIGTERM from outside the namespace (the container runtime's `stop`) is a planned stop: exit
+/// 0 within the owner's budget, recorded as the runtime's, and not the operator's `stopped`.
+#[test]
+fn pid1_reaps_orphans_and_takes_the_runtimes_sigterm_as_its_stop() {
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let agent = "(sleep 0.2 >/dev/null 2>&1 &); cat";
+    std::fs::write(
+        home.path().join("config.toml"),
+        format!(
+            "drain_timeout_s = 60\n[agent]\nbackend = \"exec\"\ncommand = [\"/bin/sh\", \"-c\", {}]\n",
+            json!(agent)
+        ),
+    )
+    .unwrap();
+    let Some((mut child, st)) = pid1_gateway(&home, &sw) else { return };
+    let addr: std::net::SocketAddr = st["listen"].as_str().unwrap().parse().unwrap();
+    let host_pid = lock_holders(&home.lock_file());
+    assert_eq!(host_pid.len(), 1, "one gateway");
+    for i in 0..20 {
+        let r = Api::new(addr).send("c", "u", &format!("run {i}")).unwrap();
+        assert_eq!(r.status, 200, "run {i}: {}", r.text());
+    }
+    let mut left = Vec::new();
+    let clean = wait_until(Duration::from_secs(20), || {
+        left = gatewarden_lifecycle::platform::spawn::zombie_children(host_pid[0]);
+        left.is_empty()
+    });
+    assert!(clean, "PID 1 left zombies: {left:?}");
+
+    let t0 = Instant::now();
+    send_signal(host_pid[0], sig::SIGTERM).unwrap();
+    let mut status = None;
+    wait_until(Duration::from_secs(15), || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    let took = t0.elapsed();
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "the runtime's stop exits 0\n{}", home.ledger_text());
+    assert!(took < Duration::from_secs(10), "within Docker's grace: {took:?}");
+    let stops = home.events("stop_requested");
+    assert_eq!(stops.len(), 1, "{}", home.ledger_text());
+    assert_eq!(stops[0]["by"], json!("container runtime"), "{}", stops[0]);
+    let exited = home.events("exited");
+    assert!(exited[0]["reason"].as_str().unwrap_or_default().contains("container runtime"), "{}", exited[0]);
+    let desired = home.read_json("desired_state.json").unwrap_or(Value::Null);
+    assert_ne!(desired["want"], json!("stopped"), "not the operator's stop: {desired}");
+    // The next start of the container runs.
+    let Some((mut again, st)) = pid1_gateway(&home, &sw) else { return };
+    assert_eq!(st["state"], json!("running"), "{st:#}");
+    assert_cli(&host_cli(&home, &sw, &["stop"]), 0, "stop");
+    assert!(wait_until(EXIT, || again.try_wait().unwrap().is_some()), "PID 1 did not exit");
+}
+
 /// A gateway that holds the lock but cannot answer (SIGSTOP): `status` says `unresponsive`
 /// (exit 4) and why; `restart` stops it by the verified escalation and starts a new one.
 #[test]

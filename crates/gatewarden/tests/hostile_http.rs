@@ -150,7 +150,7 @@ fn past_the_cap_idle_connections_make_room_and_busy_ones_get_503() {
     let home = TempHome::new();
     let sw = Sweeper::new();
     // Each run leaves a file, so the test sees both runs in flight without a connection.
-    let runs = home.root().join("runs");
+    let runs = home.root().join("agent_runs");
     std::fs::create_dir_all(&runs).unwrap();
     let script = format!("touch {}/$GATEWARDEN_RUN_ID; sleep 3; cat", runs.display());
     let g = gateway(

@@ -139,7 +139,7 @@ mod tg {
     pub fn config(fake: &FakeTelegram, agent: &str, extra: &str) -> String {
         format!(
             "drain_timeout_s = 2\n[agent]\nbackend = \"echo\"\n{agent}\n{extra}\n\
-             [[platform]]\nkind = \"telegram\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\n\
+             [[platform]]\nkind = \"telegram\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\n\
              poll_timeout_s = 2\nconflict_standby_s = 2\n",
             fake.base_url()
         )
@@ -476,18 +476,7 @@ fn signed_older_releases_are_refused_unless_the_cli_allows_a_downgrade() {
             key.trim()
         ),
     );
-    let update = |args: &[&str]| {
-        let mut all = vec!["update", "--from", rel];
-        all.extend_from_slice(args);
-        cli_with(&exe, home.path(), &all, &[(TAG_VAR, sw.tag())], Duration::from_secs(60))
-    };
-    let out = update(&[]);
-    assert_cli(&out, 1, "a signed downgrade");
-    assert!(out.stderr.contains("not newer than the running") && out.stderr.contains("--allow-downgrade"), "{out:?}");
-    assert!(!out.stderr.contains("preflight"), "refused before its preflight: {out:?}");
-    let out = update(&["--allow-downgrade"]);
-    assert_cli(&out, 1, "an allowed downgrade (whose preflight fails)");
-    assert!(out.stderr.contains("signed old release: preflight refuses"), "got past the version rule: {out:?}");
+    downgrade_needs_the_flag(&exe, &home, &sw, rel, "a signed downgrade");
 
     // Chat: the gateway runs `update` for the chat, never with the flag.
     let mut g = GatewayBuilder::new(&exe, &home).env(TAG_VAR, sw.tag()).spawn();
@@ -501,6 +490,48 @@ fn signed_older_releases_are_refused_unless_the_cli_allows_a_downgrade() {
     assert!(got[0].contains("update refused") && got[0].contains("not newer"), "{got:?}");
     drop(g);
     let _ = sw.sweep();
+}
+
+/// Issue 27 §7: without `[update] public_key` too, an older release (the same 0.0.1 fixture,
+/// unsigned here) is refused before its preflight, and `--allow-downgrade` lets it through to
+/// the next step (0.1.0 → 0.0.1 was installed silently, exit 0).
+#[test]
+fn unsigned_older_releases_are_refused_unless_the_cli_allows_a_downgrade() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/downgrade");
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let exe = private_exe(&home);
+    let rel = home.root().join("old-release.sh");
+    std::fs::copy(fixtures.join("release.sh"), &rel).unwrap();
+    set_mode(&rel, 0o755);
+    let rel = rel.to_str().unwrap();
+    write_config(home.path(), ECHO);
+    downgrade_needs_the_flag(&exe, &home, &sw, rel, "an unsigned downgrade");
+    let _ = sw.sweep();
+}
+
+/// `update --from rel` (the 0.0.1 fixture) is refused as not newer than the running version,
+/// before its preflight and in the ledger; `--allow-downgrade` gets it past that rule to the
+/// fixture's failing preflight.
+#[track_caller]
+fn downgrade_needs_the_flag(exe: &Path, home: &TempHome, sw: &Sweeper, rel: &str, what: &str) {
+    let update = |args: &[&str]| {
+        let mut all = vec!["update", "--from", rel];
+        all.extend_from_slice(args);
+        cli_with(exe, home.path(), &all, &[(TAG_VAR, sw.tag())], Duration::from_secs(60))
+    };
+    let out = update(&[]);
+    assert_cli(&out, 1, what);
+    assert!(out.stderr.contains("not newer than the running") && out.stderr.contains("--allow-downgrade"), "{out:?}");
+    assert!(!out.stderr.contains("preflight"), "refused before its preflight: {out:?}");
+    let refused = home.events("update_refused");
+    assert!(
+        refused.last().is_some_and(|e| e["reason"].as_str().is_some_and(|r| r.contains("not newer"))),
+        "{refused:?}"
+    );
+    let out = update(&["--allow-downgrade"]);
+    assert_cli(&out, 1, "an allowed downgrade (whose preflight fails)");
+    assert!(out.stderr.contains("signed old release: preflight refuses"), "got past the version rule: {out:?}");
 }
 
 /// A candidate release: a script whose `--version` says `version`, whose `check` is the real
@@ -529,8 +560,8 @@ fn update_rig(home: &TempHome, sw: &Sweeper, config: &str) -> (PathBuf, PathBuf,
     (exe, pristine, g)
 }
 
-/// Item 11: `update --json` whose candidate dies at start rolls back, and the restart of the
-/// old version inside it prints nothing on stdout: stdout is the one JSON outcome.
+/// Item 11: `update --json` whose candidate dies at start rolls back, and the restart inside
+/// it prints nothing on stdout: stdout is the one JSON outcome.
 #[test]
 fn update_json_prints_only_the_json_document_on_the_rollback_path() {
     let home = TempHome::new();
@@ -549,7 +580,8 @@ fn update_json_prints_only_the_json_document_on_the_rollback_path() {
         .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {:?}", out.stdout));
     assert_eq!(v["ok"], json!(false), "{v}");
     assert_eq!(v["update"]["phase"], json!("rolled_back"), "{v}");
-    assert!(out.stderr.contains("started gateway"), "the restart's lines go to stderr: {out:?}");
+    // Its restart is refused (the candidate never says it is prepared); those lines are stderr's.
+    assert!(out.stderr.contains("restart refused"), "the restart's lines go to stderr: {out:?}");
     // The releases the update kept live in private folders (item 8), whatever the umask.
     let open_dirs: Vec<_> = exposed(home.path()).into_iter().filter(|(p, _)| p.is_dir()).collect();
     assert!(open_dirs.is_empty(), "folders open to others in the home: {open_dirs:?}");
@@ -562,18 +594,11 @@ fn update_json_prints_only_the_json_document_on_the_rollback_path() {
     let _ = sw.sweep();
 }
 
-/// The gateway's resident memory (`VmRSS`), in bytes.
-fn rss(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .map_or(0, |kib| kib * 1024)
-}
-
 /// Item 13: 500 connections each send all but the last byte of a 2 MiB body and hold it. The
-/// gateway's memory stays bounded (the shared body budget answers the rest 503 at once),
-/// health stays answered, and once they are gone a normal message gets through.
+/// gateway's memory stays within the documented 64 MiB for bodies in flight (issue 31 item 7:
+/// it grew 170-224 MB, 91 MiB on a debug build here; docs/security.md: 48 MiB of bodies and at
+/// most 16 KiB of read buffer per connection), health stays answered, a head over that buffer
+/// gets 431, and once they are gone a normal message gets through.
 #[test]
 fn unfinished_bodies_on_many_connections_cannot_take_the_memory() {
     use std::io::Write;
@@ -584,7 +609,7 @@ fn unfinished_bodies_on_many_connections_cannot_take_the_memory() {
     // Room for every connection, and time: only the budget protects the memory here.
     let g = gateway(&home, &sw, &format!("{ECHO}[http]\nmax_connections = 1000\nbody_timeout_s = 120\n"));
     let addr = g.listen();
-    let base = rss(g.pid());
+    let base = rss_bytes(g.pid());
     let head = format!(
         "POST /v1/messages HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {BODY}\r\n\r\n"
     );
@@ -597,20 +622,26 @@ fn unfinished_bodies_on_many_connections_cannot_take_the_memory() {
         s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
         let _ = s.write_all(head.as_bytes()).and_then(|_| s.write_all(&chunk));
         conns.push(s);
-        peak = peak.max(rss(g.pid()));
+        peak = peak.max(rss_bytes(g.pid()));
         assert!(t0.elapsed() < Duration::from_secs(120), "the flood is bounded in time");
     }
-    for _ in 0..10 {
-        peak = peak.max(rss(g.pid()));
+    for _ in 0..20 {
+        peak = peak.max(rss_bytes(g.pid()));
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(
-        peak < base + 160 * 1024 * 1024,
-        "RSS grew from {} MiB to {} MiB under {CONNS} unfinished 2 MiB bodies",
+    let grew = peak.saturating_sub(base);
+    eprintln!(
+        "RSS {} MiB -> peak {} MiB (+{} MiB) under {CONNS} unfinished 2 MiB bodies",
         base >> 20,
-        peak >> 20
+        peak >> 20,
+        grew >> 20
     );
+    assert!(grew <= 64 << 20, "RSS grew by {} MiB, over the documented 64 MiB", grew >> 20);
     assert_eq!(http_get(addr, "/healthz", Duration::from_secs(5)).map(|r| r.status).ok(), Some(200));
+    // A head must fit in a connection's read buffer.
+    let big = "x".repeat(20 << 10);
+    let r = gatewarden_testkit::http_request(addr, "GET", "/healthz", &[("X-Big", &big)], None, Duration::from_secs(5));
+    assert_eq!(r.map(|r| r.status).ok(), Some(431), "a 20 KiB head");
     drop(conns);
     let api = Api::new(addr);
     must_wait_until(Duration::from_secs(20), "a message gets through after the flood", || {

@@ -280,3 +280,52 @@ fn send_cli_sync_async_and_no_gateway() {
     assert_cli(&out, 1, "send without a gateway");
     assert!(out.text_lc().contains("no gateway running"), "{out:?}");
 }
+
+/// Issue 27 §5 over HTTP: a failed run tells a `/v1/messages` caller the configured failure
+/// text and a reference, sync (502, the run id) and async (`GET /v1/messages/{id}`'s `reason`,
+/// the message id), never the reason (here the agent's stderr naming a secret path); the
+/// operator has it under the reference: `trace` for the message, `status` and the log for
+/// both. An API admin (with the token) who opted in gets the reason.
+#[test]
+fn a_failed_run_tells_an_api_caller_a_short_text_and_a_reference() {
+    const TOKEN: &str = "t0k-0123456789abcdef";
+    const SECRET: &str = "/etc/gw-secret-path";
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let agent = format!(
+        "api_token = \"{TOKEN}\"\nadmins = [\"boss\"]\n[agent]\nbackend = \"exec\"\n\
+         command = [\"/bin/sh\", \"-c\", \"echo 'cannot open {SECRET}' >&2; exit 3\"]\nfailure_text = \"no luck\"\n"
+    );
+    let mut g = gateway(&home, &sw, &agent);
+    let api = Api::new(g.listen()).with_token(TOKEN);
+    let r = api.send("c1", "u1", "hi").unwrap();
+    assert_eq!(r.status, 502, "{}", r.text());
+    let v = r.json().unwrap();
+    let reference = v["error"]["reference"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(v["error"]["message"], json!(format!("no luck (ref {reference})")), "{v}");
+    assert!(!r.text().contains(SECRET), "{}", r.text());
+    let st = run_cli(&home, &["status", "--json"]).json();
+    assert_eq!(st["agent"]["last_failure"]["reference"], json!(reference), "{st:#}");
+    assert!(st["agent"]["last_failure"]["reason"].as_str().is_some_and(|r| r.contains(SECRET)), "{st:#}");
+
+    let id = api.send_async("c1", "u1", "hi").unwrap().json().unwrap()["message_id"].as_str().unwrap().to_owned();
+    let m = wait_final(&api, &id, Duration::from_secs(10));
+    assert_eq!(
+        (m["state"].as_str(), m["reason"].as_str()),
+        (Some("failed"), Some(format!("no luck (ref {id})").as_str())),
+        "{m}"
+    );
+    let trace = run_cli(&home, &["trace", &id]);
+    assert!(trace.stdout.contains(SECRET), "{}", trace.stdout);
+    stop_cleanly(&home, &mut g);
+    assert!(g.stderr().contains(SECRET), "the log has the reason");
+
+    // Opted in: the admin who came with the token reads the reason; anyone else does not.
+    let g = gateway(&home, &sw, &format!("{agent}failure_reasons_for_admins = true\n"));
+    let api = Api::new(g.listen()).with_token(TOKEN);
+    let boss = api.send("c1", "boss", "hi").unwrap().text();
+    assert!(boss.contains(SECRET) && boss.contains("no luck: "), "{boss}");
+    assert!(!api.send("c1", "u1", "hi").unwrap().text().contains(SECRET));
+    drop(g);
+    let _ = sw.sweep();
+}

@@ -154,3 +154,88 @@ fn failover_streaming_and_usage_through_the_gateway() {
     );
     assert!(evs.iter().all(|e| e["provider"] == "primary"), "{evs:?}");
 }
+
+/// `[agent]` with a `primary` and a `fallback` provider (one retry, fast backoff).
+fn two_providers(primary: &FakeLlm, fallback: &FakeLlm, extra: &str) -> String {
+    format!(
+        "[agent]\nbackend = \"openai\"\nretries = 1\nbackoff_ms = 10\ncooldown_s = 3600\ntimeout_s = 30\n{extra}\n\
+         [[agent.provider]]\nname = \"primary\"\nbase_url = \"{}\"\nmodel = \"p\"\n\n\
+         [[agent.provider]]\nname = \"fallback\"\nbase_url = \"{}\"\nmodel = \"f\"\n",
+        primary.base_url(),
+        fallback.base_url()
+    )
+}
+
+/// A streaming `/v1/chat/completions` call: the content deltas, and the error event's message
+/// if the stream ended with one.
+fn sse_call(api: &Api) -> (String, Option<String>) {
+    let body = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let r = api.post_json("/v1/chat/completions", &body).expect("chat completions");
+    assert_eq!(r.status, 200, "{r:?}");
+    let (mut text, mut error) = (String::new(), None);
+    for data in r.text().lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let Ok(v) = serde_json::from_str::<Value>(data) else { continue };
+        if let Some(e) = v["error"]["message"].as_str() {
+            error = Some(e.to_owned());
+        }
+        if let Some(c) = v["choices"][0]["delta"]["content"].as_str() {
+            text.push_str(c);
+        }
+    }
+    (text, error)
+}
+
+/// `gatewarden_provider_failures_total` of `provider` in `/metrics`.
+fn failures_metric(api: &Api, provider: &str) -> u64 {
+    let metrics = api.get("/metrics").unwrap().text();
+    let key = format!("gatewarden_provider_failures_total{{provider=\"{provider}\"}} ");
+    metrics.lines().find_map(|l| l.strip_prefix(&key)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+/// Issue 27 §6 through the real binary: a primary that drops the connection mid-stream, before
+/// any of its reply reached the caller, is retried and failed over like a refused connection:
+/// a journaled (async) caller gets the fallback's whole answer; a streaming caller too when the
+/// drop comes before its first piece was passed on (here: before any content). Once a piece
+/// has reached a streaming caller, the run ends as before, told with the failure text. Every
+/// drop counts in `status --json` `failures` and `gatewarden_provider_failures_total`.
+#[test]
+fn a_provider_dropping_mid_stream_is_failed_over_until_the_reply_reached_the_caller() {
+    let primary = FakeLlm::start(Reply::broken("half an ans")).unwrap();
+    let fallback = FakeLlm::start(Reply::text("the whole answer")).unwrap();
+    // Pieces 200 ms apart: a streaming caller has the first long before the drop.
+    primary.set_latency(Duration::ZERO, Duration::from_millis(200));
+    let home = TempHome::new();
+    let sw = Sweeper::new();
+    let g = gateway(&home, &sw, &two_providers(&primary, &fallback, "failure_text = \"no answer this time\""));
+    let api = Api::new(g.listen());
+
+    // Async: nothing reaches the caller before the end.
+    let id = api.submit("c1", "async");
+    let m = wait_final(&api, &id, Duration::from_secs(30));
+    assert_eq!((m["state"].as_str(), m["reply"].as_str()), (Some("done"), Some("the whole answer")), "{m}");
+    assert_eq!(primary.requests(), 2, "retried once, then failed over");
+    let out = run_cli(&home, &["status", "--json"]);
+    let st: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout));
+    assert_eq!(st["providers"][0]["failures"], json!(2), "mid-stream drops are failures: {st}");
+    assert_eq!(failures_metric(&api, "primary"), 2);
+
+    // Streaming, the first content piece reaches the caller at once: too late to fail over.
+    let (text, error) = sse_call(&api);
+    assert!(text.starts_with("half"), "{text:?}");
+    assert_eq!(error.as_deref().map(|e| e.starts_with("no answer this time (ref ")), Some(true), "{error:?}");
+    assert!(!error.unwrap_or_default().contains("DONE"), "the reason is the operator's");
+    assert_eq!(fallback.requests(), 1, "no failover after the first piece");
+    assert_eq!(failures_metric(&api, "primary"), 3);
+
+    // Streaming, dropped before any content: the caller sees only the fallback's answer.
+    let early = FakeLlm::start(Reply::broken("")).unwrap();
+    let config = two_providers(&early, &fallback, "");
+    let home2 = TempHome::new();
+    let g2 = gateway(&home2, &sw, &config);
+    let api2 = Api::new(g2.listen());
+    let (text, error) = sse_call(&api2);
+    assert_eq!((text.as_str(), error), ("the whole answer", None));
+    assert_eq!(failures_metric(&api2, "primary"), 2);
+    drop((g, g2));
+    let _ = sw.sweep();
+}

@@ -41,7 +41,7 @@ fn config(fake: &FakeDiscord, agent: &str, extra: &str) -> String {
     let backend = if agent.contains("backend") { "" } else { "backend = \"echo\"" };
     format!(
         "drain_timeout_s = 10\n[agent]\n{backend}\n{agent}\n\
-         [[platform]]\nkind = \"discord\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\nadmins = [\"{ADMIN}\"]\n\
+         [[platform]]\nkind = \"discord\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\nadmins = [\"{ADMIN}\"]\n\
          conflict_standby_s = 2\n{extra}",
         fake.api_base()
     )
@@ -291,4 +291,40 @@ fn a_streaming_run_types_previews_and_ends_with_the_final_text_once() {
     assert!(deleted.is_some_and(|d| d > final_at), "deleted after the reply: {calls:#?}");
     assert_eq!(count(&fake.sent(), "7", &text), 1, "the final text once");
     assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
+/// Closed by default on Discord (issue 37): a stranger's direct message gets a pairing code and
+/// the provider sees nothing; approved, the next one reaches the agent. In a guild channel
+/// allowed_chats names, a message without a mention starts no run; a mention or a reply to the
+/// bot does; a stranger there gets no code.
+#[test]
+fn a_stranger_pairs_and_a_guild_needs_a_mention() {
+    let tok = token();
+    let (home, sw, fake) = (TempHome::new(), Sweeper::new(), fake(&tok));
+    let llm = FakeLlm::start(Reply::Echo).expect("fake provider");
+    let agent = format!("backend = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"", llm.base_url());
+    let cfg = config(&fake, &agent, "allowed_chats = [\"500\"]\n")
+        .replace("access = \"open\"\nrequire_mention = false\n", "");
+    let mut g = start_gw(&home, &sw, &tok, &cfg);
+    fake.message("600", "7", "a stranger's secret");
+    let reply = wait_reply(&fake, "600", |t| t.contains("pairing code"));
+    assert!(reply.contains("gatewarden pairing approve discord "), "{reply}");
+    let code: String = reply.split("pairing code is ").nth(1).unwrap_or_default().chars().take(8).collect();
+
+    fake.guild_message("1", "500", ADMIN, "no mention", false, None);
+    fake.guild_message("1", "500", "7", "a stranger in the guild", true, None);
+    fake.guild_message("1", "500", ADMIN, "mentioned", true, None);
+    let answer = wait_reply(&fake, "500", |t| t.starts_with("echo:"));
+    let id = fake.sent().into_iter().find(|m| m.content == answer).map(|m| m.id).unwrap();
+    fake.guild_message("1", "500", ADMIN, "a reply", false, Some(&id));
+    wait_reply(&fake, "500", |t| t == "echo: a reply");
+    let quiet = holds_for(Duration::from_millis(1500), || llm.requests() == 2);
+    assert!(quiet.is_ok(), "only the mention and the reply ran ({} requests)", llm.requests());
+    assert!(fake.sent().iter().filter(|m| m.channel_id == "500").all(|m| !m.content.contains("pairing")));
+
+    assert_cli(&run_cli(&home, &["pairing", "approve", "discord", &code]), 0, "pairing approve");
+    fake.message("600", "7", "approved now");
+    wait_reply(&fake, "600", |t| t == "echo: approved now");
+    assert_eq!(llm.requests(), 3);
+    stop_cleanly(&home, &mut g);
 }

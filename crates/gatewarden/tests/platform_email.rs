@@ -307,3 +307,126 @@ fn bench_email_reply_latency_and_restart_gap() {
     println!("email across a restart (sent just before it, answered after): median {med:.0} ms, max {max:.0} ms");
     assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
 }
+
+/// Issue 31, "not covered yet": hostile mail through the real MTA. A 50 MB mail (only its
+/// first MiB is fetched: it is answered with its size, not read), MIME bombs within that MiB
+/// (multiparts nested 15,000 deep, 20,000 parts, messages nested in messages, a subject of
+/// 5,000 encoded words), and CR LF smuggled into a subject through an encoded word: the real
+/// reply, sent through Dovecot's submission and OpenSMTPD, carries no injected header and
+/// reaches no one else. The gateway runs on as the same process within bounded memory, and a
+/// plain mail afterwards is answered.
+#[test]
+fn hostile_mail_is_bounded_and_replies_carry_no_injected_headers() {
+    let Some(s) = MailServer::start() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let g = start_gw(&home, &sw, &config(&s, ""));
+    wait_adapter(&home, "connected", READY);
+    let base = rss_bytes(g.pid()) >> 20;
+    let (alice, bot) = (address("alice"), address("bot"));
+    let head = |id: &str, extra: &str| {
+        format!(
+            "From: {alice}\r\nTo: {bot}\r\nSubject: probe {id}\r\nMessage-ID: <{id}@example.test>\r\nMIME-Version: 1.0\r\n{extra}"
+        )
+    };
+
+    // 50 MB.
+    let line = format!("{}\r\n", "b".repeat(998));
+    let big =
+        format!("{}Content-Type: text/plain\r\n\r\n{}", head("big", ""), line.repeat(50 * 1024 * 1024 / line.len()));
+    s.send_raw(&alice, &bot, &big);
+    let cut = wait_reply(&s, "alice", |t| t.contains("over the 1048576-byte limit"));
+    assert!(cut.contains("it was not read"), "{cut}");
+
+    // Multiparts nested 15,000 deep.
+    let mut nested = head("nested", "Content-Type: multipart/mixed; boundary=b0\r\n\r\n");
+    for i in 0..15_000 {
+        nested.push_str(&format!("--b{i}\r\nContent-Type: multipart/mixed; boundary=b{}\r\n\r\n", i + 1));
+    }
+    nested.push_str("--b15000\r\nContent-Type: text/plain\r\n\r\nthe deepest part\r\n");
+    s.send_raw(&alice, &bot, &nested);
+    // 20,000 parts.
+    let mut wide = head("wide", "Content-Type: multipart/mixed; boundary=w\r\n\r\n");
+    wide.push_str("--w\r\nContent-Type: text/plain\r\n\r\nthe first of many parts\r\n");
+    for _ in 0..20_000 {
+        wide.push_str("--w\r\nContent-Type: text/plain\r\n\r\nx\r\n");
+    }
+    wide.push_str("--w--\r\n");
+    s.send_raw(&alice, &bot, &wide);
+    // Messages nested in messages, 1,000 deep.
+    let mut inner =
+        "From: x@example.test\r\nSubject: inner\r\nContent-Type: text/plain\r\n\r\ninnermost\r\n".to_owned();
+    for _ in 0..1_000 {
+        inner = format!("From: x@example.test\r\nContent-Type: message/rfc822\r\n\r\n{inner}");
+    }
+    s.send_raw(&alice, &bot, &format!("{}Content-Type: message/rfc822\r\n\r\n{inner}", head("rfc822", "")));
+    // 5,000 encoded words in a subject.
+    // Folded, one word a line (a mail line is at most 998 characters).
+    let words = vec!["=?UTF-8?B?YWJj?="; 5_000].join("\r\n ");
+    s.send(&alice, &bot, "words@example.test", &words, "many words", &[]);
+
+    // CR LF in a subject, through an encoded word (base64 of "hi\r\nBcc: carol@…\r\nX-Injected: yes").
+    let smuggled = "=?UTF-8?B?aGkNCkJjYzogY2Fyb2xAZXhhbXBsZS50ZXN0DQpYLUluamVjdGVkOiB5ZXM=?=";
+    s.send(&alice, &bot, "crlf@example.test", smuggled, "crlf in the subject", &[]);
+    wait_reply(&s, "alice", |t| t == "crlf in the subject");
+    let raw = s.maildir("alice").into_iter().find(|m| m.contains("crlf in the subject")).expect("the reply");
+    let headers = raw.split("\r\n\r\n").next().unwrap_or_default().replace("\r\n ", " ");
+    assert!(!headers.lines().any(|l| l.starts_with("X-Injected") || l.starts_with("Bcc")), "{headers}");
+    let r = s.replies("alice").into_iter().find(|r| r.text == "crlf in the subject").unwrap();
+    assert!(
+        !r.subject.contains('\r') && !r.subject.contains('\n') && r.subject.starts_with("Re: hi"),
+        "{:?}",
+        r.subject
+    );
+
+    mail(&s, "alice", "after", "after the bombs");
+    wait_reply(&s, "alice", |t| t == "after the bombs");
+    assert!(s.maildir("carol").is_empty(), "a reply reached carol: {:?}", s.maildir("carol"));
+    // Each probe was taken and answered once (a part too deep to find reads as empty).
+    for id in ["big", "nested", "wide", "rfc822", "words", "crlf"] {
+        let want = format!("{id}@example.test");
+        let n = s.replies("alice").iter().filter(|r| r.in_reply_to == want).count();
+        assert_eq!(
+            n,
+            1,
+            "{id}: {n} replies: {:#?}",
+            s.replies("alice")
+                .iter()
+                .map(|r| (&r.in_reply_to, r.text.chars().take(60).collect::<String>()))
+                .collect::<Vec<_>>()
+        );
+    }
+    let peak = rss_bytes(g.pid()) >> 20;
+    assert!(peak < base + 64, "RSS went from {base} MiB to {peak} MiB");
+    assert!(api::current_gateway(home.path()).is_some_and(|(p, ..)| p == g.pid()), "the same gateway runs on");
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
+/// Closed by default for email (issue 37), whose `From` can be forged: `allowlist`, and no
+/// pairing reply, so a stranger cannot make the gateway send mail. Without allowed_senders,
+/// only admins and allowed_users are served: a stranger's mail gets no answer, reaches nothing
+/// and leaves nothing in the home (not even its thread); an allowed user's is answered.
+#[test]
+fn a_strangers_mail_gets_nothing_and_leaves_nothing() {
+    let Some(s) = MailServer::start() else { return };
+    let llm = gatewarden_testkit::llmfake::FakeLlm::start(gatewarden_testkit::llmfake::Reply::Echo).unwrap();
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let agent = format!("backend = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"", llm.base_url());
+    let cfg = config(&s, &agent)
+        .replace("backend = \"echo\"\n", "")
+        .replace(&format!("allowed_senders = [\"{}\", \"{}\"]\n", address("alice"), address("bob")), "")
+        .replace("poll_timeout_s = 5\n", &format!("allowed_users = [\"{}\"]\npoll_timeout_s = 5\n", address("bob")));
+    let mut g = start_gw(&home, &sw, &cfg);
+    wait_adapter(&home, "connected", READY);
+    mail(&s, "carol", "stranger", "carol's secret");
+    mail(&s, "bob", "allowed", "bob is allowed");
+    wait_reply(&s, "bob", |t| t == "echo: bob is allowed");
+    mail(&s, "alice", "admin", "alice is the admin");
+    wait_reply(&s, "alice", |t| t == "echo: alice is the admin");
+    assert!(holds_for(Duration::from_secs(1), || s.texts("carol").is_empty()).is_ok(), "{:#?}", s.texts("carol"));
+    assert_eq!(llm.requests(), 2, "carol's mail reached nothing");
+    for needle in ["carol's secret", "stranger@example.test", &address("carol")] {
+        assert_eq!(home.files_holding(needle), Vec::<std::path::PathBuf>::new(), "{needle:?} kept in the home");
+    }
+    assert!(run_cli(&home, &["check"]).stdout.contains("allowlist (the default for email"));
+    stop_cleanly(&home, &mut g);
+}

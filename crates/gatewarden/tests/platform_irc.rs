@@ -108,7 +108,7 @@ impl User {
 fn config(s: &Ngircd, agent: &str) -> String {
     format!(
         "drain_timeout_s = 10\n[agent]\nbackend = \"echo\"\n{agent}\n\
-         [[platform]]\nkind = \"irc\"\nserver = \"{}\"\nnick = \"{BOT}\"\nallowed_chats = [\"{CHANNEL}\"]\n\
+         [[platform]]\nkind = \"irc\"\naccess = \"open\"\nrequire_mention = false\nserver = \"{}\"\nnick = \"{BOT}\"\nallowed_chats = [\"{CHANNEL}\"]\n\
          admins = [\"{ADMIN}\"]\nconflict_standby_s = 3\n",
         s.addr()
     )
@@ -284,5 +284,50 @@ fn kicked_bot_rejoins() {
     alice.say(CHANNEL, "still there?");
     alice.wait_reply(CHANNEL, |t| t == "still there?");
     assert_eq!(platforms(&home)[0]["state"], json!("connected"));
+    stop_cleanly(&home, &mut g);
+}
+
+/// Closed by default on IRC (issue 37), where a nick is anyone's who takes it: `allowlist`,
+/// and no pairing reply. A stranger's private message gets no answer and reaches nothing; a
+/// channel message without the bot's nick starts no run, even an admin's; `gwbot: …` from an
+/// admin does, from a stranger not; a nick allowed_chats names may talk privately; `check`
+/// names the default and why.
+#[test]
+fn strangers_get_nothing_and_the_channel_needs_the_bots_nick() {
+    let Some(s) = Ngircd::start() else { return };
+    let llm = gatewarden_testkit::llmfake::FakeLlm::start(gatewarden_testkit::llmfake::Reply::Echo).unwrap();
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let cfg = format!(
+        "listen = \"127.0.0.1:0\"\ndrain_timeout_s = 10\n[agent]\nbackend = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"\n\
+         [[platform]]\nkind = \"irc\"\nserver = \"{}\"\nnick = \"{BOT}\"\nallowed_chats = [\"{CHANNEL}\", \"bob\"]\n\
+         admins = [\"{ADMIN}\"]\nconflict_standby_s = 3\n",
+        llm.base_url(),
+        s.addr()
+    );
+    let mut alice = User::new(&s, ADMIN);
+    let mut mallory = User::new(&s, "mallory");
+    let mut bob = User::new(&s, "bob");
+    let mut g = start_gw(&home, &sw, &cfg);
+    wait_adapter(&home, "connected", READY);
+    alice.wait_bot_joins(1);
+    let check = run_cli(&home, &["check"]);
+    assert!(check.stdout.contains("allowlist (the default for irc"), "{}", check.stdout);
+
+    mallory.say(BOT, "a stranger's secret");
+    alice.say(CHANNEL, "no nick, from the admin");
+    mallory.say(CHANNEL, &format!("{BOT}: a stranger in the channel"));
+    alice.say(CHANNEL, &format!("{BOT}: the admin asks"));
+    alice.wait_reply(CHANNEL, |t| t.contains("the admin asks"));
+    bob.say(BOT, "bob is listed");
+    bob.wait_reply("bob", |t| t == "echo: bob is listed");
+    let end = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < end {
+        mallory.poll(Duration::from_millis(200));
+    }
+    let private: Vec<_> = mallory.said.iter().filter(|(to, _)| to == "mallory").collect();
+    assert!(private.is_empty(), "no pairing reply on IRC: {private:#?}");
+    assert_eq!(llm.requests(), 2, "only the admin's mention and bob's message ran");
+    let list = run_cli(&home, &["pairing", "list", "--json"]);
+    assert!(list.stdout.contains("\"pending\":[]"), "{}", list.stdout);
     stop_cleanly(&home, &mut g);
 }

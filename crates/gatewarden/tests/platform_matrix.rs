@@ -98,7 +98,7 @@ fn setup() -> Option<Setup> {
 fn config(s: &Setup, agent: &str) -> String {
     format!(
         "drain_timeout_s = 10\n[agent]\nbackend = \"echo\"\n{agent}\n\
-         [[platform]]\nkind = \"matrix\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\n\
+         [[platform]]\nkind = \"matrix\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\n\
          allowed_chats = [\"{}\"]\nadmins = [\"{}\"]\npoll_timeout_s = 2\n",
         s.synapse.base_url(),
         s.chat.room,
@@ -358,4 +358,85 @@ fn a_limited_sync_is_read_back_and_nothing_is_skipped() {
     }
     assert_eq!(platforms(&home)[0]["state"], json!("connected"), "{}", platforms(&home));
     assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
+/// A user's client: logged in, for a room of its own.
+fn client_of(synapse: &Synapse, user: &gatewarden_testkit::servers::MatrixUser) -> Client {
+    let mut c = Client::new(&synapse.base_url(), Duration::from_secs(30)).unwrap();
+    c.set_access_token(user.access_token.clone());
+    c.whoami().unwrap();
+    c
+}
+
+/// Closed by default on Matrix (issue 37): a stranger who opens a direct chat with the bot
+/// (an invite that says `is_direct`, accepted under `pairing`) gets a pairing code there and
+/// the provider sees nothing; approved, the next message reaches the agent. In a room of three
+/// that allowed_chats names, a message without a mention starts no run, even the admin's; a
+/// mention (`m.mentions`) does; a stranger there gets no code.
+#[test]
+fn a_stranger_pairs_in_a_direct_chat_and_a_room_needs_a_mention() {
+    let Some(synapse) = Synapse::start() else { return };
+    let llm = gatewarden_testkit::llmfake::FakeLlm::start(gatewarden_testkit::llmfake::Reply::Echo).unwrap();
+    let bot = synapse.register("gwbot", "pw-gwbot");
+    let alice = synapse.register("alice", "pw-alice");
+    let carol = synapse.register("carol", "pw-carol");
+    let dave = synapse.register("dave", "pw-dave");
+    let alice_c = client_of(&synapse, &alice);
+    let room = alice_c.create_room(&[&bot.user_id, &carol.user_id]).unwrap();
+    let carol_c = client_of(&synapse, &carol);
+    carol_c.join(&room).unwrap();
+    let cfg = format!(
+        "drain_timeout_s = 10\n[agent]\nbackend = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"\n\
+         [[platform]]\nkind = \"matrix\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\n\
+         allowed_chats = [\"{room}\"]\nadmins = [\"{}\"]\npoll_timeout_s = 2\n",
+        llm.base_url(),
+        synapse.base_url(),
+        alice.user_id
+    );
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    write_config(home.path(), &cfg);
+    let mut g = builder(&home)
+        .env(TAG_VAR, sw.tag())
+        .env(TOKEN_ENV, &bot.access_token)
+        .env("GATEWARDEN_CREDS_DIR", creds_dir())
+        .spawn();
+    g.wait_ready(READY);
+    wait_adapter(&home, "connected", READY);
+    must_wait_until(REPLY, "the bot in the room", || alice_c.joined_member_count(&room).is_ok_and(|n| n == 3));
+
+    // A stranger's direct chat.
+    let dave_c = client_of(&synapse, &dave);
+    let dm = dave_c.create_direct(&bot.user_id).unwrap();
+    must_wait_until(REPLY, "the bot in the direct chat", || dave_c.joined_member_count(&dm).is_ok_and(|n| n == 2));
+    let mut dm_chat =
+        Chat { client: dave_c, room: dm.clone(), bot: bot.user_id.clone(), since: None, said: Vec::new() };
+    dm_chat.poll(Duration::ZERO);
+    dm_chat.send("a stranger's secret");
+    let reply = dm_chat.wait_reply(|t| t.contains("pairing code"));
+    assert!(reply.contains("gatewarden pairing approve matrix "), "{reply}");
+    let code: String = reply.split("pairing code is ").nth(1).unwrap_or_default().chars().take(8).collect();
+    assert_eq!(llm.requests(), 0, "the provider saw nothing");
+
+    // The room of three.
+    let mut group =
+        Chat { client: alice_c, room: room.clone(), bot: bot.user_id.clone(), since: None, said: Vec::new() };
+    group.poll(Duration::ZERO);
+    group.send("no mention, from the admin");
+    let mention = |c: &Client, text: &str| {
+        let content =
+            json!({"msgtype": "m.text", "body": format!("gwbot: {text}"), "m.mentions": {"user_ids": [bot.user_id]}});
+        c.send_content(&room, &format!("m{}-{text}", std::process::id()), &content).unwrap();
+    };
+    mention(&carol_c, "a stranger in the room");
+    mention(&group.client, "mentioned by the admin");
+    group.wait_reply(|t| t.contains("mentioned by the admin"));
+    group.quiet_for(Duration::from_millis(1500));
+    assert_eq!(llm.requests(), 1, "only the admin's mention ran");
+    assert!(group.said.iter().all(|t| !t.contains("pairing")), "no code in a room: {:#?}", group.said);
+
+    assert_cli(&run_cli(&home, &["pairing", "approve", "matrix", &code]), 0, "pairing approve");
+    dm_chat.send("approved now");
+    dm_chat.wait_reply(|t| t == "echo: approved now");
+    assert_eq!(llm.requests(), 2);
+    stop_cleanly(&home, &mut g);
 }

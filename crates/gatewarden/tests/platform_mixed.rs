@@ -168,7 +168,7 @@ impl Telegram {
 impl Part for Telegram {
     fn section(&self) -> String {
         format!(
-            "[[platform]]\nkind = \"telegram\"\ntoken_env = \"{}\"\napi_base = \"{}\"\npoll_timeout_s = 2\n",
+            "[[platform]]\nkind = \"telegram\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{}\"\napi_base = \"{}\"\npoll_timeout_s = 2\n",
             Self::ENV,
             self.fake.base_url()
         )
@@ -227,7 +227,7 @@ impl Matrix {
 impl Part for Matrix {
     fn section(&self) -> String {
         format!(
-            "[[platform]]\nkind = \"matrix\"\ntoken_env = \"{}\"\napi_base = \"{}\"\nallowed_chats = [\"{}\"]\npoll_timeout_s = 2\n",
+            "[[platform]]\nkind = \"matrix\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{}\"\napi_base = \"{}\"\nallowed_chats = [\"{}\"]\npoll_timeout_s = 2\n",
             Self::ENV,
             self.synapse.base_url(),
             self.room
@@ -301,7 +301,7 @@ impl Irc {
 impl Part for Irc {
     fn section(&self) -> String {
         format!(
-            "[[platform]]\nkind = \"irc\"\nserver = \"{}\"\nnick = \"{BOT}\"\nallowed_chats = [\"#gw\"]\nconflict_standby_s = 10\n",
+            "[[platform]]\nkind = \"irc\"\naccess = \"open\"\nrequire_mention = false\nserver = \"{}\"\nnick = \"{BOT}\"\nallowed_chats = [\"#gw\"]\nconflict_standby_s = 10\n",
             self.server.addr()
         )
     }
@@ -398,7 +398,7 @@ impl Discord {
 impl Part for Discord {
     fn section(&self) -> String {
         format!(
-            "[[platform]]\nkind = \"discord\"\ntoken_env = \"{}\"\napi_base = \"{}\"\n",
+            "[[platform]]\nkind = \"discord\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{}\"\napi_base = \"{}\"\n",
             Self::ENV,
             self.fake.api_base()
         )
@@ -441,7 +441,7 @@ impl Slack {
 impl Part for Slack {
     fn section(&self) -> String {
         format!(
-            "[[platform]]\nkind = \"slack\"\ntoken_env = \"{}\"\nbot_token_env = \"{}\"\napi_base = \"{}\"\n",
+            "[[platform]]\nkind = \"slack\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{}\"\nbot_token_env = \"{}\"\napi_base = \"{}\"\n",
             Self::APP_ENV,
             Self::BOT_ENV,
             self.fake.api_base()
@@ -501,7 +501,7 @@ impl Xmpp {
 impl Part for Xmpp {
     fn section(&self) -> String {
         format!(
-            "[[platform]]\nkind = \"xmpp\"\ntoken_env = \"{}\"\njid = \"{}\"\nserver = \"{}\"\nca_file = \"{}\"\nnick = \"gwbot\"\n",
+            "[[platform]]\nkind = \"xmpp\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{}\"\njid = \"{}\"\nserver = \"{}\"\nca_file = \"{}\"\nnick = \"gwbot\"\n",
             Self::ENV,
             Self::JID,
             self.server.addr(),

@@ -39,7 +39,7 @@ fn config_at(api_base: &str, agent: &str, extra: &str) -> String {
     let backend = if agent.contains("backend") { "" } else { "backend = \"echo\"" };
     format!(
         "drain_timeout_s = 10\n[agent]\n{backend}\n{agent}\n\
-         [[platform]]\nkind = \"slack\"\ntoken_env = \"{APP_ENV}\"\nbot_token_env = \"{BOT_ENV}\"\n\
+         [[platform]]\nkind = \"slack\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{APP_ENV}\"\nbot_token_env = \"{BOT_ENV}\"\n\
          api_base = \"{api_base}\"\nadmins = [\"{ADMIN}\"]\nconflict_standby_s = 2\n{extra}"
     )
 }
@@ -327,4 +327,111 @@ fn a_streaming_run_in_a_thread_previews_and_ends_with_the_final_text_once() {
     assert!(deleted.is_some_and(|d| d > final_at), "deleted after the reply: {calls:#?}");
     assert_eq!(count(&fake.posted(), "C7", &text), 1, "the final text once");
     assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
+/// Issue 31, "not covered yet": envelopes with hostile payloads. Events a user (or a broken
+/// or hostile server) could put on the wire: fields of the wrong type, missing fields, paths in
+/// thread ids and channels, mention spam, escape sequences, Slack's longest text; and raw frames:
+/// broken JSON, nesting 100,000 deep, envelopes of the wrong shape, a `disconnect` whose reason
+/// is not a string, a frame over the adapter's 4 MiB limit. The gateway keeps running on the
+/// same pid, every tracked event is acknowledged (none lost), the answerable ones are answered
+/// with Slack's escapes (no mention is echoed), and a message afterwards is answered.
+#[test]
+fn hostile_envelopes_are_acknowledged_or_ignored_and_the_adapter_serves_on() {
+    let (home, sw, fake) = (TempHome::new(), Sweeper::new(), fake());
+    let g = start_gw(&home, &sw, &fake, &config(&fake, ""));
+    let pid = g.pid();
+    wait_adapter(&home, "connected", REPLY);
+    let wrong = [
+        json!({"type": "message", "user": 123, "text": "typed user", "channel": "C1", "ts": "1.1"}),
+        json!({"type": "message", "user": "U1", "text": {"a": 1}, "channel": "C1", "ts": "1.2"}),
+        json!({"type": "message", "user": "U1", "text": "channel list", "channel": ["C1"], "ts": "1.3"}),
+        json!({"type": 7}),
+        json!({}),
+        json!(null),
+        json!({"type": "message", "user": "U1", "text": "no ts or ids", "channel": "C1"}),
+        json!({"type": "message", "user": "U1", "text": "dotdot", "channel": "C1/../C2", "ts": "1.4"}),
+        json!({"type": "message", "user": "U1", "text": "x", "channel": "C1", "ts": "1.5", "subtype": {"s": 1}}),
+    ];
+    let mut ids: Vec<String> = wrong.into_iter().map(|e| fake.event(e)).collect();
+    ids.push(fake.user_message("C1", "U1", "thread path", Some("../../etc/1.5")));
+    ids.push(fake.user_message("C1", "U1", "<!channel> <!here> <@UADMIN> hi", None));
+    ids.push(fake.user_message("C1", "U1", "esc \u{1b}]0;pwned\u{7}\u{1b}[2J end", None));
+    let long = "y".repeat(40_000);
+    ids.push(fake.user_message("C3", "U1", &long, None));
+    for frame in [
+        "{".to_owned(),
+        format!("{}{}", "[".repeat(100_000), "]".repeat(100_000)),
+        r#"{"type":"events_api","envelope_id":"raw-1","payload":"not an object"}"#.to_owned(),
+        r#"{"type":"events_api","envelope_id":17,"payload":{"event":{"type":"message"}}}"#.to_owned(),
+        r#"{"type":"disconnect","reason":{"not":"a string"}}"#.to_owned(),
+        "\"just a string\"".to_owned(),
+    ] {
+        fake.raw(&frame);
+    }
+    // Over the adapter's frame limit: the connection is dropped and opened again.
+    fake.raw(&format!(r#"{{"type":"events_api","envelope_id":"huge","payload":"{}"}}"#, "z".repeat(5 << 20)));
+
+    let mention = wait_reply(&fake, "C1", |t| t.contains("hi") && t.contains("!channel"));
+    assert!(!mention.contains("<!channel>") && mention.contains("&lt;!channel&gt;"), "{mention}");
+    let escaped = wait_reply(&fake, "C1", |t| t.contains("esc"));
+    assert!(escaped.ends_with("end"), "{escaped:?}");
+    let ok = wait_until(REPLY, || {
+        fake.posted().iter().filter(|p| p.channel == "C3").map(|p| p.text.len()).sum::<usize>() >= 40_000
+    });
+    let lens: Vec<usize> = fake.posted().iter().filter(|p| p.channel == "C3").map(|p| p.text.len()).collect();
+    assert!(ok, "the longest text answered: {lens:?}");
+    assert!(fake.posted().iter().all(|p| p.text.chars().count() <= 4000), "pieces within Slack's limit");
+    fake.user_message("C1", "U1", "after the storm", None);
+    wait_reply(&fake, "C1", |t| t == "after the storm");
+    let ok = wait_until(Duration::from_secs(30), || fake.stats().pending == 0);
+    let st = fake.stats();
+    assert!(ok && st.lost == 0, "every event acknowledged, none lost: {st:?}");
+    assert!(st.connections >= 2, "the frame over the limit dropped the connection, and a new one opened: {st:?}");
+    assert!(api::current_gateway(home.path()).is_some_and(|(p, ..)| p == pid), "the same gateway runs on");
+    let replied_to: Vec<String> = fake.posted().iter().map(|p| p.text.chars().take(40).collect()).collect();
+    for t in ["typed user", "channel list", "dotdot"] {
+        assert!(!replied_to.iter().any(|r| r == t), "{t:?} was answered: {replied_to:?}");
+    }
+    drop(ids);
+    drop(g);
+    let _ = sw.sweep();
+}
+
+/// Closed by default on Slack (issue 37): a stranger's direct message (an `im`) gets a pairing
+/// code and the provider sees nothing; approved, the next one reaches the agent. In a channel
+/// allowed_chats names, a message without a mention starts no run; a mention (`<@bot>`) or a
+/// thread reply under the bot's message does; a stranger there gets no code.
+#[test]
+fn a_stranger_pairs_and_a_channel_needs_a_mention() {
+    let (home, sw, fake) = (TempHome::new(), Sweeper::new(), fake());
+    let llm = FakeLlm::start(Reply::Echo).expect("fake provider");
+    let agent = format!("backend = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"", llm.base_url());
+    let cfg = config_at(&fake.api_base(), &agent, "allowed_chats = [\"C5\"]\n")
+        .replace("access = \"open\"\nrequire_mention = false\n", "");
+    let mut g = start_gw(&home, &sw, &fake, &cfg);
+    wait_adapter(&home, "connected", READY);
+    fake.user_message("D9", "USTRANGER", "a stranger's secret", None);
+    let reply = wait_reply(&fake, "D9", |t| t.contains("pairing code"));
+    assert!(reply.contains("gatewarden pairing approve slack "), "{reply}");
+    let code: String = reply.split("pairing code is ").nth(1).unwrap_or_default().chars().take(8).collect();
+
+    let bot = fake.options().bot_user;
+    fake.user_message("C5", ADMIN, "no mention", None);
+    fake.user_message("C5", "USTRANGER", &format!("<@{bot}> a stranger in the channel"), None);
+    fake.user_message("C5", ADMIN, &format!("<@{bot}> mentioned"), None);
+    wait_reply(&fake, "C5", |t| t.contains("mentioned"));
+    fake.event(json!({"type": "message", "channel": "C5", "channel_type": "channel", "user": ADMIN,
+                      "text": "in your thread", "ts": "1700000001.000100", "thread_ts": "1700000000.000100",
+                      "parent_user_id": bot, "client_msg_id": "11111111-0000-4000-8000-000000000001"}));
+    wait_reply(&fake, "C5", |t| t == "echo: in your thread");
+    let quiet = holds_for(Duration::from_millis(1500), || llm.requests() == 2);
+    assert!(quiet.is_ok(), "only the mention and the thread reply ran ({} requests)", llm.requests());
+    assert!(fake.posted().iter().filter(|p| p.channel == "C5").all(|p| !p.text.contains("pairing")));
+
+    assert_cli(&run_cli(&home, &["pairing", "approve", "slack", &code]), 0, "pairing approve");
+    fake.user_message("D9", "USTRANGER", "approved now", None);
+    wait_reply(&fake, "D9", |t| t == "echo: approved now");
+    assert_eq!(llm.requests(), 3);
+    stop_cleanly(&home, &mut g);
 }

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use work_common::*;
 
+use gatewarden_lifecycle::desired;
 use gatewarden_telegram_fake::{FakeTelegram, Options, SentMessage};
 
 const TOKEN_ENV: &str = "GW_TEST_TELEGRAM_TOKEN";
@@ -35,7 +36,7 @@ fn config_at(api_base: &str, agent: &str, extra: &str) -> String {
     let backend = if agent.contains("backend") { "" } else { "backend = \"echo\"" };
     format!(
         "drain_timeout_s = 10\n[agent]\n{backend}\n{agent}\n\
-         [[platform]]\nkind = \"telegram\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{api_base}\"\nadmins = [\"{ADMIN}\"]\n\
+         [[platform]]\nkind = \"telegram\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{api_base}\"\nadmins = [\"{ADMIN}\"]\n\
          poll_timeout_s = 2\nconflict_standby_s = 2\n{extra}"
     )
 }
@@ -112,6 +113,42 @@ fn round_trip_commands_and_restart_notice() {
     assert_cli(&out, 0, "stop");
 }
 
+/// Issue 27 §1, the chat route: an admin's `/restart` while config.toml does not load. The chat
+/// is answered "restarting…", then told why the restart was refused (the file, line and key);
+/// the gateway keeps its incarnation and its poll (messages after it are answered by it), the
+/// ledger says `restart_refused` with the chat as requester, and an HTTP client calling
+/// throughout got every answer from the same incarnation. No "back online" follows.
+#[test]
+fn a_chat_restart_with_a_config_that_does_not_load_is_refused_in_the_chat() {
+    let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), fake(), token());
+    let good = config(&fake, "", "");
+    let mut g = start_gw(&home, &sw, &tok, &good);
+    let inc = incarnation_of(&home, g.pid()).expect("incarnation");
+    wait_adapter(&home, "connected", READY);
+    let caller = gatewarden_testkit::api::Caller::start(Api::new(g.listen()));
+    write_config(home.path(), &format!("bogus_key = 1\n{good}"));
+
+    fake.inject(&tok, 7, ADMIN, "/restart");
+    wait_reply(&fake, &tok, 7, |t| t == "restarting…");
+    let why = wait_reply(&fake, &tok, 7, |t| t.starts_with("restart refused"));
+    assert!(why.contains("config.toml:1: unknown key 'bogus_key'") && why.contains(&inc), "{why}");
+    let refused = wait_events(&home, "restart_refused", 1, READY);
+    assert_eq!(refused[0]["requester"]["channel"], json!("chat"), "{}", refused[0]);
+    assert!(refused[0]["requester"]["argv"].to_string().contains("chat:7"), "{}", refused[0]);
+
+    fake.inject(&tok, 7, ADMIN, "still here?");
+    wait_reply(&fake, &tok, 7, |t| t == "still here?");
+    caller.finish().assert_only(&inc, "during the refused chat restart");
+    assert!(g.alive(), "{}", g.diag());
+    for e in ["drained", "exited", "restart_backstop"] {
+        assert!(home.events(e).is_empty(), "{e}: the refused restart touched the gateway:\n{}", home.ledger_text());
+    }
+    let sent = fake.sent(&tok);
+    assert_eq!(count(&sent, 7, "restarting…"), 1, "{sent:#?}");
+    assert!(!sent.iter().any(|m| m.text.contains("back online")), "{sent:#?}");
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
 /// Mid-conversation restart: a run is in flight and more messages arrive during the drain.
 /// Every message is answered exactly once (the later ones by the successor), and the old poll
 /// was ended by its owner, so the successor's first poll meets no 409.
@@ -167,6 +204,58 @@ fn a_cancelled_restart_drain_restarts_the_adapter_and_loses_nothing() {
     assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
 }
 
+/// Issue 27 §2: SIGHUP and `gatewarden reload` change `[[platform]] admins` (a chat command
+/// refused, then allowed, then refused again) and `allowed_chats` (the adapter restarted in
+/// place on its credential lock, no 409) in the running incarnation.
+#[test]
+fn sighup_and_reload_change_admins_and_allowed_chats_in_place() {
+    let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), fake(), token());
+    let cfg = |admins: &str, allowed: &str| {
+        config(&fake, "", &format!("allowed_chats = [{allowed}]\n"))
+            .replace(&format!("admins = [\"{ADMIN}\"]"), &format!("admins = [{admins}]"))
+    };
+    let mut g = start_gw(&home, &sw, &tok, &cfg("\"42\"", "\"7\""));
+    let inc = incarnation_of(&home, g.pid()).expect("incarnation");
+    let refused = |n: usize| {
+        fake.inject(&tok, 7, 99, "/update");
+        fake.wait_sent(&tok, REPLY, |s| {
+            s.iter().filter(|m| m.chat_id == json!(7) && m.text.contains("admins")).count() >= n
+        })
+        .unwrap_or_else(|s| panic!("/update of a non-admin not refused ({n}); sent: {s:#?}"));
+    };
+    refused(1);
+    // allowed_chats governs groups (README "Access"): 8 is a group not yet allowed.
+    fake.inject_group(&tok, 8, 1, "outside", None);
+    fake.inject_group(&tok, 7, 1, "inside", None);
+    wait_reply(&fake, &tok, 7, |t| t == "inside");
+    assert!(holds_for(Duration::from_millis(500), || count(&fake.sent(&tok), 8, "outside") == 0).is_ok());
+
+    write_config(home.path(), &cfg("\"42\", \"99\"", "\"7\", \"8\""));
+    let before = home.events("reload").len();
+    g.signal(sig::SIGHUP);
+    let ev = wait_events(&home, "reload", before + 1, READY).swap_remove(before);
+    assert_eq!(ev["changed"], json!(["platform[telegram].admins", "platform[telegram].allowed_chats"]), "{ev}");
+    assert_eq!(ev["adapters_restarted"], json!(["telegram"]), "{ev}");
+    wait_adapter(&home, "connected", READY);
+    fake.inject(&tok, 7, 99, "/update");
+    assert!(wait_reply(&fake, &tok, 7, |t| t.contains("no release to install")).contains("[update] source"));
+    fake.inject_group(&tok, 8, 1, "now served", None);
+    wait_reply(&fake, &tok, 8, |t| t == "now served");
+
+    write_config(home.path(), &cfg("\"42\"", "\"7\", \"8\""));
+    let out = run_cli(&home, &["reload"]);
+    assert_cli(&out, 0, "reload");
+    assert!(out.stdout.contains("applied platform[telegram].admins"), "{out:#?}");
+    let ev = home.events("reload").pop().expect("reload");
+    assert_eq!(ev["adapters_restarted"], json!([]), "admins alone restart no adapter: {ev}");
+    refused(2);
+
+    assert_eq!(run_cli(&home, &["status", "--json"]).json()["incarnation"].as_str(), Some(inc.as_str()));
+    assert_eq!(home.events("started").len(), 1, "{}", home.ledger_text());
+    assert_eq!(platforms(&home)[0]["conflicts"], json!(0), "the restarted adapter met a 409");
+    stop_cleanly(&home, &mut g);
+}
+
 /// The Bot API dies and comes back: degraded in between, then connected, and the message sent
 /// meanwhile is answered once.
 #[test]
@@ -217,7 +306,7 @@ fn two_homes_same_token() {
 
     let other = token();
     let two = format!(
-        "{}\n[[platform]]\nkind = \"telegram\"\nname = \"second\"\ntoken_env = \"GW_OTHER_TOKEN\"\napi_base = \"{}\"\n",
+        "{}\n[[platform]]\nkind = \"telegram\"\naccess = \"open\"\nrequire_mention = false\nname = \"second\"\ntoken_env = \"GW_OTHER_TOKEN\"\napi_base = \"{}\"\n",
         config(&fake, "", ""),
         fake.base_url()
     );
@@ -379,4 +468,110 @@ fn conversations_remember_per_chat_across_restarts_and_new_forgets() {
         json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])
     );
     assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+}
+
+/// `[agent]` lines for the openai backend with a `primary` and a `fallback` provider.
+fn openai_agent(primary: &str, fallback: &str, extra: &str) -> String {
+    format!(
+        "backend = \"openai\"\nretries = 1\nbackoff_ms = 10\ntimeout_s = 30\n{extra}\n\
+         [[agent.provider]]\nname = \"primary\"\nbase_url = \"{primary}\"\nmodel = \"p\"\n\
+         [[agent.provider]]\nname = \"fallback\"\nbase_url = \"{fallback}\"\nmodel = \"f\"\n"
+    )
+}
+
+/// Issue 27 §6 in a chat: a provider that drops the connection 0.3 s into its stream, before
+/// the chat was shown anything (a preview comes only after 2 s), is failed over: the chat gets
+/// the fallback's whole answer, never "sorry, that failed", and no preview of the broken one.
+#[test]
+fn a_provider_dropping_before_the_chat_saw_anything_is_failed_over() {
+    use gatewarden_testkit::llmfake::{FakeLlm, Reply};
+    let primary = FakeLlm::start(Reply::broken("half an answer from the primary")).unwrap();
+    primary.set_latency(Duration::ZERO, Duration::from_millis(60));
+    let fallback = FakeLlm::start(Reply::text("the whole answer")).unwrap();
+    let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), fake(), token());
+    let agent = openai_agent(&primary.base_url(), &fallback.base_url(), "");
+    let _g = start_gw(&home, &sw, &tok, &config(&fake, &agent, ""));
+    fake.inject(&tok, 7, ADMIN, "a question");
+    let reply = wait_reply(&fake, &tok, 7, |t| t.contains("answer") || t.contains("sorry"));
+    assert_eq!(reply, "the whole answer");
+    assert_eq!(primary.requests(), 2, "retried like a refused connection, then failed over");
+    let shown: Vec<String> =
+        fake.sent(&tok).into_iter().map(|m| m.text).chain(fake.edits(&tok).into_iter().map(|e| e.text)).collect();
+    assert!(!shown.iter().any(|t| t.contains("primary") || t.contains("sorry")), "{shown:#?}");
+    let st = run_cli(&home, &["status", "--json"]).json();
+    assert_eq!(st["providers"][0]["failures"], json!(2), "{st:#}");
+}
+
+/// Issue 27 §5: a failed run tells the chat the configured failure text and a reference, never
+/// the reason (here the provider's address, which refused the connection); the operator finds
+/// the whole reason under that reference in `trace`, in `status` and in the log. An admin of
+/// the platform gets the reason in their own chat when `failure_reasons_for_admins` is on;
+/// other users still do not.
+#[test]
+fn a_failed_run_tells_the_chat_a_short_text_and_the_operator_the_reason() {
+    let detail = format!("127.0.0.1:{}", api::free_port());
+    let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), fake(), token());
+    let agent = format!(
+        "backend = \"openai\"\nbase_url = \"http://{detail}/v1\"\nmodel = \"m\"\nretries = 0\n\
+         failure_text = \"the assistant is unavailable\"\n"
+    );
+    let mut g = start_gw(&home, &sw, &tok, &config(&fake, &agent, ""));
+    fake.inject(&tok, 8, 99, "hello");
+    let told = wait_reply(&fake, &tok, 8, |t| t.starts_with("the assistant is unavailable"));
+    let reference = told.strip_prefix("the assistant is unavailable (ref ").and_then(|r| r.strip_suffix(')'));
+    let reference = reference.unwrap_or_else(|| panic!("not the text and a reference: {told:?}")).to_owned();
+    assert!(!told.contains(&detail) && !told.contains("connect"), "{told}");
+    let trace = run_cli(&home, &["trace", &reference]);
+    assert_cli(&trace, 0, "trace of the reference");
+    assert!(trace.stdout.contains(&detail) && trace.stdout.contains("cannot connect"), "{}", trace.stdout);
+    let st = run_cli(&home, &["status", "--json"]).json();
+    let last = &st["agent"]["last_failure"];
+    assert!(last["reason"].as_str().is_some_and(|r| r.contains(&detail)), "{st:#}");
+    assert_eq!(last["reference"], json!(reference), "{st:#}");
+    stop_cleanly(&home, &mut g);
+    assert!(g.stderr().contains(&detail), "the log has the reason");
+
+    // Opted in: the admin sees the reason in their chat, the others do not.
+    let agent = format!("{agent}failure_reasons_for_admins = true\n");
+    let _g = start_gw(&home, &sw, &tok, &config(&fake, &agent, ""));
+    fake.inject(&tok, 7, ADMIN, "hello");
+    let admin = wait_reply(&fake, &tok, 7, |t| t.starts_with("the assistant is unavailable"));
+    assert!(admin.contains(&detail) && admin.contains("(ref "), "{admin}");
+    fake.inject(&tok, 9, 99, "hello again");
+    let other = wait_reply(&fake, &tok, 9, |t| t.starts_with("the assistant is unavailable"));
+    assert!(!other.contains(&detail), "{other}");
+}
+
+/// Issue 30, item 2, from a chat platform: a `/restart` that reaches the gateway after the
+/// operator's `stop` was recorded (and before the stop's request did) is answered in the chat
+/// that it will not happen, naming the stop, and is in the ledger; the gateway stops and stays
+/// down.
+/// (Before: "restarting…", and the restart was then refused by the recorded stop.)
+#[test]
+fn a_chat_restart_after_a_recorded_stop_is_refused_naming_it() {
+    let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), fake(), token());
+    let gate = home.scratch("gate", "");
+    let mut g = start_gw(&home, &sw, &tok, &config(&fake, &gated_exec_agent(&gate), ""));
+    fake.inject(&tok, 5, 1, "held");
+    wait_active(g.listen(), 1);
+    // The window between `stop` recording its intent and its request reaching the gateway,
+    // held open deterministically: this process records the stop as `stop` does (a `stop`
+    // held by SIGSTOP after its record may already have sent its request, and a draining
+    // gateway reads no more chat updates). The overlap soak covers the real `stop`'s timing.
+    let stopper = std::process::id();
+    desired::record(home.path(), desired::Want::Stopped, "cli stop", true).unwrap();
+    fake.inject(&tok, 7, ADMIN, "/restart");
+    let reply = wait_reply(&fake, &tok, 7, |_| true);
+    assert!(reply.starts_with("not restarting: the gateway is stopping"), "{reply}");
+    assert!(reply.contains(&format!("pid {stopper}")), "{reply}");
+    std::fs::write(&gate, b"").unwrap();
+    assert_cli(&run_cli(&home, &["stop", "--timeout", "30"]), 0, "stop");
+    let st = g.wait_exit(EXIT);
+    assert_exit_code(&g, st, 0, "stopped");
+    let asked = home.events("restart_requested");
+    assert_eq!(asked.len(), 1, "{}", home.ledger_text());
+    assert_eq!((asked[0]["joined"].as_str(), asked[0]["requester"]["channel"].as_str()), (Some("stop"), Some("chat")));
+    assert_eq!(asked[0]["stop_requester"]["pid"], json!(stopper), "{}", asked[0]);
+    assert!(home.events("successor_started").is_empty(), "{}", home.ledger_text());
+    assert!(!home.lock_held());
 }

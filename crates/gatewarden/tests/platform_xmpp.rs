@@ -155,7 +155,7 @@ impl User {
 fn config(s: &Setup, agent: &str) -> String {
     format!(
         "drain_timeout_s = 10\n[agent]\nbackend = \"echo\"\n{agent}\n\
-         [[platform]]\nkind = \"xmpp\"\ntoken_env = \"{PASSWORD_ENV}\"\njid = \"{BOT}\"\nserver = \"{}\"\n\
+         [[platform]]\nkind = \"xmpp\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{PASSWORD_ENV}\"\njid = \"{BOT}\"\nserver = \"{}\"\n\
          ca_file = \"{}\"\nnick = \"gwbot\"\nrooms = [\"{}\"]\nadmins = [\"{ADMIN}\"]\nconflict_standby_s = 3\n",
         s.server.addr(),
         s.ca_file.to_string_lossy(),
@@ -559,4 +559,51 @@ fn a_streaming_run_previews_and_a_kill_mid_stream_leaves_the_final_text_once() {
     assert_eq!(finals, 1, "the final text once: {got:#?}");
     assert_eq!(llm.requests(), 3, "the second message run once by each incarnation");
     stop_cleanly(&home, &mut g2);
+}
+
+/// Closed by default on XMPP (issue 37): a stranger's direct message gets a pairing code and the
+/// provider sees nothing; approved, the next one reaches the agent. In the room, a message
+/// without the bot's nick starts no run, even an admin's (`room/nick`); `gwbot: …` does; a
+/// stranger there gets no code.
+#[test]
+fn a_stranger_pairs_and_the_room_needs_the_bots_nick() {
+    let Some(s) = setup() else { return };
+    let llm = gatewarden_testkit::llmfake::FakeLlm::start(gatewarden_testkit::llmfake::Reply::Echo).unwrap();
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let agent = format!("backend = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"", llm.base_url());
+    let cfg = config(&s, &agent)
+        .replace("backend = \"echo\"\n", "")
+        .replace("access = \"open\"\nrequire_mention = false\n", "")
+        .replace(&format!("admins = [\"{ADMIN}\"]"), &format!("admins = [\"{ADMIN}\", \"{}/alice\"]", room()));
+    let mut alice = User::new(&s, "alice");
+    let mut bob = User::new(&s, "bob");
+    let mut g = start_gw(&home, &sw, &cfg);
+    wait_adapter(&home, "connected", READY);
+    must_wait_until(REPLY, "the bot in the room", || {
+        alice.poll(Duration::from_millis(200));
+        alice.bot_presence.last().is_some_and(|(on, _)| *on)
+    });
+
+    bob.say("a stranger's secret");
+    let reply = bob.wait_reply(|t| t.contains("pairing code"));
+    assert!(reply.contains("gatewarden pairing approve xmpp "), "{reply}");
+    let code: String = reply.split("pairing code is ").nth(1).unwrap_or_default().chars().take(8).collect();
+    assert_eq!(llm.requests(), 0, "the provider saw nothing");
+
+    alice.say_to(&room(), true, "no nick, from the admin");
+    bob.say_to(&room(), true, "gwbot: a stranger in the room");
+    alice.say_to(&room(), true, "gwbot: the admin asks");
+    alice.wait_reply_in(&room(), |t| t.contains("the admin asks"));
+    let quiet = holds_for(Duration::from_millis(1500), || {
+        bob.poll(Duration::from_millis(100));
+        llm.requests() == 1
+    });
+    assert!(quiet.is_ok(), "only the admin's mention ran ({} requests)", llm.requests());
+    assert!(bob.said.iter().filter(|(c, _)| *c == room()).all(|(_, t)| !t.contains("pairing")), "{:#?}", bob.said);
+
+    assert_cli(&run_cli(&home, &["pairing", "approve", "xmpp", &code]), 0, "pairing approve");
+    bob.say("approved now");
+    bob.wait_reply(|t| t == "echo: approved now");
+    assert_eq!(llm.requests(), 2);
+    stop_cleanly(&home, &mut g);
 }

@@ -161,9 +161,11 @@ fn restart_cli_verifies_the_new_incarnation() {
 /// G1: a supervisor that never relaunches (`--supervisor external`, no manager). The gateway
 /// exits 75 as told; nothing revives it, so `restart` starts the next incarnation itself after
 /// the restart delay (issue 7: no route ends with nothing running) and records `kicked`.
-/// When even that cannot work (the config broke meanwhile), it exits 1, names what it saw and
-/// prints the recovery command; the ledger has `restart_result` ok=false. Running the printed
-/// command after fixing the cause recovers (and G6: nothing stale is reported afterwards).
+/// A config that does not load is refused before anything stops (exit 78). When the config
+/// breaks after that check, during the drain, it exits 1 naming why the next gateway could not
+/// start and prints the recovery command; the ledger has `restart_result` ok=false. Running the
+/// printed command after fixing the cause recovers (and G6: nothing stale is reported
+/// afterwards).
 #[test]
 fn g1_supervisor_never_restarts_is_reported_with_the_recovery_command() {
     let home = TempHome::new();
@@ -183,26 +185,45 @@ fn g1_supervisor_never_restarts_is_reported_with_the_recovery_command() {
     let (pid, _, state, _) = current_gateway(home.path()).expect("the kicked gateway");
     assert_eq!(state, "running");
 
-    // Now the config breaks, and the same restart cannot bring anything back.
+    // A config that does not load is found before anything stops (issue 27 §1): refused, 78.
     let stop = run_cli(&home, &["stop"]);
     assert_cli(&stop, 0, "stop");
     assert!(wait_until(EXIT, || !pid_alive(pid)));
+    let slow = "listen = \"127.0.0.1:0\"\ndrain_timeout_s = 60\n[agent]\nbackend = \"echo\"\ndelay_ms = 2000\n";
+    write_config(home.path(), slow);
     let mut g = builder(&home).supervisor("external").env(TAG_VAR, sw.tag()).spawn();
     g.wait_ready(READY);
-    write_config(home.path(), "listen = \"127.0.0.1:0\"\nbogus_key = 1\n");
+    write_config(home.path(), &format!("{slow}bogus_key = 1\n"));
     let out = cli_tagged(&home, &sw, &["restart", "--timeout", "8"], Duration::from_secs(30));
+    assert_cli(&out, 78, "restart with a config that does not load");
+    assert!(g.alive(), "a refused restart stops nothing: {}", g.diag());
+
+    // Now the config breaks after that check, during the drain: nothing can come back, and
+    // `restart` says why (never only "no gateway holds the lock") and how to recover.
+    write_config(home.path(), slow);
+    let run = send_bg(g.listen(), "B", "held through the drain");
+    wait_active(g.listen(), 1);
+    let restart = cli_bg(&home, &sw, &["restart", "--timeout", "20"], Duration::from_secs(40));
+    wait_state(&home, "draining", READY);
+    write_config(home.path(), &format!("{slow}bogus_key = 1\n"));
+    let out = restart.join().unwrap();
+    let _ = run.join();
     assert_cli(&out, 1, "restart when nothing can start");
     let st = g.wait_exit(EXIT);
 
     assert_exit_code(&g, st, 75, "supervised planned restart");
     let recovery = format!("gatewarden --home {} start", home.path().display());
     assert!(out.stderr.contains(&recovery), "stderr should print `{recovery}`:\n{}", out.stderr);
-    assert!(out.stderr.contains("no gateway holds the lock"), "should say what it saw:\n{}", out.stderr);
+    assert!(
+        out.stderr.contains("could not start") && out.stderr.contains("unknown key 'bogus_key'"),
+        "should say why nothing runs:\n{}",
+        out.stderr
+    );
     assert!(!out.stdout.to_lowercase().contains("restarted"), "must not claim success: {out:?}");
     let res = home.events("restart_result");
-    assert_eq!(res.len(), 2, "{}", home.ledger_text());
-    assert_eq!(res[1]["ok"], json!(false), "{}", res[1]);
-    assert!(res[1]["seen"].as_str().is_some_and(|s| !s.is_empty()), "{}", res[1]);
+    assert_eq!(res.len(), 3, "{}", home.ledger_text());
+    assert_eq!(res[2]["ok"], json!(false), "{}", res[2]);
+    assert!(res[2]["seen"].as_str().is_some_and(|s| s.contains("bogus_key")), "{}", res[2]);
     assert!(current_gateway(home.path()).is_none(), "nothing runs");
 
     // The recovery command, verbatim (minus the binary name), once the cause is fixed.

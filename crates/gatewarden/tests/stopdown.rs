@@ -109,18 +109,23 @@ fn stop_during_a_restart_drain_keeps_it_down_and_the_run_finishes() {
     assert!(prevented.iter().any(|e| e["by"] == json!("successor")), "{}", home.ledger_text());
 }
 
-/// Chat `/restart` (`gatewarden send /restart`), then `stop`: the restart's backstop does not
-/// start the gateway again. (Before: it did, 2 s later, 4 of 4.)
+/// Chat `/restart` (`gatewarden send /restart`), then `stop` while the restart is under way
+/// (a run holds its drain): the restart's backstop does not start the gateway again. (Before:
+/// it did, 2 s later, 4 of 4.)
 #[test]
 fn stop_after_a_chat_restart_beats_the_backstop() {
     let home = TempHome::new();
     let sw = Sweeper::new();
-    write_config(home.path(), &format!("{ADMIN}[agent]\nbackend = \"echo\"\n"));
-    start_cli(&home, &sw);
-    let sent = cli_tagged(&home, &sw, &["send", "/restart"], Duration::from_secs(10));
+    write_config(home.path(), &format!("{ADMIN}drain_timeout_s = 30\n[agent]\nbackend = \"echo\"\ndelay_ms = 2000\n"));
+    let api = Api::new(start_cli(&home, &sw)).with_token(TOKEN);
+    let run = send_bg_as(&api, "B", "in flight");
+    wait_active_as(&api, 1);
+    // Answered once the successor is prepared (issue 27 §1), so the drain is under way.
+    let sent = cli_tagged(&home, &sw, &["send", "/restart"], Duration::from_secs(30));
     assert_cli(&sent, 0, "send /restart");
     let stop = cli_tagged(&home, &sw, &["stop", "--timeout", "20"], Duration::from_secs(30));
     assert_cli(&stop, 0, "stop after /restart");
+    let _ = run.join();
     assert_stays_down(&home, &sw, "stop after chat /restart");
     let backstop = home.events("restart_backstop");
     let result = backstop.iter().find(|e| e.get("ok").is_some()).expect("the backstop's result");
@@ -259,7 +264,7 @@ fn restart_during_a_start_records_its_result() {
 
 /// Issue 22, item 1: `flock gateway.lock sleep 30`, then `stop`: the flock process is not a
 /// gateway, so it is never signalled; `stop` names it, and `start` does not call it "already
-/// running". (Before: SIGTERM to flock.)
+/// running", nor `status` "running" (exit 4 naming it). (Before: SIGTERM to flock.)
 #[test]
 fn a_lock_holder_that_is_not_a_gateway_is_named_never_signalled() {
     let home = TempHome::new();
@@ -284,6 +289,11 @@ fn a_lock_holder_that_is_not_a_gateway_is_named_never_signalled() {
     assert!(!start.text_lc().contains("already running"), "{start:#?}");
     assert!(start.text_lc().contains(&named), "{start:#?}");
     assert_eq!(start.code, Some(1), "{start:#?}");
+    // Issue 30, item 4: nor does `status` (before: exit 0, `running` with pid null, `starting`).
+    let st = run_cli(&home, &["status", "--json"]);
+    assert_eq!(st.code, Some(4), "{st:#?}");
+    assert_eq!(st.json()["running"], json!(false), "{st:#?}");
+    assert!(st.json()["note"].as_str().is_some_and(|n| n.contains(&named)), "{st:#?}");
     let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", flock.id())]).status();
     let _ = flock.wait();
 }

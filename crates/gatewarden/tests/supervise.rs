@@ -141,6 +141,35 @@ fn planned_restart_and_kill9_are_restarted() {
 /// The manager route (issue 21, cancel drain): a restart under supervise ends in exit 75 for
 /// the manager to relaunch; cancelled during its drain, the same child runs on, supervise sees
 /// no exit, and the backstop stands down.
+/// A stray SIGTERM to the supervised gateway (a `kill` from another process than supervise,
+/// its parent) is not the supervisor's stop: the gateway exits 1, recorded as unexpected with
+/// the sender, and supervise revives it. Before, any bare SIGTERM under a declared supervisor
+/// was a planned stop (exit 0), and supervise left it down.
+#[test]
+fn a_stray_sigterm_to_the_supervised_gateway_is_revived() {
+    let home = TempHome::new();
+    let mut s = Supervise::spawn(&home, &[]);
+    let first = wait_running(&home, None, READY);
+    let pid = first["pid"].as_u64().unwrap() as u32;
+    let inc = first["incarnation"].as_str().unwrap().to_owned();
+    // From this test process: neither supervise (the gateway's parent) nor outside its PID
+    // namespace.
+    send_signal(pid, sig::SIGTERM).unwrap();
+    let second = wait_running(&home, Some(&inc), READY);
+    assert_ne!(second["pid"].as_u64(), Some(u64::from(pid)));
+    assert!(s.running(), "supervise keeps running; log:\n{}", s.log());
+    let exited = home.events("exited");
+    assert_eq!(exited[0]["code"], 1, "a stray SIGTERM is unexpected:\n{}", home.ledger_text());
+    let stop = home.events("stop_requested");
+    assert_eq!(stop[0]["unexpected"], json!(true), "{stop:?}");
+    assert_eq!(stop[0]["requester"]["pid"], json!(std::process::id()), "the sender is named: {stop:?}");
+    let children = home.events("supervise_child_exited");
+    assert_eq!(children[0]["exit"], json!({"kind": "code", "value": 1}), "{}", home.ledger_text());
+    // supervise's own stop still reaches the gateway as a planned stop.
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+    assert_eq!(s.wait_exit(EXIT), Some(0), "log:\n{}", s.log());
+}
+
 #[test]
 fn a_cancelled_restart_drain_under_supervise_keeps_the_child() {
     let home = TempHome::new();

@@ -7,7 +7,10 @@
 #![cfg(target_os = "linux")]
 
 mod common;
+mod work_common;
 use common::*;
+use work_common::soak::{SteadyStream, steady_stream};
+use work_common::{Api, Sweeper, TAG_VAR};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -38,14 +41,20 @@ impl Unit {
         Self::install_as(TempHome::new(), bin(), config, args)
     }
 
-    /// [`Unit::install`] by the binary `exe` (which becomes the unit's `ExecStart=`).
-    fn install_as(home: TempHome, exe: &str, config: Option<&str>, args: &[&str]) -> Unit {
+    /// The unit `service install` would install for `home` (with `config`), not installed yet;
+    /// removed on drop all the same.
+    fn named(home: TempHome, config: Option<&str>) -> Unit {
         if let Some(c) = config {
             home.write("config.toml", c);
         }
         let st = run_cli(&home, &["service", "status", "--json"]);
         let name = st.json()["unit"].as_str().expect("unit name").to_owned();
-        let unit = Unit { home, name, probe: None };
+        Unit { home, name, probe: None }
+    }
+
+    /// [`Unit::install`] by the binary `exe` (which becomes the unit's `ExecStart=`).
+    fn install_as(home: TempHome, exe: &str, config: Option<&str>, args: &[&str]) -> Unit {
+        let unit = Unit::named(home, config);
         let mut full = vec!["service", "install"];
         full.extend_from_slice(args);
         let out = cli_with(exe, unit.home.path(), &full, &[], Duration::from_secs(60));
@@ -162,12 +171,45 @@ fn print_renders_the_exit_code_contract() {
     ] {
         assert!(u.lines().any(|l| l == line), "missing {line:?} in:\n{u}");
     }
-    let exec = format!("ExecStart={} run --home {}", bin(), home.path().display());
+    let exec = format!("ExecStart={} run --home {} --supervisor systemd", bin(), home.path().display());
     assert!(u.lines().any(|l| l == exec), "missing {exec:?} in:\n{u}");
     assert!(!home.exists("gateway.lock"), "--print must not touch the home");
     let sys = run_cli(&home, &["service", "install", "--print", "--system", "--run-as", "gw"]);
     assert_cli(&sys, 0, "--print --system");
     assert!(sys.stdout.contains("User=gw\n") && sys.stdout.contains("WantedBy=multi-user.target\n"), "{}", sys.stdout);
+}
+
+/// Issue 31 §1: a system unit always names the user it runs as, by the rule hermes units
+/// follow: the home's owner (root's home: `User=0`, said), or `--run-as`; with no owner known
+/// (no home yet) and none given, none is written. Before, `--system` alone wrote no `User=`,
+/// so the gateway ran as root whoever owned the home.
+#[test]
+fn a_system_unit_always_names_its_user() {
+    use std::os::unix::fs::MetadataExt;
+    let home = TempHome::new();
+    home.write("config.toml", LOOPBACK);
+    let owner = std::fs::metadata(home.path()).unwrap().uid();
+    let out = run_cli(&home, &["service", "install", "--print", "--system"]);
+    assert_cli(&out, 0, "--print --system");
+    assert!(out.stdout.contains(&format!("\nUser={owner}\n")), "the home's owner:\n{}", out.stdout);
+    if owner == 0 {
+        // Another user's home, as root: that user, never root.
+        std::os::unix::fs::chown(home.path(), Some(65534), Some(65534)).unwrap();
+        let out = run_cli(&home, &["service", "install", "--print", "--system"]);
+        std::os::unix::fs::chown(home.path(), Some(0), Some(0)).unwrap();
+        assert_cli(&out, 0, "--print --system, another user's home");
+        assert!(out.stdout.contains("\nUser=65534\n"), "{}", out.stdout);
+    } else {
+        gatewarden_testkit::unavailable::<()>("a home of another user", "needs root");
+    }
+    let gone = home.root().join("no-home-yet");
+    let out = cli(bin(), &gone, &["service", "install", "--print", "--system"]);
+    assert_ne!(out.code, Some(0), "{out:?}");
+    assert!(out.stderr.contains("must name the user it runs as") && out.stderr.contains("--run-as"), "{out:?}");
+    assert!(!out.stdout.contains("[Service]"), "no unit without User=: {out:?}");
+    let out = cli(bin(), &gone, &["service", "install", "--print", "--system", "--run-as", "gw"]);
+    assert_cli(&out, 0, "--run-as without a home");
+    assert!(out.stdout.contains("\nUser=gw\n"), "{}", out.stdout);
 }
 
 /// D2: SIGUSR1 to MainPID → exit 75 → new MainPID, NRestarts + 1, Result=success, and the
@@ -191,6 +233,33 @@ fn d2_planned_restart_revives_and_is_not_a_failure() {
     assert_eq!(u.prop("Result"), "success", "{:?}", u.show());
     assert_eq!(u.home.events("exited").last().unwrap()["code"], 75, "{}", u.home.ledger_text());
     assert_eq!(holds_for(Duration::from_secs(1), || !flag.exists()), Ok(()), "the OnFailure= probe ran");
+}
+
+/// Issue 27 §2: `systemctl --user reload` runs the unit's `ExecReload=` (`gatewarden reload`,
+/// synchronous): a changed file is applied in place (same MainPID, recorded as asked by
+/// systemd), and a file that does not load fails the reload while the gateway runs on.
+#[test]
+fn systemctl_reload_applies_in_place_and_fails_on_a_config_that_does_not_load() {
+    if !have_user_manager() {
+        return;
+    }
+    let u = Unit::install(Some(&format!("{LOOPBACK}admins = [\"a\"]\n")), &[]);
+    let first = u.wait_running(0, READY);
+    let pid = u.main_pid();
+    u.home.write("config.toml", format!("{LOOPBACK}admins = [\"a\", \"b\"]\n"));
+    let out = systemctl(&["reload", &u.name]);
+    assert!(out.status.success(), "systemctl reload: {out:?}\n{}", u.home.ledger_text());
+    let ev = u.home.events("reload").pop().expect("reload recorded before systemctl returned");
+    assert_eq!((&ev["changed"], &ev["requester"]["channel"]), (&json!(["admins"]), &json!("systemd")), "{ev}");
+
+    u.home.write("config.toml", format!("{LOOPBACK}admins = [\"a\"]\nbogus_key = 1\n"));
+    let out = systemctl(&["reload", &u.name]);
+    assert!(!out.status.success(), "a config that does not load must fail the reload: {out:?}");
+    let ev = u.home.events("reload_refused").pop().expect("reload_refused");
+    assert_eq!((ev["key"].as_str(), ev["line"].as_u64()), (Some("bogus_key"), Some(3)), "{ev}");
+    assert_eq!((u.main_pid(), u.prop("ActiveState")), (pid, "active".to_owned()), "{:?}", u.show());
+    let now = u.cli(&["status", "--json"]).json();
+    assert_eq!((&now["incarnation"], &now["state"]), (&first["incarnation"], &json!("running")), "{now}");
 }
 
 /// D3: `gatewarden stop` → inactive with MainPID 0, and it stays so; a stale gateway.pid does
@@ -542,7 +611,12 @@ fn a_crash_loop_is_named_and_never_ends_the_unit() {
             && st["crash_loop"]["sentence"].as_str().is_some_and(|s| s.starts_with("8 crashes"))
     });
     assert!(named, "{st:#}");
-    assert!(st["last_exit_reason"].as_str().unwrap_or_default().contains("killed"), "{st:#}");
+    // The gateway could not record its end (issue 27 §2: never a guess). A signal is named only
+    // as what systemd reported, when its `crash_backoff` line came before this status looked.
+    let reason = st["last_exit_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("ended without recording an exit"), "{st:#}");
+    let guessed = reason.split("its supervisor reported").next().unwrap_or_default();
+    assert!(!guessed.contains("SIGKILL") && !guessed.contains("OOM"), "{st:#}");
 }
 
 /// Issue 22's kill -9 budget: without `RestartSteps=` (systemd < 254) the unit restarts at once
@@ -586,4 +660,404 @@ fn a_binary_that_cannot_run_is_retried_slowly_and_recovers() {
     let back = u.wait_running(old, Duration::from_secs(30));
     assert!(restarts() <= 3, "{} restarts: {:?}", restarts(), u.show());
     assert_eq!(back["state"], "running");
+}
+
+/// Issue 27 §3: a secret named by `*_file` reaches the gateway systemd starts through its
+/// credentials (`LoadCredential=` in the generated unit → `$CREDENTIALS_DIRECTORY`), and a
+/// restart reads it afresh. The file itself is readable by others, which the gateway refuses to
+/// read: only systemd's private copy can have delivered it; `check` says the unit loads it.
+#[test]
+fn a_file_secret_reaches_the_unit_as_a_systemd_credential() {
+    use gatewarden_testkit::llmfake::{FakeLlm, Reply};
+    use std::os::unix::fs::PermissionsExt;
+    if !have_user_manager() {
+        return;
+    }
+    let llm = FakeLlm::start(Reply::text("ok")).unwrap();
+    let home = TempHome::new();
+    let key_file = home.scratch("openai", "key");
+    let put = |key: &str| {
+        std::fs::write(&key_file, format!("{key}\n")).unwrap();
+        std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    };
+    let first = format!("sk-credential-{}-1", std::process::id());
+    put(&first);
+    let config = format!(
+        "{LOOPBACK}[agent]\nbackend = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"\napi_key_file = \"{}\"\n",
+        llm.base_url(),
+        key_file.display()
+    );
+    let u = Unit::install_as(home, bin(), Some(&config), &[]);
+    let unit_text = std::fs::read_to_string(u.path()).unwrap();
+    let loads = format!(":{}", key_file.display());
+    assert!(
+        unit_text.lines().any(|l| l.starts_with("LoadCredential=gatewarden.openai") && l.ends_with(&loads)),
+        "no LoadCredential= for the key file:\n{unit_text}"
+    );
+    let st = u.wait_running(0, READY);
+    assert_eq!(st["secrets"][0]["source"], json!("systemd-credential"), "{st:#}");
+    let key_of = |st: &Value, text: &str| {
+        let addr = st["listen"].as_str().unwrap().parse().unwrap();
+        let r =
+            gatewarden_testkit::api::Api::new(addr).with_timeout(Duration::from_secs(30)).send("c", "u", text).unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        llm.asked(text)[0].header("authorization").unwrap_or_default().to_owned()
+    };
+    assert_eq!(key_of(&st, "first"), format!("Bearer {first}"));
+    let check = u.cli(&["check"]);
+    assert!(
+        check.stdout.lines().any(|l| l.contains("ok   secrets") && l.contains("loaded by the installed systemd unit")),
+        "{check:#?}"
+    );
+
+    let second = format!("sk-credential-{}-2", std::process::id());
+    put(&second);
+    let old = st["pid"].as_u64().unwrap() as u32;
+    assert_cli(&u.cli(&["restart"]), 0, "restart under systemd");
+    let st = u.wait_running(old, READY);
+    assert_eq!(key_of(&st, "second"), format!("Bearer {second}"), "systemd loaded it afresh");
+    assert!(!u.home.ledger_text().contains(&second) && !check.stdout.contains(&first), "no secret is shown");
+}
+
+/// A client calling `POST /v1/messages` at `addr` every 20–30 ms until stopped; what failed.
+fn caller(addr: std::net::SocketAddr) -> SteadyStream<(Api, Vec<String>)> {
+    let api = Api::new(addr).with_timeout(Duration::from_secs(5));
+    steady_stream(27, 20, 10, (api, Vec::new()), |(api, failed), n| {
+        match api.send("caller", "u", &format!("call {n}")) {
+            Ok(r) if r.status == 200 => {}
+            Ok(r) => failed.push(format!("call {n}: HTTP {}", r.status)),
+            Err(e) => failed.push(format!("call {n}: {e}")),
+        }
+    })
+}
+
+/// Stops `calls`: at least `min` calls were made and none failed.
+#[track_caller]
+fn assert_all_served(calls: SteadyStream<(Api, Vec<String>)>, min: u32, what: &str) {
+    let (sent, (_, failed)) = calls.stop();
+    assert!(sent >= min, "{what}: only {sent} calls made");
+    assert!(failed.is_empty(), "{what}: {} of {sent} calls failed: {failed:?}", failed.len());
+}
+
+/// What `systemctl --user` needs to reach the manager, pointed at nothing: "Failed to connect
+/// to bus" for every call, as after the user manager went away.
+const NO_BUS: [(&str, &str); 2] = [
+    ("XDG_RUNTIME_DIR", "/nonexistent/gw-no-bus"),
+    ("DBUS_SESSION_BUS_ADDRESS", "unix:path=/nonexistent/gw-no-bus/bus"),
+];
+
+/// The latest `service_transaction` ledger line.
+fn last_transaction(home: &TempHome) -> Value {
+    home.events("service_transaction").last().cloned().unwrap_or(Value::Null)
+}
+
+/// Issue 27 §4: `service install` with a manager that fails (no bus, so `daemon-reload` fails)
+/// is refused before anything is stopped: exit 1 naming the manager's error, no unit written,
+/// and the gateway running outside the manager serves a client calling it throughout (0
+/// failed requests). Likewise `service uninstall` of a running unit: refused, the unit stays
+/// and its gateway serves throughout. (Before: the running gateway was stopped first, then the
+/// install failed, and nothing ran.)
+#[test]
+fn install_and_uninstall_with_a_manager_that_fails_change_nothing_and_the_gateway_serves_throughout() {
+    if !have_user_manager() {
+        return;
+    }
+    let sw = Sweeper::new();
+    let u = Unit::named(TempHome::new(), Some(LOOPBACK));
+    let mut g = builder(&u.home).env(TAG_VAR, sw.tag()).spawn();
+    let addr = g.wait_ready(READY);
+    let calls = caller(addr);
+    let env = [NO_BUS[0], NO_BUS[1], (TAG_VAR, sw.tag())];
+    let out = cli_with(bin(), u.home.path(), &["service", "install"], &env, Duration::from_secs(60));
+    // A few calls after the refusal too: nothing is stopped late.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_all_served(calls, 10, "install with a broken manager");
+    assert_cli(&out, 1, "service install with a broken manager");
+    assert!(out.stderr.contains("Failed to connect to bus") && out.stderr.contains("nothing changed"), "{out:#?}");
+    assert!(!u.path().exists(), "a unit was written: {}", u.path().display());
+    assert!(g.alive(), "the gateway outside the manager was stopped");
+    let st = run_cli(&u.home, &["status", "--json"]).json();
+    assert_eq!(st["pid"], json!(g.pid()), "{st:#}");
+    let t = last_transaction(&u.home);
+    assert_eq!((t["verb"].as_str(), t["outcome"].as_str()), (Some("install"), Some("refused")), "{t}");
+
+    // Installed for real: the gateway is handed over to the unit, which must answer.
+    let out = cli_with(bin(), u.home.path(), &["service", "install"], &[(TAG_VAR, sw.tag())], Duration::from_secs(90));
+    assert_cli(&out, 0, "service install");
+    let st = g.wait_exit(EXIT);
+    assert_exit_code(&g, st, 0, "handed over to the unit");
+    let st = u.wait_running(0, READY);
+    assert_eq!(st["supervisor"], json!("systemd"), "{st:#}");
+    assert_eq!(last_transaction(&u.home)["outcome"], json!("done"));
+    let managed: std::net::SocketAddr = st["listen"].as_str().unwrap().parse().unwrap();
+    let calls = caller(managed);
+    let out = cli_with(bin(), u.home.path(), &["service", "uninstall"], &env, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_all_served(calls, 10, "uninstall with a broken manager");
+    assert_cli(&out, 1, "service uninstall with a broken manager");
+    assert!(out.stderr.contains("Failed to connect to bus"), "{out:#?}");
+    assert!(u.path().exists(), "the unit was removed");
+    assert_eq!(u.main_pid(), st["pid"].as_u64().unwrap() as u32, "{:?}", u.show());
+    assert_eq!(u.prop("ActiveState"), "active");
+    let _ = sw.sweep();
+}
+
+/// Issue 27 §4: a hand-over that fails after the gateway outside the manager was stopped (the
+/// manager's start fails) puts back what was there: the operator's own earlier unit, byte for
+/// byte and still enabled, and the gateway outside the manager running again at its address;
+/// exit 1 with the reason, and the ledger says what was undone.
+#[test]
+fn a_failed_hand_over_puts_back_the_previous_unit_and_the_gateway_at_its_address() {
+    if !have_user_manager() {
+        return;
+    }
+    let sw = Sweeper::new();
+    let u = Unit::named(TempHome::new(), Some(LOOPBACK));
+    // What was there: a unit installed earlier (not started), edited by the operator since.
+    let out = u.cli(&["service", "install", "--no-start"]);
+    assert_cli(&out, 0, "service install --no-start");
+    let edited = format!("{}# the operator's note\n", std::fs::read_to_string(u.path()).unwrap());
+    std::fs::write(u.path(), &edited).unwrap();
+    assert!(systemctl(&["daemon-reload"]).status.success());
+    let mut g = builder(&u.home).env(TAG_VAR, sw.tag()).spawn();
+    let addr = g.wait_ready(READY);
+    // The manager answers and loads the unit, but its start fails.
+    let wrapper = u.home.scratch("bin", "");
+    std::fs::create_dir_all(&wrapper).unwrap();
+    let real = String::from_utf8(Command::new("sh").args(["-c", "command -v systemctl"]).output().unwrap().stdout)
+        .unwrap()
+        .trim()
+        .to_owned();
+    let script = wrapper.join("systemctl");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncase \" $* \" in *\" start {} \"*) echo 'Job for {0} failed (injected).' >&2; exit 1;; esac\nexec {real} \"$@\"\n",
+            u.name
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", wrapper.display(), std::env::var("PATH").unwrap_or_default());
+    let out = cli_with(
+        bin(),
+        u.home.path(),
+        &["service", "install"],
+        &[("PATH", &path), (TAG_VAR, sw.tag())],
+        Duration::from_secs(120),
+    );
+    assert_cli(&out, 1, "service install whose start fails");
+    assert!(out.stderr.contains("injected") && out.stderr.contains("put back"), "{out:#?}");
+    let st = g.wait_exit(EXIT);
+    assert_exit_code(&g, st, 0, "handed over (then put back)");
+    assert_eq!(std::fs::read_to_string(u.path()).unwrap(), edited, "the operator's unit was not put back");
+    let enabled = systemctl(&["is-enabled", &u.name]);
+    assert_eq!(String::from_utf8_lossy(&enabled.stdout).trim(), "enabled");
+    assert_eq!(u.prop("ActiveState"), "inactive", "{:?}", u.show());
+    // The gateway outside the manager runs again, where it was.
+    let st = run_cli(&u.home, &["status", "--json"]);
+    assert_cli(&st, 0, "status after the rollback");
+    let st = st.json();
+    assert_eq!(st["listen"], json!(addr.to_string()), "{st:#}");
+    assert_ne!(st["supervisor"], json!("systemd"), "{st:#}");
+    assert_eq!(http_get(addr, "/readyz", Duration::from_secs(2)).map(|r| r.status).ok(), Some(200));
+    let t = last_transaction(&u.home);
+    assert_eq!((t["outcome"].as_str(), t["step"].as_str()), (Some("rolled_back"), Some("start")), "{t}");
+    assert_cli(&cli_with(bin(), u.home.path(), &["stop"], &[(TAG_VAR, sw.tag())], Duration::from_secs(60)), 0, "stop");
+    let _ = sw.sweep();
+}
+
+/// Issue 27 §4: `doctor` reports what a failed install leaves: a unit file systemd never
+/// reloaded nor enabled (an error, exit 1; `--fix` loads and enables it, starting nothing),
+/// and a manager that does not answer.
+/// (Before: "no problems found".)
+#[test]
+fn doctor_reports_a_half_installed_unit_and_a_manager_that_does_not_answer() {
+    if !have_user_manager() {
+        return;
+    }
+    let u = Unit::named(TempHome::new(), Some(LOOPBACK));
+    let text = run_cli(&u.home, &["service", "install", "--print"]).stdout;
+    std::fs::create_dir_all(config_dir()).unwrap();
+    // What the old install left when `daemon-reload` failed: the file, nothing else.
+    std::fs::write(u.path(), &text).unwrap();
+    let ids = |out: &CliOutput| -> Vec<String> {
+        out.json()["findings"].as_array().unwrap().iter().map(|f| f["id"].as_str().unwrap_or("").to_owned()).collect()
+    };
+    let out = run_cli(&u.home, &["doctor", "--json"]);
+    assert_cli(&out, 1, "doctor on a half-installed unit");
+    // systemd 252 loads a unit file on demand: what is missing is the enablement.
+    assert!(ids(&out).iter().any(|i| i.starts_with("definition-not-")), "{}", out.stdout);
+    let out = cli_env(bin(), u.home.path(), &["doctor", "--json"], &NO_BUS);
+    assert_cli(&out, 1, "doctor with a manager that does not answer");
+    assert!(ids(&out).contains(&"manager-unreachable".to_owned()), "{}", out.stdout);
+    let out = run_cli(&u.home, &["doctor", "--fix"]);
+    assert_cli(&out, 0, "doctor --fix");
+    assert_eq!(u.prop("ActiveState"), "inactive", "--fix starts nothing: {:?}", u.show());
+    let enabled = systemctl(&["is-enabled", &u.name]);
+    assert_eq!(String::from_utf8_lossy(&enabled.stdout).trim(), "enabled");
+    let out = run_cli(&u.home, &["doctor", "--json"]);
+    assert!(!ids(&out).iter().any(|i| i.starts_with("definition-not")), "{}", out.stdout);
+}
+
+/// Restores the manager's environment on drop (`set-environment` is manager-wide: kept for as
+/// short a time as the test needs).
+struct ManagerEnv(&'static str);
+
+impl ManagerEnv {
+    fn set(name: &'static str, value: &str) -> ManagerEnv {
+        assert!(systemctl(&["set-environment", &format!("{name}={value}")]).status.success());
+        ManagerEnv(name)
+    }
+}
+
+impl Drop for ManagerEnv {
+    fn drop(&mut self) {
+        let _ = systemctl(&["unset-environment", self.0]);
+    }
+}
+
+/// Issue 27 §7: with `GATEWARDEN_SUPERVISOR=none` set manager-wide (`systemctl --user
+/// set-environment`), the `Type=notify` unit still reaches `active`: the unit declares its
+/// supervisor itself. (Before: the gateway believed it had none, never sent READY=1, the unit
+/// hung in `activating` and `service install` blocked.) The variable is manager-wide, so every
+/// unit started meanwhile sees it: it is set for the install alone, which a hang ends at 20 s.
+#[test]
+fn a_manager_wide_supervisor_none_cannot_hang_the_unit() {
+    if !have_user_manager() {
+        return;
+    }
+    let u = Unit::named(TempHome::new(), Some(LOOPBACK));
+    let sw = Sweeper::new();
+    let env = ManagerEnv::set("GATEWARDEN_SUPERVISOR", "none");
+    let install = work_common::cli_bg(&u.home, &sw, &["service", "install"], Duration::from_secs(60));
+    let started = wait_until(Duration::from_secs(20), || install.is_finished());
+    drop(env);
+    assert!(started, "service install hangs under a manager-wide GATEWARDEN_SUPERVISOR=none: {:?}", u.show());
+    let out = install.join().expect("the install's thread");
+    assert_cli(&out, 0, "service install under a manager-wide GATEWARDEN_SUPERVISOR=none");
+    let st = u.wait_running(0, READY);
+    assert_eq!(st["supervisor"], json!("systemd"), "{st:#}");
+    assert_eq!(u.prop("ActiveState"), "active");
+}
+
+/// Issue 27 §1 under a real systemd: `gatewarden restart` and SIGUSR1 with a config.toml that
+/// does not load are refused before anything stops (the route is the manager's exit 75, so a
+/// preflight child of the binary answers first): exit 78 naming the file, line and key, the
+/// same MainPID and no restart counted, `restart_refused` in the ledger, and a client calling
+/// throughout answered every time by the same incarnation.
+#[test]
+fn a_restart_whose_config_does_not_load_is_refused_under_systemd() {
+    if !have_user_manager() {
+        return;
+    }
+    let u = Unit::install(Some(LOOPBACK), &["--restart-sec-ms", "100"]);
+    let first = u.wait_running(0, READY);
+    let (pid, inc) = (first["pid"].as_u64().unwrap() as u32, first["incarnation"].as_str().unwrap().to_owned());
+    let n0 = u.prop("NRestarts");
+    let addr = first["listen"].as_str().unwrap().parse().unwrap();
+    let caller = gatewarden_testkit::api::Caller::start(gatewarden_testkit::api::Api::new(addr));
+    u.home.write("config.toml", format!("{LOOPBACK}bogus_key = 1\n"));
+
+    let out = u.cli(&["restart", "--timeout", "30"]);
+    assert_cli(&out, 78, "restart under systemd with a config that does not load");
+    assert!(out.stderr.contains("config.toml:2: unknown key 'bogus_key'"), "{out:#?}");
+    send_signal(pid, sig::SIGUSR1).unwrap();
+    let refused = {
+        let mut r = Vec::new();
+        must_wait_until(READY, "two refusals", || {
+            r = u.home.events("restart_refused");
+            r.len() == 2
+        });
+        r
+    };
+    assert_eq!(
+        (refused[0]["requester"]["channel"].as_str(), refused[1]["requester"]["channel"].as_str()),
+        (Some("cli"), Some("signal"))
+    );
+    assert!(refused.iter().all(|r| r["reason"].as_str().unwrap_or_default().contains("bogus_key")), "{refused:?}");
+    caller.finish().assert_only(&inc, "two refused restarts under systemd");
+    let s = u.show();
+    assert_eq!(
+        (s["MainPID"].clone(), s["NRestarts"].clone(), s["ActiveState"].as_str()),
+        (pid.to_string(), n0, "active"),
+        "{s:?}"
+    );
+    for e in ["drained", "exited"] {
+        assert!(u.home.events(e).is_empty(), "{e}:\n{}", u.home.ledger_text());
+    }
+}
+
+/// Belt and braces under systemd: the config passed the preflight, then was broken while the
+/// old gateway drained, so the gateway systemd launched next exits 78 and the unit stays down.
+/// `restart` says why (not only "no gateway holds the lock"), `status` and `doctor` too, and
+/// the recovery it prints works once the config is fixed.
+#[test]
+fn a_config_broken_during_the_drain_is_named_by_restart_status_and_doctor() {
+    if !have_user_manager() {
+        return;
+    }
+    let gate = std::env::temp_dir().join(format!("gw-refused-gate-{}", std::process::id()));
+    let _ = std::fs::remove_file(&gate);
+    let script = format!("while [ ! -e '{}' ]; do sleep 0.05; done; cat", gate.display());
+    let good = exec_config(60, &script);
+    let u = Unit::install(Some(&good), &["--restart-sec-ms", "100"]);
+    u.wait_running(0, READY);
+    start_long_run(&u);
+    let home = u.home.path().to_owned();
+    let restart = std::thread::spawn(move || {
+        cli_with(bin(), &home, &["restart", "--timeout", "20"], &[], Duration::from_secs(90))
+    });
+    must_wait_until(READY, "the drain", || u.home.state().as_deref() == Some("draining"));
+    u.home.write("config.toml", format!("{good}bogus_key = 1\n"));
+    std::fs::write(&gate, b"").unwrap();
+
+    let out = restart.join().unwrap();
+    let _ = std::fs::remove_file(&gate);
+    assert_cli(&out, 1, "restart whose next incarnation cannot start");
+    assert!(out.stderr.contains("the new gateway could not start") && out.stderr.contains("bogus_key"), "{out:#?}");
+    let home = u.home.path().display().to_string();
+    let recover = format!("gatewarden --home {home} start");
+    assert!(out.stderr.contains(&recover), "{out:#?}");
+
+    let st = u.cli(&["status"]);
+    assert_cli(&st, 3, "status");
+    assert!(st.stdout.contains("bogus_key") && st.stdout.contains("78"), "{st:#?}");
+    let doc = u.cli(&["doctor"]);
+    assert_cli(&doc, 1, "doctor");
+    assert!(doc.stdout.contains("bogus_key"), "{doc:#?}");
+
+    u.home.write("config.toml", &good);
+    assert_cli(&u.cli(&["start"]), 0, "the printed recovery, once the config is fixed");
+    u.wait_running(0, READY);
+}
+
+/// Issue 30, item 1 under a real systemd user manager: `stop` has recorded `stopped` but is slow
+/// to reach the unit (SIGSTOPped right after its record), and a `start` comes. The start waits
+/// for that stop, then starts the unit again: it exits 0 with the unit active and its gateway
+/// running, and the desired state says `run`. (Before: "already running" of the gateway the
+/// stop then ended: unit `inactive`, desired `run`.)
+#[test]
+fn start_right_after_a_stop_waits_for_it_and_starts_the_unit() {
+    if !have_user_manager() {
+        return;
+    }
+    let u = Unit::install(Some(LOOPBACK), &["--restart-sec-ms", "100"]);
+    let first = u.wait_running(0, READY)["pid"].as_u64().unwrap() as u32;
+    let (home, p) = (u.home.path().to_path_buf(), u.home.path().to_path_buf());
+    let stop = std::thread::spawn(move || cli_with(bin(), &home, &["stop"], &[], Duration::from_secs(60)));
+    let stopper = hold_recorded_stop(&u.home);
+    let start = std::thread::spawn(move || cli_with(bin(), &p, &["start"], &[], Duration::from_secs(60)));
+    wait_desired(&u.home, "taken over by the start", |d| d["want"] == json!("run"));
+    let early = wait_until(Duration::from_secs(2), || start.is_finished());
+    send_signal(stopper, sig::SIGCONT).unwrap();
+    let (stop, start) = (stop.join().unwrap(), start.join().unwrap());
+    assert!(!early, "start answered while the stop was still under way: {start:#?}");
+    assert_cli(&stop, 0, "stop");
+    assert_cli(&start, 0, "start");
+    assert!(start.stdout.contains("via systemd"), "{start:#?}");
+    let now = u.wait_running(first, READY);
+    assert_eq!(u.prop("ActiveState"), "active");
+    assert_eq!(u.home.read_json("desired_state.json").unwrap()["want"], json!("run"));
+    assert_eq!(holds_for(Duration::from_secs(1), || u.prop("ActiveState") == "active"), Ok(()), "{now}");
 }

@@ -41,7 +41,7 @@ fn fake() -> FakeTelegram {
 fn config(api_base: &str, extra: &str) -> String {
     format!(
         "drain_timeout_s = 5\n[agent]\nbackend = \"echo\"\n\
-         [[platform]]\nkind = \"telegram\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{api_base}\"\n\
+         [[platform]]\nkind = \"telegram\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{api_base}\"\n\
          poll_timeout_s = 2\n{extra}"
     )
 }

@@ -239,7 +239,7 @@ fn a_platform_message_trace_ends_with_the_outbox_sent() {
     write_config(
         home.path(),
         &format!(
-            "[agent]\nbackend = \"echo\"\n[[platform]]\nkind = \"telegram\"\ntoken_env = \"{TOKEN_ENV}\"\n\
+            "[agent]\nbackend = \"echo\"\n[[platform]]\nkind = \"telegram\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{TOKEN_ENV}\"\n\
              api_base = \"{}\"\npoll_timeout_s = 2\n[telemetry]\notlp_endpoint = \"{}\"\n",
             fake.base_url(),
             otlp.endpoint()

@@ -77,6 +77,43 @@ fn update_to_a_real_build_then_roll_back_by_hand() {
     assert_cli(&back, 0, "update --rollback");
     assert!(back.stdout.contains(&format!("rolled back 9.9.9 → {}", r.version)), "{back:#?}");
     r.assert_one_gateway(&r.version);
+    // The ledger says what the exit code says (issue 30 §6): the rollback did what was asked.
+    let res = r.home.events("update_result");
+    assert_eq!(
+        (res.last().map(|e| e["ok"].clone()), res.last().map(|e| e["phase"].clone())),
+        (Some(json!(true)), Some(json!("rolled_back"))),
+        "{}",
+        r.home.ledger_text()
+    );
+}
+
+/// Issue 27 §1, the `update` route: the release passes its `check` in the updater's
+/// environment, but the next incarnation, in the running gateway's own environment, cannot
+/// start (a platform token only the updater's shell has). The restart is refused before the
+/// old version stops serving: the update rolls back with the reason, the same incarnation runs
+/// throughout, and a client calling it saw no failure.
+#[test]
+fn a_release_whose_successor_cannot_start_here_is_refused_and_the_old_gateway_serves_on() {
+    const VAR: &str = "GW_TEST_UPDATE_ONLY_TOKEN";
+    let (r, mut g) = rig("[update]\nprobation_s = 1\n");
+    let inc = incarnation_of(&r.home, g.pid()).expect("incarnation");
+    let b = r.release("9.9.9");
+    let caller = gatewarden_testkit::api::Caller::start(Api::new(g.listen()));
+    let platform =
+        format!("[[platform]]\nkind = \"telegram\"\ntoken_env = \"{VAR}\"\napi_base = \"http://127.0.0.1:9\"\n");
+    write_config(r.home.path(), &format!("[agent]\nbackend = \"echo\"\n[update]\nprobation_s = 1\n{platform}"));
+    let args = ["update", "--from", b.to_str().unwrap(), "--timeout", "30"];
+    let out = cli_with(&r.exe, r.home.path(), &args, &[(TAG_VAR, r.sw.tag()), (VAR, "1:x")], UPDATE_LIMIT);
+    assert_failed_and_back(&r, &out, "a successor that cannot start here", "restart refused");
+    assert!(out.stderr.contains(VAR), "the refusal names the missing secret: {out:#?}");
+    let refused = r.home.events("restart_refused");
+    assert_eq!(refused.len(), 1, "{}", r.home.ledger_text());
+    assert!(refused[0]["reason"].as_str().unwrap_or_default().contains(VAR), "{}", refused[0]);
+    caller.finish().assert_only(&inc, "an update whose restart was refused");
+    assert!(g.alive(), "the old gateway never stopped: {}", g.diag());
+    for e in ["drained", "exited"] {
+        assert!(r.home.events(e).is_empty(), "{e}:\n{}", r.home.ledger_text());
+    }
 }
 
 #[test]
@@ -86,7 +123,8 @@ fn candidate_that_exits_1_at_start_is_rolled_back() {
     // The default --timeout (60 s): a release that cannot start fails fast, not at the deadline.
     let t0 = Instant::now();
     let out = r.update(&["--from", c.to_str().unwrap()]);
-    assert_failed_and_back(&r, &out, "exits 1", "no gateway took the lock, not even one started");
+    // Its successor never says it is prepared: the restart is refused, the old one never stops.
+    assert_failed_and_back(&r, &out, "exits 1", "restart refused");
     assert!(t0.elapsed() < Duration::from_secs(15), "the failure took {:?} to be handled", t0.elapsed());
 }
 
@@ -363,7 +401,8 @@ fn updater_killed_at_each_phase_is_finished_by_the_next_start() {
 }
 
 /// Under `supervise`, a candidate that dies at once is reverted by supervise itself (no
-/// updater alive), so the next child is the old binary.
+/// updater alive), so the next child is the old binary. (A restart onto it is refused
+/// outright: its preflight fails.)
 #[test]
 fn supervise_reverts_a_candidate_that_dies_at_once() {
     let home = TempHome::new();
@@ -398,9 +437,16 @@ fn supervise_reverts_a_candidate_that_dies_at_once() {
         "target": exe, "staged": exe, "previous": prev, "from_sha256": from_sha, "to_sha256": sha(&exe),
         "updater_pid": dead_pid()});
     home.write("update.json", serde_json::to_vec(&txn).unwrap());
-    // The restart the updater asked for: supervise relaunches the (broken) new binary.
+    // The restart the updater asked for is refused: the preflight runs the broken binary,
+    // and the gateway keeps serving (issue 27 §1).
     let re = cli_with(&prev, home.path(), &["restart", "--timeout", "30"], &[(TAG_VAR, sw.tag())], UPDATE_LIMIT);
-    assert_cli(&re, 0, "restart under supervise");
+    assert_cli(&re, 78, "restart under supervise onto a binary that cannot run");
+    let (old, ..) = current_gateway(home.path()).expect("the old gateway still runs");
+    // Any other end of it (here a kill): supervise relaunches the broken binary, which dies.
+    send_signal(old, sig::SIGKILL).unwrap();
+    must_wait_until(UPDATE_LIMIT, "a gateway of the old version", || {
+        current_gateway(home.path()).is_some_and(|(p, _, s, _)| p != old && s == "running")
+    });
     let t = home.read_json("update.json").unwrap();
     assert_eq!(t["phase"], json!("rolled_back"), "{t}\n{}", home.ledger_text());
     assert!(t["reason"].as_str().unwrap().contains("reverted by supervise"), "{t}");
@@ -572,8 +618,9 @@ fn update_under_a_systemd_unit() {
 }
 
 /// The updater is SIGKILLed before the restart, and the release cannot run a line of our
-/// code: the unit's `ExecStopPost=` (the last known good copy) reverts the file, so systemd's
-/// relaunch runs the old version again.
+/// code: a restart onto it is refused, and when the gateway ends anyway the unit's
+/// `ExecStopPost=` (the last known good copy) reverts the file, so systemd's relaunch runs the
+/// old version again.
 #[test]
 fn systemd_reverts_a_dead_release_when_the_updater_died() {
     if !have_user_manager() {
@@ -601,9 +648,17 @@ fn systemd_reverts_a_dead_release_when_the_updater_died() {
     send_signal(pid, sig::SIGKILL).unwrap();
     let _ = h.join();
     // The restart the updater never did (`restart` of the old binary: the installed file is
-    // the broken release now).
+    // the broken release now) is refused: its preflight runs the release, which cannot start,
+    // and the old gateway serves on (issue 27 §1).
     let re = cli_with(&r.pristine, r.home.path(), &["restart", "--timeout", "30"], &[], UPDATE_LIMIT);
-    assert_cli(&re, 0, "restart after the updater died");
+    assert_cli(&re, 78, "restart after the updater died");
+    // Any other end of it (here a kill): systemd's relaunch would run the release, and the
+    // unit's `ExecStopPost=` puts the old version back first.
+    let old = svc_main_pid(&r.pristine, r.home.path()).expect("a MainPID");
+    send_signal(old, sig::SIGKILL).unwrap();
+    must_wait_until(UPDATE_LIMIT, "a new MainPID", || {
+        svc_main_pid(&r.pristine, r.home.path()).is_some_and(|p| p != old)
+    });
     let t = r.txn();
     assert_eq!(t["phase"], json!("rolled_back"), "{t}\n{}", r.home.ledger_text());
     assert!(t["reason"].as_str().unwrap().contains("ExecStopPost"), "{t}");
@@ -771,7 +826,7 @@ mod telegram {
         let (r, g) = rig_then(
             |r| {
                 format!(
-                    "[[platform]]\nkind = \"telegram\"\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{base}\"\n\
+                    "[[platform]]\nkind = \"telegram\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{base}\"\n\
                      admins = [\"{ADMIN}\"]\npoll_timeout_s = 2\n[update]\nprobation_s = 1\nsource = \"{}\"\n",
                     source(r).display()
                 )
@@ -880,4 +935,53 @@ fn a_cancelled_drain_rolls_the_update_back_without_a_second_restart() {
     assert_eq!(run.join().unwrap().0.expect("an answer").status, 200);
     r.assert_one_gateway(&r.version);
     assert_eq!(current_gateway(r.home.path()).unwrap().0, g.pid(), "the same process runs");
+}
+
+/// Issue 30, item 5: an update ends only processes it started itself. A `restart` asked during
+/// the update's probation makes the candidate spawn a successor (it waits while the candidate
+/// drains a held run); the probation fails and the update rolls back, ending what it started
+/// — never that successor, which takes over once the run ends, and the restart succeeds.
+/// (Before: the rollback killed it, as `update_killed_candidate` or `update_ended_candidates`.)
+#[test]
+fn an_update_never_ends_the_successor_of_a_concurrent_restart() {
+    let (r, _g) = rig("");
+    let gate = r.home.scratch("gate", "");
+    write_config(r.home.path(), &format!("{}\n[update]\nprobation_s = 8\n", gated_exec(&gate)));
+    let b = r.release("9.9.9");
+    let (exe, home, tag) = (r.exe.clone(), r.home.path().to_path_buf(), r.sw.tag().to_owned());
+    let from = b.to_str().unwrap().to_owned();
+    let update = std::thread::spawn(move || {
+        cli_with(&exe, &home, &["update", "--from", &from, "--timeout", "60"], &[(TAG_VAR, tag.as_str())], UPDATE_LIMIT)
+    });
+    must_wait_until(Duration::from_secs(30), "the update's probation", || r.txn()["phase"] == json!("probation"));
+    let (candidate, _, _, addr) = current_gateway(r.home.path()).expect("the candidate");
+    Api::new(addr.expect("its address")).submit("held", "held run");
+    wait_active(addr.unwrap(), 1);
+    let (exe, home, tag) = (r.exe.clone(), r.home.path().to_path_buf(), r.sw.tag().to_owned());
+    let restart = std::thread::spawn(move || {
+        cli_with(&exe, &home, &["restart", "--timeout", "60"], &[(TAG_VAR, tag.as_str())], UPDATE_LIMIT)
+    });
+    let successor = wait_events(&r.home, "successor_started", 2, Duration::from_secs(20))
+        .iter()
+        .find(|e| e["pid"] == json!(candidate))
+        .and_then(|e| e["successor_pid"].as_u64())
+        .expect("the candidate's successor") as u32;
+    // The rollback has ended what it started once the old binary is back in place.
+    must_wait_until(Duration::from_secs(30), "the old binary back", || version_of(&r.exe) == r.version);
+    let alive = pid_alive(successor);
+    std::fs::write(&gate, b"").unwrap();
+    let (update, restart) = (update.join().unwrap(), restart.join().unwrap());
+    let ledger = r.home.ledger_text();
+    assert!(alive, "the rollback ended the successor {successor} of the concurrent restart:\n{ledger}");
+    for e in r.home.events("update_ended_candidates").iter().chain(r.home.events("update_killed_candidate").iter()) {
+        assert!(
+            e["pid"] != json!(successor) && !e["pids"].as_array().is_some_and(|p| p.contains(&json!(successor))),
+            "{e}"
+        );
+    }
+    assert!(r.home.events("ready").iter().any(|e| e["pid"] == json!(successor)), "{ledger}");
+    assert_cli(&restart, 0, "the concurrent restart");
+    assert_cli(&update, 1, "the update whose probation a restart interrupted");
+    assert_eq!(r.txn()["phase"], json!("rolled_back"), "{}", r.txn());
+    assert_cli(&cli_with(&r.exe, r.home.path(), &["stop"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT), 0, "stop");
 }

@@ -149,7 +149,7 @@ pub fn find(home: &HermesHome) -> Finding {
                 lock_file_exists,
                 runs_hermes_here: runs_hermes_here(home, identity.pid),
                 target_uid: platform::process_uid(identity.pid),
-                home_owner: home.owner().map(|(uid, _)| uid),
+                home_owner: home.owner().ok().flatten().map(|(uid, _)| uid),
                 me: sys::effective_uid(),
             };
             match judge(identity.pid, &evidence) {

@@ -18,6 +18,9 @@ pub const OURS: &str = "gatewarden";
 pub const ACTIONS_LEDGER: &str = "actions.jsonl";
 pub const STDIO_LOG: &str = "gateway-stdio.log";
 pub const PARKED_STATE: &str = "supervise_state.json";
+/// hermes's records of its gateway (as a native home names them), relative to the home.
+pub const PID_FILE: &str = "gateway.pid";
+pub const STATE_FILE: &str = "gateway_state.json";
 /// hermes's logs, relative to the home.
 pub const GATEWAY_LOG: &str = "logs/gateway.log";
 pub const HEARTBEAT: &str = "state/gateway.heartbeat";
@@ -148,9 +151,17 @@ impl HermesHome {
         dir.open_read(name)
     }
 
-    /// The uid of the home's owner (Unix).
-    pub fn owner(&self) -> Option<(u32, u32)> {
-        self.open_dir().ok().and_then(|d| d.owner())
+    /// The home's owner (uid, gid); `Ok(None)` where the OS has no owners (Windows). A home
+    /// that cannot be opened safely is an error, never "nobody": whoever runs something for
+    /// it must know whom it runs as.
+    pub fn owner(&self) -> std::io::Result<Option<(u32, u32)>> {
+        Ok(self.open_dir()?.owner())
+    }
+
+    /// Refuses a home we must not act on (a link, a folder writable by group or others,
+    /// gone), naming why: [`HomeDir::open`]'s rules.
+    pub fn check(&self) -> std::io::Result<()> {
+        self.open_dir().map(drop)
     }
 }
 

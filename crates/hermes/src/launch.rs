@@ -7,15 +7,24 @@
 //! else the live process's command line, else `hermes` on `PATH`. An explicit `--hermes` /
 //! `GATEWARDEN_HERMES` wins, and must resolve too. Nothing resolvable: the restart is refused
 //! and nothing is stopped.
+//!
+//! A recorded argv is a command of its writer's choosing, so it never runs with more rights
+//! than whoever could write it ([`may_run`]): the record (read through the home's folder
+//! handle, crates/hermes/src/sys) must belong to the user hermes runs as, or to root; and to
+//! run as root, root alone must be able to have written it (the record and every folder above
+//! it root's, not writable by others unless sticky). The running process's command line likewise counts only
+//! when that process runs as that user or as root.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use gatewarden_lifecycle::ProcessIdentity;
+use gatewarden_lifecycle::fsio;
 use gatewarden_lifecycle::platform::{self, spawn};
-use gatewarden_lifecycle::records::read_pid_record;
+use gatewarden_lifecycle::records::parse_pid_record;
 
 use crate::home::HermesHome;
+use crate::sys;
 
 /// Where the command came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -63,6 +72,20 @@ pub struct Candidates {
     pub record: Option<Vec<String>>,
     /// `/proc/<pid>/cmdline` of the running gateway.
     pub running: Option<Vec<String>>,
+    /// Candidates set aside before choosing (an untrusted record), said when nothing else runs.
+    pub set_aside: Vec<String>,
+}
+
+/// Whether an argv its writer chose may run as `runs_as`. `writer`: the uid that owns the
+/// record (or runs the process it came from); `root_only`: only root can write the record and
+/// the folders above it. Pure. No uids on this OS (`runs_as` `None`): the home's ACL decides.
+pub fn may_run(runs_as: Option<u32>, writer: Option<u32>, root_only: bool) -> bool {
+    match (runs_as, writer) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(0), Some(w)) => w == 0 && root_only,
+        (Some(u), Some(w)) => w == u || w == 0,
+    }
 }
 
 /// Flags of the previous run that are ours to decide, not to repeat: `--replace` (a takeover)
@@ -104,7 +127,7 @@ pub fn choose(
         Some(p) => Ok(Launch::hermes(p, Source::Path)),
         None => {
             tried.push("`hermes` is not on PATH".into());
-            Err(tried.join("; "))
+            Err(c.set_aside.iter().chain(&tried).cloned().collect::<Vec<_>>().join("; "))
         }
     }
 }
@@ -128,19 +151,49 @@ fn label(s: Source) -> &'static str {
 
 /// Gathers the candidates for `home` (`running`: the gateway about to be stopped, if any) and
 /// chooses. The record counts only when it describes `running` (or, with nothing running, the
-/// last run).
+/// last run), and only when [`may_run`] lets it run as the user hermes runs as.
 pub fn resolve(
     home: &HermesHome,
     explicit: Option<PathBuf>,
     running: Option<ProcessIdentity>,
 ) -> Result<Launch, String> {
-    let record = read_pid_record(&home.pid_file())
-        .ok()
-        .or_else(|| read_pid_record(&home.state_file()).ok())
-        .filter(|r| running.is_none_or(|id| r.identity() == Some(id)))
-        .map(|r| r.argv)
+    let dir = home.open_dir().map_err(|e| e.to_string())?;
+    let runs_as = crate::start::runs_as_uid(home).map_err(|e| e.to_string())?;
+    let mut set_aside = Vec::new();
+    let record = [crate::home::PID_FILE, crate::home::STATE_FILE]
+        .into_iter()
+        .find_map(|name| {
+            let f = dir.open_read(name).ok()??;
+            let writer = sys::file_owner(&f);
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::Read::take(f, fsio::MAX_RECORD_BYTES), &mut bytes).ok()?;
+            let r = parse_pid_record(&bytes).ok()?;
+            Some((name, r, writer))
+        })
+        .filter(|(_, r, _)| running.is_none_or(|id| r.identity() == Some(id)))
+        .filter(|(name, r, writer)| {
+            let ok = may_run(runs_as, *writer, sys::only_root_writes(dir.path()));
+            if !ok && !r.argv.is_empty() {
+                set_aside.push(format!(
+                    "the argv in {name} is not run: it was written by uid {}, and hermes would run as uid {}",
+                    writer.map_or_else(|| "?".into(), |w| w.to_string()),
+                    runs_as.map_or_else(|| "?".into(), |u| u.to_string())
+                ));
+            }
+            ok
+        })
+        .map(|(_, r, _)| r.argv)
         .filter(|a| !a.is_empty());
-    let candidates = Candidates { explicit, record, running: running.and_then(|id| platform::argv(id.pid)) };
+    let running_argv = running
+        .filter(|id| {
+            let ok = may_run(runs_as, platform::process_uid(id.pid), true);
+            if !ok {
+                set_aside.push(format!("the command line of pid {} is not run: it runs as another user", id.pid));
+            }
+            ok
+        })
+        .and_then(|id| platform::argv(id.pid));
+    let candidates = Candidates { explicit, record, running: running_argv, set_aside };
     choose(&candidates, find_program, Path::exists)
 }
 

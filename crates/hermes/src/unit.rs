@@ -110,27 +110,22 @@ pub struct UnitOptions {
     pub scope: Scope,
     /// hermes's `restart_drain_timeout` (default 0); the stop timeout adds 30 s to it.
     pub drain_timeout_s: u64,
-    /// `User=`/`Group=` (numeric) for a system unit of a home owned by someone other than
-    /// root: supervise and hermes run as the home's owner, never as root against a folder
-    /// another user controls. See [`run_as_for`].
+    /// `User=`/`Group=` (numeric): a system unit always has them ([`run_as_for`]: the home's
+    /// owner, root included), so supervise and hermes run as the home's owner, never as root
+    /// against a folder another user controls. A user unit has none (it runs as its manager's
+    /// user).
     pub run_as: Option<(u32, u32)>,
 }
 
 /// Whom a unit for a home owned by `owner` (uid, gid) runs as, installed by `me` in `scope`:
-/// `Ok(None)` as the manager's own user, `Ok(Some(..))` as the owner, `Err` when the scope
-/// cannot run as the owner (a user manager runs everything as its user).
+/// the one rule of native and hermes units (`gatewarden_service::spec::run_as_for`): a system
+/// unit always as the home's owner, root's included.
 pub fn run_as_for(scope: Scope, owner: Option<(u32, u32)>, me: Option<u32>) -> Result<Option<(u32, u32)>, String> {
-    let Some((uid, gid)) = owner else { return Ok(None) };
-    match scope {
-        Scope::System if uid == 0 => Ok(None),
-        Scope::System => Ok(Some((uid, gid))),
-        Scope::User if me.is_none_or(|me| me == uid) => Ok(None),
-        Scope::User => Err(format!(
-            "the home belongs to uid {uid}, and a user unit of uid {} would run hermes as that user against it; \
-             install it as the home's owner, or with --system (then it runs as uid {uid})",
-            me.unwrap_or_default()
-        )),
-    }
+    let scope = match scope {
+        Scope::User => gatewarden_service::Scope::User,
+        Scope::System => gatewarden_service::Scope::System,
+    };
+    gatewarden_service::spec::run_as_for(scope, owner, me)
 }
 
 /// Our unit's name for a home: never `hermes-gateway*`, so hermes's boot-time unit refresh
@@ -299,10 +294,11 @@ mod tests {
     #[test]
     fn a_unit_runs_as_the_homes_owner_or_is_refused() {
         assert_eq!(run_as_for(Scope::System, Some((1001, 1002)), Some(0)), Ok(Some((1001, 1002))));
-        assert_eq!(run_as_for(Scope::System, Some((0, 0)), Some(0)), Ok(None));
+        assert_eq!(run_as_for(Scope::System, Some((0, 0)), Some(0)), Ok(Some((0, 0))), "User=0, said");
         assert_eq!(run_as_for(Scope::User, Some((1001, 1002)), Some(1001)), Ok(None));
         assert!(run_as_for(Scope::User, Some((1001, 1002)), Some(0)).unwrap_err().contains("--system"));
-        assert_eq!(run_as_for(Scope::System, None, None), Ok(None));
+        assert!(run_as_for(Scope::System, None, None).is_err(), "no system unit without User=");
+        assert_eq!(run_as_for(Scope::User, None, None), Ok(None));
     }
 
     #[test]

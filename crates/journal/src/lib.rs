@@ -176,6 +176,17 @@ pub struct Counts {
     pub failed: u64,
 }
 
+/// How full the journal is, for `status` and `doctor` (against `[journal]`'s caps).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Depth {
+    /// Queued messages in all.
+    pub queued: u64,
+    /// Queued messages of the chat with the most (`None`: the store does not say).
+    pub busiest_chat: Option<u64>,
+    /// The live data, in bytes, that `max_size_mb` bounds (`None`: the store does not say).
+    pub bytes: Option<u64>,
+}
+
 /// The journal as the runtime uses it: the home's SQLite [`Journal`], or a shared store
 /// (crates/cluster's `PgStore`, when `[cluster]` is configured) whose writes are fenced by the
 /// lease epoch. Synchronous like SQLite: callers on an async runtime use `spawn_blocking`, and
@@ -203,19 +214,22 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn complete(&self, id: &str, incarnation: &str, reply: &str) -> Result<bool, JournalError> {
         self.complete_traced(id, incarnation, reply, None, &[])
     }
-    /// `running → failed` with a reason, only if `incarnation` owns the run, with the run's
-    /// `steps` and its `failed` step in the same commit (a platform message's chat is told
-    /// through the outbox).
+    /// `running → failed` with a reason (the operator's: trace, dashboard), only if
+    /// `incarnation` owns the run, with the run's `steps` and its `failed` step in the same
+    /// commit; a platform message's chat is told `notice` through the outbox (what it may read:
+    /// [`failure_notice_for`]).
     fn fail_traced(
         &self,
         id: &str,
         incarnation: &str,
         reason: &str,
+        notice: &str,
         steps: &[TraceEvent],
     ) -> Result<bool, JournalError>;
-    /// [`Store::fail_traced`] without noted steps.
+    /// [`Store::fail_traced`] without noted steps, the chat told [`failure_notice`] of `reason`
+    /// (tests and the journal's own reasons; the runtime says what a chat may read).
     fn fail(&self, id: &str, incarnation: &str, reason: &str) -> Result<bool, JournalError> {
-        self.fail_traced(id, incarnation, reason, &[])
+        self.fail_traced(id, incarnation, reason, &failure_notice(reason), &[])
     }
     /// The message's trace, oldest step first (empty: unknown or pruned).
     fn trace(&self, id: &str) -> Result<Vec<TraceEvent>, JournalError>;
@@ -255,6 +269,22 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn prune(&self, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError>;
     /// Queued messages: `(of this chat, in all)`, for the `[journal]` queue caps.
     fn queued(&self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), JournalError>;
+    /// How full the journal is; a store that can count only the queue says only that.
+    fn depth(&self) -> Result<Depth, JournalError> {
+        Ok(Depth { queued: self.counts()?.queued, busiest_chat: None, bytes: None })
+    }
+    /// The access decisions (the pairing book, crates/runtime/src/access/pairing.rs) where a
+    /// store shared by a cluster keeps them, so a promoted standby decides as the old active
+    /// did; `None` before any. One home keeps them in its own `pairing.json` instead: this
+    /// store does not.
+    fn access_doc(&self) -> Result<Option<String>, JournalError> {
+        Err(JournalError::Store("this journal keeps no pairing book (the home's pairing.json does)".into()))
+    }
+    /// Replaces [`Store::access_doc`] (a fenced write of the active).
+    fn put_access_doc(&self, doc: &str) -> Result<(), JournalError> {
+        let _ = doc;
+        Err(JournalError::Store("this journal keeps no pairing book (the home's pairing.json does)".into()))
+    }
 }
 
 /// What [`Store::prune`] deleted.
@@ -279,7 +309,19 @@ pub struct Outgoing {
     pub created_at: String,
 }
 
-/// What a platform chat is told when its message failed (one wording for every store).
+/// What a platform chat is told when its message failed for one of the journal's own reasons
+/// ([`REASON_INTERRUPTED_TWICE`]): one wording for every store.
 pub fn failure_notice(reason: &str) -> String {
     format!("sorry, that failed: {reason}")
+}
+
+/// What a chat or an API caller is told when its message `id` failed (issue 27 §5): `text`
+/// (`[agent] failure_text`) and the reference `gatewarden trace` takes, with the reason only
+/// when it may be `shown` (to an admin who opted in, or a reason about the gateway's own
+/// handling of the message); the whole reason stays the operator's.
+pub fn failure_notice_for(text: &str, id: &str, shown: Option<&str>) -> String {
+    match shown {
+        Some(reason) => format!("{text}: {reason} (ref {id})"),
+        None => format!("{text} (ref {id})"),
+    }
 }

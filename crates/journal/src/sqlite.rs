@@ -20,8 +20,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use crate::row::{self, Cells, MESSAGE_COLUMNS, OUTGOING_COLUMNS};
 use crate::trace::{Step, TRACE_COLUMNS, TraceEvent};
 use crate::{
-    Counts, JournalError, MAX_ATTEMPTS, Message, NewMessage, Outgoing, Pruned, REASON_INTERRUPTED_TWICE, State, Store,
-    failure_notice,
+    Counts, Depth, JournalError, MAX_ATTEMPTS, Message, NewMessage, Outgoing, Pruned, REASON_INTERRUPTED_TWICE, State,
+    Store, failure_notice,
 };
 
 /// The journal's file name inside the home.
@@ -283,9 +283,11 @@ impl Store for Journal {
         id: &str,
         incarnation: &str,
         reason: &str,
+        notice: &str,
         steps: &[TraceEvent],
     ) -> Result<bool, JournalError> {
-        let (id, incarnation, reason) = (id.to_owned(), incarnation.to_owned(), reason.to_owned());
+        let (id, incarnation, reason, notice) =
+            (id.to_owned(), incarnation.to_owned(), reason.to_owned(), notice.to_owned());
         let steps = bounded(steps);
         self.write(move |conn| {
             let now = now_rfc3339();
@@ -298,7 +300,7 @@ impl Store for Journal {
             if n == 1 {
                 let failed = TraceEvent::at(Step::Failed, std::time::SystemTime::now()).outcome(reason.as_str());
                 trace_run(conn, &id, &steps, failed)?;
-                queue_reply(conn, &id, &failure_notice(&reason), &now)?;
+                queue_reply(conn, &id, &notice, &now)?;
             }
             Ok(n == 1)
         })
@@ -656,6 +658,22 @@ impl Store for Journal {
         self.writer.submit(move |conn| prune_on(conn, max_age, max_bytes), true)
     }
 
+    /// The queue, its busiest chat, and the pages in use (what the size bound measures).
+    fn depth(&self) -> Result<Depth, JournalError> {
+        let conn = self.read();
+        let (queued, busiest): (i64, Option<i64>) = conn.query_row(
+            "SELECT COALESCE(SUM(n), 0), MAX(n) FROM
+               (SELECT COUNT(*) AS n FROM messages WHERE state = 'queued' GROUP BY platform, chat_id)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok(Depth {
+            queued: u64::try_from(queued).unwrap_or(0),
+            busiest_chat: Some(busiest.and_then(|b| u64::try_from(b).ok()).unwrap_or(0)),
+            bytes: Some(data_bytes(&conn)?),
+        })
+    }
+
     /// Queued messages `(of this chat, in all)`; a chat is its platform (`None`: the HTTP API)
     /// and its id.
     fn queued(&self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), JournalError> {
@@ -946,11 +964,26 @@ fn make_private(path: &Path) -> Result<(), JournalError> {
             _ => Ok(()),
         }
     };
+    // The same refusals as `check` (a FIFO `-wal` beside a missing main file included), before
+    // anything is created.
+    refuse_unsafe(path)?;
     fix(path, true)?;
     for suffix in SIDECARS {
         fix(&sidecar(path, suffix), false)?;
     }
     Ok(())
+}
+
+/// The one check of the journal's files that `run` (through [`make_private`]) and `check`
+/// ([`check_schema`]) share, so `check` refuses whatever `run` refuses: the main file and each
+/// sidecar, present or not, must be a regular file. Creates and changes nothing; `Ok(false)`
+/// when the main file is missing.
+fn refuse_unsafe(path: &Path) -> Result<bool, JournalError> {
+    let main = check_regular(path)?;
+    for suffix in SIDECARS {
+        check_regular(&sidecar(path, suffix))?;
+    }
+    Ok(main)
 }
 
 fn sidecar(path: &Path, suffix: &str) -> PathBuf {
@@ -1138,11 +1171,8 @@ fn now_rfc3339() -> String {
 pub fn check_schema(home: &Path) -> Result<i64, JournalError> {
     let path = home.join(JOURNAL_FILE);
     // A FIFO here would hang SQLite's open (and the update preflight behind it).
-    if !check_regular(&path)? {
+    if !refuse_unsafe(&path)? {
         return Ok(0);
-    }
-    for suffix in SIDECARS {
-        check_regular(&sidecar(&path, suffix))?;
     }
     let wrap = |source| JournalError::Open { path: path.clone(), source };
     let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NOFOLLOW;
@@ -1240,7 +1270,7 @@ mod tests {
         let (_d, j) = journal();
         let a = j.accept(&msg("a")).unwrap();
         assert!(j.claim(&a, "inc-1").unwrap());
-        assert!(j.fail_traced(&a, "inc-1", "upstream said no", &[]).unwrap());
+        assert!(j.fail_traced(&a, "inc-1", "upstream said no", "sorry (ref a)", &[]).unwrap());
         assert_eq!(steps(&j, &a), ["received", "journaled", "claimed", "failed"]);
         assert_eq!(j.trace(&a).unwrap()[3].outcome.as_deref(), Some("upstream said no"));
 
@@ -1524,6 +1554,22 @@ mod tests {
         assert_eq!(pending, vec![a, c.clone()]);
         assert_eq!(j.get(&c).unwrap().unwrap().kind, Kind::Sync);
         assert_eq!(j.counts().unwrap(), Counts { queued: 1, running: 1, done: 0, failed: 1 });
+    }
+
+    #[test]
+    fn depth_counts_the_queue_its_busiest_chat_and_the_bytes() {
+        let (_d, j) = journal();
+        let empty = j.depth().unwrap();
+        assert_eq!((empty.queued, empty.busiest_chat), (0, Some(0)));
+        assert!(empty.bytes.is_some_and(|b| b > 0));
+        for chat in ["c1", "c1", "c1", "c2"] {
+            j.accept(&NewMessage { chat_id: chat.into(), ..msg(&"x".repeat(100_000)) }).unwrap();
+        }
+        let id = j.accept(&msg("running")).unwrap();
+        assert!(j.claim(&id, "i").unwrap());
+        let d = j.depth().unwrap();
+        assert_eq!((d.queued, d.busiest_chat), (4, Some(3)));
+        assert!(d.bytes.is_some_and(|b| b >= 400_000 && b > empty.bytes.unwrap_or(0)), "{d:?}");
     }
 
     /// Backdates a row's timestamps by `days`.

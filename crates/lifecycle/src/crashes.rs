@@ -3,9 +3,12 @@
 //!
 //! One reading for every place that must name a crash loop (`status`, `doctor`, the systemd
 //! unit's `crash-backoff` helper): an incarnation is its `started` event and, if it got that
-//! far, its `exited` event. One that never wrote `exited` was killed (SIGKILL, the OOM killer)
-//! or died before its exit path; one that exited 0 or 75 ended as asked; 78 is not revived by
-//! any manager. A run that lasted [`HEALTHY`] or longer breaks the loop.
+//! far, its `exited` event. One that never wrote `exited` ended without its exit path, and why is
+//! not known (a SIGKILL, the OOM killer, a crash before the exit path: they look alike here); a
+//! later reader's `exited` on its behalf (`recorded_by`, crates/lifecycle/src/heal.rs) says no
+//! more, and its time is when it was noticed, not when it ended. One that exited 0 or 75 ended
+//! as asked; 78 is not revived by any manager. A run that lasted [`HEALTHY`] or longer breaks
+//! the loop.
 //!
 //! A process that died before writing `started` (a broken release, a missing library) leaves
 //! only the `crash_backoff` line the unit's `ExecStopPost=` writes after every crash
@@ -28,7 +31,7 @@ pub const HEALTHY: Duration = Duration::from_secs(60);
 pub enum LastExit {
     /// It exited with this code (an unplanned exit: 1, or another nonzero code).
     Code { code: i64, reason: Option<String> },
-    /// It wrote no exit: killed (SIGKILL, the OOM killer) or died before its exit path.
+    /// It wrote no exit: why is not known.
     Unrecorded,
     /// It died before writing `started`; `exit` is how, as systemd told `crash-backoff`.
     BeforeStart { exit: String },
@@ -39,7 +42,7 @@ impl LastExit {
         match self {
             LastExit::Code { code, reason: Some(r) } => format!("exit {code} ({r})"),
             LastExit::Code { code, reason: None } => format!("exit {code}"),
-            LastExit::Unrecorded => "no exit recorded (killed, e.g. by SIGKILL or the OOM killer)".into(),
+            LastExit::Unrecorded => "no exit recorded: why is not known".into(),
             LastExit::BeforeStart { exit } => format!("{exit}, before it started"),
         }
     }
@@ -92,6 +95,8 @@ pub fn crash_run<'a>(
                 incs.push((inc.to_owned(), Incarnation { started: at, started_ts: ts, exited: None }));
             }
             "crash_backoff" => backoffs.push((ts, e.get("exit").and_then(Value::as_str))),
+            // Noticed later on its behalf: still an unrecorded end, at an unknown time.
+            "exited" if e.contains_key("recorded_by") => {}
             "exited" => {
                 if let Some((_, i)) = incs.iter_mut().rev().find(|(id, _)| id == inc) {
                     let code = e.get("code").and_then(Value::as_i64);
@@ -184,6 +189,20 @@ mod tests {
         // The newest incarnation still running is not a crash.
         let r = crash_run(&log, at(12), true);
         assert_eq!((r.crashes, r.last), (2, Some(LastExit::Code { code: 1, reason: Some("panic".into()) })));
+    }
+
+    /// An `exited` a later reader added on a killed incarnation's behalf (heal.rs) is still an
+    /// unrecorded end, and its time (when it was noticed) does not make the run look healthy.
+    #[test]
+    fn an_exit_recorded_by_a_later_reader_is_still_unrecorded() {
+        let log = [
+            ev("started", "a", 0, json!({})),
+            ev("exited", "a", 500, json!({"code": null, "intent": "unknown", "recorded_by": {"by": "status"}})),
+            ev("started", "b", 5, json!({})),
+        ];
+        let r = crash_run(&log, at(600), true);
+        assert_eq!((r.crashes, r.last), (1, Some(LastExit::Unrecorded)));
+        assert_eq!(LastExit::Unrecorded.describe(), "no exit recorded: why is not known");
     }
 
     #[test]

@@ -60,9 +60,10 @@ pub struct Desired {
     pub pid: Option<u32>,
     #[serde(default)]
     pub at: Option<String>,
-    /// The process carrying the request out (`start`, `restart`): while it lives, the
-    /// request is in flight and a repair must not act across it (a handover looks like a
-    /// silent gateway for a moment).
+    /// The process carrying the request out (`start`, `restart`, `stop`, or the gateway for a
+    /// chat `/stop`): while it lives, the request is in flight. A repair must not act across a
+    /// start or restart in flight (a handover looks like a silent gateway for a moment), and a
+    /// `start` that replaces a stop in flight waits for it (ops launch.rs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_flight: Option<ProcessIdentity>,
     /// When the requester was invoked (µs since the epoch), see [`overrides`].
@@ -200,7 +201,8 @@ fn write_if(
         recorded_us: Some(timefmt::to_micros(SystemTime::now())),
         keep,
     };
-    fsio::write_json(&path(home_dir), &d)?;
+    // A stop must land even on a full disk (issue 30, item 3): the record has space reserved.
+    fsio::write_json_reserved(&path(home_dir), &d)?;
     Ok((d, true))
 }
 

@@ -86,11 +86,32 @@ impl Home {
     pub fn ledger(&self) -> PathBuf {
         self.dir.join("lifecycle.jsonl")
     }
+    /// Scratch space of each incarnation's runs (`runs/<incarnation>/`: the exec backend's
+    /// history files), private like the home.
+    pub fn runs_dir(&self) -> PathBuf {
+        self.dir.join("runs")
+    }
     pub fn logs_dir(&self) -> PathBuf {
         self.dir.join("logs")
     }
+    /// Where this home's configuration is read: `GATEWARDEN_CONFIG` (which `--config` sets
+    /// for the CLI and everything it starts), else `<home>/config.toml` ([`config_path_with`]).
     pub fn config_file(&self) -> PathBuf {
-        self.dir.join("config.toml")
+        config_path_with(&self.dir, |k| std::env::var_os(k))
+    }
+}
+
+/// The variable naming the configuration file instead of `<home>/config.toml`; `--config PATH`
+/// sets it (crates/gatewarden/src/main.rs), so every process the CLI starts reads the same file.
+pub const CONFIG_ENV: &str = "GATEWARDEN_CONFIG";
+
+/// Pure: where the configuration of the home at `dir` is read, the environment injected.
+/// `GATEWARDEN_CONFIG` when set and not empty, else `<dir>/config.toml`. The only place that
+/// decides it: the config crate's loader and every message naming the file go through it.
+pub fn config_path_with(dir: &Path, env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
+    match env(CONFIG_ENV).filter(|v| !v.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => dir.join("config.toml"),
     }
 }
 
@@ -152,6 +173,16 @@ mod tests {
 
     fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
         move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| OsString::from(v))
+    }
+
+    #[test]
+    fn the_config_is_the_variable_s_file_else_the_home_s() {
+        assert_eq!(config_path_with(Path::new("/h"), env(&[])), PathBuf::from("/h/config.toml"));
+        assert_eq!(config_path_with(Path::new("/h"), env(&[(CONFIG_ENV, "")])), PathBuf::from("/h/config.toml"));
+        assert_eq!(
+            config_path_with(Path::new("/h"), env(&[(CONFIG_ENV, "/etc/gw.toml")])),
+            PathBuf::from("/etc/gw.toml")
+        );
     }
 
     #[test]

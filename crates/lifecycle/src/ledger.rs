@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
+use crate::lock::InstanceLock;
 use crate::{fsio, timefmt};
+use std::time::Duration;
 
 /// Rotate the ledger past this size (one older generation is kept). The only size policy.
 pub const ROTATE_BYTES: u64 = 1 << 20;
@@ -50,17 +52,78 @@ impl Ledger {
 
     /// Appends one event. `fields` must be a JSON object (or null); its keys are merged in.
     /// Errors are returned, not swallowed; callers that must not fail on a full disk log them.
+    ///
+    /// A line is written whole or not at all (issue 30, item 3): a write cut short (a full
+    /// disk) is taken back, and a torn last line that an earlier writer left (it crashed, or
+    /// an older version could not take it back) is cut off first and said so
+    /// (`ledger_repaired`). Appenders take turns on `lifecycle.jsonl.lock` for that, so no line
+    /// being written is taken for a torn one; readers never wait.
     pub fn append(&self, event: &str, fields: Value) -> io::Result<()> {
-        let line = self.writer.render(event, fields)?;
+        // Patience for an appender that stopped in the middle of its turn (SIGSTOP): past it,
+        // the line is appended as before, with no repair.
+        let turn = InstanceLock::acquire(&turn_path(&self.path), TURN_PATIENCE).ok();
         // Never through a symlink: a planted `lifecycle.jsonl -> /etc/passwd` is refused.
         let mut f = fsio::open_append(&self.path)?;
         if f.metadata().is_ok_and(|m| m.len() > ROTATE_BYTES) {
             let _ = std::fs::rename(&self.path, self.path.with_extension("jsonl.1"));
             f = fsio::open_append(&self.path)?;
         }
-        // One write call per line: appends of this size are not interleaved.
-        f.write_all(&line)
+        if turn.is_none() {
+            // One write call per line: appends of this size are not interleaved.
+            return f.write_all(&self.writer.render(event, fields)?);
+        }
+        let (len, cut) = repair_tail(&self.path, &f)?;
+        let mut bytes = Vec::new();
+        if cut > 0 {
+            bytes = self.writer.render("ledger_repaired", json!({"cut_bytes": cut}))?;
+        }
+        bytes.extend_from_slice(&self.writer.render(event, fields)?);
+        f.write_all(&bytes).inspect_err(|_| {
+            // Whole or not at all: nobody else appends during our turn.
+            let _ = f.set_len(len);
+        })
     }
+}
+
+/// How long an append waits for its turn.
+const TURN_PATIENCE: Duration = Duration::from_secs(1);
+
+/// The lock appenders take turns on: `lifecycle.jsonl.lock`, never deleted.
+fn turn_path(ledger: &Path) -> PathBuf {
+    ledger.with_extension("jsonl.lock")
+}
+
+/// Cuts a torn last line (the file does not end with a newline) back to the last whole line;
+/// the ledger's length afterwards and the bytes cut. A tail with no line end in its last
+/// [`TAIL_CHUNK`] bytes is not a torn line (lines are far shorter): it is ended, not cut.
+fn repair_tail(path: &Path, f: &std::fs::File) -> io::Result<(u64, u64)> {
+    let len = f.metadata()?.len();
+    if len == 0 {
+        return Ok((0, 0));
+    }
+    let fsio::ReadOutcome::Ok((mut r, _)) = fsio::open_regular(path) else { return Ok((len, 0)) };
+    // The usual case, a whole last line, costs one byte read.
+    let mut last = [0u8; 1];
+    r.seek(SeekFrom::Start(len - 1))?;
+    r.read_exact(&mut last)?;
+    if last[0] == b'\n' {
+        return Ok((len, 0));
+    }
+    let from = len.saturating_sub(TAIL_CHUNK);
+    let mut tail = vec![0; usize::try_from(len - from).unwrap_or(0)];
+    r.seek(SeekFrom::Start(from))?;
+    r.read_exact(&mut tail)?;
+    let keep = match tail.iter().rposition(|&b| b == b'\n') {
+        Some(i) => from + i as u64 + 1,
+        None if from == 0 => 0,
+        None => {
+            let mut w = f;
+            w.write_all(b"\n")?;
+            return Ok((len + 1, 0));
+        }
+    };
+    f.set_len(keep)?;
+    Ok((keep, len - keep))
 }
 
 impl Writer {
@@ -165,6 +228,34 @@ mod tests {
         assert!(matches!(&lines[1], Line::Garbage(s) if s.contains("garbage")));
         let last = read_tail(&p, Some(1)).ok().unwrap();
         assert!(matches!(&last[0], Line::Event(m) if m["code"] == 0));
+    }
+
+    #[test]
+    fn a_torn_last_line_is_cut_at_the_next_append_and_said_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("lifecycle.jsonl");
+        let l = Ledger::new(p.clone(), Writer { pid: 1, start_time: Some(2), incarnation: None });
+        l.append("started", json!({})).unwrap();
+        // What a write cut short by a full disk leaves.
+        std::fs::OpenOptions::new().append(true).open(&p).unwrap().write_all(b"{\"ts\":\"2026-").unwrap();
+        l.append("exited", json!({"code": 0})).unwrap();
+        let lines = read_tail(&p, None).ok().unwrap();
+        let events: Vec<&str> = lines
+            .iter()
+            .map(|l| match l {
+                Line::Event(m) => m["event"].as_str().unwrap_or("?"),
+                Line::Garbage(g) => panic!("a torn line was kept: {g:?}"),
+            })
+            .collect();
+        assert_eq!(events, ["started", "ledger_repaired", "exited"]);
+        assert!(matches!(&lines[1], Line::Event(m) if m["cut_bytes"] == 12));
+        // A torn first line: the file is cut to nothing before the line.
+        let q = dir.path().join("other.jsonl");
+        std::fs::write(&q, b"{\"partial").unwrap();
+        Ledger::new(q.clone(), Writer::current()).append("x", json!({})).unwrap();
+        assert_eq!(read_tail(&q, None).ok().unwrap().len(), 2);
+        let text = std::fs::read_to_string(&q).unwrap();
+        assert!(text.lines().all(|l| serde_json::from_str::<Value>(l).is_ok()), "{text}");
     }
 
     #[test]

@@ -12,15 +12,18 @@
 //! - [`marker`]: planned-stop and takeover markers that are obeyed only by the incarnation
 //!   they name, and healed by whoever finds them stale.
 //! - [`desired`]: the operator's intent (run or stopped), binding on every starter.
+//! - [`disk`]: a home on a full disk, named by `status` and `doctor`.
 //! - [`overlap`]: pure decisions for verbs that overlap (a swap meeting a restart).
 //! - [`exit`]: the one intent → exit-code table.
 //! - [`supervisor`]: who supervises us (systemd, launchd, container, override, none).
 //! - [`ledger`]: the append-only lifecycle ledger.
 //! - [`home`]: where state lives and the names of its files.
 //! - [`platform`]: the per-OS facade; the only place with `cfg`.
+//! - [`term`]: outside text escaped for a terminal.
 
 pub mod crashes;
 pub mod desired;
+pub mod disk;
 pub mod exit;
 pub mod fsio;
 pub mod heal;
@@ -36,6 +39,7 @@ pub mod probe;
 pub mod procfs;
 pub mod records;
 pub mod supervisor;
+pub mod term;
 pub mod timefmt;
 
 pub use exit::ExitIntent;

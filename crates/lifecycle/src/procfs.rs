@@ -73,6 +73,17 @@ pub fn clean_file_mappings(smaps: &str, exe: &str) -> Vec<(usize, usize)> {
     out
 }
 
+/// `/proc/<pid>/stat` → `(utime + stime in clock ticks, threads, resident pages)`: fields 14,
+/// 15, 20 and 24, counted after the last `)` (the command name may hold spaces and parens).
+pub fn stat_usage(content: &[u8]) -> Option<(u64, u64, u64)> {
+    let close = content.iter().rposition(|&c| c == b')')?;
+    let rest = std::str::from_utf8(content.get(close + 1..)?).ok()?;
+    // Index 0 is field 3 (state).
+    let f: Vec<&str> = rest.split_ascii_whitespace().collect();
+    let num = |field: usize| f.get(field - 3)?.parse::<u64>().ok();
+    Some((num(14)?.saturating_add(num(15)?), num(20)?, num(24)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,5 +152,13 @@ garbage line
         assert_eq!(clean_file_mappings(t, "/opt/gw bin/gatewarden (deleted)"), vec![(0x7f0000002000, 0x1000)]);
         assert!(clean_file_mappings("", "/x").is_empty());
         assert!(clean_file_mappings("zz-yy r-xp 0 0 0 /x\nAnonymous: 0 kB\n", "/x").is_empty());
+    }
+
+    #[test]
+    fn usage_fields_are_counted_after_the_command_name() {
+        let stat = b"4242 (gate way) (x)) S 1 4242 4242 0 -1 4194560 100 0 0 0 150 25 0 0 20 0 7 0 3921877 10000000 900 18446744073709551615";
+        assert_eq!(stat_usage(stat), Some((175, 7, 900)));
+        assert_eq!(stat_usage(b"4242 (x) S 1"), None);
+        assert_eq!(stat_usage(b"no parens"), None);
     }
 }

@@ -42,6 +42,47 @@ pub enum Supervisor {
     None,
 }
 
+/// Who sent a SIGTERM, as far as the owner's-stop rule asks (`si_pid` against our parent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TermSender {
+    /// `si_pid` 0: a process outside our PID namespace (the container runtime, to its init)
+    /// or the kernel.
+    Outside,
+    /// Our parent process: the supervisor that started us.
+    Parent,
+    /// Any other process: a stray `kill`, a script, another user's tool.
+    Other,
+}
+
+impl TermSender {
+    /// From the sender's pid (`None`: `si_pid` 0) and our parent's.
+    pub fn of(sender: Option<u32>, parent: Option<u32>) -> TermSender {
+        match sender {
+            None => TermSender::Outside,
+            Some(pid) if parent == Some(pid) => TermSender::Parent,
+            Some(_) => TermSender::Other,
+        }
+    }
+}
+
+/// What a SIGTERM that no marker of ours explains means, by who supervises us and who sent it:
+/// the one table (docs/architecture.md, "SIGTERM"). The gateway's own verbs never send a bare
+/// SIGTERM (the stopper writes a marker first), so a bare one comes from outside, and it is the
+/// owner's stop only when it comes from the owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BareTerm {
+    /// The owner of the process stops it: a container runtime (`docker stop`, `podman stop`, a
+    /// pod deletion) to its PID 1, or a declared supervisor (s6, runit). A planned stop (exit 0)
+    /// within the owner's grace time, and not the operator's durable `stopped`: the owner keeps
+    /// the desired state, so its next start runs.
+    OwnerStop {
+        /// Who, in the ledger's words (`stop_requested`'s `by`).
+        by: &'static str,
+    },
+    /// Nobody we know of: an unexpected signal (exit 1), which a manager revives.
+    Unexpected,
+}
+
 /// Who starts the next incarnation of a planned restart: the one decision table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RestartRoute {
@@ -81,6 +122,23 @@ impl Supervisor {
             Supervisor::Systemd | Supervisor::Launchd | Supervisor::External => RestartRoute::ExitForManager,
             Supervisor::Container => RestartRoute::ReexecInPlace,
             Supervisor::None => RestartRoute::SpawnSuccessor,
+        }
+    }
+
+    /// What a bare SIGTERM from `from` means under this supervisor. A container's runtime
+    /// signals its init from outside the PID namespace (or through an init of its own, our
+    /// parent); a declared supervisor is our parent. Anyone else's SIGTERM (a stray `kill` of a
+    /// supervised gateway, from inside the container) is nobody's plan, so the owner revives
+    /// it. systemd and launchd stop through their own channels (our units stop with SIGINT,
+    /// `KillSignal=SIGINT`); with none proven, a SIGTERM is nobody's plan either.
+    pub fn bare_sigterm(self, from: TermSender) -> BareTerm {
+        match (self, from) {
+            (Supervisor::Container, TermSender::Outside | TermSender::Parent) => {
+                BareTerm::OwnerStop { by: "container runtime" }
+            }
+            (Supervisor::External, TermSender::Parent) => BareTerm::OwnerStop { by: "declared supervisor" },
+            (Supervisor::Container | Supervisor::External, _)
+            | (Supervisor::Systemd | Supervisor::Launchd | Supervisor::None, _) => BareTerm::Unexpected,
         }
     }
 
@@ -127,10 +185,16 @@ pub struct Facts<'a> {
 /// launchd), none. `INVOCATION_ID` alone proves nothing: every child of a unit inherits it.
 pub fn detect_with(f: &Facts<'_>) -> Detection {
     let found = |supervisor, evidence: String| Detection { supervisor, evidence };
+    let set = |k: &str| (f.env)(k).filter(|v| !v.is_empty());
+    let exec_pid = set("SYSTEMD_EXEC_PID").and_then(|v| v.to_string_lossy().trim().parse::<u32>().ok());
     if let Some(s) = f.declared {
+        // The generated unit declares itself (crates/service/src/systemd/render.rs): say what
+        // confirms it too.
+        if s == Supervisor::Systemd && exec_pid == Some(f.pid) {
+            return found(s, format!("declared by --supervisor; SYSTEMD_EXEC_PID={} is this process", f.pid));
+        }
         return found(s, "declared by --supervisor".into());
     }
-    let set = |k: &str| (f.env)(k).filter(|v| !v.is_empty());
     let mut notes = Vec::new();
     if let Some(v) = set(SUPERVISOR_ENV) {
         match Supervisor::parse(&v.to_string_lossy()) {
@@ -141,7 +205,6 @@ pub fn detect_with(f: &Facts<'_>) -> Detection {
     if f.pid == 1 {
         return found(Supervisor::Container, "PID 1 of its PID namespace: restarts re-execute in place".into());
     }
-    let exec_pid = set("SYSTEMD_EXEC_PID").and_then(|v| v.to_string_lossy().trim().parse::<u32>().ok());
     if exec_pid == Some(f.pid) {
         return found(Supervisor::Systemd, format!("SYSTEMD_EXEC_PID={} is this process", f.pid));
     }
@@ -245,6 +308,44 @@ mod tests {
         let d = detect_full(None, &[("GATEWARDEN_SUPERVISOR", "bogus"), ("SYSTEMD_EXEC_PID", "4242")], 4242, 1, None);
         assert_eq!(d.supervisor, Supervisor::Systemd);
         assert_eq!(detect_full(Some(Supervisor::Launchd), &[], 4242, 7, None).supervisor, Supervisor::Launchd);
+        // The unit's own declaration wins over a manager-wide GATEWARDEN_SUPERVISOR=none, and
+        // says what confirms it.
+        let d = detect_full(
+            Some(Supervisor::Systemd),
+            &[("GATEWARDEN_SUPERVISOR", "none"), ("SYSTEMD_EXEC_PID", "4242")],
+            4242,
+            1,
+            None,
+        );
+        assert_eq!(d.supervisor, Supervisor::Systemd);
+        assert!(d.evidence.contains("SYSTEMD_EXEC_PID=4242 is this process"), "{}", d.evidence);
+    }
+
+    #[test]
+    fn a_bare_sigterm_is_the_owners_stop_only_from_the_owner() {
+        use TermSender::{Other, Outside, Parent};
+        assert_eq!(TermSender::of(None, Some(7)), Outside, "si_pid 0");
+        assert_eq!(TermSender::of(Some(7), Some(7)), Parent);
+        assert_eq!(TermSender::of(Some(8), Some(7)), Other);
+        assert_eq!(TermSender::of(Some(8), None), Other);
+        let runtime = BareTerm::OwnerStop { by: "container runtime" };
+        let pid1 = detect_full(None, &[], 1, 0, None).supervisor;
+        assert_eq!(pid1.bare_sigterm(Outside), runtime, "the runtime, from outside the PID namespace");
+        assert_eq!(pid1.bare_sigterm(Other), BareTerm::Unexpected, "a kill from inside the container");
+        let declared = detect(&[("GATEWARDEN_SUPERVISOR", "container")]);
+        assert_eq!(declared.bare_sigterm(Parent), runtime, "the container's own init, forwarding it");
+        let external = detect(&[("GATEWARDEN_SUPERVISOR", "external")]);
+        assert_eq!(external.bare_sigterm(Parent), BareTerm::OwnerStop { by: "declared supervisor" });
+        for from in [Other, Outside] {
+            assert_eq!(external.bare_sigterm(from), BareTerm::Unexpected, "a stray kill of a supervised child");
+        }
+        for s in [Supervisor::Systemd, Supervisor::Launchd, Supervisor::None] {
+            for from in [Outside, Parent, Other] {
+                assert_eq!(s.bare_sigterm(from), BareTerm::Unexpected, "{s:?} {from:?}");
+            }
+        }
+        // Inherited unit variables prove nothing: still nobody's plan.
+        assert_eq!(detect(&[("INVOCATION_ID", "abc")]).bare_sigterm(Parent), BareTerm::Unexpected);
     }
 
     #[test]

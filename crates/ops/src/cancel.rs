@@ -21,10 +21,14 @@ use crate::ready::status_of;
 /// The gateway answers once its adapters are started again (bounded there by 30 s).
 const ANSWER: Duration = Duration::from_secs(35);
 
-pub fn cancel_drain(home: &Home) -> crate::Result<ExitCode> {
+pub fn cancel_drain(home: &Home, json: bool) -> crate::Result<ExitCode> {
+    crate::ui::outcome(home, "cancel-drain", json, || cancel(home))
+}
+
+fn cancel(home: &Home) -> crate::Result<ExitCode> {
     let home = home.canonicalized();
     if !matches!(presence(&home, "cancel-drain"), Presence::Running) {
-        eprintln!("no gateway running in {}: nothing to cancel", home.dir().display());
+        errln!("no gateway running in {}: nothing to cancel", home.dir().display());
         return Ok(ExitCode::from(1));
     }
     let ep = Endpoint::for_home(home.dir());
@@ -38,7 +42,7 @@ pub fn cancel_drain(home: &Home) -> crate::Result<ExitCode> {
                 ClientError::Refused { message, .. } => message,
                 e => e.to_string(),
             };
-            eprintln!("the drain was not cancelled: {why}");
+            errln!("the drain was not cancelled: {why}");
             return Ok(ExitCode::from(1));
         }
     };
@@ -46,18 +50,18 @@ pub fn cancel_drain(home: &Home) -> crate::Result<ExitCode> {
     // Verified, not assumed: the same incarnation answers `running`.
     match status_of(&ep, Duration::from_secs(2)) {
         Ok(s) if s.incarnation.as_deref() == Some(inc.as_str()) && s.state.as_deref() == Some("running") => {
-            println!(
+            outln!(
                 "drain cancelled: incarnation {inc} (pid {}) runs on, {} run(s) active",
                 s.pid.map_or("?".into(), |p| p.to_string()),
                 s.active_runs.unwrap_or(0)
             );
             if let Some(e) = result.get("platforms_error").and_then(Value::as_str) {
-                eprintln!("warning: a chat platform did not start again: {e}");
+                errln!("warning: a chat platform did not start again: {e}");
             }
             Ok(ExitCode::SUCCESS)
         }
         Ok(s) => {
-            eprintln!(
+            errln!(
                 "the gateway said the drain was cancelled, but now incarnation {} is {}",
                 s.incarnation.unwrap_or_default(),
                 s.state.unwrap_or_default()
@@ -65,7 +69,7 @@ pub fn cancel_drain(home: &Home) -> crate::Result<ExitCode> {
             Ok(ExitCode::from(1))
         }
         Err(e) => {
-            eprintln!("the gateway said the drain was cancelled, but does not answer now: {e}");
+            errln!("the gateway said the drain was cancelled, but does not answer now: {e}");
             Ok(ExitCode::from(1))
         }
     }

@@ -22,7 +22,7 @@ use crate::crash_loop::events;
 pub fn crash_backoff(home: &Home) -> crate::Result<ExitCode> {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let (Some(how), Some(status)) = (var("EXIT_CODE"), var("EXIT_STATUS")) else {
-        eprintln!(
+        errln!(
             "crash-backoff: no $EXIT_CODE/$EXIT_STATUS (it runs as the systemd unit's ExecStopPost=); nothing to do"
         );
         return Ok(ExitCode::SUCCESS);
@@ -38,10 +38,7 @@ pub fn crash_backoff(home: &Home) -> crate::Result<ExitCode> {
         json!({"crashes": crashes, "since": run.since, "exit": exit, "delay_ms": delay.as_millis() as u64}),
     );
     if !delay.is_zero() {
-        eprintln!(
-            "crash-backoff: {crashes} crashes in a row (last: {exit}); restarting in {:.1} s",
-            delay.as_secs_f64()
-        );
+        errln!("crash-backoff: {crashes} crashes in a row (last: {exit}); restarting in {:.1} s", delay.as_secs_f64());
         std::thread::sleep(delay);
     }
     Ok(ExitCode::SUCCESS)

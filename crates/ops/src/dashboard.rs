@@ -6,11 +6,13 @@
 //!
 //! Each home links to its own page (`http://<listen>/ui`, served by its gateway) and to a page
 //! this server renders from the home's files (`/ui/home/<key>`), which also works while the
-//! gateway is down and so carries Start. Actions run the CLI's own verbs (`actions::launch`)
-//! with `channel: dashboard`; they need this server's token (`GATEWARDEN_DASHBOARD_TOKEN`, else
-//! a random one printed at start), exchanged once for a session cookie, and every POST is
-//! checked against `Host`, `Origin` and the session's CSRF token, as on a gateway's page.
-//! Loopback only: the server refuses any other listen address.
+//! gateway is down and so carries Start. This file is the fleet's [`Site`] for the dashboard's
+//! one web layer (crates/dashboard/src/web.rs): every page, the list included, needs a session
+//! of this server's token (`GATEWARDEN_DASHBOARD_TOKEN`, or the file `…_TOKEN_FILE` names; at
+//! least 16 bytes, else a random one printed at start), failed logins are throttled per client and recorded in the ledger of each
+//! home listed that is ours, and actions run the CLI's own verbs (`actions::launch`) with
+//! `channel: dashboard`. Loopback only, unless a token is given; run as root it says it serves
+//! root's homes.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -18,20 +20,14 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use axum::body::{Body, Bytes};
-use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
 use gatewarden_control::StatusReport;
 use gatewarden_dashboard::actions::{self, Action};
-use gatewarden_dashboard::auth::{self, CSRF_FIELD, Policy, Post, Refusal, Sessions};
+use gatewarden_dashboard::auth::{self, Failed, Policy};
 use gatewarden_dashboard::snapshot::{Finding, Snapshot};
-use gatewarden_dashboard::{HomeSummary, Viewer, gather, live, registry, render, sse};
-use gatewarden_lifecycle::{Home, timefmt};
-use gatewarden_runtime::http::ui::{html, refused};
-use serde_json::Value;
-use tokio::sync::mpsc;
+use gatewarden_dashboard::web::{self, Page, ReadRule, Site, Web};
+use gatewarden_dashboard::{HomeSummary, gather, registry, render};
+use gatewarden_lifecycle::{ExitIntent, Home};
+use serde_json::{Value, json};
 
 /// `dashboard`'s options (crates/gatewarden/src/cli.rs documents them).
 #[derive(Debug, Clone, Default)]
@@ -41,20 +37,18 @@ pub struct DashboardArgs {
     pub hermes_homes: Vec<PathBuf>,
 }
 
-/// The actions token's environment variable (else a random token is printed at start).
+/// The token's environment variable (else a random token is printed at start).
 pub const TOKEN_ENV: &str = "GATEWARDEN_DASHBOARD_TOKEN";
-const TICK: Duration = Duration::from_secs(1);
+/// Or the file holding it, read by the secret files' rules (fsio `read_private`): a systemd
+/// credential (`%d/…`), a Kubernetes Secret, a file of ours that nobody else reads.
+pub const TOKEN_FILE_ENV: &str = "GATEWARDEN_DASHBOARD_TOKEN_FILE";
 const DOCTOR_EVERY: Duration = Duration::from_secs(30);
-const MAX_STREAMS: usize = 16;
 
 struct Fleet {
-    policy: Policy,
-    sessions: Mutex<Sessions>,
     homes: Vec<PathBuf>,
     hermes_homes: Vec<PathBuf>,
     registry: Option<PathBuf>,
     doctor: Mutex<HashMap<String, (Instant, Vec<Finding>)>>,
-    streams: std::sync::atomic::AtomicUsize,
 }
 
 /// One row's source.
@@ -64,15 +58,44 @@ enum Source {
     Hermes(PathBuf),
 }
 
+/// What the fleet page says about whose homes these are, when it runs as root.
+fn served_as_root() -> Option<String> {
+    crate::os::proc::is_root().then(|| {
+        "This dashboard runs as root: it serves root's homes (root's registry and the homes named on its command line), \
+         and their private files only to sessions holding its token."
+            .to_owned()
+    })
+}
+
 pub fn dashboard(args: DashboardArgs) -> crate::Result<ExitCode> {
-    let addr: std::net::SocketAddr =
-        args.listen.parse().map_err(|e| crate::Error::msg(format!("invalid listen address {:?}: {e}", args.listen)))?;
-    if !addr.ip().is_loopback() {
-        return Err(crate::Error::msg(format!(
-            "the fleet dashboard listens on loopback only, not {addr}: reach it through an SSH tunnel"
-        )));
+    let refuse = |why: String| {
+        errln!("gatewarden dashboard: {why}");
+        Ok(ExitCode::from(ExitIntent::FatalConfig.code()))
+    };
+    let addr: std::net::SocketAddr = match args.listen.parse() {
+        Ok(a) => a,
+        Err(e) => return refuse(format!("invalid listen address {:?}: {e}", args.listen)),
+    };
+    let set = |k: &str| std::env::var_os(k).filter(|t| !t.is_empty());
+    let (given, from) = match (set(TOKEN_ENV), set(TOKEN_FILE_ENV)) {
+        (Some(_), Some(_)) => return refuse(format!("set {TOKEN_ENV} or {TOKEN_FILE_ENV}, not both")),
+        (None, Some(file)) => match gatewarden_config::secrets::read_secret_file(std::path::Path::new(&file)) {
+            Ok(t) => (Some(t.expose().to_owned()), TOKEN_FILE_ENV),
+            Err(why) => return refuse(format!("{TOKEN_FILE_ENV}: {why}")),
+        },
+        (Some(t), None) => (Some(t.to_string_lossy().into_owned()), TOKEN_ENV),
+        (None, None) => (None, TOKEN_ENV),
+    };
+    if let Some(why) = given.as_deref().and_then(gatewarden_config::token_problem) {
+        return refuse(format!("{from} {why}"));
     }
-    let token = match std::env::var(TOKEN_ENV).ok().filter(|t| !t.trim().is_empty()) {
+    if !addr.ip().is_loopback() && given.is_none() {
+        return refuse(format!(
+            "the fleet dashboard listens on loopback only unless {TOKEN_ENV} (or {TOKEN_FILE_ENV}) is set (at least 16 bytes), not on {addr}: \
+             set it, or reach it through an SSH tunnel"
+        ));
+    }
+    let token = match given.clone() {
         Some(t) => t,
         None => auth::random_token().map_err(|e| crate::Error::msg(e.to_string()))?,
     };
@@ -86,29 +109,27 @@ pub fn dashboard(args: DashboardArgs) -> crate::Result<ExitCode> {
             .map_err(|e| crate::Error::msg(format!("cannot listen on {addr}: {e}")))?;
         let bound = listener.local_addr().map_err(|e| crate::Error::msg(e.to_string()))?;
         let fleet = Arc::new(Fleet {
-            policy: Policy {
-                api_token: Some(token.clone()),
-                bound: Some(bound.to_string()),
-                allowed_hosts: Vec::new(),
-            },
-            sessions: Mutex::new(Sessions::default()),
             homes: args.homes,
             hermes_homes: args.hermes_homes,
             registry: registry::dir().ok().flatten(),
             doctor: Mutex::new(HashMap::new()),
-            streams: std::sync::atomic::AtomicUsize::new(0),
         });
+        let note = served_as_root();
         {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "dashboard: http://{bound}/ui/fleet");
-            if std::env::var_os(TOKEN_ENV).is_none() {
-                let _ = writeln!(out, "actions token (this run only): {token}");
+            if given.is_none() {
+                let _ = writeln!(out, "token (this run only; every page asks for it): {token}");
+            }
+            if let Some(n) = &note {
+                let _ = writeln!(out, "{n}");
             }
             let _ = out.flush();
         }
-        let app = router(fleet);
-        axum::serve(listener, app)
+        let policy = Policy { api_token: Some(token), bound: Some(bound.to_string()), allowed_hosts: Vec::new() };
+        let app = web::fleet_routes(Web::new(fleet, policy, ReadRule::Session, note));
+        axum::serve(listener, app.into_make_service_with_connect_info::<std::net::SocketAddr>())
             .with_graceful_shutdown(async {
                 let _ = tokio::signal::ctrl_c().await;
             })
@@ -116,46 +137,6 @@ pub fn dashboard(args: DashboardArgs) -> crate::Result<ExitCode> {
             .map_err(|e| crate::Error::msg(format!("dashboard server: {e}")))
     })?;
     Ok(ExitCode::SUCCESS)
-}
-
-fn router(fleet: Arc<Fleet>) -> axum::Router {
-    use axum::routing::{get, post};
-    axum::Router::new()
-        .route("/", get(|| async { see("/ui/fleet", None) }))
-        .route("/ui/fleet", get(fleet_page))
-        .route("/ui/home/{key}", get(home_page))
-        .route("/ui/home/{key}/events", get(home_events))
-        .route("/ui/home/{key}/login", post(login))
-        .route("/ui/home/{key}/logout", post(logout))
-        .route("/ui/home/{key}/action/{verb}", post(action))
-        .layer(axum::extract::DefaultBodyLimit::max(16 << 10))
-        .layer(middleware::from_fn_with_state(Arc::clone(&fleet), host_check))
-        .with_state(fleet)
-}
-
-/// The DNS-rebinding rule of the gateways' own pages.
-async fn host_check(State(f): State<Arc<Fleet>>, req: Request, next: Next) -> Response {
-    let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
-    if auth::host_allowed(host, f.policy.bound.as_deref(), &f.policy.allowed_hosts) {
-        next.run(req).await
-    } else {
-        refused("request", &Refusal::Host(host.to_owned()))
-    }
-}
-
-fn see(to: &str, cookie: Option<String>) -> Response {
-    let mut r = StatusCode::SEE_OTHER.into_response();
-    if let Ok(v) = HeaderValue::from_str(to) {
-        r.headers_mut().insert(header::LOCATION, v);
-    }
-    if let Some(c) = cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
-        r.headers_mut().insert(header::SET_COOKIE, c);
-    }
-    r
-}
-
-fn now_us() -> i128 {
-    timefmt::to_micros(SystemTime::now())
 }
 
 impl Fleet {
@@ -270,26 +251,6 @@ fn cluster_member(r: &StatusReport) -> Option<HomeSummary> {
     })
 }
 
-async fn fleet_page(State(f): State<Arc<Fleet>>) -> Response {
-    let (rows, skipped) = tokio::task::spawn_blocking(move || summaries(&f)).await.unwrap_or_default();
-    html(StatusCode::OK, render::fleet(&rows, &skipped))
-}
-
-fn viewer(f: &Fleet, key: &str, headers: &HeaderMap) -> Viewer {
-    let csrf = f
-        .sessions
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .find(headers.get(header::COOKIE).and_then(|v| v.to_str().ok()), now_us())
-        .map(|s| s.csrf.clone());
-    Viewer {
-        actions_configured: true,
-        csrf,
-        events_path: format!("/ui/home/{key}/events"),
-        base: format!("/ui/home/{key}"),
-    }
-}
-
 /// A home's page from its files and its status report (its gateway may be down).
 fn snapshot(f: &Fleet, key: &str, home: &Home) -> Snapshot {
     let (_, report) = crate::status::report(home);
@@ -301,167 +262,75 @@ fn snapshot(f: &Fleet, key: &str, home: &Home) -> Snapshot {
     s
 }
 
-async fn home_page(State(f): State<Arc<Fleet>>, Path(key): Path<String>, headers: HeaderMap) -> Response {
-    let v = viewer(&f, &key, &headers);
-    let page = tokio::task::spawn_blocking(move || {
-        let home = f.home(&key)?;
-        Some(render::page(&snapshot(&f, &key, &home), &v))
-    })
-    .await
-    .ok()
-    .flatten();
-    match page {
-        Some(p) => html(StatusCode::OK, p),
-        None => html(StatusCode::NOT_FOUND, render::outcome("page", Err("no such home in this fleet"))),
-    }
-}
+impl Site for Fleet {
+    type Wake = ();
 
-struct Slot(Arc<Fleet>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.streams.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    async fn snapshot(self: Arc<Self>, page: Page) -> Option<Snapshot> {
+        let Page::Home(key) = page else { return None };
+        tokio::task::spawn_blocking(move || {
+            let home = self.home(&key)?;
+            Some(snapshot(&self, &key, &home))
+        })
+        .await
+        .ok()
+        .flatten()
     }
-}
 
-async fn home_events(State(f): State<Arc<Fleet>>, Path(key): Path<String>, headers: HeaderMap) -> Response {
-    use std::sync::atomic::Ordering;
-    if f.streams.fetch_add(1, Ordering::AcqRel) >= MAX_STREAMS {
-        f.streams.fetch_sub(1, Ordering::AcqRel);
-        return (StatusCode::SERVICE_UNAVAILABLE, "too many dashboard streams\n").into_response();
+    async fn fleet(self: Arc<Self>) -> Option<web::FleetRows> {
+        tokio::task::spawn_blocking(move || summaries(&self)).await.ok()
     }
-    let slot = Slot(Arc::clone(&f));
-    let v = viewer(&f, &key, &headers);
-    let (tx, rx) = mpsc::channel::<Bytes>(4);
-    tokio::spawn(async move {
-        let _slot = slot;
-        let mut live = live::Live::for_viewer(v);
-        let mut quiet = Instant::now();
-        loop {
-            let (f2, k2) = (Arc::clone(&f), key.clone());
-            let snap = tokio::task::spawn_blocking(move || f2.home(&k2).map(|h| snapshot(&f2, &k2, &h))).await;
-            let Ok(Some(snap)) = snap else { return };
-            let mut out = live.update(&snap);
-            if out.is_empty() && quiet.elapsed() >= Duration::from_secs(10) {
-                out = sse::keepalive().to_owned();
+
+    async fn act(self: Arc<Self>, page: Page, act: Action) -> Result<(), String> {
+        let Page::Home(key) = page else { return Err("actions are on a home's page".into()) };
+        tokio::task::spawn_blocking(move || -> Result<(), String> {
+            let home = self.home(&key).ok_or("no such home in this fleet")?;
+            let source = gatewarden_config::Config::load(home.dir()).ok().and_then(|c| c.update.source.clone());
+            let args = act.cli_args(source.as_deref())?.ok_or("retry and /new are on the gateway's own page")?;
+            let (_, r) = crate::status::report(&home);
+            let exe = gatewarden_lifecycle::platform::spawn::self_exe().map_err(|e| format!("no executable: {e}"))?;
+            actions::launch(&home, &exe, act.verb(), &args, r.incarnation)
+                .map_err(|e| format!("cannot run it: {e}"))?;
+            Ok(())
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()))
+    }
+
+    /// In the ledger of the home whose page it was, or of every home listed for the list's
+    /// login; only homes of this user (a home named on the command line may be another's).
+    async fn login_failed(self: Arc<Self>, page: Page, client: String, failed: Failed) {
+        let _ = tokio::task::spawn_blocking(move || {
+            let homes: Vec<Home> = match &page {
+                Page::Home(key) => self.home(key).into_iter().collect(),
+                _ => self
+                    .sources()
+                    .0
+                    .into_iter()
+                    .filter_map(|s| match s {
+                        Source::Gatewarden(h) => Some(h),
+                        Source::Hermes(_) => None,
+                    })
+                    .collect(),
+            };
+            let fields = json!({"client": client, "failures": failed.failures, "wait_s": failed.wait_s,
+                                "page": page.base(), "server": "fleet"});
+            let ours = |h: &Home| {
+                std::fs::symlink_metadata(h.dir()).is_ok_and(|m| crate::os::proc::foreign_owner(&m).is_none())
+            };
+            for h in homes.iter().filter(|h| ours(h)) {
+                let ledger = gatewarden_lifecycle::ledger::Ledger::new(
+                    h.ledger(),
+                    gatewarden_lifecycle::ledger::Writer::current(),
+                );
+                let _ = ledger.append("dashboard_login_failed", fields.clone());
             }
-            if !out.is_empty() {
-                quiet = Instant::now();
-                if tx.send(Bytes::from(out)).await.is_err() {
-                    return;
-                }
-            }
-            tokio::time::sleep(TICK).await;
-        }
-    });
-    (
-        [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-store")],
-        Body::from_stream(ReceiverStream(rx)),
-    )
-        .into_response()
-}
-
-/// An mpsc receiver as a `Stream` of body frames.
-struct ReceiverStream(mpsc::Receiver<Bytes>);
-
-impl futures_core::Stream for ReceiverStream {
-    type Item = Result<Bytes, std::convert::Infallible>;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        self.0.poll_recv(cx).map(|o| o.map(Ok))
+        })
+        .await;
     }
-}
 
-fn post_facts<'a>(headers: &'a HeaderMap, csrf: Option<&'a str>) -> Post<'a> {
-    let h = |n: header::HeaderName| headers.get(n).and_then(|v| v.to_str().ok());
-    Post { host: h(header::HOST), origin: h(header::ORIGIN), cookie: h(header::COOKIE), csrf }
-}
+    fn wake(&self) -> Self::Wake {}
 
-async fn login(State(f): State<Arc<Fleet>>, Path(key): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
-    let form = String::from_utf8_lossy(&body);
-    let given = auth::form_value(&form, "token").unwrap_or_default();
-    let res = f
-        .policy
-        .check_origin(&post_facts(&headers, None))
-        .and_then(|()| f.sessions.lock().unwrap_or_else(|p| p.into_inner()).login(&f.policy, &given, now_us()));
-    match res {
-        // The fleet's cookie covers every home's page.
-        Ok(s) => see(&format!("/ui/home/{key}"), Some(auth::set_cookie(&s))),
-        Err(e) => refused("login", &e),
-    }
-}
-
-async fn logout(State(f): State<Arc<Fleet>>, Path(key): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
-    let form = String::from_utf8_lossy(&body);
-    let csrf = auth::form_value(&form, CSRF_FIELD);
-    let mut sessions = f.sessions.lock().unwrap_or_else(|p| p.into_inner());
-    let id = match sessions.check_action(&f.policy, &post_facts(&headers, csrf.as_deref()), now_us()) {
-        Ok(s) => s.id.clone(),
-        Err(e) => return refused("logout", &e),
-    };
-    sessions.logout(&id);
-    see(&format!("/ui/home/{key}"), Some(format!("{}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0", auth::COOKIE)))
-}
-
-async fn action(
-    State(f): State<Arc<Fleet>>,
-    Path((key, verb)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let form = String::from_utf8_lossy(&body).into_owned();
-    let csrf = auth::form_value(&form, CSRF_FIELD);
-    let checked = f
-        .sessions
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .check_action(&f.policy, &post_facts(&headers, csrf.as_deref()), now_us())
-        .map(|_| ());
-    if let Err(e) = checked {
-        return refused(&verb, &e);
-    }
-    let act = match Action::parse(&verb, |k| auth::form_value(&form, k)) {
-        Ok(a) => a,
-        Err(why) => return html(StatusCode::BAD_REQUEST, render::outcome(&verb, Err(&why))),
-    };
-    let back = format!("/ui/home/{key}");
-    let done = tokio::task::spawn_blocking(move || -> Result<(), String> {
-        let home = f.home(&key).ok_or("no such home in this fleet")?;
-        let source = gatewarden_config::Config::load(home.dir()).ok().and_then(|c| c.update.source.clone());
-        let args = act.cli_args(source.as_deref())?.ok_or("retry and /new are on the gateway's own page")?;
-        let (_, r) = crate::status::report(&home);
-        let exe = gatewarden_lifecycle::platform::spawn::self_exe().map_err(|e| format!("no executable: {e}"))?;
-        actions::launch(&home, &exe, act.verb(), &args, r.incarnation).map_err(|e| format!("cannot run it: {e}"))?;
-        Ok(())
-    })
-    .await
-    .unwrap_or_else(|e| Err(e.to_string()));
-    match done {
-        Ok(()) => see(&back, None),
-        Err(why) => html(StatusCode::CONFLICT, render::outcome(&verb, Err(&why))),
-    }
-}
-
-/// `gatewarden top`: the home's snapshot as text (crates/dashboard/src/text.rs), redrawn every
-/// second until interrupted; `once` prints it once.
-pub fn top(home: &Home, once: bool, log_lines: usize) -> crate::Result<ExitCode> {
-    let home = home.canonicalized();
-    loop {
-        let (_, report) = crate::status::report(&home);
-        let mut s = gather::from_home(&home, report, SystemTime::now());
-        s.outcome = actions::read(&home);
-        let text = gatewarden_dashboard::text::text(&s, log_lines);
-        if once {
-            print!("{text}");
-            return Ok(ExitCode::SUCCESS);
-        }
-        // Clear the screen and home the cursor, then the frame.
-        print!("\u{1b}[2J\u{1b}[H{text}");
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
-        std::thread::sleep(TICK);
+    async fn woken(_: &mut Self::Wake) {
+        std::future::pending::<()>().await;
     }
 }

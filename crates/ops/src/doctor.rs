@@ -1,10 +1,14 @@
 //! `gatewarden doctor [--fix] [--json]`: compares the installed service definition with what
 //! this version renders (wrong binary, missing `RestartForceExitStatus=75`, a `TimeoutStopSec`
 //! below the drain, an old KeepAlive policy, …), and checks stale files, the listen port, the
-//! home's permissions, a parked supervisor, the config file, (user units) lingering and the
-//! running gateway's failing connections (a refused certificate, named with its host). Each
-//! finding is printed with its fix; `--fix` applies the fixes it can, then checks again.
-//! Exit 0 when no error remains, 1 otherwise.
+//! home's permissions, a parked supervisor, the config file and its secrets (each one a
+//! gateway could not get, or that only an environment holds), a last start that was refused,
+//! (user units) lingering, and what the running gateway's users see (from its status,
+//! `health.rs`): failing connections (a refused certificate, named with its host), degraded or
+//! parked platforms, failing or cooling-down providers, runs failing in a row, a journal or a
+//! queue near its cap; and this machine's clock against an upstream's (`probe.rs`). Each
+//! finding is printed with its fix; `--fix` applies the fixes it can, then checks again. Exit 0
+//! when no error remains, 1 otherwise.
 
 use std::process::{Command, ExitCode};
 
@@ -90,7 +94,8 @@ fn from_finding(f: Finding, refresh_cmd: &str) -> Item {
 
 /// The findings as the dashboard shows them: what `doctor` would print, without fixing.
 pub fn findings(home: &Home) -> Vec<gatewarden_dashboard::snapshot::Finding> {
-    check(&home.canonicalized())
+    // The pages ask every 30 s: no look over the network for them.
+    check(&home.canonicalized(), false)
         .into_iter()
         .map(|i| gatewarden_dashboard::snapshot::Finding {
             severity: serde_json::to_value(i.severity)
@@ -107,12 +112,12 @@ pub fn doctor(home: &Home, fix: bool, json_out: bool) -> crate::Result<ExitCode>
     let home = home.canonicalized();
     // What the operator wanted when doctor looked: a fix never acts across a newer request.
     let basis = desired::current(home.dir()).seq;
-    let mut items = check(&home);
+    let mut items = check(&home, true);
     if fix {
         apply(&home, &mut items, basis);
         // Report what is left after fixing, keeping the record of what was fixed.
         let fixed: Vec<Item> = items.iter().filter(|i| i.fixed == Some(true)).cloned().collect();
-        let mut after = check(&home);
+        let mut after = check(&home, true);
         for i in &mut after {
             i.fixed = Some(false);
         }
@@ -121,7 +126,7 @@ pub fn doctor(home: &Home, fix: bool, json_out: bool) -> crate::Result<ExitCode>
     let remaining_errors = items.iter().filter(|i| i.fixed != Some(true) && i.severity == Severity::Error).count();
     if json_out {
         let v = json!({"home": home.dir(), "ok": remaining_errors == 0, "findings": items});
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_human(&home, &items);
     }
@@ -129,22 +134,23 @@ pub fn doctor(home: &Home, fix: bool, json_out: bool) -> crate::Result<ExitCode>
 }
 
 fn print_human(home: &Home, items: &[Item]) {
+    use crate::ui::{Tone, paint};
     let open: Vec<&Item> = items.iter().filter(|i| i.fixed != Some(true)).collect();
     for i in items.iter().filter(|i| i.fixed == Some(true)) {
-        println!("fixed[{}] {}: {}", i.id, i.subject, i.message);
+        outln!("{}[{}] {}: {}", paint(Tone::Good, "fixed"), i.id, i.subject, i.message);
     }
     if open.iter().all(|i| i.severity == Severity::Info) {
-        println!("doctor: no problems found in {}", home.dir().display());
+        outln!("doctor: no problems found in {}", home.dir().display());
     }
     for i in open {
         let sev = match i.severity {
-            Severity::Info => "info",
-            Severity::Warning => "warning",
-            Severity::Error => "error",
+            Severity::Info => paint(Tone::Dim, "info"),
+            Severity::Warning => paint(Tone::Warn, "warning"),
+            Severity::Error => paint(Tone::Bad, "error"),
         };
-        println!("{sev}[{}] {}: {}", i.id, i.subject, i.message);
+        outln!("{sev}[{}] {}: {}", i.id, i.subject, i.message);
         if let Some(f) = i.fix.describe() {
-            println!("    fix: {f}");
+            outln!("    fix: {f}");
         }
     }
 }
@@ -154,7 +160,8 @@ fn managed(home: &Home) -> Option<Owner> {
     owner::installed(home).or_else(|| Some(owner::definition(owner::spec_for(home, Scope::User).ok()?)))
 }
 
-fn check(home: &Home) -> Vec<Item> {
+/// Every finding; `network`: also look at an upstream (the clock), at most [`crate::probe::TIMEOUT`].
+fn check(home: &Home, network: bool) -> Vec<Item> {
     let mut out: Vec<Finding> = Vec::new();
     let mut extra: Vec<Item> = Vec::new();
     let m = managed(home);
@@ -182,6 +189,15 @@ fn check(home: &Home) -> Vec<Item> {
             fix: Fix::Manual { hint: config_hint(e) },
             fixed: None,
         });
+    }
+    if let Ok(c) = &config {
+        extra.extend(secret_items(home, c));
+        if network {
+            extra.extend(clock_items(c));
+        }
+    }
+    if let Ok(c) = &config {
+        extra.extend(access(home, c));
     }
     // Home.
     out.extend(doctor::check_home(&home.dir().to_string_lossy(), &home_facts(home)));
@@ -217,6 +233,10 @@ fn check(home: &Home) -> Vec<Item> {
     };
     if running {
         extra.extend(supervision(home));
+    } else if config.is_ok()
+        && let Some(item) = last_start_refused(home)
+    {
+        extra.push(item);
     }
     if let Ok(cfg) = &config
         && !running
@@ -238,6 +258,17 @@ fn check(home: &Home) -> Vec<Item> {
             fixed: None,
         });
     }
+    // A full disk (issue 30, item 3): nothing the lifecycle records can be counted on there.
+    if let Some(f) = gatewarden_lifecycle::disk::full(home.dir()) {
+        extra.push(Item {
+            id: "disk-full".into(),
+            severity: Severity::Error,
+            subject: f.path.clone(),
+            message: f.describe(),
+            fix: Fix::Manual { hint: format!("free space on the filesystem holding {}", f.path) },
+            fixed: None,
+        });
+    }
     // Parked supervisor.
     let exe = owner::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gatewarden".into());
     out.extend(doctor::check_parked(&read_parked_state(home.dir()), &exe, &home.dir().to_string_lossy()));
@@ -247,6 +278,48 @@ fn check(home: &Home) -> Vec<Item> {
     items.extend(extra);
     items.sort_by_key(|i| std::cmp::Reverse(i.severity));
     items
+}
+
+/// Who may reach the agent (README "Access"): anyone, through an `open` platform (a warning,
+/// said plainly); the default where the file has no `access` key (the change an update made);
+/// a pairing book that cannot be read.
+fn access(home: &Home, c: &gatewarden_config::Config) -> Vec<Item> {
+    use gatewarden_runtime::access;
+    let subject = home.config_file().display().to_string();
+    let mut out: Vec<Item> = access::said(c)
+        .into_iter()
+        .filter(|s| s.open || s.implicit)
+        .map(|s| Item {
+            id: if s.open { "access-open" } else { "access-default" }.into(),
+            severity: if s.open { Severity::Warning } else { Severity::Info },
+            subject: subject.clone(),
+            message: s.text,
+            fix: Fix::Manual {
+                hint: match s.open {
+                    true => {
+                        format!("if that is not what you want: access = \"pairing\" in [[platform]] {}", s.platform)
+                    }
+                    false => {
+                        format!("write `access = ...` in [[platform]] {} to choose (README, \"Access\")", s.platform)
+                    }
+                },
+            },
+            fixed: None,
+        })
+        .collect();
+    if c.cluster.is_none()
+        && let Err(e) = access::pairing::Keeper::load(home.dir())
+    {
+        out.push(Item {
+            id: "pairing-book".into(),
+            severity: Severity::Warning,
+            subject: home.dir().join(access::pairing::FILE).display().to_string(),
+            message: format!("the pairing book cannot be read ({e}): approved senders are treated as strangers"),
+            fix: Fix::Manual { hint: "restore it from a backup, or remove it and approve the senders again".into() },
+            fixed: None,
+        });
+    }
+    out
 }
 
 /// Who supervises the running gateway and the evidence for it (what a planned restart will do),
@@ -259,6 +332,7 @@ fn supervision(home: &Home) -> Vec<Item> {
         Ok(s) => {
             let evidence = s.extra.get("supervisor_evidence").and_then(|v| v.as_str()).unwrap_or("not reported");
             let mut items = connection_findings(&s.extra);
+            items.extend(user_findings(home, &s));
             items.push(Item {
                 id: "supervisor".into(),
                 severity: Severity::Info,
@@ -288,6 +362,31 @@ fn supervision(home: &Home) -> Vec<Item> {
             Ok(_) => vec![unresponsive(home, subject, &e)],
         },
     }
+}
+
+/// Nothing runs, and the last gateway that tried to start here was refused (exit 78: a port
+/// taken, a secret missing from its environment, …): what a restart whose next incarnation
+/// failed leaves behind. A config that does not load is `config-invalid` instead.
+fn last_start_refused(home: &Home) -> Option<Item> {
+    let s = gatewarden_lifecycle::records::read_state(&home.state_file()).ok()?;
+    let fatal = i32::from(gatewarden_lifecycle::ExitIntent::FatalConfig.code());
+    if s.gateway_state != gatewarden_lifecycle::records::GatewayState::Stopped || s.exit_code != Some(fatal) {
+        return None;
+    }
+    let dir = home.dir().display();
+    Some(Item {
+        id: "start-refused".into(),
+        severity: Severity::Error,
+        subject: dir.to_string(),
+        message: format!(
+            "no gateway runs: the last one to start here was refused (exit {fatal}): {}",
+            s.exit_reason.as_deref().unwrap_or("no reason recorded")
+        ),
+        fix: Fix::Manual {
+            hint: format!("fix that, then: gatewarden --home {dir} check && gatewarden --home {dir} start"),
+        },
+        fixed: None,
+    })
 }
 
 /// The finding for a lock holder that does not answer and that nobody is handing over.
@@ -356,6 +455,153 @@ fn connection_findings(status: &std::collections::BTreeMap<String, serde_json::V
     out
 }
 
+/// What the running gateway's users see, from its status (`health.rs` reads it): a parked
+/// platform, providers failing or cooling down, runs failing in a row, a journal or a queue
+/// near its cap. (Degraded platforms and refused certificates: [`connection_findings`].)
+fn user_findings(home: &Home, s: &gatewarden_control::StatusReport) -> Vec<Item> {
+    use crate::health::{NEAR_CAP_PERCENT, RUNS_FAILING};
+    let text = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or_default().to_owned();
+    let home_arg = format!("gatewarden --home {}", home.dir().display());
+    let config = home.config_file().display().to_string();
+    let item = |id: &str, severity, subject: String, message: String, hint: String| Item {
+        id: id.into(),
+        severity,
+        subject,
+        message,
+        fix: Fix::Manual { hint },
+        fixed: None,
+    };
+    let mut out = Vec::new();
+    let platforms = s.extra.get("platforms").and_then(|p| p.as_array()).map(Vec::as_slice).unwrap_or_default();
+    for p in platforms.iter().filter(|p| p.get("state").and_then(|s| s.as_str()) == Some("parked")) {
+        out.push(item(
+            "platform-parked",
+            Severity::Error,
+            format!("platform {} ({})", text(p, "name"), text(p, "kind")),
+            format!("parked, not retried: {}", text(p, "reason")),
+            format!(
+                "fix what the reason names (a token: its line in {}; a setting: {config}), then `{home_arg} reload`",
+                home.dir().join(gatewarden_config::secrets::SECRETS_FILE).display()
+            ),
+        ));
+    }
+    let providers = s.providers.as_deref().unwrap_or_default();
+    let all_down = !providers.is_empty() && providers.iter().all(|p| p.state != "healthy");
+    for p in providers.iter().filter(|p| p.state != "healthy") {
+        let (id, what) = match p.state.as_str() {
+            "cooling_down" => {
+                let until = p.until.map(|u| format!(" until {u} (unix time)")).unwrap_or_default();
+                ("provider-cooling-down", format!("skipped after failing calls in a row{until}"))
+            }
+            _ => ("provider-failing", "its last calls failed".to_owned()),
+        };
+        let why = p.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+        out.push(item(
+            id,
+            if all_down { Severity::Error } else { Severity::Warning },
+            format!("provider {}", p.name),
+            format!("{what}{why}{}", if all_down { " (no provider is healthy: runs fail)" } else { "" }),
+            format!(
+                "check its base_url, model and key (`{home_arg} check`), and its status page; `{home_arg} logs` has each call"
+            ),
+        ));
+    }
+    let in_a_row = crate::health::failures_in_a_row(s);
+    if in_a_row >= RUNS_FAILING {
+        let agent = s.extra.get("agent").cloned().unwrap_or_default();
+        let last = agent.get("last_failure").cloned().unwrap_or_default();
+        out.push(item(
+            "runs-failing",
+            Severity::Error,
+            format!("agent ({})", text(&agent, "backend")),
+            format!("the last {in_a_row} runs failed; the last (at {}): {}", text(&last, "at"), text(&last, "reason")),
+            format!("fix what the reason names ({config}, a key in secrets.env), then `{home_arg} reload`; `{home_arg} logs` has each run"),
+        ));
+    }
+    let journal = s.extra.get("journal").cloned().unwrap_or_default();
+    let n = |k: &str| journal.get(k).and_then(|v| v.as_u64());
+    let near = |used: u64, cap: u64| cap > 0 && used.saturating_mul(100) >= cap.saturating_mul(NEAR_CAP_PERCENT);
+    if let (Some(bytes), Some(max)) = (n("bytes"), n("max_bytes"))
+        && near(bytes, max)
+    {
+        out.push(item(
+            "journal-near-cap",
+            Severity::Warning,
+            home.dir().join("journal.sqlite3").display().to_string(),
+            format!(
+                "the journal holds {} MiB of its max_size_mb = {}: the oldest finished messages are deleted to stay below it, and what is queued or running is never deleted",
+                bytes / (1024 * 1024),
+                max / (1024 * 1024)
+            ),
+            format!("raise [journal] max_size_mb in {config} (then `{home_arg} reload`), or lower max_age_days"),
+        ));
+    }
+    for (used, cap, key, scope) in [
+        (n("queued"), n("max_queued"), "max_queued", "the gateway"),
+        (n("busiest_chat_queued"), n("max_queued_per_chat"), "max_queued_per_chat", "one chat"),
+    ] {
+        if let (Some(used), Some(cap)) = (used, cap)
+            && near(used, cap)
+        {
+            out.push(item(
+                "queue-near-cap",
+                if used >= cap { Severity::Error } else { Severity::Warning },
+                format!("[journal] {key}"),
+                format!("{scope} has {used} messages waiting of {key} = {cap}: past it new messages are refused (429, a chat notice)"),
+                format!("find why runs are slow or stuck (`{home_arg} top`, `{home_arg} logs`), or raise {key} in {config}"),
+            ));
+        }
+    }
+    out
+}
+
+/// This machine's clock against the first upstream the configuration names (the provider,
+/// else a Telegram platform's Bot API), from its answer's `Date`: `clock-skew` past
+/// [`crate::probe::CLOCK_SKEW_MAX`]. Nothing when no upstream is named or it cannot be asked.
+fn clock_items(config: &gatewarden_config::Config) -> Vec<Item> {
+    use gatewarden_config::{BackendKind, PlatformKind};
+    let provider = (config.agent.backend == BackendKind::Openai)
+        .then(|| config.agent.providers().into_iter().next())
+        .flatten()
+        .map(|p| (format!("{}/models", p.base_url.trim_end_matches('/')), p.ca_file, p.proxy));
+    let telegram = || {
+        config.platform.iter().find(|p| p.kind == PlatformKind::Telegram).map(|p| {
+            let base = p.api_base.clone().unwrap_or_else(|| crate::probe::TELEGRAM_API.to_owned());
+            (format!("{}/", base.trim_end_matches('/')), p.ca_file.clone(), p.proxy.clone())
+        })
+    };
+    let Some((url, ca_file, proxy)) = provider.or_else(telegram) else { return Vec::new() };
+    let Ok(out) = gatewarden_net::Outbound::new(ca_file.as_deref(), proxy.as_deref()) else { return Vec::new() };
+    let Ok(skew) = crate::probe::clock_skew(&url, &out) else { return Vec::new() };
+    if skew.abs() < crate::probe::CLOCK_SKEW_MAX.as_secs_f64() {
+        return Vec::new();
+    }
+    let host = gatewarden_net::url_host(&url).to_owned();
+    vec![Item {
+        id: "clock-skew".into(),
+        severity: Severity::Error,
+        subject: "this machine's clock".into(),
+        message: format!(
+            "it is {} {} {host}'s (its Date header): certificates may be refused as expired or not valid yet",
+            human_secs(skew.abs()),
+            if skew > 0.0 { "ahead of" } else { "behind" }
+        ),
+        fix: Fix::Manual {
+            hint: "set the clock from the network: `timedatectl set-ntp true` (systemd), or your OS's time settings; `date -u` shows it".into(),
+        },
+        fixed: None,
+    }]
+}
+
+fn human_secs(s: f64) -> String {
+    let s = s as u64;
+    match s {
+        0..=119 => format!("{s} s"),
+        120..=7199 => format!("{} min", s / 60),
+        _ => format!("{} h", s / 3600),
+    }
+}
+
 fn home_facts(home: &Home) -> HomeFacts {
     let Ok(meta) = std::fs::metadata(home.dir()) else {
         return HomeFacts::default();
@@ -416,7 +662,7 @@ fn apply(home: &Home, items: &mut [Item], basis: u64) {
                 continue;
             }
             if let Err(r) = crate::intent::may_start(home, "doctor", Starter::Repair { basis }) {
-                eprintln!("doctor: not restarting the gateway: {}", r.describe());
+                errln!("doctor: not restarting the gateway: {}", r.describe());
                 i.fixed = Some(false);
                 continue;
             }
@@ -428,7 +674,7 @@ fn apply(home: &Home, items: &mut [Item], basis: u64) {
                 matches!(crate::presence::presence(home, "doctor"), crate::presence::Presence::NotRunning { .. })
             }
             Fix::Run { argv } => {
-                eprintln!("doctor: running {}", argv.join(" "));
+                errln!("doctor: running {}", argv.join(" "));
                 argv.split_first()
                     .is_some_and(|(p, rest)| Command::new(p).args(rest).status().is_ok_and(|s| s.success()))
             }
@@ -440,24 +686,53 @@ fn apply(home: &Home, items: &mut [Item], basis: u64) {
 /// Rewrites the installed definition (without starting or restarting anything).
 fn refresh(home: &Home) -> bool {
     let Some(m) = managed(home) else { return false };
-    match m.install(false) {
+    match m.load().and_then(|()| m.enable()) {
         Ok(()) => {
-            eprintln!("doctor: rewrote {}", m.describe());
+            errln!("doctor: rewrote {}", m.describe());
             true
         }
         Err(e) => {
-            eprintln!("doctor: cannot rewrite {}: {}", m.describe(), e.chain());
+            errln!("doctor: cannot rewrite {}: {}", m.describe(), e.chain());
             false
         }
     }
 }
 
 /// What to do about an invalid config: edit it, and for `api_token` how to make a good one.
+/// Each secret a gateway could not get (an error: it would not start) or that only an
+/// environment holds (a warning: a service or the dashboard's Start would not have it).
+fn secret_items(home: &Home, config: &gatewarden_config::Config) -> Vec<Item> {
+    use crate::secrets::Level;
+    let env_file = home.dir().join(gatewarden_config::secrets::SECRETS_FILE);
+    let hint = format!(
+        "give it in {} (NAME=value lines, mode 0600) or name a file with its *_file key (README, \"Secrets\")",
+        env_file.display()
+    );
+    crate::secrets::verdicts(home, config)
+        .into_iter()
+        .filter_map(|v| {
+            let (id, severity) = match v.level {
+                Level::Ok => return None,
+                Level::Warn => ("secret-env-only", Severity::Warning),
+                Level::Fail => ("secret-unavailable", Severity::Error),
+            };
+            Some(Item {
+                id: id.into(),
+                severity,
+                subject: home.config_file().display().to_string(),
+                message: v.detail,
+                fix: Fix::Manual { hint: hint.clone() },
+                fixed: None,
+            })
+        })
+        .collect()
+}
+
 fn config_hint(e: &gatewarden_config::ConfigError) -> String {
     let edit = "edit config.toml (see crates/config/config.example.toml)";
     match e {
         gatewarden_config::ConfigError::InvalidValue { key, table: None, .. } if key == "api_token" => format!(
-            "{edit}; make a token of at least {} bytes with `{}` and put it in api_token",
+            "{edit}; make a token of at least {} bytes with `{}` and put it in the file api_token_file names (or api_token)",
             gatewarden_config::MIN_API_TOKEN_BYTES,
             gatewarden_config::MAKE_API_TOKEN
         ),

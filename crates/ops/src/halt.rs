@@ -22,15 +22,58 @@ use crate::presence::{Presence, presence};
 
 pub fn stop(home: &Home, timeout_s: u64, no_kill: bool) -> crate::Result<ExitCode> {
     let home = home.canonicalized();
-    // First: the intent is durable before any signal, so nothing mid-flight can undo it.
-    let desired = crate::intent::record_stop(&home);
+    // First: the intent is durable before any signal, so nothing mid-flight can undo it. On a
+    // full disk it lands in the space reserved for it (fsio::write_json_reserved); failing
+    // that, the gateway is stopped all the same and the exit code says it may not stay down.
+    let recorded = crate::intent::record_stop(&home);
+    let desired = recorded.as_ref().ok().cloned().flatten();
+    if let Err(why) = &recorded {
+        errln!("warning: {why}");
+    }
     let presence = presence(&home, "stop");
     let news = matches!(presence, Presence::Running) || desired.as_ref().is_some_and(|(_, was_run)| *was_run);
     let code = stop_present(&home, presence, timeout_s, no_kill);
     if news {
         crate::intent::ledger_stop_if_unrecorded(&home, desired.as_ref().map(|(d, _)| d));
     }
-    code
+    match (code, recorded) {
+        (Ok(code), Err(_)) if code == ExitCode::SUCCESS => {
+            errln!(
+                "the stop is not recorded, so it may be undone: a restart under way (its successor or backstop), \
+                 an update or its rollback, `doctor --fix`, `supervise` or a service manager may start the gateway \
+                 again; free some space in {} and run `gatewarden stop` again",
+                home.dir().display()
+            );
+            Ok(ExitCode::from(1))
+        }
+        (code, _) => code,
+    }
+}
+
+/// Stops the gateway for a hand-over between owners: `service install` stops the gateway that
+/// runs outside the manager before the manager starts its own, and a failed install or
+/// uninstall stops the manager's again (crates/service/src/transaction.rs). Like [`stop`]
+/// through `m` (or the one stopper without it), but nothing is recorded as the operator's
+/// intent: the operator still wants a gateway, and the next one is about to start.
+pub fn hand_over(home: &Home, m: Option<&dyn ServiceManager>, timeout_s: u64) -> crate::Result<()> {
+    let home = home.canonicalized();
+    let running = matches!(presence(&home, "stop"), Presence::Running);
+    let code = match m {
+        Some(m) => stop_via_manager(&home, m, running, timeout_s, false, Down::HandedOver)?,
+        None if running => stop_direct(&home, timeout_s, false)?,
+        None => ExitCode::SUCCESS,
+    };
+    if code != ExitCode::SUCCESS {
+        crate::bail!("the gateway in {} did not stop within {timeout_s}s", home.dir().display());
+    }
+    Ok(())
+}
+
+/// What a stop through a manager leaves: down for good (`stop`) or handed over.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Down {
+    StaysDown,
+    HandedOver,
 }
 
 /// `stop` once the intent is recorded: what the presence probe found decides the path.
@@ -43,13 +86,20 @@ fn stop_present(home: &Home, presence: Presence, timeout_s: u64, no_kill: bool) 
     if !matches!(presence, Presence::Unknown(_))
         && let Some(m) = owner::owner(home, gateway_pid)
     {
-        return stop_via_manager(home, m.as_ref(), matches!(presence, Presence::Running), timeout_s, no_kill);
+        return stop_via_manager(
+            home,
+            m.as_ref(),
+            matches!(presence, Presence::Running),
+            timeout_s,
+            no_kill,
+            Down::StaysDown,
+        );
     }
     match presence {
         Presence::NotRunning { healed } => {
-            println!("no gateway running in {}", home.dir().display());
+            outln!("no gateway running in {}", home.dir().display());
             if !healed.is_empty() {
-                println!("cleaned stale files: {}", healed.join(", "));
+                outln!("cleaned stale files: {}", healed.join(", "));
             }
             return Ok(ExitCode::SUCCESS);
         }
@@ -69,19 +119,20 @@ fn stop_via_manager(
     running: bool,
     timeout_s: u64,
     no_kill: bool,
+    down: Down,
 ) -> crate::Result<ExitCode> {
     let budget = Duration::from_secs(timeout_s);
     let deadline = Instant::now() + budget;
     let who =
         read_pid_record(&home.pid_file()).ok().map_or("the gateway".to_string(), |r| format!("gateway pid {}", r.pid));
     if running {
-        eprintln!("{who} is owned by {}", m.describe());
+        errln!("{who} is owned by {}", m.describe());
         // The graceful half of the one stopper: a control stop (the gateway exits 0, which the
         // manager records as success); if the endpoint is silent, the marker makes the
         // manager's own stop signal a planned stop (exit 0) too.
         let progress = crate::progress::Progress::new();
         let graceful = stopper::request_stop(home, &Requester::cli(), StopReason::Stop, deadline, &mut |p| match p {
-            stopper::Phase::Note(n) => eprintln!("{n}"),
+            stopper::Phase::Note(n) => errln!("{n}"),
             _ => progress.phase(&format!("stopping {who}: draining active runs")),
         });
         progress.finish();
@@ -90,17 +141,19 @@ fn stop_via_manager(
         }
     }
     if let Err(e) = m.stop() {
-        eprintln!("warning: {} stop failed: {}", m.kind(), e.chain());
+        errln!("warning: {} stop failed: {}", m.kind(), e.chain());
     }
     if InstanceLock::acquire(&home.lock(), deadline.saturating_duration_since(Instant::now())).is_ok() {
-        if running {
-            println!("stopped {who} ({}; it stays down until `gatewarden start`)", m.describe());
+        if down == Down::HandedOver {
+            errln!("stopped {who} ({})", m.describe());
+        } else if running {
+            outln!("stopped {who} ({}; it stays down until `gatewarden start`)", m.describe());
         } else {
-            println!("no gateway was running; stopped {} (it stays down)", m.describe());
+            outln!("no gateway was running; stopped {} (it stays down)", m.describe());
         }
         return Ok(ExitCode::SUCCESS);
     }
-    eprintln!("the lock is still held after {} stopped; stopping the holder directly", m.describe());
+    errln!("the lock is still held after {} stopped; stopping the holder directly", m.describe());
     stop_direct(home, deadline.saturating_duration_since(Instant::now()).as_secs().max(1), no_kill)
 }
 
@@ -115,7 +168,7 @@ fn stop_direct(home: &Home, timeout_s: u64, no_kill: bool) -> crate::Result<Exit
         stopper::Phase::Draining => progress.phase(&format!("stopping {who}: draining active runs")),
         stopper::Phase::Terminating(t) => progress.phase(&format!("stopping {t}: planned-stop marker and SIGTERM")),
         stopper::Phase::Killing(t) => progress.phase(&format!("{t} did not stop within {timeout_s}s: killing it")),
-        stopper::Phase::Note(n) => eprintln!("{n}"),
+        stopper::Phase::Note(n) => errln!("{n}"),
     });
     progress.finish();
     Ok(report(&who, timeout_s, outcome))
@@ -125,35 +178,35 @@ fn stop_direct(home: &Home, timeout_s: u64, no_kill: bool) -> crate::Result<Exit
 fn report(who: &str, timeout_s: u64, outcome: StopOutcome) -> ExitCode {
     match outcome {
         StopOutcome::Stopped { how: How::Killed, .. } => {
-            println!("killed {who} after it did not stop within {timeout_s}s");
+            outln!("killed {who} after it did not stop within {timeout_s}s");
             ExitCode::SUCCESS
         }
         StopOutcome::Stopped { how: How::NotRunning, .. } => {
-            println!("no gateway running (it exited before the stop)");
+            outln!("no gateway running (it exited before the stop)");
             ExitCode::SUCCESS
         }
         StopOutcome::Stopped { .. } => {
-            println!("stopped {who}");
+            outln!("stopped {who}");
             ExitCode::SUCCESS
         }
         StopOutcome::StillRunning { .. } => {
-            eprintln!("{who} is still running after {timeout_s}s; not killing it (--no-kill)");
+            errln!("{who} is still running after {timeout_s}s; not killing it (--no-kill)");
             ExitCode::from(1)
         }
         StopOutcome::Unidentifiable { why } => {
-            eprintln!("not signalling anything: {why}");
+            errln!("not signalling anything: {why}");
             ExitCode::from(1)
         }
         StopOutcome::NotSignalled { target, why } => {
-            eprintln!("{who} did not stop and {target} was not signalled: {why}");
+            errln!("{who} did not stop and {target} was not signalled: {why}");
             ExitCode::from(1)
         }
         StopOutcome::SurvivedKill { .. } => {
-            eprintln!("{who} survived SIGKILL and still holds the lock");
+            errln!("{who} survived SIGKILL and still holds the lock");
             ExitCode::from(1)
         }
         StopOutcome::Unknown { why } => {
-            eprintln!("cannot tell whether a gateway runs: {why}");
+            errln!("cannot tell whether a gateway runs: {why}");
             ExitCode::from(4)
         }
     }

@@ -38,6 +38,17 @@ pub fn refuse_native(verb: &str, given: &[(&str, bool)]) -> crate::Result<()> {
     }
 }
 
+/// Every verb but the fleet page first: a hermes home that is a link, or writable by group or
+/// others, is refused as a native home is (docs/security.md), before anything is read from it
+/// or run for it.
+/// A home that does not exist yet is each verb's to report.
+pub fn check_home(home: &HermesHome) -> crate::Result<()> {
+    match home.check() {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(crate::Error::msg(e.to_string())),
+        _ => Ok(()),
+    }
+}
+
 /// The hermes executable: `--hermes`, else `GATEWARDEN_HERMES`, else `hermes` on `PATH`.
 fn hermes_exe(flag: Option<PathBuf>) -> PathBuf {
     start::default_hermes(flag, |k| std::env::var_os(k))
@@ -62,9 +73,9 @@ fn hermes_exe_absolute(flag: Option<PathBuf>) -> crate::Result<PathBuf> {
 pub fn status(home: &HermesHome, as_json: bool) -> crate::Result<ExitCode> {
     let s = hstatus::status(home);
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
+        outln!("{}", serde_json::to_string_pretty(&s)?);
     } else {
-        print!("{}", hstatus::render_text(&s));
+        out!("{}", hstatus::render_text(&s));
     }
     Ok(ExitCode::from(u8::try_from(s.exit_code()).unwrap_or(4)))
 }
@@ -78,32 +89,30 @@ pub fn stop(home: &HermesHome, timeout_s: u64, no_kill: bool) -> crate::Result<E
     if let Some(u) = hstatus::status(home).supervisor.as_deref().and_then(|s| s.strip_prefix("systemd:"))
         && u.starts_with("hermes-gateway")
     {
-        eprintln!("note: hermes's own unit {u} runs this gateway and restarts it 5 s after any exit;");
-        eprintln!(
-            "      to keep it down: systemctl [--user] stop {u} (or adopt it: gatewarden service install --adopt)"
-        );
+        errln!("note: hermes's own unit {u} runs this gateway and restarts it 5 s after any exit;");
+        errln!("      to keep it down: systemctl [--user] stop {u} (or adopt it: gatewarden service install --adopt)");
     }
     match stop::stop(home, &stop_options(timeout_s, no_kill)) {
         Ok(StopOutcome::NotRunning) => {
-            println!("no hermes gateway running in {}", home.display());
+            outln!("no hermes gateway running in {}", home.display());
             Ok(ExitCode::SUCCESS)
         }
         Ok(StopOutcome::Stopped(r)) => {
             let recorded = r.gateway_state_after.as_deref().unwrap_or("nothing");
             let how = serde_json::to_value(r.path).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
-            println!("stopped hermes pid {} ({how}, {} ms); hermes recorded: {recorded}", r.pid, r.elapsed_ms);
+            outln!("stopped hermes pid {} ({how}, {} ms); hermes recorded: {recorded}", r.pid, r.elapsed_ms);
             Ok(ExitCode::SUCCESS)
         }
         Err(e @ StopError::Unidentified(_)) => {
-            eprintln!("cannot tell whether a hermes gateway runs: {e}");
+            errln!("cannot tell whether a hermes gateway runs: {e}");
             Ok(ExitCode::from(4))
         }
         Err(e @ StopError::StillRunning { killed: false, .. }) => {
-            eprintln!("{e}; not killing it (--no-kill)");
+            errln!("{e}; not killing it (--no-kill)");
             Ok(ExitCode::from(1))
         }
         Err(e) => {
-            eprintln!("{e}");
+            errln!("{e}");
             Ok(ExitCode::from(1))
         }
     }
@@ -119,22 +128,22 @@ pub fn start(home: &HermesHome, timeout_s: u64) -> crate::Result<ExitCode> {
     let launch = match launch::resolve(home, explicit_hermes(), None) {
         Ok(l) => l,
         Err(why) => {
-            eprintln!("cannot start hermes: {why}");
+            errln!("cannot start hermes: {why}");
             return Ok(ExitCode::from(1));
         }
     };
     match start::start(home, start::command_for(home, &launch, Mode::Detached), Duration::from_secs(timeout_s)) {
         Ok(s) => {
-            println!("hermes gateway {} ready in {} ms", s.identity, s.elapsed.as_millis());
+            outln!("hermes gateway {} ready in {} ms", s.identity, s.elapsed.as_millis());
             Ok(ExitCode::SUCCESS)
         }
         Err(StartError::AlreadyRunning(id)) => {
-            println!("already running: hermes {id}");
+            outln!("already running: hermes {id}");
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            eprintln!("{e}");
-            eprintln!("hermes's output: {}", home.stdio_log().display());
+            errln!("{e}");
+            errln!("hermes's output: {}", home.stdio_log().display());
             Ok(ExitCode::from(1))
         }
     }
@@ -147,18 +156,18 @@ pub fn restart(home: &HermesHome, timeout_s: u64) -> crate::Result<ExitCode> {
             let old = r.old.map_or("nothing running".into(), |o| format!("pid {}", o.pid));
             let path =
                 serde_json::to_value(r.path).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
-            println!("restarted: {old} -> hermes {} ready ({path}, {} ms)", r.new, r.elapsed_ms);
+            outln!("restarted: {old} -> hermes {} ready ({path}, {} ms)", r.new, r.elapsed_ms);
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            eprintln!("restart failed: {e}");
+            errln!("restart failed: {e}");
             Ok(ExitCode::from(1))
         }
     }
 }
 
 fn log(msg: &str) {
-    eprintln!("gatewarden supervise[{}]: {msg}", std::process::id());
+    errln!("gatewarden supervise[{}]: {msg}", std::process::id());
 }
 
 pub fn supervise(home: &HermesHome, args: SuperviseArgs) -> crate::Result<ExitCode> {
@@ -234,19 +243,26 @@ pub fn supervise(home: &HermesHome, args: SuperviseArgs) -> crate::Result<ExitCo
 
 pub fn logs(home: &HermesHome, follow: bool, n: usize) -> crate::Result<ExitCode> {
     let open = || home.open_read(gatewarden_hermes::home::GATEWAY_LOG);
-    crate::tail::tail(&home.gateway_log(), open, follow, n, "hermes has not written its gateway log yet")
+    crate::tail::tail(
+        &home.gateway_log(),
+        open,
+        follow,
+        n,
+        "hermes has not written its gateway log yet",
+        crate::tail::Shape::Text,
+    )
 }
 
 pub fn history(home: &HermesHome, n: usize, as_json: bool) -> crate::Result<ExitCode> {
     let entries = history::history(home, n);
     if as_json {
         for e in &entries {
-            println!("{}", serde_json::to_string(e)?);
+            outln!("{}", serde_json::to_string(e)?);
         }
     } else if entries.is_empty() {
-        println!("no history yet in {}", home.display());
+        outln!("no history yet in {}", home.display());
     } else {
-        print!("{}", history::render_text(&entries));
+        out!("{}", history::render_text(&entries));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -290,13 +306,13 @@ pub fn doctor(home: &HermesHome, fix: bool, as_json: bool) -> crate::Result<Exit
         }
     }
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&json!({"home": home.display(), "findings": items}))?);
+        outln!("{}", serde_json::to_string_pretty(&json!({"home": home.display(), "findings": items}))?);
     } else if items.is_empty() {
-        println!("no findings for the hermes home {}", home.display());
+        outln!("no findings for the hermes home {}", home.display());
     } else {
         for i in &items {
-            println!("{}: {}", i.code, i.message);
-            println!("  {}: {}", if i.fixed { "fixed" } else { "fix" }, i.fix);
+            outln!("{}: {}", i.code, i.message);
+            outln!("  {}: {}", if i.fixed { "fixed" } else { "fix" }, i.fix);
         }
     }
     Ok(if items.iter().all(|i| i.fixed) { ExitCode::SUCCESS } else { ExitCode::from(1) })
@@ -337,7 +353,8 @@ fn unit_options(home: &HermesHome, scope: unit::Scope, hermes: Option<PathBuf>) 
     let canon = std::fs::canonicalize(home.dir()).unwrap_or_else(|_| home.dir().to_path_buf());
     let dir = if canon.is_absolute() { canon } else { std::env::current_dir()?.join(canon) };
     let me = gatewarden_hermes::sys::effective_uid();
-    let run_as = unit::run_as_for(scope, home.owner(), me).map_err(crate::Error::msg)?;
+    let owner = home.owner().with_context(|| format!("cannot use {} as a hermes home", home.dir().display()))?;
+    let run_as = unit::run_as_for(scope, owner, me).map_err(crate::Error::msg)?;
     Ok(UnitOptions {
         home: HermesHome::at(dir),
         gatewarden: crate::owner::current_exe()?,
@@ -399,18 +416,18 @@ fn service_install(
     let (scope, uscope) = scope_of(system);
     let opts = unit_options(home, uscope, hermes)?;
     if print {
-        print!("{}", unit::render_print(&opts));
+        out!("{}", unit::render_print(&opts));
         return Ok(ExitCode::SUCCESS);
     }
     // Two managers must never own one gateway: hermes's own unit revives what we stop.
     let enabled: Vec<_> = unit::find_hermes_units(home).into_iter().filter(|u| u.enabled).collect();
     if !enabled.is_empty() && !adopt {
         let names: Vec<&str> = enabled.iter().map(|u| u.name.as_str()).collect();
-        eprintln!(
+        errln!(
             "hermes's own unit {} is enabled for this home: two managers must never own one gateway",
             names.join(", ")
         );
-        eprintln!("rerun with --adopt to stop and disable it (a planned stop) and install gatewarden's unit instead");
+        errln!("rerun with --adopt to stop and disable it (a planned stop) and install gatewarden's unit instead");
         return Ok(ExitCode::from(1));
     }
     for u in &enabled {
@@ -424,13 +441,13 @@ fn service_install(
     sc.enable(&name)?;
     let _ = sc.reset_failed(&name);
     ledger::record(home, "service.install", json!({"unit": name, "path": path}));
-    println!("installed {name} ({})", path.display());
+    outln!("installed {name} ({})", path.display());
     if no_start {
         return Ok(ExitCode::SUCCESS);
     }
     // A gateway running outside the unit would make its supervisor park "owned by pid N".
     if let Some(id) = hstatus::status(home).identity() {
-        eprintln!("a hermes gateway ({id}) runs outside the unit; stopping it (planned) so the unit can own it");
+        errln!("a hermes gateway ({id}) runs outside the unit; stopping it (planned) so the unit can own it");
         stop::stop_identity(home, id, &StopOptions::default())?;
     }
     sc.start(&name)?;
@@ -442,12 +459,12 @@ fn service_install(
     });
     match ready {
         Some(id) => {
-            println!("hermes gateway {id} ready under {name}");
+            outln!("hermes gateway {id} ready under {name}");
             Ok(ExitCode::SUCCESS)
         }
         None => {
-            eprintln!("the unit was started but hermes did not report running within 60 s");
-            eprintln!("check: gatewarden --hermes-home {} service status; … logs", home.dir().display());
+            errln!("the unit was started but hermes did not report running within 60 s");
+            errln!("check: gatewarden --hermes-home {} service status; … logs", home.dir().display());
             Ok(ExitCode::from(1))
         }
     }
@@ -458,11 +475,11 @@ fn service_install(
 fn adopt_from(home: &HermesHome, u: &unit::HermesUnit) -> crate::Result<()> {
     let r = runner();
     let sc = Systemctl::new(&r, service_scope(u.scope));
-    eprintln!("adopting: disabling hermes's unit {}", u.name);
+    errln!("adopting: disabling hermes's unit {}", u.name);
     sc.disable(&u.name)?;
     match stop::stop(home, &StopOptions::default()) {
         Ok(_) => {}
-        Err(e) => eprintln!("warning: stopping hermes's gateway: {e}"),
+        Err(e) => errln!("warning: stopping hermes's gateway: {e}"),
     }
     sc.stop(&u.name)?;
     let _ = sc.reset_failed(&u.name);
@@ -477,7 +494,7 @@ fn service_uninstall(home: &HermesHome, system: bool) -> crate::Result<ExitCode>
         installed_unit(home)
     };
     let Some((path, uscope)) = found else {
-        println!("no gatewarden unit is installed for {}", home.display());
+        outln!("no gatewarden unit is installed for {}", home.display());
         return Ok(ExitCode::SUCCESS);
     };
     let name = unit::unit_name(home);
@@ -485,14 +502,14 @@ fn service_uninstall(home: &HermesHome, system: bool) -> crate::Result<ExitCode>
     let sc = Systemctl::new(&r, service_scope(uscope));
     // The unit's stop is SIGTERM to supervise, which stops hermes marker first (exit 0).
     if let Err(e) = sc.stop(&name) {
-        eprintln!("warning: stopping {name}: {e}");
+        errln!("warning: stopping {name}: {e}");
     }
     let _ = sc.disable(&name);
     gatewarden_lifecycle::fsio::remove_if_exists(&path).with_context(|| format!("cannot remove {}", path.display()))?;
     sc.daemon_reload()?;
     let _ = sc.reset_failed(&name);
     ledger::record(home, "service.uninstall", json!({"unit": name}));
-    println!("uninstalled {name}");
+    outln!("uninstalled {name}");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -524,24 +541,24 @@ fn service_status(home: &HermesHome, as_json: bool) -> crate::Result<ExitCode> {
             "systemd": show,
             "hermes_units": hermes_units,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        println!("manager:    systemd");
-        println!("unit:       {name}");
-        println!("installed:  {}", if found.is_some() { "yes" } else { "no" });
+        outln!("manager:    systemd");
+        outln!("unit:       {name}");
+        outln!("installed:  {}", if found.is_some() { "yes" } else { "no" });
         if let Some((p, _)) = &found {
-            println!("definition: {}", p.display());
-            println!("active:     {}", if active { "yes" } else { "no" });
+            outln!("definition: {}", p.display());
+            outln!("active:     {}", if active { "yes" } else { "no" });
             if let Some(s) = &show {
-                println!("main pid:   {}", s.main_pid.map_or("-".into(), |p| p.to_string()));
-                println!("sub state:  {}", s.sub_state.as_deref().unwrap_or("-"));
-                println!("restarts:   {}", s.n_restarts.map_or("-".into(), |n| n.to_string()));
+                outln!("main pid:   {}", s.main_pid.map_or("-".into(), |p| p.to_string()));
+                outln!("sub state:  {}", s.sub_state.as_deref().unwrap_or("-"));
+                outln!("restarts:   {}", s.n_restarts.map_or("-".into(), |n| n.to_string()));
             }
         } else {
-            println!("install it with: gatewarden --hermes-home {} service install", home.dir().display());
+            outln!("install it with: gatewarden --hermes-home {} service install", home.dir().display());
         }
         for u in &hermes_units {
-            println!(
+            outln!(
                 "hermes unit: {} ({}){}",
                 u.name,
                 u.path.display(),

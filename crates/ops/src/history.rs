@@ -12,7 +12,7 @@ pub fn history(home: &Home, n: usize, as_json: bool) -> crate::Result<ExitCode> 
         ReadOutcome::Ok(l) => l,
         ReadOutcome::Missing => {
             if !as_json {
-                println!("no lifecycle events in {}", home.dir().display());
+                outln!("no lifecycle events in {}", home.dir().display());
             }
             return Ok(ExitCode::SUCCESS);
         }
@@ -22,10 +22,10 @@ pub fn history(home: &Home, n: usize, as_json: bool) -> crate::Result<ExitCode> 
     };
     for line in lines {
         match (line, as_json) {
-            (Line::Event(m), true) => println!("{}", Value::Object(m)),
-            (Line::Garbage(text), true) => println!("{}", serde_json::json!({"unparseable": text})),
-            (Line::Event(m), false) => println!("{}", human(&m)),
-            (Line::Garbage(text), false) => println!("(unparseable line) {text}"),
+            (Line::Event(m), true) => outln!("{}", Value::Object(m)),
+            (Line::Garbage(text), true) => outln!("{}", serde_json::json!({"unparseable": text})),
+            (Line::Event(m), false) => outln!("{}", human(&m)),
+            (Line::Garbage(text), false) => outln!("(unparseable line) {text}"),
         }
     }
     Ok(ExitCode::SUCCESS)

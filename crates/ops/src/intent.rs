@@ -33,20 +33,21 @@ fn requester_json() -> serde_json::Value {
 }
 
 /// `stop`: records `stopped` before anything is signalled. A home that cannot record it
-/// still gets its stop (a full disk must not keep a gateway up). Also says whether this stop
-/// is news (the record wanted `run` until now).
-pub fn record_stop(home: &Home) -> Option<(Desired, bool)> {
+/// still gets its stop (a full disk must not keep a gateway up): `Err` says why, and the stop
+/// says what may undo it. `Ok(None)`: no home. Also says whether this stop is news (the record
+/// wanted `run` until now). The stop is in flight while this process lives: a `start` that
+/// replaces the record meanwhile waits for it (`launch.rs`).
+pub fn record_stop(home: &Home) -> Result<Option<(Desired, bool)>, String> {
     if !home.dir().is_dir() {
-        return None;
+        return Ok(None);
     }
     let mut was_run = false;
-    desired::record_if(home.dir(), Want::Stopped, "cli stop", false, issued(), |d| {
+    desired::record_if(home.dir(), Want::Stopped, "cli stop", true, issued(), |d| {
         was_run = d.want == Want::Run;
         true
     })
-    .map(|(d, _)| (d, was_run))
-    .inspect_err(|e| eprintln!("warning: cannot record the stop in {}: {e}", desired::path(home.dir()).display()))
-    .ok()
+    .map(|(d, _)| Some((d, was_run)))
+    .map_err(|e| format!("cannot record the stop in {}: {e}", desired::path(home.dir()).display()))
 }
 
 /// After a stop that stopped a gateway or ended a `run` intent: the ledger has the stop
@@ -72,20 +73,41 @@ pub fn ledger_stop_if_unrecorded(home: &Home, d: Option<&Desired>) {
 /// own `started` / `restart_requested` lines are the ledger's record of it. A stop issued
 /// after this command was invoked overrides it: refused (and in the ledger).
 pub fn record_run(home: &Home, verb: &str) -> Result<u64, Refusal> {
+    record_run_replacing(home, verb).map(|(seq, _)| seq)
+}
+
+/// [`record_run`], with the record it replaced (`None` when nothing was written).
+pub fn record_run_replacing(home: &Home, verb: &str) -> Result<(u64, Option<Desired>), Refusal> {
     // `cli start`, or `dashboard start` for a button's (Requester::cli).
     let by = format!("{} {verb}", Requester::cli().channel);
-    match desired::record_if(home.dir(), Want::Run, &by, true, issued(), |_| true) {
-        Ok((d, true)) => Ok(d.seq),
+    let mut before = None;
+    let recorded = desired::record_if(home.dir(), Want::Run, &by, true, issued(), |d| {
+        before = Some(d.clone());
+        true
+    });
+    match recorded {
+        Ok((d, true)) => Ok((d.seq, before)),
         Ok((d, false)) => {
             let r = Refusal::Stopped(Box::new(d));
             prevented(home, verb, &r);
             Err(r)
         }
         Err(e) => {
-            eprintln!("warning: cannot record the {verb} in {}: {e}", desired::path(home.dir()).display());
-            Ok(desired::current(home.dir()).seq)
+            errln!("warning: cannot record the {verb} in {}: {e}", desired::path(home.dir()).display());
+            Ok((desired::current(home.dir()).seq, None))
         }
     }
+}
+
+/// A stop recorded after the request `seq` (its sequence is later, so it wins): recorded as the
+/// start it prevents (`by`), and returned.
+pub fn later_stop(home: &Home, by: &str, seq: u64) -> Option<Refusal> {
+    let d = desired::current(home.dir());
+    (d.want == Want::Stopped && d.seq > seq).then(|| {
+        let r = Refusal::Stopped(Box::new(d));
+        prevented(home, by, &r);
+        r
+    })
 }
 
 /// Checks the record before `by` starts anything; a refusal is recorded (`start_prevented`)

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::Context;
 use gatewarden_control::{Client, Endpoint};
-use gatewarden_lifecycle::desired::{self, Starter};
+use gatewarden_lifecycle::desired::{self, Desired, Starter, Want};
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
 use gatewarden_lifecycle::platform::spawn;
 use gatewarden_lifecycle::{ExitIntent, Home};
@@ -31,14 +31,25 @@ pub enum Report {
 impl Report {
     fn line(self, line: &str) {
         match self {
-            Report::Stdout => println!("{line}"),
-            Report::Stderr => eprintln!("{line}"),
+            Report::Stdout => outln!("{line}"),
+            Report::Stderr => errln!("{line}"),
         }
     }
 }
 
-/// Starts a gateway (module doc), its outcome lines to `report`; `on_behalf`: the desired-state
-/// request this start carries out (a restart's), else the start records its own.
+/// Who starts the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// The installed service definition's manager, if any (every lifecycle verb).
+    Owner,
+    /// `run` detached, whatever is installed: what a failed `service install` puts back (the
+    /// gateway that ran outside the manager, at its address).
+    Direct,
+}
+
+/// Starts a gateway (module doc) `via` its owner or directly, its outcome lines to `report`;
+/// `on_behalf`: the desired-state request this start carries out (a restart's), else the start
+/// records its own.
 pub fn launch(
     home: &Home,
     listen: Option<&str>,
@@ -46,33 +57,42 @@ pub fn launch(
     drain_timeout_s: Option<u64>,
     on_behalf: Option<u64>,
     report: Report,
+    via: Via,
 ) -> crate::Result<ExitCode> {
     let home = home.ensure()?;
     // The operator's start records `run` first (a start of a stopped gateway is what ends the
     // stop); a start on behalf of an earlier request (a restart's kick) obeys a later stop.
-    let seq = match on_behalf {
-        None => crate::intent::record_run(&home, "start"),
-        Some(seq) => crate::intent::may_start(&home, "start", Starter::Carry { basis: seq }).map(|_| seq),
+    let recorded = match on_behalf {
+        None => crate::intent::record_run_replacing(&home, "start"),
+        Some(seq) => crate::intent::may_start(&home, "start", Starter::Carry { basis: seq }).map(|_| (seq, None)),
     };
-    let seq = match seq {
-        Ok(seq) => seq,
+    let (seq, replaced) = match recorded {
+        Ok(r) => r,
         Err(r) => {
-            eprintln!("not starting: {}", r.describe());
+            errln!("not starting: {}", r.describe());
             return Ok(ExitCode::from(1));
         }
     };
     let deadline = Instant::now() + Duration::from_secs(timeout_s);
-    if let Some(code) = already_running(&home, report, deadline)? {
+    // The stop this start replaced may still be on its way to the gateway (issue 30, item 1:
+    // `stop`, then `start` 5 ms later, said "already running" of the gateway that stop then
+    // ended): its process is waited for, so what runs afterwards is what this start finds.
+    if let Some(stop) = replaced.filter(|d| d.want == Want::Stopped && desired::in_flight_alive(d))
+        && let Some(code) = await_stop(&home, &stop, deadline)
+    {
+        return Ok(code);
+    }
+    if let Some(code) = already_running(&home, report, deadline, seq)? {
         return Ok(code);
     }
     // The gateway itself fails fast on a taken port (a manager must park, not loop); the
     // operator's start waits for one on its way out, within its timeout (issue 22, item 3).
-    let installed = owner::installed(&home);
+    let installed = owner::installed(&home).filter(|_| via == Via::Owner);
     let addr = listen_address(&home, listen.filter(|_| installed.is_none()));
     if let Some(addr) = addr
         && let Err(why) = wait_for_port(addr, deadline)
     {
-        eprintln!("{why}");
+        errln!("{why}");
         let ledger = Ledger::new(home.ledger(), Writer::current());
         let code = ExitIntent::FatalConfig.code();
         let _ = ledger.append("start_refused", serde_json::json!({"code": code, "reason": why, "by": "start"}));
@@ -109,7 +129,8 @@ pub fn launch(
         cmd.args(["--drain-timeout", &d.to_string()]);
     }
     // `start` is the launcher: what it launches is unsupervised (no manager owns this home, or
-    // it would have started it above), whatever unit this shell inherited its environment from.
+    // it would have started it above, or this start puts back the gateway that ran outside
+    // it), whatever unit this shell inherited its environment from.
     cmd.args(["--supervisor", "none"]);
     // The child checks the desired state again once it holds the lock: a stop recorded after
     // this line still wins (crates/runtime/src/lib.rs, `obey_desired`).
@@ -141,6 +162,9 @@ pub fn launch(
             Ok(line) => {
                 let mut f = line.split_whitespace();
                 if f.next() == Some("ready") {
+                    if let Some(code) = overtaken(&home, seq) {
+                        return Ok(code);
+                    }
                     let (inc, pid, addr) = (f.next().unwrap_or("?"), f.next().unwrap_or("?"), f.next().unwrap_or("?"));
                     report.line(&format!("started gateway pid {pid} (incarnation {inc}) on http://{addr}"));
                     report.line(&format!("logs: {}", log.display()));
@@ -151,28 +175,28 @@ pub fn launch(
                 // stdout closed before readiness: the child exited (or is exiting).
                 let status = child.wait()?;
                 if let Err(r) = desired::check(home.dir(), Starter::Carry { basis: seq }) {
-                    eprintln!("the gateway did not start: {}", r.describe());
+                    errln!("the gateway did not start: {}", r.describe());
                     return Ok(ExitCode::from(1));
                 }
                 // Lost the lock race to a concurrent start (issue 22, item 7): that gateway
                 // runs, which is what was asked.
                 if status.code() == Some(i32::from(ExitIntent::FatalConfig.code()))
-                    && let Some(code) = already_running(&home, report, deadline)?
+                    && let Some(code) = already_running(&home, report, deadline, seq)?
                 {
                     return Ok(code);
                 }
-                eprintln!("the gateway exited during start-up ({status}); its log says:");
-                eprint!("{}", tail_since(&log, log_start, 30));
+                errln!("the gateway exited during start-up ({status}); its log says:");
+                err!("{}", tail_since(&log, log_start, 30));
                 let code = status.code().and_then(|c| u8::try_from(c).ok()).filter(|c| *c != 0).unwrap_or(1);
                 return Ok(ExitCode::from(code));
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                eprintln!(
+                errln!(
                     "the gateway (pid {}) did not become ready within {timeout_s}s; it is still running. Log so far:",
                     child.id()
                 );
-                eprint!("{}", tail_since(&log, log_start, 30));
-                eprintln!("check again with `gatewarden --home {} status`", home.dir().display());
+                err!("{}", tail_since(&log, log_start, 30));
+                errln!("check again with `gatewarden --home {} status`", home.dir().display());
                 return Ok(ExitCode::from(1));
             }
         }
@@ -212,7 +236,7 @@ fn wait_for_port(addr: SocketAddr, until: Instant) -> Result<(), String> {
                     return Err(format!("cannot listen on {addr}: the port is taken by {}", who()));
                 }
                 if !said {
-                    eprintln!("waiting for {addr}: the port is held by {}", who());
+                    errln!("waiting for {addr}: the port is held by {}", who());
                     said = true;
                 }
                 std::thread::sleep(Duration::from_millis(100).min(until.saturating_duration_since(Instant::now())));
@@ -222,10 +246,40 @@ fn wait_for_port(addr: SocketAddr, until: Instant) -> Result<(), String> {
     }
 }
 
-/// `Some(0)` with the "already running" line when a gateway runs (or holds the lock silently).
-/// One on its way out is waited for until `until` (`settled_presence`).
-fn already_running(home: &Home, report: Report, until: Instant) -> crate::Result<Option<ExitCode>> {
-    match settled_presence(home, until) {
+/// A stop recorded after this start's request `seq` wins (its sequence is later): said, recorded
+/// (`start_prevented`), and exit 1; `start` exits 0 only for a gateway that stays up.
+fn overtaken(home: &Home, seq: u64) -> Option<ExitCode> {
+    let r = crate::intent::later_stop(home, "start", seq)?;
+    errln!("not started: {} (a later request than this start)", r.describe());
+    Some(ExitCode::from(1))
+}
+
+/// Waits until the process carrying out `stop` has ended (the gateway it stops is gone, or the
+/// stop gave up), bounded by `until`; `Some(1)` when it is still under way then.
+fn await_stop(home: &Home, stop: &Desired, until: Instant) -> Option<ExitCode> {
+    errln!("waiting for the stop under way ({}) to finish", stop.describe());
+    while desired::in_flight_alive(stop) {
+        if Instant::now() >= until {
+            errln!("not started: the stop by {} is still under way", stop.describe());
+            errln!("check again with `gatewarden --home {} status`", home.dir().display());
+            return Some(ExitCode::from(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// `Some(0)` with the "already running" line when a gateway runs (or holds the lock silently);
+/// `Some(1)` when a stop recorded after `seq` will end it. One on its way out is waited for
+/// until `until` (`settled_presence`).
+fn already_running(home: &Home, report: Report, until: Instant, seq: u64) -> crate::Result<Option<ExitCode>> {
+    let settled = settled_presence(home, until);
+    if matches!(settled, Settled::Answering(_) | Settled::Silent)
+        && let Some(code) = overtaken(home, seq)
+    {
+        return Ok(Some(code));
+    }
+    match settled {
         Settled::Answering(s) => {
             report.line(&format!(
                 "already running: pid {} on http://{}",
@@ -243,7 +297,7 @@ fn already_running(home: &Home, report: Report, until: Instant) -> crate::Result
         }
         // Not a gateway at all (issue 22, item 1): never "already running".
         Settled::Foreign(why) => {
-            eprintln!("cannot start a gateway in {}: {why}", home.dir().display());
+            errln!("cannot start a gateway in {}: {why}", home.dir().display());
             Ok(Some(ExitCode::from(1)))
         }
         Settled::Unknown(why) => crate::bail!("cannot tell whether a gateway runs: {why}"),
@@ -262,15 +316,16 @@ fn start_via_manager(
     report: Report,
 ) -> crate::Result<ExitCode> {
     if overrides {
-        eprintln!("note: --listen / --drain-timeout are ignored: {} decides how the gateway runs", m.describe());
+        errln!("note: --listen / --drain-timeout are ignored: {} decides how the gateway runs", m.describe());
     }
-    eprintln!("starting the gateway through {}…", m.describe());
+    errln!("starting the gateway through {}…", m.describe());
     if let Err(e) = m.start(seq) {
-        eprintln!("{} could not start the gateway: {}", m.kind(), e.chain());
-        eprintln!("check: gatewarden --home {} service status; gatewarden --home {0} doctor", home.dir().display());
+        errln!("{} could not start the gateway: {}", m.kind(), e.chain());
+        errln!("check: gatewarden --home {} service status; gatewarden --home {0} doctor", home.dir().display());
         return Ok(ExitCode::from(1));
     }
     match crate::ready::wait_ready(home, Duration::from_secs(timeout_s)) {
+        Some(_) if let Some(code) = overtaken(home, seq) => Ok(code),
         Some(s) => {
             report.line(&format!(
                 "started gateway pid {} (incarnation {}) on http://{} via {}",
@@ -282,8 +337,8 @@ fn start_via_manager(
             Ok(ExitCode::SUCCESS)
         }
         None => {
-            eprintln!("{} started, but the gateway did not report ready within {timeout_s}s", m.describe());
-            eprintln!("check: gatewarden --home {} service status; gatewarden --home {0} doctor", home.dir().display());
+            errln!("{} started, but the gateway did not report ready within {timeout_s}s", m.describe());
+            errln!("check: gatewarden --home {} service status; gatewarden --home {0} doctor", home.dir().display());
             Ok(ExitCode::from(1))
         }
     }

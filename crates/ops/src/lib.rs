@@ -10,10 +10,14 @@
 //!   procedures, below the verbs.
 //! - the verbs, one module each, each called by one line of the binary: [`start`], [`stop`],
 //!   [`restart`], [`status`], [`update`] (the verified binary swap), [`supervise`],
-//!   [`doctor`], [`check`], [`dashboard`] (the fleet page), [`service`], [`send`], [`logs`], [`history`],
+//!   [`doctor`], [`check`], [`init`] (a home set up from questions or flags), [`dashboard`]
+//!   (the fleet page), [`top`], [`service`], [`send`], [`logs`], [`history`],
 //!   [`crash_backoff`], and the hermes-home verbs ([`hermes`]); what they share below them:
-//!   [`options`] (filled by the binary's parser), [`intent`], `presence`, `progress`,
-//!   [`ready`], [`release`], [`orchestrator`], [`crash_loop`], [`tail`].
+//!   [`options`] (filled by the binary's parser), [`ui`] (stdout and stderr, colour, `--json`),
+//!   [`health`] (a status report read as users see it), [`probe`] (a bounded look at an
+//!   upstream: credentials, the clock), [`intent`], `presence`, `progress`,
+//!   [`ready`], [`release`], [`orchestrator`], [`crash_loop`], [`tail`], [`previous`] (how the
+//!   replaced incarnation ran, for every start that revives it).
 //!
 //! The module graph has no cycle, and no verb runs another: what two verbs share is a procedure
 //! below them (`start` and the ladder [`launch`], `stop` and `service` [`halt`], `restart` and
@@ -21,8 +25,37 @@
 //! reverts an unblessed release through the update transaction (`update::revert_after_crash`),
 //! which only that module can finish.
 
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
+/// `println!` that a closed stdout cannot turn into a panic (`console`).
+#[macro_export]
+macro_rules! outln {
+    () => { $crate::console::out(format_args!("\n")) };
+    ($($t:tt)*) => { $crate::console::out(format_args!("{}\n", format_args!($($t)*))) };
+}
+
+/// `print!` that a closed stdout cannot turn into a panic (`console`).
+#[macro_export]
+macro_rules! out {
+    ($($t:tt)*) => { $crate::console::out(format_args!($($t)*)) };
+}
+
+/// `eprintln!` that a closed stderr cannot turn into a panic (`console`).
+#[macro_export]
+macro_rules! errln {
+    () => { $crate::console::err(format_args!("\n")) };
+    ($($t:tt)*) => { $crate::console::err(format_args!("{}\n", format_args!($($t)*))) };
+}
+
+/// `eprint!` that a closed stderr cannot turn into a panic (`console`).
+#[macro_export]
+macro_rules! err {
+    ($($t:tt)*) => { $crate::console::err(format_args!($($t)*)) };
+}
+
 pub mod cancel;
 pub mod check;
+pub mod console;
 pub mod crash_backoff;
 pub mod crash_loop;
 pub mod dashboard;
@@ -30,8 +63,10 @@ pub mod doctor;
 pub mod env;
 mod error;
 pub mod halt;
+pub mod health;
 pub mod hermes;
 pub mod history;
+pub mod init;
 pub mod intent;
 pub mod ladder;
 pub mod launch;
@@ -40,11 +75,17 @@ pub mod options;
 pub mod orchestrator;
 pub mod os;
 pub mod owner;
+pub mod pairing;
 mod presence;
+pub mod previous;
+pub mod probe;
 mod progress;
 pub mod ready;
 pub mod release;
+pub mod reload;
 pub mod restart;
+mod screen;
+pub mod secrets;
 pub mod send;
 pub mod service;
 pub mod start;
@@ -52,7 +93,9 @@ pub mod status;
 pub mod stop;
 pub mod supervise;
 pub mod tail;
+pub mod top;
 pub mod trace;
+pub mod ui;
 pub mod update;
 
 pub use error::{Context, Error, Result};

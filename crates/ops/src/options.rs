@@ -27,12 +27,33 @@ pub struct InstallArgs {
     pub restart_sec_ms: Option<u64>,
     pub watchdog_s: Option<u64>,
     pub start_limit_burst: Option<u32>,
+    pub json: bool,
 }
 
 /// `service uninstall`'s options.
 #[derive(Debug, Clone, Default)]
 pub struct UninstallArgs {
     pub system: bool,
+    pub json: bool,
+}
+
+/// `init`'s options, one per flag of `gatewarden init` (crates/gatewarden/src/cli.rs documents
+/// them); what is not given is asked on a terminal.
+#[derive(Debug, Clone, Default)]
+pub struct InitArgs {
+    pub platform: Option<String>,
+    pub backend: Option<String>,
+    pub base_url: Option<String>,
+    pub model: Option<String>,
+    pub api_key_env: Option<String>,
+    pub token_env: Option<String>,
+    pub api_base: Option<String>,
+    pub admins: Vec<String>,
+    pub listen: Option<String>,
+    pub force: bool,
+    pub offline: bool,
+    pub no_input: bool,
+    pub json: bool,
 }
 
 /// `supervise`'s options, one per flag of `gatewarden supervise` (crates/gatewarden/src/cli.rs

@@ -18,7 +18,7 @@ pub fn escape_unit(home: &Home) {
     if let Some(m) = owner::installed(&home.canonicalized())
         && let Some(why) = owner::escape_unit_cgroup(m.managed())
     {
-        eprintln!("warning: {why}; restarting from inside {}", m.describe());
+        errln!("warning: {why}; restarting from inside {}", m.describe());
     }
 }
 

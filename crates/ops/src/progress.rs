@@ -42,7 +42,7 @@ impl Progress {
             *g = Some(p.to_owned());
         }
         if !self.tty {
-            eprintln!("… {p}");
+            errln!("… {p}");
         }
     }
 

@@ -40,6 +40,17 @@ pub fn restart(
     timeout_s: u64,
     backstop: Option<String>,
     desired_seq: Option<u64>,
+    json: bool,
+) -> crate::Result<ExitCode> {
+    // `--json`: one document from the first process, after the detached copy's verdict.
+    crate::ui::outcome(home, "restart", json, || restart_verified(home, timeout_s, backstop, desired_seq))
+}
+
+fn restart_verified(
+    home: &Home,
+    timeout_s: u64,
+    backstop: Option<String>,
+    desired_seq: Option<u64>,
 ) -> crate::Result<ExitCode> {
     if let Some(old) = backstop {
         escape_unit(home);
@@ -55,7 +66,7 @@ pub fn restart(
         None => match crate::intent::record_run(&home.canonicalized(), "restart") {
             Ok(seq) => seq,
             Err(r) => {
-                eprintln!("not restarting: {}", r.describe());
+                errln!("not restarting: {}", r.describe());
                 return Ok(ExitCode::from(1));
             }
         },

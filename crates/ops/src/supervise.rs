@@ -88,7 +88,7 @@ struct Supervisor {
 }
 
 fn log(msg: &str) {
-    eprintln!("gatewarden supervise[{}]: {msg}", std::process::id());
+    errln!("gatewarden supervise[{}]: {msg}", std::process::id());
 }
 
 impl Supervisor {

@@ -9,6 +9,14 @@ use std::time::Duration;
 
 use gatewarden_lifecycle::ledger;
 
+/// How [`tail`] writes each line: as it is (escaped on a terminal), or as one JSON object
+/// (`logs --json`: crates/dashboard/src/gather.rs `log_line_json`, the reading the pages use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    Text,
+    Json,
+}
+
 /// The last `n` lines of the log that `open` opens (`Ok(None)`: not there yet), then (with
 /// `follow`) what is appended; `missing` says why there may be no file yet. `open` decides
 /// what may be opened: a native home's rules (`logs.rs`) or a hermes home's (`hermes.rs`),
@@ -19,7 +27,12 @@ pub fn tail(
     follow: bool,
     n: usize,
     missing: &str,
+    shape: Shape,
 ) -> crate::Result<ExitCode> {
+    let emit = |line: &str| match shape {
+        Shape::Text => outln!("{}", crate::screen::shown(line)),
+        Shape::Json => outln!("{}", gatewarden_dashboard::gather::log_line_json(line)),
+    };
     let mut pos = match open() {
         Ok(Some(mut f)) => {
             let len = f.metadata().map(|m| m.len()).unwrap_or(0);
@@ -28,12 +41,17 @@ pub fn tail(
             let text = String::from_utf8_lossy(&bytes);
             let lines: Vec<&str> = text.lines().collect();
             for l in &lines[lines.len().saturating_sub(n)..] {
-                println!("{l}");
+                emit(l);
             }
             len
         }
+        // JSON lines: nothing to show is no line at all (the reason goes to stderr).
+        Ok(None) if !follow && shape == Shape::Json => {
+            errln!("no log yet at {} ({missing})", path.display());
+            return Ok(ExitCode::SUCCESS);
+        }
         Ok(None) if !follow => {
-            println!("no log yet at {} ({missing})", path.display());
+            outln!("no log yet at {} ({missing})", path.display());
             return Ok(ExitCode::SUCCESS);
         }
         Ok(None) => 0,
@@ -42,6 +60,8 @@ pub fn tail(
     if !follow {
         return Ok(ExitCode::SUCCESS);
     }
+    // A JSON line is written once it is whole.
+    let mut partial = String::new();
     // Following a file has no readiness event to wait on portably; a short poll is the tool.
     loop {
         std::thread::sleep(Duration::from_millis(200));
@@ -55,9 +75,27 @@ pub fn tail(
             f.seek(SeekFrom::Start(pos))?;
             f.read_to_end(&mut buf)?;
             pos += buf.len() as u64;
+            let text = String::from_utf8_lossy(&buf);
+            let shown = match shape {
+                Shape::Text => crate::screen::shown(&text).into_owned(),
+                Shape::Json => {
+                    partial.push_str(&text);
+                    let mut lines = String::new();
+                    while let Some(end) = partial.find('\n') {
+                        let line: String = partial.drain(..=end).collect();
+                        let json = gatewarden_dashboard::gather::log_line_json(line.trim_end_matches(['\n', '\r']));
+                        lines.push_str(&format!("{json}\n"));
+                    }
+                    lines
+                }
+            };
             let mut out = std::io::stdout().lock();
-            out.write_all(String::from_utf8_lossy(&buf).as_bytes())?;
-            out.flush()?;
+            let written = out.write_all(shown.as_bytes()).and_then(|()| out.flush());
+            match written {
+                // `logs -f | head`: the reader is done, so is following.
+                Err(e) if crate::console::reader_gone(&e) => return Ok(ExitCode::SUCCESS),
+                r => r?,
+            }
         }
     }
 }

@@ -19,10 +19,10 @@ pub fn trace(home: &Home, id: &str, as_json: bool) -> crate::Result<ExitCode> {
     };
     let events = store.trace(id).with_context(|| format!("cannot read the trace of {id}"))?;
     if as_json {
-        println!("{}", to_json(&msg, &events));
+        outln!("{}", to_json(&msg, &events));
     } else {
         for line in lines(&msg, &events) {
-            println!("{line}");
+            outln!("{}", crate::screen::shown(&line));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -33,7 +33,9 @@ pub fn trace(home: &Home, id: &str, as_json: bool) -> crate::Result<ExitCode> {
 fn open(home: &Home) -> crate::Result<Arc<dyn Store>> {
     let config = gatewarden_config::Config::load(home.dir()).context("cannot read config.toml")?;
     if let Some(c) = &config.cluster {
-        let password = c.password(home.dir()).map_err(crate::Error::Msg)?;
+        let password = gatewarden_config::Secrets::resolve(home.dir(), &config)
+            .get(&gatewarden_config::SecretId::Cluster)
+            .map_err(crate::Error::Msg)?;
         let settings =
             gatewarden_runtime::options::ClusterSettings::new(c.clone(), password).map_err(crate::Error::Msg)?;
         if let Some(store) = settings.store {

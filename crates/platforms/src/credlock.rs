@@ -74,9 +74,15 @@ pub fn lock_dir() -> Result<PathBuf, CredLockError> {
         Some(d) => PathBuf::from(d),
         None => os::default_dir(),
     };
-    gatewarden_lifecycle::platform::create_private_dir(&dir)
-        .map_err(|e| CredLockError::Dir { path: dir.clone(), message: e.to_string() })?;
-    os::check_private(&dir).map_err(|message| CredLockError::Dir { path: dir.clone(), message })?;
+    let refused = |d: &Path, message: String| CredLockError::Dir { path: d.to_path_buf(), message };
+    // Another user may have made `/tmp/gatewarden-<uid>` first: check it before creating
+    // `creds/` inside it.
+    if let Some(parent) = os::own_parent(&dir) {
+        gatewarden_lifecycle::platform::create_private_dir(parent).map_err(|e| refused(parent, e.to_string()))?;
+        os::check_one(parent).map_err(|m| refused(parent, m))?;
+    }
+    gatewarden_lifecycle::platform::create_private_dir(&dir).map_err(|e| refused(&dir, e.to_string()))?;
+    os::check_private(&dir).map_err(|m| refused(&dir, m))?;
     Ok(dir)
 }
 

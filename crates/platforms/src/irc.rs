@@ -4,8 +4,9 @@
 //! - **Configuration.** `server = "host:port"` (or `host`: port 6697 with `tls = true`, else
 //!   6667), `tls` (verified with crates/net's settings and `ca_file`; a certificate failure is
 //!   `degraded` and retried like any connection failure), `nick`; `allowed_chats` holds the channels to
-//!   join (`#name`) and the nicks whose private messages are served (with no nick listed, private
-//!   messages from anyone are). `token_env`, optional, names the server password sent as `PASS`
+//!   join (`#name`) and the nicks whose private messages are served (`listed`: the access
+//!   policy, crates/runtime/src/access/, decides the rest; IRC defaults to `allowlist`, since a
+//!   nick is anyone's who takes it on a network without nick registration). `token_env`, optional, names the server password sent as `PASS`
 //!   (many networks hand it to NickServ).
 //! - **One consumer per nick.** The credential lock is keyed by `server/nick` (lower-cased),
 //!   not by the password: two gateways on one host conflict when they would use the same nick on
@@ -42,7 +43,7 @@ use gatewarden_chatproto::irc::{Config, Connection, ErrorKind, Event, MAX_TEXT_B
 use gatewarden_config::PlatformConfig;
 
 use crate::skeleton::{self, Batch, Ctx, Failure, Limits, Pace, PieceId, PieceLimit, Protocol, SendError, Skeleton};
-use crate::{AdapterError, Host, Inbound};
+use crate::{AdapterError, ChatKind, Host, Inbound, names_word};
 
 /// How long one read waits before the receive loop looks at its flags (reconnect, quit) again.
 const READ_SLICE: Duration = Duration::from_millis(250);
@@ -87,7 +88,7 @@ pub struct Proto {
     password: Option<String>,
     /// `tls = true`: the TLS settings (crates/net; `ca_file`), else plain TCP.
     tls: Option<gatewarden_net::ClientTls>,
-    /// SASL PLAIN: the account (the nick) and its password (`sasl_password_env`).
+    /// SASL PLAIN: the account (the nick) and its password (`sasl_password_env` / `_file`).
     sasl: Option<(String, String)>,
     /// `server/nick`: what two consumers must not share.
     credential: String,
@@ -95,7 +96,13 @@ pub struct Proto {
 }
 
 impl Skeleton<Proto> {
-    pub fn new(cfg: &PlatformConfig, password: Option<String>) -> Result<Irc, AdapterError> {
+    /// `password`: the server's (`PASS`); `sasl_password`: SASL PLAIN's as the account named
+    /// `nick` (both resolved by crates/config/src/secrets.rs).
+    pub fn new(
+        cfg: &PlatformConfig,
+        password: Option<String>,
+        sasl_password: Option<String>,
+    ) -> Result<Irc, AdapterError> {
         let name = cfg.adapter_name();
         let (Some(server), Some(nick)) = (cfg.irc_addr(), cfg.nick.clone()) else {
             return Err(AdapterError::Start { name, message: "irc needs server and nick".into() });
@@ -107,16 +114,7 @@ impl Skeleton<Proto> {
             ),
             false => None,
         };
-        let sasl = match &cfg.sasl_password_env {
-            None => None,
-            Some(var) => match std::env::var(var).ok().filter(|p| !p.is_empty()) {
-                Some(password) => Some((nick.clone(), password)),
-                None => {
-                    let message = format!("environment variable {var} (sasl_password_env) is not set or empty");
-                    return Err(AdapterError::Start { name, message });
-                }
-            },
-        };
+        let sasl = sasl_password.map(|p| (nick.clone(), p));
         let proto = Proto {
             tls,
             sasl,
@@ -181,7 +179,7 @@ impl Protocol for Proto {
 pub struct Reader {
     cfg: Config,
     channels: Vec<String>,
-    /// Nicks whose private messages are served (empty: anyone's).
+    /// Nicks `allowed_chats` names (their private messages are `listed`).
     nicks: Vec<String>,
     writer: WriterSlot,
     live: Option<Live>,
@@ -202,22 +200,23 @@ impl Reader {
         Failure::Lost(format!("connection lost: {why}"))
     }
 
-    /// Routes one PRIVMSG: a channel we serve, or a private message from an allowed nick.
+    /// Routes one PRIVMSG: a channel's (a group: addressed when it names our nick, `gwbot:
+    /// hi`), or a private message to us. Whether it is served is the access policy's
+    /// (crates/runtime/src/access/); `listed` is what allowed_chats says (channels and nicks,
+    /// case-insensitively).
     fn inbound(&self, own: &str, event_id: String, from: String, target: String, text: String) -> Option<Inbound> {
-        let chat = if is_channel(&target) {
-            if !self.channels.iter().any(|c| c.eq_ignore_ascii_case(&target)) {
-                return None;
-            }
-            target
+        let (chat, kind, listed, addressed) = if is_channel(&target) {
+            let listed = self.channels.iter().any(|c| c.eq_ignore_ascii_case(&target));
+            let addressed = names_word(&text, own);
+            (target, ChatKind::Group, listed, addressed)
         } else {
-            if !target.eq_ignore_ascii_case(own)
-                || !(self.nicks.is_empty() || self.nicks.iter().any(|n| n.eq_ignore_ascii_case(&from)))
-            {
+            if !target.eq_ignore_ascii_case(own) {
                 return None;
             }
-            from.clone()
+            let listed = self.nicks.iter().any(|n| n.eq_ignore_ascii_case(&from));
+            (from.clone(), ChatKind::Direct, listed, true)
         };
-        Some(Inbound { event_id, chat_id: chat, user_id: from, text, sent_at: None })
+        Some(Inbound { event_id, chat_id: chat, user_id: from, text, sent_at: None, chat: kind, listed, addressed })
     }
 
     /// A PRIVMSG event on the live connection, as an inbound message we serve.

@@ -35,7 +35,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use gatewarden_config::{PlatformConfig, PlatformKind};
+use gatewarden_config::secrets::PlatformSecret;
+use gatewarden_config::{PlatformConfig, PlatformKind, Secrets};
 use serde::Serialize;
 
 /// Where an adapter is.
@@ -217,6 +218,53 @@ pub struct Inbound {
     pub text: String,
     /// When the platform says it was sent.
     pub sent_at: Option<SystemTime>,
+    /// One person's conversation with the bot, or a group (a room, a channel), as the platform
+    /// says: the access policy treats them differently (crates/runtime/src/access/).
+    pub chat: ChatKind,
+    /// `allowed_chats` names this chat, by the platform's own rules (Matrix aliases resolved,
+    /// IRC channels and nicks case-insensitively, XMPP `rooms` and bare JIDs; email: the sender
+    /// matches `allowed_senders`). The adapter says so; the policy decides what it means.
+    pub listed: bool,
+    /// The message mentions the bot or replies to one of its messages: what a group message
+    /// needs under `require_mention`.
+    pub addressed: bool,
+}
+
+/// What kind of chat an [`Inbound`] message came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ChatKind {
+    /// A direct (private) chat between one sender and the bot.
+    #[default]
+    Direct,
+    /// A group, room or channel: several people, the bot among them.
+    Group,
+}
+
+impl ChatKind {
+    /// `direct` or `group` (ledger lines, tests).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChatKind::Direct => "direct",
+            ChatKind::Group => "group",
+        }
+    }
+}
+
+/// Whether `text` names `name` as a word (case-insensitively): `@gwbot hi`, `gwbot: hi`, but
+/// not `gwbots`. Platforms whose mentions are plain text (IRC, an XMPP room nick, a Telegram
+/// `@username`) use it; `name` must not be empty.
+pub fn names_word(text: &str, name: &str) -> bool {
+    if name.is_empty() {
+        return false;
+    }
+    let (hay, needle) = (text.to_lowercase(), name.to_lowercase());
+    let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '-');
+    hay.match_indices(&needle).any(|(at, m)| {
+        let before = hay.get(..at).and_then(|s| s.chars().next_back());
+        let after = hay.get(at + m.len()..).and_then(|s| s.chars().next());
+        // `@name` is a mention however it starts; a bare name needs a boundary on both sides.
+        (needle.starts_with('@') || !word(before)) && !word(after)
+    })
 }
 
 /// A reply to send, from the journal's outbox.
@@ -297,8 +345,12 @@ pub trait Host: Send + Sync {
 /// Why an adapter cannot be built or started.
 #[derive(Debug, thiserror::Error)]
 pub enum AdapterError {
-    #[error("[[platform]] {name}: environment variable {var} (token_env) is not set or empty")]
-    MissingCredential { name: String, var: String },
+    /// A secret the table names cannot be had: the resolver's words (crates/config/src/secrets.rs).
+    #[error("{0}")]
+    MissingCredential(String),
+    /// The table names no credential the platform needs (config validation prevents it).
+    #[error("[[platform]] {name}: no {key} is configured")]
+    Unconfigured { name: String, key: &'static str },
     #[error("[[platform]] {name}: cannot start: {message}")]
     Start { name: String, message: String },
 }
@@ -343,28 +395,31 @@ pub fn sha256_hex(data: &[u8]) -> String {
     sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Builds the adapter for one `[[platform]]` table, reading its credential from the environment.
-pub fn build(cfg: &PlatformConfig) -> Result<Arc<dyn Adapter>, AdapterError> {
+/// Builds the adapter for one `[[platform]]` table, its credentials from the resolved
+/// `secrets` (crates/config/src/secrets.rs; the values leave their `Secret` here, for the
+/// protocol that sends them).
+pub fn build(cfg: &PlatformConfig, secrets: &Secrets) -> Result<Arc<dyn Adapter>, AdapterError> {
     let name = cfg.adapter_name();
-    let var = cfg.token_env.clone().unwrap_or_default();
-    let token = std::env::var(&var).ok().map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
-    let missing = || AdapterError::MissingCredential { name: name.clone(), var: var.clone() };
+    let get = |what| {
+        secrets.platform(&name, what).map(|s| s.map(|s| s.expose().to_owned())).map_err(AdapterError::MissingCredential)
+    };
+    let need = |what, key| get(what)?.ok_or_else(|| AdapterError::Unconfigured { name: name.clone(), key });
+    let token = || need(PlatformSecret::Token, "token_env or token_file");
     match cfg.kind {
-        PlatformKind::Telegram => Ok(Arc::new(telegram::Telegram::new(cfg, token.ok_or_else(missing)?)?)),
-        PlatformKind::Matrix => Ok(Arc::new(matrix::Matrix::new(cfg, token.ok_or_else(missing)?)?)),
-        // The password is optional; a named variable that is unset is still an error.
-        PlatformKind::Irc if cfg.token_env.is_some() && token.is_none() => Err(missing()),
-        PlatformKind::Irc => Ok(Arc::new(irc::Irc::new(cfg, token)?)),
-        PlatformKind::Xmpp => Ok(Arc::new(xmpp::Xmpp::new(cfg, token.ok_or_else(missing)?)?)),
-        PlatformKind::Discord => Ok(Arc::new(discord::Discord::new(cfg, token.ok_or_else(missing)?)?)),
-        PlatformKind::Email => Ok(Arc::new(email::Email::new(cfg, token.ok_or_else(missing)?)?)),
+        PlatformKind::Telegram => Ok(Arc::new(telegram::Telegram::new(cfg, token()?)?)),
+        PlatformKind::Matrix => Ok(Arc::new(matrix::Matrix::new(cfg, token()?)?)),
+        // The server password is optional.
+        PlatformKind::Irc => {
+            let sasl = get(PlatformSecret::SaslPassword)?;
+            Ok(Arc::new(irc::Irc::new(cfg, get(PlatformSecret::Token)?, sasl)?))
+        }
+        PlatformKind::Xmpp => Ok(Arc::new(xmpp::Xmpp::new(cfg, token()?)?)),
+        PlatformKind::Discord => Ok(Arc::new(discord::Discord::new(cfg, token()?)?)),
+        PlatformKind::Email => Ok(Arc::new(email::Email::new(cfg, token()?)?)),
+        // The app-level token is the credential; the bot token posts the replies.
         PlatformKind::Slack => {
-            // The app-level token is the credential; the bot token posts the replies.
-            let app = token.ok_or_else(missing)?;
-            let bot_var = cfg.bot_token_env.clone().unwrap_or_default();
-            let bot = std::env::var(&bot_var).ok().map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
-            let bot = bot.ok_or_else(|| AdapterError::MissingCredential { name: name.clone(), var: bot_var })?;
-            Ok(Arc::new(slack::Slack::new(cfg, app, bot)?))
+            let bot = need(PlatformSecret::BotToken, "bot_token_env or bot_token_file")?;
+            Ok(Arc::new(slack::Slack::new(cfg, token()?, bot)?))
         }
     }
 }
@@ -383,6 +438,18 @@ mod tests {
         );
         // Padding that spills into a second block.
         assert_eq!(sha256_hex(&[b'a'; 64]), "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb");
+    }
+
+    #[test]
+    fn names_are_words() {
+        assert!(names_word("@GwBot hello", "@gwbot"));
+        assert!(names_word("gwbot: hello", "gwbot"));
+        assert!(names_word("hi gwbot", "gwbot"));
+        assert!(names_word("/status@gwbot", "@gwbot"));
+        assert!(!names_word("gwbots are fun", "gwbot"));
+        assert!(!names_word("xgwbot", "gwbot"));
+        assert!(!names_word("@gwbot_x", "@gwbot"));
+        assert!(!names_word("anything", ""));
     }
 
     #[test]

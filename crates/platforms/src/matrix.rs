@@ -5,10 +5,14 @@
 //!   token, e.g. from a login or the homeserver's admin API). The adapter checks it with
 //!   `whoami` at start: `M_UNKNOWN_TOKEN` and friends park it "credentials rejected". No
 //!   password login: a token does not rotate the device, so transaction ids stay idempotent.
-//! - **Rooms.** `allowed_chats` are room ids (or aliases) joined at start; messages from other
-//!   rooms and our own messages are ignored; invites are accepted only to allowed rooms (to any
-//!   room when `allowed_chats` is empty). End-to-end encryption is out of scope: messages in
-//!   encrypted rooms are not seen.
+//! - **Rooms.** `allowed_chats` are room ids (or aliases) joined at start; our own messages are
+//!   ignored, and every other text message goes to the host, marked `listed` when its room is
+//!   an allowed one (aliases resolved), a direct chat when the room has two members (the bot
+//!   and one person; `joined_members`, cached a minute), and addressed when it mentions the
+//!   bot (`m.mentions`, or its user id in the body). Invites are accepted to allowed rooms, to
+//!   direct chats (an invite that says `is_direct`) unless `access = "allowlist"`, and to any
+//!   room with `access = "open"` and no `allowed_chats`. End-to-end encryption is out of
+//!   scope: messages in encrypted rooms are not seen.
 //! - **Nothing lost.** Each `m.room.message` text is handed to the [`Host`] (journaled, event id
 //!   as the dedup key) before the `since` token moves past it. The token is kept in
 //!   `<home>/platforms/matrix-<name>.json` (written atomically), so the successor resumes where
@@ -39,12 +43,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use gatewarden_chatproto::matrix::{Client, Error as MxError, ErrorKind, TextMessage};
-use gatewarden_config::PlatformConfig;
+use gatewarden_config::{Access, PlatformConfig};
 use gatewarden_lifecycle::fsio;
 use serde::{Deserialize, Serialize};
 
 use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
-use crate::{AdapterError, Host, Inbound};
+use crate::{AdapterError, ChatKind, Host, Inbound};
 
 /// Bound on every call besides the sync's own long-poll timeout.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -86,9 +90,42 @@ fn pieces(text: &str) -> Vec<String> {
     skeleton::pieces(text, &Proto::LIMITS)
 }
 
-fn inbound(m: TextMessage) -> Inbound {
+/// One text message as the host gets it: `chat` and `listed` as the room is (the policy,
+/// crates/runtime/src/access/, decides what they mean).
+fn inbound(m: TextMessage, chat: ChatKind, listed: bool) -> Inbound {
     let sent_at = (m.origin_server_ts > 0).then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(m.origin_server_ts));
-    Inbound { event_id: m.event_id, chat_id: m.room_id, user_id: m.sender, text: m.body, sent_at }
+    Inbound {
+        event_id: m.event_id,
+        chat_id: m.room_id,
+        user_id: m.sender,
+        text: m.body,
+        sent_at,
+        chat,
+        listed,
+        addressed: m.mentions_me,
+    }
+}
+
+/// How long a room's member count is trusted (a direct chat someone else joins becomes a
+/// group within this).
+const MEMBERS_TTL: Duration = Duration::from_secs(60);
+/// Rooms whose member count is cached at most.
+const MEMBERS_CACHE: usize = 1024;
+
+/// Which invites the bot accepts (module notes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Invites {
+    /// Direct chats: anyone may ask to pair (not under `allowlist`).
+    direct: bool,
+    /// Any room (`access = "open"` without `allowed_chats`).
+    any: bool,
+}
+
+impl Invites {
+    fn of(cfg: &PlatformConfig) -> Invites {
+        let access = cfg.access();
+        Invites { direct: access != Access::Allowlist, any: access == Access::Open && cfg.allowed_chats.is_empty() }
+    }
 }
 
 /// The Matrix adapter.
@@ -102,6 +139,7 @@ pub struct Proto {
     out: gatewarden_net::Outbound,
     name: String,
     allowed: Vec<String>,
+    invites: Invites,
     poll_timeout: Duration,
 }
 
@@ -120,6 +158,7 @@ impl Skeleton<Proto> {
             out,
             name,
             allowed: cfg.allowed_chats.clone(),
+            invites: Invites::of(cfg),
             poll_timeout: Duration::from_secs(cfg.poll_timeout_s),
         };
         Ok(Skeleton::from_protocol(cfg, proto))
@@ -173,7 +212,9 @@ impl Protocol for Proto {
         let rx = Syncer {
             client: self.client()?,
             allowed: self.allowed.clone(),
+            invites: self.invites,
             rooms: Vec::new(),
+            members: std::collections::HashMap::new(),
             poll_timeout: self.poll_timeout,
             cursor,
             cursor_path,
@@ -229,8 +270,11 @@ struct Pending {
 pub struct Syncer {
     client: Client,
     allowed: Vec<String>,
+    invites: Invites,
     /// The room ids the allowed rooms resolved to.
     rooms: Vec<String>,
+    /// Joined members per room, and when it was read (a room of two is a direct chat).
+    members: std::collections::HashMap<String, (usize, Instant)>,
     poll_timeout: Duration,
     cursor: Cursor,
     cursor_path: Option<PathBuf>,
@@ -242,8 +286,31 @@ pub struct Syncer {
 }
 
 impl Syncer {
-    fn allowed_room(&self, room: &str) -> bool {
-        self.allowed.is_empty() || self.rooms.iter().any(|r| r == room)
+    /// `allowed_chats` names the room (an alias counts once resolved at connect).
+    fn listed(&self, room: &str) -> bool {
+        self.rooms.iter().any(|r| r == room) || self.allowed.iter().any(|a| a == room)
+    }
+
+    /// A room of two (the bot and one person) is a direct chat. A count that cannot be read
+    /// makes it a group: no pairing reply, and it needs a mention.
+    fn chat_kind(&mut self, room: &str) -> ChatKind {
+        let fresh = self.members.get(room).filter(|(_, at)| at.elapsed() < MEMBERS_TTL).map(|(n, _)| *n);
+        let n = match fresh {
+            Some(n) => n,
+            None => match self.client.joined_member_count(room) {
+                Ok(n) => {
+                    if self.members.len() >= MEMBERS_CACHE {
+                        self.members.retain(|_, (_, at)| at.elapsed() < MEMBERS_TTL);
+                    }
+                    if self.members.len() < MEMBERS_CACHE {
+                        self.members.insert(room.to_owned(), (n, Instant::now()));
+                    }
+                    n
+                }
+                Err(_) => return ChatKind::Group,
+            },
+        };
+        if n == 2 { ChatKind::Direct } else { ChatKind::Group }
     }
 
     /// The messages of `room` a limited sync skipped, oldest first: pages back from `prev` (the
@@ -308,7 +375,7 @@ impl skeleton::Receiver for Syncer {
         let mut messages = Vec::new();
         let mut skipped: Vec<&String> = Vec::new();
         if let Some(since) = &self.cursor.since {
-            for room in batch.gaps.iter().filter(|r| self.allowed_room(r)) {
+            for room in &batch.gaps {
                 let prev = batch.prev_batches.iter().find(|(r, _)| r == room).map(|(_, p)| p.as_str());
                 match prev.map(|p| self.backfill(room, p, since)) {
                     Some(Ok((mut older, whole))) => {
@@ -328,7 +395,8 @@ impl skeleton::Receiver for Syncer {
         });
         messages.extend(batch.messages);
         for room in &batch.invites {
-            if self.allowed.is_empty() || self.allowed.iter().any(|a| a == room) {
+            let direct = batch.direct_invites.contains(room);
+            if self.invites.any || self.allowed.iter().any(|a| a == room) || (direct && self.invites.direct) {
                 // A failure is retried at the next sync, which reports the invite again.
                 let _ = self.client.join(room);
             }
@@ -340,11 +408,14 @@ impl skeleton::Receiver for Syncer {
         let messages: Vec<Inbound> = if first && since_ok.is_none() {
             Vec::new()
         } else {
-            messages
-                .into_iter()
-                .filter(|m| self.allowed_room(&m.room_id) && t0.is_none_or(|t0| m.origin_server_ts >= t0))
-                .map(inbound)
-                .collect()
+            let fresh: Vec<TextMessage> =
+                messages.into_iter().filter(|m| t0.is_none_or(|t0| m.origin_server_ts >= t0)).collect();
+            let mut out = Vec::with_capacity(fresh.len());
+            for m in fresh {
+                let (kind, listed) = (self.chat_kind(&m.room_id), self.listed(&m.room_id));
+                out.push(inbound(m, kind, listed));
+            }
+            out
         };
         let idle = messages.is_empty() && !(first && since_ok.is_none()) && !self.resync;
         self.pending = Some(Pending { next_batch: batch.next_batch, idle });
@@ -474,9 +545,11 @@ mod tests {
             sender: "@a:hs".into(),
             body: "hi".into(),
             origin_server_ts: 0,
+            mentions_me: true,
         };
-        let i = inbound(m);
+        let i = inbound(m, ChatKind::Group, true);
         assert_eq!((i.event_id.as_str(), i.chat_id.as_str(), i.user_id.as_str()), ("$e", "!r:hs", "@a:hs"));
         assert_eq!(i.sent_at, None);
+        assert_eq!((i.chat, i.listed, i.addressed), (ChatKind::Group, true, true));
     }
 }

@@ -27,7 +27,10 @@
 //!   carried. Slack may send on any open connection: every receive reads them all.
 //! - **Threads.** A message in a thread is the chat `<channel>/<thread_ts>` (its own
 //!   conversation), and the reply goes to the same thread (`thread_ts`); a top-level message is
-//!   the chat `<channel>`. `allowed_chats` and `admins` are channel and user ids.
+//!   the chat `<channel>`. `allowed_chats` and `admins` are channel and user ids. Every message
+//!   goes to the host: an `im`'s as a direct chat's, a channel's marked `listed` when
+//!   `allowed_chats` names it and addressed when it mentions the bot (`<@U…>`, `app_mention`) or
+//!   replies in a thread under the bot's message; the access policy decides.
 //! - **Replies.** `chat.postMessage`, at most [`MAX_TEXT_CHARS`] characters a piece, `&`, `<`
 //!   and `>` escaped as Slack asks; a 429 waits its `Retry-After` (the method's per-channel
 //!   limit). No idempotency key: a crash between a post and the outbox commit posts that piece
@@ -60,7 +63,7 @@ use serde_json::{Value, json};
 use tungstenite::{Message, WebSocket};
 
 use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
-use crate::{AdapterError, Host, Inbound};
+use crate::{AdapterError, ChatKind, Host, Inbound};
 
 /// The public Web API.
 pub const DEFAULT_API_BASE: &str = "https://slack.com/api/";
@@ -311,8 +314,11 @@ fn ts_time(ts: &str) -> Option<SystemTime> {
 const ANSWERED_SUBTYPES: &[&str] = &["thread_broadcast", "file_share"];
 
 /// The inbound message of one `events_api` payload (`None`: not one the agent answers).
-/// `me` is our bot's user id.
-fn parse_event(payload: &Value, me: Option<&str>) -> Option<Inbound> {
+/// `me` is our bot's user id, `allowed` is `allowed_chats`. A message in an `im` is a direct
+/// chat's (`channel_type`, else a `D…` channel id); anywhere else it is addressed when it is an
+/// `app_mention`, its text mentions us (`<@U…>`) or it is a thread reply under our message
+/// (`parent_user_id`; api.slack.com/events/message).
+fn parse_event(payload: &Value, me: Option<&str>, allowed: &[String]) -> Option<Inbound> {
     let e = &payload["event"];
     if !matches!(e["type"].as_str(), Some("message" | "app_mention")) {
         return None;
@@ -335,7 +341,26 @@ fn parse_event(payload: &Value, me: Option<&str>) -> Option<Inbound> {
         None => channel.to_owned(),
     };
     let sent_at = e["ts"].as_str().and_then(ts_time);
-    Some(Inbound { event_id: key, chat_id: chat, user_id: user.to_owned(), text: text.to_owned(), sent_at })
+    let direct = match e["channel_type"].as_str() {
+        Some(t) => t == "im",
+        None => channel.starts_with('D'),
+    };
+    let addressed = e["type"] == "app_mention"
+        || me.is_some_and(|me| {
+            text.contains(&format!("<@{me}>"))
+                || text.contains(&format!("<@{me}|"))
+                || e["parent_user_id"].as_str() == Some(me)
+        });
+    Some(Inbound {
+        event_id: key,
+        chat_id: chat,
+        user_id: user.to_owned(),
+        text: text.to_owned(),
+        sent_at,
+        chat: if direct { ChatKind::Direct } else { ChatKind::Group },
+        listed: allowed.iter().any(|a| a == channel),
+        addressed,
+    })
 }
 
 /// A TCP stream, with TLS from crates/net or (a loopback fake) without.
@@ -576,12 +601,9 @@ impl SocketMode {
                     self.acks.push((cid, env.to_owned()));
                 }
                 if v["type"] == "events_api"
-                    && let Some(msg) = parse_event(&v["payload"], self.me.as_deref())
+                    && let Some(msg) = parse_event(&v["payload"], self.me.as_deref(), &self.allowed)
                 {
-                    let (channel, _) = split_chat(&msg.chat_id);
-                    if self.allowed.is_empty() || self.allowed.iter().any(|a| a == channel) {
-                        out.push(msg);
-                    }
+                    out.push(msg);
                 }
             }
         }
@@ -871,13 +893,13 @@ mod tests {
         let p = payload(
             json!({"type": "message", "user": "U1", "text": "hi", "channel": "C1", "ts": "1700000000.000100", "client_msg_id": "m-1"}),
         );
-        let m = parse_event(&p, Some("UBOT")).unwrap();
+        let m = parse_event(&p, Some("UBOT"), &[]).unwrap();
         assert_eq!((m.event_id.as_str(), m.chat_id.as_str(), m.user_id.as_str()), ("msg:m-1", "C1", "U1"));
         assert_eq!(m.sent_at, Some(SystemTime::UNIX_EPOCH + Duration::from_micros(1_700_000_000_000_100)));
         let t = payload(
             json!({"type": "app_mention", "user": "U1", "text": "<@UBOT> hi", "channel": "C1", "ts": "2.0", "thread_ts": "1.5"}),
         );
-        let m = parse_event(&t, Some("UBOT")).unwrap();
+        let m = parse_event(&t, Some("UBOT"), &[]).unwrap();
         assert_eq!((m.event_id.as_str(), m.chat_id.as_str()), ("ev:Ev1", "C1/1.5"));
         assert_eq!(split_chat("C1/1.5"), ("C1", Some("1.5")));
         assert_eq!(split_chat("C1"), ("C1", None));
@@ -891,17 +913,41 @@ mod tests {
             e[k] = v;
             payload(e)
         };
-        assert!(parse_event(&payload(base.clone()), None).is_some());
+        assert!(parse_event(&payload(base.clone()), None, &[]).is_some());
         for sub in ["message_changed", "bot_message", "channel_join", "message_deleted"] {
-            assert!(parse_event(&with("subtype", json!(sub)), None).is_none(), "{sub}");
+            assert!(parse_event(&with("subtype", json!(sub)), None, &[]).is_none(), "{sub}");
         }
-        assert!(parse_event(&with("subtype", json!("thread_broadcast")), None).is_some());
-        assert!(parse_event(&with("bot_id", json!("B1")), None).is_none());
-        assert!(parse_event(&payload(base.clone()), Some("U1")).is_none(), "our own bot user");
-        assert!(parse_event(&with("text", json!("  ")), None).is_none());
-        assert!(parse_event(&with("type", json!("reaction_added")), None).is_none());
-        assert!(parse_event(&with("channel", json!("C1/x")), None).is_none());
-        assert!(parse_event(&json!("garbage"), None).is_none());
+        assert!(parse_event(&with("subtype", json!("thread_broadcast")), None, &[]).is_some());
+        assert!(parse_event(&with("bot_id", json!("B1")), None, &[]).is_none());
+        assert!(parse_event(&payload(base.clone()), Some("U1"), &[]).is_none(), "our own bot user");
+        assert!(parse_event(&with("text", json!("  ")), None, &[]).is_none());
+        assert!(parse_event(&with("type", json!("reaction_added")), None, &[]).is_none());
+        assert!(parse_event(&with("channel", json!("C1/x")), None, &[]).is_none());
+        assert!(parse_event(&json!("garbage"), None, &[]).is_none());
+    }
+
+    /// An `im` is a direct chat; in a channel, a mention, an `app_mention` or a reply under the
+    /// bot's message addresses it; `listed` is what allowed_chats says of the channel.
+    #[test]
+    fn direct_chats_mentions_and_thread_replies() {
+        let ev = |x: Value| {
+            let mut e = json!({"type": "message", "user": "U1", "text": "hi", "channel": "C1", "ts": "1.1",
+                               "channel_type": "channel"});
+            if let (Some(e), Some(x)) = (e.as_object_mut(), x.as_object()) {
+                e.extend(x.clone());
+            }
+            parse_event(&json!({"event": e, "event_id": "Ev"}), Some("UBOT"), &["C1".to_owned()]).unwrap()
+        };
+        let plain = ev(json!({}));
+        assert_eq!((plain.chat, plain.listed, plain.addressed), (ChatKind::Group, true, false));
+        let im = ev(json!({"channel": "D9", "channel_type": "im"}));
+        assert_eq!((im.chat, im.listed), (ChatKind::Direct, false));
+        assert_eq!(ev(json!({"channel": "D9", "channel_type": null})).chat, ChatKind::Direct);
+        assert!(ev(json!({"text": "<@UBOT> what now"})).addressed);
+        assert!(ev(json!({"text": "<@UBOT|gw> what now"})).addressed);
+        assert!(ev(json!({"type": "app_mention"})).addressed);
+        assert!(ev(json!({"thread_ts": "1.0", "parent_user_id": "UBOT"})).addressed);
+        assert!(!ev(json!({"thread_ts": "1.0", "parent_user_id": "U2", "text": "<@U2> hi"})).addressed);
     }
 
     #[test]

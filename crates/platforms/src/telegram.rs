@@ -48,7 +48,7 @@ use gatewarden_net::Outbound;
 use serde_json::{Value, json};
 
 use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
-use crate::{AdapterError, Host, Inbound, MenuCommand};
+use crate::{AdapterError, ChatKind, Host, Inbound, MenuCommand, names_word};
 
 /// The public Bot API.
 pub const DEFAULT_API_BASE: &str = "https://api.telegram.org";
@@ -229,6 +229,7 @@ impl Protocol for Proto {
             poll_timeout: self.poll_timeout,
             offset: Arc::clone(&self.offset),
             pending: None,
+            me: Me::default(),
         };
         Ok((rx, Poster { api: self.api() }))
     }
@@ -253,15 +254,42 @@ fn budgeted_poll(own: Duration, budget: Option<Duration>) -> Option<Duration> {
     }
 }
 
-/// Turns one update into an inbound message (`None`: not a text message).
-fn parse_update(u: &Value) -> Option<Inbound> {
+/// The bot as `getMe` names it: a mention is `@username` (or a `text_mention` of its id), a
+/// reply is one to a message `from` its id (https://core.telegram.org/bots/api#messageentity,
+/// #message `reply_to_message`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Me {
+    id: Option<i64>,
+    username: Option<String>,
+}
+
+/// Turns one update into an inbound message (`None`: not a text message). `allowed` is
+/// `allowed_chats`.
+fn parse_update(u: &Value, me: &Me, allowed: &[String]) -> Option<Inbound> {
     let id = u["update_id"].as_i64()?;
     let m = &u["message"];
     let text = m["text"].as_str()?;
     let chat = id_string(&m["chat"]["id"])?;
     let user = id_string(&m["from"]["id"]).unwrap_or_default();
     let sent_at = m["date"].as_u64().map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s));
-    Some(Inbound { event_id: id.to_string(), chat_id: chat, user_id: user, text: text.to_owned(), sent_at })
+    // "private", "group", "supergroup" or "channel" (https://core.telegram.org/bots/api#chat).
+    let kind =
+        if m["chat"]["type"].as_str().is_none_or(|t| t == "private") { ChatKind::Direct } else { ChatKind::Group };
+    let mentioned = me.username.as_deref().is_some_and(|n| names_word(text, &format!("@{n}")))
+        || m["entities"].as_array().is_some_and(|es| {
+            es.iter().any(|e| e["type"] == "text_mention" && me.id.is_some_and(|i| e["user"]["id"].as_i64() == Some(i)))
+        });
+    let replied = me.id.is_some_and(|i| m["reply_to_message"]["from"]["id"].as_i64() == Some(i));
+    Some(Inbound {
+        event_id: id.to_string(),
+        listed: allowed.contains(&chat),
+        chat_id: chat,
+        user_id: user,
+        text: text.to_owned(),
+        sent_at,
+        chat: kind,
+        addressed: mentioned || replied,
+    })
 }
 
 fn id_string(v: &Value) -> Option<String> {
@@ -295,13 +323,16 @@ pub struct Poller {
     offset: Arc<AtomicI64>,
     /// The offset past the last batch, confirmed once it is journaled.
     pending: Option<i64>,
+    /// Who the bot is (`getMe`), for mentions and replies in groups.
+    me: Me,
 }
 
 impl skeleton::Receiver for Poller {
     /// `getMe` first: "connected" and "credentials rejected" are known at once, not after the
     /// first long poll ends.
     fn connect(&mut self, ctx: &Ctx) -> Result<(), Failure> {
-        self.api.call("getMe", &json!({}), Duration::from_secs(10)).map(drop).map_err(ApiError::failure)?;
+        let me = self.api.call("getMe", &json!({}), Duration::from_secs(10)).map_err(ApiError::failure)?;
+        self.me = Me { id: me["id"].as_i64(), username: me["username"].as_str().map(str::to_owned) };
         for (scope, commands) in menus(&ctx.host().menu(), &self.admins) {
             sync_menu(&self.api, ctx, &scope, &commands);
         }
@@ -326,9 +357,9 @@ impl skeleton::Receiver for Poller {
             if id < offset {
                 continue; // confirmed already
             }
-            if let Some(msg) = parse_update(u)
-                && (self.allowed.is_empty() || self.allowed.contains(&msg.chat_id))
-            {
+            // Every text message goes to the host: whether it is served is the access policy's
+            // to decide (crates/runtime/src/access/), with `listed` saying what allowed_chats says.
+            if let Some(msg) = parse_update(u, &self.me, &self.allowed) {
                 messages.push(msg);
             }
             let next = id.saturating_add(1);
@@ -457,15 +488,47 @@ mod tests {
 
     #[test]
     fn updates_parse_and_odd_ones_are_skipped() {
+        let me = Me::default();
         let u = json!({"update_id": 7, "message": {"text": "hi", "chat": {"id": -100}, "from": {"id": 42}, "date": 1}});
-        let m = parse_update(&u).unwrap();
+        let m = parse_update(&u, &me, &[]).unwrap();
         assert_eq!(
             (m.event_id.as_str(), m.chat_id.as_str(), m.user_id.as_str(), m.text.as_str()),
             ("7", "-100", "42", "hi")
         );
-        assert!(parse_update(&json!({"update_id": 8, "edited_message": {}})).is_none());
-        assert!(parse_update(&json!({"update_id": 9, "message": {"photo": [], "chat": {"id": 1}}})).is_none());
-        assert!(parse_update(&json!("garbage")).is_none());
+        assert!(parse_update(&json!({"update_id": 8, "edited_message": {}}), &me, &[]).is_none());
+        assert!(
+            parse_update(&json!({"update_id": 9, "message": {"photo": [], "chat": {"id": 1}}}), &me, &[]).is_none()
+        );
+        assert!(parse_update(&json!("garbage"), &me, &[]).is_none());
+    }
+
+    /// Groups and private chats as `chat.type` says; a group message is addressed by
+    /// `@username`, a `text_mention` of the bot or a reply to the bot's message; `listed` is
+    /// what allowed_chats says.
+    #[test]
+    fn chat_kinds_mentions_and_replies() {
+        let me = Me { id: Some(555), username: Some("gw_bot".into()) };
+        let msg = |chat: Value, text: &str, extra: Value| {
+            let mut m = json!({"text": text, "chat": chat, "from": {"id": 42}, "date": 1});
+            if let (Some(m), Some(x)) = (m.as_object_mut(), extra.as_object()) {
+                m.extend(x.clone());
+            }
+            parse_update(&json!({"update_id": 1, "message": m}), &me, &["-100".to_owned()]).unwrap()
+        };
+        let dm = msg(json!({"id": 42, "type": "private"}), "hello", json!({}));
+        assert_eq!((dm.chat, dm.listed, dm.addressed), (ChatKind::Direct, false, false));
+        let g = json!({"id": -100, "type": "supergroup"});
+        let plain = msg(g.clone(), "hello all", json!({}));
+        assert_eq!((plain.chat, plain.listed, plain.addressed), (ChatKind::Group, true, false));
+        assert!(msg(g.clone(), "@GW_bot what time is it", json!({})).addressed);
+        assert!(msg(g.clone(), "/status@gw_bot", json!({})).addressed);
+        assert!(!msg(g.clone(), "@gw_bot_fan hi", json!({})).addressed);
+        let tm = json!({"entities": [{"type": "text_mention", "offset": 0, "length": 2, "user": {"id": 555}}]});
+        assert!(msg(g.clone(), "gw hi", tm).addressed);
+        assert!(msg(g.clone(), "yes", json!({"reply_to_message": {"message_id": 3, "from": {"id": 555}}})).addressed);
+        assert!(!msg(g.clone(), "yes", json!({"reply_to_message": {"message_id": 3, "from": {"id": 9}}})).addressed);
+        let other = msg(json!({"id": -200, "type": "group"}), "hi", json!({}));
+        assert_eq!((other.chat, other.listed), (ChatKind::Group, false));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! - **Configuration.** `jid = "bot@example.org"` (the account; `token_env` names its
 //!   password), `server = "host:port"` (default: the JID's domain, port 5222; no DNS SRV
 //!   lookup), `rooms` (room JIDs to join), `nick` (the nick in rooms; default the JID's local
-//!   part), `allowed_chats` (bare JIDs whose direct messages are served; empty: anyone's),
+//!   part), `allowed_chats` (bare JIDs whose direct messages are `listed`: the access policy,
+//!   crates/runtime/src/access/, decides who is served),
 //!   `ca_file`. The stream is always STARTTLS, verified for the JID's domain with crates/net's
 //!   settings; SASL is SCRAM-SHA-1, or PLAIN inside TLS where that is all the server offers.
 //! - **One consumer per account.** The credential lock is keyed by the bare JID (lower-cased).
@@ -67,7 +68,10 @@ use gatewarden_lifecycle::fsio;
 use serde::{Deserialize, Serialize};
 
 use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
-use crate::{AdapterError, Host, Inbound};
+use crate::{AdapterError, ChatKind, Host, Inbound};
+
+/// XEP-0461 (Message Replies).
+const NS_REPLY: &str = "urn:xmpp:reply:0";
 
 /// How long one live read waits before the receive loop looks at its flags again.
 const READ_SLICE: Duration = Duration::from_millis(250);
@@ -366,7 +370,7 @@ pub struct Seen {
 
 /// Reads one message stanza (live, or forwarded by an archive whose id is `archive_id`).
 /// `own` is our bare JID, `rooms` the joined rooms (lower-cased), `nick` our nick in them,
-/// `allowed` the bare JIDs served in direct chats (empty: anyone). Total on hostile input.
+/// `allowed` the bare JIDs allowed_chats names (direct chats). Total on hostile input.
 pub fn classify(
     m: &Element,
     own: &BareJid,
@@ -416,7 +420,11 @@ pub fn classify_at(
     if body.trim().is_empty() || x::amends_another(m) {
         return none;
     }
-    let (chat, user) = match (&room, kind) {
+    // Every message goes to the host; the access policy (crates/runtime/src/access/) decides.
+    // A room is a group, listed (`rooms` names it) and addressed when the body names our nick
+    // or it replies to our message (XEP-0461 `<reply to='room/nick'/>`); a direct chat is
+    // listed when allowed_chats names its bare JID.
+    let (chat, user, chat_kind, listed, addressed) = match (&room, kind) {
         (Some(r), "groupchat") => {
             let Some(who) = x::resource(from).filter(|n| !n.is_empty()) else { return none };
             // Our own reflection, or history the room replays (delayed, stamped by the room).
@@ -424,16 +432,18 @@ pub fn classify_at(
             if who == nick || history {
                 return none;
             }
-            (r.clone(), format!("{r}/{who}"))
+            let replied = m
+                .children_named("reply", NS_REPLY)
+                .any(|rp| rp.attr("to").and_then(x::resource).is_some_and(|to| to == nick));
+            let addressed = replied || crate::names_word(&body, nick);
+            (r.clone(), format!("{r}/{who}"), ChatKind::Group, true, addressed)
         }
         (None, "chat" | "normal") => {
             if own.matches(from) || from_bare.is_empty() || !from_bare.contains('@') {
                 return none;
             }
-            if !allowed.is_empty() && !allowed.contains(&from_bare) {
-                return none;
-            }
-            (from_bare.clone(), from_bare.clone())
+            let listed = allowed.contains(&from_bare);
+            (from_bare.clone(), from_bare.clone(), ChatKind::Direct, listed, true)
         }
         _ => return none,
     };
@@ -443,7 +453,9 @@ pub fn classify_at(
         (None, Some(s)) => format!("s:{}:{s}", archive.as_deref().unwrap_or_default()),
         (None, None) => fallback_id(),
     };
-    Seen { inbound: Some(Inbound { event_id, chat_id: chat, user_id: user, text: body, sent_at }), archived }
+    let inbound =
+        Inbound { event_id, chat_id: chat, user_id: user, text: body, sent_at, chat: chat_kind, listed, addressed };
+    Seen { inbound: Some(inbound), archived }
 }
 
 /// A connection id unique across restarts: the connect time (µs) and the pid.
@@ -986,11 +998,27 @@ mod tests {
         assert!(t.states.len() <= MAX_TRACKED);
     }
 
+    /// A direct message is listed when allowed_chats names its bare JID (the policy decides the
+    /// rest); a room message is a listed group's, addressed by our nick or a reply to us.
     #[test]
-    fn allowed_chats_filter_direct_messages() {
+    fn chat_kinds_listing_and_mentions() {
         let own = BareJid::parse("bot@example.org").unwrap();
-        let m = parse_element("<message from='mallory@example.org/x' type='chat'><body>x</body></message>").unwrap();
         let allowed = vec!["alice@example.org".to_owned()];
-        assert_eq!(classify(&m, &own, &[], "gw", &allowed, None, || "c".into()).inbound, None);
+        let seen = |xml: &str| {
+            let m = parse_element(xml).unwrap();
+            let rooms = ["ops@muc.example.org".to_owned()];
+            classify(&m, &own, &rooms, "gw", &allowed, None, || "c".into()).inbound.unwrap()
+        };
+        let mallory = seen("<message from='mallory@example.org/x' type='chat'><body>x</body></message>");
+        assert_eq!((mallory.chat, mallory.listed), (ChatKind::Direct, false));
+        assert!(seen("<message from='Alice@example.org/x' type='chat'><body>x</body></message>").listed);
+        let room = seen("<message from='ops@muc.example.org/carol' type='groupchat'><body>hi all</body></message>");
+        assert_eq!((room.chat, room.listed, room.addressed), (ChatKind::Group, true, false));
+        assert!(
+            seen("<message from='ops@muc.example.org/carol' type='groupchat'><body>GW: hi</body></message>").addressed
+        );
+        let reply = "<message from='ops@muc.example.org/carol' type='groupchat'><body>yes</body>\
+                     <reply xmlns='urn:xmpp:reply:0' to='ops@muc.example.org/gw' id='1'/></message>";
+        assert!(seen(reply).addressed);
     }
 }

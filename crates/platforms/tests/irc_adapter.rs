@@ -45,7 +45,7 @@ fn routes_inbound_refuses_bad_targets_paces_lines_and_quits() {
         conflict_standby_s: 5,
         ..PlatformConfig::new(PlatformKind::Irc)
     };
-    let irc = Irc::new(&cfg, None).unwrap();
+    let irc = Irc::new(&cfg, None, None).unwrap();
     assert_eq!(irc.credential(), format!("{}/gwbot", s.addr()));
     let host = Arc::new(MemHost::silent());
     irc.start(host.clone()).unwrap();

@@ -48,7 +48,7 @@ fn the_adapter_talks_over_tls_and_refuses_an_untrusted_server() {
     let mut carol = Connection::connect(&cfg).unwrap();
     carol.join("#tls", WAIT).unwrap();
 
-    let irc = Irc::new(&config(format!("localhost:{}", tls_addr.port()), &ca_file), None).unwrap();
+    let irc = Irc::new(&config(format!("localhost:{}", tls_addr.port()), &ca_file), None, None).unwrap();
     let host = Arc::new(MemHost::echoing());
     irc.start(host.clone()).unwrap();
     wait("connected", || irc.status().state() == State::Connected);
@@ -79,7 +79,7 @@ fn the_adapter_talks_over_tls_and_refuses_an_untrusted_server() {
     let e = Connection::connect(&cfg).unwrap_err();
     assert!(matches!(&e, Error::Tls { .. } | Error::Timeout(_)), "{e}");
 
-    let irc = Irc::new(&config(format!("localhost:{}", tls_addr.port()), &stranger), None).unwrap();
+    let irc = Irc::new(&config(format!("localhost:{}", tls_addr.port()), &stranger), None, None).unwrap();
     irc.start(Arc::new(MemHost::echoing())).unwrap();
     wait("degraded", || matches!(irc.status().state(), State::Degraded(_)));
     let reason = irc.status().state().reason().unwrap_or_default().to_owned();
@@ -99,10 +99,7 @@ fn sasl_against_a_server_without_it_parks_the_adapter() {
     let ca_file = TestCa::new("unused").write_pem(dir.path(), "ca.pem");
     let mut cfg = config(s.addr().to_string(), &ca_file);
     cfg.tls = false;
-    cfg.sasl_password_env = Some("GW_TEST_IRC_SASL_PW".into());
-    // SAFETY: set before any thread of this test reads the environment; no other test uses it.
-    unsafe { std::env::set_var("GW_TEST_IRC_SASL_PW", "sasl-secret") };
-    let irc = Irc::new(&cfg, None).unwrap();
+    let irc = Irc::new(&cfg, None, Some("sasl-secret".into())).unwrap();
     irc.start(Arc::new(MemHost::echoing())).unwrap();
     wait("parked", || matches!(irc.status().state(), State::Parked(_)));
     let reason = irc.status().state().reason().unwrap_or_default().to_owned();

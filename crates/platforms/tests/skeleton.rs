@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use gatewarden_config::{PlatformConfig, PlatformKind};
 use gatewarden_platforms::skeleton::{Skeleton, pieces};
-use gatewarden_platforms::{Activity, Adapter, Host, Inbound, Sent, State};
+use gatewarden_platforms::{Activity, Adapter, ChatKind, Host, Inbound, Sent, State};
 
 // -- example begins --
 use gatewarden_platforms::skeleton::{
@@ -101,6 +101,11 @@ impl Receiver for ToyReceiver {
                     user_id: chat,
                     text,
                     sent_at: None,
+                    // A direct chat, not named by allowed_chats, needing no mention: the
+                    // access policy decides the rest (crates/runtime/src/access/).
+                    chat: ChatKind::Direct,
+                    listed: false,
+                    addressed: true,
                 })
                 .collect();
             Batch { messages, gap: None }

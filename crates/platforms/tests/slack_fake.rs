@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use gatewarden_config::{PlatformConfig, PlatformKind};
 use gatewarden_platforms::slack::Slack;
-use gatewarden_platforms::{Activity, Adapter, Host, Sent, State};
+use gatewarden_platforms::{Activity, Adapter, ChatKind, Host, Sent, State};
 use gatewarden_testkit::slackfake::{Call, FakeSlack, Options};
 use serde_json::json;
 use support::{MemHost, wait_for as wait};
@@ -210,23 +210,31 @@ fn a_refused_post_is_not_retried_and_a_refused_bot_token_parks() {
     s.close(Instant::now() + Duration::from_secs(2));
 }
 
+/// Every channel's message reaches the host, marked `listed` as allowed_chats says (the
+/// gateway's access policy decides; crates/runtime/src/access/), and a start after close works.
 #[test]
-fn only_allowed_channels_are_answered_and_start_after_close_works() {
+fn channels_are_marked_as_allowed_chats_says_and_start_after_close_works() {
     let fake = FakeSlack::start(quick()).unwrap();
     let mut cfg = config(&fake.api_base());
     cfg.allowed_chats = vec!["C1".into()];
     let (s, host) = start(&fake, cfg);
     fake.user_message("C2", "U1", "elsewhere", None);
     fake.user_message("C1", "U1", "in a thread here", Some("9.0"));
-    fake.wait_posted(1, Duration::from_secs(10)).unwrap();
+    fake.wait_posted(2, Duration::from_secs(10)).unwrap();
     wait("both acknowledged", Duration::from_secs(10), || fake.stats().pending == 0);
+    {
+        let inbox = host.inbox.lock().unwrap();
+        let listed: Vec<(&str, bool)> = inbox.iter().map(|m| (m.text.as_str(), m.listed)).collect();
+        assert_eq!(listed, [("elsewhere", false), ("in a thread here", true)]);
+        assert!(inbox.iter().all(|m| m.chat == ChatKind::Group && !m.addressed), "{inbox:?}");
+    }
     assert!(s.close(Instant::now() + Duration::from_secs(3)));
     // Closed: what arrives now waits unacknowledged for the next start.
     fake.user_message("C1", "U1", "after close", None);
     s.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
-    fake.wait_posted(2, Duration::from_secs(10)).unwrap();
-    assert_eq!(texts(&fake), ["echo: in a thread here", "echo: after close"]);
-    assert_eq!(host.inbox.lock().unwrap().len(), 2);
+    fake.wait_posted(3, Duration::from_secs(10)).unwrap();
+    assert_eq!(texts(&fake)[2], "echo: after close");
+    assert_eq!(host.inbox.lock().unwrap().len(), 3);
     s.close(Instant::now() + Duration::from_secs(3));
 }
 

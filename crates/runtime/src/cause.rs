@@ -1,12 +1,12 @@
-//! What ends an incarnation: the causes the main loop classifies ([`Cause`]) and the decision
-//! it reports ([`Outcome`]). A leaf module, so every producer of causes (control channel, chat
+//! What ends an incarnation: the causes the main loop classifies ([`Cause`], a reload among
+//! them, which ends nothing) and the decision it reports ([`Outcome`]). A leaf module, so every producer of causes (control channel, chat
 //! commands, the marker watch, the adapters' role task) and the restart routes depend on it
 //! rather than on the crate root.
 
 use gatewarden_control::Requester;
 use gatewarden_lifecycle::ExitIntent;
 
-use crate::signals::SignalKind;
+use crate::signals::Signal;
 
 /// What the control channel asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,17 +19,21 @@ pub enum ControlKind {
 /// Everything that can end (or try to end) the main loop.
 #[derive(Debug)]
 pub enum Cause {
-    Signal(SignalKind),
+    /// An OS signal, with its sender where the OS tells (signals/).
+    Signal(Signal),
     Control {
         kind: ControlKind,
         requester: Requester,
+        /// Who is told whether a restart was carried out or refused (`Asker::Nobody` for stops).
+        asker: Asker,
     },
     /// Cancel the drain under way (only a restart's can be: `drain::may_cancel`); the answer
     /// goes back on `reply` once the gateway runs again, or says why not.
-    CancelDrain {
-        requester: Requester,
-        reply: tokio::sync::oneshot::Sender<gatewarden_control::Response>,
-    },
+    CancelDrain { requester: Requester, reply: tokio::sync::oneshot::Sender<gatewarden_control::Response> },
+    /// Re-read the configuration and apply what can change live (reload.rs). `requester` is
+    /// the ledger's (a control client, or a SIGHUP's sender); the answer goes back on `reply`
+    /// when someone waits for it.
+    Reload { requester: serde_json::Value, reply: Option<tokio::sync::oneshot::Sender<gatewarden_control::Response>> },
     /// A marker file changed; the main loop re-probes.
     MarkerChanged,
     /// The gateway cannot serve as configured (a cluster active's only adapter finds its
@@ -45,11 +49,14 @@ pub struct Outcome {
     /// PID 1's planned restart: the binary executes this instead of exiting
     /// ([`Reexec::exec`]), after the lock and the runtime are gone.
     pub reexec: Option<Reexec>,
+    /// The owner's stop (a bare SIGTERM to a container's PID 1 or under a declared
+    /// supervisor): drained within `drain::Budget::owner_stop` instead of the configured drain.
+    pub owner_stop: bool,
 }
 
 impl Outcome {
     pub fn new(intent: ExitIntent, reason: impl Into<String>) -> Outcome {
-        Outcome { intent, reason: reason.into(), reexec: None }
+        Outcome { intent, reason: reason.into(), reexec: None, owner_stop: false }
     }
 }
 
@@ -69,5 +76,27 @@ impl Reexec {
         let mut cmd = std::process::Command::new(&self.exe);
         cmd.args(&self.args);
         gatewarden_lifecycle::platform::spawn::exec_in_place(cmd, self.listener)
+    }
+}
+
+/// Who waits to hear whether a restart goes ahead (`restart::begin`): `Ok` with what happens,
+/// or `Err` with why not (the running incarnation keeps serving).
+#[derive(Debug, Default)]
+pub enum Asker {
+    /// A signal, or a request already answered: the ledger and the log say it.
+    #[default]
+    Nobody,
+    /// A control client or an HTTP caller waits for the verdict.
+    Waiting(tokio::sync::oneshot::Sender<Result<String, String>>),
+    /// A chat platform's chat, answered "restarting…" already: a refusal follows through the
+    /// outbox.
+    Chat { platform: String, chat_id: String },
+}
+
+impl Asker {
+    /// A waiting asker and its end of the channel.
+    pub fn waiting() -> (Asker, tokio::sync::oneshot::Receiver<Result<String, String>>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (Asker::Waiting(tx), rx)
     }
 }

@@ -39,7 +39,7 @@ pub fn start(app: &Arc<App>, s: &ClusterSettings) -> Result<(), String> {
     let gw = &app.gw;
     let c = &s.config;
     let timing = Timing::new(c.lease_ttl(), c.renew_interval()).map_err(|e| format!("[cluster]: {e}"))?;
-    let backend = PgLease::new(&c.store_url(), s.password.as_deref(), &c.name)
+    let backend = PgLease::new(&c.store_url(), s.password.as_ref().map(|p| p.expose()), &c.name)
         .map_err(|e| format!("[cluster] store: {e}"))?
         // Tells the gateways' sessions apart in pg_stat_activity.
         .with_application_name(&format!("gatewarden pid {}", gw.me.pid));
@@ -79,6 +79,15 @@ pub fn start(app: &Arc<App>, s: &ClusterSettings) -> Result<(), String> {
                 Change::Promoted { epoch, since } => {
                     crate::info!("cluster: active, epoch {epoch}");
                     gw.record("cluster_promoted", json!({"epoch": epoch, "since": since}));
+                    // The pairing book as the old active left it, before any adapter starts.
+                    let gate = Arc::clone(&app.work.gate);
+                    match tokio::task::spawn_blocking(move || gate.book.refresh()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            crate::warn!("cluster: cannot read the pairing book: {e}; read again before each decision")
+                        }
+                        Err(e) => crate::warn!("cluster: cannot read the pairing book: {e}"),
+                    }
                     app.platforms.role_changed(RoleEvent::Promoted { epoch });
                     if started {
                         app.work.resume_queued(Arc::clone(gw));
@@ -127,6 +136,21 @@ pub async fn release(app: &App) {
     }
 }
 
+/// What a standby answers a request only the active serves: who the active is.
+pub fn standby_words(gw: &crate::gateway::Gateway) -> String {
+    let snap = gw.cluster.get().map(|h| h.snapshot());
+    let active = snap.as_ref().and_then(|s| s.active.as_ref()).filter(|a| a.live);
+    let listen = active.and_then(|a| a.holder.listen.clone());
+    let name = snap.as_ref().map(|s| s.name.clone()).unwrap_or_default();
+    match (&listen, active) {
+        (Some(l), Some(a)) => format!(
+            "this gateway is a standby in cluster {name}; the active serves http://{l} (host {})",
+            a.holder.host
+        ),
+        _ => format!("this gateway is a standby in cluster {name}; no active is known right now"),
+    }
+}
+
 /// A standby answers everything but `/v1/status` and `/metrics` with 503 and the active's
 /// address (header [`ACTIVE_HEADER`] and the JSON body); it does not forward.
 pub async fn standby_gate(State(gw): State<Arc<App>>, req: Request, next: Next) -> Response {
@@ -137,11 +161,7 @@ pub async fn standby_gate(State(gw): State<Arc<App>>, req: Request, next: Next) 
     let snap = gw.cluster.get().map(|h| h.snapshot());
     let active = snap.as_ref().and_then(|s| s.active.as_ref()).filter(|a| a.live);
     let listen = active.and_then(|a| a.holder.listen.clone());
-    let name = snap.as_ref().map(|s| s.name.clone()).unwrap_or_default();
-    let message = match &listen {
-        Some(l) => format!("this gateway is a standby in cluster {name}; the active serves http://{l}"),
-        None => format!("this gateway is a standby in cluster {name}; no active is known right now"),
-    };
+    let message = standby_words(&gw);
     let body = json!({"error": {
         "type": "standby",
         "message": message,

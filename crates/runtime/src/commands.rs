@@ -21,10 +21,15 @@ pub enum Command {
     Approve,
     /// …: no.
     Deny,
+    /// `/approve CODE`: approve the sender a pairing code was given to (admins). Told from a
+    /// hermes approval's `/approve` by its argument's shape (access/pairing.rs `is_code`).
+    Pair,
+    /// `/revoke USER`: take a sender's approval back (admins).
+    Revoke,
 }
 
 /// `/help`'s reply.
-pub const HELP: &str = "commands: /status, /new (fresh conversation), /cancel (stop the reply being written), /approve or /deny (what the agent asks), /restart (admins), /stop (admins), /update (admins), /help";
+pub const HELP: &str = "commands: /status, /new (fresh conversation), /cancel (stop the reply being written), /approve or /deny (what the agent asks), /restart (admins), /stop (admins), /update (admins), /approve CODE and /revoke USER (admins: who may talk to me), /help";
 
 impl Command {
     /// What the user typed, for replies.
@@ -37,14 +42,16 @@ impl Command {
             Command::New => "/new",
             Command::Update => "/update",
             Command::Cancel => "/cancel",
-            Command::Approve => "/approve",
+            Command::Approve | Command::Pair => "/approve",
             Command::Deny => "/deny",
+            Command::Revoke => "/revoke",
         }
     }
 
     /// Every command, in menu order: the platforms' command menus list these (a new command
-    /// belongs here too, or no menu shows it).
-    pub const ALL: [Command; 9] = [
+    /// belongs here too, or no menu shows it). [`Command::Pair`] is `/approve` with a code: the
+    /// menu's `/approve` entry covers it.
+    pub const ALL: [Command; 10] = [
         Command::Status,
         Command::New,
         Command::Cancel,
@@ -54,6 +61,7 @@ impl Command {
         Command::Restart,
         Command::Stop,
         Command::Update,
+        Command::Revoke,
     ];
 
     /// One line for a platform's command menu.
@@ -68,13 +76,20 @@ impl Command {
             Command::Cancel => "stop the reply being written",
             Command::Approve => "allow what the agent asks",
             Command::Deny => "refuse what the agent asks",
+            Command::Pair => "approve a pairing code (admins)",
+            Command::Revoke => "take a sender's approval back (admins)",
         }
     }
 
     /// Whether only an admin may run it (see [`Admins::may_run`]).
     pub fn needs_admin(self) -> bool {
-        matches!(self, Command::Restart | Command::Stop | Command::Update)
+        matches!(self, Command::Restart | Command::Stop | Command::Update | Command::Pair | Command::Revoke)
     }
+}
+
+/// The word after the command (`/approve XKGH5N7P` → `XKGH5N7P`), if any.
+pub fn argument(text: &str) -> Option<&str> {
+    text.split_whitespace().nth(1)
 }
 
 /// `/restart`, `/restart@botname` and `/restart now` are commands; `/unknown` and text that
@@ -90,8 +105,10 @@ pub fn parse_command(text: &str) -> Option<Command> {
         "new" => Command::New,
         "update" => Command::Update,
         "cancel" => Command::Cancel,
+        "approve" if argument(text).is_some_and(crate::access::pairing::is_code) => Command::Pair,
         "approve" => Command::Approve,
         "deny" => Command::Deny,
+        "revoke" => Command::Revoke,
         _ => return None,
     })
 }
@@ -125,6 +142,11 @@ pub struct Sender<'a> {
     pub user_id: &'a str,
 }
 
+/// `[[platform]] admins` by adapter name, as config.toml says.
+pub fn platform_admins(config: &gatewarden_config::Config) -> BTreeMap<String, Vec<String>> {
+    config.platform.iter().map(|p| (p.adapter_name(), p.admins.clone())).collect()
+}
+
 /// Who may run the admin commands, as config.toml says.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Admins {
@@ -151,10 +173,15 @@ impl Admins {
             }
     }
 
+    /// Whether `from` is an admin of the channel it came through (the rule of [`Admins::may_run`]).
+    pub fn is_admin(&self, from: Sender<'_>) -> bool {
+        self.may_run(Command::Stop, from)
+    }
+
     /// Who may answer an approval the agent asked in a chat (`/approve`, `/deny`): the user
     /// whose message started the run (`asker`), or an admin of the channel.
     pub fn may_answer(&self, from: Sender<'_>, asker: &str) -> bool {
-        from.user_id == asker || self.may_run(Command::Stop, from)
+        from.user_id == asker || self.is_admin(from)
     }
 
     /// The reply to a sender who may not run `cmd`.
@@ -205,6 +232,13 @@ mod tests {
         assert_eq!(parse_command("/cancel"), Some(Command::Cancel));
         assert_eq!(parse_command("/approve@bot"), Some(Command::Approve));
         assert_eq!(parse_command("/deny please"), Some(Command::Deny));
+        // A pairing code is told from a hermes approval by its shape.
+        assert_eq!(parse_command("/approve XKGH5N7P"), Some(Command::Pair));
+        assert_eq!(parse_command("/approve@bot xkgh5n7p"), Some(Command::Pair));
+        assert_eq!(parse_command("/approve it"), Some(Command::Approve));
+        assert_eq!(parse_command("/approve XKGH0N7P"), Some(Command::Approve), "0 is not in a code");
+        assert_eq!(parse_command("/revoke 102"), Some(Command::Revoke));
+        assert_eq!(argument("/revoke  102 now"), Some("102"));
         assert_eq!(parse_command("please /restart"), None);
         assert_eq!(parse_command("/unknown"), None);
         assert_eq!(parse_command(""), None);
@@ -247,6 +281,17 @@ mod tests {
             }
         }
         assert_eq!(decide("hello /restart", http("anyone"), &a), CommandOutcome::Message);
+    }
+
+    /// Pairing decisions in chat are an admin's, like /restart: a stranger cannot approve itself.
+    #[test]
+    fn pairing_commands_need_an_admin() {
+        let a = admins(true);
+        assert_eq!(decide("/approve XKGH5N7P", tg("42"), &a), CommandOutcome::Run(Command::Pair));
+        assert_eq!(decide("/revoke 7", tg("42"), &a), CommandOutcome::Run(Command::Revoke));
+        assert!(matches!(decide("/approve XKGH5N7P", tg("7"), &a), CommandOutcome::Refused { cmd: Command::Pair, .. }));
+        assert!(matches!(decide("/revoke 42", tg("7"), &a), CommandOutcome::Refused { cmd: Command::Revoke, .. }));
+        assert_eq!(decide("/approve", tg("7"), &a), CommandOutcome::Run(Command::Approve), "a hermes approval");
     }
 
     /// Over HTTP an admin is a listed id that came with the API token; without a token nobody is.

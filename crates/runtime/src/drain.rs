@@ -14,6 +14,41 @@ use tokio::sync::{Notify, watch};
 /// lib.rs, and the HTTP server's own leftovers in http/serve.rs).
 pub const CANCEL_GRACE: Duration = Duration::from_secs(5);
 
+/// The whole exit after the owner's SIGTERM (a container runtime, a declared supervisor:
+/// `Supervisor::bare_sigterm`), from the signal to the exit: below Docker's default 10 s grace
+/// (`docker stop -t`), far below Kubernetes' 30 s (`terminationGracePeriodSeconds`), so the
+/// owner never has to SIGKILL a draining gateway.
+pub const OWNER_STOP_BUDGET: Duration = Duration::from_secs(8);
+
+/// How long each part of a drain may take ([`Budget::worst_case`] adds them up).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Waiting for active runs (`drain_timeout`).
+    pub runs: Duration,
+    /// For runs cancelled after that to clean up (an exec backend's process group is killed).
+    pub cancel_grace: Duration,
+    /// The chat adapters' outbox flush at most; `None`: what is left of `runs`, within
+    /// the platforms' own bounds (runtime/src/platforms.rs, `flush_budget`).
+    pub flush: Option<Duration>,
+}
+
+impl Budget {
+    /// A stop or restart asked for through gatewarden (or SIGINT): the configured drain.
+    pub fn configured(drain_timeout: Duration) -> Budget {
+        Budget { runs: drain_timeout, cancel_grace: CANCEL_GRACE, flush: None }
+    }
+
+    /// The owner's stop: its parts add up to [`OWNER_STOP_BUDGET`] with the HTTP wind-down
+    /// (runs 3 s at most, 1 s to clean up, 2 s of outbox flush, 2 s for open connections).
+    pub fn owner_stop(drain_timeout: Duration) -> Budget {
+        Budget {
+            runs: drain_timeout.min(Duration::from_secs(3)),
+            cancel_grace: Duration::from_secs(1),
+            flush: Some(Duration::from_secs(2)),
+        }
+    }
+}
+
 /// Whether `from → to` is a legal step. Startup may abort straight to stopping.
 pub fn allowed(from: GatewayState, to: GatewayState) -> bool {
     use GatewayState::*;
@@ -162,6 +197,21 @@ impl Default for Phase {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The owner's stop fits its budget with every part at its longest, whatever
+    /// `drain_timeout_s` says: drain, clean-up, flush, and the HTTP server's graceful stop.
+    #[test]
+    fn the_owners_stop_fits_dockers_grace() {
+        for configured in [0, 1, 3, 30, 3600] {
+            let b = Budget::owner_stop(Duration::from_secs(configured));
+            let flush = b.flush.expect("a bounded flush");
+            let worst = b.runs + b.cancel_grace + flush + crate::http::serve::STOP_GRACE;
+            assert!(worst <= OWNER_STOP_BUDGET, "{configured} s: {worst:?}");
+            assert!(b.runs <= Duration::from_secs(configured), "never longer than configured");
+        }
+        assert!(OWNER_STOP_BUDGET < Duration::from_secs(10), "Docker's default grace");
+        assert_eq!(Budget::configured(Duration::from_secs(30)).runs, Duration::from_secs(30));
+    }
     use GatewayState::*;
 
     #[test]

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Instant, SystemTime};
 
-use gatewarden_control::StatusReport;
+use gatewarden_control::{Requester, StatusReport};
 use gatewarden_lifecycle::ledger::Ledger;
 use gatewarden_lifecycle::marker::SelfIdentity;
 use gatewarden_lifecycle::records::{GatewayState, PidRecord, StateRecord, read_pid_record};
@@ -12,7 +12,7 @@ use gatewarden_lifecycle::{Home, InstanceLock, Supervisor, fsio, timefmt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::cause::{Cause, Outcome};
+use crate::cause::{Asker, Cause, ControlKind, Outcome};
 use crate::drain::{Phase, Runs};
 
 /// Who this incarnation is.
@@ -129,8 +129,64 @@ pub struct Gateway {
     causes: Mutex<Option<UnboundedSender<Cause>>>,
     /// The drain under way: runs when it began, and its deadline (the dashboard's progress).
     drain: Mutex<Option<(u64, SystemTime)>>,
-    /// The dashboard's logged-in sessions (http/ui.rs).
-    pub ui_sessions: Mutex<gatewarden_dashboard::auth::Sessions>,
+    /// The prepared successor of a restart under way (restart.rs), watched by the drain.
+    successor: Mutex<Option<crate::restart::Successor>>,
+    /// The restart or stop this incarnation has taken on ([`Gateway::request_restart`]).
+    leaving: Mutex<Option<Leaving>>,
+}
+
+/// The restart or stop an incarnation has taken on: the first restart or stop request it
+/// accepted, or what the main loop decided on a signal or a marker. Later restart requests are
+/// answered from it, so each gets the truth (issue 30, item 2).
+#[derive(Debug, Clone)]
+struct Leaving {
+    restart: bool,
+    /// A restart the main loop has carried out (its next incarnation proven, restart.rs): a
+    /// request now joins it. Until then one is queued behind it and hears its own verdict.
+    proven: bool,
+    /// Who asked, as the ledger writes a requester (null for a signal).
+    requester: Value,
+    /// In words: "planned stop requested by pid 77 (gatewarden stop) via cli".
+    reason: String,
+}
+
+/// The answer to a restart request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestartAnswer {
+    /// Taken on: this incarnation drains and restarts for it.
+    Accepted,
+    /// A restart was already under way; this request joined it.
+    Joined,
+    /// A stop is under way (or recorded by the operator): not restarted, and why.
+    Refused(String),
+}
+
+/// How a refused answer's words begin ([`RestartAnswer::reply`]).
+const REFUSED_PREFIX: &str = "not restarting: the gateway is stopping (";
+
+impl RestartAnswer {
+    /// A verdict told to a request taken on (`Asker`, restart.rs) back into an answer: what
+    /// [`RestartAnswer::reply`] said, or the restart's own words (accepted).
+    pub fn from_verdict(said: &str) -> RestartAnswer {
+        if said == crate::restart::JOINED {
+            return RestartAnswer::Joined;
+        }
+        match said.strip_prefix(REFUSED_PREFIX).and_then(|r| r.split_once("); start it again")) {
+            Some((why, _)) => RestartAnswer::Refused(why.to_owned()),
+            None => RestartAnswer::Accepted,
+        }
+    }
+
+    /// The words a chat (or `gatewarden send`) reads.
+    pub fn reply(&self) -> String {
+        match self {
+            RestartAnswer::Accepted => "restarting…".into(),
+            RestartAnswer::Joined => crate::restart::JOINED.into(),
+            RestartAnswer::Refused(why) => {
+                format!("{REFUSED_PREFIX}{why}); start it again with `gatewarden start`")
+            }
+        }
+    }
 }
 
 impl Gateway {
@@ -162,8 +218,137 @@ impl Gateway {
             intake: std::sync::RwLock::new(true),
             causes: Mutex::new(None),
             drain: Mutex::new(None),
-            ui_sessions: Mutex::new(gatewarden_dashboard::auth::Sessions::default()),
+            successor: Mutex::new(None),
+            leaving: Mutex::new(None),
         }
+    }
+
+    /// The one way a restart is requested (control `restart`, chat and HTTP `/restart`): the
+    /// answer is decided here, under the lock that orders requests, and every request leaves
+    /// a ledger line. The first one is taken on (the main loop gets its cause, and writes its
+    /// `restart_requested`); one that finds a restart under way joined it; one that finds a
+    /// stop under way, or a stop the operator recorded that is on its way here, is refused
+    /// naming that stop. Only a request taken on hands `asker` on: it hears the verdict once the
+    /// next incarnation is proven (restart.rs); the others are answered here. `taken` runs
+    /// before the main loop can see a request taken on.
+    pub fn request_restart(&self, requester: &Requester, asker: Asker, taken: impl FnOnce()) -> RestartAnswer {
+        let mut leaving = self.leaving.lock().unwrap_or_else(|p| p.into_inner());
+        let who = json!(requester);
+        match leaving.as_ref() {
+            Some(l) if l.restart && l.proven => {
+                self.record("restart_requested", json!({"requester": who, "reason": "restart", "joined": "restart"}));
+                return RestartAnswer::Joined;
+            }
+            // Being proven: this one waits behind it; the main loop answers it (the drain, as
+            // joined; after a refusal, with a verdict of its own) and writes its ledger line.
+            Some(l) if l.restart => {}
+            Some(l) => {
+                self.record_refused_restart(&who, &l.reason, &l.requester);
+                return RestartAnswer::Refused(l.reason.clone());
+            }
+            None => {
+                let d = gatewarden_lifecycle::desired::current(self.home.dir());
+                if d.want == gatewarden_lifecycle::desired::Want::Stopped {
+                    let by = format!("stopped by {}", d.describe());
+                    self.record_refused_restart(&who, &by, &json!({"pid": d.pid, "channel": d.requester}));
+                    return RestartAnswer::Refused(by);
+                }
+                *leaving = Some(Leaving {
+                    restart: true,
+                    proven: false,
+                    requester: who,
+                    reason: format!("restart requested by {}", requester.describe()),
+                });
+                taken();
+            }
+        }
+        self.send_cause(Cause::Control { kind: ControlKind::Restart, requester: requester.clone(), asker });
+        RestartAnswer::Accepted
+    }
+
+    fn record_refused_restart(&self, who: &Value, why: &str, stop_requester: &Value) {
+        let fields = json!({"requester": who, "reason": "restart", "joined": "stop", "stop": why,
+                            "stop_requester": stop_requester});
+        self.record("restart_requested", fields);
+    }
+
+    /// The one way a stop or takeover is requested (control `stop`, chat and HTTP `/stop`): an
+    /// operator's stop is recorded as `stopped` first ([`Gateway::record_operator_stop`]), then
+    /// the stop is what this incarnation does, and restart requests from now on are refused.
+    /// `Err`: the stop goes on, but could not be recorded (said to the requester).
+    pub fn request_stop(&self, kind: ControlKind, requester: &Requester) -> Result<(), String> {
+        let mut leaving = self.leaving.lock().unwrap_or_else(|p| p.into_inner());
+        let recorded = match kind {
+            ControlKind::Stop => self.record_operator_stop(&requester.channel).map(|_| ()),
+            _ => Ok(()),
+        };
+        // The first stop stays the one named; a stop during a restart's drain replaces it.
+        if leaving.as_ref().is_none_or(|l| l.restart) {
+            let what = if kind == ControlKind::Takeover { "takeover" } else { "planned stop" };
+            *leaving = Some(Leaving {
+                restart: false,
+                proven: false,
+                requester: json!(requester),
+                reason: format!("{what} requested by {}", requester.describe()),
+            });
+        }
+        self.send_cause(Cause::Control { kind, requester: requester.clone(), asker: Asker::Nobody });
+        recorded
+    }
+
+    /// The main loop decided how this incarnation ends (`o`): restart requests from now on are
+    /// answered from it. A request taken on already says the same (with its requester), and a
+    /// stop requested meanwhile stays: it is recorded as the operator's, so nothing restarts.
+    pub fn commit(&self, o: &Outcome) {
+        let restart = o.intent == gatewarden_lifecycle::ExitIntent::PlannedRestart;
+        let mut leaving = self.leaving.lock().unwrap_or_else(|p| p.into_inner());
+        match leaving.as_mut() {
+            Some(l) if l.restart && restart => l.proven = true,
+            Some(l) if !l.restart => {}
+            _ => *leaving = Some(Leaving { restart, proven: true, requester: Value::Null, reason: o.reason.clone() }),
+        }
+    }
+
+    /// The restart taken on did not start (refused, or no successor) or its drain was
+    /// cancelled: the incarnation runs on, and the next restart request is taken on afresh.
+    pub fn stand_down(&self) {
+        let mut leaving = self.leaving.lock().unwrap_or_else(|p| p.into_inner());
+        if leaving.as_ref().is_some_and(|l| l.restart) {
+            *leaving = None;
+        }
+    }
+
+    /// A restart request taken on whose cause reached the main loop only after it had decided
+    /// (a restart being proven, or a signal or a marker came first): the ledger says what
+    /// became of it, and the answer is what its requester is told.
+    pub fn record_superseded_restart(&self, requester: &Requester) -> RestartAnswer {
+        let leaving = self.leaving.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut fields = json!({"requester": requester, "reason": "restart", "joined": "restart", "superseded": true});
+        let answer = match leaving.filter(|l| !l.restart) {
+            Some(l) => {
+                fields["joined"] = json!("stop");
+                fields["stop"] = json!(l.reason);
+                fields["stop_requester"] = l.requester;
+                RestartAnswer::Refused(l.reason)
+            }
+            None => RestartAnswer::Joined,
+        };
+        self.record("restart_requested", fields);
+        answer
+    }
+
+    /// Keeps the prepared successor of this restart, for [`Gateway::successor_gone`].
+    pub fn watch_successor(&self, s: crate::restart::Successor) {
+        *self.successor.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
+    }
+
+    /// The prepared successor ended before it took over (reaped here, it is our child): how,
+    /// once. `None` while it lives, or when there is none.
+    pub fn successor_gone(&self) -> Option<String> {
+        let mut g = self.successor.lock().unwrap_or_else(|p| p.into_inner());
+        let status = g.as_mut()?.child.try_wait().ok()??;
+        *g = None;
+        Some(format!("the prepared successor exited ({status}) before it took over"))
     }
 
     /// Remembers a drain's start: `runs` active then, ending by `deadline`.
@@ -319,16 +504,16 @@ impl Gateway {
         Ok(())
     }
 
-    /// The exit's records, in order: the final state, the ledger's `exited`, our pid record
-    /// gone; then `unbind` (the control endpoint) and the intake sealed. The caller releases the
-    /// lock after this.
+    /// The exit's records, in order: the final state, our pid record gone, `unbind` (the
+    /// control endpoint), the intake sealed (deliveries in progress committed), and last the
+    /// ledger's `exited`: after it the process only releases the lock (the caller does) and
+    /// ends, so the line is the incarnation's last word (issue 30, item 5).
     pub fn finish(&self, o: &Outcome, unbind: impl FnOnce()) {
         let code = i32::from(o.intent.code());
         self.set_exit(code, &o.reason);
         if !self.advance(GatewayState::Stopped) {
             self.write_state();
         }
-        self.record("exited", json!({"code": code, "intent": o.intent.as_str(), "reason": o.reason}));
         if read_pid_record(&self.home.pid_file()).ok().is_some_and(|r| r.pid == self.me.pid) {
             let _ = fsio::remove_if_exists(&self.home.pid_file());
         }
@@ -336,26 +521,29 @@ impl Gateway {
         // After this, a delivery is refused (the platform keeps it for the successor) instead of
         // being journaled behind the successor's recovery.
         self.seal_intake();
+        self.record("exited", json!({"code": code, "intent": o.intent.as_str(), "reason": o.reason}));
     }
 
     /// An operator's stop that did not come through `gatewarden stop` (which records it itself
     /// before anything else): chat `/stop`, `gatewarden send /stop`, HTTP. Recorded as
     /// `stopped` on receipt (control/mod.rs, worker.rs) — a gateway already draining for a
-    /// restart never classifies it — so no backstop or successor starts the gateway again. A
-    /// stop from a restart's recovery, a supervisor or a signal is not the operator's intent:
-    /// no change.
-    pub fn record_operator_stop(&self, channel: &str) -> Option<u64> {
+    /// restart never classifies it — so no backstop or successor starts the gateway again; in
+    /// flight while this incarnation lives, so a `start` meanwhile waits for it to end
+    /// (ops launch.rs). A stop from a restart's recovery, a supervisor or a signal is not the
+    /// operator's intent: no change (`Ok(None)`). `Err`: it could not be recorded (a full disk
+    /// past the space reserved for it), so a restart under way may start a gateway again.
+    pub fn record_operator_stop(&self, channel: &str) -> Result<Option<u64>, String> {
         use gatewarden_lifecycle::desired::{self, Want};
         if !matches!(channel, "chat" | "cli-send" | "http") {
-            return None;
+            return Ok(None);
         }
-        match desired::record_if(self.home.dir(), Want::Stopped, channel, false, Some(SystemTime::now()), |d| {
+        match desired::record_if(self.home.dir(), Want::Stopped, channel, true, Some(SystemTime::now()), |d| {
             d.want != Want::Stopped
         }) {
-            Ok((d, _)) => Some(d.seq),
+            Ok((d, _)) => Ok(Some(d.seq)),
             Err(e) => {
                 crate::warn!("cannot record the desired state: {e}");
-                None
+                Err(format!("the stop is not recorded ({e}): a restart under way may start the gateway again"))
             }
         }
     }

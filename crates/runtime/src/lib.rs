@@ -8,6 +8,7 @@
 //! ([`prepare`] builds one from a home). The binary maps the reported [`ExitIntent`] to the
 //! process exit code through the one table in `gatewarden_lifecycle::exit`.
 
+pub mod access;
 pub mod app;
 pub mod cause;
 pub mod cluster;
@@ -22,9 +23,12 @@ pub mod log;
 pub mod notices;
 pub mod options;
 pub mod platforms;
+pub mod reload;
 pub mod restart;
 pub mod sdnotify;
+pub mod settings;
 pub mod signals;
+pub mod startable;
 pub mod takeover;
 pub mod watch;
 pub mod worker;
@@ -37,18 +41,17 @@ use gatewarden_lifecycle::heal::heal_stale;
 use gatewarden_lifecycle::marker::{self, MarkerKind, Verdict};
 use gatewarden_lifecycle::probe::probe_u32;
 use gatewarden_lifecycle::records::{GatewayState, read_pid_record};
-use gatewarden_lifecycle::supervisor::Detection;
+use gatewarden_lifecycle::supervisor::{BareTerm, Detection};
 use gatewarden_lifecycle::{ExitIntent, Home, InstanceLock, LockError, Supervisor};
 use serde_json::json;
 use tokio::sync::mpsc;
 
 pub use crate::app::App;
 pub use crate::cause::{Cause, ControlKind, Outcome, Reexec};
-use crate::drain::CANCEL_GRACE;
 use crate::gateway::{Gateway, Incarnation};
 use crate::options::run_tag;
 pub use crate::options::{ClusterSettings, RUN_TAG, ResolvedOptions, RunOptions};
-use crate::signals::{Shutdown, SignalKind, Signals};
+use crate::signals::{Action, Shutdown, SignalKind, Signals};
 
 /// How long a starting gateway waits out lock probes by `status`/`stop` before deciding that
 /// another instance runs.
@@ -59,26 +62,55 @@ const BIND_PATIENCE: Duration = Duration::from_secs(5);
 const SUCCESSOR_GRACE: Duration = Duration::from_secs(30);
 /// How often a waiting successor looks whether its restart was cancelled.
 const SUCCESSOR_LOOK: Duration = Duration::from_millis(200);
-/// After a cancelled drain: how long the adapters get to send what is queued before they are
-/// started again (what is left stays in the outbox and goes out after the restart).
-const RESTART_ADAPTERS_FLUSH: Duration = Duration::from_secs(2);
+
+/// As PID 1: how long a zombie child stays unreaped before it counts as an orphan nobody waits
+/// for (our own waiters collect theirs within a second).
+const ORPHAN_GRACE: Duration = Duration::from_secs(3);
 
 /// Runs one incarnation to its end. Never panics on bad state; every failure is an outcome.
 pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcome {
+    // A restart's preflight only answers and exits (restart.rs).
+    if opts.preflight {
+        return preflight(&opts);
+    }
+    // First thing, and without a runtime: from here on a SIGHUP is a reload and every signal is
+    // recorded, none ends the process by its default action (README, "Signals").
+    let mut signals = Signals::install();
     let home = match opts.home.ensure() {
         Ok(h) => h,
-        Err(e) => return Outcome::new(ExitIntent::FatalConfig, e.to_string()),
+        Err(e) => {
+            if opts.successor {
+                restart::say(Err(&e.to_string()));
+            }
+            return Outcome::new(ExitIntent::FatalConfig, e.to_string());
+        }
     };
     let me = Incarnation::current(started_at, started);
     let detection = Supervisor::detect(opts.supervisor);
     let supervisor = detection.supervisor;
+    // A container's init: orphans re-parented to us are ours to reap (the exec backend's
+    // leftovers, a hermes child after a re-exec, a detached updater).
+    if gatewarden_lifecycle::platform::spawn::is_pid1() {
+        gatewarden_lifecycle::platform::spawn::reap_orphans(ORPHAN_GRACE);
+    }
+    let successor = opts.successor;
     let (app, opts) = match prepare(&home, opts, me.clone(), detection) {
         Ok(w) => w,
+        // A successor's refusal is its predecessor's to record (`restart_refused`): that one
+        // keeps serving, and no start was attempted.
+        Err(o) if successor => {
+            restart::say(Err(&o.reason));
+            return o;
+        }
         Err(o) => return refused(&home, &me, supervisor, o),
     };
+    if successor {
+        // Everything is ready but the lock: the predecessor may begin its drain.
+        restart::say(Ok(()));
+    }
     let gw = Arc::clone(&app.gw);
 
-    let mut lock = match claim(&gw, &opts) {
+    let mut lock = match claim(&gw, &opts, signals.as_mut().ok()) {
         Ok(l) => l,
         Err(o) => return refused(&home, &me, supervisor, o),
     };
@@ -92,6 +124,7 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
         info!("cleaned stale state: {}", healed.join(", "));
     }
     sweep_orphan_runs(&gw);
+    sweep_run_scratch(&gw.home, None);
     if let Err(e) = gw.publish_pid_record(&mut lock) {
         return Outcome::new(ExitIntent::FatalConfig, e);
     }
@@ -111,7 +144,10 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
 
     let outcome = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => {
-            let o = rt.block_on(listen_and_serve(app, &opts));
+            let o = rt.block_on(listen_and_serve(app, signals, &opts));
+            // Runs still being dropped (the runtime is not waited for) cannot remove their
+            // scratch files: this incarnation's folder goes here, under the lock.
+            sweep_run_scratch(&gw.home, Some(&gw.me.id));
             drop(lock);
             // Connections close here, after the lock is released: a client waiting for EOF
             // then finds the lock free.
@@ -124,17 +160,39 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
     end(&gw, outcome)
 }
 
+/// `run --preflight`: could the next incarnation start here now, with these arguments, in
+/// this environment? The dry run of [`startable::startable`], said on stdout (restart.rs);
+/// exit 0 or 78. Writes nothing, takes no lock.
+fn preflight(opts: &RunOptions) -> Outcome {
+    let overrides = startable::Overrides {
+        settings: settings::Overrides { listen: opts.listen.clone(), drain_timeout: opts.drain_timeout },
+        inherit_listener: None,
+        incarnation: String::new(),
+    };
+    match startable::startable(&opts.home.canonicalized(), &overrides, &startable::Purpose::Preflight) {
+        Ok(_) => {
+            restart::say(Ok(()));
+            Outcome::new(ExitIntent::PlannedStop, "preflight: a gateway can start")
+        }
+        Err(e) => {
+            restart::say(Err(&e.reason));
+            Outcome::new(ExitIntent::FatalConfig, e.reason)
+        }
+    }
+}
+
 /// `run`'s part inside the runtime: the signal handlers and the listener, then [`serve`].
-async fn listen_and_serve(app: Arc<App>, opts: &ResolvedOptions) -> Outcome {
+async fn listen_and_serve(app: Arc<App>, signals: std::io::Result<Signals>, opts: &ResolvedOptions) -> Outcome {
     let gw = &app.gw;
-    // Handlers first, so a signal during start-up is classified, not fatal.
-    let signals = match Signals::install() {
+    // Installed first thing in `run`, so a signal during start-up is classified, not fatal.
+    let signals = match signals {
         Ok(s) => s,
         Err(e) => return end(gw, startup_failed(gw, format!("cannot install signal handlers: {e}"))),
     };
-    let bound = match &opts.inherit_listener {
-        Some(v) => gatewarden_lifecycle::platform::spawn::adopt_listener(v)
-            .map_err(|e| format!("cannot adopt the inherited listener {v}: {e}")),
+    // A successor adopted its inherited listener while it prepared (startable.rs).
+    let adopted = opts.adopted.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let bound = match adopted {
+        Some(l) => Ok(l),
         None => tokio::task::block_in_place(|| http::bind(&opts.listen, BIND_PATIENCE)),
     };
     let std_listener = match bound {
@@ -172,9 +230,27 @@ fn sweep_orphan_runs(gw: &Gateway) {
     }
 }
 
-/// Builds the gateway of `home` as incarnation `me`, not yet started: loads config.toml,
-/// applies command-line overrides, refuses an exposed listener without a token, opens the
-/// journal, builds the agent and the chat platform adapters. Every failure is fatal
+/// Removes the runs' scratch folders (`<home>/runs/<incarnation>/`, the exec backend's history
+/// files): of `only` that incarnation (this one, at its end), else of every incarnation but a
+/// live one (at start, with the lock held: what a killed predecessor left). Never through a
+/// link (`remove_dir_all` does not follow them).
+fn sweep_run_scratch(home: &Home, only: Option<&str>) {
+    let runs = home.runs_dir();
+    let Ok(entries) = std::fs::read_dir(&runs) else { return };
+    for e in entries.flatten() {
+        if only.is_some_and(|id| e.file_name() != id) {
+            continue;
+        }
+        if let Err(err) = std::fs::remove_dir_all(e.path()) {
+            warn!("cannot remove {}: {err}", e.path().display());
+        }
+    }
+}
+
+/// Builds the gateway of `home` as incarnation `me`, not yet started, from what the one answer
+/// to "could a gateway start here now" proved loadable ([`startable::startable`]: config.toml
+/// with the command line's overrides, the exposure rule, the secrets, the agent, the chat
+/// adapters, the journal, telemetry, and a successor's inherited listener). Every failure is fatal
 /// configuration (78). Takes no lock and writes no record: [`run`] does that, a test need not.
 pub fn prepare(
     home: &Home,
@@ -182,43 +258,59 @@ pub fn prepare(
     me: Incarnation,
     detection: Detection,
 ) -> Result<(Arc<App>, ResolvedOptions), Outcome> {
-    let fatal = |e: String| Outcome::new(ExitIntent::FatalConfig, e);
-    let mut config = gatewarden_config::Config::load(home.dir()).map_err(|e| fatal(e.to_string()))?;
-    if let Some(l) = &opts.listen {
-        config.listen = l.parse().map_err(|e| fatal(format!("invalid --listen {l:?}: {e}")))?;
-    }
-    config.check_exposure().map_err(|e| fatal(e.to_string()))?;
-    let tag = run_tag(home, &me.id);
-    let agent = gatewarden_agent::build_agent_with_env(&config.agent, vec![(RUN_TAG.to_owned(), tag)]);
-    let cluster = match &config.cluster {
-        Some(c) => Some(ClusterSettings::new(c.clone(), c.password(home.dir()).map_err(fatal)?).map_err(fatal)?),
-        None => None,
+    let overrides = settings::Overrides { listen: opts.listen.clone(), drain_timeout: opts.drain_timeout };
+    let ask = startable::Overrides {
+        settings: overrides.clone(),
+        inherit_listener: opts.inherit_listener.clone(),
+        incarnation: me.id.clone(),
     };
-    // With `[cluster]` the journal is the cluster's, in PostgreSQL (cluster.rs); else the home's.
-    let journal: Arc<dyn gatewarden_journal::Store> = match cluster.as_ref().and_then(|c| c.store.clone()) {
-        Some(store) => store,
-        None => Arc::new(
-            gatewarden_journal::Journal::open_in(home.dir())
-                .map_err(|e| fatal(format!("cannot open the journal: {e}")))?,
-        ),
-    };
-    let platforms = Arc::new(platforms::Platforms::build(&config).map_err(fatal)?);
+    let startable::Startable { settings, cluster, journal, telemetry, listener, .. } =
+        startable::startable(home, &ask, &startable::Purpose::Run)
+            .map_err(|e| Outcome::new(ExitIntent::FatalConfig, e.reason))?;
+    let settings::Settings { config, secrets, agent, platforms } = settings;
+    log::set_level(config.log_level);
+    let journal = journal.ok_or_else(|| Outcome::new(ExitIntent::FatalConfig, "no journal was opened"))?;
+    let platforms = Arc::new(platforms);
     let (wake, wakes) = intake::Wake::channel();
+    let admins = commands::platform_admins(&config);
+    // The pairing book lives where a successor reads it: the home's file, or with `[cluster]`
+    // the shared store, which a standby promoted on another host reads (access/pairing.rs).
+    let book = match &cluster {
+        Some(_) => access::pairing::Keeper::store(Arc::clone(&journal)),
+        None => {
+            let book = access::pairing::Keeper::home(home.dir());
+            // A damaged book is named now; the gateway still starts (its strangers pair anew,
+            // and nothing is written over the file until it reads again).
+            if let Err(e) = book.refresh() {
+                error!("cannot read the pairing book: {e}");
+            }
+            book
+        }
+    };
+    let gate = Arc::new(access::Gate::new(access::Policies::new(&config), book));
     let work = Arc::new(
-        worker::Work::new(agent, journal, &config, config.is_loopback_listen(), platforms.admins(), wake)
-            .with_hermes(hermes::Spec::from_config(&config.agent, home.dir())),
+        // The API token as resolved (written in config.toml, or from its variable or file).
+        worker::Work::new(agent, journal, &config, secrets.api_token(), config.is_loopback_listen(), admins, wake)
+            .with_hermes(hermes::Spec::from_config(&config.agent, home.dir()))
+            .with_gate(gate),
     );
     work.metrics.seed_from_ledger(&home.ledger());
-    if let Some(x) = gatewarden_telemetry::Exporter::start(&config.telemetry).map_err(|e| fatal(e.to_string()))? {
-        let _ = work.telemetry.set(Arc::new(x));
+    if let Some(x) = telemetry {
+        work.set_telemetry(Arc::new(x));
     }
     opts.listen = Some(config.listen.to_string());
-    let drain_timeout = opts.drain_timeout.unwrap_or(config.drain_timeout());
+    let drain_timeout = config.drain_timeout();
     let ep = Endpoint::for_home(home.dir());
     let gw = Arc::new(Gateway::new(home.clone(), me, detection, ep.display()));
     gw.set_drain_budget(drain_timeout);
     let app = Arc::new(App::new(gw, work, platforms, wakes));
-    Ok((app, ResolvedOptions { listen: config.listen.to_string(), drain_timeout, cluster, exe: None, opts }))
+    app.set_secrets(&secrets);
+    // An inherited listener was adopted while the gateway prepared (startable.rs).
+    let adopted = std::sync::Mutex::new(listener);
+    let listen = config.listen.to_string();
+    let resolved = ResolvedOptions { listen, drain_timeout, cluster, exe: None, adopted, opts };
+    app.reload.begin(config, overrides);
+    Ok((app, resolved))
 }
 
 /// The desired state (`gatewarden_lifecycle::desired`), with the lock held. A foreground `run`
@@ -262,10 +354,10 @@ fn not_starting(gw: &Gateway, opts: &ResolvedOptions, r: &gatewarden_lifecycle::
 }
 
 /// Takes the lock, or the home from its current holder with `--replace`.
-fn claim(gw: &Gateway, opts: &ResolvedOptions) -> Result<InstanceLock, Outcome> {
+fn claim(gw: &Gateway, opts: &ResolvedOptions, signals: Option<&mut Signals>) -> Result<InstanceLock, Outcome> {
     let home = &gw.home;
     let acquired = match opts.successor {
-        true => await_predecessor(gw, opts, opts.drain_timeout + SUCCESSOR_GRACE)?,
+        true => await_predecessor(gw, opts, opts.drain_timeout + SUCCESSOR_GRACE, signals)?,
         false => InstanceLock::acquire(&home.lock(), LOCK_PATIENCE),
     };
     match acquired {
@@ -280,11 +372,13 @@ fn claim(gw: &Gateway, opts: &ResolvedOptions) -> Result<InstanceLock, Outcome> 
 /// A successor waits for its predecessor's lock through the drain, looking at the desired state
 /// between tries: a drain cancelled since the restart's sequence (`--desired-seq`;
 /// `desired::Refusal::Cancelled`) keeps the predecessor, and this process stands down at once
-/// instead of waiting out its patience.
+/// instead of waiting out its patience. A stop or restart signal sent to it meanwhile ends the
+/// wait (unexpected, as during any start-up).
 fn await_predecessor(
     gw: &Gateway,
     opts: &ResolvedOptions,
     patience: Duration,
+    mut signals: Option<&mut Signals>,
 ) -> Result<Result<InstanceLock, LockError>, Outcome> {
     use gatewarden_lifecycle::desired::{self, Refusal, Starter};
     let deadline = std::time::Instant::now() + patience;
@@ -298,6 +392,10 @@ fn await_predecessor(
             && let Err(r @ Refusal::Cancelled(_)) = desired::check(gw.home.dir(), Starter::Carry { basis })
         {
             return Err(not_starting(gw, opts, &r));
+        }
+        if let Some(sig) = signals.as_deref_mut().and_then(Signals::take_ending) {
+            let why = format!("{} while waiting for the predecessor's lock", sig.describe());
+            return Err(Outcome::new(ExitIntent::Unexpected, why));
         }
     }
 }
@@ -325,14 +423,23 @@ fn describe_holder(home: &Home) -> String {
 /// With `[telemetry]`: the numbers `/metrics` serves go out as OTLP metrics every
 /// `metrics_interval_s` (crates/telemetry), rendered by the same code.
 fn export_metrics(app: &Arc<App>) {
-    let Some(x) = app.work.telemetry.get().cloned() else { return };
     let app = Arc::clone(app);
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(x.metrics_interval());
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
-            x.metrics(&http::metrics::render(&app).await);
+            // Armed before the exporter is read, so a reload in between is not missed.
+            let reloaded = app.work.reloaded.notified();
+            tokio::pin!(reloaded);
+            reloaded.as_mut().enable();
+            match app.work.live().telemetry.clone() {
+                Some(x) => {
+                    x.metrics(&http::metrics::render(&app).await);
+                    tokio::select! {
+                        () = tokio::time::sleep(x.metrics_interval()) => {}
+                        () = reloaded => {}
+                    }
+                }
+                None => reloaded.await,
+            }
         }
     });
 }
@@ -383,10 +490,26 @@ async fn serve_until_classified(
     let server =
         tokio::spawn(http::serve::serve(listener, http::router(Arc::clone(app)), Arc::clone(app), opts.drain_timeout));
 
-    // A signal that arrived during start-up is unexpected, whatever markers say (D1, #103191).
-    let early = tokio::select! { biased; s = signals.recv() => Some(s), () = std::future::ready(()) => None };
-    if let Some(sig) = early {
-        return startup_failed_with(gw, ExitIntent::Unexpected, format!("{} during start-up", sig.name()));
+    // A signal that arrived during start-up ends it as unexpected, whatever markers say (D1,
+    // #103191); a SIGHUP is a reload once running (the file may have changed after it was
+    // read), and the signals that are only recorded are recorded.
+    let mut reload_when_ready = None;
+    loop {
+        let early = tokio::select! { biased; s = signals.recv() => Some(s), () = std::future::ready(()) => None };
+        let Some(sig) = early else { break };
+        match sig.kind.action() {
+            Action::Reload => reload_when_ready = Some(sig),
+            Action::Ignore => ignored(gw, &sig),
+            Action::End | Action::Restart => {
+                // A stop the operator recorded since this start was asked for sent it (a `stop`
+                // right after a `start`): this start is prevented, with that stop's requester,
+                // not a crash.
+                if let Err(o) = obey_desired(gw, opts, false) {
+                    return prevented(gw, o);
+                }
+                return startup_failed_with(gw, ExitIntent::Unexpected, format!("{} during start-up", sig.describe()));
+            }
+        }
     }
     // Chat platforms: after the lock is held, before `running` (each behind its credential lock);
     // with `[cluster]` on promotion only (platforms.rs).
@@ -407,7 +530,7 @@ async fn serve_until_classified(
     }
     // Again just before `running`: a stop recorded during the start-up wins without a signal.
     if let Err(o) = obey_desired(gw, opts, false) {
-        return startup_failed_with(gw, o.intent, o.reason);
+        return prevented(gw, o);
     }
     // Queued before `running`: the first reply after a restart must already carry the notice.
     app.work.boot_notices(gw, !platforms.is_empty());
@@ -445,6 +568,9 @@ async fn serve_until_classified(
     export_metrics(app);
     // A marker may have landed before the watch was set up.
     let _ = tx.send(Cause::MarkerChanged);
+    if let Some(sig) = reload_when_ready {
+        let _ = tx.send(Cause::Signal(sig));
+    }
     // Start-up is over once the worker and the adapters have settled: its code pages (config,
     // migrations, TLS roots, clap) need not stay mapped in an idle gateway; what runs again is
     // mapped again from the page cache (README, "Memory").
@@ -459,32 +585,52 @@ async fn serve_until_classified(
                 s = signals.recv() => Cause::Signal(s),
                 Some(c) = rx.recv() => c,
             };
-            if let Some(o) = classify(gw, opts, cause, &tx) {
-                break o;
+            let Some(cause) = in_place(app, cause).await else { continue };
+            match classify(gw, cause, &tx) {
+                Classified::Keep => {}
+                Classified::Exit(o) => {
+                    gw.commit(&o);
+                    break o;
+                }
+                Classified::Restart(ask) => {
+                    // Nothing stops before the next incarnation is proven to run (restart.rs).
+                    match restart::begin(app, opts, ask).await {
+                        Some(o) => {
+                            gw.commit(&o);
+                            break o;
+                        }
+                        // Refused, or it could not start: the next request is taken on afresh.
+                        None => gw.stand_down(),
+                    }
+                }
             }
         };
         app.work.notices.set_restarting(decision.intent == ExitIntent::PlannedRestart);
         info!("stopping: {}", decision.reason);
-        match drain(app, signals, &mut rx, opts, decision.intent).await {
+        let budget = match decision.owner_stop {
+            true => drain::Budget::owner_stop(opts.drain_timeout),
+            false => drain::Budget::configured(opts.drain_timeout),
+        };
+        match drain(app, signals, &mut rx, opts, decision.intent, budget).await {
             Drained::Over => break decision,
             Drained::Cancelled { requester, reply, deferred } => {
+                gw.stand_down();
                 run_on(app, requester, reply).await;
-                // What arrived during the drain is classified now, in order; a restart asked for
-                // meanwhile joined the restart that was cancelled, and is not carried out again.
+                // What arrived during the drain is classified now, in order (a restart asked for
+                // meanwhile was answered as joined to the one cancelled, and is not carried out).
                 for c in deferred {
-                    match c {
-                        Cause::Control { kind: ControlKind::Restart, requester } => {
-                            let fields = json!({"requester": requester, "reason": "restart", "joined": "restart"});
-                            gw.record("restart_requested", fields);
-                        }
-                        c => {
-                            let _ = tx.send(c);
-                        }
-                    }
+                    let _ = tx.send(c);
                 }
             }
         }
     };
+    // Restart requests taken on before the decision whose causes the drain did not read.
+    while let Ok(c) = rx.try_recv() {
+        if let Cause::Control { kind: ControlKind::Restart, requester, asker } = c {
+            let answer = gw.record_superseded_restart(&requester);
+            app.tell(asker, Ok(answer.reply()));
+        }
+    }
     if let Some(h) = hermes_child {
         // A restart hands hermes, warm, to the successor (its runs were stopped by the drain);
         // anything else stops it.
@@ -501,38 +647,85 @@ async fn serve_until_classified(
     decision
 }
 
-/// Maps a cause to an exit decision, or `None` to keep running.
-fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause, tx: &mpsc::UnboundedSender<Cause>) -> Option<Outcome> {
+/// What the main loop does with a cause.
+enum Classified {
+    Keep,
+    Exit(Outcome),
+    /// A restart someone asked for; [`restart::begin`] proves the next incarnation first.
+    Restart(restart::Ask),
+}
+
+/// Maps a cause to an exit decision, a restart to attempt, or nothing (keep running).
+fn classify(gw: &Gateway, cause: Cause, tx: &mpsc::UnboundedSender<Cause>) -> Classified {
     let me = gw.self_identity();
+    let exit = Classified::Exit;
     match cause {
-        Cause::Signal(SignalKind::Terminate) => {
-            if let Some(m) = marker::consume(gw.home.dir(), MarkerKind::Takeover, &me, probe_u32) {
-                stop_requested(gw, Some(&m), "signal", "takeover");
-                return Some(Outcome::new(ExitIntent::Takeover, format!("replaced by {} (SIGTERM)", m.writer())));
+        Cause::Signal(sig) => match sig.kind {
+            SignalKind::Terminate => {
+                if let Some(m) = marker::consume(gw.home.dir(), MarkerKind::Takeover, &me, probe_u32) {
+                    stop_requested(gw, Some(&m), Some(&sig), "signal", "takeover");
+                    return exit(Outcome::new(ExitIntent::Takeover, format!("replaced by {} (SIGTERM)", m.writer())));
+                }
+                if let Some(m) = marker::consume(gw.home.dir(), MarkerKind::PlannedStop, &me, probe_u32) {
+                    stop_requested(gw, Some(&m), Some(&sig), "signal", "stop");
+                    return exit(Outcome::new(
+                        ExitIntent::PlannedStop,
+                        format!("planned stop requested by {} (SIGTERM)", m.writer()),
+                    ));
+                }
+                // The sender against our parent, read now: the owner's stop comes from the owner.
+                let parent = gatewarden_lifecycle::platform::parent_pid(std::process::id());
+                match gw.supervisor.bare_sigterm(sig.term_sender(parent)) {
+                    // The container runtime's stop (or a declared supervisor's): planned, drained
+                    // within the owner's grace, and not the operator's durable `stopped`.
+                    BareTerm::OwnerStop { by } => {
+                        let mut fields = json!({"requester": sig.requester(), "reason": "owner_stop", "by": by});
+                        fields["signal"] = sig.requester();
+                        gw.record("stop_requested", fields);
+                        let mut o =
+                            Outcome::new(ExitIntent::PlannedStop, format!("stopped by the {by} ({})", sig.describe()));
+                        o.owner_stop = true;
+                        exit(o)
+                    }
+                    BareTerm::Unexpected => exit(unannounced(
+                        gw,
+                        &sig,
+                        "no planned-stop marker names this gateway, and its owner did not send it",
+                    )),
+                }
             }
-            if let Some(m) = marker::consume(gw.home.dir(), MarkerKind::PlannedStop, &me, probe_u32) {
-                stop_requested(gw, Some(&m), "signal", "stop");
-                return Some(Outcome::new(
-                    ExitIntent::PlannedStop,
-                    format!("planned stop requested by {} (SIGTERM)", m.writer()),
-                ));
+            // Nobody's way of stopping a gateway: the sender is recorded, a manager revives it.
+            SignalKind::Quit => exit(unannounced(gw, &sig, "SIGQUIT is not a way to stop a gateway")),
+            SignalKind::Interrupt | SignalKind::ConsoleClose => {
+                stop_requested(gw, None, Some(&sig), "signal", sig.kind.name());
+                exit(Outcome::new(ExitIntent::PlannedStop, format!("planned stop: {}", sig.describe())))
             }
-            Some(Outcome::new(ExitIntent::Unexpected, "unexpected SIGTERM: no planned-stop marker names this gateway"))
+            SignalKind::Restart => {
+                let requester = sig.requester();
+                gw.record("restart_requested", json!({"requester": requester, "reason": "SIGUSR1"}));
+                Classified::Restart(restart::Ask {
+                    why: format!("requested by {}", sig.describe()),
+                    channel: "signal".into(),
+                    requester,
+                    asker: cause::Asker::Nobody,
+                })
+            }
+            // Handled before classification ([`in_place`]).
+            SignalKind::Reload | SignalKind::User2 | SignalKind::Pipe => Classified::Keep,
+        },
+        Cause::Reload { reply, .. } => {
+            // Handled before classification; answered in case one gets here.
+            if let Some(r) = reply {
+                let _ = r.send(Response::err("not_running", "the gateway is not running"));
+            }
+            Classified::Keep
         }
-        Cause::Signal(sig @ (SignalKind::Interrupt | SignalKind::ConsoleClose)) => {
-            stop_requested(gw, None, "signal", sig.name());
-            Some(Outcome::new(ExitIntent::PlannedStop, format!("planned stop: {}", sig.name())))
-        }
-        Cause::Signal(SignalKind::Restart) => {
-            gw.record("restart_requested", json!({"requester": {"channel": "signal"}, "reason": "SIGUSR1"}));
-            restart::begin(gw, opts, "requested by SIGUSR1", "signal")
-        }
-        Cause::Control { kind, requester } => {
+        Cause::Control { kind, requester, asker } => {
             let who = requester.describe();
-            Some(match kind {
+            exit(match kind {
                 ControlKind::Stop => {
                     let mut fields = json!({"requester": requester, "reason": "stop"});
-                    if let Some(seq) = gw.record_operator_stop(&requester.channel) {
+                    if let Ok(Some(seq)) = gw.record_operator_stop(&requester.channel) {
                         fields["want"] = json!("stopped");
                         fields["seq"] = json!(seq);
                     }
@@ -545,18 +738,23 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause, tx: &mpsc::Unbou
                 }
                 ControlKind::Restart => {
                     gw.record("restart_requested", json!({"requester": requester, "reason": "restart"}));
-                    return restart::begin(gw, opts, &format!("requested by {who}"), &requester.channel);
+                    return Classified::Restart(restart::Ask {
+                        why: format!("requested by {who}"),
+                        channel: requester.channel.clone(),
+                        requester: json!(requester),
+                        asker,
+                    });
                 }
             })
         }
         Cause::Fatal(reason) => {
             error!("{reason}");
-            Some(Outcome::new(ExitIntent::FatalConfig, reason))
+            exit(Outcome::new(ExitIntent::FatalConfig, reason))
         }
         Cause::CancelDrain { reply, .. } => {
             let _ =
                 reply.send(Response::err("not_draining", "nothing to cancel: the gateway is running, not draining"));
-            None
+            Classified::Keep
         }
         Cause::MarkerChanged => {
             for (kind, intent) in
@@ -566,8 +764,8 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause, tx: &mpsc::Unbou
                     Verdict::ForSelf(_) => {
                         if let Some(m) = marker::consume(gw.home.dir(), kind, &me, probe_u32) {
                             let reason = if kind == MarkerKind::Takeover { "takeover" } else { "stop" };
-                            stop_requested(gw, Some(&m), "marker", reason);
-                            return Some(Outcome::new(
+                            stop_requested(gw, Some(&m), None, "marker", reason);
+                            return exit(Outcome::new(
                                 intent,
                                 format!("{reason} requested by {} (marker)", m.writer()),
                             ));
@@ -585,19 +783,77 @@ fn classify(gw: &Gateway, opts: &ResolvedOptions, cause: Cause, tx: &mpsc::Unbou
                     Verdict::Absent | Verdict::ForOther(_) => {}
                 }
             }
-            None
+            Classified::Keep
         }
     }
 }
 
 /// Records who asked for a stop: the marker's writer (pid and argv, as it wrote them), or the
-/// signal when no marker names anyone.
-fn stop_requested(gw: &Gateway, marker: Option<&marker::Marker>, channel: &str, reason: &str) {
-    let requester = match marker {
-        Some(m) => json!({"pid": m.writer_pid, "argv": m.writer_argv, "channel": channel}),
-        None => json!({"pid": null, "argv": [], "channel": channel}),
+/// signal's sender when no marker names anyone; a signal's sender is kept as `signal` either
+/// way (issue 30 §5: who sent a SIGTERM).
+fn stop_requested(
+    gw: &Gateway,
+    marker: Option<&marker::Marker>,
+    sig: Option<&signals::Signal>,
+    channel: &str,
+    reason: &str,
+) {
+    let requester = match (marker, sig) {
+        (Some(m), _) => json!({"pid": m.writer_pid, "argv": m.writer_argv, "channel": channel}),
+        (None, Some(s)) => s.requester(),
+        (None, None) => json!({"pid": null, "argv": [], "channel": channel}),
     };
-    gw.record("stop_requested", json!({"requester": requester, "reason": reason}));
+    let mut fields = json!({"requester": requester, "reason": reason});
+    if let Some(s) = sig {
+        fields["signal"] = s.requester();
+    }
+    gw.record("stop_requested", fields);
+}
+
+/// A SIGTERM no marker announced, or a SIGQUIT: drained and ended as unexpected (exit 1, a
+/// manager revives it), its sender in the ledger and the log.
+fn unannounced(gw: &Gateway, sig: &signals::Signal, why: &str) -> Outcome {
+    let sender = sig.requester();
+    gw.record(
+        "stop_requested",
+        json!({"requester": sender, "signal": sender, "reason": sig.kind.name(), "unexpected": true}),
+    );
+    warn!("{}: {why}; draining, then exit 1", sig.describe());
+    Outcome::new(ExitIntent::Unexpected, format!("unexpected {}: {why}", sig.describe()))
+}
+
+/// What the main loop handles without classifying: a reload (control `reload`, SIGHUP) and the
+/// signals that are recorded and ignored. Any other cause is returned for [`classify`].
+async fn in_place(app: &Arc<App>, cause: Cause) -> Option<Cause> {
+    match cause {
+        Cause::Reload { requester, reply } => {
+            let r = reload::reload(app, requester).await;
+            if let Some(reply) = reply {
+                let _ = reply.send(r);
+            }
+            None
+        }
+        Cause::Signal(sig) => match sig.kind.action() {
+            Action::Reload => {
+                info!("{}: reloading the configuration", sig.describe());
+                reload::reload(app, sig.requester()).await;
+                None
+            }
+            Action::Ignore => {
+                ignored(&app.gw, &sig);
+                None
+            }
+            Action::End | Action::Restart => Some(Cause::Signal(sig)),
+        },
+        c => Some(c),
+    }
+}
+
+/// A signal the gateway does not act on (SIGUSR2, a SIGPIPE another process sent): recorded
+/// with its sender, so nobody has to guess what it did.
+fn ignored(gw: &Gateway, sig: &signals::Signal) {
+    warn!("{}: ignored (it has no meaning for a gateway)", sig.describe());
+    gw.record("signal_ignored", json!({"signal": sig.kind.name(), "sender": sig.requester()}));
 }
 
 /// How a drain ended.
@@ -619,9 +875,10 @@ async fn drain(
     rx: &mut mpsc::UnboundedReceiver<Cause>,
     opts: &ResolvedOptions,
     intent: ExitIntent,
+    budget: drain::Budget,
 ) -> Drained {
     let gw = &app.gw;
-    let timeout = opts.drain_timeout;
+    let timeout = budget.runs;
     app.work.notices.reset_for_drain();
     // Chat platforms stop receiving first: what arrives from now on stays with the platform for
     // the successor (no poll of ours lingers to fight its first one).
@@ -657,31 +914,67 @@ async fn drain(
     };
     let mut deferred = Vec::new();
     let idle = runs.wait_idle(timeout);
+    let mut look = tokio::time::interval(SUCCESSOR_LOOK);
     tokio::pin!(extend, idle);
     loop {
         tokio::select! {
             () = &mut extend => {}
+            _ = look.tick() => if let Some(why) = gw.successor_gone() {
+                // The prepared successor died before taking over: nothing would replace us, so
+                // the drain is cancelled and this incarnation serves on (restart.rs).
+                error!("{why}; cancelling the drain");
+                gw.record("restart_failed", json!({"reason": why}));
+                let requester = Requester { pid: gw.me.pid, argv: vec![why.clone()], channel: "gateway".into() };
+                if cancel(gw, facts, &requester, "gateway (the successor exited)").is_ok() {
+                    let (reply, _) = tokio::sync::oneshot::channel();
+                    return Drained::Cancelled { requester, reply, deferred };
+                }
+            },
             idle = &mut idle => {
                 if !idle {
                     warn!("drain timed out after {timeout:?} with {} active run(s)", gw.runs.active());
                 }
                 break;
             }
-            sig = signals.recv() => match sig {
+            sig = signals.recv() => match sig.kind {
                 SignalKind::Interrupt => {
                     warn!("second interrupt: not waiting for {} active run(s)", gw.runs.active());
                     break;
                 }
-                SignalKind::Terminate => facts.terminated = true,
-                _ => {}
+                SignalKind::Terminate | SignalKind::Quit => {
+                    info!("{} during the drain: it goes on", sig.describe());
+                    facts.terminated = true;
+                }
+                SignalKind::Reload => {
+                    reload::refuse_draining(app, sig.requester());
+                }
+                SignalKind::User2 | SignalKind::Pipe => ignored(gw, &sig),
+                SignalKind::Restart | SignalKind::ConsoleClose => {}
             },
             Some(cause) = rx.recv() => match cause {
-                Cause::CancelDrain { requester, reply } => match cancel(gw, facts, &requester) {
-                    Ok(()) => return Drained::Cancelled { requester, reply, deferred },
-                    Err(e) => {
-                        let _ = reply.send(e);
+                Cause::CancelDrain { requester, reply } => {
+                    let by = format!("{} cancel-drain", requester.channel);
+                    match cancel(gw, facts, &requester, &by) {
+                        Ok(()) => return Drained::Cancelled { requester, reply, deferred },
+                        Err(e) => {
+                            let _ = reply.send(e);
+                        }
                     }
-                },
+                }
+                Cause::Reload { requester, reply } => {
+                    let r = reload::refuse_draining(app, requester);
+                    if let Some(reply) = reply {
+                        let _ = reply.send(r);
+                    }
+                }
+                // A restart request taken on before the drain's own cause was decided (while a
+                // restart was being proven, or a signal or a marker came first): told what it
+                // joined, and the ledger says so. Every later request was answered as it came
+                // (`Gateway::request_restart`).
+                Cause::Control { kind: ControlKind::Restart, requester, asker } => {
+                    let answer = gw.record_superseded_restart(&requester);
+                    app.tell(asker, Ok(answer.reply()));
+                }
                 other => deferred.push(other),
             },
         }
@@ -691,14 +984,14 @@ async fn drain(
         // Cancelled runs clean up (an exec backend kills its process group) before we go on;
         // interrupted async runs stay `running` in the journal for the next incarnation.
         app.work.cancel_all();
-        if !gw.runs.wait_idle(CANCEL_GRACE).await {
-            warn!("{} run(s) did not finish cleaning up within {CANCEL_GRACE:?}", gw.runs.active());
+        if !gw.runs.wait_idle(budget.cancel_grace).await {
+            warn!("{} run(s) did not finish cleaning up within {:?}", gw.runs.active(), budget.cancel_grace);
         }
     }
     if !platforms.is_empty() {
         // Replies of the runs that finished go out; what does not make it stays in the outbox.
-        let deadline =
-            std::time::Instant::now() + platforms::Platforms::flush_budget(timeout.saturating_sub(t0.elapsed()));
+        let flush = platforms::Platforms::flush_budget(timeout.saturating_sub(t0.elapsed()));
+        let deadline = std::time::Instant::now() + budget.flush.map_or(flush, |cap| flush.min(cap));
         let _ = tokio::task::spawn_blocking(move || platforms.close(deadline)).await;
     }
     gw.record(
@@ -710,7 +1003,7 @@ async fn drain(
 
 /// Whether the drain may be cancelled, and if so the cancel recorded in the desired state (the
 /// restart's successor, backstop and ladder stand down on it): `Err` is the answer to send.
-fn cancel(gw: &Gateway, facts: drain::CancelFacts, requester: &Requester) -> Result<(), Response> {
+fn cancel(gw: &Gateway, facts: drain::CancelFacts, requester: &Requester, by: &str) -> Result<(), Response> {
     use gatewarden_lifecycle::desired::{self, Kept};
     if let Err(why) = drain::may_cancel(facts) {
         return Err(Response::err("not_cancellable", why.describe()));
@@ -719,8 +1012,7 @@ fn cancel(gw: &Gateway, facts: drain::CancelFacts, requester: &Requester) -> Res
         return Err(Response::err("not_cancellable", "this process cannot tell its own identity; the drain goes on"));
     };
     let kept = Kept { incarnation: gw.me.id.clone(), process };
-    let by = format!("{} cancel-drain", requester.channel);
-    match desired::record_cancel(gw.home.dir(), kept, &by) {
+    match desired::record_cancel(gw.home.dir(), kept, by) {
         Ok(Ok(d)) => {
             gw.record(
                 "drain_cancelled",
@@ -749,7 +1041,7 @@ async fn run_on(app: &Arc<App>, requester: Requester, reply: tokio::sync::onesho
     if !app.platforms.is_empty() {
         let (p, g) = (Arc::clone(&app.platforms), Arc::clone(gw));
         let restarted = tokio::task::spawn_blocking(move || {
-            p.close(Instant::now() + RESTART_ADAPTERS_FLUSH);
+            p.close(Instant::now() + platforms::RESTART_FLUSH);
             p.start(&g)
         })
         .await;
@@ -774,6 +1066,13 @@ async fn run_on(app: &Arc<App>, requester: Requester, reply: tokio::sync::onesho
 
 fn startup_failed(gw: &Gateway, reason: String) -> Outcome {
     startup_failed_with(gw, ExitIntent::FatalConfig, reason)
+}
+
+/// A start the desired state prevented once it had begun (`start_prevented` is recorded by
+/// [`not_starting`]): a planned stop, not a refusal.
+fn prevented(gw: &Gateway, o: Outcome) -> Outcome {
+    gw.advance(GatewayState::Stopping);
+    o
 }
 
 fn startup_failed_with(gw: &Gateway, intent: ExitIntent, reason: String) -> Outcome {

@@ -12,7 +12,10 @@
 use std::fs::File;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
+
+use gatewarden_lifecycle::term;
 
 /// Rotate the log file past this size; keep this many older generations.
 pub const ROTATE_BYTES: u64 = 5 << 20;
@@ -73,11 +76,28 @@ fn install() {
     let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Lines));
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
     Info,
     Warn,
     Error,
+}
+
+/// The least severe level written (`log_level` in config.toml): 0 info, 1 warn, 2 error.
+static MIN_LEVEL: AtomicU8 = AtomicU8::new(0);
+
+/// Sets the least severe level written, at start and by a reload (reload.rs).
+pub fn set_level(level: gatewarden_config::LogLevel) {
+    let min = match level {
+        gatewarden_config::LogLevel::Info => Level::Info,
+        gatewarden_config::LogLevel::Warn => Level::Warn,
+        gatewarden_config::LogLevel::Error => Level::Error,
+    };
+    MIN_LEVEL.store(min as u8, Ordering::Relaxed);
+}
+
+fn enabled(level: Level) -> bool {
+    level as u8 >= MIN_LEVEL.load(Ordering::Relaxed)
 }
 
 impl Level {
@@ -109,6 +129,9 @@ pub fn write(level: Level, msg: std::fmt::Arguments<'_>) {
 
 /// Writes one line with the fields of the spans it happened in (outermost first).
 fn line(level: Level, msg: &str, fields: &[(&'static str, String)]) {
+    if !enabled(level) {
+        return;
+    }
     #[cfg(test)]
     if tests::captured(level, msg, fields) {
         return;
@@ -154,7 +177,7 @@ fn render(format: Format, stamped: bool, level: Level, msg: &str, fields: &[(&'s
         if fields.is_empty() {
             return String::new();
         }
-        let kv: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let kv: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={}", term::escape(v))).collect();
         format!(" [{}]", kv.join(" "))
     };
     match format {
@@ -169,10 +192,16 @@ fn render(format: Format, stamped: bool, level: Level, msg: &str, fields: &[(&'s
             }
             format!("{v}\n")
         }
-        Format::Plain if stamped => {
-            format!("{} {}: {msg}{}\n", gatewarden_lifecycle::timefmt::now(), level.as_str(), plain_fields())
-        }
-        Format::Plain => format!("{}: {msg}{}\n", level.as_str(), plain_fields()),
+        // One line per entry whatever the message holds (chat text, an agent's stderr): a line
+        // break or an escape sequence in it can neither forge a line nor reach a terminal.
+        Format::Plain if stamped => format!(
+            "{} {}: {}{}\n",
+            gatewarden_lifecycle::timefmt::now(),
+            level.as_str(),
+            term::escape(msg),
+            plain_fields()
+        ),
+        Format::Plain => format!("{}: {}{}\n", level.as_str(), term::escape(msg), plain_fields()),
     }
 }
 
@@ -340,5 +369,12 @@ mod tests {
         assert!(j["ts"].as_str().is_some());
         assert_eq!(render(Format::Plain, false, Level::Info, "hi", &fields[..1]), "info: hi [message_id=m1]\n");
         assert_eq!(render(Format::Plain, false, Level::Error, "plain", &[]), "error: plain\n");
+        // Outside text cannot add a line or reach a terminal as an escape sequence.
+        let hostile = "failed: x\ninfo: forged\u{1b}]0;t\u{7}";
+        let chat = [("chat", "a\u{1b}[2J".to_owned())];
+        assert_eq!(
+            render(Format::Plain, false, Level::Warn, hostile, &chat),
+            "warn: failed: x\\ninfo: forged\\x1b]0;t\\x07 [chat=a\\x1b[2J]\n"
+        );
     }
 }

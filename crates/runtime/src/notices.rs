@@ -103,6 +103,17 @@ pub fn record_restart_requester(home: &Path, chat_id: &str, user_id: &str, platf
     }
 }
 
+/// A refused restart: the next incarnation owes the chat no "back online".
+pub fn forget_restart_requester(home: &Path, incarnation: &str) {
+    let path = home.join(RESTART_NOTIFY_FILE);
+    let ours = fsio::read_json::<Value>(&path)
+        .ok()
+        .is_some_and(|v| v.get("incarnation").and_then(Value::as_str) == Some(incarnation));
+    if ours {
+        let _ = fsio::remove_if_exists(&path);
+    }
+}
+
 /// At boot: turns a predecessor's `/restart` record into one "back online" notice, for an HTTP
 /// chat in `notices`, for a platform chat in the outbox.
 pub fn back_online(home: &Path, incarnation: &str, notices: &Notices, journal: &dyn Store, wake: &Wake) {

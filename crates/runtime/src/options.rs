@@ -9,13 +9,7 @@ use gatewarden_cluster::PgStore;
 use gatewarden_config::ClusterConfig;
 use gatewarden_lifecycle::{Home, Supervisor};
 
-/// The environment variable tagging every process an agent run starts.
-pub const RUN_TAG: &str = "GATEWARDEN_RUN_TAG";
-
-/// `<home hash>:<incarnation>`: which gateway a run process belongs to.
-pub fn run_tag(home: &Home, incarnation: &str) -> String {
-    format!("{:016x}:{incarnation}", gatewarden_control::endpoint::fnv1a(home.dir().to_string_lossy().as_bytes()))
-}
+pub use gatewarden_control::runs::{RUN_TAG, run_tag};
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -42,6 +36,9 @@ pub struct RunOptions {
     /// The desired-state sequence this start carries out (`start`, a successor); `None` for a
     /// foreground `run` (the operator's own start) or a service manager's launch.
     pub desired_seq: Option<u64>,
+    /// Only answer whether a gateway could start (`startable`'s dry run) and exit: a restart's
+    /// preflight (restart.rs).
+    pub preflight: bool,
 }
 
 impl RunOptions {
@@ -60,6 +57,7 @@ impl RunOptions {
             log_file: None,
             log_json: false,
             desired_seq: None,
+            preflight: false,
         }
     }
 }
@@ -73,6 +71,9 @@ pub struct ResolvedOptions {
     /// The executable that successors and restart backstops run; `None`: this one
     /// (`gatewarden_lifecycle::platform::spawn::self_exe`). An in-process test points it at a harmless program.
     pub exe: Option<std::path::PathBuf>,
+    /// A successor's listener, adopted while it prepared (startable.rs);
+    /// taken once, when the gateway starts serving.
+    pub adopted: std::sync::Mutex<Option<std::net::TcpListener>>,
     pub opts: RunOptions,
 }
 
@@ -97,16 +98,17 @@ impl std::ops::Deref for ResolvedOptions {
 #[derive(Debug, Clone)]
 pub struct ClusterSettings {
     pub config: ClusterConfig,
-    pub password: Option<String>,
+    /// From crates/config/src/secrets.rs; its `Debug` is redacted.
+    pub password: Option<gatewarden_config::Secret>,
     /// The cluster's journal; its writes take their epoch from the driver once started
     /// (cluster.rs).
     pub store: Option<Arc<PgStore>>,
 }
 
 impl ClusterSettings {
-    pub fn new(config: ClusterConfig, password: Option<String>) -> Result<ClusterSettings, String> {
+    pub fn new(config: ClusterConfig, password: Option<gatewarden_config::Secret>) -> Result<ClusterSettings, String> {
         let app = format!("gatewarden journal pid {}", std::process::id());
-        let store = PgStore::start(&config.store_url(), password.as_deref(), &config.name, &app)
+        let store = PgStore::start(&config.store_url(), password.as_ref().map(|p| p.expose()), &config.name, &app)
             .map_err(|e| format!("[cluster] store: {e}"))?;
         Ok(ClusterSettings { config, password, store: Some(Arc::new(store)) })
     }

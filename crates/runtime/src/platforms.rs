@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use gatewarden_cluster::ClusterError;
@@ -50,6 +50,9 @@ const DEMOTION_FLUSH: Duration = Duration::from_secs(2);
 /// already took, so the cost of a wider window is only a first-ever start answering the last
 /// minutes of a room.
 const FRESH_START_WINDOW: Duration = Duration::from_secs(300);
+/// How long an adapter restarted in place (a cancelled drain, a reload) gets to send what its
+/// outbox holds first; what is left is sent by the adapter that replaces it.
+pub const RESTART_FLUSH: Duration = Duration::from_secs(2);
 pub const STANDBY_REASON: &str = "waiting for promotion: this gateway is a cluster standby";
 
 /// What keeps an adapter's credential ours while it runs.
@@ -92,18 +95,27 @@ impl std::fmt::Display for Refused {
 }
 
 struct Entry {
-    adapter: Arc<dyn Adapter>,
-    admins: Vec<String>,
+    /// Replaced in place by a reload that changed its `[[platform]]` table (same name, kind
+    /// and credential: [`Platforms::replace`]).
+    adapter: RwLock<Arc<dyn Adapter>>,
     guard: Mutex<Option<CredGuard>>,
 }
 
 impl Entry {
+    fn adapter(&self) -> Arc<dyn Adapter> {
+        Arc::clone(&self.adapter.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn holds_credential(&self) -> bool {
+        self.guard.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
     fn set_guard(&self, g: Option<CredGuard>) {
         *self.guard.lock().unwrap_or_else(|p| p.into_inner()) = g;
     }
 
     fn key(&self) -> CredKey {
-        let a = &self.adapter;
+        let a = self.adapter();
         CredKey {
             platform: a.kind().to_owned(),
             credential: gatewarden_platforms::sha256_hex(a.credential().as_bytes()),
@@ -131,19 +143,32 @@ pub struct Platforms {
     role: OnceLock<mpsc::UnboundedSender<RoleEvent>>,
     /// Where inbound messages go (the worker; app.rs).
     intake: OnceLock<Arc<dyn Intake>>,
+    /// The host the running adapters were started with, for an adapter restarted in place.
+    host: Mutex<Option<Arc<dyn Host>>>,
     hermes: HermesLocks,
 }
 
 impl Platforms {
-    /// Builds the adapters; a missing credential is a configuration error (exit 78).
-    pub fn build(config: &gatewarden_config::Config) -> Result<Platforms, String> {
+    /// Builds the adapters with their resolved `secrets`; a missing credential is a
+    /// configuration error (exit 78).
+    pub fn build(
+        config: &gatewarden_config::Config,
+        secrets: &gatewarden_config::Secrets,
+    ) -> Result<Platforms, String> {
         let mut entries = Vec::new();
         for p in &config.platform {
-            let adapter = gatewarden_platforms::build(p).map_err(|e| e.to_string())?;
-            entries.push(Entry { adapter, admins: p.admins.clone(), guard: Mutex::new(None) });
+            let adapter = gatewarden_platforms::build(p, secrets).map_err(|e| e.to_string())?;
+            entries.push(Entry { adapter: RwLock::new(adapter), guard: Mutex::new(None) });
         }
         let hermes = HermesLocks(scoped::lock_dir(|k| std::env::var_os(k)));
-        Ok(Platforms { entries, started: Mutex::new(None), role: OnceLock::new(), intake: OnceLock::new(), hermes })
+        Ok(Platforms {
+            entries,
+            started: Mutex::new(None),
+            role: OnceLock::new(),
+            intake: OnceLock::new(),
+            host: Mutex::new(None),
+            hermes,
+        })
     }
 
     /// Connects the adapters' deliveries to the worker (once, before they start).
@@ -151,9 +176,18 @@ impl Platforms {
         let _ = self.intake.set(intake);
     }
 
-    /// `[[platform]] admins` by adapter name, for the command rule (commands.rs).
-    pub fn admins(&self) -> BTreeMap<String, Vec<String>> {
-        self.entries.iter().map(|e| (e.adapter.name().to_owned(), e.admins.clone())).collect()
+    /// The adapter built from `[[platform]]` table `name` (a reload's new settings, not started).
+    pub fn take(&self, name: &str) -> Option<Arc<dyn Adapter>> {
+        self.get(name).map(Entry::adapter)
+    }
+
+    /// Whether `next` may replace the running adapter `name` in place: the same kind and the
+    /// same credential, so the credential lock (or lease) it holds stays right.
+    pub fn same_credential(&self, name: &str, next: &dyn Adapter) -> bool {
+        self.get(name).is_some_and(|e| {
+            let a = e.adapter();
+            a.kind() == next.kind() && a.credential() == next.credential()
+        })
     }
 
     fn host(&self, gw: &Arc<Gateway>) -> GatewayHost {
@@ -165,7 +199,7 @@ impl Platforms {
     }
 
     fn get(&self, name: &str) -> Option<&Entry> {
-        self.entries.iter().find(|e| e.adapter.name() == name)
+        self.entries.iter().find(|e| e.adapter().name() == name)
     }
 
     /// Takes each credential lock, then starts the adapter. A credential that cannot be locked
@@ -175,75 +209,115 @@ impl Platforms {
     pub fn start(&self, gw: &Arc<Gateway>) -> Result<(), String> {
         *self.started.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         let host: Arc<dyn Host> = Arc::new(self.host(gw));
+        *self.host.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&host));
         for e in &self.entries {
-            let a = &e.adapter;
-            let me = Holder {
-                home: gw.home_str.clone(),
-                pid: gw.me.pid,
-                incarnation: Some(gw.me.id.clone()),
-                adapter: Some(a.name().to_owned()),
-            };
-            let acquired = match self.hermes.refusal(&**a) {
-                Some(reason) => Err(Refused::Hermes(reason)),
-                None => credlock::acquire(a.kind(), a.credential(), &me).map_err(Refused::Ours),
-            };
-            let only = self.entries.len() == 1;
-            match acquired {
-                Ok(lock) => e.set_guard(Some(CredGuard::Local { _lock: lock })),
-                Err(Refused::Ours(err @ CredLockError::Held { .. })) if only => {
-                    return Err(format!(
-                        "[[platform]] {}: {err}; one bot credential serves one gateway (stop the other one, or remove this [[platform]] table)",
-                        a.name()
-                    ));
-                }
-                Err(Refused::Hermes(reason)) if only => {
-                    return Err(format!("[[platform]] {}: {reason}; one bot credential serves one gateway", a.name()));
-                }
-                Err(Refused::Ours(err)) if only => {
-                    return Err(format!(
-                        "[[platform]] {}: cannot take its credential lock: {err}; it is the only chat platform, so this gateway would serve nothing{}",
-                        a.name(),
-                        match err {
-                            CredLockError::Dir { .. } => format!(
-                                " (set XDG_RUNTIME_DIR to a private folder of this user, or {} to another lock folder)",
-                                credlock::DIR_ENV
-                            ),
-                            _ => String::new(),
-                        }
-                    ));
-                }
-                Err(refused) => {
-                    let reason = refused.to_string();
-                    crate::warn!("[[platform]] {}: parked: {reason}", a.name());
-                    a.park(reason);
-                    host.state_changed(a.name(), &a.status().state());
-                    continue;
-                }
-            }
-            a.start(Arc::clone(&host)).map_err(|e| e.to_string())?;
-            crate::info!("[[platform]] {} ({}) started", a.name(), a.kind());
+            self.start_entry(e, gw, &host)?;
         }
         Ok(())
+    }
+
+    /// [`Platforms::start`] for one adapter: its credential lock, then the adapter.
+    fn start_entry(&self, e: &Entry, gw: &Arc<Gateway>, host: &Arc<dyn Host>) -> Result<(), String> {
+        let a = e.adapter();
+        let me = Holder {
+            home: gw.home_str.clone(),
+            pid: gw.me.pid,
+            incarnation: Some(gw.me.id.clone()),
+            adapter: Some(a.name().to_owned()),
+        };
+        let acquired = match self.hermes.refusal(&*a) {
+            Some(reason) => Err(Refused::Hermes(reason)),
+            None => credlock::acquire(a.kind(), a.credential(), &me).map_err(Refused::Ours),
+        };
+        let only = self.entries.len() == 1;
+        match acquired {
+            Ok(lock) => e.set_guard(Some(CredGuard::Local { _lock: lock })),
+            Err(Refused::Ours(err @ CredLockError::Held { .. })) if only => {
+                return Err(format!(
+                    "[[platform]] {}: {err}; one bot credential serves one gateway (stop the other one, or remove this [[platform]] table)",
+                    a.name()
+                ));
+            }
+            Err(Refused::Hermes(reason)) if only => {
+                return Err(format!("[[platform]] {}: {reason}; one bot credential serves one gateway", a.name()));
+            }
+            Err(Refused::Ours(err)) if only => {
+                return Err(format!(
+                    "[[platform]] {}: cannot take its credential lock: {err}; it is the only chat platform, so this gateway would serve nothing{}",
+                    a.name(),
+                    match err {
+                        CredLockError::Dir { .. } => format!(
+                            " (set XDG_RUNTIME_DIR to a private folder of this user, or {} to another lock folder)",
+                            credlock::DIR_ENV
+                        ),
+                        _ => String::new(),
+                    }
+                ));
+            }
+            Err(refused) => {
+                let reason = refused.to_string();
+                crate::warn!("[[platform]] {}: parked: {reason}", a.name());
+                a.park(reason);
+                host.state_changed(a.name(), &a.status().state());
+                return Ok(());
+            }
+        }
+        a.start(Arc::clone(host)).map_err(|e| e.to_string())?;
+        crate::info!("[[platform]] {} ({}) started", a.name(), a.kind());
+        Ok(())
+    }
+
+    /// A reload changed adapter `name`'s settings (not its kind or credential: the caller
+    /// checked [`Platforms::same_credential`]): the running adapter stops taking messages,
+    /// sends what its outbox holds until `deadline`, and `next` starts on the same credential
+    /// lock. Without `[cluster]` only (a cluster's adapters follow the role task). Blocking.
+    pub fn replace(
+        &self,
+        gw: &Arc<Gateway>,
+        name: &str,
+        next: Arc<dyn Adapter>,
+        deadline: Instant,
+    ) -> Result<(), String> {
+        let Some(e) = self.get(name) else { return Err(format!("[[platform]] {name}: no such adapter runs")) };
+        let old = e.adapter();
+        old.stop_intake();
+        if !old.close(deadline) {
+            crate::warn!(
+                "[[platform]] {name}: replies still queued when it was restarted (the new settings send them)"
+            );
+        }
+        *e.adapter.write().unwrap_or_else(|p| p.into_inner()) = next;
+        let host = self.host.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let host = host.unwrap_or_else(|| Arc::new(self.host(gw)));
+        let a = e.adapter();
+        if e.holds_credential() {
+            a.start(host).map_err(|err| format!("[[platform]] {name}: {err}"))?;
+            crate::info!("[[platform]] {name} ({}) restarted with its new settings", a.kind());
+            Ok(())
+        } else {
+            // It was parked (its credential held elsewhere): it tries again, as at start.
+            self.start_entry(e, gw, &host)
+        }
     }
 
     /// The outbox has something for `adapter`.
     pub fn wake(&self, adapter: &str) {
         if let Some(e) = self.get(adapter) {
-            e.adapter.wake();
+            e.adapter().wake();
         }
     }
 
     /// A run's activity in one of `adapter`'s chats (never blocks).
     pub fn show(&self, adapter: &str, chat: &str, run: &str, activity: gatewarden_platforms::Activity) {
         if let Some(e) = self.get(adapter) {
-            e.adapter.show(chat, run, activity);
+            e.adapter().show(chat, run, activity);
         }
     }
 
     /// Drain, step 1 (blocking, bounded by one short call per adapter).
     pub fn stop_intake(&self) {
         for e in &self.entries {
-            e.adapter.stop_intake();
+            e.adapter().stop_intake();
         }
     }
 
@@ -251,10 +325,10 @@ impl Platforms {
     /// credentials.
     pub fn close(&self, deadline: Instant) {
         for e in &self.entries {
-            if !e.adapter.close(deadline) {
+            if !e.adapter().close(deadline) {
                 crate::warn!(
                     "[[platform]] {}: replies still queued at the end of the drain (the next incarnation sends them)",
-                    e.adapter.name()
+                    e.adapter().name()
                 );
             }
             // A local lock is released here; a lease by the role task, after this.
@@ -267,8 +341,8 @@ impl Platforms {
         let host = self.host(gw);
         for e in &self.entries {
             let state = State::Standby(STANDBY_REASON.to_owned());
-            if e.adapter.status().set(state.clone()) {
-                host.state_changed(e.adapter.name(), &state);
+            if e.adapter().status().set(state.clone()) {
+                host.state_changed(e.adapter().name(), &state);
             }
         }
     }
@@ -280,7 +354,7 @@ impl Platforms {
             return Ok(());
         }
         let c = &s.config;
-        let leases = PgCredLeases::new(&c.store_url(), s.password.as_deref(), &c.name)
+        let leases = PgCredLeases::new(&c.store_url(), s.password.as_ref().map(|p| p.expose()), &c.name)
             .map_err(|e| format!("[cluster] store: {e}"))?
             .with_application_name(&format!("gatewarden pid {} credentials", gw.me.pid));
         let (tx, rx) = mpsc::unbounded_channel();
@@ -329,10 +403,10 @@ impl Platforms {
         self.entries
             .iter()
             .map(|e| {
-                let s = e.adapter.status().snapshot();
+                let s = e.adapter().status().snapshot();
                 json!({
-                    "name": e.adapter.name(),
-                    "kind": e.adapter.kind(),
+                    "name": e.adapter().name(),
+                    "kind": e.adapter().kind(),
                     "state": s.state.name(),
                     "reason": s.state.reason(),
                     "since": s.since,
@@ -352,7 +426,7 @@ impl Platforms {
     pub fn snapshots(&self) -> Vec<(String, &'static str, gatewarden_platforms::Snapshot)> {
         self.entries
             .iter()
-            .map(|e| (e.adapter.name().to_owned(), e.adapter.kind(), e.adapter.status().snapshot()))
+            .map(|e| (e.adapter().name().to_owned(), e.adapter().kind(), e.adapter().status().snapshot()))
             .collect()
     }
 
@@ -375,7 +449,7 @@ impl Platforms {
                 }
                 let Some(started) = *me.started.lock().unwrap_or_else(|p| p.into_inner()) else { continue };
                 for e in &me.entries {
-                    let a = &e.adapter;
+                    let a = e.adapter();
                     let age = a.status().progress_age(started);
                     if a.status().state() == State::Connected && age > a.watchdog_after() {
                         crate::warn!("[[platform]] {}: no progress for {age:?}; reconnecting", a.name());
@@ -630,10 +704,10 @@ impl RoleTask {
             }
             let (key, me) = {
                 let e = &self.platforms.entries[i];
-                (e.key(), self.me(epoch, e.adapter.name()))
+                (e.key(), self.me(epoch, e.adapter().name()))
             };
             // A credential a hermes gateway here uses is not leased.
-            if let Some(reason) = self.platforms.hermes.refusal(&*self.platforms.entries[i].adapter) {
+            if let Some(reason) = self.platforms.hermes.refusal(&*self.platforms.entries[i].adapter()) {
                 self.refuse(i, only, Refusal::Held(reason));
                 continue;
             }
@@ -651,7 +725,7 @@ impl RoleTask {
                 Err(e) => Some(Refusal::Store(format!("cannot take the credential lease: {e}; retrying"))),
             };
             let e = &self.platforms.entries[i];
-            let a = Arc::clone(&e.adapter);
+            let a = e.adapter();
             match refusal {
                 None => {
                     e.set_guard(Some(CredGuard::Lease));
@@ -677,7 +751,7 @@ impl RoleTask {
     /// An adapter whose credential is not ours this round: parked (held elsewhere; the only
     /// adapter ends the gateway, exit 78, as with the local lock) or degraded (the store).
     fn refuse(&self, i: usize, only: bool, refusal: Refusal) {
-        let a = &self.platforms.entries[i].adapter;
+        let a = self.platforms.entries[i].adapter();
         match refusal {
             Refusal::Held(reason) => {
                 if only {
@@ -709,7 +783,7 @@ impl RoleTask {
         for i in held {
             let (key, me) = {
                 let e = &self.platforms.entries[i];
-                (e.key(), self.me(epoch, e.adapter.name()))
+                (e.key(), self.me(epoch, e.adapter().name()))
             };
             let ttl = self.ttl;
             if let Ok(false) = self.bounded(async |l| l.renew(&key, &me, ttl).await).await {
@@ -717,7 +791,7 @@ impl RoleTask {
             }
         }
         for i in lost {
-            let a = Arc::clone(&self.platforms.entries[i].adapter);
+            let a = self.platforms.entries[i].adapter();
             crate::warn!("[[platform]] {}: credential lease lost (it expired and was taken); stopping", a.name());
             self.stop(i, Instant::now() + MIN_FLUSH).await;
             a.park("the credential lease was lost to another gateway; retried every renewal".into());
@@ -747,7 +821,7 @@ impl RoleTask {
         self.held.remove(&i);
         let platforms = Arc::clone(&self.platforms);
         let e = &platforms.entries[i];
-        let a = Arc::clone(&e.adapter);
+        let a = e.adapter();
         let key = e.key();
         // Release matches the holder id only, not the epoch.
         let me = self.me(0, a.name());
@@ -759,12 +833,15 @@ impl RoleTask {
         if !matches!(closed, Ok(true)) {
             crate::warn!(
                 "[[platform]] {}: replies still queued after the flush (this home sends them when it runs the adapter again)",
-                e.adapter.name()
+                e.adapter().name()
             );
         }
         e.set_guard(None);
         if let Err(err) = self.bounded(async |l| l.release(&key, &me).await).await {
-            crate::warn!("[[platform]] {}: cannot release the credential lease ({err}); it expires", e.adapter.name());
+            crate::warn!(
+                "[[platform]] {}: cannot release the credential lease ({err}); it expires",
+                e.adapter().name()
+            );
         }
     }
 }

@@ -16,7 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use gatewarden_agent::backend::trace::{Note, RunNotes};
@@ -30,12 +30,20 @@ use serde_json::json;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::cause::{Cause, ControlKind};
+use crate::access::pairing::Keeper;
+use crate::access::{Admit, Gate, Policies};
+use crate::cause::{Asker, ControlKind};
 use crate::commands::{self, Admins, Channel, Command, CommandOutcome, Sender};
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, RestartAnswer};
 use crate::intake::{Intake, Wake};
 use crate::notices::{self, Notices};
+use gatewarden_agent::backend::delivery::{self, Delivery};
 use gatewarden_platforms::Activity;
+use gatewarden_platforms::skeleton::progress::PREVIEW_AFTER;
+
+/// Where a run streams its reply: the chunks, and how far they got towards the caller (the
+/// consumer [`Delivery::take`]s each chunk and [`Delivery::reach`]es before showing it).
+pub type Stream = (mpsc::Sender<String>, Delivery);
 
 /// Async runs in flight at once.
 const ASYNC_CONCURRENCY: usize = 64;
@@ -59,13 +67,55 @@ pub struct Metrics {
     pub drain_ms_before: AtomicU64,
     /// The last run that failed (not cancelled) and why, for `status`: an upstream that cannot
     /// be reached (a certificate that does not verify, crates/net) shows there by name.
-    pub last_failure: Mutex<Option<(std::time::SystemTime, String)>>,
+    /// When the last run failed, why, and its reference (the message or run id a chat or
+    /// caller was given).
+    pub last_failure: Mutex<Option<(std::time::SystemTime, String, String)>>,
     /// Tokens the upstream reported (openai), this incarnation.
     pub prompt_tokens: AtomicU64,
     pub completion_tokens: AtomicU64,
     /// The same per `(platform, chat)` (`None`: the HTTP API), with the runs that reported
     /// them; at most [`MAX_USAGE_CHATS`] chats, the rest counted together.
     pub chat_usage: Mutex<std::collections::BTreeMap<(Option<String>, String), ChatUsage>>,
+    /// Runs that failed (not cancelled) since the last that succeeded: `doctor`'s
+    /// `runs-failing`, `status`'s agent line.
+    pub failures_in_a_row: AtomicU64,
+    /// Runs finished in the last minute (`top`'s messages per minute).
+    pub finished: Mutex<PerMinute>,
+}
+
+/// Events counted per second over the last minute: 60 buckets, each stamped with its second,
+/// so a bucket from a minute ago is never counted again. Pure; the clock is the caller's.
+#[derive(Debug)]
+pub struct PerMinute {
+    buckets: [(u64, u32); 60],
+}
+
+impl Default for PerMinute {
+    fn default() -> PerMinute {
+        PerMinute { buckets: [(0, 0); 60] }
+    }
+}
+
+impl PerMinute {
+    /// One event at `second` (seconds on any monotonic scale).
+    pub fn note(&mut self, second: u64) {
+        let b = &mut self.buckets[(second % 60) as usize];
+        if b.0 != second {
+            *b = (second, 0);
+        }
+        b.1 = b.1.saturating_add(1);
+    }
+
+    /// Events in the minute up to and including `second`.
+    pub fn last_minute(&self, second: u64) -> u64 {
+        self.buckets.iter().filter(|(s, _)| *s <= second && second - *s < 60).map(|(_, n)| u64::from(*n)).sum()
+    }
+}
+
+/// Seconds since this process first asked: the clock of [`PerMinute`].
+pub fn uptime_second() -> u64 {
+    static T0: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    T0.get_or_init(std::time::Instant::now).elapsed().as_secs()
 }
 
 /// Chats whose token usage `status --json` shows one by one.
@@ -80,7 +130,7 @@ pub struct ChatUsage {
 }
 
 impl Metrics {
-    pub fn count<T>(&self, r: &Result<T, AgentError>) {
+    pub fn count<T>(&self, r: &Result<T, AgentError>, reference: &str) {
         let c = match r {
             Ok(_) => &self.ok,
             Err(AgentError::Cancelled) => &self.cancelled,
@@ -88,12 +138,26 @@ impl Metrics {
             Err(_) => &self.failed,
         };
         c.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = r
-            && !matches!(e, AgentError::Cancelled)
-        {
-            *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some((std::time::SystemTime::now(), e.to_string()));
+        self.finished.lock().unwrap_or_else(|p| p.into_inner()).note(uptime_second());
+        match r {
+            Ok(_) => self.failures_in_a_row.store(0, Ordering::Relaxed),
+            Err(AgentError::Cancelled) => {}
+            Err(e) => {
+                self.failures_in_a_row.fetch_add(1, Ordering::Relaxed);
+                *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((std::time::SystemTime::now(), e.to_string(), reference.to_owned()));
+            }
         }
+    }
+
+    /// `status`'s run counts: by outcome this incarnation, failed in a row, finished in the
+    /// last minute.
+    pub fn runs_json(&self) -> serde_json::Value {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let minute = self.finished.lock().unwrap_or_else(|p| p.into_inner()).last_minute(uptime_second());
+        serde_json::json!({"ok": n(&self.ok), "failed": n(&self.failed), "timeout": n(&self.timeout),
+            "cancelled": n(&self.cancelled), "failures_in_a_row": n(&self.failures_in_a_row),
+            "last_minute": minute})
     }
 
     /// Adds one run's usage to its chat's.
@@ -126,10 +190,12 @@ impl Metrics {
         )
     }
 
-    /// `{"at", "reason"}` of the last failed run, or null.
+    /// `{"at", "reason", "reference"}` of the last failed run, or null.
     pub fn last_failure_json(&self) -> serde_json::Value {
         match &*self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some((at, why)) => serde_json::json!({"at": gatewarden_lifecycle::timefmt::format(*at), "reason": why}),
+            Some((at, why, reference)) => serde_json::json!({
+                "at": gatewarden_lifecycle::timefmt::format(*at), "reason": why, "reference": reference,
+            }),
             None => serde_json::Value::Null,
         }
     }
@@ -155,27 +221,69 @@ impl Metrics {
     }
 }
 
-/// A carried-out command: the reply, and what the main loop is to do once it is on its way.
+/// A carried-out command: the reply, and for a restart taken on over HTTP, where its verdict
+/// comes (restart.rs: `Ok` carried out, `Err` refused while this incarnation serves on).
 pub struct CommandReply {
     pub reply: String,
-    pub then: Option<Cause>,
+    pub verdict: Option<tokio::sync::oneshot::Receiver<Result<String, String>>>,
+}
+
+/// What a reload replaces (reload.rs), swapped whole: a run or a command reads one consistent
+/// set through [`Work::live`], and a run in flight keeps the agent it started with.
+#[derive(Clone)]
+pub struct Live {
+    pub agent: Arc<dyn Agent>,
+    /// Who may run the admin commands (commands.rs).
+    pub admins: Admins,
+    /// `[journal]`: retention of finished rows and the queue caps.
+    pub retention: gatewarden_config::JournalConfig,
+    /// `[agent] history_turns`, `history_chars`.
+    pub history_turns: usize,
+    pub history_chars: usize,
+    /// `[update] source`: what `/update` installs.
+    pub update_source: Option<String>,
+    /// `[telemetry] otlp_endpoint`: finished messages' traces go out as OTLP spans.
+    pub telemetry: Option<Arc<gatewarden_telemetry::Exporter>>,
+    /// `[agent] failure_text` and `failure_reasons_for_admins`: what a failed run's chat or
+    /// caller is told ([`Work::failure_notice`]).
+    pub failure_text: String,
+    pub failure_reasons_for_admins: bool,
+}
+
+impl Live {
+    /// The settings of `config`, with `admins` (top level and per platform) and `telemetry`
+    /// given.
+    pub fn new(
+        agent: Arc<dyn Agent>,
+        config: &gatewarden_config::Config,
+        admins: Admins,
+        telemetry: Option<Arc<gatewarden_telemetry::Exporter>>,
+    ) -> Live {
+        Live {
+            agent,
+            admins,
+            retention: config.journal.clone(),
+            history_turns: config.agent.history_turns,
+            history_chars: config.agent.history_chars,
+            update_source: config.update.source.clone(),
+            telemetry,
+            failure_text: config.agent.failure_text.clone(),
+            failure_reasons_for_admins: config.agent.failure_reasons_for_admins,
+        }
+    }
 }
 
 pub struct Work {
-    pub agent: Box<dyn Agent>,
     /// The home's SQLite journal, or the cluster's PostgreSQL one (`[cluster]`; lib.rs).
     pub journal: Arc<dyn Store>,
-    /// Who may run the admin commands (commands.rs).
-    pub admins: Admins,
+    /// What a reload may change ([`Live`]).
+    live: RwLock<Arc<Live>>,
     pub api_token: Option<String>,
     /// The listener's limits and accepted `Host` names.
     pub http: gatewarden_config::HttpConfig,
     /// Whether `Host` headers are checked: always on a loopback listener (DNS rebinding), and
     /// on another listener once `[http] allowed_hosts` names its public names.
     pub host_check: bool,
-    /// Retention of finished journal rows.
-    pub retention: gatewarden_config::JournalConfig,
-    pub model: String,
     pub metrics: Metrics,
     pub notices: Notices,
     /// Cancelled when the drain budget runs out.
@@ -185,24 +293,39 @@ pub struct Work {
     queue: mpsc::UnboundedSender<String>,
     queue_rx: Mutex<Option<mpsc::UnboundedReceiver<String>>>,
     run_counter: AtomicU64,
-    /// `[agent] history_turns`.
-    pub history_turns: usize,
-    /// `[agent] history_chars`.
-    pub history_chars: usize,
-    /// `[update] source`: what `/update` installs.
-    update_source: Option<String>,
     /// Platform chats told that their queue is full (`platform\0chat`): told once while it
     /// stays full, so a flood past the cap cannot grow the outbox with notices instead.
     full_told: Mutex<HashSet<String>>,
-    /// `[telemetry] otlp_endpoint`: finished messages' traces go out as OTLP spans.
-    pub telemetry: std::sync::OnceLock<Arc<gatewarden_telemetry::Exporter>>,
     /// `[agent] hermes_home`: the hermes gateway this gateway runs (hermes.rs).
     pub hermes: Option<crate::hermes::Spec>,
     /// Async runs in flight by chat (`platform\0chat`, `""` for the HTTP API), for `/cancel`.
     chat_runs: Mutex<HashMap<String, Vec<(String, CancellationToken)>>>,
     /// Runs a chat `/cancel` stopped: they fail instead of waiting for the next incarnation.
     cancelled_by_chat: Mutex<HashSet<String>>,
+    /// Wakes the retention task now (a reload changed `[journal]`).
+    pub prune_soon: tokio::sync::Notify,
+    /// Told every waiter when [`Live`] was replaced (the OTLP metrics task).
+    pub reloaded: tokio::sync::Notify,
+    /// Who may reach the agent from a chat platform, and the pairing book (access/).
+    pub gate: Arc<Gate>,
 }
+
+/// Who made a pairing decision, for the ledger: the channel (`cli`, `dashboard`, `chat`,
+/// `control`) and who on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecidedBy {
+    pub channel: String,
+    pub who: String,
+}
+
+impl DecidedBy {
+    fn text(&self) -> String {
+        format!("{} ({})", self.channel, self.who)
+    }
+}
+
+/// Why a run a chat cancelled failed.
+pub const REASON_CANCELLED: &str = "cancelled (/cancel)";
 
 fn chat_key(platform: Option<&str>, chat: &str) -> String {
     format!("{}\0{chat}", platform.unwrap_or(""))
@@ -213,23 +336,19 @@ impl Work {
         agent: Box<dyn Agent>,
         journal: Arc<dyn Store>,
         config: &gatewarden_config::Config,
+        api_token: Option<gatewarden_config::Secret>,
         loopback: bool,
         platform_admins: std::collections::BTreeMap<String, Vec<String>>,
         wake: Wake,
     ) -> Work {
         let (queue, rx) = mpsc::unbounded_channel();
+        let admins = Admins { http: config.admins.clone(), api_token: api_token.is_some(), platforms: platform_admins };
+        let journal_for_gate = Arc::clone(&journal);
         Work {
-            model: format!("gatewarden-{}", agent.name()),
-            agent,
+            live: RwLock::new(Arc::new(Live::new(Arc::from(agent), config, admins, None))),
             journal,
-            admins: Admins {
-                http: config.admins.clone(),
-                api_token: config.api_token.is_some(),
-                platforms: platform_admins,
-            },
-            api_token: config.api_token.clone(),
+            api_token: api_token.map(|t| t.expose().to_owned()),
             http: config.http.clone(),
-            retention: config.journal.clone(),
             host_check: loopback || !config.http.allowed_hosts.is_empty(),
             metrics: Metrics::default(),
             notices: Notices::default(),
@@ -238,15 +357,59 @@ impl Work {
             queue,
             queue_rx: Mutex::new(Some(rx)),
             run_counter: AtomicU64::new(0),
-            history_turns: config.agent.history_turns,
-            history_chars: config.agent.history_chars,
-            update_source: config.update.source.clone(),
             full_told: Mutex::new(HashSet::new()),
-            telemetry: std::sync::OnceLock::new(),
             hermes: None,
             chat_runs: Mutex::new(HashMap::new()),
             cancelled_by_chat: Mutex::new(HashSet::new()),
+            prune_soon: tokio::sync::Notify::new(),
+            reloaded: tokio::sync::Notify::new(),
+            // Replaced by `with_gate` in a gateway (lib.rs `prepare`); this one writes nothing.
+            gate: Arc::new(Gate::new(Policies::new(config), Keeper::store(Arc::clone(&journal_for_gate)))),
         }
+    }
+
+    /// The access gate: the live policies and where the pairing book is kept.
+    pub fn with_gate(mut self, gate: Arc<Gate>) -> Work {
+        self.gate = gate;
+        self
+    }
+
+    /// The settings a reload may replace, as they are now.
+    pub fn live(&self) -> Arc<Live> {
+        Arc::clone(&self.live.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Replaces them (reload.rs): what starts from now on uses `live`.
+    pub fn set_live(&self, live: Live) {
+        *self.live.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(live);
+        self.reloaded.notify_waiters();
+    }
+
+    /// The exporter of `[telemetry]`, set once at start (prepare in lib.rs).
+    pub fn set_telemetry(&self, x: Arc<gatewarden_telemetry::Exporter>) {
+        let mut live = self.live.write().unwrap_or_else(|p| p.into_inner());
+        let mut next = Live::clone(&live);
+        next.telemetry = Some(x);
+        *live = Arc::new(next);
+    }
+
+    /// The model name `/v1/models` and completions report: the backend's.
+    pub fn model(&self) -> String {
+        format!("gatewarden-{}", self.live().agent.name())
+    }
+
+    /// What the chat or caller of message `id` (sent by `user_id` through `platform`, `None`:
+    /// the HTTP API) is told about its failure for `reason` (issue 27 §5): the configured text
+    /// and the reference `gatewarden trace` takes. The reason itself only for an admin of that
+    /// channel when `failure_reasons_for_admins` is on, or when it is about the gateway's own
+    /// handling of the message (interrupted twice, `/cancel`); the operator has it whole in
+    /// the trace, the journal, `status` and the log.
+    pub fn failure_notice(&self, platform: Option<&str>, user_id: &str, id: &str, reason: &str) -> String {
+        let channel = platform.map_or(Channel::Http, Channel::Platform);
+        let live = self.live();
+        let admin = live.failure_reasons_for_admins && live.admins.is_admin(Sender { channel, user_id });
+        let public = reason == gatewarden_journal::REASON_INTERRUPTED_TWICE || reason == REASON_CANCELLED;
+        gatewarden_journal::failure_notice_for(&live.failure_text, id, (admin || public).then_some(reason))
     }
 
     /// With `[agent] hermes_home`: the hermes gateway this gateway runs.
@@ -259,7 +422,7 @@ impl Work {
     /// (`None`: take it). Blocking (the journal), like the callers' other journal steps.
     pub fn queue_refusal(&self, platform: Option<&str>, chat: &str) -> Result<Option<String>, JournalError> {
         let (mine, all) = self.journal.queued(platform, chat)?;
-        Ok(self.retention.queue_refusal(mine, all))
+        Ok(self.live().retention.queue_refusal(mine, all))
     }
 
     /// Records whether a platform chat's queue is full; `true` when it just became full (tell
@@ -276,8 +439,8 @@ impl Work {
     }
 
     /// `[update] source`: what chat `/update` (and the dashboard's Update) installs.
-    pub fn update_source(&self) -> Option<&str> {
-        self.update_source.as_deref()
+    pub fn update_source(&self) -> Option<String> {
+        self.live().update_source.clone()
     }
 
     /// Queues a journaled message id for the async worker.
@@ -372,7 +535,7 @@ impl Work {
         self: &Arc<Self>,
         gw: &Gateway,
         req: AgentRequest,
-        chunks: Option<mpsc::Sender<String>>,
+        chunks: Option<Stream>,
     ) -> Result<String, AgentError> {
         self.run_reply(gw, req, chunks).await.map(|r| r.text)
     }
@@ -383,7 +546,7 @@ impl Work {
         self: &Arc<Self>,
         gw: &Gateway,
         req: AgentRequest,
-        chunks: Option<mpsc::Sender<String>>,
+        chunks: Option<Stream>,
     ) -> Result<gatewarden_agent::AgentReply, AgentError> {
         self.run_traced(gw, None, req, chunks, None, self.cancel.child_token()).await
     }
@@ -396,22 +559,25 @@ impl Work {
         gw: &Gateway,
         platform: Option<&str>,
         req: AgentRequest,
-        chunks: Option<mpsc::Sender<String>>,
+        chunks: Option<Stream>,
         notes: Option<RunNotes>,
         token: CancellationToken,
     ) -> Result<gatewarden_agent::AgentReply, AgentError> {
         let _run = gw.runs.begin();
         let chat = req.chat_id.clone();
+        let reference = req.run_id.clone();
         let _cancel_on_drop = token.clone().drop_guard();
-        let me = Arc::clone(self);
+        // The agent as it is now: a reload during the run does not change it under the run.
+        let agent = Arc::clone(&self.live().agent);
+        let ran = Arc::clone(&agent);
         // The agent's task stays in the caller's span (a message's id and platform in its logs).
         let span = tracing::Span::current();
         let handle = tokio::spawn(tracing::Instrument::instrument(
             async move {
                 let run = async {
                     match chunks {
-                        Some(tx) => me.agent.run_streaming(req, token, tx).await,
-                        None => me.agent.run(req, token).await,
+                        Some((tx, d)) => delivery::scope(d, agent.run_streaming(req, token, tx)).await,
+                        None => agent.run(req, token).await,
                     }
                 };
                 match notes {
@@ -422,13 +588,13 @@ impl Work {
             span,
         ));
         let r = handle.await.unwrap_or_else(|e| Err(AgentError::Failed(format!("run panicked: {e}"))));
-        self.metrics.count(&r);
+        self.metrics.count(&r, &reference);
         if let Ok(gatewarden_agent::AgentReply { usage: Some(u), .. }) = &r {
             self.metrics.prompt_tokens.fetch_add(u.prompt_tokens, Ordering::Relaxed);
             self.metrics.completion_tokens.fetch_add(u.completion_tokens, Ordering::Relaxed);
             self.metrics.add_chat_usage(platform, &chat, *u);
         }
-        for ev in self.agent.take_provider_events() {
+        for ev in ran.take_provider_events() {
             let s = ev.status;
             let until = s.until.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs());
             gw.record(
@@ -445,6 +611,7 @@ impl Work {
         &self,
         gw: &Gateway,
         cmd: Command,
+        text: &str,
         platform: Option<&str>,
         chat_id: &str,
         user_id: &str,
@@ -454,7 +621,7 @@ impl Work {
             argv: vec![format!("chat:{chat_id}"), format!("user:{user_id}")],
             channel: "chat".into(),
         };
-        let reply = |reply: String| CommandReply { reply, then: None };
+        let reply = |reply: String| CommandReply { reply, verdict: None };
         match cmd {
             Command::Help => reply(commands::HELP.into()),
             Command::New => reply(match platform.map(|p| self.journal.new_session(p, chat_id)) {
@@ -473,41 +640,86 @@ impl Work {
                     s.uptime_s.unwrap_or(0.0)
                 ))
             }
-            // Already leaving (a drain for a stop or a restart): the main loop no longer takes
-            // requests, so the reply says what happens instead, and the ledger has it (issue 22,
-            // item 7: "restarting…" was answered, and nothing was recorded or done).
-            Command::Restart if gw.phase.get() != GatewayState::Running => {
-                let joined = if self.notices.restarting() { "restart" } else { "stop" };
-                let who = json!({"pid": requester.pid, "argv": requester.argv, "channel": requester.channel});
-                gw.record("restart_requested", json!({"requester": who, "reason": "restart", "joined": joined}));
-                reply(
-                    match joined {
-                        "restart" => "a restart is already under way",
-                        _ => "the gateway is stopping; it will not restart (start it again with `gatewarden start`)",
-                    }
-                    .into(),
-                )
-            }
+            // The gateway decides the answer (issue 30, item 2): taken on, joined to a restart
+            // under way, or refused because a stop is under way; the ledger has each. One taken
+            // on is told the verdict once the next incarnation is proven (restart.rs): a
+            // platform chat hears of a refusal through its outbox; an HTTP caller waits for it
+            // (http/messages.rs).
             Command::Restart => {
-                notices::record_restart_requester(gw.home.dir(), chat_id, user_id, platform, &gw.me.id);
-                CommandReply {
-                    reply: "restarting…".into(),
-                    then: Some(Cause::Control { kind: ControlKind::Restart, requester }),
-                }
+                let (asker, verdict) = match platform {
+                    Some(p) => (Asker::Chat { platform: p.to_owned(), chat_id: chat_id.to_owned() }, None),
+                    None => {
+                        let (asker, verdict) = Asker::waiting();
+                        (asker, Some(verdict))
+                    }
+                };
+                let answer = gw.request_restart(&requester, asker, || {
+                    notices::record_restart_requester(gw.home.dir(), chat_id, user_id, platform, &gw.me.id);
+                });
+                let verdict = verdict.filter(|_| answer == RestartAnswer::Accepted);
+                CommandReply { reply: answer.reply(), verdict }
             }
-            Command::Stop => {
-                gw.record_operator_stop(&requester.channel);
-                CommandReply {
-                    reply: "stopping…".into(),
-                    then: Some(Cause::Control { kind: ControlKind::Stop, requester }),
-                }
-            }
+            Command::Stop => match gw.request_stop(ControlKind::Stop, &requester) {
+                Ok(()) => reply("stopping…".into()),
+                Err(warning) => reply(format!("stopping… (warning: {warning})")),
+            },
             Command::Update => reply(self.start_update(gw, platform, chat_id, user_id)),
             Command::Cancel => reply(self.cancel_chat(platform, chat_id)),
             Command::Approve | Command::Deny => {
                 reply(self.answer_approval(platform, chat_id, user_id, cmd == Command::Approve))
             }
+            Command::Pair | Command::Revoke => {
+                let Some(p) = platform else {
+                    return reply(
+                        "pairing decisions are made on the chat platform, or with `gatewarden pairing approve PLATFORM CODE`"
+                            .into(),
+                    );
+                };
+                let by = DecidedBy { channel: "chat".into(), who: format!("{p} {user_id}") };
+                let Some(arg) = commands::argument(text) else {
+                    return reply(format!("{} needs an argument: /approve CODE or /revoke USER", cmd.name()));
+                };
+                reply(match cmd {
+                    Command::Pair => match self.approve_pairing(gw, p, arg, &by) {
+                        Ok(user) => format!("approved {user}: their messages reach the agent now"),
+                        Err(e) => e,
+                    },
+                    _ => match self.revoke_pairing(gw, p, arg, &by) {
+                        Ok(()) => format!("revoked {arg}: their messages no longer reach the agent"),
+                        Err(e) => e,
+                    },
+                })
+            }
         }
+    }
+
+    /// Approves the sender holding `code` on `platform` (at once: the next message is
+    /// delivered), records `pairing_approved` and tells the sender through the outbox.
+    /// Blocking (the book, the journal). Returns the sender's id.
+    pub fn approve_pairing(&self, gw: &Gateway, platform: &str, code: &str, by: &DecidedBy) -> Result<String, String> {
+        let p =
+            self.gate.approve(platform, code, &by.text(), std::time::SystemTime::now()).map_err(|e| e.to_string())?;
+        gw.record(
+            "pairing_approved",
+            json!({"platform": platform, "sender": p.user, "code": p.code, "channel": by.channel, "by": by.who}),
+        );
+        crate::info!("[[platform]] {platform}: {} approved by {}", p.user, by.text());
+        match self.journal.enqueue(platform, &p.chat, crate::access::WELCOME) {
+            Ok(_) => self.wake.wake(platform),
+            Err(e) => crate::warn!("cannot tell {} they are approved: {e}", p.user),
+        }
+        Ok(p.user)
+    }
+
+    /// Takes `user`'s approval on `platform` back (at once), and records `pairing_revoked`.
+    pub fn revoke_pairing(&self, gw: &Gateway, platform: &str, user: &str, by: &DecidedBy) -> Result<(), String> {
+        self.gate.revoke(platform, user).map_err(|e| e.to_string())?;
+        gw.record(
+            "pairing_revoked",
+            json!({"platform": platform, "sender": user, "channel": by.channel, "by": by.who}),
+        );
+        crate::info!("[[platform]] {platform}: {user} revoked by {}", by.text());
+        Ok(())
     }
 
     /// `/cancel`: stops this chat's runs in flight (the hermes backend stops hermes's run);
@@ -529,14 +741,15 @@ impl Work {
     /// `/approve`, `/deny`: answers the oldest approval the agent asks in this chat, when the
     /// sender may ([`commands::Admins::may_answer`]).
     fn answer_approval(&self, platform: Option<&str>, chat_id: &str, user_id: &str, approve: bool) -> String {
-        let (Some(approvals), Some(p)) = (self.agent.approvals(), platform) else {
+        let live = self.live();
+        let (Some(approvals), Some(p)) = (live.agent.approvals(), platform) else {
             return "nothing waits for an approval here".into();
         };
         let Some(pending) = approvals.pending(p, chat_id) else {
             return "nothing waits for an approval here".into();
         };
         let from = Sender { channel: Channel::Platform(p), user_id };
-        if !self.admins.may_answer(from, &pending.user_id) {
+        if !live.admins.may_answer(from, &pending.user_id) {
             return "only the user who asked, or an admin, can answer this approval".into();
         }
         match (approvals.answer(p, chat_id, &pending.run_id, approve), approve) {
@@ -549,7 +762,7 @@ impl Work {
     /// Relays the questions the agent asks (hermes approvals) to their chats through the
     /// outbox, as long as the worker runs.
     fn relay_questions(self: &Arc<Self>) {
-        let Some(mut rx) = self.agent.approvals().and_then(|a| a.take_questions()) else { return };
+        let Some(mut rx) = self.live().agent.approvals().and_then(|a| a.take_questions()) else { return };
         let me = Arc::clone(self);
         tokio::spawn(async move {
             while let Some(q) = rx.recv().await {
@@ -568,12 +781,12 @@ impl Work {
     /// collects it with its notices, a platform chat gets it through the outbox
     /// (notices.rs). The caller checked who asked ([`commands::decide`]).
     fn start_update(&self, gw: &Gateway, platform: Option<&str>, chat_id: &str, user_id: &str) -> String {
-        let Some(source) = &self.update_source else {
+        let Some(source) = self.update_source() else {
             return "no release to install: set [update] source in config.toml".into();
         };
         let Ok(exe) = spawn::self_exe() else { return "cannot locate the gatewarden executable".into() };
         let mut cmd = std::process::Command::new(exe);
-        cmd.arg("--home").arg(gw.home.dir()).args(["update", "--from", source, "--chat", chat_id]);
+        cmd.arg("--home").arg(gw.home.dir()).args(["update", "--from", &source, "--chat", chat_id]);
         if let Some(p) = platform {
             cmd.args(["--chat-platform", p]);
         }
@@ -602,18 +815,23 @@ impl Work {
         notices::back_online(gw.home.dir(), &gw.me.id, &self.notices, &*self.journal, &self.wake);
     }
 
-    /// Applies `[journal]` retention at start and every [`PRUNE_EVERY`], off the async workers;
-    /// unfinished messages are never pruned (`Journal::prune`).
+    /// Applies `[journal]` retention at start, every [`PRUNE_EVERY`] and at once after a reload
+    /// changed it ([`Work::prune_soon`]), off the async workers, with the bounds as they are
+    /// then; unfinished messages are never pruned (`Journal::prune`).
     pub fn start_pruning(self: &Arc<Self>) {
-        let (age, bytes) = (self.retention.max_age(), self.retention.max_bytes());
-        if age.is_none() && bytes.is_none() {
-            return;
-        }
         let me = Arc::clone(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(PRUNE_EVERY);
             loop {
-                tick.tick().await;
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = me.prune_soon.notified() => {}
+                }
+                let retention = me.live().retention.clone();
+                let (age, bytes) = (retention.max_age(), retention.max_bytes());
+                if age.is_none() && bytes.is_none() {
+                    continue;
+                }
                 match me.with_journal(move |j| j.prune(age, bytes)).await {
                     Ok(p) if p.by_age + p.by_size + p.outbox > 0 => crate::info!(
                         "journal retention: deleted {} finished message(s) past max_age_days, {} past max_size_mb, \
@@ -711,8 +929,9 @@ impl Work {
         };
         tracing::Span::current().record("platform", msg.platform.as_deref().unwrap_or("http"));
         // A chat platform's conversation: the session's last turns, within the char budget.
-        let history = if msg.platform.is_some() && self.history_turns > 0 {
-            let (id, turns, chars) = (msg.id.clone(), self.history_turns, self.history_chars);
+        let live = self.live();
+        let history = if msg.platform.is_some() && live.history_turns > 0 {
+            let (id, turns, chars) = (msg.id.clone(), live.history_turns, live.history_chars);
             match self.with_journal(move |j| j.history(&id, turns)).await {
                 Ok(pairs) => gatewarden_agent::within_budget(
                     pairs.into_iter().flat_map(|(q, a)| [Turn::new("user", q), Turn::new("assistant", a)]).collect(),
@@ -755,15 +974,17 @@ impl Work {
             .or_default()
             .push((id.clone(), token.clone()));
         let mut steps = RunSteps::default();
-        steps.push(TraceEvent::at(Step::BackendCalled, std::time::SystemTime::now()).subject(self.agent.name()));
+        steps.push(TraceEvent::at(Step::BackendCalled, std::time::SystemTime::now()).subject(live.agent.name()));
+        drop(live);
         let notes = RunNotes::default();
         // The run always streams: into the chat (typing, a growing preview) or into nothing, so
         // that its first token is known for the trace; the reply is the whole answer either way.
-        let shown = msg.platform.as_ref().map(|p| Shown::start(&self.wake, p, &msg.chat_id, &msg.id));
+        let reach = Delivery::default();
+        let shown = msg.platform.as_ref().map(|p| Shown::start(&self.wake, p, &msg.chat_id, &msg.id, &reach));
         let (tx, mut rx) = mpsc::channel::<String>(64);
         let chunks = shown.as_ref().map_or(tx, |s| s.chunks.clone());
         let drain = async move { while rx.recv().await.is_some() {} };
-        let run = self.run_traced(gw, msg.platform.as_deref(), req, Some(chunks), Some(notes.clone()), token);
+        let run = self.run_traced(gw, msg.platform.as_deref(), req, Some((chunks, reach)), Some(notes.clone()), token);
         let (r, ()) = tokio::join!(run, drain);
         {
             let mut runs = self.chat_runs.lock().unwrap_or_else(|p| p.into_inner());
@@ -776,7 +997,7 @@ impl Work {
         }
         let by_chat = self.cancelled_by_chat.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
         let r = match r {
-            Err(AgentError::Cancelled) if by_chat => Err(AgentError::Failed("cancelled (/cancel)".into())),
+            Err(AgentError::Cancelled) if by_chat => Err(AgentError::Failed(REASON_CANCELLED.into())),
             r => r,
         };
         let cancelled = matches!(r, Err(AgentError::Cancelled));
@@ -792,10 +1013,14 @@ impl Work {
         }
         let inc = gw.me.id.clone();
         let outcome = r.map_err(|e| e.to_string());
-        if let Err(e) = &outcome {
-            // In the message's span: the line carries its id and platform.
-            crate::warn!("message failed: {e}");
-        }
+        let notice = match &outcome {
+            Err(e) => {
+                // In the message's span: the line carries its id and platform.
+                crate::warn!("message failed: {e}");
+                self.failure_notice(msg.platform.as_deref(), &msg.user_id, &id, e)
+            }
+            Ok(_) => String::new(),
+        };
         let id2 = id.clone();
         let done = self
             .journal_step(gw, move |j| match &outcome {
@@ -806,7 +1031,7 @@ impl Work {
                     reply.usage.map(|u| (u.prompt_tokens, u.completion_tokens)),
                     steps.steps(),
                 ),
-                Err(e) => j.fail_traced(&id2, &inc, e, steps.steps()),
+                Err(e) => j.fail_traced(&id2, &inc, e, &notice, steps.steps()),
             })
             .await;
         match done {
@@ -822,7 +1047,7 @@ impl Work {
     /// Hands a finished message's trace to the OTLP exporter, when one is configured: one read
     /// off the async workers, and the exporter's queue never blocks (it drops and counts).
     fn export_trace(self: &Arc<Self>, id: &str) {
-        let Some(exporter) = self.telemetry.get().cloned() else { return };
+        let Some(exporter) = self.live().telemetry.clone() else { return };
         let (journal, id) = (Arc::clone(&self.journal), id.to_owned());
         tokio::task::spawn_blocking(move || match (journal.get(&id), journal.trace(&id)) {
             (Ok(Some(msg)), Ok(events)) => exporter.message(&msg, &events),
@@ -852,14 +1077,56 @@ struct Shown {
 const FORWARD_GRACE: Duration = Duration::from_millis(500);
 
 impl Shown {
-    fn start(wake: &Wake, platform: &str, chat: &str, run: &str) -> Shown {
+    /// The deltas are held back until a preview could show them (the adapter previews a reply
+    /// only [`PREVIEW_AFTER`] after its start): until then none of the reply has reached the
+    /// chat, so a provider that fails meanwhile is failed over and its pieces dropped
+    /// (`reach`, crates/agent/src/backend/delivery.rs; issue 27 §6).
+    fn start(wake: &Wake, platform: &str, chat: &str, run: &str, reach: &Delivery) -> Shown {
         wake.show(platform, chat, run, Activity::Started);
         let (chunks, mut rx) = mpsc::channel::<String>(64);
         let at = (platform.to_owned(), chat.to_owned(), run.to_owned());
-        let (w, (p, c, r)) = (wake.clone(), at.clone());
+        let (w, (p, c, r), reach) = (wake.clone(), at.clone(), reach.clone());
         let forward = tokio::spawn(async move {
-            while let Some(delta) = rx.recv().await {
-                w.show(&p, &c, &r, Activity::Text(delta));
+            let show_at = tokio::time::Instant::now() + PREVIEW_AFTER;
+            // Taken but not shown yet, with the epoch they were taken in; `None` once shown.
+            let mut held: Option<(u64, String)> = Some((0, String::new()));
+            loop {
+                let waiting = held.as_ref().is_some_and(|(_, t)| !t.is_empty());
+                let delta = tokio::select! {
+                    d = rx.recv() => match d {
+                        Some(d) => Some(d),
+                        None => break,
+                    },
+                    () = tokio::time::sleep_until(show_at), if waiting => None,
+                };
+                let now_due = tokio::time::Instant::now() >= show_at;
+                match (&mut held, delta) {
+                    (None, Some(d)) => {
+                        if reach.take().is_some_and(|e| reach.reach(e)) {
+                            w.show(&p, &c, &r, Activity::Text(d));
+                        }
+                    }
+                    (Some((epoch, text)), d) => {
+                        if let Some(d) = d {
+                            let Some(e) = reach.take() else { continue };
+                            if e != *epoch {
+                                // Retracted: what was held belongs to a provider given up on.
+                                text.clear();
+                                *epoch = e;
+                            }
+                            text.push_str(&d);
+                        }
+                        if now_due && !text.is_empty() {
+                            if reach.reach(*epoch) {
+                                w.show(&p, &c, &r, Activity::Text(std::mem::take(text)));
+                                held = None;
+                            } else {
+                                text.clear();
+                            }
+                        }
+                    }
+                    (None, None) => {}
+                }
             }
         });
         Shown { chunks, forward, wake: wake.clone(), at }
@@ -895,6 +1162,21 @@ fn noted(notes: Vec<Note>) -> Vec<TraceEvent> {
 impl Intake for Work {
     fn deliver(&self, gw: &Gateway, adapter: &str, m: Inbound) -> Result<(), String> {
         let j = &self.journal;
+        // Before anything is journaled: a message the access policy does not deliver leaves
+        // nothing but, for a stranger's direct message, a pairing code (access/).
+        match self.gate.admit(adapter, &m, std::time::SystemTime::now()) {
+            Admit::Deliver => {}
+            Admit::Drop => return Ok(()),
+            Admit::Reply { text, requested } => {
+                // The reply leaves through the outbox, like every reply.
+                j.enqueue(adapter, &m.chat_id, &text).map_err(|e| e.to_string())?;
+                self.wake.wake(adapter);
+                if let Some(fields) = requested {
+                    gw.record("pairing_requested", fields);
+                }
+                return Ok(());
+            }
+        }
         let msg = NewMessage {
             chat_id: m.chat_id.clone(),
             user_id: m.user_id.clone(),
@@ -902,7 +1184,7 @@ impl Intake for Work {
             kind: Kind::Async,
         };
         let from = Sender { channel: Channel::Platform(adapter), user_id: &m.user_id };
-        let out = match commands::decide(&m.text, from, &self.admins) {
+        let out = match commands::decide(&m.text, from, &self.live().admins) {
             CommandOutcome::Message => {
                 // Queued work is never pruned: past the queue caps the message is refused
                 // (taken off the platform, not journaled) and the chat told, once while it
@@ -929,14 +1211,11 @@ impl Intake for Work {
             }
             // A redelivered command was handled already: never restart twice.
             _ if j.has_event(adapter, &m.event_id).map_err(|e| e.to_string())? => return Ok(()),
-            CommandOutcome::Refused { reply, .. } => CommandReply { reply, then: None },
-            CommandOutcome::Run(cmd) => self.command(gw, cmd, Some(adapter), &m.chat_id, &m.user_id),
+            CommandOutcome::Refused { reply, .. } => CommandReply { reply, verdict: None },
+            CommandOutcome::Run(cmd) => self.command(gw, cmd, &m.text, Some(adapter), &m.chat_id, &m.user_id),
         };
         j.accept_inbound_command(adapter, &m.event_id, &msg, &out.reply).map_err(|e| e.to_string())?;
         self.wake.wake(adapter);
-        if let Some(cause) = out.then {
-            gw.send_cause(cause);
-        }
         Ok(())
     }
 
@@ -946,11 +1225,45 @@ impl Intake for Work {
 
     /// Exports the outbox span of the message's trace (its other spans went at its finish).
     fn answered(&self, message_id: &str) {
-        let Some(exporter) = self.telemetry.get() else { return };
+        let Some(exporter) = self.live().telemetry.clone() else { return };
         match (self.journal.get(message_id), self.journal.trace(message_id)) {
             (Ok(Some(msg)), Ok(events)) => exporter.outbox(&msg, &events),
             (Ok(None), _) => {}
             (Err(e), _) | (_, Err(e)) => crate::warn!("cannot read the trace of {message_id} for export: {e}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_minute_of_events_and_no_more() {
+        let mut m = PerMinute::default();
+        m.note(10);
+        m.note(10);
+        m.note(30);
+        assert_eq!(m.last_minute(30), 3);
+        assert_eq!(m.last_minute(69), 3);
+        // Second 10 is a minute old at 70; its bucket is reused by second 70.
+        assert_eq!(m.last_minute(70), 1);
+        m.note(70);
+        assert_eq!(m.last_minute(70), 2);
+        assert_eq!(m.last_minute(200), 0);
+    }
+
+    #[test]
+    fn failures_in_a_row_end_with_a_success_and_ignore_cancels() {
+        let m = Metrics::default();
+        let fail: Result<(), AgentError> = Err(AgentError::Failed("boom".into()));
+        m.count(&fail, "r1");
+        m.count(&fail, "r1");
+        m.count(&Err::<(), _>(AgentError::Cancelled), "r2");
+        assert_eq!(m.runs_json()["failures_in_a_row"], 2);
+        assert_eq!(m.runs_json()["last_minute"], 3);
+        m.count(&Ok(()), "r3");
+        assert_eq!(m.runs_json()["failures_in_a_row"], 0);
+        assert_eq!(m.runs_json()["failed"], 2);
     }
 }

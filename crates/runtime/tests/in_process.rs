@@ -14,7 +14,7 @@ use gatewarden_lifecycle::supervisor::Detection;
 use gatewarden_lifecycle::{ExitIntent, Home, Supervisor};
 use gatewarden_platforms::Inbound;
 use gatewarden_runtime::gateway::Incarnation;
-use gatewarden_runtime::signals::SignalKind;
+use gatewarden_runtime::signals::{Signal, SignalKind, SignalSender};
 use gatewarden_runtime::{App, Outcome, RunOptions, intake, prepare, serve};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -30,7 +30,7 @@ const ADMIN: &str = "api_token = \"t0k-0123456789abcdef\"\nadmins = [\"u-s\"]\n"
 struct Gw {
     app: Arc<App>,
     addr: String,
-    signals: mpsc::UnboundedSender<SignalKind>,
+    signals: mpsc::UnboundedSender<Signal>,
     task: tokio::task::JoinHandle<Outcome>,
 }
 
@@ -48,13 +48,15 @@ impl Gw {
         let detection = Detection { supervisor, evidence: "in-process test".into() };
         let (app, mut opts) = prepare(home, RunOptions::for_home(home.clone()), me, detection)
             .unwrap_or_else(|o| panic!("prepare: {}", o.reason));
-        // Successors and restart backstops are processes: a harmless one here.
-        opts.exe = Some("/bin/true".into());
+        // Successors and restart backstops are processes: a harmless one here, which says it
+        // is prepared (crates/runtime/src/restart.rs) and lives on a while, as a successor
+        // waiting for the lock would.
+        opts.exe = Some(fake_successor(home, PREPARED));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let (signals, rx) = mpsc::unbounded_channel();
         if let Some(s) = early {
-            signals.send(s).unwrap();
+            signals.send(s.into()).unwrap();
         }
         let served = Arc::clone(&app);
         let task = tokio::spawn(async move { serve(served, listener, rx, &opts).await });
@@ -69,6 +71,18 @@ impl Gw {
     fn incarnation(&self) -> String {
         self.app.me.id.clone()
     }
+}
+
+/// The stand-in's answer: a preflight says it and exits, a successor lives on.
+const PREPARED: &str = "echo prepared $$; case \"$*\" in *--preflight*) exit 0;; *--successor*) exec sleep 20;; esac";
+
+/// An executable script in `home` standing in for the gatewarden binary a restart runs.
+fn fake_successor(home: &Home, body: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = home.dir().join("fake-gatewarden.sh");
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
 }
 
 /// A home with `config` as its config.toml.
@@ -177,7 +191,29 @@ async fn control(home: &Home, op: Op) -> Value {
 }
 
 fn inbound(event: &str, text: &str) -> Inbound {
-    Inbound { event_id: event.into(), chat_id: "c7".into(), user_id: "u7".into(), text: text.into(), sent_at: None }
+    Inbound {
+        event_id: event.into(),
+        chat_id: "c7".into(),
+        user_id: "u7".into(),
+        text: text.into(),
+        sent_at: None,
+        chat: gatewarden_platforms::ChatKind::Direct,
+        listed: false,
+        addressed: true,
+    }
+}
+
+/// The platform "chat-x" the deliveries name, open to anyone (the access policy is tested in
+/// crates/runtime/src/access/ and crates/gatewarden/tests/pairing.rs).
+fn open_chat_x(app: &App) {
+    use gatewarden_config::{Access, Config, PlatformConfig, PlatformKind};
+    let mut c = Config::default();
+    c.platform.push(PlatformConfig {
+        name: Some("chat-x".into()),
+        access: Some(Access::Open),
+        ..PlatformConfig::new(PlatformKind::Telegram)
+    });
+    app.work.gate.policies.apply(&c);
 }
 
 /// A platform delivery through the intake, as the platform host makes it (blocking).
@@ -195,7 +231,13 @@ async fn classify_maps_each_cause_to_its_exit() {
     type Inject = Box<dyn Fn(&Gw, &Home) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>;
     let signal = |s: SignalKind| -> Inject {
         Box::new(move |g: &Gw, _: &Home| {
-            g.signals.send(s).unwrap();
+            g.signals.send(s.into()).unwrap();
+            Box::pin(async {})
+        })
+    };
+    let from_parent = || -> Inject {
+        Box::new(move |g: &Gw, _: &Home| {
+            g.signals.send(sigterm_from(parent())).unwrap();
             Box::pin(async {})
         })
     };
@@ -221,13 +263,16 @@ async fn classify_maps_each_cause_to_its_exit() {
             )
             .unwrap();
             if then_sigterm {
-                g.signals.send(SignalKind::Terminate).unwrap();
+                g.signals.send(SignalKind::Terminate.into()).unwrap();
             }
             Box::pin(async {})
         })
     };
     let cases: Vec<(&str, Inject, ExitIntent, Option<&str>)> = vec![
-        ("bare SIGTERM", signal(SignalKind::Terminate), ExitIntent::Unexpected, None),
+        // Under the declared supervisor of these gateways (`external`), a bare SIGTERM from it
+        // (our parent) is its stop; from anyone else, or with none proven, nobody's (below).
+        ("bare SIGTERM from the parent", from_parent(), ExitIntent::PlannedStop, Some("stop_requested")),
+        ("SIGQUIT", signal(SignalKind::Quit), ExitIntent::Unexpected, Some("stop_requested")),
         ("SIGINT", signal(SignalKind::Interrupt), ExitIntent::PlannedStop, Some("stop_requested")),
         ("SIGUSR1", signal(SignalKind::Restart), ExitIntent::PlannedRestart, Some("restart_backstop")),
         ("marker, then SIGTERM", marker(true), ExitIntent::PlannedStop, Some("stop_requested")),
@@ -269,6 +314,86 @@ async fn classify_maps_each_cause_to_its_exit() {
     }
 }
 
+/// This process's parent: what a gateway served here takes for its supervisor.
+fn parent() -> Option<u32> {
+    gatewarden_lifecycle::platform::parent_pid(std::process::id())
+}
+
+/// A SIGTERM as the handler hands it over: from `pid`, or with `si_pid` 0 (`None`: from
+/// outside the PID namespace).
+fn sigterm_from(pid: Option<u32>) -> Signal {
+    let sender = pid.map(|pid| SignalSender { pid, uid: 0, argv: vec!["kill".into()] });
+    Signal { kind: SignalKind::Terminate, sender }
+}
+
+/// Issue 28 and its follow-up: a bare SIGTERM is the owner's stop only when the owner sent it.
+/// As a container's PID 1 that is the runtime, from outside the PID namespace (`podman stop`,
+/// a pod deletion: `si_pid` 0); under a declared supervisor, our parent. Then it is planned,
+/// drained within the owner's budget, recorded as the owner's, and not the operator's durable
+/// `stopped`. A stray `kill` (inside the container, of a supervised child) and any SIGTERM
+/// with no supervisor proven or under systemd stay unexpected (exit 1): the owner revives it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_sigterm_is_the_owners_stop_only_where_an_owner_sends_it() {
+    let stray = Some(std::process::id());
+    let cases = [
+        (Supervisor::Container, None, ExitIntent::PlannedStop, Some("container runtime")),
+        (Supervisor::Container, stray, ExitIntent::Unexpected, None),
+        (Supervisor::External, parent(), ExitIntent::PlannedStop, Some("declared supervisor")),
+        (Supervisor::External, stray, ExitIntent::Unexpected, None),
+        (Supervisor::External, None, ExitIntent::Unexpected, None),
+        (Supervisor::None, None, ExitIntent::Unexpected, None),
+        (Supervisor::Systemd, parent(), ExitIntent::Unexpected, None),
+    ];
+    for (sup, from, intent, by) in cases {
+        // A run that outlives the owner's budget: the drain does not wait for it.
+        let (_dir, home) =
+            home_with(&format!("{ADMIN}drain_timeout_s = 60\n[agent]\nbackend = \"echo\"\ndelay_ms = 30000\n"));
+        let g = Gw::start(&home, sup).await;
+        let addr = g.addr.clone();
+        // (Without an owner the configured 60 s drain would wait for it: no run there.)
+        let slow = tokio::spawn(async move {
+            if by.is_some() {
+                send(&addr, "A", "a", "in flight").await;
+            }
+        });
+        if by.is_some() {
+            wait_until("the run to be active", || g.app.runs.active() == 1).await;
+        }
+        let t0 = Instant::now();
+        g.signals.send(sigterm_from(from)).unwrap();
+        let o = g.outcome().await;
+        let took = t0.elapsed();
+        assert_eq!(o.intent, intent, "{sup:?} from {from:?}: {}", o.reason);
+        let stops = events(&home, "stop_requested");
+        match by {
+            Some(by) => {
+                assert!(o.reason.contains(by), "{sup:?}: {}", o.reason);
+                assert_eq!(stops.len(), 1, "{sup:?}: {stops:?}");
+                assert_eq!((&stops[0]["reason"], &stops[0]["by"]), (&json!("owner_stop"), &json!(by)), "{sup:?}");
+                assert_eq!(stops[0]["requester"]["channel"], json!("signal"));
+                // Drained within the owner's budget, though drain_timeout_s is 60.
+                assert!(took <= gatewarden_runtime::drain::OWNER_STOP_BUDGET, "{sup:?}: {took:?}");
+                let drained = events(&home, "drained");
+                assert_eq!(drained[0]["interrupted"], json!(1), "{sup:?}: {drained:?}");
+            }
+            // Nobody's stop: recorded with its sender as unexpected (exit 1).
+            None => {
+                assert_eq!(stops.len(), 1, "{sup:?}: {stops:?}");
+                assert_eq!(
+                    (&stops[0]["reason"], &stops[0]["unexpected"]),
+                    (&json!("SIGTERM"), &json!(true)),
+                    "{sup:?} from {from:?}"
+                );
+                assert_eq!(stops[0]["requester"]["pid"], json!(from), "{sup:?}: the sender is recorded");
+            }
+        }
+        // Never the operator's `stopped`: the owner's next start runs.
+        let desired = gatewarden_lifecycle::desired::current(home.dir());
+        assert_ne!(desired.want, gatewarden_lifecycle::desired::Want::Stopped, "{sup:?}: {desired:?}");
+        slow.abort();
+    }
+}
+
 /// A signal that is pending when the gateway starts is unexpected, whatever it is (D1): an
 /// operator's SIGINT during start-up is not a planned stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -280,6 +405,40 @@ async fn a_signal_during_start_up_is_unexpected() {
     assert!(o.reason.contains("during start-up"), "{}", o.reason);
     assert_eq!(events(&home, "start_refused").len(), 1);
     assert!(events(&home, "ready").is_empty(), "it never became ready");
+}
+
+/// A SIGHUP pending at start-up ends nothing: the gateway becomes ready and then reloads (the
+/// file may have changed after it was read); a SIGUSR2 is recorded and ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sighup_during_start_up_is_a_reload_once_running() {
+    let (_dir, home) = home_with("[agent]\nbackend = \"echo\"\n");
+    let g = Gw::launch(&home, Supervisor::External, Some(SignalKind::Reload)).await;
+    g.signals.send(SignalKind::User2.into()).unwrap();
+    wait_phase(&g.app, |p| p == GatewayState::Running).await;
+    wait_until("the reload", || events(&home, "reload").len() == 1).await;
+    wait_until("the ignored signal", || events(&home, "signal_ignored").len() == 1).await;
+    assert!(events(&home, "start_refused").is_empty());
+    g.signals.send(SignalKind::Interrupt.into()).unwrap();
+    assert_eq!(g.outcome().await.intent, ExitIntent::PlannedStop);
+}
+
+/// Issue 30 §6: a stop recorded after this start was asked for, whose SIGTERM arrives during
+/// start-up (a `stop` 12 ms after a `start`), prevents the start: `start_prevented` with the
+/// stop's requester and a planned exit, never `start_refused` code 1 and an exit as a crash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_start_up_prevents_the_start_with_its_requester() {
+    use gatewarden_lifecycle::desired::{self, Want};
+    let (_dir, home) = home_with("[agent]\nbackend = \"echo\"\n");
+    desired::record(home.dir(), Want::Stopped, "cli stop", false).unwrap();
+    let g = Gw::launch(&home, Supervisor::External, Some(SignalKind::Terminate)).await;
+    let o = g.outcome().await;
+    assert_eq!(o.intent, ExitIntent::PlannedStop, "{}", o.reason);
+    let prevented = events(&home, "start_prevented");
+    assert_eq!(prevented.len(), 1, "{prevented:?}");
+    assert_eq!(prevented[0]["requester"], json!("cli stop"), "{}", prevented[0]);
+    assert!(events(&home, "start_refused").is_empty(), "{:?}", events(&home, "start_refused"));
+    let exited = events(&home, "exited");
+    assert_eq!(exited.last().map(|e| e["code"].clone()), Some(json!(0)), "{exited:?}");
 }
 
 /// While draining (was drain.rs's process test): sync messages get 503 + `Retry-After`; the
@@ -297,7 +456,7 @@ async fn draining_503_with_one_notice_per_chat_and_async_for_the_next_incarnatio
         async move { send(&addr, "A", "a", "in flight").await }
     });
     wait_until("the run to be active", || g.app.runs.active() == 1).await;
-    g.signals.send(SignalKind::Interrupt).unwrap();
+    g.signals.send(SignalKind::Interrupt.into()).unwrap();
     wait_phase(&g.app, |p| p == GatewayState::Draining).await;
 
     assert_eq!(http(&addr, "GET", "/readyz", None, None).await.status, 503, "readyz while draining");
@@ -342,7 +501,7 @@ async fn draining_503_with_one_notice_per_chat_and_async_for_the_next_incarnatio
         async move { send(&addr, "A", "a", "again").await }
     });
     wait_until("the run to be active", || g2.app.runs.active() == 1).await;
-    g2.signals.send(SignalKind::Interrupt).unwrap();
+    g2.signals.send(SignalKind::Interrupt.into()).unwrap();
     wait_phase(&g2.app, |p| p == GatewayState::Draining).await;
     let b3 = send(&g2.addr, "B", "b", "new drain").await;
     assert_eq!(b3.status, 503);
@@ -411,7 +570,7 @@ async fn chat_restart_drains_the_bystander_and_the_next_incarnation_says_back_on
     assert!(v.get("notices").is_none(), "told once: {v}");
     let none = http(&g2.addr, "GET", "/v1/notices?chat_id=S", None, Some(TOKEN)).await.body;
     assert_eq!(none["notices"], json!([]), "{none}");
-    g2.signals.send(SignalKind::Interrupt).unwrap();
+    g2.signals.send(SignalKind::Interrupt.into()).unwrap();
     assert_eq!(g2.outcome().await.intent, ExitIntent::PlannedStop);
 }
 
@@ -423,6 +582,7 @@ async fn platform_intake_runs_while_running_queues_while_draining_and_is_sealed_
     let (_dir, home) = home_with("drain_timeout_s = 60\n[agent]\nbackend = \"echo\"\ndelay_ms = 300\n");
     let g = Gw::start(&home, Supervisor::External).await;
     let journal = Arc::clone(&g.app.work.journal);
+    open_chat_x(&g.app);
 
     deliver(&g.app, inbound("1", "hello")).await.expect("taken while running");
     wait_until("the reply in the outbox", || {
@@ -448,7 +608,7 @@ async fn platform_intake_runs_while_running_queues_while_draining_and_is_sealed_
         async move { send(&addr, "A", "a", "keeps the drain open").await }
     });
     wait_until("the run to be active", || g.app.runs.active() == 1).await;
-    g.signals.send(SignalKind::Interrupt).unwrap();
+    g.signals.send(SignalKind::Interrupt.into()).unwrap();
     wait_phase(&g.app, |p| p == GatewayState::Draining).await;
     deliver(&g.app, inbound("2", "while draining")).await.expect("journaled while draining");
     assert!(journal.has_event("chat-x", "2").unwrap());

@@ -51,6 +51,17 @@ pub enum FindingId {
     HomePermissions,
     /// The configured listen address is taken by another process.
     PortInUse,
+    /// The service manager does not answer (systemd's bus is gone, launchd refuses): the
+    /// gateway can be neither started nor stopped through it.
+    ManagerUnreachable,
+    /// The definition is on disk but the manager has not loaded it (a failed `daemon-reload`,
+    /// a unit systemd refused, a changed file not reloaded, a plist not bootstrapped): what
+    /// a half-finished install leaves.
+    DefinitionNotLoaded,
+    /// The definition is loaded but not enabled: it will not start at boot or login (every
+    /// install enables it; systemd loads a unit file on demand, so a failed `daemon-reload`
+    /// leaves exactly this).
+    DefinitionNotEnabled,
 }
 
 impl FindingId {
@@ -74,6 +85,9 @@ impl FindingId {
             Self::HomeUnusable => "home-unusable",
             Self::HomePermissions => "home-permissions",
             Self::PortInUse => "port-in-use",
+            Self::ManagerUnreachable => "manager-unreachable",
+            Self::DefinitionNotLoaded => "definition-not-loaded",
+            Self::DefinitionNotEnabled => "definition-not-enabled",
         }
     }
 }

@@ -11,6 +11,7 @@
 //! - [`finding`]: the vocabulary of diagnostics ([`finding::Finding`]), shared by the drift
 //!   detectors and [`doctor`].
 //! - [`doctor`]: the pure checks.
+//! - [`transaction`]: `service install` / `uninstall` as steps with their undo, per manager.
 //! - [`command`]: running manager tools behind a trait.
 //!
 //! Everything except [`windows_scm`] is pure or I/O-at-the-edge and is tested on Linux.
@@ -26,6 +27,7 @@ pub mod naming;
 pub mod spec;
 pub mod supervise;
 pub mod systemd;
+pub mod transaction;
 pub mod windows;
 pub mod windows_scm;
 

@@ -95,6 +95,10 @@ pub struct ServiceSpec {
     /// as `update --after-exit`: a release that dies before it runs a line of our code cannot
     /// revert itself, this copy can. `None` omits the directive.
     pub revert_exe: Option<PathBuf>,
+    /// systemd credentials, `(id, absolute path)`: one `LoadCredential=<id>:<path>` each, so the
+    /// gateway reads systemd's copy in `$CREDENTIALS_DIRECTORY` (crates/config/src/secrets.rs;
+    /// every `*_file` of config.toml). launchd and Windows read the files themselves.
+    pub credentials: Vec<(String, PathBuf)>,
 }
 
 /// Why a spec cannot be rendered.
@@ -129,6 +133,14 @@ pub enum SpecError {
     /// The `User=` name is not a plausible account name.
     #[error("run-as user {0:?} is not a valid account name")]
     InvalidUser(String),
+    /// A system unit without `User=` would run as root whoever owns the home ([`run_as_for`]).
+    #[error(
+        "a system unit must name the user it runs as, and the home's owner is not known (create the home first, or give --run-as USER)"
+    )]
+    NoUser,
+    /// A credential name systemd would not accept (letters, digits, `-`, `_`, `.`).
+    #[error("credential name {0:?} is not a valid file name")]
+    InvalidCredential(String),
     /// A numeric setting is out of range.
     #[error("{what} is out of range: {value}")]
     OutOfRange {
@@ -160,6 +172,7 @@ impl ServiceSpec {
             restart_steps: false,
             throttle_interval_s: 10,
             revert_exe: None,
+            credentials: Vec::new(),
         }
     }
 
@@ -176,14 +189,27 @@ impl ServiceSpec {
     }
 
     /// Checks for a Unix manager (systemd, launchd): absolute `/` paths, UTF-8, no control
-    /// characters anywhere, a plausible `User=`.
+    /// characters anywhere, a plausible `User=`, credential names systemd accepts.
     pub fn validate_unix(&self) -> Result<(), SpecError> {
         let exe = utf8("exe", &self.exe)?;
         let home = utf8("home", &self.home)?;
-        for (what, p) in [("exe", exe), ("home", home)] {
+        let mut paths = vec![("exe", exe), ("home", home)];
+        for (id, path) in &self.credentials {
+            let ok = !id.is_empty()
+                && id.len() <= 255
+                && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                && id != "."
+                && id != "..";
+            if !ok {
+                return Err(SpecError::InvalidCredential(id.clone()));
+            }
+            paths.push(("credential file", utf8("credential file", path)?));
+        }
+        for (what, p) in paths {
             if !p.starts_with('/') {
                 return Err(SpecError::NotAbsolute { what, path: p.to_owned() });
             }
+            no_control(what, p)?;
         }
         self.validate_common(exe, home)
     }
@@ -227,6 +253,32 @@ impl ServiceSpec {
     }
 }
 
+/// Whom a unit for a home owned by `owner` (uid, gid) runs as, installed by `me` in `scope`:
+/// the one rule of native and hermes units (crates/hermes/src/unit.rs). `Ok(None)`: as the
+/// user manager's own user. `Ok(Some(..))`: as the owner, always for a system unit (one
+/// without `User=` runs as root whoever owns the home; root's home gets `User=0`, said). `Err`
+/// when the scope cannot run as the owner (a user manager runs everything as its user) or the
+/// owner is not known.
+pub fn run_as_for(scope: Scope, owner: Option<(u32, u32)>, me: Option<u32>) -> Result<Option<(u32, u32)>, String> {
+    let Some((uid, gid)) = owner else {
+        return match scope {
+            Scope::System => {
+                Err("the home's owner is not known, and a system unit must name the user it runs as".into())
+            }
+            Scope::User => Ok(None),
+        };
+    };
+    match scope {
+        Scope::System => Ok(Some((uid, gid))),
+        Scope::User if me.is_none_or(|me| me == uid) => Ok(None),
+        Scope::User => Err(format!(
+            "the home belongs to uid {uid}, and a user unit of uid {} would run as that user against it; \
+             install it as the home's owner, or with --system (then it runs as uid {uid})",
+            me.unwrap_or_default()
+        )),
+    }
+}
+
 /// `path` as UTF-8 or a typed error.
 pub(crate) fn utf8<'a>(what: &'static str, path: &'a Path) -> Result<&'a str, SpecError> {
     path.to_str().ok_or_else(|| SpecError::NonUtf8Path { what, path: path.to_owned() })
@@ -254,6 +306,15 @@ pub(crate) fn unix_join(base: &str, child: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_system_unit_runs_as_the_homes_owner_root_included() {
+        assert_eq!(run_as_for(Scope::System, Some((1001, 1002)), Some(0)), Ok(Some((1001, 1002))));
+        assert_eq!(run_as_for(Scope::System, Some((0, 0)), Some(0)), Ok(Some((0, 0))), "User=0, said");
+        assert!(run_as_for(Scope::System, None, Some(0)).is_err(), "never a system unit without User=");
+        assert_eq!(run_as_for(Scope::User, Some((1001, 1002)), Some(1001)), Ok(None));
+        assert!(run_as_for(Scope::User, Some((1001, 1002)), Some(0)).unwrap_err().contains("--system"));
+    }
 
     #[test]
     fn stop_timeout_follows_hermes_arithmetic() {

@@ -15,6 +15,12 @@
 //!   `parameters.retry_after`.
 //! - `sendMessage` (logged for [`FakeTelegram::sent`]), `getMe`, `setWebhook`,
 //!   `deleteWebhook`, `getWebhookInfo` (`pending_update_count`).
+//! - **Chats** (https://core.telegram.org/bots/api#chat, #message, #messageentity):
+//!   [`FakeTelegram::inject`] writes in a `private` chat, [`FakeTelegram::inject_group`] in a
+//!   `supergroup`, where each `@word` of the text comes as a `mention` entity (UTF-16 offsets)
+//!   and a reply to the bot's message carries `reply_to_message` with the bot as `from`;
+//!   `getMe` answers the bot's id (the token's first part) and `username`
+//!   ([`FakeTelegram::username`]).
 //! - **Showing work** (https://core.telegram.org/bots/api#sendchataction,
 //!   #editmessagetext, #deletemessage): `sendChatAction` takes one of the documented actions
 //!   (logged with its time, [`FakeTelegram::actions`]); `editMessageText` edits a message the
@@ -277,9 +283,21 @@ impl FakeTelegram {
         }
     }
 
-    /// A user writes `text` in `chat_id`; returns the update id.
+    /// A user writes `text` in `chat_id`, a private chat; returns the update id.
     pub fn inject(&self, token: &str, chat_id: i64, user_id: i64, text: &str) -> i64 {
-        inject(&self.shared, token, chat_id, user_id, text)
+        inject_message(&self.shared, token, &Injected { chat_id, user_id, text, chat_type: "private", reply_to: None })
+    }
+
+    /// A user writes `text` in the group `chat_id` (type `supergroup`), replying to the bot's
+    /// message `reply_to` when given; returns the update id. `@username` mentions in the text
+    /// come as `mention` entities, as Telegram marks them.
+    pub fn inject_group(&self, token: &str, chat_id: i64, user_id: i64, text: &str, reply_to: Option<i64>) -> i64 {
+        inject_message(&self.shared, token, &Injected { chat_id, user_id, text, chat_type: "supergroup", reply_to })
+    }
+
+    /// The bot's `@username`, as `getMe` answers it.
+    pub fn username(token: &str) -> String {
+        format!("fake{}_bot", bot_id(token))
     }
 
     /// What the bot sent, oldest first.
@@ -389,21 +407,71 @@ impl Drop for FakeTelegram {
     }
 }
 
-fn inject(shared: &Shared, token: &str, chat_id: i64, user_id: i64, text: &str) -> i64 {
+/// One user message to queue as an update.
+struct Injected<'a> {
+    chat_id: i64,
+    user_id: i64,
+    text: &'a str,
+    /// `private`, `group`, `supergroup` or `channel` (https://core.telegram.org/bots/api#chat).
+    chat_type: &'a str,
+    /// The bot's message this one replies to (`reply_to_message`, with the bot as `from`).
+    reply_to: Option<i64>,
+}
+
+/// The bot's user id: the token's first part, as the real Bot API's tokens are made.
+fn bot_id(token: &str) -> u64 {
+    token.split(':').next().unwrap_or("0").parse::<u64>().unwrap_or(0)
+}
+
+/// `mention` entities for each `@word` in `text` (https://core.telegram.org/bots/api#messageentity:
+/// offsets and lengths in UTF-16 code units).
+fn mention_entities(text: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut units = 0usize;
+    let mut start: Option<usize> = None;
+    for c in text.chars().chain(std::iter::once(' ')) {
+        let word = c.is_alphanumeric() || c == '_';
+        match (start, c) {
+            (None, '@') => start = Some(units),
+            (Some(at), _) if !word => {
+                if units - at > 1 {
+                    out.push(json!({"type": "mention", "offset": at, "length": units - at}));
+                }
+                start = if c == '@' { Some(units) } else { None };
+            }
+            _ => {}
+        }
+        units += c.len_utf16();
+    }
+    out
+}
+
+fn inject_message(shared: &Shared, token: &str, m: &Injected<'_>) -> i64 {
+    let bot = bot_id(token);
     shared.with(token, |b| {
         let id = b.next_update;
         b.next_update += 1;
         let date = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        b.queue.push_back(json!({
-            "update_id": id,
-            "message": {
-                "message_id": id,
-                "date": date,
-                "chat": {"id": chat_id, "type": "private"},
-                "from": {"id": user_id, "is_bot": false, "first_name": format!("user{user_id}")},
-                "text": text,
-            }
-        }));
+        let mut message = json!({
+            "message_id": id,
+            "date": date,
+            "chat": {"id": m.chat_id, "type": m.chat_type},
+            "from": {"id": m.user_id, "is_bot": false, "first_name": format!("user{}", m.user_id)},
+            "text": m.text,
+        });
+        let entities = mention_entities(m.text);
+        if !entities.is_empty() {
+            message["entities"] = json!(entities);
+        }
+        if let Some(r) = m.reply_to {
+            let replied = b.texts.get(&r).cloned().flatten().unwrap_or_default();
+            message["reply_to_message"] = json!({
+                "message_id": r, "date": date, "chat": {"id": m.chat_id, "type": m.chat_type},
+                "from": {"id": bot, "is_bot": true, "first_name": "fake", "username": format!("fake{bot}_bot")},
+                "text": replied,
+            });
+        }
+        b.queue.push_back(json!({"update_id": id, "message": message}));
         b.notify.notify_waiters();
         id
     })
@@ -558,7 +626,7 @@ async fn call(
             Err(e) => fail(400, &e),
         },
         "getMe" => {
-            let id = token.split(':').next().unwrap_or("0").parse::<u64>().unwrap_or(0);
+            let id = bot_id(token);
             ok(json!({"id": id, "is_bot": true, "first_name": "fake", "username": format!("fake{id}_bot")}))
         }
         "setWebhook" => {
@@ -836,7 +904,12 @@ async fn http_inject(State(shared): State<Arc<Shared>>, body: Bytes) -> Response
         return fail(400, "inject needs token, chat_id and text");
     };
     let user = v["user_id"].as_i64().unwrap_or(chat);
-    ok(json!(inject(&shared, token, chat, user, text)))
+    let chat_type = v["chat_type"].as_str().unwrap_or("private");
+    ok(json!(inject_message(
+        &shared,
+        token,
+        &Injected { chat_id: chat, user_id: user, text, chat_type, reply_to: v["reply_to"].as_i64() }
+    )))
 }
 
 async fn http_sent(State(shared): State<Arc<Shared>>, Query(q): Query<HashMap<String, String>>) -> Response {
@@ -880,4 +953,22 @@ async fn http_visible(State(shared): State<Arc<Shared>>, Query(q): Query<HashMap
             .collect::<Vec<_>>()
     });
     ok(Value::Array(fake_view))
+}
+
+#[cfg(test)]
+mod mention_tests {
+    use super::*;
+
+    #[test]
+    fn mentions_are_entities_in_utf16_units() {
+        assert_eq!(mention_entities("@gw_bot hi"), vec![json!({"type": "mention", "offset": 0, "length": 7})]);
+        assert_eq!(
+            mention_entities("é @a and @bc"),
+            vec![
+                json!({"type": "mention", "offset": 2, "length": 2}),
+                json!({"type": "mention", "offset": 9, "length": 3})
+            ]
+        );
+        assert!(mention_entities("x @ y").is_empty());
+    }
 }

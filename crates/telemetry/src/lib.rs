@@ -5,6 +5,8 @@
 //!   token, and the outbox. The same steps `gatewarden trace` shows.
 //! - [`metrics`]: the Prometheus text `/metrics` serves, as OTLP metrics (counters as
 //!   cumulative monotonic sums, the rest as gauges): one source for both.
+//! - [`reason`]: a failure as exported: a code and a fixed sentence, never the reason's own
+//!   text (it can quote the conversation).
 //! - [`otlp`]: the OTLP/HTTP JSON encoding (opentelemetry-proto's JSON mapping: hex ids,
 //!   lowerCamelCase fields, integer enums, 64-bit integers as strings).
 //! - [`Exporter`]: one thread posting to `<otlp_endpoint>/v1/traces` and `/v1/metrics`, behind
@@ -20,6 +22,7 @@
 
 pub mod metrics;
 pub mod otlp;
+pub mod reason;
 pub mod spans;
 
 mod export;

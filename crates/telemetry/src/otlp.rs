@@ -48,13 +48,18 @@ pub fn traces(service: &str, spans: &[Span]) -> Value {
                 "kind": SPAN_KIND_INTERNAL,
                 "startTimeUnixNano": nanos(s.start),
                 "endTimeUnixNano": nanos(s.end),
-                "attributes": attributes(s.attributes.iter().map(|(k, v)| (*k, v.as_str()))),
+                "attributes": attributes(
+                    s.attributes
+                        .iter()
+                        .map(|(k, v)| (*k, v.as_str()))
+                        .chain(s.error.as_ref().map(|r| ("gatewarden.reason_code", r.code.as_str())))
+                ),
             });
             if let Some(p) = s.parent {
                 v["parentSpanId"] = Value::String(hex(&p));
             }
             if let Some(why) = &s.error {
-                v["status"] = json!({"code": STATUS_ERROR, "message": why});
+                v["status"] = json!({"code": STATUS_ERROR, "message": why.message});
             }
             v
         })

@@ -6,6 +6,8 @@ use std::time::SystemTime;
 use gatewarden_journal::{Message, Step, TraceEvent};
 use sha2::Digest;
 
+use crate::reason::{Reason, classify};
+
 /// One span, before encoding ([`crate::otlp::traces`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Span {
@@ -16,8 +18,9 @@ pub struct Span {
     pub start: SystemTime,
     pub end: SystemTime,
     pub attributes: Vec<(&'static str, String)>,
-    /// `Some(why)`: the span's status is an error.
-    pub error: Option<String>,
+    /// `Some(why)`: the span's status is an error (a code and a fixed sentence, never the
+    /// reason's own text: crate::reason).
+    pub error: Option<Reason>,
 }
 
 /// The trace id of message `id`.
@@ -67,7 +70,7 @@ pub fn spans_for(msg: &Message, events: &[TraceEvent]) -> Vec<Span> {
     if let Some((e, _)) = finished
         && e.step != Step::Done
     {
-        root.error = Some(e.outcome.clone().unwrap_or_else(|| e.step.as_str().into()));
+        root.error = Some(classify(e.outcome.as_deref().unwrap_or(e.step.as_str())));
     }
     let mut out = vec![root];
     let mut n = 0usize;
@@ -106,18 +109,22 @@ pub fn spans_for(msg: &Message, events: &[TraceEvent]) -> Vec<Span> {
             }
             Step::ProviderTried | Step::FirstToken => {
                 let parent = run.map_or(root_id, |r| out[r].span_id);
-                let mut s = if e.step == Step::ProviderTried {
-                    let end = at + std::time::Duration::from_millis(e.elapsed_ms.unwrap_or(0));
-                    let mut s = child("gatewarden.provider", parent, at, end);
-                    s.attributes.extend(e.subject.clone().map(|p| ("gatewarden.provider", p)));
-                    s.attributes.extend(e.outcome.clone().map(|o| ("gatewarden.outcome", o)));
-                    s
-                } else {
-                    let from = run.map_or(prev, |r| out[r].start);
-                    child("gatewarden.first_token", parent, from, at)
-                };
+                let mut s =
+                    if e.step == Step::ProviderTried {
+                        let end = at + std::time::Duration::from_millis(e.elapsed_ms.unwrap_or(0));
+                        let mut s = child("gatewarden.provider", parent, at, end);
+                        s.attributes.extend(e.subject.clone().map(|p| ("gatewarden.provider", p)));
+                        // The outcome's code: its words may quote an upstream's error body.
+                        s.attributes.extend(e.outcome.as_deref().map(|o| {
+                            ("gatewarden.outcome", if o == "ok" { "ok".to_owned() } else { classify(o).code })
+                        }));
+                        s
+                    } else {
+                        let from = run.map_or(prev, |r| out[r].start);
+                        child("gatewarden.first_token", parent, from, at)
+                    };
                 if let Some(o) = e.outcome.as_deref().filter(|o| *o != "ok") {
-                    s.error = Some(o.to_owned());
+                    s.error = Some(classify(o));
                 }
                 out.push(s);
             }
@@ -125,7 +132,7 @@ pub fn spans_for(msg: &Message, events: &[TraceEvent]) -> Vec<Span> {
                 if let Some(r) = run.take() {
                     out[r].end = at.max(out[r].start);
                     if e.step == Step::Failed {
-                        out[r].error = e.outcome.clone().or_else(|| Some("failed".into()));
+                        out[r].error = Some(classify(e.outcome.as_deref().unwrap_or("failed")));
                     }
                 }
             }
@@ -133,7 +140,7 @@ pub fn spans_for(msg: &Message, events: &[TraceEvent]) -> Vec<Span> {
                 let name = if e.step == Step::Requeued { "gatewarden.requeued" } else { "gatewarden.given_up" };
                 let mut s = child(name, root_id, at, at);
                 if e.step == Step::GivenUp {
-                    s.error = e.outcome.clone();
+                    s.error = e.outcome.as_deref().map(classify);
                 }
                 out.push(s);
             }
@@ -141,7 +148,7 @@ pub fn spans_for(msg: &Message, events: &[TraceEvent]) -> Vec<Span> {
                 let mut s = child("gatewarden.outbox", root_id, prev, at);
                 s.attributes.push(("gatewarden.platform", e.subject.clone().unwrap_or_else(|| platform.clone())));
                 if e.step == Step::OutboxFailed {
-                    s.error = e.outcome.clone().or_else(|| Some("failed".into()));
+                    s.error = Some(classify(e.outcome.as_deref().unwrap_or("failed")));
                 }
                 out.push(s);
             }
@@ -210,7 +217,7 @@ mod tests {
         assert!(spans.iter().all(|s| s.trace_id == root.trace_id));
         assert_eq!(spans[3].parent, Some(root.span_id));
         assert_eq!(spans[4].parent, Some(spans[3].span_id), "a provider tried is a child of the run");
-        assert_eq!(spans[4].error.as_deref(), Some("HTTP 502"));
+        assert_eq!(spans[4].error.as_ref().map(|r| r.code.as_str()), Some("http_502"));
         assert_eq!(spans[5].error, None);
         assert_eq!(spans[3].end, t0 + Duration::from_millis(20));
         assert_eq!((root.start, root.end), (t0, t0 + Duration::from_millis(30)));

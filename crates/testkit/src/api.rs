@@ -57,6 +57,19 @@ impl Api {
         self.post_json("/v1/messages", &json!({"chat_id": chat, "user_id": user, "text": text}))
     }
 
+    /// A connection to the gateway, opened now, for [`Api::send_on`] later.
+    pub fn open(&self) -> std::io::Result<std::net::TcpStream> {
+        std::net::TcpStream::connect_timeout(&self.addr, self.timeout)
+    }
+
+    /// [`Api::send`] on a connection from [`Api::open`].
+    pub fn send_on(&self, conn: std::net::TcpStream, chat: &str, user: &str, text: &str) -> std::io::Result<HttpResponse> {
+        let a = self.auth();
+        let h: Vec<(&str, &str)> = a.as_deref().map(|v| vec![("Authorization", v)]).unwrap_or_default();
+        let body = json!({"chat_id": chat, "user_id": user, "text": text}).to_string();
+        crate::http::request_on(conn, "POST", "/v1/messages", &h, Some(body.as_bytes()), self.timeout)
+    }
+
     /// `POST /v1/messages` with `"async": true`.
     pub fn send_async(&self, chat: &str, user: &str, text: &str) -> std::io::Result<HttpResponse> {
         self.post_json("/v1/messages", &json!({"chat_id": chat, "user_id": user, "text": text, "async": true}))
@@ -148,4 +161,69 @@ pub fn wait_new_ready(home: &Path, not: &[u32], timeout: Duration) -> Option<(u3
         false
     });
     found
+}
+
+/// A client that keeps calling one gateway from a thread while a test changes it: a sync
+/// message, then `/v1/status`, again and again, with no pause. [`Caller::finish`] says how
+/// many calls failed (transport errors and non-2xx answers, each described) and which
+/// incarnations answered, so a test shows "the old gateway served throughout, 0 failed".
+pub struct Caller {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Calls>,
+}
+
+/// What a [`Caller`] saw.
+#[derive(Debug, Default)]
+pub struct Calls {
+    pub ok: u64,
+    pub failed: Vec<String>,
+    pub incarnations: std::collections::BTreeSet<String>,
+}
+
+impl Caller {
+    pub fn start(api: Api) -> Caller {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut calls = Calls::default();
+            let mut n = 0u64;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                match api.send("caller", "caller", &format!("call {n}")) {
+                    Ok(r) if (200..300).contains(&r.status) => calls.ok += 1,
+                    Ok(r) => calls.failed.push(format!("message {n}: {} {}", r.status, r.text())),
+                    Err(e) => calls.failed.push(format!("message {n}: {e}")),
+                }
+                match api.get("/v1/status") {
+                    Ok(r) if r.status == 200 => {
+                        calls.ok += 1;
+                        if let Some(i) = r.json().ok().and_then(|v| v["incarnation"].as_str().map(str::to_owned)) {
+                            calls.incarnations.insert(i);
+                        }
+                    }
+                    Ok(r) => calls.failed.push(format!("status {n}: {} {}", r.status, r.text())),
+                    Err(e) => calls.failed.push(format!("status {n}: {e}")),
+                }
+            }
+            calls
+        });
+        Caller { stop, thread }
+    }
+
+    /// Stops calling and returns what was seen.
+    pub fn finish(self) -> Calls {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+impl Calls {
+    /// Every call answered, and only by `incarnation`.
+    #[track_caller]
+    pub fn assert_only(&self, incarnation: &str, what: &str) {
+        assert!(self.failed.is_empty(), "{what}: {} failed call(s): {:#?}", self.failed.len(), self.failed);
+        assert!(self.ok >= 4, "{what}: the caller barely ran ({} calls)", self.ok);
+        let only: Vec<&str> = self.incarnations.iter().map(String::as_str).collect();
+        assert_eq!(only, vec![incarnation], "{what}: answered by {only:?}");
+    }
 }

@@ -49,7 +49,26 @@ pub fn cli_with<S: AsRef<OsStr>>(
     env: &[(&str, &str)],
     timeout: Duration,
 ) -> CliOutput {
-    cli_mode(bin, home, args, env, timeout, false)
+    cli_mode(bin, home, args, env, timeout, Mode::Test)
+}
+
+/// Like [`cli_with`] with stdout (and stderr too, when `stderr_too`) a pipe whose reader is
+/// already gone, as in `gatewarden history | head -c1` once `head` has exited: every write
+/// fails with `EPIPE`. The output captured is stderr's when it stays open.
+#[track_caller]
+pub fn cli_reader_gone<S: AsRef<OsStr>>(bin: impl AsRef<Path>, home: &Path, args: &[S], stderr_too: bool) -> CliOutput {
+    cli_mode(bin, home, args, &[], Duration::from_secs(30), Mode::ReaderGone { stderr_too })
+}
+
+/// How [`cli_mode`] sets the process up.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// The deterministic test environment, output captured.
+    Test,
+    /// The host's real environment, output captured.
+    Host,
+    /// The test environment; stdout (and stderr) closed for reading.
+    ReaderGone { stderr_too: bool },
 }
 
 /// Like [`cli_with`] in the host's real environment (see `GatewayBuilder::host_default`).
@@ -61,7 +80,25 @@ pub fn cli_host<S: AsRef<OsStr>>(
     env: &[(&str, &str)],
     timeout: Duration,
 ) -> CliOutput {
-    cli_mode(bin, home, args, env, timeout, true)
+    cli_mode(bin, home, args, env, timeout, Mode::Host)
+}
+
+/// The write end of a pipe whose read end is closed.
+fn reader_gone_pipe() -> Stdio {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    Stdio::from(writer)
+}
+
+/// Like [`cli_with`] with stdout and stderr on a terminal (a pseudo-terminal through
+/// util-linux `script`): what an operator sees. Its output arrives with `\r\n` line ends.
+#[track_caller]
+pub fn cli_on_terminal(bin: impl AsRef<Path>, home: &Path, args: &[&str], env: &[(&str, &str)], timeout: Duration) -> CliOutput {
+    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let mut line = vec![quote(&bin.as_ref().to_string_lossy()), "--home".into(), quote(&home.to_string_lossy())];
+    line.extend(args.iter().map(|a| quote(a)));
+    // `script` runs the command under a shell: `--home` is in the line, not added again.
+    cli_raw(Path::new("script"), &["-qefc", &line.join(" "), "/dev/null"], env, timeout, Mode::Test)
 }
 
 #[track_caller]
@@ -71,36 +108,54 @@ fn cli_mode<S: AsRef<OsStr>>(
     args: &[S],
     env: &[(&str, &str)],
     timeout: Duration,
-    host_default: bool,
+    mode: Mode,
 ) -> CliOutput {
-    let bin = bin.as_ref();
+    let mut all: Vec<&OsStr> = vec![OsStr::new("--home"), home.as_os_str()];
+    all.extend(args.iter().map(AsRef::as_ref));
+    cli_raw(bin.as_ref(), &all, env, timeout, mode)
+}
+
+#[track_caller]
+fn cli_raw<S: AsRef<OsStr>>(
+    bin: &Path,
+    args: &[S],
+    env: &[(&str, &str)],
+    timeout: Duration,
+    mode: Mode,
+) -> CliOutput {
     let mut cmd = Command::new(bin);
-    if host_default {
-        cmd.env_remove("GATEWARDEN_HOME");
-    } else {
-        crate::test_env(&mut cmd);
+    match mode {
+        Mode::Host => {
+            cmd.env_remove("GATEWARDEN_HOME");
+        }
+        Mode::Test | Mode::ReaderGone { .. } => crate::test_env(&mut cmd),
     }
-    cmd.arg("--home").arg(home).args(args);
+    cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    if let Mode::ReaderGone { stderr_too } = mode {
+        cmd.stdout(reader_gone_pipe());
+        if stderr_too {
+            cmd.stderr(reader_gone_pipe());
+        }
+    }
     let start = Instant::now();
     let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
     let pid = child.id();
     // Drain pipes on threads so a chatty CLI cannot block on a full pipe.
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let to = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut out, &mut b);
-        b
-    });
-    let te = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut err, &mut b);
-        b
-    });
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut b = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = std::io::Read::read_to_end(&mut p, &mut b);
+            }
+            b
+        })
+    };
+    let to = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+    let te = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
     let mut status = None;
     crate::wait_until(timeout, || {
         status = child.try_wait().ok().flatten();

@@ -21,7 +21,11 @@ impl Default for TempHome {
 
 impl TempHome {
     fn with_root() -> (tempfile::TempDir, PathBuf) {
-        let root = tempfile::Builder::new().prefix("gw-test-").tempdir().expect("tempdir");
+        Self::with_root_in(&std::env::temp_dir())
+    }
+
+    fn with_root_in(parent: &Path) -> (tempfile::TempDir, PathBuf) {
+        let root = tempfile::Builder::new().prefix("gw-test-").tempdir_in(parent).expect("tempdir");
         let canon = root.path().canonicalize().expect("canonicalize tempdir");
         let home = canon.join("home");
         (root, home)
@@ -29,8 +33,13 @@ impl TempHome {
 
     /// An existing, empty home (mode 0700).
     pub fn new() -> Self {
+        Self::new_in(&std::env::temp_dir())
+    }
+
+    /// [`TempHome::new`] under `parent` (a filesystem of the test's own: `tmpfs`).
+    pub fn new_in(parent: &Path) -> Self {
         use std::os::unix::fs::PermissionsExt;
-        let (root, home) = Self::with_root();
+        let (root, home) = Self::with_root_in(parent);
         std::fs::create_dir(&home).expect("create home");
         std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
         Self { root: Some(root), home, seq: AtomicU32::new(0) }
@@ -98,6 +107,24 @@ impl TempHome {
 
     pub fn exists(&self, name: &str) -> bool {
         self.file(name).exists()
+    }
+
+    /// Every file under the home whose bytes contain `needle` (what a test says is kept nowhere:
+    /// a stranger's text, an address).
+    pub fn files_holding(&self, needle: &str) -> Vec<PathBuf> {
+        let mut hits = Vec::new();
+        let mut dirs = vec![self.path().to_path_buf()];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else if std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes())) {
+                    hits.push(p);
+                }
+            }
+        }
+        hits
     }
 
     /// Parsed JSON content of `name`, `None` if missing or unparseable.

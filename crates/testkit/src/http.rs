@@ -46,8 +46,28 @@ pub fn request(
     body: Option<&[u8]>,
     timeout: Duration,
 ) -> std::io::Result<HttpResponse> {
-    assert!(addr.ip().is_loopback(), "testkit api is loopback-only, got {addr}");
-    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    // Loopback, or a private 10/8 address: where podman's networks put a pod
+    // (10.88.0.0/16 and up; crates/gatewarden/tests/deploy.rs reaches each pod there).
+    let local = match addr.ip() {
+        std::net::IpAddr::V4(v4) => v4.is_loopback() || v4.octets()[0] == 10,
+        std::net::IpAddr::V6(v6) => v6.is_loopback(),
+    };
+    assert!(local, "testkit api is loopback-only (or a podman network's), got {addr}");
+    let s = TcpStream::connect_timeout(&addr, timeout)?;
+    request_on(s, method, path, headers, body, timeout)
+}
+
+/// [`request`] on a connection opened earlier (one the server accepted before it stopped
+/// accepting new ones, e.g. during a restart's hand-over).
+pub fn request_on(
+    mut s: TcpStream,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+    timeout: Duration,
+) -> std::io::Result<HttpResponse> {
+    let addr = s.peer_addr()?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nAccept: */*\r\n");

@@ -6,14 +6,17 @@
 //! * [`cli`]: run a CLI verb and capture `(code, stdout, stderr)` with a deadline.
 //! * [`Decoy`]: a live process that logs every catchable signal it receives (the "recycled PID").
 //! * [`wait_until`] / [`holds_for`]: condition waits with deadlines, no bare sleeps.
-//! * [`http_get`] / [`http_post_json`]: a tiny blocking HTTP/1.1 client, loopback only.
+//! * [`http_get`] / [`http_post_json`]: a tiny blocking HTTP/1.1 client, loopback (or a podman pod's 10/8 address) only.
 //! * [`browser`]: headless Chromium over WebDriver, for the dashboard's browser tests.
 //! * [`servers`]: real chat servers (Synapse for Matrix, ngIRCd for IRC) in temp dirs;
 //!   [`prosody`] for XMPP.
 //! * [`slackfake`]: a protocol-faithful Slack (Socket Mode and the Web API) on loopback.
-//! * [`proc_start_time`], [`pid_alive`], [`lock_holders`]: read-only process / lock inspection.
+//! * [`proc_start_time`], [`pid_alive`], [`lock_holders`], [`catches_signal`]: read-only process /
+//!   lock inspection.
 //! * [`marker_json`], [`rfc3339`]: build planned-stop / takeover markers.
 //! * [`archive`]: release archives (`.tar.gz`) built byte by byte, hostile ones included.
+//! * [`users::TempUser`]: a second local user made for one test (`useradd`), removed after.
+//! * [`tmpfs`]: a small tmpfs of the test's own (as root), to put a home on a disk it fills.
 //!
 //! Everything that spawns a process kills it on drop, and on Linux also arms
 //! `PR_SET_PDEATHSIG(SIGKILL)` so a crashed test never leaves a gateway behind.
@@ -45,23 +48,29 @@ mod http;
 pub mod llmfake;
 pub mod netfakes;
 pub mod otlp;
+pub mod podman;
 pub mod postgres;
 pub mod prosody;
 mod proc;
 pub mod servers;
 pub mod slackfake;
 pub mod sweep;
+pub mod terminal;
 mod time;
 #[cfg(feature = "tls")]
 pub mod tls;
+pub mod users;
+#[cfg(target_os = "linux")]
+pub mod tmpfs;
 mod wait;
 
-pub use cli::{CliOutput, cli, cli_env, cli_host, cli_with};
+pub use cli::{CliOutput, cli, cli_env, cli_host, cli_on_terminal, cli_reader_gone, cli_with};
 pub use decoy::Decoy;
 pub use gateway::{Gateway, GatewayBuilder, exit_code, exit_signal};
 pub use home::TempHome;
-pub use http::{HttpResponse, http_get, http_post_json};
-pub use proc::{lock_holders, lock_is_held, pid_alive, proc_start_time, send_signal, sig};
+pub use http::{HttpResponse, http_get, http_post_json, request as http_request};
+pub use terminal::Terminal;
+pub use proc::{catches_signal, lock_holders, lock_is_held, pid_alive, proc_start_time, rss_bytes, send_signal, sig};
 pub use time::{marker_json, rfc3339, rfc3339_now, rfc3339_offset};
 pub use wait::{holds_for, must_wait_until, wait_until};
 
@@ -69,6 +78,8 @@ pub use wait::{holds_for, must_wait_until, wait_until};
 /// (a developer's shell under systemd, CI) cannot change supervisor detection or the home.
 pub const SCRUBBED_ENV: &[&str] = &[
     "GATEWARDEN_HOME",
+    "GATEWARDEN_CONFIG",
+    "NO_COLOR",
     "NOTIFY_SOCKET",
     "INVOCATION_ID",
     "JOURNAL_STREAM",

@@ -17,6 +17,9 @@
 //!   `data: [DONE]`.
 //! - Errors are `{"error": {"message", "type", "code"}}` with the HTTP status; a 429 (rate
 //!   limit) may carry `Retry-After` (seconds or an HTTP date).
+//! - With [`FakeLlm::require_key`], a request without `Authorization: Bearer <that key>` gets
+//!   a 401 `invalid_api_key`, as OpenAI answers a wrong key; [`FakeLlm::set_clock`] puts a
+//!   `Date` header (the fake's clock, set off by the given offset) on the model list.
 //! - Tool calls (https://platform.openai.com/docs/guides/function-calling): the assistant
 //!   message has `content: null` and `tool_calls: [{id, type: "function", function: {name,
 //!   arguments}}]` (`arguments` a JSON string), `finish_reason: "tool_calls"`; streamed, the
@@ -27,7 +30,8 @@
 //! ([`FakeLlm::on`]) answer by the request's last message instead, so an agent that makes
 //! extra calls of its own (hermes-agent titles its sessions) still meets its script. A
 //! [`Reply::Held`] answer waits for [`FakeLlm::release`] (a run kept in flight on purpose), or
-//! ends unanswered when the caller closes its connection first.
+//! ends unanswered when the caller closes its connection first. [`Reply::Broken`] drops the
+//! connection part-way through an answer, [`Reply::Endless`] never finishes one.
 //!
 //! Every response is `Connection: close` (no keep-alive to reason about). Plain std threads,
 //! like the other fakes in netfakes.rs.
@@ -58,6 +62,12 @@ pub enum Reply {
     Echo,
     /// Waits for [`FakeLlm::release`] (or the fake's drop), then answers the inner reply.
     Held(Box<Reply>),
+    /// Starts answering `text` (streamed word by word, or a JSON body cut short), then drops
+    /// the connection before the answer is complete: no `finish_reason`, no `[DONE]`.
+    Broken { text: String },
+    /// Streams content forever (16 KiB a chunk, `chunk_gap` apart) until the caller goes away
+    /// or the fake is dropped; a non-streaming request gets a JSON body that never ends.
+    Endless,
 }
 
 impl Reply {
@@ -80,6 +90,11 @@ impl Reply {
     /// `then`, once [`FakeLlm::release`] is called.
     pub fn held(then: Reply) -> Reply {
         Reply::Held(Box::new(then))
+    }
+
+    /// `text` begun, then the connection dropped ([`Reply::Broken`]).
+    pub fn broken(text: &str) -> Reply {
+        Reply::Broken { text: text.into() }
     }
 }
 
@@ -122,6 +137,10 @@ struct Script {
     released: u64,
     /// Requests holding right now.
     holding: usize,
+    /// The API key every request must carry ([`FakeLlm::require_key`]).
+    key: Option<String>,
+    /// Seconds the fake's clock is ahead of ours (negative: behind), for `Date`.
+    clock_offset_s: Option<i64>,
 }
 
 /// The fake provider. Dropping it stops accepting and releases hanging requests.
@@ -143,6 +162,8 @@ impl FakeLlm {
             rules: Vec::new(),
             released: 0,
             holding: 0,
+            key: None,
+            clock_offset_s: None,
         }));
         let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (s, stop) = (Arc::clone(&script), Arc::clone(&stopped));
@@ -170,6 +191,18 @@ impl FakeLlm {
     /// Lets every request holding now (a [`Reply::Held`]) answer.
     pub fn release(&self) {
         self.lock().released += 1;
+    }
+
+    /// Refuses every request that does not carry `Authorization: Bearer <key>` (401).
+    pub fn require_key(&self, key: &str) -> &FakeLlm {
+        self.lock().key = Some(key.to_owned());
+        self
+    }
+
+    /// The model list answers with a `Date` this many seconds off this machine's clock.
+    pub fn set_clock(&self, offset_s: i64) -> &FakeLlm {
+        self.lock().clock_offset_s = Some(offset_s);
+        self
     }
 
     /// How many requests are holding now.
@@ -241,8 +274,12 @@ fn serve(conn: TcpStream, script: &Mutex<Script>, stopped: &std::sync::atomic::A
         return;
     }
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let (reply, latency, gap) = {
+    let (reply, latency, gap, key_refused, clock_offset_s) = {
         let mut s = script.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key_refused = s.key.as_ref().is_some_and(|k| {
+            let given = headers.iter().find(|(h, _)| h.eq_ignore_ascii_case("authorization")).map(|(_, v)| v.as_str());
+            given != Some(format!("Bearer {k}").as_str())
+        });
         s.seen.push(Seen { at, path: path.clone(), headers, body: body.clone() });
         let last = body.get("messages").and_then(Value::as_array).and_then(|m| m.last()).cloned().unwrap_or(Value::Null);
         let (role, content) = (last["role"].as_str().unwrap_or_default(), text_of(&last["content"]));
@@ -253,8 +290,12 @@ fn serve(conn: TcpStream, script: &Mutex<Script>, stopped: &std::sync::atomic::A
             Some(r) => r,
             None => s.next.pop_front().unwrap_or_else(|| s.default.clone()),
         };
-        (reply, s.latency, s.chunk_gap)
+        (reply, s.latency, s.chunk_gap, key_refused, s.clock_offset_s)
     };
+    if key_refused {
+        let _ = respond_error(&mut w, 401, None);
+        return;
+    }
     if method == "GET" && (path == "/v1/models" || path.starts_with("/v1/models/")) {
         let model = |id: &str| json!({"id": id, "object": "model", "created": 0, "owned_by": "gatewarden-fake"});
         let body = match path.strip_prefix("/v1/models/") {
@@ -262,9 +303,19 @@ fn serve(conn: TcpStream, script: &Mutex<Script>, stopped: &std::sync::atomic::A
             None => json!({"object": "list", "data": [model("fake-model")]}),
         }
         .to_string();
+        let date = clock_offset_s
+            .map(|off| {
+                let now = std::time::SystemTime::now();
+                let at = match u64::try_from(off) {
+                    Ok(ahead) => now + Duration::from_secs(ahead),
+                    Err(_) => now - Duration::from_secs(off.unsigned_abs()),
+                };
+                format!("Date: {}\r\n", httpdate::fmt_http_date(at))
+            })
+            .unwrap_or_default();
         let _ = write!(
             w,
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n{date}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
         return;
@@ -321,6 +372,8 @@ fn serve(conn: TcpStream, script: &Mutex<Script>, stopped: &std::sync::atomic::A
         }
         Reply::Text { text, usage } => respond_json(&mut w, &body, &text, usage),
         Reply::ToolCall { name, arguments } => respond_tool(&mut w, &body, &name, &arguments, body["stream"] == json!(true)),
+        Reply::Broken { text } => respond_broken(&mut w, &body, &text, gap),
+        Reply::Endless => respond_endless(&mut w, &body, gap, stopped),
         // Nested holds and echoes are answered as text.
         Reply::Held(_) | Reply::Echo => respond_json(&mut w, &body, "", None),
     };
@@ -433,6 +486,67 @@ fn respond_stream(
     }
     w.write_all(b"data: [DONE]\n\n")?;
     w.flush()
+}
+
+/// [`Reply::Broken`]: the head and the first part of the answer, then the connection closes.
+fn respond_broken(w: &mut TcpStream, req: &Value, text: &str, gap: Duration) -> io::Result<()> {
+    if req["stream"] != json!(true) {
+        let body = json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": req["model"],
+                          "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]})
+        .to_string();
+        write!(
+            w,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+            body.len(),
+            &body[..body.len() / 2]
+        )?;
+        return w.flush();
+    }
+    w.write_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n",
+    )?;
+    let chunk = |delta: Value| {
+        json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": req["model"],
+               "choices": [{"index": 0, "delta": delta, "finish_reason": null}]})
+    };
+    write!(w, "data: {}\n\n", chunk(json!({"role": "assistant", "content": ""})))?;
+    for piece in text.split_inclusive(' ') {
+        std::thread::sleep(gap);
+        write!(w, "data: {}\n\n", chunk(json!({"content": piece})))?;
+        w.flush()?;
+    }
+    std::thread::sleep(gap);
+    w.shutdown(std::net::Shutdown::Both)
+}
+
+/// [`Reply::Endless`]: content until the caller goes away or the fake stops.
+fn respond_endless(
+    w: &mut TcpStream,
+    req: &Value,
+    gap: Duration,
+    stopped: &std::sync::atomic::AtomicBool,
+) -> io::Result<()> {
+    let piece = "endless ".repeat(2048);
+    if req["stream"] != json!(true) {
+        w.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n")?;
+        write!(w, "{{\"choices\": [{{\"message\": {{\"content\": \"")?;
+        while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            w.write_all(piece.as_bytes())?;
+            std::thread::sleep(gap);
+        }
+        return Ok(());
+    }
+    w.write_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n",
+    )?;
+    let event = json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": req["model"],
+                       "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": null}]});
+    let line = format!("data: {event}\n\n");
+    while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
+        w.write_all(line.as_bytes())?;
+        std::thread::sleep(gap);
+    }
+    Ok(())
 }
 
 fn respond_error(w: &mut TcpStream, code: u16, retry_after: Option<&str>) -> io::Result<()> {

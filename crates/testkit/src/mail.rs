@@ -445,6 +445,7 @@ fn smtpd_config(d: &Path, p: Ports) -> String {
     let d = d.display();
     format!(
         "table vusers file:{d}/vusers\n\
+         smtp max-message-size 64M\n\
          listen on 127.0.0.1 port {smtp} hostname localhost\n\
          action \"dovecot\" lmtp \"127.0.0.1:{lmtp}\" rcpt-to virtual <vusers>\n\
          match from any for domain \"{DOMAIN}\" action \"dovecot\"\n",

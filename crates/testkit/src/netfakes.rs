@@ -80,7 +80,8 @@ pub(crate) fn read_head(r: &mut BufReader<TcpStream>) -> io::Result<Vec<String>>
     }
 }
 
-/// Answers every `GET` with the same bytes (200) and counts requests.
+/// Answers `GET`s with fixed bytes (one body for every path, or a file per path) and counts
+/// requests.
 pub struct StaticHttp {
     listener: Listener,
     requests: Arc<AtomicU64>,
@@ -88,16 +89,34 @@ pub struct StaticHttp {
 
 impl StaticHttp {
     pub fn start(body: Vec<u8>) -> io::Result<StaticHttp> {
+        let body = Arc::new(body);
+        StaticHttp::serve(move |_| Some(Arc::clone(&body)))
+    }
+
+    /// Answers `GET /<name>` with that file's bytes (a release directory: tarballs, SHA256SUMS,
+    /// signatures), 404 for any other path.
+    pub fn files(files: Vec<(String, Vec<u8>)>) -> io::Result<StaticHttp> {
+        let files: Vec<(String, Arc<Vec<u8>>)> = files.into_iter().map(|(n, b)| (format!("/{n}"), Arc::new(b))).collect();
+        StaticHttp::serve(move |path| files.iter().find(|(n, _)| n == path).map(|(_, b)| Arc::clone(b)))
+    }
+
+    fn serve(find: impl Fn(&str) -> Option<Arc<Vec<u8>>> + Send + Sync + 'static) -> io::Result<StaticHttp> {
         let requests = Arc::new(AtomicU64::new(0));
-        let (n, body) = (Arc::clone(&requests), Arc::new(body));
+        let n = Arc::clone(&requests);
         let listener = Listener::start(move |conn| {
             let Ok(w) = conn.try_clone() else { return };
             let mut r = BufReader::new(conn);
             let Ok(head) = read_head(&mut r) else { return };
             n.fetch_add(1, Ordering::SeqCst);
             let mut w = w;
-            let ok = head.first().is_some_and(|l| l.starts_with("GET "));
-            let (status, body): (&str, &[u8]) = if ok { ("200 OK", &body) } else { ("405 Method Not Allowed", b"") };
+            let mut line = head.first().map(|l| l.split(' ')).into_iter().flatten();
+            let (method, path) = (line.next().unwrap_or_default(), line.next().unwrap_or_default());
+            let found = find(path);
+            let (status, body): (&str, &[u8]) = match (method, &found) {
+                ("GET", Some(b)) => ("200 OK", b),
+                ("GET", None) => ("404 Not Found", b""),
+                _ => ("405 Method Not Allowed", b""),
+            };
             let _ = write!(
                 w,
                 "HTTP/1.1 {status}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",

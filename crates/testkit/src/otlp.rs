@@ -32,6 +32,8 @@ pub struct Span {
     pub attributes: BTreeMap<String, String>,
     /// `status.code`: 0 unset, 1 ok, 2 error.
     pub status: u64,
+    /// `status.message`, when given.
+    pub status_message: Option<String>,
 }
 
 /// A decoded metric data point.
@@ -231,6 +233,7 @@ fn decode_traces(v: &Value) -> Result<Vec<Span>, String> {
                     end_ns,
                     attributes: attributes(s, &what)?,
                     status: s.pointer("/status/code").and_then(Value::as_u64).unwrap_or(0),
+                    status_message: s.pointer("/status/message").and_then(Value::as_str).map(str::to_owned),
                     name,
                 });
             }

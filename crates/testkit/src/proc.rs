@@ -2,7 +2,15 @@ use std::path::Path;
 
 /// Signal numbers, re-exported from libc for test readability.
 pub mod sig {
-    pub use libc::{SIGCONT, SIGHUP, SIGINT, SIGKILL, SIGQUIT, SIGSTOP, SIGTERM, SIGUSR1, SIGUSR2};
+    pub use libc::{SIGCONT, SIGHUP, SIGINT, SIGKILL, SIGPIPE, SIGQUIT, SIGSTOP, SIGTERM, SIGUSR1, SIGUSR2};
+}
+
+/// Whether `pid` has a handler installed for `signal` (`SigCgt` in `/proc/<pid>/status`): a
+/// process that catches it no longer dies by its default action. `false` when unreadable.
+pub fn catches_signal(pid: u32, signal: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:")).map(str::trim).unwrap_or("0");
+    (1..=64).contains(&signal) && u64::from_str_radix(mask, 16).is_ok_and(|m| m & (1 << (signal - 1)) != 0)
 }
 
 /// Linux start-time fingerprint: field 22 of `/proc/<pid>/stat` (clock ticks since boot),
@@ -22,6 +30,15 @@ pub fn proc_state(pid: u32) -> Option<char> {
     let stat = String::from_utf8_lossy(&stat);
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().next()?.chars().next()
+}
+
+/// A process's resident memory (`VmRSS`), in bytes; 0 when it cannot be read.
+pub fn rss_bytes(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
 }
 
 /// Whether `pid` names a live (non-zombie) process. Read-only: `kill(pid, 0)` sends nothing.

@@ -450,6 +450,15 @@ impl FakeSlack {
         }
     }
 
+    /// A text frame as it is, on every open connection: what no Slack sends but a hostile
+    /// network path or a broken server could (bad JSON, nesting too deep, a frame over the
+    /// adapter's limit, envelopes of the wrong shape). Not an event: nothing tracks its ack.
+    pub fn raw(&self, frame: &str) {
+        for c in self.shared.lock().conns.values_mut() {
+            c.out.push_back(frame.to_owned());
+        }
+    }
+
     /// The app-level token is answered `error` from now on (`None`: accepted again).
     pub fn revoke_app(&self, error: Option<&str>) {
         self.shared.lock().app_refused = error.map(str::to_owned);

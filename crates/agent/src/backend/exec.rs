@@ -3,11 +3,15 @@
 //! The argv from `[agent] command` is spawned directly (no shell) with
 //! - stdin: the message text, then end-of-file;
 //! - environment: the gateway's, plus `GATEWARDEN_CHAT_ID`, `GATEWARDEN_USER_ID`,
-//!   `GATEWARDEN_RUN_ID` and `GATEWARDEN_HISTORY_FILE`: a private temporary file holding the
-//!   conversation so far as a JSON array of `{"role", "content"}` (oldest first; `[]` for a
-//!   single turn), removed after the run;
-//! - stdout: the reply, at most [`MAX_STDOUT_BYTES`] (more fails the run, because a reply that
-//!   size is a runaway, not an answer), decoded as lossy UTF-8 with trailing line breaks removed;
+//!   `GATEWARDEN_RUN_ID` and `GATEWARDEN_HISTORY_FILE`: a file holding the conversation so far
+//!   as a JSON array of `{"role", "content"}` (oldest first; `[]` for a single turn). It is
+//!   0600 from its creation, in a folder of its own with an unpredictable name (0700, created
+//!   new: nothing planted is reused) under the gateway's private scratch folder
+//!   (`<home>/runs/<incarnation>/`, [`ExecAgent::with_scratch`]; else the temp folder), and
+//!   removed when the run ends, however it ends (the runtime removes its incarnation's folder
+//!   at exit, and the next incarnation what a killed one left: issue 31 §2);
+//! - stdout: the reply, at most `[agent] max_reply_bytes` ([`MAX_STDOUT_BYTES`] by default;
+//!   more fails the run, because a reply that size is a runaway, not an answer), decoded as lossy UTF-8 with trailing line breaks removed;
 //!   streamed line by line (each chunk ends with its `\n`);
 //! - stderr: its last 4 KiB are kept for the failure reason.
 //!
@@ -29,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use super::process_group::{self, Group};
 use super::{Agent, AgentError, AgentFuture, AgentReply, AgentRequest, send_chunk, tail, with_timeout};
 
-/// Largest stdout accepted from one run (1 MiB).
+/// Largest stdout accepted from one run by default (1 MiB; `[agent] max_reply_bytes`).
 pub const MAX_STDOUT_BYTES: usize = 1 << 20;
 
 /// How much of stderr is kept for the failure reason.
@@ -50,6 +54,10 @@ pub struct ExecAgent {
     timeout: Duration,
     kill_grace: Duration,
     env: Vec<(String, String)>,
+    /// Where each run's private history folder is made; `None`: the temp folder.
+    scratch: Option<std::path::PathBuf>,
+    /// The most stdout a run may write (`[agent] max_reply_bytes`).
+    max_stdout: usize,
 }
 
 enum StdoutError {
@@ -68,7 +76,21 @@ impl ExecAgent {
     /// `argv[0]` is the program; `timeout` bounds each run; `kill_grace` is the time between
     /// SIGTERM and SIGKILL of the process group.
     pub fn new(argv: Vec<String>, timeout: Duration, kill_grace: Duration) -> Self {
-        ExecAgent { argv, timeout, kill_grace, env: Vec::new() }
+        ExecAgent { argv, timeout, kill_grace, env: Vec::new(), scratch: None, max_stdout: MAX_STDOUT_BYTES }
+    }
+
+    /// The most stdout a run may write (default [`MAX_STDOUT_BYTES`]).
+    #[must_use]
+    pub fn with_max_stdout(mut self, bytes: usize) -> Self {
+        self.max_stdout = bytes;
+        self
+    }
+
+    /// A private folder of the gateway's (created 0700 if missing) for the runs' history files.
+    #[must_use]
+    pub fn with_scratch(mut self, dir: Option<std::path::PathBuf>) -> Self {
+        self.scratch = dir;
+        self
     }
 
     /// Extra environment for every run (the runtime tags runs with its home and incarnation,
@@ -100,7 +122,7 @@ impl ExecAgent {
         if cancel.is_cancelled() {
             return Err(AgentError::Cancelled);
         }
-        let history = HistoryFile::write(&req.run_id, &req.history)
+        let history = HistoryFile::write(self.scratch.as_deref(), &req.history)
             .map_err(|e| AgentError::Failed(format!("exec backend: cannot write the history file: {e}")))?;
         let mut cmd = Command::new(program);
         cmd.env(HISTORY_ENV, history.path());
@@ -130,7 +152,8 @@ impl ExecAgent {
         });
         let stderr_task = child.stderr.take().map(|e| tokio::spawn(read_tail(e)));
         let stdout = child.stdout.take();
-        let out = read_stdout(stdout, chunks, cancel.clone());
+        let max = self.max_stdout;
+        let out = read_stdout(stdout, chunks, cancel.clone(), max);
         tokio::pin!(out);
 
         let mut output: Option<Vec<u8>> = None;
@@ -145,7 +168,7 @@ impl ExecAgent {
                     Ok(bytes) => output = Some(bytes),
                     Err(StdoutError::Cancelled) => break Ended::Cancelled,
                     Err(StdoutError::Overflow) => break Ended::Failed(format!(
-                        "{program:?} wrote more than {MAX_STDOUT_BYTES} bytes to stdout"
+                        "{program:?} wrote more than {max} bytes to stdout ([agent] max_reply_bytes)"
                     )),
                     Err(StdoutError::Io(e)) => {
                         break Ended::Failed(format!("reading stdout of {program:?}: {e}"))
@@ -179,7 +202,7 @@ impl ExecAgent {
             None => match tokio::time::timeout(PIPE_DRAIN, &mut out).await {
                 Ok(Ok(bytes)) => Ok(bytes),
                 Ok(Err(StdoutError::Overflow)) => {
-                    Err(format!("{program:?} wrote more than {MAX_STDOUT_BYTES} bytes to stdout"))
+                    Err(format!("{program:?} wrote more than {max} bytes to stdout ([agent] max_reply_bytes)"))
                 }
                 Ok(Err(StdoutError::Cancelled)) => return Err(AgentError::Cancelled),
                 Ok(Err(StdoutError::Io(e))) => Err(format!("reading stdout of {program:?}: {e}")),
@@ -224,32 +247,45 @@ impl ExecAgent {
 /// Names the file holding the conversation so far.
 pub const HISTORY_ENV: &str = "GATEWARDEN_HISTORY_FILE";
 
-/// The history file of one run; removed when dropped (the run's end, however it ends).
-struct HistoryFile(std::path::PathBuf);
+/// The history file of one run, in a folder of its own; both removed when dropped (the run's
+/// end, however it ends).
+struct HistoryFile {
+    dir: std::path::PathBuf,
+    file: std::path::PathBuf,
+}
 
 impl HistoryFile {
-    fn write(run_id: &str, history: &[super::Turn]) -> std::io::Result<HistoryFile> {
+    fn write(scratch: Option<&std::path::Path>, history: &[super::Turn]) -> std::io::Result<HistoryFile> {
+        use gatewarden_lifecycle::{fsio, platform};
         use std::io::Write;
-        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let safe: String = run_id.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(64).collect();
-        let path = std::env::temp_dir().join(format!("gatewarden-history-{}-{n}-{safe}.json", std::process::id()));
-        // create_new: never follow a planted file or link; private: it is the user's conversation.
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
-        let file = HistoryFile(path);
-        gatewarden_lifecycle::platform::set_private_file(&f)?;
+        let base = match scratch {
+            Some(d) => {
+                platform::create_private_dir(d)?;
+                d.to_path_buf()
+            }
+            None => std::env::temp_dir(),
+        };
+        // 128 random bits: nobody can guess the name to plant it, read it or block it.
+        let mut id = [0u8; 16];
+        getrandom::fill(&mut id).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let dir = base.join(format!("gatewarden-history-{hex}"));
+        platform::create_private_dir_new(&dir)?;
+        let guard = HistoryFile { file: dir.join("history.json"), dir };
+        let mut f = fsio::create_private(&guard.file)?;
         f.write_all(&serde_json::to_vec(history).map_err(std::io::Error::other)?)?;
-        Ok(file)
+        Ok(guard)
     }
 
     fn path(&self) -> &std::path::Path {
-        &self.0
+        &self.file
     }
 }
 
 impl Drop for HistoryFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        let _ = std::fs::remove_file(&self.file);
+        let _ = std::fs::remove_dir(&self.dir);
     }
 }
 
@@ -257,6 +293,7 @@ async fn read_stdout(
     stdout: Option<impl AsyncRead + Unpin>,
     chunks: Option<mpsc::Sender<String>>,
     cancel: CancellationToken,
+    max: usize,
 ) -> Result<Vec<u8>, StdoutError> {
     let Some(mut stdout) = stdout else {
         return Ok(Vec::new());
@@ -269,7 +306,7 @@ async fn read_stdout(
         if n == 0 {
             break;
         }
-        if all.len() + n > MAX_STDOUT_BYTES {
+        if all.len() + n > max {
             return Err(StdoutError::Overflow);
         }
         all.extend_from_slice(&buf[..n]);

@@ -36,12 +36,14 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use gatewarden_config::{Secret, SecretId, Secrets};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::approval::{Approvals, Pending};
+use super::openai::ApiKey;
 use super::sse::SseDecoder;
 use super::{Agent, AgentError, AgentFuture, AgentReply, AgentRequest, Turn, Usage, send_chunk, with_timeout};
 
@@ -65,11 +67,11 @@ const MAX_ENV_BYTES: u64 = 256 << 10;
 /// Where the API server is and its key.
 #[derive(Clone)]
 pub enum Endpoint {
-    /// `base_url`, and the key from `api_key_env` (read at each run).
-    Url { base_url: String, key_env: Option<String> },
+    /// `base_url`, and the key of `api_key_env` / `api_key_file` (crates/config/src/secrets.rs).
+    Url { base_url: String, key: ApiKey },
     /// A hermes home: `API_SERVER_HOST`/`API_SERVER_PORT`/`API_SERVER_KEY` of its `.env` (read
-    /// at each run; hermes reads it at start), unless `base_url` / `api_key_env` say otherwise.
-    Home { home: PathBuf, base_url: Option<String>, key_env: Option<String> },
+    /// at each run; hermes reads it at start), unless `base_url` / the key say otherwise.
+    Home { home: PathBuf, base_url: Option<String>, key: ApiKey },
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -82,20 +84,20 @@ impl std::fmt::Debug for Endpoint {
 }
 
 /// `(base_url, key)` for one run.
-fn resolve(ep: &Endpoint) -> Result<(String, String), AgentError> {
-    let from_env = |name: &str| match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => Ok(v.trim().to_owned()),
-        _ => Err(AgentError::Failed(format!("hermes backend: environment variable {name} (api_key_env) is not set"))),
+fn resolve(ep: &Endpoint) -> Result<(String, Secret), AgentError> {
+    let configured = |key: &ApiKey| match key {
+        ApiKey::Value(v) => Ok(Some(v.clone())),
+        ApiKey::None => Ok(None),
+        ApiKey::Missing(why) => Err(AgentError::Failed(format!("hermes backend: {why}"))),
     };
     match ep {
-        Endpoint::Url { base_url, key_env } => {
-            let key = match key_env {
-                Some(k) => from_env(k)?,
-                None => return Err(AgentError::Failed("hermes backend: api_key_env is not set".into())),
+        Endpoint::Url { base_url, key } => {
+            let Some(key) = configured(key)? else {
+                return Err(AgentError::Failed("hermes backend: api_key_env is not set".into()));
             };
             Ok((base_url.trim().trim_end_matches('/').to_owned(), key))
         }
-        Endpoint::Home { home, base_url, key_env } => {
+        Endpoint::Home { home, base_url, key } => {
             let env = read_dotenv(&home.join(".env"))?;
             let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
             let url = match base_url {
@@ -112,9 +114,9 @@ fn resolve(ep: &Endpoint) -> Result<(String, String), AgentError> {
                     format!("http://{host}:{port}")
                 }
             };
-            let key = match key_env {
-                Some(k) => from_env(k)?,
-                None => get("API_SERVER_KEY").filter(|k| !k.is_empty()).ok_or_else(|| {
+            let key = match configured(key)? {
+                Some(k) => k,
+                None => get("API_SERVER_KEY").filter(|k| !k.is_empty()).map(Secret::from).ok_or_else(|| {
                     AgentError::Failed(format!(
                         "hermes backend: {} sets no API_SERVER_KEY (hermes's API server needs one of at least 16 characters)",
                         home.join(".env").display()
@@ -206,6 +208,8 @@ pub struct HermesAgent {
     approval_timeout: Duration,
     history_chars: usize,
     history_turns: usize,
+    /// `[agent] max_reply_bytes`: the streamed reply past it ends the run.
+    max_reply: usize,
     approvals: Arc<Approvals>,
     /// `(base_url, run id)` of runs in flight, for `status`-like reporting and tests.
     active: Arc<Mutex<Vec<String>>>,
@@ -219,21 +223,23 @@ impl HermesAgent {
             approval_timeout,
             history_chars: 8000,
             history_turns: 10,
+            max_reply: gatewarden_config::DEFAULT_MAX_REPLY_BYTES,
             approvals: Arc::new(Approvals::default()),
             active: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
-    pub fn from_config(c: &gatewarden_config::AgentConfig) -> HermesAgent {
+    /// The backend of `[agent]`, its API server key (if named) from `secrets`.
+    pub fn from_config(c: &gatewarden_config::AgentConfig, secrets: &Secrets) -> HermesAgent {
+        let key = ApiKey::from_resolved(secrets.get(&SecretId::Agent));
         let endpoint = match &c.hermes_home {
-            Some(home) => {
-                Endpoint::Home { home: home.clone(), base_url: c.base_url.clone(), key_env: c.api_key_env.clone() }
-            }
-            None => Endpoint::Url { base_url: c.base_url.clone().unwrap_or_default(), key_env: c.api_key_env.clone() },
+            Some(home) => Endpoint::Home { home: home.clone(), base_url: c.base_url.clone(), key },
+            None => Endpoint::Url { base_url: c.base_url.clone().unwrap_or_default(), key },
         };
         let mut a = HermesAgent::new(endpoint, c.timeout(), Duration::from_secs(c.approval_timeout_s));
         a.history_chars = c.history_chars;
         a.history_turns = c.history_turns;
+        a.max_reply = c.max_reply_bytes;
         a
     }
 
@@ -257,7 +263,7 @@ impl HermesAgent {
         req: &AgentRequest,
         cancel: CancellationToken,
         chunks: Option<mpsc::Sender<String>>,
-        (url, key): (String, String),
+        (url, key): (String, Secret),
         deadline: Instant,
         http: ureq::Agent,
     ) -> Result<AgentReply, AgentError> {
@@ -283,6 +289,7 @@ impl HermesAgent {
         let approvals_done = cancel.child_token();
         let _end_approvals = approvals_done.clone().drop_guard();
         let mut current: Option<String> = None;
+        let mut streamed = 0usize;
         loop {
             tokio::select! {
                 ev = rx.recv() => match ev {
@@ -293,6 +300,18 @@ impl HermesAgent {
                         }
                     }
                     Some(Ev::Delta(d)) => {
+                        streamed = streamed.saturating_add(d.len());
+                        if streamed > self.max_reply {
+                            if let Some(id) = current.take() {
+                                self.track(&id, false);
+                                let c = client.clone();
+                                let _ = run_blocking(move || c.post(&format!("/v1/runs/{id}/stop"), &json!({}))).await;
+                            }
+                            return Err(AgentError::Failed(format!(
+                                "hermes backend: the reply grew past [agent] max_reply_bytes ({} bytes); the run was ended",
+                                self.max_reply
+                            )));
+                        }
                         if let Some(ch) = &chunks {
                             // A cancel during the send is handled by the branch below.
                             let _ = send_chunk(ch, &cancel, d).await;
@@ -425,7 +444,7 @@ enum Step {
 struct Client {
     http: ureq::Agent,
     url: String,
-    key: String,
+    key: Secret,
 }
 
 impl Client {
@@ -436,7 +455,7 @@ impl Client {
         body: Option<&Value>,
     ) -> Result<ureq::http::Response<ureq::Body>, Step> {
         let url = format!("{}{path}", self.url);
-        let auth = format!("Bearer {}", self.key);
+        let auth = format!("Bearer {}", self.key.expose());
         let r = match (method, body) {
             ("POST", Some(b)) => self
                 .http
@@ -558,7 +577,7 @@ impl RunThread {
             .client
             .http
             .post(format!("{}/v1/runs", self.client.url))
-            .header("Authorization", format!("Bearer {}", self.client.key));
+            .header("Authorization", format!("Bearer {}", self.client.key.expose()));
         if let Some(k) = &self.session_key {
             req = req.header("X-Hermes-Session-Key", k);
         }

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use gatewarden_config::{AgentConfig, BackendKind};
 
 pub mod approval;
+pub mod delivery;
 mod echo;
 mod exec;
 pub mod hermes;
@@ -212,22 +213,34 @@ pub trait Agent: Send + Sync {
     }
 }
 
-/// Builds the backend chosen by `[agent]`. The config is expected to have been validated by
-/// [`gatewarden_config::Config::load`]; missing pieces surface as [`AgentError::Failed`] at run time rather
-/// than as a panic here.
+/// Builds the backend chosen by `[agent]`, its keys from this process's environment only (no
+/// home, so no `secrets.env`: tests and embedding; the gateway uses [`build_agent_with`]). The
+/// config is expected to have been validated by [`gatewarden_config::Config::load`]; missing
+/// pieces surface as [`AgentError::Failed`] at run time rather than as a panic here.
 pub fn build_agent(config: &AgentConfig) -> Box<dyn Agent> {
-    build_agent_with_env(config, Vec::new())
+    let whole = gatewarden_config::Config { agent: config.clone(), ..Default::default() };
+    build_agent_with(config, &gatewarden_config::Secrets::from_environment(&whole), Vec::new(), None)
 }
 
-/// [`build_agent`], with extra environment for processes the backend starts (exec).
-pub fn build_agent_with_env(config: &AgentConfig, env: Vec<(String, String)>) -> Box<dyn Agent> {
+/// The gateway's [`build_agent`]: the keys from the resolved `secrets`
+/// (crates/config/src/secrets.rs), extra environment for processes the backend starts (exec),
+/// and a private folder of the gateway's for their scratch files (the exec history files).
+pub fn build_agent_with(
+    config: &AgentConfig,
+    secrets: &gatewarden_config::Secrets,
+    env: Vec<(String, String)>,
+    scratch: Option<std::path::PathBuf>,
+) -> Box<dyn Agent> {
     match config.backend {
         BackendKind::Echo => Box::new(EchoAgent::new(config.delay(), config.timeout())),
-        BackendKind::Exec => {
-            Box::new(ExecAgent::new(config.command.clone(), config.timeout(), config.kill_grace()).with_env(env))
-        }
-        BackendKind::Openai => Box::new(OpenAiAgent::from_config(config)),
-        BackendKind::Hermes => Box::new(HermesAgent::from_config(config)),
+        BackendKind::Exec => Box::new(
+            ExecAgent::new(config.command.clone(), config.timeout(), config.kill_grace())
+                .with_env(env)
+                .with_scratch(scratch)
+                .with_max_stdout(config.max_reply_bytes),
+        ),
+        BackendKind::Openai => Box::new(OpenAiAgent::from_config(config, secrets)),
+        BackendKind::Hermes => Box::new(HermesAgent::from_config(config, secrets)),
     }
 }
 
@@ -270,7 +283,12 @@ async fn send_chunk(
     }
     trace::note(trace::Note::FirstToken { at: std::time::SystemTime::now() });
     tokio::select! {
-        _ = chunks.send(chunk) => Ok(()),
+        sent = chunks.send(chunk) => {
+            if sent.is_ok() {
+                delivery::sending();
+            }
+            Ok(())
+        }
         () = cancel.cancelled() => Err(AgentError::Cancelled),
     }
 }

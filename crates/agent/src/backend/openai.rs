@@ -7,13 +7,18 @@
 //! (401/403/404 move on to the next provider, the rest fail the run). Everything stays within
 //! the run's `timeout_s`, and a wait that would not fit moves on at once. Each provider's
 //! health is a circuit breaker (backend/provider.rs): after a streak of failed calls it is
-//! skipped for `cooldown_s`, then one probe call is let through. Once part of a streamed reply
-//! has been passed on, a failure ends the run (another provider's answer cannot be appended).
+//! skipped for `cooldown_s`, then one probe call is let through. An answer that breaks off
+//! after its head (a dropped connection, a stream cut short or reporting an error) is retried
+//! and failed over like a refused connection as long as none of it has reached the chat or
+//! caller (backend/delivery.rs, issue 27 §6); once some has, the failure ends the run (another
+//! provider's answer cannot be appended). A reply longer than `max_reply_bytes`, streamed or
+//! not, ends the run with a failure (issue 31 §5: an endless stream).
 //!
 //! Each run POSTs `{"model": …, "messages": [<history>…, {"role": "user", "content": <text>}], "stream": …}`
 //! to `<base_url>/chat/completions`, with `Authorization: Bearer <key>` when a key is configured
-//! (`api_key_env` names the environment variable; it is read at each run, and a missing variable
-//! fails the run with a message naming it). The reply is `choices[0].message.content`; streaming
+//! (`api_key_env` / `api_key_file`, resolved by crates/config/src/secrets.rs when the gateway is
+//! prepared; the gateway does not start without it, and a backend built without it fails each
+//! run with the resolver's words). The reply is `choices[0].message.content`; streaming
 //! parses the server-sent events (`data: {json}` lines, ended by `data: [DONE]`) and passes each
 //! `choices[0].delta.content` through as a chunk (backend/sse.rs bounds lines and events).
 //! Streaming requests ask for `stream_options.include_usage`; the usage, streamed or not, is in
@@ -33,11 +38,11 @@
 //! at its next read (or at ureq's global timeout, set just above the run timeout), then exits
 //! without delivering anything; process exit ends it in any case.
 
-use std::fmt;
 use std::io::Read;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use gatewarden_config::{Secret, SecretId, Secrets};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -58,44 +63,32 @@ const MAX_LINE_BYTES: usize = 1 << 20;
 /// Largest SSE event (its `data` lines together).
 const MAX_EVENT_BYTES: usize = 4 << 20;
 
-/// Where the API key comes from.
-#[derive(Clone, PartialEq, Eq)]
+/// The API key of one upstream, as the secret resolver (crates/config/src/secrets.rs) left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ApiKey {
     /// No `Authorization` header (local servers).
     None,
-    /// Read this environment variable at each run.
-    Env(String),
-    /// A literal key (tests, embedding).
-    Value(String),
-}
-
-impl fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ApiKey::None => f.write_str("None"),
-            ApiKey::Env(name) => f.debug_tuple("Env").field(name).finish(),
-            ApiKey::Value(_) => f.write_str("Value(<redacted>)"),
-        }
-    }
+    /// The key (its `Debug` is redacted).
+    Value(Secret),
+    /// Named, but not to be had: every run fails with these words (never a value).
+    Missing(String),
 }
 
 impl ApiKey {
-    fn resolve(&self) -> Result<Option<String>, AgentError> {
+    /// The resolver's answer for one upstream.
+    pub fn from_resolved(r: Result<Option<Secret>, String>) -> ApiKey {
+        match r {
+            Ok(Some(v)) => ApiKey::Value(v),
+            Ok(None) => ApiKey::None,
+            Err(why) => ApiKey::Missing(why),
+        }
+    }
+
+    fn resolve(&self) -> Result<Option<Secret>, AgentError> {
         match self {
             ApiKey::None => Ok(None),
             ApiKey::Value(v) => Ok(Some(v.clone())),
-            ApiKey::Env(name) => match std::env::var(name) {
-                Ok(v) if !v.trim().is_empty() => Ok(Some(v.trim().to_string())),
-                Ok(_) => Err(AgentError::Failed(format!(
-                    "openai backend: environment variable {name} (api_key_env) is empty"
-                ))),
-                Err(std::env::VarError::NotPresent) => Err(AgentError::Failed(format!(
-                    "openai backend: environment variable {name} (api_key_env) is not set"
-                ))),
-                Err(std::env::VarError::NotUnicode(_)) => Err(AgentError::Failed(format!(
-                    "openai backend: environment variable {name} (api_key_env) is not valid UTF-8"
-                ))),
-            },
+            ApiKey::Missing(why) => Err(AgentError::Failed(format!("openai backend: {why}"))),
         }
     }
 }
@@ -141,6 +134,8 @@ pub struct Policy {
     pub backoff: Duration,
     pub cooldown: Duration,
     pub attempt_timeout: Duration,
+    /// `max_reply_bytes`: the longest reply a run may produce.
+    pub max_reply: usize,
 }
 
 impl Default for Policy {
@@ -157,6 +152,7 @@ impl Policy {
             backoff: Duration::from_millis(c.backoff_ms),
             cooldown: Duration::from_secs(c.cooldown_s),
             attempt_timeout: Duration::from_secs(c.attempt_timeout_s),
+            max_reply: c.max_reply_bytes,
         }
     }
 }
@@ -199,8 +195,9 @@ impl OpenAiAgent {
         OpenAiAgent { upstreams, policy, timeout, health, events: Arc::new(Mutex::new(Vec::new())) }
     }
 
-    /// The backend of `[agent]`: its `[[agent.provider]]` tables, or its one upstream.
-    pub fn from_config(c: &gatewarden_config::AgentConfig) -> Self {
+    /// The backend of `[agent]`: its `[[agent.provider]]` tables, or its one upstream, with
+    /// their keys from `secrets`.
+    pub fn from_config(c: &gatewarden_config::AgentConfig, secrets: &Secrets) -> Self {
         let timeout = c.timeout();
         let ups = c
             .providers()
@@ -208,7 +205,11 @@ impl OpenAiAgent {
             .map(|p| {
                 let out = gatewarden_net::Outbound::new(p.ca_file.as_deref(), p.proxy.as_deref());
                 let name = p.display_name();
-                let key = p.api_key_env.clone().map_or(ApiKey::None, ApiKey::Env);
+                let id = match c.provider.is_empty() {
+                    true => SecretId::Agent,
+                    false => SecretId::Provider { name: name.clone() },
+                };
+                let key = ApiKey::from_resolved(secrets.get(&id));
                 let mut up = Upstream::new(
                     name.clone(),
                     &p.base_url,
@@ -416,7 +417,14 @@ impl OpenAiAgent {
             let failure = match self.attempt(i, req, cancel, chunks, deadline).await {
                 Ok(reply) => return Ok(reply),
                 Err(CallEnd::Failed(f)) => f,
-                Err(stop) => return Err(stop),
+                Err(stop) => {
+                    // A provider that broke off after part of the reply was shown failed too
+                    // (status `failures`, gatewarden_provider_failures_total).
+                    if matches!(stop, CallEnd::Stop(_, Some(_))) {
+                        self.with_health(|h| h[i].attempt_failed());
+                    }
+                    return Err(stop);
+                }
             };
             self.with_health(|h| h[i].attempt_failed());
             match classify(&failure) {
@@ -506,10 +514,23 @@ impl OpenAiAgent {
 
         let mut streamed = String::new();
         let mut deltas_open = streaming;
+        let max = self.policy.max_reply;
+        let too_long = || {
+            // Dropping the receiver ends the worker thread at its next delta.
+            CallEnd::Stop(
+                AgentError::Failed(format!(
+                    "openai backend: the reply grew past [agent] max_reply_bytes ({max} bytes); the run was ended"
+                )),
+                None,
+            )
+        };
         loop {
             tokio::select! {
                 delta = delta_rx.recv(), if deltas_open => match delta {
                     Some(delta) => {
+                        if streamed.len().saturating_add(delta.len()) > max {
+                            return Err(too_long());
+                        }
                         streamed.push_str(&delta);
                         if let Some(chunks) = chunks {
                             send_chunk(chunks, cancel, delta).await.map_err(|e| CallEnd::Stop(e, None))?;
@@ -519,10 +540,12 @@ impl OpenAiAgent {
                 },
                 joined = &mut worker, if !deltas_open => {
                     return match joined {
+                        Ok(Ok(done)) if done.text.as_ref().is_some_and(|t| t.len() > max) => Err(too_long()),
                         Ok(Ok(done)) => Ok(AgentReply { text: done.text.unwrap_or(streamed), usage: done.usage }),
-                        // Part of the reply is with the caller: another provider's answer
-                        // cannot be appended to it.
-                        Ok(Err(f)) if !streamed.is_empty() => {
+                        // Part of the reply went on its way: another provider's answer can
+                        // follow only if none of it reached the caller (its pieces are then
+                        // dropped on the way); else it cannot be appended.
+                        Ok(Err(f)) if !streamed.is_empty() && !super::delivery::retract() => {
                             Err(CallEnd::Stop(AgentError::Failed(f.reason()), Some(f)))
                         }
                         Ok(Err(f)) => Err(CallEnd::Failed(f)),
@@ -554,7 +577,7 @@ struct Done {
 struct Call {
     http: ureq::Agent,
     url: String,
-    key: Option<String>,
+    key: Option<Secret>,
     headers: Vec<(String, String)>,
     body: Value,
     head_timeout: Duration,
@@ -569,7 +592,7 @@ impl Call {
             request = request.header(k.as_str(), v.as_str());
         }
         if let Some(key) = &self.key {
-            request = request.header("Authorization", format!("Bearer {key}"));
+            request = request.header("Authorization", format!("Bearer {}", key.expose()));
         }
         if self.body["stream"] == Value::Bool(true) {
             request = request.header("Accept", "text/event-stream");
@@ -616,12 +639,11 @@ impl Call {
 
     /// A `chat.completion` object's reply and usage.
     fn completion(&self, mut response: ureq::http::Response<ureq::Body>) -> Result<Done, Failure> {
-        let text = response
-            .body_mut()
-            .with_config()
-            .limit(MAX_BODY_BYTES)
-            .read_to_string()
-            .map_err(|e| Failure::Protocol(format!("reading upstream response: {e}")))?;
+        let text = response.body_mut().with_config().limit(MAX_BODY_BYTES).read_to_string().map_err(|e| match e {
+            // Too big is a broken reply, not a broken connection: not worth a retry.
+            ureq::Error::BodyExceedsLimit(_) => Failure::Protocol(format!("reading upstream response: {e}")),
+            e => Failure::Interrupted(format!("reading upstream response: {e}")),
+        })?;
         let value: Value = serde_json::from_str(&text)
             .map_err(|e| Failure::Protocol(format!("upstream response is not JSON ({e}): {}", truncate(&text, 200))))?;
         match value.pointer("/choices/0/message/content") {
@@ -659,7 +681,7 @@ impl Call {
             }
             let n = reader.read(&mut buf).map_err(|e| match e.kind() {
                 std::io::ErrorKind::TimedOut => Failure::TimedOut,
-                _ => Failure::Protocol(format!("reading upstream stream: {e}")),
+                _ => Failure::Interrupted(format!("reading upstream stream: {e}")),
             })?;
             let events =
                 if n == 0 { decoder.finish().map(|e| e.into_iter().collect()) } else { decoder.push(&buf[..n]) };
@@ -686,7 +708,7 @@ impl Call {
         if finished {
             Ok(Done { text: None, usage })
         } else {
-            Err(Failure::Protocol("upstream stream ended before [DONE]".into()))
+            Err(Failure::Interrupted("upstream stream ended before [DONE]".into()))
         }
     }
 }
@@ -721,7 +743,7 @@ fn parse_sse_data(data: &str) -> Result<SseLine, Failure> {
     let value: Value = serde_json::from_str(data)
         .map_err(|e| Failure::Protocol(format!("upstream stream event is not JSON ({e}): {}", truncate(data, 200))))?;
     if let Some(error) = value.get("error") {
-        return Err(Failure::Protocol(format!(
+        return Err(Failure::Interrupted(format!(
             "upstream stream error: {}",
             truncate(&error.to_string(), ERROR_BODY_BYTES)
         )));
@@ -800,11 +822,11 @@ mod tests {
     }
 
     #[test]
-    fn missing_env_key_is_named() {
-        let key = ApiKey::Env("GATEWARDEN_TEST_SURELY_UNSET_7f3a9c".into());
+    fn a_missing_key_fails_in_the_resolvers_words_and_a_key_never_prints() {
+        let key = ApiKey::from_resolved(Err("[agent] api_key: K (api_key_env) is set in neither".into()));
         let e = key.resolve().unwrap_err().to_string();
-        assert!(e.contains("GATEWARDEN_TEST_SURELY_UNSET_7f3a9c"), "{e}");
-        assert!(e.contains("not set"), "{e}");
+        assert!(e.contains("K (api_key_env) is set in neither"), "{e}");
+        assert_eq!(ApiKey::from_resolved(Ok(None)), ApiKey::None);
         assert!(!format!("{:?}", ApiKey::Value("sk-secret".into())).contains("sk-secret"));
     }
 

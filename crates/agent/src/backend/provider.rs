@@ -21,6 +21,10 @@ pub enum Failure {
     Connect(String),
     /// No response head within the attempt's timeout.
     TimedOut,
+    /// The answer broke off after its head (the connection dropped, the stream ended or
+    /// reported an error before it was complete): retried like a refused connection while
+    /// nothing of it has reached the caller (backend/delivery.rs).
+    Interrupted(String),
     /// The reply was unusable (not JSON, no content, a stream cut short).
     Protocol(String),
 }
@@ -33,7 +37,7 @@ impl Failure {
             Failure::Status { status, body, .. } => format!("HTTP {status}: {}", super::openai::truncate(body, 200)),
             Failure::Connect(why) => format!("cannot connect: {why}"),
             Failure::TimedOut => "no response within attempt_timeout_s".into(),
-            Failure::Protocol(why) => why.clone(),
+            Failure::Interrupted(why) | Failure::Protocol(why) => why.clone(),
         }
     }
 }
@@ -41,7 +45,7 @@ impl Failure {
 /// What to do after a [`Failure`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// Transient (429, 408, 409, 5xx, refused, timed out): retry this provider after a backoff
+    /// Transient (429, 408, 409, 5xx, refused, timed out, broken off): retry this provider after a backoff
     /// (at least `Retry-After`), then fall back.
     Retry { after: Option<Duration> },
     /// This provider cannot serve us (401, 403, 404, a broken reply): the next provider,
@@ -61,7 +65,7 @@ pub fn classify(f: &Failure) -> Verdict {
             401 | 403 | 404 => Verdict::Next,
             _ => Verdict::Fatal,
         },
-        Failure::Connect(_) | Failure::TimedOut => Verdict::Retry { after: None },
+        Failure::Connect(_) | Failure::TimedOut | Failure::Interrupted(_) => Verdict::Retry { after: None },
         Failure::Protocol(_) => Verdict::Next,
     }
 }
@@ -236,6 +240,7 @@ mod tests {
         }
         assert_eq!(classify(&Failure::Connect("refused".into())), Verdict::Retry { after: None });
         assert_eq!(classify(&Failure::TimedOut), Verdict::Retry { after: None });
+        assert_eq!(classify(&Failure::Interrupted("dropped".into())), Verdict::Retry { after: None });
         let ra = Failure::Status { status: 429, retry_after: Some(Duration::from_secs(2)), body: String::new() };
         assert_eq!(classify(&ra), Verdict::Retry { after: Some(Duration::from_secs(2)) });
     }

@@ -16,14 +16,17 @@ pub fn run(home: Home, args: RunArgs, started_at: SystemTime, started: Instant) 
     match &args.log_file {
         Some(path) => {
             if let Err(e) = log::init_file(path, format) {
-                eprintln!("gatewarden: cannot write the log file {}: {e}", path.display());
+                gatewarden_ops::errln!("gatewarden: cannot write the log file {}: {e}", path.display());
                 return ExitCode::from(ExitIntent::FatalConfig.code());
             }
         }
         None => log::init(format),
     }
-    // An update whose updater died is finished (or handed on) before this start goes on.
-    gatewarden_ops::update::on_gateway_start(&home);
+    // An update whose updater died is finished (or handed on) before this start goes on; a
+    // preflight starts nothing and writes nothing.
+    if !args.preflight {
+        gatewarden_ops::update::on_gateway_start(&home);
+    }
     let opts = RunOptions {
         home,
         listen: args.listen,
@@ -35,6 +38,7 @@ pub fn run(home: Home, args: RunArgs, started_at: SystemTime, started: Instant) 
         inherit_listener: args.inherit_listener,
         ready_stdout: args.ready_stdout,
         desired_seq: args.desired_seq,
+        preflight: args.preflight,
         log_file: args.log_file,
         log_json: args.log_format == LogFormat::Json,
     };

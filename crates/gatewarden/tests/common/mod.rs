@@ -157,3 +157,27 @@ pub fn cancel_keeps(home: &TempHome, incarnation: &str, cli: impl Fn(&[&str]) ->
     let c = home.events("drain_cancelled");
     assert_eq!(c.len(), 1, "{}", home.ledger_text());
 }
+
+/// `desired_state.json` once `pred` holds for it (and its writer has let go of
+/// `desired_state.lock`, which it holds until just after the file is in place).
+#[track_caller]
+pub fn wait_desired(home: &TempHome, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let mut last = Value::Null;
+    let ok = wait_until(Duration::from_secs(20), || {
+        last = home.read_json("desired_state.json").unwrap_or(Value::Null);
+        pred(&last) && !lock_is_held(&home.file("desired_state.lock"))
+    });
+    assert!(ok, "desired_state.json never {what}: {last}");
+    last
+}
+
+/// A `stop` running in the background that has recorded `stopped`, held right there
+/// (SIGSTOP), as a loaded machine may hold it before it reaches the gateway: its pid. The
+/// caller lets it go on with `SIGCONT`.
+#[track_caller]
+pub fn hold_recorded_stop(home: &TempHome) -> u32 {
+    let d = wait_desired(home, "stopped by the stop", |d| d["want"] == json!("stopped"));
+    let stopper = d["pid"].as_u64().expect("the stop's pid") as u32;
+    send_signal(stopper, sig::SIGSTOP).unwrap();
+    stopper
+}

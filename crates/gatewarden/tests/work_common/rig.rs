@@ -32,10 +32,18 @@ pub fn rig(config: &str) -> (Rig, Gateway) {
     rig_then(|_| config.to_owned(), &[])
 }
 
+/// [`rig`] in `home` (a home on a filesystem of the test's own).
+pub fn rig_on(home: TempHome, config: &str) -> (Rig, Gateway) {
+    rig_with(Rig::installed_for(home), |_| config.to_owned(), &[])
+}
+
 /// [`rig`] whose config is made from the rig (to name its candidates), and a gateway started
 /// with `env` too.
 pub fn rig_then(config: impl FnOnce(&Rig) -> String, env: &[(&str, &str)]) -> (Rig, Gateway) {
-    let r = Rig::installed();
+    rig_with(Rig::installed(), config, env)
+}
+
+fn rig_with(r: Rig, config: impl FnOnce(&Rig) -> String, env: &[(&str, &str)]) -> (Rig, Gateway) {
     write_config(r.home.path(), &format!("[agent]\nbackend = \"echo\"\n{}", config(&r)));
     let mut b = GatewayBuilder::new(&r.exe, &r.home).env(TAG_VAR, r.sw.tag());
     for (k, v) in env {
@@ -50,6 +58,11 @@ impl Rig {
     /// A fresh home and the built binary copied into a private `bin/` (the file an update
     /// swaps), with a pristine copy in `rel/`; nothing written to the home, nothing running.
     pub fn installed() -> Rig {
+        Rig::installed_for(TempHome::new())
+    }
+
+    /// [`Rig::installed`] for `home` (a home on a filesystem of the test's own).
+    pub fn installed_for(home: TempHome) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("bin")).unwrap();
         std::fs::create_dir(dir.path().join("rel")).unwrap();
@@ -58,7 +71,7 @@ impl Rig {
         let pristine = dir.path().join("rel/pristine");
         std::fs::copy(bin(), &pristine).unwrap();
         let version = version_of(&exe);
-        Rig { home: TempHome::new(), sw: Sweeper::new(), dir, exe, pristine, version }
+        Rig { home, sw: Sweeper::new(), dir, exe, pristine, version }
     }
 
     /// The same build with every occurrence of its version string replaced by `to` (same

@@ -78,3 +78,13 @@ impl HomeDir {
 pub fn effective_uid() -> Option<u32> {
     None
 }
+
+/// The uid that owns an open file (no uids here: the folder's ACL applies).
+pub fn file_owner(_f: &File) -> Option<u32> {
+    None
+}
+
+/// Whether only root can change `dir` and the folders above it (no root here).
+pub fn only_root_writes(_dir: &Path) -> bool {
+    false
+}

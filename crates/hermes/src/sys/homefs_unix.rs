@@ -35,12 +35,30 @@ fn me() -> u32 {
 }
 
 impl HomeDir {
-    /// Opens the home directory itself. Links in the path the operator gave are resolved
+    /// Opens the home directory itself, refusing it as a native home is refused: the home
+    /// named must not be a link (its owner could point it at a folder it does not own, a
+    /// world-writable one included), and the folder must not be writable by group or others
+    /// (anyone could plant the records we read in it). Links further up the path are resolved
     /// once (canonical form), and the final directory is opened without following a link.
     pub fn open(home: &Path) -> io::Result<HomeDir> {
+        // `home/` would make lstat follow a link: the name itself is judged.
+        let named: PathBuf = home.components().collect();
+        if std::fs::symlink_metadata(&named)?.file_type().is_symlink() {
+            let to = std::fs::read_link(&named).map(|t| format!(" (to {})", t.display())).unwrap_or_default();
+            return Err(refused(home, format_args!("the hermes home is a symbolic link{to}; name the folder itself")));
+        }
         let canon = std::fs::canonicalize(home)?;
-        let fd = rustix::fs::open(&canon, dir_flags(), Mode::empty())?;
+        let fd = rustix::fs::open(&canon, dir_flags(), Mode::empty()).map_err(|e| link_error(&canon, e))?;
         let st = rustix::fs::fstat(&fd)?;
+        let mode = st.st_mode & 0o7777;
+        if mode & 0o022 != 0 {
+            return Err(refused(
+                &canon,
+                format_args!(
+                    "the hermes home is writable by group or others (mode {mode:o}); a hermes home must not be"
+                ),
+            ));
+        }
         Ok(HomeDir { fd, owner: (st.st_uid, st.st_gid), path: canon })
     }
 
@@ -219,4 +237,21 @@ fn random() -> u64 {
 /// Our effective uid.
 pub fn effective_uid() -> Option<u32> {
     Some(me())
+}
+
+/// The uid that owns an open file: who wrote it, or could have.
+pub fn file_owner(f: &File) -> Option<u32> {
+    rustix::fs::fstat(f).ok().map(|st| st.st_uid)
+}
+
+/// Whether only root can change `dir` and every folder above it: each owned by root and not
+/// writable by group or others, or sticky (/tmp: others can add names to it, but not rename or
+/// remove root's, so the root-owned folder below it stays root's).
+pub fn only_root_writes(dir: &Path) -> bool {
+    dir.ancestors().all(|d| {
+        std::fs::symlink_metadata(d).is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.is_dir() && m.uid() == 0 && (m.mode() & 0o022 == 0 || m.mode() & 0o1000 != 0)
+        })
+    })
 }

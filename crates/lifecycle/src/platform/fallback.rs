@@ -4,7 +4,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::{DirFacts, Signal, SignalOutcome};
+use super::{Credentials, DirFacts, NodeFacts, Signal, SignalOutcome};
 use crate::identity::ProcessIdentity;
 use crate::probe::Liveness;
 
@@ -24,8 +24,26 @@ pub fn create_private_dir(path: &Path) -> io::Result<()> {
     std::fs::create_dir_all(path)
 }
 
+pub fn create_private_dir_new(path: &Path) -> io::Result<()> {
+    std::fs::create_dir(path)
+}
+
+pub fn private_on_create(_opts: &mut OpenOptions) {}
+
 pub fn dir_facts(_path: &Path, _follow: bool) -> io::Result<Option<DirFacts>> {
     Ok(None)
+}
+
+pub fn node_facts(_path: &Path) -> io::Result<Option<NodeFacts>> {
+    Ok(None)
+}
+
+pub fn open_node_facts(_file: &File) -> io::Result<Option<NodeFacts>> {
+    Ok(None)
+}
+
+pub fn credentials() -> Option<Credentials> {
+    None
 }
 
 pub fn no_follow(_opts: &mut OpenOptions, _nonblocking: bool) {}
@@ -52,6 +70,10 @@ pub fn canonical(path: &Path) -> io::Result<PathBuf> {
 
 pub fn sync_dir(_path: &Path) {}
 
+pub fn free_space(_path: &Path) -> Option<u64> {
+    None
+}
+
 pub fn lock_holders(_path: &Path) -> Option<Vec<u32>> {
     None
 }
@@ -65,6 +87,19 @@ pub fn kill_tagged(_key: &str, _accept: &dyn Fn(&str) -> bool) -> Vec<u32> {
 }
 
 pub use super::without_procfs::{
-    argv, cgroup, cmdline, environ, is_stopped, port_listeners, process_uid, processes_with_env, release_startup_pages,
-    systemd_main_pid,
+    argv, cgroup, cmdline, environ, is_stopped, port_listeners, process_uid, process_usage, processes_with_env,
+    release_startup_pages, systemd_main_pid,
 };
+
+/// Nothing to redirect with here: the caller keeps writing to stdout.
+pub fn stdout_to_stderr() -> io::Result<File> {
+    Err(io::Error::new(io::ErrorKind::Unsupported, "no way to redirect stdout on this OS"))
+}
+
+/// No terminal control here: the line is read as typed (and shown).
+pub fn read_hidden_line() -> io::Result<String> {
+    use std::io::BufRead;
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    Ok(line)
+}

@@ -6,11 +6,12 @@ use rustix::io::Errno;
 use rustix::process::{Pid, PidfdFlags, pidfd_open, pidfd_send_signal};
 
 pub use super::unix::{
-    canonical, create_private_dir, dir_facts, is_link, is_transient, link_refused, no_follow, set_private_file,
+    canonical, create_private_dir, create_private_dir_new, credentials, dir_facts, free_space, is_link, is_transient,
+    link_refused, no_follow, node_facts, private_on_create, read_hidden_line, set_private_file, stdout_to_stderr,
     sync_dir,
 };
 use super::unix::{kill, kill_zero, to_rustix};
-use super::{Signal, SignalOutcome};
+use super::{AclEntry, AclTag, NodeFacts, Signal, SignalOutcome};
 use crate::identity::{IdentityCheck, ProcessIdentity, check_against};
 use crate::probe::{Liveness, ProcStat, classify_unix, parse_proc_stat};
 
@@ -264,6 +265,55 @@ pub fn release_startup_pages() -> usize {
     released
 }
 
+/// CPU time, resident memory and threads from `/proc/<pid>/stat`.
+pub fn process_usage(pid: u32) -> Option<super::ProcessUsage> {
+    let bytes = std::fs::read(Path::new("/proc").join(pid.to_string()).join("stat")).ok()?;
+    let (ticks, threads, pages) = crate::procfs::stat_usage(&bytes)?;
+    let hz = rustix::param::clock_ticks_per_second().max(1);
+    Some(super::ProcessUsage {
+        cpu_s: ticks as f64 / hz as f64,
+        rss_bytes: pages.saturating_mul(rustix::param::page_size() as u64),
+        threads,
+    })
+}
+
+/// An open file's facts with its POSIX access ACL, when it has one beyond the mode.
+pub fn open_node_facts(file: &std::fs::File) -> std::io::Result<Option<NodeFacts>> {
+    let mut n = super::unix::node(&file.metadata()?);
+    // No attribute (ENODATA) or no ACLs on this file system: the mode says it all.
+    let mut buf = [0u8; 4 + 8 * 64];
+    if let Ok(len) = rustix::fs::fgetxattr(file, "system.posix_acl_access", &mut buf[..]) {
+        n.acl = parse_acl(buf.get(..len).unwrap_or_default());
+    }
+    Ok(Some(n))
+}
+
+/// The kernel's `system.posix_acl_access` value: a little-endian version 2 header, then
+/// `(tag: u16, perm: u16, id: u32)` per entry (linux/posix_acl_xattr.h). `None` when it is not
+/// that, so a value we cannot read is judged by the mode alone (whose group bits are the mask,
+/// the most any entry gets).
+pub(crate) fn parse_acl(bytes: &[u8]) -> Option<Vec<AclEntry>> {
+    let (head, rest) = bytes.split_first_chunk::<4>()?;
+    if u32::from_le_bytes(*head) != 2 || rest.len() % 8 != 0 {
+        return None;
+    }
+    rest.chunks_exact(8)
+        .map(|e| {
+            let tag = match u16::from_le_bytes([e[0], e[1]]) {
+                0x01 => AclTag::UserObj,
+                0x02 => AclTag::User,
+                0x04 => AclTag::GroupObj,
+                0x08 => AclTag::Group,
+                0x10 => AclTag::Mask,
+                0x20 => AclTag::Other,
+                _ => return None,
+            };
+            let perm = u32::from(u16::from_le_bytes([e[2], e[3]]) & 0o7);
+            Some(AclEntry { tag, id: u32::from_le_bytes([e[4], e[5], e[6], e[7]]), perm })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::process::ExitStatusExt;
@@ -283,6 +333,24 @@ mod tests {
             c.kill().unwrap();
             c.wait().unwrap();
         }
+    }
+
+    #[test]
+    fn posix_acls_are_read_as_the_kernel_writes_them() {
+        // What systemd leaves on a credential of a unit with User=1000 (0400 root, user:1000:r).
+        let mut v = 2u32.to_le_bytes().to_vec();
+        for (tag, perm, id) in
+            [(0x01u16, 4u16, u32::MAX), (0x02, 4, 1000), (0x04, 0, u32::MAX), (0x10, 4, u32::MAX), (0x20, 0, u32::MAX)]
+        {
+            v.extend(tag.to_le_bytes());
+            v.extend(perm.to_le_bytes());
+            v.extend(id.to_le_bytes());
+        }
+        let acl = super::parse_acl(&v).unwrap();
+        assert_eq!(acl.len(), 5);
+        assert_eq!(acl[1], super::AclEntry { tag: super::AclTag::User, id: 1000, perm: 4 });
+        assert_eq!(super::parse_acl(&v[..7]), None, "a torn value is not an ACL");
+        assert_eq!(super::parse_acl(&[1, 0, 0, 0]), None, "an unknown version");
     }
 
     #[test]

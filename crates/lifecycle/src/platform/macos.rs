@@ -7,15 +7,21 @@
 use std::mem::MaybeUninit;
 
 pub use super::unix::{
-    canonical, create_private_dir, dir_facts, is_link, is_transient, link_refused, no_follow, set_private_file,
+    canonical, create_private_dir, create_private_dir_new, credentials, dir_facts, free_space, is_link, is_transient,
+    link_refused, no_follow, node_facts, private_on_create, read_hidden_line, set_private_file, stdout_to_stderr,
     sync_dir,
 };
 use super::unix::{kill, kill_zero};
-use super::{Signal, SignalOutcome};
+use super::{NodeFacts, Signal, SignalOutcome};
 use crate::identity::{IdentityCheck, ProcessIdentity, check_against};
 use crate::probe::{Liveness, ProcStat, classify_unix};
 
 const SZOMB: u32 = 5;
+
+/// An open file's facts. macOS ACLs are not POSIX ACLs and are not read: the mode decides.
+pub fn open_node_facts(file: &std::fs::File) -> std::io::Result<Option<NodeFacts>> {
+    Ok(Some(super::unix::node(&file.metadata()?)))
+}
 
 fn bsd_info(pid: u32) -> ProcStat {
     let Ok(ipid) = libc::c_int::try_from(pid) else {
@@ -86,6 +92,6 @@ pub fn kill_tagged(_key: &str, _accept: &dyn Fn(&str) -> bool) -> Vec<u32> {
 }
 
 pub use super::without_procfs::{
-    argv, cgroup, cmdline, environ, is_stopped, port_listeners, process_uid, processes_with_env, release_startup_pages,
-    systemd_main_pid,
+    argv, cgroup, cmdline, environ, is_stopped, port_listeners, process_uid, process_usage, processes_with_env,
+    release_startup_pages, systemd_main_pid,
 };

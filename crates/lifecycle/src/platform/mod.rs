@@ -8,8 +8,18 @@
 //! - `signal_verified(id: &ProcessIdentity, sig: Signal) -> SignalOutcome`
 //! - `create_private_dir(path: &Path) -> io::Result<()>` (creates missing directories 0700 on
 //!   Unix; never changes an existing directory's mode)
+//! - `create_private_dir_new(path: &Path) -> io::Result<()>`: one new directory, 0700 on Unix
+//!   from its creation; an existing one is an error (nothing planted is reused)
+//! - `private_on_create(opts: &mut OpenOptions)`: files `opts` creates are 0600 from the first
+//!   instant on Unix (the mode of the `open`, not a later chmod)
 //! - `dir_facts(path: &Path, follow: bool) -> io::Result<Option<DirFacts>>`: owner and mode,
 //!   `None` where the OS has no Unix ownership (Windows: the profile's ACL protects the home)
+//! - `node_facts(path: &Path) -> io::Result<Option<NodeFacts>>`: kind, owner, group and mode of
+//!   a path itself (`lstat`), for the secret files' walk (fsio); `None` where the OS has no Unix
+//!   ownership
+//! - `open_node_facts(file: &File) -> io::Result<Option<NodeFacts>>`: the same of an open file
+//!   (`fstat`: no race with a rename between the check and the read), with its POSIX ACL (Linux)
+//! - `credentials() -> Option<Credentials>`: our effective uid and every group we are in
 //! - `no_follow(opts: &mut OpenOptions, nonblocking: bool)`: never open through a symlink
 //!   (`O_NOFOLLOW`, `FILE_FLAG_OPEN_REPARSE_POINT`); optionally `O_NONBLOCK`
 //! - `link_refused(e: &io::Error) -> bool`: the open failed because the path is a symlink
@@ -18,6 +28,8 @@
 //! - `set_private_file(file: &File) -> io::Result<()>` (0600 on Unix)
 //! - `canonical(path: &Path) -> io::Result<PathBuf>`
 //! - `sync_dir(path: &Path)`: make a rename durable where the OS supports it
+//! - `free_space(path: &Path) -> Option<u64>`: bytes the user may still write on that
+//!   filesystem (`statvfs`, `GetDiskFreeSpaceExW`)
 //! - `parent_pid(pid: u32) -> Option<u32>`
 //! - `cmdline(pid: u32) -> Option<Vec<String>>`: a process's arguments, where the OS tells and
 //!   also names lock holders (so a holder can be told from a gateway); `argv(pid)` the same but
@@ -37,6 +49,12 @@
 //!   tells
 //! - `release_startup_pages() -> usize`: drop the clean code pages start-up touched from our
 //!   page tables once the gateway is ready (Linux; 0 elsewhere)
+//! - `process_usage(pid: u32) -> Option<ProcessUsage>`: CPU time, resident memory and threads
+//!   of a process (`gatewarden top`; Linux; `None` elsewhere)
+//! - `stdout_to_stderr() -> io::Result<File>`: points this process's stdout at its stderr and
+//!   returns the original stdout (a verb's `--json`: its one document alone on stdout)
+//! - `read_hidden_line() -> io::Result<String>`: a line from stdin with the terminal's echo off
+//!   (`init`'s secrets; echoed where the OS cannot turn it off)
 //!
 //! Starting, watching and ending child processes: [`spawn`] (the same pattern, its own files).
 
@@ -81,6 +99,64 @@ pub struct DirFacts {
     pub mode: u32,
 }
 
+/// What a path is, for the secret files' rule (fsio `secret_node_insecurity`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeKind {
+    File,
+    Dir,
+    Link,
+    /// A FIFO, socket or device.
+    Other,
+}
+
+/// A path's (or an open file's) kind, owner, group and mode, and its POSIX access ACL where it
+/// has one: with an ACL the mode's group bits are the ACL's mask, not the owning group's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub kind: NodeKind,
+    pub owner: u32,
+    pub group: u32,
+    /// Permission bits (`0o7777`).
+    pub mode: u32,
+    /// The entries of an extended ACL (`system.posix_acl_access`); `None` without one, or
+    /// where the OS has none (a path's facts never carry it: only an open file's are read).
+    pub acl: Option<Vec<AclEntry>>,
+}
+
+/// One entry of a POSIX ACL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AclEntry {
+    pub tag: AclTag,
+    /// The uid or gid of a named [`AclTag::User`] or [`AclTag::Group`] entry.
+    pub id: u32,
+    /// `rwx` as `0o4 | 0o2 | 0o1`.
+    pub perm: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AclTag {
+    /// The owner (the mode's user bits).
+    UserObj,
+    /// A named user.
+    User,
+    /// The owning group.
+    GroupObj,
+    /// A named group.
+    Group,
+    /// The most any named entry or the owning group gets (the mode's group bits).
+    Mask,
+    /// Everyone else (the mode's other bits).
+    Other,
+}
+
+/// Who we are, for the secret files' rule: the effective uid and every group we are in (the
+/// effective gid and the supplementary groups).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub uid: u32,
+    pub groups: Vec<u32>,
+}
+
 /// A signal the kernel may send. On Windows only [`Signal::Kill`] exists (TerminateProcess);
 /// the others report [`SignalOutcome::Unsupported`], and graceful stops go through the control
 /// channel or a marker instead.
@@ -114,6 +190,15 @@ impl SignalOutcome {
     pub fn sent(&self) -> bool {
         matches!(self, SignalOutcome::Sent)
     }
+}
+
+/// What [`process_usage`] tells of a process.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProcessUsage {
+    /// User plus system CPU time since it started, in seconds.
+    pub cpu_s: f64,
+    pub rss_bytes: u64,
+    pub threads: u64,
 }
 
 /// A process listening on a TCP port, as far as the OS tells.

@@ -13,7 +13,7 @@ use windows_sys::Win32::System::Threading::{
     TerminateProcess, WaitForSingleObject,
 };
 
-use super::{DirFacts, Signal, SignalOutcome};
+use super::{Credentials, DirFacts, NodeFacts, Signal, SignalOutcome};
 use crate::identity::ProcessIdentity;
 use crate::probe::{Liveness, WinOpen, classify_windows, filetime_to_centis};
 
@@ -109,9 +109,31 @@ pub fn create_private_dir(path: &Path) -> io::Result<()> {
     std::fs::create_dir_all(path)
 }
 
+pub fn create_private_dir_new(path: &Path) -> io::Result<()> {
+    // Not recursive: an existing directory is an error. The profile's ACL protects it.
+    std::fs::create_dir(path)
+}
+
+/// The per-user profile directory's ACL protects new files.
+pub fn private_on_create(_opts: &mut OpenOptions) {}
+
 pub fn dir_facts(_path: &Path, _follow: bool) -> io::Result<Option<DirFacts>> {
     // No Unix owner or mode bits; the per-user profile directory's ACL protects the home.
     Ok(None)
+}
+
+pub fn node_facts(_path: &Path) -> io::Result<Option<NodeFacts>> {
+    // No Unix owner or mode bits: the profile's ACL protects what the user keeps in it.
+    Ok(None)
+}
+
+pub fn open_node_facts(_file: &File) -> io::Result<Option<NodeFacts>> {
+    // No Unix owner or mode bits: the profile's ACL protects what the user keeps in it.
+    Ok(None)
+}
+
+pub fn credentials() -> Option<Credentials> {
+    None
 }
 
 /// `FILE_FLAG_OPEN_REPARSE_POINT`: open a symlink or junction itself instead of its target, so
@@ -151,6 +173,24 @@ pub fn canonical(path: &Path) -> io::Result<PathBuf> {
     })
 }
 
+/// Bytes the calling user may still write on the volume holding `path`
+/// (`GetDiskFreeSpaceExW`, which honours quotas); `None` when it cannot be asked.
+pub fn free_space(path: &Path) -> Option<u64> {
+    use std::os::windows::ffi::OsStrExt;
+    let wide: Vec<u16> = path.as_os_str().encode_wide().chain(std::iter::once(0)).collect();
+    let mut free: u64 = 0;
+    // SAFETY: a NUL-terminated wide path and one writable u64; the other outputs are optional.
+    let ok = unsafe {
+        windows_sys::Win32::Storage::FileSystem::GetDiskFreeSpaceExW(
+            wide.as_ptr(),
+            &mut free,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    (ok != 0).then_some(free)
+}
+
 pub fn sync_dir(_path: &Path) {
     // NTFS journals the rename itself; directories cannot be opened for flushing.
 }
@@ -172,6 +212,54 @@ pub fn kill_tagged(_key: &str, _accept: &dyn Fn(&str) -> bool) -> Vec<u32> {
 }
 
 pub use super::without_procfs::{
-    argv, cgroup, cmdline, environ, is_stopped, port_listeners, process_uid, processes_with_env, release_startup_pages,
-    systemd_main_pid,
+    argv, cgroup, cmdline, environ, is_stopped, port_listeners, process_uid, process_usage, processes_with_env,
+    release_startup_pages, systemd_main_pid,
 };
+
+/// Makes the standard error handle the standard output handle too and returns the original.
+pub fn stdout_to_stderr() -> io::Result<File> {
+    use std::os::windows::io::{AsRawHandle, FromRawHandle};
+    use windows_sys::Win32::Foundation::{DUPLICATE_SAME_ACCESS, DuplicateHandle};
+    use windows_sys::Win32::System::Console::{STD_OUTPUT_HANDLE, SetStdHandle};
+    use windows_sys::Win32::System::Threading::GetCurrentProcess;
+    let out = std::io::stdout().as_raw_handle() as HANDLE;
+    let err = std::io::stderr().as_raw_handle() as HANDLE;
+    let mut saved: HANDLE = std::ptr::null_mut();
+    // SAFETY: both handles are this process's standard handles, valid for the call; `saved`
+    // is a fresh handle owned by the File returned.
+    unsafe {
+        let me = GetCurrentProcess();
+        if DuplicateHandle(me, out, me, &mut saved, 0, 0, DUPLICATE_SAME_ACCESS) == 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if SetStdHandle(STD_OUTPUT_HANDLE, err) == 0 {
+            let e = io::Error::last_os_error();
+            CloseHandle(saved);
+            return Err(e);
+        }
+        Ok(File::from_raw_handle(saved as _))
+    }
+}
+
+/// One line from stdin; on a console its echo is off while it is typed.
+pub fn read_hidden_line() -> io::Result<String> {
+    use std::io::BufRead;
+    use std::os::windows::io::AsRawHandle;
+    use windows_sys::Win32::System::Console::{ENABLE_ECHO_INPUT, GetConsoleMode, SetConsoleMode};
+    let handle = std::io::stdin().as_raw_handle() as HANDLE;
+    let mut mode = 0u32;
+    // SAFETY: the process's own stdin handle and a local out-parameter.
+    let console = unsafe { GetConsoleMode(handle, &mut mode) } != 0;
+    if console {
+        // SAFETY: as above.
+        unsafe { SetConsoleMode(handle, mode & !ENABLE_ECHO_INPUT) };
+    }
+    let mut line = String::new();
+    let read = std::io::stdin().lock().read_line(&mut line);
+    if console {
+        // SAFETY: as above; the mode read before.
+        unsafe { SetConsoleMode(handle, mode) };
+        eprintln!();
+    }
+    read.map(|_| line)
+}

@@ -43,3 +43,8 @@ pub fn port_listeners(_port: u16) -> Vec<super::PortListener> {
 pub fn release_startup_pages() -> usize {
     0
 }
+
+/// Where there is no `/proc` the usage is not read (`top` shows `-`).
+pub fn process_usage(_pid: u32) -> Option<super::ProcessUsage> {
+    None
+}

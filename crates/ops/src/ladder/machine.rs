@@ -13,7 +13,8 @@
 //!    after the owner's own revive delay (`kick_after`), or at once when the owner gave up.
 //! 4. A lock holder silent for longer than [`UNRESPONSIVE`], or an old incarnation draining
 //!    past its drain budget plus [`DRAIN_GRACE`], is wedged: stopped, then replaced.
-//! 5. Every path ends by the deadline, with what was seen last.
+//! 5. Every path ends by the deadline, with what was seen last; a next incarnation that refused
+//!    to start (exit 78) is started once more at once, and refused again ends the watch.
 
 use std::time::Duration;
 
@@ -97,6 +98,11 @@ pub struct Observation {
     pub unit_gave_up: Option<bool>,
     /// The ladder already started a new incarnation (a kick, or a wedged gateway's recovery).
     pub kicked: bool,
+    /// A gateway refused to start (`start_refused`, not a prevented start) since the watch
+    /// began; looked up only while nothing holds the lock.
+    pub refused: bool,
+    /// ... and one did since the ladder's own start (its kick).
+    pub refused_after_kick: bool,
 }
 
 /// What the driver does next.
@@ -228,8 +234,15 @@ impl Watch {
                     );
                     return Action::Fail { seen };
                 }
+                // A next incarnation that refused to start is tried once more (a port may have
+                // been taken for a moment); refused again, it will not start by waiting.
+                if obs.kicked && obs.refused_after_kick {
+                    return Action::Fail { seen: "the gateway the restart started could not start either".into() };
+                }
                 if obs.kicked {
                     Action::Wait
+                } else if obs.refused {
+                    Action::Kick { why: "the new gateway could not start".into() }
                 } else if obs.unit_gave_up == Some(true) {
                     Action::Kick { why: "the service manager gave up on the unit".into() }
                 } else if gone >= kick_after {
@@ -260,7 +273,16 @@ mod tests {
     }
 
     fn obs(at: Duration, seen: Seen) -> Observation {
-        Observation { at, stop_recorded: false, relaunch_failed: None, seen, unit_gave_up: None, kicked: false }
+        Observation {
+            at,
+            stop_recorded: false,
+            relaunch_failed: None,
+            seen,
+            unit_gave_up: None,
+            kicked: false,
+            refused: false,
+            refused_after_kick: false,
+        }
     }
 
     fn answer(inc: &str, state: &str) -> Seen {
@@ -269,6 +291,28 @@ mod tests {
 
     const GONE: Seen = Seen::Silent { lock_held: false };
     const SILENT: Seen = Seen::Silent { lock_held: true };
+
+    /// A next incarnation that refused to start is started once more at once (not after
+    /// `kick_after`); refused again, the watch ends instead of waiting out the deadline.
+    #[test]
+    fn a_refused_next_start_is_tried_once_more_then_ends_the_watch() {
+        let mut w = Watch::new(cfg());
+        let refused =
+            |at, kicked, refused_after_kick| Observation { refused: true, kicked, refused_after_kick, ..obs(at, GONE) };
+        assert_eq!(w.step(&obs(MS(0), GONE)), Action::Wait);
+        assert_eq!(
+            w.step(&refused(MS(20), false, false)),
+            Action::Kick { why: "the new gateway could not start".into() }
+        );
+        assert_eq!(w.step(&refused(MS(40), true, false)), Action::Wait);
+        assert!(matches!(w.step(&refused(MS(60), true, true)), Action::Fail { .. }));
+        // Nothing started after the old one left (no manager): the ladder's own start, refused,
+        // ends the watch too.
+        let mut w = Watch::new(cfg());
+        assert_eq!(w.step(&obs(MS(0), GONE)), Action::Wait);
+        assert!(matches!(w.step(&obs(MS(2100), GONE)), Action::Kick { .. }));
+        assert!(matches!(w.step(&refused(MS(2200), true, true)), Action::Fail { .. }));
+    }
 
     #[test]
     fn only_a_new_running_incarnation_is_success() {

@@ -19,11 +19,11 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use gatewarden_control::proto::RESTART_REFUSED;
 use gatewarden_control::stopper::{self, StopOutcome, StopPlan};
 use gatewarden_control::{Client, ClientError, Endpoint, Op, Requester, StatusReport};
 use gatewarden_lifecycle::desired::{self, Refusal, Starter};
 use gatewarden_lifecycle::ledger::{Ledger, Writer};
-use gatewarden_lifecycle::records::read_state;
 use gatewarden_lifecycle::{Home, InstanceLock};
 use serde_json::{Value, json};
 
@@ -94,12 +94,16 @@ fn run_ladder(home: &Home, ladder: &Ladder, t0: Instant) -> crate::Result<ExitCo
 
     match presence(home, "restart") {
         Presence::NotRunning { .. } => {
-            eprintln!("no gateway running in {}; starting one", home.dir().display());
+            errln!("no gateway running in {}; starting one", home.dir().display());
             let code = ladder.start_fresh(None)?;
             // Every outcome is in the ledger, a restart that only had to start one too.
             if !ladder.recorded.get() {
-                ladder.record_result(json!({"ok": code == ExitCode::SUCCESS, "old": null, "started": true,
+                let ok = ladder.record_result(json!({"ok": code == ExitCode::SUCCESS, "old": null, "started": true,
                                             "elapsed_ms": ladder.t0.elapsed().as_millis() as u64}));
+                if code == ExitCode::SUCCESS && !ok {
+                    errln!("restart not verified: which incarnation runs could not be told");
+                    return Ok(ExitCode::from(1));
+                }
             }
             return Ok(code);
         }
@@ -126,24 +130,32 @@ fn run_ladder(home: &Home, ladder: &Ladder, t0: Instant) -> crate::Result<ExitCo
                 old.incarnation.clone().unwrap_or_default(),
                 old.pid.map_or("?".into(), |p| p.to_string())
             ));
-            let _ =
-                ladder.ledger.append("restart_result", json!({"ok": true, "new": old.incarnation, "coalesced": true}));
-            return Ok(ExitCode::SUCCESS);
+            let named = ladder.record_result(json!({"ok": true, "new": old.incarnation, "coalesced": true}));
+            return Ok(if named { ExitCode::SUCCESS } else { ExitCode::from(1) });
         }
         Begin::Join(state) => ladder.progress.phase(&format!("joining the {state} already in progress")),
         Begin::Request => {
             ladder.owner.prepare_restart();
             ladder.progress.phase("requesting restart");
-            let requested = Client::connect(&ep, Duration::from_secs(2))
-                .and_then(|mut c| c.call(Op::Restart { requester: Requester::cli() }, Duration::from_secs(5)));
+            // Answered once the gateway knows whether the next incarnation can run.
+            let requested = Client::connect(&ep, Duration::from_secs(2)).and_then(|mut c| {
+                c.call(Op::Restart { requester: Requester::cli() }, gatewarden_runtime::restart::VERDICT_PATIENCE)
+            });
             match requested {
                 Ok(_) => {}
+                Err(ClientError::Refused { code, message }) if code == RESTART_REFUSED => {
+                    ladder.progress.finish();
+                    return Ok(ladder.refused(&old, &message));
+                }
                 // An explicit refusal (or a protocol mismatch) is final.
                 Err(
                     e @ (ClientError::Refused { .. } | ClientError::VersionMismatch { .. } | ClientError::Protocol(_)),
                 ) => {
                     ladder.progress.finish();
-                    eprintln!("the gateway refused the restart: {e}");
+                    errln!("the gateway refused the restart: {e}");
+                    // A stop under way is the usual reason (issue 30, item 2): in the ledger too.
+                    ladder.record_result(json!({"ok": false, "old": old.incarnation, "seen": e.to_string(),
+                                                "elapsed_ms": ladder.t0.elapsed().as_millis() as u64}));
                     return Ok(ExitCode::from(1));
                 }
                 // The connection broke or timed out: the gateway is going away, most likely for a
@@ -167,6 +179,49 @@ fn overtaken(r: &Refusal) -> String {
 
 fn drain_budget(s: &StatusReport) -> Option<Duration> {
     s.extra.get("drain_timeout_s").and_then(Value::as_u64).map(Duration::from_secs)
+}
+
+/// A `restart_result` is a success only if it names the new incarnation (issue 30 §6: a
+/// success with `new: null` is not one): otherwise `ok` becomes false, with why in `seen`.
+fn named_success(fields: &mut Value) -> bool {
+    if fields["ok"] != json!(true) {
+        return false;
+    }
+    if fields.get("new").is_some_and(|n| n.as_str().is_some_and(|s| !s.is_empty())) {
+        return true;
+    }
+    fields["ok"] = json!(false);
+    fields["seen"] = json!("a gateway may have started, but which incarnation runs could not be told");
+    false
+}
+
+/// Why each gateway that tried to start since `since` could not (its `start_refused`, or the
+/// supervisor that parked it), newest first.
+fn start_refusals_since(home: &Home, since: std::time::SystemTime) -> Vec<String> {
+    use gatewarden_lifecycle::fsio::ReadOutcome;
+    use gatewarden_lifecycle::ledger::{Line, read_tail};
+    let ReadOutcome::Ok(lines) = read_tail(&home.ledger(), Some(200)) else { return Vec::new() };
+    lines
+        .iter()
+        .rev()
+        .filter_map(|l| {
+            let Line::Event(e) = l else { return None };
+            let at = e.get("ts").and_then(Value::as_str).and_then(gatewarden_lifecycle::timefmt::parse)?;
+            if at < since {
+                return None;
+            }
+            let reason = e.get("reason").and_then(Value::as_str).unwrap_or("no reason recorded");
+            match e.get("event").and_then(Value::as_str)? {
+                // Code 0 is a start the operator's stop prevented: nothing failed.
+                "start_refused" if e.get("code") != Some(&json!(0)) => {
+                    let code = e.get("code").map_or_else(|| "?".into(), Value::to_string);
+                    Some(format!("the new gateway could not start: {reason} (exit {code})"))
+                }
+                "supervise_parked" => Some(format!("the supervisor parked the new gateway: {reason}")),
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 /// A planned restart that no verifying CLI asked for: wait for the next incarnation, start one
@@ -214,6 +269,10 @@ struct Ladder<'h> {
     prevented: std::cell::Cell<bool>,
     /// This restart's `restart_result` is in the ledger.
     recorded: std::cell::Cell<bool>,
+    /// When the ladder began, on the wall clock (the ledger's).
+    began: std::time::SystemTime,
+    /// When the ladder started a gateway itself (its kick).
+    kicked_at: std::cell::Cell<Option<std::time::SystemTime>>,
 }
 
 impl<'h> Ladder<'h> {
@@ -233,20 +292,25 @@ impl<'h> Ladder<'h> {
             by,
             prevented: std::cell::Cell::new(false),
             recorded: std::cell::Cell::new(false),
+            began: std::time::SystemTime::now(),
+            kicked_at: std::cell::Cell::new(None),
         }
     }
 
-    /// Appends this restart's `restart_result` (the one place that does).
-    fn record_result(&self, mut fields: Value) {
+    /// Appends this restart's `restart_result` (the one place that does); whether it is a
+    /// success. A success names the incarnation it ended with, whichever way it got there (a
+    /// start with nothing running, a recovery): looked up when the caller could not say, and
+    /// when that cannot be told either, it is no success ([`named_success`]).
+    fn record_result(&self, mut fields: Value) -> bool {
         self.recorded.set(true);
         fields["requester_pid"] = json!(crate::orchestrator::requester_pid());
-        // A success names the incarnation it ended with, whichever way it got there (a start
-        // with nothing running, a recovery): the ledger shows which gateway ran.
         if fields["ok"] == json!(true) && fields.get("new").is_none_or(Value::is_null) {
             let now = status_of(&Endpoint::for_home(self.home.dir()), Duration::from_secs(1)).ok();
             fields["new"] = json!(now.and_then(|s| s.incarnation));
         }
+        let ok = named_success(&mut fields);
         let _ = self.ledger.append("restart_result", fields);
+        ok
     }
 
     /// A stop recorded since the restart was requested (or any stop in force), or a cancel of
@@ -259,12 +323,35 @@ impl<'h> Ladder<'h> {
         Some(r)
     }
 
+    /// The gateway refused the restart: the next incarnation could not start, and the running
+    /// one keeps serving (crates/runtime/src/restart.rs). Exit 78, the exit table's fatal
+    /// configuration: what the next incarnation would have exited with, and nothing to retry
+    /// until it is fixed.
+    fn refused(&self, old: &StatusReport, why: &str) -> ExitCode {
+        let code = gatewarden_lifecycle::ExitIntent::FatalConfig.code();
+        self.record_result(json!({"ok": false, "refused": true, "old": old.incarnation, "seen": why,
+                                  "elapsed_ms": self.t0.elapsed().as_millis() as u64}));
+        self.failure.replace(Some(format!("restart refused: {why}")));
+        errln!("restart refused: {why}");
+        errln!(
+            "the running gateway keeps serving, untouched (incarnation {}, pid {})",
+            old.incarnation.as_deref().unwrap_or("?"),
+            old.pid.map_or("?".into(), |p| p.to_string())
+        );
+        // Inside `update` the update says what comes next (it rolls back).
+        if !self.inner {
+            let home = self.home.dir().display();
+            errln!("fix that, then: gatewarden --home {home} check && gatewarden --home {home} restart");
+        }
+        ExitCode::from(code)
+    }
+
     /// The ladder's outcome line: stdout, or stderr when run inside `update`.
     fn report(&self, line: &str) {
         if self.inner {
-            eprintln!("{line}");
+            errln!("{line}");
         } else {
-            println!("{line}");
+            outln!("{line}");
         }
     }
 
@@ -280,11 +367,20 @@ impl<'h> Ladder<'h> {
         if let Some(r) = self.stopped() {
             return self.finish(Err(overtaken(&r)), None);
         }
-        let listen = read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
+        // As the incarnation it replaces ran (previous.rs).
+        let before = crate::previous::of(self.home);
         // Inside `update` stdout is the update's own (`--json`): the start reports to stderr.
         let report = if self.inner { crate::launch::Report::Stderr } else { crate::launch::Report::Stdout };
         let left = self.left().as_secs().max(1);
-        let code = crate::launch::launch(self.home, listen.as_deref(), left, None, Some(self.seq), report)?;
+        let code = crate::launch::launch(
+            self.home,
+            before.listen.as_deref(),
+            left,
+            before.drain_timeout_s,
+            Some(self.seq),
+            report,
+            crate::launch::Via::Owner,
+        )?;
         if code == ExitCode::SUCCESS {
             return Ok(code);
         }
@@ -295,8 +391,12 @@ impl<'h> Ladder<'h> {
                 && s.state.as_deref() == Some("running")
             {
                 // Every outcome is in the ledger, this one too (issue 22, item 7).
-                self.record_result(json!({"ok": true, "new": s.incarnation, "coalesced": true,
-                           "elapsed_ms": self.t0.elapsed().as_millis() as u64, "kicked": self.kicked.get()}));
+                if !self.record_result(json!({"ok": true, "new": s.incarnation, "coalesced": true,
+                           "elapsed_ms": self.t0.elapsed().as_millis() as u64, "kicked": self.kicked.get()}))
+                {
+                    errln!("restart not verified: which incarnation runs could not be told");
+                    return Ok(ExitCode::from(1));
+                }
                 self.report(&format!(
                     "restarted (by a concurrent request): incarnation {} (pid {}) is ready",
                     s.incarnation.unwrap_or_default(),
@@ -314,10 +414,11 @@ impl<'h> Ladder<'h> {
         if self.stopped().is_some() || self.kicked.replace(true) {
             return;
         }
+        self.kicked_at.set(Some(std::time::SystemTime::now()));
         self.progress.phase(&format!("{why}: starting a new incarnation"));
         let result = self.owner.start(self.seq).map_err(|e| e.chain());
         if let Err(e) = result {
-            eprintln!("starting a new incarnation failed: {e}");
+            errln!("starting a new incarnation failed: {e}");
         }
     }
 
@@ -326,7 +427,7 @@ impl<'h> Ladder<'h> {
         if let Some(r) = self.stopped() {
             return self.finish(Err(overtaken(&r)), None);
         }
-        eprintln!("{why}; stopping it (verified escalation) and starting a new incarnation");
+        errln!("{why}; stopping it (verified escalation) and starting a new incarnation");
         let mut plan = StopPlan::new(Requester::cli(), WEDGED_STOP.min(self.left()));
         plan.skip_control = old.is_none();
         plan.keep_lock = true;
@@ -336,7 +437,7 @@ impl<'h> Ladder<'h> {
             stopper::Phase::Terminating(t) => progress.phase(&format!("stopping {t}: marker and SIGTERM")),
             stopper::Phase::Killing(t) => progress.phase(&format!("{t} did not stop: killing it")),
             stopper::Phase::Draining => progress.phase("draining"),
-            stopper::Phase::Note(n) => eprintln!("{n}"),
+            stopper::Phase::Note(n) => errln!("{n}"),
         });
         let _ = self.ledger.append("restart_recovered", json!({"why": why, "stop": outcome.describe()}));
         match outcome {
@@ -348,10 +449,14 @@ impl<'h> Ladder<'h> {
                 if self.recorded.get() {
                     return Ok(code);
                 }
-                self.record_result(
+                let named = self.record_result(
                     json!({"ok": ok, "old": old.and_then(|o| o.incarnation.clone()), "recovered": true, "kicked": true,
                            "elapsed_ms": self.t0.elapsed().as_millis() as u64}),
                 );
+                if ok && !named {
+                    errln!("restart not verified: which incarnation runs could not be told");
+                    return Ok(ExitCode::from(1));
+                }
                 Ok(code)
             }
             other => self.finish(
@@ -399,6 +504,13 @@ impl<'h> Ladder<'h> {
                 Seen::Silent { lock_held: false } if watch.wants_unit_check(at) => Some(self.owner.gave_up()),
                 _ => None,
             };
+            let (refused, refused_after_kick) = match &seen {
+                Seen::Silent { lock_held: false } => {
+                    let since_kick = self.kicked_at.get().map(|t| !start_refusals_since(self.home, t).is_empty());
+                    (!start_refusals_since(self.home, self.began).is_empty(), since_kick.unwrap_or(false))
+                }
+                _ => (false, false),
+            };
             let obs = machine::Observation {
                 at,
                 stop_recorded: stop.is_some(),
@@ -406,6 +518,8 @@ impl<'h> Ladder<'h> {
                 seen,
                 unit_gave_up,
                 kicked: self.kicked.get(),
+                refused,
+                refused_after_kick,
             };
             match watch.step(&obs) {
                 Action::Wait => {}
@@ -441,9 +555,12 @@ impl<'h> Ladder<'h> {
         let kicked = self.kicked.get();
         match result {
             Ok(new) => {
-                self.record_result(
+                if !self.record_result(
                     json!({"ok": true, "old": old, "new": new.incarnation, "elapsed_ms": elapsed_ms, "kicked": kicked}),
-                );
+                ) {
+                    errln!("restart not verified: which incarnation runs could not be told");
+                    return Ok(ExitCode::from(1));
+                }
                 self.report(&format!(
                     "restarted: incarnation {} → {} (pid {}) ready in {:.2}s",
                     old.unwrap_or("-"),
@@ -454,14 +571,49 @@ impl<'h> Ladder<'h> {
                 Ok(ExitCode::SUCCESS)
             }
             Err(seen) => {
+                // A next incarnation that could not start says why in the ledger: that, not
+                // only what the lock shows, is the failure (belt and braces behind the preflight:
+                // a config edited after it, a port taken in between).
+                let refusal = start_refusals_since(self.home, self.began).into_iter().next();
+                let seen = match &refusal {
+                    Some(why) => format!("{why}; {seen}"),
+                    None => seen,
+                };
                 self.record_result(json!({"ok": false, "seen": seen, "elapsed_ms": elapsed_ms, "kicked": kicked}));
-                eprintln!("restart not verified after {:.1}s: {seen}", elapsed_ms as f64 / 1000.0);
+                errln!("restart not verified after {:.1}s: {seen}", elapsed_ms as f64 / 1000.0);
                 self.failure.replace(Some(seen));
-                if !self.prevented.get() {
-                    eprintln!("recover with: gatewarden --home {} start", self.home.dir().display());
+                let home = self.home.dir().display();
+                match (self.prevented.get(), refusal) {
+                    (true, _) => {}
+                    (false, Some(_)) => errln!(
+                        "recover: fix that, then gatewarden --home {home} check && gatewarden --home {home} start"
+                    ),
+                    (false, None) => errln!("recover with: gatewarden --home {home} start"),
                 }
                 Ok(ExitCode::from(1))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A success always names the new incarnation; one that cannot is recorded as a failure.
+    #[test]
+    fn a_success_that_names_no_incarnation_is_no_success() {
+        let mut f = json!({"ok": true, "new": "abc"});
+        assert!(named_success(&mut f));
+        for new in [json!(null), json!("")] {
+            let mut f = json!({"ok": true, "new": new});
+            assert!(!named_success(&mut f));
+            assert_eq!(f["ok"], json!(false), "{f}");
+            assert!(f["seen"].as_str().is_some_and(|s| s.contains("could not be told")), "{f}");
+        }
+        let mut f = json!({"ok": true});
+        assert!(!named_success(&mut f) && f["ok"] == json!(false));
+        let mut f = json!({"ok": false, "seen": "x"});
+        assert!(!named_success(&mut f) && f["seen"] == json!("x"));
     }
 }

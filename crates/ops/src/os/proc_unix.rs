@@ -45,6 +45,11 @@ pub fn foreign_owner(meta: &std::fs::Metadata) -> Option<u32> {
     (meta.uid() != me).then_some(meta.uid())
 }
 
+/// Whether we run as root (`gatewarden dashboard` then says whose homes it serves).
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
 /// `update`: a staged or swapped binary is runnable by its owner and readable by all (0755).
 pub fn make_executable(path: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;

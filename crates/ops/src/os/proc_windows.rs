@@ -49,6 +49,11 @@ pub fn foreign_owner(_meta: &std::fs::Metadata) -> Option<u32> {
     None
 }
 
+/// Windows has no root account that could serve another user's homes.
+pub fn is_root() -> bool {
+    false
+}
+
 /// `update`: on Windows any file named `.exe` is runnable; nothing to set.
 pub fn make_executable(_path: &std::path::Path) -> std::io::Result<()> {
     Ok(())

@@ -20,10 +20,22 @@ pub fn definition_path(_spec: &ServiceSpec) -> Option<PathBuf> {
 pub fn render(_spec: &ServiceSpec) -> crate::Result<String> {
     unsupported()
 }
-pub fn install(_spec: &ServiceSpec, _start: bool) -> crate::Result<()> {
+pub fn check_manager(_spec: &ServiceSpec) -> crate::Result<()> {
     unsupported()
 }
-pub fn uninstall(_spec: &ServiceSpec) -> crate::Result<()> {
+pub fn save(_spec: &ServiceSpec) -> crate::Result<super::Saved> {
+    unsupported()
+}
+pub fn load(_spec: &ServiceSpec) -> crate::Result<()> {
+    unsupported()
+}
+pub fn enable(_spec: &ServiceSpec) -> crate::Result<()> {
+    unsupported()
+}
+pub fn restore(_spec: &ServiceSpec, _saved: &super::Saved) -> crate::Result<()> {
+    unsupported()
+}
+pub fn remove(_spec: &ServiceSpec) -> crate::Result<()> {
     unsupported()
 }
 pub fn query(spec: &ServiceSpec) -> ServiceState {

@@ -50,38 +50,92 @@ fn systemd_version() -> Option<u32> {
     out.stdout.lines().next()?.split_whitespace().nth(1)?.parse().ok()
 }
 
-pub fn install(spec: &ServiceSpec, start: bool) -> crate::Result<()> {
-    let text = render(spec)?;
-    let path = definition_path(spec).context("no unit path")?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    fsio::atomic_write(&path, text.as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
+/// The manager answers: `daemon-reload`, the call that fails first when the user manager or
+/// its bus is gone ("Failed to connect to bus"). Nothing of this home's changes.
+pub fn check_manager(spec: &ServiceSpec) -> crate::Result<()> {
     let r = runner(spec);
-    let sc = Systemctl::new(&r, spec.scope);
-    let u = unit(spec);
-    sc.daemon_reload()?;
-    sc.enable(&u)?;
-    // A previous crash loop or failed state must not block the fresh definition.
-    let _ = sc.reset_failed(&u);
-    if start {
-        sc.start(&u)?;
-    }
+    Systemctl::new(&r, spec.scope).daemon_reload().context("the systemd manager does not answer")?;
     Ok(())
 }
 
-pub fn uninstall(spec: &ServiceSpec) -> crate::Result<()> {
+/// The unit file's bytes and whether it is enabled.
+pub fn save(spec: &ServiceSpec) -> crate::Result<super::Saved> {
+    let path = definition_path(spec).context("no unit path")?;
+    let bytes = match fsio::read_capped(&path, 1 << 20) {
+        fsio::ReadOutcome::Missing => None,
+        fsio::ReadOutcome::Ok(b) => Some(b),
+        fsio::ReadOutcome::Unreadable(why) | fsio::ReadOutcome::Transient(why) => {
+            crate::bail!("cannot read the installed unit {}: {why}", path.display())
+        }
+    };
+    let enabled = bytes.is_some() && {
+        let r = runner(spec);
+        matches!(Systemctl::new(&r, spec.scope).is_enabled(&unit(spec)), Ok(true))
+    };
+    Ok(super::Saved { bytes, enabled })
+}
+
+/// Writes this version's unit and has systemd load it (`daemon-reload`): accepted when it is
+/// `loaded` (a unit systemd cannot use is `bad-setting` or `error`, with `LoadError`).
+pub fn load(spec: &ServiceSpec) -> crate::Result<()> {
+    let text = render(spec)?;
+    write_unit(spec, Some(text.as_bytes()))?;
+    let r = runner(spec);
+    Systemctl::new(&r, spec.scope).daemon_reload()?;
+    let map = show(spec, "LoadState,LoadError").context("systemctl show failed after daemon-reload")?;
+    match map.get("LoadState").map(String::as_str) {
+        Some("loaded") => Ok(()),
+        other => crate::bail!(
+            "systemd did not accept {}: LoadState={} {}",
+            unit(spec),
+            other.unwrap_or("?"),
+            map.get("LoadError").map(String::as_str).unwrap_or_default()
+        ),
+    }
+}
+
+/// `enable`; a previous crash loop or failed state must not block the fresh definition.
+pub fn enable(spec: &ServiceSpec) -> crate::Result<()> {
+    let r = runner(spec);
+    let sc = Systemctl::new(&r, spec.scope);
+    let u = unit(spec);
+    sc.enable(&u)?;
+    let _ = sc.reset_failed(&u);
+    Ok(())
+}
+
+/// Puts back the saved unit file (or none), reloads, and enables or disables it as it was.
+pub fn restore(spec: &ServiceSpec, saved: &super::Saved) -> crate::Result<()> {
+    let r = runner(spec);
+    let sc = Systemctl::new(&r, spec.scope);
+    let u = unit(spec);
+    if saved.bytes.is_none() || !saved.enabled {
+        // Before the file goes: `disable` needs the unit to name its symlinks.
+        let _ = sc.disable(&u);
+    }
+    write_unit(spec, saved.bytes.as_deref())?;
+    sc.daemon_reload()?;
+    if saved.bytes.is_some() && saved.enabled {
+        sc.enable(&u)?;
+    }
+    let _ = sc.reset_failed(&u);
+    Ok(())
+}
+
+/// Disables and removes the unit (the caller stopped the gateway; a unit still activating is
+/// stopped too), then reloads.
+pub fn remove(spec: &ServiceSpec) -> crate::Result<()> {
     let r = runner(spec);
     let sc = Systemctl::new(&r, spec.scope);
     let u = unit(spec);
     // Best effort: the unit may be stopped, disabled or unknown already.
     let _ = sc.stop(&u);
     let _ = sc.disable(&u);
+    write_unit(spec, None)?;
     if let Some(path) = definition_path(spec) {
-        fsio::remove_if_exists(&path).with_context(|| format!("cannot remove {}", path.display()))?;
         let dropins = PathBuf::from(format!("{}.d", path.display()));
         if dropins.is_dir() {
-            eprintln!("note: drop-ins remain in {} (not written by gatewarden)", dropins.display());
+            errln!("note: drop-ins remain in {} (not written by gatewarden)", dropins.display());
         }
     }
     sc.daemon_reload()?;
@@ -89,24 +143,42 @@ pub fn uninstall(spec: &ServiceSpec) -> crate::Result<()> {
     Ok(())
 }
 
+/// Writes the unit file (`None`: removes it).
+fn write_unit(spec: &ServiceSpec, bytes: Option<&[u8]>) -> crate::Result<()> {
+    let path = definition_path(spec).context("no unit path")?;
+    match bytes {
+        Some(b) => {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+            fsio::atomic_write(&path, b).with_context(|| format!("cannot write {}", path.display()))
+        }
+        None => fsio::remove_if_exists(&path).map(drop).with_context(|| format!("cannot remove {}", path.display())),
+    }
+}
+
 /// `systemctl show` of a few properties, as a map.
 fn show(spec: &ServiceSpec, props: &str) -> Option<std::collections::BTreeMap<String, String>> {
+    show_or_why(spec, props).ok()
+}
+
+/// [`show`], or what `systemctl` said when it failed (the manager does not answer).
+fn show_or_why(spec: &ServiceSpec, props: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
     let u = unit(spec);
     let mut args = Vec::new();
     if spec.scope == Scope::User {
         args.push("--user");
     }
     args.extend(["show", "-p", props, u.as_str()]);
-    let out = SystemRunner { timeout: Duration::from_secs(10) }.run("systemctl", &args).ok()?;
+    let out = SystemRunner { timeout: Duration::from_secs(10) }.run("systemctl", &args).map_err(|e| e.to_string())?;
     if !out.success() {
-        return None;
+        return Err(out.stderr.trim().to_owned());
     }
-    Some(
-        out.stdout
-            .lines()
-            .filter_map(|l| l.split_once('=').map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned())))
-            .collect(),
-    )
+    Ok(out
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned())))
+        .collect())
 }
 
 pub fn query(spec: &ServiceSpec) -> ServiceState {
@@ -232,9 +304,14 @@ pub fn drift(spec: &ServiceSpec) -> Vec<Finding> {
         },
     };
     let mut out = doctor::check_systemd_unit(Some(&text), &expected);
-    if let Some(map) = show(spec, systemd::SHOW_PROPERTIES) {
-        let t: String = map.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
-        out.extend(doctor::check_systemd_status(&parse_show(&t), &u, spec.scope));
+    let props = format!("{},LoadState,LoadError,NeedDaemonReload,UnitFileState", systemd::SHOW_PROPERTIES);
+    match show_or_why(spec, &props) {
+        Ok(map) => {
+            let t: String = map.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+            out.extend(doctor::check_systemd_load(Ok(&doctor::UnitLoad::parse(&t)), &u, spec.scope));
+            out.extend(doctor::check_systemd_status(&parse_show(&t), &u, spec.scope));
+        }
+        Err(why) => out.extend(doctor::check_systemd_load(Err(&why), &u, spec.scope)),
     }
     out
 }

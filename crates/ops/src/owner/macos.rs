@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::Context;
 use gatewarden_lifecycle::fsio;
-use gatewarden_service::command::SystemRunner;
+use gatewarden_service::command::{CommandRunner, SystemRunner};
 use gatewarden_service::doctor::{self, Finding};
 use gatewarden_service::launchd::{self, Launchctl, LaunchdTarget};
 use gatewarden_service::{Scope, ServiceSpec};
@@ -48,34 +48,97 @@ pub fn render(spec: &ServiceSpec) -> crate::Result<String> {
     Ok(launchd::render_plist(spec)?)
 }
 
-pub fn install(spec: &ServiceSpec, start: bool) -> crate::Result<()> {
-    let text = render(spec)?;
+/// launchd answers for this user's domain (`launchctl print` of the label: loaded or not).
+pub fn check_manager(spec: &ServiceSpec) -> crate::Result<()> {
+    user_scope_only(spec)?;
+    let r = runner();
+    Launchctl::new(&r).print(&target(spec)).context("launchd does not answer")?;
+    Ok(())
+}
+
+/// The plist's bytes and whether its job is loaded.
+pub fn save(spec: &ServiceSpec) -> crate::Result<super::Saved> {
     let t = target(spec);
+    let path = PathBuf::from(&t.plist_path);
+    let bytes = match fsio::read_capped(&path, 1 << 20) {
+        fsio::ReadOutcome::Missing => None,
+        fsio::ReadOutcome::Ok(b) => Some(b),
+        fsio::ReadOutcome::Unreadable(why) | fsio::ReadOutcome::Transient(why) => {
+            crate::bail!("cannot read the installed plist {}: {why}", path.display())
+        }
+    };
+    let r = runner();
+    let enabled = Launchctl::new(&r).print(&t)?.is_some();
+    Ok(super::Saved { bytes, enabled })
+}
+
+/// Writes the plist and has `plutil -lint` accept it. Not loaded: launchd starts a job with
+/// `KeepAlive`'s `SuccessfulExit` as it loads it, which is [`enable`]'s (after any gateway
+/// outside launchd has stopped).
+pub fn load(spec: &ServiceSpec) -> crate::Result<()> {
+    let text = render(spec)?;
     // The plist names log files in <home>/logs; launchd will not create the directory.
     let logs = spec.home.join("logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
-    let path = PathBuf::from(&t.plist_path);
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let path = PathBuf::from(target(spec).plist_path);
+    write_plist(&path, Some(text.as_bytes()))?;
+    let p = path.to_string_lossy().into_owned();
+    let out = runner().run("plutil", &["-lint", &p])?;
+    if !out.success() {
+        crate::bail!("plutil refuses {p}: {}", out.stdout.trim());
     }
-    fsio::atomic_write(&path, text.as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// Loads the job (`bootstrap`) unless it is loaded; loading starts it.
+pub fn enable(spec: &ServiceSpec) -> crate::Result<()> {
+    user_scope_only(spec)?;
+    let t = target(spec);
     let r = runner();
     let lc = Launchctl::new(&r);
     if lc.print(&t)?.is_none() {
         lc.bootstrap(&t)?;
     }
-    if start {
-        lc.kickstart(&t, false)?;
+    Ok(())
+}
+
+/// Unloads the job, puts back the saved plist (or none), and loads it again if it was loaded.
+pub fn restore(spec: &ServiceSpec, saved: &super::Saved) -> crate::Result<()> {
+    let t = target(spec);
+    let r = runner();
+    let lc = Launchctl::new(&r);
+    if lc.print(&t)?.is_some() {
+        lc.bootout(&t)?;
+    }
+    write_plist(std::path::Path::new(&t.plist_path), saved.bytes.as_deref())?;
+    if saved.bytes.is_some() && saved.enabled {
+        lc.bootstrap(&t)?;
     }
     Ok(())
 }
 
-pub fn uninstall(spec: &ServiceSpec) -> crate::Result<()> {
+/// Unloads the job and removes the plist.
+pub fn remove(spec: &ServiceSpec) -> crate::Result<()> {
     let t = target(spec);
     let r = runner();
-    let _ = Launchctl::new(&r).bootout(&t);
-    fsio::remove_if_exists(std::path::Path::new(&t.plist_path))?;
-    Ok(())
+    let lc = Launchctl::new(&r);
+    if lc.print(&t)?.is_some() {
+        lc.bootout(&t)?;
+    }
+    write_plist(std::path::Path::new(&t.plist_path), None)
+}
+
+/// Writes the plist (`None`: removes it).
+fn write_plist(path: &std::path::Path, bytes: Option<&[u8]>) -> crate::Result<()> {
+    match bytes {
+        Some(b) => {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+            fsio::atomic_write(path, b).with_context(|| format!("cannot write {}", path.display()))
+        }
+        None => fsio::remove_if_exists(path).map(drop).with_context(|| format!("cannot remove {}", path.display())),
+    }
 }
 
 pub fn query(spec: &ServiceSpec) -> ServiceState {
@@ -141,8 +204,15 @@ pub fn drift(spec: &ServiceSpec) -> Vec<Finding> {
             return super::unrenderable("LaunchAgent", "plist", e);
         }
     };
-    let bytes = std::fs::read(target(spec).plist_path).ok();
-    doctor::check_launchd_plist(bytes.as_deref(), &expected)
+    let t = target(spec);
+    let bytes = std::fs::read(&t.plist_path).ok();
+    let mut out = doctor::check_launchd_plist(bytes.as_deref(), &expected);
+    if bytes.is_some() {
+        let r = runner();
+        let loaded = Launchctl::new(&r).print(&t).map(|p| p.is_some()).map_err(|e| e.to_string());
+        out.extend(doctor::check_launchd_loaded(loaded.as_ref().map(|l| *l).map_err(String::as_str), &t.label));
+    }
+    out
 }
 
 /// Drives the launchd restart ladder (`gatewarden_service::launchd::RestartLadder`) until a new
@@ -203,7 +273,7 @@ pub fn verify_restart(spec: &ServiceSpec, old: Option<(u32, String)>, budget: Du
         };
         if let Err(e) = step {
             // A failed command is an observation too: the next look decides what to do.
-            eprintln!("launchctl: {e}");
+            errln!("launchctl: {e}");
         }
     }
 }

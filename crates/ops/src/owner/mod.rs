@@ -21,10 +21,11 @@ use serde::Serialize;
 #[cfg(not(target_os = "linux"))]
 mod not_systemd;
 /// The per-OS facade of the service manager (one file per OS, identical signatures):
-/// `render`, `definition_path`, `install`, `uninstall`, `query`, `stop` (the manager's stop,
-/// after the caller's graceful request), `kick` (start now, bypassing backoff and failed
-/// states), `drift`, `host_findings`, `verify_restart`, `prepare_restart`. Only the
-/// implementations of [`ServiceManager`] call it.
+/// `render`, `definition_path`, `check_manager`, `save`, `load`, `enable`, `restore`,
+/// `remove` (the steps of `service install` / `uninstall`, `service.rs`), `query`, `stop`
+/// (the manager's stop, after the caller's graceful request), `kick` (start now, bypassing
+/// backoff and failed states), `drift`, `host_findings`, `verify_restart`, `prepare_restart`.
+/// Only the implementations of [`ServiceManager`] call it.
 #[cfg_attr(target_os = "linux", path = "linux.rs")]
 #[cfg_attr(target_os = "macos", path = "macos.rs")]
 #[cfg_attr(windows, path = "windows.rs")]
@@ -90,10 +91,35 @@ pub fn spec_for(home: &Home, scope: Scope) -> io::Result<ServiceSpec> {
     spec.revert_exe = Some(crate::release::good_copy(home));
     spec.is_default_home = is_default_home(home);
     spec.scope = scope;
+    if scope == Scope::System {
+        spec.run_as_user = system_user(home);
+    }
     if let Ok(cfg) = gatewarden_config::Config::load(home.dir()) {
         spec.drain_timeout_s = cfg.drain_timeout_s;
+        spec.credentials = cfg.credential_files();
     }
     Ok(spec)
+}
+
+/// Whom a system unit for `home` runs as (`User=`): its owner, root's home too, by the one rule
+/// of native and hermes units (`gatewarden_service::spec::run_as_for`). `None` where that is not
+/// known (no home yet: the systemd unit then refuses to render, `SpecError::NoUser`) or where
+/// the OS has no Unix owners (a Windows service runs as `--run-as` or LocalSystem).
+fn system_user(home: &Home) -> Option<String> {
+    let facts = gatewarden_lifecycle::platform::node_facts(home.canonicalized().dir()).ok()??;
+    let me = gatewarden_lifecycle::platform::credentials().map(|c| c.uid);
+    let owner = gatewarden_service::spec::run_as_for(Scope::System, Some((facts.owner, facts.group)), me).ok()??;
+    Some(owner.0.to_string())
+}
+
+/// What a definition was before `service install` or `uninstall` changed it: what
+/// [`ServiceManager::restore`] puts back (crates/service/src/transaction.rs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Saved {
+    /// The definition's bytes (the unit file, the plist, the task's XML); `None`: none.
+    pub bytes: Option<Vec<u8>>,
+    /// Enabled for boot or login (systemd `is-enabled`; launchd: loaded).
+    pub enabled: bool,
 }
 
 /// A service definition for one home (rendered by this version) and what its manager says
@@ -138,10 +164,20 @@ pub trait ServiceManager: Send + Sync {
 
     /// The definition this version would install.
     fn render(&self) -> crate::Result<String>;
-    /// Writes the definition and enables it; starts it when `start`.
-    fn install(&self, start: bool) -> crate::Result<()>;
-    /// Stops (best effort) and removes the definition.
-    fn uninstall(&self) -> crate::Result<()>;
+    /// The manager answers (systemd: `daemon-reload`). Changes nothing.
+    fn check_manager(&self) -> crate::Result<()>;
+    /// What is installed now, for [`ServiceManager::restore`].
+    fn save(&self) -> crate::Result<Saved>;
+    /// Writes this version's definition and has the manager accept it, without starting it
+    /// (launchd: written and linted; loading it is [`ServiceManager::enable`]).
+    fn load(&self) -> crate::Result<()>;
+    /// Enables it for boot or login (launchd: loads it, which starts the job).
+    fn enable(&self) -> crate::Result<()>;
+    /// Puts back what [`ServiceManager::save`] saw: its definition and enablement, or none.
+    fn restore(&self, saved: &Saved) -> crate::Result<()>;
+    /// Disables and removes the definition; the manager forgets it (the gateway is stopped
+    /// first, by the caller).
+    fn remove(&self) -> crate::Result<()>;
     /// Asks the manager again.
     fn query(&self) -> ServiceState;
     /// The installed definition against this version's rendering.
@@ -188,11 +224,23 @@ macro_rules! definition_manager {
             fn render(&self) -> crate::Result<String> {
                 render(&self.0.spec)
             }
-            fn install(&self, start: bool) -> crate::Result<()> {
-                install(&self.0.spec, start)
+            fn check_manager(&self) -> crate::Result<()> {
+                check_manager(&self.0.spec)
             }
-            fn uninstall(&self) -> crate::Result<()> {
-                uninstall(&self.0.spec)
+            fn save(&self) -> crate::Result<super::Saved> {
+                save(&self.0.spec)
+            }
+            fn load(&self) -> crate::Result<()> {
+                load(&self.0.spec)
+            }
+            fn enable(&self) -> crate::Result<()> {
+                enable(&self.0.spec)
+            }
+            fn restore(&self, saved: &super::Saved) -> crate::Result<()> {
+                restore(&self.0.spec, saved)
+            }
+            fn remove(&self) -> crate::Result<()> {
+                remove(&self.0.spec)
             }
             fn query(&self) -> super::ServiceState {
                 query(&self.0.spec)

@@ -54,10 +54,22 @@ macro_rules! runtime_owner {
             fn render(&self) -> crate::Result<String> {
                 no_definition(self.kind())
             }
-            fn install(&self, _start: bool) -> crate::Result<()> {
+            fn check_manager(&self) -> crate::Result<()> {
                 no_definition(self.kind())
             }
-            fn uninstall(&self) -> crate::Result<()> {
+            fn save(&self) -> crate::Result<super::Saved> {
+                no_definition(self.kind())
+            }
+            fn load(&self) -> crate::Result<()> {
+                no_definition(self.kind())
+            }
+            fn enable(&self) -> crate::Result<()> {
+                no_definition(self.kind())
+            }
+            fn restore(&self, _saved: &super::Saved) -> crate::Result<()> {
+                no_definition(self.kind())
+            }
+            fn remove(&self) -> crate::Result<()> {
                 no_definition(self.kind())
             }
             fn query(&self) -> ServiceState {
@@ -99,14 +111,12 @@ runtime_owner!(
 
 /// `gatewarden start` as a detached child (its own session), so a restart keeps watching.
 fn start_directly(home: &Home, seq: u64) -> Result<(), String> {
-    let listen = read_state(&home.state_file()).ok().and_then(|s| s.listen);
     let exe = super::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = Command::new(exe);
     cmd.arg("--home").arg(home.dir()).arg("start").args(["--desired-seq", &seq.to_string()]);
     cmd.env_remove(crate::env::ORCHESTRATOR_ENV);
-    if let Some(l) = listen {
-        cmd.args(["--listen", &l]);
-    }
+    // As the incarnation it replaces ran (previous.rs).
+    cmd.args(crate::previous::of(home).args());
     cmd.env_remove(gatewarden_runtime::RUN_TAG);
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     spawn::detach(&mut cmd, None);
@@ -134,7 +144,7 @@ mod tests {
             std::fs::write(home.state_file(), rec.to_string()).unwrap();
             let o = declared(&home);
             assert_eq!(o.kind(), kind, "{sup}");
-            assert!(o.install(false).is_err() && o.drift().is_empty() && o.stop().is_ok());
+            assert!(o.load().is_err() && o.drift().is_empty() && o.stop().is_ok());
             assert!(!o.managed().state.installed);
         }
     }

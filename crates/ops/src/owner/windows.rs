@@ -55,33 +55,73 @@ pub fn render(spec: &ServiceSpec) -> crate::Result<String> {
     }
 }
 
-pub fn install(spec: &ServiceSpec, start: bool) -> crate::Result<()> {
+/// The manager answers: `schtasks /Query` lists the tasks; the SCM answers a query for this
+/// service (installed or not).
+pub fn check_manager(spec: &ServiceSpec) -> crate::Result<()> {
+    match spec.scope {
+        Scope::User => checked(&["/Query", "/FO", "CSV", "/NH"]).context("the Task Scheduler does not answer"),
+        // A query fails alike for a service not installed: only an SCM that cannot be
+        // reached at all is a refusal here; `load` reports the rest.
+        Scope::System => match windows_scm::query(&name(spec)) {
+            Err(e @ windows_scm::ScmError::Unsupported) => {
+                Err(crate::Error::msg(format!("the service control manager does not answer: {e}")))
+            }
+            _ => Ok(()),
+        },
+    }
+}
+
+/// The task's XML (`schtasks /Query /XML`); for the SCM only whether it is installed (its
+/// configuration cannot be put back byte for byte: a failed install removes a new service and
+/// leaves an old one as it was registered).
+pub fn save(spec: &ServiceSpec) -> crate::Result<super::Saved> {
     let n = name(spec);
     match spec.scope {
         Scope::User => {
-            let xml = render(spec)?;
-            let file = spec.home.join(format!(".{n}.task.xml"));
-            std::fs::write(&file, task_xml_utf16le(&xml))
-                .with_context(|| format!("cannot write {}", file.display()))?;
-            let f = file.to_string_lossy().into_owned();
-            let created = checked(&["/Create", "/TN", &n, "/XML", &f, "/F"]);
-            let _ = std::fs::remove_file(&file);
-            created?;
-            if start {
-                checked(&["/Run", "/TN", &n])?;
-            }
+            let out = schtasks(&["/Query", "/TN", &n, "/XML"])?;
+            let bytes = out.success().then(|| out.stdout.into_bytes());
+            Ok(super::Saved { enabled: bytes.is_some(), bytes })
         }
         Scope::System => {
-            windows_scm::install(&scm_install(spec)?)?;
-            if start {
-                windows_scm::start(&n)?;
-            }
+            let installed = windows_scm::query(&n).is_ok();
+            Ok(super::Saved { bytes: installed.then(Vec::new), enabled: installed })
         }
     }
+}
+
+/// Registers the task (`schtasks /Create /XML`, not run) or the service (not started).
+pub fn load(spec: &ServiceSpec) -> crate::Result<()> {
+    match spec.scope {
+        Scope::User => create_task(spec, &render(spec)?),
+        Scope::System => Ok(windows_scm::install(&scm_install(spec)?)?),
+    }
+}
+
+/// Nothing more: the task's logon trigger and the service's auto-start are in the definition.
+pub fn enable(_spec: &ServiceSpec) -> crate::Result<()> {
     Ok(())
 }
 
-pub fn uninstall(spec: &ServiceSpec) -> crate::Result<()> {
+/// Registers the saved task again (or deletes it); removes a service that was not installed.
+pub fn restore(spec: &ServiceSpec, saved: &super::Saved) -> crate::Result<()> {
+    let n = name(spec);
+    match (spec.scope, &saved.bytes) {
+        (Scope::User, Some(xml)) => create_task(spec, &gatewarden_service::windows::decode_task_xml(xml)),
+        (Scope::User, None) => {
+            let _ = schtasks(&["/Delete", "/TN", &n, "/F"]);
+            Ok(())
+        }
+        (Scope::System, Some(_)) => Ok(()),
+        (Scope::System, None) => {
+            // Best effort: a service that was never registered fails the same way.
+            let _ = windows_scm::uninstall(&n);
+            Ok(())
+        }
+    }
+}
+
+/// Ends and deletes the task, or stops and deletes the service.
+pub fn remove(spec: &ServiceSpec) -> crate::Result<()> {
     let n = name(spec);
     match spec.scope {
         Scope::User => {
@@ -90,6 +130,17 @@ pub fn uninstall(spec: &ServiceSpec) -> crate::Result<()> {
         }
         Scope::System => Ok(windows_scm::uninstall(&n)?),
     }
+}
+
+/// `schtasks /Create /XML` from a file in the home (the only way to pass a task's XML).
+fn create_task(spec: &ServiceSpec, xml: &str) -> crate::Result<()> {
+    let n = name(spec);
+    let file = spec.home.join(format!(".{n}.task.xml"));
+    std::fs::write(&file, task_xml_utf16le(xml)).with_context(|| format!("cannot write {}", file.display()))?;
+    let f = file.to_string_lossy().into_owned();
+    let created = checked(&["/Create", "/TN", &n, "/XML", &f, "/F"]);
+    let _ = std::fs::remove_file(&file);
+    created
 }
 
 pub fn query(spec: &ServiceSpec) -> ServiceState {

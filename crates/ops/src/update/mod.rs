@@ -113,7 +113,7 @@ pub fn update(home: &Home, args: UpdateArgs) -> crate::Result<ExitCode> {
     let json_outcome = args.json && !args.status;
     let result = transact(home, args);
     if json_outcome && let Err(e) = &result {
-        println!("{}", json!({"ok": false, "changed": false, "reason": e.chain()}));
+        outln!("{}", json!({"ok": false, "changed": false, "reason": e.chain()}));
     }
     result
 }
@@ -143,9 +143,9 @@ fn transact(home: &Home, args: UpdateArgs) -> crate::Result<ExitCode> {
         let ledger = Ledger::new(home.ledger(), Writer::current());
         let _ = ledger.append("update_refused", json!({"reason": why, "requester": requester(args.chat.is_some())}));
         if args.json {
-            println!("{}", json!({"ok": false, "changed": false, "reason": why}));
+            outln!("{}", json!({"ok": false, "changed": false, "reason": why}));
         }
-        eprintln!("{why}; nothing changed");
+        errln!("{why}; nothing changed");
         if let Some(chat) = &args.chat {
             notify_chat(&home, chat, args.chat_platform.as_deref(), &format!("update refused: {why}; nothing changed"));
         }
@@ -194,9 +194,9 @@ pub fn read_txn(home: &Home) -> Option<Txn> {
 fn status(home: &Home, json_out: bool) -> crate::Result<ExitCode> {
     let Some(t) = read_txn(home) else {
         if json_out {
-            println!("{}", json!({"update": null}));
+            outln!("{}", json!({"update": null}));
         } else {
-            println!("no update recorded in {}", home.dir().display());
+            outln!("no update recorded in {}", home.dir().display());
         }
         return Ok(ExitCode::SUCCESS);
     };
@@ -204,17 +204,17 @@ fn status(home: &Home, json_out: bool) -> crate::Result<ExitCode> {
     if json_out {
         let mut v = serde_json::to_value(&t)?;
         v["running_version"] = json!(running.as_ref().and_then(|s| s.version.clone()));
-        println!("{}", json!({"update": v}));
+        outln!("{}", json!({"update": v}));
     } else {
-        println!("update {} → {}: {:?} (started {})", t.from, t.to, t.phase, t.started);
+        outln!("update {} → {}: {:?} (started {})", t.from, t.to, t.phase, t.started);
         if let Some(r) = &t.reason {
-            println!("  reason: {r}");
+            outln!("  reason: {r}");
         }
-        println!("  executable: {}", t.target.display());
-        println!("  last known good: {}", t.previous.display());
+        outln!("  executable: {}", t.target.display());
+        outln!("  last known good: {}", t.previous.display());
         match running.and_then(|s| s.version) {
-            Some(v) => println!("  running now: {v}"),
-            None => println!("  running now: no gateway answers"),
+            Some(v) => outln!("  running now: {v}"),
+            None => outln!("  running now: no gateway answers"),
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -295,8 +295,9 @@ impl<'h> Updater<'h> {
     }
 
     fn save(&self, t: &Txn) {
-        if let Err(e) = fsio::write_json(&self.home.dir().join(UPDATE_FILE), t) {
-            eprintln!("warning: cannot write {UPDATE_FILE}: {e}");
+        // The transaction must stay true on a full disk too: its record has space reserved.
+        if let Err(e) = fsio::write_json_reserved(&self.home.dir().join(UPDATE_FILE), t) {
+            errln!("warning: cannot write {UPDATE_FILE}: {e}");
         }
         // Tests kill the updater in a chosen phase: it waits there (bounded) to be killed.
         if std::env::var(PAUSE_ENV).ok().is_some_and(|p| json!(p) == json!(t.phase)) {
@@ -308,9 +309,9 @@ impl<'h> Updater<'h> {
     /// outcome).
     fn say(&self, line: &str) {
         if self.json || self.text_to_stderr {
-            eprintln!("{line}");
+            errln!("{line}");
         } else {
-            println!("{line}");
+            outln!("{line}");
         }
     }
 
@@ -319,9 +320,9 @@ impl<'h> Updater<'h> {
         let _ =
             self.ledger.append("update_refused", json!({"reason": why, "requester": requester(self.chat.is_some())}));
         if self.json {
-            println!("{}", json!({"ok": false, "changed": false, "reason": why}));
+            outln!("{}", json!({"ok": false, "changed": false, "reason": why}));
         }
-        eprintln!("update refused: {why}; nothing changed");
+        errln!("update refused: {why}; nothing changed");
         if let Some((chat, platform)) = &self.chat {
             notify_chat(self.home, chat, platform.as_deref(), &format!("update refused: {why}; still on {VERSION}"));
         }
@@ -353,20 +354,23 @@ impl<'h> Updater<'h> {
         if staged.version == VERSION {
             return self.refuse(&format!("the release is version {VERSION}, the version this binary already is"));
         }
-        // A signed old release is still a valid signature: replaying one would bring back what
-        // a later release fixed. Only an operator on the command line may go back.
+        // Going back is never silent, signed or not: an old release brings back what a later
+        // one fixed (a signed one is still a valid signature, so replaying it is an attack).
+        // Only an operator on the command line may go back (issue 27 §7).
         let may_downgrade = args.allow_downgrade && args.chat.is_none();
-        if config.update.public_key.is_some()
-            && !may_downgrade
-            && let Some(why) = downgrade_refusal(VERSION, &staged.version)
-        {
+        if !may_downgrade && let Some(why) = downgrade_refusal(VERSION, &staged.version) {
             return self.refuse(&why);
         }
         self.say(&format!("staged gatewarden {} ({})", staged.version, staged.path.display()));
-        if let Err(why) = preflight(self.home, &staged.path, &target) {
-            return self.refuse(&format!("preflight of {} failed: {why}", staged.version));
-        }
+        let notes = match preflight(self.home, &staged.path, &target) {
+            Ok(notes) => notes,
+            Err(why) => return self.refuse(&format!("preflight of {} failed: {why}", staged.version)),
+        };
         self.say("preflight passed");
+        // What the new version changes for this home (its `check` names it: a new default).
+        for n in notes {
+            self.say(&format!("  {n}"));
+        }
         let from_sha = match sha256_file(&target) {
             Ok(h) => h,
             Err(e) => return self.refuse(&format!("cannot read {}: {e}", target.display())),
@@ -451,7 +455,7 @@ impl<'h> Updater<'h> {
     /// The running binary is now the good one; `ExecStopPost=` reverts to it from here on.
     fn bless(&self, t: &Txn) {
         if let Err(e) = refresh_good_copy(self.home, &t.target) {
-            eprintln!("warning: cannot refresh the last known good copy: {e}");
+            errln!("warning: cannot refresh the last known good copy: {e}");
         }
     }
 
@@ -506,7 +510,7 @@ impl<'h> Updater<'h> {
     /// Puts the last known good binary back, restarts, and verifies the old version runs.
     /// A stopped gateway (`gatewarden_lifecycle::desired`) gets the swap only: `Ok(None)`.
     fn revert(&self, t: &Txn) -> Result<Option<StatusReport>, String> {
-        self.kill_unready_candidates();
+        self.kill_unready_candidates(t);
         // A gateway that answers is restarted by the ladder (drained, not killed).
         let answering = status_of(&Endpoint::for_home(self.home.dir()), Duration::from_millis(500)).ok();
         self.end_candidates(t, answering.and_then(|s| s.pid));
@@ -547,34 +551,57 @@ impl<'h> Updater<'h> {
 
     /// A candidate that hangs before it takes the lock may still hold the listening socket it
     /// inherited, and the old version could not bind it: kill what listens on the gateway's
-    /// port without holding a gateway lock, if it started after this updater (so it is one of
-    /// ours, never a bystander that was there before), pinned by its identity.
-    fn kill_unready_candidates(&self) {
+    /// port without holding a gateway lock, if this update started it ([`Updater::ours`]: a
+    /// member of the process group of a process it started, so never a bystander, nor the
+    /// successor a concurrent `restart` is starting), pinned by its identity.
+    fn kill_unready_candidates(&self, t: &Txn) {
         let Some(me) = gatewarden_lifecycle::ProcessIdentity::current() else { return };
         let listen = gatewarden_lifecycle::records::read_state(&self.home.state_file()).ok().and_then(|s| s.listen);
         let Some(port) = listen.and_then(|l| l.parse::<std::net::SocketAddr>().ok()).map(|a| a.port()) else { return };
         use gatewarden_lifecycle::platform;
+        let ours = self.ours(t);
+        let groups = platform::spawn::process_groups();
+        let pgid_of = |pid: u32| groups.iter().find(|(p, _)| *p == pid).map(|(_, g)| *g);
         for l in platform::port_listeners(port) {
             let Some(start_time) = platform::start_time(l.pid) else { continue };
             if l.home.is_some() || l.pid == me.pid || start_time < me.start_time {
                 continue;
             }
+            if !pgid_of(l.pid).is_some_and(|g| ours.contains(&g)) {
+                continue;
+            }
             let id = gatewarden_lifecycle::ProcessIdentity { pid: l.pid, start_time };
             let sent = platform::signal_verified(&id, platform::Signal::Kill);
-            eprintln!("killing {l}, a new-version process that never became ready: {sent:?}");
+            errln!("killing {l}, a new-version process that never became ready: {sent:?}");
             let _ = self.ledger.append("update_killed_candidate", json!({"pid": l.pid, "program": l.program}));
         }
     }
 
+    /// The processes this update started itself since transaction `t` began, read from the
+    /// ledger ([`started_by`]): never one a concurrent verb started (issue 30, item 5: a
+    /// rollback killed the successor a concurrent `restart` had just spawned).
+    fn ours(&self, t: &Txn) -> Vec<u32> {
+        let me = [std::process::id(), crate::orchestrator::requester_pid()];
+        let mut events = Vec::new();
+        if let fsio::ReadOutcome::Ok(lines) = gatewarden_lifecycle::ledger::read_tail(&self.home.ledger(), Some(2000)) {
+            for line in lines {
+                let gatewarden_lifecycle::ledger::Line::Event(e) = line else { continue };
+                if e.get("ts").and_then(|v| v.as_str()).is_some_and(|ts| ts >= t.started.as_str()) {
+                    events.push(e);
+                }
+            }
+        }
+        started_by(&me, &events)
+    }
+
     /// Ends every process group a candidate of this transaction started, except the one of
     /// `keep` (the gateway the transaction ends with) and this updater's own. The leaders are
-    /// the gateways the ledger names since the transaction began (`successor_started`,
-    /// `gateway_spawned`, and the writers of gateway events); a group is ended only when every member started after this
-    /// updater (so never a group that was there before, like the one a test harness or shell
-    /// started the old gateway in), each member pinned by (pid, start time) and killed through
-    /// `signal_verified`. Without this a candidate that hangs without taking the lock outlives
-    /// the rollback, and a forked child that holds the lock after its candidate exited keeps the
-    /// old version from starting (issue 18, item 10).
+    /// the processes this update started itself ([`Updater::ours`]); a group is ended only
+    /// when every member started after this updater (so never a group that was there before,
+    /// like the one a test harness or shell started the old gateway in), each member pinned by
+    /// (pid, start time) and killed through `signal_verified`. Without this a candidate that
+    /// hangs without taking the lock outlives the rollback, and a forked child that holds the
+    /// lock after its candidate exited keeps the old version from starting (issue 18, item 10).
     fn end_candidates(&self, t: &Txn, keep: Option<u32>) {
         use gatewarden_lifecycle::{ProcessIdentity, platform};
         let Some(me) = ProcessIdentity::current() else { return };
@@ -582,25 +609,8 @@ impl<'h> Updater<'h> {
         let groups = gatewarden_lifecycle::platform::spawn::process_groups();
         let pgid_of = |pid: u32| groups.iter().find(|(p, _)| *p == pid).map(|(_, g)| *g);
         let (mine, kept) = (pgid_of(me.pid), keep.and_then(pgid_of));
-        let mut leaders: Vec<u32> = Vec::new();
-        if let fsio::ReadOutcome::Ok(lines) = gatewarden_lifecycle::ledger::read_tail(&self.home.ledger(), Some(2000)) {
-            for line in lines {
-                let gatewarden_lifecycle::ledger::Line::Event(e) = line else { continue };
-                if e.get("ts").and_then(|v| v.as_str()).is_none_or(|ts| ts < t.started.as_str()) {
-                    continue;
-                }
-                let pid = |k: &str| e.get(k).and_then(|v| v.as_u64()).and_then(|p| u32::try_from(p).ok());
-                leaders.extend(pid("successor_pid"));
-                leaders.extend(pid("spawned_pid"));
-                if e.contains_key("incarnation") {
-                    leaders.extend(pid("pid"));
-                }
-            }
-        }
-        leaders.sort_unstable();
-        leaders.dedup();
         let mut ended = Vec::new();
-        for leader in leaders {
+        for leader in self.ours(t) {
             if Some(leader) == mine || Some(leader) == kept || leader == me.pid {
                 continue;
             }
@@ -620,7 +630,7 @@ impl<'h> Updater<'h> {
             return;
         }
         let pids: Vec<u32> = ended.iter().map(|i| i.pid).collect();
-        eprintln!("ended {} process(es) that candidates of this update left: {pids:?}", pids.len());
+        errln!("ended {} process(es) that candidates of this update left: {pids:?}", pids.len());
         let _ = self.ledger.append("update_ended_candidates", json!({"pids": pids}));
         // Their locks and sockets are released at exit: wait for it (bounded).
         let until = Instant::now() + Duration::from_secs(5);
@@ -631,7 +641,7 @@ impl<'h> Updater<'h> {
 
     /// Swap back, restart, verify the old version runs, exit 1 with the reason.
     fn roll_back(&self, mut t: Txn, why: &str) -> ExitCode {
-        eprintln!("update to {} failed: {why}; rolling back to {}", t.to, t.from);
+        errln!("update to {} failed: {why}; rolling back to {}", t.to, t.from);
         let tail = log_tail(self.home, &t.started, 20);
         t.phase = Phase::RollingBack;
         t.reason = Some(why.to_owned());
@@ -643,13 +653,13 @@ impl<'h> Updater<'h> {
                     "update to {} ended: {why}; {} is back in place and the gateway stays stopped",
                     t.to, t.from
                 );
-                eprintln!("{msg}");
+                errln!("{msg}");
                 self.notify(&t, &msg);
                 self.finish(&mut t, Phase::RolledBack, Some(why.to_owned()), None)
             }
             Ok(Some(s)) => {
                 let msg = format!("update to {} failed: {why}; still on {}", t.to, t.from);
-                eprintln!(
+                errln!(
                     "{msg} (incarnation {}, back in {:.2}s)",
                     s.incarnation.clone().unwrap_or_default(),
                     detected.elapsed().as_secs_f64()
@@ -660,13 +670,9 @@ impl<'h> Updater<'h> {
             }
             Err(e) => {
                 let msg = format!("update to {} failed: {why}; the rollback to {} failed too: {e}", t.to, t.from);
-                eprintln!("{msg}");
+                errln!("{msg}");
                 // The installed binary may be the broken release: recover with the kept one.
-                eprintln!(
-                    "recover with: {} --home {} update --rollback",
-                    t.previous.display(),
-                    self.home.dir().display()
-                );
+                errln!("recover with: {} --home {} update --rollback", t.previous.display(), self.home.dir().display());
                 self.notify(&t, &msg);
                 let answering = status_of(&Endpoint::for_home(self.home.dir()), Duration::from_millis(500)).ok();
                 self.end_candidates(&t, answering.and_then(|s| s.pid));
@@ -674,7 +680,7 @@ impl<'h> Updater<'h> {
             }
         };
         if !tail.is_empty() {
-            eprintln!("--- the gateway log since the update started ---\n{tail}");
+            errln!("--- the gateway log since the update started ---\n{tail}");
         }
         outcome
     }
@@ -696,12 +702,13 @@ impl<'h> Updater<'h> {
         self.save(t);
         let _ = self.ledger.append(
             "update_result",
-            json!({"ok": phase == Phase::Committed, "phase": phase, "from": t.from, "to": t.to, "reason": t.reason,
+            // `ok` as the exit code says it (a rollback by hand that ends `rolled_back` is one).
+            json!({"ok": ok, "phase": phase, "from": t.from, "to": t.to, "reason": t.reason,
                    "incarnation": t.incarnation, "elapsed_ms": t.elapsed_ms,
                    "requester_pid": crate::orchestrator::requester_pid()}),
         );
         if self.json {
-            println!("{}", json!({"ok": ok, "update": t}));
+            outln!("{}", json!({"ok": ok, "update": t}));
         }
         if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
     }
@@ -800,9 +807,9 @@ impl<'h> Updater<'h> {
             // Every outcome is in the ledger, a refusal too (issue 22, item 7).
             let _ = self.ledger.append("update_refused", json!({"reason": why, "requester": requester(false)}));
             if self.json {
-                println!("{}", json!({"ok": false, "changed": false, "reason": why}));
+                outln!("{}", json!({"ok": false, "changed": false, "reason": why}));
             }
-            eprintln!("{why}");
+            errln!("{why}");
             Ok(ExitCode::from(1))
         };
         let Some(mut t) = read_txn(self.home) else {
@@ -848,7 +855,7 @@ impl<'h> Updater<'h> {
             Err(e) => match desired::check(self.home.dir(), Starter::Carry { basis }) {
                 Err(r @ Refusal::Cancelled(_)) => Ok(self.rollback_cancelled(&t, &r)),
                 _ => {
-                    eprintln!("the rollback to {} failed: {e}", t.from);
+                    errln!("the rollback to {} failed: {e}", t.from);
                     Ok(self.finish(&mut t, Phase::Failed, Some(format!("{why}: {e}")), None))
                 }
             },
@@ -864,16 +871,16 @@ impl<'h> Updater<'h> {
         if runs_to && let Err(e) = swap_in(&t.staged, &t.target) {
             let mut t = t.clone();
             let msg = format!("the rollback was cancelled ({}), and {} cannot be put back: {e}", r.describe(), t.to);
-            eprintln!("{msg}");
+            errln!("{msg}");
             return self.finish(&mut t, Phase::Failed, Some(msg), None);
         }
         let kept = if runs_to { &t.to } else { &t.from };
         let why = format!("the rollback's restart was cancelled: {}; {kept} stays installed", r.describe());
         let _ = self.ledger.append("update_refused", json!({"reason": why, "requester": requester(false)}));
         if self.json {
-            println!("{}", json!({"ok": false, "changed": false, "reason": why}));
+            outln!("{}", json!({"ok": false, "changed": false, "reason": why}));
         }
-        eprintln!("{why}");
+        errln!("{why}");
         ExitCode::from(1)
     }
 
@@ -881,7 +888,7 @@ impl<'h> Updater<'h> {
     /// version that is running now goes through probation; anything else is reverted.
     fn resume(&self, mut t: Txn) -> ExitCode {
         let _ = self.ledger.append("update_resumed", json!({"phase": t.phase, "from": t.from, "to": t.to}));
-        eprintln!("finishing the update {} → {} left {:?} by pid {}", t.from, t.to, t.phase, t.updater_pid);
+        errln!("finishing the update {} → {} left {:?} by pid {}", t.from, t.to, t.phase, t.updater_pid);
         let on_disk = sha256_file(&t.target).ok();
         if on_disk.as_deref() != Some(t.to_sha256.as_str()) {
             // Never swapped, or already swapped back: the old binary is in place.
@@ -940,6 +947,41 @@ impl<'h> Updater<'h> {
     }
 }
 
+/// Pure: the processes `me` (this updater, and the command the operator ran) started, from the
+/// ledger's `events` in order: what it spawned (`gateway_spawned` it wrote), the successor of a
+/// gateway that took on a restart it asked for (`restart_requested` naming it, then
+/// `successor_started`), and what those spawned in turn. A process a concurrent verb started
+/// (the successor of a restart someone else asked for) is not among them.
+pub(crate) fn started_by(me: &[u32], events: &[serde_json::Map<String, serde_json::Value>]) -> Vec<u32> {
+    let pid_at = |e: &serde_json::Map<String, serde_json::Value>, k: &str| {
+        e.get(k).and_then(serde_json::Value::as_u64).and_then(|p| u32::try_from(p).ok())
+    };
+    let mut ours: Vec<u32> = me.to_vec();
+    // Per gateway, who the restart it carries out was taken on for (a joined or refused
+    // request started nothing).
+    let mut restarting_for: std::collections::HashMap<u32, Option<u32>> = std::collections::HashMap::new();
+    for e in events {
+        let Some(writer) = pid_at(e, "pid") else { continue };
+        match e.get("event").and_then(|v| v.as_str()) {
+            Some("restart_requested") if !e.contains_key("joined") => {
+                let by = e.get("requester").and_then(|r| r.as_object()).and_then(|r| pid_at(r, "pid"));
+                restarting_for.insert(writer, by);
+            }
+            Some("successor_started")
+                if restarting_for.get(&writer).copied().flatten().is_some_and(|p| ours.contains(&p)) =>
+            {
+                ours.extend(pid_at(e, "successor_pid"));
+            }
+            Some("gateway_spawned") if ours.contains(&writer) => ours.extend(pid_at(e, "spawned_pid")),
+            _ => {}
+        }
+    }
+    ours.retain(|p| !me.contains(p));
+    ours.sort_unstable();
+    ours.dedup();
+    ours
+}
+
 /// Who asked, for `update_refused`: the command the operator ran (or the gateway's, for chat
 /// `/update`), on its channel.
 fn requester(chat: bool) -> serde_json::Value {
@@ -958,7 +1000,7 @@ fn notify_chat(home: &Home, chat: &str, platform: Option<&str>, text: &str) {
     let v = json!({"chat_id": chat, "platform": platform, "text": text, "at": timefmt::now()});
     let name = format!("{}{}.json", gatewarden_runtime::notices::UPDATE_NOTIFY_PREFIX, std::process::id());
     if let Err(e) = fsio::write_json(&home.dir().join(name), &v) {
-        eprintln!("warning: cannot leave the chat notice: {e}");
+        errln!("warning: cannot leave the chat notice: {e}");
     }
 }
 
@@ -1042,18 +1084,20 @@ fn after_exit(home: &Home) -> ExitCode {
     }
     let exit = format!("{result}, exit status {}", if status.is_empty() { "?" } else { &status });
     if revert_after_crash(home, &exit, "the unit's ExecStopPost") {
-        eprintln!("reverted an unfinished update after the gateway ended ({exit})");
+        errln!("reverted an unfinished update after the gateway ended ({exit})");
     }
     ExitCode::SUCCESS
 }
 
-/// The staged binary's `check` against the live home.
-fn preflight(home: &Home, staged: &Path, target: &Path) -> Result<(), String> {
+/// The staged binary's `check` against the live home; `Ok` with its `warn` lines (what the new
+/// version changes for this home, e.g. a new default).
+fn preflight(home: &Home, staged: &Path, target: &Path) -> Result<Vec<String>, String> {
     let mut cmd = Command::new(staged);
     cmd.arg("--home").arg(home.dir()).arg("check").arg("--target").arg(target);
     let out = run_bounded(cmd, Duration::from_secs(30))?;
     if out.0 == Some(0) {
-        return Ok(());
+        let notes = out.1.lines().map(str::trim).filter(|l| l.starts_with("warn "));
+        return Ok(notes.map(str::to_owned).collect());
     }
     let text = format!("{}{}", out.1, out.2);
     Err(format!("exit {}: {}", out.0.map_or("?".into(), |c| c.to_string()), text.trim()))
@@ -1406,6 +1450,26 @@ mod tests {
         assert!(!systemd_end_is_planned("signal", "KILL"));
         assert!(!systemd_end_is_planned("exit-code", "78"));
         assert!(!systemd_end_is_planned("", ""));
+    }
+
+    #[test]
+    fn an_update_ends_only_what_it_started() {
+        let ev = |v: serde_json::Value| v.as_object().unwrap().clone();
+        let events = vec![
+            // The update's own restart of gateway 10: its successor 11 is ours.
+            ev(json!({"event": "restart_requested", "pid": 10, "requester": {"pid": 5}})),
+            ev(json!({"event": "successor_started", "pid": 10, "successor_pid": 11})),
+            // A concurrent `restart` (pid 7) asks 11: its successor 12 is not ours.
+            ev(json!({"event": "restart_requested", "pid": 11, "requester": {"pid": 7}})),
+            ev(json!({"event": "successor_started", "pid": 11, "successor_pid": 12})),
+            // The ladder's kick: a `gatewarden start` 20, whose gateway 21 is ours too.
+            ev(json!({"event": "gateway_spawned", "pid": 5, "spawned_pid": 20})),
+            ev(json!({"event": "gateway_spawned", "pid": 20, "spawned_pid": 21})),
+            // What the concurrent `restart` spawned itself is not.
+            ev(json!({"event": "gateway_spawned", "pid": 7, "spawned_pid": 30})),
+        ];
+        assert_eq!(started_by(&[5, 4], &events), vec![11, 20, 21]);
+        assert!(started_by(&[99], &events).is_empty());
     }
 
     #[test]

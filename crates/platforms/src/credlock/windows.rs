@@ -13,3 +13,11 @@ pub fn default_dir() -> PathBuf {
 pub fn check_private(_dir: &Path) -> Result<(), String> {
     Ok(())
 }
+
+pub fn own_parent(_dir: &Path) -> Option<&Path> {
+    None
+}
+
+pub fn check_one(_dir: &Path) -> Result<(), String> {
+    Ok(())
+}

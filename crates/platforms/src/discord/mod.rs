@@ -35,8 +35,10 @@
 //!   message or the run is abandoned. These calls share the replies' client, so each route's
 //!   bucket and the global limit hold for them too; a 429 holds the chat's previews, never the
 //!   outbox.
-//! - **Whose messages.** `allowed_chats` are channel ids (DM channels included; empty: all);
-//!   messages by bots (ours included) and empty ones are ignored.
+//! - **Whose messages.** Messages by bots (ours included) and empty ones are ignored; every
+//!   other goes to the host, a guild's as a group's, marked `listed` when `allowed_chats` (channel
+//!   ids, DM channels too) names its channel and addressed when it mentions the bot or replies
+//!   to its message: the access policy decides (crates/runtime/src/access/).
 //!
 //! The loops, states, backoff and drain are the skeleton's (crates/platforms/src/skeleton);
 //! the wire is `gateway.rs` (tungstenite over crates/net's rustls) and `rest.rs` (ureq).
@@ -59,7 +61,7 @@ use gateway::{Frame, Socket, SocketError, WsUrl, parse_url};
 use rest::{Rest, RestError};
 
 use crate::skeleton::{self, Batch, Ctx, Failure, Limits, Pace, PieceId, PieceLimit, Protocol, SendError, Skeleton};
-use crate::{AdapterError, Host, Inbound};
+use crate::{AdapterError, ChatKind, Host, Inbound};
 
 /// The public REST API, version 10.
 pub const DEFAULT_API_BASE: &str = "https://discord.com/api/v10";
@@ -220,8 +222,11 @@ fn save(path: &Path, s: &Saved) -> Result<(), String> {
     fsio::write_json(path, s).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// A MESSAGE_CREATE worth answering (`None`: a bot's, empty, or not a message).
-fn parse_message(d: &Value) -> Option<Inbound> {
+/// A MESSAGE_CREATE worth answering (`None`: a bot's, empty, or not a message). `me` is our
+/// bot's user id (READY), `allowed` is `allowed_chats`. A message in a guild (it has a
+/// `guild_id`) is a group's; it is addressed when its `mentions` name us or it replies to our
+/// message (`referenced_message`; docs/resources/message "Message Object").
+fn parse_message(d: &Value, me: Option<&str>, allowed: &[String]) -> Option<Inbound> {
     if d["author"]["bot"] == Value::Bool(true) {
         return None;
     }
@@ -233,12 +238,20 @@ fn parse_message(d: &Value) -> Option<Inbound> {
         .parse::<u64>()
         .ok()
         .map(|n| SystemTime::UNIX_EPOCH + Duration::from_millis((n >> 22).saturating_add(DISCORD_EPOCH_MS)));
+    let mentioned = me.is_some_and(|me| {
+        d["mentions"].as_array().is_some_and(|ms| ms.iter().any(|u| u["id"].as_str() == Some(me)))
+            || d["referenced_message"]["author"]["id"].as_str() == Some(me)
+    });
+    let guild = d["guild_id"].as_str().is_some_and(|g| !g.is_empty());
     Some(Inbound {
         event_id: id.to_owned(),
         chat_id: chat.to_owned(),
         user_id: user.to_owned(),
         text: text.to_owned(),
         sent_at,
+        chat: if guild { ChatKind::Group } else { ChatKind::Direct },
+        listed: allowed.iter().any(|a| a == chat),
+        addressed: mentioned,
     })
 }
 
@@ -520,9 +533,8 @@ impl GatewayRx {
             if p.t.as_deref() != Some("MESSAGE_CREATE") {
                 continue;
             }
-            if let Some(m) = parse_message(&p.d)
+            if let Some(m) = parse_message(&p.d, self.me.as_deref(), &self.allowed)
                 && Some(&m.user_id) != self.me.as_ref()
-                && (self.allowed.is_empty() || self.allowed.contains(&m.chat_id))
             {
                 messages.push(m);
                 self.pending_busy = true;
@@ -689,7 +701,7 @@ mod tests {
     #[test]
     fn messages_parse_and_bots_and_empty_ones_are_skipped() {
         let d = json!({"id": "1177000000000000000", "channel_id": "42", "author": {"id": "7"}, "content": "hi"});
-        let m = parse_message(&d).unwrap();
+        let m = parse_message(&d, None, &[]).unwrap();
         assert_eq!(
             (m.event_id.as_str(), m.chat_id.as_str(), m.user_id.as_str(), m.text.as_str()),
             ("1177000000000000000", "42", "7", "hi")
@@ -697,10 +709,33 @@ mod tests {
         let t = m.sent_at.unwrap().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as u64;
         assert_eq!(t, (1_177_000_000_000_000_000u64 >> 22) + DISCORD_EPOCH_MS, "the snowflake's time");
         let bot = json!({"id": "2", "channel_id": "42", "author": {"id": "7", "bot": true}, "content": "hi"});
-        assert!(parse_message(&bot).is_none());
+        assert!(parse_message(&bot, None, &[]).is_none());
         let empty = json!({"id": "3", "channel_id": "42", "author": {"id": "7"}, "content": ""});
-        assert!(parse_message(&empty).is_none(), "no content: the message-content intent is missing");
-        assert!(parse_message(&json!("garbage")).is_none());
+        assert!(parse_message(&empty, None, &[]).is_none(), "no content: the message-content intent is missing");
+        assert!(parse_message(&json!("garbage"), None, &[]).is_none());
+    }
+
+    /// A guild message is a group's; a mention of the bot or a reply to its message addresses
+    /// it; `listed` is what allowed_chats says.
+    #[test]
+    fn guilds_mentions_and_replies() {
+        let me = Some("900");
+        let base = json!({"id": "5", "channel_id": "42", "author": {"id": "7"}, "content": "hi"});
+        let with = |extra: Value| {
+            let mut d = base.clone();
+            if let (Some(d), Some(x)) = (d.as_object_mut(), extra.as_object()) {
+                d.extend(x.clone());
+            }
+            parse_message(&d, me, &["42".to_owned()]).unwrap()
+        };
+        let dm = with(json!({}));
+        assert_eq!((dm.chat, dm.listed, dm.addressed), (ChatKind::Direct, true, false));
+        let g = with(json!({"guild_id": "1"}));
+        assert_eq!((g.chat, g.addressed), (ChatKind::Group, false));
+        assert!(with(json!({"guild_id": "1", "mentions": [{"id": "900"}]})).addressed);
+        assert!(!with(json!({"guild_id": "1", "mentions": [{"id": "901"}]})).addressed);
+        assert!(with(json!({"guild_id": "1", "referenced_message": {"author": {"id": "900"}}})).addressed);
+        assert!(!parse_message(&base, me, &[]).unwrap().listed);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! - **Configuration.** `imap = "imaps://host:993"` (implicit TLS) or `"imap://host:143"`
 //!   (STARTTLS, required); `smtp = "smtps://host:465"` or `"smtp://host:587"` (STARTTLS,
 //!   required); `account`, the login of both and the `From` address; `token_env`, the variable
-//!   holding the password; `allowed_senders` (addresses, or `@domain`; empty: anyone);
+//!   holding the password; `allowed_senders` (addresses, or `@domain`; below);
 //!   `poll_timeout_s`, how long one IDLE (or one poll's pause) lasts. Certificates are always
 //!   verified with crates/net's settings (`ca_file` pins a private CA), for IMAP (rustls through
 //!   tokio-rustls) and SMTP (lettre, [`gatewarden_net::ClientTls::smtp_params`]) alike.
@@ -28,8 +28,12 @@
 //!   [`MAX_THREADS`] threads), written when a message is read.
 //! - **No bounce loops.** Automatic mail is never answered (RFC 3834 `Auto-Submitted` other
 //!   than `no`, `Precedence: bulk/list/junk`, `List-Id`, a null sender, mailer-daemon and
-//!   friends), nor our own, nor a sender not in `allowed_senders`; those still move the
-//!   position.
+//!   friends), nor our own, nor a sender the access policy cannot serve; those still move the
+//!   position. A `From` can be forged, so email never pairs (`access` defaults to `allowlist`):
+//!   under `allowlist` only `allowed_senders`, `admins` and `allowed_users` are read at all
+//!   (nobody when all three are empty), so a stranger's mail leaves nothing in the home, not
+//!   even its thread; under `open`, `allowed_senders` (empty: anyone). A sender that
+//!   `allowed_senders` names is `listed`; the policy (crates/runtime/src/access/) decides.
 //! - **Bounded.** A message is read up to [`MAX_MESSAGE_BYTES`] (the server cuts it); a larger
 //!   one is answered as "too large". Bodies are decoded by mail-parser (MIME, quoted-printable,
 //!   base64, charsets) and cut at 32,000 characters. Every IMAP call is bounded (30 s).
@@ -59,7 +63,7 @@ use lettre::{SmtpTransport, Transport};
 use serde::{Deserialize, Serialize};
 
 use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
-use crate::{AdapterError, Host, Inbound};
+use crate::{AdapterError, ChatKind, Host, Inbound};
 
 use imap::{ImapError, Security};
 
@@ -201,10 +205,32 @@ pub struct Proto {
     own: String,
     password: String,
     tls: gatewarden_net::ClientTls,
-    allowed: Vec<String>,
+    admit: Admit,
     poll: Duration,
     /// `account@imap-host`: what two consumers must not share.
     credential: String,
+}
+
+/// Whose mail is read at all (module notes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Admit {
+    /// Addresses or `@domain`s read (empty, with `nobody` false: anyone's).
+    senders: Vec<String>,
+    /// Nobody's: `allowlist` with no sender listed anywhere.
+    nobody: bool,
+    /// `allowed_senders`: a sender it names is `listed`.
+    listed: Vec<String>,
+}
+
+impl Admit {
+    fn of(cfg: &PlatformConfig) -> Admit {
+        let listed = cfg.allowed_senders.clone();
+        if cfg.access() == gatewarden_config::Access::Open {
+            return Admit { senders: listed.clone(), nobody: false, listed };
+        }
+        let senders: Vec<String> = listed.iter().chain(&cfg.admins).chain(&cfg.allowed_users).cloned().collect();
+        Admit { nobody: senders.is_empty(), senders, listed }
+    }
 }
 
 impl Skeleton<Proto> {
@@ -227,7 +253,7 @@ impl Skeleton<Proto> {
             account,
             password,
             tls,
-            allowed: cfg.allowed_senders.clone(),
+            admit: Admit::of(cfg),
             poll: Duration::from_secs(cfg.poll_timeout_s.max(1)),
         };
         Ok(Skeleton::from_protocol(cfg, proto))
@@ -283,7 +309,7 @@ impl Protocol for Proto {
             user: self.account.clone(),
             password: self.password.clone(),
             own: self.own.clone(),
-            allowed: self.allowed.clone(),
+            admit: self.admit.clone(),
             poll: self.poll,
             session: None,
             confirmed: load_position(pos_path.as_ref()),
@@ -304,7 +330,7 @@ pub struct Fetcher {
     user: String,
     password: String,
     own: String,
-    allowed: Vec<String>,
+    admit: Admit,
     poll: Duration,
     session: Option<imap::Session>,
     /// Where fetching starts: the last saved position, or the one fixed at connect.
@@ -334,9 +360,9 @@ impl Fetcher {
 
     /// One fetched message as an inbound message, when it may be answered.
     fn inbound(&self, validity: u32, f: &imap::Fetched) -> Option<Inbound> {
-        let mut mail = match message::judge(&f.raw, &self.own, &self.allowed) {
-            Ok(m) => m,
-            Err(_) => return None,
+        let mut mail = match message::judge(&f.raw, &self.own, &self.admit.senders) {
+            Ok(m) if !self.admit.nobody => m,
+            _ => return None,
         };
         if let Some((below, since)) = self.not_before
             && f.uid <= below
@@ -358,12 +384,17 @@ impl Fetcher {
         // What a reply needs is kept before the delivery: the reply may be sent before the
         // batch is confirmed. A failed write only costs that thread's reply after a restart.
         let _ = lock(&self.threads).note(&chat, &mail);
+        let listed = !self.admit.listed.is_empty() && message::sender_allowed(&self.admit.listed, &mail.from);
         Some(Inbound {
             event_id: format!("{validity}:{}", f.uid),
             chat_id: chat,
             user_id: mail.from,
             text: mail.text,
             sent_at: mail.sent_at,
+            // A thread is one sender's conversation with the bot.
+            chat: ChatKind::Direct,
+            listed,
+            addressed: true,
         })
     }
 }

@@ -13,7 +13,8 @@ use serde_json::json;
 
 use crate::app::App;
 use crate::commands::{self, Channel, CommandOutcome, Sender};
-use crate::worker::RETRY_AFTER;
+use crate::gateway::RestartAnswer;
+use crate::worker::{RETRY_AFTER, Work};
 
 #[derive(Debug, Deserialize)]
 pub struct MessageIn {
@@ -40,14 +41,23 @@ pub fn unavailable(gw: &App, chat: &str) -> Response {
         .into_response()
 }
 
-pub fn agent_error(e: &AgentError) -> Response {
+/// A failed run as its caller sees it: the configured failure text and the reference (the run
+/// id, also in the log line and `status`'s `agent.last_failure`), never the operator's reason
+/// (issue 27 §5; `Work::failure_notice`).
+pub fn agent_error(work: &Work, user_id: &str, reference: &str, e: &AgentError) -> Response {
     match e {
         AgentError::Cancelled => {
             error(StatusCode::SERVICE_UNAVAILABLE, "interrupted", "the run was interrupted by a stop or restart")
         }
         AgentError::Timeout(_) => error(StatusCode::GATEWAY_TIMEOUT, "timeout", e.to_string()),
         AgentError::Failed(_) | AgentError::Upstream { .. } => {
-            error(StatusCode::BAD_GATEWAY, "agent_failed", e.to_string())
+            crate::warn!("run {reference} failed: {e}");
+            let notice = work.failure_notice(None, user_id, reference, &e.to_string());
+            (
+                StatusCode::BAD_GATEWAY,
+                Json(json!({"error": {"type": "agent_failed", "message": notice, "reference": reference}})),
+            )
+                .into_response()
         }
     }
 }
@@ -58,13 +68,28 @@ pub async fn post(State(gw): State<Arc<App>>, Json(m): Json<MessageIn>) -> Respo
     // who came with the API token, never an anonymous caller (docs/security.md; the one rule
     // is `commands::Admins::may_run`).
     let from = Sender { channel: Channel::Http, user_id: &m.user_id };
-    let cmd = match commands::decide(&m.text, from, &work.admins) {
+    let cmd = match commands::decide(&m.text, from, &work.live().admins) {
         CommandOutcome::Message => None,
         CommandOutcome::Refused { reply, .. } => return error(StatusCode::FORBIDDEN, "forbidden", reply),
         CommandOutcome::Run(cmd) => Some(cmd),
     };
     if let Some(cmd) = cmd {
-        let out = work.command(&gw, cmd, None, &m.chat_id, &m.user_id);
+        let mut out = work.command(&gw, cmd, &m.text, None, &m.chat_id, &m.user_id);
+        // A restart taken on is answered once the main loop knows whether the next incarnation
+        // can run (restart.rs): "restarting…", or why not while this one keeps serving (one
+        // joined or refused was answered already).
+        if let Some(verdict) = out.verdict.take() {
+            match tokio::time::timeout(crate::restart::VERDICT_PATIENCE, verdict).await {
+                Ok(Ok(Err(why))) => {
+                    out.reply = format!("restart refused: {why}; still running (incarnation {})", gw.me.id);
+                }
+                // Superseded by what the main loop decided first (a stop or a restart).
+                Ok(Ok(Ok(said))) if RestartAnswer::from_verdict(&said) != RestartAnswer::Accepted => {
+                    out.reply = RestartAnswer::from_verdict(&said).reply();
+                }
+                _ => {}
+            }
+        }
         let resp = if m.is_async {
             let id = match work.accept_command(&m.chat_id, &m.user_id, &m.text, &out.reply).await {
                 Ok(id) => id,
@@ -75,15 +100,6 @@ pub async fn post(State(gw): State<Arc<App>>, Json(m): Json<MessageIn>) -> Respo
             Json(json!({"reply": out.reply, "run_id": work.next_run_id(&gw.me.id), "chat_id": m.chat_id, "command": true}))
                 .into_response()
         };
-        if let Some(cause) = out.then {
-            let gw = Arc::clone(&gw.gw);
-            // After the reply is handed to the connection: the drain never cuts an in-flight
-            // response, so the requester always sees its answer.
-            tokio::spawn(async move {
-                tokio::task::yield_now().await;
-                gw.send_cause(cause);
-            });
-        }
         return resp;
     }
     if m.is_async {
@@ -117,7 +133,7 @@ pub async fn post(State(gw): State<Arc<App>>, Json(m): Json<MessageIn>) -> Respo
     let req = AgentRequest {
         run_id: run_id.clone(),
         chat_id: m.chat_id.clone(),
-        user_id: m.user_id,
+        user_id: m.user_id.clone(),
         text: m.text,
         history: Vec::new(),
         platform: None,
@@ -133,7 +149,7 @@ pub async fn post(State(gw): State<Arc<App>>, Json(m): Json<MessageIn>) -> Respo
                     .into_response()
             }
         }
-        Err(e) => agent_error(&e),
+        Err(e) => agent_error(work, &m.user_id, &run_id, &e),
     }
 }
 
@@ -144,7 +160,8 @@ pub async fn get_one(State(gw): State<Arc<App>>, Path(id): Path<String>) -> Resp
             "chat_id": m.chat_id,
             "state": m.state.as_str(),
             "reply": m.reply,
-            "reason": m.reason,
+            // What the caller may read of why it failed (the operator's reason is in `trace`).
+            "reason": m.reason.as_deref().map(|r| gw.work.failure_notice(m.platform.as_deref(), &m.user_id, &m.id, r)),
             "attempts": m.attempts,
             "command": m.is_command,
             "created_at": m.created_at,

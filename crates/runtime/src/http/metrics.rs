@@ -62,7 +62,7 @@ pub(crate) async fn render(gw: &Arc<App>) -> String {
 
 /// The OTLP exporter's outcomes (crates/telemetry), when `[telemetry]` is configured.
 fn telemetry_metrics(gw: &Arc<App>, out: &mut String) {
-    let Some(x) = gw.work.telemetry.get() else { return };
+    let Some(x) = gw.work.live().telemetry.clone() else { return };
     let s = x.stats();
     let _ = writeln!(out, "# HELP gatewarden_otlp_batches_total OTLP export batches by outcome.");
     let _ = writeln!(out, "# TYPE gatewarden_otlp_batches_total counter");
@@ -122,6 +122,31 @@ async fn platform_metrics(gw: &Arc<App>, out: &mut String) {
             let _ = writeln!(out, "gatewarden_platform_events_total{{platform=\"{name}\",event=\"{what}\"}} {n}");
         }
     }
+    let _ = writeln!(
+        out,
+        "# HELP gatewarden_platform_refused_total Inbound messages the access policy kept from the agent, by reason (this incarnation)."
+    );
+    let _ = writeln!(out, "# TYPE gatewarden_platform_refused_total counter");
+    for (name, _, _) in &snaps {
+        for (why, n) in gw.work.gate.refused(name) {
+            let _ = writeln!(
+                out,
+                "gatewarden_platform_refused_total{{platform=\"{name}\",reason=\"{}\"}} {n}",
+                why.label()
+            );
+        }
+    }
+    let access = gw.work.gate.report_cached(std::time::SystemTime::now());
+    let _ = writeln!(out, "# HELP gatewarden_platform_pairing_pending Pairing codes waiting for the owner.");
+    let _ = writeln!(out, "# TYPE gatewarden_platform_pairing_pending gauge");
+    for a in &access {
+        let n = a["pending"].as_array().map_or(0, Vec::len);
+        let _ = writeln!(
+            out,
+            "gatewarden_platform_pairing_pending{{platform=\"{}\"}} {n}",
+            label(a["name"].as_str().unwrap_or(""))
+        );
+    }
     if outbox.len() == snaps.len() {
         let _ = writeln!(out, "# HELP gatewarden_platform_outbox Outbox entries by state.");
         let _ = writeln!(out, "# TYPE gatewarden_platform_outbox gauge");
@@ -141,7 +166,7 @@ fn provider_metrics(gw: &Arc<App>, out: &mut String) {
     for (kind, c) in [("prompt", &m.prompt_tokens), ("completion", &m.completion_tokens)] {
         let _ = writeln!(out, "gatewarden_tokens_total{{kind=\"{kind}\"}} {}", c.load(Ordering::Relaxed));
     }
-    let providers = gw.work.agent.providers();
+    let providers = gw.work.live().agent.providers();
     if providers.is_empty() {
         return;
     }

@@ -1,9 +1,7 @@
 //! `POST /v1/chat/completions` (OpenAI-compatible, plain and `stream: true` SSE) and
 //! `GET /v1/models`, so the official SDKs and chat UIs can use the gateway as their endpoint.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
@@ -11,6 +9,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use gatewarden_agent::backend::delivery::Delivery;
 use gatewarden_agent::{AgentRequest, Turn};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -63,7 +62,7 @@ fn now_s() -> u64 {
 }
 
 pub async fn models(State(gw): State<Arc<App>>) -> Response {
-    Json(json!({"object": "list", "data": [{"id": gw.work.model, "object": "model", "created": 0, "owned_by": "gatewarden"}]}))
+    Json(json!({"object": "list", "data": [{"id": gw.work.model(), "object": "model", "created": 0, "owned_by": "gatewarden"}]}))
         .into_response()
 }
 
@@ -79,10 +78,10 @@ pub async fn completions(State(gw): State<Arc<App>>, Json(body): Json<Completion
     if !gw.accepts_work() {
         return unavailable(&gw, &chat);
     }
-    let model = body.model.clone().unwrap_or_else(|| gw.work.model.clone());
+    let model = body.model.clone().unwrap_or_else(|| gw.work.model());
     let run_id = gw.work.next_run_id(&gw.me.id);
     let id = format!("chatcmpl-{run_id}");
-    let req = AgentRequest::new(run_id, chat.clone(), chat, text, history);
+    let req = AgentRequest::new(run_id.clone(), chat.clone(), chat.clone(), text, history);
     if !body.stream {
         return match gw.work.run_reply(&gw, req, None).await {
             Ok(reply) => Json(json!({
@@ -94,7 +93,7 @@ pub async fn completions(State(gw): State<Arc<App>>, Json(body): Json<Completion
                 "usage": usage_json(reply.usage),
             }))
             .into_response(),
-            Err(e) => agent_error(&e),
+            Err(e) => agent_error(&gw.work, &chat, &run_id, &e),
         };
     }
     let (tx, rx) = mpsc::channel::<String>(64);
@@ -115,19 +114,25 @@ pub async fn completions(State(gw): State<Arc<App>>, Json(body): Json<Completion
         Bytes::from(format!("data: {v}\n\n"))
     };
     let gw2 = Arc::clone(&gw);
+    let reach = Delivery::default();
     tokio::spawn(async move {
         let forward = {
             let out_tx = out_tx.clone();
             let chunk = chunk.clone();
+            let reach = reach.clone();
             async move {
                 let mut rx = rx;
                 let _ = out_tx.send(chunk(json!({"role": "assistant", "content": ""}), Value::Null)).await;
                 while let Some(piece) = rx.recv().await {
-                    let _ = out_tx.send(chunk(json!({"content": piece}), Value::Null)).await;
+                    // Pieces of a provider given up on before anything reached the caller are
+                    // dropped; the first one passed on ends failover (issue 27 §6).
+                    if reach.take().is_some_and(|e| reach.reach(e)) {
+                        let _ = out_tx.send(chunk(json!({"content": piece}), Value::Null)).await;
+                    }
                 }
             }
         };
-        let run = gw2.work.run_reply(&gw2, req, Some(tx));
+        let run = gw2.work.run_reply(&gw2, req, Some((tx, reach)));
         let (result, ()) = tokio::join!(run, forward);
         match result {
             Ok(reply) => {
@@ -137,7 +142,10 @@ pub async fn completions(State(gw): State<Arc<App>>, Json(body): Json<Completion
                 }
             }
             Err(e) => {
-                let err = json!({"error": {"message": e.to_string(), "type": "agent_failed"}});
+                // What the caller may read (issue 27 §5); the reason is the operator's.
+                crate::warn!("run {run_id} failed: {e}");
+                let notice = gw2.work.failure_notice(None, &chat, &run_id, &e.to_string());
+                let err = json!({"error": {"message": notice, "type": "agent_failed", "reference": run_id}});
                 let _ = out_tx.send(Bytes::from(format!("data: {err}\n\n"))).await;
             }
         }
@@ -145,18 +153,7 @@ pub async fn completions(State(gw): State<Arc<App>>, Json(body): Json<Completion
     });
     (
         [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")],
-        Body::from_stream(ReceiverStream(out_rx)),
+        Body::from_stream(gatewarden_dashboard::web::ReceiverStream(out_rx)),
     )
         .into_response()
-}
-
-/// An mpsc receiver as a `Stream` of body frames.
-pub(super) struct ReceiverStream(pub(super) mpsc::Receiver<Bytes>);
-
-impl futures_core::Stream for ReceiverStream {
-    type Item = Result<Bytes, std::convert::Infallible>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.0.poll_recv(cx).map(|o| o.map(Ok))
-    }
 }

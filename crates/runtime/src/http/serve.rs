@@ -347,6 +347,10 @@ async fn release_after_bursts(open: Arc<Open>) {
     }
 }
 
+/// hyper's read buffer per connection, at most (its default is ~400 KiB, which 500
+/// connections streaming bodies grow to 200 MB). A request head must fit in it.
+const READ_BUF_BYTES: usize = 16 * 1024;
+
 /// One HTTP/1.1 connection (keep-alive), shut down gracefully once `shutdown` is cancelled,
 /// closed at once when evicted by the cap.
 async fn connection(
@@ -360,9 +364,15 @@ async fn connection(
     // Streamed replies (SSE) are many small writes: Nagle would hold each behind the client's
     // delayed ACK of the previous one (up to 40 ms a token).
     let _ = stream.set_nodelay(true);
+    // The client's address, for whoever needs to tell clients apart (the dashboard's login
+    // throttle, crates/dashboard/src/web.rs).
+    let peer = stream.peer_addr().ok();
     let evicted = registered.slot.evict.clone();
     let svc_slot = Arc::clone(&registered.slot);
-    let svc = service_fn(move |req: Request<Incoming>| {
+    let svc = service_fn(move |mut req: Request<Incoming>| {
+        if let Some(p) = peer {
+            req.extensions_mut().insert(axum::extract::ConnectInfo(p));
+        }
         let busy = Busy::new(&svc_slot);
         let response = router.call(req);
         let gw = Arc::clone(&gw);
@@ -380,6 +390,7 @@ async fn connection(
     let mut conn = pin!(
         http1::Builder::new()
             .timer(TokioTimer::new())
+            .max_buf_size(READ_BUF_BYTES)
             .header_read_timeout(header_timeout)
             .serve_connection(TokioIo::new(stream), svc)
     );
@@ -434,6 +445,7 @@ mod tests {
             gatewarden_agent::build_agent(&config.agent),
             journal,
             &config,
+            None,
             true,
             Default::default(),
             wake,

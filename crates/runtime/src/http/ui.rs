@@ -1,143 +1,93 @@
-//! The dashboard on the gateway's own listener (crates/dashboard renders, this file serves):
+//! The gateway's dashboard: its [`Site`] for the one web layer (crates/dashboard/src/web.rs,
+//! which serves `/ui`, `/ui/events`, `/ui/login`, `/ui/logout`, `/ui/action/{verb}` with the
+//! logins, sessions, throttle and checks it shares with the fleet page): what the page shows
+//! ([`snapshot`]: the status report, the home's files, the journal, the drain, the log tail),
+//! what an action does, and where a failed login is recorded (the ledger,
+//! `dashboard_login_failed`).
 //!
-//! - `GET /ui`: the page, from one [`snapshot`] (the status report, the home's files, the
-//!   journal, the drain, the log tail);
-//! - `GET /ui/events`: the page's fragments over SSE, only those that changed, until the
-//!   gateway leaves `draining` (then the stream ends and the browser reconnects to the next
-//!   incarnation, which sends every fragment anew);
-//! - `POST /ui/login` (the `api_token`, once, for an `HttpOnly; SameSite=Strict` session
-//!   cookie), `POST /ui/logout`, `POST /ui/action/{verb}`.
-//!
-//! The router's `Host` check (mod.rs) runs first, as for every route. Every POST passes
-//! `auth::Policy::check_origin` (Host and Origin), an action also the session and its CSRF
-//! token. Lifecycle actions run the CLI's own verb (`actions::launch`: `gatewarden restart`
-//! exits 0 only when a new incarnation is ready), recorded in the ledger as `channel:
-//! dashboard`; a retry and a `/new` go through the journal here. Reading is open on a loopback
-//! listener; elsewhere the page needs a session too.
+//! The router's `Host` check (mod.rs) runs first, as for every route. Lifecycle actions run the
+//! CLI's own verb (`actions::launch`: `gatewarden restart` exits 0 only when a new incarnation
+//! is ready), recorded in the ledger as `channel: dashboard`; a retry and a `/new` go through
+//! the journal here. Reading needs a session when `api_token` is set; without one the page is
+//! open on loopback and shows no message text unless `[http] ui_show_text` (docs/security.md).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
-use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
 use gatewarden_dashboard::actions::{self, Action};
-use gatewarden_dashboard::auth::{self, CSRF_FIELD, Policy, Post, Refusal};
+use gatewarden_dashboard::auth::{Failed, Policy};
+use gatewarden_dashboard::gather;
 use gatewarden_dashboard::snapshot::{
     Conversation, DrainView, Finding, LogLine, MessageState, MessageView, QueueCounts, RunView, Snapshot,
 };
-use gatewarden_dashboard::{Viewer, gather, live, render, sse};
+use gatewarden_dashboard::web::{self, Page, ReadRule, Site, Web};
 use gatewarden_journal::{Message, State as MsgState};
 use gatewarden_lifecycle::records::GatewayState;
 use gatewarden_lifecycle::timefmt;
 use serde_json::json;
-use tokio::sync::mpsc;
 
 use crate::app::App;
 
-/// Event streams open at once; past it a new one is refused (each costs a snapshot a tick).
-const MAX_STREAMS: usize = 16;
-static STREAMS: AtomicUsize = AtomicUsize::new(0);
-/// How often a stream looks for changes (the phase wakes it at once).
-const TICK: Duration = Duration::from_secs(1);
-/// A quiet stream sends a comment this often, so a closed client is noticed.
-const KEEPALIVE: Duration = Duration::from_secs(10);
-/// How soon a browser reconnects a stream that ended (a restart's).
-const RETRY_MS: u32 = 300;
 /// Messages and chats listed at most.
 const MESSAGES: usize = 50;
 const CHATS: usize = 10;
 const TURNS: usize = 3;
 const TEXT_CHARS: usize = 160;
 
-pub fn routes() -> axum::Router<Arc<App>> {
-    use axum::routing::{get, post};
-    axum::Router::new()
-        .route("/ui", get(page))
-        .route("/ui/events", get(events))
-        .route("/ui/login", post(login))
-        .route("/ui/logout", post(logout))
-        .route("/ui/action/{verb}", post(action))
-}
-
-fn policy(gw: &App) -> Policy {
-    Policy {
+/// The dashboard's routes on this gateway's listener, with its rules: a session to read once
+/// `api_token` is set (or off loopback), else open with message text only when the operator
+/// opted in.
+pub fn routes(gw: &Arc<App>) -> axum::Router<Arc<App>> {
+    let policy = Policy {
         api_token: gw.work.api_token.clone(),
         bound: gw.listen().map(str::to_owned),
         allowed_hosts: gw.work.http.allowed_hosts.clone(),
-    }
-}
-
-fn now_us() -> i128 {
-    timefmt::to_micros(SystemTime::now())
-}
-
-fn header_str(h: &HeaderMap, name: header::HeaderName) -> Option<&str> {
-    h.get(name).and_then(|v| v.to_str().ok())
-}
-
-/// Who is asking: their session's CSRF token when logged in.
-fn viewer(gw: &App, headers: &HeaderMap) -> Viewer {
-    let csrf = gw
-        .ui_sessions
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .find(header_str(headers, header::COOKIE), now_us())
-        .map(|s| s.csrf.clone());
-    Viewer {
-        actions_configured: gw.work.api_token.is_some(),
-        csrf,
-        events_path: "/ui/events".into(),
-        base: String::new(),
-    }
-}
-
-/// Reading is open on a loopback listener; on any other, only to a logged-in session.
-fn may_read(gw: &App, v: &Viewer) -> bool {
+    };
     let loopback =
         gw.listen().and_then(|l| l.parse::<std::net::SocketAddr>().ok()).is_some_and(|a| a.ip().is_loopback());
-    loopback || v.csrf.is_some()
-}
-
-/// A dashboard page with its security headers (the fleet server's pages too, crates/ops
-/// dashboard.rs).
-pub fn html(status: StatusCode, body: String) -> Response {
-    let mut r = (status, body).into_response();
-    for (k, v) in render::security_headers() {
-        r.headers_mut().insert(k, HeaderValue::from_static(v));
-    }
-    r
-}
-
-/// A refused request, as a page that says why: 421 for a foreign Host, 403 otherwise.
-pub fn refused(what: &str, e: &Refusal) -> Response {
-    let status = match e {
-        Refusal::Host(_) => StatusCode::MISDIRECTED_REQUEST,
-        Refusal::Random(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        _ => StatusCode::FORBIDDEN,
+    let read = if policy.api_token.is_some() || !loopback {
+        ReadRule::Session
+    } else {
+        ReadRule::Open { text: gw.work.http.ui_show_text }
     };
-    html(status, render::outcome(what, Err(&e.to_string())))
+    web::gateway_routes(Web::new(Arc::clone(gw), policy, read, None))
 }
 
-fn see_ui(cookie: Option<String>) -> Response {
-    let mut r = StatusCode::SEE_OTHER.into_response();
-    r.headers_mut().insert(header::LOCATION, HeaderValue::from_static("/ui"));
-    if let Some(c) = cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
-        r.headers_mut().insert(header::SET_COOKIE, c);
-    }
-    r
-}
+impl Site for App {
+    type Wake = tokio::sync::watch::Receiver<GatewayState>;
 
-async fn page(State(gw): State<Arc<App>>, headers: HeaderMap) -> Response {
-    let v = viewer(&gw, &headers);
-    if !may_read(&gw, &v) {
-        let login = Viewer { actions_configured: true, csrf: None, events_path: String::new(), base: String::new() };
-        return html(StatusCode::OK, render::page(&Snapshot::default(), &login));
+    async fn snapshot(self: Arc<Self>, page: Page) -> Option<Snapshot> {
+        (page == Page::Gateway).then_some(())?;
+        Some(snapshot(self).await)
     }
-    let s = snapshot(Arc::clone(&gw)).await;
-    html(StatusCode::OK, render::page(&s, &v))
+
+    async fn act(self: Arc<Self>, _page: Page, act: Action) -> Result<(), String> {
+        carry_out(&self, &act).await
+    }
+
+    async fn login_failed(self: Arc<Self>, _page: Page, client: String, failed: Failed) {
+        self.record(
+            "dashboard_login_failed",
+            json!({"client": client, "failures": failed.failures, "wait_s": failed.wait_s, "page": "/ui"}),
+        );
+    }
+
+    fn wake(&self) -> Self::Wake {
+        self.phase.subscribe()
+    }
+
+    async fn woken(wake: &mut Self::Wake) {
+        if wake.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Past draining the server winds down: streams end so the browser reconnects to whoever
+    /// serves next.
+    fn streams_end(&self) -> bool {
+        matches!(self.phase.get(), GatewayState::Stopping | GatewayState::Stopped)
+    }
 }
 
 /// Everything the page shows, gathered off the async threads (files and the journal).
@@ -160,9 +110,10 @@ fn snapshot_now(gw: &App) -> Snapshot {
         });
     }
     s.update = Some(gather::update_view(&gw.home, gatewarden_lifecycle::VERSION));
-    s.update_source = gw.work.update_source().map(str::to_owned);
+    s.update_source = gw.work.update_source();
     s.outcome = actions::read(&gw.home);
     s.doctor = doctor_findings(gw);
+    s.access = gw.work.gate.report(now).iter().map(gatewarden_dashboard::snapshot::AccessView::from_json).collect();
     let j = &gw.work.journal;
     if let Ok(c) = j.counts() {
         let unfinished =
@@ -174,7 +125,7 @@ fn snapshot_now(gw: &App) -> Snapshot {
             failed: c.failed.saturating_sub(given_up),
             given_up,
         });
-        let backend = gw.work.agent.name().to_owned();
+        let backend = gw.work.live().agent.name().to_owned();
         s.runs = unfinished
             .iter()
             .filter(|m| m.state == MsgState::Running)
@@ -350,127 +301,10 @@ fn conversations(done: &[Message]) -> Vec<Conversation> {
     out
 }
 
-/// Ends a stream's count when its task ends, however it ends.
-struct StreamSlot;
-
-impl Drop for StreamSlot {
-    fn drop(&mut self) {
-        STREAMS.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-async fn events(State(gw): State<Arc<App>>, headers: HeaderMap) -> Response {
-    let v = viewer(&gw, &headers);
-    if !may_read(&gw, &v) {
-        return refused("events", &Refusal::NoSession);
-    }
-    if STREAMS.fetch_add(1, Ordering::AcqRel) >= MAX_STREAMS {
-        STREAMS.fetch_sub(1, Ordering::AcqRel);
-        let mut r = (StatusCode::SERVICE_UNAVAILABLE, "too many dashboard streams\n").into_response();
-        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-        return r;
-    }
-    let slot = StreamSlot;
-    let (tx, rx) = mpsc::channel::<Bytes>(4);
-    tokio::spawn(async move {
-        let _slot = slot;
-        let mut live = live::Live::for_viewer(v);
-        let mut phase = gw.phase.subscribe();
-        if tx.send(Bytes::from(sse::retry(RETRY_MS))).await.is_err() {
-            return;
-        }
-        let mut quiet_since = tokio::time::Instant::now();
-        loop {
-            let s = snapshot(Arc::clone(&gw)).await;
-            let mut out = live.update(&s);
-            if out.is_empty() && quiet_since.elapsed() >= KEEPALIVE {
-                out = sse::keepalive().to_owned();
-            }
-            if !out.is_empty() {
-                quiet_since = tokio::time::Instant::now();
-                if tx.send(Bytes::from(out)).await.is_err() {
-                    return;
-                }
-            }
-            // Past draining the server winds down: end the stream so the browser reconnects
-            // to whoever serves next.
-            if matches!(gw.phase.get(), GatewayState::Stopping | GatewayState::Stopped) {
-                return;
-            }
-            tokio::select! {
-                () = tokio::time::sleep(TICK) => {}
-                _ = phase.changed() => {}
-            }
-        }
-    });
-    (
-        [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-store")],
-        Body::from_stream(super::openai::ReceiverStream(rx)),
-    )
-        .into_response()
-}
-
-fn post_facts<'a>(headers: &'a HeaderMap, csrf: Option<&'a str>) -> Post<'a> {
-    Post {
-        host: header_str(headers, header::HOST),
-        origin: header_str(headers, header::ORIGIN),
-        cookie: header_str(headers, header::COOKIE),
-        csrf,
-    }
-}
-
-async fn login(State(gw): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
-    let form = String::from_utf8_lossy(&body);
-    let given = auth::form_value(&form, "token").unwrap_or_default();
-    let p = policy(&gw);
-    let res = p
-        .check_origin(&post_facts(&headers, None))
-        .and_then(|()| gw.ui_sessions.lock().unwrap_or_else(|e| e.into_inner()).login(&p, &given, now_us()));
-    match res {
-        Ok(s) => see_ui(Some(auth::set_cookie(&s))),
-        Err(e) => refused("login", &e),
-    }
-}
-
-async fn logout(State(gw): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
-    let form = String::from_utf8_lossy(&body);
-    let csrf = auth::form_value(&form, CSRF_FIELD);
-    let p = policy(&gw);
-    let mut sessions = gw.ui_sessions.lock().unwrap_or_else(|e| e.into_inner());
-    let id = match sessions.check_action(&p, &post_facts(&headers, csrf.as_deref()), now_us()) {
-        Ok(s) => s.id.clone(),
-        Err(e) => return refused("logout", &e),
-    };
-    sessions.logout(&id);
-    see_ui(Some(format!("{}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0", auth::COOKIE)))
-}
-
-async fn action(State(gw): State<Arc<App>>, Path(verb): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
-    let form = String::from_utf8_lossy(&body).into_owned();
-    let csrf = auth::form_value(&form, CSRF_FIELD);
-    let checked = gw
-        .ui_sessions
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .check_action(&policy(&gw), &post_facts(&headers, csrf.as_deref()), now_us())
-        .map(|_| ());
-    if let Err(e) = checked {
-        return refused(&verb, &e);
-    }
-    let act = match Action::parse(&verb, |k| auth::form_value(&form, k)) {
-        Ok(a) => a,
-        Err(why) => return html(StatusCode::BAD_REQUEST, render::outcome(&verb, Err(&why))),
-    };
-    match carry_out(&gw, &act).await {
-        Ok(()) => see_ui(None),
-        Err(why) => html(StatusCode::CONFLICT, render::outcome(act.verb(), Err(&why))),
-    }
-}
-
 /// One checked action: a lifecycle verb through the CLI, a retry or `/new` through the journal.
 async fn carry_out(gw: &Arc<App>, act: &Action) -> Result<(), String> {
     let me = Some(gw.me.id.clone());
-    match act.cli_args(gw.work.update_source())? {
+    match act.cli_args(gw.work.update_source().as_deref())? {
         Some(args) => {
             let exe = gatewarden_lifecycle::platform::spawn::self_exe().map_err(|e| format!("no executable: {e}"))?;
             actions::launch(&gw.home, &exe, act.verb(), &args, me).map_err(|e| format!("cannot run it: {e}"))?;
@@ -484,6 +318,21 @@ async fn carry_out(gw: &Arc<App>, act: &Action) -> Result<(), String> {
                     gw.work.with_journal(move |j| j.new_session(&p, &c)).await.map_err(|e| e.to_string())?;
                     format!("a new conversation starts in {platform}:{chat}")
                 }
+                Action::Approve { platform, code } => {
+                    let (g, p, c) = (Arc::clone(gw), platform.clone(), code.clone());
+                    let user =
+                        tokio::task::spawn_blocking(move || g.work.approve_pairing(&g.gw, &p, &c, &dashboard_by()))
+                            .await
+                            .map_err(|e| e.to_string())??;
+                    format!("approved {user} on {platform}: their messages reach the agent now")
+                }
+                Action::Revoke { platform, user } => {
+                    let (g, p, u) = (Arc::clone(gw), platform.clone(), user.clone());
+                    tokio::task::spawn_blocking(move || g.work.revoke_pairing(&g.gw, &p, &u, &dashboard_by()))
+                        .await
+                        .map_err(|e| e.to_string())??;
+                    format!("revoked {user} on {platform}: their messages no longer reach the agent")
+                }
                 _ => return Err("not an action of this page".into()),
             };
             gw.record(
@@ -493,6 +342,11 @@ async fn carry_out(gw: &Arc<App>, act: &Action) -> Result<(), String> {
             actions::record_done(&gw.home, act.verb(), me, said).map_err(|e| e.to_string())
         }
     }
+}
+
+/// A pairing decision made on this page (the ledger's `channel: dashboard`).
+fn dashboard_by() -> crate::worker::DecidedBy {
+    crate::worker::DecidedBy { channel: "dashboard".into(), who: format!("pid {}", std::process::id()) }
 }
 
 fn dashboard_requester() -> serde_json::Value {

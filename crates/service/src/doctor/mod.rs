@@ -85,6 +85,129 @@ pub fn check_stop_timeout(
     )]
 }
 
+/// What systemd says about loading an installed unit: `systemctl show -p
+/// LoadState,LoadError,NeedDaemonReload,UnitFileState`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnitLoad {
+    /// `loaded`, `not-found`, `bad-setting`, `error`, `masked`.
+    pub load_state: String,
+    /// Why it is not loaded (systemd's words), when it says.
+    pub load_error: String,
+    /// The file changed on disk since the last `daemon-reload`.
+    pub need_daemon_reload: bool,
+    /// `enabled`, `disabled`, `linked`, …
+    pub unit_file_state: String,
+}
+
+impl UnitLoad {
+    /// From `systemctl show` lines (`Key=Value`); total.
+    #[must_use]
+    pub fn parse(text: &str) -> UnitLoad {
+        let mut u = UnitLoad::default();
+        for (k, v) in text.lines().filter_map(|l| l.split_once('=')) {
+            match k.trim() {
+                "LoadState" => u.load_state = v.trim().to_owned(),
+                "LoadError" => u.load_error = v.trim().to_owned(),
+                "NeedDaemonReload" => u.need_daemon_reload = v.trim() == "yes",
+                "UnitFileState" => u.unit_file_state = v.trim().to_owned(),
+                _ => {}
+            }
+        }
+        u
+    }
+}
+
+/// Checks that an installed systemd unit is what the manager runs: the manager answers
+/// (`load` is `Err` with its words otherwise), the unit is loaded from the file on disk, and it
+/// is enabled (issue 27 §4: a failed install left a unit on disk that systemd never loaded,
+/// and doctor found nothing).
+#[must_use]
+pub fn check_systemd_load(load: Result<&UnitLoad, &str>, unit: &str, scope: Scope) -> Vec<Finding> {
+    let refresh = || FixAction::RefreshDefinition { manager: Manager::Systemd };
+    let load = match load {
+        Ok(l) => l,
+        Err(why) => {
+            let user = if scope == Scope::User { " --user" } else { "" };
+            return vec![Finding::new(
+                FindingId::ManagerUnreachable,
+                Severity::Error,
+                unit,
+                format!(
+                    "the systemd manager does not answer ({why}): {unit} can be neither started nor stopped                      through it"
+                ),
+                FixAction::Manual {
+                    hint: format!(
+                        "make `systemctl{user} status` work (a user manager needs a session or lingering, and                          XDG_RUNTIME_DIR set), then run doctor again"
+                    ),
+                },
+            )];
+        }
+    };
+    let mut out = Vec::new();
+    if load.load_state != "loaded" {
+        let error = if load.load_error.is_empty() { String::new() } else { format!(": {}", load.load_error) };
+        out.push(Finding::new(
+            FindingId::DefinitionNotLoaded,
+            Severity::Error,
+            unit,
+            format!(
+                "the unit file is installed but systemd has not loaded it (LoadState={}{error}): starting it                  fails; a `service install` did not finish",
+                if load.load_state.is_empty() { "?" } else { &load.load_state }
+            ),
+            refresh(),
+        ));
+    } else if load.need_daemon_reload {
+        out.push(Finding::new(
+            FindingId::DefinitionNotLoaded,
+            Severity::Error,
+            unit,
+            "the unit file changed on disk but systemd still has the old one (NeedDaemonReload=yes)",
+            refresh(),
+        ));
+    }
+    if load.load_state == "loaded" && !matches!(load.unit_file_state.as_str(), "enabled" | "enabled-runtime") {
+        // Every install enables it (`--no-start` too): a disabled unit is one whose install
+        // did not finish (systemd loads a unit file on demand, so this is what a failed
+        // `daemon-reload` leaves), or one disabled by hand.
+        out.push(Finding::new(
+            FindingId::DefinitionNotEnabled,
+            Severity::Error,
+            unit,
+            format!(
+                "the unit is not enabled (UnitFileState={}): it will not start at {}; a `service install` \
+                 did not finish, or it was disabled by hand",
+                if load.unit_file_state.is_empty() { "?" } else { &load.unit_file_state },
+                if scope == Scope::User { "login" } else { "boot" }
+            ),
+            refresh(),
+        ));
+    }
+    out
+}
+
+/// Checks that an installed LaunchAgent is loaded: `Ok(loaded)` from `launchctl print`, `Err`
+/// with its words when launchd does not answer.
+#[must_use]
+pub fn check_launchd_loaded(loaded: Result<bool, &str>, label: &str) -> Vec<Finding> {
+    match loaded {
+        Ok(true) => vec![],
+        Ok(false) => vec![Finding::new(
+            FindingId::DefinitionNotLoaded,
+            Severity::Warning,
+            label,
+            "the plist is installed but launchd has not loaded it: nothing starts it at login until              `gatewarden start` (or a `service install` that did not finish)",
+            FixAction::RefreshDefinition { manager: Manager::Launchd },
+        )],
+        Err(why) => vec![Finding::new(
+            FindingId::ManagerUnreachable,
+            Severity::Error,
+            label,
+            format!("launchd does not answer ({why}): the job can be neither started nor stopped through it"),
+            FixAction::Manual { hint: "run it from the user's GUI session (launchctl print gui/$UID)".into() },
+        )],
+    }
+}
+
 /// Checks `systemctl show` status for a tripped start-rate limit.
 #[must_use]
 pub fn check_systemd_status(status: &UnitStatus, unit: &str, scope: Scope) -> Vec<Finding> {
@@ -375,5 +498,42 @@ mod tests {
         for id in [FindingId::OldKeepAlivePolicy, FindingId::ParkedStateUnreadable, FindingId::StopTimeoutTooShort] {
             assert_eq!(serde_json::to_value(id).unwrap(), id.as_str());
         }
+    }
+}
+
+#[cfg(test)]
+mod load_tests {
+    use super::*;
+
+    fn ids(f: &[Finding]) -> Vec<FindingId> {
+        f.iter().map(|f| f.id).collect()
+    }
+
+    #[test]
+    fn a_unit_systemd_never_loaded_or_enabled_is_a_finding() {
+        let ok = UnitLoad::parse("LoadState=loaded\nNeedDaemonReload=no\nUnitFileState=enabled\nLoadError=\n");
+        assert!(check_systemd_load(Ok(&ok), "gw.service", Scope::User).is_empty());
+        let not_found = UnitLoad::parse(
+            "LoadState=not-found\nLoadError=org.freedesktop.systemd1.NoSuchUnit \"Unit gw.service not found.\"\n",
+        );
+        let f = check_systemd_load(Ok(&not_found), "gw.service", Scope::User);
+        assert_eq!(ids(&f), [FindingId::DefinitionNotLoaded]);
+        assert!(f[0].message.contains("not found") && f[0].severity == Severity::Error, "{f:?}");
+        let stale = UnitLoad { need_daemon_reload: true, ..ok.clone() };
+        assert_eq!(ids(&check_systemd_load(Ok(&stale), "gw.service", Scope::User)), [FindingId::DefinitionNotLoaded]);
+        let disabled = UnitLoad { unit_file_state: "disabled".into(), ..ok };
+        let f = check_systemd_load(Ok(&disabled), "gw.service", Scope::System);
+        assert_eq!(ids(&f), [FindingId::DefinitionNotEnabled]);
+        assert!(f[0].message.contains("boot"), "{f:?}");
+        let f = check_systemd_load(Err("Failed to connect to bus"), "gw.service", Scope::User);
+        assert_eq!(ids(&f), [FindingId::ManagerUnreachable]);
+        assert!(f[0].message.contains("Failed to connect to bus"), "{f:?}");
+    }
+
+    #[test]
+    fn a_plist_launchd_has_not_loaded_is_a_finding() {
+        assert!(check_launchd_loaded(Ok(true), "l").is_empty());
+        assert_eq!(ids(&check_launchd_loaded(Ok(false), "l")), [FindingId::DefinitionNotLoaded]);
+        assert_eq!(ids(&check_launchd_loaded(Err("EIO"), "l")), [FindingId::ManagerUnreachable]);
     }
 }

@@ -27,6 +27,8 @@ fn why(key: &str) -> Option<&'static str> {
         "KillMode" => "stop would not give the main process its drain",
         "StartLimitIntervalSec" | "StartLimitBurst" => "the crash-loop brake would differ",
         "WatchdogSec" => "the liveness watchdog would differ",
+        "LoadCredential" => "the gateway would not receive a secret config.toml names by *_file",
+        "ExecReload" => "`systemctl reload` would not reload the configuration (`gatewarden reload` still does)",
         _ => return None,
     })
 }
@@ -42,6 +44,7 @@ fn severity(key: &str) -> Severity {
         | "RestartPreventExitStatus"
         | "TimeoutStopSec"
         | "User"
+        | "LoadCredential"
         | "Environment" => Severity::Error,
         _ => Severity::Warning,
     }
@@ -298,6 +301,15 @@ mod tests {
     }
 
     #[test]
+    fn a_unit_from_before_reload_is_drift() {
+        let inst = expected().replace("ExecReload=/usr/bin/gatewarden --home /home/a/gw reload\n", "");
+        let f = drift(&inst, &expected());
+        assert_eq!(ids(&f), [(FindingId::DirectiveMissing, "Service.ExecReload")]);
+        assert_eq!(f[0].severity, Severity::Warning);
+        assert!(f[0].message.contains("systemctl reload"), "{}", f[0].message);
+    }
+
+    #[test]
     fn success_exit_status_list_lacking_75() {
         let inst = expected().replace("SuccessExitStatus=75", "SuccessExitStatus=0 SIGTERM");
         let f = drift(&inst, &expected());
@@ -334,7 +346,8 @@ mod tests {
             [
                 (FindingId::WrongBinary, "Service.ExecStart"),
                 (FindingId::WrongHome, "Service.ExecStart"),
-                // The crash-backoff helper names the home too.
+                // So do the reload and the crash-backoff helper.
+                (FindingId::DirectiveDiffers, "Service.ExecReload"),
                 (FindingId::DirectiveMissing, "Service.ExecStopPost"),
                 (FindingId::WrongHome, "Service.Environment.GATEWARDEN_HOME"),
             ]
@@ -343,7 +356,7 @@ mod tests {
 
     #[test]
     fn replace_flag_in_exec_start_is_drift() {
-        let inst = expected().replace("--home /home/a/gw", "--home /home/a/gw --replace");
+        let inst = expected().replace("run --home /home/a/gw", "run --home /home/a/gw --replace");
         let f = drift(&inst, &expected());
         assert_eq!(ids(&f), [(FindingId::DirectiveDiffers, "Service.ExecStart")]);
     }

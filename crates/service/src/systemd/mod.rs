@@ -1,9 +1,9 @@
 //! systemd: the unit generator, a tolerant unit reader, drift detection, `systemctl show`
 //! parsing and a `systemctl` wrapper.
 //!
-//! The unit runs the gateway directly (`gatewarden run --home H`, `Type=notify`): systemd is a
-//! complete supervisor once the exit-code contract is declared (see [`render`]), so no
-//! `gatewarden supervise` layer is needed here, unlike launchd.
+//! The unit runs the gateway directly (`gatewarden run --home H --supervisor systemd`,
+//! `Type=notify`): systemd is a complete supervisor once the exit-code contract is declared
+//! (see [`render`]), so no `gatewarden supervise` layer is needed here, unlike launchd.
 
 pub mod drift;
 pub mod render;

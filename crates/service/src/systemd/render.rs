@@ -22,9 +22,12 @@
 //! drain the process is still allowed to finish. `KillMode=mixed` with `KillSignal=SIGINT`
 //! sends the planned-stop signal to the main process only (our drain; `systemctl stop` is a
 //! clean exit 0), and SIGKILL to leftovers in the cgroup after the timeout.
-//! `ExecStart=` never carries `--replace`: a supervised respawn must not evict anyone.
+//! `ExecStart=` never carries `--replace`: a supervised respawn must not evict anyone; it
+//! carries `--supervisor systemd`, which no environment can override.
 //! `ExecStopPost=` runs the last known good copy as `update --after-exit` (failure ignored):
 //! after a crash during an unfinished update it puts the old binary back before the relaunch.
+//! `ExecReload=` runs `gatewarden reload`, which returns once the gateway applied the new
+//! configuration or refused it; a refusal (exit 78) fails `systemctl reload`.
 
 use super::syntax::{format_ms, quote_command, quote_word};
 use crate::command::sh_quote;
@@ -49,7 +52,10 @@ pub fn render_unit(spec: &ServiceSpec) -> Result<String, SpecError> {
     let exe = utf8("exe", &spec.exe)?;
     let home = utf8("home", &spec.home)?;
 
-    let mut argv: Vec<&str> = vec![exe, "run", "--home", home];
+    // The unit declares its supervisor itself: detection would trust a manager-wide
+    // `GATEWARDEN_SUPERVISOR=none` (`systemctl --user set-environment`) over the unit, and a
+    // `Type=notify` gateway that never notifies hangs in `activating` (issue 27 §7).
+    let mut argv: Vec<&str> = vec![exe, "run", "--home", home, "--supervisor", "systemd"];
     argv.extend(spec.extra_args.iter().map(String::as_str));
 
     let mut u = String::new();
@@ -69,6 +75,9 @@ pub fn render_unit(spec: &ServiceSpec) -> Result<String, SpecError> {
     line("Type=notify");
     line("NotifyAccess=main");
     line(&format!("ExecStart={}", quote_command(&argv)));
+    // `systemctl reload`: the verb, synchronous, so a refused configuration fails the reload
+    // (exit 78) and the gateway runs on as it was.
+    line(&format!("ExecReload={}", quote_command(&[exe, "--home", home, "reload"])));
     if let Some(good) = &spec.revert_exe {
         let good = utf8("revert_exe", good)?;
         line(&format!("ExecStopPost=-{}", quote_command(&[good, "--home", home, "update", "--after-exit"])));
@@ -78,10 +87,16 @@ pub fn render_unit(spec: &ServiceSpec) -> Result<String, SpecError> {
         line(&format!("ExecStopPost=-{}", quote_command(&["/bin/sh", "-c", &backoff_script(exe, home)])));
     }
     line(&format!("Environment={}", quote_word(&format!("GATEWARDEN_HOME={home}"), false)));
-    if spec.scope == Scope::System
-        && let Some(user) = &spec.run_as_user
-    {
-        line(&format!("User={user}"));
+    // Every `*_file` secret, read by systemd (as root for a system unit) at each start and
+    // handed over in $CREDENTIALS_DIRECTORY (crates/config/src/secrets.rs): the operator
+    // declares them in config.toml, not in this unit.
+    for (id, path) in &spec.credentials {
+        line(&format!("LoadCredential={id}:{}", escape_specifiers(utf8("credential file", path)?)));
+    }
+    // A system unit always names its user (spec `run_as_for`): without `User=` systemd runs
+    // the gateway as root, whoever owns the home.
+    if spec.scope == Scope::System {
+        line(&format!("User={}", spec.run_as_user.as_deref().ok_or(SpecError::NoUser)?));
     }
     line("Restart=on-failure");
     line(&format!("RestartSec={}", format_ms(restart_sec_ms(spec))));
@@ -192,9 +207,32 @@ mod tests {
         assert_eq!(u.get("Install", "WantedBy"), Some("default.target"));
         assert_eq!(
             u.get("Service", "ExecStart"),
-            Some("/usr/local/bin/gatewarden run --home /home/alice/.local/state/gatewarden")
+            Some("/usr/local/bin/gatewarden run --home /home/alice/.local/state/gatewarden --supervisor systemd")
+        );
+        assert_eq!(
+            u.get("Service", "ExecReload"),
+            Some("/usr/local/bin/gatewarden --home /home/alice/.local/state/gatewarden reload")
         );
         assert_eq!(u.get("Service", "User"), None);
+    }
+
+    #[test]
+    fn credentials_are_loaded_from_their_files() {
+        let mut s = spec();
+        assert!(!render_unit(&s).unwrap().contains("LoadCredential"));
+        s.credentials = vec![
+            ("gatewarden.tg.1".into(), "/etc/gw/tg token".into()),
+            ("gatewarden.key.2".into(), "/home/a/100%.key".into()),
+        ];
+        let u = parse_unit(&render_unit(&s).unwrap());
+        assert_eq!(
+            u.get_list("Service", "LoadCredential"),
+            Some(vec!["gatewarden.tg.1:/etc/gw/tg token", "gatewarden.key.2:/home/a/100%%.key"])
+        );
+        s.credentials = vec![("a/b".into(), "/x".into())];
+        assert!(render_unit(&s).is_err());
+        s.credentials = vec![("a".into(), "relative".into())];
+        assert!(render_unit(&s).is_err());
     }
 
     #[test]
@@ -205,6 +243,15 @@ mod tests {
         let u = parse_unit(&render_unit(&s).unwrap());
         assert_eq!(u.get("Service", "User"), Some("gw"));
         assert_eq!(u.get("Install", "WantedBy"), Some("multi-user.target"));
+    }
+
+    #[test]
+    fn a_system_unit_is_never_rendered_without_a_user() {
+        let mut s = spec();
+        s.scope = Scope::System;
+        assert_eq!(render_unit(&s), Err(SpecError::NoUser));
+        s.run_as_user = Some("0".into());
+        assert!(render_unit(&s).unwrap().contains("\nUser=0\n"), "root's home: said");
     }
 
     #[test]
@@ -227,7 +274,19 @@ mod tests {
         s.extra_args = vec!["--log".into(), "x y".into()];
         let u = parse_unit(&render_unit(&s).unwrap());
         let words = crate::systemd::split_words(u.get("Service", "ExecStart").unwrap());
-        assert_eq!(words, ["/opt/My Apps/gatewarden", "run", "--home", "/home/a/50% \"gw\" $dir", "--log", "x y"]);
+        assert_eq!(
+            words,
+            [
+                "/opt/My Apps/gatewarden",
+                "run",
+                "--home",
+                "/home/a/50% \"gw\" $dir",
+                "--supervisor",
+                "systemd",
+                "--log",
+                "x y"
+            ]
+        );
         let env = crate::systemd::split_words(u.get("Service", "Environment").unwrap());
         assert_eq!(env, ["GATEWARDEN_HOME=/home/a/50% \"gw\" $dir"]);
     }

@@ -125,6 +125,13 @@ impl<'r, R: CommandRunner + ?Sized> Systemctl<'r, R> {
         Ok(parse_show(&out.stdout))
     }
 
+    /// `is-enabled <unit>`: whether it starts at boot or login (`enabled`,
+    /// `enabled-runtime`). A non-zero exit is an answer here, not an error.
+    pub fn is_enabled(&self, unit: &str) -> Result<bool, SystemctlError> {
+        let (_, out) = self.raw(&["is-enabled", unit])?;
+        Ok(matches!(out.stdout.lines().next().unwrap_or("").trim(), "enabled" | "enabled-runtime"))
+    }
+
     /// `is-active <unit>`. A non-zero exit is an answer here, not an error.
     pub fn is_active(&self, unit: &str) -> Result<IsActive, SystemctlError> {
         let (_, out) = self.raw(&["is-active", unit])?;
@@ -183,6 +190,19 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert_eq!(sc.is_active("gw.service").unwrap(), IsActive::Inactive);
+    }
+
+    #[test]
+    fn is_enabled_reads_the_word_not_the_exit_code() {
+        let r = ScriptedRunner::new()
+            .expect("systemctl --user is-enabled a.service", CommandOutput::ok("enabled\n"))
+            .expect(
+                "systemctl --user is-enabled b.service",
+                CommandOutput { code: Some(1), stdout: "disabled\n".into(), stderr: String::new() },
+            );
+        let sc = Systemctl::new(&r, Scope::User);
+        assert!(sc.is_enabled("a.service").unwrap());
+        assert!(!sc.is_enabled("b.service").unwrap());
     }
 
     #[test]

@@ -43,6 +43,7 @@ const LIST_KEYS: &[&str] = &[
     "ExecStartPre",
     "ExecStartPost",
     "ExecStopPost",
+    "LoadCredential",
 ];
 
 /// Whether `key` is a list setting (accumulates, empty resets).

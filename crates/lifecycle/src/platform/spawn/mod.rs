@@ -23,6 +23,8 @@
 //! - `spawn_watched(cmd, report) -> io::Result<u32>`: the supervised child: spawns it and
 //!   reports its end ([`Reaped::Child`]) and every orphan reaped meanwhile when we are PID 1
 //!   ([`Reaped::Orphan`]) from a waiter thread
+//! - `reap_orphans(grace) -> bool`: as PID 1, reap re-parented orphans no waiter of ours
+//!   collects (`gatewarden run` as a container's init); `zombie_children(pid) -> Vec<u32>`
 //! - `is_pid1() -> bool`, `real_uid() -> u32`, `process_groups() -> Vec<(u32, u32)>` (every
 //!   `(pid, pgid)`, where the OS tells)
 //! - `self_exe()` / `remember_self_exe()` (here, the same on every OS): this executable's path

@@ -156,6 +156,67 @@ pub fn spawn_watched(cmd: &mut Command, mut report: impl FnMut(Reaped) + Send + 
     Ok(pid)
 }
 
+/// As PID 1 of a PID namespace (a container running `gatewarden run`), orphans are re-parented
+/// to us: a background process an exec agent left, the rest of a run's process group killed
+/// after its leader exited, a detached updater or backstop. Nobody else would reap them.
+///
+/// A thread looks at `/proc` once a second for zombie children of ours and reaps those still
+/// zombies `grace` after it first saw them. It never takes a status one of our own waiters
+/// wants: those reap at once (tokio's SIGCHLD handler for the exec backend, the hermes
+/// supervisor's and the doctor's `try_wait` polls, at least once a second), so a zombie left
+/// for `grace` has no waiter. False (nothing started) where there is no procfs.
+pub fn reap_orphans(grace: std::time::Duration) -> bool {
+    use std::collections::HashMap;
+    use std::time::Instant;
+    if !std::path::Path::new("/proc/self/stat").exists() {
+        return false;
+    }
+    let me = std::process::id();
+    let spawned = std::thread::Builder::new().name("pid1-reaper".into()).spawn(move || {
+        let mut seen: HashMap<u32, Instant> = HashMap::new();
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            let zombies = zombie_children(me);
+            seen.retain(|pid, _| zombies.contains(pid));
+            for pid in zombies {
+                let first = *seen.entry(pid).or_insert_with(Instant::now);
+                if first.elapsed() < grace {
+                    continue;
+                }
+                if let Some(p) = i32::try_from(pid).ok().and_then(Pid::from_raw) {
+                    // ECHILD: its owner reaped it meanwhile, which is as good.
+                    let _ = rustix::process::waitpid(Some(p), WaitOptions::NOHANG);
+                }
+                seen.remove(&pid);
+            }
+        }
+    });
+    spawned.is_ok()
+}
+
+/// The children of `me` that are zombies, from `/proc/<pid>/stat` (empty without procfs).
+pub fn zombie_children(me: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = std::fs::read(e.path().join("stat")).ok()?;
+            let (state, ppid) = stat_state_ppid(&stat)?;
+            (state == 'Z' && ppid == me).then_some(pid)
+        })
+        .collect()
+}
+
+/// Fields 3 (`state`) and 4 (`ppid`) of a `/proc/<pid>/stat` line, counted after the command
+/// name's last `)` like [`stat_pgid`].
+fn stat_state_ppid(stat: &[u8]) -> Option<(char, u32)> {
+    let end = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[end + 1..]).ok()?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    Some((state, fields.next()?.parse().ok()?))
+}
+
 /// Whether this process is PID 1 (of the machine or of a PID namespace).
 pub fn is_pid1() -> bool {
     rustix::process::getpid().is_init()
@@ -194,5 +255,12 @@ mod tests {
         assert_eq!(super::stat_pgid(b"42 (sh) S 1 40 40 0 -1"), Some(40));
         assert_eq!(super::stat_pgid(b"42 (a) b) (c) S 1 77 40 0"), Some(77));
         assert_eq!(super::stat_pgid(b"garbage"), None);
+    }
+
+    #[test]
+    fn state_and_ppid_are_read_after_the_command_name() {
+        assert_eq!(super::stat_state_ppid(b"42 (sh) Z 1 40 40 0 -1"), Some(('Z', 1)));
+        assert_eq!(super::stat_state_ppid(b"42 (a) Z) (c) S 7 77 40 0"), Some(('S', 7)));
+        assert_eq!(super::stat_state_ppid(b"42 (sh)"), None);
     }
 }

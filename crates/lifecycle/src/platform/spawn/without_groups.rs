@@ -42,6 +42,16 @@ pub fn is_pid1() -> bool {
     false
 }
 
+/// No zombies to see here.
+pub fn zombie_children(_me: u32) -> Vec<u32> {
+    Vec::new()
+}
+
+/// No PID 1 of ours to reap for here: nothing started.
+pub fn reap_orphans(_grace: std::time::Duration) -> bool {
+    false
+}
+
 /// Not meaningful without Unix uids.
 pub fn real_uid() -> u32 {
     0
