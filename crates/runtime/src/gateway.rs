@@ -555,6 +555,32 @@ impl Gateway {
         }
         self.write_state();
         self.record("state", json!({"state": to.as_str(), "active_runs": self.runs.active()}));
+        self.notify(to);
+        true
+    }
+
+    /// Becomes `running` with the ledger told first: `state` and `ready` (with the bound
+    /// address) are on record before `/readyz`, the state file or the service manager can say
+    /// so, so a gateway killed the moment a client saw it ready still has its address on
+    /// record, and a recovery start listens there (crates/ops/src/previous.rs). False when a
+    /// stop got in first: its own lines follow.
+    pub fn become_ready(&self, ready: Value) -> bool {
+        let to = GatewayState::Running;
+        if !crate::drain::allowed(self.phase.get(), to) {
+            return false;
+        }
+        self.record("state", json!({"state": to.as_str(), "active_runs": self.runs.active()}));
+        self.record("ready", ready);
+        if !self.phase.advance(to) {
+            return false;
+        }
+        self.write_state();
+        self.notify(to);
+        true
+    }
+
+    /// Tells the service manager (sd_notify) about a move to `to`.
+    fn notify(&self, to: GatewayState) {
         if self.notifier.enabled() {
             let msg = match to {
                 GatewayState::Running => format!("READY=1\nSTATUS=running, incarnation {}", self.me.id),
@@ -563,7 +589,6 @@ impl Gateway {
             };
             self.notifier.send(&msg);
         }
-        true
     }
 
     /// Remembers how this incarnation is ending, for the final state write.

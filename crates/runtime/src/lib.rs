@@ -534,9 +534,8 @@ async fn serve_until_classified(
     }
     // Queued before `running`: the first reply after a restart must already carry the notice.
     app.work.boot_notices(gw, !platforms.is_empty());
-    gw.advance(GatewayState::Running);
+    gw.become_ready(json!({"listen": addr, "control": gw.control}));
     platforms.watchdog(Arc::clone(gw));
-    gw.record("ready", json!({"listen": addr, "control": gw.control}));
     // Join the per-user fleet (`gatewarden dashboard`); a home that cannot register still serves.
     match gatewarden_dashboard::registry::dir() {
         Ok(Some(dir)) => {
