@@ -13,7 +13,7 @@
 //!   who may read, logins and their throttle, sessions, event streams, action checks.
 //!
 //! Nothing here listens or spawns: the runtime and `gatewarden dashboard` serve [`web`]'s
-//! routes (docs/architecture.md, "Dashboard").
+//! routes (crates/dashboard/README.md).
 
 pub mod actions;
 pub mod auth;

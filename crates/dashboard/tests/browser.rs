@@ -2,7 +2,7 @@
 //! timeline's SVG bars, live fragments swapped in over SSE by the page's own script (a drain,
 //! then, after the stream ends and the page reconnects, a restart's new incarnation), the
 //! fleet page, and the auth rules behind the actions. A tiny loopback HTTP server inside the test serves what this crate renders; the
-//! runtime's `/ui` routes do not exist yet (docs/architecture.md, "Dashboard").
+//! runtime's `/ui` routes do not exist yet (crates/dashboard/README.md).
 //!
 //!   cargo nextest run -p gatewarden-dashboard --test browser
 //!

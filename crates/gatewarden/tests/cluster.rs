@@ -359,7 +359,7 @@ fn a_paused_active_demotes_on_wake_and_the_fence_refuses_its_writes() {
 
 /// A terminated backend is not a lost lease: the lease row is keyed by holder and epoch, not
 /// by session, so the active reconnects at its next renewal and keeps its epoch (documented in
-/// docs/architecture.md).
+/// crates/cluster/README.md).
 #[test]
 fn a_terminated_store_connection_reconnects_holding_the_lease() {
     let Some(pg) = Cluster::start_or_skip() else { return };
@@ -617,8 +617,7 @@ impl Load {
     /// No inbound Telegram message lost or run twice: every injected one is journalled once
     /// (its `update_id` is the event id) and ends once, like an async message: done by one
     /// completion (`finishes = 1`) with its echo in the fake's sent messages for its chat, or
-    /// failed by recovery after two interrupted runs (`MAX_ATTEMPTS`, docs/architecture.md
-    /// "cluster"; its chat gets the failure notice instead). A reply sent more than once is the documented duplicate (the
+    /// failed by recovery after two interrupted runs (`MAX_ATTEMPTS`, crates/cluster/README.md; its chat gets the failure notice instead). A reply sent more than once is the documented duplicate (the
     /// Bot API takes no idempotency key, so a gateway that dies between `sendMessage` and the
     /// outbox commit has it sent again by its successor): at most `crashes` of them.
     /// Returns `(answered, given up, duplicate replies)`.
@@ -960,7 +959,7 @@ fn secs_now() -> f64 {
 }
 
 /// Pairs of `getUpdates` from different consumers (gateways) that were in flight at the same
-/// time on the Bot API's side. docs/architecture.md ("What cannot be fenced") claims none: every
+/// time on the Bot API's side. crates/cluster/README.md ("What cannot be fenced") claims none: every
 /// poll of an active ends before its lease can expire, and a successor is granted only after
 /// that expiry, so the duplicate poll window is about updates fetched twice, never two polls at
 /// once. A poll still in flight counts as ending now.

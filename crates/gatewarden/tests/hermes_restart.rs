@@ -3,7 +3,7 @@
 //! what ran (hermes's record of its argv), not whatever `hermes` is on `PATH`.
 //!
 //! The gateway here is a small stand-in for `hermes gateway run` that keeps hermes 0.19's
-//! on-disk contract (docs/architecture.md "hermes homes"): it takes `gateway.lock` once, writes
+//! on-disk contract (crates/hermes/README.md): it takes `gateway.lock` once, writes
 //! `gateway.pid` (`pid`, `kind`, `argv` = `sys.argv`, `start_time`) and `gateway_state.json`
 //! `running`, and on the planned-stop marker unlinks it, records `stopped` and exits 0. The
 //! real package is covered by hermes_cli.rs; this needs only python3.

@@ -1,7 +1,7 @@
 //! Managing an existing hermes-agent gateway without disturbing it.
 //!
 //! hermes-agent 0.19 keeps its lifecycle in files of its home (`gateway.lock`, `gateway.pid`,
-//! `gateway_state.json`, markers, logs; see docs/architecture.md "hermes homes"). This crate
+//! `gateway_state.json`, markers, logs; see crates/hermes/README.md). This crate
 //! reads them, drives hermes through its own mechanisms (the planned-stop marker, SIGTERM,
 //! SIGUSR1, `hermes gateway run`) and verifies every outcome by process identity. The CLI
 //! verbs wire these functions; nothing here parses arguments.

@@ -51,6 +51,46 @@ impl ExitIntent {
         }
     }
 
+    /// When a gateway ends this way, in a reader's words (the exit table in
+    /// docs/architecture.md is rendered from this and [`ExitIntent::manager_should`]; a test
+    /// fails when the two drift: crates/gatewarden/tests/docs.rs).
+    pub const fn when(self) -> &'static str {
+        match self {
+            ExitIntent::PlannedStop => {
+                "planned stop: `stop`, control or chat `/stop`, SIGINT, console close, a bare SIGTERM from the proven owner (container runtime, declared supervisor)"
+            }
+            ExitIntent::Takeover => "takeover: `run --replace` in the same home",
+            ExitIntent::PlannedRestart => "planned restart: `restart`, SIGUSR1, chat or HTTP `/restart`, `update`",
+            ExitIntent::Unexpected => {
+                "unexpected: a bare SIGTERM no owner is proven to have sent, SIGQUIT, a stop or restart signal during start-up, a crash"
+            }
+            ExitIntent::FatalConfig => {
+                "fatal configuration: bad config or secret, another instance holds the lock, unusable home, listen address taken"
+            }
+        }
+    }
+
+    /// What a service manager should do with this exit.
+    pub const fn manager_should(self) -> &'static str {
+        match self {
+            ExitIntent::PlannedStop | ExitIntent::Takeover => "leave it down",
+            ExitIntent::PlannedRestart => {
+                "revive it now, not a failure (only a proven manager is left to; otherwise the gateway started its successor, or re-executed in place as PID 1)"
+            }
+            ExitIntent::Unexpected => "revive it",
+            ExitIntent::FatalConfig => "do not revive it",
+        }
+    }
+
+    /// The one table as Markdown, every intent in [`ExitIntent::ALL`]'s order.
+    pub fn markdown_table() -> String {
+        let mut t = String::from("| code | intent | when | a service manager should |\n|---|---|---|---|\n");
+        for i in ExitIntent::ALL {
+            t.push_str(&format!("| {} | `{}` | {} | {} |\n", i.code(), i.as_str(), i.when(), i.manager_should()));
+        }
+        t
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ExitIntent::PlannedStop => "planned_stop",

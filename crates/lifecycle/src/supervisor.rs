@@ -66,7 +66,7 @@ impl TermSender {
 }
 
 /// What a SIGTERM that no marker of ours explains means, by who supervises us and who sent it:
-/// the one table (docs/architecture.md, "SIGTERM"). The gateway's own verbs never send a bare
+/// the one table (crates/runtime/README.md, "SIGTERM"). The gateway's own verbs never send a bare
 /// SIGTERM (the stopper writes a marker first), so a bare one comes from outside, and it is the
 /// owner's stop only when it comes from the owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

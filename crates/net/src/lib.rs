@@ -13,7 +13,7 @@
 //!   The file is read with lifecycle's no-follow, size-capped reader.
 //! - **Always verified.** There is no switch that turns verification off; name, chain and
 //!   validity period are checked by rustls (webpki) on every handshake.
-//! - **Crypto provider:** ring (docs/architecture.md, "TLS" says why).
+//! - **Crypto provider:** ring (crates/net/README.md says why).
 //! - **Proxies.** `HTTPS_PROXY` / `HTTP_PROXY` / `ALL_PROXY` / `NO_PROXY` (either case) are
 //!   honoured by every HTTP agent (ureq reads them); a per-connection `proxy` replaces them for
 //!   that connection. Proxy credentials are never part of an error text ([`describe`]).

@@ -2,7 +2,7 @@
 //! `--home` whose lock record says `"kind": "hermes-gateway"`): one function per verb over
 //! `gatewarden_hermes`, with the native verbs' exit codes (status 0/3/4; 1 for a failed
 //! action). hermes's own files are never deleted or rewritten here; our records live in
-//! `<home>/gatewarden/` (docs/architecture.md "hermes homes").
+//! `<home>/gatewarden/` (crates/hermes/README.md).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -319,7 +319,7 @@ pub trait Host: Send + Sync {
     fn state_changed(&self, adapter: &str, state: &State);
     /// The longest one receive may block (a long poll's or a sync's `timeout`), when the gateway
     /// bounds it: a cluster active never waits on a platform longer than the lease it has left
-    /// (docs/architecture.md, "Cluster"). `None`: the adapter's own setting.
+    /// (crates/cluster/README.md). `None`: the adapter's own setting.
     fn receive_budget(&self) -> Option<Duration> {
         None
     }

@@ -24,7 +24,7 @@
 //!   commands too; each only when `getMyCommands` shows it differs. Best-effort: a failure
 //!   does not fail the connect; a 429 is waited out once, then left to the next connect.
 //! - **Bounded polls.** A long poll's `timeout` is never longer than [`Host::receive_budget`]
-//!   (a cluster active's lease left; docs/architecture.md, "Cluster"); under one second left,
+//!   (a cluster active's lease left; crates/cluster/README.md); under one second left,
 //!   the receiver does not poll at all and looks again shortly.
 //! - **Restartable.** [`Adapter::start`] after [`Adapter::close`] starts afresh: new threads and
 //!   new flags; the committed offset carries over (the journal deduplicates anyway).

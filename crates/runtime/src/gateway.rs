@@ -449,7 +449,7 @@ impl Gateway {
         self.cluster.get().is_none_or(gatewarden_cluster::Handle::is_active)
     }
 
-    /// The longest a platform long poll may last (it cannot be fenced; docs/architecture.md,
+    /// The longest a platform long poll may last (it cannot be fenced; crates/cluster/README.md,
     /// cluster): `None` without `[cluster]`, the lease time left while active, zero on a standby.
     pub fn poll_budget(&self) -> Option<std::time::Duration> {
         let c = self.cluster.get()?;

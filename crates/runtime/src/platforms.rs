@@ -39,7 +39,7 @@ const MIN_FLUSH: Duration = Duration::from_secs(2);
 /// The most time a drain gives the outboxes.
 const MAX_FLUSH: Duration = Duration::from_secs(10);
 /// Taken off the lease left for a receive: the request's transit and the platform's own
-/// timer (docs/architecture.md, "Cluster").
+/// timer (crates/cluster/README.md).
 const RECEIVE_MARGIN: Duration = Duration::from_millis(500);
 /// How long a demoted active lets its outboxes flush before it releases the credentials.
 const DEMOTION_FLUSH: Duration = Duration::from_secs(2);

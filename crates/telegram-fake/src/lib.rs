@@ -1,6 +1,6 @@
 //! A fake Telegram Bot API server, faithful to the semantics gatewarden's lifecycle depends on
 //! (https://core.telegram.org/bots/api#getupdates; the reference notes are in the repository's
-//! docs/architecture.md, "Chat platforms"):
+//! crates/platforms/README.md):
 //!
 //! - **Long polls.** `getUpdates` blocks up to `timeout` seconds until an update arrives.
 //! - **Offset confirmation.** Updates below `offset` are confirmed and forgotten; a negative

@@ -6,7 +6,7 @@
 //! a wedged one, report). Time is the elapsed time in each observation, so the tests below
 //! run the ladder against scripted worlds with no process and no clock.
 //!
-//! Invariants (docs/architecture.md "restart"):
+//! Invariants (crates/runtime/README.md, restart routes):
 //! 1. Success is a **new** incarnation answering `running`; the old one, in any state, is not.
 //! 2. A later stop ends the watch at once: nothing more is started.
 //! 3. At most one kick per restart (a start through the owner, or a direct one), and only

@@ -1,0 +1,255 @@
+//! What the architecture documents generate from the code stays generated (issue 32 §6): the
+//! crate map is `cargo metadata`'s, the exit table is `ExitIntent`'s, and the runtime's module
+//! table names each module's `crate::` imports as its source has them. A drift fails here with
+//! the expected text; `GATEWARDEN_BLESS_DOCS=1` writes it into the documents instead.
+#![cfg(unix)]
+
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn bless() -> bool {
+    std::env::var_os("GATEWARDEN_BLESS_DOCS").is_some_and(|v| v == "1")
+}
+
+/// Replaces (bless) or checks the text between `<!-- BEGIN generated: NAME … -->` and
+/// `<!-- END generated: NAME -->` in `file`.
+fn generated_block(file: &Path, name: &str, expected: &str) {
+    let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let begin = format!("<!-- BEGIN generated: {name}");
+    let end = format!("<!-- END generated: {name} -->");
+    let b = text.find(&begin).unwrap_or_else(|| panic!("{} has no `{begin}` marker", file.display()));
+    let body = b + text[b..].find("-->\n").expect("the BEGIN marker ends with -->") + 4;
+    let e = text[body..].find(&end).map(|i| body + i).unwrap_or_else(|| panic!("{} has no `{end}`", file.display()));
+    if bless() {
+        let new = format!("{}{expected}{}", &text[..body], &text[e..]);
+        std::fs::write(file, new).expect("bless the document");
+        return;
+    }
+    assert!(
+        text[body..e] == *expected,
+        "{} drifted from the code in its generated `{name}` block; it should read:\n{expected}\n\
+         (or run the test with GATEWARDEN_BLESS_DOCS=1)",
+        file.display()
+    );
+}
+
+fn short(name: &str) -> &str {
+    name.strip_prefix("gatewarden-").unwrap_or(name)
+}
+
+/// `crate ──▶ its workspace dependencies` (normal and build, not dev), the crates most
+/// depended upon last; then the crates only tests use.
+fn crate_map() -> String {
+    let out = std::process::Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
+    let meta: Value = serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON");
+    let packages = meta["packages"].as_array().expect("packages");
+    let members: BTreeSet<String> = packages.iter().filter_map(|p| p["name"].as_str().map(str::to_owned)).collect();
+    let mut deps: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut dev_users: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for p in packages {
+        let name = p["name"].as_str().expect("name").to_owned();
+        let entry = deps.entry(name.clone()).or_default();
+        for d in p["dependencies"].as_array().into_iter().flatten() {
+            let dep = d["name"].as_str().unwrap_or_default();
+            if !members.contains(dep) || dep == name {
+                continue;
+            }
+            if d["kind"].as_str() == Some("dev") {
+                dev_users.entry(dep.to_owned()).or_default().insert(name.clone());
+            } else {
+                entry.insert(dep.to_owned());
+            }
+        }
+    }
+    // Height: the longest chain of dependencies below a crate (the graph has no cycles).
+    fn height(c: &str, deps: &BTreeMap<String, BTreeSet<String>>, memo: &mut BTreeMap<String, usize>) -> usize {
+        if let Some(h) = memo.get(c) {
+            return *h;
+        }
+        let h = deps[c].iter().map(|d| 1 + height(d, deps, memo)).max().unwrap_or(0);
+        memo.insert(c.to_owned(), h);
+        h
+    }
+    let mut memo = BTreeMap::new();
+    let used: BTreeSet<&String> = deps.values().flatten().collect();
+    let (mut product, mut tests_only): (Vec<&String>, Vec<&String>) =
+        deps.keys().partition(|c| used.contains(c) || *c == "gatewarden");
+    product.sort_by_key(|c| (std::cmp::Reverse(height(c, &deps, &mut memo)), (*c).clone()));
+    tests_only.sort();
+    let width = deps.keys().map(|c| short(c).len()).max().unwrap_or(0);
+    let mut s = String::from("```\n");
+    let uses = |c: &String| {
+        let list: Vec<&str> = deps[c].iter().map(|d| short(d)).collect();
+        if list.is_empty() { "(nothing of ours)".to_owned() } else { list.join(", ") }
+    };
+    for c in product {
+        s.push_str(&format!("{:width$} ──▶ {}\n", short(c), uses(c)));
+    }
+    for c in tests_only {
+        let by: Vec<&str> = dev_users.get(c).into_iter().flatten().map(|u| short(u)).collect();
+        s.push_str(&format!("{:width$} ──▶ {} (tests only: {})\n", short(c), uses(c), by.join(", ")));
+    }
+    s.push_str("```\n");
+    s
+}
+
+#[test]
+fn the_crate_map_is_cargo_metadata() {
+    generated_block(&root().join("docs/architecture.md"), "crate-map", &crate_map());
+}
+
+#[test]
+fn the_exit_table_is_the_code() {
+    let table = gatewarden_lifecycle::exit::ExitIntent::markdown_table();
+    generated_block(&root().join("docs/architecture.md"), "exit-table", &table);
+}
+
+/// The top-level modules `lib.rs` declares.
+fn modules(src: &Path) -> Vec<String> {
+    let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
+    lib.lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let l = l.strip_prefix("pub(crate) ").or_else(|| l.strip_prefix("pub ")).unwrap_or(l);
+            let name = l.strip_prefix("mod ")?.strip_suffix(';')?;
+            Some(name.trim().to_owned())
+        })
+        .collect()
+}
+
+fn sources(src: &Path, module: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let file = src.join(format!("{module}.rs"));
+    if file.is_file() {
+        out.push(file);
+    }
+    let mut dirs = vec![src.join(module)];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The first segment of every `crate::` path outside comments and the `tests` module.
+fn crate_heads(text: &str) -> BTreeSet<String> {
+    let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
+    let code: String = text.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+    let ident = |s: &str| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
+    let mut heads = BTreeSet::new();
+    for (i, _) in code.match_indices("crate::") {
+        if code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = &code[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // `crate::{a, b::{c, d}, e}`: the names at depth one.
+            let (mut depth, mut at_start) = (1usize, true);
+            let mut chars = group.char_indices();
+            while let Some((j, c)) = chars.next() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    ',' if depth == 1 => at_start = true,
+                    c if depth == 1 && at_start && (c.is_alphanumeric() || c == '_') => {
+                        let name = ident(&group[j..]);
+                        for _ in 1..name.chars().count() {
+                            chars.next();
+                        }
+                        heads.insert(name);
+                        at_start = false;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            heads.insert(ident(rest));
+        }
+    }
+    heads
+}
+
+/// Splits a Markdown table row on its unescaped bars.
+fn cells(row: &str) -> Vec<String> {
+    let (mut out, mut cur, mut escaped) = (Vec::new(), String::new(), false);
+    for c in row.trim().trim_start_matches('|').chars() {
+        match c {
+            '|' if !escaped => out.push(std::mem::take(&mut cur).trim().to_owned()),
+            _ => cur.push(c),
+        }
+        escaped = c == '\\';
+    }
+    out
+}
+
+#[test]
+fn runtime_modules_import_what_the_table_says() {
+    let src = root().join("crates/runtime/src");
+    let doc = root().join("crates/runtime/README.md");
+    let mods = modules(&src);
+    let set: BTreeSet<&String> = mods.iter().collect();
+    let mut imports: BTreeMap<&str, String> = BTreeMap::new();
+    for m in &mods {
+        let mut heads = BTreeSet::new();
+        for f in sources(&src, m) {
+            heads.append(&mut crate_heads(&std::fs::read_to_string(&f).expect("source")));
+        }
+        let list: Vec<String> = heads.into_iter().filter(|h| h != m && set.contains(h)).collect();
+        imports.insert(m, if list.is_empty() { "—".to_owned() } else { list.join(", ") });
+    }
+    let text = std::fs::read_to_string(&doc).expect("crates/runtime/README.md");
+    let mut seen = BTreeSet::new();
+    let mut out = String::new();
+    let mut wrong = Vec::new();
+    for line in text.split_inclusive('\n') {
+        let c = cells(line);
+        let name = c.first().and_then(|n| n.strip_prefix('`')).and_then(|n| n.strip_suffix('`'));
+        match name.map(|n| n.trim_end_matches('/')).and_then(|n| imports.get_key_value(n)) {
+            Some((m, want)) if c.len() == 3 && line.starts_with('|') => {
+                seen.insert(m.to_string());
+                if c[2] != *want {
+                    wrong.push(format!("`{m}` imports {want} (the table says {})", c[2]));
+                }
+                out.push_str(&format!("| {} | {} | {want} |\n", c[0], c[1]));
+            }
+            _ => out.push_str(line),
+        }
+    }
+    let missing: Vec<&String> = mods.iter().filter(|m| !seen.contains(*m)).collect();
+    assert!(missing.is_empty(), "crates/runtime/README.md's module table lacks {missing:?}");
+    if bless() {
+        std::fs::write(&doc, out).expect("bless crates/runtime/README.md");
+        return;
+    }
+    assert!(wrong.is_empty(), "crates/runtime/README.md's module table drifted:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn crate_heads_reads_groups_paths_and_skips_comments_and_tests() {
+    let src = "use crate::{a::{X, Y}, b, c::Z};\n// crate::d\nfn f() { crate::e::g(); my_crate::h(); }\n\
+               #[cfg(test)]\nmod tests { use crate::t; }\n";
+    let got: Vec<String> = crate_heads(src).into_iter().collect();
+    assert_eq!(got, ["a", "b", "c", "e"]);
+    assert_eq!(cells("| `x` | a \\| b | c |"), ["`x`", "a \\| b", "c"]);
+}
