@@ -70,7 +70,7 @@ pub use gateway::{Gateway, GatewayBuilder, exit_code, exit_signal};
 pub use home::TempHome;
 pub use http::{HttpResponse, http_get, http_post_json, request as http_request};
 pub use terminal::Terminal;
-pub use proc::{catches_signal, lock_holders, lock_is_held, pid_alive, proc_start_time, rss_bytes, send_signal, sig};
+pub use proc::{catches_signal, lock_holders, lock_is_held, pid_alive, proc_start_time, rss_anon_bytes, rss_bytes, send_signal, sig};
 pub use time::{marker_json, rfc3339, rfc3339_now, rfc3339_offset};
 pub use wait::{holds_for, must_wait_until, wait_until};
 

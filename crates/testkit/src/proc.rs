@@ -34,9 +34,19 @@ pub fn proc_state(pid: u32) -> Option<char> {
 
 /// A process's resident memory (`VmRSS`), in bytes; 0 when it cannot be read.
 pub fn rss_bytes(pid: u32) -> u64 {
+    status_bytes(pid, "VmRSS:")
+}
+
+/// The anonymous part of a process's resident memory (`RssAnon`: heap and stacks, what the
+/// code pages given back do not lower), in bytes; 0 when it cannot be read.
+pub fn rss_anon_bytes(pid: u32) -> u64 {
+    status_bytes(pid, "RssAnon:")
+}
+
+fn status_bytes(pid: u32, key: &str) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
         .map_or(0, |kib| kib * 1024)
 }
