@@ -230,7 +230,8 @@ fn completions_and_man_page_come_from_the_parser() {
     assert!(!home.path().join("gateway.lock").exists(), "no home was touched");
 }
 
-/// Issue 27 §7: no verb panics on a closed stdout (`history -n 200 | head -c1` exited 134):
+/// Issue 27 §7 and issue 33 §3: no verb panics on a closed stdout (`history -n 200 | head -c1`
+/// exited 134):
 /// each verb, with stdout (and then stderr too) a pipe whose reader is gone, exits with the
 /// code it has with a reader, and finishes its work: `stop` with no reader still stops.
 #[test]
@@ -255,6 +256,14 @@ fn no_verb_panics_when_the_reader_of_its_output_is_gone() {
         &["send", "hello"],
         &["trace", "no-such-message"],
         &["update", "--status"],
+        &["start"],
+        &["reload"],
+        &["top", "--once"],
+        &["top", "--json"],
+        &["pairing", "list"],
+        &["pairing", "list", "--json"],
+        &["cancel-drain"],
+        &["init", "--force", "--platform", "none", "--backend", "echo"],
     ];
     for args in verbs {
         let with_reader = run_cli(&home, args);

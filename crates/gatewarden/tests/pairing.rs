@@ -265,7 +265,8 @@ fn open_answers_everyone_and_check_warns_and_an_old_home_still_starts() {
     assert_cli(&out, 0, "check of a home without an access key");
     assert!(out.stdout.contains("access") && out.stdout.contains("pairing (the default"), "{}", out.stdout);
     // `doctor` names the new default too, with what to write to choose.
-    let doc = cli_with(bin(), home.path(), &["doctor", "--json"], &[(TOKEN_ENV, tok.as_str())], Duration::from_secs(30));
+    let doc =
+        cli_with(bin(), home.path(), &["doctor", "--json"], &[(TOKEN_ENV, tok.as_str())], Duration::from_secs(30));
     assert!(doc.stdout.contains("\"access-default\"") && doc.stdout.contains("write `access = ...`"), "{doc:#?}");
 
     let _g = spawn(&home, &sw, &tok, &config(&fake, &llm, "access = \"open\"\nrequire_mention = false\n"));
