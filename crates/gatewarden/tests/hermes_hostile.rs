@@ -377,6 +377,11 @@ fn a_linked_or_world_writable_hermes_home_is_refused() {
     assert!(out.stderr.contains("writable by group or others (mode 1777)"), "{out:?}");
     let out = cli(&shared, &["stop"]);
     assert!(out.stderr.contains("writable by group or others"), "every verb refuses it: {out:?}");
+    // Writable by its group alone is refused the same way (a group is other people too).
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o775)).unwrap();
+    let out = cli(&shared, &["start", "--timeout", "5"]);
+    assert_ne!(out.code, Some(0), "{out:?}");
+    assert!(out.stderr.contains("writable by group or others (mode 775)"), "{out:?}");
     assert!(!ran.exists(), "the planted command ran: {:?}", std::fs::read_to_string(&ran));
 }
 
