@@ -11,7 +11,7 @@ use gatewarden_lifecycle::records::GatewayState;
 use tokio::sync::{Notify, watch};
 
 /// How long cancelled runs get to clean up after the drain budget is spent (the drain in
-/// lib.rs, and the HTTP server's own leftovers in http/serve.rs).
+/// main_loop/draining.rs, and the HTTP server's own leftovers in http/serve.rs).
 pub const CANCEL_GRACE: Duration = Duration::from_secs(5);
 
 /// The whole exit after the owner's SIGTERM (a container runtime, a declared supervisor:

@@ -16,7 +16,7 @@
 //!   configuration that works; refusing the live part would let one pending restart key hold
 //!   back every admin and provider change until the next restart.
 //!
-//! Runs on the main loop (lib.rs), so it never overlaps a drain or another reload.
+//! Runs on the main loop (main_loop/mod.rs), so it never overlaps a drain or another reload.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

@@ -39,7 +39,7 @@ pub enum SignalKind {
 /// What the gateway does with a signal (the README's signal table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// Drained and ended; the exit code is `classify`'s (lib.rs).
+    /// Drained and ended; the exit code is `classify`'s (main_loop/classify.rs).
     End,
     /// A planned restart.
     Restart,
