@@ -1,7 +1,7 @@
 //! Chat commands, decided without side effects: the text and its sender in, a
 //! [`CommandOutcome`] out. Who may run what is data ([`Admins`], from config.toml), so the one
 //! rule is tested here without a gateway; carrying a command out is the worker's
-//! (`Work::command`, worker.rs).
+//! (`Work::command`, worker/commands.rs).
 
 use std::collections::BTreeMap;
 

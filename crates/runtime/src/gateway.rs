@@ -526,7 +526,7 @@ impl Gateway {
 
     /// An operator's stop that did not come through `gatewarden stop` (which records it itself
     /// before anything else): chat `/stop`, `gatewarden send /stop`, HTTP. Recorded as
-    /// `stopped` on receipt (control/mod.rs, worker.rs) — a gateway already draining for a
+    /// `stopped` on receipt (control/mod.rs, worker/commands.rs) — a gateway already draining for a
     /// restart never classifies it — so no backstop or successor starts the gateway again; in
     /// flight while this incarnation lives, so a `start` meanwhile waits for it to end
     /// (ops launch.rs). A stop from a restart's recovery, a supervisor or a signal is not the

@@ -1,4 +1,4 @@
-//! The seam between the chat platform host (platforms.rs) and the worker (worker.rs): the host
+//! The seam between the chat platform host (platforms.rs) and the worker (worker/intake.rs): the host
 //! hands inbound messages to an [`Intake`] and is woken through a [`Wake`] channel, so neither
 //! side holds the other.
 

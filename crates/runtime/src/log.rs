@@ -5,7 +5,7 @@
 //! Events go through the `tracing` ecosystem once [`init`] or [`init_file`] has run: the
 //! [`info!`](crate::info) / [`warn!`](crate::warn) / [`error!`](crate::error) call sites stay as
 //! they are, and a line written inside a span (a message's run: `message_id`, `platform`; see
-//! worker.rs) carries the span's fields, as JSON keys or as ` [k=v …]` after a plain line. The
+//! worker/run.rs) carries the span's fields, as JSON keys or as ` [k=v …]` after a plain line. The
 //! subscriber is tracing-subscriber's registry with [`Lines`] as its only layer: no fmt, env
 //! filter or ANSI features. Before `init` (a CLI verb) lines are written directly, the same way.
 

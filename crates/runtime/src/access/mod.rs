@@ -4,7 +4,7 @@
 //! whether `allowed_chats` names the chat, whether it addresses the bot), the platform's
 //! [`Policy`] and its pairing entries in, a [`Decision`] out: deliver it, pair its sender (a
 //! new code, or a reminder of the one it has), or drop it (a [`Refusal`]). The worker asks
-//! [`Gate::admit`] at the one place inbound chat messages enter the gateway (worker.rs,
+//! [`Gate::admit`] at the one place inbound chat messages enter the gateway (worker/intake.rs,
 //! `Intake::deliver`), before anything is journaled: a stranger's text is neither journaled
 //! nor logged, and only its id and chat go into the pairing book (pairing.rs).
 //!
