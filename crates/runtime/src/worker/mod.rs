@@ -23,6 +23,8 @@ mod housekeeping;
 mod intake;
 mod metrics;
 mod run;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
