@@ -1,7 +1,7 @@
 //! Which gateway an agent run's processes belong to: the tag every run of an incarnation
 //! carries in its environment (`GATEWARDEN_RUN_TAG=<home hash>:<incarnation>`), so what its
 //! runs leave behind can be found and ended by whoever ends it: the next incarnation at boot
-//! (crates/runtime/src/lib.rs, `sweep_orphan_runs`) and the stopper after a kill (`stopper.rs`).
+//! (crates/runtime/src/claim.rs, `sweep_orphan_runs`) and the stopper after a kill (`stopper.rs`).
 
 use gatewarden_lifecycle::{Home, platform};
 

@@ -133,7 +133,7 @@ pub fn launch(
     // it), whatever unit this shell inherited its environment from.
     cmd.args(["--supervisor", "none"]);
     // The child checks the desired state again once it holds the lock: a stop recorded after
-    // this line still wins (crates/runtime/src/lib.rs, `obey_desired`).
+    // this line still wins (crates/runtime/src/claim.rs, `obey_desired`).
     cmd.args(["--desired-seq", &seq.to_string()]);
     for k in gatewarden_lifecycle::supervisor::MANAGER_ENV {
         cmd.env_remove(k);
