@@ -70,25 +70,7 @@ impl Work {
                     s.uptime_s.unwrap_or(0.0)
                 ))
             }
-            // The gateway decides the answer (issue 30, item 2): taken on, joined to a restart
-            // under way, or refused because a stop is under way; the ledger has each. One taken
-            // on is told the verdict once the next incarnation is proven (restart.rs): a
-            // platform chat hears of a refusal through its outbox; an HTTP caller waits for it
-            // (http/messages.rs).
-            Command::Restart => {
-                let (asker, verdict) = match platform {
-                    Some(p) => (Asker::Chat { platform: p.to_owned(), chat_id: chat_id.to_owned() }, None),
-                    None => {
-                        let (asker, verdict) = Asker::waiting();
-                        (asker, Some(verdict))
-                    }
-                };
-                let answer = gw.request_restart(&requester, asker, || {
-                    notices::record_restart_requester(gw.home.dir(), chat_id, user_id, platform, &gw.me.id);
-                });
-                let verdict = verdict.filter(|_| answer == RestartAnswer::Accepted);
-                CommandReply { reply: answer.reply(), verdict }
-            }
+            Command::Restart => restart(gw, &requester, platform, chat_id, user_id),
             Command::Stop => match gw.request_stop(ControlKind::Stop, &requester) {
                 Ok(()) => reply("stopping…".into()),
                 Err(warning) => reply(format!("stopping… (warning: {warning})")),
@@ -98,28 +80,29 @@ impl Work {
             Command::Approve | Command::Deny => {
                 reply(self.answer_approval(platform, chat_id, user_id, cmd == Command::Approve))
             }
-            Command::Pair | Command::Revoke => {
-                let Some(p) = platform else {
-                    return reply(
-                        "pairing decisions are made on the chat platform, or with `gatewarden pairing approve PLATFORM CODE`"
-                            .into(),
-                    );
-                };
-                let by = DecidedBy { channel: "chat".into(), who: format!("{p} {user_id}") };
-                let Some(arg) = commands::argument(text) else {
-                    return reply(format!("{} needs an argument: /approve CODE or /revoke USER", cmd.name()));
-                };
-                reply(match cmd {
-                    Command::Pair => match self.approve_pairing(gw, p, arg, &by) {
-                        Ok(user) => format!("approved {user}: their messages reach the agent now"),
-                        Err(e) => e,
-                    },
-                    _ => match self.revoke_pairing(gw, p, arg, &by) {
-                        Ok(()) => format!("revoked {arg}: their messages no longer reach the agent"),
-                        Err(e) => e,
-                    },
-                })
-            }
+            Command::Pair | Command::Revoke => reply(self.pairing_command(gw, cmd, text, platform, user_id)),
+        }
+    }
+
+    /// `/approve CODE` (`Command::Pair`) or `/revoke USER` from a platform chat's admin.
+    fn pairing_command(&self, gw: &Gateway, cmd: Command, text: &str, platform: Option<&str>, user_id: &str) -> String {
+        let Some(p) = platform else {
+            return "pairing decisions are made on the chat platform, or with `gatewarden pairing approve PLATFORM CODE`"
+                .into();
+        };
+        let by = DecidedBy { channel: "chat".into(), who: format!("{p} {user_id}") };
+        let Some(arg) = commands::argument(text) else {
+            return format!("{} needs an argument: /approve CODE or /revoke USER", cmd.name());
+        };
+        match cmd {
+            Command::Pair => match self.approve_pairing(gw, p, arg, &by) {
+                Ok(user) => format!("approved {user}: their messages reach the agent now"),
+                Err(e) => e,
+            },
+            _ => match self.revoke_pairing(gw, p, arg, &by) {
+                Ok(()) => format!("revoked {arg}: their messages no longer reach the agent"),
+                Err(e) => e,
+            },
         }
     }
 
@@ -235,4 +218,23 @@ impl Work {
             Err(e) => format!("cannot start the update: {e}"),
         }
     }
+}
+
+/// `/restart`. The gateway decides the answer (issue 30, item 2): taken on, joined to a restart
+/// under way, or refused because a stop is under way; the ledger has each. One taken on is told
+/// the verdict once the next incarnation is proven (restart.rs): a platform chat hears of a
+/// refusal through its outbox; an HTTP caller waits for it (http/messages.rs).
+fn restart(gw: &Gateway, requester: &Requester, platform: Option<&str>, chat_id: &str, user_id: &str) -> CommandReply {
+    let (asker, verdict) = match platform {
+        Some(p) => (Asker::Chat { platform: p.to_owned(), chat_id: chat_id.to_owned() }, None),
+        None => {
+            let (asker, verdict) = Asker::waiting();
+            (asker, Some(verdict))
+        }
+    };
+    let answer = gw.request_restart(requester, asker, || {
+        notices::record_restart_requester(gw.home.dir(), chat_id, user_id, platform, &gw.me.id);
+    });
+    let verdict = verdict.filter(|_| answer == RestartAnswer::Accepted);
+    CommandReply { reply: answer.reply(), verdict }
 }
