@@ -135,8 +135,6 @@ fn started_by(me: &[u32], events: &[serde_json::Map<String, serde_json::Value>])
     ours
 }
 
-/// Who asked, for `update_refused`: the command the operator ran (or the gateway's, for chat
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -200,15 +200,30 @@ enum Mode {
     ByHand,
 }
 
-/// Where the transaction is: the action it waits on the outcome of.
+/// Where the transaction is: the action it waits on the outcome of, by stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum At {
+    Vet(Vet),
+    Start(Start),
+    Return(Return),
+    Resumed(Resumed),
+    Over,
+}
+
+/// Before the swap: nothing has changed yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Vet {
     Check,
     Fetch,
     Verify,
     Stage,
     Preflight,
     KeepPrevious,
+}
+
+/// The swap, the restart onto it and its probation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Start {
     Record,
     AwaitRestartUnderWay,
     SwapIn,
@@ -216,7 +231,12 @@ enum At {
     Restart,
     Probation,
     CheckStop { why: String },
-    BeginRollBack,
+}
+
+/// The way back to the old version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Return {
+    Begin,
     ClearCandidates,
     SwapBack,
     MayStart,
@@ -226,9 +246,37 @@ enum At {
     CheckCancelled { error: String },
     LookAfterCancel { cancel: String },
     SwapStagedBack { cancel: String },
+}
+
+/// A transaction found unfinished.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Resumed {
     AwaitRunning,
-    ResumeSwapBack { why: String, incarnation: Option<String> },
-    Over,
+    SwapBack { why: String, incarnation: Option<String> },
+}
+
+impl From<Vet> for At {
+    fn from(v: Vet) -> At {
+        At::Vet(v)
+    }
+}
+
+impl From<Start> for At {
+    fn from(v: Start) -> At {
+        At::Start(v)
+    }
+}
+
+impl From<Return> for At {
+    fn from(v: Return) -> At {
+        At::Return(v)
+    }
+}
+
+impl From<Resumed> for At {
+    fn from(v: Resumed) -> At {
+        At::Resumed(v)
+    }
 }
 
 /// One update transaction: `update --from`, a resumed one, or `update --rollback`.
@@ -267,7 +315,7 @@ impl Transaction {
     pub fn install(i: Install) -> (Transaction, Action) {
         let mut m = Transaction::new(Mode::Install, &i.running, "");
         m.install = Some(i);
-        let first = m.go(At::Check, Action::Check);
+        let first = m.go(Vet::Check, Action::Check);
         (m, first)
     }
 
@@ -290,7 +338,7 @@ impl Transaction {
             // The rollback was decided: carry it out, whatever runs now.
             m.roll_back(reason.unwrap_or("the updater died while rolling back"))
         } else {
-            m.go(At::AwaitRunning, Action::AwaitRunning)
+            m.go(Resumed::AwaitRunning, Action::AwaitRunning)
         };
         (m, first)
     }
@@ -311,7 +359,7 @@ impl Transaction {
         } else if !l.previous_kept {
             m.over(Action::Unchanged { why: format!("the last known good binary {} is gone", l.previous.display()) })
         } else {
-            m.go(At::AwaitRestartUnderWay, Action::AwaitRestartUnderWay)
+            m.go(Start::AwaitRestartUnderWay, Action::AwaitRestartUnderWay)
         };
         (m, first)
     }
@@ -321,8 +369,8 @@ impl Transaction {
         &self.to
     }
 
-    fn go(&mut self, at: At, action: Action) -> Action {
-        self.at = at;
+    fn go(&mut self, at: impl Into<At>, action: Action) -> Action {
+        self.at = at.into();
         action
     }
 
@@ -338,7 +386,7 @@ impl Transaction {
 
     fn roll_back(&mut self, why: &str) -> Action {
         self.why = why.to_owned();
-        self.go(At::BeginRollBack, Action::BeginRollBack { why: why.to_owned() })
+        self.go(Return::Begin, Action::BeginRollBack { why: why.to_owned() })
     }
 
     fn rolled_back(&mut self, back: Back) -> Action {
@@ -348,7 +396,7 @@ impl Transaction {
 
     fn rollback_failed(&mut self, error: String) -> Action {
         if self.mode == Mode::ByHand {
-            return self.go(At::CheckCancelled { error }, Action::CheckCancelled);
+            return self.go(Return::CheckCancelled { error }, Action::CheckCancelled);
         }
         let why = self.why.clone();
         self.over(Action::RollbackFailed { why, error })
@@ -357,20 +405,27 @@ impl Transaction {
     /// A failed restart or probation: a stop in force is the operator's, not the new version's.
     fn after_failed_start(&mut self, why: String) -> Action {
         match self.mode {
-            Mode::Install => self.go(At::CheckStop { why }, Action::CheckStop),
+            Mode::Install => self.go(Start::CheckStop { why }, Action::CheckStop),
             _ => self.roll_back(&why),
         }
     }
 
     pub fn step(&mut self, obs: Observation) -> Action {
+        match std::mem::replace(&mut self.at, At::Over) {
+            At::Vet(v) => self.vet(v, obs),
+            At::Start(s) => self.start(s, obs),
+            At::Return(r) => self.go_back(r, obs),
+            At::Resumed(r) => self.resumed(r, obs),
+            At::Over => self.last.clone().unwrap_or(Action::Unchanged { why: "the transaction is over".into() }),
+        }
+    }
+
+    /// Before the swap: every failure is a refusal (invariant 1).
+    fn vet(&mut self, at: Vet, obs: Observation) -> Action {
         use Observation as O;
-        let failed = match &obs {
-            O::Failed(why) | O::Refused(why) => Some(why.clone()),
-            _ => None,
-        };
-        let at = std::mem::replace(&mut self.at, At::Over);
+        let failed = failure(&obs);
         match at {
-            At::Check => match obs {
+            Vet::Check => match obs {
                 O::Checked { signing_key } => {
                     let i = self.install.clone().unwrap_or_else(|| Install {
                         running: self.from.clone(),
@@ -383,49 +438,57 @@ impl Transaction {
                     if i.url && !i.sha256 && !signing_key {
                         return self.refuse("--sha256 is required for a URL (or set [update] public_key)".into());
                     }
-                    self.go(At::Fetch, Action::Fetch)
+                    self.go(Vet::Fetch, Action::Fetch)
                 }
                 obs => self.refuse(why_of(obs, "the checks did not pass")),
             },
-            At::Fetch => match failed {
+            Vet::Fetch => match failed {
                 Some(why) => self.refuse(why),
-                None => self.go(At::Verify, Action::Verify),
+                None => self.go(Vet::Verify, Action::Verify),
             },
-            At::Verify => match failed {
+            Vet::Verify => match failed {
                 Some(why) => self.refuse(why),
-                None => self.go(At::Stage, Action::Stage),
+                None => self.go(Vet::Stage, Action::Stage),
             },
-            At::Stage => match obs {
+            Vet::Stage => match obs {
                 O::Staged { version } => self.accept(version),
                 obs => self.refuse(why_of(obs, "the release was not staged")),
             },
-            At::Preflight => match failed {
+            Vet::Preflight => match failed {
                 Some(why) => self.refuse(format!("preflight of {} failed: {why}", self.to)),
-                None => self.go(At::KeepPrevious, Action::KeepPrevious),
+                None => self.go(Vet::KeepPrevious, Action::KeepPrevious),
             },
-            At::KeepPrevious => match failed {
+            Vet::KeepPrevious => match failed {
                 Some(why) => self.refuse(why),
-                None => self.go(At::Record, Action::Record),
+                None => self.go(Start::Record, Action::Record),
             },
-            At::Record => self.go(At::AwaitRestartUnderWay, Action::AwaitRestartUnderWay),
-            At::AwaitRestartUnderWay => match self.mode {
-                Mode::ByHand => self.go(At::ClearCandidates, Action::ClearCandidates),
-                _ => self.go(At::SwapIn, Action::SwapIn),
+        }
+    }
+
+    /// The swap, the restart onto the new file and its probation (invariants 2 and 3).
+    fn start(&mut self, at: Start, obs: Observation) -> Action {
+        use Observation as O;
+        let failed = failure(&obs);
+        match at {
+            Start::Record => self.go(Start::AwaitRestartUnderWay, Action::AwaitRestartUnderWay),
+            Start::AwaitRestartUnderWay => match self.mode {
+                Mode::ByHand => self.go(Return::ClearCandidates, Action::ClearCandidates),
+                _ => self.go(Start::SwapIn, Action::SwapIn),
             },
-            At::SwapIn => match failed {
+            Start::SwapIn => match failed {
                 Some(e) => {
                     let why = format!("cannot swap the executable: {e}");
-                    self.go(At::PutBack { why }, Action::PutBackIfChanged)
+                    self.go(Start::PutBack { why }, Action::PutBackIfChanged)
                 }
-                None => self.go(At::Restart, Action::Restart { onto: Onto::New }),
+                None => self.go(Start::Restart, Action::Restart { onto: Onto::New }),
             },
-            At::PutBack { why } => {
+            Start::PutBack { why } => {
                 self.over(Action::End { phase: Phase::Failed, why, incarnation: None, notify: false })
             }
-            At::Restart => match obs {
+            Start::Restart => match obs {
                 O::Running(g) if g.version.as_deref() == Some(self.to.as_str()) => {
                     self.gateway = g.clone();
-                    self.go(At::Probation, Action::Probation { gateway: g })
+                    self.go(Start::Probation, Action::Probation { gateway: g })
                 }
                 O::Running(g) => {
                     let v = g.version.unwrap_or_else(|| "?".into());
@@ -434,36 +497,44 @@ impl Transaction {
                 }
                 obs => self.after_failed_start(why_of(obs, "the restart did not verify")),
             },
-            At::Probation => match failed {
+            Start::Probation => match failed {
                 Some(why) => self.after_failed_start(why),
                 None => {
                     let gateway = self.gateway.clone();
                     self.over(Action::Commit { gateway, resumed: self.mode == Mode::Resume })
                 }
             },
-            At::CheckStop { why } => match obs {
+            Start::CheckStop { why } => match obs {
                 // The operator's stop, not a failure of the new version: said so, and the
                 // rollback starts nothing.
                 O::Refused(stop) => self.roll_back(&format!("interrupted before probation ended: {stop}")),
                 _ => self.roll_back(&why),
             },
-            At::BeginRollBack => self.go(At::ClearCandidates, Action::ClearCandidates),
-            At::ClearCandidates => self.go(At::SwapBack, Action::SwapBack),
-            At::SwapBack => match failed {
+        }
+    }
+
+    /// The way back: swap back, then restart unless a stop is in force (invariants 3 and 4).
+    fn go_back(&mut self, at: Return, obs: Observation) -> Action {
+        use Observation as O;
+        let failed = failure(&obs);
+        match at {
+            Return::Begin => self.go(Return::ClearCandidates, Action::ClearCandidates),
+            Return::ClearCandidates => self.go(Return::SwapBack, Action::SwapBack),
+            Return::SwapBack => match failed {
                 Some(e) => self.rollback_failed(format!("cannot swap the old binary back: {e}")),
-                None => self.go(At::MayStart, Action::MayStart),
+                None => self.go(Return::MayStart, Action::MayStart),
             },
-            At::MayStart => match obs {
+            Return::MayStart => match obs {
                 O::Refused(stop) => self.rolled_back(Back::Stopped(stop)),
-                _ => self.go(At::LookAtOld, Action::LookAtGateway { patience: Duration::from_millis(500) }),
+                _ => self.go(Return::LookAtOld, Action::LookAtGateway { patience: Duration::from_millis(500) }),
             },
             // The old version never stopped: it is what the rollback restarts onto, so a second
             // drain would only wait on the same runs again.
-            At::LookAtOld => match obs {
+            Return::LookAtOld => match obs {
                 O::Running(g) if g.runs(&self.from) => self.rolled_back(Back::NeverStopped(g)),
-                _ => self.go(At::RestartOld, Action::Restart { onto: Onto::Old }),
+                _ => self.go(Return::RestartOld, Action::Restart { onto: Onto::Old }),
             },
-            At::RestartOld => match obs {
+            Return::RestartOld => match obs {
                 O::Running(g) if g.version.as_deref() == Some(self.from.as_str()) => {
                     self.rolled_back(Back::Restarted(g))
                 }
@@ -473,59 +544,65 @@ impl Transaction {
                 }
                 obs => {
                     let error = why_of(obs, "the restart did not verify");
-                    self.go(At::CheckStopOld { error }, Action::CheckStop)
+                    self.go(Return::CheckStopOld { error }, Action::CheckStop)
                 }
             },
             // A stop recorded during the rollback's restart: the old file is in place, and the
             // gateway stays down as the operator asked; not a failed rollback.
-            At::CheckStopOld { error } => match obs {
+            Return::CheckStopOld { error } => match obs {
                 O::Refused(stop) => self.rolled_back(Back::Stopped(stop)),
                 _ => self.rollback_failed(error),
             },
             // `--rollback`'s restart had its drain cancelled: the operator kept the running
             // gateway, so the installed file goes back to the version it runs.
-            At::CheckCancelled { error } => match obs {
-                O::Refused(cancel) => {
-                    self.go(At::LookAfterCancel { cancel }, Action::LookAtGateway { patience: Duration::from_secs(2) })
-                }
+            Return::CheckCancelled { error } => match obs {
+                O::Refused(cancel) => self
+                    .go(Return::LookAfterCancel { cancel }, Action::LookAtGateway { patience: Duration::from_secs(2) }),
                 _ => {
                     let why = self.why.clone();
                     self.over(Action::RollbackFailed { why, error })
                 }
             },
-            At::LookAfterCancel { cancel } => match obs {
+            Return::LookAfterCancel { cancel } => match obs {
                 O::Running(g) if g.version.as_deref() == Some(self.to.as_str()) => {
-                    self.go(At::SwapStagedBack { cancel }, Action::SwapIn)
+                    self.go(Return::SwapStagedBack { cancel }, Action::SwapIn)
                 }
                 _ => self.cancelled(&cancel, &self.from.clone()),
             },
-            At::SwapStagedBack { cancel } => match failed {
+            Return::SwapStagedBack { cancel } => match failed {
                 Some(e) => {
                     let why = format!("the rollback was cancelled ({cancel}), and {} cannot be put back: {e}", self.to);
                     self.over(Action::End { phase: Phase::Failed, why, incarnation: None, notify: false })
                 }
                 None => self.cancelled(&cancel, &self.to.clone()),
             },
-            At::AwaitRunning => match obs {
+        }
+    }
+
+    /// A transaction whose updater died, the new file in place (invariant 5).
+    fn resumed(&mut self, at: Resumed, obs: Observation) -> Action {
+        use Observation as O;
+        let failed = failure(&obs);
+        match at {
+            Resumed::AwaitRunning => match obs {
                 O::Running(g) if g.runs(&self.to) => {
                     self.gateway = g.clone();
-                    self.go(At::Probation, Action::Probation { gateway: g })
+                    self.go(Start::Probation, Action::Probation { gateway: g })
                 }
                 // The old version still runs (the restart never happened): revert the file.
                 O::Running(g) if g.running() => {
                     let why = format!("the updater died in phase {:?} before the new version ran", self.phase);
-                    self.go(At::ResumeSwapBack { why, incarnation: g.incarnation }, Action::SwapBack)
+                    self.go(Resumed::SwapBack { why, incarnation: g.incarnation }, Action::SwapBack)
                 }
                 _ => self.roll_back("no gateway became ready after the updater died"),
             },
-            At::ResumeSwapBack { why, incarnation } => match failed {
+            Resumed::SwapBack { why, incarnation } => match failed {
                 Some(e) => {
                     let why = format!("{why}; cannot swap the old binary back: {e}");
                     self.over(Action::End { phase: Phase::Failed, why, incarnation, notify: false })
                 }
                 None => self.over(Action::End { phase: Phase::RolledBack, why, incarnation, notify: true }),
             },
-            At::Over => self.last.clone().unwrap_or(Action::Unchanged { why: "the transaction is over".into() }),
         }
     }
 
@@ -544,12 +621,19 @@ impl Transaction {
             return self.refuse(why);
         }
         self.to = version.clone();
-        self.go(At::Preflight, Action::Preflight { version })
+        self.go(Vet::Preflight, Action::Preflight { version })
     }
 
     fn cancelled(&mut self, cancel: &str, kept: &str) -> Action {
         let why = format!("the rollback's restart was cancelled: {cancel}; {kept} stays installed");
         self.over(Action::Unchanged { why })
+    }
+}
+
+fn failure(obs: &Observation) -> Option<String> {
+    match obs {
+        Observation::Failed(why) | Observation::Refused(why) => Some(why.clone()),
+        _ => None,
     }
 }
 
