@@ -168,7 +168,6 @@ impl<'h> Updater<'h> {
 
     fn perform(&self, action: &Action, w: &mut Work) -> Observation {
         let done = |r: Result<(), String>| r.map_or_else(Observation::Failed, |()| Observation::Done);
-        let ep = || Endpoint::for_home(self.home.dir());
         match action {
             Action::Check => self.check(w),
             Action::Fetch => match fetch::fetch(self.source(w), w.ca_file.as_deref()) {
@@ -183,30 +182,9 @@ impl<'h> Updater<'h> {
                 Ok(version) => Observation::Staged { version },
                 Err(why) => Observation::Failed(why),
             },
-            Action::Preflight { version } => {
-                self.say(&format!("staged gatewarden {version} ({})", w.t.staged.display()));
-                let notes = match run::preflight(self.home, &w.t.staged, &w.t.target) {
-                    Ok(notes) => notes,
-                    Err(why) => return Observation::Failed(why),
-                };
-                self.say("preflight passed");
-                // What the new version changes for this home (its `check` names it: a new default).
-                for n in notes {
-                    self.say(&format!("  {n}"));
-                }
-                Observation::Done
-            }
+            Action::Preflight { version } => self.preflight(version, w),
             Action::KeepPrevious => done(self.keep_previous(&mut w.t)),
-            Action::Record => {
-                w.t.started = timefmt::now();
-                self.save(&w.t);
-                let t = &w.t;
-                let _ = self.ledger.append(
-                    "update_started",
-                    json!({"from": t.from, "to": t.to, "target": t.target, "sha256": t.to_sha256, "chat": t.chat}),
-                );
-                Observation::Done
-            }
+            Action::Record => self.record(&mut w.t),
             Action::AwaitRestartUnderWay => {
                 self.await_restart_under_way();
                 if w.route == Route::ByHand {
@@ -215,18 +193,7 @@ impl<'h> Updater<'h> {
                 }
                 Observation::Done
             }
-            Action::SwapIn => {
-                if let Err(e) = swap::swap_in(&w.t.staged, &w.t.target) {
-                    return Observation::Failed(e.to_string());
-                }
-                if w.route == Route::Install {
-                    self.swapped.set(Some(Instant::now()));
-                    w.t.phase = Phase::Swapped;
-                    self.save(&w.t);
-                    self.say(&format!("swapped {} → {}", w.t.from, w.t.to));
-                }
-                Observation::Done
-            }
+            Action::SwapIn => self.swap_in(w),
             Action::PutBackIfChanged => {
                 let t = &w.t;
                 if sha256_file(&t.target).ok().as_deref() != Some(t.from_sha256.as_str()) {
@@ -234,20 +201,7 @@ impl<'h> Updater<'h> {
                 }
                 Observation::Done
             }
-            Action::Restart { onto } => {
-                let (want, timeout_s) = match onto {
-                    Onto::New => {
-                        w.t.phase = Phase::Restarting;
-                        self.save(&w.t);
-                        (w.t.to.clone(), self.timeout_s)
-                    }
-                    Onto::Old => (w.t.from.clone(), self.timeout_s.max(30)),
-                };
-                match self.restart_onto_swap(&want, timeout_s) {
-                    Ok(s) => Observation::Running(gateway(&s)),
-                    Err(why) => Observation::Failed(why),
-                }
-            }
+            Action::Restart { onto } => self.restart(*onto, &mut w.t),
             Action::Probation { gateway } => done(self.probation(&w.t, gateway)),
             Action::CheckStop | Action::MayStart => {
                 let refused = match action {
@@ -256,6 +210,26 @@ impl<'h> Updater<'h> {
                 };
                 refused.map_or(Observation::Done, |r| Observation::Refused(r.describe()))
             }
+            Action::BeginRollBack { .. }
+            | Action::ClearCandidates
+            | Action::SwapBack
+            | Action::LookAtGateway { .. }
+            | Action::AwaitRunning
+            | Action::CheckCancelled => self.perform_way_back(action, w),
+            // Final actions are concluded, not performed.
+            Action::Refuse { .. }
+            | Action::Unchanged { .. }
+            | Action::Commit { .. }
+            | Action::RolledBack { .. }
+            | Action::RollbackFailed { .. }
+            | Action::End { .. } => Observation::Done,
+        }
+    }
+
+    /// The way back's actions.
+    fn perform_way_back(&self, action: &Action, w: &mut Work) -> Observation {
+        let ep = || Endpoint::for_home(self.home.dir());
+        match action {
             Action::BeginRollBack { why } => {
                 errln!("update to {} failed: {why}; rolling back to {}", w.t.to, w.t.from);
                 w.tail = Some(log_tail(self.home, &w.t.started, 20));
@@ -288,13 +262,59 @@ impl<'h> Updater<'h> {
                 Err(r @ Refusal::Cancelled(_)) => Observation::Refused(r.describe()),
                 _ => Observation::Done,
             },
-            // Final actions are concluded, not performed.
-            Action::Refuse { .. }
-            | Action::Unchanged { .. }
-            | Action::Commit { .. }
-            | Action::RolledBack { .. }
-            | Action::RollbackFailed { .. }
-            | Action::End { .. } => Observation::Done,
+            _ => Observation::Done,
+        }
+    }
+
+    fn preflight(&self, version: &str, w: &Work) -> Observation {
+        self.say(&format!("staged gatewarden {version} ({})", w.t.staged.display()));
+        let notes = match run::preflight(self.home, &w.t.staged, &w.t.target) {
+            Ok(notes) => notes,
+            Err(why) => return Observation::Failed(why),
+        };
+        self.say("preflight passed");
+        // What the new version changes for this home (its `check` names it: a new default).
+        for n in notes {
+            self.say(&format!("  {n}"));
+        }
+        Observation::Done
+    }
+
+    fn record(&self, t: &mut Txn) -> Observation {
+        t.started = timefmt::now();
+        self.save(t);
+        let _ = self.ledger.append(
+            "update_started",
+            json!({"from": t.from, "to": t.to, "target": t.target, "sha256": t.to_sha256, "chat": t.chat}),
+        );
+        Observation::Done
+    }
+
+    fn swap_in(&self, w: &mut Work) -> Observation {
+        if let Err(e) = swap::swap_in(&w.t.staged, &w.t.target) {
+            return Observation::Failed(e.to_string());
+        }
+        if w.route == Route::Install {
+            self.swapped.set(Some(Instant::now()));
+            w.t.phase = Phase::Swapped;
+            self.save(&w.t);
+            self.say(&format!("swapped {} → {}", w.t.from, w.t.to));
+        }
+        Observation::Done
+    }
+
+    fn restart(&self, onto: Onto, t: &mut Txn) -> Observation {
+        let (want, timeout_s) = match onto {
+            Onto::New => {
+                t.phase = Phase::Restarting;
+                self.save(t);
+                (t.to.clone(), self.timeout_s)
+            }
+            Onto::Old => (t.from.clone(), self.timeout_s.max(30)),
+        };
+        match self.restart_onto_swap(&want, timeout_s) {
+            Ok(s) => Observation::Running(gateway(&s)),
+            Err(why) => Observation::Failed(why),
         }
     }
 
