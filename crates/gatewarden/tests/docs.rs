@@ -245,6 +245,34 @@ fn runtime_modules_import_what_the_table_says() {
     assert!(wrong.is_empty(), "crates/runtime/README.md's module table drifted:\n{}", wrong.join("\n"));
 }
 
+/// Every path the invariants table names (enforced in, tested by) exists: below `crates/`, and
+/// `tests/…` below `crates/gatewarden/`.
+#[test]
+fn every_path_the_invariants_table_names_exists() {
+    let text = std::fs::read_to_string(root().join("docs/architecture.md")).expect("architecture.md");
+    let start = text.find("| invariant | enforced in | tested by |").expect("the invariants table");
+    let table = text[start..].split("\n\n").next().unwrap_or_default();
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for row in table.lines().skip(2) {
+        let c = cells(row);
+        for cell in c.iter().skip(1) {
+            for (k, token) in cell.split('`').enumerate() {
+                if k % 2 == 0 || !(token.contains('/') || token.ends_with(".rs")) {
+                    continue;
+                }
+                let base = if token.starts_with("tests/") { "crates/gatewarden" } else { "crates" };
+                checked += 1;
+                if !root().join(base).join(token).exists() {
+                    missing.push(format!("{base}/{token}"));
+                }
+            }
+        }
+    }
+    assert!(checked > 40, "the table names {checked} paths: the parser lost them");
+    assert!(missing.is_empty(), "docs/architecture.md names paths that do not exist: {missing:?}");
+}
+
 #[test]
 fn crate_heads_reads_groups_paths_and_skips_comments_and_tests() {
     let src = "use crate::{a::{X, Y}, b, c::Z};\n// crate::d\nfn f() { crate::e::g(); my_crate::h(); }\n\
