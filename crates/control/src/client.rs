@@ -53,7 +53,7 @@ impl Client {
     /// Connects and completes the versioned handshake within `timeout`.
     pub fn connect(ep: &Endpoint, timeout: Duration) -> Result<Client, ClientError> {
         let deadline = Instant::now() + timeout;
-        let (r, writer) = transport::connect(ep, deadline).map_err(|e| {
+        let (r, writer) = transport::connect(ep, ep.shared_folder(), deadline).map_err(|e| {
             if let Some(u) = e.get_ref().and_then(|inner| inner.downcast_ref::<transport::Untrusted>()) {
                 return ClientError::Untrusted(u.0.clone());
             }

@@ -29,6 +29,15 @@ impl Endpoint {
         }
     }
 
+    /// The shared short-path folder ([`short_socket_dir`]) this socket lives in, if it does:
+    /// a client checks that folder before it believes the socket (transport/unix.rs).
+    pub(crate) fn shared_folder(&self) -> Option<&Path> {
+        match self {
+            Endpoint::Socket(p) => p.parent().filter(|d| *d == short_socket_dir()),
+            Endpoint::Pipe(_) => None,
+        }
+    }
+
     pub fn display(&self) -> String {
         match self {
             Endpoint::Socket(p) => p.to_string_lossy().into_owned(),

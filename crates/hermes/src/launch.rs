@@ -149,6 +149,17 @@ fn label(s: Source) -> &'static str {
     }
 }
 
+/// Whom hermes must run as: the home's owner, when that is not us (we are root, or the spawn
+/// fails on its own for lack of rights). A home that cannot be opened is an error.
+pub fn run_as(home: &HermesHome) -> std::io::Result<Option<(u32, u32)>> {
+    Ok(home.owner()?.filter(|(uid, _)| Some(*uid) != sys::effective_uid()))
+}
+
+/// The uid hermes runs with for `home` ([`run_as`], else ours); `None` where the OS has none.
+pub fn runs_as_uid(home: &HermesHome) -> std::io::Result<Option<u32>> {
+    Ok(run_as(home)?.map(|(uid, _)| uid).or_else(sys::effective_uid))
+}
+
 /// Gathers the candidates for `home` (`running`: the gateway about to be stopped, if any) and
 /// chooses. The record counts only when it describes `running` (or, with nothing running, the
 /// last run), and only when [`may_run`] lets it run as the user hermes runs as.
@@ -158,7 +169,7 @@ pub fn resolve(
     running: Option<ProcessIdentity>,
 ) -> Result<Launch, String> {
     let dir = home.open_dir().map_err(|e| e.to_string())?;
-    let runs_as = crate::start::runs_as_uid(home).map_err(|e| e.to_string())?;
+    let runs_as = runs_as_uid(home).map_err(|e| e.to_string())?;
     let mut set_aside = Vec::new();
     let record = [crate::home::PID_FILE, crate::home::STATE_FILE]
         .into_iter()

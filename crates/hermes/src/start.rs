@@ -16,9 +16,9 @@ use serde_json::json;
 use crate::holder::{self, Finding};
 use crate::home::{HermesHome, STDIO_LOG};
 use crate::launch::{self, Launch};
+use crate::ledger;
 use crate::status::is_ready;
 use crate::supervisor::{SUPERVISOR_TAG, render_tag};
-use crate::{ledger, sys};
 
 /// How the child is run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,21 +116,10 @@ pub fn spawn(home: &HermesHome, mut cmd: Command) -> Result<Child, StartError> {
     let out = home.open_ours().and_then(|d| d.open_append(STDIO_LOG)).and_then(|f| Ok((f.try_clone()?, f)));
     let (a, b) = out.map_err(|source| StartError::Log { log: log.clone(), source })?;
     cmd.stdout(a).stderr(b);
-    if let Some((uid, gid)) = run_as(home).map_err(|source| StartError::Log { log, source })? {
+    if let Some((uid, gid)) = launch::run_as(home).map_err(|source| StartError::Log { log, source })? {
         spawn::run_as(&mut cmd, uid, gid);
     }
     cmd.spawn().map_err(|source| StartError::Spawn { program, source })
-}
-
-/// Whom hermes must run as: the home's owner, when that is not us (we are root, or the spawn
-/// fails on its own for lack of rights). A home that cannot be opened is an error.
-pub fn run_as(home: &HermesHome) -> std::io::Result<Option<(u32, u32)>> {
-    Ok(home.owner()?.filter(|(uid, _)| Some(*uid) != sys::effective_uid()))
-}
-
-/// The uid hermes runs with for `home` ([`run_as`], else ours); `None` where the OS has none.
-pub fn runs_as_uid(home: &HermesHome) -> std::io::Result<Option<u32>> {
-    Ok(run_as(home)?.map(|(uid, _)| uid).or_else(sys::effective_uid))
 }
 
 /// Starts `cmd` (from [`command`]) unless a gateway already runs, and waits until ready.

@@ -2,7 +2,7 @@
 //! exit 75 (the only case in which a SIGUSR1 restart is safe: unsupervised, hermes exits 75
 //! and stays down).
 
-use gatewarden_lifecycle::probe::environ_value;
+use gatewarden_lifecycle::procfs::environ_value;
 use gatewarden_lifecycle::{ProcessIdentity, platform};
 
 /// The tag `gatewarden supervise` puts into its hermes child's environment:

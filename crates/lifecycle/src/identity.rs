@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::probe::Liveness;
+use crate::liveness::Liveness;
 
 /// A process incarnation. Two identities are the same process only if both fields are equal;
 /// the start time's unit is per OS (see docs/protocol.md §2) and is never converted.

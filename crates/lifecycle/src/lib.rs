@@ -4,8 +4,9 @@
 //! how it ended", with no async runtime and no HTTP:
 //!
 //! - [`identity`]: a process is `(pid, start_time)`, compared exactly.
-//! - [`probe`]: a total liveness probe (`Alive | Dead | Unknown`), and the pure mapping of
-//!   OS answers onto it (including Windows error codes), testable on any host.
+//! - [`probe`]: a total liveness probe (`Alive | Dead | Unknown`); [`liveness`]: the pure
+//!   mapping of OS answers onto it (including Windows error codes), testable on any host.
+//! - [`procfs`]: pure parsers of the `/proc` texts the facade reads.
 //! - [`lock`]: the OS-held instance lock, the single truth for "a gateway runs in this home".
 //! - [`records`] and [`fsio`]: atomic writes and lenient reads of `gateway.pid` and
 //!   `gateway_state.json`.
@@ -18,7 +19,8 @@
 //! - [`supervisor`]: who supervises us (systemd, launchd, container, override, none).
 //! - [`ledger`]: the append-only lifecycle ledger.
 //! - [`home`]: where state lives and the names of its files.
-//! - [`platform`]: the per-OS facade; the only place with `cfg`.
+//! - [`platform`]: the per-OS facade; the only place with `cfg`. It uses the pure modules
+//!   ([`identity`], [`liveness`], [`procfs`]) and nothing above it, so no module circles back.
 //! - [`term`]: outside text escaped for a terminal.
 
 pub mod crashes;
@@ -31,6 +33,7 @@ pub mod holder;
 pub mod home;
 pub mod identity;
 pub mod ledger;
+pub mod liveness;
 pub mod lock;
 pub mod marker;
 pub mod overlap;
@@ -45,8 +48,8 @@ pub mod timefmt;
 pub use exit::ExitIntent;
 pub use home::Home;
 pub use identity::ProcessIdentity;
+pub use liveness::Liveness;
 pub use lock::{InstanceLock, LockError};
-pub use probe::Liveness;
 pub use supervisor::Supervisor;
 
 /// The version every record, hello and ledger line carries. A build may override it (never a

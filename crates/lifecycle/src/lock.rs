@@ -148,42 +148,8 @@ pub fn holder_pids(path: &Path) -> Option<Vec<u32>> {
     platform::lock_holders(path)
 }
 
-/// Parses `/proc/locks` for the holders of the file identified by device and inode.
-/// Lines look like `1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234567 0 EOF`; blocked waiters
-/// (`1: -> FLOCK …`) are not holders.
-pub fn parse_proc_locks(text: &str, major: u64, minor: u64, inode: u64) -> Vec<u32> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 6 || f.get(1) == Some(&"->") {
-            continue;
-        }
-        let mut dev = f[5].split(':');
-        let (Some(ma), Some(mi), Some(ino)) = (dev.next(), dev.next(), dev.next()) else { continue };
-        let same = u64::from_str_radix(ma, 16).ok() == Some(major)
-            && u64::from_str_radix(mi, 16).ok() == Some(minor)
-            && ino.parse::<u64>().ok() == Some(inode);
-        if same && let Ok(pid) = f[4].parse::<u32>() {
-            out.push(pid);
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn proc_locks_parser() {
-        let text = "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234567 0 EOF\n\
-                    1: -> FLOCK  ADVISORY  WRITE 4343 fd:01:1234567 0 EOF\n\
-                    2: POSIX  ADVISORY  WRITE 99 00:1a:1234567 0 EOF\n\
-                    3: OFDLCK ADVISORY  READ  -1 fd:01:1234567 0 EOF\n\
-                    garbage\n";
-        assert_eq!(super::parse_proc_locks(text, 0xfd, 1, 1_234_567), vec![4242]);
-        assert_eq!(super::parse_proc_locks(text, 0, 0x1a, 1_234_567), vec![99]);
-        assert!(super::parse_proc_locks(text, 0xfd, 1, 7).is_empty());
-    }
-
     #[cfg(target_os = "linux")]
     #[test]
     fn the_kernel_names_the_holder() {

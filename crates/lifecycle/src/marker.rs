@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 
 use crate::fsio::{self, ReadOutcome};
 use crate::identity::ProcessIdentity;
-use crate::probe::Liveness;
+use crate::liveness::Liveness;
 use crate::timefmt;
 
 /// Markers older than this are stale.

@@ -84,9 +84,96 @@ pub fn stat_usage(content: &[u8]) -> Option<(u64, u64, u64)> {
     Some((num(14)?.saturating_add(num(15)?), num(20)?, num(24)?))
 }
 
+/// Linux `/proc/<pid>/stat` → (state, starttime field 22). The command name may contain spaces
+/// and parentheses, so split after the **last** `)`.
+pub fn parse_proc_stat(content: &[u8]) -> Option<(char, u64)> {
+    let close = content.iter().rposition(|&c| c == b')')?;
+    let rest = std::str::from_utf8(content.get(close + 1..)?).ok()?;
+    let mut fields = rest.split_ascii_whitespace();
+    // After ")" come field 3 (state) .. field 22 (starttime): index 0 is field 3.
+    let state = fields.next()?.chars().next()?;
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
+}
+
+/// The value of `key` in a NUL-separated environment block (`/proc/<pid>/environ`).
+pub fn environ_value<'a>(environ: &'a [u8], key: &str) -> Option<&'a str> {
+    environ.split(|&b| b == 0).find_map(|kv| {
+        let rest = kv.strip_prefix(key.as_bytes())?.strip_prefix(b"=")?;
+        std::str::from_utf8(rest).ok()
+    })
+}
+
+/// Linux `/proc/<pid>/stat` → parent pid (field 4).
+pub fn parse_proc_stat_ppid(content: &[u8]) -> Option<u32> {
+    let close = content.iter().rposition(|&c| c == b')')?;
+    let rest = std::str::from_utf8(content.get(close + 1..)?).ok()?;
+    rest.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
+/// Parses `/proc/locks` for the holders of the file identified by device and inode.
+/// Lines look like `1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234567 0 EOF`; blocked waiters
+/// (`1: -> FLOCK …`) are not holders.
+pub fn parse_proc_locks(text: &str, major: u64, minor: u64, inode: u64) -> Vec<u32> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 6 || f.get(1) == Some(&"->") {
+            continue;
+        }
+        let mut dev = f[5].split(':');
+        let (Some(ma), Some(mi), Some(ino)) = (dev.next(), dev.next(), dev.next()) else { continue };
+        let same = u64::from_str_radix(ma, 16).ok() == Some(major)
+            && u64::from_str_radix(mi, 16).ok() == Some(minor)
+            && ino.parse::<u64>().ok() == Some(inode);
+        if same && let Ok(pid) = f[4].parse::<u32>() {
+            out.push(pid);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn environ_lookup() {
+        let env = b"A=1\0GATEWARDEN_RUN_TAG=ab:cd\0GATEWARDEN_RUN_TAGX=no\0\xff=\0";
+        assert_eq!(environ_value(env, "GATEWARDEN_RUN_TAG"), Some("ab:cd"));
+        assert_eq!(environ_value(env, "A"), Some("1"));
+        assert_eq!(environ_value(env, "B"), None);
+        assert_eq!(environ_value(b"", "A"), None);
+    }
+
+    #[test]
+    fn proc_stat_with_hostile_comm() {
+        let mut line = b"4242 (we ird) (x) R 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 3921877 19 20".to_vec();
+        assert_eq!(parse_proc_stat(&line), Some(('R', 3_921_877)));
+        assert_eq!(parse_proc_stat_ppid(&line), Some(1));
+        line.truncate(20);
+        assert_eq!(parse_proc_stat(&line), None);
+        assert_eq!(parse_proc_stat(b"\xff\xfe)"), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn proc_stat_parser_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300)) {
+            let _ = parse_proc_stat(&bytes);
+        }
+    }
+
+    #[test]
+    fn proc_locks_parser() {
+        let text = "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234567 0 EOF\n\
+                    1: -> FLOCK  ADVISORY  WRITE 4343 fd:01:1234567 0 EOF\n\
+                    2: POSIX  ADVISORY  WRITE 99 00:1a:1234567 0 EOF\n\
+                    3: OFDLCK ADVISORY  READ  -1 fd:01:1234567 0 EOF\n\
+                    garbage\n";
+        assert_eq!(parse_proc_locks(text, 0xfd, 1, 1_234_567), vec![4242]);
+        assert_eq!(parse_proc_locks(text, 0, 0x1a, 1_234_567), vec![99]);
+        assert!(parse_proc_locks(text, 0xfd, 1, 7).is_empty());
+    }
 
     #[test]
     fn stat_state_reads_the_letter_after_the_command() {

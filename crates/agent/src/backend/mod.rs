@@ -293,6 +293,18 @@ async fn send_chunk(
     }
 }
 
+/// At most `max` bytes of `s`, cut on a character boundary.
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
 /// The last `max` bytes of `s`, cut on a character boundary, with a marker when shortened.
 fn tail(s: &str, max: usize) -> String {
     if s.len() <= max {
@@ -308,6 +320,12 @@ fn tail(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn truncate_respects_chars() {
+        assert_eq!(truncate("héllo", 2), "h…");
+        assert_eq!(truncate("abc", 3), "abc");
+    }
 
     #[test]
     fn tail_cuts_on_char_boundaries() {

@@ -51,7 +51,7 @@ use super::provider::{Admit, Backoff, Failure, Health, State, Verdict, classify,
 use super::sse::SseDecoder;
 use super::{
     Agent, AgentError, AgentFuture, AgentReply, AgentRequest, ProviderEvent, ProviderStatus, Usage, send_chunk,
-    with_timeout,
+    truncate, with_timeout,
 };
 
 /// Bytes of an error body kept in [`AgentError::Upstream`].
@@ -756,18 +756,6 @@ fn parse_sse_data(data: &str) -> Result<SseLine, Failure> {
     Ok(SseLine::Delta { content, finish, usage: usage_of(&value) })
 }
 
-/// At most `max` bytes of `s`, cut on a character boundary.
-pub(super) fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
-}
-
 impl Agent for OpenAiAgent {
     fn name(&self) -> &str {
         "openai"
@@ -834,11 +822,5 @@ mod tests {
     fn url_joins_base() {
         let a = OpenAiAgent::new("http://h/v1/".into(), "m".into(), ApiKey::None, Duration::from_secs(1));
         assert_eq!(a.url(), "http://h/v1/chat/completions");
-    }
-
-    #[test]
-    fn truncate_respects_chars() {
-        assert_eq!(truncate("héllo", 2), "h…");
-        assert_eq!(truncate("abc", 3), "abc");
     }
 }

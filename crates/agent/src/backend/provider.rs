@@ -34,7 +34,7 @@ impl Failure {
     pub fn reason(&self) -> String {
         match self {
             Failure::Status { status, body, .. } if body.is_empty() => format!("HTTP {status}"),
-            Failure::Status { status, body, .. } => format!("HTTP {status}: {}", super::openai::truncate(body, 200)),
+            Failure::Status { status, body, .. } => format!("HTTP {status}: {}", super::truncate(body, 200)),
             Failure::Connect(why) => format!("cannot connect: {why}"),
             Failure::TimedOut => "no response within attempt_timeout_s".into(),
             Failure::Interrupted(why) | Failure::Protocol(why) => why.clone(),

@@ -1,4 +1,5 @@
-//! Per-OS connect: identical signatures, no decisions.
+//! Per-OS connect: identical signatures, no decisions (which folder to check first is the
+//! caller's, from endpoint.rs).
 
 #[cfg_attr(unix, path = "unix.rs")]
 #[cfg_attr(windows, path = "windows.rs")]

@@ -11,13 +11,11 @@ use std::time::Instant;
 use super::{Halves, untrusted};
 use crate::Endpoint;
 
-pub(crate) fn connect(ep: &Endpoint, _deadline: Instant) -> io::Result<Halves> {
+pub(crate) fn connect(ep: &Endpoint, shared_folder: Option<&Path>, _deadline: Instant) -> io::Result<Halves> {
     let Endpoint::Socket(path) = ep else {
         return Err(io::Error::new(io::ErrorKind::Unsupported, "named pipes exist only on Windows"));
     };
-    if let Some(dir) = path.parent()
-        && dir == crate::endpoint::short_socket_dir()
-    {
+    if let Some(dir) = shared_folder {
         check_private_dir(dir).map_err(untrusted)?;
     }
     check_socket(path)?;

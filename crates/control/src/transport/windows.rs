@@ -1,5 +1,6 @@
 use std::fs::OpenOptions;
 use std::io;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::Halves;
@@ -72,7 +73,7 @@ fn sid_of(buf: &[u64]) -> windows_sys::Win32::Security::PSID {
     unsafe { (*user).User.Sid }
 }
 
-pub(crate) fn connect(ep: &Endpoint, deadline: Instant) -> io::Result<Halves> {
+pub(crate) fn connect(ep: &Endpoint, _shared_folder: Option<&Path>, deadline: Instant) -> io::Result<Halves> {
     let Endpoint::Pipe(name) = ep else {
         return Err(io::Error::new(io::ErrorKind::Unsupported, "Unix sockets are not used on Windows"));
     };

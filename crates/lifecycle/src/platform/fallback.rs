@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::{Credentials, DirFacts, NodeFacts, Signal, SignalOutcome};
 use crate::identity::ProcessIdentity;
-use crate::probe::Liveness;
+use crate::liveness::Liveness;
 
 pub fn probe(_pid: u32) -> Liveness {
     Liveness::Unknown { reason: "process probing is not supported on this OS".into() }

@@ -13,7 +13,8 @@ pub use super::unix::{
 use super::unix::{kill, kill_zero, to_rustix};
 use super::{AclEntry, AclTag, NodeFacts, Signal, SignalOutcome};
 use crate::identity::{IdentityCheck, ProcessIdentity, check_against};
-use crate::probe::{Liveness, ProcStat, classify_unix, parse_proc_stat};
+use crate::liveness::{KillZero, Liveness, ProcStat, classify_unix};
+use crate::procfs::parse_proc_stat;
 
 fn proc_stat(pid: u32) -> ProcStat {
     match std::fs::read(Path::new("/proc").join(pid.to_string()).join("stat")) {
@@ -28,7 +29,7 @@ fn proc_stat(pid: u32) -> ProcStat {
 pub fn probe(pid: u32) -> Liveness {
     let k = kill_zero(pid);
     let live = classify_unix(k, proc_stat(pid));
-    if live == (Liveness::Alive { start_time: None }) && kill_zero(pid) == crate::probe::KillZero::NoSuchProcess {
+    if live == (Liveness::Alive { start_time: None }) && kill_zero(pid) == KillZero::NoSuchProcess {
         // The stat read lost a race with the exit.
         return Liveness::Dead;
     }
@@ -79,7 +80,7 @@ pub fn lock_holders(path: &std::path::Path) -> Option<Vec<u32>> {
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
     let text = std::fs::read_to_string("/proc/locks").ok()?;
-    Some(crate::lock::parse_proc_locks(&text, major, minor, meta.ino()))
+    Some(crate::procfs::parse_proc_locks(&text, major, minor, meta.ino()))
 }
 
 /// The argument vector of `pid` (`/proc/<pid>/cmdline`), `None` if it is gone or unreadable, or
@@ -141,7 +142,7 @@ fn proc_file(pid: u32, name: &str) -> std::path::PathBuf {
 /// The parent pid, from field 4 of `/proc/<pid>/stat`.
 pub fn parent_pid(pid: u32) -> Option<u32> {
     let bytes = std::fs::read(Path::new("/proc").join(pid.to_string()).join("stat")).ok()?;
-    crate::probe::parse_proc_stat_ppid(&bytes)
+    crate::procfs::parse_proc_stat_ppid(&bytes)
 }
 
 /// Kills (SIGKILL) every process whose environment has `key=value` with `accept(value)`,
@@ -153,7 +154,7 @@ pub fn kill_tagged(key: &str, accept: &dyn Fn(&str) -> bool) -> Vec<u32> {
     let me = std::process::id();
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
     let tagged = |pid: u32| -> bool {
-        environ(pid).is_some_and(|env| crate::probe::environ_value(&env, key).is_some_and(accept))
+        environ(pid).is_some_and(|env| crate::procfs::environ_value(&env, key).is_some_and(accept))
     };
     let mut killed = Vec::new();
     for entry in dir.flatten() {

@@ -14,7 +14,7 @@ pub use super::unix::{
 use super::unix::{kill, kill_zero};
 use super::{NodeFacts, Signal, SignalOutcome};
 use crate::identity::{IdentityCheck, ProcessIdentity, check_against};
-use crate::probe::{Liveness, ProcStat, classify_unix};
+use crate::liveness::{Liveness, ProcStat, classify_unix};
 
 const SZOMB: u32 = 5;
 

@@ -1,7 +1,8 @@
 //! The per-OS facade: one file per OS, identical signatures, no decisions.
 //!
 //! Each implementation gathers facts from its OS and hands them to the pure mappings in
-//! [`crate::probe`]. Callers use only the functions re-exported here:
+//! [`crate::liveness`] and [`crate::procfs`], which sit below it (the facade never calls up into
+//! the modules that use it). Callers use only the functions re-exported here:
 //!
 //! - `probe(pid: u32) -> Liveness`
 //! - `start_time(pid: u32) -> Option<u64>`

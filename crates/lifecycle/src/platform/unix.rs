@@ -10,7 +10,7 @@ use rustix::fs::OFlags;
 use rustix::io::Errno;
 use rustix::process::{Pid, test_kill_process};
 
-use crate::probe::KillZero;
+use crate::liveness::KillZero;
 
 use super::{Credentials, DirFacts, NodeFacts, NodeKind, Signal};
 

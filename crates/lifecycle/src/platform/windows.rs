@@ -15,7 +15,7 @@ use windows_sys::Win32::System::Threading::{
 
 use super::{Credentials, DirFacts, NodeFacts, Signal, SignalOutcome};
 use crate::identity::ProcessIdentity;
-use crate::probe::{Liveness, WinOpen, classify_windows, filetime_to_centis};
+use crate::liveness::{Liveness, WinOpen, classify_windows, filetime_to_centis};
 
 struct Handle(HANDLE);
 
