@@ -82,14 +82,12 @@ impl PgJournal {
         let row = self
             .query_one(
                 epoch,
-                &format!(
-                    "WITH m AS (
-                        INSERT INTO gw_messages (name, id, chat_id, user_id, text, kind, state, epoch)
-                        SELECT $1, {NEW_ID}, $3, $4, $5, $6, 'queued', $2 FROM (SELECT gw_fence($1, $2)) AS f
-                        RETURNING id),
-                     t AS ({})
-                     SELECT id FROM m",
-                    accepted_trace("$7", "NULL", false)
+                &accepted(
+                    "chat_id, user_id, text, kind, state",
+                    "$3, $4, $5, $6, 'queued'",
+                    "",
+                    "",
+                    accepted_trace("$7", "NULL", false),
                 ),
                 &[&msg.chat_id, &msg.user_id, &msg.text, &kind, &received],
             )
@@ -103,14 +101,12 @@ impl PgJournal {
         let row = self
             .query_one(
                 epoch,
-                &format!(
-                    "WITH m AS (
-                        INSERT INTO gw_messages (name, id, chat_id, user_id, text, kind, state, reply, is_command, epoch)
-                        SELECT $1, {NEW_ID}, $3, $4, $5, $6, 'done', $7, true, $2 FROM (SELECT gw_fence($1, $2)) AS f
-                        RETURNING id),
-                     t AS ({})
-                     SELECT id FROM m",
-                    accepted_trace("$8", "NULL", true)
+                &accepted(
+                    "chat_id, user_id, text, kind, state, reply, is_command",
+                    "$3, $4, $5, $6, 'done', $7, true",
+                    "",
+                    "",
+                    accepted_trace("$8", "NULL", true),
                 ),
                 &[&msg.chat_id, &msg.user_id, &msg.text, &kind, &reply, &received],
             )
@@ -130,15 +126,12 @@ impl PgJournal {
         let row = self
             .query_opt(
                 epoch,
-                &format!(
-                    "WITH m AS (
-                        INSERT INTO gw_messages (name, id, chat_id, user_id, text, kind, state, platform, event_id, epoch)
-                        SELECT $1, {NEW_ID}, $3, $4, $5, 'async', 'queued', $6, $7, $2 FROM (SELECT gw_fence($1, $2)) AS f
-                        ON CONFLICT (name, platform, event_id) WHERE event_id IS NOT NULL DO NOTHING
-                        RETURNING id),
-                     t AS ({})
-                     SELECT id FROM m",
-                    accepted_trace("$8", "$6", false)
+                &accepted(
+                    "chat_id, user_id, text, kind, state, platform, event_id",
+                    "$3, $4, $5, 'async', 'queued', $6, $7",
+                    ONCE_PER_EVENT,
+                    "",
+                    accepted_trace("$8", "$6", false),
                 ),
                 &[&msg.chat_id, &msg.user_id, &msg.text, &platform, &event_id, &received],
             )
@@ -160,20 +153,15 @@ impl PgJournal {
         let row = self
             .query_opt(
                 epoch,
-                &format!(
-                    "WITH m AS (
-                        INSERT INTO gw_messages (name, id, chat_id, user_id, text, kind, state, reply, is_command,
-                                                 platform, event_id, epoch)
-                        SELECT $1, {NEW_ID}, $3, $4, $5, 'async', 'done', $6, true, $7, $8, $2
-                          FROM (SELECT gw_fence($1, $2)) AS f
-                        ON CONFLICT (name, platform, event_id) WHERE event_id IS NOT NULL DO NOTHING
-                        RETURNING id, platform, chat_id),
-                     o AS (
+                &accepted(
+                    "chat_id, user_id, text, kind, state, reply, is_command, platform, event_id",
+                    "$3, $4, $5, 'async', 'done', $6, true, $7, $8",
+                    ONCE_PER_EVENT,
+                    // the command's reply, queued with it
+                    "o AS (
                         INSERT INTO gw_outbox (name, platform, chat_id, text, message_id, epoch)
-                        SELECT $1, platform, chat_id, $6, id, $2 FROM m),
-                     t AS ({})
-                     SELECT id FROM m",
-                    accepted_trace("$9", "$7", true)
+                        SELECT $1, platform, chat_id, $6, id, $2 FROM m),",
+                    accepted_trace("$9", "$7", true),
                 ),
                 &[&msg.chat_id, &msg.user_id, &msg.text, &reply, &platform, &event_id, &received],
             )
@@ -354,8 +342,7 @@ impl PgJournal {
         let row = self
             .query_one(
                 epoch,
-                "INSERT INTO gw_outbox (name, platform, chat_id, text, epoch)
-                 SELECT $1, $3, $4, $5, $2 FROM (SELECT gw_fence($1, $2)) AS f RETURNING seq",
+                &format!("{} RETURNING seq", fenced_insert("gw_outbox", "platform, chat_id, text", "$3, $4, $5")),
                 &[&platform, &chat_id, &text],
             )
             .await?;
@@ -425,10 +412,11 @@ impl PgJournal {
     pub async fn new_session(&mut self, epoch: i64, platform: &str, chat_id: &str) -> Result<(), ClusterError> {
         self.update(
             epoch,
-            "INSERT INTO gw_sessions (name, platform, chat_id, started_at, epoch)
-             SELECT $1, $3, $4, clock_timestamp(), $2 FROM (SELECT gw_fence($1, $2)) AS f
-             ON CONFLICT (name, platform, chat_id)
-             DO UPDATE SET started_at = excluded.started_at, epoch = excluded.epoch",
+            &format!(
+                "{} ON CONFLICT (name, platform, chat_id)
+                 DO UPDATE SET started_at = excluded.started_at, epoch = excluded.epoch",
+                fenced_insert("gw_sessions", "platform, chat_id, started_at", "$3, $4, clock_timestamp()")
+            ),
             &[&platform, &chat_id],
         )
         .await
@@ -648,9 +636,11 @@ impl PgJournal {
     pub async fn put_access_doc(&mut self, epoch: i64, doc: &str) -> Result<(), ClusterError> {
         self.update(
             epoch,
-            "INSERT INTO gw_access (name, doc, epoch, updated_at)
-             SELECT $1, $3, $2, clock_timestamp() FROM (SELECT gw_fence($1, $2)) AS f
-             ON CONFLICT (name) DO UPDATE SET doc = excluded.doc, epoch = excluded.epoch, updated_at = excluded.updated_at",
+            &format!(
+                "{} ON CONFLICT (name)
+                 DO UPDATE SET doc = excluded.doc, epoch = excluded.epoch, updated_at = excluded.updated_at",
+                fenced_insert("gw_access", "doc, updated_at", "$3, clock_timestamp()")
+            ),
             &[&doc],
         )
         .await
@@ -764,6 +754,30 @@ fn timestamp(column: &str) -> String {
 /// asked: the text parameter `received`, e.g. `$7`), `journaled` (the statement) and, for a
 /// command answered at once, `done`; one INSERT, so the steps keep their order (`seq`).
 /// `platform`: a text parameter or `NULL` (the HTTP API).
+/// `INSERT INTO {table} (name, {columns}, epoch) SELECT $1, {values}, $2`, joined with the
+/// fence: every fenced row carries the writer's name (`$1`) and epoch (`$2`), and is written
+/// only while that epoch holds the lease (`gw_fence` raises otherwise, crates/cluster/src/migrations.rs).
+fn fenced_insert(table: &str, columns: &str, values: &str) -> String {
+    format!("INSERT INTO {table} (name, {columns}, epoch) SELECT $1, {values}, $2 FROM (SELECT gw_fence($1, $2)) AS f")
+}
+
+/// A platform event is journaled once: a second delivery of `(platform, event_id)` adds no row.
+const ONCE_PER_EVENT: &str = "ON CONFLICT (name, platform, event_id) WHERE event_id IS NOT NULL DO NOTHING";
+
+/// An accepted message: a fenced row of `gw_messages` with a new id and `columns` = `values`
+/// (then `conflict`), the statements `also` that use that row `m` (each ending in a comma),
+/// and its `trace` ([`accepted_trace`]), in one statement; answers the new id.
+fn accepted(columns: &str, values: &str, conflict: &str, also: &str, trace: String) -> String {
+    let insert = fenced_insert("gw_messages", &format!("id, {columns}"), &format!("{NEW_ID}, {values}"));
+    format!(
+        "WITH m AS ({insert} {conflict}
+            RETURNING id, platform, chat_id),
+         {also}
+         t AS ({trace})
+         SELECT id FROM m"
+    )
+}
+
 fn accepted_trace(received: &str, platform: &str, command: bool) -> String {
     let done = if command { ", (3, 'done', clock_timestamp(), NULL::text, 'command')" } else { "" };
     format!(
