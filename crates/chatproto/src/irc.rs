@@ -24,14 +24,13 @@
 //! use a loopback ngIRCd, and a TLS stream can later wrap the same line loop.
 
 use std::collections::VecDeque;
-use std::io::ErrorKind as IoKind;
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gatewarden_net::rustls;
 
-use crate::wire::Silence;
+use crate::wire::{Silence, Sink};
 
 /// Longest incoming line kept (IRCv3 allows 8191 bytes of tags plus the 512-byte message).
 pub const MAX_LINE_BYTES: usize = 8704;
@@ -586,34 +585,7 @@ impl Connection {
     }
 }
 
-/// Where lines are written: the socket, through the TLS session when there is one.
-#[derive(Debug)]
-struct Sink {
-    sock: TcpStream,
-    tls: Option<Arc<Mutex<rustls::ClientConnection>>>,
-}
-
-impl From<crate::wire::WireError> for Error {
-    fn from(e: crate::wire::WireError) -> Error {
-        use crate::wire::WireError as W;
-        match e {
-            W::InvalidInput(s) => Error::InvalidInput(s),
-            W::Timeout(s) => Error::Timeout(s),
-            W::Tls { host, reason } => Error::Tls { host, reason },
-            W::Io(e) => io_error(e),
-        }
-    }
-}
-
-impl Sink {
-    fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        crate::wire::write_all(&mut self.sock, self.tls.as_ref(), bytes)
-    }
-
-    fn shutdown(&self) {
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
-    }
-}
+crate::wire::wire_errors!(Error);
 
 /// The sending half of a [`Connection`], for a thread other than the reader's.
 #[derive(Debug, Clone)]
@@ -666,16 +638,6 @@ fn write_line(out: &Mutex<Sink>, line: &str) -> Result<(), Error> {
     bytes.extend_from_slice(b"\r\n");
     let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
     out.write_all(&bytes).map_err(io_error)
-}
-
-fn io_error(e: std::io::Error) -> Error {
-    match e.kind() {
-        IoKind::WouldBlock | IoKind::TimedOut => Error::Timeout(format!("socket: {e}")),
-        IoKind::UnexpectedEof | IoKind::BrokenPipe | IoKind::ConnectionReset | IoKind::ConnectionAborted => {
-            Error::Closed(e.to_string())
-        }
-        _ => Error::Io(e),
-    }
 }
 
 /// Standard base64 with padding (RFC 4648), for SASL's one token.
@@ -747,6 +709,7 @@ pub fn split_text(text: &str, max: usize) -> Vec<&str> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::io::ErrorKind as IoKind;
     use std::io::{Read, Write};
 
     #[test]

@@ -27,6 +27,56 @@ pub(crate) enum WireError {
     Io(std::io::Error),
 }
 
+/// Where a client writes: the socket, through the TLS session when there is one.
+#[derive(Debug)]
+pub(crate) struct Sink {
+    pub(crate) sock: TcpStream,
+    pub(crate) tls: Option<Session>,
+}
+
+impl Sink {
+    pub(crate) fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        write_all(&mut self.sock, self.tls.as_ref(), bytes)
+    }
+
+    /// Closes the socket both ways: the reader's next read fails.
+    pub(crate) fn shutdown(&self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Maps [`WireError`] and socket errors onto a protocol's error `$error`, which has the
+/// variants `InvalidInput`, `Timeout`, `Tls { host, reason }`, `Closed` and `Io`: defines
+/// `From<WireError>` and `io_error` in the calling module.
+macro_rules! wire_errors {
+    ($error:ident) => {
+        impl From<crate::wire::WireError> for $error {
+            fn from(e: crate::wire::WireError) -> $error {
+                use crate::wire::WireError as W;
+                match e {
+                    W::InvalidInput(s) => $error::InvalidInput(s),
+                    W::Timeout(s) => $error::Timeout(s),
+                    W::Tls { host, reason } => $error::Tls { host, reason },
+                    W::Io(e) => io_error(e),
+                }
+            }
+        }
+
+        /// A socket error: a timeout, a closed connection, or another I/O error.
+        fn io_error(e: std::io::Error) -> $error {
+            use std::io::ErrorKind as K;
+            match e.kind() {
+                K::WouldBlock | K::TimedOut => $error::Timeout(format!("socket: {e}")),
+                K::UnexpectedEof | K::BrokenPipe | K::ConnectionReset | K::ConnectionAborted => {
+                    $error::Closed(e.to_string())
+                }
+                _ => $error::Io(e),
+            }
+        }
+    };
+}
+pub(crate) use wire_errors;
+
 /// Connects to the first address of `addr` that answers within `timeout` (overall).
 pub(crate) fn connect_any(addr: &str, timeout: Duration) -> Result<TcpStream, WireError> {
     // A malformed address is permanent; a failed name lookup may heal.

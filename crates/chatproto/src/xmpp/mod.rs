@@ -17,7 +17,6 @@ pub mod scram;
 pub mod xml;
 
 use std::collections::VecDeque;
-use std::io::ErrorKind as IoKind;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -25,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use gatewarden_net::rustls;
 
-use crate::wire::Silence;
+use crate::wire::{Silence, Sink};
 
 pub use xml::{Element, Frame, Framer, XmlFault, escape};
 
@@ -242,47 +241,21 @@ impl Config {
     }
 }
 
-/// Where stanzas are written: the socket, through the TLS session once STARTTLS is done.
+/// Where stanzas are written (through the TLS session once STARTTLS is done), and what stream
+/// management counts of them.
 #[derive(Debug)]
-struct Sink {
-    sock: TcpStream,
-    tls: Option<Arc<Mutex<rustls::ClientConnection>>>,
+struct Out {
+    sink: Sink,
     /// Stanzas sent since stream management was enabled (XEP-0198's outbound count).
     sent: u32,
     sm: bool,
 }
 
-impl Sink {
-    fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        crate::wire::write_all(&mut self.sock, self.tls.as_ref(), bytes)
-    }
-}
+crate::wire::wire_errors!(Error);
 
-impl From<crate::wire::WireError> for Error {
-    fn from(e: crate::wire::WireError) -> Error {
-        use crate::wire::WireError as W;
-        match e {
-            W::InvalidInput(s) => Error::InvalidInput(s),
-            W::Timeout(s) => Error::Timeout(s),
-            W::Tls { host, reason } => Error::Tls { host, reason },
-            W::Io(e) => io_error(e),
-        }
-    }
-}
-
-fn io_error(e: std::io::Error) -> Error {
-    match e.kind() {
-        IoKind::WouldBlock | IoKind::TimedOut => Error::Timeout(format!("socket: {e}")),
-        IoKind::UnexpectedEof | IoKind::BrokenPipe | IoKind::ConnectionReset | IoKind::ConnectionAborted => {
-            Error::Closed(e.to_string())
-        }
-        _ => Error::Io(e),
-    }
-}
-
-fn write(out: &Mutex<Sink>, data: &str, stanza: bool) -> Result<(), Error> {
+fn write(out: &Mutex<Out>, data: &str, stanza: bool) -> Result<(), Error> {
     let mut s = out.lock().unwrap_or_else(|p| p.into_inner());
-    s.write_all(data.as_bytes()).map_err(io_error)?;
+    s.sink.write_all(data.as_bytes()).map_err(io_error)?;
     if stanza && s.sm {
         s.sent = s.sent.wrapping_add(1);
     }
@@ -458,7 +431,7 @@ impl Acks {
 /// The sending half of a [`Connection`], for another thread.
 #[derive(Debug, Clone)]
 pub struct Writer {
-    out: Arc<Mutex<Sink>>,
+    out: Arc<Mutex<Out>>,
     acks: Arc<Acks>,
 }
 
@@ -471,12 +444,12 @@ impl Writer {
         let xml = message_xml(m)?;
         let n = {
             let mut s = self.out.lock().unwrap_or_else(|p| p.into_inner());
-            s.write_all(xml.as_bytes()).map_err(io_error)?;
+            s.sink.write_all(xml.as_bytes()).map_err(io_error)?;
             if !s.sm {
                 return Ok(());
             }
             s.sent = s.sent.wrapping_add(1);
-            s.write_all(format!("<r xmlns='{NS_SM}'/>").as_bytes()).map_err(io_error)?;
+            s.sink.write_all(format!("<r xmlns='{NS_SM}'/>").as_bytes()).map_err(io_error)?;
             s.sent
         };
         if self.acks.wait(n, ack_timeout) {
@@ -508,7 +481,7 @@ impl Writer {
     /// Closes the socket: the reader's next read fails, so it reconnects.
     pub fn shutdown(&self) {
         let s = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = s.sock.shutdown(std::net::Shutdown::Both);
+        s.sink.shutdown();
     }
 }
 
@@ -550,7 +523,7 @@ pub enum Since {
 pub struct Connection {
     stream: TcpStream,
     tls: Option<Arc<Mutex<rustls::ClientConnection>>>,
-    out: Arc<Mutex<Sink>>,
+    out: Arc<Mutex<Out>>,
     acks: Arc<Acks>,
     framer: Framer,
     /// Stanzas read while waiting for something else (a join's presence, an IQ result).
@@ -571,7 +544,7 @@ impl Connection {
         let stream = crate::wire::connect_any(&cfg.addr, cfg.connect_timeout)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(cfg.connect_timeout.max(Duration::from_secs(1))))?;
-        let sink = Sink { sock: stream.try_clone()?, tls: None, sent: 0, sm: false };
+        let sink = Out { sink: Sink { sock: stream.try_clone()?, tls: None }, sent: 0, sm: false };
         let mut c = Connection {
             stream,
             tls: None,
@@ -605,7 +578,7 @@ impl Connection {
         let domain = &cfg.jid.domain;
         let tls = Arc::new(Mutex::new(crate::wire::handshake(&mut c.stream, domain, domain, &cfg.tls, deadline)?));
         c.tls = Some(Arc::clone(&tls));
-        c.out.lock().unwrap_or_else(|p| p.into_inner()).tls = Some(tls);
+        c.out.lock().unwrap_or_else(|p| p.into_inner()).sink.tls = Some(tls);
         c.framer.restart();
         // 2. Secured stream: SASL.
         let features = c.open_stream(deadline)?;
