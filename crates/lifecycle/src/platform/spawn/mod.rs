@@ -17,7 +17,11 @@
 //! - `kill_process_group(pgid: u32)`: SIGKILL what is left of a group (no-op elsewhere)
 //! - `reap_with_group(child) -> io::Result<Option<ExitStatus>>`: once the child exited, kill
 //!   its group's leftovers, then reap
-//! - `exit_signal(status) -> Option<i32>`: the signal that ended a child (Unix)
+//! - `exit_signal(status) -> Option<i32>`: the signal that ended a child (Unix);
+//!   [`describe_exit`] (here, the same on every OS) says it in words
+//! - `ProcessGroup`: `prepare(cmd)` before the spawn, `attach(pid)` after it, then
+//!   `terminate()` / `kill()` the child's whole tree (a process group on Unix, a job object on
+//!   Windows, nothing elsewhere); the agent's exec backend runs its children in one
 //! - `run_as(cmd: &mut Command, uid: u32, gid: u32)`: run a child as another user (Unix)
 //! - `is_executable(path) -> bool`: a file we could run
 //! - `spawn_watched(cmd, report) -> io::Result<u32>`: the supervised child: spawns it and
@@ -80,6 +84,15 @@ fn undeleted(p: std::path::PathBuf) -> std::path::PathBuf {
 }
 
 static SELF_EXE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// How a child ended, for people: "exit status 3", "killed by signal 9".
+pub fn describe_exit(status: std::process::ExitStatus) -> String {
+    match (status.code(), exit_signal(status)) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        (None, None) => status.to_string(),
+    }
+}
 
 #[cfg(test)]
 mod undeleted_tests {

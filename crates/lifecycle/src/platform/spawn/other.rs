@@ -24,4 +24,20 @@ pub fn exec_in_place(_cmd: Command, _listener: Option<TcpListener>) -> io::Error
 
 pub fn own_process_group(_cmd: &mut Command) {}
 
+/// No process groups here: nothing to signal.
+#[derive(Debug)]
+pub struct ProcessGroup;
+
+impl ProcessGroup {
+    pub fn prepare(_cmd: &mut Command) {}
+
+    pub fn attach(_pid: Option<u32>) -> ProcessGroup {
+        ProcessGroup
+    }
+
+    pub fn terminate(&self) {}
+
+    pub fn kill(&self) {}
+}
+
 pub use super::without_groups::*;

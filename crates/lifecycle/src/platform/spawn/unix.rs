@@ -84,8 +84,49 @@ pub fn own_process_group(cmd: &mut Command) {
 }
 
 pub fn kill_process_group(pgid: u32) {
+    signal_group(pgid, rustix::process::Signal::KILL);
+}
+
+fn signal_group(pgid: u32, sig: rustix::process::Signal) {
     if let Some(pid) = i32::try_from(pgid).ok().and_then(Pid::from_raw) {
-        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        // ESRCH (group already gone) is the common, harmless case. The group id cannot be
+        // reused while any member lives; once all are gone, a stranger would need to get this
+        // very pid and make it a group leader between our reaping the leader and this call
+        // (microseconds, with sequential pid allocation): accepted.
+        let _ = rustix::process::kill_process_group(pid, sig);
+    }
+}
+
+/// A spawned child's process group, which the child leads ([`ProcessGroup::prepare`]): every
+/// descendant that does not call `setsid`/`setpgid` itself is a member.
+#[derive(Debug)]
+pub struct ProcessGroup {
+    pgid: Option<u32>,
+}
+
+impl ProcessGroup {
+    /// Before spawning: the child leads its own group.
+    pub fn prepare(cmd: &mut Command) {
+        own_process_group(cmd);
+    }
+
+    /// Right after spawning `pid` (its group id), before it is waited on.
+    pub fn attach(pid: Option<u32>) -> ProcessGroup {
+        ProcessGroup { pgid: pid }
+    }
+
+    /// Asks every member to exit (SIGTERM).
+    pub fn terminate(&self) {
+        if let Some(pgid) = self.pgid {
+            signal_group(pgid, rustix::process::Signal::TERM);
+        }
+    }
+
+    /// Kills every member at once (SIGKILL).
+    pub fn kill(&self) {
+        if let Some(pgid) = self.pgid {
+            kill_process_group(pgid);
+        }
     }
 }
 
