@@ -71,6 +71,9 @@ mod unix;
 #[cfg(not(target_os = "linux"))]
 mod without_procfs;
 
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+mod without_owners;
+
 pub use imp::*;
 
 pub mod spawn;

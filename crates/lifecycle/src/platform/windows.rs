@@ -13,7 +13,7 @@ use windows_sys::Win32::System::Threading::{
     TerminateProcess, WaitForSingleObject,
 };
 
-use super::{Credentials, DirFacts, NodeFacts, Signal, SignalOutcome};
+use super::{Signal, SignalOutcome};
 use crate::identity::ProcessIdentity;
 use crate::liveness::{Liveness, WinOpen, classify_windows, filetime_to_centis};
 
@@ -104,38 +104,6 @@ pub fn signal_verified(id: &ProcessIdentity, sig: Signal) -> SignalOutcome {
     }
 }
 
-pub fn create_private_dir(path: &Path) -> io::Result<()> {
-    // The per-user profile directory already restricts access to the user.
-    std::fs::create_dir_all(path)
-}
-
-pub fn create_private_dir_new(path: &Path) -> io::Result<()> {
-    // Not recursive: an existing directory is an error. The profile's ACL protects it.
-    std::fs::create_dir(path)
-}
-
-/// The per-user profile directory's ACL protects new files.
-pub fn private_on_create(_opts: &mut OpenOptions) {}
-
-pub fn dir_facts(_path: &Path, _follow: bool) -> io::Result<Option<DirFacts>> {
-    // No Unix owner or mode bits; the per-user profile directory's ACL protects the home.
-    Ok(None)
-}
-
-pub fn node_facts(_path: &Path) -> io::Result<Option<NodeFacts>> {
-    // No Unix owner or mode bits: the profile's ACL protects what the user keeps in it.
-    Ok(None)
-}
-
-pub fn open_node_facts(_file: &File) -> io::Result<Option<NodeFacts>> {
-    // No Unix owner or mode bits: the profile's ACL protects what the user keeps in it.
-    Ok(None)
-}
-
-pub fn credentials() -> Option<Credentials> {
-    None
-}
-
 /// `FILE_FLAG_OPEN_REPARSE_POINT`: open a symlink or junction itself instead of its target, so
 /// [`is_link`] can refuse it.
 const FILE_FLAG_OPEN_REPARSE_POINT: u32 = 0x0020_0000;
@@ -145,22 +113,10 @@ pub fn no_follow(opts: &mut OpenOptions, _nonblocking: bool) {
     opts.custom_flags(FILE_FLAG_OPEN_REPARSE_POINT);
 }
 
-pub fn link_refused(_e: &io::Error) -> bool {
-    false
-}
-
-pub fn is_link(file: &File) -> bool {
-    file.metadata().is_ok_and(|m| m.file_type().is_symlink())
-}
-
 /// ERROR_TOO_MANY_OPEN_FILES, ERROR_NOT_ENOUGH_MEMORY, ERROR_OUTOFMEMORY,
 /// ERROR_SHARING_VIOLATION, ERROR_LOCK_VIOLATION (a scanner holding the file briefly).
 pub fn is_transient(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(4 | 8 | 14 | 32 | 33))
-}
-
-pub fn set_private_file(_file: &File) -> io::Result<()> {
-    Ok(())
 }
 
 pub fn canonical(path: &Path) -> io::Result<PathBuf> {
@@ -191,26 +147,10 @@ pub fn free_space(path: &Path) -> Option<u64> {
     (ok != 0).then_some(free)
 }
 
-pub fn sync_dir(_path: &Path) {
-    // NTFS journals the rename itself; directories cannot be opened for flushing.
-}
-
-/// Windows does not say who holds a byte-range lock: unknown.
-pub fn lock_holders(_path: &Path) -> Option<Vec<u32>> {
-    None
-}
-
-/// Not needed on Windows (no launchd-style supervision check); unknown.
-pub fn parent_pid(_pid: u32) -> Option<u32> {
-    None
-}
-
-/// Windows needs no sweep: exec runs live in a job object that is killed when the gateway's
-/// handle closes, however the gateway dies.
-pub fn kill_tagged(_key: &str, _accept: &dyn Fn(&str) -> bool) -> Vec<u32> {
-    Vec::new()
-}
-
+pub use super::without_owners::{
+    create_private_dir, create_private_dir_new, credentials, dir_facts, is_link, kill_tagged, link_refused,
+    lock_holders, node_facts, open_node_facts, parent_pid, private_on_create, set_private_file, sync_dir,
+};
 pub use super::without_procfs::{
     argv, cgroup, cmdline, environ, is_stopped, port_listeners, process_uid, process_usage, processes_with_env,
     release_startup_pages, systemd_main_pid,
