@@ -1,8 +1,10 @@
 //! What the architecture documents generate from the code stays generated (issue 32 §6): the
 //! crate map is `cargo metadata`'s, the exit table is `ExitIntent`'s, and the runtime's module
-//! table names each module's `crate::` imports as its source has them. A drift fails here with
+//! table names each module's imports of its siblings as its source has them (tests/module_graph). A drift fails here with
 //! the expected text; `GATEWARDEN_BLESS_DOCS=1` writes it into the documents instead.
 #![cfg(unix)]
+
+mod module_graph;
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -114,82 +116,6 @@ fn the_exit_table_is_the_code() {
     generated_block(&root().join("docs/architecture.md"), "exit-table", &table);
 }
 
-/// The top-level modules `lib.rs` declares.
-fn modules(src: &Path) -> Vec<String> {
-    let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
-    lib.lines()
-        .filter_map(|l| {
-            let l = l.trim_start();
-            let l = l.strip_prefix("pub(crate) ").or_else(|| l.strip_prefix("pub ")).unwrap_or(l);
-            let name = l.strip_prefix("mod ")?.strip_suffix(';')?;
-            Some(name.trim().to_owned())
-        })
-        .collect()
-}
-
-fn sources(src: &Path, module: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let file = src.join(format!("{module}.rs"));
-    if file.is_file() {
-        out.push(file);
-    }
-    let mut dirs = vec![src.join(module)];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
-        }
-    }
-    out
-}
-
-/// The first segment of every `crate::` path outside comments and the `tests` module.
-fn crate_heads(text: &str) -> BTreeSet<String> {
-    let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
-    let code: String = text.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
-    let ident = |s: &str| s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
-    let mut heads = BTreeSet::new();
-    for (i, _) in code.match_indices("crate::") {
-        if code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
-            continue;
-        }
-        let rest = &code[i + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            // `crate::{a, b::{c, d}, e}`: the names at depth one.
-            let (mut depth, mut at_start) = (1usize, true);
-            let mut chars = group.char_indices();
-            while let Some((j, c)) = chars.next() {
-                match c {
-                    '{' => depth += 1,
-                    '}' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            break;
-                        }
-                    }
-                    ',' if depth == 1 => at_start = true,
-                    c if depth == 1 && at_start && (c.is_alphanumeric() || c == '_') => {
-                        let name = ident(&group[j..]);
-                        for _ in 1..name.chars().count() {
-                            chars.next();
-                        }
-                        heads.insert(name);
-                        at_start = false;
-                    }
-                    _ => {}
-                }
-            }
-        } else {
-            heads.insert(ident(rest));
-        }
-    }
-    heads
-}
-
 /// Splits a Markdown table row on its unescaped bars.
 fn cells(row: &str) -> Vec<String> {
     let (mut out, mut cur, mut escaped) = (Vec::new(), String::new(), false);
@@ -205,19 +131,17 @@ fn cells(row: &str) -> Vec<String> {
 
 #[test]
 fn runtime_modules_import_what_the_table_says() {
-    let src = root().join("crates/runtime/src");
     let doc = root().join("crates/runtime/README.md");
-    let mods = modules(&src);
-    let set: BTreeSet<&String> = mods.iter().collect();
-    let mut imports: BTreeMap<&str, String> = BTreeMap::new();
-    for m in &mods {
-        let mut heads = BTreeSet::new();
-        for f in sources(&src, m) {
-            heads.append(&mut crate_heads(&std::fs::read_to_string(&f).expect("source")));
-        }
-        let list: Vec<String> = heads.into_iter().filter(|h| h != m && set.contains(h)).collect();
-        imports.insert(m, if list.is_empty() { "—".to_owned() } else { list.join(", ") });
-    }
+    let graph =
+        module_graph::sibling_graphs(&root().join("crates/runtime/src")).remove(&Vec::new()).unwrap_or_default();
+    let mods: Vec<&String> = graph.keys().collect();
+    let imports: BTreeMap<&str, String> = graph
+        .iter()
+        .map(|(m, to)| {
+            let list: Vec<&str> = to.iter().map(String::as_str).collect();
+            (m.as_str(), if list.is_empty() { "—".to_owned() } else { list.join(", ") })
+        })
+        .collect();
     let text = std::fs::read_to_string(&doc).expect("crates/runtime/README.md");
     let mut seen = BTreeSet::new();
     let mut out = String::new();
@@ -236,7 +160,7 @@ fn runtime_modules_import_what_the_table_says() {
             _ => out.push_str(line),
         }
     }
-    let missing: Vec<&String> = mods.iter().filter(|m| !seen.contains(*m)).collect();
+    let missing: Vec<&String> = mods.iter().copied().filter(|m| !seen.contains(*m)).collect();
     assert!(missing.is_empty(), "crates/runtime/README.md's module table lacks {missing:?}");
     if bless() {
         std::fs::write(&doc, out).expect("bless crates/runtime/README.md");
@@ -274,10 +198,6 @@ fn every_path_the_invariants_table_names_exists() {
 }
 
 #[test]
-fn crate_heads_reads_groups_paths_and_skips_comments_and_tests() {
-    let src = "use crate::{a::{X, Y}, b, c::Z};\n// crate::d\nfn f() { crate::e::g(); my_crate::h(); }\n\
-               #[cfg(test)]\nmod tests { use crate::t; }\n";
-    let got: Vec<String> = crate_heads(src).into_iter().collect();
-    assert_eq!(got, ["a", "b", "c", "e"]);
+fn table_cells_split_on_unescaped_bars() {
     assert_eq!(cells("| `x` | a \\| b | c |"), ["`x`", "a \\| b", "c"]);
 }
