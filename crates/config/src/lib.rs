@@ -29,6 +29,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+pub mod platform;
+pub use platform::{Access, KindSettings, PlatformConfig, PlatformKind, PlatformSettings};
+
 pub mod secrets;
 pub use secrets::{Secret, SecretId, Secrets};
 
@@ -88,31 +91,6 @@ const AGENT_KEYS: &[&str] = &[
     "failure_text",
     "failure_reasons_for_admins",
 ];
-const PLATFORM_KEYS: &[&str] = &[
-    "kind",
-    "name",
-    "token_env",
-    "token_file",
-    "api_base",
-    "server",
-    "nick",
-    "allowed_chats",
-    "admins",
-    "poll_timeout_s",
-    "conflict_standby_s",
-    "ca_file",
-    "proxy",
-    "tls",
-    "sasl_password_env",
-    "sasl_password_file",
-    "bot_token_env",
-    "bot_token_file",
-    "jid",
-    "rooms",
-    "access",
-    "allowed_users",
-    "require_mention",
-];
 const CLUSTER_KEYS: &[&str] =
     &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s", "ca_file"];
 const UPDATE_KEYS: &[&str] = &["public_key", "probation_s", "source", "ca_file"];
@@ -135,9 +113,10 @@ pub enum ConfigError {
     Syntax { path: PathBuf, line: usize, message: String },
     /// A key the gateway does not know (typos must not be silently ignored).
     #[error(
-        "{}:{line}: unknown key '{key}'{} (expected one of: {expected})",
+        "{}:{line}: unknown key '{key}'{} (expected one of: {expected}){}",
         path.display(),
-        table.as_deref().map(|t| format!(" in [{t}]")).unwrap_or_default()
+        table.as_deref().map(|t| format!(" in [{t}]")).unwrap_or_default(),
+        hint.as_deref().map(|h| format!("; {h}")).unwrap_or_default()
     )]
     UnknownKey {
         path: PathBuf,
@@ -146,6 +125,9 @@ pub enum ConfigError {
         /// `None` for the top level, else the table's name (`agent`).
         table: Option<String>,
         expected: String,
+        /// What was probably meant: `did you mean 'token_env'?`, or the platform kinds that
+        /// take the key.
+        hint: Option<String>,
     },
     /// A known key with a value of the wrong type or outside its allowed range.
     #[error(
@@ -196,8 +178,9 @@ impl ConfigError {
         let table = |t: &Option<String>| t.as_deref().map(|t| format!(" in [{t}]")).unwrap_or_default();
         match self {
             ConfigError::Syntax { message, .. } => message.clone(),
-            ConfigError::UnknownKey { key, table: t, expected, .. } => {
-                format!("unknown key '{key}'{} (expected one of: {expected})", table(t))
+            ConfigError::UnknownKey { key, table: t, expected, hint, .. } => {
+                let hint = hint.as_deref().map(|h| format!("; {h}")).unwrap_or_default();
+                format!("unknown key '{key}'{} (expected one of: {expected}){hint}", table(t))
             }
             ConfigError::InvalidValue { key, table: t, message, .. } => {
                 format!("invalid value for '{key}'{}: {message}", table(t))
@@ -210,8 +193,8 @@ impl ConfigError {
     fn at_line(self, at: usize) -> ConfigError {
         match self {
             ConfigError::Syntax { path, message, .. } => ConfigError::Syntax { path, line: at, message },
-            ConfigError::UnknownKey { path, key, table, expected, .. } => {
-                ConfigError::UnknownKey { path, line: at, key, table, expected }
+            ConfigError::UnknownKey { path, key, table, expected, hint, .. } => {
+                ConfigError::UnknownKey { path, line: at, key, table, expected, hint }
             }
             ConfigError::InvalidValue { path, key, table, message, .. } => {
                 ConfigError::InvalidValue { path, line: at, key, table, message }
@@ -419,242 +402,6 @@ impl JournalConfig {
                 self.max_queued
             )
         })
-    }
-}
-
-/// Which chat platform an adapter speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PlatformKind {
-    /// The Telegram Bot API (getUpdates long-poll).
-    Telegram,
-    /// Matrix client-server API (`/sync` long-poll, unencrypted rooms only).
-    Matrix,
-    /// IRC (one TCP connection, one nick).
-    Irc,
-    /// XMPP (one account's stream, direct chats and MUC rooms, the server's archive).
-    Xmpp,
-    /// Discord: the Gateway WebSocket (v10) to receive, REST to reply.
-    Discord,
-    /// Email: one IMAP account read (IDLE), replies by SMTP submission.
-    Email,
-    /// Slack: Socket Mode events over a WebSocket, replies with `chat.postMessage`.
-    Slack,
-}
-
-impl PlatformKind {
-    /// The name used in the config file.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PlatformKind::Telegram => "telegram",
-            PlatformKind::Matrix => "matrix",
-            PlatformKind::Irc => "irc",
-            PlatformKind::Xmpp => "xmpp",
-            PlatformKind::Discord => "discord",
-            PlatformKind::Email => "email",
-            PlatformKind::Slack => "slack",
-        }
-    }
-
-    /// Whether a sender id on this platform can be forged by whoever sends the message: an
-    /// email's `From`, an IRC nick on a network without nick registration. Such platforms get
-    /// no pairing (a pairing reply would let strangers make the gateway send mail or flood).
-    pub fn forgeable(self) -> bool {
-        matches!(self, PlatformKind::Irc | PlatformKind::Email)
-    }
-
-    /// The access policy of a `[[platform]]` without an `access` key.
-    pub fn default_access(self) -> Access {
-        if self.forgeable() { Access::Allowlist } else { Access::Pairing }
-    }
-}
-
-/// Who may reach the agent through a `[[platform]]` (README, "Access"): decided per sender.
-/// `admins` are always allowed; `allowed_users` too; anyone else is governed by this.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Access {
-    /// An unknown sender's direct message gets a pairing code; the owner approves it.
-    Pairing,
-    /// Only `admins`, `allowed_users` and the chats `allowed_chats` names.
-    Allowlist,
-    /// Anyone who finds the bot (must be written out).
-    Open,
-}
-
-impl Access {
-    /// The name used in the config file and in `status`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Access::Pairing => "pairing",
-            Access::Allowlist => "allowlist",
-            Access::Open => "open",
-        }
-    }
-}
-
-/// One `[[platform]]` table. Credentials come only from environment variables named here.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PlatformConfig {
-    pub kind: PlatformKind,
-    /// Unique adapter name (journal rows, status, metrics); defaults to `kind`.
-    #[serde(default)]
-    pub name: Option<String>,
-    /// The environment variable holding the credential (Telegram: the bot token; Matrix: the
-    /// access token; IRC, optional: the server password sent as `PASS`); looked up in
-    /// `<home>/secrets.env`, then the environment (crates/config/src/secrets.rs).
-    #[serde(default)]
-    pub token_env: Option<String>,
-    /// Or the file holding it (0600, ours; relative to the home). Not both.
-    #[serde(default)]
-    pub token_file: Option<PathBuf>,
-    /// The platform's API base URL (Telegram: `https://api.telegram.org`; Matrix: the
-    /// homeserver, required; Discord: `https://discord.com/api/v10`, whose `/gateway/bot`
-    /// names the gateway: `wss://` only, `ws://` only under an `http://` base for tests).
-    #[serde(default)]
-    pub api_base: Option<String>,
-    /// IRC: the server, `host:port`. XMPP: where to connect, `host:port` (default: the JID's
-    /// domain, port 5222).
-    #[serde(default)]
-    pub server: Option<String>,
-    /// IRC: the nick; never replaced by another one on a collision. XMPP: the nick in rooms.
-    #[serde(default)]
-    pub nick: Option<String>,
-    /// The groups and rooms served (Telegram chat ids, Matrix room ids, IRC channels, Slack and
-    /// Discord channel ids); a direct chat listed here (a Telegram user's chat id, an IRC nick,
-    /// an XMPP bare JID) is served too. Empty: no group (with `access = "open"`: every chat).
-    #[serde(default)]
-    pub allowed_chats: Vec<String>,
-    /// Platform user ids allowed to run `/restart`, `/stop`, `/update`, `/approve CODE` and
-    /// `/revoke USER` from this platform; always allowed to talk to the agent.
-    #[serde(default)]
-    pub admins: Vec<String>,
-    /// Who may reach the agent: `pairing`, `allowlist` or `open`. Unset: `pairing`, except on
-    /// platforms whose sender ids can be forged (IRC, email): `allowlist` ([`PlatformKind::forgeable`]).
-    #[serde(default)]
-    pub access: Option<Access>,
-    /// Sender ids (as the platform names them) allowed to talk to the agent besides `admins`.
-    #[serde(default)]
-    pub allowed_users: Vec<String>,
-    /// In a group or room the agent answers only a message that mentions it or replies to it.
-    #[serde(default = "default_require_mention")]
-    pub require_mention: bool,
-    /// Telegram: the long-poll `timeout` of getUpdates; Matrix: the `/sync` timeout.
-    #[serde(default = "default_poll_timeout")]
-    pub poll_timeout_s: u64,
-    /// How long a conflict signal (Telegram 409, IRC 433) may persist before the adapter
-    /// stands by.
-    #[serde(default = "default_conflict_standby")]
-    pub conflict_standby_s: u64,
-    /// A private CA (PEM): this connection trusts it and nothing else (crates/net). Relative
-    /// paths are relative to the home.
-    #[serde(default)]
-    pub ca_file: Option<PathBuf>,
-    /// This platform's own proxy, `http://host:port` or `socks5h://host:port`, instead of
-    /// `HTTPS_PROXY` / `ALL_PROXY`; credentials only through the environment.
-    #[serde(default)]
-    pub proxy: Option<String>,
-    /// IRC: TLS (verified like every connection, crates/net); the default port becomes 6697.
-    #[serde(default)]
-    pub tls: bool,
-    /// IRC: SASL PLAIN as the account named `nick`, with the password in this environment
-    /// variable; registration fails (the adapter is parked) if the server cannot do it.
-    #[serde(default)]
-    pub sasl_password_env: Option<String>,
-    /// IRC: or the file holding that password.
-    #[serde(default)]
-    pub sasl_password_file: Option<PathBuf>,
-    /// Email: the IMAP server, `imaps://host:993` (TLS) or `imap://host:143` (STARTTLS).
-    #[serde(default)]
-    pub imap: Option<String>,
-    /// Email: the SMTP submission server, `smtps://host:465` or `smtp://host:587` (STARTTLS).
-    #[serde(default)]
-    pub smtp: Option<String>,
-    /// Email: the account (`user@domain`): the IMAP and SMTP login and the `From` address.
-    #[serde(default)]
-    pub account: Option<String>,
-    /// Email: the senders served (addresses, or `@domain`); empty = anyone.
-    #[serde(default)]
-    pub allowed_senders: Vec<String>,
-    /// Slack: the environment variable holding the bot token (`xoxb-…`) that replies with
-    /// `chat.postMessage`; `token_env` holds the app-level token (`xapp-…`, the credential).
-    #[serde(default)]
-    pub bot_token_env: Option<String>,
-    /// Slack: or the file holding the bot token.
-    #[serde(default)]
-    pub bot_token_file: Option<PathBuf>,
-    /// XMPP: the account's bare JID, `user@domain` (`token_env` holds its password).
-    #[serde(default)]
-    pub jid: Option<String>,
-    /// XMPP: the rooms (MUC) to join, as bare JIDs `room@conference.domain`.
-    #[serde(default)]
-    pub rooms: Vec<String>,
-}
-
-fn default_poll_timeout() -> u64 {
-    25
-}
-
-fn default_require_mention() -> bool {
-    true
-}
-
-fn default_conflict_standby() -> u64 {
-    60
-}
-
-impl PlatformConfig {
-    /// A table of `kind` with every other key at its default, as `[[platform]] kind = "…"` alone
-    /// reads (code and tests that build one name only what differs: `..PlatformConfig::new(k)`).
-    pub fn new(kind: PlatformKind) -> Self {
-        PlatformConfig {
-            kind,
-            name: None,
-            token_env: None,
-            token_file: None,
-            api_base: None,
-            server: None,
-            nick: None,
-            allowed_chats: Vec::new(),
-            admins: Vec::new(),
-            access: None,
-            allowed_users: Vec::new(),
-            require_mention: default_require_mention(),
-            poll_timeout_s: default_poll_timeout(),
-            conflict_standby_s: default_conflict_standby(),
-            ca_file: None,
-            proxy: None,
-            tls: false,
-            sasl_password_env: None,
-            sasl_password_file: None,
-            imap: None,
-            smtp: None,
-            account: None,
-            allowed_senders: Vec::new(),
-            bot_token_env: None,
-            bot_token_file: None,
-            jid: None,
-            rooms: Vec::new(),
-        }
-    }
-
-    /// The access policy in force: `access`, else the kind's default ([`PlatformKind::default_access`]).
-    pub fn access(&self) -> Access {
-        self.access.unwrap_or(self.kind.default_access())
-    }
-
-    /// The adapter's name: `name`, else the kind.
-    pub fn adapter_name(&self) -> String {
-        self.name.clone().unwrap_or_else(|| self.kind.as_str().to_owned())
-    }
-
-    /// IRC: `server` as `host:port`, the port defaulting to 6697 with `tls`, else 6667.
-    pub fn irc_addr(&self) -> Option<String> {
-        let s = self.server.as_deref()?.trim();
-        let has_port =
-            s.rsplit_once(':').is_some_and(|(h, p)| p.parse::<u16>().is_ok() && (!h.contains(':') || h.ends_with(']')));
-        Some(if has_port { s.to_owned() } else { format!("{s}:{}", if self.tls { 6697 } else { 6667 }) })
     }
 }
 
@@ -990,7 +737,7 @@ fn validate_providers(a: &AgentConfig, index: &KeyIndex) -> Result<(), ConfigErr
 
 /// A secret named two ways, `<what>_env` (a variable) and `<what>_file` (a file): each well
 /// formed, and at most one of them (crates/config/src/secrets.rs reads it).
-fn one_source(
+pub(crate) fn one_source(
     bad: &dyn Fn(&str, String) -> ConfigError,
     what: &str,
     env: Option<&str>,
@@ -1253,7 +1000,14 @@ impl Config {
                 return Err(index.invalid(&[table], format!("expected a table ([{table}])")));
             }
         }
-        let mut config: Config = toml::from_str(text).map_err(|e| index.serde_error(&e))?;
+        // `[[platform]]` tables are read apart, each by its kind (crates/config/src/platform/),
+        // so that their errors keep their lines and keys; the rest of the file is serde's.
+        let mut doc = toml::de::DeTable::parse(text).map_err(|e| index.syntax_error(&e))?;
+        let platforms = doc.get_mut().remove("platform");
+        let mut config = Config::deserialize(toml::de::Deserializer::from(doc)).map_err(|e| index.serde_error(&e))?;
+        if let Some(platforms) = platforms {
+            config.platform = index.platforms(platforms)?;
+        }
         config.validate(&index)?;
         // Relative CA and secret files are the home's (README, "Secrets").
         config.resolve_ca_files(home);
@@ -1285,8 +1039,7 @@ impl Config {
             fix(&mut c.password_file);
         }
         for p in &mut self.platform {
-            fix(&mut p.ca_file);
-            for f in [&mut p.token_file, &mut p.bot_token_file, &mut p.sasl_password_file] {
+            for f in p.files_mut() {
                 fix(f);
             }
         }
@@ -1322,12 +1075,15 @@ impl Config {
             return Err(index.invalid(&["telemetry", "proxy"], e.to_string()));
         }
         check("cluster", self.cluster.as_ref().and_then(|c| c.ca_file.as_deref()))?;
-        for p in &self.platform {
-            check("platform", p.ca_file.as_deref())?;
-            if let Some(proxy) = &p.proxy
+        for (i, p) in self.platform.iter().enumerate() {
+            if let Some(path) = &p.ca_file {
+                gatewarden_net::ClientTls::from_ca_file(path)
+                    .map_err(|e| index.invalid_in_platform(i, "ca_file", e.to_string()))?;
+            }
+            if let Some(proxy) = p.proxy()
                 && let Err(e) = gatewarden_net::ProxyUrl::parse(proxy)
             {
-                return Err(index.invalid(&["platform", "proxy"], e.to_string()));
+                return Err(index.invalid_in_platform(i, "proxy", e.to_string()));
             }
         }
         Ok(())
@@ -1520,92 +1276,16 @@ fn valid_host(h: &str) -> bool {
 }
 
 /// What a build without the `tls` feature says about an https URL.
-const NO_TLS: &str =
+pub(crate) const NO_TLS: &str =
     "this build has no TLS (it was built with --no-default-features); build it with the default features";
 
-/// `api_base`: an http(s) URL (https needs TLS, which default builds have). `None` is
-/// Telegram's public https API when `default_https`.
-fn validate_api_base(
-    bad: &dyn Fn(&str, String) -> ConfigError,
-    api_base: Option<&str>,
-    default_https: bool,
-) -> Result<(), ConfigError> {
-    if let Some(url) = api_base.map(str::trim) {
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(bad("api_base", format!("{url:?} must start with http:// or https://")));
-        }
-        if url.starts_with("https://") && !gatewarden_net::TLS {
-            return Err(bad("api_base", format!("{url:?} is https, but {NO_TLS}")));
-        }
-    } else if default_https && !gatewarden_net::TLS {
-        return Err(bad(
-            "api_base",
-            format!(
-                "the default API base (https://api.telegram.org, https://discord.com/api/v10) is https, but {NO_TLS}"
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// IRC `server`: `host:port` with a numeric port, or `host` (the port then follows `tls`).
-fn irc_server_ok(server: Option<&str>) -> Result<(), String> {
-    let Some(s) = server.map(str::trim).filter(|s| !s.is_empty()) else {
-        return Err("needs server = \"host:port\"".into());
-    };
-    let Some((host, port)) = s.rsplit_once(':') else {
-        if s.contains(char::is_whitespace) {
-            return Err(format!("server {s:?} must be host or host:port"));
-        }
-        return Ok(());
-    };
-    if host.is_empty() || host.contains(char::is_whitespace) || port.parse::<u16>().map_or(true, |p| p == 0) {
-        return Err(format!("server {s:?} must be host:port with a port between 1 and 65535"));
-    }
-    Ok(())
-}
-
-/// One IRC word (a nick or a channel): non-empty, no space, comma or control character, no
-/// leading `:`.
-/// A bare JID `local@domain` as the XMPP adapter takes it (no resource, no spaces or quotes).
-fn bare_jid_ok(s: &str) -> bool {
-    let forbidden = |c: char| c.is_whitespace() || c.is_control() || "\"&'/:<>".contains(c);
-    s.split_once('@').is_some_and(|(l, d)| !l.is_empty() && !d.is_empty() && !d.contains('@')) && !s.contains(forbidden)
-}
-
-fn validate_xmpp(bad: &dyn Fn(&str, String) -> ConfigError, name: &str, p: &PlatformConfig) -> Result<(), ConfigError> {
-    if !p.jid.as_deref().is_some_and(bare_jid_ok) {
-        return Err(bad("jid", format!("[[platform]] {name:?} (xmpp) needs jid, the account's bare JID user@domain")));
-    }
-    if let Some(r) = p.rooms.iter().find(|r| !bare_jid_ok(r)) {
-        return Err(bad("rooms", format!("{r:?}: a room's bare JID, room@conference.domain")));
-    }
-    if let Some(c) = p.allowed_chats.iter().find(|c| !bare_jid_ok(c)) {
-        return Err(bad("allowed_chats", format!("{c:?}: bare JIDs (user@domain) whose direct messages are served")));
-    }
-    if p.server.is_some() && irc_server_ok(p.server.as_deref()).is_err() {
-        return Err(bad("server", format!("[[platform]] {name:?} (xmpp): server must be host:port")));
-    }
-    if p.nick.as_deref().is_some_and(|n| n.trim().is_empty() || n.contains(char::is_control)) {
-        return Err(bad("nick", "the room nick must not be empty or contain control characters".into()));
-    }
-    for (key, set) in [("api_base", p.api_base.is_some()), ("proxy", p.proxy.is_some())] {
-        if set {
-            return Err(bad(key, format!("xmpp connects directly to server; {key} is not used")));
-        }
-    }
-    Ok(())
-}
-
-fn irc_word_ok(s: &str) -> bool {
-    !s.is_empty() && !s.starts_with(':') && !s.contains(|c: char| c == ' ' || c == ',' || c.is_control())
-}
-
 impl Config {
+    /// Each `[[platform]]` table: a unique, well-formed adapter name, then its own checks
+    /// (crates/config/src/platform/), each error at that table's line for the key.
     fn validate_platforms(&self, index: &KeyIndex) -> Result<(), ConfigError> {
-        let bad = |key: &str, message: String| index.invalid(&["platform", key], message);
         let mut names = std::collections::HashSet::new();
-        for p in &self.platform {
+        for (i, p) in self.platform.iter().enumerate() {
+            let bad = |key: &str, message: String| index.invalid_in_platform(i, key, message);
             let name = p.adapter_name();
             if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
                 return Err(bad("name", format!("{name:?}: use letters, digits, '-' and '_'")));
@@ -1616,206 +1296,7 @@ impl Config {
                     format!("two [[platform]] tables are named {name:?}; give each a unique name"),
                 ));
             }
-            let irc = p.kind == PlatformKind::Irc;
-            let xmpp = p.kind == PlatformKind::Xmpp;
-            // IRC's password is optional: many servers need none.
-            if p.token_env.is_none() && p.token_file.is_none() && !irc {
-                return Err(bad(
-                    "token_env",
-                    format!(
-                        "[[platform]] {name:?} needs token_env, the name of the environment variable holding its token (or token_file, the file)"
-                    ),
-                ));
-            }
-            one_source(&bad, "token", p.token_env.as_deref(), p.token_file.as_deref())?;
-            one_source(&bad, "bot_token", p.bot_token_env.as_deref(), p.bot_token_file.as_deref())?;
-            one_source(&bad, "sasl_password", p.sasl_password_env.as_deref(), p.sasl_password_file.as_deref())?;
-            for (key, set) in [("server", p.server.is_some()), ("nick", p.nick.is_some())] {
-                if set && !irc && !xmpp {
-                    return Err(bad(key, format!("{key} is for kind = \"irc\" or \"xmpp\" only")));
-                }
-            }
-            for (key, set) in [
-                ("tls", p.tls),
-                ("sasl_password_env", p.sasl_password_env.is_some()),
-                ("sasl_password_file", p.sasl_password_file.is_some()),
-            ] {
-                if set && !irc {
-                    return Err(bad(key, format!("{key} is for kind = \"irc\" only")));
-                }
-            }
-            let email = p.kind == PlatformKind::Email;
-            for (key, set) in [
-                ("imap", p.imap.is_some()),
-                ("smtp", p.smtp.is_some()),
-                ("account", p.account.is_some()),
-                ("allowed_senders", !p.allowed_senders.is_empty()),
-            ] {
-                if set && !email {
-                    return Err(bad(key, format!("{key} is for kind = \"email\" only")));
-                }
-            }
-            for (key, set) in
-                [("bot_token_env", p.bot_token_env.is_some()), ("bot_token_file", p.bot_token_file.is_some())]
-            {
-                if set && p.kind != PlatformKind::Slack {
-                    return Err(bad(key, format!("{key} is for kind = \"slack\" only")));
-                }
-            }
-            for (key, set) in [("jid", p.jid.is_some()), ("rooms", !p.rooms.is_empty())] {
-                if set && !xmpp {
-                    return Err(bad(key, format!("{key} is for kind = \"xmpp\" only")));
-                }
-            }
-            match p.kind {
-                PlatformKind::Xmpp => validate_xmpp(&bad, &name, p)?,
-                PlatformKind::Telegram => validate_api_base(&bad, p.api_base.as_deref(), true)?,
-                PlatformKind::Matrix => {
-                    if p.api_base.is_none() {
-                        return Err(bad(
-                            "api_base",
-                            format!(
-                                "[[platform]] {name:?} (matrix) needs api_base, the homeserver URL (http://host:port or https://…)"
-                            ),
-                        ));
-                    }
-                    validate_api_base(&bad, p.api_base.as_deref(), false)?;
-                }
-                PlatformKind::Discord => {
-                    if p.proxy.is_some() {
-                        return Err(bad(
-                            "proxy",
-                            "the Discord gateway's WebSocket connects directly; proxy is for telegram and matrix"
-                                .into(),
-                        ));
-                    }
-                    validate_api_base(&bad, p.api_base.as_deref(), true)?;
-                    for (key, ids) in [("allowed_chats", &p.allowed_chats), ("admins", &p.admins)] {
-                        if let Some(c) = ids.iter().find(|c| c.parse::<u64>().is_err()) {
-                            return Err(bad(
-                                key,
-                                format!("{c:?}: Discord channel and user ids are numbers (snowflakes)"),
-                            ));
-                        }
-                    }
-                }
-                PlatformKind::Slack => {
-                    validate_api_base(&bad, p.api_base.as_deref(), false)?;
-                    if p.api_base.is_none() && !gatewarden_net::TLS {
-                        return Err(bad(
-                            "api_base",
-                            format!("the default https://slack.com/api/ is https, but {NO_TLS}"),
-                        ));
-                    }
-                    if p.bot_token_env.is_none() && p.bot_token_file.is_none() {
-                        return Err(bad(
-                            "bot_token_env",
-                            format!(
-                                "[[platform]] {name:?} (slack) needs bot_token_env, the environment variable holding the bot token (xoxb-…), or bot_token_file; token_env holds the app-level token (xapp-…)"
-                            ),
-                        ));
-                    }
-                    if p.proxy.is_some() {
-                        return Err(bad(
-                            "proxy",
-                            "slack's Socket Mode WebSocket connects directly; proxy is for telegram and matrix".into(),
-                        ));
-                    }
-                }
-                PlatformKind::Irc => {
-                    if p.proxy.is_some() {
-                        return Err(bad("proxy", "irc connects directly; proxy is for telegram and matrix".into()));
-                    }
-                    if p.api_base.is_some() {
-                        return Err(bad("api_base", "irc has no api_base; use server = \"host:port\"".into()));
-                    }
-                    if let Err(why) = irc_server_ok(p.server.as_deref()) {
-                        return Err(bad("server", format!("[[platform]] {name:?} (irc): {why}")));
-                    }
-                    if !p.nick.as_deref().is_some_and(irc_word_ok)
-                        || p.nick.as_deref().is_some_and(|n| n.starts_with(['#', '&']))
-                    {
-                        return Err(bad(
-                            "nick",
-                            format!(
-                                "[[platform]] {name:?} (irc) needs nick, one word without spaces, commas or control characters"
-                            ),
-                        ));
-                    }
-                    if let Some(c) = p.allowed_chats.iter().find(|c| !irc_word_ok(c)) {
-                        return Err(bad(
-                            "allowed_chats",
-                            format!(
-                                "{c:?}: IRC channels (#name) or nicks, without spaces, commas or control characters"
-                            ),
-                        ));
-                    }
-                }
-                PlatformKind::Email => {
-                    for (key, url, schemes) in
-                        [("imap", &p.imap, ["imaps://", "imap://"]), ("smtp", &p.smtp, ["smtps://", "smtp://"])]
-                    {
-                        let ok = url.as_deref().is_some_and(|u| {
-                            schemes.iter().any(|s| {
-                                u.len() > s.len() && u.get(..s.len()).is_some_and(|h| h.eq_ignore_ascii_case(s))
-                            })
-                        });
-                        if !ok {
-                            return Err(bad(
-                                key,
-                                format!(
-                                    "[[platform]] {name:?} (email) needs {key} = \"{}host:port\" (TLS) or \"{}host:port\" (STARTTLS)",
-                                    schemes[0], schemes[1]
-                                ),
-                            ));
-                        }
-                    }
-                    if !gatewarden_net::TLS {
-                        return Err(bad("imap", format!("email always uses TLS, but {NO_TLS}")));
-                    }
-                    if !p.account.as_deref().is_some_and(|a| a.contains('@') && !a.contains(char::is_whitespace)) {
-                        return Err(bad(
-                            "account",
-                            format!("[[platform]] {name:?} (email) needs account = \"user@domain\""),
-                        ));
-                    }
-                    if p.proxy.is_some() {
-                        return Err(bad("proxy", "email connects directly; proxy is for telegram and matrix".into()));
-                    }
-                    if !p.allowed_chats.is_empty() {
-                        return Err(bad("allowed_chats", "email serves allowed_senders (addresses or @domain)".into()));
-                    }
-                    if p.allowed_senders.iter().any(|a| !a.contains('@') || a.trim().is_empty()) {
-                        return Err(bad("allowed_senders", "addresses (user@domain) or @domain".into()));
-                    }
-                }
-            }
-            if p.admins.iter().chain(&p.allowed_chats).any(|a| a.trim().is_empty()) {
-                return Err(bad("admins", "ids must not be empty".into()));
-            }
-            if p.allowed_users.iter().any(|a| a.trim().is_empty()) {
-                return Err(bad("allowed_users", "ids must not be empty".into()));
-            }
-            if p.kind == PlatformKind::Discord
-                && let Some(u) = p.allowed_users.iter().find(|u| u.parse::<u64>().is_err())
-            {
-                return Err(bad("allowed_users", format!("{u:?}: Discord user ids are numbers (snowflakes)")));
-            }
-            if p.access == Some(Access::Pairing) && p.kind.forgeable() {
-                return Err(bad(
-                    "access",
-                    format!(
-                        "[[platform]] {name:?} ({}): its sender ids can be forged, so it sends no pairing codes (strangers could make the gateway send mail or flood); use access = \"allowlist\" with allowed_users",
-                        p.kind.as_str()
-                    ),
-                ));
-            }
-            if p.poll_timeout_s > 300 {
-                return Err(bad("poll_timeout_s", "must be at most 300 seconds".into()));
-            }
-            if p.conflict_standby_s == 0 || p.conflict_standby_s > MAX_SECONDS {
-                return Err(bad("conflict_standby_s", format!("must be between 1 and {MAX_SECONDS} seconds")));
-            }
+            p.validate(&bad)?;
         }
         Ok(())
     }
@@ -1842,6 +1323,8 @@ struct Entry {
     key: Range<usize>,
     value: Range<usize>,
     is_table: bool,
+    /// Which `[[platform]]` table (0-based) the key belongs to.
+    platform: Option<usize>,
 }
 
 /// Maps byte spans of the document back to keys and lines.
@@ -1853,14 +1336,82 @@ struct KeyIndex<'a> {
 
 impl<'a> KeyIndex<'a> {
     fn build(path: &'a Path, text: &'a str) -> Result<Self, ConfigError> {
-        let doc = toml::de::DeTable::parse(text).map_err(|e| ConfigError::Syntax {
-            path: path.to_path_buf(),
-            line: line_of(text.as_bytes(), e.span().map_or(0, |s| s.start)),
-            message: format!("TOML syntax error: {}", e.message().trim_end()),
-        })?;
+        let doc = toml::de::DeTable::parse(text).map_err(|e| syntax_error(path, text, &e))?;
         let mut entries = Vec::new();
-        collect(&[], doc.get_ref(), &mut entries);
+        collect(&[], doc.get_ref(), None, &mut entries);
         Ok(KeyIndex { path, text, entries })
+    }
+
+    fn syntax_error(&self, e: &toml::de::Error) -> ConfigError {
+        syntax_error(self.path, self.text, e)
+    }
+
+    /// The `[[platform]]` tables of `value` (the document's `platform`), each read by its kind.
+    fn platforms(&self, value: toml::Spanned<toml::de::DeValue<'_>>) -> Result<Vec<PlatformConfig>, ConfigError> {
+        use toml::de::DeValue;
+        let not_tables = || self.invalid(&["platform"], "expected a list of tables ([[platform]])".into());
+        let DeValue::Array(items) = value.into_inner() else { return Err(not_tables()) };
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.into_iter().enumerate() {
+            let span = item.span();
+            let DeValue::Table(table) = item.into_inner() else { return Err(not_tables()) };
+            let read = platform::located(table, span.clone()).map_err(|e| match e {
+                platform::TableError::Serde { kind, error } => self.platform_serde_error(kind, &error),
+                platform::TableError::Kind { at, message } => {
+                    let line = match at {
+                        Some(at) => self.line(at.start),
+                        None => self.line(self.platform_start(i).unwrap_or(span.start)),
+                    };
+                    ConfigError::InvalidValue {
+                        path: self.path.to_path_buf(),
+                        line,
+                        key: "kind".into(),
+                        table: Some("platform".into()),
+                        message,
+                    }
+                }
+            })?;
+            out.push(read);
+        }
+        Ok(out)
+    }
+
+    /// Where `[[platform]]` table `i`'s first key is.
+    fn platform_start(&self, i: usize) -> Option<usize> {
+        self.entries.iter().filter(|e| e.platform == Some(i)).map(|e| e.key.start).min()
+    }
+
+    /// An "invalid value" error for `key` of `[[platform]]` table `i`: the key's line, else the
+    /// table's first key's.
+    fn invalid_in_platform(&self, i: usize, key: &str, message: String) -> ConfigError {
+        let at = self
+            .entries
+            .iter()
+            .find(|e| e.platform == Some(i) && e.path.last().is_some_and(|k| k == key))
+            .map(|e| e.key.start)
+            .or_else(|| self.platform_start(i));
+        match at {
+            Some(at) => ConfigError::InvalidValue {
+                path: self.path.to_path_buf(),
+                line: self.line(at),
+                key: key.to_owned(),
+                table: Some("platform".into()),
+                message,
+            },
+            None => self.invalid(&["platform", key], message),
+        }
+    }
+
+    /// [`KeyIndex::serde_error`] for a table of `kind`: an unknown key lists that kind's keys,
+    /// and names the kinds that take it, if any.
+    fn platform_serde_error(&self, kind: PlatformKind, err: &toml::de::Error) -> ConfigError {
+        let mut e = self.serde_error(err);
+        if let ConfigError::UnknownKey { key, expected, hint, .. } = &mut e {
+            let keys = kind.keys();
+            *expected = keys.join(", ");
+            *hint = kinds_taking(key).or_else(|| did_you_mean(key, &keys));
+        }
+        e
     }
 
     fn line(&self, at: usize) -> usize {
@@ -1901,19 +1452,21 @@ impl<'a> KeyIndex<'a> {
         let (table, key) = split_path(&path);
         let line = self.line(entry.key.start);
         if message.starts_with("unknown field") {
-            let expected = match table.as_deref() {
-                None => TOP_KEYS.join(", "),
-                Some("agent") => AGENT_KEYS.join(", "),
-                Some("agent.provider") => PROVIDER_KEYS.join(", "),
-                Some("http") => HTTP_KEYS.join(", "),
-                Some("journal") => JOURNAL_KEYS.join(", "),
-                Some("platform") => PLATFORM_KEYS.join(", "),
-                Some("cluster") => CLUSTER_KEYS.join(", "),
-                Some("update") => UPDATE_KEYS.join(", "),
-                Some("telemetry") => TELEMETRY_KEYS.join(", "),
-                Some(_) => String::from("(no keys)"),
+            let keys: &[&str] = match table.as_deref() {
+                None => TOP_KEYS,
+                Some("agent") => AGENT_KEYS,
+                Some("agent.provider") => PROVIDER_KEYS,
+                Some("http") => HTTP_KEYS,
+                Some("journal") => JOURNAL_KEYS,
+                Some("cluster") => CLUSTER_KEYS,
+                Some("update") => UPDATE_KEYS,
+                Some("telemetry") => TELEMETRY_KEYS,
+                // `[[platform]]`: the kind's keys (platform_serde_error).
+                Some(_) => &[],
             };
-            return ConfigError::UnknownKey { path: self.path.to_path_buf(), line, key, table, expected };
+            let expected = if keys.is_empty() { String::from("(no keys)") } else { keys.join(", ") };
+            let hint = did_you_mean(&key, keys);
+            return ConfigError::UnknownKey { path: self.path.to_path_buf(), line, key, table, expected, hint };
         }
         ConfigError::InvalidValue { path: self.path.to_path_buf(), line, key, table, message: friendlier(&message) }
     }
@@ -1929,10 +1482,17 @@ fn split_path(path: &[&str]) -> (Option<String>, String) {
 
 /// serde's type errors say `u64`; users write TOML.
 fn friendlier(message: &str) -> String {
-    message.replace("expected u64", "expected a non-negative integer").replace("expected a sequence", "expected a list")
+    let m = message
+        .replace("expected u64", "expected a non-negative integer")
+        .replace("expected a sequence", "expected a list");
+    // serde's "invalid type: integer `123`, expected a string": what the key wants first.
+    match m.strip_prefix("invalid type: ").and_then(|rest| rest.split_once(", expected ")) {
+        Some((found, wanted)) => format!("expected {wanted}, found {found}"),
+        None => m,
+    }
 }
 
-fn collect(prefix: &[String], table: &toml::de::DeTable<'_>, out: &mut Vec<Entry>) {
+fn collect(prefix: &[String], table: &toml::de::DeTable<'_>, platform: Option<usize>, out: &mut Vec<Entry>) {
     for (key, value) in table.iter() {
         let mut path = prefix.to_vec();
         path.push(key.get_ref().to_string());
@@ -1941,21 +1501,83 @@ fn collect(prefix: &[String], table: &toml::de::DeTable<'_>, out: &mut Vec<Entry
             key: key.span(),
             value: value.span(),
             is_table: matches!(value.get_ref(), toml::de::DeValue::Table(_)),
+            platform,
         });
         match value.get_ref() {
-            toml::de::DeValue::Table(inner) => collect(&path, inner, out),
+            toml::de::DeValue::Table(inner) => collect(&path, inner, platform, out),
             // `[[agent.provider]]` and `[[platform]]`: each table's keys, so an error points at
-            // its line and names its key.
+            // its line and names its key (a platform's, in its own table).
             toml::de::DeValue::Array(items) if path.first().is_some_and(|p| p == "agent" || p == "platform") => {
-                for item in items {
+                let is_platform = path.len() == 1 && path[0] == "platform";
+                for (i, item) in items.iter().enumerate() {
                     if let toml::de::DeValue::Table(inner) = item.get_ref() {
-                        collect(&path, inner, out);
+                        collect(&path, inner, if is_platform { Some(i) } else { platform }, out);
                     }
                 }
             }
             _ => {}
         }
     }
+}
+
+fn syntax_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
+    ConfigError::Syntax {
+        path: path.to_path_buf(),
+        line: line_of(text.as_bytes(), e.span().map_or(0, |s| s.start)),
+        message: format!("TOML syntax error: {}", e.message().trim_end()),
+    }
+}
+
+/// `did you mean 'token_env'?` for an unknown `key`: the first known key it starts (or that
+/// starts it), else the nearest within two edits.
+fn did_you_mean(key: &str, known: &[&str]) -> Option<String> {
+    let prefix =
+        known.iter().find(|k| k.len() > key.len() && k.starts_with(key) || key.starts_with(**k) && k.len() > 2);
+    let near = || {
+        let bound = if key.len() >= 4 { 2 } else { 1 };
+        known
+            .iter()
+            .map(|k| (edit_distance(key, k), *k))
+            .filter(|(d, _)| *d <= bound)
+            .min_by_key(|(d, _)| *d)
+            .map(|(_, k)| k)
+    };
+    prefix.copied().or_else(near).map(|k| format!("did you mean '{k}'?"))
+}
+
+/// Levenshtein distance, with a swap of two neighbours counted as one edit (`modle`).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for j in 0..=b.len() {
+        d[0][j] = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
+}
+
+/// `nick is for kind = "irc" or "xmpp" only`: a key some other kinds take.
+fn kinds_taking(key: &str) -> Option<String> {
+    let kinds: Vec<String> = PlatformKind::ALL
+        .iter()
+        .filter(|k| k.own_keys().contains(&key))
+        .map(|k| format!("\"{}\"", k.as_str()))
+        .collect();
+    let (last, rest) = kinds.split_last()?;
+    let list = if rest.is_empty() { last.clone() } else { format!("{} or {last}", rest.join(", ")) };
+    Some(format!("{key} is for kind = {list} only"))
 }
 
 #[cfg(test)]
@@ -2027,7 +1649,6 @@ mod tests {
             .chain(CLUSTER_KEYS)
             .chain(UPDATE_KEYS)
             .chain(TELEMETRY_KEYS)
-            .chain(["access", "allowed_users", "require_mention"].iter())
         {
             assert!(
                 text.contains(&format!("{key} =")) || text.contains(&format!("[{key}]")),
@@ -2040,6 +1661,74 @@ mod tests {
             let c = parse(&enabled).unwrap_or_else(|e| panic!("{backend} block: {e}"));
             assert_eq!(c.agent.backend.as_str(), backend);
         }
+    }
+
+    /// Every platform kind has a `# [[platform]]` block in config.example.toml that parses on
+    /// its own, once uncommented, into a table of that kind; the block shows each of the
+    /// kind's own keys, and the shared keys are shown in the first (Telegram) block.
+    #[test]
+    fn example_file_has_a_block_for_every_platform_kind_with_its_keys() {
+        let text = include_str!("../config.example.toml");
+        let blocks = platform_blocks(text);
+        let mut seen = Vec::new();
+        for block in &blocks {
+            let c = parse(&block.enabled).unwrap_or_else(|e| panic!("{e}\n{}", block.enabled));
+            assert_eq!(c.platform.len(), 1, "{}", block.enabled);
+            let kind = c.platform[0].kind();
+            for key in kind.own_keys() {
+                assert!(block.documents(key), "config.example.toml's {} block does not show '{key}'", kind.as_str());
+            }
+            seen.push(kind);
+        }
+        for kind in PlatformKind::ALL {
+            assert!(seen.contains(kind), "config.example.toml has no [[platform]] block of kind {:?}", kind.as_str());
+        }
+        let first = blocks.first().expect("a [[platform]] block");
+        for key in platform::shared_keys() {
+            assert!(first.documents(key), "config.example.toml's first [[platform]] block does not show '{key}'");
+        }
+    }
+
+    /// One `# [[platform]]` block of config.example.toml: its lines as written, and uncommented
+    /// (one `# ` dropped: `# # key = …` alternatives stay comments).
+    struct Block {
+        written: String,
+        enabled: String,
+    }
+
+    impl Block {
+        fn documents(&self, key: &str) -> bool {
+            self.written.lines().any(|l| l.trim_start_matches(['#', ' ']).starts_with(&format!("{key} =")))
+        }
+    }
+
+    /// The example's `# [[platform]]` blocks: from that line on while lines are commented-out
+    /// assignments or comments (`# key = …`, `#   # …`, `# # …`).
+    fn platform_blocks(text: &str) -> Vec<Block> {
+        let mut out: Vec<Block> = Vec::new();
+        let mut inside = false;
+        for line in text.lines() {
+            if line == "# [[platform]]" {
+                out.push(Block { written: String::new(), enabled: String::new() });
+                inside = true;
+            }
+            let rest = line.strip_prefix("# ").filter(|r| {
+                let r = r.trim_start();
+                r.starts_with('#')
+                    || r.starts_with("[[platform]]")
+                    || r.split_once(" =").is_some_and(|(k, _)| !k.contains(' '))
+            });
+            match (inside, rest, out.last_mut()) {
+                (true, Some(rest), Some(b)) => {
+                    b.written.push_str(line);
+                    b.written.push('\n');
+                    b.enabled.push_str(rest);
+                    b.enabled.push('\n');
+                }
+                _ => inside = false,
+            }
+        }
+        out
     }
 
     /// Uncomments the `#! <backend>:` block of config.example.toml and drops the active
@@ -2230,7 +1919,7 @@ api_key_env = "MY_KEY"
         let m = load(&format!("{tg}proxy = \"http://me:pw123@p:3128\"\n")).unwrap_err().to_string();
         assert!(m.contains("'proxy' in [platform]") && m.contains("credentials") && !m.contains("pw123"), "{m}");
         let c = load(&format!("{tg}proxy = \"socks5h://127.0.0.1:1080\"\n")).unwrap();
-        assert_eq!(c.platform[0].proxy.as_deref(), Some("socks5h://127.0.0.1:1080"));
+        assert_eq!(c.platform[0].proxy(), Some("socks5h://127.0.0.1:1080"));
         assert_eq!(c.platform[0].ca_file, None);
     }
 
@@ -2367,11 +2056,68 @@ api_key_env = "MY_KEY"
         assert!(PlatformKind::Irc.forgeable() && PlatformKind::Email.forgeable() && !PlatformKind::Xmpp.forgeable());
     }
 
+    /// Each `[[platform]]` table is read by its kind, and its errors keep their file, line and
+    /// key: a type error names the key, an unknown key suggests the one meant or names the kinds
+    /// that take it, and a check of the second table points into the second table.
+    #[test]
+    fn platform_errors_are_located_in_their_own_table() {
+        let tg = "[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\n";
+        let e = err(&format!("{tg}admins = [123]\n"));
+        assert!(e.starts_with("/h/config.toml:4: invalid value for 'admins' in [platform]: expected a string"), "{e}");
+        let e = parse("[[platform]]\nkind = \"telegram\"\ntoken = \"T\"\n").unwrap_err();
+        assert_eq!((e.line(), e.key()), (Some(3), Some("token")), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("unknown key 'token' in [platform]") && e.ends_with("did you mean 'token_env'?"), "{e}");
+        assert!(e.contains("expected one of: kind, name, token_env") && e.contains("poll_timeout_s"), "{e}");
+        let e = err(&format!("{tg}pol_timeout_s = 3\n"));
+        assert!(e.ends_with("did you mean 'poll_timeout_s'?"), "{e}");
+        let e = err("[[platform]]\nkind = \"discord\"\ntoken_env = \"D\"\npoll_timeout_s = 3\n");
+        assert!(e.ends_with("poll_timeout_s is for kind = \"telegram\", \"matrix\" or \"email\" only"), "{e}");
+        assert!(e.contains("ca_file, api_base)"), "discord's own keys: {e}");
+        // The second table's own line, though the first has the same key.
+        let irc = "[[platform]]\nkind = \"irc\"\nserver = \"h\"\nnick = \"a\"\n";
+        let e =
+            parse(&format!("{irc}[[platform]]\nkind = \"irc\"\nname = \"b\"\nserver = \"h\"\nnick = \"two words\"\n"))
+                .unwrap_err();
+        assert_eq!((e.line(), e.key()), (Some(9), Some("nick")), "{e}");
+        let e = parse(&format!("{tg}\n[[platform]]\nname = \"x\"\n")).unwrap_err();
+        assert_eq!((e.line(), e.key()), (Some(6), Some("kind")), "{e}");
+        let e = parse(&format!("{tg}[[platform]]\nkind = \"whatsapp\"\n")).unwrap_err();
+        assert_eq!((e.line(), e.key()), (Some(5), Some("kind")), "{e}");
+        assert!(e.to_string().contains("expected one of: telegram, matrix, irc, xmpp, discord, email, slack"), "{e}");
+        let e = parse("platform = 3\n").unwrap_err();
+        assert_eq!((e.line(), e.key()), (Some(1), Some("platform")), "{e}");
+        // Inline tables (what GATEWARDEN_PLATFORM holds) read the same.
+        let c = parse("platform = [{kind = \"irc\", server = \"h\", nick = \"n\", tls = true}]\n").unwrap();
+        assert_eq!(c.platform[0].own::<platform::Irc>().and_then(|i| i.addr()).as_deref(), Some("h:6697"));
+    }
+
+    /// Serde's own view of a table (`#[serde(tag = "kind")]`, no spans) reads what the file's
+    /// loader reads, and writes the flat table back.
+    #[test]
+    fn platform_tables_round_trip_through_serde() {
+        let text = "[[platform]]\nkind = \"slack\"\nname = \"s\"\ntoken_env = \"A\"\nbot_token_env = \"B\"\nadmins = [\"U1\"]\n";
+        let loaded = parse(text).unwrap().platform.remove(0);
+        let value = toml::Value::try_from(&loaded).unwrap();
+        assert_eq!(value.get("kind").and_then(|k| k.as_str()), Some("slack"));
+        assert_eq!(value.get("bot_token_env").and_then(|k| k.as_str()), Some("B"), "flat, as the file has it");
+        let back: PlatformConfig = value.try_into().unwrap();
+        assert_eq!(back, loaded);
+        let bad: Result<PlatformConfig, _> =
+            toml::from_str::<toml::Value>("kind = \"slack\"\nnick = \"x\"\n").unwrap().try_into();
+        assert!(bad.is_err());
+        for kind in PlatformKind::ALL {
+            assert_eq!(PlatformConfig::new(*kind).kind(), *kind);
+            assert!(kind.keys().contains(&"ca_file") && kind.keys().contains(&"kind"));
+        }
+    }
+
     #[test]
     fn email_platforms_validate_their_keys() {
         let ok = "[[platform]]\nkind = \"email\"\ntoken_env = \"PW\"\nimap = \"imaps://h\"\nsmtp = \"smtp://h:587\"\naccount = \"bot@h\"\n";
         let c = parse(&format!("{ok}allowed_senders = [\"a@h\", \"@x.org\"]\n")).unwrap();
-        assert_eq!((c.platform[0].kind, c.platform[0].allowed_senders.len()), (PlatformKind::Email, 2));
+        let PlatformSettings::Email(mail) = &c.platform[0].settings else { panic!("{c:?}") };
+        assert_eq!(mail.allowed_senders.len(), 2);
         assert!(err(&ok.replace("imaps://h", "https://h")).contains("needs imap"));
         assert!(err(&ok.replace("smtp://h:587", "h:587")).contains("needs smtp"));
         assert!(err(&ok.replace("bot@h", "bot")).contains("needs account"));
@@ -2390,7 +2136,8 @@ api_key_env = "MY_KEY"
              allowed_chats = [\"me@example.org\"]\n",
         )
         .unwrap();
-        assert_eq!((x.platform[0].kind, x.platform[0].jid.as_deref()), (PlatformKind::Xmpp, Some("bot@example.org")));
+        let PlatformSettings::Xmpp(xmpp) = &x.platform[0].settings else { panic!("{x:?}") };
+        assert_eq!(xmpp.jid.as_deref(), Some("bot@example.org"));
         let base = "[[platform]]\nkind = \"xmpp\"\ntoken_env = \"XP\"\n";
         assert!(err(base).contains("needs jid"));
         for bad_jid in ["bot", "bot@", "@d", "a b@d", "bot@d/res", "a@b@c"] {
@@ -2412,7 +2159,7 @@ api_key_env = "MY_KEY"
             "[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nallowed_chats = [\"123\"]\nadmins = [\"42\"]\n",
         )
         .unwrap();
-        assert_eq!((d.platform[0].kind, d.platform[0].adapter_name().as_str()), (PlatformKind::Discord, "discord"));
+        assert_eq!((d.platform[0].kind(), d.platform[0].adapter_name().as_str()), (PlatformKind::Discord, "discord"));
         assert!(err("[[platform]]\nkind = \"discord\"\n").contains("needs token_env"));
         assert!(
             err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nallowed_chats = [\"#general\"]\n")
@@ -2422,7 +2169,8 @@ api_key_env = "MY_KEY"
             err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nadmins = [\"me\"]\n").contains("snowflakes")
         );
         assert!(
-            err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nproxy = \"http://p:1\"\n").contains("directly")
+            err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\nproxy = \"http://p:1\"\n")
+                .contains("proxy is for kind = \"telegram\" or \"matrix\" only")
         );
         assert!(
             err("[[platform]]\nkind = \"discord\"\ntoken_env = \"DT\"\napi_base = \"ftp://x\"\n").contains("http://")
@@ -2477,7 +2225,8 @@ api_key_env = "MY_KEY"
         assert!(both.contains("'token_file'") && both.contains("set token_env or token_file, not both"), "{both}");
         assert!(err("[[platform]]\nkind = \"telegram\"\n").contains("needs token_env"));
         let slack = "[[platform]]\nkind = \"slack\"\ntoken_file = \"/a\"\nbot_token_file = \"/b\"\n";
-        assert_eq!(parse(slack).unwrap().platform[0].bot_token_file.as_deref(), Some(Path::new("/b")));
+        let c = parse(slack).unwrap();
+        assert_eq!(c.platform[0].own::<platform::Slack>().unwrap().bot_token_file.as_deref(), Some(Path::new("/b")));
         assert!(
             err("[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\nbot_token_file = \"b\"\n").contains("slack")
         );
@@ -2485,7 +2234,11 @@ api_key_env = "MY_KEY"
             err("[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\nsasl_password_file = \"p\"\n").contains("irc")
         );
         let irc = "[[platform]]\nkind = \"irc\"\nserver = \"h:6667\"\nnick = \"n\"\nsasl_password_file = \"p\"\n";
-        assert_eq!(parse(irc).unwrap().platform[0].sasl_password_file.as_deref(), Some(Path::new("/h/p")));
+        let c = parse(irc).unwrap();
+        assert_eq!(
+            c.platform[0].own::<platform::Irc>().unwrap().sasl_password_file.as_deref(),
+            Some(Path::new("/h/p"))
+        );
         let p = "[agent]\nbackend = \"openai\"\n[[agent.provider]]\nbase_url = \"http://a/v1\"\nmodel = \"m\"\n";
         let e = err(&format!("{p}api_key_env = \"K\"\napi_key_file = \"k\"\n"));
         assert!(e.contains("set api_key_env or api_key_file, not both"), "{e}");
@@ -2499,11 +2252,12 @@ api_key_env = "MY_KEY"
     fn slack_needs_both_tokens_and_no_proxy() {
         let ok = "[[platform]]\nkind = \"slack\"\ntoken_env = \"SLACK_APP\"\nbot_token_env = \"SLACK_BOT\"\n";
         let s = parse(ok).unwrap();
-        assert_eq!((s.platform[0].kind, s.platform[0].adapter_name().as_str()), (PlatformKind::Slack, "slack"));
-        assert_eq!(s.platform[0].bot_token_env.as_deref(), Some("SLACK_BOT"));
+        assert_eq!((s.platform[0].kind(), s.platform[0].adapter_name().as_str()), (PlatformKind::Slack, "slack"));
+        let PlatformSettings::Slack(slack) = &s.platform[0].settings else { panic!("{s:?}") };
+        assert_eq!(slack.bot_token_env.as_deref(), Some("SLACK_BOT"));
         assert!(err("[[platform]]\nkind = \"slack\"\ntoken_env = \"A\"\n").contains("needs bot_token_env"));
         assert!(err("[[platform]]\nkind = \"slack\"\nbot_token_env = \"B\"\n").contains("needs token_env"));
-        assert!(err(&format!("{ok}proxy = \"http://p:3128\"\n")).contains("connects directly"));
+        assert!(err(&format!("{ok}proxy = \"http://p:3128\"\n")).contains("proxy is for kind"));
         assert!(err(&format!("{ok}api_base = \"slack.com\"\n")).contains("http://"));
         assert!(
             err("[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\nbot_token_env = \"B\"\n")
@@ -2514,7 +2268,7 @@ api_key_env = "MY_KEY"
     #[test]
     fn matrix_and_irc_platforms_validate_their_keys() {
         let m = parse("[[platform]]\nkind = \"matrix\"\ntoken_env = \"MX\"\napi_base = \"http://127.0.0.1:8008\"\nallowed_chats = [\"!r:hs\"]\n").unwrap();
-        assert_eq!((m.platform[0].kind, m.platform[0].adapter_name().as_str()), (PlatformKind::Matrix, "matrix"));
+        assert_eq!((m.platform[0].kind(), m.platform[0].adapter_name().as_str()), (PlatformKind::Matrix, "matrix"));
         assert!(err("[[platform]]\nkind = \"matrix\"\ntoken_env = \"MX\"\n").contains("needs api_base"));
         assert!(err("[[platform]]\nkind = \"matrix\"\napi_base = \"http://h:1\"\n").contains("needs token_env"));
         assert!(err("[[platform]]\nkind = \"matrix\"\ntoken_env = \"MX\"\napi_base = \"h:1\"\n").contains("http://"));
@@ -2526,16 +2280,28 @@ api_key_env = "MY_KEY"
         // IRC: the password is optional; server and nick are required.
         let i = parse("[[platform]]\nkind = \"irc\"\nserver = \"127.0.0.1:6667\"\nnick = \"gwbot\"\nallowed_chats = [\"#gw\", \"alice\"]\n").unwrap();
         assert_eq!(
-            (i.platform[0].server.as_deref(), i.platform[0].nick.as_deref()),
+            i.platform[0].own::<platform::Irc>().map(|i| (i.server.as_deref(), i.nick.as_deref())).unwrap(),
             (Some("127.0.0.1:6667"), Some("gwbot"))
         );
         assert!(err("[[platform]]\nkind = \"irc\"\nnick = \"gwbot\"\n").contains("server"));
         // A bare host takes the port from `tls`: 6697 with TLS, else 6667.
         let irc = |extra: &str| parse(&format!("[[platform]]\nkind = \"irc\"\nnick = \"gwbot\"\n{extra}")).unwrap();
-        assert_eq!(irc("server = \"h\"\n").platform[0].irc_addr().as_deref(), Some("h:6667"));
-        assert_eq!(irc("server = \"h\"\ntls = true\n").platform[0].irc_addr().as_deref(), Some("h:6697"));
-        assert_eq!(irc("server = \"h:7000\"\ntls = true\n").platform[0].irc_addr().as_deref(), Some("h:7000"));
-        assert_eq!(irc("server = \"[::1]:7000\"\n").platform[0].irc_addr().as_deref(), Some("[::1]:7000"));
+        assert_eq!(
+            irc("server = \"h\"\n").platform[0].own::<platform::Irc>().unwrap().addr().as_deref(),
+            Some("h:6667")
+        );
+        assert_eq!(
+            irc("server = \"h\"\ntls = true\n").platform[0].own::<platform::Irc>().unwrap().addr().as_deref(),
+            Some("h:6697")
+        );
+        assert_eq!(
+            irc("server = \"h:7000\"\ntls = true\n").platform[0].own::<platform::Irc>().unwrap().addr().as_deref(),
+            Some("h:7000")
+        );
+        assert_eq!(
+            irc("server = \"[::1]:7000\"\n").platform[0].own::<platform::Irc>().unwrap().addr().as_deref(),
+            Some("[::1]:7000")
+        );
         assert!(err("[[platform]]\nkind = \"irc\"\nserver = \"h h\"\nnick = \"gwbot\"\n").contains("host:port"));
         assert!(err("[[platform]]\nkind = \"telegram\"\ntoken_env = \"T\"\ntls = true\n").contains("irc"));
         assert!(
@@ -2553,7 +2319,7 @@ api_key_env = "MY_KEY"
         );
         assert!(
             err("[[platform]]\nkind = \"irc\"\nserver = \"h:6667\"\nnick = \"b\"\napi_base = \"http://h\"\n")
-                .contains("no api_base")
+                .contains("api_base is for kind")
         );
         assert!(
             err("[[platform]]\nkind = \"irc\"\nserver = \"h:6667\"\nnick = \"b\"\ntoken_env = \"\"\n")

@@ -196,8 +196,9 @@ impl Config {
             let name = p.adapter_name();
             let id = |what| SecretId::Platform { name: name.clone(), what };
             push(id(PlatformSecret::Token), &p.token_env, &p.token_file);
-            push(id(PlatformSecret::BotToken), &p.bot_token_env, &p.bot_token_file);
-            push(id(PlatformSecret::SaslPassword), &p.sasl_password_env, &p.sasl_password_file);
+            for (what, env, file) in p.settings.secrets() {
+                push(id(what), &env.map(str::to_owned), &file.map(Path::to_path_buf));
+            }
         }
         let a = &self.agent;
         match a.backend {

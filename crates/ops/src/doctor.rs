@@ -559,15 +559,15 @@ fn user_findings(home: &Home, s: &gatewarden_control::StatusReport) -> Vec<Item>
 /// else a Telegram platform's Bot API), from its answer's `Date`: `clock-skew` past
 /// [`crate::probe::CLOCK_SKEW_MAX`]. Nothing when no upstream is named or it cannot be asked.
 fn clock_items(config: &gatewarden_config::Config) -> Vec<Item> {
-    use gatewarden_config::{BackendKind, PlatformKind};
+    use gatewarden_config::{BackendKind, platform::Telegram};
     let provider = (config.agent.backend == BackendKind::Openai)
         .then(|| config.agent.providers().into_iter().next())
         .flatten()
         .map(|p| (format!("{}/models", p.base_url.trim_end_matches('/')), p.ca_file, p.proxy));
     let telegram = || {
-        config.platform.iter().find(|p| p.kind == PlatformKind::Telegram).map(|p| {
-            let base = p.api_base.clone().unwrap_or_else(|| crate::probe::TELEGRAM_API.to_owned());
-            (format!("{}/", base.trim_end_matches('/')), p.ca_file.clone(), p.proxy.clone())
+        config.platform.iter().find_map(|p| Some((p, p.own::<Telegram>()?))).map(|(p, tg)| {
+            let base = tg.api_base.clone().unwrap_or_else(|| crate::probe::TELEGRAM_API.to_owned());
+            (format!("{}/", base.trim_end_matches('/')), p.ca_file.clone(), tg.proxy.clone())
         })
     };
     let Some((url, ca_file, proxy)) = provider.or_else(telegram) else { return Vec::new() };

@@ -41,6 +41,7 @@ use std::time::{Duration, SystemTime};
 
 use gatewarden_chatproto::irc::{Config, Connection, ErrorKind, Event, MAX_TEXT_BYTES, Writer};
 use gatewarden_config::PlatformConfig;
+use gatewarden_config::platform::Irc as Settings;
 
 use crate::skeleton::{self, Batch, Ctx, Failure, Limits, Pace, PieceId, PieceLimit, Protocol, SendError, Skeleton};
 use crate::{AdapterError, ChatKind, Host, Inbound, names_word};
@@ -103,11 +104,12 @@ impl Skeleton<Proto> {
         password: Option<String>,
         sasl_password: Option<String>,
     ) -> Result<Irc, AdapterError> {
+        let s = skeleton::settings::<Proto>(cfg)?;
         let name = cfg.adapter_name();
-        let (Some(server), Some(nick)) = (cfg.irc_addr(), cfg.nick.clone()) else {
+        let (Some(server), Some(nick)) = (s.addr(), s.nick.clone()) else {
             return Err(AdapterError::Start { name, message: "irc needs server and nick".into() });
         };
-        let tls = match cfg.tls {
+        let tls = match s.tls {
             true => Some(
                 gatewarden_net::ClientTls::new(cfg.ca_file.as_deref())
                     .map_err(|e| AdapterError::Start { name: name.clone(), message: e.to_string() })?,
@@ -136,7 +138,7 @@ fn set_writer(slot: &WriterSlot, w: Option<Writer>) {
 }
 
 impl Protocol for Proto {
-    const KIND: &'static str = "irc";
+    type Settings = Settings;
     const LIMITS: Limits = Limits {
         piece: PieceLimit::Bytes(MAX_TEXT_BYTES),
         line_per_piece: true,

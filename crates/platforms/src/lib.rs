@@ -17,9 +17,9 @@
 //!    server keeps nothing for a successor, so its adapter listens on until `close`.)
 //!
 //! Steps 2 to 5 are the skeleton's ([`skeleton`]); a platform is a [`skeleton::Protocol`] in
-//! its own module ([`telegram`], [`matrix`], [`irc`], [`discord`], [`xmpp`], [`email`]) and one arm
-//! in [`build`]
-//! (docs/adding-a-platform.md).
+//! its own module ([`telegram`], [`matrix`], [`irc`], [`discord`], [`xmpp`], [`email`],
+//! [`slack`]), whose `Settings` are its `[[platform]]` keys (crates/config/src/platform/), and
+//! one arm in [`build`] (docs/adding-a-platform.md).
 
 pub mod credlock;
 pub mod discord;
@@ -405,7 +405,7 @@ pub fn build(cfg: &PlatformConfig, secrets: &Secrets) -> Result<Arc<dyn Adapter>
     };
     let need = |what, key| get(what)?.ok_or_else(|| AdapterError::Unconfigured { name: name.clone(), key });
     let token = || need(PlatformSecret::Token, "token_env or token_file");
-    match cfg.kind {
+    match cfg.kind() {
         PlatformKind::Telegram => Ok(Arc::new(telegram::Telegram::new(cfg, token()?)?)),
         PlatformKind::Matrix => Ok(Arc::new(matrix::Matrix::new(cfg, token()?)?)),
         // The server password is optional.

@@ -43,6 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use gatewarden_chatproto::matrix::{Client, Error as MxError, ErrorKind, TextMessage};
+use gatewarden_config::platform::Matrix as Settings;
 use gatewarden_config::{Access, PlatformConfig};
 use gatewarden_lifecycle::fsio;
 use serde::{Deserialize, Serialize};
@@ -145,10 +146,11 @@ pub struct Proto {
 
 impl Skeleton<Proto> {
     pub fn new(cfg: &PlatformConfig, token: String) -> Result<Matrix, AdapterError> {
+        let s = skeleton::settings::<Proto>(cfg)?;
         let name = cfg.adapter_name();
-        let homeserver = cfg.api_base.clone().unwrap_or_default();
+        let homeserver = s.api_base.clone().unwrap_or_default();
         let start_error = |message: String| AdapterError::Start { name: name.clone(), message };
-        let out = gatewarden_net::Outbound::new(cfg.ca_file.as_deref(), cfg.proxy.as_deref())
+        let out = gatewarden_net::Outbound::new(cfg.ca_file.as_deref(), s.proxy.as_deref())
             .map_err(|e| start_error(e.to_string()))?;
         // The URL is checked once here: a bad one is a start error, not a retry loop.
         Client::with_outbound(&homeserver, REQUEST_TIMEOUT, &out).map_err(|e| start_error(e.to_string()))?;
@@ -159,7 +161,7 @@ impl Skeleton<Proto> {
             name,
             allowed: cfg.allowed_chats.clone(),
             invites: Invites::of(cfg),
-            poll_timeout: Duration::from_secs(cfg.poll_timeout_s),
+            poll_timeout: Duration::from_secs(s.poll_timeout_s),
         };
         Ok(Skeleton::from_protocol(cfg, proto))
     }
@@ -174,7 +176,7 @@ impl Proto {
 }
 
 impl Protocol for Proto {
-    const KIND: &'static str = "matrix";
+    type Settings = Settings;
     const LIMITS: Limits = Limits {
         piece: PieceLimit::Chars(MAX_TEXT_CHARS),
         line_per_piece: false,

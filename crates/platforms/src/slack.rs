@@ -58,6 +58,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use gatewarden_config::PlatformConfig;
+use gatewarden_config::platform::Slack as Settings;
 use gatewarden_net::{ClientTls, Outbound, rustls};
 use serde_json::{Value, json};
 use tungstenite::{Message, WebSocket};
@@ -225,14 +226,14 @@ pub struct Proto {
 impl Skeleton<Proto> {
     /// `app_token` is `token_env`'s (`xapp-…`), `bot_token` `bot_token_env`'s (`xoxb-…`).
     pub fn new(cfg: &PlatformConfig, app_token: String, bot_token: String) -> Result<Slack, AdapterError> {
+        let s = skeleton::settings::<Proto>(cfg)?;
         let start_error = |message: String| AdapterError::Start { name: cfg.adapter_name(), message };
-        let out =
-            Outbound::new(cfg.ca_file.as_deref(), cfg.proxy.as_deref()).map_err(|e| start_error(e.to_string()))?;
+        let out = Outbound::new(cfg.ca_file.as_deref(), None).map_err(|e| start_error(e.to_string()))?;
         let tls = ClientTls::new(cfg.ca_file.as_deref()).map_err(|e| start_error(e.to_string()))?;
         let proto = Proto {
             app_token,
             bot_token,
-            base: cfg.api_base.clone().unwrap_or_else(|| DEFAULT_API_BASE.to_owned()),
+            base: s.api_base.clone().unwrap_or_else(|| DEFAULT_API_BASE.to_owned()),
             out,
             tls,
             allowed: cfg.allowed_chats.clone(),
@@ -242,7 +243,7 @@ impl Skeleton<Proto> {
 }
 
 impl Protocol for Proto {
-    const KIND: &'static str = "slack";
+    type Settings = Settings;
     const LIMITS: Limits = Limits {
         piece: PieceLimit::Chars(MAX_TEXT_CHARS),
         line_per_piece: false,

@@ -44,6 +44,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use gatewarden_config::PlatformConfig;
+use gatewarden_config::platform::Telegram as Settings;
 use gatewarden_net::Outbound;
 use serde_json::{Value, json};
 
@@ -173,15 +174,16 @@ impl Skeleton<Proto> {
     /// Fails only when `ca_file` or `proxy` cannot be used (the configuration check read them
     /// already).
     pub fn new(cfg: &PlatformConfig, token: String) -> Result<Telegram, AdapterError> {
-        let out = Outbound::new(cfg.ca_file.as_deref(), cfg.proxy.as_deref())
+        let s = skeleton::settings::<Proto>(cfg)?;
+        let out = Outbound::new(cfg.ca_file.as_deref(), s.proxy.as_deref())
             .map_err(|e| AdapterError::Start { name: cfg.adapter_name(), message: e.to_string() })?;
         let proto = Proto {
             token,
-            base: cfg.api_base.clone().unwrap_or_else(|| DEFAULT_API_BASE.to_owned()),
+            base: s.api_base.clone().unwrap_or_else(|| DEFAULT_API_BASE.to_owned()),
             out,
             allowed: cfg.allowed_chats.clone(),
             admins: cfg.admins.clone(),
-            poll_timeout: Duration::from_secs(cfg.poll_timeout_s),
+            poll_timeout: Duration::from_secs(s.poll_timeout_s),
             offset: Arc::new(AtomicI64::new(0)),
         };
         Ok(Skeleton::from_protocol(cfg, proto))
@@ -195,7 +197,7 @@ impl Proto {
 }
 
 impl Protocol for Proto {
-    const KIND: &'static str = "telegram";
+    type Settings = Settings;
     const LIMITS: Limits = Limits {
         piece: PieceLimit::Chars(MAX_TEXT_CHARS),
         line_per_piece: false,

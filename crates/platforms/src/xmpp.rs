@@ -64,6 +64,7 @@ use gatewarden_chatproto::xmpp::{
     Since, Writer,
 };
 use gatewarden_config::PlatformConfig;
+use gatewarden_config::platform::Xmpp as Settings;
 use gatewarden_lifecycle::fsio;
 use serde::{Deserialize, Serialize};
 
@@ -114,20 +115,21 @@ pub struct Proto {
 
 impl Skeleton<Proto> {
     pub fn new(cfg: &PlatformConfig, password: String) -> Result<Xmpp, AdapterError> {
+        let s = skeleton::settings::<Proto>(cfg)?;
         let name = cfg.adapter_name();
         let err = |message: String| AdapterError::Start { name: name.clone(), message };
-        let jid = BareJid::parse(cfg.jid.as_deref().unwrap_or_default()).map_err(|e| err(format!("jid: {e}")))?;
-        let rooms = cfg
+        let jid = BareJid::parse(s.jid.as_deref().unwrap_or_default()).map_err(|e| err(format!("jid: {e}")))?;
+        let rooms = s
             .rooms
             .iter()
             .map(|r| BareJid::parse(r).map_err(|e| err(format!("rooms: {e}"))))
             .collect::<Result<Vec<_>, _>>()?;
         let tls = gatewarden_net::ClientTls::new(cfg.ca_file.as_deref()).map_err(|e| err(e.to_string()))?;
-        let addr = match cfg.server.as_deref().map(str::trim) {
+        let addr = match s.server.as_deref().map(str::trim) {
             Some(s) if !s.is_empty() => s.to_owned(),
             _ => format!("{}:{DEFAULT_PORT}", jid.domain),
         };
-        let nick = cfg.nick.clone().unwrap_or_else(|| jid.local.clone());
+        let nick = s.nick.clone().unwrap_or_else(|| jid.local.clone());
         let proto = Proto {
             name: name.clone(),
             credential: jid.as_string().to_lowercase(),
@@ -243,7 +245,7 @@ fn set_writer(slot: &WriterSlot, w: Option<Writer>) {
 }
 
 impl Protocol for Proto {
-    const KIND: &'static str = "xmpp";
+    type Settings = Settings;
     const LIMITS: Limits = Limits {
         piece: PieceLimit::Chars(MAX_TEXT_CHARS),
         line_per_piece: false,

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gatewarden_config::{PlatformConfig, PlatformKind};
+use gatewarden_config::{PlatformConfig, platform};
 use gatewarden_discord_fake::{FakeDiscord, Fault, Options, RestCall, Route};
 use gatewarden_platforms::discord::Discord;
 use gatewarden_platforms::{Activity, Adapter, Host, Inbound, Outgoing, Sent, State};
@@ -64,10 +64,8 @@ impl Host for DirHost {
 fn config(base: &str) -> PlatformConfig {
     PlatformConfig {
         token_env: Some("UNUSED".into()),
-        api_base: Some(base.into()),
-        poll_timeout_s: 2,
         conflict_standby_s: 30,
-        ..PlatformConfig::new(PlatformKind::Discord)
+        ..PlatformConfig::with(platform::Discord { api_base: Some(base.into()), ..platform::Discord::default() })
     }
 }
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gatewarden_config::{PlatformConfig, PlatformKind};
+use gatewarden_config::{PlatformConfig, platform};
 use gatewarden_discord_fake::{FakeDiscord, Options};
 use gatewarden_platforms::discord::Discord;
 use gatewarden_platforms::{Adapter, Host, Inbound, Outgoing, Sent, State};
@@ -49,11 +49,9 @@ impl Host for DirHost {
 fn start(base: &str, ca_file: &Path, dir: &Path, first_seq: usize) -> Arc<Discord> {
     let cfg = PlatformConfig {
         token_env: Some("UNUSED".into()),
-        api_base: Some(base.into()),
-        poll_timeout_s: 2,
         conflict_standby_s: 30,
         ca_file: Some(ca_file.to_owned()),
-        ..PlatformConfig::new(PlatformKind::Discord)
+        ..PlatformConfig::with(platform::Discord { api_base: Some(base.into()), ..platform::Discord::default() })
     };
     let d = Arc::new(Discord::new(&cfg, TOKEN.into()).unwrap());
     let mem = MemHost::echoing();

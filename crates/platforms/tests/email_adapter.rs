@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gatewarden_config::{Access, PlatformConfig, PlatformKind};
+use gatewarden_config::{Access, PlatformConfig, platform};
 use gatewarden_platforms::email::{Email, imap};
 use gatewarden_platforms::{Adapter, Host, State};
 use gatewarden_testkit::mail::{MailServer, address, password};
@@ -33,17 +33,19 @@ fn config(imap: String, smtp: String, ca: &Path, allowed: &[&str]) -> PlatformCo
     PlatformConfig {
         name: Some("mail".into()),
         token_env: Some("UNUSED".into()),
-        poll_timeout_s: 5,
         conflict_standby_s: 30,
         ca_file: Some(ca.to_owned()),
-        imap: Some(imap),
-        smtp: Some(smtp),
-        account: Some(address("bot")),
-        allowed_senders: allowed.iter().map(|a| a.to_string()).collect(),
         // The adapter alone: read what allowed_senders admits (none listed: anyone), as
         // before the access policy (crates/runtime/src/access/; platform_email.rs tests it).
         access: Some(Access::Open),
-        ..PlatformConfig::new(PlatformKind::Email)
+        ..PlatformConfig::with(platform::Email {
+            poll_timeout_s: 5,
+            imap: Some(imap),
+            smtp: Some(smtp),
+            account: Some(address("bot")),
+            allowed_senders: allowed.iter().map(|a| a.to_string()).collect(),
+            ..platform::Email::default()
+        })
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gatewarden_chatproto::irc::{Config, Connection, Event};
-use gatewarden_config::{PlatformConfig, PlatformKind};
+use gatewarden_config::{PlatformConfig, platform};
 use gatewarden_platforms::irc::{FLOOD_BURST, FLOOD_EVERY, Irc};
 use gatewarden_platforms::{Adapter, Sent, State};
 use gatewarden_testkit::servers::Ngircd;
@@ -39,11 +39,13 @@ fn routes_inbound_refuses_bad_targets_paces_lines_and_quits() {
     let mut alice = Connection::connect(&Config::new(s.addr().to_string(), "alice")).unwrap();
     alice.join("#gw", WAIT).unwrap();
     let cfg = PlatformConfig {
-        server: Some(s.addr().to_string()),
-        nick: Some("gwbot".into()),
         allowed_chats: vec!["#gw".into()],
         conflict_standby_s: 5,
-        ..PlatformConfig::new(PlatformKind::Irc)
+        ..PlatformConfig::with(platform::Irc {
+            server: Some(s.addr().to_string()),
+            nick: Some("gwbot".into()),
+            ..platform::Irc::default()
+        })
     };
     let irc = Irc::new(&cfg, None, None).unwrap();
     assert_eq!(irc.credential(), format!("{}/gwbot", s.addr()));

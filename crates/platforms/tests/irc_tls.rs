@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gatewarden_chatproto::irc::{Config, Connection, Error, Event};
-use gatewarden_config::{PlatformConfig, PlatformKind};
+use gatewarden_config::{PlatformConfig, platform};
 use gatewarden_net::ClientTls;
 use gatewarden_platforms::irc::Irc;
 use gatewarden_platforms::{Adapter, State};
@@ -23,13 +23,15 @@ const WAIT: Duration = Duration::from_secs(10);
 
 fn config(server: String, ca_file: &Path) -> PlatformConfig {
     PlatformConfig {
-        server: Some(server),
-        nick: Some("gwtls".into()),
         allowed_chats: vec!["#tls".into()],
         conflict_standby_s: 5,
         ca_file: Some(ca_file.to_owned()),
-        tls: true,
-        ..PlatformConfig::new(PlatformKind::Irc)
+        ..PlatformConfig::with(platform::Irc {
+            server: Some(server),
+            nick: Some("gwtls".into()),
+            tls: true,
+            ..platform::Irc::default()
+        })
     }
 }
 
@@ -98,7 +100,8 @@ fn sasl_against_a_server_without_it_parks_the_adapter() {
     let dir = tempfile::tempdir().unwrap();
     let ca_file = TestCa::new("unused").write_pem(dir.path(), "ca.pem");
     let mut cfg = config(s.addr().to_string(), &ca_file);
-    cfg.tls = false;
+    let gatewarden_config::PlatformSettings::Irc(irc) = &mut cfg.settings else { unreachable!() };
+    irc.tls = false;
     let irc = Irc::new(&cfg, None, Some("sasl-secret".into())).unwrap();
     irc.start(Arc::new(MemHost::echoing())).unwrap();
     wait("parked", || matches!(irc.status().state(), State::Parked(_)));

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gatewarden_chatproto::matrix::{Client, encode_segment};
-use gatewarden_config::{PlatformConfig, PlatformKind};
+use gatewarden_config::{PlatformConfig, platform};
 use gatewarden_platforms::{Activity, Adapter, Host, State};
 use gatewarden_testkit::servers::Synapse;
 use serde_json::Value;
@@ -77,11 +77,13 @@ fn a_run_in_progress_types_edits_and_is_replaced_by_the_reply() {
     let room = client.create_room(&[&bot.user_id]).unwrap();
     let cfg = PlatformConfig {
         name: Some("mx".into()),
-        api_base: Some(base.clone()),
         allowed_chats: vec![room.clone()],
-        poll_timeout_s: 1,
         conflict_standby_s: 30,
-        ..PlatformConfig::new(PlatformKind::Matrix)
+        ..PlatformConfig::with(platform::Matrix {
+            api_base: Some(base.clone()),
+            poll_timeout_s: 1,
+            ..platform::Matrix::default()
+        })
     };
     let host = Arc::new(support::MemHost::silent());
     let a = gatewarden_platforms::matrix::Matrix::new(&cfg, bot.access_token.clone()).unwrap();

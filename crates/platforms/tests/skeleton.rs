@@ -10,7 +10,7 @@ use support::{MemHost, wait};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gatewarden_config::{PlatformConfig, PlatformKind};
+use gatewarden_config::{PlatformConfig, platform};
 use gatewarden_platforms::skeleton::{Skeleton, pieces};
 use gatewarden_platforms::{Activity, Adapter, ChatKind, Host, Inbound, Sent, State};
 
@@ -43,6 +43,8 @@ pub struct Toy {
 }
 
 impl Protocol for Toy {
+    // Its `[[platform]]` keys: a real platform names its own (crates/config/src/platform/).
+    type Settings = gatewarden_config::platform::Telegram;
     const KIND: &'static str = "toy";
     const LIMITS: Limits = Limits {
         piece: PieceLimit::Chars(10),
@@ -176,9 +178,8 @@ impl Sender for ToySender {
 fn config(conflict_s: u64) -> PlatformConfig {
     PlatformConfig {
         name: Some("toy".into()),
-        poll_timeout_s: 1,
         conflict_standby_s: conflict_s,
-        ..PlatformConfig::new(PlatformKind::Telegram)
+        ..PlatformConfig::with(platform::Telegram { poll_timeout_s: 1, ..platform::Telegram::default() })
     }
 }
 

@@ -10,7 +10,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gatewarden_config::{PlatformConfig, PlatformKind};
+use gatewarden_config::{PlatformConfig, platform};
 use gatewarden_platforms::slack::Slack;
 use gatewarden_platforms::{Activity, Adapter, ChatKind, Host, Sent, State};
 use gatewarden_testkit::slackfake::{Call, FakeSlack, Options};
@@ -20,10 +20,12 @@ use support::{MemHost, wait_for as wait};
 fn config(base: &str) -> PlatformConfig {
     PlatformConfig {
         token_env: Some("UNUSED".into()),
-        api_base: Some(base.into()),
         conflict_standby_s: 30,
-        bot_token_env: Some("UNUSED_TOO".into()),
-        ..PlatformConfig::new(PlatformKind::Slack)
+        ..PlatformConfig::with(platform::Slack {
+            api_base: Some(base.into()),
+            bot_token_env: Some("UNUSED_TOO".into()),
+            ..platform::Slack::default()
+        })
     }
 }
 

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gatewarden_config::{PlatformConfig, PlatformKind};
+use gatewarden_config::{PlatformConfig, platform};
 use gatewarden_platforms::slack::Slack;
 use gatewarden_platforms::{Adapter, Host, State};
 use gatewarden_testkit::slackfake::{FakeSlack, Options};
@@ -23,11 +23,13 @@ use gatewarden_testkit::tls::{TestCa, TlsFront, Validity};
 fn config(base: &str, ca_file: &Path) -> PlatformConfig {
     PlatformConfig {
         token_env: Some("UNUSED".into()),
-        api_base: Some(base.into()),
         conflict_standby_s: 30,
         ca_file: Some(ca_file.to_owned()),
-        bot_token_env: Some("UNUSED_TOO".into()),
-        ..PlatformConfig::new(PlatformKind::Slack)
+        ..PlatformConfig::with(platform::Slack {
+            api_base: Some(base.into()),
+            bot_token_env: Some("UNUSED_TOO".into()),
+            ..platform::Slack::default()
+        })
     }
 }
 

@@ -7,7 +7,7 @@ use support::{MemHost, wait_for};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gatewarden_config::{PlatformConfig, PlatformKind};
+use gatewarden_config::{PlatformConfig, platform};
 use gatewarden_platforms::telegram::Telegram;
 use gatewarden_platforms::{Activity, Adapter, Host, Outgoing, State};
 use gatewarden_telegram_fake::{FakeTelegram, Options};
@@ -17,10 +17,12 @@ const TOKEN: &str = "123456:test-token";
 fn config(base: &str, conflict_s: u64) -> PlatformConfig {
     PlatformConfig {
         token_env: Some("UNUSED".into()),
-        api_base: Some(base.into()),
-        poll_timeout_s: 2,
         conflict_standby_s: conflict_s,
-        ..PlatformConfig::new(PlatformKind::Telegram)
+        ..PlatformConfig::with(platform::Telegram {
+            api_base: Some(base.into()),
+            poll_timeout_s: 2,
+            ..platform::Telegram::default()
+        })
     }
 }
 

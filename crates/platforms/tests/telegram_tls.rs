@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gatewarden_config::{PlatformConfig, PlatformKind};
+use gatewarden_config::{PlatformConfig, platform};
 use gatewarden_platforms::telegram::Telegram;
 use gatewarden_platforms::{Adapter, Host, State};
 use gatewarden_telegram_fake::{FakeTelegram, Options};
@@ -26,11 +26,13 @@ const TOKEN: &str = "123456:tls-token";
 fn config(base: &str, ca_file: &Path) -> PlatformConfig {
     PlatformConfig {
         token_env: Some("UNUSED".into()),
-        api_base: Some(base.into()),
-        poll_timeout_s: 2,
         conflict_standby_s: 30,
         ca_file: Some(ca_file.to_owned()),
-        ..PlatformConfig::new(PlatformKind::Telegram)
+        ..PlatformConfig::with(platform::Telegram {
+            api_base: Some(base.into()),
+            poll_timeout_s: 2,
+            ..platform::Telegram::default()
+        })
     }
 }
 

@@ -14,7 +14,7 @@ use gatewarden_chatproto::xmpp::{
     self as x, BareJid, Config, Connection, Element, Kind, NS_CHATSTATES, NS_CORRECT, NS_FALLBACK, NS_HINTS,
     NS_RETRACT, NS_SID, Outgoing,
 };
-use gatewarden_config::{PlatformConfig, PlatformKind};
+use gatewarden_config::{PlatformConfig, platform};
 use gatewarden_platforms::xmpp::Xmpp;
 use gatewarden_platforms::{Activity, Adapter, Host, Inbound, Outgoing as OutboxEntry, Sent, State};
 use gatewarden_testkit::prosody::{MUC_DOMAIN, Prosody};
@@ -113,13 +113,15 @@ impl Rig {
         PlatformConfig {
             name: Some("xmpp".into()),
             token_env: Some("XMPP_PASSWORD".into()),
-            server: Some(self.server.addr().to_string()),
-            nick: Some("gw".into()),
             conflict_standby_s: 5,
             ca_file: Some(self.ca_file.clone()),
-            jid: Some("gwbot@localhost".into()),
-            rooms: vec![self.room.clone()],
-            ..PlatformConfig::new(PlatformKind::Xmpp)
+            ..PlatformConfig::with(platform::Xmpp {
+                server: Some(self.server.addr().to_string()),
+                nick: Some("gw".into()),
+                jid: Some("gwbot@localhost".into()),
+                rooms: vec![self.room.clone()],
+                ..platform::Xmpp::default()
+            })
         }
     }
 

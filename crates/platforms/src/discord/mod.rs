@@ -51,6 +51,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use gatewarden_config::PlatformConfig;
+use gatewarden_config::platform::Discord as Settings;
 use gatewarden_lifecycle::fsio;
 use gatewarden_net::Outbound;
 use serde::{Deserialize, Serialize};
@@ -113,11 +114,12 @@ pub struct Proto {
 
 impl Skeleton<Proto> {
     pub fn new(cfg: &PlatformConfig, token: String) -> Result<Discord, AdapterError> {
-        let out = Outbound::new(cfg.ca_file.as_deref(), cfg.proxy.as_deref())
+        let s = skeleton::settings::<Proto>(cfg)?;
+        let out = Outbound::new(cfg.ca_file.as_deref(), None)
             .map_err(|e| AdapterError::Start { name: cfg.adapter_name(), message: e.to_string() })?;
         let proto = Proto {
             token,
-            base: cfg.api_base.clone().unwrap_or_else(|| DEFAULT_API_BASE.to_owned()),
+            base: s.api_base.clone().unwrap_or_else(|| DEFAULT_API_BASE.to_owned()),
             out,
             name: cfg.adapter_name(),
             allowed: cfg.allowed_chats.clone(),
@@ -127,7 +129,7 @@ impl Skeleton<Proto> {
 }
 
 impl Protocol for Proto {
-    const KIND: &'static str = "discord";
+    type Settings = Settings;
     const LIMITS: Limits = Limits {
         piece: PieceLimit::Chars(MAX_TEXT_CHARS),
         line_per_piece: false,

@@ -54,6 +54,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use gatewarden_config::PlatformConfig;
+use gatewarden_config::platform::Email as Settings;
 use gatewarden_lifecycle::fsio;
 use lettre::message::Mailbox;
 use lettre::message::header::{self, ContentType, HeaderName, HeaderValue};
@@ -223,8 +224,8 @@ struct Admit {
 }
 
 impl Admit {
-    fn of(cfg: &PlatformConfig) -> Admit {
-        let listed = cfg.allowed_senders.clone();
+    fn of(cfg: &PlatformConfig, s: &Settings) -> Admit {
+        let listed = s.allowed_senders.clone();
         if cfg.access() == gatewarden_config::Access::Open {
             return Admit { senders: listed.clone(), nobody: false, listed };
         }
@@ -235,11 +236,12 @@ impl Admit {
 
 impl Skeleton<Proto> {
     pub fn new(cfg: &PlatformConfig, password: String) -> Result<Email, AdapterError> {
+        let s = skeleton::settings::<Proto>(cfg)?;
         let name = cfg.adapter_name();
         let err = |message: String| AdapterError::Start { name: name.clone(), message };
-        let imap = endpoint(cfg.imap.as_deref().unwrap_or_default(), false).map_err(|e| err(format!("imap: {e}")))?;
-        let smtp = endpoint(cfg.smtp.as_deref().unwrap_or_default(), true).map_err(|e| err(format!("smtp: {e}")))?;
-        let account = cfg.account.clone().unwrap_or_default();
+        let imap = endpoint(s.imap.as_deref().unwrap_or_default(), false).map_err(|e| err(format!("imap: {e}")))?;
+        let smtp = endpoint(s.smtp.as_deref().unwrap_or_default(), true).map_err(|e| err(format!("smtp: {e}")))?;
+        let account = s.account.clone().unwrap_or_default();
         if !account.contains('@') {
             return Err(err("email needs account = \"user@domain\"".into()));
         }
@@ -253,15 +255,15 @@ impl Skeleton<Proto> {
             account,
             password,
             tls,
-            admit: Admit::of(cfg),
-            poll: Duration::from_secs(cfg.poll_timeout_s.max(1)),
+            admit: Admit::of(cfg, s),
+            poll: Duration::from_secs(s.poll_timeout_s.max(1)),
         };
         Ok(Skeleton::from_protocol(cfg, proto))
     }
 }
 
 impl Protocol for Proto {
-    const KIND: &'static str = "email";
+    type Settings = Settings;
     const LIMITS: Limits = Limits {
         piece: PieceLimit::Chars(MAX_REPLY_CHARS),
         line_per_piece: false,

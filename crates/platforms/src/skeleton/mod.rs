@@ -34,7 +34,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gatewarden_config::PlatformConfig;
+use gatewarden_config::platform::Kind;
+use gatewarden_config::{KindSettings, PlatformConfig};
 
 use crate::{Activity, Adapter, AdapterError, Host, State, Status};
 use wait::{Flags, Running, Slot};
@@ -90,8 +91,11 @@ pub struct Limits {
 
 /// A platform's protocol: what [`Skeleton`] cannot know.
 pub trait Protocol: Send + Sync + 'static {
+    /// The platform's own `[[platform]]` keys (crates/config/src/platform/<kind>.rs), which
+    /// its constructor reads through [`settings`].
+    type Settings: KindSettings;
     /// The platform (`telegram`, …): `[[platform]] kind`, the credential lock's namespace.
-    const KIND: &'static str;
+    const KIND: &'static str = <Self::Settings as Kind>::KIND.as_str();
     const LIMITS: Limits;
     type Receiver: Receiver;
     type Sender: Sender;
@@ -105,6 +109,15 @@ pub trait Protocol: Send + Sync + 'static {
     /// Drain, step 1, once intake has stopped: hand the platform over to a successor (Telegram:
     /// end our own long poll and confirm the offset). Not called while parked or demoted.
     fn hand_over(&self) {}
+}
+
+/// `cfg`'s own settings for protocol `P`: an error when the table is of another kind (the
+/// gateway's `build` picks the protocol by kind, so only a caller's mistake gets here).
+pub fn settings<P: Protocol>(cfg: &PlatformConfig) -> Result<&P::Settings, AdapterError> {
+    cfg.own::<P::Settings>().ok_or_else(|| AdapterError::Start {
+        name: cfg.adapter_name(),
+        message: format!("a kind = {:?} table is not a {} adapter's", cfg.kind().as_str(), P::KIND),
+    })
 }
 
 /// What one start's threads share.

@@ -44,14 +44,14 @@ impl Policy {
     pub fn of(p: &PlatformConfig) -> Policy {
         let access = p.access();
         Policy {
-            kind: p.kind,
+            kind: p.kind(),
             access,
             explicit: p.access.is_some(),
             admins: p.admins.clone(),
             allowed_users: p.allowed_users.clone(),
             require_mention: p.require_mention,
             any_group: access == Access::Open && p.allowed_chats.is_empty(),
-            fold: matches!(p.kind, PlatformKind::Irc | PlatformKind::Xmpp | PlatformKind::Email),
+            fold: matches!(p.kind(), PlatformKind::Irc | PlatformKind::Xmpp | PlatformKind::Email),
         }
     }
 
@@ -400,7 +400,7 @@ pub fn said(config: &Config) -> Vec<Said> {
                 ),
                 (Access::Allowlist, true) => format!(
                     "{name}: allowlist (the default for {}, whose sender ids can be forged): only admins, allowed_users and what allowed_chats/allowed_senders name are served, and no pairing code is sent",
-                    p.kind.as_str()
+                    p.kind().as_str()
                 ),
                 (a, false) => format!("{name}: {}", a.as_str()),
             };
