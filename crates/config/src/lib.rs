@@ -127,7 +127,7 @@ pub enum ConfigError {
         expected: String,
         /// What was probably meant: `did you mean 'token_env'?`, or the platform kinds that
         /// take the key.
-        hint: Option<String>,
+        hint: Option<Box<str>>,
     },
     /// A known key with a value of the wrong type or outside its allowed range.
     #[error(
@@ -1409,7 +1409,7 @@ impl<'a> KeyIndex<'a> {
         if let ConfigError::UnknownKey { key, expected, hint, .. } = &mut e {
             let keys = kind.keys();
             *expected = keys.join(", ");
-            *hint = kinds_taking(key).or_else(|| did_you_mean(key, &keys));
+            *hint = kinds_taking(key).or_else(|| did_you_mean(key, &keys)).map(Into::into);
         }
         e
     }
@@ -1465,7 +1465,7 @@ impl<'a> KeyIndex<'a> {
                 Some(_) => &[],
             };
             let expected = if keys.is_empty() { String::from("(no keys)") } else { keys.join(", ") };
-            let hint = did_you_mean(&key, keys);
+            let hint = did_you_mean(&key, keys).map(Into::into);
             return ConfigError::UnknownKey { path: self.path.to_path_buf(), line, key, table, expected, hint };
         }
         ConfigError::InvalidValue { path: self.path.to_path_buf(), line, key, table, message: friendlier(&message) }
@@ -1552,8 +1552,8 @@ fn edit_distance(a: &str, b: &str) -> usize {
     for (i, row) in d.iter_mut().enumerate() {
         row[0] = i;
     }
-    for j in 0..=b.len() {
-        d[0][j] = j;
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
     }
     for i in 1..=a.len() {
         for j in 1..=b.len() {

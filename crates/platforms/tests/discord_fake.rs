@@ -65,7 +65,7 @@ fn config(base: &str) -> PlatformConfig {
     PlatformConfig {
         token_env: Some("UNUSED".into()),
         conflict_standby_s: 30,
-        ..PlatformConfig::with(platform::Discord { api_base: Some(base.into()), ..platform::Discord::default() })
+        ..PlatformConfig::with(platform::Discord { api_base: Some(base.into()) })
     }
 }
 

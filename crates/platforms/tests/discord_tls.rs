@@ -51,7 +51,7 @@ fn start(base: &str, ca_file: &Path, dir: &Path, first_seq: usize) -> Arc<Discor
         token_env: Some("UNUSED".into()),
         conflict_standby_s: 30,
         ca_file: Some(ca_file.to_owned()),
-        ..PlatformConfig::with(platform::Discord { api_base: Some(base.into()), ..platform::Discord::default() })
+        ..PlatformConfig::with(platform::Discord { api_base: Some(base.into()) })
     };
     let d = Arc::new(Discord::new(&cfg, TOKEN.into()).unwrap());
     let mem = MemHost::echoing();

@@ -44,7 +44,6 @@ fn config(imap: String, smtp: String, ca: &Path, allowed: &[&str]) -> PlatformCo
             smtp: Some(smtp),
             account: Some(address("bot")),
             allowed_senders: allowed.iter().map(|a| a.to_string()).collect(),
-            ..platform::Email::default()
         })
     }
 }
