@@ -2,7 +2,7 @@
 //! another user's process chooses its own `comm`, so any bytes must be handled.
 #![no_main]
 
-use gatewarden_lifecycle::probe::{environ_value, parse_proc_stat, parse_proc_stat_ppid};
+use gatewarden_lifecycle::procfs::{environ_value, parse_proc_stat, parse_proc_stat_ppid};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
