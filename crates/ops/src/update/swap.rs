@@ -38,7 +38,9 @@ pub(super) fn swap_in(release: &Path, target: &Path) -> std::io::Result<()> {
     let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!(".{name}.update-{}", std::process::id()));
     std::fs::copy(release, &tmp)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
+    // Written before it is renamed into place; Windows flushes only through a handle that may
+    // write (FlushFileBuffers), so the copy is opened for writing to sync it.
+    std::fs::OpenOptions::new().write(true).open(&tmp)?.sync_all()?;
     crate::os::proc::make_executable(&tmp)?;
     match std::fs::rename(&tmp, target) {
         Ok(()) => Ok(()),
