@@ -9,6 +9,8 @@
 //!
 //! * [`xmpp`]: a blocking XMPP client (STARTTLS, SCRAM, bind, stream management acks, MUC,
 //!   the message archive) on quick-xml.
+//! * [`ws`]: the WebSocket client (tungstenite over crates/net's rustls) that the Discord,
+//!   Slack and Mattermost adapters share.
 //!
 //! All are blocking by design: an adapter runs each connection on a dedicated thread, as the
 //! `openai` backend does with ureq (`crates/agent/src/backend/openai.rs`), and every call is
@@ -20,4 +22,5 @@
 pub mod irc;
 pub mod matrix;
 mod wire;
+pub mod ws;
 pub mod xmpp;

@@ -47,21 +47,19 @@
 //!   with a subtype other than `thread_broadcast` and `file_share` (`message_changed`,
 //!   `bot_message`, `channel_join`, …).
 //!
-//! The WebSocket is tungstenite over a TCP stream, with TLS only from crates/net's rustls
+//! The WebSocket is crates/chatproto/src/ws.rs's client: TLS only from crates/net's rustls
 //! configuration (`ca_file` pins a private CA); `ws://` is accepted only from an `http://`
 //! `api_base` (a loopback fake). The loops, states, backoff and drain are the skeleton's
 //! (crates/platforms/src/skeleton).
 
-use std::io::{self, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use gatewarden_chatproto::ws::{self, Incoming};
 use gatewarden_config::PlatformConfig;
 use gatewarden_config::platform::Slack as Settings;
-use gatewarden_net::{ClientTls, Outbound, rustls};
+use gatewarden_net::{ClientTls, Outbound};
 use serde_json::{Value, json};
-use tungstenite::{Message, WebSocket};
 
 use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
 use crate::{AdapterError, ChatKind, Host, Inbound};
@@ -364,88 +362,15 @@ fn parse_event(payload: &Value, me: Option<&str>, allowed: &[String]) -> Option<
     })
 }
 
-/// A TCP stream, with TLS from crates/net or (a loopback fake) without.
-enum Stream {
-    Plain(TcpStream),
-    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
-}
-
-impl Stream {
-    fn tcp(&self) -> &TcpStream {
-        match self {
-            Stream::Plain(s) => s,
-            Stream::Tls(s) => &s.sock,
-        }
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Plain(s) => s.read(buf),
-            Stream::Tls(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Plain(s) => s.write(buf),
-            Stream::Tls(s) => s.write(buf),
-        }
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        match self {
-            Stream::Plain(s) => s.flush(),
-            Stream::Tls(s) => s.flush(),
-        }
-    }
-}
-
-/// A `ws://` or `wss://` URL's parts.
-#[derive(Debug, PartialEq, Eq)]
-struct WsUrl {
-    tls: bool,
-    host: String,
-    port: u16,
-}
-
-fn parse_ws_url(url: &str) -> Option<WsUrl> {
-    let (tls, rest) =
-        if let Some(r) = url.strip_prefix("wss://") { (true, r) } else { (false, url.strip_prefix("ws://")?) };
-    let authority = rest.split(['/', '?']).next()?;
-    if authority.is_empty() || authority.contains('@') {
-        return None;
-    }
-    let default = if tls { 443 } else { 80 };
-    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let (h, after) = v6.split_once(']')?;
-        let port = match after.strip_prefix(':') {
-            Some(p) => p.parse().ok()?,
-            None if after.is_empty() => default,
-            None => return None,
-        };
-        (h.to_owned(), port)
-    } else {
-        match authority.rsplit_once(':') {
-            Some((h, p)) => (h.to_owned(), p.parse().ok()?),
-            None => (authority.to_owned(), default),
-        }
-    };
-    (!host.is_empty()).then_some(WsUrl { tls, host, port })
-}
-
-/// Whether an io error is a read timeout (Unix: `WouldBlock`; Windows: `TimedOut`).
-fn timed_out(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+/// A `ws://` or `wss://` URL's parts (crates/chatproto/src/ws.rs).
+fn parse_ws_url(url: &str) -> Option<ws::WsUrl> {
+    ws::parse_url(url)
 }
 
 /// One Socket Mode connection.
 struct Conn {
     id: u64,
-    ws: WebSocket<Stream>,
+    ws: ws::Client,
     /// A `disconnect` asked us to move: closed once a newer connection said `hello`.
     retiring: bool,
     last_frame: Instant,
@@ -458,32 +383,30 @@ impl Conn {
     /// Reads one message, waiting at most the stream's read timeout: `Ok(None)` on a timeout.
     fn read(&mut self) -> Result<Option<Value>, String> {
         match self.ws.read() {
-            Ok(Message::Text(t)) => {
+            Incoming::Text(t) => {
                 self.last_frame = Instant::now();
-                Ok(Some(serde_json::from_str(t.as_str()).unwrap_or(Value::Null)))
+                Ok(Some(serde_json::from_str(&t).unwrap_or(Value::Null)))
             }
-            Ok(Message::Close(frame)) => Err(format!(
+            Incoming::Close(frame) => Err(format!(
                 "Slack closed the connection{}",
-                frame.map(|f| format!(" ({} {})", u16::from(f.code), f.reason)).unwrap_or_default()
+                frame.map(|(code, reason)| format!(" ({code} {reason})")).unwrap_or_default()
             )),
-            Ok(_) => {
+            Incoming::Other => {
                 self.last_frame = Instant::now();
                 Ok(None)
             }
-            Err(tungstenite::Error::Io(e)) if timed_out(&e) => Ok(None),
-            Err(e) => Err(format!("the Socket Mode connection failed: {e}")),
+            Incoming::Idle => Ok(None),
+            Incoming::Closed(e) | Incoming::Failed(e) => Err(format!("the Socket Mode connection failed: {e}")),
         }
     }
 
     fn send(&mut self, text: String) -> Result<(), String> {
-        self.ws.send(Message::text(text)).map_err(|e| format!("cannot write to the Socket Mode connection: {e}"))
+        self.ws.send_text(text).map_err(|e| format!("cannot write to the Socket Mode connection: {e}"))
     }
 
     /// A close frame, written without waiting for the answer.
     fn close(mut self) {
-        let _ = self.ws.close(None);
-        let _ = self.ws.flush();
-        let _ = self.ws.get_ref().tcp().shutdown(std::net::Shutdown::Both);
+        self.ws.close(None);
     }
 }
 
@@ -517,39 +440,28 @@ impl SocketMode {
         if !parts.tls && !self.plain_ok {
             return Err(Failure::Down("apps.connections.open returned a ws:// URL for an https API; refused".into()));
         }
-        let lost =
-            |what: &str, e: &dyn std::fmt::Display| Failure::Down(format!("{what} {}:{}: {e}", parts.host, parts.port));
-        let addrs: Vec<_> =
-            (parts.host.as_str(), parts.port).to_socket_addrs().map_err(|e| lost("cannot resolve", &e))?.collect();
-        let mut tcp = Err(io::Error::new(io::ErrorKind::NotFound, "no address"));
-        for a in &addrs {
-            tcp = TcpStream::connect_timeout(a, CALL_TIMEOUT);
-            if tcp.is_ok() {
-                break;
-            }
-        }
-        let tcp = tcp.map_err(|e| lost("cannot connect to", &e))?;
-        tcp.set_read_timeout(Some(CALL_TIMEOUT)).map_err(|e| lost("cannot use", &e))?;
-        tcp.set_write_timeout(Some(CALL_TIMEOUT)).map_err(|e| lost("cannot use", &e))?;
-        let _ = tcp.set_nodelay(true);
-        let stream = if parts.tls {
-            let name = rustls::pki_types::ServerName::try_from(parts.host.clone())
-                .map_err(|_| Failure::Down(format!("{:?} is not a host name", parts.host)))?;
-            let config = self.tls.rustls_config().map_err(|e| lost("TLS for", &e))?;
-            let conn = rustls::ClientConnection::new(config, name).map_err(|e| lost("TLS for", &e))?;
-            Stream::Tls(Box::new(rustls::StreamOwned::new(conn, tcp)))
-        } else {
-            Stream::Plain(tcp)
+        let opts = ws::Options {
+            request: url,
+            timeout: CALL_TIMEOUT,
+            write_timeout: CALL_TIMEOUT,
+            max_message: MAX_WS_MESSAGE,
+            headers: Vec::new(),
         };
-        let config = tungstenite::protocol::WebSocketConfig::default()
-            .max_message_size(Some(MAX_WS_MESSAGE))
-            .max_frame_size(Some(MAX_WS_MESSAGE));
-        let (ws, _) = tungstenite::client::client_with_config(url, stream, Some(config)).map_err(|e| match e {
-            tungstenite::HandshakeError::Failure(tungstenite::Error::Io(io)) => {
-                lost("the WebSocket handshake failed at", &gatewarden_net::io_tls_reason(&io).unwrap_or(io.to_string()))
-            }
-            tungstenite::HandshakeError::Failure(e) => lost("the WebSocket handshake failed at", &e),
-            tungstenite::HandshakeError::Interrupted(_) => lost("the WebSocket handshake timed out at", &"no answer"),
+        let ws = ws::Client::open(&parts, &self.tls, &opts).map_err(|e| {
+            let at = format!("{}:{}", parts.host, parts.port);
+            Failure::Down(match e.stage {
+                ws::Stage::Resolve => format!("cannot resolve {at}: {e}"),
+                ws::Stage::Connect => format!("cannot connect to {at}: {e}"),
+                ws::Stage::Socket => format!("cannot use {at}: {e}"),
+                ws::Stage::Tls if e.detail.ends_with("is not a host name") => e.detail,
+                ws::Stage::Tls => format!("TLS for {at}: {e}"),
+                ws::Stage::Handshake if e.detail.starts_with("timed out") => {
+                    format!("the WebSocket handshake timed out at {at}: no answer")
+                }
+                ws::Stage::Handshake => {
+                    format!("the WebSocket handshake failed at {at}: {}", e.detail.trim_start_matches("TLS failed: "))
+                }
+            })
         })?;
         self.next_id += 1;
         let now = Instant::now();
@@ -569,7 +481,7 @@ impl SocketMode {
                 None => {}
             }
         }
-        conn.ws.get_ref().tcp().set_read_timeout(Some(READ_SLICE)).map_err(|e| Failure::Down(e.to_string()))?;
+        conn.ws.set_read_timeout(READ_SLICE);
         Ok(conn)
     }
 
@@ -660,7 +572,7 @@ impl skeleton::Receiver for SocketMode {
             }
         }
         for c in &self.conns {
-            let _ = c.ws.get_ref().tcp().set_read_timeout(Some(READ_SLICE));
+            c.ws.set_read_timeout(READ_SLICE);
         }
         let mut deadline = Instant::now() + budget.unwrap_or(RECEIVE_WAIT).min(RECEIVE_WAIT);
         if !self.acks.is_empty() {
@@ -678,13 +590,13 @@ impl skeleton::Receiver for SocketMode {
                     failed = Some(format!("no frame from Slack for {} s", DEAD_AFTER.as_secs()));
                 } else if now.duration_since(c.last_ping) >= PING_EVERY {
                     c.last_ping = now;
-                    if let Err(e) = c.ws.send(Message::Ping(Vec::new().into())) {
+                    if let Err(e) = c.ws.ping() {
                         failed = Some(format!("cannot ping: {e}"));
                     }
                 }
                 if !self.acks.is_empty() {
                     // Envelopes in hand: only what is already there, not another slice's wait.
-                    let _ = c.ws.get_ref().tcp().set_read_timeout(Some(QUICK_READ));
+                    c.ws.set_read_timeout(QUICK_READ);
                 }
                 let read = if failed.is_none() { c.read() } else { Ok(None) };
                 let cid = c.id;
@@ -999,14 +911,14 @@ mod tests {
     #[test]
     fn urls_times_and_escapes() {
         assert_eq!(
-            parse_ws_url("wss://wss-primary.slack.com/link/?ticket=t&app_id=A"),
-            Some(WsUrl { tls: true, host: "wss-primary.slack.com".into(), port: 443 })
+            parse_ws_url("wss://wss-primary.slack.com/link/?ticket=t&app_id=A").map(|u| (u.tls, u.host, u.port)),
+            Some((true, "wss-primary.slack.com".into(), 443))
         );
         assert_eq!(
-            parse_ws_url("ws://127.0.0.1:9/link"),
-            Some(WsUrl { tls: false, host: "127.0.0.1".into(), port: 9 })
+            parse_ws_url("ws://127.0.0.1:9/link").map(|u| (u.tls, u.host, u.port)),
+            Some((false, "127.0.0.1".into(), 9))
         );
-        assert_eq!(parse_ws_url("ws://[::1]:9/"), Some(WsUrl { tls: false, host: "::1".into(), port: 9 }));
+        assert_eq!(parse_ws_url("ws://[::1]:9/").map(|u| (u.host, u.port)), Some(("::1".into(), 9)));
         assert_eq!(parse_ws_url("https://x/"), None);
         assert_eq!(parse_ws_url("wss://u@x/"), None);
         assert_eq!(parse_ws_url("wss://x:notaport/"), None);

@@ -1,15 +1,11 @@
-//! The Discord Gateway's wire: one WebSocket (tungstenite over a TCP or rustls stream from
-//! crates/net), the payload decoder and the close-code table. No adapter state here.
+//! The Discord Gateway's wire: one WebSocket (crates/chatproto/src/ws.rs), the payload decoder
+//! and the close-code table. No adapter state here.
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use gatewarden_net::{ClientTls, rustls};
+use gatewarden_chatproto::ws::{self, Incoming};
+use gatewarden_net::ClientTls;
 use serde_json::Value;
-use tungstenite::protocol::frame::coding::CloseCode;
-use tungstenite::protocol::{CloseFrame, WebSocketConfig};
-use tungstenite::{Message, WebSocket};
 
 /// The largest gateway message read (a big guild's GUILD_CREATE is a few MiB).
 const MAX_MESSAGE_BYTES: usize = 16 << 20;
@@ -91,179 +87,88 @@ pub enum Frame {
     Idle,
 }
 
-/// A plain or TLS TCP stream.
-pub enum Stream {
-    Plain(TcpStream),
-    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
-}
-
-impl Stream {
-    fn tcp(&self) -> &TcpStream {
-        match self {
-            Stream::Plain(s) => s,
-            Stream::Tls(s) => s.get_ref(),
-        }
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Plain(s) => s.read(buf),
-            Stream::Tls(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Plain(s) => s.write(buf),
-            Stream::Tls(s) => s.write(buf),
-        }
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            Stream::Plain(s) => s.flush(),
-            Stream::Tls(s) => s.flush(),
-        }
-    }
-}
-
-/// `scheme://host[:port][/path]` split up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WsUrl {
-    pub tls: bool,
-    pub host: String,
-    pub port: u16,
-    pub path: String,
-}
+pub use gatewarden_chatproto::ws::WsUrl;
 
 /// Parses a gateway URL. `ws://` only when `plain_ok` (an `http://` API base: a test set-up).
 pub fn parse_url(url: &str, plain_ok: bool) -> Result<WsUrl, SocketError> {
     let bad = |why: &str| SocketError::Url(format!("gateway URL {url:?}: {why}"));
-    let (tls, rest) = if let Some(r) = url.strip_prefix("wss://") {
-        (true, r)
-    } else if let Some(r) = url.strip_prefix("ws://") {
-        if !plain_ok {
-            return Err(bad("not wss:// (plain ws:// only under an http:// api_base)"));
-        }
-        (false, r)
-    } else {
-        return Err(bad("not a wss:// URL"));
-    };
-    let (authority, path) = rest.find(['/', '?']).map_or((rest, ""), |i| rest.split_at(i));
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => match p.parse::<u16>() {
-            Ok(p) => (h, p),
-            Err(_) if authority.starts_with('[') && authority.ends_with(']') => (authority, if tls { 443 } else { 80 }),
-            Err(_) => return Err(bad("bad port")),
-        },
-        _ => (authority, if tls { 443 } else { 80 }),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() || authority.contains('@') {
-        return Err(bad("no host"));
+    if url.starts_with("ws://") && !plain_ok {
+        return Err(bad("not wss:// (plain ws:// only under an http:// api_base)"));
     }
-    let path = path.split('?').next().unwrap_or_default().trim_end_matches('/');
-    Ok(WsUrl { tls, host: host.to_owned(), port, path: path.to_owned() })
+    if !url.starts_with("wss://") && !url.starts_with("ws://") {
+        return Err(bad("not a wss:// URL"));
+    }
+    let mut u = ws::parse_url(url).ok_or_else(|| bad("no host or a bad port"))?;
+    u.path = u.path.trim_end_matches('/').to_owned();
+    Ok(u)
 }
 
 /// One gateway connection.
 pub struct Socket {
-    ws: WebSocket<Stream>,
+    ws: ws::Client,
 }
 
 impl Socket {
     /// Connects to `url` (v10, JSON), verifying TLS with `tls`, within `timeout`.
     pub fn open(url: &WsUrl, tls: &ClientTls, timeout: Duration) -> Result<Socket, SocketError> {
-        let lost = |what: &str, e: &dyn std::fmt::Display| SocketError::Lost(format!("{}: {what}: {e}", url.host));
-        let addrs: Vec<_> =
-            (url.host.as_str(), url.port).to_socket_addrs().map_err(|e| lost("cannot resolve", &e))?.collect();
-        let mut tcp = Err(SocketError::Lost(format!("{}: no address", url.host)));
-        for a in addrs {
-            match TcpStream::connect_timeout(&a, timeout) {
-                Ok(s) => {
-                    tcp = Ok(s);
-                    break;
-                }
-                Err(e) => tcp = Err(lost("cannot connect", &e)),
-            }
-        }
-        let tcp = tcp?;
-        tcp.set_read_timeout(Some(timeout)).map_err(|e| lost("socket", &e))?;
-        tcp.set_write_timeout(Some(WRITE_TIMEOUT)).map_err(|e| lost("socket", &e))?;
-        let _ = tcp.set_nodelay(true);
-        let stream = if url.tls {
-            let config = tls.rustls_config().map_err(|e| lost("TLS", &e))?;
-            let name = rustls::pki_types::ServerName::try_from(url.host.clone()).map_err(|e| lost("TLS name", &e))?;
-            let conn = rustls::ClientConnection::new(config, name).map_err(|e| lost("TLS", &e))?;
-            Stream::Tls(Box::new(rustls::StreamOwned::new(conn, tcp)))
-        } else {
-            Stream::Plain(tcp)
-        };
         let scheme = if url.tls { "wss" } else { "ws" };
-        let host = if url.host.contains(':') { format!("[{}]", url.host) } else { url.host.clone() };
         let path = if url.path.is_empty() { "/" } else { url.path.as_str() };
-        let request = format!("{scheme}://{host}:{}{path}?v=10&encoding=json", url.port);
-        let config = WebSocketConfig::default()
-            .max_message_size(Some(MAX_MESSAGE_BYTES))
-            .max_frame_size(Some(MAX_MESSAGE_BYTES));
-        let (ws, _) = tungstenite::client::client_with_config(request.as_str(), stream, Some(config)).map_err(|e| {
-            let why = match &e {
-                tungstenite::HandshakeError::Failure(tungstenite::Error::Io(io)) => {
-                    gatewarden_net::io_tls_reason(io).map_or_else(|| io.to_string(), |r| format!("TLS failed: {r}"))
-                }
-                other => other.to_string(),
+        let request = format!("{scheme}://{}{path}?v=10&encoding=json", url.authority());
+        let opts = ws::Options {
+            request: &request,
+            timeout,
+            write_timeout: WRITE_TIMEOUT,
+            max_message: MAX_MESSAGE_BYTES,
+            headers: Vec::new(),
+        };
+        let ws = ws::Client::open(url, tls, &opts).map_err(|e| {
+            let what = match e.stage {
+                ws::Stage::Resolve => "cannot resolve",
+                ws::Stage::Connect => "cannot connect",
+                ws::Stage::Socket => "socket",
+                ws::Stage::Tls => "TLS",
+                ws::Stage::Handshake => "gateway handshake",
             };
-            SocketError::Lost(format!("{}: gateway handshake: {why}", url.host))
+            SocketError::Lost(format!("{}: {what}: {}", url.host, e.detail))
         })?;
         Ok(Socket { ws })
     }
 
     pub fn send(&mut self, v: &Value) -> Result<(), SocketError> {
-        self.ws.send(Message::text(v.to_string())).map_err(|e| SocketError::Lost(format!("gateway write: {e}")))
+        self.ws.send_text(v.to_string()).map_err(|e| SocketError::Lost(format!("gateway write: {e}")))
     }
 
     /// Reads one payload, waiting at most `wait` (at least 1 ms).
     pub fn read(&mut self, wait: Duration) -> Result<Frame, SocketError> {
         let end = Instant::now() + wait;
         loop {
-            let left = end.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-            let _ = self.ws.get_ref().tcp().set_read_timeout(Some(left));
+            self.ws.set_read_timeout(end.saturating_duration_since(Instant::now()));
             match self.ws.read() {
-                Ok(Message::Text(t)) => {
+                Incoming::Text(t) => {
                     // Anything that is no payload is skipped, like an unknown opcode.
-                    if let Some(p) = decode(t.as_str()) {
+                    if let Some(p) = decode(&t) {
                         return Ok(Frame::Payload(p));
                     }
                 }
-                Ok(Message::Close(frame)) => {
-                    let (code, reason) =
-                        frame.map_or((None, String::new()), |f| (Some(u16::from(f.code)), f.reason.to_string()));
+                Incoming::Close(frame) => {
+                    let (code, reason) = frame.map_or((None, String::new()), |(c, r)| (Some(c), r));
                     return Ok(Frame::Closed(code, reason));
                 }
-                Ok(_) => {}
-                Err(tungstenite::Error::Io(e))
-                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
-                {
+                Incoming::Other => {}
+                Incoming::Idle => {
                     if Instant::now() >= end {
                         return Ok(Frame::Idle);
                     }
                 }
-                Err(tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed) => {
-                    return Ok(Frame::Closed(None, "connection closed".into()));
-                }
-                Err(e) => return Err(SocketError::Lost(format!("gateway read: {e}"))),
+                Incoming::Closed(_) => return Ok(Frame::Closed(None, "connection closed".into())),
+                Incoming::Failed(e) => return Err(SocketError::Lost(format!("gateway read: {e}"))),
             }
         }
     }
 
     /// Closes with `code`: a non-1000 code keeps the session resumable ("Disconnections").
     pub fn close(&mut self, code: u16) {
-        let _ = self.ws.close(Some(CloseFrame { code: CloseCode::from(code), reason: "".into() }));
-        let _ = self.ws.flush();
-        let _ = self.ws.get_ref().tcp().shutdown(std::net::Shutdown::Both);
+        self.ws.close(Some(code));
     }
 }
 
