@@ -18,7 +18,7 @@
 //!
 //! Steps 2 to 5 are the skeleton's ([`skeleton`]); a platform is a [`skeleton::Protocol`] in
 //! its own module ([`telegram`], [`matrix`], [`irc`], [`discord`], [`xmpp`], [`email`],
-//! [`slack`]), whose `Settings` are its `[[platform]]` keys (crates/config/src/platform/), and
+//! [`slack`], [`mattermost`]), whose `Settings` are its `[[platform]]` keys (crates/config/src/platform/), and
 //! one arm in [`build`] (docs/adding-a-platform.md).
 
 pub mod credlock;
@@ -26,6 +26,7 @@ pub mod discord;
 pub mod email;
 pub mod irc;
 pub mod matrix;
+pub mod mattermost;
 pub mod skeleton;
 pub mod slack;
 pub mod telegram;
@@ -421,6 +422,7 @@ pub fn build(cfg: &PlatformConfig, secrets: &Secrets) -> Result<Arc<dyn Adapter>
             let bot = need(PlatformSecret::BotToken, "bot_token_env or bot_token_file")?;
             Ok(Arc::new(slack::Slack::new(cfg, token()?, bot)?))
         }
+        PlatformKind::Mattermost => Ok(Arc::new(mattermost::Mattermost::new(cfg, token()?)?)),
     }
 }
 
