@@ -210,7 +210,8 @@ impl Rest {
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(Duration::from_secs)
         };
-        let retry_after = header("retry-after").or_else(|| header("x-ratelimit-reset"));
+        // `X-Ratelimit-Reset` is seconds until the reset; a value past an hour is no wait we use.
+        let retry_after = header("retry-after").or_else(|| header("x-ratelimit-reset").filter(|d| d.as_secs() <= 3600));
         let text = response
             .into_body()
             .with_config()

@@ -11,6 +11,7 @@
 //! * [`servers`]: real chat servers (Synapse for Matrix, ngIRCd for IRC) in temp dirs;
 //!   [`prosody`] for XMPP.
 //! * [`slackfake`]: a protocol-faithful Slack (Socket Mode and the Web API) on loopback.
+//! * [`mattermostfake`]: a protocol-faithful Mattermost (the v4 WebSocket and REST) on loopback.
 //! * [`proc_start_time`], [`pid_alive`], [`lock_holders`], [`catches_signal`]: read-only process /
 //!   lock inspection.
 //! * [`marker_json`], [`rfc3339`]: build planned-stop / takeover markers.
@@ -44,6 +45,7 @@ pub mod hermes;
 mod home;
 #[cfg(all(unix, feature = "tls"))]
 pub mod mail;
+pub mod mattermostfake;
 mod http;
 pub mod llmfake;
 pub mod netfakes;
