@@ -424,7 +424,7 @@ fn parse_post(post: &Value, channel_type: Option<&str>, mentions: &[String], p: 
         .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
     let direct = channel_type == Some("D");
     let addressed = p.me.is_some_and(|me| {
-        mentions.iter().any(|m| *m == me.id)
+        mentions.contains(&me.id)
             || mentions_name(text, &me.username)
             || (!root.is_empty() && p.ours.iter().any(|o| o == root))
     });
