@@ -579,14 +579,16 @@ impl EventStream {
 
     /// The posts of the bot's channels since their positions (module notes), oldest first per
     /// channel; the floor moves to when this read-back began, less the margin. `false`: cut
-    /// short by the drain (the successor reads back again).
-    fn read_back(&mut self, ctx: &Ctx) -> Result<(Vec<Inbound>, bool), Failure> {
+    /// short by the drain (the successor reads back again). A channel the server will not let
+    /// us read (403, 404) is skipped and named in the batch's gap, never retried in a loop.
+    fn read_back(&mut self, ctx: &Ctx) -> Result<(Vec<Inbound>, bool, Option<String>), Failure> {
         let me = self.me.clone().ok_or_else(|| Failure::Lost("not logged in".into()))?;
         let channels = self.rest.call("GET", &format!("/users/{}/channels", me.id), None).map_err(ApiError::failure)?;
         let mut out = Vec::new();
+        let mut unread = Vec::new();
         for ch in channels.as_array().map(Vec::as_slice).unwrap_or_default() {
             if ctx.ending() {
-                return Ok((out, false));
+                return Ok((out, false, None));
             }
             let Some(id) = ch["id"].as_str().filter(|c| !c.is_empty() && !c.contains(['/', '?', '&'])) else {
                 continue;
@@ -599,7 +601,14 @@ impl EventStream {
             if ch["last_post_at"].as_i64().is_some_and(|last| last <= since) {
                 continue;
             }
-            let posts = self.posts_since(id, since).map_err(ApiError::failure)?;
+            let posts = match self.posts_since(id, since) {
+                Ok(p) => p,
+                Err(ApiError::NotFound(e) | ApiError::Refused(e)) => {
+                    unread.push(format!("{id} ({e})"));
+                    continue;
+                }
+                Err(e) => return Err(e.failure()),
+            };
             let kind = ch["type"].as_str().map(str::to_owned);
             for post in posts {
                 self.note(&post);
@@ -613,7 +622,8 @@ impl EventStream {
         }
         let pending = self.pending.get_or_insert_with(|| self.saved.clone());
         pending.floor = pending.floor.max(self.readback_floor - FLOOR_MARGIN_MS);
-        Ok((out, true))
+        let gap = (!unread.is_empty()).then(|| format!("posts not read back from {}", unread.join(", ")));
+        Ok((out, true, gap))
     }
 
     /// `GET /channels/{id}/posts?since=…`, page after page, oldest first.
@@ -718,9 +728,9 @@ impl skeleton::Receiver for EventStream {
             return Err(Failure::Lost(why));
         }
         if self.readback {
-            let (messages, whole) = self.read_back(ctx)?;
+            let (messages, whole, gap) = self.read_back(ctx)?;
             self.readback = !whole;
-            return Ok(Batch { messages, gap: None });
+            return Ok(Batch { messages, gap });
         }
         let mut messages = Vec::new();
         let mut deadline = Instant::now() + budget.unwrap_or(RECEIVE_WAIT).min(RECEIVE_WAIT);
