@@ -727,6 +727,11 @@ impl skeleton::Receiver for EventStream {
         if let Some(why) = self.lost.take() {
             return Err(Failure::Lost(why));
         }
+        if self.pending.take().is_some() {
+            // The last batch was not confirmed (a failed journal commit): the WebSocket will
+            // not send it again, so it is read back from the journaled positions.
+            self.ask_readback();
+        }
         if self.readback {
             let (messages, whole, gap) = self.read_back(ctx)?;
             self.readback = !whole;

@@ -29,7 +29,8 @@
 //!   (https://api.mattermost.com/#tag/posts/operation/GetPostsForChannel): a `PostList`
 //!   (`order`, newest first, and `posts` by id) of the posts modified after `since` (ms),
 //!   ordered by create time and at most [`Options::since_limit`] (the server: 1,000); deleted
-//!   posts come with `delete_at` set and an empty message.
+//!   posts come with `delete_at` set and an empty message. Without `read_channel` permission
+//!   ([`FakeMattermost::forbid`]) it is 403.
 //! - **`POST /api/v4/posts`** (https://api.mattermost.com/#tag/posts/operation/CreatePost):
 //!   `channel_id`, `message`, `root_id`; 201 with the post, and a `posted` event to every
 //!   connection (the author's own included). An unknown channel is 403, an unknown `root_id`
@@ -146,6 +147,8 @@ struct State {
     revoked: bool,
     /// Channel id -> type (`O`, `P`, `D`, `G`).
     channels: HashMap<String, String>,
+    /// Channels whose posts the bot may not read (403).
+    forbidden: Vec<String>,
     posts: Vec<Post>,
     conns: HashMap<u64, Conn>,
     calls: Vec<Call>,
@@ -252,6 +255,7 @@ impl FakeMattermost {
                 opts,
                 revoked: false,
                 channels: HashMap::new(),
+                forbidden: Vec::new(),
                 posts: Vec::new(),
                 conns: HashMap::new(),
                 calls: Vec::new(),
@@ -380,6 +384,12 @@ impl FakeMattermost {
     /// The next `posts` posts are answered 429 with `Retry-After: retry_after`.
     pub fn flood(&self, posts: u32, retry_after: u64) {
         self.shared.lock().flood = (posts, retry_after);
+    }
+
+    /// Reading `channel`'s posts is answered 403 from now on (a channel whose read permission
+    /// was taken away while the bot stays a member).
+    pub fn forbid(&self, channel: &str) {
+        self.shared.lock().forbidden.push(channel.to_owned());
     }
 
     /// The next `n` events of every open connection are dropped (their `seq` still counts).
@@ -659,6 +669,9 @@ fn answer(s: &mut State, method: &str, path: &str, token: Option<&str>, args: &V
                 return app_error(404, "app.channel.get.existing.app_error", "Unable to find the existing channel.");
             }
             s.stats.since_calls += 1;
+            if s.forbidden.iter().any(|c| c == channel) {
+                return app_error(403, "api.context.permissions.app_error", "You do not have the appropriate permissions.");
+            }
             let since = query
                 .split('&')
                 .find_map(|kv| kv.strip_prefix("since="))
