@@ -146,8 +146,6 @@ pub struct Options<'a> {
     pub write_timeout: Duration,
     /// The largest message or frame accepted.
     pub max_message: usize,
-    /// Headers added to the handshake request (`Authorization`, …).
-    pub headers: Vec<(String, String)>,
 }
 
 /// One read's outcome.
@@ -204,8 +202,7 @@ impl Client {
         };
         let config =
             WebSocketConfig::default().max_message_size(Some(opts.max_message)).max_frame_size(Some(opts.max_message));
-        let request = request(opts)?;
-        let (ws, _) = tungstenite::client::client_with_config(request, stream, Some(config)).map_err(|e| {
+        let (ws, _) = tungstenite::client::client_with_config(opts.request, stream, Some(config)).map_err(|e| {
             let why = match &e {
                 tungstenite::HandshakeError::Failure(tungstenite::Error::Io(io)) => {
                     gatewarden_net::io_tls_reason(io).map_or_else(|| io.to_string(), |r| format!("TLS failed: {r}"))
@@ -260,19 +257,6 @@ impl Client {
     }
 }
 
-/// The handshake request: the URI and the extra headers.
-fn request(opts: &Options<'_>) -> Result<tungstenite::handshake::client::Request, WsError> {
-    use tungstenite::client::IntoClientRequest;
-    let bad = |e: &dyn std::fmt::Display| WsError { stage: Stage::Handshake, detail: e.to_string() };
-    let mut req = opts.request.into_client_request().map_err(|e| bad(&e))?;
-    for (k, v) in &opts.headers {
-        let name = tungstenite::http::HeaderName::from_bytes(k.as_bytes()).map_err(|e| bad(&e))?;
-        let value = tungstenite::http::HeaderValue::from_str(v).map_err(|e| bad(&e))?;
-        req.headers_mut().insert(name, value);
-    }
-    Ok(req)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,7 +289,6 @@ mod tests {
             timeout: Duration::from_secs(2),
             write_timeout: Duration::from_secs(2),
             max_message: 1 << 20,
-            headers: vec![],
         };
         let e = Client::open(&url, &tls, &opts).err().unwrap();
         assert_eq!(e.stage, Stage::Connect, "{e}");

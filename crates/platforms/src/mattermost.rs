@@ -673,7 +673,6 @@ impl EventStream {
             timeout: CALL_TIMEOUT,
             write_timeout: CALL_TIMEOUT,
             max_message: MAX_WS_MESSAGE,
-            headers: Vec::new(),
         };
         let conn = ws::Client::open(&parts, &self.tls, &opts)
             .map_err(|e| Failure::Down(format!("WebSocket {}: {e}", parts.authority())))?;

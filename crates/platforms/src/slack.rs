@@ -445,7 +445,6 @@ impl SocketMode {
             timeout: CALL_TIMEOUT,
             write_timeout: CALL_TIMEOUT,
             max_message: MAX_WS_MESSAGE,
-            headers: Vec::new(),
         };
         let ws = ws::Client::open(&parts, &self.tls, &opts).map_err(|e| {
             let at = format!("{}:{}", parts.host, parts.port);

@@ -114,13 +114,8 @@ impl Socket {
         let scheme = if url.tls { "wss" } else { "ws" };
         let path = if url.path.is_empty() { "/" } else { url.path.as_str() };
         let request = format!("{scheme}://{}{path}?v=10&encoding=json", url.authority());
-        let opts = ws::Options {
-            request: &request,
-            timeout,
-            write_timeout: WRITE_TIMEOUT,
-            max_message: MAX_MESSAGE_BYTES,
-            headers: Vec::new(),
-        };
+        let opts =
+            ws::Options { request: &request, timeout, write_timeout: WRITE_TIMEOUT, max_message: MAX_MESSAGE_BYTES };
         let ws = ws::Client::open(url, tls, &opts).map_err(|e| {
             let what = match e.stage {
                 ws::Stage::Resolve => "cannot resolve",
