@@ -19,7 +19,8 @@
 //!   `GET /api/v4/channels/{id}/posts?since=…`, page after page (the server returns at most
 //!   1,000 posts modified since then; the next page starts at the page's newest `update_at`).
 //!   The journal deduplicates by post id, so a post read back and also received on the
-//!   WebSocket is answered once. Worst case: a post in a channel the bot left or was removed
+//!   WebSocket is answered once. After a whole read-back, positions older than the new floor
+//!   are dropped (the floor serves those channels), so the file keeps the active ones. Worst case: a post in a channel the bot left or was removed
 //!   from while the gateway was down, and more than 1,000 posts in one channel modified within
 //!   the same millisecond; neither is read back.
 //! - **Conversations.** A post in a thread (`root_id`) is the chat `<channel>/<root_id>`, and
@@ -622,6 +623,10 @@ impl EventStream {
         }
         let pending = self.pending.get_or_insert_with(|| self.saved.clone());
         pending.floor = pending.floor.max(self.readback_floor - FLOOR_MARGIN_MS);
+        // Every channel was read up to the floor: one whose position is older needs none (the
+        // floor serves it), which keeps the file to the channels active lately.
+        let floor = pending.floor;
+        pending.channels.retain(|_, pos| *pos >= floor);
         let gap = (!unread.is_empty()).then(|| format!("posts not read back from {}", unread.join(", ")));
         Ok((out, true, gap))
     }
