@@ -18,7 +18,7 @@
 //!
 //! Steps 2 to 5 are the skeleton's ([`skeleton`]); a platform is a [`skeleton::Protocol`] in
 //! its own module ([`telegram`], [`matrix`], [`irc`], [`discord`], [`xmpp`], [`email`],
-//! [`slack`], [`mattermost`]), whose `Settings` are its `[[platform]]` keys (crates/config/src/platform/), and
+//! [`slack`]), whose `Settings` are its `[[platform]]` keys (crates/config/src/platform/), and
 //! one arm in [`build`] (docs/adding-a-platform.md).
 
 pub mod credlock;
