@@ -72,8 +72,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 const READ_SLICE: Duration = Duration::from_millis(50);
 /// A receive without a budget waits at most this long for a post.
 const RECEIVE_WAIT: Duration = Duration::from_secs(1);
-/// After its first post, a receive reads on at most this long before it returns the batch.
+/// After its first post, a receive reads on only while posts keep coming (each read waiting
+/// [`QUICK_READ`]), and at most this long, before it returns the batch.
 const GATHER: Duration = Duration::from_millis(50);
+const QUICK_READ: Duration = Duration::from_millis(1);
 /// We ping this often; a connection silent for [`DEAD_AFTER`] is dropped.
 const PING_EVERY: Duration = Duration::from_secs(15);
 const DEAD_AFTER: Duration = Duration::from_secs(45);
@@ -743,6 +745,9 @@ impl skeleton::Receiver for EventStream {
         }
         let mut messages = Vec::new();
         let mut deadline = Instant::now() + budget.unwrap_or(RECEIVE_WAIT).min(RECEIVE_WAIT);
+        if let Some(c) = &self.conn {
+            c.set_read_timeout(READ_SLICE);
+        }
         loop {
             let now = Instant::now();
             let mut failed = None;
@@ -766,8 +771,13 @@ impl skeleton::Receiver for EventStream {
                     self.handle(&v, &mut messages);
                     if before == 0 && !messages.is_empty() {
                         deadline = deadline.min(Instant::now() + GATHER);
+                        if let Some(c) = &self.conn {
+                            c.set_read_timeout(QUICK_READ);
+                        }
                     }
                 }
+                // Posts in hand and nothing more at once: the batch is done.
+                (None, Ok(None)) if !messages.is_empty() => break,
                 (None, Ok(None)) => {}
                 (Some(e), _) | (None, Err(e)) => {
                     self.drop_conn();
