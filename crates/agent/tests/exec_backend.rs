@@ -27,6 +27,7 @@ fn req(text: &str) -> AgentRequest {
         history: Vec::new(),
         platform: None,
         session_started: None,
+        http_conversation: false,
     }
 }
 

@@ -112,6 +112,7 @@ fn req(text: &str) -> AgentRequest {
         history: Vec::new(),
         platform: None,
         session_started: None,
+        http_conversation: false,
     }
 }
 

@@ -438,7 +438,8 @@ impl PgJournal {
     }
 
     /// The conversation before message `before`: the last `turns` answered, non-command
-    /// messages of its chat's current session, oldest first (a read).
+    /// messages of its chat's current session, oldest first (a read). An HTTP API message's
+    /// chat is its `chat_id` among the HTTP messages (`/new` under platform `''`).
     pub async fn history(&mut self, before: &str, turns: usize) -> Result<Vec<(String, String)>, ClusterError> {
         if turns == 0 {
             return Ok(Vec::new());
@@ -449,9 +450,11 @@ impl PgJournal {
         let rows = c
             .query(
                 "SELECT h.text, h.reply FROM gw_messages m
-                   JOIN gw_messages h ON h.name = m.name AND h.platform = m.platform AND h.chat_id = m.chat_id
-                   LEFT JOIN gw_sessions s ON s.name = m.name AND s.platform = m.platform AND s.chat_id = m.chat_id
-                  WHERE m.name = $1 AND m.id = $2 AND m.platform IS NOT NULL AND h.id <> m.id
+                   JOIN gw_messages h ON h.name = m.name AND h.platform IS NOT DISTINCT FROM m.platform
+                                       AND h.chat_id = m.chat_id
+                   LEFT JOIN gw_sessions s ON s.name = m.name AND s.platform = COALESCE(m.platform, '')
+                                          AND s.chat_id = m.chat_id
+                  WHERE m.name = $1 AND m.id = $2 AND h.id <> m.id
                     AND h.state = 'done' AND NOT h.is_command AND h.reply IS NOT NULL
                     AND (h.created_at < m.created_at OR (h.created_at = m.created_at AND h.seq < m.seq))
                     AND (s.started_at IS NULL OR h.created_at > s.started_at)

@@ -42,6 +42,11 @@ pub const MAX_ATTEMPTS: i64 = 2;
 /// Reason recorded for a message whose run was interrupted on both attempts.
 pub const REASON_INTERRUPTED_TWICE: &str = "interrupted twice";
 
+/// The `sessions` platform under which an HTTP API conversation (`/v1/messages` with a
+/// `chat_id`) keeps its `/new`: its messages have no platform, and no adapter is named `""`
+/// (config names are non-empty).
+pub const HTTP_SESSIONS: &str = "";
+
 /// Why a journal operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {

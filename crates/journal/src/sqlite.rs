@@ -476,7 +476,8 @@ impl Store for Journal {
 
     /// The conversation before message `before` in its `(platform, chat)`: the last `turns`
     /// answered (non-command) messages of the current session, oldest first, as
-    /// `(user text, reply)` pairs.
+    /// `(user text, reply)` pairs. An HTTP API message (no platform) has the HTTP messages of
+    /// its `chat_id` as its conversation, its `/new` kept under the platform [`crate::HTTP_SESSIONS`].
     fn history(&self, before: &str, turns: usize) -> Result<Vec<(String, String)>, JournalError> {
         if turns == 0 {
             return Ok(Vec::new());
@@ -484,9 +485,9 @@ impl Store for Journal {
         let conn = self.read();
         let mut stmt = conn.prepare_cached(
             "SELECT h.text, h.reply FROM messages m
-             JOIN messages h ON h.platform = m.platform AND h.chat_id = m.chat_id
-             LEFT JOIN sessions s ON s.platform = m.platform AND s.chat_id = m.chat_id
-             WHERE m.id = ?1 AND m.platform IS NOT NULL AND h.id != m.id
+             JOIN messages h ON h.platform IS m.platform AND h.chat_id = m.chat_id
+             LEFT JOIN sessions s ON s.platform = COALESCE(m.platform, '') AND s.chat_id = m.chat_id
+             WHERE m.id = ?1 AND h.id != m.id
                AND h.state = 'done' AND h.is_command = 0 AND h.reply IS NOT NULL
                AND (h.created_at < m.created_at OR (h.created_at = m.created_at AND h.rowid < m.rowid))
                AND (s.started_at IS NULL OR h.created_at > s.started_at)
@@ -1733,6 +1734,34 @@ mod tests {
         j.new_session("tg", "c1").unwrap();
         std::thread::sleep(Duration::from_millis(2));
         let fresh = j.accept_inbound("tg", "5", &msg("four")).unwrap().unwrap();
+        assert!(j.history(&fresh, 10).unwrap().is_empty(), "/new forgets the earlier turns");
+    }
+
+    /// An HTTP API conversation: the HTTP messages of its `chat_id` (never a platform chat's of
+    /// the same id), and `/new` under [`crate::HTTP_SESSIONS`].
+    #[test]
+    fn http_history_is_per_chat_id_and_session() {
+        let (_d, j) = journal();
+        let turn = |chat: &str, text: &str, reply: &str| {
+            let id = j.accept(&NewMessage { chat_id: chat.into(), kind: Kind::Sync, ..msg(text) }).unwrap();
+            assert!(j.claim(&id, "a").unwrap());
+            assert!(j.complete(&id, "a", reply).unwrap());
+            id
+        };
+        turn("c1", "one", "r1");
+        turn("c2", "elsewhere", "r");
+        let tg = j.accept_inbound("tg", "1", &msg("platform")).unwrap().unwrap();
+        assert!(j.claim(&tg, "a").unwrap() && j.complete(&tg, "a", "tg reply").unwrap());
+        turn("c1", "two", "r2");
+        let now = j.accept(&NewMessage { kind: Kind::Sync, ..msg("three") }).unwrap();
+        assert_eq!(
+            j.history(&now, 10).unwrap(),
+            vec![("one".to_owned(), "r1".to_owned()), ("two".to_owned(), "r2".to_owned())]
+        );
+        assert_eq!(j.history(&tg, 10).unwrap(), vec![], "a platform chat never sees the HTTP chat of its id");
+        j.new_session(crate::HTTP_SESSIONS, "c1").unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let fresh = j.accept(&msg("four")).unwrap();
         assert!(j.history(&fresh, 10).unwrap().is_empty(), "/new forgets the earlier turns");
     }
 

@@ -79,6 +79,7 @@ mod tests {
             history: Vec::new(),
             platform: None,
             session_started: None,
+            http_conversation: false,
         }
     }
 

@@ -20,7 +20,9 @@
 //!
 //! - **Sessions.** One hermes session per `(platform, chat)` and conversation: its id is a hash
 //!   of the platform, the chat and the journal's session start (`/new` moves it), so nothing new
-//!   is stored and the mapping survives restarts and failover ([`session_id`]).
+//!   is stored and the mapping survives restarts and failover ([`session_id`]). An HTTP API
+//!   conversation (`/v1/messages` with a `chat_id`) is a chat of the platform `""`
+//!   ([`super::HTTP_SCOPE`]); a one-shot call has no session.
 //! - **hermes down or restarting.** A refused connection, a 5xx/429, a 404 for the run or a
 //!   stream cut before its terminal event (hermes killed) is waited out: the run starts again
 //!   once hermes answers, until the run's `timeout_s`. hermes forgets runs when it exits, so
@@ -273,8 +275,8 @@ impl HermesAgent {
         let run = RunThread {
             client: client.clone(),
             input: req.text.clone(),
-            session: req.platform.as_deref().map(|p| session_id(p, &req.chat_id, req.session_started.as_deref())),
-            session_key: req.platform.as_deref().map(|p| session_key(p, &req.chat_id)),
+            session: req.session_scope().map(|p| session_id(p, &req.chat_id, req.session_started.as_deref())),
+            session_key: req.session_scope().map(|p| session_key(p, &req.chat_id)),
             fallback_history: history,
             history_chars: self.history_chars,
             history_turns: self.history_turns,

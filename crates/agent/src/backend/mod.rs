@@ -52,6 +52,21 @@ pub struct AgentRequest {
     /// When the chat's current conversation started (the journal's session row; `None`: no
     /// `/new` yet): with `platform` and `chat_id`, it names the hermes session.
     pub session_started: Option<String>,
+    /// An HTTP API conversation (`/v1/messages` with a `chat_id`): kept like a platform chat's,
+    /// so the hermes backend gives it a session too ([`HTTP_SCOPE`]).
+    pub http_conversation: bool,
+}
+
+/// The platform name an HTTP API conversation's hermes session is derived from: no adapter is
+/// named `""` (config names are non-empty), so it never shares a platform chat's session.
+pub const HTTP_SCOPE: &str = "";
+
+impl AgentRequest {
+    /// The platform whose conversation this is, for sessions: the adapter, [`HTTP_SCOPE`] for
+    /// an HTTP API conversation, `None` for a one-shot call.
+    pub fn session_scope(&self) -> Option<&str> {
+        self.platform.as_deref().or(self.http_conversation.then_some(HTTP_SCOPE))
+    }
 }
 
 impl AgentRequest {
@@ -71,6 +86,7 @@ impl AgentRequest {
             history,
             platform: None,
             session_started: None,
+            http_conversation: false,
         }
     }
 }

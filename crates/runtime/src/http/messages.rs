@@ -7,6 +7,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use gatewarden_agent::{AgentError, AgentRequest};
+use gatewarden_journal::{Kind, NewMessage};
 use gatewarden_lifecycle::records::GatewayState;
 use serde::Deserialize;
 use serde_json::json;
@@ -14,16 +15,41 @@ use serde_json::json;
 use crate::app::App;
 use crate::commands::{self, Channel, CommandOutcome, Sender};
 use crate::gateway::RestartAnswer;
-use crate::worker::{RETRY_AFTER, Work};
+use crate::worker::{RETRY_AFTER, Work, http_chat};
 
 #[derive(Debug, Deserialize)]
 pub struct MessageIn {
+    /// The conversation: its earlier messages are the history (like a platform chat's). Omitted
+    /// or empty: a one-shot message without history.
+    #[serde(default)]
     pub chat_id: String,
     #[serde(default)]
     pub user_id: String,
     pub text: String,
     #[serde(default, rename = "async")]
     pub is_async: bool,
+    /// `false`: one-shot even with a `chat_id` (no history, not kept as history). Sync only.
+    #[serde(default = "yes")]
+    pub history: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl MessageIn {
+    /// Whether the message belongs to its chat's conversation; a caller error otherwise.
+    fn conversation(&self) -> Result<bool, String> {
+        if self.chat_id.starts_with(http_chat::RESPONSES) {
+            return Err(format!("chat_id may not start with {:?}: /v1/responses keeps those", http_chat::RESPONSES));
+        }
+        if !self.history && self.is_async && !self.chat_id.is_empty() {
+            return Err(
+                "\"history\": false is for sync messages; omit chat_id for a one-shot async message".into()
+            );
+        }
+        Ok(self.history && http_chat::is_conversation(&self.chat_id))
+    }
 }
 
 pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -64,6 +90,10 @@ pub fn agent_error(work: &Work, user_id: &str, reference: &str, e: &AgentError) 
 
 pub async fn post(State(gw): State<Arc<App>>, Json(m): Json<MessageIn>) -> Response {
     let work = &gw.work;
+    let conversation = match m.conversation() {
+        Ok(c) => c,
+        Err(why) => return error(StatusCode::BAD_REQUEST, "invalid_request", why),
+    };
     // `/status` and `/help` are for everyone; `/restart`, `/stop` and `/update` need an admin
     // who came with the API token, never an anonymous caller (docs/security.md; the one rule
     // is `commands::Admins::may_run`).
@@ -129,25 +159,31 @@ pub async fn post(State(gw): State<Arc<App>>, Json(m): Json<MessageIn>) -> Respo
     if !gw.accepts_work() {
         return unavailable(&gw, &m.chat_id);
     }
-    let run_id = work.next_run_id(&gw.me.id);
-    let req = AgentRequest {
-        run_id: run_id.clone(),
-        chat_id: m.chat_id.clone(),
-        user_id: m.user_id.clone(),
-        text: m.text,
-        history: Vec::new(),
-        platform: None,
-        session_started: None,
+    // A conversation's message is journaled and run with its history; a one-shot one is run
+    // as it is and kept nowhere.
+    let (run_id, ran) = if conversation {
+        let msg = NewMessage { chat_id: m.chat_id.clone(), user_id: m.user_id.clone(), text: m.text, kind: Kind::Sync };
+        match work.run_journaled(&gw, msg, (None, Vec::new()), None).await {
+            Ok((id, r)) => (id, r.map(|r| r.text)),
+            Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e),
+        }
+    } else {
+        let run_id = work.next_run_id(&gw.me.id);
+        let req = AgentRequest::new(run_id.clone(), m.chat_id.clone(), m.user_id.clone(), m.text, Vec::new());
+        (run_id, work.run_sync(&gw, req, None).await)
     };
-    match work.run_sync(&gw, req, None).await {
+    match ran {
         Ok(reply) => {
             let notices = work.notices.take(gw.home.dir(), &m.chat_id);
-            if notices.is_empty() {
-                Json(json!({"reply": reply, "run_id": run_id, "chat_id": m.chat_id})).into_response()
-            } else {
-                Json(json!({"reply": reply, "run_id": run_id, "chat_id": m.chat_id, "notices": notices}))
-                    .into_response()
+            let mut body = json!({"reply": reply, "run_id": run_id, "chat_id": m.chat_id});
+            if conversation {
+                // Journaled: `GET /v1/messages/{id}` shows it.
+                body["message_id"] = json!(run_id);
             }
+            if !notices.is_empty() {
+                body["notices"] = json!(notices);
+            }
+            Json(body).into_response()
         }
         Err(e) => agent_error(work, &m.user_id, &run_id, &e),
     }

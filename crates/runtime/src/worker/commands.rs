@@ -54,11 +54,18 @@ impl Work {
         let reply = |reply: String| CommandReply { reply, verdict: None };
         match cmd {
             Command::Help => reply(commands::HELP.into()),
-            Command::New => reply(match platform.map(|p| self.journal.new_session(p, chat_id)) {
-                Some(Err(e)) => format!("cannot start a new conversation: {e}"),
-                // The HTTP API keeps no history: each /v1/chat/completions call brings its own.
-                _ => "new conversation: earlier messages are forgotten".into(),
-            }),
+            Command::New => {
+                // An HTTP API conversation (a `chat_id`) keeps its sessions under a name no
+                // platform has; a one-shot call (and /v1/chat/completions) has no history.
+                let scope = match platform {
+                    Some(p) => Some(p),
+                    None => super::http_chat::is_conversation(chat_id).then_some(gatewarden_journal::HTTP_SESSIONS),
+                };
+                reply(match scope.map(|p| self.journal.new_session(p, chat_id)) {
+                    Some(Err(e)) => format!("cannot start a new conversation: {e}"),
+                    _ => "new conversation: earlier messages are forgotten".into(),
+                })
+            }
             Command::Status => {
                 let s = gw.status();
                 reply(format!(

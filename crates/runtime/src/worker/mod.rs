@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::commands::{CommandReply, DecidedBy};
 pub use self::metrics::{ChatUsage, MAX_USAGE_CHATS, Metrics, PerMinute, uptime_second};
-pub use self::run::REASON_CANCELLED;
+pub use self::run::{REASON_CANCELLED, REASON_SYNC_INTERRUPTED};
 use crate::access::pairing::Keeper;
 use crate::access::{Gate, Policies};
 use crate::commands::Admins;
@@ -134,6 +134,26 @@ pub struct Work {
     pub reloaded: tokio::sync::Notify,
     /// Who may reach the agent from a chat platform, and the pairing book (access/).
     pub gate: Arc<Gate>,
+}
+
+/// How the HTTP API's rows (no platform) name their conversation in `chat_id`.
+pub mod http_chat {
+    /// The `chat_id` prefix of a `/v1/responses` row: what follows is the message id of the
+    /// response it continues (`previous_response_id`), empty for the first of a chain. A
+    /// `/v1/messages` caller may not use it.
+    pub const RESPONSES: &str = "responses:";
+
+    /// Whether `/v1/messages` rows of `chat_id` form a conversation with history and `/new`:
+    /// a one-shot call has none (`""`), and a response row continues its chain instead.
+    pub fn is_conversation(chat_id: &str) -> bool {
+        !chat_id.is_empty() && !chat_id.starts_with(RESPONSES)
+    }
+
+    /// For a `/v1/responses` row's `chat_id`: the message id of the response it continues
+    /// (`Some("")`: none).
+    pub fn continues(chat_id: &str) -> Option<&str> {
+        chat_id.strip_prefix(RESPONSES)
+    }
 }
 
 fn chat_key(platform: Option<&str>, chat: &str) -> String {

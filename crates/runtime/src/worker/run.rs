@@ -9,7 +9,7 @@ use std::time::Duration;
 use gatewarden_agent::backend::delivery::{self, Delivery};
 use gatewarden_agent::backend::trace::{Note, RunNotes};
 use gatewarden_agent::{AgentError, AgentReply, AgentRequest, Turn};
-use gatewarden_journal::{Message, RunSteps, Step, TraceEvent};
+use gatewarden_journal::{Message, NewMessage, RunSteps, Step, TraceEvent};
 use gatewarden_lifecycle::records::GatewayState;
 use gatewarden_platforms::Activity;
 use gatewarden_platforms::skeleton::progress::PREVIEW_AFTER;
@@ -26,6 +26,10 @@ const ASYNC_CONCURRENCY: usize = 64;
 
 /// Why a run a chat cancelled failed.
 pub const REASON_CANCELLED: &str = "cancelled (/cancel)";
+
+/// Why a journaled run whose caller waited ([`Work::run_journaled`]) failed when the drain
+/// cancelled it: the caller was answered 503 and may send it again.
+pub const REASON_SYNC_INTERRUPTED: &str = "interrupted by a stop or restart (the caller was answered 503)";
 
 impl Work {
     /// What the chat or caller of message `id` (sent by `user_id` through `platform`, `None`:
@@ -193,7 +197,7 @@ impl Work {
         tracing::Span::current().record("platform", msg.platform.as_deref().unwrap_or("http"));
         let (req, mut steps) = self.request_for(&msg).await;
         let notes = RunNotes::default();
-        let r = self.run_in_chat(gw, &msg, req, notes.clone()).await;
+        let r = self.run_in_chat(gw, &msg, req, notes.clone(), None).await;
         if matches!(r, Err(AgentError::Cancelled)) {
             // Interrupted by the drain: stays `running` for the next incarnation to re-run once.
             return;
@@ -240,17 +244,33 @@ impl Work {
             history,
             platform: msg.platform.clone(),
             session_started,
+            http_conversation: msg.platform.is_none() && super::http_chat::is_conversation(&msg.chat_id),
         };
         let mut steps = RunSteps::default();
         steps.push(TraceEvent::at(Step::BackendCalled, std::time::SystemTime::now()).subject(live.agent.name()));
         (req, steps)
     }
 
-    /// A chat platform's conversation: the session's last `turns`, within `chars`. None for the
-    /// HTTP API, or when it cannot be read (the run goes on without it).
+    /// A chat's conversation: the session's last `turns`, within `chars`; for a `/v1/responses`
+    /// row, the chain of responses it continues. None for a one-shot HTTP call, or when it
+    /// cannot be read (the run goes on without it).
     async fn history(&self, msg: &Message, turns: usize, chars: usize) -> Vec<Turn> {
-        if msg.platform.is_none() || turns == 0 {
+        if turns == 0 {
             return Vec::new();
+        }
+        if msg.platform.is_none() {
+            if let Some(previous) = super::http_chat::continues(&msg.chat_id) {
+                return match self.response_chain(previous, turns, chars).await {
+                    Ok(turns) => turns,
+                    Err(e) => {
+                        crate::warn!("cannot read the responses {} continues: {e}; running it without history", msg.id);
+                        Vec::new()
+                    }
+                };
+            }
+            if !super::http_chat::is_conversation(&msg.chat_id) {
+                return Vec::new();
+            }
         }
         let id = msg.id.clone();
         match self.with_journal(move |j| j.history(&id, turns)).await {
@@ -265,9 +285,87 @@ impl Work {
         }
     }
 
+    /// The stored responses a `/v1/responses` call continues, from `previous` back: the last
+    /// `turns` answered ones, oldest first, within `chars`. A response id that names no stored
+    /// response ends the chain (the handler checks the first one before it runs).
+    pub async fn response_chain(&self, previous: &str, turns: usize, chars: usize) -> Result<Vec<Turn>, String> {
+        let previous = previous.to_owned();
+        let pairs = self
+            .with_journal(move |j| {
+                let mut pairs = Vec::new();
+                let mut next = Some(previous);
+                // Bounded: a chain never loops (each row names an older one), and at most
+                // `turns` answered rows plus as many unanswered ones are read.
+                let mut reads = 0usize;
+                while let Some(id) = next.take().filter(|i| !i.is_empty()) {
+                    reads += 1;
+                    let Some(m) = j.get(&id)? else { break };
+                    let Some(prev) = super::http_chat::continues(&m.chat_id).filter(|_| m.platform.is_none()) else {
+                        break;
+                    };
+                    if let (gatewarden_journal::State::Done, Some(reply)) = (m.state, m.reply) {
+                        pairs.push((m.text, reply));
+                    }
+                    if pairs.len() >= turns || reads >= turns.saturating_mul(2) {
+                        break;
+                    }
+                    next = Some(prev.to_owned());
+                }
+                pairs.reverse();
+                Ok(pairs)
+            })
+            .await?;
+        Ok(gatewarden_agent::within_budget(
+            pairs.into_iter().flat_map(|(q, a)| [Turn::new("user", q), Turn::new("assistant", a)]).collect(),
+            chars,
+        ))
+    }
+
+    /// An HTTP API message whose caller waits for its reply (`/v1/messages` with a `chat_id`,
+    /// `/v1/responses` with `store`): journaled, claimed and run at once with its conversation,
+    /// and finished in the journal, so later messages have it as history after a restart or a
+    /// failover. `system` goes first and `inline` (the caller's own earlier turns) last in
+    /// its history. Returns the message id and the run's outcome; `Err`: the journal failed.
+    /// A run the drain cancels is failed (its caller is answered 503), never re-run; one a
+    /// crash cuts short is re-run by the next incarnation, as an async message is.
+    pub async fn run_journaled(
+        self: &Arc<Self>,
+        gw: &Gateway,
+        msg: NewMessage,
+        (system, inline): (Option<String>, Vec<Turn>),
+        chunks: Option<Stream>,
+    ) -> Result<(String, Result<AgentReply, AgentError>), String> {
+        let id = self.with_journal(move |j| j.accept(&msg)).await?;
+        let Some(msg) = self.claim(gw, &id).await else {
+            return Err(format!("message {id} could not be claimed"));
+        };
+        let (mut req, mut steps) = self.request_for(&msg).await;
+        let mut history: Vec<Turn> = system.map(|s| Turn::new("system", s)).into_iter().collect();
+        history.append(&mut req.history);
+        history.extend(inline);
+        req.history = history;
+        let notes = RunNotes::default();
+        let r = self.run_in_chat(gw, &msg, req, notes.clone(), chunks).await;
+        for n in noted(notes.take()) {
+            steps.push(n);
+        }
+        let outcome = match &r {
+            Ok(reply) => Ok(reply.clone()),
+            Err(AgentError::Cancelled) => Err(REASON_SYNC_INTERRUPTED.to_owned()),
+            Err(e) => Err(e.to_string()),
+        };
+        self.finish(gw, &msg, outcome, steps).await;
+        Ok((id, r))
+    }
+
     /// The conversation's start names the hermes session (backend/hermes.rs): `/new` moves it.
     async fn session_started(&self, msg: &Message) -> Option<String> {
-        let (p, c) = (msg.platform.clone()?, msg.chat_id.clone());
+        let p = match &msg.platform {
+            Some(p) => p.clone(),
+            None if super::http_chat::is_conversation(&msg.chat_id) => gatewarden_journal::HTTP_SESSIONS.to_owned(),
+            None => return None,
+        };
+        let c = msg.chat_id.clone();
         self.with_journal(move |j| j.session_started(&p, &c)).await.unwrap_or_else(|e| {
             crate::warn!("cannot read the session of {}: {e}", msg.id);
             None
@@ -284,6 +382,7 @@ impl Work {
         msg: &Message,
         req: AgentRequest,
         notes: RunNotes,
+        caller: Option<Stream>,
     ) -> Result<AgentReply, AgentError> {
         let key = chat_key(msg.platform.as_deref(), &msg.chat_id);
         let token = self.cancel.child_token();
@@ -293,10 +392,16 @@ impl Work {
             .entry(key.clone())
             .or_default()
             .push((msg.id.clone(), token.clone()));
-        let reach = Delivery::default();
-        let shown = msg.platform.as_ref().map(|p| Shown::start(&self.wake, p, &msg.chat_id, &msg.id, &reach));
+        // A waiting HTTP caller's stream, or the chat's (or nothing's).
         let (tx, mut rx) = mpsc::channel::<String>(64);
-        let chunks = shown.as_ref().map_or(tx, |s| s.chunks.clone());
+        let (chunks, reach, shown) = match caller {
+            Some((chunks, reach)) => (chunks, reach, None),
+            None => {
+                let reach = Delivery::default();
+                let shown = msg.platform.as_ref().map(|p| Shown::start(&self.wake, p, &msg.chat_id, &msg.id, &reach));
+                (shown.as_ref().map_or(tx, |s| s.chunks.clone()), reach, shown)
+            }
+        };
         let drain = async move { while rx.recv().await.is_some() {} };
         let run = self.run_traced(gw, msg.platform.as_deref(), req, Some((chunks, reach)), Some(notes), token);
         let (r, ()) = tokio::join!(run, drain);
