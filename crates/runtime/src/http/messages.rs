@@ -163,8 +163,12 @@ pub async fn post(State(gw): State<Arc<App>>, Json(m): Json<MessageIn>) -> Respo
     // as it is and kept nowhere.
     let (run_id, ran) = if conversation {
         let msg = NewMessage { chat_id: m.chat_id.clone(), user_id: m.user_id.clone(), text: m.text, kind: Kind::Sync };
-        match work.run_journaled(&gw, msg, (None, Vec::new()), None).await {
-            Ok((id, r)) => (id, r.map(|r| r.text)),
+        let id = match work.journal_waiting(msg).await {
+            Ok(id) => id,
+            Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e),
+        };
+        match run_journaled(&gw, &id, (None, Vec::new()), None).await {
+            Ok(r) => (id, r.map(|r| r.text)),
             Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e),
         }
     } else {
@@ -187,6 +191,20 @@ pub async fn post(State(gw): State<Arc<App>>, Json(m): Json<MessageIn>) -> Respo
         }
         Err(e) => agent_error(work, &m.user_id, &run_id, &e),
     }
+}
+
+/// [`Work::run_journaled`] in its own task: a caller that goes away does not cut the run short
+/// (it finishes in the journal, and is its conversation's history).
+pub async fn run_journaled(
+    gw: &Arc<App>,
+    id: &str,
+    extras: (Option<String>, Vec<gatewarden_agent::Turn>),
+    chunks: Option<crate::worker::Stream>,
+) -> Result<Result<gatewarden_agent::AgentReply, AgentError>, String> {
+    let (gw, id) = (Arc::clone(gw), id.to_owned());
+    tokio::spawn(async move { gw.work.run_journaled(&gw, &id, extras, chunks).await })
+        .await
+        .unwrap_or_else(|e| Err(format!("the run's task failed: {e}")))
 }
 
 pub async fn get_one(State(gw): State<Arc<App>>, Path(id): Path<String>) -> Response {

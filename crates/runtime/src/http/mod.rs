@@ -23,6 +23,7 @@ mod messages;
 pub(crate) mod metrics;
 mod openai;
 pub mod resources;
+mod responses;
 pub mod serve;
 pub mod ui;
 
@@ -32,6 +33,7 @@ pub mod ui;
 pub mod fuzzing {
     pub use super::messages::MessageIn;
     pub use super::openai::{ChatMessage, CompletionIn, text_of};
+    pub use super::responses::parse as parse_response;
 }
 
 pub fn router(gw: Arc<App>) -> Router {
@@ -40,6 +42,8 @@ pub fn router(gw: Arc<App>) -> Router {
         .route("/v1/messages", post(messages::post))
         .route("/v1/messages/{id}", get(messages::get_one))
         .route("/v1/notices", get(messages::notices))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::get_one))
         .route("/v1/chat/completions", post(openai::completions))
         .route("/v1/models", get(openai::models))
         .route("/metrics", get(metrics::metrics))

@@ -325,18 +325,18 @@ impl Work {
     /// `/v1/responses` with `store`): journaled, claimed and run at once with its conversation,
     /// and finished in the journal, so later messages have it as history after a restart or a
     /// failover. `system` goes first and `inline` (the caller's own earlier turns) last in
-    /// its history. Returns the message id and the run's outcome; `Err`: the journal failed.
-    /// A run the drain cancels is failed (its caller is answered 503), never re-run; one a
-    /// crash cuts short is re-run by the next incarnation, as an async message is.
+    /// its history. `id` is the row [`Self::journal_waiting`] made. Returns the run's outcome;
+    /// `Err`: the journal failed. A run the drain cancels is failed (its caller is answered
+    /// 503), never re-run; one a crash cuts short is re-run by the next incarnation, as an
+    /// async message is.
     pub async fn run_journaled(
         self: &Arc<Self>,
         gw: &Gateway,
-        msg: NewMessage,
+        id: &str,
         (system, inline): (Option<String>, Vec<Turn>),
         chunks: Option<Stream>,
-    ) -> Result<(String, Result<AgentReply, AgentError>), String> {
-        let id = self.with_journal(move |j| j.accept(&msg)).await?;
-        let Some(msg) = self.claim(gw, &id).await else {
+    ) -> Result<Result<AgentReply, AgentError>, String> {
+        let Some(msg) = self.claim(gw, id).await else {
             return Err(format!("message {id} could not be claimed"));
         };
         let (mut req, mut steps) = self.request_for(&msg).await;
@@ -355,7 +355,12 @@ impl Work {
             Err(e) => Err(e.to_string()),
         };
         self.finish(gw, &msg, outcome, steps).await;
-        Ok((id, r))
+        Ok(r)
+    }
+
+    /// Journals `msg` (a sync row) for [`Self::run_journaled`]; its id.
+    pub async fn journal_waiting(&self, msg: NewMessage) -> Result<String, String> {
+        self.with_journal(move |j| j.accept(&msg)).await
     }
 
     /// The conversation's start names the hermes session (backend/hermes.rs): `/new` moves it.
