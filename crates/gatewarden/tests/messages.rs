@@ -329,3 +329,92 @@ fn a_failed_run_tells_an_api_caller_a_short_text_and_a_reference() {
     drop(g);
     let _ = sw.sweep();
 }
+
+/// Issue 29 §3: `/v1/messages` with a `chat_id` is a conversation kept in the journal. The
+/// second message reaches the provider with the first turn as history, another chat and a
+/// one-shot message (no `chat_id`, or `"history": false`) have none, `/new` clears it, and
+/// the history survives a restart.
+#[test]
+fn a_chat_id_is_a_conversation_with_history_new_and_restarts() {
+    use gatewarden_testkit::llmfake::{FakeLlm, Reply};
+    let llm = FakeLlm::start(Reply::text("noted")).unwrap();
+    llm.on("user", "first", [Reply::text("reply to first")]);
+    let config = format!(
+        "[agent]\nbackend = \"openai\"\nretries = 0\ntimeout_s = 30\n\n[[agent.provider]]\nname = \"p\"\nbase_url = \"{}\"\nmodel = \"m\"\n",
+        llm.base_url()
+    );
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let mut g = gateway(&home, &sw, &config);
+    let api = Api::new(g.listen());
+    // What the provider got for the request whose last user message is `text`: its messages'
+    // (role, content), the system prompt left out.
+    let seen = |text: &str| -> Vec<(String, String)> {
+        let asked = llm.asked(text);
+        assert_eq!(asked.len(), 1, "one request for {text:?}");
+        asked[0].body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] != "system")
+            .map(|m| (m["role"].as_str().unwrap().to_owned(), m["content"].as_str().unwrap_or("").to_owned()))
+            .collect()
+    };
+    let turn = |role: &str, text: &str| (role.to_owned(), text.to_owned());
+    let post = |body: Value| {
+        let r = api.post_json("/v1/messages", &body).unwrap();
+        assert_eq!(r.status, 200, "{body}: {}", r.text());
+        r.json().unwrap()
+    };
+
+    let v = post(json!({"chat_id": "conv", "user_id": "u", "text": "first"}));
+    assert_eq!(v["reply"], "reply to first", "{v}");
+    let id = v["message_id"].as_str().expect("a conversation's message is journaled").to_owned();
+    assert_eq!(api.message(&id).unwrap()["state"], "done");
+    post(json!({"chat_id": "conv", "user_id": "u", "text": "second"}));
+    assert_eq!(
+        seen("second"),
+        [turn("user", "first"), turn("assistant", "reply to first"), turn("user", "second")],
+        "the second message carries the first turn"
+    );
+    post(json!({"chat_id": "other", "text": "elsewhere"}));
+    assert_eq!(seen("elsewhere"), [turn("user", "elsewhere")], "another chat has its own history");
+    let v = post(json!({"text": "one-shot"}));
+    assert!(v.get("message_id").is_none(), "a one-shot message is not journaled: {v}");
+    assert_eq!(seen("one-shot"), [turn("user", "one-shot")]);
+    post(json!({"chat_id": "conv", "text": "no memory please", "history": false}));
+    assert_eq!(seen("no memory please"), [turn("user", "no memory please")]);
+
+    // The history survives a restart (stop, start on the same home).
+    g.signal(15);
+    g.wait_exit(Duration::from_secs(30));
+    let g = gateway(&home, &sw, &config);
+    let api = Api::new(g.listen());
+    let r = api.post_json("/v1/messages", &json!({"chat_id": "conv", "text": "third"})).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        seen("third"),
+        [
+            turn("user", "first"),
+            turn("assistant", "reply to first"),
+            turn("user", "second"),
+            turn("assistant", "noted"),
+            turn("user", "third"),
+        ],
+        "after the restart"
+    );
+    // `/new` starts afresh; the one-shot `history: false` message never became history.
+    let v = api.post_json("/v1/messages", &json!({"chat_id": "conv", "text": "/new"})).unwrap().json().unwrap();
+    assert_eq!(v["command"], true, "{v}");
+    api.post_json("/v1/messages", &json!({"chat_id": "conv", "text": "fourth"})).unwrap();
+    assert_eq!(seen("fourth"), [turn("user", "fourth")], "/new forgets the earlier turns");
+
+    // Refused: the prefix /v1/responses keeps, and `history: false` on an async message with a chat.
+    for body in [
+        json!({"chat_id": "responses:x", "text": "t"}),
+        json!({"chat_id": "c", "text": "t", "async": true, "history": false}),
+    ] {
+        let r = api.post_json("/v1/messages", &body).unwrap();
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+    }
+    assert!(!g.stderr().contains("panicked"), "{}", g.stderr_tail(20));
+}

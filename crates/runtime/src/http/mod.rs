@@ -33,7 +33,7 @@ pub mod ui;
 pub mod fuzzing {
     pub use super::messages::MessageIn;
     pub use super::openai::{ChatMessage, CompletionIn, text_of};
-    pub use super::responses::parse as parse_response;
+    pub use super::responses::{MAX_INPUT_ITEMS, parse as parse_response};
 }
 
 pub fn router(gw: Arc<App>) -> Router {

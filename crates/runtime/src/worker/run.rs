@@ -400,7 +400,11 @@ impl Work {
         // A waiting HTTP caller's stream, or the chat's (or nothing's).
         let (tx, mut rx) = mpsc::channel::<String>(64);
         let (chunks, reach, shown) = match caller {
-            Some((chunks, reach)) => (chunks, reach, None),
+            Some((chunks, reach)) => {
+                // Nothing is drained then: the drain below ends at once.
+                drop(tx);
+                (chunks, reach, None)
+            }
             None => {
                 let reach = Delivery::default();
                 let shown = msg.platform.as_ref().map(|p| Shown::start(&self.wake, p, &msg.chat_id, &msg.id, &reach));
