@@ -95,6 +95,31 @@ impl PgJournal {
         Ok(row.get(0))
     }
 
+    /// Journals `msg` as already running under `incarnation` (its first attempt), under
+    /// `epoch`; returns its id. One statement: never `queued`, so no worker takes it.
+    pub async fn accept_claimed(&mut self, epoch: i64, msg: &NewMessage, incarnation: &str) -> Result<String, ClusterError> {
+        let (kind, received) = (msg.kind.as_str(), received_now());
+        let trace = accepted_trace("$7", "NULL", false).replace(
+            "(2, 'journaled', clock_timestamp(), NULL::text, NULL::text)",
+            "(2, 'journaled', clock_timestamp(), NULL::text, NULL::text),
+                           (3, 'claimed', clock_timestamp(), $8::text, NULL::text)",
+        );
+        let row = self
+            .query_one(
+                epoch,
+                &accepted(
+                    "chat_id, user_id, text, kind, state, attempts, incarnation",
+                    "$3, $4, $5, $6, 'running', 1, $8",
+                    "",
+                    "",
+                    trace,
+                ),
+                &[&msg.chat_id, &msg.user_id, &msg.text, &kind, &received, &incarnation],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
     /// A lifecycle command answered at once: a row that is already done, flagged as a command.
     pub async fn accept_command(&mut self, epoch: i64, msg: &NewMessage, reply: &str) -> Result<String, ClusterError> {
         let (kind, received) = (msg.kind.as_str(), received_now());

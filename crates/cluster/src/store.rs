@@ -206,6 +206,12 @@ impl Store for PgStore {
         self.write(move |j, e| Box::pin(async move { j.accept_message(e, &msg).await }))
     }
 
+    fn accept_claimed(&self, msg: &NewMessage, incarnation: &str) -> Result<String, JournalError> {
+        let (msg, inc) = (msg.clone(), incarnation.to_owned());
+        // Under the run tag, as a claim records it ([`run_tag`]).
+        self.write(move |j, e| Box::pin(async move { j.accept_claimed(e, &msg, &run_tag(&inc, e)).await }))
+    }
+
     fn accept_command(&self, msg: &NewMessage, reply: &str) -> Result<String, JournalError> {
         let (msg, reply) = (msg.clone(), reply.to_owned());
         self.write(move |j, e| Box::pin(async move { j.accept_command(e, &msg, &reply).await }))

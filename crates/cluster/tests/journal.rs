@@ -442,3 +442,40 @@ fn the_pairing_book_is_shared_and_fenced() {
     assert!(b.access_doc().unwrap().is_some_and(|d| d.contains("102")), "the deposed write changed nothing");
     assert_eq!(pg.sql("SELECT count(*) FROM gw_access"), "1");
 }
+
+/// Issue 29 §3: an HTTP API conversation (no platform) on PostgreSQL, as on SQLite: the HTTP
+/// messages of its `chat_id` are its history, never a platform chat's of the same id, and
+/// `/new` (under `HTTP_SESSIONS`) clears it; so a promoted standby runs it with the same history.
+#[test]
+fn http_conversations_have_history_on_postgres() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let s = store(&pg, "hh");
+    s.attach(active_driver(&rt, &pg, "hh", 1));
+    // As the runtime journals them: accepted already running under its incarnation.
+    let turn = |chat: &str, text: &str, reply: &str| {
+        let id = s.accept_claimed(&NewMessage { chat_id: chat.into(), kind: Kind::Sync, ..msg(text) }, "a").unwrap();
+        let m = s.get(&id).unwrap().unwrap();
+        assert_eq!((m.state, m.attempts), (State::Running, 1));
+        assert!(m.incarnation.is_some_and(|i| i.starts_with("a/e")), "under the run tag");
+        assert!(s.complete(&id, "a", reply).unwrap());
+    };
+    turn("c1", "one", "r1");
+    turn("c2", "elsewhere", "r");
+    let tg = s.accept_inbound("tg", "1", &msg("platform")).unwrap().unwrap();
+    assert!(s.claim(&tg, "a").unwrap() && s.complete(&tg, "a", "tg reply").unwrap());
+    turn("c1", "two", "r2");
+    let now = s.accept(&NewMessage { kind: Kind::Sync, ..msg("three") }).unwrap();
+    assert_eq!(s.history(&now, 10).unwrap(), vec![("one".into(), "r1".into()), ("two".into(), "r2".into())]);
+    assert!(s.history(&tg, 10).unwrap().is_empty(), "a platform chat never sees the HTTP chat of its id");
+    s.new_session(gatewarden_journal::HTTP_SESSIONS, "c1").unwrap();
+    let fresh = s.accept(&msg("four")).unwrap();
+    assert!(s.history(&fresh, 10).unwrap().is_empty(), "/new forgets the earlier turns");
+    let steps: Vec<String> = s.trace(&now).unwrap().iter().map(|e| e.step.as_str().to_owned()).collect();
+    assert_eq!(steps, ["received", "journaled"]);
+    let cut = s.accept_claimed(&msg("cut short"), "a").unwrap();
+    let steps: Vec<String> = s.trace(&cut).unwrap().iter().map(|e| e.step.as_str().to_owned()).collect();
+    assert_eq!(steps, ["received", "journaled", "claimed"]);
+    assert!(!s.recover("a").unwrap().contains(&cut), "its own incarnation's recovery leaves it alone");
+    assert!(s.recover("b").unwrap().contains(&cut), "a crash leaves it to the next incarnation");
+}

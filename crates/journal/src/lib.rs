@@ -202,6 +202,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn describe(&self) -> String;
     fn accept(&self, msg: &NewMessage) -> Result<String, JournalError>;
     fn accept_command(&self, msg: &NewMessage, reply: &str) -> Result<String, JournalError>;
+    /// Records a new message already `running` under `incarnation` (its first attempt), for a
+    /// caller that runs it at once and waits (crates/runtime/src/worker/run.rs
+    /// `run_journaled`): never `queued`, so the async worker never takes it; a crash leaves it
+    /// to [`Store::recover`] like any interrupted run.
+    fn accept_claimed(&self, msg: &NewMessage, incarnation: &str) -> Result<String, JournalError>;
     fn claim(&self, id: &str, incarnation: &str) -> Result<bool, JournalError>;
     /// `running → done` with the reply, only if `incarnation` owns the run, with the run's
     /// `(prompt, completion)` tokens and its noted `steps` (backend called, providers tried,

@@ -202,6 +202,26 @@ impl Store for Journal {
         })
     }
 
+    fn accept_claimed(&self, msg: &NewMessage, incarnation: &str) -> Result<String, JournalError> {
+        let (msg, incarnation, received) = (msg.clone(), incarnation.to_owned(), now_rfc3339());
+        self.write(move |conn| {
+            let id: String = conn
+                .prepare_cached(
+                    "INSERT INTO messages (id, chat_id, user_id, text, kind, state, attempts, incarnation,
+                                       is_command, created_at, updated_at)
+                 VALUES (lower(hex(randomblob(12))), ?1, ?2, ?3, ?4, 'running', 1, ?5, 0, ?6, ?6)
+                 RETURNING id",
+                )?
+                .query_row(
+                    params![msg.chat_id, msg.user_id, msg.text, msg.kind.as_str(), incarnation, now_rfc3339()],
+                    |r| r.get(0),
+                )?;
+            trace_accepted(conn, &id, &received, None)?;
+            trace_step(conn, &id, &TraceEvent::at(Step::Claimed, std::time::SystemTime::now()).subject(incarnation))?;
+            Ok(id)
+        })
+    }
+
     /// Records a lifecycle command (`/restart`, `/stop`, …) that was answered at once, as a row
     /// that is already `done` with `reply` and flagged as a command, in one statement: there is
     /// no instant at which a crash could leave it queued, so it can never be replayed.
@@ -1735,6 +1755,23 @@ mod tests {
         std::thread::sleep(Duration::from_millis(2));
         let fresh = j.accept_inbound("tg", "5", &msg("four")).unwrap().unwrap();
         assert!(j.history(&fresh, 10).unwrap().is_empty(), "/new forgets the earlier turns");
+    }
+
+    /// A row accepted claimed is running at once: the worker's recovery (same incarnation)
+    /// never lists it, another incarnation's recovery requeues it like any interrupted run.
+    #[test]
+    fn accept_claimed_is_running_under_its_incarnation() {
+        let (_d, j) = journal();
+        let id = j.accept_claimed(&NewMessage { kind: Kind::Sync, ..msg("now") }, "a").unwrap();
+        let m = j.get(&id).unwrap().unwrap();
+        assert_eq!((m.state, m.attempts, m.incarnation.as_deref()), (State::Running, 1, Some("a")));
+        assert!(!j.claim(&id, "a").unwrap(), "not queued");
+        assert!(j.recover("a").unwrap().is_empty(), "its own incarnation's recovery leaves it alone");
+        let steps: Vec<String> = j.trace(&id).unwrap().iter().map(|e| e.step.as_str().to_owned()).collect();
+        assert_eq!(steps, ["received", "journaled", "claimed"]);
+        assert!(j.complete(&id, "a", "done").unwrap());
+        let id2 = j.accept_claimed(&msg("cut short"), "a").unwrap();
+        assert_eq!(j.recover("b").unwrap(), vec![id2], "a crash leaves it to the next incarnation");
     }
 
     /// An HTTP API conversation: the HTTP messages of its `chat_id` (never a platform chat's of

@@ -163,7 +163,7 @@ pub async fn post(State(gw): State<Arc<App>>, Json(m): Json<MessageIn>) -> Respo
     // as it is and kept nowhere.
     let (run_id, ran) = if conversation {
         let msg = NewMessage { chat_id: m.chat_id.clone(), user_id: m.user_id.clone(), text: m.text, kind: Kind::Sync };
-        let id = match work.journal_waiting(msg).await {
+        let id = match work.journal_waiting(&gw, msg).await {
             Ok(id) => id,
             Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e),
         };

@@ -435,7 +435,7 @@ pub async fn create(State(gw): State<Arc<App>>, body: Bytes) -> Response {
             text: r.text.clone(),
             kind: Kind::Sync,
         };
-        match work.journal_waiting(msg).await {
+        match work.journal_waiting(&gw, msg).await {
             Ok(id) => id,
             Err(e) => return super::messages::error(StatusCode::INTERNAL_SERVER_ERROR, "journal", e),
         }

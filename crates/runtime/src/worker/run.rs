@@ -325,7 +325,7 @@ impl Work {
     /// `/v1/responses` with `store`): journaled, claimed and run at once with its conversation,
     /// and finished in the journal, so later messages have it as history after a restart or a
     /// failover. `system` goes first and `inline` (the caller's own earlier turns) last in
-    /// its history. `id` is the row [`Self::journal_waiting`] made. Returns the run's outcome;
+    /// its history. `id` is the row [`Self::journal_waiting`] made (running under this incarnation). Returns the run's outcome;
     /// `Err`: the journal failed. A run the drain cancels is failed (its caller is answered
     /// 503), never re-run; one a crash cuts short is re-run by the next incarnation, as an
     /// async message is.
@@ -336,8 +336,11 @@ impl Work {
         (system, inline): (Option<String>, Vec<Turn>),
         chunks: Option<Stream>,
     ) -> Result<Result<AgentReply, AgentError>, String> {
-        let Some(msg) = self.claim(gw, id).await else {
-            return Err(format!("message {id} could not be claimed"));
+        let id2 = id.to_owned();
+        let msg = match self.journal_step(gw, move |j| j.get(&id2)).await {
+            Ok(Some(m)) => m,
+            Ok(None) => return Err(format!("message {id} is gone")),
+            Err(e) => return Err(e.to_string()),
         };
         let (mut req, mut steps) = self.request_for(&msg).await;
         let mut history: Vec<Turn> = system.map(|s| Turn::new("system", s)).into_iter().collect();
@@ -358,9 +361,11 @@ impl Work {
         Ok(r)
     }
 
-    /// Journals `msg` (a sync row) for [`Self::run_journaled`]; its id.
-    pub async fn journal_waiting(&self, msg: NewMessage) -> Result<String, String> {
-        self.with_journal(move |j| j.accept(&msg)).await
+    /// Journals `msg` (a sync row) for [`Self::run_journaled`], already running under this
+    /// incarnation (the async worker never takes it); its id.
+    pub async fn journal_waiting(&self, gw: &Gateway, msg: NewMessage) -> Result<String, String> {
+        let inc = gw.me.id.clone();
+        self.with_journal(move |j| j.accept_claimed(&msg, &inc)).await
     }
 
     /// The conversation's start names the hermes session (backend/hermes.rs): `/new` moves it.
