@@ -97,7 +97,12 @@ impl PgJournal {
 
     /// Journals `msg` as already running under `incarnation` (its first attempt), under
     /// `epoch`; returns its id. One statement: never `queued`, so no worker takes it.
-    pub async fn accept_claimed(&mut self, epoch: i64, msg: &NewMessage, incarnation: &str) -> Result<String, ClusterError> {
+    pub async fn accept_claimed(
+        &mut self,
+        epoch: i64,
+        msg: &NewMessage,
+        incarnation: &str,
+    ) -> Result<String, ClusterError> {
         let (kind, received) = (msg.kind.as_str(), received_now());
         let trace = accepted_trace("$7", "NULL", false).replace(
             "(2, 'journaled', clock_timestamp(), NULL::text, NULL::text)",

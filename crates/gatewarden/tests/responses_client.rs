@@ -153,8 +153,14 @@ print(json.dumps(out))
     let types: Vec<&str> = v["types"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
     assert_eq!(types.first(), Some(&"response.created"), "{v}");
     assert_eq!(types.last(), Some(&"response.completed"), "{v}");
-    for t in ["response.in_progress", "response.output_item.added", "response.content_part.added",
-              "response.output_text.done", "response.content_part.done", "response.output_item.done"] {
+    for t in [
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ] {
         assert!(types.contains(&t), "{t} missing: {v}");
     }
     let seqs: Vec<u64> = v["seqs"].as_array().unwrap().iter().map(|s| s.as_u64().unwrap()).collect();
@@ -229,6 +235,10 @@ print(json.dumps(out))
     assert_eq!(v["after"], "later answer", "{v}");
     assert_eq!(
         asked(&llm, "asked after it"),
-        [turn("user", "asked before the restart"), turn("assistant", "answered before"), turn("user", "asked after it")]
+        [
+            turn("user", "asked before the restart"),
+            turn("assistant", "answered before"),
+            turn("user", "asked after it")
+        ]
     );
 }

@@ -44,9 +44,7 @@ impl MessageIn {
             return Err(format!("chat_id may not start with {:?}: /v1/responses keeps those", http_chat::RESPONSES));
         }
         if !self.history && self.is_async && !self.chat_id.is_empty() {
-            return Err(
-                "\"history\": false is for sync messages; omit chat_id for a one-shot async message".into()
-            );
+            return Err("\"history\": false is for sync messages; omit chat_id for a one-shot async message".into());
         }
         Ok(self.history && http_chat::is_conversation(&self.chat_id))
     }

@@ -200,10 +200,9 @@ fn part_text(i: usize, k: usize, p: &Value) -> Result<String, Refused> {
             "input",
             format!("{at}: images (input_image) are not supported by this gateway yet; send text"),
         )),
-        Some("input_file") => Err(refused(
-            "input",
-            format!("{at}: files (input_file) are not supported by this gateway yet; send text"),
-        )),
+        Some("input_file") => {
+            Err(refused("input", format!("{at}: files (input_file) are not supported by this gateway yet; send text")))
+        }
         Some("input_audio") => Err(refused("input", format!("{at}: audio is not supported by this gateway yet"))),
         Some(t) => Err(refused("input", format!("{at}: content parts of type {t:?} are not supported"))),
         None => Err(refused("input", format!("{at} needs a string \"type\""))),
@@ -248,7 +247,8 @@ fn output_part(text: &str) -> Value {
 /// The response object as the API reference documents it (`output_text` is the SDKs' own
 /// convenience over `output`).
 pub fn response_json(s: &Shape) -> Value {
-    let output: Vec<Value> = s.output.as_deref().map(|t| message_item(&s.id, Some(t), "completed")).into_iter().collect();
+    let output: Vec<Value> =
+        s.output.as_deref().map(|t| message_item(&s.id, Some(t), "completed")).into_iter().collect();
     let usage = s.usage.map(|u| {
         json!({"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
                "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
@@ -392,8 +392,10 @@ fn now_s() -> u64 {
 fn not_found(id: &str) -> Response {
     (
         StatusCode::NOT_FOUND,
-        Json(json!({"error": {"type": "invalid_request_error", "message": format!("No response found with id '{id}'."),
-                              "param": null, "code": null}})),
+        Json(
+            json!({"error": {"type": "invalid_request_error", "message": format!("No response found with id '{id}'."),
+                              "param": null, "code": null}}),
+        ),
     )
         .into_response()
 }
@@ -617,7 +619,10 @@ mod tests {
             {"role": "user", "content": [{"type": "input_text", "text": "two"}, {"type": "input_text", "text": "more"}]},
         ]}));
         assert_eq!(r.text, "two\nmore");
-        assert_eq!(r.inline, vec![Turn::new("system", "rules"), Turn::new("user", "one"), Turn::new("assistant", "r1")]);
+        assert_eq!(
+            r.inline,
+            vec![Turn::new("system", "rules"), Turn::new("user", "one"), Turn::new("assistant", "r1")]
+        );
     }
 
     #[test]
@@ -642,9 +647,21 @@ mod tests {
             (json!({"input": [{"role": "tool", "content": "x"}]}), "input", "not user, assistant"),
             (json!({"input": [{"type": "function_call_output", "output": "x"}]}), "input", "not supported"),
             (json!({"input": [{"role": "assistant", "content": "x"}]}), "input", "last input item"),
-            (json!({"input": [{"role": "user", "content": [{"type": "input_text", "text": 1}]}]}), "input", "text must"),
-            (json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:"}]}]}), "input", "images"),
-            (json!({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}), "input", "files"),
+            (
+                json!({"input": [{"role": "user", "content": [{"type": "input_text", "text": 1}]}]}),
+                "input",
+                "text must",
+            ),
+            (
+                json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:"}]}]}),
+                "input",
+                "images",
+            ),
+            (
+                json!({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}),
+                "input",
+                "files",
+            ),
             (json!({"input": [{"role": "user", "content": [{"text": "x"}]}]}), "input", "\"type\""),
             (json!({"input": [{"role": "user", "content": [{"type": "weird"}]}]}), "input", "not supported"),
         ];
@@ -709,7 +726,10 @@ mod tests {
         assert_eq!(done["status"], "completed");
         assert_eq!(done["object"], "response");
         assert_eq!(done["output"][0]["type"], "message");
-        assert_eq!(done["output"][0]["content"][0], json!({"type": "output_text", "text": "Hello", "annotations": [], "logprobs": []}));
+        assert_eq!(
+            done["output"][0]["content"][0],
+            json!({"type": "output_text", "text": "Hello", "annotations": [], "logprobs": []})
+        );
         assert_eq!(done["usage"]["total_tokens"], 5);
         let wire = String::from_utf8(sse(&all[9]).to_vec()).unwrap();
         assert!(wire.starts_with("event: response.completed\ndata: {") && wire.ends_with("}\n\n"), "{wire}");

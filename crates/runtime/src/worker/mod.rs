@@ -1,8 +1,10 @@
 //! Messages in, agent runs out: the engine behind `/v1/messages`, the OpenAI endpoint and the
 //! chat platforms' [`Intake`](crate::intake::Intake).
 //!
-//! - Sync messages run at once (never journaled: the caller holds the connection and gets
-//!   the reply or an error) and count as active runs, so the drain waits for them.
+//! - Sync messages run at once and count as active runs, so the drain waits for them. A
+//!   one-shot one is never journaled (the caller holds the connection and gets the reply or an
+//!   error); one of a conversation (`/v1/messages` with a `chat_id`, a stored `/v1/responses`)
+//!   is journaled already running ([`Work::run_journaled`]), so it is later messages' history.
 //! - Async messages are journaled durably before the 202, run by a bounded worker pool,
 //!   and finish as done or failed. A run cut short by a stop, restart or crash is left
 //!   `running` in the journal so the next incarnation re-runs it once.
