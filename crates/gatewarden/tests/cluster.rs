@@ -515,6 +515,60 @@ fn an_async_message_interrupted_by_kill9_is_done_once_by_the_successor() {
     at_most_one_active_per_epoch(&pg, "jk9");
 }
 
+/// Issue 29 §3: an HTTP conversation and a stored response made on the active are continued on
+/// the standby after a kill -9: the history and the response chain live in the cluster's
+/// journal, and `GET /v1/responses/{id}` answers on the successor.
+#[test]
+fn http_conversations_and_responses_continue_after_failover() {
+    use gatewarden_testkit::llmfake::{FakeLlm, Reply};
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let llm = FakeLlm::start(Reply::text("later")).unwrap();
+    llm.on("user", "on A", [Reply::text("answered on A")]);
+    let top = format!(
+        "[agent]\nbackend = \"openai\"\nretries = 0\ntimeout_s = 30\n[[agent.provider]]\nname = \"p\"\nbase_url = \"{}\"\nmodel = \"m\"\n",
+        llm.base_url()
+    );
+    let mut nodes = vec![Node::spawn_with("hc", &pg.url(), &top)];
+    nodes[0].wait_role("active", READY);
+    nodes.push(Node::spawn_with("hc", &pg.url(), &top));
+    let a_pid = nodes[0].g.pid();
+    nodes[1].wait_standby_of(a_pid, READY);
+    let api_a = nodes[0].api().unwrap().with_timeout(Duration::from_secs(30));
+    let r = api_a.post_json("/v1/messages", &json!({"chat_id": "conv", "text": "message on A"})).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = api_a.post_json("/v1/responses", &json!({"input": "response on A"})).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let resp = r.json().unwrap()["id"].as_str().unwrap().to_owned();
+
+    nodes[0].g.kill();
+    nodes[1].wait_role("active", TTL + Duration::from_secs(3));
+    let api_b = nodes[1].api().unwrap().with_timeout(Duration::from_secs(30));
+    let got = api_b.get(&format!("/v1/responses/{resp}")).unwrap().json().unwrap();
+    assert_eq!(
+        (got["status"].as_str(), got["output"][0]["content"][0]["text"].as_str()),
+        (Some("completed"), Some("answered on A")),
+        "{got}"
+    );
+    let r = api_b.post_json("/v1/responses", &json!({"input": "response on B", "previous_response_id": resp})).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = api_b.post_json("/v1/messages", &json!({"chat_id": "conv", "text": "message on B"})).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    // What the provider was asked on B: the turn made on A first.
+    let history = |text: &str| -> Vec<String> {
+        let asked = llm.asked(text);
+        assert_eq!(asked.len(), 1, "{text}");
+        asked[0].body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["content"].as_str().map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(history("response on B"), ["response on A", "answered on A", "response on B"]);
+    assert_eq!(history("message on B"), ["message on A", "answered on A", "message on B"]);
+    at_most_one_active_per_epoch(&pg, "hc");
+}
+
 /// Messages accepted before a graceful stop whose runs the drain cut short are run again by
 /// the successor (once each), as the SQLite journal does across a restart.
 #[test]

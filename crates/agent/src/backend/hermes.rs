@@ -757,6 +757,20 @@ mod tests {
         assert_ne!(session_key("tg", "42"), session_id("tg", "42", None));
     }
 
+    /// An HTTP API conversation has a session of its own (never a platform chat's of the same
+    /// id); a one-shot call has none.
+    #[test]
+    fn http_conversations_have_sessions_and_one_shot_calls_none() {
+        let mut req = AgentRequest::new("r", "42", "u", "hi", Vec::new());
+        assert_eq!(req.session_scope(), None, "one-shot");
+        req.http_conversation = true;
+        let http = req.session_scope().map(|p| session_id(p, &req.chat_id, None));
+        assert!(http.is_some());
+        assert_ne!(http, Some(session_id("tg", "42", None)));
+        req.platform = Some("tg".into());
+        assert_eq!(req.session_scope(), Some("tg"), "a platform chat's is the platform's");
+    }
+
     #[test]
     fn session_turns_keep_text_and_drop_an_interrupted_question() {
         let v = json!({"data": [
