@@ -95,9 +95,12 @@ fn auth_bearer_token_required_when_configured() {
     let addr = g.listen();
     assert_eq!(http_get(addr, "/healthz", Duration::from_secs(2)).unwrap().status, 200);
     assert_eq!(http_get(addr, "/readyz", Duration::from_secs(2)).unwrap().status, 200);
-    for (path, body) in
-        [("/v1/status", None), ("/metrics", None), ("/v1/messages", Some(json!({"chat_id":"a","text":"hi"})))]
-    {
+    for (path, body) in [
+        ("/v1/status", None),
+        ("/metrics", None),
+        ("/v1/messages", Some(json!({"chat_id":"a","text":"hi"}))),
+        ("/v1/responses", Some(json!({"input":"hi"}))),
+    ] {
         for token in [None, Some("wrong"), Some("s3cret-tokeN"), Some("s3cret-token-0123-longer")] {
             let api = match token {
                 Some(t) => Api::new(addr).with_token(t),

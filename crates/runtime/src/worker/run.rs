@@ -322,13 +322,12 @@ impl Work {
     }
 
     /// An HTTP API message whose caller waits for its reply (`/v1/messages` with a `chat_id`,
-    /// `/v1/responses` with `store`): journaled, claimed and run at once with its conversation,
-    /// and finished in the journal, so later messages have it as history after a restart or a
-    /// failover. `system` goes first and `inline` (the caller's own earlier turns) last in
-    /// its history. `id` is the row [`Self::journal_waiting`] made (running under this incarnation). Returns the run's outcome;
-    /// `Err`: the journal failed. A run the drain cancels is failed (its caller is answered
-    /// 503), never re-run; one a crash cuts short is re-run by the next incarnation, as an
-    /// async message is.
+    /// `/v1/responses` with `store`), `id` the row [`Self::journal_waiting`] made: run at once
+    /// with its conversation and finished in the journal, so later messages have it as history
+    /// after a restart or a failover. `system` goes first and `inline` (the caller's own
+    /// earlier turns) last in its history. Returns the run's outcome; `Err`: the journal
+    /// failed. A run the drain cancels is failed (its caller is answered 503), never re-run;
+    /// one a crash cuts short is re-run by the next incarnation, as an async message is.
     pub async fn run_journaled(
         self: &Arc<Self>,
         gw: &Gateway,
