@@ -11,6 +11,8 @@
 //! * [`servers`]: real chat servers (Synapse for Matrix, ngIRCd for IRC) in temp dirs;
 //!   [`prosody`] for XMPP.
 //! * [`slackfake`]: a protocol-faithful Slack (Socket Mode and the Web API) on loopback.
+//! * [`whatsappfake`]: a protocol-faithful WhatsApp Cloud API (Graph API and a signing,
+//!   redelivering webhook sender) on loopback.
 //! * [`proc_start_time`], [`pid_alive`], [`lock_holders`], [`catches_signal`]: read-only process /
 //!   lock inspection.
 //! * [`marker_json`], [`rfc3339`]: build planned-stop / takeover markers.
@@ -60,6 +62,7 @@ mod time;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod users;
+pub mod whatsappfake;
 #[cfg(target_os = "linux")]
 pub mod tmpfs;
 mod wait;

@@ -19,6 +19,7 @@ mod irc;
 mod matrix;
 mod slack;
 mod telegram;
+mod whatsapp;
 mod xmpp;
 
 pub use discord::Discord;
@@ -27,6 +28,7 @@ pub use irc::Irc;
 pub use matrix::Matrix;
 pub use slack::Slack;
 pub use telegram::Telegram;
+pub use whatsapp::Whatsapp;
 pub use xmpp::Xmpp;
 
 use std::path::{Path, PathBuf};
@@ -206,6 +208,8 @@ registry! {
     Email("email", Email),
     /// Slack: Socket Mode events over a WebSocket, replies with `chat.postMessage`.
     Slack("slack", Slack),
+    /// WhatsApp: the Cloud API's webhook on the gateway's listener in, the Graph API out.
+    Whatsapp("whatsapp", Whatsapp),
 }
 
 impl PlatformKind {
