@@ -244,19 +244,16 @@ impl FakeWhatsapp {
     /// late, as Meta's retries can.
     pub fn message_at(&self, from: &str, text: &str, at: u64) -> String {
         let mut s = self.shared.lock();
-        s.seq += 1;
-        let wamid = format!("wamid.HBgL{from}FQIAEhgU{:012X}", s.seq);
-        let e = s.last_inbound.entry(from.to_owned()).or_insert(0);
-        *e = (*e).max(at);
-        let message = json!({"from": from, "id": wamid, "timestamp": at.to_string(), "type": "text", "text": {"body": text}});
-        let value = json!({
-            "messaging_product": "whatsapp",
-            "metadata": {"display_phone_number": DISPLAY_NUMBER, "phone_number_id": s.opts.phone_number_id},
-            "contacts": [{"profile": {"name": format!("User {from}")}, "wa_id": from}],
-            "messages": [message],
-        });
+        let (wamid, value) = compose(&mut s, from, text, at);
         push_note(&mut s, value);
         wamid
+    }
+
+    /// A text notification as [`FakeWhatsapp::message_at`] makes it (the customer's window
+    /// opens), not sent: its `wamid` and body, for a test that delivers it itself.
+    pub fn compose(&self, from: &str, text: &str, at: u64) -> (String, Vec<u8>) {
+        let (wamid, value) = compose(&mut self.shared.lock(), from, text, at);
+        (wamid, notification(value).to_string().into_bytes())
     }
 
     /// A status notification (`delivered`) for one of our messages: not a message.
@@ -338,8 +335,27 @@ impl Drop for FakeWhatsapp {
     }
 }
 
+fn compose(s: &mut State, from: &str, text: &str, at: u64) -> (String, Value) {
+    s.seq += 1;
+    let wamid = format!("wamid.HBgL{from}FQIAEhgU{:012X}", s.seq);
+    let e = s.last_inbound.entry(from.to_owned()).or_insert(0);
+    *e = (*e).max(at);
+    let message = json!({"from": from, "id": wamid, "timestamp": at.to_string(), "type": "text", "text": {"body": text}});
+    let value = json!({
+        "messaging_product": "whatsapp",
+        "metadata": {"display_phone_number": DISPLAY_NUMBER, "phone_number_id": s.opts.phone_number_id},
+        "contacts": [{"profile": {"name": format!("User {from}")}, "wa_id": from}],
+        "messages": [message],
+    });
+    (wamid, value)
+}
+
+fn notification(value: Value) -> Value {
+    json!({"object": "whatsapp_business_account", "entry": [{"id": WABA_ID, "changes": [{"field": "messages", "value": value}]}]})
+}
+
 fn push_note(s: &mut State, value: Value) -> usize {
-    let body = json!({"object": "whatsapp_business_account", "entry": [{"id": WABA_ID, "changes": [{"field": "messages", "value": value}]}]});
+    let body = notification(value);
     s.notes.push(Note {
         body: body.to_string().into_bytes(),
         attempts: 0,
