@@ -47,10 +47,19 @@ fn config(fake: &FakeWhatsapp, agent: &str) -> String {
 }
 
 fn spawn(home: &TempHome, sw: &Sweeper, fake: &FakeWhatsapp, config: &str) -> Gateway {
+    spawn_at(home, sw, fake, config, None)
+}
+
+/// [`spawn`] on a given listen address (what a reverse proxy forwards to).
+fn spawn_at(home: &TempHome, sw: &Sweeper, fake: &FakeWhatsapp, config: &str, listen: Option<&str>) -> Gateway {
     write_config(home.path(), config);
     let o = fake.options();
-    builder(home)
-        .env(TAG_VAR, sw.tag())
+    let b = builder(home);
+    let b = match listen {
+        Some(addr) => b.listen(addr),
+        None => b,
+    };
+    b.env(TAG_VAR, sw.tag())
         .env(TOKEN_ENV, &o.token)
         .env(SECRET_ENV, &o.app_secret)
         .env(VERIFY_ENV, &o.verify_token)
@@ -84,7 +93,8 @@ fn wait_reply(fake: &FakeWhatsapp, to: &str, pred: impl Fn(&str) -> bool) -> Str
 #[test]
 fn handshake_round_trip_signatures_and_status() {
     let (home, sw, fake) = (TempHome::new(), Sweeper::new(), fake());
-    let mut g = start_gw(&home, &sw, &fake, &config(&fake, ""));
+    // A run that lasts: "typing…" is shown while one is in progress.
+    let mut g = start_gw(&home, &sw, &fake, &config(&fake, "delay_ms = 600"));
     let o = fake.options();
     assert_eq!(fake.verify(&o.verify_token, "1158201444").unwrap(), (200, "1158201444".to_owned()));
     assert_eq!(fake.verify("not the token", "1158201444").unwrap().0, 403);
@@ -96,8 +106,9 @@ fn handshake_round_trip_signatures_and_status() {
     fake.message(ADMIN, "/status");
     assert!(wait_reply(&fake, ADMIN, |t| t.contains("incarnation")).contains("running"));
 
-    let body = br#"{"object":"whatsapp_business_account","entry":[{"id":"1","changes":[{"field":"messages","value":{"metadata":{"phone_number_id":"PN"},"messages":[{"from":"15559990000","id":"wamid.forged","timestamp":"1","type":"text","text":{"body":"forged"}}]}}]}]}"#;
-    let body = String::from_utf8_lossy(body).replace("PN", &o.phone_number_id);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let (_, body) = fake.compose("15559990000", "forged", now);
+    let body = String::from_utf8(body).unwrap();
     assert_eq!(fake.post_raw(body.as_bytes(), None).unwrap().0, 401, "unsigned");
     let wrong = sign(b"another app's secret", body.as_bytes());
     assert_eq!(fake.post_raw(body.as_bytes(), Some(&wrong)).unwrap().0, 401, "wrong secret");
@@ -188,14 +199,19 @@ fn a_refused_token_parks_and_the_webhook_answers_503() {
     stop_cleanly(&home, &mut g);
 }
 
-/// 5 restarts in CI (GW_PLATFORM_RESTARTS in scripts/soak-platforms) under a steady stream of
-/// webhook deliveries, the fake redelivering whatever is not answered 200: every message
-/// answered, none twice, every notification finally delivered.
+/// 5 restarts in CI (GW_PLATFORM_RESTARTS in scripts/soak-platforms), then a kill -9 and a new
+/// gateway on the same listen address, under a steady stream of webhook deliveries, the fake
+/// redelivering whatever is not answered 200: every message answered, none twice, every
+/// notification finally delivered.
 #[test]
 fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
     let (restarts, seed) = soak::soak_params(5);
     let (home, sw, fake) = (TempHome::new(), Sweeper::new(), Arc::new(fake()));
-    let _g = start_gw(&home, &sw, &fake, &config(&fake, ""));
+    let listen = format!("127.0.0.1:{}", api::free_port());
+    let cfg = config(&fake, "");
+    let mut g = spawn_at(&home, &sw, &fake, &cfg, Some(&listen));
+    g.wait_ready(READY);
+    fake.set_webhook(&format!("http://{listen}/hooks/whatsapp/whatsapp"));
     wait_adapter(&home, "connected", READY);
     let stream = {
         let say = |fake: &mut Arc<FakeWhatsapp>, n| fake.message(ADMIN, &format!("msg {n}"));
@@ -203,14 +219,22 @@ fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
     };
     let t0 = Instant::now();
     soak::restart_times(&home, &sw, restarts);
+    let (pid, ..) = api::current_gateway(home.path()).expect("the last successor runs");
+    let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    assert!(killed.success());
+    assert!(wait_until(READY, || api::current_gateway(home.path()).is_none()), "the killed gateway's lock is gone");
+    let mut g2 = spawn_at(&home, &sw, &fake, &cfg, Some(&listen));
+    g2.wait_ready(READY);
+    let before = stream.sent();
+    assert!(wait_until(REPLY, || stream.sent() >= before + 20), "the stream goes on");
     let (total, _) = stream.stop();
     let total = total as usize;
     let ok = wait_until(Duration::from_secs(40), || fake.posted().len() >= total);
-    eprintln!("{restarts} restarts in {:?}, {total} messages, {:?}", t0.elapsed(), fake.stats());
+    eprintln!("{restarts} restarts and a kill -9 in {:?}, {total} messages, {:?}", t0.elapsed(), fake.stats());
     let posted = fake.posted();
     let (lost, dup) = soak::lost_and_duplicated(total as u32, posted.iter().map(|p| p.text.as_str()));
     assert!(ok && lost.is_empty() && dup.is_empty(), "seed {seed}: lost {lost:?}, duplicated {dup:?}, {:?}", fake.stats());
     assert!(holds_for(Duration::from_millis(500), || fake.posted().len() == total).is_ok());
     assert!(fake.wait_delivered(REPLY), "every notification answered 200 in the end: {:?}", fake.stats());
-    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+    stop_cleanly(&home, &mut g2);
 }
