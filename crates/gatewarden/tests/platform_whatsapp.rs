@@ -201,8 +201,10 @@ fn a_refused_token_parks_and_the_webhook_answers_503() {
 
 /// 5 restarts in CI (GW_PLATFORM_RESTARTS in scripts/soak-platforms), then a kill -9 and a new
 /// gateway on the same listen address, under a steady stream of webhook deliveries, the fake
-/// redelivering whatever is not answered 200: every message answered, none twice, every
-/// notification finally delivered.
+/// redelivering whatever is not answered 200: every message answered, none twice across the
+/// restarts, every notification finally delivered. The kill -9 may repeat one reply, the
+/// documented worst case (README, "WhatsApp"): one posted before the kill but not yet recorded
+/// sent, so posted again by the next gateway.
 #[test]
 fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
     let (restarts, seed) = soak::soak_params(5);
@@ -223,18 +225,35 @@ fn restarts_under_a_steady_stream_lose_and_repeat_nothing() {
     let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
     assert!(killed.success());
     assert!(wait_until(READY, || api::current_gateway(home.path()).is_none()), "the killed gateway's lock is gone");
+    // The killed gateway is gone (its home lock with it): what is posted from now on is the
+    // next gateway's.
+    let killed_at = Instant::now();
     let mut g2 = spawn_at(&home, &sw, &fake, &cfg, Some(&listen));
     g2.wait_ready(READY);
     let before = stream.sent();
     assert!(wait_until(REPLY, || stream.sent() >= before + 20), "the stream goes on");
     let (total, _) = stream.stop();
     let total = total as usize;
-    let ok = wait_until(Duration::from_secs(40), || fake.posted().len() >= total);
+    let all_answered = || {
+        let posted = fake.posted();
+        soak::lost_and_duplicated(total as u32, posted.iter().map(|p| p.text.as_str())).0.is_empty()
+    };
+    let ok = wait_until(Duration::from_secs(40), all_answered);
     eprintln!("{restarts} restarts and a kill -9 in {:?}, {total} messages, {:?}", t0.elapsed(), fake.stats());
     let posted = fake.posted();
     let (lost, dup) = soak::lost_and_duplicated(total as u32, posted.iter().map(|p| p.text.as_str()));
-    assert!(ok && lost.is_empty() && dup.is_empty(), "seed {seed}: lost {lost:?}, duplicated {dup:?}, {:?}", fake.stats());
-    assert!(holds_for(Duration::from_millis(500), || fake.posted().len() == total).is_ok());
+    assert!(ok && lost.is_empty(), "seed {seed}: lost {lost:?}, {:?}", fake.stats());
+    let straddles_the_kill = |text: &str| {
+        let at: Vec<Instant> = posted.iter().filter(|p| p.text == text).map(|p| p.at).collect();
+        at.len() == 2 && at[0] < killed_at && at[1] > killed_at
+    };
+    assert!(
+        dup.len() <= 1 && dup.iter().all(|(t, _)| straddles_the_kill(t)),
+        "seed {seed}: duplicated {dup:?} beyond the kill -9's worst case, {:?}",
+        fake.stats()
+    );
+    let answered = total + dup.len();
+    assert!(holds_for(Duration::from_millis(500), || fake.posted().len() == answered).is_ok());
     assert!(fake.wait_delivered(REPLY), "every notification answered 200 in the end: {:?}", fake.stats());
     stop_cleanly(&home, &mut g2);
 }

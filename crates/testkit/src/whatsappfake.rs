@@ -97,6 +97,7 @@ pub struct Posted {
     pub to: String,
     pub text: String,
     pub id: String,
+    pub at: Instant,
 }
 
 /// A `status: read` call.
@@ -570,7 +571,7 @@ fn send(s: &mut State, args: &Value) -> (u16, Option<u64>, Value) {
     }
     s.seq += 1;
     let id = format!("wamid.OUT{:012X}", s.seq);
-    s.posted.push(Posted { to: to.to_owned(), text: text.to_owned(), id: id.clone() });
+    s.posted.push(Posted { to: to.to_owned(), text: text.to_owned(), id: id.clone(), at: Instant::now() });
     (200, None, json!({"messaging_product": "whatsapp", "contacts": [{"input": to, "wa_id": to}], "messages": [{"id": id}]}))
 }
 
