@@ -157,12 +157,7 @@ impl Protocol for Proto {
         let path = host.state_dir().map(|d| d.join(format!("whatsapp-{}.json", self.name)));
         *self.windows.lock().unwrap_or_else(|p| p.into_inner()) = Windows::load(path.as_deref());
         let api = Api::new(&self.node, &self.token, &self.out);
-        let rx = Webhook {
-            api: api.clone(),
-            push: self.intake.attach(),
-            windows: Arc::clone(&self.windows),
-            path,
-        };
+        let rx = Webhook { api: api.clone(), push: self.intake.attach(), windows: Arc::clone(&self.windows), path };
         Ok((rx, Graph { api, windows: Arc::clone(&self.windows), typed: BTreeMap::new() }))
     }
 
@@ -277,7 +272,8 @@ fn parse_notification(body: &[u8], phone_number_id: &str, allowed: &[String]) ->
         return Err(format!("not a WhatsApp notification (object {})", v["object"]));
     }
     let mut out = Vec::new();
-    let changes = v["entry"].as_array().into_iter().flatten().flat_map(|e| e["changes"].as_array().into_iter().flatten());
+    let changes =
+        v["entry"].as_array().into_iter().flatten().flat_map(|e| e["changes"].as_array().into_iter().flatten());
     for change in changes.filter(|c| c["field"] == "messages") {
         let value = &change["value"];
         if value["metadata"]["phone_number_id"].as_str() != Some(phone_number_id) {
@@ -305,10 +301,8 @@ fn parse_message(m: &Value, allowed: &[String]) -> Option<Inbound> {
         }
         _ => None,
     }?;
-    let sent_at = m["timestamp"]
-        .as_str()
-        .and_then(|t| t.parse::<u64>().ok())
-        .map(|s| UNIX_EPOCH + Duration::from_secs(s));
+    let sent_at =
+        m["timestamp"].as_str().and_then(|t| t.parse::<u64>().ok()).map(|s| UNIX_EPOCH + Duration::from_secs(s));
     Some(Inbound {
         event_id: id.to_owned(),
         chat_id: from.to_owned(),
@@ -494,7 +488,8 @@ impl skeleton::Receiver for Webhook {
             // Before the commit: a reply can be sent as soon as the message is journaled.
             let mut w = self.windows.lock().unwrap_or_else(|p| p.into_inner());
             for m in &batch.messages {
-                let at = m.sent_at.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or_else(unix_now, |d| d.as_secs());
+                let at =
+                    m.sent_at.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or_else(unix_now, |d| d.as_secs());
                 w.seen(&m.chat_id, at.min(unix_now()), &m.event_id);
             }
         }
@@ -622,7 +617,10 @@ mod tests {
             handshake("hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token=meatyhamhock", "meatyhamhock"),
             Some("1158201444".into())
         );
-        assert_eq!(handshake("hub.mode=subscribe&hub.challenge=x&hub.verify_token=a%20b%2Bc", "a b+c"), Some("x".into()));
+        assert_eq!(
+            handshake("hub.mode=subscribe&hub.challenge=x&hub.verify_token=a%20b%2Bc", "a b+c"),
+            Some("x".into())
+        );
         assert_eq!(handshake("hub.mode=subscribe&hub.challenge=1&hub.verify_token=wrong", "meatyhamhock"), None);
         assert_eq!(handshake("hub.mode=unsubscribe&hub.challenge=1&hub.verify_token=t", "t"), None);
         assert_eq!(handshake("hub.mode=subscribe&hub.verify_token=t", "t"), None);
@@ -633,13 +631,13 @@ mod tests {
     #[test]
     fn statuses_and_media_are_not_messages() {
         let body = json!({"object": "whatsapp_business_account", "entry": [{"id": "1", "changes": [{"field": "messages", "value": {
-            "metadata": {"phone_number_id": "42"},
-            "statuses": [{"id": "wamid.x", "status": "delivered", "recipient_id": "1555"}],
-            "messages": [
-                {"from": "1555", "id": "wamid.img", "timestamp": "1", "type": "image", "image": {"id": "m1"}},
-                {"from": "1555", "id": "wamid.btn", "timestamp": "2", "type": "button", "button": {"text": "Yes", "payload": "y"}},
-                {"from": "1666", "id": "wamid.int", "timestamp": "3", "type": "interactive", "interactive": {"type": "list_reply", "list_reply": {"id": "a", "title": "Option A"}}},
-            ]}}]}]});
+        "metadata": {"phone_number_id": "42"},
+        "statuses": [{"id": "wamid.x", "status": "delivered", "recipient_id": "1555"}],
+        "messages": [
+            {"from": "1555", "id": "wamid.img", "timestamp": "1", "type": "image", "image": {"id": "m1"}},
+            {"from": "1555", "id": "wamid.btn", "timestamp": "2", "type": "button", "button": {"text": "Yes", "payload": "y"}},
+            {"from": "1666", "id": "wamid.int", "timestamp": "3", "type": "interactive", "interactive": {"type": "list_reply", "list_reply": {"id": "a", "title": "Option A"}}},
+        ]}}]}]});
         let msgs = parse_notification(body.to_string().as_bytes(), "42", &["1666".into()]).unwrap();
         let got: Vec<_> = msgs.iter().map(|m| (m.event_id.as_str(), m.text.as_str(), m.listed)).collect();
         assert_eq!(got, [("wamid.btn", "Yes", false), ("wamid.int", "Option A", true)]);
@@ -650,7 +648,8 @@ mod tests {
 
     #[test]
     fn graph_errors_are_classified_as_meta_documents() {
-        let err = |code: i64| json!({"error": {"message": "m", "type": "OAuthException", "code": code, "fbtrace_id": "A"}});
+        let err =
+            |code: i64| json!({"error": {"message": "m", "type": "OAuthException", "code": code, "fbtrace_id": "A"}});
         assert!(matches!(classify(401, &err(190), None), Err(ApiError::Auth(_))));
         assert!(matches!(classify(400, &err(131047), None), Err(ApiError::Window(_))));
         assert!(matches!(

@@ -62,7 +62,9 @@ fn answered_200_only_after_the_commit_and_5xx_otherwise() {
     assert_eq!(host.inbox.lock().unwrap().len(), 1, "journaled before the 200");
     assert_eq!(wa.hook(&post(&fake, m1)).status, 200, "a redelivery");
     assert_eq!(host.inbox.lock().unwrap().len(), 1, "deduplicated by wamid");
-    wait_for("the echo", Duration::from_secs(5), || fake.posted().iter().any(|p| p.text == "echo: hi" && p.to == "1555"));
+    wait_for("the echo", Duration::from_secs(5), || {
+        fake.posted().iter().any(|p| p.text == "echo: hi" && p.to == "1555")
+    });
 
     *host.refuse.lock().unwrap() = true;
     let a = wa.hook(&post(&fake, notification(&fake, "1555", "wamid.2", "second", now())));

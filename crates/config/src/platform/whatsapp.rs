@@ -71,8 +71,18 @@ impl KindSettings for Whatsapp {
             ));
         }
         for (key, env, file, what) in [
-            ("app_secret_env", &self.app_secret_env, &self.app_secret_file, "the app secret that signs the webhook (App settings, Basic)"),
-            ("verify_token_env", &self.verify_token_env, &self.verify_token_file, "the verify token you enter with the webhook's callback URL"),
+            (
+                "app_secret_env",
+                &self.app_secret_env,
+                &self.app_secret_file,
+                "the app secret that signs the webhook (App settings, Basic)",
+            ),
+            (
+                "verify_token_env",
+                &self.verify_token_env,
+                &self.verify_token_file,
+                "the verify token you enter with the webhook's callback URL",
+            ),
         ] {
             if env.is_none() && file.is_none() {
                 return Err(bad(
