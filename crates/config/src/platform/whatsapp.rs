@@ -108,3 +108,40 @@ impl KindSettings for Whatsapp {
         vec![&mut self.app_secret_file, &mut self.verify_token_file]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::Config;
+
+    fn err(own: &str) -> String {
+        let text = format!("[[platform]]\nkind = \"whatsapp\"\ntoken_env = \"T\"\n{own}");
+        Config::from_toml_str(Path::new("/h/config.toml"), &text).expect_err("must be rejected").to_string()
+    }
+
+    const FULL: &str = "phone_number_id = \"106540352242922\"\napp_secret_env = \"S\"\nverify_token_env = \"V\"\n";
+
+    #[test]
+    fn required_keys_and_their_words() {
+        let ok = format!("[[platform]]\nkind = \"whatsapp\"\ntoken_env = \"T\"\n{FULL}api_version = \"v21.0\"\n");
+        let c = Config::from_toml_str(Path::new("/h/config.toml"), &ok).unwrap();
+        let w = c.platform[0].own::<super::Whatsapp>().unwrap();
+        assert_eq!(w.phone_number_id.as_deref(), Some("106540352242922"));
+        assert_eq!(c.platform[0].settings.secrets().len(), 2);
+        let e = err("app_secret_env = \"S\"\nverify_token_env = \"V\"\n");
+        assert!(e.contains("needs phone_number_id"), "{e}");
+        let e = err("phone_number_id = \"+1 555\"\napp_secret_env = \"S\"\nverify_token_env = \"V\"\n");
+        assert!(e.contains("digits only"), "{e}");
+        let e = err("phone_number_id = \"1\"\nverify_token_env = \"V\"\n");
+        assert!(e.contains("needs app_secret_env") && e.contains("app_secret_file"), "{e}");
+        let e = err("phone_number_id = \"1\"\napp_secret_env = \"S\"\n");
+        assert!(e.contains("needs verify_token_env"), "{e}");
+        let e = err(&format!("{FULL}api_version = \"21\"\n"));
+        assert!(e.contains("not a Graph API version"), "{e}");
+        let e = err(&format!("{FULL}app_secret_file = \"s\"\n"));
+        assert!(e.contains("app_secret"), "not both: {e}");
+        let e = err(&format!("{FULL}bot_token_env = \"B\"\n"));
+        assert!(e.contains("bot_token_env"), "a key of another kind: {e}");
+    }
+}
