@@ -114,6 +114,9 @@ fn handshake_round_trip_signatures_and_status() {
     assert_eq!(fake.post_raw(body.as_bytes(), Some(&wrong)).unwrap().0, 401, "wrong secret");
     let good = sign(o.app_secret.as_bytes(), body.as_bytes());
     assert_eq!(fake.post_raw(format!("{body} ").as_bytes(), Some(&good)).unwrap().0, 401, "other bytes");
+    // Bodies are bounded on the listener: 413 past 2 MiB, before any signature check.
+    let big = vec![b' '; 3 << 20];
+    assert_eq!(fake.post_raw(&big, Some(&sign(o.app_secret.as_bytes(), &big))).unwrap().0, 413);
     fake.status("wamid.OUT000000000001", ADMIN);
     fake.message(ADMIN, "after the forgeries");
     wait_reply(&fake, ADMIN, |t| t == "after the forgeries");

@@ -224,3 +224,63 @@ impl Drop for PushReceiver {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ChatKind;
+
+    fn msg(id: &str) -> Vec<Inbound> {
+        vec![Inbound {
+            event_id: id.into(),
+            chat_id: "c".into(),
+            user_id: "u".into(),
+            text: "t".into(),
+            sent_at: None,
+            chat: ChatKind::Direct,
+            listed: false,
+            addressed: true,
+        }]
+    }
+
+    fn wait_until_waiting(intake: &PushIntake, n: usize) {
+        let end = Instant::now() + Duration::from_secs(5);
+        while intake.waiting() < n {
+            assert!(Instant::now() < end, "never queued");
+            std::thread::yield_now();
+        }
+    }
+
+    /// Not attached: refused at once. At the count or byte bound: refused at once (503), the
+    /// waiting one untouched; when the receive side ends, what waits is answered with an error.
+    #[test]
+    fn bounded_and_answered_when_the_receive_side_ends() {
+        let limits = PushLimits { items: 1, bytes: 100, wait: Duration::from_secs(30) };
+        let intake = PushIntake::new(limits);
+        assert!(matches!(intake.push(msg("a"), 10), Err(Refused::NotRunning(_))));
+        let rx = intake.attach();
+        assert_eq!(intake.push(msg("big"), 101), Err(Refused::Full), "over the byte bound");
+        let first = {
+            let intake = Arc::clone(&intake);
+            std::thread::spawn(move || intake.push(msg("a"), 10))
+        };
+        wait_until_waiting(&intake, 1);
+        assert_eq!(intake.push(msg("b"), 10), Err(Refused::Full), "over the count bound");
+        assert_eq!(Refused::Full.answer().status, 503);
+        drop(rx);
+        assert!(matches!(first.join().unwrap(), Err(Refused::NotCommitted(_))));
+        assert!(matches!(intake.push(msg("c"), 10), Err(Refused::NotRunning(_))), "closed until the next start");
+        assert_eq!(intake.waiting(), 0);
+    }
+
+    /// A push nobody takes is answered after the bound and leaves the queue.
+    #[test]
+    fn a_wait_past_the_bound_times_out_and_leaves_the_queue() {
+        let intake = PushIntake::new(PushLimits { wait: Duration::from_millis(50), ..PushLimits::default() });
+        let _rx = intake.attach();
+        assert_eq!(intake.push(msg("a"), 10), Err(Refused::TimedOut));
+        assert_eq!(intake.waiting(), 0);
+        assert_eq!(Refused::TimedOut.answer().status, 503);
+        assert_eq!(Refused::NotCommitted("x".into()).answer().status, 500);
+    }
+}
