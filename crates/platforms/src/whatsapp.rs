@@ -265,11 +265,13 @@ fn handshake(query: &str, verify_token: &str) -> Option<String> {
         .then_some(challenge)
 }
 
-/// The messages of one webhook notification for `phone_number_id` (`Err`: not a notification).
+/// The messages of one webhook notification for `phone_number_id` (`Err`: not JSON).
 fn parse_notification(body: &[u8], phone_number_id: &str, allowed: &[String]) -> Result<Vec<Inbound>, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
     if v["object"] != "whatsapp_business_account" {
-        return Err(format!("not a WhatsApp notification (object {})", v["object"]));
+        // Signed by Meta, for another product of the app: nothing of ours, and refusing it
+        // would only make Meta send it again.
+        return Ok(Vec::new());
     }
     let mut out = Vec::new();
     let changes =
@@ -642,7 +644,7 @@ mod tests {
         let got: Vec<_> = msgs.iter().map(|m| (m.event_id.as_str(), m.text.as_str(), m.listed)).collect();
         assert_eq!(got, [("wamid.btn", "Yes", false), ("wamid.int", "Option A", true)]);
         assert!(msgs.iter().all(|m| m.chat == ChatKind::Direct && m.addressed));
-        assert!(parse_notification(b"{}", "42", &[]).is_err());
+        assert_eq!(parse_notification(b"{}", "42", &[]), Ok(Vec::new()), "another product's: nothing");
         assert!(parse_notification(b"nope", "42", &[]).is_err());
     }
 
