@@ -121,6 +121,12 @@ fn the_window_rejects_and_errors_follow_meta() {
     host.queue("1555", "after the revocation");
     wa.wake();
     wait_for("parked", Duration::from_secs(10), || matches!(wa.status().state(), State::Parked(_)));
+    // The receive side parks too (nothing taken in that could not be answered), and stays so.
+    let parked_for_good = (0..30).all(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        matches!(wa.status().state(), State::Parked(_))
+    });
+    assert!(parked_for_good, "{:?}", wa.status().state());
     assert_eq!(wa.hook(&post(&fake, notification(&fake, "1555", "wamid.b", "parked", now()))).status, 503);
     let _ = wa.close(Instant::now() + Duration::from_secs(2));
 }
