@@ -2082,7 +2082,7 @@ api_key_env = "MY_KEY"
         assert_eq!((e.line(), e.key()), (Some(9), Some("nick")), "{e}");
         let e = parse(&format!("{tg}\n[[platform]]\nname = \"x\"\n")).unwrap_err();
         assert_eq!((e.line(), e.key()), (Some(6), Some("kind")), "{e}");
-        let e = parse(&format!("{tg}[[platform]]\nkind = \"whatsapp\"\n")).unwrap_err();
+        let e = parse(&format!("{tg}[[platform]]\nkind = \"icq\"\n")).unwrap_err();
         assert_eq!((e.line(), e.key()), (Some(5), Some("kind")), "{e}");
         assert!(e.to_string().contains("expected one of: telegram, matrix, irc, xmpp, discord, email, slack"), "{e}");
         let e = parse("platform = 3\n").unwrap_err();

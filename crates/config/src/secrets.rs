@@ -82,6 +82,10 @@ pub enum PlatformSecret {
     BotToken,
     /// `sasl_password_*`: IRC's SASL password.
     SaslPassword,
+    /// `app_secret_*`: WhatsApp's app secret (the webhook's signatures).
+    AppSecret,
+    /// `verify_token_*`: WhatsApp's webhook verify token.
+    VerifyToken,
 }
 
 impl PlatformSecret {
@@ -90,6 +94,8 @@ impl PlatformSecret {
             PlatformSecret::Token => "token",
             PlatformSecret::BotToken => "bot_token",
             PlatformSecret::SaslPassword => "sasl_password",
+            PlatformSecret::AppSecret => "app_secret",
+            PlatformSecret::VerifyToken => "verify_token",
         }
     }
 }

@@ -18,7 +18,7 @@
 //!
 //! Steps 2 to 5 are the skeleton's ([`skeleton`]); a platform is a [`skeleton::Protocol`] in
 //! its own module ([`telegram`], [`matrix`], [`irc`], [`discord`], [`xmpp`], [`email`],
-//! [`slack`]), whose `Settings` are its `[[platform]]` keys (crates/config/src/platform/), and
+//! [`slack`], [`whatsapp`]), whose `Settings` are its `[[platform]]` keys (crates/config/src/platform/), and
 //! one arm in [`build`] (docs/adding-a-platform.md).
 
 pub mod credlock;
@@ -30,6 +30,7 @@ pub mod mattermost;
 pub mod skeleton;
 pub mod slack;
 pub mod telegram;
+pub mod whatsapp;
 pub mod xmpp;
 
 use std::path::PathBuf;
@@ -343,6 +344,53 @@ pub trait Host: Send + Sync {
     }
 }
 
+/// A request on the gateway's listener for one adapter, `/hooks/<kind>/<name>` (crates/runtime/
+/// src/http/hooks.rs): what a platform that pushes (WhatsApp's webhook) is given, unparsed, so
+/// its signature is checked over the exact bytes. The body is bounded by the listener.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HookRequest {
+    /// `GET` or `POST` (others never get here).
+    pub post: bool,
+    /// The query string, without `?`, still percent-encoded.
+    pub query: String,
+    /// The headers, names lower-cased.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl HookRequest {
+    /// The first value of header `name` (lower-case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// The answer to a [`HookRequest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookAnswer {
+    pub status: u16,
+    /// A plain-text body.
+    pub body: String,
+    /// Seconds for a `Retry-After` header.
+    pub retry_after: Option<u64>,
+}
+
+impl HookAnswer {
+    pub fn text(status: u16, body: impl Into<String>) -> HookAnswer {
+        HookAnswer { status, body: body.into(), retry_after: None }
+    }
+
+    /// 503 with `Retry-After: 1`: try again shortly.
+    pub fn unavailable(why: String) -> HookAnswer {
+        HookAnswer { status: 503, body: why, retry_after: Some(1) }
+    }
+
+    /// 404: this adapter takes no pushed requests.
+    pub fn not_found() -> HookAnswer {
+        HookAnswer::text(404, "this adapter takes no requests")
+    }
+}
+
 /// Why an adapter cannot be built or started.
 #[derive(Debug, thiserror::Error)]
 pub enum AdapterError {
@@ -387,6 +435,12 @@ pub trait Adapter: Send + Sync {
     /// Shows a run's progress in `chat` (typing, a growing preview); `run` is the journaled
     /// message id, which the reply's outbox entry names. Never blocks; best-effort.
     fn show(&self, _chat: &str, _run: &str, _activity: Activity) {}
+    /// A request pushed to this adapter on the gateway's listener (`/hooks/<kind>/<name>`):
+    /// the one way the listener reaches an adapter. Blocks until the request's messages are
+    /// journaled or refused, bounded (skeleton/push.rs). Default: 404, the adapter pulls.
+    fn hook(&self, _req: &HookRequest) -> HookAnswer {
+        HookAnswer::not_found()
+    }
 }
 
 /// The lowercase hex SHA-256 of `data`: the credential lock's and lease's key, so the credential
@@ -423,6 +477,12 @@ pub fn build(cfg: &PlatformConfig, secrets: &Secrets) -> Result<Arc<dyn Adapter>
             Ok(Arc::new(slack::Slack::new(cfg, token()?, bot)?))
         }
         PlatformKind::Mattermost => Ok(Arc::new(mattermost::Mattermost::new(cfg, token()?)?)),
+        // The access token sends; the app secret and verify token check Meta's webhook.
+        PlatformKind::Whatsapp => {
+            let app_secret = need(PlatformSecret::AppSecret, "app_secret_env or app_secret_file")?;
+            let verify = need(PlatformSecret::VerifyToken, "verify_token_env or verify_token_file")?;
+            Ok(Arc::new(whatsapp::Whatsapp::new(cfg, token()?, app_secret, verify)?))
+        }
     }
 }
 

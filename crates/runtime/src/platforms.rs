@@ -314,6 +314,18 @@ impl Platforms {
         }
     }
 
+    /// A request pushed to adapter `name` of `kind` on the listener (`/hooks/<kind>/<name>`);
+    /// `None` when there is no such adapter. Blocking, bounded by the adapter.
+    pub fn hook(
+        &self,
+        kind: &str,
+        name: &str,
+        req: &gatewarden_platforms::HookRequest,
+    ) -> Option<gatewarden_platforms::HookAnswer> {
+        let a = self.get(name)?.adapter();
+        (a.kind() == kind).then(|| a.hook(req))
+    }
+
     /// Drain, step 1 (blocking, bounded by one short call per adapter).
     pub fn stop_intake(&self) {
         for e in &self.entries {

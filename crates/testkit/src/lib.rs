@@ -12,6 +12,8 @@
 //!   [`prosody`] for XMPP.
 //! * [`slackfake`]: a protocol-faithful Slack (Socket Mode and the Web API) on loopback.
 //! * [`mattermostfake`]: a protocol-faithful Mattermost (the v4 WebSocket and REST) on loopback.
+//! * [`whatsappfake`]: a protocol-faithful WhatsApp Cloud API (Graph API and a signing,
+//!   redelivering webhook sender) on loopback.
 //! * [`proc_start_time`], [`pid_alive`], [`lock_holders`], [`catches_signal`]: read-only process /
 //!   lock inspection.
 //! * [`marker_json`], [`rfc3339`]: build planned-stop / takeover markers.
@@ -62,6 +64,7 @@ mod time;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod users;
+pub mod whatsappfake;
 #[cfg(target_os = "linux")]
 pub mod tmpfs;
 mod wait;

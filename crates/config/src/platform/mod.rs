@@ -20,6 +20,7 @@ mod matrix;
 mod mattermost;
 mod slack;
 mod telegram;
+mod whatsapp;
 mod xmpp;
 
 pub use discord::Discord;
@@ -29,6 +30,7 @@ pub use matrix::Matrix;
 pub use mattermost::Mattermost;
 pub use slack::Slack;
 pub use telegram::Telegram;
+pub use whatsapp::Whatsapp;
 pub use xmpp::Xmpp;
 
 use std::path::{Path, PathBuf};
@@ -210,6 +212,8 @@ registry! {
     Slack("slack", Slack),
     /// Mattermost: the v4 WebSocket to receive, REST posts to reply.
     Mattermost("mattermost", Mattermost),
+    /// WhatsApp: the Cloud API's webhook on the gateway's listener in, the Graph API out.
+    Whatsapp("whatsapp", Whatsapp),
 }
 
 impl PlatformKind {

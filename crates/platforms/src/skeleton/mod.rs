@@ -26,6 +26,7 @@
 //! the skeleton decides. docs/adding-a-platform.md walks through a new adapter.
 
 pub mod progress;
+pub mod push;
 mod receive;
 mod send;
 mod wait;
@@ -37,7 +38,7 @@ use std::time::{Duration, Instant};
 use gatewarden_config::platform::Kind;
 use gatewarden_config::{KindSettings, PlatformConfig};
 
-use crate::{Activity, Adapter, AdapterError, Host, State, Status};
+use crate::{Activity, Adapter, AdapterError, HookAnswer, HookRequest, Host, State, Status};
 use wait::{Flags, Running, Slot};
 
 pub use receive::{Batch, Failure, Receiver};
@@ -109,6 +110,12 @@ pub trait Protocol: Send + Sync + 'static {
     /// Drain, step 1, once intake has stopped: hand the platform over to a successor (Telegram:
     /// end our own long poll and confirm the offset). Not called while parked or demoted.
     fn hand_over(&self) {}
+    /// A request pushed on the gateway's listener ([`Adapter::hook`]); `receiving` says
+    /// whether the adapter takes messages now (started, not draining, parked or standing by).
+    /// A platform that pushes answers it, usually through a [`push::PushIntake`]. Default: 404.
+    fn hook(&self, _req: &HookRequest, _receiving: Result<(), String>) -> HookAnswer {
+        HookAnswer::not_found()
+    }
 }
 
 /// `cfg`'s own settings for protocol `P`: an error when the table is of another kind (the
@@ -326,6 +333,18 @@ impl<P: Protocol> Adapter for Skeleton<P> {
 
     fn watchdog_after(&self) -> Duration {
         self.proto.watchdog_after()
+    }
+
+    fn hook(&self, req: &HookRequest) -> HookAnswer {
+        let receiving = match (self.run.shared(), self.status.state()) {
+            (None, _) | (_, State::Closed) => Err("the adapter is not running".to_owned()),
+            (Some(s), _) if s.flags.get().stop => Err("the gateway is draining".to_owned()),
+            (_, s @ (State::Parked(_) | State::Standby(_))) => {
+                Err(format!("{}: {}", s.name(), s.reason().unwrap_or_default()))
+            }
+            _ => Ok(()),
+        };
+        self.proto.hook(req, receiving)
     }
 
     fn show(&self, chat: &str, run: &str, activity: Activity) {

@@ -19,6 +19,7 @@ use gatewarden_lifecycle::records::GatewayState;
 use crate::app::App;
 use crate::worker::Work;
 
+mod hooks;
 mod messages;
 pub(crate) mod metrics;
 mod openai;
@@ -53,10 +54,16 @@ pub fn router(gw: Arc<App>) -> Router {
         .route_layer(middleware::from_fn_with_state(Arc::clone(&gw), auth));
     // The dashboard: the web layer's logins, sessions and rules (ui.rs).
     let ui = ui::routes(&gw).route_layer(middleware::from_fn_with_state(Arc::clone(&gw), body_deadline));
+    // Pushed by a platform (WhatsApp's webhook): signed, checked by the adapter, not by the
+    // bearer token.
+    let hooks = Router::new()
+        .route("/hooks/{kind}/{name}", get(hooks::hook).post(hooks::hook))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&gw), body_deadline));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(api)
+        .merge(hooks)
         .merge(ui)
         .layer(middleware::from_fn_with_state(Arc::clone(&gw), host_check))
         .with_state(gw)
