@@ -73,6 +73,7 @@ pub mod launch;
 pub mod logs;
 pub mod options;
 pub mod orchestrator;
+pub mod outcome;
 pub mod os;
 pub mod owner;
 pub mod pairing;
