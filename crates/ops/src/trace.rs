@@ -36,8 +36,9 @@ fn open(home: &Home) -> crate::Result<Arc<dyn Store>> {
         let password = gatewarden_config::Secrets::resolve(home.dir(), &config)
             .get(&gatewarden_config::SecretId::Cluster)
             .map_err(crate::Error::Msg)?;
-        let store = gatewarden_cluster::PgStore::start_journal(&c.store_url(), password.as_ref().map(|p| p.expose()), &c.name)
-            .map_err(|e| crate::Error::Msg(format!("[cluster] store: {e}")))?;
+        let store =
+            gatewarden_cluster::PgStore::start_journal(&c.store_url(), password.as_ref().map(|p| p.expose()), &c.name)
+                .map_err(|e| crate::Error::Msg(format!("[cluster] store: {e}")))?;
         return Ok(Arc::new(store));
     }
     if gatewarden_journal::check_schema(home.dir()).context("cannot open the journal")? == 0

@@ -140,7 +140,11 @@ fn set_writer(slot: &WriterSlot, w: Option<Writer>) {
 impl skeleton::FromConfig for Proto {
     fn from_config(cfg: &PlatformConfig, creds: &crate::Credentials<'_>) -> Result<Irc, AdapterError> {
         // The server password is optional.
-        Irc::new(cfg, creds.optional(gatewarden_config::secrets::PlatformSecret::Token)?, creds.optional(gatewarden_config::secrets::PlatformSecret::SaslPassword)?)
+        Irc::new(
+            cfg,
+            creds.optional(gatewarden_config::secrets::PlatformSecret::Token)?,
+            creds.optional(gatewarden_config::secrets::PlatformSecret::SaslPassword)?,
+        )
     }
 }
 
