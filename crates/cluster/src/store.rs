@@ -53,6 +53,12 @@ impl std::fmt::Debug for PgStore {
 }
 
 impl PgStore {
+    /// [`PgStore::start`] as this process's journal (the gateway's, or a CLI reading it): the
+    /// application name the store's sessions show, "gatewarden journal pid N".
+    pub fn start_journal(url: &str, password: Option<&str>, name: &str) -> Result<PgStore, ClusterError> {
+        PgStore::start(url, password, name, &format!("gatewarden journal pid {}", std::process::id()))
+    }
+
     /// Starts the store's thread. Nothing is connected yet: the first request connects (and
     /// migrates), so a gateway starts while the database is down and its requests fail.
     pub fn start(url: &str, password: Option<&str>, name: &str, app: &str) -> Result<PgStore, ClusterError> {

@@ -36,6 +36,14 @@ pub const REQUESTER_CHANNEL_ENV: &str = "GATEWARDEN_REQUESTER_CHANNEL";
 /// The error code of a `restart` the gateway refused because the next incarnation could not
 /// start (docs/protocol.md §3); the running one keeps serving.
 pub const RESTART_REFUSED: &str = "restart_refused";
+/// How long the next incarnation (or the preflight child) may take to prepare before a
+/// restart is refused. Preparing opens files and builds objects; it contacts nothing.
+pub const PREPARE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
+/// How long a requester waits for the verdict on its [`Op::Restart`]: the preparation, and a
+/// margin. The gateway answers within it; a client waits that long.
+pub const VERDICT_PATIENCE: std::time::Duration = PREPARE_PATIENCE.saturating_add(std::time::Duration::from_secs(5));
+/// What a restart request that joined one under way is told.
+pub const JOINED: &str = "joined the restart already under way";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Requester {

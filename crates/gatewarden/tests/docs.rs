@@ -110,10 +110,14 @@ fn the_crate_map_is_cargo_metadata() {
     generated_block(&root().join("docs/architecture.md"), "crate-map", &crate_map());
 }
 
+/// The one exit table, in every document that shows it (architecture, README "Exit codes",
+/// protocol §6.1): no hand-written copy to fall behind `ExitIntent`.
 #[test]
 fn the_exit_table_is_the_code() {
     let table = gatewarden_lifecycle::exit::ExitIntent::markdown_table();
-    generated_block(&root().join("docs/architecture.md"), "exit-table", &table);
+    for doc in ["docs/architecture.md", "README.md", "docs/protocol.md"] {
+        generated_block(&root().join(doc), "exit-table", &table);
+    }
 }
 
 /// Splits a Markdown table row on its unescaped bars.

@@ -55,12 +55,19 @@ fn every_adapter_restarted_under_a_steady_stream_loses_and_repeats_nothing() {
 /// build): one gateway with all seven adapters under a steady stream on each for
 /// GW_MEM_SECONDS (default 30), its `VmRSS` and `RssAnon` sampled every 250 ms. Prints one
 /// `memory:` line; asserts only that every message was answered once (the budget is the
-/// bench's to report, never a timed assertion).
+/// bench's to report, never a timed assertion). For the breakdown in the README:
+/// GW_MEM_KINDS (`telegram,irc`, or `none`) picks the adapters, GW_MEM_SMAPS names a file
+/// that gets the gateway's `/proc/<pid>/smaps` at the end.
 #[test]
 #[ignore = "a benchmark: scripts/bench-gateway runs it"]
 fn every_adapter_memory_under_a_steady_stream() {
     let secs = std::env::var("GW_MEM_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
-    with_every_adapter(&Kind::ALL, 0, |g, _, _| {
+    let kinds: Vec<Kind> = match std::env::var("GW_MEM_KINDS") {
+        Ok(list) => Kind::ALL.into_iter().filter(|k| list.split(',').any(|n| n == k.name())).collect(),
+        Err(_) => Kind::ALL.to_vec(),
+    };
+    let n = kinds.len();
+    with_every_adapter(&kinds, 0, |g, _, _| {
         let pid = g.pid();
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
         let (rss0, anon0) = (rss_bytes(pid), rss_anon_bytes(pid));
@@ -73,7 +80,7 @@ fn every_adapter_memory_under_a_steady_stream() {
             samples += 1;
         }
         eprintln!(
-            "memory: 7 adapters, {secs} s of steady streams ({samples} samples): RSS {:.1} MB at the start, peak {:.1} MB, \
+            "memory: {n} adapter(s), {secs} s of steady streams ({samples} samples): RSS {:.1} MB at the start, peak {:.1} MB, \
              {:.1} MB at the end; anonymous {:.2} MB at the start, peak {:.2} MB, {:.2} MB at the end",
             mib(rss0),
             mib(peak),
@@ -82,6 +89,9 @@ fn every_adapter_memory_under_a_steady_stream() {
             mib(peak_anon),
             mib(rss_anon_bytes(pid))
         );
+        if let Some(to) = std::env::var_os("GW_MEM_SMAPS") {
+            std::fs::copy(format!("/proc/{pid}/smaps"), to).expect("copy smaps");
+        }
         0
     });
 }
@@ -100,6 +110,18 @@ enum Kind {
 impl Kind {
     const ALL: [Kind; 7] =
         [Kind::Telegram, Kind::Matrix, Kind::Irc, Kind::Discord, Kind::Slack, Kind::Xmpp, Kind::Email];
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Telegram => "telegram",
+            Kind::Matrix => "matrix",
+            Kind::Irc => "irc",
+            Kind::Discord => "discord",
+            Kind::Slack => "slack",
+            Kind::Xmpp => "xmpp",
+            Kind::Email => "email",
+        }
+    }
 
     /// Its server and client; `None`: the server is missing (outside `CI`: skip).
     fn part(self) -> Option<Box<dyn Part>> {

@@ -27,6 +27,11 @@ use crate::{
 /// The journal's file name inside the home.
 pub const JOURNAL_FILE: &str = "journal.sqlite3";
 
+/// Each connection's page cache: 512 KiB, as SQLite's negative `cache_size` counts it.
+/// SQLite's default (2,000 KiB) filled up as the journal grew and stayed resident, twice (the
+/// writer and the readers); the hot pages are the tail of `messages` and its indexes.
+const CACHE_KIB: i64 = -512;
+
 pub(crate) const SCHEMA_VERSION: i64 = 2;
 
 /// The journal. Cheap to share behind an `Arc`.
@@ -110,6 +115,7 @@ impl Journal {
         conn.busy_timeout(Duration::from_secs(5)).map_err(wrap)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(wrap)?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(wrap)?;
+        conn.pragma_update(None, "cache_size", CACHE_KIB).map_err(wrap)?;
         let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(wrap)?;
         if version > SCHEMA_VERSION {
             return Err(JournalError::SchemaTooNew { path: path.to_path_buf(), found: version });
@@ -145,6 +151,7 @@ impl Journal {
         let read = Connection::open_with_flags(path, open_flags()).map_err(wrap)?;
         read.busy_timeout(Duration::from_secs(5)).map_err(wrap)?;
         read.pragma_update(None, "query_only", true).map_err(wrap)?;
+        read.pragma_update(None, "cache_size", CACHE_KIB).map_err(wrap)?;
         let writer = Writer::start(conn).map_err(|e| JournalError::Writer(format!("cannot start its writer: {e}")))?;
         Ok(Journal { read: Mutex::new(read), writer, path: path.to_path_buf() })
     }

@@ -105,6 +105,10 @@ impl Home {
 /// sets it (crates/gatewarden/src/main.rs), so every process the CLI starts reads the same file.
 pub const CONFIG_ENV: &str = "GATEWARDEN_CONFIG";
 
+/// The prefix of `/update`'s outcome notices in the home, `<prefix><pid>.json`: written by
+/// `gatewarden update --chat` (crates/ops), relayed by the gateway (crates/runtime/src/notices.rs).
+pub const UPDATE_NOTIFY_PREFIX: &str = ".update_notify.";
+
 /// Pure: where the configuration of the home at `dir` is read, the environment injected.
 /// `GATEWARDEN_CONFIG` when set and not empty, else `<dir>/config.toml`. The only place that
 /// decides it: the config crate's loader and every message naming the file go through it.

@@ -41,6 +41,7 @@ pub mod platform;
 pub mod probe;
 pub mod procfs;
 pub mod records;
+pub mod sdnotify;
 pub mod supervisor;
 pub mod term;
 pub mod timefmt;

@@ -360,7 +360,19 @@ pub fn http_config(out: &Outbound) -> ConfigBuilder<AgentScope> {
         .tls_config(out.tls.ureq_config())
         .proxy(proxy)
         .user_agent(concat!("gatewarden/", env!("CARGO_PKG_VERSION")))
+        // ureq gives every connection a 128 KiB input and a 128 KiB output buffer (twice over
+        // TLS, below and above it): 256-512 KiB resident per pooled connection, the largest
+        // share of the adapters' memory (README, "Benchmarks"). Bodies stream through them, so
+        // only the response head must fit the input buffer: capped to match.
+        .input_buffer_size(HTTP_INPUT_BUFFER)
+        .max_response_header_size(HTTP_INPUT_BUFFER)
+        .output_buffer_size(HTTP_OUTPUT_BUFFER)
 }
+
+/// A ureq connection's input buffer, and so the largest response head accepted.
+pub const HTTP_INPUT_BUFFER: usize = 32 * 1024;
+/// A ureq connection's output buffer (request heads; bodies are written through it in parts).
+pub const HTTP_OUTPUT_BUFFER: usize = 16 * 1024;
 
 /// The host (and port) of `url`, without credentials, for messages.
 pub fn url_host(url: &str) -> &str {

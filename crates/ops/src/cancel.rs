@@ -22,7 +22,7 @@ use crate::ready::status_of;
 const ANSWER: Duration = Duration::from_secs(35);
 
 pub fn cancel_drain(home: &Home, json: bool) -> crate::Result<ExitCode> {
-    crate::ui::outcome(home, "cancel-drain", json, || cancel(home))
+    crate::outcome::outcome(home, "cancel-drain", json, || cancel(home))
 }
 
 fn cancel(home: &Home) -> crate::Result<ExitCode> {

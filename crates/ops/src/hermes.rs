@@ -191,7 +191,7 @@ pub fn supervise(home: &HermesHome, args: SuperviseArgs) -> crate::Result<ExitCo
             }
         }
     });
-    let notifier = gatewarden_runtime::sdnotify::Notifier::for_supervisor(
+    let notifier = gatewarden_lifecycle::sdnotify::Notifier::for_supervisor(
         gatewarden_lifecycle::Supervisor::detect(None).supervisor,
     );
     let cmd_home = home.clone();
@@ -211,11 +211,11 @@ pub fn supervise(home: &HermesHome, args: SuperviseArgs) -> crate::Result<ExitCo
     let end = sup.run(&flag, |ev| match ev {
         Event::Spawned { pid } => {
             log(&format!("started hermes pid {pid}"));
-            notifier.status(&format!("hermes pid {pid} starting"));
+            notifier.status(&format!("hermes pid {pid} starting")).unwrap_or_else(|e| log(&e));
         }
         Event::Ready { pid, .. } => {
             log(&format!("hermes pid {pid} is running"));
-            notifier.send(&format!("READY=1\nSTATUS=hermes pid {pid} running"));
+            notifier.send(&format!("READY=1\nSTATUS=hermes pid {pid} running")).unwrap_or_else(|e| log(&e));
         }
         Event::Exited { pid, facts, action } => {
             let action = serde_json::to_string(action).unwrap_or_default();
@@ -224,7 +224,7 @@ pub fn supervise(home: &HermesHome, args: SuperviseArgs) -> crate::Result<ExitCo
     });
     match end {
         Ok(End::StayedDown) => {
-            notifier.send("STOPPING=1");
+            notifier.send("STOPPING=1").unwrap_or_else(|e| log(&e));
             log("hermes stopped: staying down");
             Ok(ExitCode::SUCCESS)
         }

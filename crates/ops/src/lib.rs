@@ -74,6 +74,7 @@ pub mod logs;
 pub mod options;
 pub mod orchestrator;
 pub mod os;
+pub mod outcome;
 pub mod owner;
 pub mod pairing;
 mod presence;

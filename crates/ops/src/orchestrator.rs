@@ -39,7 +39,7 @@ pub fn relay_to_detached_orchestrator(value: &str) -> Option<ExitCode> {
     // Launched from an agent run (chat-driven restarts), this process carries the run's tag,
     // and the next incarnation kills what the old one's runs left behind; the orchestrator
     // must not be mistaken for such a leftover.
-    cmd.env_remove(gatewarden_runtime::RUN_TAG);
+    cmd.env_remove(gatewarden_control::runs::RUN_TAG);
     cmd.stdin(Stdio::null()).stdout(Stdio::inherit()).stderr(Stdio::inherit());
     spawn::detach(&mut cmd, None);
     let status = cmd.spawn().ok()?.wait().ok()?;

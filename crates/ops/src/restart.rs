@@ -43,7 +43,7 @@ pub fn restart(
     json: bool,
 ) -> crate::Result<ExitCode> {
     // `--json`: one document from the first process, after the detached copy's verdict.
-    crate::ui::outcome(home, "restart", json, || restart_verified(home, timeout_s, backstop, desired_seq))
+    crate::outcome::outcome(home, "restart", json, || restart_verified(home, timeout_s, backstop, desired_seq))
 }
 
 fn restart_verified(

@@ -41,9 +41,9 @@ pub fn send(home: &Home, text: &str, chat: &str, user: &str, is_async: bool, jso
         // taken on is answered once the gateway knows whether the next incarnation can run.
         // A stop that could not be recorded (a full disk) goes on, and may be undone.
         let answered =
-            Client::connect(&ep, t).and_then(|mut c| c.call(op, gatewarden_runtime::restart::VERDICT_PATIENCE));
+            Client::connect(&ep, t).and_then(|mut c| c.call(op, gatewarden_control::proto::VERDICT_PATIENCE));
         let answer = match answered {
-            Ok(v) if v.get("joined").is_some_and(|j| j == "restart") => gatewarden_runtime::restart::JOINED,
+            Ok(v) if v.get("joined").is_some_and(|j| j == "restart") => gatewarden_control::proto::JOINED,
             Ok(v) if v.get("warning").is_some_and(Value::is_string) => {
                 let warning = v["warning"].as_str().unwrap_or_default();
                 match json {

@@ -16,8 +16,10 @@ use crate::presence::{Presence, presence};
 
 pub fn service(home: &Home, args: ServiceArgs) -> crate::Result<ExitCode> {
     match args.action {
-        ServiceAction::Install(a) => crate::ui::outcome(home, "service install", a.json, || install(home, &a)),
-        ServiceAction::Uninstall(a) => crate::ui::outcome(home, "service uninstall", a.json, || uninstall(home, &a)),
+        ServiceAction::Install(a) => crate::outcome::outcome(home, "service install", a.json, || install(home, &a)),
+        ServiceAction::Uninstall(a) => {
+            crate::outcome::outcome(home, "service uninstall", a.json, || uninstall(home, &a))
+        }
         ServiceAction::Status { json } => status(home, json),
     }
 }

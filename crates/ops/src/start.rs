@@ -1,5 +1,5 @@
 //! `gatewarden start`: the launcher (`launch.rs`), reporting on stdout (`--json`: one
-//! document, `ui::outcome`).
+//! document, `outcome::outcome`).
 
 use std::process::ExitCode;
 
@@ -21,7 +21,7 @@ pub fn start(
     let before = if as_before { crate::previous::of(&home.canonicalized()) } else { Default::default() };
     let listen = listen.or(before.listen.as_deref());
     let drain_timeout_s = drain_timeout_s.or(before.drain_timeout_s);
-    crate::ui::outcome(home, "start", json, || {
+    crate::outcome::outcome(home, "start", json, || {
         launch(home, listen, timeout_s, drain_timeout_s, on_behalf, Report::Stdout, Via::Owner)
     })
 }

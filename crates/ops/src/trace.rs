@@ -36,11 +36,10 @@ fn open(home: &Home) -> crate::Result<Arc<dyn Store>> {
         let password = gatewarden_config::Secrets::resolve(home.dir(), &config)
             .get(&gatewarden_config::SecretId::Cluster)
             .map_err(crate::Error::Msg)?;
-        let settings =
-            gatewarden_runtime::options::ClusterSettings::new(c.clone(), password).map_err(crate::Error::Msg)?;
-        if let Some(store) = settings.store {
-            return Ok(store);
-        }
+        let store =
+            gatewarden_cluster::PgStore::start_journal(&c.store_url(), password.as_ref().map(|p| p.expose()), &c.name)
+                .map_err(|e| crate::Error::Msg(format!("[cluster] store: {e}")))?;
+        return Ok(Arc::new(store));
     }
     if gatewarden_journal::check_schema(home.dir()).context("cannot open the journal")? == 0
         && !home.dir().join(gatewarden_journal::JOURNAL_FILE).exists()

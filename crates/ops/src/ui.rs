@@ -4,7 +4,7 @@
 //!
 //! The lifecycle verbs (`start`, `stop`, `restart`, `cancel-drain`, `service install`,
 //! `service uninstall`) say what they do in lines written as they go; with `--json`,
-//! [`outcome`] points stdout at stderr for the verb's whole run (so no line of it can land in
+//! `outcome::outcome` (crates/ops/src/outcome.rs) points stdout at stderr for the verb's whole run (so no line of it can land in
 //! the document, whoever prints it, children included) and writes the document, the verb's
 //! exit code and the status it left, to the original stdout at the end (docs/protocol.md §6.3).
 
@@ -13,8 +13,7 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::sync::OnceLock;
 
-use gatewarden_lifecycle::Home;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// `--color`: `auto` (a terminal without `NO_COLOR`), `always`, `never`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -117,48 +116,6 @@ pub fn print_json(v: &Value) {
     // A reader that went away wants nothing more: not an error of the verb.
     let _ = writeln!(out, "{text}");
     let _ = out.flush();
-}
-
-/// Runs a lifecycle verb; with `json`, its lines go to stderr and stdout gets one document:
-/// `{"verb", "ok", "exit_code", "before": {…}, "status": <status --json>}` (plus `"error"`
-/// when it failed with one). Without `json`, exactly `f()`.
-pub fn outcome(
-    home: &Home,
-    verb: &str,
-    json: bool,
-    f: impl FnOnce() -> crate::Result<ExitCode>,
-) -> crate::Result<ExitCode> {
-    // The detached copy of `restart` writes into its first process's stderr already: the
-    // first process writes the document.
-    if !json || std::env::var_os(crate::env::ORCHESTRATOR_ENV).is_some() {
-        return f();
-    }
-    let before = brief(&crate::status::report(home).1);
-    let saved = gatewarden_lifecycle::platform::stdout_to_stderr();
-    let result = f();
-    let (code, error) = match &result {
-        Ok(c) => (code_of(*c), None),
-        Err(e) => (1, Some(format!("{e:#}"))),
-    };
-    let (_, after) = crate::status::report(home);
-    let mut doc = json!({"verb": verb, "ok": code == 0, "exit_code": code, "before": before, "status": after});
-    if let Some(e) = error {
-        doc["error"] = json!(e);
-    }
-    let text = serde_json::to_string(&doc).unwrap_or_else(|_| "null".into());
-    match saved {
-        Ok(mut out) => {
-            let _ = writeln!(out, "{text}");
-        }
-        // Nothing to redirect with (docs: the OS facade): the document is the last line.
-        Err(_) => outln!("{text}"),
-    }
-    result
-}
-
-/// Who ran before a lifecycle verb: enough to tell a new incarnation from the old one.
-fn brief(r: &gatewarden_control::StatusReport) -> Value {
-    json!({"running": r.running, "pid": r.pid, "incarnation": r.incarnation, "state": r.state})
 }
 
 #[cfg(test)]

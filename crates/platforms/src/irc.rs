@@ -137,6 +137,17 @@ fn set_writer(slot: &WriterSlot, w: Option<Writer>) {
     *slot.lock().unwrap_or_else(|p| p.into_inner()) = w;
 }
 
+impl skeleton::FromConfig for Proto {
+    fn from_config(cfg: &PlatformConfig, creds: &crate::Credentials<'_>) -> Result<Irc, AdapterError> {
+        // The server password is optional.
+        Irc::new(
+            cfg,
+            creds.optional(gatewarden_config::secrets::PlatformSecret::Token)?,
+            creds.optional(gatewarden_config::secrets::PlatformSecret::SaslPassword)?,
+        )
+    }
+}
+
 impl Protocol for Proto {
     type Settings = Settings;
     const LIMITS: Limits = Limits {

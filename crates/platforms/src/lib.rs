@@ -18,8 +18,9 @@
 //!
 //! Steps 2 to 5 are the skeleton's ([`skeleton`]); a platform is a [`skeleton::Protocol`] in
 //! its own module ([`telegram`], [`matrix`], [`irc`], [`discord`], [`xmpp`], [`email`],
-//! [`slack`], [`whatsapp`]), whose `Settings` are its `[[platform]]` keys (crates/config/src/platform/), and
-//! one arm in [`build`] (docs/adding-a-platform.md).
+//! [`slack`], [`mattermost`], [`whatsapp`]), whose `Settings` are its `[[platform]]` keys
+//! (crates/config/src/platform/), and one line in [`build`]'s `platforms!` list
+//! (docs/adding-a-platform.md).
 
 pub mod credlock;
 pub mod discord;
@@ -450,40 +451,62 @@ pub fn sha256_hex(data: &[u8]) -> String {
     sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Builds the adapter for one `[[platform]]` table, its credentials from the resolved
-/// `secrets` (crates/config/src/secrets.rs; the values leave their `Secret` here, for the
-/// protocol that sends them).
-pub fn build(cfg: &PlatformConfig, secrets: &Secrets) -> Result<Arc<dyn Adapter>, AdapterError> {
-    let name = cfg.adapter_name();
-    let get = |what| {
-        secrets.platform(&name, what).map(|s| s.map(|s| s.expose().to_owned())).map_err(AdapterError::MissingCredential)
-    };
-    let need = |what, key| get(what)?.ok_or_else(|| AdapterError::Unconfigured { name: name.clone(), key });
-    let token = || need(PlatformSecret::Token, "token_env or token_file");
-    match cfg.kind() {
-        PlatformKind::Telegram => Ok(Arc::new(telegram::Telegram::new(cfg, token()?)?)),
-        PlatformKind::Matrix => Ok(Arc::new(matrix::Matrix::new(cfg, token()?)?)),
-        // The server password is optional.
-        PlatformKind::Irc => {
-            let sasl = get(PlatformSecret::SaslPassword)?;
-            Ok(Arc::new(irc::Irc::new(cfg, get(PlatformSecret::Token)?, sasl)?))
-        }
-        PlatformKind::Xmpp => Ok(Arc::new(xmpp::Xmpp::new(cfg, token()?)?)),
-        PlatformKind::Discord => Ok(Arc::new(discord::Discord::new(cfg, token()?)?)),
-        PlatformKind::Email => Ok(Arc::new(email::Email::new(cfg, token()?)?)),
-        // The app-level token is the credential; the bot token posts the replies.
-        PlatformKind::Slack => {
-            let bot = need(PlatformSecret::BotToken, "bot_token_env or bot_token_file")?;
-            Ok(Arc::new(slack::Slack::new(cfg, token()?, bot)?))
-        }
-        PlatformKind::Mattermost => Ok(Arc::new(mattermost::Mattermost::new(cfg, token()?)?)),
-        // The access token sends; the app secret and verify token check Meta's webhook.
-        PlatformKind::Whatsapp => {
-            let app_secret = need(PlatformSecret::AppSecret, "app_secret_env or app_secret_file")?;
-            let verify = need(PlatformSecret::VerifyToken, "verify_token_env or verify_token_file")?;
-            Ok(Arc::new(whatsapp::Whatsapp::new(cfg, token()?, app_secret, verify)?))
-        }
+/// One `[[platform]]` table's credentials, from the resolved `secrets`
+/// (crates/config/src/secrets.rs; the values leave their `Secret` here, for the protocol that
+/// sends them).
+pub struct Credentials<'a> {
+    name: String,
+    secrets: &'a Secrets,
+}
+
+impl Credentials<'_> {
+    /// `what`, when configured.
+    pub fn optional(&self, what: PlatformSecret) -> Result<Option<String>, AdapterError> {
+        self.secrets
+            .platform(&self.name, what)
+            .map(|s| s.map(|s| s.expose().to_owned()))
+            .map_err(AdapterError::MissingCredential)
     }
+
+    /// `what`, which the table must configure through `key` (named in the error).
+    pub fn required(&self, what: PlatformSecret, key: &'static str) -> Result<String, AdapterError> {
+        self.optional(what)?.ok_or_else(|| AdapterError::Unconfigured { name: self.name.clone(), key })
+    }
+
+    /// The platform's main credential (`token_env` or `token_file`).
+    pub fn token(&self) -> Result<String, AdapterError> {
+        self.required(PlatformSecret::Token, "token_env or token_file")
+    }
+}
+
+/// The one list of platforms the gateway builds, `Kind => protocol` (a
+/// [`skeleton::FromConfig`]): it generates [`build`]. A new platform is its protocol file,
+/// one line here and one in crates/config/src/platform/mod.rs's `registry!`; the match is
+/// exhaustive, so a kind without its line here does not compile.
+macro_rules! platforms {
+    ($($kind:ident => $proto:ty,)*) => {
+        /// Builds the adapter for one `[[platform]]` table, its credentials from `secrets`.
+        pub fn build(cfg: &PlatformConfig, secrets: &Secrets) -> Result<Arc<dyn Adapter>, AdapterError> {
+            let creds = Credentials { name: cfg.adapter_name(), secrets };
+            match cfg.kind() {
+                $(PlatformKind::$kind => {
+                    Ok(Arc::new(<$proto as skeleton::FromConfig>::from_config(cfg, &creds)?))
+                })*
+            }
+        }
+    };
+}
+
+platforms! {
+    Telegram => telegram::Proto,
+    Matrix => matrix::Proto,
+    Irc => irc::Proto,
+    Xmpp => xmpp::Proto,
+    Discord => discord::Proto,
+    Email => email::Proto,
+    Slack => slack::Proto,
+    Mattermost => mattermost::Proto,
+    Whatsapp => whatsapp::Proto,
 }
 
 #[cfg(test)]

@@ -276,6 +276,12 @@ fn ws_url(server: &str) -> Option<String> {
     ws::parse_url(&url).map(|_| url)
 }
 
+impl skeleton::FromConfig for Proto {
+    fn from_config(cfg: &PlatformConfig, creds: &crate::Credentials<'_>) -> Result<Mattermost, AdapterError> {
+        Mattermost::new(cfg, creds.token()?)
+    }
+}
+
 impl Protocol for Proto {
     type Settings = Settings;
     const LIMITS: Limits = Limits {

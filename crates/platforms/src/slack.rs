@@ -240,6 +240,15 @@ impl Skeleton<Proto> {
     }
 }
 
+impl skeleton::FromConfig for Proto {
+    fn from_config(cfg: &PlatformConfig, creds: &crate::Credentials<'_>) -> Result<Slack, AdapterError> {
+        // The app-level token is the credential; the bot token posts the replies.
+        let bot =
+            creds.required(gatewarden_config::secrets::PlatformSecret::BotToken, "bot_token_env or bot_token_file")?;
+        Slack::new(cfg, creds.token()?, bot)
+    }
+}
+
 impl Protocol for Proto {
     type Settings = Settings;
     const LIMITS: Limits = Limits {

@@ -196,6 +196,12 @@ impl Proto {
     }
 }
 
+impl skeleton::FromConfig for Proto {
+    fn from_config(cfg: &PlatformConfig, creds: &crate::Credentials<'_>) -> Result<Telegram, AdapterError> {
+        Telegram::new(cfg, creds.token()?)
+    }
+}
+
 impl Protocol for Proto {
     type Settings = Settings;
     const LIMITS: Limits = Limits {

@@ -126,6 +126,16 @@ impl Skeleton<Proto> {
     }
 }
 
+impl skeleton::FromConfig for Proto {
+    fn from_config(cfg: &PlatformConfig, creds: &crate::Credentials<'_>) -> Result<Whatsapp, AdapterError> {
+        use gatewarden_config::secrets::PlatformSecret;
+        // The access token sends; the app secret and verify token check Meta's webhook.
+        let app_secret = creds.required(PlatformSecret::AppSecret, "app_secret_env or app_secret_file")?;
+        let verify = creds.required(PlatformSecret::VerifyToken, "verify_token_env or verify_token_file")?;
+        Whatsapp::new(cfg, creds.token()?, app_secret, verify)
+    }
+}
+
 impl Protocol for Proto {
     type Settings = Settings;
     const LIMITS: Limits = Limits {

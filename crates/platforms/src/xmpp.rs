@@ -244,6 +244,12 @@ fn set_writer(slot: &WriterSlot, w: Option<Writer>) {
     *slot.lock().unwrap_or_else(|p| p.into_inner()) = w;
 }
 
+impl skeleton::FromConfig for Proto {
+    fn from_config(cfg: &PlatformConfig, creds: &crate::Credentials<'_>) -> Result<Xmpp, AdapterError> {
+        Xmpp::new(cfg, creds.token()?)
+    }
+}
+
 impl Protocol for Proto {
     type Settings = Settings;
     const LIMITS: Limits = Limits {

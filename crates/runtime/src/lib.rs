@@ -70,6 +70,10 @@ pub fn run(opts: RunOptions, started_at: SystemTime, started: Instant) -> Outcom
     if opts.preflight {
         return preflight(&opts);
     }
+    // Before any thread exists: glibc gives each new thread its own arena until the bound is
+    // set, and an arena keeps what was freed into it (README, "Benchmarks": 7 adapters held
+    // four arenas when this ran inside `serve`).
+    http::resources::tune_allocator();
     // First thing, and without a runtime: from here on a SIGHUP is a reload and every signal is
     // recorded, none ends the process by its default action (README, "Signals").
     let mut signals = Signals::install();

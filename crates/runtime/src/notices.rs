@@ -24,8 +24,8 @@ use serde_json::{Value, json};
 
 use crate::intake::Wake;
 
-/// The prefix of `/update`'s outcome notice files (module notes).
-pub const UPDATE_NOTIFY_PREFIX: &str = ".update_notify.";
+/// The prefix of `/update`'s outcome notice files (module notes), which `update` writes.
+pub use gatewarden_lifecycle::home::UPDATE_NOTIFY_PREFIX;
 /// How often an incarnation with chat platforms looks for `/update` notices to relay.
 const NOTICE_POLL: Duration = Duration::from_millis(500);
 /// The file a `/restart` leaves for the next incarnation's "back online" notice.

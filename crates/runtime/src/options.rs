@@ -107,8 +107,7 @@ pub struct ClusterSettings {
 
 impl ClusterSettings {
     pub fn new(config: ClusterConfig, password: Option<gatewarden_config::Secret>) -> Result<ClusterSettings, String> {
-        let app = format!("gatewarden journal pid {}", std::process::id());
-        let store = PgStore::start(&config.store_url(), password.as_ref().map(|p| p.expose()), &config.name, &app)
+        let store = PgStore::start_journal(&config.store_url(), password.as_ref().map(|p| p.expose()), &config.name)
             .map_err(|e| format!("[cluster] store: {e}"))?;
         Ok(ClusterSettings { config, password, store: Some(Arc::new(store)) })
     }

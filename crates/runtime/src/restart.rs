@@ -43,13 +43,8 @@ use gatewarden_lifecycle::platform::spawn;
 pub const VERIFYING_CHANNEL: &str = "cli";
 /// Beyond the drain budget, how long the backstop waits in all.
 const BACKSTOP_GRACE: Duration = Duration::from_secs(60);
-/// How long the next incarnation (or the preflight child) may take to prepare before the
-/// restart is refused. Preparing opens files and builds objects; it contacts nothing.
-pub const PREPARE_PATIENCE: Duration = Duration::from_secs(20);
-/// How long a requester waits for the verdict on its restart: the preparation, and a margin.
-pub const VERDICT_PATIENCE: Duration = PREPARE_PATIENCE.saturating_add(Duration::from_secs(5));
-/// What a restart request that joined one under way is told.
-pub const JOINED: &str = "joined the restart already under way";
+/// The restart's bounds and answers, shared with its requesters (crates/control).
+pub use gatewarden_control::proto::{JOINED, PREPARE_PATIENCE, VERDICT_PATIENCE};
 /// A successor's or preflight child's answer on its stdout: `prepared <pid>`.
 pub const PREPARED: &str = "prepared";
 /// ... or `refused <NotStartable as JSON>`.

@@ -139,7 +139,7 @@ fn run_ladder(home: &Home, ladder: &Ladder, t0: Instant) -> crate::Result<ExitCo
             ladder.progress.phase("requesting restart");
             // Answered once the gateway knows whether the next incarnation can run.
             let requested = Client::connect(&ep, Duration::from_secs(2)).and_then(|mut c| {
-                c.call(Op::Restart { requester: Requester::cli() }, gatewarden_runtime::restart::VERDICT_PATIENCE)
+                c.call(Op::Restart { requester: Requester::cli() }, gatewarden_control::proto::VERDICT_PATIENCE)
             });
             match requested {
                 Ok(_) => {}

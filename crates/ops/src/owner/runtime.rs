@@ -117,7 +117,7 @@ fn start_directly(home: &Home, seq: u64) -> Result<(), String> {
     cmd.env_remove(crate::env::ORCHESTRATOR_ENV);
     // As the incarnation it replaces ran (previous.rs).
     cmd.args(crate::previous::of(home).args());
-    cmd.env_remove(gatewarden_runtime::RUN_TAG);
+    cmd.env_remove(gatewarden_control::runs::RUN_TAG);
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     spawn::detach(&mut cmd, None);
     let child = cmd.spawn().map_err(|e| e.to_string())?;

@@ -245,7 +245,7 @@ fn stopped(home: &Home) -> Option<Refusal> {
 /// gateway delivers it once (`runtime/src/notices.rs`).
 fn notify_chat(home: &Home, chat: &str, platform: Option<&str>, text: &str) {
     let v = json!({"chat_id": chat, "platform": platform, "text": text, "at": timefmt::now()});
-    let name = format!("{}{}.json", gatewarden_runtime::notices::UPDATE_NOTIFY_PREFIX, std::process::id());
+    let name = format!("{}{}.json", gatewarden_lifecycle::home::UPDATE_NOTIFY_PREFIX, std::process::id());
     if let Err(e) = fsio::write_json(&home.dir().join(name), &v) {
         errln!("warning: cannot leave the chat notice: {e}");
     }
@@ -274,7 +274,7 @@ pub fn on_gateway_start(home: &Home) {
     let Ok(exe) = owner::current_exe() else { return };
     let mut cmd = Command::new(exe);
     cmd.arg("--home").arg(home.dir()).args(["update", "--resume"]);
-    cmd.env_remove(gatewarden_runtime::RUN_TAG);
+    cmd.env_remove(gatewarden_control::runs::RUN_TAG);
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     gatewarden_lifecycle::platform::spawn::detach(&mut cmd, None);
     let _ = cmd.spawn();

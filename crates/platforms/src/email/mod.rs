@@ -262,6 +262,12 @@ impl Skeleton<Proto> {
     }
 }
 
+impl skeleton::FromConfig for Proto {
+    fn from_config(cfg: &PlatformConfig, creds: &crate::Credentials<'_>) -> Result<Email, AdapterError> {
+        Email::new(cfg, creds.token()?)
+    }
+}
+
 impl Protocol for Proto {
     type Settings = Settings;
     const LIMITS: Limits = Limits {

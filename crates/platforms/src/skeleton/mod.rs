@@ -118,6 +118,13 @@ pub trait Protocol: Send + Sync + 'static {
     }
 }
 
+/// How the gateway makes protocol `Self`'s adapter from one `[[platform]]` table: what its
+/// line in [`crate::build`]'s list calls. The protocol takes the credentials it needs from
+/// `creds` (optional ones included) and calls its constructor.
+pub trait FromConfig: Protocol + Sized {
+    fn from_config(cfg: &PlatformConfig, creds: &crate::Credentials<'_>) -> Result<Skeleton<Self>, AdapterError>;
+}
+
 /// `cfg`'s own settings for protocol `P`: an error when the table is of another kind (the
 /// gateway's `build` picks the protocol by kind, so only a caller's mistake gets here).
 pub fn settings<P: Protocol>(cfg: &PlatformConfig) -> Result<&P::Settings, AdapterError> {

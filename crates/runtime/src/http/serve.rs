@@ -68,6 +68,7 @@ pub const STOP_GRACE: Duration = Duration::from_secs(2);
 /// is bounded (at most the rest of `drain_timeout`, plus [`IDLE_GRACE`], [`STOP_GRACE`] and
 /// [`crate::drain::CANCEL_GRACE`]).
 pub async fn serve(listener: TcpListener, app: Router, gw: Arc<App>, drain_timeout: Duration) {
+    // Again for a server started without `run` (tests); `run` tuned it before any thread.
     super::resources::tune_allocator();
     let nofile = super::resources::raise_nofile();
     let cap = super::resources::connection_cap(gw.work.http.max_connections, nofile);
