@@ -26,6 +26,7 @@ pub mod discord;
 pub mod email;
 pub mod irc;
 pub mod matrix;
+pub mod signal;
 pub mod skeleton;
 pub mod slack;
 pub mod telegram;
@@ -421,6 +422,8 @@ pub fn build(cfg: &PlatformConfig, secrets: &Secrets) -> Result<Arc<dyn Adapter>
             let bot = need(PlatformSecret::BotToken, "bot_token_env or bot_token_file")?;
             Ok(Arc::new(slack::Slack::new(cfg, token()?, bot)?))
         }
+        // No secret: signal-cli's daemon has no authentication; the account is the credential.
+        PlatformKind::Signal => Ok(Arc::new(signal::Signal::new(cfg)?)),
     }
 }
 

@@ -11,6 +11,7 @@
 //! * [`servers`]: real chat servers (Synapse for Matrix, ngIRCd for IRC) in temp dirs;
 //!   [`prosody`] for XMPP.
 //! * [`slackfake`]: a protocol-faithful Slack (Socket Mode and the Web API) on loopback.
+//! * [`signalfake`]: a protocol-faithful signal-cli HTTP daemon (JSON-RPC and SSE) on loopback.
 //! * [`proc_start_time`], [`pid_alive`], [`lock_holders`], [`catches_signal`]: read-only process /
 //!   lock inspection.
 //! * [`marker_json`], [`rfc3339`]: build planned-stop / takeover markers.
@@ -53,6 +54,7 @@ pub mod postgres;
 pub mod prosody;
 mod proc;
 pub mod servers;
+pub mod signalfake;
 pub mod slackfake;
 pub mod sweep;
 pub mod terminal;

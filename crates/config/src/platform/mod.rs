@@ -17,6 +17,7 @@ mod discord;
 mod email;
 mod irc;
 mod matrix;
+mod signal;
 mod slack;
 mod telegram;
 mod xmpp;
@@ -25,6 +26,7 @@ pub use discord::Discord;
 pub use email::Email;
 pub use irc::Irc;
 pub use matrix::Matrix;
+pub use signal::{Signal, e164_ok};
 pub use slack::Slack;
 pub use telegram::Telegram;
 pub use xmpp::Xmpp;
@@ -206,6 +208,8 @@ registry! {
     Email("email", Email),
     /// Slack: Socket Mode events over a WebSocket, replies with `chat.postMessage`.
     Slack("slack", Slack),
+    /// Signal: signal-cli's JSON-RPC daemon over HTTP (`receive` in manual receive mode).
+    Signal("signal", Signal),
 }
 
 impl PlatformKind {
