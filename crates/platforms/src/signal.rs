@@ -349,7 +349,9 @@ impl skeleton::Receiver for Receiver {
             Err(e) if unknown_account(&e) => {
                 return Err(Failure::Rejected(format!("account {} is not the daemon's: {e}", self.account)));
             }
-            Err(RpcError::Rpc { code: RATELIMIT_ERROR, data, .. }) => return Err(Failure::RateLimited(retry_after(&data))),
+            Err(RpcError::Rpc { code: RATELIMIT_ERROR, data, .. }) => {
+                return Err(Failure::RateLimited(retry_after(&data)));
+            }
             Err(e @ RpcError::Network(_)) => return Err(Failure::Lost(e.to_string())),
             Err(e) => return Err(Failure::Down(format!("receive: {e}"))),
         };
@@ -386,7 +388,9 @@ fn receive_bounds(budget: Option<Duration>) -> (Duration, u32) {
 /// group id (base64 of 32 bytes).
 fn is_person(chat: &str) -> bool {
     let uuid = chat.len() == 36
-        && chat.char_indices().all(|(i, c)| if [8, 13, 18, 23].contains(&i) { c == '-' } else { c.is_ascii_hexdigit() });
+        && chat
+            .char_indices()
+            .all(|(i, c)| if [8, 13, 18, 23].contains(&i) { c == '-' } else { c.is_ascii_hexdigit() });
     e164_ok(chat) || uuid || chat.starts_with("u:") || chat.starts_with("PNI:")
 }
 
@@ -504,7 +508,10 @@ mod tests {
     fn direct_and_group_messages() {
         let d = parse_envelope(&env(json!({"timestamp": 1_700_000_000_123u64, "message": "hi"})), ME, &[]).unwrap();
         assert_eq!(d.event_id, "00000000-0000-4000-8000-000000000002:1700000000123");
-        assert_eq!((d.chat_id.as_str(), d.user_id.as_str(), d.chat), ("+4917000000002", "+4917000000002", ChatKind::Direct));
+        assert_eq!(
+            (d.chat_id.as_str(), d.user_id.as_str(), d.chat),
+            ("+4917000000002", "+4917000000002", ChatKind::Direct)
+        );
         assert_eq!(d.sent_at, Some(SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_123)));
         let g = json!({"timestamp": 5, "message": "hi all", "groupInfo": {"groupId": "R3JvdXA=", "type": "DELIVER"}});
         let g = parse_envelope(&env(g), ME, &["R3JvdXA=".to_owned()]).unwrap();
@@ -522,7 +529,10 @@ mod tests {
         assert!(parse_envelope(&json!({"sourceNumber": "+4917000000002", "typingMessage": {}}), ME, &[]).is_none());
         assert!(parse_envelope(&json!({"sourceNumber": ME, "syncMessage": {"sentMessage": {}}}), ME, &[]).is_none());
         assert!(parse_envelope(&env(json!({"timestamp": 1, "message": "  "})), ME, &[]).is_none());
-        assert!(parse_envelope(&env(json!({"timestamp": 1, "message": "x", "reaction": {"emoji": "👍"}})), ME, &[]).is_none());
+        assert!(
+            parse_envelope(&env(json!({"timestamp": 1, "message": "x", "reaction": {"emoji": "👍"}})), ME, &[])
+                .is_none()
+        );
         let mut own = env(json!({"timestamp": 1, "message": "x"}));
         own["sourceNumber"] = json!(ME);
         assert!(parse_envelope(&own, ME, &[]).is_none());
@@ -549,7 +559,8 @@ mod tests {
             data: Value::Null,
         };
         assert!(already_receiving(&busy));
-        let gone = RpcError::Rpc { code: -32602, message: "Specified account does not exist".into(), data: Value::Null };
+        let gone =
+            RpcError::Rpc { code: -32602, message: "Specified account does not exist".into(), data: Value::Null };
         assert!(unknown_account(&gone));
         assert!(matches!(send_error(gone), SendError::Unauthorized(_)));
         let limited = RpcError::Rpc {

@@ -119,6 +119,8 @@ pub struct Stats {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {
     pub ids: Vec<String>,
+    /// Their texts.
+    pub texts: Vec<String>,
     /// Whether the answer was written to the client.
     pub written: bool,
 }
@@ -285,6 +287,11 @@ impl FakeSignal {
         Stats { queued: s.queue.len() as u64, ..s.stats.clone() }
     }
 
+    /// The daemon's (first) account.
+    pub fn account(&self) -> String {
+        lock(&self.shared).opts.accounts.first().cloned().unwrap_or_default()
+    }
+
     /// Sends made through the wrapper's `/v2/send`.
     pub fn wrapper_sends(&self) -> u64 {
         lock(&self.shared).wrapper_sends
@@ -393,12 +400,12 @@ fn serve_daemon(s: &Shared, w: &mut TcpStream, req: &Request) -> io::Result<()> 
                 Err(error) => json!({"jsonrpc": "2.0", "error": error, "id": id}),
             };
             let written = respond(w, 200, "application/json", body.to_string().as_bytes());
-            if let Some(ids) = taken {
+            if let Some((ids, texts)) = taken {
                 let mut st = lock(s);
                 if written.is_err() {
                     st.stats.lost += ids.len() as u64;
                 }
-                st.answers.push(Answer { ids, written: written.is_ok() });
+                st.answers.push(Answer { ids, texts, written: written.is_ok() });
             }
             written
         }
@@ -430,7 +437,10 @@ fn account_for(st: &State, params: &Value) -> Result<String, Value> {
 }
 
 /// Runs one method; the ids of the messages a `receive` took, if it took any.
-fn rpc(s: &Shared, method: &str, params: Value) -> (Result<Value, Value>, Option<Vec<String>>) {
+/// A method's outcome, and for a `receive` the ids and texts of the messages it took.
+type Outcome = (Result<Value, Value>, Option<(Vec<String>, Vec<String>)>);
+
+fn rpc(s: &Shared, method: &str, params: Value) -> Outcome {
     let mut st = lock(s);
     match method {
         "version" => (Ok(json!({"version": st.opts.version})), None),
@@ -491,10 +501,12 @@ fn rpc(s: &Shared, method: &str, params: Value) -> (Result<Value, Value>, Option
             st.receiving = true;
             let mut items = Vec::new();
             let mut ids = Vec::new();
+            let mut texts = Vec::new();
             let mut deadline = Instant::now() + timeout;
             while max.is_none_or(|m| items.len() < m) {
                 if let Some(i) = st.queue.iter().position(|(a, _)| *a == account) {
                     let Some((_, item)) = st.queue.remove(i) else { break };
+                    texts.push(item["envelope"]["dataMessage"]["message"].as_str().unwrap_or("").to_owned());
                     ids.push(format!(
                         "{}:{}",
                         item["envelope"]["sourceUuid"].as_str().unwrap_or(""),
@@ -511,7 +523,7 @@ fn rpc(s: &Shared, method: &str, params: Value) -> (Result<Value, Value>, Option
                 st = s.1.wait_timeout(st, left).map_or_else(|p| p.into_inner().0, |g| g.0);
             }
             st.receiving = false;
-            (Ok(Value::Array(items)), Some(ids))
+            (Ok(Value::Array(items)), Some((ids, texts)))
         }
         _ => (Err(err(-32601, "Method not implemented")), None),
     }
