@@ -243,7 +243,8 @@ impl Protocol for Proto {
         batch: 16,
         // The daemon's -5 answers pace the replies.
         pace: None,
-        min_receive: RECEIVE_WAIT,
+        // Under a budget a call may last `timeout × (maxMessages + 1)`: at least two waits.
+        min_receive: Duration::from_secs(2),
         // What a `receive` returned is nowhere else: journaled, never dropped for a redelivery.
         redelivers: false,
         listens_through_drain: false,
@@ -353,7 +354,10 @@ impl skeleton::Receiver for Receiver {
                 return Err(Failure::RateLimited(retry_after(&data)));
             }
             Err(e @ RpcError::Network(_)) => return Err(Failure::Lost(e.to_string())),
-            Err(e) => return Err(Failure::Down(format!("receive: {e}"))),
+            Err(e) => {
+                let v = self.version.as_deref().unwrap_or("?");
+                return Err(Failure::Down(format!("receive (signal-cli {v}): {e}")));
+            }
         };
         let mut messages = Vec::new();
         for item in &items {
@@ -573,6 +577,7 @@ mod tests {
         assert!(matches!(send_error(unreg), SendError::Rejected(_)));
         assert_eq!(receive_bounds(None), (RECEIVE_WAIT, MAX_MESSAGES));
         assert_eq!(receive_bounds(Some(Duration::from_secs(3))), (RECEIVE_WAIT, 2));
+        assert_eq!(receive_bounds(Some(Proto::LIMITS.min_receive)), (RECEIVE_WAIT, 1), "fits the least budget");
         assert_eq!(receive_bounds(Some(Duration::from_secs(60))).1, MAX_MESSAGES);
         let about = json!({"versions": ["v1", "v2"], "mode": "json-rpc", "version": "0.92"});
         let m = wrapper_message("http://x:8080", ME, &about);
