@@ -8,20 +8,24 @@
 //!   arrives while the gateway is down or restarting is gone. With `--receive-mode=manual`
 //!   nothing is taken from Signal's server until a client asks, so messages wait there while
 //!   the gateway is down; the adapter asks with the `receive` method, one bounded call at a
-//!   time ([`RECEIVE_WAIT`] of silence or [`MAX_MESSAGES`] messages), and journals what it
-//!   returns (`Limits::redelivers = false`: the skeleton retries a failed commit, then reports
-//!   the loss). A graceful restart loses nothing: the drain lets the call in flight finish and
-//!   journals its answer. **The worst case** is a crash (kill -9) while a `receive` is in
-//!   flight: the daemon goes on taking messages for that call, up to [`MAX_MESSAGES`], and its
-//!   answer reaches no one; those messages are lost (one answer per crash, asserted in
+//!   time, and journals what it returns: while the chat is quiet a call waits up to
+//!   [`RECEIVE_WAIT`] for one message (`maxMessages` 1: it returns as soon as one arrives), and
+//!   after a message the next calls gather a burst ([`FOLLOW_WAIT`] of silence or
+//!   [`MAX_MESSAGES`] messages) until one comes back empty (`Limits::redelivers = false`: the
+//!   skeleton retries a failed commit, then reports the loss). A graceful restart loses
+//!   nothing: the drain lets the call in flight finish and journals its answer. **The worst
+//!   case** is a crash (kill -9) while a `receive` is in flight: the daemon goes on taking
+//!   messages for that call (one in a quiet chat, up to [`MAX_MESSAGES`] in a burst) and its
+//!   answer reaches no one; or the gateway dies before it journaled all of an answer in hand.
+//!   Those messages are lost: one answer per crash (asserted in
 //!   crates/gatewarden/tests/platform_signal.rs). The SSE stream would not avoid it (its
 //!   events are unacknowledged too, and it also loses what is written into a stream that is
 //!   being closed), so it is not used.
 //! - **Another receiver.** A second `receive` while one runs is refused by the daemon ("already
 //!   being received"), which is also what an `on-start` daemon answers every time: a
 //!   [`Failure::Conflict`](skeleton::Failure) naming both causes, retried with backoff, then
-//!   `standby` past `conflict_standby_s`. After a crash, the orphaned call ends within
-//!   [`RECEIVE_WAIT`] or [`MAX_MESSAGES`], and the successor's `receive` goes through.
+//!   `standby` past `conflict_standby_s`. After a crash, the orphaned call ends within about a
+//!   second, and the successor's `receive` goes through.
 //! - **Version and the wrapper.** At connect, `version` (signal-cli-jsonrpc(5)); a base that
 //!   has no `/api/v1/rpc` but answers `GET /v1/about` with a `versions` list is bbernhard's
 //!   signal-cli-rest-api, whose REST API (`/v2/send`, `/v1/receive/…`) is another protocol:
@@ -69,8 +73,10 @@ use crate::{AdapterError, ChatKind, Host, Inbound};
 pub const DEFAULT_API_BASE: &str = "http://127.0.0.1:8080";
 /// Bytes per reply piece (signal-cli's `MAX_MESSAGE_SIZE_BYTES`).
 pub const MAX_TEXT_BYTES: usize = 2000;
-/// A `receive` returns after this long without a message.
+/// A `receive` of a quiet chat returns after this long without a message (or at the first).
 pub const RECEIVE_WAIT: Duration = Duration::from_secs(1);
+/// A `receive` after a message returns after this long without another (a burst's gather).
+pub const FOLLOW_WAIT: Duration = Duration::from_millis(100);
 /// A `receive` returns after this many messages: what one crash can lose at most.
 pub const MAX_MESSAGES: u32 = 8;
 /// Bound on every other call.
@@ -260,7 +266,7 @@ impl Protocol for Proto {
     }
 
     fn watchdog_after(&self) -> Duration {
-        RECEIVE_WAIT * MAX_MESSAGES + CALL_TIMEOUT + Duration::from_secs(30)
+        RECEIVE_WAIT + FOLLOW_WAIT * MAX_MESSAGES + CALL_TIMEOUT + Duration::from_secs(30)
     }
 
     fn open(&self, _host: &Arc<dyn Host>) -> Result<(Receiver, Sender), String> {
@@ -271,6 +277,7 @@ impl Protocol for Proto {
             allowed: self.allowed.clone(),
             version: None,
             shared: Arc::new(std::sync::Mutex::new(None)),
+            following: false,
         };
         let tx = Sender { rpc, mode: Arc::clone(&rx.shared), typing: HashMap::new() };
         Ok((rx, tx))
@@ -287,6 +294,8 @@ pub struct Receiver {
     allowed: Vec<String>,
     version: Option<String>,
     shared: Mode,
+    /// The last `receive` brought messages: gather the rest of the burst.
+    following: bool,
 }
 
 impl skeleton::Receiver for Receiver {
@@ -334,7 +343,7 @@ impl skeleton::Receiver for Receiver {
     }
 
     fn receive(&mut self, _ctx: &Ctx, budget: Option<Duration>) -> Result<Batch, Failure> {
-        let (wait, max) = receive_bounds(budget);
+        let (wait, max) = receive_bounds(budget, self.following);
         let params = json!({"timeout": wait.as_secs_f64(), "maxMessages": max});
         // Never cut short by us: the daemon would take messages for an answer no one reads.
         let bound = wait * (max + 1) + CALL_TIMEOUT;
@@ -359,6 +368,7 @@ impl skeleton::Receiver for Receiver {
                 return Err(Failure::Down(format!("receive (signal-cli {v}): {e}")));
             }
         };
+        self.following = !items.is_empty();
         let mut messages = Vec::new();
         for item in &items {
             if let Some(a) = item["account"].as_str().filter(|a| *a != self.account) {
@@ -375,15 +385,18 @@ impl skeleton::Receiver for Receiver {
     }
 }
 
-/// The `receive` call's `timeout` and `maxMessages` under the host's budget: each message
-/// restarts the daemon's timeout, so the call lasts up to `timeout × (maxMessages + 1)`.
-fn receive_bounds(budget: Option<Duration>) -> (Duration, u32) {
+/// The `receive` call's `timeout` and `maxMessages`: one message within [`RECEIVE_WAIT`] while
+/// the chat is quiet, a burst after a message (`following`). Each message restarts the
+/// daemon's timeout, so a call lasts up to `timeout × (maxMessages + 1)`: under the host's
+/// budget, `maxMessages` shrinks to fit.
+fn receive_bounds(budget: Option<Duration>, following: bool) -> (Duration, u32) {
+    let (wait, max) = if following { (FOLLOW_WAIT, MAX_MESSAGES) } else { (RECEIVE_WAIT, 1) };
     match budget {
-        None => (RECEIVE_WAIT, MAX_MESSAGES),
+        None => (wait, max),
         Some(b) => {
-            let wait = RECEIVE_WAIT.min(b);
+            let wait = wait.min(b);
             let fits = (b.as_secs_f64() / wait.as_secs_f64()).floor() as u32;
-            (wait, fits.saturating_sub(1).clamp(1, MAX_MESSAGES))
+            (wait, fits.saturating_sub(1).clamp(1, max))
         }
     }
 }
@@ -575,10 +588,11 @@ mod tests {
         assert_eq!(send_error(limited), SendError::RateLimited(Some(Duration::from_secs(7))));
         let unreg = RpcError::Rpc { code: -1, message: "The user +1 is not registered.".into(), data: Value::Null };
         assert!(matches!(send_error(unreg), SendError::Rejected(_)));
-        assert_eq!(receive_bounds(None), (RECEIVE_WAIT, MAX_MESSAGES));
-        assert_eq!(receive_bounds(Some(Duration::from_secs(3))), (RECEIVE_WAIT, 2));
-        assert_eq!(receive_bounds(Some(Proto::LIMITS.min_receive)), (RECEIVE_WAIT, 1), "fits the least budget");
-        assert_eq!(receive_bounds(Some(Duration::from_secs(60))).1, MAX_MESSAGES);
+        assert_eq!(receive_bounds(None, false), (RECEIVE_WAIT, 1), "a quiet chat: the first message at once");
+        assert_eq!(receive_bounds(None, true), (FOLLOW_WAIT, MAX_MESSAGES), "a burst");
+        assert_eq!(receive_bounds(Some(Proto::LIMITS.min_receive), false), (RECEIVE_WAIT, 1), "the least budget");
+        assert_eq!(receive_bounds(Some(Duration::from_millis(500)), true), (FOLLOW_WAIT, 4), "fits the budget");
+        assert_eq!(receive_bounds(Some(Duration::from_secs(60)), true).1, MAX_MESSAGES);
         let about = json!({"versions": ["v1", "v2"], "mode": "json-rpc", "version": "0.92"});
         let m = wrapper_message("http://x:8080", ME, &about);
         assert!(m.contains("signal-cli-rest-api") && m.contains("--receive-mode=manual") && m.contains(ME), "{m}");
