@@ -303,6 +303,13 @@ impl skeleton::Receiver for Receiver {
         self.rpc.account_param = None;
         let version = match self.rpc.call("version", json!({}), CALL_TIMEOUT) {
             Ok(v) => v["version"].as_str().unwrap_or("unknown").to_owned(),
+            // signal-cli 0.14.4 validates the Host header against its --http address (CHANGELOG.md).
+            Err(RpcError::Http(421)) => {
+                return Err(Failure::Down(format!(
+                    "the signal-cli daemon at {} refused our Host header (HTTP 421: it accepts its own --http address, localhost and 127.0.0.1): set api_base to that address",
+                    self.rpc.base
+                )));
+            }
             Err(RpcError::Http(status)) => {
                 return Err(Failure::Down(match self.rpc.wrapper_about() {
                     Some(about) => wrapper_message(&self.rpc.base, &self.account, &about),
