@@ -76,7 +76,7 @@ pub const MAX_TEXT_BYTES: usize = 2000;
 /// A `receive` of a quiet chat returns after this long without a message (or at the first).
 pub const RECEIVE_WAIT: Duration = Duration::from_secs(1);
 /// A `receive` after a message returns after this long without another (a burst's gather).
-pub const FOLLOW_WAIT: Duration = Duration::from_millis(100);
+pub const FOLLOW_WAIT: Duration = Duration::from_millis(25);
 /// A `receive` returns after this many messages: what one crash can lose at most.
 pub const MAX_MESSAGES: u32 = 8;
 /// Bound on every other call.
@@ -598,7 +598,7 @@ mod tests {
         assert_eq!(receive_bounds(None, false), (RECEIVE_WAIT, 1), "a quiet chat: the first message at once");
         assert_eq!(receive_bounds(None, true), (FOLLOW_WAIT, MAX_MESSAGES), "a burst");
         assert_eq!(receive_bounds(Some(Proto::LIMITS.min_receive), false), (RECEIVE_WAIT, 1), "the least budget");
-        assert_eq!(receive_bounds(Some(Duration::from_millis(500)), true), (FOLLOW_WAIT, 4), "fits the budget");
+        assert_eq!(receive_bounds(Some(Duration::from_millis(100)), true), (FOLLOW_WAIT, 3), "fits the budget");
         assert_eq!(receive_bounds(Some(Duration::from_secs(60)), true).1, MAX_MESSAGES);
         let about = json!({"versions": ["v1", "v2"], "mode": "json-rpc", "version": "0.92"});
         let m = wrapper_message("http://x:8080", ME, &about);
