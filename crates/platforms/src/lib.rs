@@ -18,7 +18,7 @@
 //!
 //! Steps 2 to 5 are the skeleton's ([`skeleton`]); a platform is a [`skeleton::Protocol`] in
 //! its own module ([`telegram`], [`matrix`], [`irc`], [`discord`], [`xmpp`], [`email`],
-//! [`slack`], [`mattermost`], [`whatsapp`]), whose `Settings` are its `[[platform]]` keys
+//! [`slack`], [`mattermost`], [`whatsapp`], [`signal`]), whose `Settings` are its `[[platform]]` keys
 //! (crates/config/src/platform/), and one line in [`build`]'s `platforms!` list
 //! (docs/adding-a-platform.md).
 
@@ -28,6 +28,7 @@ pub mod email;
 pub mod irc;
 pub mod matrix;
 pub mod mattermost;
+pub mod signal;
 pub mod skeleton;
 pub mod slack;
 pub mod telegram;
@@ -507,6 +508,7 @@ platforms! {
     Slack => slack::Proto,
     Mattermost => mattermost::Proto,
     Whatsapp => whatsapp::Proto,
+    Signal => signal::Proto,
 }
 
 #[cfg(test)]

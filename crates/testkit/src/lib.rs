@@ -14,6 +14,7 @@
 //! * [`mattermostfake`]: a protocol-faithful Mattermost (the v4 WebSocket and REST) on loopback.
 //! * [`whatsappfake`]: a protocol-faithful WhatsApp Cloud API (Graph API and a signing,
 //!   redelivering webhook sender) on loopback.
+//! * [`signalfake`]: a protocol-faithful signal-cli HTTP daemon (JSON-RPC and SSE) on loopback.
 //! * [`proc_start_time`], [`pid_alive`], [`lock_holders`], [`catches_signal`]: read-only process /
 //!   lock inspection.
 //! * [`marker_json`], [`rfc3339`]: build planned-stop / takeover markers.
@@ -57,6 +58,7 @@ pub mod postgres;
 pub mod prosody;
 mod proc;
 pub mod servers;
+pub mod signalfake;
 pub mod slackfake;
 pub mod sweep;
 pub mod terminal;

@@ -18,6 +18,7 @@ mod email;
 mod irc;
 mod matrix;
 mod mattermost;
+mod signal;
 mod slack;
 mod telegram;
 mod whatsapp;
@@ -28,6 +29,7 @@ pub use email::Email;
 pub use irc::Irc;
 pub use matrix::Matrix;
 pub use mattermost::Mattermost;
+pub use signal::{Signal, e164_ok};
 pub use slack::Slack;
 pub use telegram::Telegram;
 pub use whatsapp::Whatsapp;
@@ -214,6 +216,8 @@ registry! {
     Mattermost("mattermost", Mattermost),
     /// WhatsApp: the Cloud API's webhook on the gateway's listener in, the Graph API out.
     Whatsapp("whatsapp", Whatsapp),
+    /// Signal: signal-cli's JSON-RPC daemon over HTTP (`receive` in manual receive mode).
+    Signal("signal", Signal),
 }
 
 impl PlatformKind {
