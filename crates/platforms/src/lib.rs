@@ -140,6 +140,20 @@ impl Default for Status {
     }
 }
 
+impl StatusInner {
+    fn set(&mut self, state: State) -> bool {
+        if self.state == state {
+            return false;
+        }
+        if let State::Degraded(why) | State::Parked(why) = &state {
+            self.last_error = Some(why.clone());
+        }
+        self.state = state;
+        self.since = SystemTime::now();
+        true
+    }
+}
+
 impl Status {
     fn with<R>(&self, f: impl FnOnce(&mut StatusInner) -> R) -> R {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -148,17 +162,21 @@ impl Status {
 
     /// Moves to `state`; returns whether it changed (by name or reason).
     pub fn set(&self, state: State) -> bool {
-        self.with(|s| {
-            if s.state == state {
-                return false;
-            }
-            if let State::Degraded(why) | State::Parked(why) = &state {
-                s.last_error = Some(why.clone());
-            }
-            s.state = state;
-            s.since = SystemTime::now();
-            true
-        })
+        self.with(|s| s.set(state))
+    }
+
+    /// Moves to `state` unless the adapter is parked: a parked adapter stays parked until its
+    /// next start, whichever half (receive or send) parked it, and keeps the reason that parked
+    /// it. The skeleton's halves set their state through this; `start` and `close` use [`set`].
+    ///
+    /// [`set`]: Status::set
+    pub fn set_unless_parked(&self, state: State) -> bool {
+        // One lock: a receive that ends just as the sender parks cannot unpark.
+        self.with(|s| !matches!(s.state, State::Parked(_)) && s.set(state))
+    }
+
+    pub fn parked(&self) -> bool {
+        matches!(self.state(), State::Parked(_))
     }
 
     pub fn state(&self) -> State {
