@@ -395,6 +395,18 @@ impl Store for Journal {
         Ok(n > 0)
     }
 
+    fn event_message(&self, platform: &str, event_id: &str) -> Result<Option<String>, JournalError> {
+        let id = self
+            .read()
+            .query_row(
+                "SELECT id FROM messages WHERE platform = ?1 AND event_id = ?2",
+                params![platform, event_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(id)
+    }
+
     /// Queues a message to a platform chat that answers no journaled message (a notice).
     fn enqueue(&self, platform: &str, chat_id: &str, text: &str) -> Result<i64, JournalError> {
         let (platform, chat_id, text) = (platform.to_owned(), chat_id.to_owned(), text.to_owned());

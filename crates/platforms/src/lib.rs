@@ -30,6 +30,7 @@ pub mod mattermost;
 pub mod skeleton;
 pub mod slack;
 pub mod telegram;
+pub mod webhook;
 pub mod whatsapp;
 pub mod xmpp;
 
@@ -331,6 +332,12 @@ pub trait Host: Send + Sync {
     /// run, or a chat command). `Ok` means committed: the adapter may now acknowledge it to the
     /// platform. `Err` means nothing was committed; the adapter must not acknowledge it.
     fn deliver(&self, adapter: &str, msg: Inbound) -> Result<(), String>;
+    /// The journaled message id of `adapter`'s inbound event `event_id`, once delivered (a push
+    /// platform answers its sender with it). `None`: not journaled (or dropped by the access
+    /// policy), or a host that cannot say.
+    fn message_id(&self, _adapter: &str, _event_id: &str) -> Option<String> {
+        None
+    }
     /// Up to `limit` outbox entries waiting for `adapter`, oldest first.
     fn outbox(&self, adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String>;
     /// Records how sending entry `seq` ended.
@@ -391,16 +398,23 @@ pub struct HookAnswer {
     pub body: String,
     /// Seconds for a `Retry-After` header.
     pub retry_after: Option<u64>,
+    /// The body is JSON (`application/json`), not plain text.
+    pub json: bool,
 }
 
 impl HookAnswer {
     pub fn text(status: u16, body: impl Into<String>) -> HookAnswer {
-        HookAnswer { status, body: body.into(), retry_after: None }
+        HookAnswer { status, body: body.into(), retry_after: None, json: false }
     }
 
     /// 503 with `Retry-After: 1`: try again shortly.
     pub fn unavailable(why: String) -> HookAnswer {
-        HookAnswer { status: 503, body: why, retry_after: Some(1) }
+        HookAnswer { status: 503, body: why, retry_after: Some(1), json: false }
+    }
+
+    /// `status` with a JSON body.
+    pub fn json(status: u16, body: &serde_json::Value) -> HookAnswer {
+        HookAnswer { status, body: body.to_string(), retry_after: None, json: true }
     }
 
     /// 404: this adapter takes no pushed requests.
@@ -500,6 +514,11 @@ pub fn build(cfg: &PlatformConfig, secrets: &Secrets) -> Result<Arc<dyn Adapter>
             let app_secret = need(PlatformSecret::AppSecret, "app_secret_env or app_secret_file")?;
             let verify = need(PlatformSecret::VerifyToken, "verify_token_env or verify_token_file")?;
             Ok(Arc::new(whatsapp::Whatsapp::new(cfg, token()?, app_secret, verify)?))
+        }
+        // No token: the shared secret checks the requests and signs the callbacks.
+        PlatformKind::Webhook => {
+            let secret = need(PlatformSecret::Secret, "secret_env or secret_file")?;
+            Ok(Arc::new(webhook::Webhook::new(cfg, secret)?))
         }
     }
 }

@@ -20,6 +20,7 @@ mod matrix;
 mod mattermost;
 mod slack;
 mod telegram;
+mod webhook;
 mod whatsapp;
 mod xmpp;
 
@@ -30,6 +31,7 @@ pub use matrix::Matrix;
 pub use mattermost::Mattermost;
 pub use slack::Slack;
 pub use telegram::Telegram;
+pub use webhook::{Signature as WebhookSignature, Webhook};
 pub use whatsapp::Whatsapp;
 pub use xmpp::Xmpp;
 
@@ -214,6 +216,9 @@ registry! {
     Mattermost("mattermost", Mattermost),
     /// WhatsApp: the Cloud API's webhook on the gateway's listener in, the Graph API out.
     Whatsapp("whatsapp", Whatsapp),
+    /// Signed inbound webhooks (alerts, CI, tickets) on the gateway's listener; replies to a
+    /// callback URL.
+    Webhook("webhook", Webhook),
 }
 
 impl PlatformKind {
