@@ -220,3 +220,48 @@ fn a_restart_between_the_202_and_the_callback_delivers_once() {
     assert!(cb2.calls()[0].signature_ok);
     stop_cleanly(&home, &mut g2);
 }
+
+/// GitHub's variant with GitHub's published example (secret, body and signature from
+/// docs.github.com, "Validating webhook deliveries"), and the rate bound: past
+/// `rate_per_minute`, 429 with `Retry-After`.
+#[test]
+fn the_github_variant_and_the_rate_bound() {
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let cfg = format!(
+        "[agent]\nbackend = \"echo\"\n[[platform]]\nkind = \"webhook\"\nname = \"gh\"\n\
+         secret_env = \"{SECRET_ENV}\"\nsignature = \"github\"\nrate_per_minute = 2\n"
+    );
+    let mut g = start_gw(&home, &sw, &cfg);
+    let sig = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
+    assert_eq!(format!("sha256={}", hmac_hex(SECRET.as_bytes(), b"Hello, World!")), sig);
+    let gh = |delivery: &str| {
+        let h = [("X-Hub-Signature-256", sig), ("X-GitHub-Delivery", delivery)];
+        http_request(g.listen(), "POST", "/hooks/webhook/gh", &h, Some(b"Hello, World!"), Duration::from_secs(15))
+            .expect("POST the hook")
+    };
+    let r = gh("72d3162e-cc78-11e3-81ab-4c9367dc0958");
+    assert_eq!(r.status, 202, "{}", r.text());
+    let id = r.json().unwrap()["message_id"].as_str().expect("the message id").to_owned();
+    let m = wait_until(REPLY, || {
+        Api::new(g.listen())
+            .get(&format!("/v1/messages/{id}"))
+            .is_ok_and(|r| r.json().is_ok_and(|m| m["state"] == "done"))
+    });
+    assert!(m, "the reply is fetchable without a callback");
+    let no_delivery = http_request(
+        g.listen(),
+        "POST",
+        "/hooks/webhook/gh",
+        &[("X-Hub-Signature-256", sig)],
+        Some(b"Hello, World!"),
+        Duration::from_secs(15),
+    )
+    .unwrap();
+    assert_eq!(no_delivery.status, 401, "GitHub's variant needs the delivery id: {}", no_delivery.text());
+    assert_eq!(gh("second").status, 202);
+    let r = gh("third");
+    assert_eq!(r.status, 429, "{}", r.text());
+    let after = r.headers.iter().find(|(k, _)| k == "retry-after").and_then(|(_, v)| v.parse::<u64>().ok());
+    assert!(after.is_some_and(|s| (1..=30).contains(&s)), "Retry-After: {:?}", r.headers);
+    stop_cleanly(&home, &mut g);
+}
