@@ -1721,6 +1721,10 @@ mod tests {
         let id = j.accept_inbound("tg", "1001", &msg("hi")).unwrap().expect("new event");
         assert_eq!(j.accept_inbound("tg", "1001", &msg("hi")).unwrap(), None, "redelivery is deduplicated");
         let other = j.accept_inbound("other", "1001", &msg("hi")).unwrap().expect("ids are per platform");
+        // A push platform answers its sender with the id, the same for a redelivery.
+        assert_eq!(j.event_message("tg", "1001").unwrap().as_deref(), Some(id.as_str()));
+        assert_eq!(j.event_message("other", "1001").unwrap().as_deref(), Some(other.as_str()));
+        assert_eq!(j.event_message("tg", "1002").unwrap(), None);
         assert_eq!(j.get(&id).unwrap().unwrap().platform.as_deref(), Some("tg"));
         assert!(j.outbox_pending("tg", 10).unwrap().is_empty());
         assert!(j.claim(&id, "a").unwrap());
