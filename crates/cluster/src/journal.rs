@@ -200,6 +200,19 @@ impl PgJournal {
     }
 
     /// Whether `(platform, event_id)` is journaled already (a read).
+    pub async fn event_message(&mut self, platform: &str, event_id: &str) -> Result<Option<String>, ClusterError> {
+        let name = self.name().to_owned();
+        let c = self.lease.client().await?;
+        let row = c
+            .query_opt(
+                "SELECT id FROM gw_messages WHERE name = $1 AND platform = $2 AND event_id = $3",
+                &[&name, &platform, &event_id],
+            )
+            .await
+            .map_err(read)?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
     pub async fn has_event(&mut self, platform: &str, event_id: &str) -> Result<bool, ClusterError> {
         let name = self.name().to_owned();
         let c = self.lease.client().await?;

@@ -311,6 +311,11 @@ impl Store for PgStore {
         self.call(move |j| Box::pin(async move { j.has_event(&p, &ev).await }))
     }
 
+    fn event_message(&self, platform: &str, event_id: &str) -> Result<Option<String>, JournalError> {
+        let (p, ev) = (platform.to_owned(), event_id.to_owned());
+        self.call(move |j| Box::pin(async move { j.event_message(&p, &ev).await }))
+    }
+
     fn enqueue(&self, platform: &str, chat_id: &str, text: &str) -> Result<i64, JournalError> {
         let (p, c, t) = (platform.to_owned(), chat_id.to_owned(), text.to_owned());
         self.write(move |j, e| Box::pin(async move { j.enqueue(e, &p, &c, &t).await }))

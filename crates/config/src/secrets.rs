@@ -86,6 +86,8 @@ pub enum PlatformSecret {
     AppSecret,
     /// `verify_token_*`: WhatsApp's webhook verify token.
     VerifyToken,
+    /// `secret_*`: a webhook's HMAC secret (its signatures, in and out).
+    Secret,
 }
 
 impl PlatformSecret {
@@ -96,6 +98,7 @@ impl PlatformSecret {
             PlatformSecret::SaslPassword => "sasl_password",
             PlatformSecret::AppSecret => "app_secret",
             PlatformSecret::VerifyToken => "verify_token",
+            PlatformSecret::Secret => "secret",
         }
     }
 }

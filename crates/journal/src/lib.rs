@@ -255,6 +255,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         reply: &str,
     ) -> Result<Option<String>, JournalError>;
     fn has_event(&self, platform: &str, event_id: &str) -> Result<bool, JournalError>;
+    /// The id of the message journaled for `(platform, event_id)`, if any (a push platform
+    /// answers its sender with it).
+    fn event_message(&self, platform: &str, event_id: &str) -> Result<Option<String>, JournalError>;
     fn enqueue(&self, platform: &str, chat_id: &str, text: &str) -> Result<i64, JournalError>;
     fn outbox_pending(&self, platform: &str, limit: usize) -> Result<Vec<Outgoing>, JournalError>;
     fn outbox_done(&self, seq: i64, failed: Option<&str>) -> Result<bool, JournalError>;

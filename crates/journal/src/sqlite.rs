@@ -402,6 +402,18 @@ impl Store for Journal {
         Ok(n > 0)
     }
 
+    fn event_message(&self, platform: &str, event_id: &str) -> Result<Option<String>, JournalError> {
+        let id = self
+            .read()
+            .query_row(
+                "SELECT id FROM messages WHERE platform = ?1 AND event_id = ?2",
+                params![platform, event_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(id)
+    }
+
     /// Queues a message to a platform chat that answers no journaled message (a notice).
     fn enqueue(&self, platform: &str, chat_id: &str, text: &str) -> Result<i64, JournalError> {
         let (platform, chat_id, text) = (platform.to_owned(), chat_id.to_owned(), text.to_owned());
@@ -1716,6 +1728,10 @@ mod tests {
         let id = j.accept_inbound("tg", "1001", &msg("hi")).unwrap().expect("new event");
         assert_eq!(j.accept_inbound("tg", "1001", &msg("hi")).unwrap(), None, "redelivery is deduplicated");
         let other = j.accept_inbound("other", "1001", &msg("hi")).unwrap().expect("ids are per platform");
+        // A push platform answers its sender with the id, the same for a redelivery.
+        assert_eq!(j.event_message("tg", "1001").unwrap().as_deref(), Some(id.as_str()));
+        assert_eq!(j.event_message("other", "1001").unwrap().as_deref(), Some(other.as_str()));
+        assert_eq!(j.event_message("tg", "1002").unwrap(), None);
         assert_eq!(j.get(&id).unwrap().unwrap().platform.as_deref(), Some("tg"));
         assert!(j.outbox_pending("tg", 10).unwrap().is_empty());
         assert!(j.claim(&id, "a").unwrap());

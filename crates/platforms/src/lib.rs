@@ -18,7 +18,7 @@
 //!
 //! Steps 2 to 5 are the skeleton's ([`skeleton`]); a platform is a [`skeleton::Protocol`] in
 //! its own module ([`telegram`], [`matrix`], [`irc`], [`discord`], [`xmpp`], [`email`],
-//! [`slack`], [`mattermost`], [`whatsapp`], [`signal`]), whose `Settings` are its `[[platform]]` keys
+//! [`slack`], [`mattermost`], [`whatsapp`], [`signal`], [`webhook`]), whose `Settings` are its `[[platform]]` keys
 //! (crates/config/src/platform/), and one line in [`build`]'s `platforms!` list
 //! (docs/adding-a-platform.md).
 
@@ -32,6 +32,7 @@ pub mod signal;
 pub mod skeleton;
 pub mod slack;
 pub mod telegram;
+pub mod webhook;
 pub mod whatsapp;
 pub mod xmpp;
 
@@ -142,6 +143,20 @@ impl Default for Status {
     }
 }
 
+impl StatusInner {
+    fn set(&mut self, state: State) -> bool {
+        if self.state == state {
+            return false;
+        }
+        if let State::Degraded(why) | State::Parked(why) = &state {
+            self.last_error = Some(why.clone());
+        }
+        self.state = state;
+        self.since = SystemTime::now();
+        true
+    }
+}
+
 impl Status {
     fn with<R>(&self, f: impl FnOnce(&mut StatusInner) -> R) -> R {
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -150,17 +165,21 @@ impl Status {
 
     /// Moves to `state`; returns whether it changed (by name or reason).
     pub fn set(&self, state: State) -> bool {
-        self.with(|s| {
-            if s.state == state {
-                return false;
-            }
-            if let State::Degraded(why) | State::Parked(why) = &state {
-                s.last_error = Some(why.clone());
-            }
-            s.state = state;
-            s.since = SystemTime::now();
-            true
-        })
+        self.with(|s| s.set(state))
+    }
+
+    /// Moves to `state` unless the adapter is parked: a parked adapter stays parked until its
+    /// next start, whichever half (receive or send) parked it, and keeps the reason that parked
+    /// it. The skeleton's halves set their state through this; `start` and `close` use [`set`].
+    ///
+    /// [`set`]: Status::set
+    pub fn set_unless_parked(&self, state: State) -> bool {
+        // One lock: a receive that ends just as the sender parks cannot unpark.
+        self.with(|s| !matches!(s.state, State::Parked(_)) && s.set(state))
+    }
+
+    pub fn parked(&self) -> bool {
+        matches!(self.state(), State::Parked(_))
     }
 
     pub fn state(&self) -> State {
@@ -315,6 +334,12 @@ pub trait Host: Send + Sync {
     /// run, or a chat command). `Ok` means committed: the adapter may now acknowledge it to the
     /// platform. `Err` means nothing was committed; the adapter must not acknowledge it.
     fn deliver(&self, adapter: &str, msg: Inbound) -> Result<(), String>;
+    /// The journaled message id of `adapter`'s inbound event `event_id`, once delivered (a push
+    /// platform answers its sender with it). `None`: not journaled (or dropped by the access
+    /// policy), or a host that cannot say.
+    fn message_id(&self, _adapter: &str, _event_id: &str) -> Option<String> {
+        None
+    }
     /// Up to `limit` outbox entries waiting for `adapter`, oldest first.
     fn outbox(&self, adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String>;
     /// Records how sending entry `seq` ended.
@@ -375,16 +400,23 @@ pub struct HookAnswer {
     pub body: String,
     /// Seconds for a `Retry-After` header.
     pub retry_after: Option<u64>,
+    /// The body is JSON (`application/json`), not plain text.
+    pub json: bool,
 }
 
 impl HookAnswer {
     pub fn text(status: u16, body: impl Into<String>) -> HookAnswer {
-        HookAnswer { status, body: body.into(), retry_after: None }
+        HookAnswer { status, body: body.into(), retry_after: None, json: false }
     }
 
     /// 503 with `Retry-After: 1`: try again shortly.
     pub fn unavailable(why: String) -> HookAnswer {
-        HookAnswer { status: 503, body: why, retry_after: Some(1) }
+        HookAnswer { status: 503, body: why, retry_after: Some(1), json: false }
+    }
+
+    /// `status` with a JSON body.
+    pub fn json(status: u16, body: &serde_json::Value) -> HookAnswer {
+        HookAnswer { status, body: body.to_string(), retry_after: None, json: true }
     }
 
     /// 404: this adapter takes no pushed requests.
@@ -509,6 +541,7 @@ platforms! {
     Mattermost => mattermost::Proto,
     Whatsapp => whatsapp::Proto,
     Signal => signal::Proto,
+    Webhook => webhook::Proto,
 }
 
 #[cfg(test)]

@@ -167,15 +167,8 @@ impl Protocol for Proto {
         let path = host.state_dir().map(|d| d.join(format!("whatsapp-{}.json", self.name)));
         *self.windows.lock().unwrap_or_else(|p| p.into_inner()) = Windows::load(path.as_deref());
         let api = Api::new(&self.node, &self.token, &self.out);
-        let refused = Arc::new(Mutex::new(None));
-        let rx = Webhook {
-            api: api.clone(),
-            refused: Arc::clone(&refused),
-            push: self.intake.attach(),
-            windows: Arc::clone(&self.windows),
-            path,
-        };
-        Ok((rx, Graph { api, windows: Arc::clone(&self.windows), typed: BTreeMap::new(), refused }))
+        let rx = Webhook { api: api.clone(), push: self.intake.attach(), windows: Arc::clone(&self.windows), path };
+        Ok((rx, Graph { api, windows: Arc::clone(&self.windows), typed: BTreeMap::new() }))
     }
 
     fn hook(&self, req: &HookRequest, receiving: Result<(), String>) -> HookAnswer {
@@ -485,9 +478,6 @@ impl Api {
 /// The receive side: what the webhook pushed.
 pub struct Webhook {
     api: Api,
-    /// Set by the send side when Meta refuses the token (190): the receive side parks too, so
-    /// nothing is taken in that could not be answered.
-    refused: Arc<Mutex<Option<String>>>,
     push: PushReceiver,
     windows: Arc<Mutex<Windows>>,
     path: Option<PathBuf>,
@@ -505,9 +495,6 @@ impl skeleton::Receiver for Webhook {
     }
 
     fn receive(&mut self, ctx: &Ctx, budget: Option<Duration>) -> Result<Batch, Failure> {
-        if let Some(why) = self.refused.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-            return Err(Failure::Rejected(why));
-        }
         let batch = self.push.receive(ctx, budget.unwrap_or(RECEIVE_WAIT).min(RECEIVE_WAIT));
         if !batch.messages.is_empty() {
             // Before the commit: a reply can be sent as soon as the message is journaled.
@@ -542,18 +529,6 @@ pub struct Graph {
     windows: Arc<Mutex<Windows>>,
     /// Per chat: the message last marked read with the typing indicator, and when.
     typed: BTreeMap<String, (String, Instant)>,
-    refused: Arc<Mutex<Option<String>>>,
-}
-
-impl Graph {
-    /// A Graph API failure as the skeleton takes it; a refused token parks the receive side too.
-    fn failed(&self, e: ApiError) -> SendError {
-        let e = send_error(e);
-        if let SendError::Unauthorized(why) = &e {
-            *self.refused.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
-        }
-        e
-    }
 }
 
 fn send_error(e: ApiError) -> SendError {
@@ -579,7 +554,7 @@ impl skeleton::Sender for Graph {
             "type": "text",
             "text": {"preview_url": false, "body": piece},
         });
-        self.api.call(Some(&body)).map(drop).map_err(|e| self.failed(e))
+        self.api.call(Some(&body)).map(drop).map_err(send_error)
     }
 
     fn typing(&mut self, chat: &str, on: bool) -> Result<(), SendError> {
@@ -599,7 +574,7 @@ impl skeleton::Sender for Graph {
             "message_id": wamid,
             "typing_indicator": {"type": "text"},
         });
-        self.api.call(Some(&body)).map_err(|e| self.failed(e))?;
+        self.api.call(Some(&body)).map_err(send_error)?;
         if self.typed.len() > 1024 {
             self.typed.retain(|_, (_, at)| at.elapsed() < TYPING_EVERY);
         }

@@ -293,6 +293,33 @@ fn a_persistent_conflict_stands_by_and_rejected_credentials_park() {
 }
 
 #[test]
+fn a_sender_that_parks_keeps_the_adapter_parked_and_receiving_stops() {
+    let board = Board::default();
+    let (a, host) = start(&board, 30);
+    wait("connected", || a.status().state() == State::Connected);
+    board.lock().unwrap().fail_next_send = Some(SendError::Unauthorized("401 bad token".into()));
+    host.queue("c1", "refused");
+    a.wake();
+    wait("parked by the sender", || matches!(a.status().state(), State::Parked(_)));
+    let polls = board.lock().unwrap().polls;
+    update(&board, 1, "after the park");
+    // The receive loop polls every 50 ms: unfixed, it journals the update and sets `connected`
+    // within this window (a bounded look for something that must not happen).
+    let until = Instant::now() + Duration::from_millis(400);
+    while Instant::now() < until {
+        assert_eq!(a.status().state().reason(), Some("credentials rejected: 401 bad token"), "still parked");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(host.inbox.lock().unwrap().is_empty(), "nothing taken in while parked");
+    assert!(board.lock().unwrap().polls <= polls + 1, "at most the receive in flight at the park");
+    a.close(Instant::now() + Duration::from_secs(2));
+    // The next start leaves `parked`.
+    a.start(Arc::clone(&host) as Arc<dyn Host>).unwrap();
+    wait("journaled after a restart", || host.inbox.lock().unwrap().len() == 1);
+    assert!(a.close(Instant::now() + Duration::from_secs(2)));
+}
+
+#[test]
 fn a_zero_budget_receives_nothing_and_start_after_close_starts_afresh() {
     let board = Board::default();
     let host = Arc::new(MemHost::echoing());

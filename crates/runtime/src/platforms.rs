@@ -550,6 +550,10 @@ impl Host for GatewayHost {
         crate::intake::deliver(&gw, &**self.intake()?, adapter, m)
     }
 
+    fn message_id(&self, adapter: &str, event_id: &str) -> Option<String> {
+        self.journal().ok()?.event_message(adapter, event_id).ok().flatten()
+    }
+
     fn outbox(&self, adapter: &str, limit: usize) -> Result<Vec<Outgoing>, String> {
         let gw = self.gw()?;
         // A cluster gateway that is not the live active (no lease left) cannot record a send,

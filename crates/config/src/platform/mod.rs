@@ -21,6 +21,7 @@ mod mattermost;
 mod signal;
 mod slack;
 mod telegram;
+mod webhook;
 mod whatsapp;
 mod xmpp;
 
@@ -32,6 +33,7 @@ pub use mattermost::Mattermost;
 pub use signal::{Signal, e164_ok};
 pub use slack::Slack;
 pub use telegram::Telegram;
+pub use webhook::{Signature as WebhookSignature, Webhook};
 pub use whatsapp::Whatsapp;
 pub use xmpp::Xmpp;
 
@@ -218,6 +220,9 @@ registry! {
     Whatsapp("whatsapp", Whatsapp),
     /// Signal: signal-cli's JSON-RPC daemon over HTTP (`receive` in manual receive mode).
     Signal("signal", Signal),
+    /// Signed inbound webhooks (alerts, CI, tickets) on the gateway's listener; replies to a
+    /// callback URL.
+    Webhook("webhook", Webhook),
 }
 
 impl PlatformKind {

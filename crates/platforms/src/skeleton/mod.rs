@@ -193,9 +193,10 @@ impl Ctx {
         self.shared.flags.sleep(d, |_| false);
     }
 
-    /// Moves to `s`, with a ledger line when it changed.
+    /// Moves to `s`, with a ledger line when it changed; never out of `parked` (either half may
+    /// park the adapter, and only the next start leaves it).
     fn set(&self, s: State) {
-        if self.status.set(s.clone()) {
+        if self.status.set_unless_parked(s.clone()) {
             self.shared.host.state_changed(&self.name, &s);
         }
     }

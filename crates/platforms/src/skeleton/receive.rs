@@ -69,6 +69,13 @@ pub trait Receiver: Send + 'static {
     }
 }
 
+/// Parked: retrying cannot help, so wait for the drain.
+fn park(ctx: &Ctx) {
+    while !ctx.ending() {
+        ctx.shared.flags.sleep(Duration::from_secs(1), |b| ctx.ends(b));
+    }
+}
+
 /// The seconds between a message's platform timestamp and now.
 fn lag(msg: &Inbound) -> Option<f64> {
     msg.sent_at.and_then(|t| SystemTime::now().duration_since(t).ok()).map(|d| d.as_secs_f64())
@@ -92,6 +99,12 @@ pub(crate) fn run<R: Receiver>(mut rx: R, ctx: &Ctx, limits: Limits, conflict_bo
             if ready {
                 l.deliver(rx.hang_up());
             }
+            return;
+        }
+        if ctx.status.parked() {
+            // The sender parked the adapter (its credential was refused): take nothing in that
+            // could not be answered, and wait for the drain like a rejected connect.
+            park(ctx);
             return;
         }
         if ctx.shared.flags.take_kick() && ready {
@@ -225,10 +238,7 @@ impl Loop<'_> {
             Failure::RateLimited(after) => ctx.pause(after.unwrap_or(self.backoff).min(MAX_RETRY_AFTER)),
             Failure::Rejected(why) => {
                 ctx.set(State::Parked(format!("credentials rejected: {why}")));
-                // Retrying cannot help: wait for the drain.
-                while !ctx.ending() {
-                    ctx.shared.flags.sleep(Duration::from_secs(1), |b| ctx.ends(b));
-                }
+                park(ctx);
                 return false;
             }
             Failure::Down(why) | Failure::Lost(why) => {

@@ -43,7 +43,8 @@ pub async fn hook(
         Err(e) => HookAnswer::text(500, format!("the adapter's handler failed: {e}")),
     };
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut r = (status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], answer.body).into_response();
+    let ctype = if answer.json { "application/json" } else { "text/plain; charset=utf-8" };
+    let mut r = (status, [(header::CONTENT_TYPE, ctype)], answer.body).into_response();
     if let Some(s) = answer.retry_after {
         r.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(s));
     }
