@@ -21,6 +21,7 @@
 //! [`slack`]), whose `Settings` are its `[[platform]]` keys (crates/config/src/platform/), and
 //! one arm in [`build`] (docs/adding-a-platform.md).
 
+pub mod attachments;
 pub mod credlock;
 pub mod discord;
 pub mod email;
@@ -229,6 +230,39 @@ pub struct Inbound {
     /// The message mentions the bot or replies to one of its messages: what a group message
     /// needs under `require_mention`.
     pub addressed: bool,
+    /// The files it carries (issue 29): the protocol declares them, the skeleton downloads them
+    /// into the store before [`Host::deliver`] (attachments.rs).
+    pub attachments: Vec<attachments::Attachment>,
+}
+
+impl Inbound {
+    /// The text the journal keeps: the message's own, then one line per attachment naming the
+    /// stored file by its hash, or why it was refused ([`attachments::line`]), so the journal
+    /// row refers to every file before the platform's position moves.
+    pub fn journal_text(&self) -> String {
+        let mut t = self.text.clone();
+        for a in &self.attachments {
+            if !t.is_empty() {
+                t.push('\n');
+            }
+            t.push_str(&attachments::line(a));
+        }
+        t
+    }
+
+    /// Why some of its attachments were refused, for the chat (one line each); `None` when none
+    /// were.
+    pub fn refusals(&self) -> Option<String> {
+        let lines: Vec<String> = self
+            .attachments
+            .iter()
+            .filter_map(|a| match &a.outcome {
+                Some(attachments::Outcome::Refused(why)) => Some(format!("{}: {why}", a.name)),
+                _ => None,
+            })
+            .collect();
+        (!lines.is_empty()).then(|| format!("attachment refused: {}", lines.join("; ")))
+    }
 }
 
 /// What kind of chat an [`Inbound`] message came from.
@@ -340,6 +374,11 @@ pub trait Host: Send + Sync {
     /// The chat commands, for platforms with a command menu (runtime/src/commands.rs).
     fn menu(&self) -> Vec<MenuCommand> {
         Vec::new()
+    }
+    /// Where downloaded attachments are stored and under which bounds. `None`: attachments are
+    /// refused with a notice (nothing is stored).
+    fn attachments(&self) -> Option<(attachments::Store, attachments::Bounds)> {
+        None
     }
 }
 

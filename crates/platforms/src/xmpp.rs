@@ -456,7 +456,7 @@ pub fn classify_at(
         (None, None) => fallback_id(),
     };
     let inbound =
-        Inbound { event_id, chat_id: chat, user_id: user, text: body, sent_at, chat: chat_kind, listed, addressed };
+        Inbound { event_id, chat_id: chat, user_id: user, text: body, sent_at, chat: chat_kind, listed, addressed, attachments: Vec::new() };
     Seen { inbound: Some(inbound), archived }
 }
 

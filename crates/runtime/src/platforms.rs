@@ -594,6 +594,15 @@ impl Host for GatewayHost {
         crate::commands::menu()
     }
 
+    /// `<home>/attachments`, under the default bounds (crates/platforms/src/attachments.rs).
+    fn attachments(
+        &self,
+    ) -> Option<(gatewarden_platforms::attachments::Store, gatewarden_platforms::attachments::Bounds)> {
+        self.gw.upgrade().map(|gw| {
+            (gatewarden_platforms::attachments::Store::new(gw.home.dir().join("attachments")), Default::default())
+        })
+    }
+
     fn state_changed(&self, adapter: &str, state: &State) {
         let Ok(gw) = self.gw() else { return };
         match state {

@@ -397,6 +397,7 @@ impl Fetcher {
             chat: ChatKind::Direct,
             listed,
             addressed: true,
+            attachments: Vec::new(),
         })
     }
 }

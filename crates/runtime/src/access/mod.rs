@@ -487,6 +487,7 @@ mod tests {
             chat: ChatKind::Direct,
             listed: false,
             addressed: true,
+            attachments: Vec::new(),
         }
     }
 
