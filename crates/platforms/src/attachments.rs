@@ -345,7 +345,10 @@ impl Store {
             for f in files.flatten() {
                 let fname = f.file_name().to_string_lossy().into_owned();
                 let stale = if name == "events" {
-                    f.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok())
+                    f.metadata()
+                        .ok()
+                        .and_then(|m| m.modified().ok())
+                        .and_then(|t| t.elapsed().ok())
                         .is_some_and(|age| age > records_older_than)
                 } else {
                     !keep.contains(&format!("{name}{fname}"))
@@ -478,14 +481,50 @@ pub fn parse_lines(text: &str) -> Vec<Named> {
     text.lines().filter_map(parse_line).collect()
 }
 
+/// One line of [`line`]'s form, exactly (a user's own text never starts a line so:
+/// [`escape_text`]).
 pub fn parse_line(l: &str) -> Option<Named> {
-    let inner = l.trim().strip_prefix("[attachment: ")?.strip_suffix(']')?;
+    let inner = l.strip_prefix("[attachment: ")?.strip_suffix(']')?;
     let mut parts = inner.split(", ");
     let name = parts.next()?.to_owned();
     let kind = parts.next()?.to_owned();
     let _size = parts.next()?;
     let sha256 = parts.next()?.strip_prefix("sha256:")?.to_owned();
     (parts.next().is_none() && sha256.len() == 64).then_some(Named { name, kind, sha256 })
+}
+
+/// The message's own text with every line that could pass for one of [`line`]'s escaped (a
+/// leading `\\`), so a sender cannot name a stored file they did not send.
+pub fn escape_text(text: &str) -> String {
+    if !text.contains("[attachment") {
+        return text.to_owned();
+    }
+    text.split('\n')
+        .map(|l| if l.trim_start().starts_with("[attachment") { format!("\\{l}") } else { l.to_owned() })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A stored file a journaled text names, found in `store`: `(name, type, path, size)`.
+pub type Resolved = (String, String, PathBuf, u64);
+
+/// Splits a journaled text into the text without its stored-attachment lines and the files
+/// those lines name that are still in `store` (a file pruned since is named in the text
+/// instead).
+pub fn resolve(store: &Store, text: &str) -> (String, Vec<Resolved>) {
+    let mut files = Vec::new();
+    let mut kept = Vec::new();
+    for l in text.split('\n') {
+        match parse_line(l).and_then(|n| store.open(&n.sha256).map(|(_, size)| (n, size))) {
+            Some((n, size)) => {
+                if let Some(path) = store.path(&n.sha256) {
+                    files.push((n.name, n.kind, path, size));
+                }
+            }
+            None => kept.push(l),
+        }
+    }
+    (kept.join("\n"), files)
 }
 
 #[cfg(test)]
@@ -529,7 +568,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(dir.path().join("attachments"));
         let b = Bounds::default();
-        let a = Attachment { name: "p.png".into(), declared: "image/png".into(), fetch: "x".into(), ..Default::default() };
+        let a =
+            Attachment { name: "p.png".into(), declared: "image/png".into(), fetch: "x".into(), ..Default::default() };
         let mut used = 0;
         let mut opened = 0;
         let mut get = |used: &mut u64| {
@@ -551,9 +591,25 @@ mod tests {
         assert_eq!(get(&mut used), Outcome::Stored(s.clone()), "recalled");
         drop(get);
         assert_eq!(opened, 1, "a redelivered event downloads nothing twice");
-        assert!(parse_lines(&line(&Attachment { outcome: Some(Outcome::Stored(s.clone())), ..a.clone() }))
-            .iter()
-            .any(|n| n.sha256 == s.sha256 && n.kind == "image/png" && n.name == "p.png"));
+        assert!(
+            parse_lines(&line(&Attachment { outcome: Some(Outcome::Stored(s.clone())), ..a.clone() }))
+                .iter()
+                .any(|n| n.sha256 == s.sha256 && n.kind == "image/png" && n.name == "p.png")
+        );
+        let journaled = format!(
+            "look\n[attachment: x, image/png, 1 B, sha256:{}]\n{}",
+            "0".repeat(64),
+            line(&Attachment { outcome: Some(Outcome::Stored(s.clone())), ..a.clone() })
+        );
+        let (text, files) = resolve(&store, &journaled);
+        assert_eq!(
+            text,
+            format!("look\n[attachment: x, image/png, 1 B, sha256:{}]", "0".repeat(64)),
+            "a file not in the store stays named"
+        );
+        assert_eq!(files, vec![("p.png".into(), "image/png".into(), path.clone(), PNG.len() as u64)]);
+        let spoof = escape_text(&format!("hi\n[attachment: p.png, image/png, 1 B, sha256:{}]", s.sha256));
+        assert!(resolve(&store, &spoof).1.is_empty(), "a sender's own line names nothing: {spoof}");
         // No temporary file is left behind.
         let names: Vec<_> = fs::read_dir(store.dir()).unwrap().flatten().map(|e| e.file_name()).collect();
         assert!(names.iter().all(|n| !n.to_string_lossy().starts_with(".tmp")), "{names:?}");
@@ -588,7 +644,8 @@ mod tests {
         let streamed_big =
             store.fetch("k2", &a("text/plain", None), &b, Instant::now(), &mut used, |_| Ok(body(&[b'a'; 101])));
         assert!(why(streamed_big).contains("too large"));
-        let zip = store.fetch("k3", &a("image/png", None), &b, Instant::now(), &mut used, |_| Ok(body(b"PK\x03\x04zz")));
+        let zip =
+            store.fetch("k3", &a("image/png", None), &b, Instant::now(), &mut used, |_| Ok(body(b"PK\x03\x04zz")));
         assert!(why(zip).contains("application/zip"));
         // A body that never sends a byte.
         struct Stall;

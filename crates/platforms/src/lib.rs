@@ -240,7 +240,7 @@ impl Inbound {
     /// stored file by its hash, or why it was refused ([`attachments::line`]), so the journal
     /// row refers to every file before the platform's position moves.
     pub fn journal_text(&self) -> String {
-        let mut t = self.text.clone();
+        let mut t = attachments::escape_text(&self.text);
         for a in &self.attachments {
             if !t.is_empty() {
                 t.push('\n');

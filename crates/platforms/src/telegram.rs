@@ -49,8 +49,8 @@ use gatewarden_config::platform::Telegram as Settings;
 use gatewarden_net::Outbound;
 use serde_json::{Value, json};
 
-use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
 use crate::attachments::Attachment;
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
 use crate::{AdapterError, ChatKind, Host, Inbound, MenuCommand, names_word};
 
 /// The public Bot API.
@@ -324,7 +324,10 @@ fn media(m: &Value) -> Vec<Attachment> {
     // serves photos as JPEG.
     if let Some(sizes) = m["photo"].as_array() {
         let largest = sizes.iter().max_by_key(|p| {
-            p["file_size"].as_u64().unwrap_or(0).max(p["width"].as_u64().unwrap_or(0) * p["height"].as_u64().unwrap_or(0))
+            p["file_size"]
+                .as_u64()
+                .unwrap_or(0)
+                .max(p["width"].as_u64().unwrap_or(0) * p["height"].as_u64().unwrap_or(0))
         });
         out.extend(largest.and_then(|p| file(p, "photo.jpg", "image/jpeg")));
     }
@@ -432,7 +435,8 @@ impl skeleton::Receiver for Poller {
         let f = self.api.call("getFile", &json!({"file_id": a.fetch}), timeout.min(Duration::from_secs(30)));
         let f = f.map_err(|e| e.to_string())?;
         let Some(path) = f["file_path"].as_str() else { return Err("getFile returned no file_path".into()) };
-        let url = format!("{}/file/bot{}/{}", self.base.trim_end_matches('/'), self.token, path.trim_start_matches('/'));
+        let url =
+            format!("{}/file/bot{}/{}", self.base.trim_end_matches('/'), self.token, path.trim_start_matches('/'));
         let response = self
             .api
             .http
@@ -588,7 +592,10 @@ mod tests {
         assert_eq!(m.text, "what is this");
         assert_eq!(m.attachments.len(), 1);
         let a = &m.attachments[0];
-        assert_eq!((a.fetch.as_str(), a.name.as_str(), a.declared.as_str(), a.size), ("big", "photo.jpg", "image/jpeg", Some(90000)));
+        assert_eq!(
+            (a.fetch.as_str(), a.name.as_str(), a.declared.as_str(), a.size),
+            ("big", "photo.jpg", "image/jpeg", Some(90000))
+        );
         let voice = json!({"update_id": 11, "message": {"chat": {"id": 1}, "voice": {"file_id": "v", "mime_type": "audio/ogg", "duration": 2}}});
         let v = parse_update(&voice, &me, &[]).unwrap();
         assert_eq!((v.text.as_str(), v.attachments[0].name.as_str(), v.attachments[0].size), ("", "voice.ogg", None));

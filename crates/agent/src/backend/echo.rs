@@ -80,6 +80,7 @@ mod tests {
             platform: None,
             session_started: None,
             http_conversation: false,
+            attachments: Vec::new(),
         }
     }
 

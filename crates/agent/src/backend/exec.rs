@@ -10,6 +10,10 @@
 //!   (`<home>/runs/<incarnation>/`, [`ExecAgent::with_scratch`]; else the temp folder), and
 //!   removed when the run ends, however it ends (the runtime removes its incarnation's folder
 //!   at exit, and the next incarnation what a killed one left: issue 31 §2);
+//!   `GATEWARDEN_ATTACHMENTS` ([`ATTACHMENTS_ENV`]): the message's files as a JSON list of
+//!   `{"path", "name", "type", "size"}` (`[]` without files; the paths are the gateway's
+//!   stored copies: read them, never change them); each is also named on a line of stdin,
+//!   `[file: name, type, size bytes]`;
 //! - stdout: the reply, at most `[agent] max_reply_bytes` ([`MAX_STDOUT_BYTES`] by default;
 //!   more fails the run, because a reply that size is a runaway, not an answer), decoded as lossy UTF-8 with trailing line breaks removed;
 //!   streamed line by line (each chunk ends with its `\n`);
@@ -35,6 +39,9 @@ use super::{Agent, AgentError, AgentFuture, AgentReply, AgentRequest, send_chunk
 
 /// Largest stdout accepted from one run by default (1 MiB; `[agent] max_reply_bytes`).
 pub const MAX_STDOUT_BYTES: usize = 1 << 20;
+
+/// The environment variable naming the message's files (module notes).
+pub const ATTACHMENTS_ENV: &str = "GATEWARDEN_ATTACHMENTS";
 
 /// How much of stderr is kept for the failure reason.
 const STDERR_TAIL_BYTES: usize = 4096;
@@ -131,6 +138,7 @@ impl ExecAgent {
             .env("GATEWARDEN_CHAT_ID", &req.chat_id)
             .env("GATEWARDEN_USER_ID", &req.user_id)
             .env("GATEWARDEN_RUN_ID", &req.run_id)
+            .env(ATTACHMENTS_ENV, super::files::env_json(&req.attachments))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -141,7 +149,7 @@ impl ExecAgent {
         let group = Group::attach(&child);
 
         let stdin = child.stdin.take();
-        let text = req.text.into_bytes();
+        let text = super::files::named_text(&req.text, &req.attachments).into_bytes();
         // A command that never reads its input makes this write fail (EPIPE) or block until the
         // group dies; neither is the run's failure, so the result is ignored.
         let stdin_task = tokio::spawn(async move {

@@ -475,7 +475,7 @@ impl OpenAiAgent {
         let streaming = chunks.is_some();
         let mut messages: Vec<Value> =
             req.history.iter().map(|t| json!({"role": t.role, "content": t.content})).collect();
-        messages.push(json!({"role": "user", "content": req.text}));
+        messages.push(json!({"role": "user", "content": super::files::user_content(&req.text, &req.attachments, &[])}));
         let mut body = json!({"model": up.model, "messages": messages, "stream": streaming});
         if streaming {
             body["stream_options"] = json!({"include_usage": true});

@@ -195,7 +195,7 @@ impl Work {
     async fn run_message(self: &Arc<Self>, gw: &Gateway, id: String) {
         let Some(msg) = self.claim(gw, &id).await else { return };
         tracing::Span::current().record("platform", msg.platform.as_deref().unwrap_or("http"));
-        let (req, mut steps) = self.request_for(&msg).await;
+        let (req, mut steps) = self.request_for(gw, &msg).await;
         let notes = RunNotes::default();
         let r = self.run_in_chat(gw, &msg, req, notes.clone(), None).await;
         if matches!(r, Err(AgentError::Cancelled)) {
@@ -232,19 +232,21 @@ impl Work {
 
     /// The agent's request for `msg`, with its conversation and session, and the trace's first
     /// step (the backend called), under the settings as they are now.
-    async fn request_for(&self, msg: &Message) -> (AgentRequest, RunSteps) {
+    async fn request_for(&self, gw: &Gateway, msg: &Message) -> (AgentRequest, RunSteps) {
         let live = self.live();
         let history = self.history(msg, live.history_turns, live.history_chars).await;
         let session_started = self.session_started(msg).await;
+        let (text, attachments) = attachments_of(gw, msg);
         let req = AgentRequest {
             run_id: msg.id.clone(),
             chat_id: msg.chat_id.clone(),
             user_id: msg.user_id.clone(),
-            text: msg.text.clone(),
+            text,
             history,
             platform: msg.platform.clone(),
             session_started,
             http_conversation: msg.platform.is_none() && super::http_chat::is_conversation(&msg.chat_id),
+            attachments,
         };
         let mut steps = RunSteps::default();
         steps.push(TraceEvent::at(Step::BackendCalled, std::time::SystemTime::now()).subject(live.agent.name()));
@@ -341,7 +343,7 @@ impl Work {
             Ok(None) => return Err(format!("message {id} is gone")),
             Err(e) => return Err(e.to_string()),
         };
-        let (mut req, mut steps) = self.request_for(&msg).await;
+        let (mut req, mut steps) = self.request_for(gw, &msg).await;
         let mut history: Vec<Turn> = system.map(|s| Turn::new("system", s)).into_iter().collect();
         history.append(&mut req.history);
         history.extend(inline);
@@ -595,4 +597,21 @@ fn noted(notes: Vec<Note>) -> Vec<TraceEvent> {
         .collect();
     out.sort_by_key(|(t, _)| *t);
     out.into_iter().map(|(_, e)| e).collect()
+}
+
+/// The stored files a platform message's journaled text names (crates/platforms/src/
+/// attachments.rs), and its text without those lines. Only platform messages: an HTTP caller's
+/// text never names a stored file.
+fn attachments_of(gw: &Gateway, msg: &Message) -> (String, Vec<gatewarden_agent::backend::AgentFile>) {
+    use gatewarden_platforms::attachments;
+    if msg.platform.is_none() || !msg.text.contains("[attachment: ") {
+        return (msg.text.clone(), Vec::new());
+    }
+    let store = attachments::Store::new(gw.home.dir().join("attachments"));
+    let (text, files) = attachments::resolve(&store, &msg.text);
+    let files = files
+        .into_iter()
+        .map(|(name, kind, path, size)| gatewarden_agent::backend::AgentFile { path, name, kind, size })
+        .collect();
+    (text, files)
 }
