@@ -72,6 +72,9 @@ pub struct Bounds {
     /// Type prefixes accepted (`image/`, `text/plain`); empty: every type [`sniff`] knows or
     /// that is text.
     pub allowed: Vec<String>,
+    /// Content of no known type is taken as `application/octet-stream` rather than refused
+    /// (the files a reply carries: the operator's own command made them).
+    pub unknown_as_binary: bool,
 }
 
 impl Default for Bounds {
@@ -82,6 +85,7 @@ impl Default for Bounds {
             total: Duration::from_secs(120),
             stall: Duration::from_secs(30),
             allowed: Vec::new(),
+            unknown_as_binary: false,
         }
     }
 }
@@ -267,7 +271,11 @@ impl Store {
         let result = copy_bounded(body, &mut file, cap, deadline, bounds.stall);
         let finish = || -> Result<Stored, Outcome> {
             let (sha256, size, head) = result?;
-            let kind = decide_type(declared, sniff(&head), &bounds.allowed).map_err(refused)?;
+            let sniffed = sniff(&head);
+            let kind = match decide_type(declared, sniffed, &bounds.allowed) {
+                Err(_) if sniffed.is_none() && bounds.unknown_as_binary => "application/octet-stream".to_owned(),
+                other => other.map_err(refused)?,
+            };
             file.sync_all().map_err(io_err)?;
             let Some(path) = self.path(&sha256) else { return Err(refused("bad hash".into())) };
             if let Some(parent) = path.parent() {
@@ -286,18 +294,18 @@ impl Store {
         out
     }
 
-    /// Downloads `a` with `open` unless the record of `key` says it is stored already; returns
+    /// Downloads `a` with `open` unless the record of `key` (when there is one) says it is stored already; returns
     /// the outcome, having counted its bytes against `used` (the message's bound).
     pub fn fetch(
         &self,
-        key: &str,
+        key: Option<&str>,
         a: &Attachment,
         bounds: &Bounds,
         started: Instant,
         used: &mut u64,
         open: impl FnOnce(Duration) -> Result<Box<dyn Read + Send>, String>,
     ) -> Outcome {
-        if let Some(s) = self.recall(key) {
+        if let Some(s) = key.and_then(|k| self.recall(k)) {
             *used += s.size;
             return Outcome::Stored(s);
         }
@@ -321,7 +329,9 @@ impl Store {
                 *used += s.size;
                 // Best-effort: without the record a redelivery downloads again, and finds the
                 // same content address.
-                let _ = self.remember(key, &s);
+                if let Some(k) = key {
+                    let _ = self.remember(k, &s);
+                }
                 Outcome::Stored(s)
             }
             Err(Outcome::Refused(why)) if why == OVER_CAP => Outcome::Refused(too_large(cap + 1, bounds, *used)),
@@ -496,11 +506,11 @@ pub fn parse_line(l: &str) -> Option<Named> {
 /// The message's own text with every line that could pass for one of [`line`]'s escaped (a
 /// leading `\\`), so a sender cannot name a stored file they did not send.
 pub fn escape_text(text: &str) -> String {
-    if !text.contains("[attachment") {
+    if !text.contains("[attachment: ") {
         return text.to_owned();
     }
     text.split('\n')
-        .map(|l| if l.trim_start().starts_with("[attachment") { format!("\\{l}") } else { l.to_owned() })
+        .map(|l| if parse_line(l).is_some() { format!("\\{l}") } else { l.to_owned() })
         .collect::<Vec<_>>()
         .join("\n")
 }
@@ -573,7 +583,7 @@ mod tests {
         let mut used = 0;
         let mut opened = 0;
         let mut get = |used: &mut u64| {
-            store.fetch("tg/1/0", &a, &b, Instant::now(), used, |_| {
+            store.fetch(Some("tg/1/0"), &a, &b, Instant::now(), used, |_| {
                 opened += 1;
                 Ok(body(PNG))
             })
@@ -637,15 +647,15 @@ mod tests {
             Outcome::Refused(w) => w,
             Outcome::Stored(s) => panic!("stored {s:?}"),
         };
-        let declared_big = store.fetch("k1", &a("text/plain", Some(101)), &b, Instant::now(), &mut used, |_| {
+        let declared_big = store.fetch(Some("k1"), &a("text/plain", Some(101)), &b, Instant::now(), &mut used, |_| {
             panic!("an oversized declared size is not downloaded")
         });
         assert!(why(declared_big).contains("too large"));
         let streamed_big =
-            store.fetch("k2", &a("text/plain", None), &b, Instant::now(), &mut used, |_| Ok(body(&[b'a'; 101])));
+            store.fetch(Some("k2"), &a("text/plain", None), &b, Instant::now(), &mut used, |_| Ok(body(&[b'a'; 101])));
         assert!(why(streamed_big).contains("too large"));
-        let zip =
-            store.fetch("k3", &a("image/png", None), &b, Instant::now(), &mut used, |_| Ok(body(b"PK\x03\x04zz")));
+        let zip = store
+            .fetch(Some("k3"), &a("image/png", None), &b, Instant::now(), &mut used, |_| Ok(body(b"PK\x03\x04zz")));
         assert!(why(zip).contains("application/zip"));
         // A body that never sends a byte.
         struct Stall;
@@ -655,14 +665,16 @@ mod tests {
                 Ok(0)
             }
         }
-        let stalled = store.fetch("k4", &a("text/plain", None), &b, Instant::now(), &mut used, |_| Ok(Box::new(Stall)));
+        let stalled =
+            store.fetch(Some("k4"), &a("text/plain", None), &b, Instant::now(), &mut used, |_| Ok(Box::new(Stall)));
         assert!(why(stalled).contains("stalled"));
         assert_eq!(used, 0);
         // The message bound counts what came before.
-        let ok = store.fetch("k5", &a("text/plain", None), &b, Instant::now(), &mut used, |_| Ok(body(&[b'a'; 90])));
+        let ok =
+            store.fetch(Some("k5"), &a("text/plain", None), &b, Instant::now(), &mut used, |_| Ok(body(&[b'a'; 90])));
         assert!(matches!(ok, Outcome::Stored(_)));
-        let second =
-            store.fetch("k6", &a("text/plain", Some(90)), &b, Instant::now(), &mut used, |_| panic!("not fetched"));
+        let second = store
+            .fetch(Some("k6"), &a("text/plain", Some(90)), &b, Instant::now(), &mut used, |_| panic!("not fetched"));
         assert!(why(second).contains("a message"));
     }
 }

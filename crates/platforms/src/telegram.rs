@@ -50,7 +50,7 @@ use gatewarden_net::Outbound;
 use serde_json::{Value, json};
 
 use crate::attachments::Attachment;
-use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, OutFile, PieceId, PieceLimit, Protocol, SendError, Skeleton};
 use crate::{AdapterError, ChatKind, Host, Inbound, MenuCommand, names_word};
 
 /// The public Bot API.
@@ -58,6 +58,10 @@ pub const DEFAULT_API_BASE: &str = "https://api.telegram.org";
 /// Telegram's limit on one message's text, in characters.
 const MAX_TEXT_CHARS: usize = 4096;
 const MAX_BODY_BYTES: u64 = 16 << 20;
+/// `sendPhoto`'s limit; a larger image goes as a document.
+const MAX_PHOTO_BYTES: u64 = 10 << 20;
+/// One upload's bound (50 MB at a slow 1 MB/s).
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(60);
 /// The shortest long poll worth starting under a receive budget (the Bot API's `timeout` is
 /// whole seconds).
 const MIN_BUDGETED_POLL: Duration = Duration::from_secs(1);
@@ -121,6 +125,49 @@ impl Api {
             .build()
             .send_json(body)
             .map_err(|e| ApiError::Network(self.redact(gatewarden_net::describe(&e, &self.prefix))))?;
+        self.answer(response)
+    }
+
+    /// A `multipart/form-data` call with one file (https://core.telegram.org/bots/api#sending-files:
+    /// "Post the file using multipart/form-data in the usual way that files are uploaded via the
+    /// browser"), streamed from the store: the file is never read into memory whole.
+    fn upload(
+        &self,
+        method: &str,
+        fields: &[(&str, String)],
+        file: (&str, &OutFile),
+        timeout: Duration,
+    ) -> Result<Value, ApiError> {
+        let (field, f) = file;
+        let (opened, _) = gatewarden_lifecycle::fsio::open_regular(&f.path)
+            .ok()
+            .ok_or_else(|| ApiError::Rejected(format!("the stored file {} is gone", f.name)))?;
+        let boundary = format!("gatewarden-{}", crate::sha256_hex(f.path.to_string_lossy().as_bytes()));
+        let mut head = String::new();
+        for (k, v) in fields {
+            head.push_str(&format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{k}\"\r\n\r\n{v}\r\n"));
+        }
+        let name: String = f.name.chars().filter(|c| !matches!(c, '"' | '\r' | '\n' | '\\')).collect();
+        head.push_str(&format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; filename=\"{name}\"\r\nContent-Type: {}\r\n\r\n",
+            f.kind
+        ));
+        let tail = format!("\r\n--{boundary}--\r\n");
+        let mut body =
+            std::io::Cursor::new(head.into_bytes()).chain(opened).chain(std::io::Cursor::new(tail.into_bytes()));
+        let response = self
+            .http
+            .post(format!("{}{method}", self.prefix))
+            .header("Content-Type", format!("multipart/form-data; boundary={boundary}"))
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .send(ureq::SendBody::from_reader(&mut body))
+            .map_err(|e| ApiError::Network(self.redact(gatewarden_net::describe(&e, &self.prefix))))?;
+        self.answer(response)
+    }
+
+    fn answer(&self, response: ureq::http::Response<ureq::Body>) -> Result<Value, ApiError> {
         let status = response.status().as_u16();
         let text = response
             .into_body()
@@ -519,6 +566,19 @@ impl skeleton::Sender for Poster {
     fn send(&mut self, chat: &str, piece: &str, _id: PieceId) -> Result<(), SendError> {
         let body = json!({"chat_id": chat_json(chat), "text": piece});
         self.api.call("sendMessage", &body, Duration::from_secs(30)).map(drop).map_err(send_error)
+    }
+
+    /// `sendPhoto` for a JPEG, PNG or WebP image within the photo limit (10 MB), else
+    /// `sendDocument` (https://core.telegram.org/bots/api#sendphoto, #senddocument; 50 MB).
+    /// No idempotency key: a crash between the upload and the outbox commit uploads it once
+    /// more after the restart, as for text.
+    fn send_file(&mut self, chat: &str, file: &OutFile, _id: PieceId) -> Result<(), SendError> {
+        let photo =
+            matches!(file.kind.as_str(), "image/jpeg" | "image/png" | "image/webp") && file.size <= MAX_PHOTO_BYTES;
+        let (method, field) = if photo { ("sendPhoto", "photo") } else { ("sendDocument", "document") };
+        let chat = chat_json(chat);
+        let chat = chat.as_str().map_or_else(|| chat.to_string(), str::to_owned);
+        self.api.upload(method, &[("chat_id", chat)], (field, file), UPLOAD_TIMEOUT).map(drop).map_err(send_error)
     }
 
     /// The action lasts 5 s or until the bot's next message; there is no "off".

@@ -712,7 +712,11 @@ fn completed(v: &Value) -> AgentReply {
     let text = v.get("output").and_then(Value::as_str).unwrap_or_default().to_owned();
     let n = |k: &str| v.pointer(&format!("/usage/{k}")).and_then(Value::as_u64).unwrap_or(0);
     let (p, c) = (n("input_tokens"), n("output_tokens"));
-    AgentReply { text, usage: (p + c > 0).then_some(Usage { prompt_tokens: p, completion_tokens: c }) }
+    AgentReply {
+        text,
+        usage: (p + c > 0).then_some(Usage { prompt_tokens: p, completion_tokens: c }),
+        files: Vec::new(),
+    }
 }
 
 fn failed(v: &Value) -> AgentError {

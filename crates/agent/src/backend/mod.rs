@@ -131,9 +131,12 @@ pub fn within_budget(history: Vec<Turn>, chars: usize) -> Vec<Turn> {
 }
 
 /// The agent's full answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AgentReply {
     pub text: String,
+    /// Files the reply carries (exec: `{"attach": "/path"}` lines of stdout): the runtime
+    /// stores them and the outbox sends them after the text.
+    pub files: Vec<std::path::PathBuf>,
     /// Tokens, when the upstream reported them (openai).
     pub usage: Option<Usage>,
 }

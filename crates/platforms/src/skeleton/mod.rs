@@ -41,7 +41,7 @@ use crate::{Activity, Adapter, AdapterError, Host, State, Status};
 use wait::{Flags, Running, Slot};
 
 pub use receive::{Batch, Failure, Receiver};
-pub use send::{Bucket, PieceId, SendError, Sender, pieces};
+pub use send::{Bucket, OutFile, PieceId, SendError, Sender, pieces};
 
 /// Where a reply is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -198,7 +198,7 @@ fn download<R: Receiver>(rx: &mut R, ctx: &Ctx, mut messages: Vec<Inbound>) -> V
                 Some((store, bounds)) => {
                     let key = format!("{}/{}/{i}", ctx.name(), m.event_id);
                     let probe = a.clone();
-                    store.fetch(&key, &probe, bounds, started, &mut used, |t| rx.fetch(ctx, &probe, t))
+                    store.fetch(Some(&key), &probe, bounds, started, &mut used, |t| rx.fetch(ctx, &probe, t))
                 }
             };
             a.outcome = Some(outcome);

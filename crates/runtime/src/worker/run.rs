@@ -462,6 +462,10 @@ impl Work {
             }
             Ok(_) => String::new(),
         };
+        let outcome = match outcome {
+            Ok(reply) if msg.platform.is_some() => Ok(with_files(gw, reply).await),
+            other => other,
+        };
         let (inc, id) = (gw.me.id.clone(), msg.id.clone());
         let done = self
             .journal_step(gw, move |j| match &outcome {
@@ -614,4 +618,50 @@ fn attachments_of(gw: &Gateway, msg: &Message) -> (String, Vec<gatewarden_agent:
         .map(|(name, kind, path, size)| gatewarden_agent::backend::AgentFile { path, name, kind, size })
         .collect();
     (text, files)
+}
+
+/// A platform reply's text as the outbox sends it: the agent's own lines that could pass for a
+/// stored attachment escaped, then one line per file the reply carries, stored first
+/// (crates/platforms/src/attachments.rs: the sender uploads what the lines name). A file that
+/// cannot be stored is named with the reason instead.
+async fn with_files(gw: &Gateway, mut reply: AgentReply) -> AgentReply {
+    use gatewarden_platforms::attachments::{self, Attachment, Bounds, Store};
+    let mut text = attachments::escape_text(&reply.text);
+    let files = std::mem::take(&mut reply.files);
+    if files.is_empty() {
+        reply.text = text;
+        return reply;
+    }
+    let store = Store::new(gw.home.dir().join("attachments"));
+    let lines = tokio::task::spawn_blocking(move || {
+        let bounds = Bounds { unknown_as_binary: true, ..Bounds::default() };
+        let started = std::time::Instant::now();
+        let mut used = 0;
+        files
+            .iter()
+            .map(|path| {
+                let name = path.file_name().map_or_else(|| "file".into(), |n| n.to_string_lossy().into_owned());
+                let a = Attachment { name, ..Attachment::default() };
+                // No per-event record: a reply is stored once per run, and the content address
+                // makes a re-run's copy the same file.
+                let outcome = store.fetch(None, &a, &bounds, started, &mut used, |_| {
+                    let (f, _) = gatewarden_lifecycle::fsio::open_regular(path)
+                        .ok()
+                        .ok_or_else(|| format!("cannot read {}", path.display()))?;
+                    Ok(Box::new(f) as Box<dyn std::io::Read + Send>)
+                });
+                attachments::line(&Attachment { outcome: Some(outcome), ..a })
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_default();
+    for l in lines {
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&l);
+    }
+    reply.text = text;
+    reply
 }

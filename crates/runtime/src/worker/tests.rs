@@ -55,7 +55,7 @@ impl Agent for Scripted {
                     cancel.cancelled().await;
                     Err(AgentError::Cancelled)
                 }
-                _ => Ok(AgentReply { text: format!("echo: {}", req.text), usage: None }),
+                _ => Ok(AgentReply { text: format!("echo: {}", req.text), ..AgentReply::default() }),
             }
         })
     }
