@@ -17,6 +17,11 @@ pub trait Intake: Send + Sync {
     /// platform, to be delivered again.
     fn deliver(&self, gw: &Gateway, adapter: &str, m: Inbound) -> Result<(), String>;
 
+    /// `[attachments]` as it is now (the download bounds).
+    fn attachments(&self) -> gatewarden_config::AttachmentsConfig {
+        gatewarden_config::AttachmentsConfig::default()
+    }
+
     /// The journal whose outbox the adapters send.
     fn journal(&self) -> &Arc<dyn Store>;
 

@@ -594,13 +594,22 @@ impl Host for GatewayHost {
         crate::commands::menu()
     }
 
-    /// `<home>/attachments`, under the default bounds (crates/platforms/src/attachments.rs).
+    /// `<home>/attachments`, under `[attachments]` as it is now (crates/platforms/src/attachments.rs).
     fn attachments(
         &self,
     ) -> Option<(gatewarden_platforms::attachments::Store, gatewarden_platforms::attachments::Bounds)> {
-        self.gw.upgrade().map(|gw| {
-            (gatewarden_platforms::attachments::Store::new(gw.home.dir().join("attachments")), Default::default())
-        })
+        use gatewarden_platforms::attachments::{Bounds, Store};
+        let gw = self.gw.upgrade()?;
+        let c = self.intake().ok()?.attachments();
+        let bounds = Bounds {
+            per_file: c.max_file_mb << 20,
+            per_message: c.max_message_mb << 20,
+            total: Duration::from_secs(c.timeout_s),
+            stall: Duration::from_secs(c.stall_s),
+            allowed: c.allowed_types,
+            unknown_as_binary: false,
+        };
+        Some((Store::new(gw.home.dir().join("attachments")), bounds))
     }
 
     fn state_changed(&self, adapter: &str, state: &State) {

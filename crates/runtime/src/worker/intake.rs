@@ -149,6 +149,10 @@ impl Intake for Work {
         &self.journal
     }
 
+    fn attachments(&self) -> gatewarden_config::AttachmentsConfig {
+        self.live().attachments.clone()
+    }
+
     /// Exports the outbox span of the message's trace (its other spans went at its finish).
     fn answered(&self, message_id: &str) {
         let Some(exporter) = self.live().telemetry.clone() else { return };
