@@ -165,11 +165,10 @@ pub fn decide_type(declared: &str, sniffed: Option<&'static str>, allowed: &[Str
     let kind = match sniffed {
         Some(s) if s == declared => s.to_owned(),
         Some("text/plain") if text_like(&declared) => declared.clone(),
-        // Containers and media the platform names loosely (`audio/mp4` for an m4a, `video/mp4`
-        // for a video note) keep the declared type within the same family.
-        Some(s) if family(s) == family(&declared) || (s == "video/mp4" && family(&declared) == "audio") => {
-            declared.clone()
-        }
+        // Within the family the content says which (a PNG Telegram calls `image/jpeg`).
+        Some(s) if family(s) == family(&declared) => s.to_owned(),
+        // An MP4 container holding audio (`audio/mp4`, an m4a) keeps its declared type.
+        Some("video/mp4") if family(&declared) == "audio" => declared.clone(),
         Some(s) if declared.is_empty() || declared == "application/octet-stream" => s.to_owned(),
         Some(s) => return Err(format!("declared {declared} but the content is {s}")),
         None if declared.starts_with("image/") || text_like(&declared) => {
@@ -569,6 +568,7 @@ mod tests {
         assert_eq!(decide_type("text/csv", Some("text/plain"), &[]).unwrap(), "text/csv");
         assert_eq!(decide_type("audio/mp4", Some("video/mp4"), &[]).unwrap(), "audio/mp4");
         assert_eq!(decide_type("", Some("image/jpeg"), &[]).unwrap(), "image/jpeg");
+        assert_eq!(decide_type("image/jpeg", Some("image/png"), &[]).unwrap(), "image/png", "the content says which");
         assert!(decide_type("image/jpeg", None, &[]).is_err());
         assert!(decide_type("application/pdf", Some("application/pdf"), &["image/".into()]).is_err());
     }
