@@ -338,31 +338,29 @@ impl Store {
         }
     }
 
-    /// Removes stored files no longer named by `keep` (hashes), and event records older than
-    /// `records_older_than`: the retention sweep, refcounted by hash (a file two messages share
-    /// stays while one of them does). Returns how many files went.
-    pub fn prune(&self, keep: &std::collections::HashSet<String>, records_older_than: Duration) -> u64 {
+    /// Removes stored files `keep` (hashes) does not name, and event records, once older than
+    /// `min_age` (a younger one may belong to a message not journaled yet): the retention
+    /// sweep, refcounted by hash (a file two messages share stays while one of them does).
+    /// Returns how many files went.
+    pub fn prune(&self, keep: &std::collections::HashSet<String>, min_age: Duration) -> u64 {
+        let old = |e: &fs::DirEntry| {
+            e.metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|a| a >= min_age)
+        };
         let mut removed = 0;
         let Ok(top) = fs::read_dir(&self.dir) else { return 0 };
         for d in top.flatten() {
             let name = d.file_name().to_string_lossy().into_owned();
-            let Ok(ft) = d.file_type() else { continue };
-            if !ft.is_dir() {
+            if !d.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
             let Ok(files) = fs::read_dir(d.path()) else { continue };
             for f in files.flatten() {
-                let fname = f.file_name().to_string_lossy().into_owned();
-                let stale = if name == "events" {
-                    f.metadata()
-                        .ok()
-                        .and_then(|m| m.modified().ok())
-                        .and_then(|t| t.elapsed().ok())
-                        .is_some_and(|age| age > records_older_than)
-                } else {
-                    !keep.contains(&format!("{name}{fname}"))
-                };
-                if stale && fsio::remove_if_exists(&f.path()).unwrap_or(false) {
+                let named = name != "events" && keep.contains(&format!("{name}{}", f.file_name().to_string_lossy()));
+                if !named && old(&f) && fsio::remove_if_exists(&f.path()).unwrap_or(false) {
                     removed += 1;
                 }
             }
@@ -624,8 +622,10 @@ mod tests {
         assert!(names.iter().all(|n| !n.to_string_lossy().starts_with(".tmp")), "{names:?}");
         // Retention: kept while named, removed once not.
         let keep = std::iter::once(s.sha256.clone()).collect();
-        assert_eq!(store.prune(&keep, Duration::from_secs(3600)), 0);
-        assert_eq!(store.prune(&Default::default(), Duration::from_secs(3600)), 1);
+        assert_eq!(store.prune(&Default::default(), Duration::from_secs(3600)), 0, "too young");
+        assert_eq!(store.prune(&keep, Duration::ZERO), 1, "the event record, not the file");
+        assert!(path.exists());
+        assert_eq!(store.prune(&Default::default(), Duration::ZERO), 1);
         assert!(!path.exists());
     }
 

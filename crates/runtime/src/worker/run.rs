@@ -125,7 +125,7 @@ impl Work {
     /// Starts the async worker: recovers interrupted runs (once each), then runs queued ids;
     /// and the journal's retention.
     pub fn start_worker(self: &Arc<Self>, gw: Arc<Gateway>) {
-        self.start_pruning();
+        self.start_pruning(gw.home.dir().join("attachments"));
         self.relay_questions();
         let Some(mut rx) = self.queue_rx.lock().ok().and_then(|mut g| g.take()) else { return };
         let me = Arc::clone(self);
