@@ -207,3 +207,17 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// A stranger's file is not fetched: the access policy is asked (deciding nothing) before the
+/// download, and the stranger gets the pairing code, as for text.
+#[test]
+fn a_strangers_file_is_not_downloaded() {
+    let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), fake(), token());
+    let cfg = config(&fake, "backend = \"echo\"", "").replace("access = \"open\"", "access = \"pairing\"");
+    let mut g = start_gw(&home, &sw, &tok, &cfg);
+    fake.inject_media(&tok, 21, 21, media("photo", PNG));
+    let code = wait_reply(&fake, &tok, 21, |_| true);
+    assert!(code.to_lowercase().contains("pair"), "{code}");
+    assert!(fake.downloads(&tok).is_empty(), "{:?}", fake.downloads(&tok));
+    stop_cleanly(&home, &mut g);
+}

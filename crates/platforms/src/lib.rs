@@ -375,6 +375,13 @@ pub trait Host: Send + Sync {
     fn menu(&self) -> Vec<MenuCommand> {
         Vec::new()
     }
+    /// Whether `msg` would be delivered (the access policy, deciding nothing): the skeleton
+    /// downloads a message's files only then, so a stranger cannot make the gateway fetch and
+    /// store files.
+    fn admits(&self, adapter: &str, msg: &Inbound) -> bool {
+        let _ = (adapter, msg);
+        true
+    }
     /// Where downloaded attachments are stored and under which bounds. `None`: attachments are
     /// refused with a notice (nothing is stored).
     fn attachments(&self) -> Option<(attachments::Store, attachments::Bounds)> {

@@ -594,6 +594,10 @@ impl Host for GatewayHost {
         crate::commands::menu()
     }
 
+    fn admits(&self, adapter: &str, m: &Inbound) -> bool {
+        self.intake().is_ok_and(|i| i.admits(adapter, m))
+    }
+
     /// `<home>/attachments`, under `[attachments]` as it is now (crates/platforms/src/attachments.rs).
     fn attachments(
         &self,

@@ -187,6 +187,11 @@ fn download<R: Receiver>(rx: &mut R, ctx: &Ctx, mut messages: Vec<Inbound>) -> V
     let host = ctx.host();
     let store = host.attachments();
     for m in &mut messages {
+        // A message the access policy drops (or answers with a pairing code) is not
+        // journaled: its files are not fetched.
+        if m.attachments.is_empty() || !host.admits(ctx.name(), m) {
+            continue;
+        }
         let started = Instant::now();
         let mut used = 0;
         for (i, a) in m.attachments.iter_mut().enumerate() {

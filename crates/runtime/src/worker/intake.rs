@@ -149,6 +149,10 @@ impl Intake for Work {
         &self.journal
     }
 
+    fn admits(&self, adapter: &str, m: &Inbound) -> bool {
+        self.gate.would_deliver(adapter, m, std::time::SystemTime::now())
+    }
+
     fn attachments(&self) -> gatewarden_config::AttachmentsConfig {
         self.live().attachments.clone()
     }
