@@ -355,6 +355,10 @@ impl Store {
         for d in top.flatten() {
             let name = d.file_name().to_string_lossy().into_owned();
             if !d.file_type().is_ok_and(|t| t.is_dir()) {
+                // A temporary file a killed download left.
+                if name.starts_with(".tmp-") && old(&d) && fsio::remove_if_exists(&d.path()).unwrap_or(false) {
+                    removed += 1;
+                }
                 continue;
             }
             let Ok(files) = fs::read_dir(d.path()) else { continue };

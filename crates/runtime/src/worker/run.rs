@@ -458,7 +458,13 @@ impl Work {
             Err(e) => {
                 // In the message's span: the line carries its id and platform.
                 crate::warn!("message failed: {e}");
-                self.failure_notice(msg.platform.as_deref(), &msg.user_id, &msg.id, e)
+                // Its reason may quote an agent's output: no line of it names a stored file.
+                gatewarden_platforms::attachments::escape_text(&self.failure_notice(
+                    msg.platform.as_deref(),
+                    &msg.user_id,
+                    &msg.id,
+                    e,
+                ))
             }
             Ok(_) => String::new(),
         };
