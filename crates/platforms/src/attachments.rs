@@ -90,6 +90,20 @@ impl Default for Bounds {
     }
 }
 
+impl From<&gatewarden_config::AttachmentsConfig> for Bounds {
+    /// `[attachments]` (validated: every bound at least 1).
+    fn from(c: &gatewarden_config::AttachmentsConfig) -> Bounds {
+        Bounds {
+            per_file: c.max_file_mb.saturating_mul(1 << 20),
+            per_message: c.max_message_mb.saturating_mul(1 << 20),
+            total: Duration::from_secs(c.timeout_s),
+            stall: Duration::from_secs(c.stall_s),
+            allowed: c.allowed_types.clone(),
+            unknown_as_binary: false,
+        }
+    }
+}
+
 /// Bytes sniffed before the type is decided.
 const SNIFF_BYTES: usize = 512;
 /// One chunk of the download channel; the channel holds at most [`CHANNEL_CHUNKS`].

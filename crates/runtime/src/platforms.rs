@@ -604,15 +604,7 @@ impl Host for GatewayHost {
     ) -> Option<(gatewarden_platforms::attachments::Store, gatewarden_platforms::attachments::Bounds)> {
         use gatewarden_platforms::attachments::{Bounds, Store};
         let gw = self.gw.upgrade()?;
-        let c = self.intake().ok()?.attachments();
-        let bounds = Bounds {
-            per_file: c.max_file_mb << 20,
-            per_message: c.max_message_mb << 20,
-            total: Duration::from_secs(c.timeout_s),
-            stall: Duration::from_secs(c.stall_s),
-            allowed: c.allowed_types,
-            unknown_as_binary: false,
-        };
+        let bounds = Bounds::from(&self.intake().ok()?.attachments());
         Some((Store::new(gw.home.dir().join("attachments")), bounds))
     }
 

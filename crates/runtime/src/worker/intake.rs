@@ -120,12 +120,15 @@ impl Intake for Work {
                 }
                 self.note_full(adapter, &m.chat_id, false);
                 if let Some(id) = j.accept_inbound(adapter, &m.event_id, &msg).map_err(|e| e.to_string())? {
-                    // A refused attachment: the message still runs (its text names the refusal),
-                    // and the chat is told why through the outbox, once (a redelivery is not
-                    // accepted again).
+                    // A refused attachment: the message still runs (its text names the refusal,
+                    // so the agent's reply can say why too), and the chat is told through the
+                    // outbox, once (a redelivery is not accepted again). Best-effort: the
+                    // message is committed; a failure here must not have it delivered again.
                     if let Some(why) = m.refusals() {
-                        j.enqueue(adapter, &m.chat_id, &why).map_err(|e| e.to_string())?;
-                        self.wake.wake(adapter);
+                        match j.enqueue(adapter, &m.chat_id, &why) {
+                            Ok(_) => self.wake.wake(adapter),
+                            Err(e) => crate::warn!("cannot queue the attachment notice for {id}: {e}"),
+                        }
                     }
                     self.metrics.accepted_async.fetch_add(1, Ordering::Relaxed);
                     // Only a running gateway runs it; otherwise the next incarnation does.

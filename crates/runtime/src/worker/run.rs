@@ -469,7 +469,7 @@ impl Work {
             Ok(_) => String::new(),
         };
         let outcome = match outcome {
-            Ok(reply) if msg.platform.is_some() => Ok(with_files(gw, reply).await),
+            Ok(reply) if msg.platform.is_some() => Ok(with_files(gw, reply, &self.live().attachments).await),
             other => other,
         };
         let (inc, id) = (gw.me.id.clone(), msg.id.clone());
@@ -630,7 +630,7 @@ fn attachments_of(gw: &Gateway, msg: &Message) -> (String, Vec<gatewarden_agent:
 /// stored attachment escaped, then one line per file the reply carries, stored first
 /// (crates/platforms/src/attachments.rs: the sender uploads what the lines name). A file that
 /// cannot be stored is named with the reason instead.
-async fn with_files(gw: &Gateway, mut reply: AgentReply) -> AgentReply {
+async fn with_files(gw: &Gateway, mut reply: AgentReply, limits: &gatewarden_config::AttachmentsConfig) -> AgentReply {
     use gatewarden_platforms::attachments::{self, Attachment, Bounds, Store};
     let mut text = attachments::escape_text(&reply.text);
     let files = std::mem::take(&mut reply.files);
@@ -639,8 +639,9 @@ async fn with_files(gw: &Gateway, mut reply: AgentReply) -> AgentReply {
         return reply;
     }
     let store = Store::new(gw.home.dir().join("attachments"));
+    // `[attachments]`'s bounds, any type: the operator's own command made these files.
+    let bounds = Bounds { unknown_as_binary: true, allowed: Vec::new(), ..Bounds::from(limits) };
     let lines = tokio::task::spawn_blocking(move || {
-        let bounds = Bounds { unknown_as_binary: true, ..Bounds::default() };
         let started = std::time::Instant::now();
         let mut used = 0;
         files
