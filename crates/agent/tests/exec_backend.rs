@@ -28,6 +28,7 @@ fn req(text: &str) -> AgentRequest {
         platform: None,
         session_started: None,
         http_conversation: false,
+        attachments: Vec::new(),
     }
 }
 

@@ -113,6 +113,7 @@ fn req(text: &str) -> AgentRequest {
         platform: None,
         session_started: None,
         http_conversation: false,
+        attachments: Vec::new(),
     }
 }
 

@@ -104,6 +104,7 @@ fn req(text: &str) -> AgentRequest {
         platform: None,
         session_started: None,
         http_conversation: false,
+        attachments: Vec::new(),
     }
 }
 

@@ -60,6 +60,7 @@ const TOP_KEYS: &[&str] = &[
     "cluster",
     "update",
     "telemetry",
+    "attachments",
 ];
 const HTTP_KEYS: &[&str] = &["allowed_hosts", "max_connections", "header_timeout_s", "body_timeout_s", "ui_show_text"];
 const JOURNAL_KEYS: &[&str] = &["max_age_days", "max_size_mb", "max_queued_per_chat", "max_queued"];
@@ -94,6 +95,7 @@ const AGENT_KEYS: &[&str] = &[
 const CLUSTER_KEYS: &[&str] =
     &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s", "ca_file"];
 const UPDATE_KEYS: &[&str] = &["public_key", "probation_s", "source", "ca_file"];
+const ATTACHMENTS_KEYS: &[&str] = &["max_file_mb", "max_message_mb", "timeout_s", "stall_s", "allowed_types"];
 const TELEMETRY_KEYS: &[&str] =
     &["otlp_endpoint", "ca_file", "proxy", "metrics_interval_s", "timeout_s", "queue", "service_name"];
 
@@ -249,6 +251,39 @@ pub struct Config {
     pub update: UpdateConfig,
     /// `[telemetry]`: OpenTelemetry export of message traces and metrics (crates/telemetry).
     pub telemetry: TelemetryConfig,
+    /// `[attachments]`: the bounds on the files messages carry (issue 29;
+    /// crates/platforms/src/attachments.rs).
+    pub attachments: AttachmentsConfig,
+}
+
+/// The `[attachments]` table: what a file a message carries may be, downloaded before the
+/// message is journaled (crates/platforms/src/attachments.rs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AttachmentsConfig {
+    /// The largest file taken, in MiB.
+    pub max_file_mb: u64,
+    /// All the files of one message together, in MiB.
+    pub max_message_mb: u64,
+    /// One message's downloads end within this many seconds.
+    pub timeout_s: u64,
+    /// A download that sends nothing for this many seconds is abandoned.
+    pub stall_s: u64,
+    /// The content types taken, as prefixes (`image/`, `application/pdf`); empty: every type
+    /// the gateway recognises by its content.
+    pub allowed_types: Vec<String>,
+}
+
+impl Default for AttachmentsConfig {
+    fn default() -> Self {
+        AttachmentsConfig {
+            max_file_mb: 20,
+            max_message_mb: 50,
+            timeout_s: 120,
+            stall_s: 30,
+            allowed_types: Vec::new(),
+        }
+    }
 }
 
 /// The `[telemetry]` table: where OTLP/HTTP traces and metrics go (none by default).
@@ -443,6 +478,7 @@ impl Default for Config {
             cluster: None,
             update: UpdateConfig::default(),
             telemetry: TelemetryConfig::default(),
+            attachments: AttachmentsConfig::default(),
         }
     }
 }
@@ -465,6 +501,7 @@ impl fmt::Debug for Config {
             .field("cluster", &self.cluster)
             .field("update", &self.update)
             .field("telemetry", &self.telemetry)
+            .field("attachments", &self.attachments)
             .finish()
     }
 }
@@ -1158,6 +1195,21 @@ impl Config {
                 return Err(journal(key, format!("must be at most {MAX_QUEUED} (0 means no cap)")));
             }
         }
+        let a = &self.attachments;
+        let attachments = |key: &str, message: String| index.invalid(&["attachments", key], message);
+        for (key, n, max) in [
+            ("max_file_mb", a.max_file_mb, 1 << 16),
+            ("max_message_mb", a.max_message_mb, 1 << 16),
+            ("timeout_s", a.timeout_s, MAX_SECONDS),
+            ("stall_s", a.stall_s, MAX_SECONDS),
+        ] {
+            if n == 0 || n > max {
+                return Err(attachments(key, format!("must be between 1 and {max}")));
+            }
+        }
+        if a.allowed_types.iter().any(|t| t.trim().is_empty() || t.contains(char::is_whitespace)) {
+            return Err(attachments("allowed_types", "each must be a MIME type or prefix, e.g. \"image/\"".into()));
+        }
         if self.admins.iter().any(|a| a.trim().is_empty()) {
             return Err(top("admins", "user ids must not be empty".into()));
         }
@@ -1461,6 +1513,7 @@ impl<'a> KeyIndex<'a> {
                 Some("cluster") => CLUSTER_KEYS,
                 Some("update") => UPDATE_KEYS,
                 Some("telemetry") => TELEMETRY_KEYS,
+                Some("attachments") => ATTACHMENTS_KEYS,
                 // `[[platform]]`: the kind's keys (platform_serde_error).
                 Some(_) => &[],
             };
@@ -1649,6 +1702,7 @@ mod tests {
             .chain(CLUSTER_KEYS)
             .chain(UPDATE_KEYS)
             .chain(TELEMETRY_KEYS)
+            .chain(ATTACHMENTS_KEYS)
         {
             assert!(
                 text.contains(&format!("{key} =")) || text.contains(&format!("[{key}]")),

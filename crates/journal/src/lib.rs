@@ -280,6 +280,14 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         Ok(Vec::new())
     }
     fn prune(&self, max_age: Option<Duration>, max_bytes: Option<u64>) -> Result<Pruned, JournalError>;
+    /// Every message text, reply and outbox text containing `needle` (the attachment lines
+    /// that name stored files: what attachment retention keeps, crates/platforms/src/
+    /// attachments.rs). A store that cannot list them says so with an error, and nothing is
+    /// pruned.
+    fn texts_with(&self, needle: &str) -> Result<Vec<String>, JournalError> {
+        let _ = needle;
+        Err(JournalError::Store("this journal cannot list the texts naming attachments".into()))
+    }
     /// Queued messages: `(of this chat, in all)`, for the `[journal]` queue caps.
     fn queued(&self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), JournalError>;
     /// How full the journal is; a store that can count only the queue says only that.

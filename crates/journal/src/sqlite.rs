@@ -698,6 +698,19 @@ impl Store for Journal {
         self.writer.submit(move |conn| prune_on(conn, max_age, max_bytes), true)
     }
 
+    /// One scan of the three text columns, only after a retention round deleted something.
+    fn texts_with(&self, needle: &str) -> Result<Vec<String>, JournalError> {
+        let conn = self.read();
+        let pattern = format!("%{}%", needle.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
+        let mut stmt = conn.prepare(
+            "SELECT text FROM messages WHERE text LIKE ?1 ESCAPE '\\'
+             UNION ALL SELECT reply FROM messages WHERE reply LIKE ?1 ESCAPE '\\'
+             UNION ALL SELECT text FROM outbox WHERE text LIKE ?1 ESCAPE '\\'",
+        )?;
+        let rows = stmt.query_map(params![pattern], |r| r.get::<_, String>(0))?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
     /// The queue, its busiest chat, and the pages in use (what the size bound measures).
     fn depth(&self) -> Result<Depth, JournalError> {
         let conn = self.read();
@@ -1254,6 +1267,23 @@ mod tests {
     /// Every step of a platform message lands in the commit that already happens: accept
     /// (received, journaled), claim, finish (the run's steps, then done) and the outbox; the
     /// trace costs no commit of its own.
+    #[test]
+    fn texts_naming_attachments_are_found_in_messages_replies_and_the_outbox() {
+        let (_d, j) = journal();
+        let id =
+            j.accept_inbound("tg", "ev1", &msg("look\n[attachment: a, image/png, 1 B, sha256:aa]")).unwrap().unwrap();
+        j.accept_inbound("tg", "ev2", &msg("plain 100%_")).unwrap();
+        assert!(j.claim(&id, "inc-1").unwrap());
+        assert!(j.complete(&id, "inc-1", "back\n[attachment: b, text/plain, 1 B, sha256:bb]").unwrap());
+        j.enqueue("tg", "c", "[attachment: c, text/plain, 1 B, sha256:cc]").unwrap();
+        let mut got = j.texts_with("[attachment: ").unwrap();
+        got.sort();
+        assert_eq!(got.len(), 4, "the message, its reply, the reply in the outbox, the notice: {got:?}");
+        assert!(got.iter().all(|t| t.contains("[attachment: ")), "{got:?}");
+        assert_eq!(j.texts_with("100%_").unwrap().len(), 1, "LIKE wildcards are matched literally");
+        assert!(j.texts_with("0%x").unwrap().is_empty());
+    }
+
     #[test]
     fn a_message_trace_is_written_with_the_commits_that_happen_anyway() {
         let (_d, j) = journal();

@@ -229,7 +229,17 @@ impl Reader {
             let listed = self.nicks.iter().any(|n| n.eq_ignore_ascii_case(&from));
             (from.clone(), ChatKind::Direct, listed, true)
         };
-        Some(Inbound { event_id, chat_id: chat, user_id: from, text, sent_at: None, chat: kind, listed, addressed })
+        Some(Inbound {
+            event_id,
+            chat_id: chat,
+            user_id: from,
+            text,
+            sent_at: None,
+            chat: kind,
+            listed,
+            addressed,
+            attachments: Vec::new(),
+        })
     }
 
     /// A PRIVMSG event on the live connection, as an inbound message we serve.

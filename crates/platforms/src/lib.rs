@@ -22,6 +22,7 @@
 //! (crates/config/src/platform/), and one line in [`build`]'s `platforms!` list
 //! (docs/adding-a-platform.md).
 
+pub mod attachments;
 pub mod credlock;
 pub mod discord;
 pub mod email;
@@ -251,6 +252,39 @@ pub struct Inbound {
     /// The message mentions the bot or replies to one of its messages: what a group message
     /// needs under `require_mention`.
     pub addressed: bool,
+    /// The files it carries (issue 29): the protocol declares them, the skeleton downloads them
+    /// into the store before [`Host::deliver`] (attachments.rs).
+    pub attachments: Vec<attachments::Attachment>,
+}
+
+impl Inbound {
+    /// The text the journal keeps: the message's own, then one line per attachment naming the
+    /// stored file by its hash, or why it was refused ([`attachments::line`]), so the journal
+    /// row refers to every file before the platform's position moves.
+    pub fn journal_text(&self) -> String {
+        let mut t = attachments::escape_text(&self.text);
+        for a in &self.attachments {
+            if !t.is_empty() {
+                t.push('\n');
+            }
+            t.push_str(&attachments::line(a));
+        }
+        t
+    }
+
+    /// Why some of its attachments were refused, for the chat (one line each); `None` when none
+    /// were.
+    pub fn refusals(&self) -> Option<String> {
+        let lines: Vec<String> = self
+            .attachments
+            .iter()
+            .filter_map(|a| match &a.outcome {
+                Some(attachments::Outcome::Refused(why)) => Some(format!("{}: {why}", a.name)),
+                _ => None,
+            })
+            .collect();
+        (!lines.is_empty()).then(|| format!("attachment refused: {}", lines.join("; ")))
+    }
 }
 
 /// What kind of chat an [`Inbound`] message came from.
@@ -368,6 +402,18 @@ pub trait Host: Send + Sync {
     /// The chat commands, for platforms with a command menu (runtime/src/commands.rs).
     fn menu(&self) -> Vec<MenuCommand> {
         Vec::new()
+    }
+    /// Whether `msg` would be delivered (the access policy, deciding nothing): the skeleton
+    /// downloads a message's files only then, so a stranger cannot make the gateway fetch and
+    /// store files.
+    fn admits(&self, adapter: &str, msg: &Inbound) -> bool {
+        let _ = (adapter, msg);
+        true
+    }
+    /// Where downloaded attachments are stored and under which bounds. `None`: attachments are
+    /// refused with a notice (nothing is stored).
+    fn attachments(&self) -> Option<(attachments::Store, attachments::Bounds)> {
+        None
     }
 }
 

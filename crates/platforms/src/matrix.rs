@@ -104,6 +104,7 @@ fn inbound(m: TextMessage, chat: ChatKind, listed: bool) -> Inbound {
         chat,
         listed,
         addressed: m.mentions_me,
+        attachments: Vec::new(),
     }
 }
 

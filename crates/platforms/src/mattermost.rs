@@ -446,6 +446,7 @@ fn parse_post(post: &Value, channel_type: Option<&str>, mentions: &[String], p: 
         chat: if direct { ChatKind::Direct } else { ChatKind::Group },
         listed: p.allowed.iter().any(|a| a == channel),
         addressed,
+        attachments: Vec::new(),
     })
 }
 

@@ -368,6 +368,7 @@ fn parse_event(payload: &Value, me: Option<&str>, allowed: &[String]) -> Option<
         chat: if direct { ChatKind::Direct } else { ChatKind::Group },
         listed: allowed.iter().any(|a| a == channel),
         addressed,
+        attachments: Vec::new(),
     })
 }
 

@@ -39,6 +39,7 @@
 //! [`Host`]: crate::Host
 //! [`Host::receive_budget`]: crate::Host::receive_budget
 
+use std::io::Read;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -48,7 +49,8 @@ use gatewarden_config::platform::Telegram as Settings;
 use gatewarden_net::Outbound;
 use serde_json::{Value, json};
 
-use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::attachments::Attachment;
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, OutFile, PieceId, PieceLimit, Protocol, SendError, Skeleton};
 use crate::{AdapterError, ChatKind, Host, Inbound, MenuCommand, names_word};
 
 /// The public Bot API.
@@ -56,6 +58,10 @@ pub const DEFAULT_API_BASE: &str = "https://api.telegram.org";
 /// Telegram's limit on one message's text, in characters.
 const MAX_TEXT_CHARS: usize = 4096;
 const MAX_BODY_BYTES: u64 = 16 << 20;
+/// `sendPhoto`'s limit; a larger image goes as a document.
+const MAX_PHOTO_BYTES: u64 = 10 << 20;
+/// One upload's bound (50 MB at a slow 1 MB/s).
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(60);
 /// The shortest long poll worth starting under a receive budget (the Bot API's `timeout` is
 /// whole seconds).
 const MIN_BUDGETED_POLL: Duration = Duration::from_secs(1);
@@ -119,6 +125,49 @@ impl Api {
             .build()
             .send_json(body)
             .map_err(|e| ApiError::Network(self.redact(gatewarden_net::describe(&e, &self.prefix))))?;
+        self.answer(response)
+    }
+
+    /// A `multipart/form-data` call with one file (https://core.telegram.org/bots/api#sending-files:
+    /// "Post the file using multipart/form-data in the usual way that files are uploaded via the
+    /// browser"), streamed from the store: the file is never read into memory whole.
+    fn upload(
+        &self,
+        method: &str,
+        fields: &[(&str, String)],
+        file: (&str, &OutFile),
+        timeout: Duration,
+    ) -> Result<Value, ApiError> {
+        let (field, f) = file;
+        let (opened, _) = gatewarden_lifecycle::fsio::open_regular(&f.path)
+            .ok()
+            .ok_or_else(|| ApiError::Rejected(format!("the stored file {} is gone", f.name)))?;
+        let boundary = format!("gatewarden-{}", crate::sha256_hex(f.path.to_string_lossy().as_bytes()));
+        let mut head = String::new();
+        for (k, v) in fields {
+            head.push_str(&format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{k}\"\r\n\r\n{v}\r\n"));
+        }
+        let name: String = f.name.chars().filter(|c| !matches!(c, '"' | '\r' | '\n' | '\\')).collect();
+        head.push_str(&format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; filename=\"{name}\"\r\nContent-Type: {}\r\n\r\n",
+            f.kind
+        ));
+        let tail = format!("\r\n--{boundary}--\r\n");
+        let mut body =
+            std::io::Cursor::new(head.into_bytes()).chain(opened).chain(std::io::Cursor::new(tail.into_bytes()));
+        let response = self
+            .http
+            .post(format!("{}{method}", self.prefix))
+            .header("Content-Type", format!("multipart/form-data; boundary={boundary}"))
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .send(ureq::SendBody::from_reader(&mut body))
+            .map_err(|e| ApiError::Network(self.redact(gatewarden_net::describe(&e, &self.prefix))))?;
+        self.answer(response)
+    }
+
+    fn answer(&self, response: ureq::http::Response<ureq::Body>) -> Result<Value, ApiError> {
         let status = response.status().as_u16();
         let text = response
             .into_body()
@@ -271,12 +320,19 @@ struct Me {
     username: Option<String>,
 }
 
-/// Turns one update into an inbound message (`None`: not a text message). `allowed` is
-/// `allowed_chats`.
+/// Turns one update into an inbound message (`None`: neither text nor a file we take).
+/// `allowed` is `allowed_chats`.
 fn parse_update(u: &Value, me: &Me, allowed: &[String]) -> Option<Inbound> {
     let id = u["update_id"].as_i64()?;
     let m = &u["message"];
-    let text = m["text"].as_str()?;
+    let attachments = media(m);
+    // A file's words are its `caption` (https://core.telegram.org/bots/api#message).
+    let text = match (m["text"].as_str(), m["caption"].as_str()) {
+        (Some(t), _) => t,
+        (None, Some(c)) => c,
+        (None, None) if !attachments.is_empty() => "",
+        (None, None) => return None,
+    };
     let chat = id_string(&m["chat"]["id"])?;
     let user = id_string(&m["from"]["id"]).unwrap_or_default();
     let sent_at = m["date"].as_u64().map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s));
@@ -284,8 +340,11 @@ fn parse_update(u: &Value, me: &Me, allowed: &[String]) -> Option<Inbound> {
     let kind =
         if m["chat"]["type"].as_str().is_none_or(|t| t == "private") { ChatKind::Direct } else { ChatKind::Group };
     let mentioned = me.username.as_deref().is_some_and(|n| names_word(text, &format!("@{n}")))
-        || m["entities"].as_array().is_some_and(|es| {
-            es.iter().any(|e| e["type"] == "text_mention" && me.id.is_some_and(|i| e["user"]["id"].as_i64() == Some(i)))
+        || ["entities", "caption_entities"].iter().any(|k| {
+            m[*k].as_array().is_some_and(|es| {
+                es.iter()
+                    .any(|e| e["type"] == "text_mention" && me.id.is_some_and(|i| e["user"]["id"].as_i64() == Some(i)))
+            })
         });
     let replied = me.id.is_some_and(|i| m["reply_to_message"]["from"]["id"].as_i64() == Some(i));
     Some(Inbound {
@@ -297,7 +356,46 @@ fn parse_update(u: &Value, me: &Me, allowed: &[String]) -> Option<Inbound> {
         sent_at,
         chat: kind,
         addressed: mentioned || replied,
+        attachments,
     })
+}
+
+/// The files a message carries: `photo` (its largest size), `document`, `voice`, `audio`,
+/// `video_note` (https://core.telegram.org/bots/api#message), each fetched by its `file_id`.
+fn media(m: &Value) -> Vec<Attachment> {
+    let file = |f: &Value, name: &str, declared: &str| -> Option<Attachment> {
+        Some(Attachment {
+            name: f["file_name"].as_str().unwrap_or(name).to_owned(),
+            declared: f["mime_type"].as_str().unwrap_or(declared).to_owned(),
+            size: f["file_size"].as_u64(),
+            fetch: f["file_id"].as_str()?.to_owned(),
+            outcome: None,
+        })
+    };
+    let mut out = Vec::new();
+    // PhotoSize[]: the sizes of one photo; the largest is the one worth reading. Telegram
+    // serves photos as JPEG.
+    if let Some(sizes) = m["photo"].as_array() {
+        let largest = sizes.iter().max_by_key(|p| {
+            p["file_size"]
+                .as_u64()
+                .unwrap_or(0)
+                .max(p["width"].as_u64().unwrap_or(0) * p["height"].as_u64().unwrap_or(0))
+        });
+        out.extend(largest.and_then(|p| file(p, "photo.jpg", "image/jpeg")));
+    }
+    let kinds = [
+        ("document", "document", "application/octet-stream"),
+        ("voice", "voice.ogg", "audio/ogg"),
+        ("audio", "audio.mp3", "audio/mpeg"),
+        ("video_note", "video_note.mp4", "video/mp4"),
+    ];
+    for (key, name, declared) in kinds {
+        if m[key].is_object() {
+            out.extend(file(&m[key], name, declared));
+        }
+    }
+    out
 }
 
 fn id_string(v: &Value) -> Option<String> {
@@ -384,6 +482,30 @@ impl skeleton::Receiver for Poller {
         Ok(())
     }
 
+    /// `getFile` names the file's path, then `GET <api_base>/file/bot<token>/<file_path>`
+    /// (https://core.telegram.org/bots/api#getfile; the Bot API serves files up to 20 MB).
+    fn fetch(&mut self, _ctx: &Ctx, a: &Attachment, timeout: Duration) -> Result<Box<dyn Read + Send>, String> {
+        let f = self.api.call("getFile", &json!({"file_id": a.fetch}), timeout.min(Duration::from_secs(30)));
+        let f = f.map_err(|e| e.to_string())?;
+        let Some(path) = f["file_path"].as_str() else { return Err("getFile returned no file_path".into()) };
+        let url =
+            format!("{}/file/bot{}/{}", self.base.trim_end_matches('/'), self.token, path.trim_start_matches('/'));
+        let response = self
+            .api
+            .http
+            .get(&url)
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .call()
+            .map_err(|e| self.api.redact(gatewarden_net::describe(&e, &self.base)))?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            return Err(format!("HTTP {status} for the file"));
+        }
+        Ok(Box::new(response.into_body().into_reader()))
+    }
+
     /// A new HTTP agent: no pooled connection of the old one is reused.
     fn disconnect(&mut self) {
         self.api = Api::new(&self.base, &self.token, &self.out);
@@ -452,6 +574,19 @@ impl skeleton::Sender for Poster {
         self.api.call("sendMessage", &body, Duration::from_secs(30)).map(drop).map_err(send_error)
     }
 
+    /// `sendPhoto` for a JPEG, PNG or WebP image within the photo limit (10 MB), else
+    /// `sendDocument` (https://core.telegram.org/bots/api#sendphoto, #senddocument; 50 MB).
+    /// No idempotency key: a crash between the upload and the outbox commit uploads it once
+    /// more after the restart, as for text.
+    fn send_file(&mut self, chat: &str, file: &OutFile, _id: PieceId) -> Result<(), SendError> {
+        let photo =
+            matches!(file.kind.as_str(), "image/jpeg" | "image/png" | "image/webp") && file.size <= MAX_PHOTO_BYTES;
+        let (method, field) = if photo { ("sendPhoto", "photo") } else { ("sendDocument", "document") };
+        let chat = chat_json(chat);
+        let chat = chat.as_str().map_or_else(|| chat.to_string(), str::to_owned);
+        self.api.upload(method, &[("chat_id", chat)], (field, file), UPLOAD_TIMEOUT).map(drop).map_err(send_error)
+    }
+
     /// The action lasts 5 s or until the bot's next message; there is no "off".
     fn typing(&mut self, chat: &str, on: bool) -> Result<(), SendError> {
         if !on {
@@ -505,9 +640,37 @@ mod tests {
         );
         assert!(parse_update(&json!({"update_id": 8, "edited_message": {}}), &me, &[]).is_none());
         assert!(
-            parse_update(&json!({"update_id": 9, "message": {"photo": [], "chat": {"id": 1}}}), &me, &[]).is_none()
+            parse_update(&json!({"update_id": 9, "message": {"photo": [], "chat": {"id": 1}}}), &me, &[]).is_none(),
+            "a photo without sizes carries nothing"
         );
         assert!(parse_update(&json!("garbage"), &me, &[]).is_none());
+    }
+
+    /// Photos (the largest size), documents, voice, audio and video notes are taken, with the
+    /// caption as the text.
+    #[test]
+    fn files_are_taken_with_their_caption() {
+        let me = Me::default();
+        let photo = json!({"update_id": 10, "message": {"chat": {"id": 1}, "caption": "what is this", "photo": [
+            {"file_id": "small", "width": 90, "height": 90, "file_size": 1000},
+            {"file_id": "big", "width": 1280, "height": 960, "file_size": 90000}]}});
+        let m = parse_update(&photo, &me, &[]).unwrap();
+        assert_eq!(m.text, "what is this");
+        assert_eq!(m.attachments.len(), 1);
+        let a = &m.attachments[0];
+        assert_eq!(
+            (a.fetch.as_str(), a.name.as_str(), a.declared.as_str(), a.size),
+            ("big", "photo.jpg", "image/jpeg", Some(90000))
+        );
+        let voice = json!({"update_id": 11, "message": {"chat": {"id": 1}, "voice": {"file_id": "v", "mime_type": "audio/ogg", "duration": 2}}});
+        let v = parse_update(&voice, &me, &[]).unwrap();
+        assert_eq!((v.text.as_str(), v.attachments[0].name.as_str(), v.attachments[0].size), ("", "voice.ogg", None));
+        let doc = json!({"update_id": 12, "message": {"chat": {"id": 1}, "document": {"file_id": "d", "file_name": "notes.txt", "mime_type": "text/plain"}}});
+        assert_eq!(parse_update(&doc, &me, &[]).unwrap().attachments[0].name, "notes.txt");
+        for key in ["audio", "video_note"] {
+            let u = json!({"update_id": 13, "message": {"chat": {"id": 1}, key: {"file_id": "x"}}});
+            assert_eq!(parse_update(&u, &me, &[]).unwrap().attachments.len(), 1, "{key}");
+        }
     }
 
     /// Groups and private chats as `chat.type` says; a group message is addressed by

@@ -461,8 +461,17 @@ pub fn classify_at(
         (None, Some(s)) => format!("s:{}:{s}", archive.as_deref().unwrap_or_default()),
         (None, None) => fallback_id(),
     };
-    let inbound =
-        Inbound { event_id, chat_id: chat, user_id: user, text: body, sent_at, chat: chat_kind, listed, addressed };
+    let inbound = Inbound {
+        event_id,
+        chat_id: chat,
+        user_id: user,
+        text: body,
+        sent_at,
+        chat: chat_kind,
+        listed,
+        addressed,
+        attachments: Vec::new(),
+    };
     Seen { inbound: Some(inbound), archived }
 }
 

@@ -108,6 +108,7 @@ impl Receiver for ToyReceiver {
                     chat: ChatKind::Direct,
                     listed: false,
                     addressed: true,
+                    attachments: Vec::new(),
                 })
                 .collect();
             Batch { messages, gap: None }

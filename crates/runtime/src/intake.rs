@@ -17,6 +17,18 @@ pub trait Intake: Send + Sync {
     /// platform, to be delivered again.
     fn deliver(&self, gw: &Gateway, adapter: &str, m: Inbound) -> Result<(), String>;
 
+    /// Whether the access policy would deliver `m` (deciding nothing): its files are downloaded
+    /// only then.
+    fn admits(&self, adapter: &str, m: &Inbound) -> bool {
+        let _ = (adapter, m);
+        true
+    }
+
+    /// `[attachments]` as it is now (the download bounds).
+    fn attachments(&self) -> gatewarden_config::AttachmentsConfig {
+        gatewarden_config::AttachmentsConfig::default()
+    }
+
     /// The journal whose outbox the adapters send.
     fn journal(&self) -> &Arc<dyn Store>;
 

@@ -610,6 +610,20 @@ impl Host for GatewayHost {
         crate::commands::menu()
     }
 
+    fn admits(&self, adapter: &str, m: &Inbound) -> bool {
+        self.intake().is_ok_and(|i| i.admits(adapter, m))
+    }
+
+    /// `<home>/attachments`, under `[attachments]` as it is now (crates/platforms/src/attachments.rs).
+    fn attachments(
+        &self,
+    ) -> Option<(gatewarden_platforms::attachments::Store, gatewarden_platforms::attachments::Bounds)> {
+        use gatewarden_platforms::attachments::{Bounds, Store};
+        let gw = self.gw.upgrade()?;
+        let bounds = Bounds::from(&self.intake().ok()?.attachments());
+        Some((Store::new(gw.home.dir().join("attachments")), bounds))
+    }
+
     fn state_changed(&self, adapter: &str, state: &State) {
         let Ok(gw) = self.gw() else { return };
         match state {

@@ -87,6 +87,8 @@ pub const KEYS: &[(&str, Apply)] = &[
     ("update", Apply::Live),
     // A new exporter; the old one sends what it has queued and ends.
     ("telemetry", Apply::Live),
+    // Read per download (platforms.rs, Host::attachments).
+    ("attachments", Apply::Live),
 ];
 
 /// A `[[platform]]` key read per message or command (the command rule, the access policy), so

@@ -200,6 +200,7 @@ fn inbound(event: &str, text: &str) -> Inbound {
         chat: gatewarden_platforms::ChatKind::Direct,
         listed: false,
         addressed: true,
+        attachments: Vec::new(),
     }
 }
 

@@ -38,6 +38,17 @@
 //! - **Per-method flood control**: [`FakeTelegram::flood_method`] makes the next calls of
 //!   one method answer 429 with `retry_after` (Telegram limits edits and messages per chat).
 //!
+//! - **Files in** (https://core.telegram.org/bots/api#getfile, #file, #photosize, #document,
+//!   #voice, #audio, #videonote): [`FakeTelegram::inject_media`] sends a `photo` (two sizes,
+//!   the larger one the file), `document`, `voice`, `audio` or `video_note` with an optional
+//!   `caption`; `getFile` answers `{file_id, file_unique_id, file_size, file_path}` ("Bad
+//!   Request: file is too big" past 20 MB, the Bot API's download limit), and
+//!   `GET /file/bot<token>/<file_path>` serves the bytes (logged, [`FakeTelegram::downloads`]);
+//!   a file injected with `stall` sends its first bytes and then nothing, forever.
+//! - **Files out** (https://core.telegram.org/bots/api#sendphoto, #senddocument,
+//!   #sending-files): `sendPhoto` and `sendDocument` take `multipart/form-data` with the file
+//!   in the `photo` / `document` field (logged, [`FakeTelegram::files`]); a photo over 10 MB
+//!   is refused "Bad Request: PHOTO_INVALID_DIMENSIONS"-style with 400.
 //! - **Consumers told apart.** `<base>/c/<consumer>` is the same API as `<base>`, with every
 //!   `getUpdates` logged under that consumer's name ([`FakeTelegram::polls`]: start, end,
 //!   requested timeout, whether it ended in a 409), so a test with two gateways on one token
@@ -56,7 +67,7 @@ use std::time::{Duration, Instant, SystemTime};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
@@ -91,6 +102,41 @@ pub struct SentMessage {
     pub chat_id: Value,
     pub text: String,
 }
+
+/// A file the bot sent (`sendPhoto`, `sendDocument`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SentFile {
+    pub message_id: i64,
+    pub method: String,
+    pub chat_id: Value,
+    pub file_name: String,
+    pub content_type: String,
+    pub bytes: Vec<u8>,
+}
+
+/// A file a user sends ([`FakeTelegram::inject_media`]).
+#[derive(Debug, Clone, Default)]
+pub struct Media {
+    /// `photo`, `document`, `voice`, `audio` or `video_note`.
+    pub kind: String,
+    pub bytes: Vec<u8>,
+    pub file_name: Option<String>,
+    pub mime_type: Option<String>,
+    pub caption: Option<String>,
+    /// The `file_size` the message declares (default: the real size).
+    pub declared_size: Option<u64>,
+    /// The download sends its first bytes, then stalls forever.
+    pub stall: bool,
+}
+
+struct StoredFile {
+    path: String,
+    bytes: Arc<Vec<u8>>,
+    stall: bool,
+}
+
+/// The Bot API's download limit for bots.
+const MAX_DOWNLOAD: usize = 20 << 20;
 
 /// A `sendChatAction` the bot made.
 #[derive(Debug, Clone, PartialEq)]
@@ -156,6 +202,11 @@ pub struct PollRecord {
 
 #[derive(Default)]
 struct Bot {
+    /// Files users sent, by `file_id`.
+    files: HashMap<String, StoredFile>,
+    next_file: u64,
+    downloads: Vec<String>,
+    sent_files: Vec<SentFile>,
     polls: Vec<PollRecord>,
     queue: VecDeque<Value>,
     next_update: i64,
@@ -298,6 +349,66 @@ impl FakeTelegram {
     /// The bot's `@username`, as `getMe` answers it.
     pub fn username(token: &str) -> String {
         format!("fake{}_bot", bot_id(token))
+    }
+
+    /// A user sends a file (`media.kind`) in the private chat `chat_id`; returns the update id.
+    pub fn inject_media(&self, token: &str, chat_id: i64, user_id: i64, media: Media) -> i64 {
+        let bot = bot_id(token);
+        let _ = bot;
+        self.shared.with(token, |b| {
+            let mut file = |bytes: Vec<u8>, stall: bool, ext: &str| {
+                b.next_file += 1;
+                let id = format!("file{}", b.next_file);
+                let path = format!("{}/file_{}.{ext}", media.kind, b.next_file);
+                let size = bytes.len() as u64;
+                b.files.insert(id.clone(), StoredFile { path, bytes: Arc::new(bytes), stall });
+                (id, size)
+            };
+            let (id, size) = file(media.bytes.clone(), media.stall, "bin");
+            let size = media.declared_size.unwrap_or(size);
+            let mut obj = json!({"file_id": id, "file_unique_id": format!("u{id}"), "file_size": size});
+            if let Some(n) = &media.file_name {
+                obj["file_name"] = json!(n);
+            }
+            if let Some(m) = &media.mime_type {
+                obj["mime_type"] = json!(m);
+            }
+            let value = if media.kind == "photo" {
+                // A thumbnail first, as Telegram lists sizes smallest first.
+                let (thumb, tsize) = file(b"\xff\xd8\xff\xe0thumb".to_vec(), false, "jpg");
+                obj["width"] = json!(1280);
+                obj["height"] = json!(960);
+                json!([{"file_id": thumb, "file_unique_id": format!("u{thumb}"), "file_size": tsize, "width": 90, "height": 67}, obj])
+            } else {
+                obj
+            };
+            let uid = b.next_update;
+            b.next_update += 1;
+            let date = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            let mut message = json!({
+                "message_id": uid,
+                "date": date,
+                "chat": {"id": chat_id, "type": "private"},
+                "from": {"id": user_id, "is_bot": false, "first_name": format!("user{user_id}")},
+            });
+            message[media.kind.as_str()] = value;
+            if let Some(c) = &media.caption {
+                message["caption"] = json!(c);
+            }
+            b.queue.push_back(json!({"update_id": uid, "message": message}));
+            b.notify.notify_waiters();
+            uid
+        })
+    }
+
+    /// The `file_path`s downloaded, in order.
+    pub fn downloads(&self, token: &str) -> Vec<String> {
+        self.shared.with(token, |b| b.downloads.clone())
+    }
+
+    /// The files the bot sent, oldest first.
+    pub fn files(&self, token: &str) -> Vec<SentFile> {
+        self.shared.with(token, |b| b.sent_files.clone())
     }
 
     /// What the bot sent, oldest first.
@@ -484,6 +595,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/_fake/stats", get(http_stats))
         .route("/_fake/actions", get(http_actions))
         .route("/_fake/visible", get(http_visible))
+        .route("/file/{bot}/{*path}", get(download))
         .route("/{bot}/{method}", post(api).get(api))
         .route("/c/{consumer}/{bot}/{method}", post(consumer_api).get(consumer_api))
         .with_state(shared)
@@ -525,18 +637,120 @@ async fn consumer_api(
     State(shared): State<Arc<Shared>>,
     Path((consumer, bot, method)): Path<(String, String, String)>,
     Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    call(shared, consumer, bot, method, query, body).await
+    call(shared, consumer, bot, method, query, (content_type(&headers), body)).await
 }
 
 async fn api(
     State(shared): State<Arc<Shared>>,
     Path((bot, method)): Path<(String, String)>,
     Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    call(shared, String::new(), bot, method, query, body).await
+    call(shared, String::new(), bot, method, query, (content_type(&headers), body)).await
+}
+
+fn content_type(h: &HeaderMap) -> String {
+    h.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+}
+
+/// `GET /file/bot<token>/<file_path>`: the bytes of a file `getFile` named.
+async fn download(State(shared): State<Arc<Shared>>, Path((bot, path)): Path<(String, String)>) -> Response {
+    let Some(token) = bot.strip_prefix("bot") else { return fail(404, "Not Found") };
+    let found = shared.with(token, |b| {
+        let f = b.files.values().find(|f| f.path == path).map(|f| (Arc::clone(&f.bytes), f.stall));
+        if f.is_some() {
+            b.downloads.push(path.clone());
+        }
+        f
+    });
+    let Some((bytes, stall)) = found else { return fail(404, "Not Found: file not found") };
+    if stall {
+        use futures_util::StreamExt;
+        let first = Bytes::copy_from_slice(&bytes[..bytes.len().min(16)]);
+        let s = futures_util::stream::iter([Ok::<Bytes, std::io::Error>(first)]).chain(futures_util::stream::pending());
+        return (StatusCode::OK, axum::body::Body::from_stream(s)).into_response();
+    }
+    (StatusCode::OK, bytes.as_ref().clone()).into_response()
+}
+
+/// One part of a `multipart/form-data` body: `(name, filename, content type, bytes)`.
+type FormPart = (String, Option<String>, String, Vec<u8>);
+
+/// The parts of a `multipart/form-data` body (RFC 7578); `None` when it is not one.
+fn multipart(content_type: &str, body: &[u8]) -> Option<Vec<FormPart>> {
+    let boundary = content_type.split(';').find_map(|p| p.trim().strip_prefix("boundary="))?.trim_matches('"');
+    let delim = format!("--{boundary}").into_bytes();
+    let find = |hay: &[u8], from: usize| {
+        hay.get(from..)?.windows(delim.len()).position(|w| w == delim.as_slice()).map(|i| i + from)
+    };
+    let mut parts = Vec::new();
+    let mut at = find(body, 0)? + delim.len();
+    loop {
+        if body.get(at..at + 2) == Some(b"--") {
+            return Some(parts);
+        }
+        let start = at + 2; // the CRLF after the delimiter
+        let next = find(body, start)?;
+        let part = body.get(start..next.checked_sub(2)?)?; // without the CRLF before it
+        let split = part.windows(4).position(|w| w == b"\r\n\r\n")?;
+        let head = String::from_utf8_lossy(&part[..split]).into_owned();
+        let content = part[split + 4..].to_vec();
+        let mut name = String::new();
+        let mut filename = None;
+        let mut ctype = String::new();
+        for line in head.split("\r\n") {
+            let lower = line.to_ascii_lowercase();
+            if lower.starts_with("content-disposition:") {
+                for attr in line.split(';').map(str::trim) {
+                    if let Some(v) = attr.strip_prefix("name=") {
+                        name = v.trim_matches('"').to_owned();
+                    } else if let Some(v) = attr.strip_prefix("filename=") {
+                        filename = Some(v.trim_matches('"').to_owned());
+                    }
+                }
+            } else if lower.starts_with("content-type:") {
+                ctype = line["content-type:".len()..].trim().to_owned();
+            }
+        }
+        parts.push((name, filename, ctype, content));
+        at = next + delim.len();
+    }
+}
+
+/// `sendPhoto` / `sendDocument` with the file uploaded in `field`.
+fn send_file(shared: &Shared, token: &str, method: &str, field: &str, content_type: &str, body: &[u8]) -> Response {
+    let Some(parts) = multipart(content_type, body) else {
+        return fail(400, "Bad Request: there is no file in the request");
+    };
+    let text =
+        |k: &str| parts.iter().find(|p| p.0 == k && p.1.is_none()).map(|p| String::from_utf8_lossy(&p.3).into_owned());
+    let Some(chat) = text("chat_id").filter(|c| !c.is_empty()) else {
+        return fail(400, "Bad Request: chat_id is empty");
+    };
+    let chat = chat.parse::<i64>().map_or_else(|_| json!(chat), |n| json!(n));
+    let Some((_, filename, ctype, bytes)) = parts.iter().find(|p| p.0 == field && p.1.is_some()) else {
+        return fail(400, &format!("Bad Request: there is no {field} in the request"));
+    };
+    if field == "photo" && bytes.len() > 10 << 20 {
+        return fail(400, "Bad Request: PHOTO_INVALID_DIMENSIONS");
+    }
+    shared.with(token, |b| {
+        let id = b.next_message;
+        b.next_message += 1;
+        b.sent_files.push(SentFile {
+            message_id: id,
+            method: method.to_owned(),
+            chat_id: chat.clone(),
+            file_name: filename.clone().unwrap_or_default(),
+            content_type: ctype.clone(),
+            bytes: bytes.clone(),
+        });
+        ok(json!({"message_id": id, "chat": {"id": chat}}))
+    })
 }
 
 /// Ends a [`PollRecord`] however its handler ends (answered, or dropped with the client).
@@ -564,7 +778,7 @@ async fn call(
     bot: String,
     method: String,
     query: HashMap<String, String>,
-    body: Bytes,
+    (ctype, body): (String, Bytes),
 ) -> Response {
     let Some(token) =
         bot.strip_prefix("bot").filter(|t| t.split_once(':').is_some_and(|(id, _)| id.parse::<u64>().is_ok()))
@@ -617,6 +831,16 @@ async fn call(
             r
         }
         "sendMessage" => send_message(&shared, token, &p),
+        "sendPhoto" => send_file(&shared, token, "sendPhoto", "photo", &ctype, &body),
+        "sendDocument" => send_file(&shared, token, "sendDocument", "document", &ctype, &body),
+        "getFile" => {
+            let id = p.get("file_id").and_then(Value::as_str).unwrap_or("").to_owned();
+            shared.with(token, |b| match b.files.get(&id) {
+                None => fail(400, "Bad Request: invalid file_id"),
+                Some(f) if f.bytes.len() > MAX_DOWNLOAD => fail(400, "Bad Request: file is too big"),
+                Some(f) => ok(json!({"file_id": id, "file_unique_id": format!("u{id}"), "file_size": f.bytes.len(), "file_path": f.path})),
+            })
+        }
         "sendChatAction" => send_chat_action(&shared, token, &p),
         "editMessageText" => edit_message_text(&shared, token, &p),
         "deleteMessage" => delete_message(&shared, token, &p),

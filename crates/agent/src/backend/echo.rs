@@ -45,7 +45,7 @@ impl EchoAgent {
                     send_chunk(&chunks, &cancel, word.to_string()).await?;
                 }
             }
-            Ok(AgentReply { text: req.text, usage: None })
+            Ok(AgentReply { text: req.text, ..AgentReply::default() })
         })
         .await
     }
@@ -80,6 +80,7 @@ mod tests {
             platform: None,
             session_started: None,
             http_conversation: false,
+            attachments: Vec::new(),
         }
     }
 

@@ -10,7 +10,14 @@
 //!   (`<home>/runs/<incarnation>/`, [`ExecAgent::with_scratch`]; else the temp folder), and
 //!   removed when the run ends, however it ends (the runtime removes its incarnation's folder
 //!   at exit, and the next incarnation what a killed one left: issue 31 §2);
-//! - stdout: the reply, at most `[agent] max_reply_bytes` ([`MAX_STDOUT_BYTES`] by default;
+//!   `GATEWARDEN_ATTACHMENTS` ([`ATTACHMENTS_ENV`]): the message's files as a JSON list of
+//!   `{"path", "name", "type", "size"}` (`[]` without files; the paths are the gateway's
+//!   stored copies: read them, never change them); each is also named on a line of stdin,
+//!   `[file: name, type, size bytes]`;
+//! - stdout: the reply; a line that is exactly `{"attach": "/absolute/path"}` is not text but
+//!   attaches that file to the reply (the gateway copies it into its store under the download
+//!   bounds before the run's end is journaled; a file it cannot take is named in the reply
+//!   instead); the rest of stdout is the reply's text, at most `[agent] max_reply_bytes` ([`MAX_STDOUT_BYTES`] by default;
 //!   more fails the run, because a reply that size is a runaway, not an answer), decoded as lossy UTF-8 with trailing line breaks removed;
 //!   streamed line by line (each chunk ends with its `\n`);
 //! - stderr: its last 4 KiB are kept for the failure reason.
@@ -35,6 +42,31 @@ use super::{Agent, AgentError, AgentFuture, AgentReply, AgentRequest, send_chunk
 
 /// Largest stdout accepted from one run by default (1 MiB; `[agent] max_reply_bytes`).
 pub const MAX_STDOUT_BYTES: usize = 1 << 20;
+
+/// The environment variable naming the message's files (module notes).
+pub const ATTACHMENTS_ENV: &str = "GATEWARDEN_ATTACHMENTS";
+
+/// The reply's text without its attach lines, and the files they name: a line of stdout that
+/// is exactly a JSON object `{"attach": "/absolute/path"}` attaches that file (module notes).
+fn attached(out: &str) -> (String, Vec<std::path::PathBuf>) {
+    let mut files = Vec::new();
+    let mut text = Vec::new();
+    for line in out.split_inclusive('\n') {
+        let t = line.trim();
+        let path = t
+            .starts_with("{\"attach\"")
+            .then(|| serde_json::from_str::<serde_json::Value>(t).ok())
+            .flatten()
+            .and_then(|v| v.as_object().filter(|o| o.len() == 1).and_then(|o| o["attach"].as_str().map(str::to_owned)))
+            .map(std::path::PathBuf::from)
+            .filter(|p| p.is_absolute());
+        match path {
+            Some(p) => files.push(p),
+            None => text.push(line),
+        }
+    }
+    (text.concat(), files)
+}
 
 /// How much of stderr is kept for the failure reason.
 const STDERR_TAIL_BYTES: usize = 4096;
@@ -131,6 +163,7 @@ impl ExecAgent {
             .env("GATEWARDEN_CHAT_ID", &req.chat_id)
             .env("GATEWARDEN_USER_ID", &req.user_id)
             .env("GATEWARDEN_RUN_ID", &req.run_id)
+            .env(ATTACHMENTS_ENV, super::files::env_json(&req.attachments))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -141,7 +174,7 @@ impl ExecAgent {
         let group = Group::attach(&child);
 
         let stdin = child.stdin.take();
-        let text = req.text.into_bytes();
+        let text = super::files::named_text(&req.text, &req.attachments).into_bytes();
         // A command that never reads its input makes this write fail (EPIPE) or block until the
         // group dies; neither is the run's failure, so the result is ignored.
         let stdin_task = tokio::spawn(async move {
@@ -229,8 +262,8 @@ impl ExecAgent {
             }));
         }
         let output = output.map_err(AgentError::Failed)?;
-        let text = String::from_utf8_lossy(&output);
-        Ok(AgentReply { text: text.trim_end_matches(['\n', '\r']).to_string(), usage: None })
+        let (text, files) = attached(&String::from_utf8_lossy(&output));
+        Ok(AgentReply { text: text.trim_end_matches(['\n', '\r']).to_string(), usage: None, files })
     }
 
     /// SIGTERM to the group, up to `kill_grace` for the leader to exit, SIGKILL to the group,
@@ -358,5 +391,18 @@ impl Agent for ExecAgent {
         chunks: Option<mpsc::Sender<String>>,
     ) -> AgentFuture<'_> {
         Box::pin(self.go(req, cancel, chunks))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attach_lines_name_files_and_leave_the_text() {
+        let (text, files) = attached("here it is\n{\"attach\": \"/tmp/a.png\"}\n{\"attach\": \"rel\"}\nbye\n");
+        assert_eq!(text, "here it is\n{\"attach\": \"rel\"}\nbye\n", "a relative path is text");
+        assert_eq!(files, vec![std::path::PathBuf::from("/tmp/a.png")]);
+        assert!(attached("{\"attach\": \"/x\", \"y\": 1}").1.is_empty(), "only the one key");
     }
 }

@@ -274,7 +274,10 @@ impl HermesAgent {
         let history = if self.history_turns == 0 { Vec::new() } else { req.history.clone() };
         let run = RunThread {
             client: client.clone(),
-            input: req.text.clone(),
+            // Named, not passed: /v1/runs takes `input` as text, or a message list whose last
+            // `content` it hands on without the multimodal checks of /v1/chat/completions
+            // (hermes-agent 0.19.0, gateway/platforms/api_server.py `_handle_runs`).
+            input: super::files::named_text(&req.text, &req.attachments),
             session: req.session_scope().map(|p| session_id(p, &req.chat_id, req.session_started.as_deref())),
             session_key: req.session_scope().map(|p| session_key(p, &req.chat_id)),
             fallback_history: history,
@@ -709,7 +712,11 @@ fn completed(v: &Value) -> AgentReply {
     let text = v.get("output").and_then(Value::as_str).unwrap_or_default().to_owned();
     let n = |k: &str| v.pointer(&format!("/usage/{k}")).and_then(Value::as_u64).unwrap_or(0);
     let (p, c) = (n("input_tokens"), n("output_tokens"));
-    AgentReply { text, usage: (p + c > 0).then_some(Usage { prompt_tokens: p, completion_tokens: c }) }
+    AgentReply {
+        text,
+        usage: (p + c > 0).then_some(Usage { prompt_tokens: p, completion_tokens: c }),
+        files: Vec::new(),
+    }
 }
 
 fn failed(v: &Value) -> AgentError {

@@ -23,6 +23,7 @@ pub mod approval;
 pub mod delivery;
 mod echo;
 mod exec;
+pub mod files;
 pub mod hermes;
 mod openai;
 mod process_group;
@@ -33,6 +34,7 @@ pub mod trace;
 pub use approval::{Approvals, Pending, Question};
 pub use echo::EchoAgent;
 pub use exec::{ExecAgent, MAX_STDOUT_BYTES};
+pub use files::AgentFile;
 pub use hermes::HermesAgent;
 pub use openai::{ApiKey, OpenAiAgent, Policy};
 
@@ -55,6 +57,9 @@ pub struct AgentRequest {
     /// An HTTP API conversation (`/v1/messages` with a `chat_id`): kept like a platform chat's,
     /// so the hermes backend gives it a session too ([`HTTP_SCOPE`]).
     pub http_conversation: bool,
+    /// The stored files the message carries (backend/files.rs), resolved by the runtime from
+    /// the journaled text; each backend presents them its own way.
+    pub attachments: Vec<AgentFile>,
 }
 
 /// The platform name an HTTP API conversation's hermes session is derived from: no adapter is
@@ -87,6 +92,7 @@ impl AgentRequest {
             platform: None,
             session_started: None,
             http_conversation: false,
+            attachments: Vec::new(),
         }
     }
 }
@@ -125,9 +131,12 @@ pub fn within_budget(history: Vec<Turn>, chars: usize) -> Vec<Turn> {
 }
 
 /// The agent's full answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AgentReply {
     pub text: String,
+    /// Files the reply carries (exec: `{"attach": "/path"}` lines of stdout): the runtime
+    /// stores them and the outbox sends them after the text.
+    pub files: Vec<std::path::PathBuf>,
     /// Tokens, when the upstream reported them (openai).
     pub usage: Option<Usage>,
 }

@@ -475,7 +475,7 @@ impl OpenAiAgent {
         let streaming = chunks.is_some();
         let mut messages: Vec<Value> =
             req.history.iter().map(|t| json!({"role": t.role, "content": t.content})).collect();
-        messages.push(json!({"role": "user", "content": req.text}));
+        messages.push(json!({"role": "user", "content": super::files::user_content(&req.text, &req.attachments, &[])}));
         let mut body = json!({"model": up.model, "messages": messages, "stream": streaming});
         if streaming {
             body["stream_options"] = json!({"include_usage": true});
@@ -541,7 +541,7 @@ impl OpenAiAgent {
                 joined = &mut worker, if !deltas_open => {
                     return match joined {
                         Ok(Ok(done)) if done.text.as_ref().is_some_and(|t| t.len() > max) => Err(too_long()),
-                        Ok(Ok(done)) => Ok(AgentReply { text: done.text.unwrap_or(streamed), usage: done.usage }),
+                        Ok(Ok(done)) => Ok(AgentReply { text: done.text.unwrap_or(streamed), usage: done.usage, files: Vec::new() }),
                         // Part of the reply went on its way: another provider's answer can
                         // follow only if none of it reached the caller (its pieces are then
                         // dropped on the way); else it cannot be appended.

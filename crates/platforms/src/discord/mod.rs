@@ -260,6 +260,7 @@ fn parse_message(d: &Value, me: Option<&str>, allowed: &[String]) -> Option<Inbo
         chat: if guild { ChatKind::Group } else { ChatKind::Direct },
         listed: allowed.iter().any(|a| a == chat),
         addressed: mentioned,
+        attachments: Vec::new(),
     })
 }
 

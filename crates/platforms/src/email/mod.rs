@@ -403,6 +403,7 @@ impl Fetcher {
             chat: ChatKind::Direct,
             listed,
             addressed: true,
+            attachments: Vec::new(),
         })
     }
 }

@@ -42,7 +42,7 @@ use crate::{Activity, Adapter, AdapterError, HookAnswer, HookRequest, Host, Stat
 use wait::{Flags, Running, Slot};
 
 pub use receive::{Batch, Failure, Receiver};
-pub use send::{Bucket, PieceId, SendError, Sender, pieces};
+pub use send::{Bucket, OutFile, PieceId, SendError, Sender, pieces};
 
 /// Where a reply is cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,7 +2,10 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
+use std::io::Read;
+
 use super::{BACKOFF_MIN, Ctx, Limits, MAX_RETRY_AFTER, next_backoff};
+use crate::attachments::{Attachment, Outcome};
 use crate::{Inbound, State};
 
 /// How long the loop waits before looking at a too-small receive budget, or at a drain with no
@@ -62,6 +65,12 @@ pub trait Receiver: Send + 'static {
     /// The watchdog found no progress for too long: drop the connection (a new
     /// [`Receiver::connect`] follows).
     fn disconnect(&mut self) {}
+    /// Opens the download of attachment `a` (its [`Attachment::fetch`] handle), bounded by
+    /// `timeout` in all; the skeleton reads it under the store's bounds (attachments.rs).
+    /// Protocols that declare no attachments keep the default.
+    fn fetch(&mut self, _ctx: &Ctx, a: &Attachment, _timeout: Duration) -> Result<Box<dyn Read + Send>, String> {
+        Err(format!("this platform cannot download {}", a.name))
+    }
     /// The end of the receive side: leave the platform, returning what it relayed before it
     /// let us go (IRC reads on after its `QUIT`); those are journaled too.
     fn hang_up(&mut self) -> Vec<Inbound> {
@@ -157,7 +166,8 @@ pub(crate) fn run<R: Receiver>(mut rx: R, ctx: &Ctx, limits: Limits, conflict_bo
                 l.conflict_since = None;
                 ctx.status.progress();
                 ctx.set(batch.gap.map_or(State::Connected, State::Degraded));
-                if l.deliver(batch.messages) {
+                let messages = download(&mut rx, ctx, batch.messages);
+                if l.deliver(messages) {
                     if let Err(e) = rx.confirm(ctx) {
                         ctx.set(State::Degraded(e));
                     }
@@ -178,6 +188,41 @@ pub(crate) fn run<R: Receiver>(mut rx: R, ctx: &Ctx, limits: Limits, conflict_bo
             }
         }
     }
+}
+
+/// Downloads every attachment of `messages` into the host's store, before they are journaled:
+/// each ends stored or refused with a reason (never dropped). A redelivered event finds its
+/// files by the store's per-event record and downloads nothing twice.
+fn download<R: Receiver>(rx: &mut R, ctx: &Ctx, mut messages: Vec<Inbound>) -> Vec<Inbound> {
+    if messages.iter().all(|m| m.attachments.is_empty()) {
+        return messages;
+    }
+    let host = ctx.host();
+    let store = host.attachments();
+    for m in &mut messages {
+        // A message the access policy drops (or answers with a pairing code) is not
+        // journaled: its files are not fetched.
+        if m.attachments.is_empty() || !host.admits(ctx.name(), m) {
+            continue;
+        }
+        let started = Instant::now();
+        let mut used = 0;
+        for (i, a) in m.attachments.iter_mut().enumerate() {
+            if a.outcome.is_some() {
+                continue;
+            }
+            let outcome = match &store {
+                None => Outcome::Refused("attachments are not stored by this gateway".into()),
+                Some((store, bounds)) => {
+                    let key = format!("{}/{}/{i}", ctx.name(), m.event_id);
+                    let probe = a.clone();
+                    store.fetch(Some(&key), &probe, bounds, started, &mut used, |t| rx.fetch(ctx, &probe, t))
+                }
+            };
+            a.outcome = Some(outcome);
+        }
+    }
+    messages
 }
 
 impl Loop<'_> {

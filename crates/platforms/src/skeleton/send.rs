@@ -25,6 +25,22 @@ pub struct PieceId {
     pub index: usize,
 }
 
+/// A stored file a reply carries (attachments.rs), for [`Sender::send_file`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutFile {
+    pub name: String,
+    /// The MIME type its content shows.
+    pub kind: String,
+    pub path: std::path::PathBuf,
+    pub size: u64,
+}
+
+/// One step of sending an outbox entry.
+enum Part {
+    Text(String),
+    File(OutFile),
+}
+
 /// Why sending one piece failed, typed by what the skeleton does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SendError {
@@ -51,6 +67,13 @@ pub trait Sender: Send + 'static {
     }
     /// Sends one piece of a reply to `chat`, blocking at most the platform's request bound.
     fn send(&mut self, chat: &str, piece: &str, id: PieceId) -> Result<(), SendError>;
+
+    /// Uploads one stored file of a reply to `chat` (after the reply's text), with the
+    /// platform's native upload. Default: the file is named in a text piece (platforms whose
+    /// upload is not built yet).
+    fn send_file(&mut self, chat: &str, file: &OutFile, id: PieceId) -> Result<(), SendError> {
+        self.send(chat, &format!("[file: {}, {}, {} bytes]", file.name, file.kind, file.size), id)
+    }
 
     /// Shows (`on`), or stops showing, "typing…" in `chat` while a run is in progress. Called
     /// every 4 s while on (Telegram's `sendChatAction` lasts 5 s; Matrix's typing notice takes
@@ -327,13 +350,32 @@ impl<S: Sender> Loop<'_, S> {
         if batch.is_empty() {
             return Ok(true);
         }
+        let store = ctx.host().attachments().map(|(s, _)| s);
         'items: for item in batch {
-            for (index, piece) in pieces(&item.text, &self.limits).iter().enumerate() {
+            // The files the entry names (stored before it was queued) go after its text; the
+            // entry is marked sent only once all are out.
+            let (text, files) = match &store {
+                Some(store) if item.text.contains("[attachment: ") => crate::attachments::resolve(store, &item.text),
+                _ => (item.text.clone(), Vec::new()),
+            };
+            let mut parts: Vec<Part> = if text.trim().is_empty() && !files.is_empty() {
+                Vec::new()
+            } else {
+                pieces(&text, &self.limits).into_iter().map(Part::Text).collect()
+            };
+            parts.extend(
+                files.into_iter().map(|(name, kind, path, size)| Part::File(OutFile { name, kind, path, size })),
+            );
+            for (index, part) in parts.iter().enumerate() {
                 let id = PieceId { seq: item.seq, index };
                 loop {
                     let wait = self.bucket.as_mut().map_or(Duration::ZERO, |b| b.take(Instant::now()));
                     self.hold(wait)?;
-                    match self.tx.send(&item.chat_id, piece, id) {
+                    let r = match part {
+                        Part::Text(piece) => self.tx.send(&item.chat_id, piece, id),
+                        Part::File(f) => self.tx.send_file(&item.chat_id, f, id),
+                    };
+                    match r {
                         Ok(()) => {
                             ctx.status.sent();
                             ctx.status.progress();

@@ -262,6 +262,16 @@ impl Gate {
     }
 
     /// Decides `m` from `adapter`; a new code is written to the book before it is handed out.
+    /// Whether `m` would be delivered now, deciding nothing (no code issued, nothing counted):
+    /// the skeleton downloads a message's files only for a message that is (issue 29: a
+    /// stranger cannot make the gateway fetch and store files).
+    pub fn would_deliver(&self, adapter: &str, m: &Inbound, now: SystemTime) -> bool {
+        let policies = self.policies.get();
+        let Some(p) = policies.get(adapter) else { return false };
+        let facts = Facts::of(m);
+        matches!(self.book.read(|b| decide(&facts, p, b.of(adapter), now)), Decision::Deliver)
+    }
+
     pub fn admit(&self, adapter: &str, m: &Inbound, now: SystemTime) -> Admit {
         let policies = self.policies.get();
         let Some(p) = policies.get(adapter) else { return self.refuse(adapter, Refusal::UnknownSender) };
@@ -487,6 +497,7 @@ mod tests {
             chat: ChatKind::Direct,
             listed: false,
             addressed: true,
+            attachments: Vec::new(),
         }
     }
 

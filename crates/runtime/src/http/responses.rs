@@ -695,6 +695,7 @@ mod tests {
         all.extend(ev.completed(&AgentReply {
             text: "Hello".into(),
             usage: Some(Usage { prompt_tokens: 3, completion_tokens: 2 }),
+            files: Vec::new(),
         }));
         let types: Vec<&str> = all.iter().map(|e| e["type"].as_str().unwrap()).collect();
         assert_eq!(

@@ -97,7 +97,9 @@ impl Intake for Work {
         let msg = NewMessage {
             chat_id: m.chat_id.clone(),
             user_id: m.user_id.clone(),
-            text: m.text.clone(),
+            // The files it carries are named by hash (or why refused) in the journaled text, so
+            // the row refers to them before the platform's position moves.
+            text: m.journal_text(),
             kind: Kind::Async,
         };
         let from = Sender { channel: Channel::Platform(adapter), user_id: &m.user_id };
@@ -118,6 +120,16 @@ impl Intake for Work {
                 }
                 self.note_full(adapter, &m.chat_id, false);
                 if let Some(id) = j.accept_inbound(adapter, &m.event_id, &msg).map_err(|e| e.to_string())? {
+                    // A refused attachment: the message still runs (its text names the refusal,
+                    // so the agent's reply can say why too), and the chat is told through the
+                    // outbox, once (a redelivery is not accepted again). Best-effort: the
+                    // message is committed; a failure here must not have it delivered again.
+                    if let Some(why) = m.refusals() {
+                        match j.enqueue(adapter, &m.chat_id, &why) {
+                            Ok(_) => self.wake.wake(adapter),
+                            Err(e) => crate::warn!("cannot queue the attachment notice for {id}: {e}"),
+                        }
+                    }
                     self.metrics.accepted_async.fetch_add(1, Ordering::Relaxed);
                     // Only a running gateway runs it; otherwise the next incarnation does.
                     if gw.phase.get() == GatewayState::Running {
@@ -138,6 +150,14 @@ impl Intake for Work {
 
     fn journal(&self) -> &Arc<dyn Store> {
         &self.journal
+    }
+
+    fn admits(&self, adapter: &str, m: &Inbound) -> bool {
+        self.gate.would_deliver(adapter, m, std::time::SystemTime::now())
+    }
+
+    fn attachments(&self) -> gatewarden_config::AttachmentsConfig {
+        self.live().attachments.clone()
     }
 
     /// Exports the outbox span of the message's trace (its other spans went at its finish).

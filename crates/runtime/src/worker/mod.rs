@@ -76,6 +76,8 @@ pub struct Live {
     /// caller is told ([`Work::failure_notice`]).
     pub failure_text: String,
     pub failure_reasons_for_admins: bool,
+    /// `[attachments]`: the download bounds, read per message.
+    pub attachments: gatewarden_config::AttachmentsConfig,
 }
 
 impl Live {
@@ -97,6 +99,7 @@ impl Live {
             telemetry,
             failure_text: config.agent.failure_text.clone(),
             failure_reasons_for_admins: config.agent.failure_reasons_for_admins,
+            attachments: config.attachments.clone(),
         }
     }
 }

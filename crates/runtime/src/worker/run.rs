@@ -125,7 +125,7 @@ impl Work {
     /// Starts the async worker: recovers interrupted runs (once each), then runs queued ids;
     /// and the journal's retention.
     pub fn start_worker(self: &Arc<Self>, gw: Arc<Gateway>) {
-        self.start_pruning();
+        self.start_pruning(gw.home.dir().join("attachments"));
         self.relay_questions();
         let Some(mut rx) = self.queue_rx.lock().ok().and_then(|mut g| g.take()) else { return };
         let me = Arc::clone(self);
@@ -195,7 +195,7 @@ impl Work {
     async fn run_message(self: &Arc<Self>, gw: &Gateway, id: String) {
         let Some(msg) = self.claim(gw, &id).await else { return };
         tracing::Span::current().record("platform", msg.platform.as_deref().unwrap_or("http"));
-        let (req, mut steps) = self.request_for(&msg).await;
+        let (req, mut steps) = self.request_for(gw, &msg).await;
         let notes = RunNotes::default();
         let r = self.run_in_chat(gw, &msg, req, notes.clone(), None).await;
         if matches!(r, Err(AgentError::Cancelled)) {
@@ -232,19 +232,21 @@ impl Work {
 
     /// The agent's request for `msg`, with its conversation and session, and the trace's first
     /// step (the backend called), under the settings as they are now.
-    async fn request_for(&self, msg: &Message) -> (AgentRequest, RunSteps) {
+    async fn request_for(&self, gw: &Gateway, msg: &Message) -> (AgentRequest, RunSteps) {
         let live = self.live();
         let history = self.history(msg, live.history_turns, live.history_chars).await;
         let session_started = self.session_started(msg).await;
+        let (text, attachments) = attachments_of(gw, msg);
         let req = AgentRequest {
             run_id: msg.id.clone(),
             chat_id: msg.chat_id.clone(),
             user_id: msg.user_id.clone(),
-            text: msg.text.clone(),
+            text,
             history,
             platform: msg.platform.clone(),
             session_started,
             http_conversation: msg.platform.is_none() && super::http_chat::is_conversation(&msg.chat_id),
+            attachments,
         };
         let mut steps = RunSteps::default();
         steps.push(TraceEvent::at(Step::BackendCalled, std::time::SystemTime::now()).subject(live.agent.name()));
@@ -341,7 +343,7 @@ impl Work {
             Ok(None) => return Err(format!("message {id} is gone")),
             Err(e) => return Err(e.to_string()),
         };
-        let (mut req, mut steps) = self.request_for(&msg).await;
+        let (mut req, mut steps) = self.request_for(gw, &msg).await;
         let mut history: Vec<Turn> = system.map(|s| Turn::new("system", s)).into_iter().collect();
         history.append(&mut req.history);
         history.extend(inline);
@@ -456,9 +458,19 @@ impl Work {
             Err(e) => {
                 // In the message's span: the line carries its id and platform.
                 crate::warn!("message failed: {e}");
-                self.failure_notice(msg.platform.as_deref(), &msg.user_id, &msg.id, e)
+                // Its reason may quote an agent's output: no line of it names a stored file.
+                gatewarden_platforms::attachments::escape_text(&self.failure_notice(
+                    msg.platform.as_deref(),
+                    &msg.user_id,
+                    &msg.id,
+                    e,
+                ))
             }
             Ok(_) => String::new(),
+        };
+        let outcome = match outcome {
+            Ok(reply) if msg.platform.is_some() => Ok(with_files(gw, reply, &self.live().attachments).await),
+            other => other,
         };
         let (inc, id) = (gw.me.id.clone(), msg.id.clone());
         let done = self
@@ -595,4 +607,68 @@ fn noted(notes: Vec<Note>) -> Vec<TraceEvent> {
         .collect();
     out.sort_by_key(|(t, _)| *t);
     out.into_iter().map(|(_, e)| e).collect()
+}
+
+/// The stored files a platform message's journaled text names (crates/platforms/src/
+/// attachments.rs), and its text without those lines. Only platform messages: an HTTP caller's
+/// text never names a stored file.
+fn attachments_of(gw: &Gateway, msg: &Message) -> (String, Vec<gatewarden_agent::backend::AgentFile>) {
+    use gatewarden_platforms::attachments;
+    if msg.platform.is_none() || !msg.text.contains("[attachment: ") {
+        return (msg.text.clone(), Vec::new());
+    }
+    let store = attachments::Store::new(gw.home.dir().join("attachments"));
+    let (text, files) = attachments::resolve(&store, &msg.text);
+    let files = files
+        .into_iter()
+        .map(|(name, kind, path, size)| gatewarden_agent::backend::AgentFile { path, name, kind, size })
+        .collect();
+    (text, files)
+}
+
+/// A platform reply's text as the outbox sends it: the agent's own lines that could pass for a
+/// stored attachment escaped, then one line per file the reply carries, stored first
+/// (crates/platforms/src/attachments.rs: the sender uploads what the lines name). A file that
+/// cannot be stored is named with the reason instead.
+async fn with_files(gw: &Gateway, mut reply: AgentReply, limits: &gatewarden_config::AttachmentsConfig) -> AgentReply {
+    use gatewarden_platforms::attachments::{self, Attachment, Bounds, Store};
+    let mut text = attachments::escape_text(&reply.text);
+    let files = std::mem::take(&mut reply.files);
+    if files.is_empty() {
+        reply.text = text;
+        return reply;
+    }
+    let store = Store::new(gw.home.dir().join("attachments"));
+    // `[attachments]`'s bounds, any type: the operator's own command made these files.
+    let bounds = Bounds { unknown_as_binary: true, allowed: Vec::new(), ..Bounds::from(limits) };
+    let lines = tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        let mut used = 0;
+        files
+            .iter()
+            .map(|path| {
+                let name = path.file_name().map_or_else(|| "file".into(), |n| n.to_string_lossy().into_owned());
+                let a = Attachment { name, ..Attachment::default() };
+                // No per-event record: a reply is stored once per run, and the content address
+                // makes a re-run's copy the same file.
+                let outcome = store.fetch(None, &a, &bounds, started, &mut used, |_| {
+                    let (f, _) = gatewarden_lifecycle::fsio::open_regular(path)
+                        .ok()
+                        .ok_or_else(|| format!("cannot read {}", path.display()))?;
+                    Ok(Box::new(f) as Box<dyn std::io::Read + Send>)
+                });
+                attachments::line(&Attachment { outcome: Some(outcome), ..a })
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_default();
+    for l in lines {
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&l);
+    }
+    reply.text = text;
+    reply
 }

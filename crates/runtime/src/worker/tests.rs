@@ -55,7 +55,7 @@ impl Agent for Scripted {
                     cancel.cancelled().await;
                     Err(AgentError::Cancelled)
                 }
-                _ => Ok(AgentReply { text: format!("echo: {}", req.text), usage: None }),
+                _ => Ok(AgentReply { text: format!("echo: {}", req.text), ..AgentReply::default() }),
             }
         })
     }
@@ -252,6 +252,7 @@ async fn a_sync_run_replies_to_its_caller_and_is_counted_while_it_runs() {
         platform: None,
         session_started: None,
         http_conversation: false,
+        attachments: Vec::new(),
     };
     assert_eq!(f.work.run_sync(&f.gw, req("hi"), None).await.expect("reply"), "echo: hi");
     let failed = f.work.run_sync(&f.gw, req("fail"), None).await;
