@@ -458,6 +458,7 @@ fn parse_envelope(env: &Value, account: &str, allowed: &[String]) -> Option<Inbo
         chat: kind,
         listed,
         addressed: mentioned || quoted,
+        attachments: Vec::new(),
     })
 }
 

@@ -369,6 +369,7 @@ impl Protocol for Proto {
             chat: ChatKind::Direct,
             listed: true,
             addressed: true,
+            attachments: Vec::new(),
         };
         match self.intake.push(vec![msg], req.body.len()) {
             Ok(()) => {

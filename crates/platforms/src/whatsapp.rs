@@ -324,6 +324,7 @@ fn parse_message(m: &Value, allowed: &[String]) -> Option<Inbound> {
         chat: ChatKind::Direct,
         listed: allowed.iter().any(|a| a == from),
         addressed: true,
+        attachments: Vec::new(),
     })
 }
 
