@@ -240,6 +240,7 @@ mod tests {
             chat: ChatKind::Direct,
             listed: false,
             addressed: true,
+            attachments: Vec::new(),
         }]
     }
 
