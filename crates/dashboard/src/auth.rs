@@ -46,11 +46,7 @@ pub enum Refusal {
 /// Equality that takes the same time wherever the first difference is (the length is not
 /// secret: tokens and session ids have fixed shapes).
 pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
+    subtle::ConstantTimeEq::ct_eq(a, b).into()
 }
 
 /// 32 random bytes from the OS, as 64 hex digits.
@@ -324,35 +320,7 @@ fn secs_up(us: i128) -> u64 {
 /// One field of an `application/x-www-form-urlencoded` body (`+` is a space, `%XX` a byte;
 /// bad escapes are kept as written). The first occurrence wins.
 pub fn form_value(body: &str, key: &str) -> Option<String> {
-    body.split('&')
-        .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
-        .find(|(k, _)| decode(k) == key)
-        .map(|(_, v)| decode(v))
-}
-
-fn decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' => match b
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-            {
-                Some(x) => {
-                    out.push(x);
-                    i += 2;
-                }
-                None => out.push(b'%'),
-            },
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    form_urlencoded::parse(body.as_bytes()).find(|(k, _)| k == key).map(|(_, v)| v.into_owned())
 }
 
 #[cfg(test)]

@@ -33,7 +33,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use gatewarden_config::PlatformConfig;
 use gatewarden_config::platform::{Webhook as Settings, WebhookSignature};
 use gatewarden_net::Outbound;
-use hmac::{Hmac, KeyInit, Mac};
 use serde_json::{Value, json};
 
 use crate::skeleton::push::{PushIntake, PushLimits, PushReceiver, Refused};
@@ -84,45 +83,19 @@ pub struct Verified {
     pub delivery: Option<String>,
 }
 
-/// The HMAC-SHA256 of `parts`, concatenated, keyed by `secret`, as `sha256=<hex>`.
-pub fn sign(secret: &[u8], parts: &[&[u8]]) -> String {
-    match <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(secret) {
-        Ok(mut mac) => {
-            for p in parts {
-                mac.update(p);
-            }
-            format!("sha256={}", hex(&mac.finalize().into_bytes()))
-        }
-        // HMAC takes keys of any length.
-        Err(_) => String::new(),
-    }
-}
+pub use crate::hooksig::sign;
 
 /// The `X-Gatewarden-Signature` of `body` sent at `timestamp`.
 pub fn sign_gatewarden(secret: &[u8], timestamp: u64, body: &[u8]) -> String {
     sign(secret, &[timestamp.to_string().as_bytes(), b".", body])
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || !s.is_ascii() {
-        return None;
-    }
-    (0..s.len()).step_by(2).map(|i| s.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok())).collect()
-}
-
 /// Whether `header` (`sha256=<hex>`) is the MAC of `parts`; constant-time.
 fn mac_ok(secret: &[u8], parts: &[&[u8]], header: &str, name: &'static str) -> Result<(), BadSignature> {
-    let hex = header.trim().strip_prefix("sha256=").ok_or(BadSignature::Malformed(name))?;
-    let given = unhex(hex).ok_or(BadSignature::Malformed(name))?;
-    let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(secret).map_err(|_| BadSignature::Wrong)?;
-    for p in parts {
-        mac.update(p);
-    }
-    mac.verify_slice(&given).map_err(|_| BadSignature::Wrong)
+    crate::hooksig::verify(secret, parts, header).map_err(|r| match r {
+        crate::hooksig::Refusal::Malformed => BadSignature::Malformed(name),
+        crate::hooksig::Refusal::Wrong => BadSignature::Wrong,
+    })
 }
 
 /// A delivery id or thread header: printable ASCII, bounded.
@@ -285,8 +258,7 @@ impl Skeleton<Proto> {
 
 impl skeleton::FromConfig for Proto {
     fn from_config(cfg: &PlatformConfig, creds: &crate::Credentials<'_>) -> Result<Webhook, AdapterError> {
-        let secret =
-            creds.required(gatewarden_config::secrets::PlatformSecret::Secret, "secret_env or secret_file")?;
+        let secret = creds.required(gatewarden_config::secrets::PlatformSecret::Secret, "secret_env or secret_file")?;
         Webhook::new(cfg, secret)
     }
 }
