@@ -43,8 +43,11 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Strict hex: `from_str_radix` alone takes a sign (`"+8"` is 8), which would let one MAC be
+/// written two ways and an exact replay pass as a new request (found by the
+/// `webhook_signature` fuzz target).
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || !s.is_ascii() {
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..s.len()).step_by(2).map(|i| s.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok())).collect()
@@ -76,5 +79,8 @@ mod tests {
         assert_eq!(verify(b"k", &[b"x"], "sha256=7"), Err(Refusal::Malformed));
         assert_eq!(verify(b"k", &[b"x"], "sha256=é1"), Err(Refusal::Malformed));
         assert_eq!(verify(b"k", &[b"x"], "sha256=75"), Err(Refusal::Wrong), "a truncated MAC");
+        // One MAC, one spelling: a signed digit is no hex digit.
+        let signed = sig.replacen("sha256=757107", "sha256=7571+7", 1);
+        assert_eq!(verify(b"It's a Secret to Everybody", &[b"Hello, World!"], &signed), Err(Refusal::Malformed));
     }
 }
