@@ -1,6 +1,7 @@
 //! The WhatsApp adapter against the fake Cloud API (crates/testkit/src/whatsappfake.rs), its
 //! webhook requests handed straight to `Adapter::hook`: the push intake's promises (200 only
 //! after the commit, 5xx otherwise, 503 when not receiving), the window, the Graph API errors.
+#![cfg(unix)] // the fake (testkit) is Unix-only
 
 mod support;
 use support::{MemHost, wait_for};
