@@ -400,9 +400,12 @@ mod tests {
 
     #[test]
     fn attach_lines_name_files_and_leave_the_text() {
-        let (text, files) = attached("here it is\n{\"attach\": \"/tmp/a.png\"}\n{\"attach\": \"rel\"}\nbye\n");
+        // An absolute path on this OS (Windows' has a drive), as the JSON string a run prints.
+        let abs = std::env::temp_dir().join("a.png");
+        let line = serde_json::json!({ "attach": abs }).to_string();
+        let (text, files) = attached(&format!("here it is\n{line}\n{{\"attach\": \"rel\"}}\nbye\n"));
         assert_eq!(text, "here it is\n{\"attach\": \"rel\"}\nbye\n", "a relative path is text");
-        assert_eq!(files, vec![std::path::PathBuf::from("/tmp/a.png")]);
+        assert_eq!(files, vec![abs]);
         assert!(attached("{\"attach\": \"/x\", \"y\": 1}").1.is_empty(), "only the one key");
     }
 }
