@@ -531,6 +531,17 @@ pub fn sha256_hex(data: &[u8]) -> String {
     sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A response header holding whole seconds (`Retry-After` in its delta form), as a wait; the
+/// REST clients of Slack, Mattermost, WhatsApp and webhook callbacks read their waits here.
+pub(crate) fn header_secs<B>(response: &ureq::http::Response<B>, name: &str) -> Option<Duration> {
+    response
+        .headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
 /// One `[[platform]]` table's credentials, from the resolved `secrets`
 /// (crates/config/src/secrets.rs; the values leave their `Secret` here, for the protocol that
 /// sends them).

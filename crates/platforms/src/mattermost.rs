@@ -205,14 +205,7 @@ impl Rest {
         };
         let response = sent.map_err(|e| ApiError::Network(gatewarden_net::describe(&e, &url)))?;
         let status = response.status().as_u16();
-        let header = |name: &str| {
-            response
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs)
-        };
+        let header = |name: &str| crate::header_secs(&response, name);
         // `X-Ratelimit-Reset` is seconds until the reset; a value past an hour is no wait we use.
         let retry_after = header("retry-after").or_else(|| header("x-ratelimit-reset").filter(|d| d.as_secs() <= 3600));
         let text = response

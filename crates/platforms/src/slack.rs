@@ -181,12 +181,7 @@ impl WebApi {
         };
         let response = sent.map_err(|e| ApiError::Network(gatewarden_net::describe(&e, &url)))?;
         let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+        let retry_after = crate::header_secs(&response, "retry-after");
         let text = response
             .into_body()
             .with_config()

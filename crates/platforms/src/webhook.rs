@@ -418,12 +418,7 @@ impl skeleton::Sender for Callback {
             .send(body)
             .map_err(|e| SendError::Failed(gatewarden_net::describe(&e, url)))?;
         let status = r.status().as_u16();
-        let retry_after = r
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+        let retry_after = crate::header_secs(&r, "retry-after");
         match status {
             200..=299 => Ok(()),
             429 => Err(SendError::RateLimited(retry_after)),
