@@ -68,7 +68,7 @@ impl App {
     }
 
     /// Tells whoever asked for a restart how it went (`restart::begin`).
-    pub fn tell(&self, asker: crate::cause::Asker, verdict: Result<String, String>) {
+    pub fn tell(&self, asker: crate::cause::Asker, verdict: crate::cause::Verdict) {
         use crate::cause::Asker;
         match (asker, verdict) {
             (Asker::Waiting(tx), v) => {

@@ -87,15 +87,19 @@ pub enum Asker {
     #[default]
     Nobody,
     /// A control client or an HTTP caller waits for the verdict.
-    Waiting(tokio::sync::oneshot::Sender<Result<String, String>>),
+    Waiting(tokio::sync::oneshot::Sender<Verdict>),
     /// A chat platform's chat, answered "restarting…" already: a refusal follows through the
     /// outbox.
     Chat { platform: String, chat_id: String },
 }
 
+/// What a restart request taken on hears: accepted, joined or refused by what the main loop
+/// decided first, or `Err` with why the next incarnation cannot run (this one keeps serving).
+pub type Verdict = Result<crate::gateway::RestartAnswer, String>;
+
 impl Asker {
     /// A waiting asker and its end of the channel.
-    pub fn waiting() -> (Asker, tokio::sync::oneshot::Receiver<Result<String, String>>) {
+    pub fn waiting() -> (Asker, tokio::sync::oneshot::Receiver<Verdict>) {
         let (tx, rx) = tokio::sync::oneshot::channel();
         (Asker::Waiting(tx), rx)
     }

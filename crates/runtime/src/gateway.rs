@@ -161,29 +161,14 @@ pub enum RestartAnswer {
     Refused(String),
 }
 
-/// How a refused answer's words begin ([`RestartAnswer::reply`]).
-const REFUSED_PREFIX: &str = "not restarting: the gateway is stopping (";
-
 impl RestartAnswer {
-    /// A verdict told to a request taken on (`Asker`, restart.rs) back into an answer: what
-    /// [`RestartAnswer::reply`] said, or the restart's own words (accepted).
-    pub fn from_verdict(said: &str) -> RestartAnswer {
-        if said == crate::restart::JOINED {
-            return RestartAnswer::Joined;
-        }
-        match said.strip_prefix(REFUSED_PREFIX).and_then(|r| r.split_once("); start it again")) {
-            Some((why, _)) => RestartAnswer::Refused(why.to_owned()),
-            None => RestartAnswer::Accepted,
-        }
-    }
-
     /// The words a chat (or `gatewarden send`) reads.
     pub fn reply(&self) -> String {
         match self {
             RestartAnswer::Accepted => "restarting…".into(),
             RestartAnswer::Joined => crate::restart::JOINED.into(),
             RestartAnswer::Refused(why) => {
-                format!("{REFUSED_PREFIX}{why}); start it again with `gatewarden start`")
+                format!("not restarting: the gateway is stopping ({why}); start it again with `gatewarden start`")
             }
         }
     }

@@ -36,6 +36,7 @@ use serde_json::json;
 use crate::app::App;
 use crate::cause::{Asker, Outcome, Reexec};
 use crate::gateway::Gateway;
+use crate::gateway::RestartAnswer;
 use crate::options::{RUN_TAG, ResolvedOptions};
 use gatewarden_lifecycle::platform::spawn;
 
@@ -111,7 +112,7 @@ pub async fn begin(app: &Arc<App>, opts: &ResolvedOptions, ask: Ask) -> Option<O
                         format!("planned restart {why}; PID {} re-executes in place", gw.me.pid),
                     );
                     o.reexec = Some(plan);
-                    app.tell(ask.asker, Ok(o.reason.clone()));
+                    app.tell(ask.asker, Ok(RestartAnswer::Accepted));
                     // Same pid, and nothing can interrupt an exec halfway: no backstop needed.
                     return Some(o);
                 }
@@ -149,7 +150,7 @@ pub async fn begin(app: &Arc<App>, opts: &ResolvedOptions, ask: Ask) -> Option<O
     if ask.channel != VERIFYING_CHANNEL {
         spawn_backstop(gw, opts);
     }
-    app.tell(ask.asker, Ok(outcome.reason.clone()));
+    app.tell(ask.asker, Ok(RestartAnswer::Accepted));
     Some(outcome)
 }
 

@@ -108,7 +108,7 @@ async fn restart(gw: &App, requester: gatewarden_control::Requester) -> Response
     let (asker, verdict) = Asker::waiting();
     let answer = match gw.request_restart(&requester, asker, || {}) {
         RestartAnswer::Accepted => match tokio::time::timeout(crate::restart::VERDICT_PATIENCE, verdict).await {
-            Ok(Ok(Ok(said))) => RestartAnswer::from_verdict(&said),
+            Ok(Ok(Ok(answer))) => answer,
             Ok(Ok(Err(why))) => return Response::err(gatewarden_control::proto::RESTART_REFUSED, why),
             // Dropped unanswered (the gateway is exiting) or slow: it goes with what the drain does.
             Ok(Err(_)) | Err(_) => RestartAnswer::Accepted,

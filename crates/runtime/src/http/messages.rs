@@ -112,9 +112,7 @@ pub async fn post(State(gw): State<Arc<App>>, Json(m): Json<MessageIn>) -> Respo
                     out.reply = format!("restart refused: {why}; still running (incarnation {})", gw.me.id);
                 }
                 // Superseded by what the main loop decided first (a stop or a restart).
-                Ok(Ok(Ok(said))) if RestartAnswer::from_verdict(&said) != RestartAnswer::Accepted => {
-                    out.reply = RestartAnswer::from_verdict(&said).reply();
-                }
+                Ok(Ok(Ok(answer))) if answer != RestartAnswer::Accepted => out.reply = answer.reply(),
                 _ => {}
             }
         }

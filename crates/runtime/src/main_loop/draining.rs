@@ -159,7 +159,7 @@ async fn wait_for_runs(
                 // (`Gateway::request_restart`).
                 Cause::Control { kind: ControlKind::Restart, requester, asker } => {
                     let answer = gw.record_superseded_restart(&requester);
-                    app.tell(asker, Ok(answer.reply()));
+                    app.tell(asker, Ok(answer));
                 }
                 other => deferred.push(other),
             },

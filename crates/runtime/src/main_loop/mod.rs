@@ -313,7 +313,7 @@ async fn wind_down(app: &Arc<App>, rx: &mut mpsc::UnboundedReceiver<Cause>, deci
     while let Ok(c) = rx.try_recv() {
         if let Cause::Control { kind: ControlKind::Restart, requester, asker } = c {
             let answer = gw.record_superseded_restart(&requester);
-            app.tell(asker, Ok(answer.reply()));
+            app.tell(asker, Ok(answer));
         }
     }
     let Services { hermes, server, .. } = services;

@@ -17,7 +17,7 @@ use crate::notices;
 /// comes (restart.rs: `Ok` carried out, `Err` refused while this incarnation serves on).
 pub struct CommandReply {
     pub reply: String,
-    pub verdict: Option<tokio::sync::oneshot::Receiver<Result<String, String>>>,
+    pub verdict: Option<tokio::sync::oneshot::Receiver<crate::cause::Verdict>>,
 }
 
 /// Who made a pairing decision, for the ledger: the channel (`cli`, `dashboard`, `chat`,
