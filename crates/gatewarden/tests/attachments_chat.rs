@@ -44,14 +44,16 @@ fn png_data_url() -> String {
 }
 
 /// An exec agent that answers with a text line and attaches a file it writes (the
-/// `{"attach": path}` stdout convention), in `dir`.
+/// `{"attach": path}` stdout convention), in `dir`. Its first run only marks `dir/first` and
+/// hangs (for a kill -9 in the middle of it).
 fn exec_agent(dir: &std::path::Path) -> String {
     let d = dir.display();
     let script = dir.join("agent.sh");
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\ncat >/dev/null\nprintf 'report body\\n' > {d}/report.txt\necho 'here is the report'\n\
+            "#!/bin/sh\ncat >/dev/null\nif [ ! -e {d}/first ]; then : > {d}/first; exec sleep 60; fi\n\
+             printf 'report body\\n' > {d}/report.txt\necho 'here is the report'\n\
              echo '{{\"attach\": \"{d}/report.txt\"}}'\n"
         ),
     )
@@ -134,12 +136,14 @@ fn discord_a_photo_reaches_the_vision_provider() {
 
 /// A file the exec backend attaches goes out as one multipart Create Message (`files[0]`),
 /// after the reply's text, exactly once, with an enforced nonce; a message that is only a
-/// file (no text) is delivered and run.
+/// file (no text) is delivered and run. A kill -9 while its run is in progress loses nothing:
+/// the next incarnation runs it again with the stored file (downloaded once).
 #[test]
-fn discord_a_file_from_exec_is_uploaded_once() {
+fn discord_a_file_from_exec_is_uploaded_once_across_a_kill_9() {
     let (home, sw, (fake, token)) = (TempHome::new(), Sweeper::new(), discord::fake());
     let dir = tempfile::tempdir().unwrap();
-    let mut g = discord::start(&home, &sw, &fake, &token, &exec_agent(dir.path()), "");
+    let agent = exec_agent(dir.path());
+    let mut g = discord::start(&home, &sw, &fake, &token, &agent, "");
     let doc = FakeFile {
         filename: "in.txt".into(),
         content_type: Some("text/plain".into()),
@@ -147,6 +151,10 @@ fn discord_a_file_from_exec_is_uploaded_once() {
         ..FakeFile::default()
     };
     fake.message_with_files("5002", "7", "", vec![doc]);
+    must_wait_until(REPLY, "the first run started", || dir.path().join("first").exists());
+    g.kill();
+    assert!(fake.uploads().is_empty(), "nothing uploaded before the kill");
+    let mut g = discord::start(&home, &sw, &fake, &token, &agent, "");
     discord::wait_reply(&fake, "5002", |t| t == "here is the report");
     must_wait_until(REPLY, "the file was uploaded", || !fake.uploads().is_empty());
     let quiet = holds_for(Duration::from_millis(1500), || fake.uploads().len() == 1);
@@ -159,6 +167,7 @@ fn discord_a_file_from_exec_is_uploaded_once() {
     assert!(u.nonce.as_deref().is_some_and(|n| !n.is_empty()), "an enforced nonce: {u:?}");
     let texts = fake.sent().iter().filter(|m| m.channel_id == "5002" && m.content == "here is the report").count();
     assert_eq!(texts, 1);
+    assert_eq!(fake.downloads().len(), 1, "downloaded once: {:?}", fake.downloads());
     stop_cleanly(&home, &mut g);
 }
 
@@ -191,6 +200,40 @@ fn discord_oversized_and_mistyped_files_are_refused_with_a_notice() {
     let notice = discord::wait_reply(&fake, "5004", |t| t.starts_with("attachment refused"));
     assert!(notice.contains("application/zip"), "{notice}");
     discord::wait_reply(&fake, "5004", |t| t.starts_with("look\n[attachment refused: pic.png"));
+    stop_cleanly(&home, &mut g);
+}
+
+/// A reply's file past Discord's upload limit (413, code 40005) is rejected, not retried: the
+/// reply's text is out once and the next reply goes out too.
+#[test]
+fn discord_a_file_past_the_upload_limit_is_rejected_once() {
+    let token = format!("discord-files.{}.{:04}", std::process::id(), n());
+    let opts = gatewarden_discord_fake::Options {
+        token: token.clone(),
+        heartbeat_interval: Duration::from_millis(500),
+        bucket_limit: 100,
+        bucket_window: Duration::from_secs(1),
+        max_upload: 4,
+        ..gatewarden_discord_fake::Options::default()
+    };
+    let fake = FakeDiscord::start(opts).expect("fake Discord");
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("first"), b"").unwrap();
+    let mut g = discord::start(&home, &sw, &fake, &token, &exec_agent(dir.path()), "");
+    let too_large = |c: &gatewarden_discord_fake::RestCall| c.channel == "5005" && c.status == 413;
+    fake.message("5005", "7", "report");
+    discord::wait_reply(&fake, "5005", |t| t == "here is the report");
+    let refused = fake.wait_calls(REPLY, |c| c.iter().any(too_large));
+    assert!(refused.is_ok(), "no 413: {:#?}", fake.calls());
+    fake.message("5005", "7", "again");
+    must_wait_until(REPLY, "the next reply went out", || {
+        fake.sent().iter().filter(|m| m.channel_id == "5005" && m.content == "here is the report").count() == 2
+    });
+    must_wait_until(REPLY, "the next file was tried", || fake.calls().iter().filter(|c| too_large(c)).count() == 2);
+    let quiet = holds_for(Duration::from_millis(1500), || fake.calls().iter().filter(|c| too_large(c)).count() == 2);
+    assert!(quiet.is_ok(), "each reply's file tried once: {:#?}", fake.calls());
+    assert!(fake.uploads().is_empty());
     stop_cleanly(&home, &mut g);
 }
 
@@ -266,13 +309,19 @@ fn slack_a_photo_reaches_the_vision_provider() {
 }
 
 /// A file the exec backend attaches goes out through the external upload into the thread
-/// the message came from, exactly once, after the reply's text.
+/// the message came from, exactly once, after the reply's text, across a kill -9 during the
+/// run.
 #[test]
-fn slack_a_file_from_exec_is_uploaded_once_into_the_thread() {
+fn slack_a_file_from_exec_is_uploaded_once_into_the_thread_across_a_kill_9() {
     let (home, sw, fake) = (TempHome::new(), Sweeper::new(), slack::fake());
     let dir = tempfile::tempdir().unwrap();
-    let mut g = slack::start(&home, &sw, &fake, &exec_agent(dir.path()), "");
+    let agent = exec_agent(dir.path());
+    let mut g = slack::start(&home, &sw, &fake, &agent, "");
     fake.user_message("C200", "U1", "the report please", Some("1700000000.000100"));
+    must_wait_until(REPLY, "the first run started", || dir.path().join("first").exists());
+    g.kill();
+    assert!(fake.shared_files().is_empty() && fake.posted().is_empty(), "nothing sent before the kill");
+    let mut g = slack::start(&home, &sw, &fake, &agent, "");
     slack::wait_reply(&fake, "C200", |t| t == "here is the report");
     must_wait_until(REPLY, "the file was shared", || !fake.shared_files().is_empty());
     let quiet = holds_for(Duration::from_millis(1500), || fake.shared_files().len() == 1);
