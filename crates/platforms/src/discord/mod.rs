@@ -689,6 +689,8 @@ impl skeleton::Receiver for GatewayRx {
             .get(&a.fetch)
             .config()
             .timeout_global(Some(timeout))
+            // A redirect could lead off the CDN: not followed.
+            .max_redirects(0)
             .build()
             .call()
             .map_err(|e| gatewarden_net::describe(&e, &a.fetch))?;
