@@ -43,6 +43,20 @@
 //!   (else 400, code 50035 or 50006); `nonce` with `enforce_nonce: true` returns the earlier
 //!   message instead of creating a second one within [`Options::nonce_window`] ("checked for
 //!   uniqueness in the past few minutes").
+//! - **Files in** (https://discord.com/developers/docs/resources/message "Attachment
+//!   Object"): [`FakeDiscord::message_with_files`] dispatches a message whose `attachments[]`
+//!   carry `id`, `filename`, `content_type`, `size` and a `url` on the fake's own REST port
+//!   standing in for the CDN (`/attachments/{channel}/{id}/{filename}?ex=…&is=…&hm=…`, signed
+//!   URLs: no token needed). Each download is logged with whether it carried an
+//!   `Authorization` header ([`FakeDiscord::downloads`]); a file declared larger than its bytes
+//!   is served as it is.
+//! - **Files out** (https://discord.com/developers/docs/reference#uploading-files): Create
+//!   Message as `multipart/form-data` with `payload_json` (the JSON body: `content` may be
+//!   empty when a file comes, `attachments[].id` names `files[n]`, `nonce` and
+//!   `enforce_nonce` as above) and `files[n]` parts; each file is logged
+//!   ([`FakeDiscord::uploads`]) unless the nonce returned an earlier message. A file over
+//!   [`Options::max_upload`] is 413, code 40005 "Request entity too large" (docs/topics/
+//!   opcodes-and-status-codes "JSON Error Codes").
 //! - **Trigger Typing Indicator.** `POST /api/v10/channels/{id}/typing`, no body, answers 204
 //!   (https://discord.com/developers/docs/resources/channel "Trigger Typing Indicator": the
 //!   indicator lasts about 10 s or until the bot sends a message; the fake only records it).
@@ -120,6 +134,8 @@ pub struct Options {
     pub global_per_s: u32,
     /// How long an enforced nonce is remembered.
     pub nonce_window: Duration,
+    /// The largest file Create Message takes (Discord: 10 MiB for a bot, by default).
+    pub max_upload: usize,
     /// Where the REST API and the gateway listen (default: ephemeral loopback ports).
     pub rest_addr: SocketAddr,
     pub gateway_addr: SocketAddr,
@@ -137,6 +153,7 @@ impl Default for Options {
             bucket_window: Duration::from_secs(5),
             global_per_s: 50,
             nonce_window: Duration::from_secs(300),
+            max_upload: 10 << 20,
             rest_addr: any,
             gateway_addr: any,
         }
@@ -153,6 +170,38 @@ pub struct SentMessage {
     pub nonce: Option<String>,
     /// Deleted (Delete Message).
     pub deleted: bool,
+}
+
+/// A file a user attaches ([`FakeDiscord::message_with_files`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FakeFile {
+    pub filename: String,
+    /// `content_type` (omitted when `None`, as Discord does for types it does not know).
+    pub content_type: Option<String>,
+    pub bytes: Vec<u8>,
+    /// The `size` declared, when it is not the bytes' length.
+    pub declared_size: Option<u64>,
+}
+
+/// One download of an attachment from the fake CDN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Download {
+    /// The path, `/attachments/{channel}/{id}/{filename}`.
+    pub path: String,
+    /// Whether the request carried an `Authorization` header (the CDN needs none).
+    pub authorization: bool,
+}
+
+/// One file the bot uploaded with Create Message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upload {
+    /// The message it was created with.
+    pub message_id: String,
+    pub channel_id: String,
+    pub filename: String,
+    pub content_type: String,
+    pub bytes: Vec<u8>,
+    pub nonce: Option<String>,
 }
 
 /// The REST routes of a channel, each with its own rate-limit bucket per channel.
@@ -265,6 +314,10 @@ struct World {
     faults: HashMap<Route, (u32, Fault)>,
     stats: Stats,
     next_id: u64,
+    /// The attachments users sent: path -> bytes.
+    files: HashMap<String, Vec<u8>>,
+    downloads: Vec<Download>,
+    uploads: Vec<Upload>,
 }
 
 struct Shared {
@@ -473,6 +526,44 @@ impl FakeDiscord {
         }
         self.shared.dispatch_all(&mut w, "MESSAGE_CREATE", &d);
         id
+    }
+
+    /// A user's message in `channel` with `files` as its `attachments[]` (module notes), as
+    /// MESSAGE_CREATE to every session. Returns the message id.
+    pub fn message_with_files(&self, channel: &str, author: &str, content: &str, files: Vec<FakeFile>) -> String {
+        let mut w = self.shared.world();
+        let id = Shared::snowflake(&mut w);
+        let mut d = message_object(&id, channel, author, false, content, None);
+        let base = format!("http://{}", self.rest_addr);
+        let mut list = Vec::new();
+        for f in files {
+            let aid = Shared::snowflake(&mut w);
+            let path = format!("/attachments/{channel}/{aid}/{}", f.filename);
+            let mut a = json!({
+                "id": aid, "filename": f.filename,
+                "size": f.declared_size.unwrap_or(f.bytes.len() as u64),
+                "url": format!("{base}{path}?ex=67a1b2c3&is=67a06143&hm=0f1e2d"),
+                "proxy_url": format!("{base}{path}?ex=67a1b2c3&is=67a06143&hm=0f1e2d&proxy=1"),
+            });
+            if let Some(t) = &f.content_type {
+                a["content_type"] = json!(t);
+            }
+            w.files.insert(path, f.bytes);
+            list.push(a);
+        }
+        d["attachments"] = Value::Array(list);
+        self.shared.dispatch_all(&mut w, "MESSAGE_CREATE", &d);
+        id
+    }
+
+    /// Every attachment download so far, in order.
+    pub fn downloads(&self) -> Vec<Download> {
+        self.shared.world().downloads.clone()
+    }
+
+    /// Every file the bot uploaded, in order.
+    pub fn uploads(&self) -> Vec<Upload> {
+        self.shared.world().uploads.clone()
     }
 
     /// Whether heartbeats are acknowledged (op 11).
@@ -898,6 +989,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/api/v10/channels/{channel}/messages", post(create_message))
         .route("/api/v10/channels/{channel}/messages/{message}", patch(edit_message).delete(delete_message))
         .route("/api/v10/channels/{channel}/typing", post(trigger_typing))
+        .route("/attachments/{channel}/{id}/{filename}", get(attachment))
         .route("/_fake/inject", post(inject))
         .route("/_fake/sent", get(sent))
         .route("/_fake/stats", get(stats))
@@ -955,14 +1047,31 @@ async fn create_message(
         Ok(r) => r,
         Err(r) => return *r,
     };
-    let Ok(v) = serde_json::from_slice::<Value>(&body) else {
+    let ctype = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    // docs/reference "Uploading Files": the JSON body goes in `payload_json`, files in `files[n]`.
+    let (json_body, files) = if ctype.starts_with("multipart/form-data") {
+        let Some(parts) = multipart(&ctype, &body) else {
+            return error(StatusCode::BAD_REQUEST, 50035, "Invalid Form Body");
+        };
+        let payload = parts.iter().find(|p| p.0 == "payload_json").map(|p| p.3.clone()).unwrap_or_default();
+        let files: Vec<FormPart> = parts.into_iter().filter(|p| p.0.starts_with("files[") && p.1.is_some()).collect();
+        (payload, files)
+    } else {
+        (body.to_vec(), Vec::new())
+    };
+    let Ok(v) = serde_json::from_slice::<Value>(&json_body) else {
         return error(StatusCode::BAD_REQUEST, 50109, "The request body contains invalid JSON.");
     };
     if channel.parse::<u64>().is_err() {
         return error(StatusCode::NOT_FOUND, 10003, "Unknown Channel");
     }
+    if files.iter().any(|f| f.3.len() > opts.max_upload) {
+        log(&mut w, Route::CreateMessage, &channel, None, None, 413);
+        shared.changed.notify_all();
+        return error(StatusCode::PAYLOAD_TOO_LARGE, 40005, "Request entity too large");
+    }
     let content = v["content"].as_str().unwrap_or_default().to_owned();
-    if content.is_empty() {
+    if content.is_empty() && files.is_empty() {
         return error(StatusCode::BAD_REQUEST, 50006, "Cannot send an empty message");
     }
     if content.chars().count() > 2000 {
@@ -997,6 +1106,17 @@ async fn create_message(
                 w.nonces.insert(n.clone(), (index, now));
             }
             w.sent.push(m.clone());
+            for (_, filename, ctype, bytes) in &files {
+                let upload = Upload {
+                    message_id: id.clone(),
+                    channel_id: channel.clone(),
+                    filename: filename.clone().unwrap_or_default(),
+                    content_type: ctype.clone(),
+                    bytes: bytes.clone(),
+                    nonce: nonce.clone(),
+                };
+                w.uploads.push(upload);
+            }
             // The bot's own message comes back through the gateway too.
             let d = message_object(&id, &channel, BOT_USER_ID, true, &content, nonce.as_deref());
             shared.dispatch_all(&mut w, "MESSAGE_CREATE", &d);
@@ -1173,6 +1293,65 @@ async fn trigger_typing(
     let mut r = StatusCode::NO_CONTENT.into_response();
     bucket_headers(r.headers_mut(), shared.opts.bucket_limit, remaining, reset_after, Route::Typing);
     r
+}
+
+/// The fake CDN: an attachment's bytes, to anyone with its URL (the query is its signature; the
+/// fake does not check it). Logs whether a token came along.
+async fn attachment(
+    State(shared): State<Arc<Shared>>,
+    Path((channel, id, filename)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let path = format!("/attachments/{channel}/{id}/{filename}");
+    let mut w = shared.world();
+    let Some(bytes) = w.files.get(&path).cloned() else {
+        return (StatusCode::NOT_FOUND, "Not Found").into_response();
+    };
+    w.downloads.push(Download { path, authorization: headers.contains_key("authorization") });
+    shared.changed.notify_all();
+    (StatusCode::OK, [("content-type", "application/octet-stream")], bytes).into_response()
+}
+
+/// One part of a `multipart/form-data` body: `(name, filename, content type, bytes)`.
+type FormPart = (String, Option<String>, String, Vec<u8>);
+
+/// The parts of a `multipart/form-data` body (RFC 7578); `None` when it is not one.
+fn multipart(content_type: &str, body: &[u8]) -> Option<Vec<FormPart>> {
+    let boundary = content_type.split(';').find_map(|p| p.trim().strip_prefix("boundary="))?.trim_matches('"');
+    let delim = format!("--{boundary}").into_bytes();
+    let find = |hay: &[u8], from: usize| {
+        hay.get(from..)?.windows(delim.len()).position(|w| w == delim.as_slice()).map(|i| i + from)
+    };
+    let mut parts = Vec::new();
+    let mut at = find(body, 0)? + delim.len();
+    loop {
+        if body.get(at..at + 2) == Some(b"--") {
+            return Some(parts);
+        }
+        let start = at + 2; // the CRLF after the delimiter
+        let next = find(body, start)?;
+        let part = body.get(start..next.checked_sub(2)?)?; // without the CRLF before it
+        let split = part.windows(4).position(|w| w == b"\r\n\r\n")?;
+        let head = String::from_utf8_lossy(&part[..split]).into_owned();
+        let content = part[split + 4..].to_vec();
+        let (mut name, mut filename, mut ctype) = (String::new(), None, String::new());
+        for line in head.split("\r\n") {
+            let lower = line.to_ascii_lowercase();
+            if lower.starts_with("content-disposition:") {
+                for attr in line.split(';').map(str::trim) {
+                    if let Some(v) = attr.strip_prefix("name=") {
+                        name = v.trim_matches('"').to_owned();
+                    } else if let Some(v) = attr.strip_prefix("filename=") {
+                        filename = Some(v.trim_matches('"').to_owned());
+                    }
+                }
+            } else if lower.starts_with("content-type:") {
+                ctype = line["content-type:".len()..].trim().to_owned();
+            }
+        }
+        parts.push((name, filename, ctype, content));
+        at = next + delim.len();
+    }
 }
 
 /// docs/topics/rate-limits "Header Format".

@@ -35,6 +35,13 @@
 //!   and `>` escaped as Slack asks; a 429 waits its `Retry-After` (the method's per-channel
 //!   limit). No idempotency key: a crash between a post and the outbox commit posts that piece
 //!   again after the restart.
+//! - **Files** (issue 29 §1/§2). In: a message's `files[]` (`name`, `mimetype`, `size`,
+//!   `url_private_download`), downloaded with `Authorization: Bearer <bot token>` and only
+//!   from Slack's file host (`files.slack.com`, or a configured `api_base`'s origin:
+//!   crates/platforms/src/filexfer.rs), redirects not followed. Out: the external upload,
+//!   `files.getUploadURLExternal` → the bytes POSTed to its `upload_url` →
+//!   `files.completeUploadExternal` into the chat (and its thread). No idempotency key: a
+//!   resend after a crash shares the file once more at worst, as for text.
 //! - **The agent at work** (skeleton/progress.rs). No typing indicator: Slack gives bots none in
 //!   Socket Mode or the Web API, so `typing` stays a no-op. A preview is a message of its own,
 //!   posted with `chat.postMessage` into the chat's thread (`thread_ts`, like the reply), edited
@@ -61,7 +68,9 @@ use gatewarden_config::platform::Slack as Settings;
 use gatewarden_net::{ClientTls, Outbound};
 use serde_json::{Value, json};
 
-use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::attachments::Attachment;
+use crate::filexfer::FileHosts;
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, OutFile, PieceId, PieceLimit, Protocol, SendError, Skeleton};
 use crate::{AdapterError, ChatKind, Host, Inbound};
 
 /// The public Web API.
@@ -90,6 +99,10 @@ const DEAD_AFTER: Duration = Duration::from_secs(35);
 const MAX_CONNS: usize = 4;
 /// A failed refresh (`apps.connections.open` is a Tier 1 method) is tried again this late.
 const REFRESH_RETRY: Duration = Duration::from_secs(5);
+/// Where Slack serves files (`url_private_download`) and takes uploads (`upload_url`).
+const FILE_HOSTS: &[&str] = &["https://files.slack.com"];
+/// One upload's bound (a 50 MB message at a slow 1 MB/s, and then some).
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// `ok: false` errors that no retry can fix: the token or the app is refused.
 const AUTH_ERRORS: &[&str] = &[
@@ -191,6 +204,33 @@ impl WebApi {
         let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         classify(status, &v, retry_after, method)
     }
+
+    /// POSTs `args` form-encoded to `method` with `token` (the upload methods take forms:
+    /// https://api.slack.com/methods/files.getUploadURLExternal).
+    fn call_form(&self, method: &str, token: &str, args: &[(&str, &str)]) -> Result<Value, ApiError> {
+        let url = format!("{}{method}", self.base);
+        let body = form_urlencoded::Serializer::new(String::new()).extend_pairs(args).finish();
+        let response = self
+            .http
+            .post(&url)
+            .header("Authorization", &format!("Bearer {token}"))
+            .header("Content-Type", "application/x-www-form-urlencoded")
+            .config()
+            .timeout_global(Some(CALL_TIMEOUT))
+            .build()
+            .send(body)
+            .map_err(|e| ApiError::Network(gatewarden_net::describe(&e, &url)))?;
+        let status = response.status().as_u16();
+        let retry_after = crate::header_secs(&response, "retry-after");
+        let text = response
+            .into_body()
+            .with_config()
+            .limit(MAX_BODY_BYTES)
+            .read_to_string()
+            .map_err(|e| ApiError::Network(e.to_string()))?;
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        classify(status, &v, retry_after, method)
+    }
 }
 
 impl ApiError {
@@ -274,8 +314,10 @@ impl Protocol for Proto {
 
     fn open(&self, _host: &Arc<dyn Host>) -> Result<(SocketMode, Poster), String> {
         let api = WebApi::new(&self.base, &self.out);
+        let files = FileHosts::new(&self.base, DEFAULT_API_BASE, FILE_HOSTS);
         let rx = SocketMode {
             api: api.clone(),
+            files: files.clone(),
             app_token: self.app_token.clone(),
             bot_token: self.bot_token.clone(),
             tls: self.tls.clone(),
@@ -288,7 +330,8 @@ impl Protocol for Proto {
             fatal: None,
             refresh: None,
         };
-        Ok((rx, Poster { api, bot_token: self.bot_token.clone(), update: Tier::new(), delete: Tier::new() }))
+        let tx = Poster { api, files, bot_token: self.bot_token.clone(), update: Tier::new(), delete: Tier::new() };
+        Ok((rx, tx))
     }
 }
 
@@ -330,7 +373,13 @@ fn parse_event(payload: &Value, me: Option<&str>, allowed: &[String]) -> Option<
         return None;
     }
     let user = e["user"].as_str().filter(|u| !u.is_empty() && Some(*u) != me)?;
-    let text = e["text"].as_str().filter(|t| !t.trim().is_empty())?;
+    let attachments = files(e);
+    // A `file_share` without a comment has empty `text`.
+    let text = match e["text"].as_str() {
+        Some(t) if !t.trim().is_empty() => t,
+        _ if !attachments.is_empty() => "",
+        _ => return None,
+    };
     let channel = e["channel"].as_str().filter(|c| !c.is_empty() && !c.contains('/'))?;
     // One key per message: a redelivery keeps both ids, and a message that is also an
     // app_mention shares its client_msg_id.
@@ -363,8 +412,29 @@ fn parse_event(payload: &Value, me: Option<&str>, allowed: &[String]) -> Option<
         chat: if direct { ChatKind::Direct } else { ChatKind::Group },
         listed: allowed.iter().any(|a| a == channel),
         addressed,
-        attachments: Vec::new(),
+        attachments,
     })
+}
+
+/// The files a message carries: its `files[]` (https://api.slack.com/types/file: `name`,
+/// `mimetype`, `size`, `url_private_download`, else `url_private`), each fetched by that URL
+/// with the bot token. A file Slack hides (`mode` `tombstone` or `hidden_by_limit`) has no
+/// URL and is skipped.
+fn files(e: &Value) -> Vec<Attachment> {
+    let Some(list) = e["files"].as_array() else { return Vec::new() };
+    list.iter()
+        .filter_map(|f| {
+            let url =
+                f["url_private_download"].as_str().or_else(|| f["url_private"].as_str()).filter(|u| !u.is_empty())?;
+            Some(Attachment {
+                name: f["name"].as_str().or_else(|| f["title"].as_str()).unwrap_or("file").to_owned(),
+                declared: f["mimetype"].as_str().unwrap_or_default().to_owned(),
+                size: f["size"].as_u64(),
+                fetch: url.to_owned(),
+                outcome: None,
+            })
+        })
+        .collect()
 }
 
 /// A `ws://` or `wss://` URL's parts (crates/chatproto/src/ws.rs).
@@ -418,6 +488,8 @@ impl Conn {
 /// The receive side: `auth.test`, `apps.connections.open`, then the connections' envelopes.
 pub struct SocketMode {
     api: WebApi,
+    /// Where `url_private_download`s may point (the bot token goes with them).
+    files: FileHosts,
     app_token: String,
     bot_token: String,
     tls: ClientTls,
@@ -663,6 +735,35 @@ impl skeleton::Receiver for SocketMode {
         self.drop_all();
     }
 
+    /// `GET` of the file's `url_private_download` with `Authorization: Bearer <bot token>`
+    /// (https://api.slack.com/types/file#auth), only on Slack's file host (or a configured
+    /// `api_base`'s origin: crates/platforms/src/filexfer.rs), so the token goes nowhere else.
+    fn fetch(
+        &mut self,
+        _ctx: &Ctx,
+        a: &Attachment,
+        timeout: Duration,
+    ) -> Result<Box<dyn std::io::Read + Send>, String> {
+        self.files.check(&a.fetch)?;
+        let response = self
+            .api
+            .http
+            .get(&a.fetch)
+            .header("Authorization", &format!("Bearer {}", self.bot_token))
+            .config()
+            .timeout_global(Some(timeout))
+            // A redirect could lead off the file host: not followed.
+            .max_redirects(0)
+            .build()
+            .call()
+            .map_err(|e| gatewarden_net::describe(&e, &a.fetch))?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            return Err(format!("HTTP {status} for the file"));
+        }
+        Ok(Box::new(response.into_body().into_reader()))
+    }
+
     /// Closes the connections: what they carried unacknowledged is redelivered to the successor.
     fn hang_up(&mut self) -> Vec<Inbound> {
         self.drop_all();
@@ -682,6 +783,8 @@ fn named(f: Failure, what: &str) -> Failure {
 /// `chat.update` and `chat.delete` for previews.
 pub struct Poster {
     api: WebApi,
+    /// Where `upload_url`s may point.
+    files: FileHosts,
     bot_token: String,
     /// `chat.update`'s and `chat.delete`'s own limits (their tiers are per app and workspace).
     update: Tier,
@@ -739,6 +842,35 @@ impl Tier {
 }
 
 impl Poster {
+    /// POSTs the stored file's bytes to `url` (the raw body, with its length: Slack's upload
+    /// URL takes either that or a form).
+    fn upload(&self, url: &str, file: &OutFile) -> Result<(), SendError> {
+        let gone = || SendError::Rejected(format!("the stored file {} is gone", file.name));
+        let (opened, len) = gatewarden_lifecycle::fsio::open_regular(&file.path).ok().ok_or_else(gone)?;
+        if len != file.size {
+            return Err(gone());
+        }
+        let mut body = std::io::Read::take(opened, len);
+        let response = self
+            .api
+            .http
+            .post(url)
+            .header("Content-Type", "application/octet-stream")
+            .header("Content-Length", &len.to_string())
+            .config()
+            .timeout_global(Some(UPLOAD_TIMEOUT))
+            .max_redirects(0)
+            .build()
+            .send(ureq::SendBody::from_reader(&mut body))
+            .map_err(|e| SendError::Failed(format!("the upload failed: {}", gatewarden_net::describe(&e, url))))?;
+        match response.status().as_u16() {
+            200 => Ok(()),
+            413 => Err(SendError::Rejected(format!("Slack refused {} as too large (HTTP 413)", file.name))),
+            429 => Err(SendError::RateLimited(crate::header_secs(&response, "retry-after"))),
+            s => Err(SendError::Failed(format!("the upload answered HTTP {s}"))),
+        }
+    }
+
     /// `method` through `tier`: waited out on our side, a 429 remembered for the next call.
     fn tiered(tier: &mut Tier, api: &WebApi, token: &str, method: &str, body: &Value) -> Result<Value, ApiError> {
         tier.take(Instant::now()).map_err(|d| ApiError::RateLimited(Some(d)))?;
@@ -759,6 +891,34 @@ impl Poster {
 impl skeleton::Sender for Poster {
     fn send(&mut self, chat: &str, piece: &str, _id: PieceId) -> Result<(), SendError> {
         self.post(chat, piece).map(drop).map_err(send_error)
+    }
+
+    /// The external upload (https://api.slack.com/messaging/files#uploading_files):
+    /// `files.getUploadURLExternal` (`filename`, `length`) names an `upload_url` and a
+    /// `file_id`; the bytes are POSTed there, streamed from the store (no token: the URL is the
+    /// grant); `files.completeUploadExternal` shares the file in the chat (`channel_id`, and the
+    /// thread's `thread_ts`). No idempotency key: a crash after the completion and before the
+    /// outbox commit shares the file once more after the restart (one duplicate, as for text);
+    /// a crash before it leaves an upload never shared, which Slack discards.
+    fn send_file(&mut self, chat: &str, file: &OutFile, _id: PieceId) -> Result<(), SendError> {
+        let (channel, thread) = split_chat(chat);
+        let name = crate::filexfer::header_safe(&file.name);
+        let length = file.size.to_string();
+        let got = self
+            .api
+            .call_form("files.getUploadURLExternal", &self.bot_token, &[("filename", &name), ("length", &length)])
+            .map_err(send_error)?;
+        let (Some(upload_url), Some(file_id)) = (got["upload_url"].as_str(), got["file_id"].as_str()) else {
+            return Err(SendError::Failed("files.getUploadURLExternal returned no upload_url or file_id".into()));
+        };
+        self.files.check(upload_url).map_err(|e| SendError::Failed(format!("upload_url: {e}")))?;
+        self.upload(upload_url, file)?;
+        let files = json!([{ "id": file_id, "title": name }]).to_string();
+        let mut args = vec![("files", files.as_str()), ("channel_id", channel)];
+        if let Some(ts) = thread {
+            args.push(("thread_ts", ts));
+        }
+        self.api.call_form("files.completeUploadExternal", &self.bot_token, &args).map(drop).map_err(send_error)
     }
 
     // `typing` stays the skeleton's no-op: the Web API and Socket Mode give bots no typing
@@ -820,6 +980,39 @@ mod tests {
         assert_eq!((m.event_id.as_str(), m.chat_id.as_str()), ("ev:Ev1", "C1/1.5"));
         assert_eq!(split_chat("C1/1.5"), ("C1", Some("1.5")));
         assert_eq!(split_chat("C1"), ("C1", None));
+    }
+
+    /// `files[]` become the message's files, fetched by `url_private_download` (else
+    /// `url_private`); a `file_share` without a comment is delivered with empty text; a hidden
+    /// file (no URL) is skipped.
+    #[test]
+    fn shared_files_are_taken_and_a_file_alone_is_a_message() {
+        let p = payload(json!({"type": "message", "subtype": "file_share", "user": "U1", "text": "", "channel": "C1",
+            "ts": "1.0", "files": [
+                {"id": "F1", "name": "cat.png", "mimetype": "image/png", "size": 99,
+                 "url_private": "https://files.slack.com/files-pri/T-F1/cat.png",
+                 "url_private_download": "https://files.slack.com/files-pri/T-F1/download/cat.png"},
+                {"id": "F2", "title": "notes", "url_private": "https://files.slack.com/files-pri/T-F2/notes"},
+                {"id": "F3", "mode": "hidden_by_limit"}]}));
+        let m = parse_event(&p, Some("UBOT"), &[]).unwrap();
+        assert_eq!(m.text, "");
+        assert_eq!(m.attachments.len(), 2);
+        let a = &m.attachments[0];
+        assert_eq!(
+            (a.name.as_str(), a.declared.as_str(), a.size, a.fetch.as_str()),
+            ("cat.png", "image/png", Some(99), "https://files.slack.com/files-pri/T-F1/download/cat.png")
+        );
+        assert_eq!(
+            (m.attachments[1].name.as_str(), m.attachments[1].fetch.as_str()),
+            ("notes", "https://files.slack.com/files-pri/T-F2/notes")
+        );
+        let hosts = FileHosts::new(DEFAULT_API_BASE, DEFAULT_API_BASE, FILE_HOSTS);
+        assert!(hosts.check(&a.fetch).is_ok());
+        assert!(hosts.check("https://evil.example/files-pri/x").is_err(), "the bot token goes to Slack only");
+        let bare =
+            payload(json!({"type": "message", "subtype": "file_share", "user": "U1", "text": "", "channel": "C1",
+            "ts": "1.0", "files": [{"id": "F3", "mode": "tombstone"}]}));
+        assert!(parse_event(&bare, None, &[]).is_none(), "no text and no file");
     }
 
     #[test]

@@ -53,6 +53,23 @@
 //!   [`FakeSlack::revoke_bot`] make a token answer `invalid_auth`, `account_inactive` or
 //!   `token_revoked`.
 //!
+//! - **Files in** (https://api.slack.com/types/file, https://api.slack.com/events/message/file_share):
+//!   [`FakeSlack::user_files`] delivers a `message` with subtype `file_share` whose `files[]`
+//!   carry `id`, `name`, `title`, `mimetype`, `filetype`, `size`, `url_private` and
+//!   `url_private_download` on the fake's own HTTP port (standing in for `files.slack.com`:
+//!   `/files-pri/<team>-<file id>/download/<name>`). A download needs `Authorization: Bearer`
+//!   with the bot token (https://api.slack.com/types/file#auth), else 403 (Slack answers a
+//!   login page; the fake a plain refusal); each is logged ([`FakeSlack::downloads`]).
+//! - **Files out** (https://api.slack.com/messaging/files#uploading_files): the external
+//!   upload. `files.getUploadURLExternal` (form: `filename`, `length`; `invalid_arguments`
+//!   without them) answers `upload_url` (on the fake's HTTP port, `/upload/v1/<file id>`) and
+//!   `file_id`; a POST of the bytes to `upload_url` (raw, or a form's file part) answers 200
+//!   `OK - <length>`, and 413 past [`Options::max_upload`] (the fake's assumption: Slack
+//!   documents the limit, 1 GB, not the answer); `files.completeUploadExternal` (`files`, a
+//!   JSON array of `{id, title}`; `channel_id`; `thread_ts`) shares each uploaded file in the
+//!   channel, logged ([`FakeSlack::shared_files`]) and echoed as the bot's `file_share`
+//!   message; a file id never uploaded to is `file_not_found`, an unknown channel
+//!   `channel_not_found`. Form bodies are percent-decoded, as Slack reads them.
 //! - **Consumers told apart.** `<base>/c/<consumer>/api/` is the same Web API, whose
 //!   connection URLs carry the consumer's name, so a test with several gateways on one app
 //!   knows which of them connected and received ([`Delivery::consumer`],
@@ -102,6 +119,8 @@ pub struct Options {
     pub ws_url: Option<String>,
     /// Calls a minute of each Tier 3 method (`chat.update`, `chat.delete`) before 429s.
     pub tier3_per_minute: usize,
+    /// The largest upload the `upload_url` takes.
+    pub max_upload: usize,
 }
 
 impl Default for Options {
@@ -116,6 +135,7 @@ impl Default for Options {
             channels: Vec::new(),
             ws_url: None,
             tier3_per_minute: 50,
+            max_upload: 8 << 20,
         }
     }
 }
@@ -142,6 +162,45 @@ pub struct Call {
     /// The HTTP status, and the `error` of an `ok: false`.
     pub status: u16,
     pub error: Option<String>,
+}
+
+/// A file a user shares ([`FakeSlack::user_files`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlackFile {
+    pub name: String,
+    /// `mimetype` (`application/octet-stream` when `None`).
+    pub mimetype: Option<String>,
+    pub bytes: Vec<u8>,
+    /// The `size` declared, when it is not the bytes' length.
+    pub declared_size: Option<u64>,
+}
+
+/// One download of a user's file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileDownload {
+    pub path: String,
+    /// Whether it carried the bot token (`Authorization: Bearer <bot token>`).
+    pub with_bot_token: bool,
+    /// The HTTP status answered.
+    pub status: u16,
+}
+
+/// A file the bot shared with the external upload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedFile {
+    pub file_id: String,
+    /// `filename` of `files.getUploadURLExternal`.
+    pub filename: String,
+    pub title: String,
+    pub channel: String,
+    pub thread_ts: Option<String>,
+    pub bytes: Vec<u8>,
+}
+
+/// An upload begun with `files.getUploadURLExternal`.
+struct PendingUpload {
+    filename: String,
+    bytes: Option<Vec<u8>>,
 }
 
 /// One envelope sent.
@@ -225,6 +284,14 @@ struct State {
     floods: HashMap<String, (u32, u64)>,
     deliveries: Vec<Delivery>,
     stats: Stats,
+    /// The HTTP port's address (file URLs and upload URLs point at it).
+    http: SocketAddr,
+    /// Users' files: path -> bytes.
+    files: HashMap<String, Vec<u8>>,
+    downloads: Vec<FileDownload>,
+    /// `file_id` -> the upload begun for it.
+    uploads: HashMap<String, PendingUpload>,
+    shared_files: Vec<SharedFile>,
     rr: usize,
     seq: u64,
     /// Since when no connection is open (after the first one).
@@ -279,6 +346,11 @@ impl FakeSlack {
                 floods: HashMap::new(),
                 deliveries: Vec::new(),
                 stats: Stats::default(),
+                http: http_addr,
+                files: HashMap::new(),
+                downloads: Vec::new(),
+                uploads: HashMap::new(),
+                shared_files: Vec::new(),
                 rr: 0,
                 seq: 0,
                 no_conn_since: None,
@@ -361,6 +433,51 @@ impl FakeSlack {
             event["thread_ts"] = json!(t);
         }
         push_event(&mut s, event)
+    }
+
+    /// A user shares `files` in `channel` with the comment `text` (module notes): a
+    /// `file_share` message. Returns the event id.
+    pub fn user_files(&self, channel: &str, user: &str, text: &str, files: Vec<SlackFile>) -> String {
+        let mut s = self.shared.lock();
+        s.seq += 1;
+        let ts = ts_now(s.seq);
+        let base = format!("http://{}", s.http);
+        let mut list = Vec::new();
+        for f in files {
+            s.seq += 1;
+            let id = format!("F{:010}", s.seq);
+            let path = format!("/files-pri/{TEAM_ID}-{id}/download/{}", f.name);
+            let mimetype = f.mimetype.unwrap_or_else(|| "application/octet-stream".into());
+            let filetype = f.name.rsplit_once('.').map_or("binary", |(_, ext)| ext).to_owned();
+            list.push(json!({
+                "id": id, "name": f.name, "title": f.name, "mimetype": mimetype, "filetype": filetype,
+                "size": f.declared_size.unwrap_or(f.bytes.len() as u64), "mode": "hosted",
+                "url_private": format!("{base}/files-pri/{TEAM_ID}-{id}/{}", f.name),
+                "url_private_download": format!("{base}{path}"),
+            }));
+            s.files.insert(path, f.bytes);
+        }
+        let event = json!({
+            "type": "message", "subtype": "file_share", "channel": channel, "user": user, "text": text,
+            "ts": ts, "event_ts": ts, "channel_type": if channel.starts_with('D') { "im" } else { "channel" },
+            "files": list, "upload": false,
+        });
+        push_event(&mut s, event)
+    }
+
+    /// Every download of a user's file so far, in order.
+    pub fn downloads(&self) -> Vec<FileDownload> {
+        self.shared.lock().downloads.clone()
+    }
+
+    /// Every file the bot shared (`files.completeUploadExternal`), in order.
+    pub fn shared_files(&self) -> Vec<SharedFile> {
+        self.shared.lock().shared_files.clone()
+    }
+
+    /// Uploads begun with `files.getUploadURLExternal` (completed or not).
+    pub fn uploads_begun(&self) -> usize {
+        self.shared.lock().uploads.len()
     }
 
     /// Any event (an edit, a join, an `app_mention`), delivered as `events_api`. Returns its
@@ -774,9 +891,21 @@ fn serve_http(shared: &Shared, conn: TcpStream, ws: SocketAddr) {
             l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case(name)).map(|(_, v)| v.trim().to_owned())
         })
     };
-    let len = header("content-length").and_then(|v| v.parse::<usize>().ok()).unwrap_or(0).min(1 << 20);
+    let len = header("content-length").and_then(|v| v.parse::<usize>().ok()).unwrap_or(0).min(64 << 20);
     let mut body = vec![0u8; len];
     if r.read_exact(&mut body).is_err() {
+        return;
+    }
+    if path.starts_with("/files-pri/") || path.starts_with("/upload/v1/") {
+        let ctype = header("content-type").unwrap_or_default();
+        let (status, ctype, bytes) = file_host(&mut shared.lock(), &path, header("authorization"), &ctype, body);
+        let reason = if status == 200 { "OK" } else { "Error" };
+        let _ = write!(
+            w,
+            "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            bytes.len()
+        );
+        let _ = w.write_all(&bytes);
         return;
     }
     let json_body = header("content-type").is_some_and(|t| t.starts_with("application/json"));
@@ -787,7 +916,7 @@ fn serve_http(shared: &Shared, conn: TcpStream, ws: SocketAddr) {
         Value::Object(
             text.split('&')
                 .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_owned(), Value::String(v.replace('+', " "))))
+                .map(|(k, v)| (percent_decode(k), Value::String(percent_decode(v))))
                 .collect(),
         )
     };
@@ -807,6 +936,77 @@ fn serve_http(shared: &Shared, conn: TcpStream, ws: SocketAddr) {
         "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json; charset=utf-8\r\n{retry}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
+}
+
+/// A form value: `+` is a space, `%XY` a byte (https://url.spec.whatwg.org/#urlencoded-parsing).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 2;
+                }
+                _ => out.push(b'%'),
+            },
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The fake `files.slack.com`: a user's file for the bot token (`GET /files-pri/…`), and the
+/// bytes of an external upload (`POST /upload/v1/<file id>`). `(status, content type, body)`.
+fn file_host(
+    s: &mut State,
+    path: &str,
+    auth: Option<String>,
+    ctype: &str,
+    body: Vec<u8>,
+) -> (u16, &'static str, Vec<u8>) {
+    let text = |status: u16, t: &str| (status, "text/plain", t.as_bytes().to_vec());
+    if let Some(id) = path.strip_prefix("/upload/v1/") {
+        // A form's file part, or the raw bytes.
+        let bytes = match ctype.split_once("boundary=") {
+            Some((_, b)) if ctype.starts_with("multipart/form-data") => match form_file(&body, b.trim_matches('"')) {
+                Some(f) => f,
+                None => return text(400, "bad form"),
+            },
+            _ => body,
+        };
+        if bytes.len() > s.opts.max_upload {
+            return text(413, "Request Entity Too Large");
+        }
+        let Some(u) = s.uploads.get_mut(id) else { return text(404, "Not Found") };
+        let n = bytes.len();
+        u.bytes = Some(bytes);
+        return text(200, &format!("OK - {n}"));
+    }
+    let with_bot_token = auth.as_deref() == Some(format!("Bearer {}", s.opts.bot_token).as_str());
+    let (status, answer) = match s.files.get(path) {
+        Some(_) if !with_bot_token => (403, None),
+        Some(b) => (200, Some(b.clone())),
+        None => (404, None),
+    };
+    s.downloads.push(FileDownload { path: path.to_owned(), with_bot_token, status });
+    match answer {
+        Some(b) => (200, "application/octet-stream", b),
+        None => text(status, "refused"),
+    }
+}
+
+/// The first file part of a `multipart/form-data` body with `boundary`.
+fn form_file(body: &[u8], boundary: &str) -> Option<Vec<u8>> {
+    let delim = format!("\r\n--{boundary}").into_bytes();
+    let start = body.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let end = body[start..].windows(delim.len()).position(|w| w == delim.as_slice())? + start;
+    Some(body[start..end].to_vec())
 }
 
 /// One Web API method: `(status, Retry-After, body)`; `chat.*` calls are logged.
@@ -955,6 +1155,56 @@ fn answer(
                        "ts": ts_now(s.seq), "deleted_ts": ts}),
             );
             (200, None, json!({"ok": true, "channel": channel, "ts": ts}))
+        }
+        "files.getUploadURLExternal" => {
+            let filename = args["filename"].as_str().unwrap_or("").to_owned();
+            let length = args["length"].as_str().and_then(|l| l.parse::<u64>().ok()).or_else(|| args["length"].as_u64());
+            if filename.is_empty() || length.is_none() {
+                return refuse("invalid_arguments");
+            }
+            s.seq += 1;
+            let id = format!("F{:010}", s.seq);
+            s.uploads.insert(id.clone(), PendingUpload { filename, bytes: None });
+            let url = format!("http://{}/upload/v1/{id}", s.http);
+            (200, None, json!({"ok": true, "upload_url": url, "file_id": id}))
+        }
+        "files.completeUploadExternal" => {
+            // `files` is a JSON array, as a string in a form.
+            let files = match &args["files"] {
+                Value::String(t) => serde_json::from_str::<Value>(t).unwrap_or(Value::Null),
+                v => v.clone(),
+            };
+            let Some(list) = files.as_array().filter(|l| !l.is_empty()) else { return refuse("invalid_arguments") };
+            let channel = args["channel_id"].as_str().unwrap_or("").to_owned();
+            if channel.is_empty() || !(s.opts.channels.is_empty() || s.opts.channels.contains(&channel)) {
+                return refuse("channel_not_found");
+            }
+            let thread_ts = args["thread_ts"].as_str().filter(|t| !t.is_empty()).map(str::to_owned);
+            let mut done = Vec::new();
+            for f in list {
+                let id = f["id"].as_str().unwrap_or("");
+                let Some(u) = s.uploads.get(id).filter(|u| u.bytes.is_some()) else { return refuse("file_not_found") };
+                let title = f["title"].as_str().unwrap_or(&u.filename).to_owned();
+                done.push(SharedFile {
+                    file_id: id.to_owned(),
+                    filename: u.filename.clone(),
+                    title,
+                    channel: channel.clone(),
+                    thread_ts: thread_ts.clone(),
+                    bytes: u.bytes.clone().unwrap_or_default(),
+                });
+            }
+            s.seq += 1;
+            let ts = ts_now(s.seq);
+            let listed: Vec<Value> = done.iter().map(|f| json!({"id": f.file_id, "title": f.title})).collect();
+            let mut echo = json!({"type": "message", "subtype": "file_share", "channel": channel, "user": s.opts.bot_user,
+                                  "bot_id": BOT_ID, "text": "", "ts": ts, "event_ts": ts, "files": listed});
+            if let Some(t) = &thread_ts {
+                echo["thread_ts"] = json!(t);
+            }
+            s.shared_files.extend(done);
+            push_event(s, echo);
+            (200, None, json!({"ok": true, "files": listed}))
         }
         _ => (200, None, json!({"ok": false, "error": "unknown_method"})),
     }

@@ -27,6 +27,13 @@
 //!   per-route buckets (`X-RateLimit-Remaining`, `-Reset-After`) are waited out before a
 //!   request, a 429 waits its `retry_after` (for every route when `global`), and the skeleton
 //!   paces all sends under the documented global 50 requests a second.
+//! - **Files** (issue 29 §1/§2). In: a message's `attachments[]` (`filename`, `content_type`,
+//!   `size`, the CDN `url`), downloaded with a plain `GET` from Discord's CDN hosts only (or a
+//!   configured `api_base`'s origin: crates/platforms/src/filexfer.rs), never with the bot
+//!   token (the URL is signed). Out: Create Message as `multipart/form-data` with
+//!   `payload_json` and `files[0]`, with the piece's enforced `nonce` like a text piece, so a
+//!   resend after a crash within the nonce window returns the first message; past it, one
+//!   duplicate at worst. A file past the upload limit (413) is rejected, not retried.
 //! - **The agent at work** (skeleton/progress.rs). Typing: `POST /channels/{id}/typing`,
 //!   refreshed every 4 s while a run is in progress (Discord shows it about 10 s, and stops it
 //!   when the bot's next message arrives: nothing to call for "off"). Preview: a message of its
@@ -61,7 +68,11 @@ pub use gateway::{CloseAction, Payload, close_action, decode};
 use gateway::{Frame, Socket, SocketError, WsUrl, parse_url};
 use rest::{Rest, RestError};
 
-use crate::skeleton::{self, Batch, Ctx, Failure, Limits, Pace, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::attachments::Attachment;
+use crate::filexfer::FileHosts;
+use crate::skeleton::{
+    self, Batch, Ctx, Failure, Limits, OutFile, Pace, PieceId, PieceLimit, Protocol, SendError, Skeleton,
+};
 use crate::{AdapterError, ChatKind, Host, Inbound};
 
 /// The public REST API, version 10.
@@ -88,6 +99,11 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 const SHOW_TIMEOUT: Duration = Duration::from_secs(10);
 /// A non-1000 close: the session stays resumable ("Gateway Close Event Codes").
 const CLOSE_RESUMABLE: u16 = 4000;
+/// Where Discord serves attachments (docs/reference "Image Formatting": the CDN, and the
+/// media proxy a `proxy_url` names).
+const CDN_HOSTS: &[&str] = &["https://cdn.discordapp.com", "https://media.discordapp.net"];
+/// One upload's bound (Discord's 10 MiB default at a slow 1 MB/s, and then some).
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What the home keeps for one Discord adapter.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,6 +184,8 @@ impl Protocol for Proto {
             Poster { rest: Rest::new(&self.base, &self.token, &self.out), nonce_prefix: saved.nonce_prefix.clone() };
         let rx = GatewayRx {
             rest: Rest::new(&self.base, &self.token, &self.out),
+            cdn: gatewarden_net::http_config(&self.out).http_status_as_error(false).build().new_agent(),
+            files: FileHosts::new(&self.base, DEFAULT_API_BASE, CDN_HOSTS),
             token: self.token.clone(),
             tls: self.out.tls.clone(),
             plain_ok,
@@ -239,7 +257,9 @@ fn parse_message(d: &Value, me: Option<&str>, allowed: &[String]) -> Option<Inbo
         return None;
     }
     let id = d["id"].as_str()?;
-    let text = d["content"].as_str().filter(|t| !t.trim().is_empty())?;
+    let attachments = attachments(d);
+    // A message that is only a file has empty `content`.
+    let text = d["content"].as_str().filter(|t| !t.trim().is_empty() || !attachments.is_empty())?;
     let chat = d["channel_id"].as_str()?;
     let user = d["author"]["id"].as_str()?;
     let sent_at = id
@@ -260,8 +280,26 @@ fn parse_message(d: &Value, me: Option<&str>, allowed: &[String]) -> Option<Inbo
         chat: if guild { ChatKind::Group } else { ChatKind::Direct },
         listed: allowed.iter().any(|a| a == chat),
         addressed: mentioned,
-        attachments: Vec::new(),
+        attachments,
     })
+}
+
+/// The files a message carries: its `attachments[]` (docs/resources/message "Attachment
+/// Object": `filename`, `content_type` when Discord knows it, `size`, `url` on the CDN), each
+/// fetched by its `url`.
+fn attachments(d: &Value) -> Vec<Attachment> {
+    let Some(list) = d["attachments"].as_array() else { return Vec::new() };
+    list.iter()
+        .filter_map(|a| {
+            Some(Attachment {
+                name: a["filename"].as_str().unwrap_or("file").to_owned(),
+                declared: a["content_type"].as_str().unwrap_or_default().to_owned(),
+                size: a["size"].as_u64(),
+                fetch: a["url"].as_str().filter(|u| !u.is_empty())?.to_owned(),
+                outcome: None,
+            })
+        })
+        .collect()
 }
 
 /// The live session (from READY, or the saved one being resumed).
@@ -281,6 +319,10 @@ struct Heartbeat {
 /// The receive side: one gateway connection.
 pub struct GatewayRx {
     rest: Rest,
+    /// Downloads from the CDN: no `Authorization` (its URLs are signed; the bot token is for
+    /// the API only).
+    cdn: ureq::Agent,
+    files: FileHosts,
     token: String,
     tls: gatewarden_net::ClientTls,
     /// `ws://` allowed (an `http://` API base: tests).
@@ -633,6 +675,32 @@ impl skeleton::Receiver for GatewayRx {
         self.hang();
     }
 
+    /// `GET` of the attachment's CDN `url`, without the bot token (the URL is signed), and only
+    /// from Discord's CDN hosts (or a configured `api_base`'s origin: filexfer.rs).
+    fn fetch(
+        &mut self,
+        _ctx: &Ctx,
+        a: &Attachment,
+        timeout: Duration,
+    ) -> Result<Box<dyn std::io::Read + Send>, String> {
+        self.files.check(&a.fetch)?;
+        let response = self
+            .cdn
+            .get(&a.fetch)
+            .config()
+            .timeout_global(Some(timeout))
+            // A redirect could lead off the CDN: not followed.
+            .max_redirects(0)
+            .build()
+            .call()
+            .map_err(|e| gatewarden_net::describe(&e, &a.fetch))?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            return Err(format!("HTTP {status} for the file"));
+        }
+        Ok(Box::new(response.into_body().into_reader()))
+    }
+
     fn hang_up(&mut self) -> Vec<Inbound> {
         self.hang();
         Vec::new()
@@ -666,6 +734,15 @@ impl skeleton::Sender for Poster {
     fn send(&mut self, chat: &str, piece: &str, id: PieceId) -> Result<(), SendError> {
         let nonce = nonce(&self.nonce_prefix, id);
         self.rest.create_message(chat, piece, nonce.as_deref(), SEND_TIMEOUT).map(drop).map_err(send_error)
+    }
+
+    /// Create Message with the file as `files[0]` (multipart, docs/reference "Uploading
+    /// Files"), with the same enforced nonce as a text piece: a resend after a crash within
+    /// Discord's nonce window returns the first message instead of uploading a second one;
+    /// past the window the worst case is one duplicate, as for text.
+    fn send_file(&mut self, chat: &str, file: &OutFile, id: PieceId) -> Result<(), SendError> {
+        let nonce = nonce(&self.nonce_prefix, id);
+        self.rest.upload_message(chat, file, nonce.as_deref(), UPLOAD_TIMEOUT).map(drop).map_err(send_error)
     }
 
     /// Trigger Typing Indicator. Discord shows it for about 10 s, or until the bot's next
@@ -722,6 +799,31 @@ mod tests {
         let empty = json!({"id": "3", "channel_id": "42", "author": {"id": "7"}, "content": ""});
         assert!(parse_message(&empty, None, &[]).is_none(), "no content: the message-content intent is missing");
         assert!(parse_message(&json!("garbage"), None, &[]).is_none());
+    }
+
+    /// `attachments[]` become the message's files, fetched by their CDN `url`; a message that
+    /// is only a file is delivered with empty text; an attachment without a URL is skipped.
+    #[test]
+    fn attachments_are_taken_and_a_file_alone_is_a_message() {
+        let d = json!({"id": "9", "channel_id": "42", "author": {"id": "7"}, "content": "", "attachments": [
+            {"id": "1", "filename": "cat.png", "content_type": "image/png", "size": 1234,
+             "url": "https://cdn.discordapp.com/attachments/42/1/cat.png?ex=1&is=2&hm=3", "proxy_url": "https://media.discordapp.net/x"},
+            {"id": "2", "filename": "notes", "size": 5, "url": "https://cdn.discordapp.com/attachments/42/2/notes"},
+            {"id": "3", "filename": "gone.txt", "size": 5}]});
+        let m = parse_message(&d, None, &[]).unwrap();
+        assert_eq!(m.text, "");
+        assert_eq!(m.attachments.len(), 2);
+        let a = &m.attachments[0];
+        assert_eq!(
+            (a.name.as_str(), a.declared.as_str(), a.size, a.fetch.as_str()),
+            ("cat.png", "image/png", Some(1234), "https://cdn.discordapp.com/attachments/42/1/cat.png?ex=1&is=2&hm=3")
+        );
+        assert_eq!((m.attachments[1].declared.as_str(), m.attachments[1].size), ("", Some(5)), "no content_type");
+        let hosts = FileHosts::new(DEFAULT_API_BASE, DEFAULT_API_BASE, CDN_HOSTS);
+        assert!(hosts.check(&a.fetch).is_ok());
+        assert!(hosts.check("https://discord.com/api/v10/x").is_err(), "the API host is not the CDN");
+        let none = json!({"id": "9", "channel_id": "42", "author": {"id": "7"}, "content": "", "attachments": []});
+        assert!(parse_message(&none, None, &[]).is_none(), "no text and no file");
     }
 
     /// A guild message is a group's; a mention of the bot or a reply to its message addresses

@@ -1,5 +1,5 @@
-//! Discord's REST API as the adapter uses it: `GET /gateway/bot`, Create, Edit and Delete
-//! Message and Trigger Typing Indicator, with the per-route buckets and the global limit kept
+//! Discord's REST API as the adapter uses it: `GET /gateway/bot`, Create (with a file too),
+//! Edit and Delete Message and Trigger Typing Indicator, with the per-route buckets and the global limit kept
 //! from the `X-RateLimit-*` headers and 429s, for every one of them alike.
 
 use std::collections::HashMap;
@@ -139,7 +139,17 @@ impl Rest {
                 self.http.delete(&url).header("Authorization", &auth).config().timeout_global(t).build().call()
             }
         };
-        let response = result.map_err(|e| RestError::Network(self.redact(gatewarden_net::describe(&e, &url))))?;
+        self.answer(key, &url, result)
+    }
+
+    /// A response's rate-limit headers kept for `key`, and its outcome.
+    fn answer(
+        &mut self,
+        key: &str,
+        url: &str,
+        result: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<Value, RestError> {
+        let response = result.map_err(|e| RestError::Network(self.redact(gatewarden_net::describe(&e, url))))?;
         let status = response.status().as_u16();
         let now = Instant::now();
         let remaining = header_f64(&response, "x-ratelimit-remaining");
@@ -181,7 +191,8 @@ impl Rest {
         Err(match status {
             401 => RestError::Unauthorized(desc),
             404 if v["code"].as_u64() == Some(UNKNOWN_MESSAGE) => RestError::Gone(desc),
-            400 | 403 | 404 => RestError::Rejected(desc),
+            // 413: a file past the upload limit (code 40005) never fits.
+            400 | 403 | 404 | 413 => RestError::Rejected(desc),
             _ => RestError::Server(desc),
         })
     }
@@ -209,6 +220,47 @@ impl Rest {
         }
         let key = format!("POST /channels/{channel}/messages");
         let v = self.call(&key, &format!("/channels/{channel}/messages"), Verb::Post(Some(&body)), timeout)?;
+        Ok(v["id"].as_str().map(str::to_owned))
+    }
+
+    /// Create Message with one file (docs/reference "Uploading Files"): `multipart/form-data`
+    /// with `payload_json` (`attachments[0]` names `files[0]`; the same enforced `nonce` as
+    /// [`Rest::create_message`], mentions disabled) and the file streamed from the store.
+    /// Returns the message's id, when the answer names it.
+    pub fn upload_message(
+        &mut self,
+        channel: &str,
+        file: &crate::skeleton::OutFile,
+        nonce: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Option<String>, RestError> {
+        let channel = snowflake("channel", channel)?;
+        let key = format!("POST /channels/{channel}/messages");
+        if let Some(wait) = self.wait_for(&key, Instant::now()) {
+            return Err(RestError::Limited(wait));
+        }
+        let name = crate::filexfer::header_safe(&file.name);
+        let mut payload = json!({
+            "attachments": [{"id": 0, "filename": name}],
+            "allowed_mentions": {"parse": []},
+        });
+        if let Some(n) = nonce {
+            payload["nonce"] = json!(n);
+            payload["enforce_nonce"] = json!(true);
+        }
+        let (ctype, mut body) = crate::filexfer::multipart(&[("payload_json", payload.to_string())], "files[0]", file)
+            .map_err(RestError::Rejected)?;
+        let url = format!("{}/channels/{channel}/messages", self.base);
+        let result = self
+            .http
+            .post(&url)
+            .header("Authorization", &format!("Bot {}", self.token))
+            .header("Content-Type", &ctype)
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .send(ureq::SendBody::from_reader(&mut body));
+        let v = self.answer(&key, &url, result)?;
         Ok(v["id"].as_str().map(str::to_owned))
     }
 
