@@ -20,6 +20,8 @@
 //! - **Failures are named.** [`describe`] turns a failed request into "host: reason", with
 //!   certificate problems in words (unknown issuer, wrong host name, expired).
 
+pub mod multipart;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 

@@ -1,6 +1,6 @@
 //! What the HTTP chat platforms' file transfers share (issue 29 §1/§2; Discord and Slack):
 //! the origins a file may be downloaded from or uploaded to, and a `multipart/form-data` body
-//! streamed from the store.
+//! of a stored file.
 //!
 //! A file URL comes from the platform's event, so it is checked before anything is sent to
 //! it: only the platform's own file hosts (or, with a configured `api_base`, that base's
@@ -9,33 +9,18 @@
 
 use std::io::Read;
 
+use gatewarden_net::multipart::FilePart;
+
 use crate::skeleton::OutFile;
 
-/// `scheme://host[:port]` of `url`, lowercased, with the scheme's default port dropped;
+/// `scheme://host[:port]` of `url` (WHATWG: lowercased, the scheme's default port dropped);
 /// `None` for anything but `http` and `https`, or a URL with user info.
 pub(crate) fn origin(url: &str) -> Option<String> {
-    let (scheme, rest) = url.split_once("://")?;
-    let scheme = scheme.to_ascii_lowercase();
-    let default_port = match scheme.as_str() {
-        "https" => "443",
-        "http" => "80",
-        _ => return None,
-    };
-    let authority = rest.split(['/', '?', '#']).next()?.to_ascii_lowercase();
-    if authority.is_empty() || authority.contains('@') {
+    let u = url::Url::parse(url).ok()?;
+    if !matches!(u.scheme(), "http" | "https") || !u.username().is_empty() || u.password().is_some() {
         return None;
     }
-    let authority = match authority.rsplit_once(':') {
-        // Not the `:` inside a bracketed IPv6 address.
-        Some((host, port)) if !port.contains(']') => {
-            if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            if port == default_port { host.to_owned() } else { authority.clone() }
-        }
-        _ => authority,
-    };
-    Some(format!("{scheme}://{authority}"))
+    Some(u.origin().ascii_serialization())
 }
 
 /// The origins files may come from or go to.
@@ -66,40 +51,15 @@ impl FileHosts {
     }
 }
 
-/// A `multipart/form-data` body (RFC 7578) of `fields` then `file` in the part named `field`,
-/// streamed from the store (the file is never read into memory whole): `(content type,
-/// body)`. The file must still be the size the store said.
+/// A `multipart/form-data` body of `fields` then `file` in the part named `field`
+/// (gatewarden_net::multipart), streamed from the store: `(content type, body)`.
 pub(crate) fn multipart(
     fields: &[(&str, String)],
     field: &str,
     file: &OutFile,
 ) -> Result<(String, Box<dyn Read + Send>), String> {
-    let (opened, len) = gatewarden_lifecycle::fsio::open_regular(&file.path)
-        .ok()
-        .ok_or_else(|| format!("the stored file {} is gone", file.name))?;
-    if len != file.size {
-        return Err(format!("the stored file {} changed size", file.name));
-    }
-    let boundary = format!("gatewarden-{}", &crate::sha256_hex(file.path.to_string_lossy().as_bytes())[..32]);
-    let mut head = String::new();
-    for (k, v) in fields {
-        head.push_str(&format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{k}\"\r\n\r\n{v}\r\n"));
-    }
-    let name = header_safe(&file.name);
-    head.push_str(&format!(
-        "--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; filename=\"{name}\"\r\nContent-Type: {}\r\n\r\n",
-        header_safe(&file.kind)
-    ));
-    let tail = format!("\r\n--{boundary}--\r\n");
-    let body =
-        std::io::Cursor::new(head.into_bytes()).chain(opened.take(len)).chain(std::io::Cursor::new(tail.into_bytes()));
-    Ok((format!("multipart/form-data; boundary={boundary}"), Box::new(body)))
-}
-
-/// `s` without what would end a quoted header value or the header line.
-pub(crate) fn header_safe(s: &str) -> String {
-    let out: String = s.chars().filter(|c| !matches!(c, '"' | '\\') && !c.is_control()).collect();
-    if out.trim().is_empty() { "file".into() } else { out }
+    let part = FilePart { field, name: &file.name, kind: &file.kind, path: &file.path, size: file.size };
+    gatewarden_net::multipart::body(fields, part)
 }
 
 #[cfg(test)]
@@ -125,27 +85,5 @@ mod tests {
         assert!(fake.check("http://127.0.0.1:7/files-pri/x").is_ok());
         assert!(fake.check("http://127.0.0.1:8/files-pri/x").is_err(), "another port");
         assert!(fake.check("https://files.slack.com/x").is_err(), "a configured base replaces the public hosts");
-    }
-
-    #[test]
-    fn a_multipart_body_streams_the_file_between_its_fields() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, b"hello").unwrap();
-        let f = OutFile { name: "a\"b\r\n.txt".into(), kind: "text/plain".into(), path, size: 5 };
-        let (ctype, mut body) = multipart(&[("payload_json", "{}".into())], "files[0]", &f).unwrap();
-        let mut s = String::new();
-        body.read_to_string(&mut s).unwrap();
-        let boundary = ctype.strip_prefix("multipart/form-data; boundary=").unwrap();
-        assert!(s.starts_with(&format!(
-            "--{boundary}\r\nContent-Disposition: form-data; name=\"payload_json\"\r\n\r\n{{}}\r\n"
-        )));
-        assert!(
-            s.contains("name=\"files[0]\"; filename=\"ab.txt\"\r\nContent-Type: text/plain\r\n\r\nhello\r\n"),
-            "{s}"
-        );
-        assert!(s.ends_with(&format!("--{boundary}--\r\n")));
-        let changed = OutFile { size: 4, ..f };
-        assert!(multipart(&[], "f", &changed).is_err(), "a file that changed is not sent");
     }
 }

@@ -902,7 +902,7 @@ impl skeleton::Sender for Poster {
     /// a crash before it leaves an upload never shared, which Slack discards.
     fn send_file(&mut self, chat: &str, file: &OutFile, _id: PieceId) -> Result<(), SendError> {
         let (channel, thread) = split_chat(chat);
-        let name = crate::filexfer::header_safe(&file.name);
+        let name = gatewarden_net::multipart::header_safe(&file.name);
         let length = file.size.to_string();
         let got = self
             .api

@@ -139,26 +139,11 @@ impl Api {
         timeout: Duration,
     ) -> Result<Value, ApiError> {
         let (field, f) = file;
-        let (opened, _) = gatewarden_lifecycle::fsio::open_regular(&f.path)
-            .ok()
-            .ok_or_else(|| ApiError::Rejected(format!("the stored file {} is gone", f.name)))?;
-        let boundary = format!("gatewarden-{}", crate::sha256_hex(f.path.to_string_lossy().as_bytes()));
-        let mut head = String::new();
-        for (k, v) in fields {
-            head.push_str(&format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{k}\"\r\n\r\n{v}\r\n"));
-        }
-        let name: String = f.name.chars().filter(|c| !matches!(c, '"' | '\r' | '\n' | '\\')).collect();
-        head.push_str(&format!(
-            "--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; filename=\"{name}\"\r\nContent-Type: {}\r\n\r\n",
-            f.kind
-        ));
-        let tail = format!("\r\n--{boundary}--\r\n");
-        let mut body =
-            std::io::Cursor::new(head.into_bytes()).chain(opened).chain(std::io::Cursor::new(tail.into_bytes()));
+        let (ctype, mut body) = crate::filexfer::multipart(fields, field, f).map_err(ApiError::Rejected)?;
         let response = self
             .http
             .post(format!("{}{method}", self.prefix))
-            .header("Content-Type", format!("multipart/form-data; boundary={boundary}"))
+            .header("Content-Type", ctype)
             .config()
             .timeout_global(Some(timeout))
             .build()

@@ -239,7 +239,7 @@ impl Rest {
         if let Some(wait) = self.wait_for(&key, Instant::now()) {
             return Err(RestError::Limited(wait));
         }
-        let name = crate::filexfer::header_safe(&file.name);
+        let name = gatewarden_net::multipart::header_safe(&file.name);
         let mut payload = json!({
             "attachments": [{"id": 0, "filename": name}],
             "allowed_mentions": {"parse": []},
