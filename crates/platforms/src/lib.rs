@@ -26,6 +26,7 @@ pub mod attachments;
 pub mod credlock;
 pub mod discord;
 pub mod email;
+mod formdata;
 pub mod hooksig;
 pub mod irc;
 pub mod matrix;
