@@ -57,20 +57,31 @@ fn assert_vision_parts(llm: &FakeLlm, caption: &str) {
     assert_eq!(content[1], json!({"type": "image_url", "image_url": {"url": url}}));
 }
 
-/// An exec agent that attaches `report.txt` (in `dir`) to its reply.
-fn attaching_agent(dir: &std::path::Path) -> String {
+/// An exec agent that attaches `report.txt` (in `dir`) to its reply. `hang_first`: its first
+/// run marks `dir/first` and hangs (for a kill -9 while the run is in progress).
+fn attaching_agent_with(dir: &std::path::Path, hang_first: bool) -> String {
     let d = dir.display();
+    let hang = if hang_first {
+        format!("if [ ! -e {d}/first ]; then : > {d}/first; exec sleep 60; fi\n")
+    } else {
+        String::new()
+    };
     let script = dir.join("agent.sh");
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\ncat >/dev/null\nprintf 'report body\\n' > {d}/report.txt\necho 'here is the report'\n\
+            "#!/bin/sh\ncat >/dev/null\n{hang}printf 'report body\\n' > {d}/report.txt\necho 'here is the report'\n\
              echo '{{\"attach\": \"{d}/report.txt\"}}'\n"
         ),
     )
     .unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    format!("backend = \"exec\"\ncommand = [\"{}\"]\ntimeout_s = 60", script.display())
+    format!("backend = \"exec\"\ncommand = [\"{}\"]\ntimeout_s = 120", script.display())
+}
+
+/// An exec agent that attaches `report.txt` (in `dir`) to its reply.
+fn attaching_agent(dir: &std::path::Path) -> String {
+    attaching_agent_with(dir, false)
 }
 
 fn spawn(home: &TempHome, sw: &Sweeper, config: &str, env: &[(&str, String)]) -> Gateway {
@@ -147,7 +158,10 @@ fn whatsapp_file_back_once_and_a_mistyped_image_refused() {
     let quiet = holds_for(Duration::from_millis(1500), || fake.uploads().len() == 1 && fake.media_sent().len() == 1);
     assert!(quiet.is_ok(), "sent more than once: {:#?} {:#?}", fake.uploads(), fake.media_sent());
     let (up, sent) = (&fake.uploads()[0], &fake.media_sent()[0]);
-    assert_eq!((up.kind.as_str(), up.file_name.as_str(), up.bytes.as_slice()), ("text/plain", "report.txt", &b"report body\n"[..]));
+    assert_eq!(
+        (up.kind.as_str(), up.file_name.as_str(), up.bytes.as_slice()),
+        ("text/plain", "report.txt", &b"report body\n"[..])
+    );
     assert_eq!(
         (sent.to.as_str(), sent.kind.as_str(), sent.media_id.as_str(), sent.filename.as_deref()),
         (ADMIN_WA, "document", up.id.as_str(), Some("report.txt"))
@@ -160,6 +174,28 @@ fn whatsapp_file_back_once_and_a_mistyped_image_refused() {
     assert!(notice.contains("image.jpg") && notice.contains("application/zip"), "{notice}");
     wa_reply(&fake, ADMIN_WA, |t| t.starts_with("[attachment refused: image.jpg"));
     stop_cleanly(&home, &mut g);
+}
+
+/// A kill -9 while the run of a message with a file is in progress loses nothing: the next
+/// incarnation runs it again with the stored file (downloaded once, Meta does not redeliver a
+/// notification answered 200) and the file it attaches goes out once.
+#[test]
+fn whatsapp_kill_9_between_download_and_reply() {
+    let (home, sw, fake) = (TempHome::new(), Sweeper::new(), wa_fake());
+    let dir = tempfile::tempdir().unwrap();
+    let agent = attaching_agent_with(dir.path(), true);
+    let mut g = wa_start(&home, &sw, &fake, &agent);
+    fake.media_message(ADMIN_WA, "document", "application/pdf", b"%PDF-1.4 fake", json!({"filename": "in.pdf"}));
+    must_wait_until(REPLY, "the first run started", || dir.path().join("first").exists());
+    g.kill();
+    assert!(fake.uploads().is_empty() && fake.posted().is_empty(), "nothing sent before the kill");
+    let mut g2 = wa_start(&home, &sw, &fake, &agent);
+    wa_reply(&fake, ADMIN_WA, |t| t == "here is the report");
+    must_wait_until(REPLY, "the file was sent", || !fake.media_sent().is_empty());
+    let once = || fake.uploads().len() == 1 && fake.media_sent().len() == 1 && fake.posted().len() == 1;
+    assert!(holds_for(Duration::from_millis(1500), once).is_ok(), "{:#?} {:#?}", fake.posted(), fake.media_sent());
+    assert_eq!(fake.downloads().len(), 1, "downloaded once: {:?}", fake.downloads());
+    stop_cleanly(&home, &mut g2);
 }
 
 // ---- Signal ----
@@ -232,6 +268,24 @@ fn signal_file_back_once_and_an_oversized_file_refused() {
     stop_cleanly(&home, &mut g);
 }
 
+/// An attachment whose declared size lies is still bounded: `getAttachment`'s answer is read
+/// only up to the base64 of `max_file_mb` before it is decoded, and the file is refused with a
+/// notice.
+#[test]
+fn signal_an_answer_past_the_bound_is_refused_unread() {
+    let (home, sw, fake) = (TempHome::new(), Sweeper::new(), signal_fake());
+    let mut g = signal_start(&home, &sw, &fake, "", "[attachments]\nmax_file_mb = 1\n");
+    fake.attachment("liar.bin", &vec![b'a'; 3 << 20]);
+    let lie =
+        json!({"attachments": [{"contentType": "text/plain", "filename": "liar.txt", "id": "liar.bin", "size": 10}]});
+    fake.message_with(ADMIN_SIGNAL, "read this", None, lie);
+    let notice = signal_reply(&fake, |t| t.starts_with("attachment refused"));
+    // The adapter refused the answer itself (the store's own cap would say "a file").
+    assert!(notice.contains("liar.txt") && notice.contains("cannot download it: too large"), "{notice}");
+    signal_reply(&fake, |t| t.starts_with("read this\n[attachment refused: liar.txt"));
+    stop_cleanly(&home, &mut g);
+}
+
 // ---- Mattermost ----
 
 fn mm_fake() -> FakeMattermost {
@@ -262,6 +316,28 @@ fn mm_reply(fake: &FakeMattermost, channel: &str, pred: impl Fn(&str) -> bool) -
     fake.bot_posts().into_iter().rev().find(|p| p.channel == channel && pred(&p.message)).map(|p| p.message).unwrap()
 }
 
+/// A kill -9 while the run of a post with a file is in progress loses nothing: the next
+/// incarnation runs it again with the stored file (downloaded once) and the file it attaches
+/// is uploaded and posted once.
+#[test]
+fn mattermost_kill_9_between_download_and_reply() {
+    let (home, sw, fake) = (TempHome::new(), Sweeper::new(), mm_fake());
+    let dir = tempfile::tempdir().unwrap();
+    let agent = attaching_agent_with(dir.path(), true);
+    let mut g = mm_start(&home, &sw, &fake, &agent);
+    fake.user_post_files("chan4", ADMIN_MM, "", &[("in.pdf", "application/pdf", b"%PDF-1.4 fake")]);
+    must_wait_until(REPLY, "the first run started", || dir.path().join("first").exists());
+    g.kill();
+    assert!(fake.uploads().is_empty() && fake.bot_posts().is_empty(), "nothing sent before the kill");
+    let mut g2 = mm_start(&home, &sw, &fake, &agent);
+    mm_reply(&fake, "chan4", |t| t == "here is the report");
+    must_wait_until(REPLY, "the file was posted", || !fake.uploads().is_empty());
+    let once = || fake.uploads().len() == 1 && fake.bot_posts().len() == 2;
+    assert!(holds_for(Duration::from_millis(1500), once).is_ok(), "{:#?} {:#?}", fake.uploads(), fake.bot_posts());
+    assert_eq!(fake.file_downloads().len(), 1, "downloaded once: {:?}", fake.file_downloads());
+    stop_cleanly(&home, &mut g2);
+}
+
 /// A Mattermost post's image (`GET /files/{id}`) reaches the vision provider.
 #[test]
 fn mattermost_photo_reaches_the_vision_provider() {
@@ -285,7 +361,8 @@ fn mattermost_file_back_once_and_a_mistyped_image_refused() {
     let mut g = mm_start(&home, &sw, &fake, &attaching_agent(dir.path()));
     fake.user_post("chan2", ADMIN_MM, "make a report", None);
     mm_reply(&fake, "chan2", |t| t == "here is the report");
-    let with_files = |f: &FakeMattermost| f.bot_posts().into_iter().filter(|p| !p.file_ids.is_empty()).collect::<Vec<_>>();
+    let with_files =
+        |f: &FakeMattermost| f.bot_posts().into_iter().filter(|p| !p.file_ids.is_empty()).collect::<Vec<_>>();
     must_wait_until(REPLY, "the file was posted", || !with_files(&fake).is_empty());
     let quiet = holds_for(Duration::from_millis(1500), || fake.uploads().len() == 1 && with_files(&fake).len() == 1);
     assert!(quiet.is_ok(), "sent more than once: {:#?} {:#?}", fake.uploads(), with_files(&fake));

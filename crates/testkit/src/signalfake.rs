@@ -285,6 +285,12 @@ impl FakeSignal {
         self.push(from, text, None, extra)
     }
 
+    /// Keeps `bytes` as attachment `id` without a message: a test that writes its own
+    /// `attachments[]` (a declared size that lies) with [`FakeSignal::message_with`].
+    pub fn attachment(&self, id: &str, bytes: &[u8]) {
+        lock(&self.shared).attachments.insert(id.to_owned(), bytes.to_vec());
+    }
+
     /// The attachment ids `getAttachment` served, in order.
     pub fn fetches(&self) -> Vec<String> {
         lock(&self.shared).fetches.clone()
