@@ -960,6 +960,26 @@ mod tests {
         assert_eq!(fake.typing(), vec![("dm1".to_owned(), String::new())]);
     }
 
+    /// `POST /files` past `max_upload` is 413; a post naming an unknown file id is 400; an
+    /// upload then a post with its id carries the file.
+    #[test]
+    fn mattermost_files_upload_and_refusals() {
+        let fake = FakeMattermost::start(Options { max_upload: 4, ..Options::default() }).unwrap();
+        fake.channel("c1", "O");
+        let tok = fake.options().token;
+        let mut s = fake.shared.lock();
+        let form = |bytes: &[u8]| json!({"channel_id": "c1", "\u{0}files": [{"name": "a.txt", "type": "text/plain", "bytes": bytes}]});
+        assert_eq!(api(&mut s, "POST", "/api/v4/files", Some(&tok), &form(b"12345")).0, 413);
+        let (st, _, v) = api(&mut s, "POST", "/api/v4/files", Some(&tok), &form(b"1234"));
+        assert_eq!(st, 201);
+        let id = v["file_infos"][0]["id"].as_str().unwrap().to_owned();
+        let post = |ids: Value| json!({"channel_id": "c1", "message": "", "file_ids": ids});
+        assert_eq!(api(&mut s, "POST", "/api/v4/posts", Some(&tok), &post(json!(["nope"]))).0, 400);
+        let (st, _, p) = api(&mut s, "POST", "/api/v4/posts", Some(&tok), &post(json!([id])));
+        assert_eq!((st, p["metadata"]["files"][0]["size"].as_u64()), (201, Some(4)));
+        assert_eq!(api(&mut s, "POST", "/api/v4/posts", Some(&tok), &post(json!([]))).0, 400, "no message, no file");
+    }
+
     #[test]
     fn rest_posts_patches_deletes_lists_and_limits() {
         let opts = Options { since_limit: 2, ..Options::default() };

@@ -729,6 +729,27 @@ pub fn read_events(addr: SocketAddr, query: &str, n: usize, timeout: Duration) -
 mod tests {
     use super::*;
 
+    /// Data URIs as DataURI.java reads them (the file name URL-decoded); an attachment past
+    /// `max_attachment` is -1; `getAttachment` answers base64 and needs a recipient or group.
+    #[test]
+    fn signal_attachments_both_ways() {
+        assert_eq!(
+            data_uri("data:text/plain;filename=r+port%3Bx.txt;base64,aGk="),
+            Some(("text/plain".into(), "r port;x.txt".into(), b"hi".to_vec()))
+        );
+        assert_eq!(data_uri("data:text/plain,hi"), None, "not base64");
+        let fake = FakeSignal::start(Options { accounts: vec!["+1555".into()], max_attachment: 2, ..Options::default() }).unwrap();
+        let send = |uri: &str| json!({"recipient": ["+1666"], "message": "", "attachments": [uri]});
+        assert_eq!(rpc(&fake.shared, "send", send("data:text/plain;filename=a;base64,aGk=")).0.map(|_| ()), Ok(()));
+        assert_eq!(rpc(&fake.shared, "send", send("data:text/plain;filename=a;base64,aGkh")).0.unwrap_err()["code"], -1);
+        assert_eq!(fake.sent()[0].files, [("text/plain".into(), "a".into(), b"hi".to_vec())]);
+        fake.attachment("x.bin", b"hi");
+        let got = rpc(&fake.shared, "getAttachment", json!({"id": "x.bin", "recipient": "+1666"})).0.unwrap();
+        assert_eq!(got, json!({"data": "aGk="}));
+        assert_eq!(rpc(&fake.shared, "getAttachment", json!({"id": "x.bin"})).0.unwrap_err()["code"], -32602);
+        assert_eq!(rpc(&fake.shared, "getAttachment", json!({"id": "y", "recipient": "+1"})).0.unwrap_err()["code"], -1);
+    }
+
     /// The 0.14.6 change: a raw `+` in `?account=` was a space before (400), kept since; `%2B`
     /// works in both; the ACI only since 0.14.6.
     #[test]

@@ -748,6 +748,32 @@ mod tests {
         );
     }
 
+    /// Uploads past `max_upload` and messages naming unknown media are code 131053; an upload
+    /// then a document message naming it is recorded.
+    #[test]
+    fn whatsapp_media_upload_and_refusals() {
+        let fake = FakeWhatsapp::start(Options { max_upload: 4, ..Options::default() }).unwrap();
+        let o = fake.options();
+        let mut s = fake.shared.lock();
+        let media = format!("/{}/{}/media", o.version, o.phone_number_id);
+        let messages = format!("/{}/{}/messages", o.version, o.phone_number_id);
+        let form = |bytes: &[u8]| json!({"messaging_product": "whatsapp", "type": "text/plain",
+                                         "\u{0}file": {"name": "a.txt", "type": "text/plain", "bytes": bytes}});
+        assert_eq!(graph(&mut s, "POST", &media, Some(&o.token), &form(b"12345")).2["error"]["code"], 131053);
+        let (st, _, v) = graph(&mut s, "POST", &media, Some(&o.token), &form(b"1234"));
+        assert_eq!(st, 200);
+        let id = v["id"].as_str().unwrap().to_owned();
+        s.last_inbound.insert("1555".into(), unix_now());
+        let doc = |id: &str| json!({"messaging_product": "whatsapp", "to": "1555", "type": "document",
+                                     "document": {"id": id, "filename": "a.txt"}});
+        assert_eq!(graph(&mut s, "POST", &messages, Some(&o.token), &doc("404")).2["error"]["code"], 131053);
+        assert_eq!(graph(&mut s, "POST", &messages, Some(&o.token), &doc(&id)).0, 200);
+        assert_eq!(s.media_sent.len(), 1);
+        assert_eq!((s.uploads.len(), s.uploads[0].bytes.as_slice()), (1, &b"1234"[..]));
+        let (st, _, node) = graph(&mut s, "GET", &format!("/{}/{id}", o.version), Some(&o.token), &Value::Null);
+        assert_eq!((st, node["file_size"].as_u64()), (200, Some(4)));
+    }
+
     #[test]
     fn errors_and_window() {
         let fake = FakeWhatsapp::start(Options::default()).unwrap();
