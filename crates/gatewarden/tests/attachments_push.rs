@@ -371,7 +371,7 @@ fn mattermost_file_back_once_and_a_mistyped_image_refused() {
         (up.channel.as_str(), up.name.as_str(), up.mime_type.as_str(), up.bytes.as_slice()),
         ("chan2", "report.txt", "text/plain", &b"report body\n"[..])
     );
-    assert_eq!(with_files(&fake)[0].file_ids, [up.id.clone()]);
+    assert_eq!(with_files(&fake)[0].file_ids, std::slice::from_ref(&up.id));
     stop_cleanly(&home, &mut g);
 
     let mut g = mm_start(&home, &sw, &fake, "");

@@ -705,7 +705,7 @@ fn send(s: &mut State, args: &Value) -> (u16, Option<u64>, Value) {
         if !s.media.contains_key(id) {
             return graph_error(400, 131053, "Media upload error: unknown media id.");
         }
-        if !s.last_inbound.get(to).is_some_and(|at| unix_now().saturating_sub(*at) < 24 * 3600) {
+        if s.last_inbound.get(to).is_none_or(|at| unix_now().saturating_sub(*at) >= 24 * 3600) {
             return graph_error(400, 131047, "Re-engagement message: more than 24 hours have passed.");
         }
         let filename = args[kind]["filename"].as_str().map(str::to_owned);
