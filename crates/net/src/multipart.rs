@@ -18,9 +18,19 @@ pub struct FilePart<'a> {
     pub size: u64,
 }
 
-/// The body of `fields` then `file`: `(content type, body)`. The file is opened without
-/// following links, and must be a regular file of `file.size` bytes.
-pub fn body(fields: &[(&str, String)], file: FilePart<'_>) -> Result<(String, Box<dyn Read + Send>), String> {
+/// A body ready to send. Its length is known up front, so it can go out with a
+/// `Content-Length` (some upload endpoints refuse chunked bodies).
+pub struct Form {
+    /// `multipart/form-data; boundary=…`.
+    pub content_type: String,
+    pub length: u64,
+    pub body: Box<dyn Read + Send>,
+}
+
+/// The body of `fields` then `file`. The file is opened without following links, and must be
+/// a regular file of `file.size` bytes; it is read up to that length, so a file that grew
+/// cannot overrun the length announced.
+pub fn body(fields: &[(&str, &str)], file: FilePart<'_>) -> Result<Form, String> {
     let (opened, len) = gatewarden_lifecycle::fsio::open_regular(file.path)
         .ok()
         .ok_or_else(|| format!("the stored file {} is gone", file.name))?;
@@ -39,9 +49,10 @@ pub fn body(fields: &[(&str, String)], file: FilePart<'_>) -> Result<(String, Bo
         header_safe(file.kind)
     ));
     let tail = format!("\r\n--{boundary}--\r\n");
+    let length = head.len() as u64 + len + tail.len() as u64;
     let body =
         std::io::Cursor::new(head.into_bytes()).chain(opened.take(len)).chain(std::io::Cursor::new(tail.into_bytes()));
-    Ok((format!("multipart/form-data; boundary={boundary}"), Box::new(body)))
+    Ok(Form { content_type: format!("multipart/form-data; boundary={boundary}"), length, body: Box::new(body) })
 }
 
 /// `s` without what would end a quoted header value or the header line.
@@ -68,10 +79,11 @@ mod tests {
         let path = dir.path().join("f");
         std::fs::write(&path, b"hello").unwrap();
         let part = FilePart { field: "files[0]", name: "a\"b\r\n.txt", kind: "text/plain", path: &path, size: 5 };
-        let (ctype, mut body) = body(&[("payload_json", "{}".into())], part).unwrap();
+        let mut form = body(&[("payload_json", "{}")], part).unwrap();
         let mut s = String::new();
-        body.read_to_string(&mut s).unwrap();
-        let boundary = ctype.strip_prefix("multipart/form-data; boundary=").unwrap();
+        form.body.read_to_string(&mut s).unwrap();
+        assert_eq!(s.len() as u64, form.length);
+        let boundary = form.content_type.strip_prefix("multipart/form-data; boundary=").unwrap();
         assert!(s.starts_with(&format!(
             "--{boundary}\r\nContent-Disposition: form-data; name=\"payload_json\"\r\n\r\n{{}}\r\n"
         )));

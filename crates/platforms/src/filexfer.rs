@@ -7,9 +7,7 @@
 //! origin: a fake, a proxy), so a credential that goes with a download (Slack's bot token)
 //! never reaches another host, and a download never reaches into the local network.
 
-use std::io::Read;
-
-use gatewarden_net::multipart::FilePart;
+use gatewarden_net::multipart::{FilePart, Form};
 
 use crate::skeleton::OutFile;
 
@@ -52,12 +50,8 @@ impl FileHosts {
 }
 
 /// A `multipart/form-data` body of `fields` then `file` in the part named `field`
-/// (gatewarden_net::multipart), streamed from the store: `(content type, body)`.
-pub(crate) fn multipart(
-    fields: &[(&str, String)],
-    field: &str,
-    file: &OutFile,
-) -> Result<(String, Box<dyn Read + Send>), String> {
+/// (gatewarden_net::multipart), streamed from the store.
+pub(crate) fn multipart(fields: &[(&str, &str)], field: &str, file: &OutFile) -> Result<Form, String> {
     let part = FilePart { field, name: &file.name, kind: &file.kind, path: &file.path, size: file.size };
     gatewarden_net::multipart::body(fields, part)
 }

@@ -34,6 +34,15 @@
 //!   [`MAX_TEXT_CHARS`] characters a piece; a 429 waits its `Retry-After` (else
 //!   `X-Ratelimit-Reset`). No idempotency key: a crash between a post and the outbox commit
 //!   posts that piece again after the restart.
+//! - **Files** (issue 29; https://api.mattermost.com/#tag/files). In: a post's `file_ids`,
+//!   described by `metadata.files[]` (`id`, `name`, `mime_type`, `size`; a file it does not
+//!   describe is named by its id, its type left to the content), downloaded with `GET
+//!   /api/v4/files/{id}` and the token under the skeleton's bounds (attachments.rs); a post of
+//!   only files is a message with empty text. Out: `POST /api/v4/files` (multipart
+//!   `channel_id`, `files`) returns `file_infos[].id`, then a post in the chat's thread with
+//!   `file_ids`. The text path sends no `pending_post_id`, so neither does this one: a crash
+//!   between the post and the outbox commit uploads and posts that entry's files again after
+//!   the restart (worst case one duplicate, as for text).
 //! - **The agent at work** (skeleton/progress.rs). Typing: the WebSocket action `user_typing`
 //!   (`channel_id`, `parent_id`), written by the receive side between its reads (it owns the
 //!   socket); nothing for "off" (clients stop showing it after a few seconds). Preview: a post of
@@ -58,7 +67,8 @@ use gatewarden_net::{ClientTls, Outbound};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::attachments::Attachment;
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, OutFile, PieceId, PieceLimit, Protocol, SendError, Skeleton};
 use crate::{AdapterError, ChatKind, Host, Inbound};
 
 /// Characters per post: the server's default `MaxPostSize` (16,383 runes).
@@ -68,6 +78,10 @@ const MAX_BODY_BYTES: u64 = 16 << 20;
 const MAX_WS_MESSAGE: usize = 4 << 20;
 /// Bound on every REST call and on opening the WebSocket (TCP, TLS, handshake, `hello`).
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// Bound on one file upload (streamed from the store).
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(120);
+/// Files one post carries at most (the server's limit).
+const MAX_FILES: usize = 10;
 /// One socket read waits at most this long.
 const READ_SLICE: Duration = Duration::from_millis(50);
 /// A receive without a budget waits at most this long for a post.
@@ -216,6 +230,60 @@ impl Rest {
             .map_err(|e| ApiError::Network(e.to_string()))?;
         let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         classify(status, &v, retry_after, &format!("{method} {path}"))
+    }
+
+    /// `GET /files/{id}`: the file's bytes, streamed, bounded by `timeout` in all.
+    fn download(&self, id: &str, timeout: Duration) -> Result<Box<dyn std::io::Read + Send>, String> {
+        if !id_ok(id) {
+            return Err(format!("{id:?} is not a file id"));
+        }
+        let path = format!("/files/{id}");
+        let url = format!("{}{path}", self.base);
+        let response = self
+            .http
+            .get(&url)
+            .header("Authorization", &format!("Bearer {}", self.token))
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .call()
+            .map_err(|e| gatewarden_net::describe(&e, &url))?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            return Err(format!("GET {path}: HTTP {status}"));
+        }
+        Ok(Box::new(response.into_body().into_reader()))
+    }
+
+    /// `POST /files` of one stored file to `channel`; returns its file id.
+    fn upload(&self, channel: &str, file: &OutFile) -> Result<String, ApiError> {
+        let form = crate::filexfer::multipart(&[("channel_id", channel)], "files", file).map_err(ApiError::Refused)?;
+        let url = format!("{}/files", self.base);
+        let response = self
+            .http
+            .post(&url)
+            .header("Authorization", &format!("Bearer {}", self.token))
+            .header("Content-Type", &form.content_type)
+            .header("Content-Length", &form.length.to_string())
+            .config()
+            .timeout_global(Some(UPLOAD_TIMEOUT))
+            .build()
+            .send(ureq::SendBody::from_owned_reader(form.body))
+            .map_err(|e| ApiError::Network(gatewarden_net::describe(&e, &url)))?;
+        let status = response.status().as_u16();
+        let retry_after = crate::header_secs(&response, "retry-after");
+        let text = response
+            .into_body()
+            .with_config()
+            .limit(MAX_BODY_BYTES)
+            .read_to_string()
+            .map_err(|e| ApiError::Network(e.to_string()))?;
+        let v = classify(status, &serde_json::from_str(&text).unwrap_or(Value::Null), retry_after, "POST /files")?;
+        v["file_infos"][0]["id"]
+            .as_str()
+            .filter(|i| id_ok(i))
+            .map(str::to_owned)
+            .ok_or_else(|| ApiError::Server("POST /files returned no file id".into()))
     }
 }
 
@@ -414,7 +482,8 @@ fn parse_post(post: &Value, channel_type: Option<&str>, mentions: &[String], p: 
     {
         return None;
     }
-    let text = post["message"].as_str().filter(|t| !t.trim().is_empty())?;
+    let attachments = files(post);
+    let text = post["message"].as_str().filter(|t| !t.trim().is_empty() || !attachments.is_empty())?;
     let root = post["root_id"].as_str().unwrap_or("");
     if root.contains('/') {
         return None;
@@ -439,8 +508,28 @@ fn parse_post(post: &Value, channel_type: Option<&str>, mentions: &[String], p: 
         chat: if direct { ChatKind::Direct } else { ChatKind::Group },
         listed: p.allowed.iter().any(|a| a == channel),
         addressed,
-        attachments: Vec::new(),
+        attachments,
     })
+}
+
+/// The files a post carries: its `file_ids`, described by `metadata.files[]` where given
+/// (module notes).
+fn files(post: &Value) -> Vec<Attachment> {
+    let described = post["metadata"]["files"].as_array();
+    let ids = post["file_ids"].as_array().into_iter().flatten().filter_map(Value::as_str);
+    ids.filter(|id| id_ok(id))
+        .take(MAX_FILES)
+        .map(|id| {
+            let info = described.and_then(|fs| fs.iter().find(|f| f["id"] == id)).unwrap_or(&Value::Null);
+            Attachment {
+                name: info["name"].as_str().filter(|n| !n.trim().is_empty()).unwrap_or(id).to_owned(),
+                declared: info["mime_type"].as_str().unwrap_or("").to_owned(),
+                size: info["size"].as_u64(),
+                fetch: id.to_owned(),
+                outcome: None,
+            }
+        })
+        .collect()
 }
 
 /// One `posted` event: its post (a JSON string in `data.post`), channel type and mentions.
@@ -797,6 +886,15 @@ impl skeleton::Receiver for EventStream {
     }
 
     /// Saves the positions past the journaled batch.
+    fn fetch(
+        &mut self,
+        _ctx: &Ctx,
+        a: &Attachment,
+        timeout: Duration,
+    ) -> Result<Box<dyn std::io::Read + Send>, String> {
+        self.rest.download(&a.fetch, timeout)
+    }
+
     fn confirm(&mut self, _ctx: &Ctx) -> Result<(), String> {
         let Some(next) = self.pending.take() else { return Ok(()) };
         if next == self.saved {
@@ -842,6 +940,14 @@ fn id_ok(id: &str) -> bool {
 impl skeleton::Sender for Poster {
     fn send(&mut self, chat: &str, piece: &str, _id: PieceId) -> Result<(), SendError> {
         self.post(chat, piece).map(drop).map_err(ApiError::send_error)
+    }
+
+    /// The upload, then a post with its file id in the chat's thread (module notes).
+    fn send_file(&mut self, chat: &str, file: &OutFile, _id: PieceId) -> Result<(), SendError> {
+        let (channel, root) = split_chat(chat);
+        let id = self.rest.upload(channel, file).map_err(ApiError::send_error)?;
+        let body = json!({"channel_id": channel, "message": "", "root_id": root, "file_ids": [id]});
+        self.rest.call("POST", "/posts", Some(&body)).map(drop).map_err(ApiError::send_error)
     }
 
     /// Queues a `user_typing` action for the receive side's next write (best-effort: a full
@@ -925,6 +1031,21 @@ mod tests {
         assert_eq!(split_chat("c2/r1"), ("c2", "r1"));
         assert_eq!(split_chat("c2"), ("c2", ""));
         assert_eq!(parse(&post(json!({})), Some("D"), &[], &[]).unwrap().chat, ChatKind::Direct);
+    }
+
+    /// A post's `file_ids` with `metadata.files[]` (the API's FileInfo): each file by its id,
+    /// name, type and size; a post of only files is a message; an undescribed file is named by
+    /// its id; an id that is no path segment is dropped.
+    #[test]
+    fn mattermost_posts_carry_their_files() {
+        let files = json!({"file_ids": ["f1", "f2", "../x"], "message": "", "metadata": {"files": [
+            {"id": "f1", "name": "shot.png", "extension": "png", "size": 1234, "mime_type": "image/png"}]}});
+        let m = parse(&post(files), Some("O"), &[], &[]).unwrap();
+        assert_eq!(m.text, "");
+        let got: Vec<_> =
+            m.attachments.iter().map(|a| (a.name.as_str(), a.declared.as_str(), a.size, a.fetch.as_str())).collect();
+        assert_eq!(got, [("shot.png", "image/png", Some(1234), "f1"), ("f2", "", None, "f2")]);
+        assert!(parse(&post(json!({"message": " "})), Some("O"), &[], &[]).is_none(), "no text and no file");
     }
 
     #[test]

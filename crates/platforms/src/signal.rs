@@ -49,6 +49,17 @@
 //!   `-5` (rate limited) waits its `retryAfterSeconds`; `-1` (unregistered user, not a group
 //!   member) rejects the entry. No idempotency key: a crash between a send and the outbox
 //!   commit sends that piece again.
+//! - **Files** (issue 29; signal-cli-jsonrpc(5)). In: a `dataMessage`'s `attachments[]`
+//!   (`contentType`, `filename`, `id`, `size`; a message of only files is still a message),
+//!   fetched with `getAttachment` (`id`, and `recipient` the sender or `groupId` the group),
+//!   whose answer is the file as base64 `data` (GetAttachmentCommand.java): the answer is read
+//!   bounded by the store's per-file bound in base64 (4/3 of it, plus the envelope) before it
+//!   is decoded, so a lying or huge answer is refused without being held. Out: `send` with
+//!   `attachments: ["data:<type>;filename=<name>;base64,<data>"]` (the man page's data URI, the
+//!   name URL-encoded as DataURI.java decodes it) and an empty `message`; the base64 is
+//!   encoded as the request streams from the store, never whole in memory. No idempotency
+//!   key: Signal's timestamp makes a resend a new message, so a crash between the send and the
+//!   outbox commit sends that entry's files again (worst case one duplicate, as for text).
 //! - **The agent at work.** `sendTyping` (and `stop: true` at the end); Signal clients show it
 //!   for 15 s, so the skeleton's 4 s refresh is sent at most every [`TYPING_EVERY`]. No
 //!   previews: they would be edits, which Signal clients list as edited messages.
@@ -66,7 +77,8 @@ use gatewarden_config::platform::{Signal as Settings, e164_ok};
 use gatewarden_net::Outbound;
 use serde_json::{Value, json};
 
-use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::attachments::Attachment;
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, OutFile, PieceId, PieceLimit, Protocol, SendError, Skeleton};
 use crate::{AdapterError, ChatKind, Host, Inbound};
 
 /// `signal-cli daemon --http`'s default address.
@@ -82,6 +94,14 @@ pub const MAX_MESSAGES: u32 = 8;
 /// Bound on every other call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 const MAX_BODY_BYTES: u64 = 16 << 20;
+/// Bound on one file's `send` (the base64 streamed from the store).
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(120);
+/// Files one message carries at most (Signal's clients send up to 32).
+const MAX_FILES: usize = 32;
+/// The per-file bound `getAttachment` answers are read under when the store names none.
+const DEFAULT_MAX_FILE: u64 = 20 << 20;
+/// The JSON around a `getAttachment` answer's base64.
+const ANSWER_OVERHEAD: u64 = 64 << 10;
 /// A typing notice lasts 15 s on Signal's clients: refreshed this often, not every 4 s.
 pub const TYPING_EVERY: Duration = Duration::from_secs(10);
 
@@ -149,12 +169,22 @@ impl Rpc {
         Rpc { http, base: base.trim_end_matches('/').to_owned(), account_param: None }
     }
 
-    fn call(&self, method: &str, mut params: Value, timeout: Duration) -> Result<Value, RpcError> {
+    fn call(&self, method: &str, params: Value, timeout: Duration) -> Result<Value, RpcError> {
+        self.call_limited(method, params, timeout, MAX_BODY_BYTES)
+    }
+
+    /// The request body of `method` with `params` (the account named in multi-account mode).
+    fn request(&self, method: &str, mut params: Value) -> Value {
         if let (Some(a), Some(p)) = (&self.account_param, params.as_object_mut()) {
             p.insert("account".into(), json!(a));
         }
+        json!({"jsonrpc": "2.0", "method": method, "params": params, "id": method})
+    }
+
+    /// [`Rpc::call`] reading at most `limit` bytes of the answer.
+    fn call_limited(&self, method: &str, params: Value, timeout: Duration, limit: u64) -> Result<Value, RpcError> {
         let url = format!("{}/api/v1/rpc", self.base);
-        let body = json!({"jsonrpc": "2.0", "method": method, "params": params, "id": method});
+        let body = self.request(method, params);
         let response = self
             .http
             .post(&url)
@@ -163,14 +193,40 @@ impl Rpc {
             .build()
             .send_json(&body)
             .map_err(|e| RpcError::Network(gatewarden_net::describe(&e, &url)))?;
+        Rpc::answer(response, limit)
+    }
+
+    /// A request whose body is streamed (`length` bytes of JSON from `body`).
+    fn call_streamed(
+        &self,
+        body: Box<dyn std::io::Read + Send>,
+        length: u64,
+        timeout: Duration,
+    ) -> Result<Value, RpcError> {
+        let url = format!("{}/api/v1/rpc", self.base);
+        let response = self
+            .http
+            .post(&url)
+            .header("Content-Type", "application/json")
+            .header("Content-Length", &length.to_string())
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .send(ureq::SendBody::from_owned_reader(body))
+            .map_err(|e| RpcError::Network(gatewarden_net::describe(&e, &url)))?;
+        Rpc::answer(response, MAX_BODY_BYTES)
+    }
+
+    fn answer(response: ureq::http::Response<ureq::Body>, limit: u64) -> Result<Value, RpcError> {
         let status = response.status().as_u16();
         let text = response
             .into_body()
             .with_config()
-            .limit(MAX_BODY_BYTES)
+            .limit(limit)
             .read_to_string()
             .map_err(|e| RpcError::Network(e.to_string()))?;
         let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        drop(text);
         if status != 200 || v["jsonrpc"] != "2.0" {
             return Err(RpcError::Http(status));
         }
@@ -397,6 +453,26 @@ impl skeleton::Receiver for Receiver {
         }
         Ok(Batch { messages, gap: None })
     }
+
+    /// `getAttachment` (module notes): the answer read under the store's bound, then decoded.
+    fn fetch(&mut self, ctx: &Ctx, a: &Attachment, timeout: Duration) -> Result<Box<dyn std::io::Read + Send>, String> {
+        let handle: Value = serde_json::from_str(&a.fetch).map_err(|_| "a malformed attachment handle".to_owned())?;
+        let max = ctx.host().attachments().map_or(DEFAULT_MAX_FILE, |(_, b)| b.per_file);
+        let limit = max.saturating_add(2).saturating_div(3).saturating_mul(4).saturating_add(ANSWER_OVERHEAD);
+        let data = match self.rpc.call_limited("getAttachment", handle, timeout, limit) {
+            Ok(v) => v,
+            Err(RpcError::Network(m)) if m.contains("limit") => {
+                return Err(format!("too large (> {})", crate::attachments::human_size(max)));
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        let Some(b64) = data["data"].as_str() else { return Err("getAttachment returned no data".into()) };
+        use base64::Engine;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .map_err(|e| format!("getAttachment returned bad base64: {e}"))?;
+        Ok(Box::new(std::io::Cursor::new(bytes)))
+    }
 }
 
 /// The `receive` call's `timeout` and `maxMessages`: one message within [`RECEIVE_WAIT`] while
@@ -429,7 +505,12 @@ fn is_person(chat: &str) -> bool {
 /// `account` is ours; `allowed` is `allowed_chats`.
 fn parse_envelope(env: &Value, account: &str, allowed: &[String]) -> Option<Inbound> {
     let data = env.get("dataMessage")?;
-    let text = data["message"].as_str().filter(|t| !t.trim().is_empty())?;
+    let has_files = data["attachments"].as_array().is_some_and(|a| !a.is_empty());
+    let text = match data["message"].as_str().filter(|t| !t.trim().is_empty()) {
+        Some(t) => t,
+        None if has_files => "",
+        None => return None,
+    };
     if data.get("reaction").is_some_and(|r| !r.is_null()) || data.get("remoteDelete").is_some_and(|r| !r.is_null()) {
         return None;
     }
@@ -448,6 +529,7 @@ fn parse_envelope(env: &Value, account: &str, allowed: &[String]) -> Option<Inbo
     let mentioned = data["mentions"].as_array().is_some_and(|ms| ms.iter().any(|m| m["number"] == account));
     let quoted = data["quote"]["authorNumber"] == account;
     let listed = allowed.iter().any(|a| *a == chat_id || (group.is_none() && aci.is_some_and(|u| u == a)));
+    let attachments = files(data, group.map_or_else(|| json!({"recipient": user}), |g| json!({"groupId": g})));
     Some(Inbound {
         // A Signal message is named by its author and timestamp (quotes and reactions name it so).
         event_id: format!("{}:{ts}", aci.unwrap_or(&user)),
@@ -458,8 +540,94 @@ fn parse_envelope(env: &Value, account: &str, allowed: &[String]) -> Option<Inbo
         chat: kind,
         listed,
         addressed: mentioned || quoted,
-        attachments: Vec::new(),
+        attachments,
     })
+}
+
+/// The files of a `dataMessage`, each fetched by `getAttachment` with its `id` and `whence`
+/// (`recipient` the sender, or `groupId`): the handle is that call's params, as JSON.
+fn files(data: &Value, whence: Value) -> Vec<Attachment> {
+    let list = data["attachments"].as_array().into_iter().flatten();
+    list.filter_map(|a| {
+        let id = a["id"].as_str().filter(|i| !i.is_empty())?;
+        let declared = a["contentType"].as_str().unwrap_or("").to_owned();
+        let mut handle = whence.clone();
+        handle["id"] = json!(id);
+        Some(Attachment {
+            name: a["filename"].as_str().filter(|f| !f.trim().is_empty()).unwrap_or(id).to_owned(),
+            declared,
+            size: a["size"].as_u64(),
+            fetch: handle.to_string(),
+            outcome: None,
+        })
+    })
+    .take(MAX_FILES)
+    .collect()
+}
+
+/// Encodes what it reads from `inner` as padded standard base64, a chunk at a time.
+struct Base64Reader<R> {
+    inner: R,
+    out: Vec<u8>,
+    pos: usize,
+    done: bool,
+}
+
+impl<R: std::io::Read> std::io::Read for Base64Reader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use base64::Engine;
+        while self.pos == self.out.len() {
+            if self.done {
+                return Ok(0);
+            }
+            // A whole chunk (a multiple of 3 bytes) unless it is the last: padding only at the end.
+            let mut chunk = vec![0u8; 48 << 10];
+            let mut n = 0;
+            while n < chunk.len() {
+                match self.inner.read(&mut chunk[n..]) {
+                    Ok(0) => {
+                        self.done = true;
+                        break;
+                    }
+                    Ok(k) => n += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            chunk.truncate(n);
+            self.out = base64::engine::general_purpose::STANDARD.encode(&chunk).into_bytes();
+            self.pos = 0;
+        }
+        let k = (self.out.len() - self.pos).min(buf.len());
+        buf[..k].copy_from_slice(&self.out[self.pos..self.pos + k]);
+        self.pos += k;
+        Ok(k)
+    }
+}
+
+/// The `send` request carrying `file` as a data URI (module notes), streamed: `(body, length)`.
+fn file_request(rpc: &Rpc, params: Value, file: &OutFile) -> Result<(Box<dyn std::io::Read + Send>, u64), String> {
+    use std::io::Read;
+    let (opened, len) = gatewarden_lifecycle::fsio::open_regular(&file.path)
+        .ok()
+        .ok_or_else(|| format!("the stored file {} is gone", file.name))?;
+    // The base64 goes where this mark is in the serialised request (no JSON escaping is needed
+    // within it: base64 has none of JSON's special characters).
+    let mark = format!("gatewarden-data-{}", crate::sha256_hex(file.path.to_string_lossy().as_bytes()));
+    let name: String = form_urlencoded::byte_serialize(file.name.as_bytes()).collect();
+    let kind: String = file.kind.chars().filter(|c| c.is_ascii_alphanumeric() || "/.+-_".contains(*c)).collect();
+    let mut params = params;
+    params["message"] = json!("");
+    params["attachments"] = json!([format!("data:{kind};filename={name};base64,{mark}")]);
+    let text = rpc.request("send", params).to_string();
+    let Some((head, tail)) = text.split_once(&mark) else { return Err("cannot build the request".into()) };
+    let encoded = len.div_ceil(3) * 4;
+    let length = head.len() as u64 + encoded + tail.len() as u64;
+    let data = Base64Reader { inner: opened.take(len), out: Vec::new(), pos: 0, done: false };
+    let body = std::io::Cursor::new(head.as_bytes().to_vec())
+        .chain(data)
+        .chain(std::io::Cursor::new(tail.as_bytes().to_vec()));
+    Ok((Box::new(body), length))
 }
 
 /// The send side: `send` and `sendTyping`.
@@ -471,7 +639,13 @@ pub struct Sender {
 }
 
 impl Sender {
-    fn call(&mut self, method: &str, chat: &str, mut params: Value) -> Result<Value, SendError> {
+    fn call(&mut self, method: &str, chat: &str, params: Value) -> Result<Value, SendError> {
+        let params = self.target(chat, params)?;
+        self.rpc.call(method, params, CALL_TIMEOUT).map_err(send_error)
+    }
+
+    /// `params` addressed to `chat`, the account param set as `connect` learned it.
+    fn target(&mut self, chat: &str, mut params: Value) -> Result<Value, SendError> {
         let Some(account) = self.mode.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
             return Err(SendError::Lost("not connected to the signal-cli daemon yet".into()));
         };
@@ -481,7 +655,7 @@ impl Sender {
         } else {
             params["groupId"] = json!(chat);
         }
-        self.rpc.call(method, params, CALL_TIMEOUT).map_err(send_error)
+        Ok(params)
     }
 }
 
@@ -507,6 +681,13 @@ impl skeleton::Sender for Sender {
 
     fn send(&mut self, chat: &str, piece: &str, _id: PieceId) -> Result<(), SendError> {
         self.call("send", chat, json!({"message": piece})).map(drop)
+    }
+
+    /// `send` with the file as a data URI (module notes).
+    fn send_file(&mut self, chat: &str, file: &OutFile, _id: PieceId) -> Result<(), SendError> {
+        let params = self.target(chat, json!({}))?;
+        let (body, length) = file_request(&self.rpc, params, file).map_err(SendError::Rejected)?;
+        self.rpc.call_streamed(body, length, UPLOAD_TIMEOUT).map(drop).map_err(send_error)
     }
 
     /// `sendTyping`, at most every [`TYPING_EVERY`] per chat while on; `stop: true` once off.
@@ -553,6 +734,53 @@ mod tests {
         assert!(parse_envelope(&env(m), ME, &[]).unwrap().addressed);
         let q = json!({"timestamp": 7, "message": "yes", "groupInfo": {"groupId": "R3JvdXA="}, "quote": {"id": 1, "authorNumber": ME}});
         assert!(parse_envelope(&env(q), ME, &[]).unwrap().addressed);
+    }
+
+    /// `dataMessage.attachments[]` as signal-cli prints them: each fetched by `getAttachment`
+    /// with its id and the sender (or the group); a message of only files is a message.
+    #[test]
+    fn signal_attachments_are_parsed_with_their_fetch_params() {
+        let photo =
+            json!({"contentType": "image/jpeg", "filename": "a.jpg", "id": "qkcMEyCZ7sFTm2PoSjEE.jpg", "size": 2048});
+        let voice = json!({"contentType": "audio/aac", "filename": null, "id": "Vx1.aac", "size": 99});
+        let d = parse_envelope(&env(json!({"timestamp": 8, "attachments": [photo, voice]})), ME, &[]).unwrap();
+        assert_eq!(d.text, "");
+        let got: Vec<_> = d.attachments.iter().map(|a| (a.name.as_str(), a.declared.as_str(), a.size)).collect();
+        assert_eq!(got, [("a.jpg", "image/jpeg", Some(2048)), ("Vx1.aac", "audio/aac", Some(99))]);
+        let handle: Value = serde_json::from_str(&d.attachments[0].fetch).unwrap();
+        assert_eq!(handle, json!({"recipient": "+4917000000002", "id": "qkcMEyCZ7sFTm2PoSjEE.jpg"}));
+        let g = json!({"timestamp": 9, "message": "see", "groupInfo": {"groupId": "R3JvdXA="}, "attachments": [{"id": "x.png"}]});
+        let g = parse_envelope(&env(g), ME, &[]).unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(&g.attachments[0].fetch).unwrap(),
+            json!({"groupId": "R3JvdXA=", "id": "x.png"})
+        );
+        assert!(parse_envelope(&env(json!({"timestamp": 10, "attachments": []})), ME, &[]).is_none());
+    }
+
+    /// The streamed `send` of a file is the JSON-RPC request with its data URI, of the length
+    /// announced, whatever the file's size modulo 3 (and past one encoding chunk).
+    #[test]
+    fn signal_file_sends_stream_a_data_uri() {
+        use base64::Engine;
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        for size in [0usize, 1, 2, 3, 4, (48 << 10) + 1] {
+            let bytes: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+            let path = dir.path().join(format!("f{size}"));
+            std::fs::write(&path, &bytes).unwrap();
+            let f = OutFile { name: "r port;x.txt".into(), kind: "text/plain".into(), path, size: size as u64 };
+            let rpc = Rpc::new("http://127.0.0.1:1", &Outbound::new(None, None).unwrap());
+            let (mut body, length) = file_request(&rpc, json!({"recipient": ["+1"]}), &f).unwrap();
+            let mut out = Vec::new();
+            body.read_to_end(&mut out).unwrap();
+            assert_eq!(out.len() as u64, length, "size {size}");
+            let v: Value = serde_json::from_slice(&out).unwrap();
+            assert_eq!((v["method"].as_str(), v["params"]["message"].as_str()), (Some("send"), Some("")));
+            let uri = v["params"]["attachments"][0].as_str().unwrap();
+            let data = uri.strip_prefix("data:text/plain;filename=r+port%3Bx.txt;base64,").unwrap();
+            assert_eq!(base64::engine::general_purpose::STANDARD.decode(data).unwrap(), bytes, "size {size}");
+        }
     }
 
     #[test]

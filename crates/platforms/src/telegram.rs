@@ -139,15 +139,17 @@ impl Api {
         timeout: Duration,
     ) -> Result<Value, ApiError> {
         let (field, f) = file;
-        let (ctype, mut body) = crate::filexfer::multipart(fields, field, f).map_err(ApiError::Rejected)?;
+        let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let form = crate::filexfer::multipart(&fields, field, f).map_err(ApiError::Rejected)?;
         let response = self
             .http
             .post(format!("{}{method}", self.prefix))
-            .header("Content-Type", ctype)
+            .header("Content-Type", &form.content_type)
+            .header("Content-Length", &form.length.to_string())
             .config()
             .timeout_global(Some(timeout))
             .build()
-            .send(ureq::SendBody::from_reader(&mut body))
+            .send(ureq::SendBody::from_owned_reader(form.body))
             .map_err(|e| ApiError::Network(self.redact(gatewarden_net::describe(&e, &self.prefix))))?;
         self.answer(response)
     }

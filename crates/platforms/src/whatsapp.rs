@@ -18,8 +18,24 @@
 //!   `statuses[]` (sent, delivered, read) are not messages: answered 200, nothing journaled.
 //! - **Chats.** A chat is the sender's `wa_id` (digits): the Cloud API's conversations are one
 //!   customer and the business number, so every chat is direct. Text, and the titles of button
-//!   and interactive replies, are taken; media waits for issue 29 (ignored, not journaled).
+//!   and interactive replies, are taken, and so are media messages (below).
 //!   Notifications for another phone number of the same WhatsApp Business Account are ignored.
+//! - **Media in** (issue 29 §1; https://developers.facebook.com/docs/whatsapp/cloud-api/webhooks/components,
+//!   https://developers.facebook.com/docs/whatsapp/cloud-api/reference/media): `image`,
+//!   `document` (with its `filename`), `audio` (a voice note when `voice` is true), `video` and
+//!   `sticker` messages carry a media `id` and `mime_type`; their `caption` is the text. The
+//!   download is `GET /{api_version}/{media-id}` with the bearer token, which names a short-lived
+//!   `url`, `mime_type` and `file_size`, then `GET url` with the same bearer (Meta requires it
+//!   there), under the skeleton's bounds (attachments.rs) before the journal commit: a slow
+//!   download makes the webhook answer 5xx and Meta redeliver, and the store's per-event record
+//!   means the redelivery downloads nothing twice.
+//! - **Media out** (issue 29 §2): `POST /{api_version}/{phone_number_id}/media` (multipart:
+//!   `messaging_product=whatsapp`, `type`, `file`) returns a media id, then a message of type
+//!   `image` (JPEG or PNG up to 5 MB), `audio` (AAC, AMR, MP3, M4A, OGG up to 16 MB) or
+//!   `document` (anything else, with its `filename`) naming that id, inside the same 24-hour
+//!   window as text. No idempotency key: a crash between the message and the outbox commit
+//!   uploads and posts that entry's files again after the restart (worst case one duplicate, as
+//!   for text; the orphaned upload expires on Meta's side).
 //! - **Replies** (https://developers.facebook.com/docs/whatsapp/cloud-api/reference/messages):
 //!   `POST /{api_version}/{phone_number_id}/messages` with a bearer access token, text pieces
 //!   of at most 4,096 characters. No idempotency key: a crash between a post and the outbox
@@ -53,8 +69,9 @@ use gatewarden_net::Outbound;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::attachments::Attachment;
 use crate::skeleton::push::{PushIntake, PushLimits, PushReceiver};
-use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, OutFile, PieceId, PieceLimit, Protocol, SendError, Skeleton};
 use crate::{AdapterError, ChatKind, HookAnswer, HookRequest, Host, Inbound};
 
 /// The public Graph API.
@@ -75,6 +92,12 @@ pub const WINDOW: Duration = Duration::from_secs(24 * 3600);
 const TYPING_EVERY: Duration = Duration::from_secs(20);
 /// Chats whose window is remembered, at most (the oldest are forgotten first).
 const MAX_CHATS: usize = 100_000;
+/// Bound on one media upload (the file streamed from the store).
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(120);
+/// The Cloud API's size limits for media messages
+/// (https://developers.facebook.com/docs/whatsapp/cloud-api/reference/media#supported-media-types).
+const MAX_IMAGE_BYTES: u64 = 5 << 20;
+const MAX_AUDIO_BYTES: u64 = 16 << 20;
 
 /// The WhatsApp adapter.
 pub type Whatsapp = Skeleton<Proto>;
@@ -254,17 +277,21 @@ fn parse_notification(body: &[u8], phone_number_id: &str, allowed: &[String]) ->
     Ok(out)
 }
 
-/// One `messages[]` item as an inbound message (`None`: no text to answer, or no id).
+/// One `messages[]` item as an inbound message (`None`: no text or file to answer, or no id).
 fn parse_message(m: &Value, allowed: &[String]) -> Option<Inbound> {
     let id = m["id"].as_str().filter(|s| !s.is_empty())?;
     let from = m["from"].as_str().filter(|s| !s.is_empty())?;
-    let text = match m["type"].as_str()? {
+    let kind = m["type"].as_str()?;
+    let attachments: Vec<Attachment> = media(kind, &m[kind]).into_iter().collect();
+    let text = match kind {
         "text" => m["text"]["body"].as_str(),
         "button" => m["button"]["text"].as_str(),
         "interactive" => {
             let i = &m["interactive"];
             i["button_reply"]["title"].as_str().or_else(|| i["list_reply"]["title"].as_str())
         }
+        // A file's words are its caption; a file alone is still a message.
+        _ if !attachments.is_empty() => Some(m[kind]["caption"].as_str().unwrap_or("")),
         _ => None,
     }?;
     let sent_at =
@@ -278,8 +305,37 @@ fn parse_message(m: &Value, allowed: &[String]) -> Option<Inbound> {
         chat: ChatKind::Direct,
         listed: allowed.iter().any(|a| a == from),
         addressed: true,
-        attachments: Vec::new(),
+        attachments,
     })
+}
+
+/// The file a media message of type `kind` carries (`m` is its `image`, `document`, … object),
+/// fetched by its media id. The webhook gives no size: the download's own bounds apply.
+fn media(kind: &str, m: &Value) -> Option<Attachment> {
+    let (name, declared) = match kind {
+        "image" => ("image.jpg", "image/jpeg"),
+        "document" => ("document", "application/octet-stream"),
+        "audio" if m["voice"] == true => ("voice.ogg", "audio/ogg"),
+        "audio" => ("audio.mp3", "audio/mpeg"),
+        "video" => ("video.mp4", "video/mp4"),
+        "sticker" => ("sticker.webp", "image/webp"),
+        _ => return None,
+    };
+    let id = m["id"].as_str().filter(|i| media_id_ok(i))?;
+    // `mime_type` may carry parameters (`audio/ogg; codecs=opus`): the type is what is checked.
+    let declared = m["mime_type"].as_str().and_then(|t| t.split(';').next()).map_or(declared, str::trim);
+    Some(Attachment {
+        name: m["filename"].as_str().filter(|f| !f.trim().is_empty()).unwrap_or(name).to_owned(),
+        declared: declared.to_owned(),
+        size: None,
+        fetch: id.to_owned(),
+        outcome: None,
+    })
+}
+
+/// A media id as a path segment (Meta's are digits; letters, `-` and `_` are allowed).
+fn media_id_ok(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 128 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
 /// The chats' customer-service windows: each chat's last message (time and id).
@@ -412,16 +468,108 @@ impl Api {
                     .map_err(|e| ApiError::Network(gatewarden_net::describe(&e, &url)))
             }
         };
-        let response = sent?;
+        answer(sent?)
+    }
+
+    /// `{base}/{api_version}`: the Graph API root the media nodes hang off.
+    fn graph(&self) -> &str {
+        self.node.rsplit_once('/').map_or(self.node.as_str(), |(g, _)| g)
+    }
+
+    /// `GET /{api_version}/{media-id}`, then `GET` of the `url` it names, both with the bearer
+    /// (module notes); the body is streamed to the store. A `file_size` past the store's bound
+    /// (`max`) is refused before the download.
+    fn media(&self, id: &str, max: Option<u64>, timeout: Duration) -> Result<Box<dyn std::io::Read + Send>, String> {
+        if !media_id_ok(id) {
+            return Err(format!("{id:?} is not a media id"));
+        }
+        let bearer = format!("Bearer {}", self.token);
+        let url = format!("{}/{id}", self.graph());
+        let sent = self
+            .http
+            .get(&url)
+            .header("Authorization", &bearer)
+            .config()
+            .timeout_global(Some(CALL_TIMEOUT.min(timeout)))
+            .build()
+            .call()
+            .map_err(|e| gatewarden_net::describe(&e, &url))?;
+        let info = answer(sent).map_err(|e| media_error(&e))?;
+        if let (Some(size), Some(max)) = (info["file_size"].as_u64(), max)
+            && size > max
+        {
+            return Err(format!(
+                "too large ({} > {})",
+                crate::attachments::human_size(size),
+                crate::attachments::human_size(max)
+            ));
+        }
+        let Some(file) = info["url"].as_str().filter(|u| u.starts_with("https://") || u.starts_with("http://")) else {
+            return Err("the media node named no url".into());
+        };
+        let response = self
+            .http
+            .get(file)
+            .header("Authorization", &bearer)
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .call()
+            .map_err(|e| gatewarden_net::describe(&e, "the media URL"))?;
         let status = response.status().as_u16();
-        let retry_after = crate::header_secs(&response, "retry-after");
-        let text = response
-            .into_body()
-            .with_config()
-            .limit(MAX_BODY_BYTES)
-            .read_to_string()
-            .map_err(|e| ApiError::Network(e.to_string()))?;
-        classify(status, &serde_json::from_str(&text).unwrap_or(Value::Null), retry_after)
+        if status != 200 {
+            return Err(format!("HTTP {status} for the media file"));
+        }
+        Ok(Box::new(response.into_body().into_reader()))
+    }
+
+    /// `POST /{phone_number_id}/media` of a stored file; returns the media id.
+    fn upload(&self, file: &OutFile) -> Result<String, ApiError> {
+        let fields = [("messaging_product", "whatsapp"), ("type", file.kind.as_str())];
+        let form = crate::filexfer::multipart(&fields, "file", file).map_err(ApiError::Refused)?;
+        let url = format!("{}/media", self.node);
+        let sent = self
+            .http
+            .post(&url)
+            .header("Authorization", &format!("Bearer {}", self.token))
+            .header("Content-Type", &form.content_type)
+            .header("Content-Length", &form.length.to_string())
+            .config()
+            .timeout_global(Some(UPLOAD_TIMEOUT))
+            .build()
+            .send(ureq::SendBody::from_owned_reader(form.body))
+            .map_err(|e| ApiError::Network(gatewarden_net::describe(&e, &url)))?;
+        let v = answer(sent)?;
+        v["id"]
+            .as_str()
+            .filter(|i| media_id_ok(i))
+            .map(str::to_owned)
+            .ok_or_else(|| ApiError::Server("the media upload returned no id".into()))
+    }
+}
+
+/// Reads and classifies one Graph API answer.
+fn answer(response: ureq::http::Response<ureq::Body>) -> Result<Value, ApiError> {
+    let status = response.status().as_u16();
+    let retry_after = crate::header_secs(&response, "retry-after");
+    let text = response
+        .into_body()
+        .with_config()
+        .limit(MAX_BODY_BYTES)
+        .read_to_string()
+        .map_err(|e| ApiError::Network(e.to_string()))?;
+    classify(status, &serde_json::from_str(&text).unwrap_or(Value::Null), retry_after)
+}
+
+/// A media lookup's failure, for the refusal the chat is told.
+fn media_error(e: &ApiError) -> String {
+    match e {
+        ApiError::Network(m) => format!("cannot reach the Graph API: {m}"),
+        ApiError::RateLimited(_, m)
+        | ApiError::Auth(m)
+        | ApiError::Window(m)
+        | ApiError::Server(m)
+        | ApiError::Refused(m) => m.clone(),
     }
 }
 
@@ -456,6 +604,11 @@ impl skeleton::Receiver for Webhook {
             }
         }
         Ok(batch)
+    }
+
+    fn fetch(&mut self, ctx: &Ctx, a: &Attachment, timeout: Duration) -> Result<Box<dyn std::io::Read + Send>, String> {
+        let max = ctx.host().attachments().map(|(_, b)| b.per_file);
+        self.api.media(&a.fetch, max, timeout)
     }
 
     fn confirm(&mut self, _ctx: &Ctx) -> Result<(), String> {
@@ -493,6 +646,27 @@ fn send_error(e: ApiError) -> SendError {
 }
 
 impl skeleton::Sender for Graph {
+    /// The media upload, then a media message naming it (module notes).
+    fn send_file(&mut self, chat: &str, file: &OutFile, _id: PieceId) -> Result<(), SendError> {
+        if let Some(why) = self.windows.lock().unwrap_or_else(|p| p.into_inner()).closed(chat, unix_now()) {
+            return Err(SendError::Rejected(why));
+        }
+        let media = self.api.upload(file).map_err(send_error)?;
+        let kind = media_kind(&file.kind, file.size);
+        let mut object = json!({"id": media});
+        if kind == "document" {
+            object["filename"] = json!(file.name);
+        }
+        let body = json!({
+            "messaging_product": "whatsapp",
+            "recipient_type": "individual",
+            "to": chat,
+            "type": kind,
+            kind: object,
+        });
+        self.api.call(Some(&body)).map(drop).map_err(send_error)
+    }
+
     fn send(&mut self, chat: &str, piece: &str, _id: PieceId) -> Result<(), SendError> {
         if let Some(why) = self.windows.lock().unwrap_or_else(|p| p.into_inner()).closed(chat, unix_now()) {
             return Err(SendError::Rejected(why));
@@ -530,6 +704,15 @@ impl skeleton::Sender for Graph {
         }
         self.typed.insert(chat.to_owned(), (wamid, Instant::now()));
         Ok(())
+    }
+}
+
+/// The media message type a stored file goes out as (module notes).
+fn media_kind(kind: &str, size: u64) -> &'static str {
+    match kind {
+        "image/jpeg" | "image/png" if size <= MAX_IMAGE_BYTES => "image",
+        "audio/aac" | "audio/amr" | "audio/mpeg" | "audio/mp4" | "audio/ogg" if size <= MAX_AUDIO_BYTES => "audio",
+        _ => "document",
     }
 }
 
@@ -590,8 +773,39 @@ mod tests {
         assert_eq!(query_value("a=%zz%4&b=2", "a").as_deref(), Some("%zz%4"), "bad escapes are kept");
     }
 
+    /// Media messages (Meta's payload examples) carry their file: the caption is the text, a
+    /// file alone is a message with empty text, and a media id that is no path segment is
+    /// dropped.
     #[test]
-    fn statuses_and_media_are_not_messages() {
+    fn whatsapp_media_messages_carry_their_files() {
+        let msg = |kind: &str, obj: Value| json!({"from": "1555", "id": "wamid.m", "timestamp": "1", "type": kind, kind: obj});
+        let image = json!({"caption": "look", "mime_type": "image/jpeg", "sha256": "x", "id": "1003"});
+        let m = parse_message(&msg("image", image), &[]).unwrap();
+        assert_eq!(m.text, "look");
+        assert_eq!(
+            (m.attachments[0].name.as_str(), m.attachments[0].declared.as_str(), m.attachments[0].fetch.as_str()),
+            ("image.jpg", "image/jpeg", "1003")
+        );
+        let doc = json!({"filename": "report.pdf", "mime_type": "application/pdf", "sha256": "x", "id": "1004"});
+        let m = parse_message(&msg("document", doc), &[]).unwrap();
+        assert_eq!((m.text.as_str(), m.attachments[0].name.as_str()), ("", "report.pdf"));
+        let voice = json!({"mime_type": "audio/ogg; codecs=opus", "sha256": "x", "id": "1005", "voice": true});
+        let m = parse_message(&msg("audio", voice), &[]).unwrap();
+        assert_eq!((m.attachments[0].name.as_str(), m.attachments[0].declared.as_str()), ("voice.ogg", "audio/ogg"));
+        for kind in ["video", "sticker", "audio"] {
+            let m = parse_message(&msg(kind, json!({"id": "77", "mime_type": "x/y"})), &[]).unwrap();
+            assert_eq!(m.attachments.len(), 1, "{kind}");
+        }
+        assert!(parse_message(&msg("image", json!({"id": "../1"})), &[]).is_none(), "not a media id");
+        assert!(parse_message(&msg("location", json!({"latitude": 1})), &[]).is_none());
+        assert_eq!(media_kind("image/png", 10), "image");
+        assert_eq!(media_kind("image/png", MAX_IMAGE_BYTES + 1), "document");
+        assert_eq!(media_kind("audio/ogg", 10), "audio");
+        assert_eq!(media_kind("application/pdf", 10), "document");
+    }
+
+    #[test]
+    fn statuses_are_not_messages() {
         let body = json!({"object": "whatsapp_business_account", "entry": [{"id": "1", "changes": [{"field": "messages", "value": {
         "metadata": {"phone_number_id": "42"},
         "statuses": [{"id": "wamid.x", "status": "delivered", "recipient_id": "1555"}],
@@ -602,7 +816,7 @@ mod tests {
         ]}}]}]});
         let msgs = parse_notification(body.to_string().as_bytes(), "42", &["1666".into()]).unwrap();
         let got: Vec<_> = msgs.iter().map(|m| (m.event_id.as_str(), m.text.as_str(), m.listed)).collect();
-        assert_eq!(got, [("wamid.btn", "Yes", false), ("wamid.int", "Option A", true)]);
+        assert_eq!(got, [("wamid.img", "", false), ("wamid.btn", "Yes", false), ("wamid.int", "Option A", true)]);
         assert!(msgs.iter().all(|m| m.chat == ChatKind::Direct && m.addressed));
         assert_eq!(parse_notification(b"{}", "42", &[]), Ok(Vec::new()), "another product's: nothing");
         assert!(parse_notification(b"nope", "42", &[]).is_err());

@@ -36,6 +36,14 @@
 //!   connection (the author's own included). An unknown channel is 403, an unknown `root_id`
 //!   or an empty message 400. [`FakeMattermost::flood`] answers the next posts 429 with
 //!   `Retry-After` and the `X-Ratelimit-*` headers (https://api.mattermost.com/#section/Rate-limiting).
+//! - **Files** (https://api.mattermost.com/#tag/files): [`FakeMattermost::user_post_files`]
+//!   posts with `file_ids` and `metadata.files[]` (FileInfo: `id`, `name`, `extension`,
+//!   `size`, `mime_type`); `GET /api/v4/files/{id}` serves a file's bytes (counted,
+//!   [`FakeMattermost::file_downloads`]); `POST /api/v4/files` takes `multipart/form-data`
+//!   with `channel_id` and `files` and answers 201 `{"file_infos": [...], "client_ids": []}`
+//!   (recorded, [`FakeMattermost::uploads`]); a file past [`Options::max_upload`] is 413
+//!   (`api.file.upload_file.too_large.app_error`, the server's `MaxFileSize`). A post may have
+//!   an empty `message` when it has `file_ids`; an unknown file id is 400.
 //! - **`PUT /api/v4/posts/{id}/patch`** (PatchPost): a new `message`, `edit_at` and
 //!   `update_at`; a post that is not there (or deleted) is 404, another user's 403.
 //! - **`DELETE /api/v4/posts/{id}`** (DeletePost): `{"status": "OK"}`, the post's `delete_at`
@@ -69,6 +77,8 @@ pub struct Options {
     pub bot_username: String,
     /// The most posts one `?since=` answer carries (the server: 1,000).
     pub since_limit: usize,
+    /// The largest file `POST /files` takes (the server's `MaxFileSize`).
+    pub max_upload: usize,
 }
 
 impl Default for Options {
@@ -78,6 +88,7 @@ impl Default for Options {
             bot_user: "botuserbotuserbotuser00001".into(),
             bot_username: "gwbot".into(),
             since_limit: 1000,
+            max_upload: 1 << 20,
         }
     }
 }
@@ -94,16 +105,41 @@ pub struct Post {
     pub update_at: i64,
     pub edit_at: i64,
     pub delete_at: i64,
+    /// The files it carries.
+    pub file_ids: Vec<String>,
+    /// Their FileInfos, as `metadata.files` shows them.
+    pub files: Vec<Value>,
 }
 
 impl Post {
     fn json(&self) -> Value {
+        let metadata = if self.files.is_empty() { json!({}) } else { json!({"files": self.files}) };
         json!({
             "id": self.id, "create_at": self.create_at, "update_at": self.update_at, "edit_at": self.edit_at,
             "delete_at": self.delete_at, "user_id": self.user, "channel_id": self.channel, "root_id": self.root_id,
             "original_id": "", "message": if self.delete_at > 0 { "" } else { self.message.as_str() },
-            "type": "", "props": {}, "hashtags": "", "pending_post_id": "", "metadata": {},
+            "type": "", "props": {}, "hashtags": "", "pending_post_id": "", "file_ids": self.file_ids,
+            "metadata": metadata,
         })
+    }
+}
+
+/// A file the server keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredFile {
+    pub id: String,
+    pub channel: String,
+    pub name: String,
+    pub mime_type: String,
+    pub bytes: Vec<u8>,
+}
+
+impl StoredFile {
+    fn info(&self) -> Value {
+        let ext = self.name.rsplit_once('.').map_or("", |(_, e)| e);
+        json!({"id": self.id, "user_id": "", "post_id": "", "create_at": 1, "update_at": 1, "delete_at": 0,
+               "name": self.name, "extension": ext, "size": self.bytes.len(), "mime_type": self.mime_type,
+               "has_preview_image": false, "channel_id": self.channel})
     }
 }
 
@@ -158,6 +194,11 @@ struct State {
     stats: Stats,
     seq: u64,
     last_ms: i64,
+    files: HashMap<String, StoredFile>,
+    /// Files the bot uploaded, in order.
+    uploads: Vec<StoredFile>,
+    /// Files served, by id.
+    file_downloads: Vec<String>,
 }
 
 impl State {
@@ -202,6 +243,11 @@ impl State {
     }
 
     fn add_post(&mut self, channel: &str, user: &str, message: &str, root: &str) -> Post {
+        self.add_post_files(channel, user, message, root, Vec::new())
+    }
+
+    fn add_post_files(&mut self, channel: &str, user: &str, message: &str, root: &str, file_ids: Vec<String>) -> Post {
+        let files = file_ids.iter().filter_map(|id| self.files.get(id)).map(StoredFile::info).collect();
         let at = self.now_ms();
         let id = self.new_id('p');
         let post = Post {
@@ -214,6 +260,8 @@ impl State {
             update_at: at,
             edit_at: 0,
             delete_at: 0,
+            file_ids,
+            files,
         };
         self.posts.push(post.clone());
         let sender = if user == self.opts.bot_user { self.opts.bot_username.clone() } else { user.to_owned() };
@@ -264,6 +312,9 @@ impl FakeMattermost {
                 stats: Stats::default(),
                 seq: 0,
                 last_ms: 0,
+                files: HashMap::new(),
+                uploads: Vec::new(),
+                file_downloads: Vec::new(),
             }),
             life: AtomicU64::new(0),
             dropped: AtomicBool::new(false),
@@ -319,6 +370,37 @@ impl FakeMattermost {
         let kind = if channel.starts_with('d') { "D" } else { "O" };
         s.channels.entry(channel.to_owned()).or_insert_with(|| kind.to_owned());
         s.add_post(channel, user, text, root.unwrap_or("")).id
+    }
+
+    /// A user's post in `channel` carrying `files` (name, MIME type, bytes). Returns the post id.
+    pub fn user_post_files(&self, channel: &str, user: &str, text: &str, files: &[(&str, &str, &[u8])]) -> String {
+        let mut s = self.shared.lock();
+        let kind = if channel.starts_with('d') { "D" } else { "O" };
+        s.channels.entry(channel.to_owned()).or_insert_with(|| kind.to_owned());
+        let mut ids = Vec::new();
+        for (name, mime, bytes) in files {
+            let id = s.new_id('f');
+            let f = StoredFile {
+                id: id.clone(),
+                channel: channel.to_owned(),
+                name: (*name).to_owned(),
+                mime_type: (*mime).to_owned(),
+                bytes: bytes.to_vec(),
+            };
+            s.files.insert(id.clone(), f);
+            ids.push(id);
+        }
+        s.add_post_files(channel, user, text, "", ids).id
+    }
+
+    /// The files the bot uploaded, in order.
+    pub fn uploads(&self) -> Vec<StoredFile> {
+        self.shared.lock().uploads.clone()
+    }
+
+    /// The files served by `GET /files/{id}`, by id.
+    pub fn file_downloads(&self) -> Vec<String> {
+        self.shared.lock().file_downloads.clone()
     }
 
     /// Every post, the bot's included, in creation order.
@@ -583,13 +665,51 @@ fn serve_http(shared: &Shared, conn: TcpStream) {
             l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case(name)).map(|(_, v)| v.trim().to_owned())
         })
     };
-    let len = header("content-length").and_then(|v| v.parse::<usize>().ok()).unwrap_or(0).min(1 << 20);
+    let len = header("content-length").and_then(|v| v.parse::<usize>().ok()).unwrap_or(0).min(8 << 20);
     let mut body = vec![0u8; len];
     if r.read_exact(&mut body).is_err() {
         return;
     }
-    let args: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let token = header("authorization").and_then(|v| v.strip_prefix("Bearer ").map(str::to_owned));
+    if method == "GET"
+        && let Some(id) = path.strip_prefix("/api/v4/files/")
+    {
+        let mut s = shared.lock();
+        let ok = token.as_deref() == Some(s.opts.token.as_str()) && !s.revoked;
+        let Some(f) = s.files.get(id).cloned().filter(|_| ok) else {
+            drop(s);
+            let _ = write!(w, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            return;
+        };
+        s.file_downloads.push(id.to_owned());
+        drop(s);
+        let _ = write!(
+            w,
+            "HTTP/1.1 200 OK\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            f.mime_type,
+            f.bytes.len()
+        );
+        let _ = w.write_all(&f.bytes);
+        return;
+    }
+    let args: Value = if method == "POST" && path == "/api/v4/files" {
+        // The form as JSON for api(): its fields, and each file part under "\u0000files".
+        let form = crate::formparts::parse(&header("content-type").unwrap_or_default(), &body).unwrap_or_default();
+        let mut v = json!({"\u{0}files": []});
+        for p in form {
+            match p.filename {
+                Some(f) => {
+                    if let Some(a) = v["\u{0}files"].as_array_mut() {
+                        a.push(json!({"name": f, "type": p.content_type, "bytes": p.bytes}));
+                    }
+                }
+                None => v[p.name.as_str()] = json!(String::from_utf8_lossy(&p.bytes)),
+            }
+        }
+        v
+    } else {
+        serde_json::from_slice(&body).unwrap_or(Value::Null)
+    };
     let (status, extra, answer) = api(&mut shared.lock(), &method, &path, token.as_deref(), &args);
     let body = answer.to_string();
     let reason = match status {
@@ -697,17 +817,52 @@ fn answer(s: &mut State, method: &str, path: &str, token: Option<&str>, args: &V
             let channel = args["channel_id"].as_str().unwrap_or("").to_owned();
             let message = args["message"].as_str().unwrap_or("").to_owned();
             let root = args["root_id"].as_str().unwrap_or("").to_owned();
+            let file_ids: Vec<String> =
+                args["file_ids"].as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect();
             if !s.channels.contains_key(&channel) {
                 return app_error(403, "api.context.permissions.app_error", "You do not have the appropriate permissions.");
             }
-            if message.is_empty() {
+            if message.is_empty() && file_ids.is_empty() {
                 return app_error(400, "model.post.is_valid.msg.app_error", "Invalid message.");
+            }
+            if file_ids.iter().any(|f| !s.files.contains_key(f)) {
+                return app_error(400, "api.post.create_post.file_ids.app_error", "Invalid file_ids.");
             }
             if !root.is_empty() && !s.posts.iter().any(|p| p.id == root && p.channel == channel) {
                 return app_error(400, "api.post.create_post.root_id.app_error", "Invalid RootId parameter.");
             }
-            let post = s.add_post(&channel, &bot, &message, &root);
+            let post = s.add_post_files(&channel, &bot, &message, &root, file_ids);
             (201, String::new(), post.json())
+        }
+        ("POST", ["files"]) => {
+            let channel = args["channel_id"].as_str().unwrap_or("").to_owned();
+            if !s.channels.contains_key(&channel) {
+                return app_error(403, "api.context.permissions.app_error", "You do not have the appropriate permissions.");
+            }
+            let parts = args["\u{0}files"].as_array().cloned().unwrap_or_default();
+            if parts.is_empty() {
+                return app_error(400, "api.file.upload_file.incorrect_number_of_files.app_error", "No files.");
+            }
+            let mut infos = Vec::new();
+            for p in parts {
+                let bytes: Vec<u8> =
+                    p["bytes"].as_array().into_iter().flatten().filter_map(|b| b.as_u64().map(|b| b as u8)).collect();
+                if bytes.len() > s.opts.max_upload {
+                    return app_error(413, "api.file.upload_file.too_large.app_error", "Unable to upload file. File is too large.");
+                }
+                let id = s.new_id('f');
+                let f = StoredFile {
+                    id: id.clone(),
+                    channel: channel.clone(),
+                    name: p["name"].as_str().unwrap_or("").to_owned(),
+                    mime_type: p["type"].as_str().unwrap_or("").to_owned(),
+                    bytes,
+                };
+                infos.push(f.info());
+                s.files.insert(id, f.clone());
+                s.uploads.push(f);
+            }
+            (201, String::new(), json!({"file_infos": infos, "client_ids": []}))
         }
         ("PUT", ["posts", id, "patch"]) => {
             let at = s.now_ms();
@@ -803,6 +958,26 @@ mod tests {
             .unwrap();
         assert_eq!(next(&mut ws)["seq_reply"].as_i64(), Some(2));
         assert_eq!(fake.typing(), vec![("dm1".to_owned(), String::new())]);
+    }
+
+    /// `POST /files` past `max_upload` is 413; a post naming an unknown file id is 400; an
+    /// upload then a post with its id carries the file.
+    #[test]
+    fn mattermost_files_upload_and_refusals() {
+        let fake = FakeMattermost::start(Options { max_upload: 4, ..Options::default() }).unwrap();
+        fake.channel("c1", "O");
+        let tok = fake.options().token;
+        let mut s = fake.shared.lock();
+        let form = |bytes: &[u8]| json!({"channel_id": "c1", "\u{0}files": [{"name": "a.txt", "type": "text/plain", "bytes": bytes}]});
+        assert_eq!(api(&mut s, "POST", "/api/v4/files", Some(&tok), &form(b"12345")).0, 413);
+        let (st, _, v) = api(&mut s, "POST", "/api/v4/files", Some(&tok), &form(b"1234"));
+        assert_eq!(st, 201);
+        let id = v["file_infos"][0]["id"].as_str().unwrap().to_owned();
+        let post = |ids: Value| json!({"channel_id": "c1", "message": "", "file_ids": ids});
+        assert_eq!(api(&mut s, "POST", "/api/v4/posts", Some(&tok), &post(json!(["nope"]))).0, 400);
+        let (st, _, p) = api(&mut s, "POST", "/api/v4/posts", Some(&tok), &post(json!([id])));
+        assert_eq!((st, p["metadata"]["files"][0]["size"].as_u64()), (201, Some(4)));
+        assert_eq!(api(&mut s, "POST", "/api/v4/posts", Some(&tok), &post(json!([]))).0, 400, "no message, no file");
     }
 
     #[test]

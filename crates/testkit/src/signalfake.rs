@@ -13,6 +13,14 @@
 //!   `message`; answers `{"timestamp", "results": [{"type": "SUCCESS", …}]}`), `sendTyping`
 //!   (`recipient` or `groupId`, `stop`), `receive` (`timeout` in seconds, default 3, and
 //!   `maxMessages`; ReceiveCommand.java). Unknown methods are -32601.
+//! - **Attachments** (signal-cli-jsonrpc(5); GetAttachmentCommand.java, DataURI.java):
+//!   [`FakeSignal::message_files`] queues a `dataMessage` with `attachments[]` (`contentType`,
+//!   `filename`, `id`, `size`); `getAttachment` (`id`, and `recipient` or `groupId`, one of
+//!   them required) answers `{"data": <base64>}` (counted, [`FakeSignal::fetches`]); an
+//!   unknown id is -1 "Could not find attachment with ID". `send` takes `attachments`: data
+//!   URIs `data:<type>;filename=<url-encoded name>;base64,<data>`, recorded with the message
+//!   ([`Sent::files`]); a file past [`Options::max_attachment`] is -1 (signal-cli's
+//!   AttachmentInvalidException).
 //! - **Accounts** (signal-cli-jsonrpc(5), "Multi-account mode"): without
 //!   [`Options::single`] the daemon serves several accounts and a request names its own with
 //!   `params.account`; one it does not know is -32602 "Specified account does not exist" (the
@@ -74,6 +82,8 @@ pub struct Options {
     pub mode: Mode,
     /// Be bbernhard's signal-cli-rest-api instead of the daemon.
     pub wrapper: bool,
+    /// The largest attachment `send` takes, in bytes (Signal's: 100 MB).
+    pub max_attachment: usize,
 }
 
 impl Default for Options {
@@ -84,6 +94,7 @@ impl Default for Options {
             version: "0.14.6".into(),
             mode: Mode::Manual,
             wrapper: false,
+            max_attachment: 1 << 20,
         }
     }
 }
@@ -96,6 +107,8 @@ pub struct Sent {
     pub recipient: Option<String>,
     pub group: Option<String>,
     pub text: String,
+    /// The files it carried: (type, name, bytes).
+    pub files: Vec<(String, String, Vec<u8>)>,
 }
 
 /// Counters.
@@ -138,6 +151,10 @@ struct State {
     last_ts: u64,
     flood: Option<(u32, u64)>,
     wrapper_sends: u64,
+    /// Attachments received, by id.
+    attachments: std::collections::HashMap<String, Vec<u8>>,
+    /// `getAttachment` answers given, by id.
+    fetches: Vec<String>,
 }
 
 type Shared = Arc<(Mutex<State>, Condvar)>;
@@ -175,6 +192,8 @@ impl FakeSignal {
                 last_ts: 0,
                 flood: None,
                 wrapper_sends: 0,
+                attachments: std::collections::HashMap::new(),
+                fetches: Vec::new(),
             }),
             Condvar::new(),
         ));
@@ -242,6 +261,39 @@ impl FakeSignal {
         }
         self.shared.1.notify_all();
         format!("{aci}:{ts}")
+    }
+
+    /// A direct message from `from` carrying `files` (content type, file name, bytes), with
+    /// `text` (empty: none). Returns its id.
+    pub fn message_files(&self, from: &str, text: &str, files: &[(&str, &str, &[u8])]) -> String {
+        let list: Vec<Value> = {
+            let mut s = lock(&self.shared);
+            files
+                .iter()
+                .enumerate()
+                .map(|(i, (kind, name, bytes))| {
+                    let id = format!("att{}x{i}.bin", s.last_ts + 1);
+                    s.attachments.insert(id.clone(), bytes.to_vec());
+                    json!({"contentType": kind, "filename": name, "id": id, "size": bytes.len(), "uploadTimestamp": 1})
+                })
+                .collect()
+        };
+        let mut extra = json!({"attachments": list});
+        if text.is_empty() {
+            extra["message"] = Value::Null;
+        }
+        self.push(from, text, None, extra)
+    }
+
+    /// Keeps `bytes` as attachment `id` without a message: a test that writes its own
+    /// `attachments[]` (a declared size that lies) with [`FakeSignal::message_with`].
+    pub fn attachment(&self, id: &str, bytes: &[u8]) {
+        lock(&self.shared).attachments.insert(id.to_owned(), bytes.to_vec());
+    }
+
+    /// The attachment ids `getAttachment` served, in order.
+    pub fn fetches(&self) -> Vec<String> {
+        lock(&self.shared).fetches.clone()
     }
 
     /// Any envelope (a receipt, a typing notice, a sync message), as `{"envelope": …}` items.
@@ -328,7 +380,7 @@ fn read_request(r: &mut BufReader<TcpStream>) -> io::Result<Request> {
         })
     };
     let len: usize = header("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
-    let mut body = vec![0; len.min(1 << 20)];
+    let mut body = vec![0; len.min(8 << 20)];
     r.read_exact(&mut body)?;
     Ok(Request { method, path, query, content_type: header("content-type").unwrap_or_default(), body })
 }
@@ -478,12 +530,40 @@ fn rpc(s: &Shared, method: &str, params: Value) -> Outcome {
                 return (Err(e), None);
             }
             let text = params["message"].as_str().unwrap_or("").to_owned();
-            st.sent.push(Sent { account, recipient: recipient.clone(), group, text });
+            let mut files = Vec::new();
+            for uri in params["attachments"].as_array().into_iter().flatten() {
+                let Some(f) = uri.as_str().and_then(data_uri) else {
+                    return (Err(err(-1, "Invalid attachment: not a data URI")), None);
+                };
+                if f.2.len() > st.opts.max_attachment {
+                    return (Err(err(-1, "Failed to add attachment: attachment too large")), None);
+                }
+                files.push(f);
+            }
+            if text.is_empty() && files.is_empty() {
+                return (Err(err(-1, "No message or attachments given")), None);
+            }
+            st.sent.push(Sent { account, recipient: recipient.clone(), group, text, files });
             st.last_ts += 1;
             let ts = st.last_ts;
             s.1.notify_all();
             let r = json!([{"recipientAddress": {"number": recipient}, "type": "SUCCESS"}]);
             (Ok(json!({"timestamp": ts, "results": r})), None)
+        }
+        "getAttachment" => {
+            if let Err(e) = account_for(&st, &params) {
+                return (Err(e), None);
+            }
+            let id = params["id"].as_str().unwrap_or("").to_owned();
+            if params["recipient"].as_str().is_none() && params["groupId"].as_str().is_none() {
+                return (Err(err(-32602, "one of recipient or groupId is required")), None);
+            }
+            let Some(bytes) = st.attachments.get(&id).cloned() else {
+                return (Err(err(-1, &format!("Could not find attachment with ID: {id}"))), None);
+            };
+            st.fetches.push(id);
+            use base64::Engine;
+            (Ok(json!({"data": base64::engine::general_purpose::STANDARD.encode(bytes)})), None)
         }
         "receive" => {
             st.stats.receive_calls += 1;
@@ -527,6 +607,18 @@ fn rpc(s: &Shared, method: &str, params: Value) -> Outcome {
         }
         _ => (Err(err(-32601, "Method not implemented")), None),
     }
+}
+
+/// A `data:<type>;filename=<name>;base64,<data>` URI as signal-cli reads it (DataURI.java:
+/// the parameter URL-decoded): `(type, name, bytes)`.
+fn data_uri(uri: &str) -> Option<(String, String, Vec<u8>)> {
+    use base64::Engine;
+    let (head, data) = uri.strip_prefix("data:")?.split_once(',')?;
+    let head = head.strip_suffix(";base64")?;
+    let (kind, params) = head.split_once(';').unwrap_or((head, ""));
+    let name = params.strip_prefix("filename=").map(|n| query_value(n, false)).unwrap_or_default();
+    let bytes = base64::engine::general_purpose::STANDARD.decode(data).ok()?;
+    Some((kind.to_owned(), name, bytes))
 }
 
 /// `URLDecoder.decode` of a query value: `%XX` decoded, and `+` a space before 0.14.6 (kept
@@ -636,6 +728,27 @@ pub fn read_events(addr: SocketAddr, query: &str, n: usize, timeout: Duration) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Data URIs as DataURI.java reads them (the file name URL-decoded); an attachment past
+    /// `max_attachment` is -1; `getAttachment` answers base64 and needs a recipient or group.
+    #[test]
+    fn signal_attachments_both_ways() {
+        assert_eq!(
+            data_uri("data:text/plain;filename=r+port%3Bx.txt;base64,aGk="),
+            Some(("text/plain".into(), "r port;x.txt".into(), b"hi".to_vec()))
+        );
+        assert_eq!(data_uri("data:text/plain,hi"), None, "not base64");
+        let fake = FakeSignal::start(Options { accounts: vec!["+1555".into()], max_attachment: 2, ..Options::default() }).unwrap();
+        let send = |uri: &str| json!({"recipient": ["+1666"], "message": "", "attachments": [uri]});
+        assert_eq!(rpc(&fake.shared, "send", send("data:text/plain;filename=a;base64,aGk=")).0.map(|_| ()), Ok(()));
+        assert_eq!(rpc(&fake.shared, "send", send("data:text/plain;filename=a;base64,aGkh")).0.unwrap_err()["code"], -1);
+        assert_eq!(fake.sent()[0].files, [("text/plain".into(), "a".into(), b"hi".to_vec())]);
+        fake.attachment("x.bin", b"hi");
+        let got = rpc(&fake.shared, "getAttachment", json!({"id": "x.bin", "recipient": "+1666"})).0.unwrap();
+        assert_eq!(got, json!({"data": "aGk="}));
+        assert_eq!(rpc(&fake.shared, "getAttachment", json!({"id": "x.bin"})).0.unwrap_err()["code"], -32602);
+        assert_eq!(rpc(&fake.shared, "getAttachment", json!({"id": "y", "recipient": "+1"})).0.unwrap_err()["code"], -1);
+    }
 
     /// The 0.14.6 change: a raw `+` in `?account=` was a space before (400), kept since; `%2B`
     /// works in both; the ACI only since 0.14.6.

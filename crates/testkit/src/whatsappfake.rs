@@ -38,6 +38,17 @@
 //!   whose last message is more than 24 h old is HTTP 400 code 131047 (re-engagement);
 //!   [`FakeWhatsapp::flood`] answers the next sends HTTP 400 code 130429 (throughput) with a
 //!   `Retry-After`.
+//! - **Media** (https://developers.facebook.com/docs/whatsapp/cloud-api/reference/media,
+//!   webhooks/payload-examples): [`FakeWhatsapp::media_message`] sends an `image`,
+//!   `document`, `audio`, `video` or `sticker` message carrying a media `id` and `mime_type`
+//!   (and `filename`, `caption`); `GET /{version}/{media-id}` with the bearer answers
+//!   `{"messaging_product", "url", "mime_type", "sha256", "file_size", "id"}`, and `GET url`
+//!   with the bearer serves the bytes (401 without it; each counted, [`FakeWhatsapp::downloads`]).
+//!   `POST /{version}/{phone-number-id}/media` takes `multipart/form-data` with
+//!   `messaging_product=whatsapp`, `type` and `file`, and answers `{"id"}`; a file past
+//!   [`Options::max_upload`] is refused (HTTP 400, code 131053, "Media upload error").
+//!   A message of type `image`, `document`, `audio`, `video` or `sticker` names an uploaded
+//!   `id` (an unknown one is code 131053 too) and is recorded ([`FakeWhatsapp::media_sent`]).
 //! - **`GET /{version}/{phone-number-id}`**
 //!   (https://developers.facebook.com/docs/graph-api/reference/whatsapp-business-phone-number/):
 //!   the number's `id`, `display_phone_number` and `verified_name`; 401 code 190 with a bad
@@ -73,6 +84,8 @@ pub struct Options {
     pub retry_max: Duration,
     /// How long a webhook POST waits for its answer (Meta: 20 s).
     pub answer_timeout: Duration,
+    /// The largest media upload taken, in bytes (Meta: 100 MB for documents).
+    pub max_upload: usize,
 }
 
 impl Default for Options {
@@ -87,6 +100,7 @@ impl Default for Options {
             retry_first: Duration::from_millis(100),
             retry_max: Duration::from_secs(2),
             answer_timeout: Duration::from_secs(20),
+            max_upload: 1 << 20,
         }
     }
 }
@@ -105,6 +119,26 @@ pub struct Posted {
 pub struct MarkedRead {
     pub message_id: String,
     pub typing: bool,
+}
+
+/// A media upload the business made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upload {
+    pub id: String,
+    /// The `type` field.
+    pub kind: String,
+    pub file_name: String,
+    pub bytes: Vec<u8>,
+}
+
+/// A media message the business sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MediaSent {
+    pub to: String,
+    /// `image`, `document`, `audio`, …
+    pub kind: String,
+    pub media_id: String,
+    pub filename: Option<String>,
 }
 
 /// One webhook POST and how it was answered (`None`: no answer).
@@ -148,6 +182,13 @@ struct State {
     flood: (u32, u64),
     errors: u64,
     seq: u64,
+    /// Media by id: (mime type, bytes): the customers' and the uploads.
+    media: HashMap<String, (String, Vec<u8>)>,
+    uploads: Vec<Upload>,
+    media_sent: Vec<MediaSent>,
+    /// Media files served (`GET url`), by id.
+    downloads: Vec<String>,
+    base: String,
 }
 
 struct Shared {
@@ -198,6 +239,11 @@ impl FakeWhatsapp {
                 flood: (0, 0),
                 errors: 0,
                 seq: 0,
+                media: HashMap::new(),
+                uploads: Vec::new(),
+                media_sent: Vec::new(),
+                downloads: Vec::new(),
+                base: format!("http://{addr}"),
             }),
             dropped: AtomicBool::new(false),
         });
@@ -255,6 +301,43 @@ impl FakeWhatsapp {
     pub fn compose(&self, from: &str, text: &str, at: u64) -> (String, Vec<u8>) {
         let (wamid, value) = compose(&mut self.shared.lock(), from, text, at);
         (wamid, notification(value).to_string().into_bytes())
+    }
+
+    /// A media message from `from`: `kind` (`image`, `document`, `audio`, `video`, `sticker`)
+    /// whose media is `bytes`, declared `mime`; `extra` fields join the media object
+    /// (`filename`, `caption`, `voice`). Returns its `wamid`.
+    pub fn media_message(&self, from: &str, kind: &str, mime: &str, bytes: &[u8], extra: Value) -> String {
+        let mut s = self.shared.lock();
+        s.seq += 1;
+        let media_id = format!("{}", 1_000_000 + s.seq);
+        s.media.insert(media_id.clone(), (mime.to_owned(), bytes.to_vec()));
+        let mut object = json!({"mime_type": mime, "sha256": "fake", "id": media_id});
+        if let (Some(o), Some(x)) = (object.as_object_mut(), extra.as_object()) {
+            o.extend(x.clone());
+        }
+        let (wamid, mut value) = compose(&mut s, from, "", unix_now());
+        value["messages"][0]["type"] = json!(kind);
+        if let Some(m) = value["messages"][0].as_object_mut() {
+            m.remove("text");
+            m.insert(kind.to_owned(), object);
+        }
+        push_note(&mut s, value);
+        wamid
+    }
+
+    /// The media uploads, in order.
+    pub fn uploads(&self) -> Vec<Upload> {
+        self.shared.lock().uploads.clone()
+    }
+
+    /// The media messages sent, in order.
+    pub fn media_sent(&self) -> Vec<MediaSent> {
+        self.shared.lock().media_sent.clone()
+    }
+
+    /// The media files served, by id.
+    pub fn downloads(&self) -> Vec<String> {
+        self.shared.lock().downloads.clone()
     }
 
     /// A status notification (`delivered`) for one of our messages: not a message.
@@ -497,14 +580,42 @@ fn serve(shared: &Shared, conn: TcpStream) {
             l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case(name)).map(|(_, v)| v.trim().to_owned())
         })
     };
-    let len = header("content-length").and_then(|v| v.parse::<usize>().ok()).unwrap_or(0).min(1 << 20);
+    let len = header("content-length").and_then(|v| v.parse::<usize>().ok()).unwrap_or(0).min(8 << 20);
     let mut body = vec![0u8; len];
     if r.read_exact(&mut body).is_err() {
         return;
     }
     let token = header("authorization").and_then(|v| v.strip_prefix("Bearer ").map(str::to_owned));
-    let args: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let path = target.split('?').next().unwrap_or("").to_owned();
+    if let Some(id) = path.strip_prefix("/media-file/") {
+        // The media URL: the bytes, with the bearer.
+        let mut s = shared.lock();
+        let file = s.media.get(id).cloned().filter(|_| token.as_deref() == Some(s.opts.token.as_str()) && !s.revoked);
+        let Some((mime, bytes)) = file else {
+            drop(s);
+            let _ = write!(w, "HTTP/1.1 401 X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            return;
+        };
+        s.downloads.push(id.to_owned());
+        drop(s);
+        let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: {mime}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", bytes.len());
+        let _ = w.write_all(&bytes);
+        return;
+    }
+    let args: Value = if path.ends_with("/media") && method == "POST" {
+        // The upload's form, as JSON for graph(): its fields, and the file as "\u0000file".
+        let form = crate::formparts::parse(&header("content-type").unwrap_or_default(), &body).unwrap_or_default();
+        let mut v = json!({});
+        for p in form {
+            match p.filename {
+                Some(f) => v["\u{0}file"] = json!({"name": f, "type": p.content_type, "bytes": p.bytes}),
+                None => v[p.name.as_str()] = json!(String::from_utf8_lossy(&p.bytes)),
+            }
+        }
+        v
+    } else {
+        serde_json::from_slice(&body).unwrap_or(Value::Null)
+    };
     let (status, retry_after, answer) = graph(&mut shared.lock(), &method, &path, token.as_deref(), &args);
     let body = answer.to_string();
     let retry = retry_after.map(|s| format!("Retry-After: {s}\r\n")).unwrap_or_default();
@@ -536,8 +647,37 @@ fn graph_answer(s: &mut State, method: &str, path: &str, token: Option<&str>, ar
             json!({"id": s.opts.phone_number_id, "display_phone_number": DISPLAY_NUMBER, "verified_name": "Fake Business"}),
         ),
         ("POST", p) if p == format!("{node}/messages") => send(s, args),
+        ("POST", p) if p == format!("{node}/media") => upload(s, args),
+        ("GET", p) if p.strip_prefix(&format!("/{}/", s.opts.version)).is_some_and(|id| s.media.contains_key(id)) => {
+            let id = p.rsplit('/').next().unwrap_or("").to_owned();
+            let (mime, bytes) = s.media.get(&id).cloned().unwrap_or_default();
+            let url = format!("{}/media-file/{id}", s.base);
+            (200, None, json!({"messaging_product": "whatsapp", "url": url, "mime_type": mime, "sha256": "fake",
+                               "file_size": bytes.len(), "id": id}))
+        }
         _ => graph_error(400, 100, "Unsupported request: the object does not exist or the method is not supported"),
     }
+}
+
+/// `POST /{phone-number-id}/media` (the form as [`serve`] made it JSON).
+fn upload(s: &mut State, args: &Value) -> (u16, Option<u64>, Value) {
+    if args["messaging_product"] != "whatsapp" {
+        return graph_error(400, 100, "(#100) The parameter messaging_product is required.");
+    }
+    let file = &args["\u{0}file"];
+    let bytes: Vec<u8> = file["bytes"].as_array().into_iter().flatten().filter_map(|b| b.as_u64().map(|b| b as u8)).collect();
+    if file.is_null() {
+        return graph_error(400, 100, "(#100) The parameter file is required.");
+    }
+    if bytes.len() > s.opts.max_upload {
+        return graph_error(400, 131053, "Media upload error: the file is too large.");
+    }
+    s.seq += 1;
+    let id = format!("{}", 9_000_000 + s.seq);
+    let kind = args["type"].as_str().unwrap_or("").to_owned();
+    s.media.insert(id.clone(), (kind.clone(), bytes.clone()));
+    s.uploads.push(Upload { id: id.clone(), kind, file_name: file["name"].as_str().unwrap_or("").to_owned(), bytes });
+    (200, None, json!({"id": id}))
 }
 
 fn send(s: &mut State, args: &Value) -> (u16, Option<u64>, Value) {
@@ -556,6 +696,23 @@ fn send(s: &mut State, args: &Value) -> (u16, Option<u64>, Value) {
         s.flood.0 -= 1;
         let (st, _, v) = graph_error(400, 130429, "Rate limit hit: Cloud API message throughput has been reached.");
         return (st, Some(s.flood.1), v);
+    }
+    let kind = args["type"].as_str().unwrap_or("");
+    if matches!(kind, "image" | "document" | "audio" | "video" | "sticker") {
+        let (Some(to), Some(id)) = (args["to"].as_str(), args[kind]["id"].as_str()) else {
+            return graph_error(400, 100, "(#100) Invalid parameter: to and the media id are required");
+        };
+        if !s.media.contains_key(id) {
+            return graph_error(400, 131053, "Media upload error: unknown media id.");
+        }
+        if s.last_inbound.get(to).is_none_or(|at| unix_now().saturating_sub(*at) >= 24 * 3600) {
+            return graph_error(400, 131047, "Re-engagement message: more than 24 hours have passed.");
+        }
+        let filename = args[kind]["filename"].as_str().map(str::to_owned);
+        s.media_sent.push(MediaSent { to: to.to_owned(), kind: kind.to_owned(), media_id: id.to_owned(), filename });
+        s.seq += 1;
+        let id = format!("wamid.OUT{:012X}", s.seq);
+        return (200, None, json!({"messaging_product": "whatsapp", "contacts": [{"input": to, "wa_id": to}], "messages": [{"id": id}]}));
     }
     let (Some(to), Some(text)) = (args["to"].as_str(), args["text"]["body"].as_str()) else {
         return graph_error(400, 100, "(#100) Invalid parameter: to and text.body are required");
@@ -589,6 +746,32 @@ mod tests {
             sign(b"It's a Secret to Everybody", b"Hello, World!"),
             "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"
         );
+    }
+
+    /// Uploads past `max_upload` and messages naming unknown media are code 131053; an upload
+    /// then a document message naming it is recorded.
+    #[test]
+    fn whatsapp_media_upload_and_refusals() {
+        let fake = FakeWhatsapp::start(Options { max_upload: 4, ..Options::default() }).unwrap();
+        let o = fake.options();
+        let mut s = fake.shared.lock();
+        let media = format!("/{}/{}/media", o.version, o.phone_number_id);
+        let messages = format!("/{}/{}/messages", o.version, o.phone_number_id);
+        let form = |bytes: &[u8]| json!({"messaging_product": "whatsapp", "type": "text/plain",
+                                         "\u{0}file": {"name": "a.txt", "type": "text/plain", "bytes": bytes}});
+        assert_eq!(graph(&mut s, "POST", &media, Some(&o.token), &form(b"12345")).2["error"]["code"], 131053);
+        let (st, _, v) = graph(&mut s, "POST", &media, Some(&o.token), &form(b"1234"));
+        assert_eq!(st, 200);
+        let id = v["id"].as_str().unwrap().to_owned();
+        s.last_inbound.insert("1555".into(), unix_now());
+        let doc = |id: &str| json!({"messaging_product": "whatsapp", "to": "1555", "type": "document",
+                                     "document": {"id": id, "filename": "a.txt"}});
+        assert_eq!(graph(&mut s, "POST", &messages, Some(&o.token), &doc("404")).2["error"]["code"], 131053);
+        assert_eq!(graph(&mut s, "POST", &messages, Some(&o.token), &doc(&id)).0, 200);
+        assert_eq!(s.media_sent.len(), 1);
+        assert_eq!((s.uploads.len(), s.uploads[0].bytes.as_slice()), (1, &b"1234"[..]));
+        let (st, _, node) = graph(&mut s, "GET", &format!("/{}/{id}", o.version), Some(&o.token), &Value::Null);
+        assert_eq!((st, node["file_size"].as_u64()), (200, Some(4)));
     }
 
     #[test]

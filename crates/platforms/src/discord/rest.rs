@@ -248,18 +248,20 @@ impl Rest {
             payload["nonce"] = json!(n);
             payload["enforce_nonce"] = json!(true);
         }
-        let (ctype, mut body) = crate::filexfer::multipart(&[("payload_json", payload.to_string())], "files[0]", file)
-            .map_err(RestError::Rejected)?;
+        let payload = payload.to_string();
+        let form =
+            crate::filexfer::multipart(&[("payload_json", &payload)], "files[0]", file).map_err(RestError::Rejected)?;
         let url = format!("{}/channels/{channel}/messages", self.base);
         let result = self
             .http
             .post(&url)
             .header("Authorization", &format!("Bot {}", self.token))
-            .header("Content-Type", &ctype)
+            .header("Content-Type", &form.content_type)
+            .header("Content-Length", &form.length.to_string())
             .config()
             .timeout_global(Some(timeout))
             .build()
-            .send(ureq::SendBody::from_reader(&mut body));
+            .send(ureq::SendBody::from_owned_reader(form.body));
         let v = self.answer(&key, &url, result)?;
         Ok(v["id"].as_str().map(str::to_owned))
     }
