@@ -116,6 +116,10 @@ pub enum SecretId {
     Provider { name: String },
     /// `[cluster] password_*`: the store's password.
     Cluster,
+    /// `[agent.transcription] api_key_*`: its one provider.
+    Transcription,
+    /// `[[agent.transcription.provider]] api_key_*`, by provider name.
+    TranscriptionProvider { name: String },
 }
 
 /// How config.toml names a secret.
@@ -140,7 +144,10 @@ impl SecretSpec {
         match &self.id {
             SecretId::ApiToken => "api_token",
             SecretId::Platform { what, .. } => what.key(),
-            SecretId::Agent | SecretId::Provider { .. } => "api_key",
+            SecretId::Agent
+            | SecretId::Provider { .. }
+            | SecretId::Transcription
+            | SecretId::TranscriptionProvider { .. } => "api_key",
             SecretId::Cluster => "password",
         }
     }
@@ -153,6 +160,8 @@ impl SecretSpec {
             SecretId::Agent => "[agent] api_key".into(),
             SecretId::Provider { name } => format!("[[agent.provider]] {name:?} api_key"),
             SecretId::Cluster => "[cluster] password".into(),
+            SecretId::Transcription => "[agent.transcription] api_key".into(),
+            SecretId::TranscriptionProvider { name } => format!("[[agent.transcription.provider]] {name:?} api_key"),
         }
     }
 
@@ -218,6 +227,21 @@ impl Config {
             }
             BackendKind::Openai | BackendKind::Hermes => push(SecretId::Agent, &a.api_key_env, &a.api_key_file),
             BackendKind::Echo | BackendKind::Exec => {}
+        }
+        // Every backend: the transcript is text.
+        if let Some(t) = &a.transcription {
+            match t.provider.is_empty() {
+                true => push(SecretId::Transcription, &t.api_key_env, &t.api_key_file),
+                false => {
+                    for p in &t.provider {
+                        push(
+                            SecretId::TranscriptionProvider { name: p.display_name() },
+                            &p.api_key_env,
+                            &p.api_key_file,
+                        );
+                    }
+                }
+            }
         }
         if let Some(c) = &self.cluster {
             push(SecretId::Cluster, &c.password_env, &c.password_file);
