@@ -1041,6 +1041,77 @@ fn validate_transcription(t: &TranscriptionConfig, index: &KeyIndex) -> Result<(
     Ok(())
 }
 
+#[cfg(test)]
+mod transcription_tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_str(Path::new("/h/config.toml"), text)
+    }
+
+    #[test]
+    fn one_provider_with_defaults_or_a_list_in_order() {
+        assert_eq!(parse("[agent]\n").unwrap().agent.transcription, None, "off unless configured");
+        let c = parse(
+            "[agent]\nbackend = \"exec\"\ncommand = [\"x\"]\n[agent.transcription]\nbase_url = \"http://h/v1\"\nca_file = \"ca.pem\"\n",
+        );
+        // The CA file does not exist: named at its key.
+        let e = c.unwrap_err();
+        assert_eq!((e.table(), e.key()), (Some("agent.transcription"), Some("ca_file")), "{e}");
+        let t = parse("[agent.transcription]\nbase_url = \"http://h/v1\"\nlanguage = \"en\"\n")
+            .unwrap()
+            .agent
+            .transcription
+            .unwrap();
+        assert_eq!(
+            (t.model.as_str(), t.max_file_mb, t.timeout_s, t.language.as_deref()),
+            ("whisper-1", 25, 120, Some("en"))
+        );
+        let p = t.providers();
+        assert_eq!((p.len(), p[0].base_url.as_str(), p[0].display_name()), (1, "http://h/v1", "h".into()));
+        let t = parse(
+            "[agent.transcription]\ntimeout_s = 30\n[[agent.transcription.provider]]\nname = \"a\"\nbase_url = \"http://a/v1\"\nmodel = \"w1\"\n\
+             [[agent.transcription.provider]]\nbase_url = \"http://b/v1\"\nmodel = \"w2\"\nproxy = \"socks5h://127.0.0.1:1080\"\n",
+        )
+        .unwrap()
+        .agent
+        .transcription
+        .unwrap();
+        let names: Vec<_> = t.providers().iter().map(|p| (p.display_name(), p.model.clone())).collect();
+        assert_eq!(names, [("a".into(), "w1".into()), ("b".into(), "w2".into())]);
+    }
+
+    #[test]
+    fn errors_name_the_key_and_line() {
+        let e = parse("[agent]\n[agent.transcription]\nbase_url = \"http://h/v1\"\nlangauge = \"en\"\n").unwrap_err();
+        let shown = e.to_string();
+        assert!(
+            shown.contains(":4:") && shown.contains("'langauge'") && shown.contains("[agent.transcription]"),
+            "{shown}"
+        );
+        assert!(shown.contains("did you mean 'language'"), "{shown}");
+        let bad = |text: &str, key: &str| {
+            let e = parse(text).unwrap_err();
+            assert_eq!(e.key(), Some(key), "{e}");
+        };
+        bad("[agent.transcription]\n", "base_url");
+        bad("[agent.transcription]\nbase_url = \"ftp://h\"\n", "base_url");
+        bad("[agent.transcription]\nbase_url = \"http://h\"\nmax_file_mb = 0\n", "max_file_mb");
+        bad("[agent.transcription]\nbase_url = \"http://h\"\ntimeout_s = 0\n", "timeout_s");
+        bad("[agent.transcription]\nbase_url = \"http://h\"\nlanguage = \"en us\"\n", "language");
+        bad("[agent.transcription]\nbase_url = \"http://h\"\nmodel = \" \"\n", "model");
+        bad(
+            "[agent.transcription]\nbase_url = \"http://h\"\napi_key_env = \"K\"\napi_key_file = \"k\"\n",
+            "api_key_file",
+        );
+        bad("[agent.transcription]\nbase_url = \"http://h\"\nheaders = { \"X\" = \"a\\nb\" }\n", "headers");
+        bad("[agent.transcription]\nbase_url = \"http://h\"\nproxy = \"ftp://x\"\n", "proxy");
+        let list = "[[agent.transcription.provider]]\nbase_url = \"http://a/v1\"\nmodel = \"w\"\n";
+        bad(&format!("[agent.transcription]\nbase_url = \"http://h\"\n{list}"), "base_url");
+        bad(&format!("[agent.transcription]\n{list}{list}"), "name");
+    }
+}
+
 // ---- end of [agent.transcription] ----
 
 /// Largest accepted `config.toml`.
@@ -1900,6 +1971,14 @@ mod tests {
                 "config.example.toml does not document '{key}'"
             );
         }
+        for key in TRANSCRIPTION_KEYS {
+            assert!(
+                text.contains(&format!("{key} =")),
+                "config.example.toml does not document [agent.transcription] {key}"
+            );
+        }
+        let voice = parse(&enable_block(text, "transcription")).unwrap_or_else(|e| panic!("transcription block: {e}"));
+        assert_eq!(voice.agent.transcription.map(|t| t.model), Some("whisper-1".into()));
         // Uncommenting every commented-out assignment of each backend block must still parse.
         for backend in ["exec", "openai", "hermes"] {
             let enabled = enable_block(text, backend);

@@ -813,6 +813,42 @@ mod tests {
         }
     }
 
+    /// `[agent.transcription]`'s key is read for every backend (the transcript is text), and
+    /// one that cannot be had refuses `check` and a start, named like every other secret.
+    #[test]
+    fn a_transcription_key_is_a_secret_of_every_backend() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path();
+        let one = config(
+            home,
+            "[agent]\nbackend = \"echo\"\n[agent.transcription]\nbase_url = \"http://h/v1\"\napi_key_env = \"VOICE_KEY\"\n",
+        );
+        let s = resolve(home, &one, &[]);
+        let p = s.problems();
+        assert_eq!(p.len(), 1, "{p:#?}");
+        assert!(
+            p[0].starts_with("[agent.transcription] api_key: VOICE_KEY (api_key_env) is set in neither"),
+            "{}",
+            p[0]
+        );
+        assert!(s.check().is_err());
+        let s = resolve(home, &one, &[("VOICE_KEY", "sk-voice")]);
+        assert_eq!(s.get(&SecretId::Transcription).unwrap().unwrap().expose(), "sk-voice");
+        let two = config(
+            home,
+            "[agent.transcription]\n[[agent.transcription.provider]]\nname = \"a\"\nbase_url = \"http://a/v1\"\nmodel = \"w\"\napi_key_file = \"a.key\"\n\
+             [[agent.transcription.provider]]\nbase_url = \"http://b/v1\"\nmodel = \"w\"\n",
+        );
+        let s = resolve(home, &two, &[]);
+        let p = s.problems();
+        assert_eq!(p.len(), 1, "{p:#?}");
+        assert!(p[0].starts_with("[[agent.transcription.provider]] \"a\" api_key: api_key_file"), "{}", p[0]);
+        write_private(&home.join("a.key"), "sk-a\n");
+        let s = resolve(home, &two, &[]);
+        assert_eq!(s.get(&SecretId::TranscriptionProvider { name: "a".into() }).unwrap().unwrap().expose(), "sk-a");
+        assert_eq!(s.get(&SecretId::TranscriptionProvider { name: "b".into() }), Ok(None));
+    }
+
     #[test]
     fn every_missing_secret_is_named_with_how_to_give_it() {
         let dir = tempfile::tempdir().unwrap();

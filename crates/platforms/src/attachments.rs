@@ -12,6 +12,9 @@
 //!   following links (crates/lifecycle/src/fsio.rs), written to a temporary name then renamed.
 //!   A per-event record (`<home>/attachments/events/<key>`) names the hash of what an event's
 //!   attachment was, so a redelivery after a kill -9 downloads nothing twice.
+//! - **Transcripts.** `<home>/attachments/transcripts/<sha256>` caches the transcript of a
+//!   stored audio file ([`Store::transcript`]; crates/agent/src/backend/transcribe.rs), 0600,
+//!   written temp+rename, pruned with its file: a re-run does not transcribe twice.
 //! - **Never silent.** A refusal keeps the message: the attachment carries its
 //!   [`Outcome::Refused`] reason, rendered into the journaled text ([`Inbound::journal_text`])
 //!   for the agent and the chat.
