@@ -43,7 +43,10 @@ fn config(fake: &FakeTelegram, agent: &str, transcription: &str) -> String {
 }
 
 fn one_provider(llm: &FakeLlm) -> String {
-    format!("[agent.transcription]\nbase_url = \"{}\"\napi_key_env = \"{KEY_ENV}\"\nlanguage = \"en\"\n", llm.base_url())
+    format!(
+        "[agent.transcription]\nbase_url = \"{}\"\napi_key_env = \"{KEY_ENV}\"\nlanguage = \"en\"\n",
+        llm.base_url()
+    )
 }
 
 fn start_gw(home: &TempHome, sw: &Sweeper, token: &str, config: &str) -> Gateway {

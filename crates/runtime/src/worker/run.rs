@@ -234,7 +234,12 @@ impl Work {
     /// step (the backend called), under the settings as they are now.
     async fn request_for(&self, gw: &Gateway, msg: &Message) -> (AgentRequest, RunSteps) {
         let live = self.live();
-        let history = self.history(msg, live.history_turns, live.history_chars).await;
+        let mut history = self.history(msg, live.history_turns, live.history_chars).await;
+        if msg.platform.is_some() && live.transcriber.is_some() {
+            transcribed_history(gw, &mut history);
+            // Within the budget as the turns now read.
+            history = gatewarden_agent::within_budget(history, live.history_chars);
+        }
         let session_started = self.session_started(msg).await;
         let (text, attachments) = attachments_of(gw, msg, live.transcriber.as_deref(), &self.cancel).await;
         let req = AgentRequest {
@@ -667,6 +672,27 @@ async fn attachments_of(
         text.push_str(&line);
     }
     (text, out)
+}
+
+/// Earlier voice messages of the conversation as their cached transcripts (made when they
+/// ran: [`attachments_of`]), so the agent keeps what was said; a line without one stays.
+fn transcribed_history(gw: &Gateway, history: &mut [Turn]) {
+    use gatewarden_agent::backend::transcribe;
+    use gatewarden_platforms::attachments;
+    let store = attachments::Store::new(gw.home.dir().join("attachments"));
+    for t in history.iter_mut().filter(|t| t.role == "user" && t.content.contains("[attachment: ")) {
+        t.content = t
+            .content
+            .split('\n')
+            .map(|l| match attachments::parse_line(l) {
+                Some(n) if transcribe::is_audio(&n.kind) => store
+                    .transcript(&n.sha256)
+                    .map_or_else(|| l.to_owned(), |words| transcribe::transcript_line(&n.name, &words)),
+                _ => l.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+    }
 }
 
 /// A platform reply's text as the outbox sends it: the agent's own lines that could pass for a
