@@ -654,12 +654,13 @@ fn multipart_parts(body: &[u8], boundary: &str) -> Option<Vec<Part>> {
     Some(out)
 }
 
-/// The fake's transcript of `audio`: its printable ASCII runs of three or more, joined.
+/// The fake's transcript of `audio`: its printable ASCII runs of five or more (longer than a
+/// container's magic, `OggS`), joined.
 fn printable_runs(audio: &[u8]) -> String {
     let words: Vec<String> = audio
         .split(|b| !(b.is_ascii_graphic() || *b == b' '))
         .map(|run| String::from_utf8_lossy(run).trim().to_owned())
-        .filter(|run| run.len() >= 3)
+        .filter(|run| run.len() >= 5)
         .collect();
     if words.is_empty() { format!("({} bytes of audio)", audio.len()) } else { words.join(" ") }
 }
