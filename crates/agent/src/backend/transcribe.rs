@@ -328,8 +328,11 @@ mod tests {
     use super::*;
     use std::path::Path;
 
-    /// A minimal RFC 7578 reader: the parts of `body` as `(name, filename, content type, data)`.
-    fn parts(body: &[u8], boundary: &str) -> Vec<(String, Option<String>, Option<String>, Vec<u8>)> {
+    /// `(name, filename, content type, data)`.
+    type Part = (String, Option<String>, Option<String>, Vec<u8>);
+
+    /// A minimal RFC 7578 reader: the parts of `body`.
+    fn parts(body: &[u8], boundary: &str) -> Vec<Part> {
         let delim = format!("--{boundary}");
         let text = body.to_vec();
         let mut out = Vec::new();
