@@ -11,7 +11,9 @@
 //!   classes (backend/provider.rs [`classify`]): 429, 408, 409, 5xx, a refused connection or
 //!   no answer are retried `[agent] retries` times with its backoff (at least `Retry-After`),
 //!   401/403/404 and a broken answer move on to the next provider, other 4xx end the attempt
-//!   (every provider would refuse the same file). All of it within `timeout_s`.
+//!   (every provider would refuse the same file). All of it within `timeout_s`. What the agent
+//!   is told of a failure is short and names no address, key or provider's words
+//!   ([`Untranscribed`]); the operator's log has the whole reason.
 //! - **Bounded.** A file over `max_file_mb` is not sent; the transcript the agent gets is cut at
 //!   [`MAX_TRANSCRIPT_CHARS`].
 //!
@@ -114,74 +116,79 @@ impl Transcriber {
         self.max_bytes
     }
 
-    /// The transcript of `audio`, or why there is none (for people: the chat's agent sees it).
-    /// Each request runs on a plain thread (see backend/openai.rs on why not `spawn_blocking`);
-    /// a cancel or the timeout returns at once and leaves it to end at its own bound.
-    pub async fn transcribe(&self, audio: &Audio, cancel: &CancellationToken) -> Result<String, String> {
+    /// The transcript of `audio`, or why there is none. Each request runs on a plain thread
+    /// (see backend/openai.rs on why not `spawn_blocking`); a cancel or the timeout returns at
+    /// once and leaves it to end at its own bound.
+    pub async fn transcribe(&self, audio: &Audio, cancel: &CancellationToken) -> Result<String, Untranscribed> {
         if audio.size > self.max_bytes {
-            return Err(format!(
-                "too large to transcribe ({} bytes > max_file_mb {} MB)",
-                audio.size,
-                self.max_bytes >> 20
-            ));
-        }
-        if self.providers.is_empty() {
-            return Err("no transcription provider is configured".into());
+            let short =
+                format!("too large to transcribe ({} bytes > max_file_mb {} MB)", audio.size, self.max_bytes >> 20);
+            return Err(Untranscribed { detail: short.clone(), short });
         }
         let deadline = Instant::now() + self.timeout;
         let backoff = Backoff { base: self.backoff };
-        let mut tried: Vec<String> = Vec::new();
+        let mut tried = Tried::default();
         'providers: for p in &self.providers {
+            if let ApiKey::Missing(why) = &p.key {
+                tried.push(&p.name, "its key is unavailable".into(), why.clone());
+                continue;
+            }
             let mut retry = 0u32;
             loop {
                 let Some(left) = deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) else {
-                    tried.push(format!("{}: no answer within timeout_s ({} s)", p.name, self.timeout.as_secs()));
+                    let why = format!("no answer within timeout_s ({} s)", self.timeout.as_secs());
+                    tried.push(&p.name, why.clone(), why);
                     break 'providers;
                 };
-                let failure = match self.attempt(p, audio, left, cancel).await? {
-                    Ok(text) => return Ok(text),
-                    Err(f) => f,
+                let failure = match self.attempt(p, audio, left, cancel).await {
+                    Some(Ok(text)) => return Ok(text),
+                    Some(Err(f)) => f,
+                    None => return Err(Untranscribed { short: "cancelled".into(), detail: "cancelled".into() }),
                 };
                 match classify(&failure) {
-                    Verdict::Fatal => return Err(format!("{}: {}", p.name, failure.reason())),
+                    Verdict::Fatal => {
+                        tried.push(&p.name, short(&failure), failure.reason());
+                        break 'providers;
+                    }
                     Verdict::Next => {
-                        tried.push(format!("{}: {}", p.name, failure.reason()));
+                        tried.push(&p.name, short(&failure), failure.reason());
                         break;
                     }
                     Verdict::Retry { after } => {
                         let wait = backoff.wait(retry, fastrand::f64(), after);
                         if retry >= self.retries || Instant::now() + wait >= deadline {
-                            tried.push(format!("{}: {}", p.name, failure.reason()));
+                            tried.push(&p.name, short(&failure), failure.reason());
                             break;
                         }
                         tokio::select! {
                             () = tokio::time::sleep(wait) => {}
-                            () = cancel.cancelled() => return Err("cancelled".into()),
+                            () = cancel.cancelled() => {
+                                return Err(Untranscribed { short: "cancelled".into(), detail: "cancelled".into() });
+                            }
                         }
                         retry += 1;
                     }
                 }
             }
         }
-        Err(tried.join("; "))
+        Err(tried.into())
     }
 
-    /// One request within `left`. The outer `Err` ends the transcription (cancelled).
+    /// One request within `left`; `None`: cancelled.
     async fn attempt(
         &self,
         p: &Provider,
         audio: &Audio,
         left: Duration,
         cancel: &CancellationToken,
-    ) -> Result<Result<String, Failure>, String> {
+    ) -> Option<Result<String, Failure>> {
         let key = match &p.key {
-            ApiKey::Missing(why) => return Ok(Err(Failure::Protocol(why.clone()))),
             ApiKey::Value(v) => Some(v.clone()),
-            ApiKey::None => None,
+            ApiKey::None | ApiKey::Missing(_) => None,
         };
         let http = match &p.http {
             Ok(h) => h.clone(),
-            Err(e) => return Ok(Err(Failure::Connect(e.clone()))),
+            Err(e) => return Some(Err(Failure::Connect(e.clone()))),
         };
         let mut fields = vec![("model", p.model.clone()), ("response_format", "json".to_owned())];
         if let Some(l) = &self.language {
@@ -189,18 +196,64 @@ impl Transcriber {
         }
         let (url, headers, audio) = (p.url.clone(), p.headers.clone(), audio.clone());
         let (tx, rx) = oneshot::channel();
-        std::thread::Builder::new()
-            .name("gatewarden-transcribe".into())
-            .spawn(move || {
-                let r = post(&http, &url, key.as_ref().map(|k| k.expose()), &headers, &fields, &audio, left);
-                let _ = tx.send(r);
-            })
-            .map_err(|e| format!("cannot start a worker thread: {e}"))?;
-        tokio::select! {
-            r = rx => Ok(r.unwrap_or_else(|_| Err(Failure::Protocol("the worker thread died".into())))),
-            () = tokio::time::sleep(left) => Ok(Err(Failure::TimedOut)),
-            () = cancel.cancelled() => Err("cancelled".into()),
+        let spawned = std::thread::Builder::new().name("gatewarden-transcribe".into()).spawn(move || {
+            let r = post(&http, &url, key.as_ref().map(|k| k.expose()), &headers, &fields, &audio, left);
+            let _ = tx.send(r);
+        });
+        if let Err(e) = spawned {
+            return Some(Err(Failure::Protocol(format!("cannot start a worker thread: {e}"))));
         }
+        tokio::select! {
+            r = rx => Some(r.unwrap_or_else(|_| Err(Failure::Protocol("the worker thread died".into())))),
+            () = tokio::time::sleep(left) => Some(Err(Failure::TimedOut)),
+            () = cancel.cancelled() => None,
+        }
+    }
+}
+
+/// Why a file was not transcribed: `short` for the agent's input (and so perhaps the chat's
+/// eyes: no address, key name or provider's words, as for a failed run's notice), `detail`
+/// for the operator's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Untranscribed {
+    pub short: String,
+    pub detail: String,
+}
+
+/// Each provider's failure, in order.
+#[derive(Default)]
+struct Tried {
+    short: Vec<String>,
+    detail: Vec<String>,
+}
+
+impl Tried {
+    fn push(&mut self, provider: &str, short: String, detail: String) {
+        if !self.short.contains(&short) {
+            self.short.push(short);
+        }
+        self.detail.push(format!("{provider}: {detail}"));
+    }
+}
+
+impl From<Tried> for Untranscribed {
+    fn from(t: Tried) -> Untranscribed {
+        if t.short.is_empty() {
+            let none = "no transcription provider is configured".to_owned();
+            return Untranscribed { short: none.clone(), detail: none };
+        }
+        Untranscribed { short: format!("the provider failed: {}", t.short.join("; ")), detail: t.detail.join("; ") }
+    }
+}
+
+/// A failure in a few words of no secret: the status, or what kind of failure.
+fn short(f: &Failure) -> String {
+    match f {
+        Failure::Status { status, .. } => format!("HTTP {status}"),
+        Failure::Connect(_) => "unreachable".into(),
+        Failure::TimedOut => "no answer in time".into(),
+        Failure::Interrupted(_) => "the answer broke off".into(),
+        Failure::Protocol(_) => "an unusable answer".into(),
     }
 }
 
@@ -415,10 +468,11 @@ mod tests {
         let audio = Audio { path, name: "v.ogg".into(), kind: "audio/ogg".into(), size: 4 };
         let cancel = CancellationToken::new();
         let e = rt.block_on(t.transcribe(&audio, &cancel)).unwrap_err();
-        assert!(e.contains("GW_TEST_UNSET_KEY_7"), "{e}");
+        assert!(e.detail.contains("GW_TEST_UNSET_KEY_7"), "{e:?}");
+        assert_eq!(e.short, "the provider failed: its key is unavailable", "no variable named to the agent");
         let big = Audio { size: (1 << 20) + 1, ..audio };
         let e = rt.block_on(t.transcribe(&big, &cancel)).unwrap_err();
-        assert!(e.contains("too large"), "{e}");
+        assert!(e.short.contains("too large"), "{e:?}");
         assert!(Transcriber::from_config(&gatewarden_config::AgentConfig::default(), &secrets).is_none());
     }
 }

@@ -661,9 +661,9 @@ async fn attachments_of(
         let line = match said {
             Ok(words) => transcribe::transcript_line(&file.name, &words),
             Err(why) => {
-                crate::warn!("voice {} of {} not transcribed: {why}", file.name, msg.id);
+                crate::warn!("voice {} of {} not transcribed: {}", file.name, msg.id, why.detail);
                 out.push(file.clone());
-                transcribe::failure_line(&file.name, &why)
+                transcribe::failure_line(&file.name, &why.short)
             }
         };
         if !text.is_empty() {
