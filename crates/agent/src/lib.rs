@@ -7,5 +7,5 @@ pub mod backend;
 
 pub use backend::{
     Agent, AgentError, AgentFuture, AgentReply, AgentRequest, Approvals, HermesAgent, Pending, ProviderEvent,
-    ProviderStatus, Question, Turn, Usage, build_agent, build_agent_with, within_budget,
+    ProviderStatus, Question, Transcriber, Turn, Usage, build_agent, build_agent_with, within_budget,
 };

@@ -91,6 +91,7 @@ const AGENT_KEYS: &[&str] = &[
     "max_reply_bytes",
     "failure_text",
     "failure_reasons_for_admins",
+    "transcription",
 ];
 const CLUSTER_KEYS: &[&str] =
     &["name", "store", "password_env", "password_file", "lease_ttl_s", "renew_interval_s", "ca_file"];
@@ -601,6 +602,9 @@ pub struct AgentConfig {
     pub failure_text: String,
     /// The platforms' and the API's admins get the whole reason in their own chats.
     pub failure_reasons_for_admins: bool,
+    /// `[agent.transcription]`: voice and audio attachments transcribed for every backend
+    /// (`None`: they are named as files).
+    pub transcription: Option<TranscriptionConfig>,
 }
 
 /// The default of `[agent] max_reply_bytes` (1 MiB, the exec backend's stdout cap too).
@@ -636,6 +640,7 @@ impl Default for AgentConfig {
             max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
             failure_text: DEFAULT_FAILURE_TEXT.to_owned(),
             failure_reasons_for_admins: false,
+            transcription: None,
         }
     }
 }
@@ -757,16 +762,24 @@ fn validate_providers(a: &AgentConfig, index: &KeyIndex) -> Result<(), ConfigErr
             return Err(prov("model", "must not be empty".into()));
         }
         one_source(&prov, "api_key", p.api_key_env.as_deref(), p.api_key_file.as_deref())?;
-        for (k, v) in &p.headers {
-            let token =
-                !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-            if !token || v.bytes().any(|b| b.is_ascii_control() && b != b'\t') {
-                return Err(prov("headers", format!("{k:?} is not a valid header name and value")));
-            }
-        }
+        check_headers(&prov, &p.headers)?;
         let name = p.display_name();
         if name.trim().is_empty() || !names.insert(name.clone()) {
             return Err(prov("name", format!("two providers are named {name:?}; give each a unique name")));
+        }
+    }
+    Ok(())
+}
+
+/// Extra request headers: each a token name and a value without control characters.
+fn check_headers(
+    bad: &dyn Fn(&str, String) -> ConfigError,
+    headers: &std::collections::BTreeMap<String, String>,
+) -> Result<(), ConfigError> {
+    for (k, v) in headers {
+        let token = !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !token || v.bytes().any(|b| b.is_ascii_control() && b != b'\t') {
+            return Err(bad("headers", format!("{k:?} is not a valid header name and value")));
         }
     }
     Ok(())
@@ -884,6 +897,222 @@ proxy = "socks5h://127.0.0.1:1080"
 }
 
 // ---- end of [[agent.provider]] ----
+
+// ---- [agent.transcription] (issue 29 §1): one block. ----
+
+const TRANSCRIPTION_KEYS: &[&str] = &[
+    "base_url",
+    "model",
+    "api_key_env",
+    "api_key_file",
+    "ca_file",
+    "proxy",
+    "headers",
+    "language",
+    "max_file_mb",
+    "timeout_s",
+    "provider",
+];
+
+/// The default `[agent.transcription] model`.
+pub const DEFAULT_TRANSCRIPTION_MODEL: &str = "whisper-1";
+
+/// The `[agent.transcription]` table: an OpenAI-compatible `/audio/transcriptions` provider
+/// (or `[[agent.transcription.provider]]` tables, tried in order as `[[agent.provider]]` are)
+/// for the voice and audio attachments of messages (crates/agent/src/backend/transcribe.rs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TranscriptionConfig {
+    /// The provider's base URL (`https://api.openai.com/v1`); `/audio/transcriptions` is
+    /// appended.
+    pub base_url: Option<String>,
+    /// The model sent (default `whisper-1`).
+    pub model: String,
+    pub api_key_env: Option<String>,
+    /// Or the file holding the key. Not both.
+    pub api_key_file: Option<PathBuf>,
+    /// A private CA (PEM) for an https provider (crates/net).
+    pub ca_file: Option<PathBuf>,
+    /// This provider's own proxy, instead of the environment's.
+    pub proxy: Option<String>,
+    /// Extra request headers.
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// The audio's language (ISO-639-1, `en`), sent when set: better accuracy and latency.
+    pub language: Option<String>,
+    /// The largest file sent, in MiB (OpenAI's limit is 25 MB); a larger one is named instead.
+    pub max_file_mb: u64,
+    /// One file's transcription (every provider and retry) ends within this many seconds.
+    pub timeout_s: u64,
+    /// Several providers, tried in order (instead of `base_url`, `model`, the key, `ca_file`,
+    /// `proxy` and `headers` above).
+    pub provider: Vec<ProviderConfig>,
+}
+
+impl Default for TranscriptionConfig {
+    fn default() -> Self {
+        TranscriptionConfig {
+            base_url: None,
+            model: DEFAULT_TRANSCRIPTION_MODEL.to_owned(),
+            api_key_env: None,
+            api_key_file: None,
+            ca_file: None,
+            proxy: None,
+            headers: std::collections::BTreeMap::new(),
+            language: None,
+            max_file_mb: 25,
+            timeout_s: 120,
+            provider: Vec::new(),
+        }
+    }
+}
+
+impl TranscriptionConfig {
+    /// The providers in order: `[[agent.transcription.provider]]`, or the one of `base_url`.
+    pub fn providers(&self) -> Vec<ProviderConfig> {
+        if !self.provider.is_empty() {
+            return self.provider.clone();
+        }
+        vec![ProviderConfig {
+            name: None,
+            base_url: self.base_url.clone().unwrap_or_default(),
+            model: self.model.clone(),
+            api_key_env: self.api_key_env.clone(),
+            api_key_file: self.api_key_file.clone(),
+            headers: self.headers.clone(),
+            ca_file: self.ca_file.clone(),
+            proxy: self.proxy.clone(),
+        }]
+    }
+
+    /// `timeout_s` as a duration.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout_s)
+    }
+}
+
+/// `[agent.transcription]`: one provider or a list, each a usable URL, model, key and headers.
+fn validate_transcription(t: &TranscriptionConfig, index: &KeyIndex) -> Result<(), ConfigError> {
+    let top = |key: &str, message: String| index.invalid(&["agent", "transcription", key], message);
+    let prov = |key: &str, message: String| index.invalid(&["agent", "transcription", "provider", key], message);
+    if t.max_file_mb == 0 || t.max_file_mb > 1 << 16 {
+        return Err(top("max_file_mb", format!("must be between 1 and {}", 1 << 16)));
+    }
+    if t.timeout_s == 0 || t.timeout_s > MAX_SECONDS {
+        return Err(top("timeout_s", format!("must be between 1 and {MAX_SECONDS} seconds")));
+    }
+    if let Some(l) = &t.language
+        && (l.is_empty() || l.len() > 16 || !l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+    {
+        return Err(top("language", format!("{l:?} is not a language code (e.g. \"en\")")));
+    }
+    let single = t.provider.is_empty();
+    if !single {
+        let own = [
+            ("base_url", t.base_url.is_some()),
+            ("api_key_env", t.api_key_env.is_some()),
+            ("api_key_file", t.api_key_file.is_some()),
+            ("ca_file", t.ca_file.is_some()),
+            ("proxy", t.proxy.is_some()),
+            ("headers", !t.headers.is_empty()),
+        ];
+        if let Some((key, _)) = own.iter().find(|(_, set)| *set) {
+            return Err(top(key, "set each provider in [[agent.transcription.provider]], not also here".into()));
+        }
+    } else if t.base_url.as_deref().is_none_or(|u| u.trim().is_empty()) {
+        return Err(top(
+            "base_url",
+            "[agent.transcription] needs base_url, e.g. \"https://api.openai.com/v1\", or [[agent.transcription.provider]] tables".into(),
+        ));
+    }
+    let bad: &dyn Fn(&str, String) -> ConfigError = if single { &top } else { &prov };
+    let mut names = std::collections::BTreeSet::new();
+    for p in t.providers() {
+        check_url(p.base_url.trim()).map_err(|m| bad("base_url", m))?;
+        if p.model.trim().is_empty() {
+            return Err(bad("model", "must not be empty".into()));
+        }
+        one_source(bad, "api_key", p.api_key_env.as_deref(), p.api_key_file.as_deref())?;
+        check_headers(bad, &p.headers)?;
+        let name = p.display_name();
+        if name.trim().is_empty() || !names.insert(name.clone()) {
+            return Err(bad("name", format!("two providers are named {name:?}; give each a unique name")));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod transcription_tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_str(Path::new("/h/config.toml"), text)
+    }
+
+    #[test]
+    fn one_provider_with_defaults_or_a_list_in_order() {
+        assert_eq!(parse("[agent]\n").unwrap().agent.transcription, None, "off unless configured");
+        let c = parse(
+            "[agent]\nbackend = \"exec\"\ncommand = [\"x\"]\n[agent.transcription]\nbase_url = \"http://h/v1\"\nca_file = \"ca.pem\"\n",
+        );
+        // The CA file does not exist: named at its key.
+        let e = c.unwrap_err();
+        assert_eq!((e.table(), e.key()), (Some("agent.transcription"), Some("ca_file")), "{e}");
+        let t = parse("[agent.transcription]\nbase_url = \"http://h/v1\"\nlanguage = \"en\"\n")
+            .unwrap()
+            .agent
+            .transcription
+            .unwrap();
+        assert_eq!(
+            (t.model.as_str(), t.max_file_mb, t.timeout_s, t.language.as_deref()),
+            ("whisper-1", 25, 120, Some("en"))
+        );
+        let p = t.providers();
+        assert_eq!((p.len(), p[0].base_url.as_str(), p[0].display_name()), (1, "http://h/v1", "h".into()));
+        let t = parse(
+            "[agent.transcription]\ntimeout_s = 30\n[[agent.transcription.provider]]\nname = \"a\"\nbase_url = \"http://a/v1\"\nmodel = \"w1\"\n\
+             [[agent.transcription.provider]]\nbase_url = \"http://b/v1\"\nmodel = \"w2\"\nproxy = \"socks5h://127.0.0.1:1080\"\n",
+        )
+        .unwrap()
+        .agent
+        .transcription
+        .unwrap();
+        let names: Vec<_> = t.providers().iter().map(|p| (p.display_name(), p.model.clone())).collect();
+        assert_eq!(names, [("a".into(), "w1".into()), ("b".into(), "w2".into())]);
+    }
+
+    #[test]
+    fn errors_name_the_key_and_line() {
+        let e = parse("[agent]\n[agent.transcription]\nbase_url = \"http://h/v1\"\nlangauge = \"en\"\n").unwrap_err();
+        let shown = e.to_string();
+        assert!(
+            shown.contains(":4:") && shown.contains("'langauge'") && shown.contains("[agent.transcription]"),
+            "{shown}"
+        );
+        assert!(shown.contains("did you mean 'language'"), "{shown}");
+        let bad = |text: &str, key: &str| {
+            let e = parse(text).unwrap_err();
+            assert_eq!(e.key(), Some(key), "{e}");
+        };
+        bad("[agent.transcription]\n", "base_url");
+        bad("[agent.transcription]\nbase_url = \"ftp://h\"\n", "base_url");
+        bad("[agent.transcription]\nbase_url = \"http://h\"\nmax_file_mb = 0\n", "max_file_mb");
+        bad("[agent.transcription]\nbase_url = \"http://h\"\ntimeout_s = 0\n", "timeout_s");
+        bad("[agent.transcription]\nbase_url = \"http://h\"\nlanguage = \"en us\"\n", "language");
+        bad("[agent.transcription]\nbase_url = \"http://h\"\nmodel = \" \"\n", "model");
+        bad(
+            "[agent.transcription]\nbase_url = \"http://h\"\napi_key_env = \"K\"\napi_key_file = \"k\"\n",
+            "api_key_file",
+        );
+        bad("[agent.transcription]\nbase_url = \"http://h\"\nheaders = { \"X\" = \"a\\nb\" }\n", "headers");
+        bad("[agent.transcription]\nbase_url = \"http://h\"\nproxy = \"ftp://x\"\n", "proxy");
+        let list = "[[agent.transcription.provider]]\nbase_url = \"http://a/v1\"\nmodel = \"w\"\n";
+        bad(&format!("[agent.transcription]\nbase_url = \"http://h\"\n{list}"), "base_url");
+        bad(&format!("[agent.transcription]\n{list}{list}"), "name");
+    }
+}
+
+// ---- end of [agent.transcription] ----
 
 /// Largest accepted `config.toml`.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -1069,6 +1298,14 @@ impl Config {
             fix(&mut p.ca_file);
             fix(&mut p.api_key_file);
         }
+        if let Some(t) = self.agent.transcription.as_mut() {
+            fix(&mut t.ca_file);
+            fix(&mut t.api_key_file);
+            for p in &mut t.provider {
+                fix(&mut p.ca_file);
+                fix(&mut p.api_key_file);
+            }
+        }
         fix(&mut self.update.ca_file);
         fix(&mut self.telemetry.ca_file);
         if let Some(c) = self.cluster.as_mut() {
@@ -1102,6 +1339,26 @@ impl Config {
                 && let Err(e) = gatewarden_net::ProxyUrl::parse(proxy)
             {
                 return Err(index.invalid(&["agent", "provider", "proxy"], e.to_string()));
+            }
+        }
+        if let Some(t) = &self.agent.transcription {
+            // The table's own keys, or each provider's: at the line of the one set.
+            let table: &[&str] = if t.provider.is_empty() {
+                &["agent", "transcription"]
+            } else {
+                &["agent", "transcription", "provider"]
+            };
+            let at = |key: &'static str| [table, &[key]].concat();
+            for p in t.providers() {
+                if let Some(path) = &p.ca_file {
+                    gatewarden_net::ClientTls::from_ca_file(path)
+                        .map_err(|e| index.invalid(&at("ca_file"), e.to_string()))?;
+                }
+                if let Some(proxy) = &p.proxy
+                    && let Err(e) = gatewarden_net::ProxyUrl::parse(proxy)
+                {
+                    return Err(index.invalid(&at("proxy"), e.to_string()));
+                }
             }
         }
         check("update", self.update.ca_file.as_deref())?;
@@ -1271,6 +1528,9 @@ impl Config {
         }
         self.validate_platforms(index)?;
         validate_providers(a, index)?;
+        if let Some(t) = &a.transcription {
+            validate_transcription(t, index)?;
+        }
         match a.backend {
             BackendKind::Echo => {}
             BackendKind::Exec => {
@@ -1508,6 +1768,8 @@ impl<'a> KeyIndex<'a> {
                 None => TOP_KEYS,
                 Some("agent") => AGENT_KEYS,
                 Some("agent.provider") => PROVIDER_KEYS,
+                Some("agent.transcription") => TRANSCRIPTION_KEYS,
+                Some("agent.transcription.provider") => PROVIDER_KEYS,
                 Some("http") => HTTP_KEYS,
                 Some("journal") => JOURNAL_KEYS,
                 Some("cluster") => CLUSTER_KEYS,
@@ -1709,6 +1971,14 @@ mod tests {
                 "config.example.toml does not document '{key}'"
             );
         }
+        for key in TRANSCRIPTION_KEYS {
+            assert!(
+                text.contains(&format!("{key} =")),
+                "config.example.toml does not document [agent.transcription] {key}"
+            );
+        }
+        let voice = parse(&enable_block(text, "transcription")).unwrap_or_else(|e| panic!("transcription block: {e}"));
+        assert_eq!(voice.agent.transcription.map(|t| t.model), Some("whisper-1".into()));
         // Uncommenting every commented-out assignment of each backend block must still parse.
         for backend in ["exec", "openai", "hermes"] {
             let enabled = enable_block(text, backend);

@@ -116,6 +116,10 @@ pub enum SecretId {
     Provider { name: String },
     /// `[cluster] password_*`: the store's password.
     Cluster,
+    /// `[agent.transcription] api_key_*`: its one provider.
+    Transcription,
+    /// `[[agent.transcription.provider]] api_key_*`, by provider name.
+    TranscriptionProvider { name: String },
 }
 
 /// How config.toml names a secret.
@@ -140,7 +144,10 @@ impl SecretSpec {
         match &self.id {
             SecretId::ApiToken => "api_token",
             SecretId::Platform { what, .. } => what.key(),
-            SecretId::Agent | SecretId::Provider { .. } => "api_key",
+            SecretId::Agent
+            | SecretId::Provider { .. }
+            | SecretId::Transcription
+            | SecretId::TranscriptionProvider { .. } => "api_key",
             SecretId::Cluster => "password",
         }
     }
@@ -153,6 +160,8 @@ impl SecretSpec {
             SecretId::Agent => "[agent] api_key".into(),
             SecretId::Provider { name } => format!("[[agent.provider]] {name:?} api_key"),
             SecretId::Cluster => "[cluster] password".into(),
+            SecretId::Transcription => "[agent.transcription] api_key".into(),
+            SecretId::TranscriptionProvider { name } => format!("[[agent.transcription.provider]] {name:?} api_key"),
         }
     }
 
@@ -218,6 +227,21 @@ impl Config {
             }
             BackendKind::Openai | BackendKind::Hermes => push(SecretId::Agent, &a.api_key_env, &a.api_key_file),
             BackendKind::Echo | BackendKind::Exec => {}
+        }
+        // Every backend: the transcript is text.
+        if let Some(t) = &a.transcription {
+            match t.provider.is_empty() {
+                true => push(SecretId::Transcription, &t.api_key_env, &t.api_key_file),
+                false => {
+                    for p in &t.provider {
+                        push(
+                            SecretId::TranscriptionProvider { name: p.display_name() },
+                            &p.api_key_env,
+                            &p.api_key_file,
+                        );
+                    }
+                }
+            }
         }
         if let Some(c) = &self.cluster {
             push(SecretId::Cluster, &c.password_env, &c.password_file);
@@ -787,6 +811,42 @@ mod tests {
         for v in ["from-file", "from-env", "xapp-1", "xoxb-bot", "quoted key"] {
             assert!(!all.contains(v), "{v} leaked: {all}");
         }
+    }
+
+    /// `[agent.transcription]`'s key is read for every backend (the transcript is text), and
+    /// one that cannot be had refuses `check` and a start, named like every other secret.
+    #[test]
+    fn a_transcription_key_is_a_secret_of_every_backend() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path();
+        let one = config(
+            home,
+            "[agent]\nbackend = \"echo\"\n[agent.transcription]\nbase_url = \"http://h/v1\"\napi_key_env = \"VOICE_KEY\"\n",
+        );
+        let s = resolve(home, &one, &[]);
+        let p = s.problems();
+        assert_eq!(p.len(), 1, "{p:#?}");
+        assert!(
+            p[0].starts_with("[agent.transcription] api_key: VOICE_KEY (api_key_env) is set in neither"),
+            "{}",
+            p[0]
+        );
+        assert!(s.check().is_err());
+        let s = resolve(home, &one, &[("VOICE_KEY", "sk-voice")]);
+        assert_eq!(s.get(&SecretId::Transcription).unwrap().unwrap().expose(), "sk-voice");
+        let two = config(
+            home,
+            "[agent.transcription]\n[[agent.transcription.provider]]\nname = \"a\"\nbase_url = \"http://a/v1\"\nmodel = \"w\"\napi_key_file = \"a.key\"\n\
+             [[agent.transcription.provider]]\nbase_url = \"http://b/v1\"\nmodel = \"w\"\n",
+        );
+        let s = resolve(home, &two, &[]);
+        let p = s.problems();
+        assert_eq!(p.len(), 1, "{p:#?}");
+        assert!(p[0].starts_with("[[agent.transcription.provider]] \"a\" api_key: api_key_file"), "{}", p[0]);
+        write_private(&home.join("a.key"), "sk-a\n");
+        let s = resolve(home, &two, &[]);
+        assert_eq!(s.get(&SecretId::TranscriptionProvider { name: "a".into() }).unwrap().unwrap().expose(), "sk-a");
+        assert_eq!(s.get(&SecretId::TranscriptionProvider { name: "b".into() }), Ok(None));
     }
 
     #[test]

@@ -12,6 +12,9 @@
 //!   following links (crates/lifecycle/src/fsio.rs), written to a temporary name then renamed.
 //!   A per-event record (`<home>/attachments/events/<key>`) names the hash of what an event's
 //!   attachment was, so a redelivery after a kill -9 downloads nothing twice.
+//! - **Transcripts.** `<home>/attachments/transcripts/<sha256>` caches the transcript of a
+//!   stored audio file ([`Store::transcript`]; crates/agent/src/backend/transcribe.rs), 0600,
+//!   written temp+rename, pruned with its file: a re-run does not transcribe twice.
 //! - **Never silent.** A refusal keeps the message: the attachment carries its
 //!   [`Outcome::Refused`] reason, rendered into the journaled text ([`Inbound::journal_text`])
 //!   for the agent and the chat.
@@ -261,6 +264,34 @@ impl Store {
         fsio::atomic_write(&path, v.to_string().as_bytes())
     }
 
+    /// Where the transcript of the file `sha256` is cached: `transcripts/<sha256>`.
+    fn transcript_path(&self, sha256: &str) -> Option<PathBuf> {
+        self.path(sha256)?;
+        Some(self.dir.join(TRANSCRIPTS).join(sha256))
+    }
+
+    /// The cached transcript of the stored file `sha256` (crates/agent/src/backend/
+    /// transcribe.rs), when an earlier run made one: a re-run, a restart or a retry does not
+    /// ask the provider again.
+    pub fn transcript(&self, sha256: &str) -> Option<String> {
+        let bytes = fsio::read_capped(&self.transcript_path(sha256)?, MAX_TRANSCRIPT_BYTES).ok()?;
+        String::from_utf8(bytes).ok()
+    }
+
+    /// Caches the transcript of the stored file `sha256`: 0600, written to a temporary name
+    /// then renamed; pruned with the file ([`Store::prune`]).
+    pub fn keep_transcript(&self, sha256: &str, text: &str) -> io::Result<()> {
+        let path = self.transcript_path(sha256).ok_or_else(|| io::Error::other("bad hash"))?;
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        let bytes = text.as_bytes();
+        let cut = bytes.len().min(usize::try_from(MAX_TRANSCRIPT_BYTES).unwrap_or(usize::MAX));
+        // At a character boundary: the cache reads back as UTF-8.
+        let cut = (0..=cut).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+        fsio::atomic_write(&path, &bytes[..cut])
+    }
+
     /// Opens a stored file for reading (a regular file, never through a link), with its size.
     pub fn open(&self, sha256: &str) -> Option<(File, u64)> {
         fsio::open_regular(&self.path(sha256)?).ok()
@@ -377,7 +408,13 @@ impl Store {
             }
             let Ok(files) = fs::read_dir(d.path()) else { continue };
             for f in files.flatten() {
-                let named = name != "events" && keep.contains(&format!("{name}{}", f.file_name().to_string_lossy()));
+                let file = f.file_name().to_string_lossy().into_owned();
+                let named = match name.as_str() {
+                    "events" => false,
+                    // A transcript stays while its file does.
+                    TRANSCRIPTS => keep.contains(&file),
+                    _ => keep.contains(&format!("{name}{file}")),
+                };
                 if !named && old(&f) && fsio::remove_if_exists(&f.path()).unwrap_or(false) {
                     removed += 1;
                 }
@@ -388,6 +425,11 @@ impl Store {
 }
 
 const OVER_CAP: &str = "over the cap";
+
+/// The folder of cached transcripts in the store.
+const TRANSCRIPTS: &str = "transcripts";
+/// The largest transcript cached (a long recording's; the agent gets less).
+const MAX_TRANSCRIPT_BYTES: u64 = 1 << 20;
 
 fn too_large(size: u64, bounds: &Bounds, used: u64) -> String {
     if size > bounds.per_file {
@@ -658,13 +700,26 @@ mod tests {
         // No temporary file is left behind.
         let names: Vec<_> = fs::read_dir(store.dir()).unwrap().flatten().map(|e| e.file_name()).collect();
         assert!(names.iter().all(|n| !n.to_string_lossy().starts_with(".tmp")), "{names:?}");
-        // Retention: kept while named, removed once not.
+        // A transcript is cached beside it, privately, and read back.
+        assert_eq!(store.transcript(&s.sha256), None);
+        store.keep_transcript(&s.sha256, "call me back").unwrap();
+        assert_eq!(store.transcript(&s.sha256).as_deref(), Some("call me back"));
+        assert!(store.keep_transcript("../x", "no").is_err(), "only a hash names a transcript");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let t = store.dir().join(TRANSCRIPTS).join(&s.sha256);
+            assert_eq!(fs::metadata(t).unwrap().permissions().mode() & 0o777, 0o600);
+        }
+        // Retention: kept while named, removed once not (the transcript with its file).
         let keep = std::iter::once(s.sha256.clone()).collect();
         assert_eq!(store.prune(&Default::default(), Duration::from_secs(3600)), 0, "too young");
         assert_eq!(store.prune(&keep, Duration::ZERO), 1, "the event record, not the file");
         assert!(path.exists());
-        assert_eq!(store.prune(&Default::default(), Duration::ZERO), 1);
+        assert!(store.transcript(&s.sha256).is_some());
+        assert_eq!(store.prune(&Default::default(), Duration::ZERO), 2);
         assert!(!path.exists());
+        assert_eq!(store.transcript(&s.sha256), None);
     }
 
     #[test]

@@ -249,6 +249,7 @@ pub fn prepare(
     if let Some(x) = telemetry {
         work.set_telemetry(Arc::new(x));
     }
+    work.set_transcriber(gatewarden_agent::Transcriber::from_config(&config.agent, &secrets));
     opts.listen = Some(config.listen.to_string());
     let drain_timeout = config.drain_timeout();
     let ep = Endpoint::for_home(home.dir());

@@ -364,6 +364,7 @@ pub async fn reload(app: &Arc<App>, requester: Value) -> Response {
     // called with were read again by the load, and a key may change where the file does not.
     if !facts.hermes {
         live.agent = Arc::from(s.agent);
+        live.transcriber = gatewarden_agent::Transcriber::from_config(&s.config.agent, &s.secrets).map(Arc::new);
         live.history_turns = s.config.agent.history_turns;
         live.history_chars = s.config.agent.history_chars;
     }

@@ -25,6 +25,15 @@
 //!   arguments}}]` (`arguments` a JSON string), `finish_reason: "tool_calls"`; streamed, the
 //!   first delta carries the calls with their `index`. The caller then sends the tool's result
 //!   as a `role: "tool"` message with the call's `tool_call_id`.
+//! - `POST /v1/audio/transcriptions`
+//!   (https://platform.openai.com/docs/api-reference/audio/createTranscription): a
+//!   `multipart/form-data` body (with a `Content-Length`; else 411) with the parts `file`
+//!   (required), `model` (required: else 400), `language` and `response_format` (optional);
+//!   answers `{"text": …}` (`response_format=text`: the plain text). The transcript is the one
+//!   set with [`FakeLlm::set_transcript`], else the printable ASCII runs of the file's bytes
+//!   (so a test's "audio" can say what it is). Each call is recorded ([`FakeLlm::transcriptions`]:
+//!   model, language, file name, type and size, the `Authorization` header), apart from the
+//!   chat requests; [`FakeLlm::fail_transcriptions`] makes them answer an error status.
 //!
 //! Scripting: answers queued with [`FakeLlm::then`] are given in arrival order; rules
 //! ([`FakeLlm::on`]) answer by the request's last message instead, so an agent that makes
@@ -141,6 +150,8 @@ struct Script {
     key: Option<String>,
     /// Seconds the fake's clock is ahead of ours (negative: behind), for `Date`.
     clock_offset_s: Option<i64>,
+    /// `POST /v1/audio/transcriptions`: its calls and script.
+    transcription: Transcription,
 }
 
 /// The fake provider. Dropping it stops accepting and releases hanging requests.
@@ -164,6 +175,7 @@ impl FakeLlm {
             holding: 0,
             key: None,
             clock_offset_s: None,
+            transcription: Transcription::default(),
         }));
         let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (s, stop) = (Arc::clone(&script), Arc::clone(&stopped));
@@ -241,6 +253,23 @@ impl FakeLlm {
         self.lock().seen.len()
     }
 
+    /// Every `POST /v1/audio/transcriptions` so far, in arrival order.
+    pub fn transcriptions(&self) -> Vec<Transcribed> {
+        self.lock().transcription.calls.clone()
+    }
+
+    /// Transcriptions answer `text` (instead of the file's printable runs).
+    pub fn set_transcript(&self, text: &str) -> &FakeLlm {
+        self.lock().transcription.text = Some(text.to_owned());
+        self
+    }
+
+    /// Transcriptions answer this error status (`None`: they succeed again).
+    pub fn fail_transcriptions(&self, status: Option<u16>) -> &FakeLlm {
+        self.lock().transcription.fail = status;
+        self
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Script> {
         self.script.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -269,6 +298,10 @@ fn serve(conn: TcpStream, script: &Mutex<Script>, stopped: &std::sync::atomic::A
         .and_then(|(_, v)| v.parse::<usize>().ok())
         .unwrap_or(0)
         .min(16 << 20);
+    if method == "POST" && path.ends_with("/audio/transcriptions") {
+        serve_transcription(&mut r, &mut w, &headers, at, script);
+        return;
+    }
     let mut body = vec![0u8; len];
     if r.read_exact(&mut body).is_err() {
         return;
@@ -568,4 +601,126 @@ fn respond_error(w: &mut TcpStream, code: u16, retry_after: Option<&str>) -> io:
         "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
+}
+
+/// A `POST /v1/audio/transcriptions` as the fake saw it.
+#[derive(Debug, Clone)]
+pub struct Transcribed {
+    /// When its head was read.
+    pub at: Instant,
+    pub model: Option<String>,
+    pub language: Option<String>,
+    pub response_format: Option<String>,
+    /// The `file` part's `filename`, `Content-Type` and size in bytes.
+    pub file_name: Option<String>,
+    pub file_type: Option<String>,
+    pub file_size: Option<usize>,
+    /// The `Authorization` header as sent.
+    pub authorization: Option<String>,
+    /// The status answered.
+    pub status: u16,
+}
+
+#[derive(Debug, Default)]
+struct Transcription {
+    calls: Vec<Transcribed>,
+    text: Option<String>,
+    fail: Option<u16>,
+}
+
+/// One part of a `multipart/form-data` body: its `name`, `filename`, `Content-Type` and data.
+type Part = (String, Option<String>, Option<String>, Vec<u8>);
+
+/// The parts of a `multipart/form-data` body (RFC 7578); `None` when it is not one.
+fn multipart_parts(body: &[u8], boundary: &str) -> Option<Vec<Part>> {
+    let find = |h: &[u8], n: &[u8]| h.windows(n.len()).position(|w| w == n);
+    let delim = format!("--{boundary}");
+    let mut rest = &body[find(body, delim.as_bytes())? + delim.len()..];
+    let mut out = Vec::new();
+    while !rest.starts_with(b"--") {
+        rest = rest.strip_prefix(b"\r\n")?;
+        let end = find(rest, b"\r\n\r\n")?;
+        let head = String::from_utf8_lossy(&rest[..end]).into_owned();
+        rest = &rest[end + 4..];
+        let next = find(rest, format!("\r\n{delim}").as_bytes())?;
+        let data = rest[..next].to_vec();
+        rest = &rest[next + 2 + delim.len()..];
+        let attr = |k: &str| head.split(&format!("{k}=\"")).nth(1).and_then(|v| v.split('"').next()).map(str::to_owned);
+        let ctype = head.lines().find_map(|l| {
+            l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case("content-type")).map(|(_, v)| v.trim().to_owned())
+        });
+        out.push((attr("name")?, attr("filename"), ctype, data));
+    }
+    Some(out)
+}
+
+/// The fake's transcript of `audio`: its printable ASCII runs of five or more (longer than a
+/// container's magic, `OggS`), joined.
+fn printable_runs(audio: &[u8]) -> String {
+    let words: Vec<String> = audio
+        .split(|b| !(b.is_ascii_graphic() || *b == b' '))
+        .map(|run| String::from_utf8_lossy(run).trim().to_owned())
+        .filter(|run| run.len() >= 5)
+        .collect();
+    if words.is_empty() { format!("({} bytes of audio)", audio.len()) } else { words.join(" ") }
+}
+
+/// `POST /v1/audio/transcriptions` (see the module doc).
+fn serve_transcription(
+    r: &mut BufReader<TcpStream>,
+    w: &mut TcpStream,
+    headers: &[(String, String)],
+    at: Instant,
+    script: &Mutex<Script>,
+) {
+    let header = |name: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone());
+    let Some(len) = header("content-length").and_then(|v| v.parse::<usize>().ok()) else {
+        let _ = respond_error(w, 411, None);
+        return;
+    };
+    let mut body = vec![0u8; len.min(64 << 20)];
+    if r.read_exact(&mut body).is_err() {
+        return;
+    }
+    let boundary = header("content-type")
+        .and_then(|ct| ct.split(';').find_map(|p| p.trim().strip_prefix("boundary=").map(|b| b.trim_matches('"').to_owned())));
+    let parts = boundary.and_then(|b| multipart_parts(&body, &b)).unwrap_or_default();
+    let field = |name: &str| {
+        parts.iter().find(|p| p.0 == name).map(|p| String::from_utf8_lossy(&p.3).into_owned())
+    };
+    let file = parts.iter().find(|p| p.0 == "file");
+    let mut s = script.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let key_refused = s.key.as_ref().is_some_and(|k| header("authorization") != Some(format!("Bearer {k}")));
+    let status = match (key_refused, s.transcription.fail, file, field("model")) {
+        (true, ..) => 401,
+        (false, Some(code), ..) => code,
+        (false, None, Some(_), Some(_)) => 200,
+        _ => 400,
+    };
+    s.transcription.calls.push(Transcribed {
+        at,
+        model: field("model"),
+        language: field("language"),
+        response_format: field("response_format"),
+        file_name: file.and_then(|f| f.1.clone()),
+        file_type: file.and_then(|f| f.2.clone()),
+        file_size: file.map(|f| f.3.len()),
+        authorization: header("authorization"),
+        status,
+    });
+    let text = s.transcription.text.clone().unwrap_or_else(|| file.map(|f| printable_runs(&f.3)).unwrap_or_default());
+    drop(s);
+    if status != 200 {
+        let _ = respond_error(w, status, None);
+        return;
+    }
+    let (ctype, out) = match field("response_format").as_deref() {
+        Some("text") => ("text/plain", text),
+        _ => ("application/json", json!({"text": text}).to_string()),
+    };
+    let _ = write!(
+        w,
+        "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{out}",
+        out.len()
+    );
 }

@@ -8,6 +8,10 @@
 //! - `exec`: `GATEWARDEN_ATTACHMENTS`, a JSON list of `{path, name, type, size}` ([`env_json`]).
 //! - `hermes`: named in the text (see crates/agent/src/backend/hermes.rs for what its API
 //!   server accepts).
+//!
+//! Voice and audio, with `[agent.transcription]`, reach every backend as text instead: the
+//! runtime replaces each such file by its transcript before the request is built
+//! (backend/transcribe.rs).
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -86,7 +90,7 @@ pub fn named_text(text: &str, files: &[AgentFile]) -> String {
 
 /// A user message's `content` for an OpenAI-compatible chat completion: the plain string when
 /// there are no files, else content parts (`text`, `image_url`).
-pub fn user_content(text: &str, files: &[AgentFile], transcripts: &[(usize, String)]) -> Value {
+pub fn user_content(text: &str, files: &[AgentFile]) -> Value {
     if files.is_empty() {
         return json!(text);
     }
@@ -98,10 +102,8 @@ pub fn user_content(text: &str, files: &[AgentFile], transcripts: &[(usize, Stri
         }
         words.push_str(s);
     };
-    for (i, f) in files.iter().enumerate() {
-        if let Some((_, t)) = transcripts.iter().find(|(j, _)| *j == i) {
-            add(&format!("[voice message {}, transcribed]: {t}", f.name));
-        } else if f.is_image() && f.size <= INLINE_IMAGE_BYTES {
+    for f in files {
+        if f.is_image() && f.size <= INLINE_IMAGE_BYTES {
             match f.read(INLINE_IMAGE_BYTES) {
                 Ok((bytes, _)) => {
                     let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
@@ -147,8 +149,8 @@ mod tests {
             file(dir.path(), "n.txt", "text/plain", b"hello notes"),
             file(dir.path(), "a.pdf", "application/pdf", b"%PDF-1.4"),
         ];
-        assert_eq!(user_content("hi", &[], &[]), json!("hi"));
-        let c = user_content("what is this", &files, &[]);
+        assert_eq!(user_content("hi", &[]), json!("hi"));
+        let c = user_content("what is this", &files);
         let text = c[0]["text"].as_str().unwrap();
         assert!(text.starts_with("what is this"), "{text}");
         assert!(text.contains("[file: n.txt, text/plain]\nhello notes"), "{text}");
@@ -158,8 +160,5 @@ mod tests {
         let env: Value = serde_json::from_str(&env_json(&files[..1])).unwrap();
         assert_eq!(env[0]["type"], "image/png");
         assert_eq!(env[0]["size"], 10);
-        let v = file(dir.path(), "v.ogg", "audio/ogg", b"OggS");
-        let t = user_content("", &[v], &[(0, "call me back".into())]);
-        assert_eq!(t[0]["text"], "[voice message v.ogg, transcribed]: call me back");
     }
 }

@@ -30,6 +30,7 @@ mod process_group;
 pub mod provider;
 pub mod sse;
 pub mod trace;
+pub mod transcribe;
 
 pub use approval::{Approvals, Pending, Question};
 pub use echo::EchoAgent;
@@ -37,6 +38,7 @@ pub use exec::{ExecAgent, MAX_STDOUT_BYTES};
 pub use files::AgentFile;
 pub use hermes::HermesAgent;
 pub use openai::{ApiKey, OpenAiAgent, Policy};
+pub use transcribe::Transcriber;
 
 /// One message for an agent.
 #[derive(Debug, Clone, PartialEq, Eq)]

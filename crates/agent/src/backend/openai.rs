@@ -475,7 +475,7 @@ impl OpenAiAgent {
         let streaming = chunks.is_some();
         let mut messages: Vec<Value> =
             req.history.iter().map(|t| json!({"role": t.role, "content": t.content})).collect();
-        messages.push(json!({"role": "user", "content": super::files::user_content(&req.text, &req.attachments, &[])}));
+        messages.push(json!({"role": "user", "content": super::files::user_content(&req.text, &req.attachments)}));
         let mut body = json!({"model": up.model, "messages": messages, "stream": streaming});
         if streaming {
             body["stream_options"] = json!({"include_usage": true});
@@ -558,7 +558,40 @@ impl OpenAiAgent {
     }
 }
 
-fn http_agent(out: &gatewarden_net::Outbound, timeout: Duration) -> ureq::Agent {
+/// A request that got no answer, as a [`Failure`] (shared with backend/transcribe.rs).
+pub(super) fn send_failure(e: ureq::Error, url: &str) -> Failure {
+    match e {
+        ureq::Error::Timeout(_) => Failure::TimedOut,
+        // A certificate the provider cannot prove will not change on a retry.
+        e if gatewarden_net::tls_reason(&e).is_some() => {
+            Failure::Protocol(format!("{url}: {}", gatewarden_net::describe(&e, url)))
+        }
+        e => Failure::Connect(format!("{url}: {}", gatewarden_net::describe(&e, url))),
+    }
+}
+
+/// A response that is not a success, as a [`Failure`] (its `Retry-After` and the start of its
+/// body); a success is passed on (shared with backend/transcribe.rs).
+pub(super) fn refused(
+    mut response: ureq::http::Response<ureq::Body>,
+) -> Result<ureq::http::Response<ureq::Body>, Failure> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| parse_retry_after(v, SystemTime::now()));
+    let body =
+        response.body_mut().with_config().limit(ERROR_BODY_BYTES as u64 * 4).read_to_string().unwrap_or_default();
+    Err(Failure::Status { status: status.as_u16(), retry_after, body: truncate(body.trim(), ERROR_BODY_BYTES) })
+}
+
+/// The blocking client of one provider: crates/net's TLS and proxy rules, statuses as values
+/// (shared with backend/transcribe.rs).
+pub(super) fn http_agent(out: &gatewarden_net::Outbound, timeout: Duration) -> ureq::Agent {
     gatewarden_net::http_config(out)
         // The async side reports the timeout; this only bounds the blocking thread.
         .timeout_global(Some(timeout + Duration::from_secs(1)))
@@ -602,34 +635,8 @@ impl Call {
             .timeout_global(Some(self.total_timeout))
             .timeout_recv_response(Some(self.head_timeout))
             .build();
-        let mut response = request.send_json(&self.body).map_err(|e| match e {
-            ureq::Error::Timeout(_) => Failure::TimedOut,
-            // A certificate the provider cannot prove will not change on a retry.
-            e if gatewarden_net::tls_reason(&e).is_some() => {
-                Failure::Protocol(format!("{}: {}", self.url, gatewarden_net::describe(&e, &self.url)))
-            }
-            e => Failure::Connect(format!("{}: {}", self.url, gatewarden_net::describe(&e, &self.url))),
-        })?;
-        let status = response.status();
-        if !status.is_success() {
-            let retry_after = response
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| parse_retry_after(v, SystemTime::now()));
-            let body = response
-                .body_mut()
-                .with_config()
-                .limit(ERROR_BODY_BYTES as u64 * 4)
-                .read_to_string()
-                .unwrap_or_default();
-            return Err(Failure::Status {
-                status: status.as_u16(),
-                retry_after,
-                body: truncate(body.trim(), ERROR_BODY_BYTES),
-            });
-        }
-        Ok(response)
+        let response = request.send_json(&self.body).map_err(|e| send_failure(e, &self.url))?;
+        refused(response)
     }
 
     /// Non-streaming: the whole reply.

@@ -78,6 +78,9 @@ pub struct Live {
     pub failure_reasons_for_admins: bool,
     /// `[attachments]`: the download bounds, read per message.
     pub attachments: gatewarden_config::AttachmentsConfig,
+    /// `[agent.transcription]`: voice and audio files become text for every backend (run.rs);
+    /// replaced with the agent (its keys are read by the same load).
+    pub transcriber: Option<Arc<gatewarden_agent::Transcriber>>,
 }
 
 impl Live {
@@ -100,6 +103,8 @@ impl Live {
             failure_text: config.agent.failure_text.clone(),
             failure_reasons_for_admins: config.agent.failure_reasons_for_admins,
             attachments: config.attachments.clone(),
+            // With its keys: set by the gateway's preparation ([`Work::set_transcriber`]).
+            transcriber: None,
         }
     }
 }
@@ -224,6 +229,15 @@ impl Work {
         let mut live = self.live.write().unwrap_or_else(|p| p.into_inner());
         let mut next = Live::clone(&live);
         next.telemetry = Some(x);
+        *live = Arc::new(next);
+    }
+
+    /// `[agent.transcription]` as prepared with its keys (lib.rs `prepare`; reload.rs replaces
+    /// it with the agent).
+    pub fn set_transcriber(&self, t: Option<gatewarden_agent::Transcriber>) {
+        let mut live = self.live.write().unwrap_or_else(|p| p.into_inner());
+        let mut next = Live::clone(&live);
+        next.transcriber = t.map(Arc::new);
         *live = Arc::new(next);
     }
 

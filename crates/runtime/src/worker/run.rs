@@ -234,9 +234,14 @@ impl Work {
     /// step (the backend called), under the settings as they are now.
     async fn request_for(&self, gw: &Gateway, msg: &Message) -> (AgentRequest, RunSteps) {
         let live = self.live();
-        let history = self.history(msg, live.history_turns, live.history_chars).await;
+        let mut history = self.history(msg, live.history_turns, live.history_chars).await;
+        if msg.platform.is_some() && live.transcriber.is_some() {
+            transcribed_history(gw, &mut history);
+            // Within the budget as the turns now read.
+            history = gatewarden_agent::within_budget(history, live.history_chars);
+        }
         let session_started = self.session_started(msg).await;
-        let (text, attachments) = attachments_of(gw, msg);
+        let (text, attachments) = attachments_of(gw, msg, live.transcriber.as_deref(), &self.cancel).await;
         let req = AgentRequest {
             run_id: msg.id.clone(),
             chat_id: msg.chat_id.clone(),
@@ -612,18 +617,82 @@ fn noted(notes: Vec<Note>) -> Vec<TraceEvent> {
 /// The stored files a platform message's journaled text names (crates/platforms/src/
 /// attachments.rs), and its text without those lines. Only platform messages: an HTTP caller's
 /// text never names a stored file.
-fn attachments_of(gw: &Gateway, msg: &Message) -> (String, Vec<gatewarden_agent::backend::AgentFile>) {
+///
+/// The one place the agent's input is made of the journal and the store, so for every backend:
+/// with `[agent.transcription]`, each audio file is replaced by a line of its transcript
+/// (backend/transcribe.rs), cached beside the file so that a re-run after a restart or a retry
+/// does not transcribe it again; one that cannot be transcribed stays a file, with a line saying
+/// why, and the run goes on.
+async fn attachments_of(
+    gw: &Gateway,
+    msg: &Message,
+    transcriber: Option<&gatewarden_agent::Transcriber>,
+    cancel: &CancellationToken,
+) -> (String, Vec<gatewarden_agent::backend::AgentFile>) {
+    use gatewarden_agent::backend::transcribe::{self, Audio};
     use gatewarden_platforms::attachments;
     if msg.platform.is_none() || !msg.text.contains("[attachment: ") {
         return (msg.text.clone(), Vec::new());
     }
     let store = attachments::Store::new(gw.home.dir().join("attachments"));
-    let (text, files) = attachments::resolve(&store, &msg.text);
-    let files = files
-        .into_iter()
-        .map(|(name, kind, path, size)| gatewarden_agent::backend::AgentFile { path, name, kind, size })
-        .collect();
-    (text, files)
+    let (mut text, files) = attachments::resolve(&store, &msg.text);
+    let named = attachments::parse_lines(&msg.text);
+    let mut out = Vec::new();
+    for (name, kind, path, size) in files {
+        let file = gatewarden_agent::backend::AgentFile { path, name, kind, size };
+        let sha = named.iter().find(|n| store.path(&n.sha256).as_ref() == Some(&file.path)).map(|n| n.sha256.clone());
+        let (Some(t), Some(sha)) = (transcriber.filter(|_| transcribe::is_audio(&file.kind)), sha) else {
+            out.push(file);
+            continue;
+        };
+        let said = match store.transcript(&sha) {
+            Some(cached) => Ok(cached),
+            None => {
+                let audio = Audio { path: file.path.clone(), name: file.name.clone(), kind: file.kind.clone(), size };
+                let r = t.transcribe(&audio, &cancel.child_token()).await;
+                if let Ok(words) = &r
+                    && let Err(e) = store.keep_transcript(&sha, words)
+                {
+                    crate::warn!("cannot cache the transcript of {}: {e}", file.name);
+                }
+                r
+            }
+        };
+        let line = match said {
+            Ok(words) => transcribe::transcript_line(&file.name, &words),
+            Err(why) => {
+                crate::warn!("voice {} of {} not transcribed: {}", file.name, msg.id, why.detail);
+                out.push(file.clone());
+                transcribe::failure_line(&file.name, &why.short)
+            }
+        };
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&line);
+    }
+    (text, out)
+}
+
+/// Earlier voice messages of the conversation as their cached transcripts (made when they
+/// ran: [`attachments_of`]), so the agent keeps what was said; a line without one stays.
+fn transcribed_history(gw: &Gateway, history: &mut [Turn]) {
+    use gatewarden_agent::backend::transcribe;
+    use gatewarden_platforms::attachments;
+    let store = attachments::Store::new(gw.home.dir().join("attachments"));
+    for t in history.iter_mut().filter(|t| t.role == "user" && t.content.contains("[attachment: ")) {
+        t.content = t
+            .content
+            .split('\n')
+            .map(|l| match attachments::parse_line(l) {
+                Some(n) if transcribe::is_audio(&n.kind) => store
+                    .transcript(&n.sha256)
+                    .map_or_else(|| l.to_owned(), |words| transcribe::transcript_line(&n.name, &words)),
+                _ => l.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+    }
 }
 
 /// A platform reply's text as the outbox sends it: the agent's own lines that could pass for a
