@@ -224,3 +224,230 @@ fn walk_files(dir: &std::path::Path) -> usize {
     }
     n
 }
+
+// XMPP: XEP-0066 in, XEP-0363 out, against a real prosody with `http_file_share`
+// (crates/testkit/src/prosody.rs; its files are served over loopback http, hence
+// `http_files_on_loopback`).
+
+mod xmpp {
+    use super::*;
+    use gatewarden_chatproto::xmpp::{self as x, BareJid, Config, Connection, Kind, Outgoing};
+    use gatewarden_testkit::prosody::{DOMAIN, Prosody};
+    use gatewarden_testkit::tls::{TestCa, Validity};
+    use std::path::PathBuf;
+
+    const PASSWORD_ENV: &str = "GW_TEST_XMPP_PASSWORD";
+    const BOT: &str = "gwbot@localhost";
+
+    /// Prosody with the bot and alice; alice's connection; what the bot said to her.
+    pub struct Chat {
+        server: Prosody,
+        _dir: tempfile::TempDir,
+        ca_file: PathBuf,
+        conn: Connection,
+        /// `(body, out-of-band URL)` of each bot message.
+        said: Vec<(String, Option<String>)>,
+    }
+
+    impl Chat {
+        pub fn open() -> Option<Chat> {
+            let ca = TestCa::new("gatewarden xmpp files test CA");
+            let leaf = ca.leaf(&[DOMAIN, gatewarden_testkit::prosody::MUC_DOMAIN], Validity::Now);
+            let server = Prosody::start(&leaf.cert_pem, &leaf.key_pem)?;
+            for (u, p) in [("gwbot", "pw-gwbot"), ("alice", "pw-alice")] {
+                server.register(u, p);
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let ca_file = ca.write_pem(dir.path(), "ca.pem");
+            let tls = gatewarden_net::ClientTls::from_ca_file(&ca_file).unwrap();
+            let cfg = Config::new(
+                server.addr().to_string(),
+                BareJid::parse("alice@localhost").unwrap(),
+                "pw-alice".into(),
+                tls,
+            );
+            let mut conn = Connection::connect(&cfg).expect("alice connects");
+            conn.presence().unwrap();
+            Some(Chat { server, _dir: dir, ca_file, conn, said: Vec::new() })
+        }
+
+        pub fn config(&self, agent: &str, extra: &str) -> String {
+            format!(
+                "drain_timeout_s = 10\n{extra}\n[agent]\n{agent}\n\
+                 [[platform]]\nkind = \"xmpp\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{PASSWORD_ENV}\"\n\
+                 jid = \"{BOT}\"\nserver = \"{}\"\nca_file = \"{}\"\nhttp_files_on_loopback = true\n",
+                self.server.addr(),
+                self.ca_file.to_string_lossy(),
+            )
+        }
+
+        pub fn start_gw(&self, home: &TempHome, sw: &Sweeper, config: &str) -> Gateway {
+            write_config(home.path(), config);
+            let mut g = builder(home)
+                .env(TAG_VAR, sw.tag())
+                .env(PASSWORD_ENV, "pw-gwbot")
+                .env("GATEWARDEN_CREDS_DIR", creds_dir())
+                .spawn();
+            g.wait_ready(READY);
+            wait_adapter(home, "connected", READY);
+            g
+        }
+
+        fn poll(&mut self, timeout: Duration) {
+            if let Ok(Some(m)) = self.conn.next_stanza(timeout)
+                && m.name == "message"
+                && x::bare(m.attr("from").unwrap_or_default()).eq_ignore_ascii_case(BOT)
+                && let Some(body) = m.child("body", x::xml::NS_CLIENT).map(|b| b.text.clone())
+            {
+                self.said.push((body, x::oob_url(&m)));
+            }
+        }
+
+        /// Uploads `bytes` as alice through the server's XEP-0363 service; the GET URL. The
+        /// slot IQ is answered through this connection's reads, so they go on meanwhile.
+        pub fn upload(&mut self, name: &str, kind: &str, bytes: &[u8]) -> String {
+            let w = self.conn.writer();
+            let (name2, kind2, size) = (name.to_owned(), kind.to_owned(), bytes.len() as u64);
+            let t = std::thread::spawn(move || {
+                let service = x::discover_upload(&w, DOMAIN, REPLY)?.expect("prosody offers http_file_share");
+                x::request_slot(&w, &service.jid, &name2, size, &kind2, REPLY)
+            });
+            let end = Instant::now() + REPLY;
+            while !t.is_finished() {
+                assert!(Instant::now() < end, "no upload slot within {REPLY:?}");
+                self.poll(Duration::from_millis(100));
+            }
+            let slot = t.join().unwrap().expect("upload slot");
+            let (addr, path) = split_url(&slot.put);
+            let headers: Vec<(&str, &str)> = slot.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let mut headers = headers;
+            headers.push(("Content-Type", kind));
+            let r = request(addr, "PUT", &path, &headers, Some(bytes), REPLY).expect("PUT");
+            assert!(matches!(r.status, 200 | 201), "PUT {}: {} {}", slot.put, r.status, r.text());
+            slot.get
+        }
+
+        /// Sends `url` as an XEP-0066 file with `body` (the URL itself when no caption).
+        pub fn send_file(&mut self, url: &str, caption: Option<&str>) {
+            let out = Outgoing { to: BOT, groupchat: false, body: caption.unwrap_or(url), id: &x::new_id() };
+            self.conn.send_stanza(&x::stanza_xml(&out, Kind::Oob(url)).unwrap()).unwrap();
+        }
+
+        pub fn say(&mut self, text: &str) {
+            let out = Outgoing { to: BOT, groupchat: false, body: text, id: &x::new_id() };
+            self.conn.send_stanza(&x::message_xml(&out).unwrap()).unwrap();
+        }
+
+        #[track_caller]
+        pub fn wait_said(&mut self, pred: impl Fn(&(String, Option<String>)) -> bool) -> (String, Option<String>) {
+            let end = Instant::now() + REPLY;
+            loop {
+                if let Some(m) = self.said.iter().rev().find(|m| pred(m)) {
+                    return m.clone();
+                }
+                assert!(Instant::now() < end, "no matching message within {REPLY:?}; the bot said: {:#?}", self.said);
+                self.poll(Duration::from_millis(300));
+            }
+        }
+
+        #[track_caller]
+        pub fn wait_text(&mut self, pred: impl Fn(&str) -> bool) -> String {
+            self.wait_said(|(b, u)| u.is_none() && pred(b)).0
+        }
+
+        pub fn quiet_for(&mut self, d: Duration) {
+            let end = Instant::now() + d;
+            while Instant::now() < end {
+                self.poll(Duration::from_millis(200));
+            }
+        }
+
+        pub fn said(&self) -> &[(String, Option<String>)] {
+            &self.said
+        }
+    }
+
+    /// `http://127.0.0.1:port/path` → the address and the path.
+    pub fn split_url(url: &str) -> (std::net::SocketAddr, String) {
+        let rest = url.strip_prefix("http://").expect("the test server's loopback http");
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        (authority.parse().expect("an ip:port"), format!("/{path}"))
+    }
+}
+
+/// A photo sent as XEP-0066 (uploaded by alice through prosody's XEP-0363 service) reaches the
+/// vision provider as an `image_url` data URL with the caption; the reply comes back.
+#[test]
+fn xmpp_photo_reaches_the_vision_provider() {
+    let Some(mut c) = xmpp::Chat::open() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let llm = FakeLlm::start(Reply::text("a tiny picture")).unwrap();
+    let agent = format!("backend = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"\ntimeout_s = 60", llm.base_url());
+    let mut g = c.start_gw(&home, &sw, &c.config(&agent, ""));
+    let url = c.upload("tiny.png", "image/png", PNG);
+    c.send_file(&url, Some("what is this"));
+    c.wait_text(|t| t == "a tiny picture");
+    let content = last_user_content(&llm);
+    assert_eq!(content[0]["text"], "what is this", "{content}");
+    let data = format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(PNG));
+    assert_eq!(content[1], json!({"type": "image_url", "image_url": {"url": data}}));
+    stop_cleanly(&home, &mut g);
+}
+
+/// A file the exec backend attaches goes out through XEP-0363 once: one message whose body
+/// and out-of-band URL are the GET URL, serving the same bytes.
+#[test]
+fn xmpp_exec_file_goes_back_once() {
+    let Some(mut c) = xmpp::Chat::open() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let script = dir.path().join("agent.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncat >/dev/null\nprintf 'report body\\n' > {d}/report.txt\n\
+             echo 'here is the report'\necho '{{\"attach\": \"{d}/report.txt\"}}'\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let agent = format!("backend = \"exec\"\ncommand = [\"{}\"]\ntimeout_s = 60", script.display());
+    let mut g = c.start_gw(&home, &sw, &c.config(&agent, ""));
+    c.say("the report please");
+    c.wait_text(|t| t == "here is the report");
+    let (body, url) = c.wait_said(|(_, u)| u.is_some());
+    let url = url.unwrap();
+    assert_eq!(body, url, "the body repeats the URL for clients without XEP-0066");
+    assert!(url.ends_with("/report.txt"), "{url}");
+    let (addr, path) = xmpp::split_url(&url);
+    let got = http_get(addr, &path, REPLY).unwrap();
+    assert_eq!((got.status, got.body.as_slice()), (200, &b"report body\n"[..]));
+    c.quiet_for(Duration::from_millis(2000));
+    let files = c.said().iter().filter(|(_, u)| u.is_some()).count();
+    let texts = c.said().iter().filter(|(b, _)| b == "here is the report").count();
+    assert_eq!((files, texts), (1, 1), "sent more than once: {:#?}", c.said());
+    stop_cleanly(&home, &mut g);
+}
+
+/// A file past `max_file_mb` (OOB declares no size: refused while downloading) and an http URL
+/// to a host that is not loopback (never fetched): each message still runs and the chat is
+/// told why.
+#[test]
+fn xmpp_oversized_and_plain_http_files_are_refused_with_a_notice() {
+    let Some(mut c) = xmpp::Chat::open() else { return };
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let mut g = c.start_gw(&home, &sw, &c.config("backend = \"echo\"", "[attachments]\nmax_file_mb = 1\n"));
+    let big = vec![b'a'; 3 << 19];
+    let url = c.upload("big.txt", "text/plain", &big);
+    c.send_file(&url, Some("too big"));
+    let notice = c.wait_text(|t| t.starts_with("attachment refused") && t.contains("big.txt"));
+    assert!(notice.contains("too large"), "{notice}");
+    c.wait_text(|t| t.starts_with("too big\n[attachment refused: big.txt"));
+
+    c.send_file("http://files.example.org/cat.png", Some("look"));
+    let notice = c.wait_text(|t| t.starts_with("attachment refused") && t.contains("cat.png"));
+    assert!(notice.contains("only https"), "{notice}");
+    c.wait_text(|t| t.starts_with("look\n[attachment refused: cat.png"));
+    stop_cleanly(&home, &mut g);
+}
