@@ -322,7 +322,7 @@ mod xmpp {
             let headers: Vec<(&str, &str)> = slot.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
             let mut headers = headers;
             headers.push(("Content-Type", kind));
-            let r = request(addr, "PUT", &path, &headers, Some(bytes), REPLY).expect("PUT");
+            let r = http_request(addr, "PUT", &path, &headers, Some(bytes), REPLY).expect("PUT");
             assert!(matches!(r.status, 200 | 201), "PUT {}: {} {}", slot.put, r.status, r.text());
             slot.get
         }
