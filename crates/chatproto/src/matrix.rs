@@ -473,9 +473,7 @@ impl Client {
                 return Ok(Box::new(resp.into_body().into_reader()));
             }
             let e = self.error_answer(resp, false);
-            let unknown_endpoint =
-                matches!(&e, Error::Api { status: 404 | 405, errcode, .. } if errcode == "M_UNRECOGNIZED");
-            if !unknown_endpoint {
+            if !unknown_endpoint(&e) {
                 return Err(e);
             }
             last = Some(e);
@@ -600,6 +598,12 @@ impl Client {
             Err(e) => transport_error(e, &self.base),
         }
     }
+}
+
+/// A server that does not know the endpoint (an older Synapse asked for authenticated media),
+/// as opposed to one that knows it and refuses (`M_NOT_FOUND`: no such media).
+fn unknown_endpoint(e: &Error) -> bool {
+    matches!(e, Error::Api { status: 404 | 405, errcode, .. } if errcode == "M_UNRECOGNIZED")
 }
 
 /// `(server, media id)` of `mxc://server/id`; `None` for anything else (no further `/`, no
@@ -909,6 +913,19 @@ mod tests {
         assert!(msg(json!({"msgtype": "m.image", "body": "no url"})).is_none());
         assert!(msg(json!({"msgtype": "m.location", "body": "here", "geo_uri": "geo:1,2"})).is_none());
         assert!(msg(json!({"msgtype": "m.text", "body": "hi"})).unwrap().media.is_none());
+    }
+
+    /// Only an unknown endpoint falls back to the unauthenticated media API.
+    #[test]
+    fn media_download_falls_back_only_for_an_unknown_endpoint() {
+        let unknown = br#"{"errcode":"M_UNRECOGNIZED","error":"Unrecognized request"}"#;
+        assert!(unknown_endpoint(&classify(404, None, unknown, false)));
+        assert!(unknown_endpoint(&classify(405, None, unknown, false)));
+        let missing = br#"{"errcode":"M_NOT_FOUND","error":"Not found"}"#;
+        assert!(!unknown_endpoint(&classify(404, None, missing, false)));
+        let forbidden = br#"{"errcode":"M_FORBIDDEN","error":"no"}"#;
+        assert!(!unknown_endpoint(&classify(403, None, forbidden, false)));
+        assert!(!unknown_endpoint(&classify(502, None, b"bad gateway", false)));
     }
 
     #[test]
