@@ -395,9 +395,10 @@ fn xmpp_photo_reaches_the_vision_provider() {
 }
 
 /// A file the exec backend attaches goes out through XEP-0363 once: one message whose body
-/// and out-of-band URL are the GET URL, serving the same bytes.
+/// and out-of-band URL are the GET URL, serving the same bytes. A kill -9 while the run is in
+/// progress loses nothing: the next incarnation runs it again and the file goes out once.
 #[test]
-fn xmpp_exec_file_goes_back_once() {
+fn xmpp_exec_file_goes_back_once_across_a_kill_9() {
     let Some(mut c) = xmpp::Chat::open() else { return };
     let (home, sw) = (TempHome::new(), Sweeper::new());
     let dir = tempfile::tempdir().unwrap();
@@ -406,15 +407,21 @@ fn xmpp_exec_file_goes_back_once() {
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\ncat >/dev/null\nprintf 'report body\\n' > {d}/report.txt\n\
+            "#!/bin/sh\ncat >/dev/null\n\
+             if [ ! -e {d}/first ]; then : > {d}/first; exec sleep 60; fi\n\
+             printf 'report body\\n' > {d}/report.txt\n\
              echo 'here is the report'\necho '{{\"attach\": \"{d}/report.txt\"}}'\n"
         ),
     )
     .unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     let agent = format!("backend = \"exec\"\ncommand = [\"{}\"]\ntimeout_s = 60", script.display());
-    let mut g = c.start_gw(&home, &sw, &c.config(&agent, ""));
+    let cfg = c.config(&agent, "");
+    let mut g = c.start_gw(&home, &sw, &cfg);
     c.say("the report please");
+    must_wait_until(REPLY, "the first run started", || dir.path().join("first").exists());
+    g.kill();
+    let mut g = c.start_gw(&home, &sw, &cfg);
     c.wait_text(|t| t == "here is the report");
     let (body, url) = c.wait_said(|(_, u)| u.is_some());
     let url = url.unwrap();
