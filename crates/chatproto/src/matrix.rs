@@ -4,6 +4,15 @@
 //! `device_id`, `whoami`, joining and creating rooms, the `/sync` long-poll with a `since` token
 //! and a server-side timeout, and sending `m.room.message` text events with a transaction id.
 //!
+//! * **Media.** `m.image`, `m.file`, `m.audio` and `m.video` messages come with their [`Media`]
+//!   (name, `info.mimetype`, `info.size`, the `mxc://` URL). [`Client::download`] reads one
+//!   through the authenticated media API (`GET /_matrix/client/v1/media/download/{server}/{id}`,
+//!   spec v1.11; Synapse 1.111+) with the access token, falling back to the older
+//!   `/_matrix/media/v3/download/…` when the server does not know the endpoint (404/405
+//!   `M_UNRECOGNIZED`). [`Client::upload`] is `POST /_matrix/media/v3/upload`; the upload has no
+//!   transaction id (a retry stores the bytes again), the message event that names it does.
+//!   Encrypted media (`file` instead of `url`) has no key here: [`Media::url`] is `None`.
+//!
 //! * **Sync.** [`Client::sync`] asks for `m.room.message` timeline events only (an inline filter)
 //!   and returns the text messages (`msgtype` `m.text`) sent by *others*, the rooms the user is
 //!   invited to, the rooms whose timeline was `limited` (a gap: the server skipped events), and
@@ -146,6 +155,23 @@ impl fmt::Debug for Session {
     }
 }
 
+/// The file of an `m.image`, `m.file`, `m.audio` or `m.video` message (spec "m.room.message
+/// msgtypes").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Media {
+    /// `m.image`, `m.file`, `m.audio` or `m.video`.
+    pub msgtype: String,
+    /// The file name: `filename`, else `body` (before spec v1.10 the body was the name).
+    pub name: String,
+    /// `info.mimetype`, as the sender declares it.
+    pub mimetype: Option<String>,
+    /// `info.size` in bytes, as the sender declares it.
+    pub size: Option<u64>,
+    /// `mxc://server/id`; `None` for encrypted media (`file`), which needs keys this client
+    /// does not have.
+    pub url: Option<String>,
+}
+
 /// A text message from someone else, as returned by [`Client::sync`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TextMessage {
@@ -155,8 +181,11 @@ pub struct TextMessage {
     pub event_id: String,
     /// The sender's user id.
     pub sender: String,
-    /// The plain-text body.
+    /// The plain-text body; for a file, its caption (`body` when a `filename` differs from it,
+    /// spec v1.10), else empty.
     pub body: String,
+    /// The file a media message carries.
+    pub media: Option<Media>,
     /// Sender's server timestamp (ms since the epoch), 0 when absent.
     pub origin_server_ts: u64,
     /// The message mentions us: our user id in `m.mentions.user_ids` (which clients also set
@@ -417,6 +446,87 @@ impl Client {
         str_field(&v, "event_id")
     }
 
+    /// Opens the download of `mxc` (`mxc://server/id`), bounded by `timeout` in all: the
+    /// authenticated media API with our token, else the older unauthenticated one when the
+    /// server does not know the first (module notes). The body is not read here.
+    pub fn download(&self, mxc: &str, timeout: Duration) -> Result<Box<dyn std::io::Read + Send>, Error> {
+        let (server, id) = parse_mxc(mxc).ok_or_else(|| Error::Config(format!("not an mxc:// URL: {mxc:?}")))?;
+        let token = self.session.as_ref().map(|s| format!("Bearer {}", s.access_token)).ok_or(Error::NotLoggedIn)?;
+        let (server, id) = (encode_segment(server), encode_segment(id));
+        let mut last = None;
+        for path in [
+            format!("/_matrix/client/v1/media/download/{server}/{id}"),
+            format!("/_matrix/media/v3/download/{server}/{id}"),
+        ] {
+            let url = format!("{}{path}", self.base);
+            let resp = self
+                .http
+                .get(&url)
+                .header("Authorization", &token)
+                .config()
+                .timeout_global(Some(timeout))
+                .build()
+                .call()
+                .map_err(|e| transport_error(e, &self.base))?;
+            let status = resp.status().as_u16();
+            if (200..300).contains(&status) {
+                return Ok(Box::new(resp.into_body().into_reader()));
+            }
+            let e = self.error_answer(resp, false);
+            if !unknown_endpoint(&e) {
+                return Err(e);
+            }
+            last = Some(e);
+        }
+        Err(last.unwrap_or_else(|| Error::Protocol("no media endpoint".into())))
+    }
+
+    /// `POST /_matrix/media/v3/upload`: stores `size` bytes of `body` as `content_type` named
+    /// `name`, bounded by `timeout`; returns the `mxc://` URL. Not idempotent (module notes).
+    pub fn upload(
+        &self,
+        name: &str,
+        content_type: &str,
+        size: u64,
+        body: &mut dyn std::io::Read,
+        timeout: Duration,
+    ) -> Result<String, Error> {
+        let token = self.session.as_ref().map(|s| format!("Bearer {}", s.access_token)).ok_or(Error::NotLoggedIn)?;
+        let url = format!("{}/_matrix/media/v3/upload", self.base);
+        let resp = self
+            .http
+            .post(&url)
+            .query("filename", name)
+            .header("Authorization", &token)
+            .header("Content-Type", content_type)
+            .header("Content-Length", size.to_string())
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .send(ureq::SendBody::from_reader(body))
+            .map_err(|e| transport_error(e, &self.base))?;
+        let v = self.answer(resp, "/_matrix/media/v3/upload", false)?;
+        let uri = str_field(&v, "content_uri")?;
+        parse_mxc(&uri).ok_or_else(|| Error::Protocol(format!("upload returned {uri:?}, not an mxc:// URL")))?;
+        Ok(uri)
+    }
+
+    /// Sends the media message naming `media` (its `url` from [`Client::upload`]) with
+    /// transaction id `txn_id`, idempotent like [`Client::send_text`]; returns the event id.
+    pub fn send_media(&self, room_id: &str, txn_id: &str, media: &Media) -> Result<String, Error> {
+        let url = media.url.as_deref().ok_or_else(|| Error::Config("media without an mxc:// URL".into()))?;
+        let mut info = json!({});
+        if let Some(m) = &media.mimetype {
+            info["mimetype"] = json!(m);
+        }
+        if let Some(n) = media.size {
+            info["size"] = json!(n);
+        }
+        let content =
+            json!({"msgtype": media.msgtype, "body": media.name, "filename": media.name, "url": url, "info": info});
+        self.send_message(room_id, txn_id, &content)
+    }
+
     /// One HTTP exchange. `long_poll` extends the timeout for `/sync`; `login` makes
     /// `M_FORBIDDEN` mean rejected credentials.
     fn request(
@@ -460,21 +570,47 @@ impl Client {
                 rb.config().timeout_global(Some(timeout)).build().send_json(body.unwrap_or(&json!({})))
             }
         };
-        let mut resp = result.map_err(|e| transport_error(e, &self.base))?;
+        let resp = result.map_err(|e| transport_error(e, &self.base))?;
+        self.answer(resp, path, login)
+    }
+
+    /// A JSON answer's body, or its error.
+    fn answer(&self, mut resp: ureq::http::Response<ureq::Body>, path: &str, login: bool) -> Result<Value, Error> {
         let status = resp.status().as_u16();
-        let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
+        if !(200..300).contains(&status) {
+            return Err(self.error_answer(resp, login));
+        }
         let raw = resp
             .body_mut()
             .with_config()
             .limit(MAX_BODY_BYTES)
             .read_to_vec()
             .map_err(|e| transport_error(e, &self.base))?;
-        if (200..300).contains(&status) {
-            serde_json::from_slice(&raw).map_err(|e| Error::Protocol(format!("{path}: {e}: {}", snippet(&raw))))
-        } else {
-            Err(classify(status, retry_after.as_deref(), &raw, login))
+        serde_json::from_slice(&raw).map_err(|e| Error::Protocol(format!("{path}: {e}: {}", snippet(&raw))))
+    }
+
+    /// An error answer as an [`Error`] (its body read with a cap).
+    fn error_answer(&self, mut resp: ureq::http::Response<ureq::Body>, login: bool) -> Error {
+        let status = resp.status().as_u16();
+        let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
+        match resp.body_mut().with_config().limit(MAX_BODY_BYTES).read_to_vec() {
+            Ok(raw) => classify(status, retry_after.as_deref(), &raw, login),
+            Err(e) => transport_error(e, &self.base),
         }
     }
+}
+
+/// A server that does not know the endpoint (an older Synapse asked for authenticated media),
+/// as opposed to one that knows it and refuses (`M_NOT_FOUND`: no such media).
+fn unknown_endpoint(e: &Error) -> bool {
+    matches!(e, Error::Api { status: 404 | 405, errcode, .. } if errcode == "M_UNRECOGNIZED")
+}
+
+/// `(server, media id)` of `mxc://server/id`; `None` for anything else (no further `/`, no
+/// empty part).
+pub fn parse_mxc(url: &str) -> Option<(&str, &str)> {
+    let (server, id) = url.strip_prefix("mxc://")?.split_once('/')?;
+    (!server.is_empty() && !id.is_empty() && !id.contains('/')).then_some((server, id))
 }
 
 /// The inline `/sync` filter: message timelines only, no presence, account data or member lists.
@@ -581,14 +717,25 @@ fn text_message(room_id: &str, e: &Value, own_user_id: &str) -> Option<TextMessa
         return None;
     }
     let content = &e["content"];
-    if content["msgtype"].as_str()? != "m.text" || content["m.relates_to"]["rel_type"].as_str() == Some("m.replace") {
+    if content["m.relates_to"]["rel_type"].as_str() == Some("m.replace") {
         return None;
     }
+    let media = match content["msgtype"].as_str()? {
+        "m.text" => None,
+        "m.image" | "m.file" | "m.audio" | "m.video" => Some(media(content)?),
+        _ => return None,
+    };
     let sender = e["sender"].as_str()?;
     if sender == own_user_id {
         return None;
     }
-    let body = content["body"].as_str()?;
+    let raw_body = content["body"].as_str()?;
+    // A file's body is its caption only when a `filename` differs from it (spec v1.10).
+    let body = match (&media, content["filename"].as_str()) {
+        (None, _) => raw_body,
+        (Some(_), Some(f)) if f != raw_body => raw_body,
+        (Some(_), _) => "",
+    };
     let listed = content["m.mentions"]["user_ids"].as_array().is_some_and(|ids| ids.iter().any(|i| i == own_user_id));
     let named = !own_user_id.is_empty()
         && (body.contains(own_user_id) || content["formatted_body"].as_str().is_some_and(|f| f.contains(own_user_id)));
@@ -597,8 +744,26 @@ fn text_message(room_id: &str, e: &Value, own_user_id: &str) -> Option<TextMessa
         event_id: e["event_id"].as_str()?.to_string(),
         sender: sender.to_string(),
         body: body.to_string(),
+        media,
         origin_server_ts: e["origin_server_ts"].as_u64().unwrap_or(0),
         mentions_me: listed || named,
+    })
+}
+
+/// The [`Media`] of a media message's `content`; `None` without a name or any file.
+fn media(content: &Value) -> Option<Media> {
+    let name = content["filename"].as_str().or_else(|| content["body"].as_str())?;
+    let url = content["url"].as_str().map(str::to_owned);
+    if url.is_none() && !content["file"].is_object() {
+        return None;
+    }
+    let info = &content["info"];
+    Some(Media {
+        msgtype: content["msgtype"].as_str()?.to_owned(),
+        name: name.to_owned(),
+        mimetype: info["mimetype"].as_str().filter(|m| !m.is_empty()).map(str::to_owned),
+        size: info["size"].as_u64(),
+        url,
     })
 }
 
@@ -717,6 +882,58 @@ mod tests {
         assert!(msg(json!({"msgtype": "m.text", "body": "Bot: hi",
                            "formatted_body": "<a href=\"https://matrix.to/#/@bot:hs\">Bot</a>: hi"})));
         assert!(!msg(json!({"msgtype": "m.text", "body": "hi", "m.mentions": {"user_ids": ["@carol:hs"]}})));
+    }
+
+    /// `m.image`/`m.file`/`m.audio` carry their media; the body is a caption only when a
+    /// `filename` differs from it; encrypted media has no URL; a file without one is skipped.
+    #[test]
+    fn media_messages_carry_their_file() {
+        let msg = |content: Value| {
+            let e = json!({"type": "m.room.message", "event_id": "$1", "sender": "@alice:hs", "content": content});
+            text_message("!r:hs", &e, "@bot:hs")
+        };
+        let m = msg(json!({"msgtype": "m.image", "body": "cat.png", "url": "mxc://hs/abc",
+                           "info": {"mimetype": "image/png", "size": 12}}))
+        .unwrap();
+        assert_eq!(m.body, "");
+        let media = m.media.unwrap();
+        assert_eq!(
+            (media.msgtype.as_str(), media.name.as_str(), media.mimetype.as_deref(), media.size, media.url.as_deref()),
+            ("m.image", "cat.png", Some("image/png"), Some(12), Some("mxc://hs/abc"))
+        );
+        let m = msg(json!({"msgtype": "m.file", "body": "summarise this", "filename": "notes.txt",
+                           "url": "mxc://hs/n"}))
+        .unwrap();
+        assert_eq!((m.body.as_str(), m.media.as_ref().unwrap().name.as_str()), ("summarise this", "notes.txt"));
+        assert_eq!(m.media.unwrap().mimetype, None);
+        let m = msg(json!({"msgtype": "m.audio", "body": "a.ogg", "filename": "a.ogg", "url": "mxc://hs/a"})).unwrap();
+        assert_eq!((m.body.as_str(), m.media.unwrap().msgtype.as_str()), ("", "m.audio"));
+        let enc = msg(json!({"msgtype": "m.file", "body": "secret.pdf", "file": {"url": "mxc://hs/e"}})).unwrap();
+        assert_eq!(enc.media.unwrap().url, None, "encrypted media cannot be read");
+        assert!(msg(json!({"msgtype": "m.image", "body": "no url"})).is_none());
+        assert!(msg(json!({"msgtype": "m.location", "body": "here", "geo_uri": "geo:1,2"})).is_none());
+        assert!(msg(json!({"msgtype": "m.text", "body": "hi"})).unwrap().media.is_none());
+    }
+
+    /// Only an unknown endpoint falls back to the unauthenticated media API.
+    #[test]
+    fn media_download_falls_back_only_for_an_unknown_endpoint() {
+        let unknown = br#"{"errcode":"M_UNRECOGNIZED","error":"Unrecognized request"}"#;
+        assert!(unknown_endpoint(&classify(404, None, unknown, false)));
+        assert!(unknown_endpoint(&classify(405, None, unknown, false)));
+        let missing = br#"{"errcode":"M_NOT_FOUND","error":"Not found"}"#;
+        assert!(!unknown_endpoint(&classify(404, None, missing, false)));
+        let forbidden = br#"{"errcode":"M_FORBIDDEN","error":"no"}"#;
+        assert!(!unknown_endpoint(&classify(403, None, forbidden, false)));
+        assert!(!unknown_endpoint(&classify(502, None, b"bad gateway", false)));
+    }
+
+    #[test]
+    fn mxc_urls_parse_strictly() {
+        assert_eq!(parse_mxc("mxc://example.org/AbC123"), Some(("example.org", "AbC123")));
+        for bad in ["mxc://example.org/", "mxc:///id", "mxc://hs/a/b", "https://hs/a", "mxc://hs"] {
+            assert_eq!(parse_mxc(bad), None, "{bad}");
+        }
     }
 
     #[test]

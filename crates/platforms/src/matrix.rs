@@ -28,6 +28,14 @@
 //! - **Showing work** (skeleton/progress.rs decides when): typing notices with a 30 s
 //!   timeout, turned off when no run is left; previews are a message, then `m.replace` edits
 //!   of it, redacted once the reply is sent (a client shows "message deleted").
+//! - **Attachments** (issue 29): `m.image`, `m.file`, `m.audio` and `m.video` messages carry
+//!   their file (name, `info.mimetype`, `info.size`, the `mxc://` URL), downloaded with the
+//!   access token through the authenticated media API, else the older one
+//!   (crates/chatproto/src/matrix.rs). Encrypted media (`file` instead of `url`) is refused with
+//!   a notice: there are no keys. A reply's files go out as `POST /_matrix/media/v3/upload`,
+//!   then an `m.image`/`m.audio`/`m.video`/`m.file` event with the piece's transaction id: a
+//!   resend after a crash sends no second event, but may upload the bytes again (an orphan
+//!   copy in the media repository, never shown in the room).
 //! - **Drain.** [`Adapter::stop_intake`] stops syncing: a batch that arrives after it is dropped
 //!   unsaved, so the successor reads it again from the saved token. The homeserver keeps what
 //!   arrives meanwhile.
@@ -42,17 +50,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use gatewarden_chatproto::matrix::{Client, Error as MxError, ErrorKind, TextMessage};
+use gatewarden_chatproto::matrix::{Client, Error as MxError, ErrorKind, Media, TextMessage};
 use gatewarden_config::platform::Matrix as Settings;
 use gatewarden_config::{Access, PlatformConfig};
 use gatewarden_lifecycle::fsio;
 use serde::{Deserialize, Serialize};
 
-use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::attachments::{Attachment, Outcome};
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, OutFile, PieceId, PieceLimit, Protocol, SendError, Skeleton};
 use crate::{AdapterError, ChatKind, Host, Inbound};
 
 /// Bound on every call besides the sync's own long-poll timeout.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound on one upload of a reply's file.
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(120);
 /// Characters per message event (events are capped at 64 KiB of JSON).
 const MAX_TEXT_CHARS: usize = 8000;
 /// Events per page, and pages at most, when reading back what a limited sync skipped (50,000
@@ -104,7 +115,29 @@ fn inbound(m: TextMessage, chat: ChatKind, listed: bool) -> Inbound {
         chat,
         listed,
         addressed: m.mentions_me,
-        attachments: Vec::new(),
+        attachments: m.media.map(attachment).into_iter().collect(),
+    }
+}
+
+/// A media message's file as an attachment, fetched by its `mxc://` URL; encrypted media is
+/// refused before any download (module notes).
+fn attachment(m: Media) -> Attachment {
+    let declared = m.mimetype.unwrap_or_else(|| match m.msgtype.as_str() {
+        // No type given: the content decides within what the message says it is.
+        "m.file" => "application/octet-stream".to_owned(),
+        _ => String::new(),
+    });
+    let outcome = m.url.is_none().then(|| Outcome::Refused("encrypted media is not supported".into()));
+    Attachment { name: m.name, declared, size: m.size, fetch: m.url.unwrap_or_default(), outcome }
+}
+
+/// The msgtype a reply's file goes out as, by the type its content shows.
+fn msgtype(kind: &str) -> &'static str {
+    match kind.split('/').next() {
+        Some("image") => "m.image",
+        Some("audio") => "m.audio",
+        Some("video") => "m.video",
+        _ => "m.file",
     }
 }
 
@@ -431,6 +464,16 @@ impl skeleton::Receiver for Syncer {
         Ok(Batch { messages, gap })
     }
 
+    /// The media repository, with the access token (crates/chatproto/src/matrix.rs).
+    fn fetch(
+        &mut self,
+        _ctx: &Ctx,
+        a: &Attachment,
+        timeout: Duration,
+    ) -> Result<Box<dyn std::io::Read + Send>, String> {
+        self.client.download(&a.fetch, timeout).map_err(|e| e.to_string())
+    }
+
     /// Saves the token past the journaled batch, so the successor resumes after it.
     fn confirm(&mut self, _ctx: &Ctx) -> Result<(), String> {
         let Some(p) = self.pending.take() else { return Ok(()) };
@@ -485,6 +528,26 @@ impl skeleton::Sender for Poster {
     fn send(&mut self, chat: &str, piece: &str, id: PieceId) -> Result<(), SendError> {
         let txn = txn_id(&self.txn_prefix, id.seq, id.index);
         self.client.send_text(chat, &txn, piece).map(drop).map_err(|e| send_error(&e))
+    }
+
+    /// Upload, then the media event under the piece's transaction id (module notes).
+    fn send_file(&mut self, chat: &str, file: &OutFile, id: PieceId) -> Result<(), SendError> {
+        let Some((mut opened, size)) = fsio::open_regular(&file.path).ok() else {
+            return Err(SendError::Rejected(format!("the stored file {} is gone", file.name)));
+        };
+        let url = self
+            .client
+            .upload(&file.name, &file.kind, size, &mut opened, UPLOAD_TIMEOUT)
+            .map_err(|e| send_error(&e))?;
+        let media = Media {
+            msgtype: msgtype(&file.kind).to_owned(),
+            name: file.name.clone(),
+            mimetype: Some(file.kind.clone()),
+            size: Some(size),
+            url: Some(url),
+        };
+        let txn = txn_id(&self.txn_prefix, id.seq, id.index);
+        self.client.send_media(chat, &txn, &media).map(drop).map_err(|e| send_error(&e))
     }
 
     fn typing(&mut self, chat: &str, on: bool) -> Result<(), SendError> {
@@ -553,6 +616,7 @@ mod tests {
             event_id: "$e".into(),
             sender: "@a:hs".into(),
             body: "hi".into(),
+            media: None,
             origin_server_ts: 0,
             mentions_me: true,
         };
@@ -560,5 +624,30 @@ mod tests {
         assert_eq!((i.event_id.as_str(), i.chat_id.as_str(), i.user_id.as_str()), ("$e", "!r:hs", "@a:hs"));
         assert_eq!(i.sent_at, None);
         assert_eq!((i.chat, i.listed, i.addressed), (ChatKind::Group, true, true));
+        assert!(i.attachments.is_empty());
+    }
+
+    #[test]
+    fn matrix_media_become_attachments_and_encrypted_ones_are_refused() {
+        let media = |msgtype: &str, mimetype: Option<&str>, url: Option<&str>| Media {
+            msgtype: msgtype.into(),
+            name: "f".into(),
+            mimetype: mimetype.map(Into::into),
+            size: Some(3),
+            url: url.map(Into::into),
+        };
+        let a = attachment(media("m.image", Some("image/png"), Some("mxc://hs/i")));
+        assert_eq!(
+            (a.declared.as_str(), a.size, a.fetch.as_str(), a.outcome),
+            ("image/png", Some(3), "mxc://hs/i", None)
+        );
+        assert_eq!(attachment(media("m.file", None, Some("mxc://hs/f"))).declared, "application/octet-stream");
+        assert_eq!(attachment(media("m.image", None, Some("mxc://hs/f"))).declared, "");
+        let enc = attachment(media("m.file", None, None));
+        assert!(matches!(enc.outcome, Some(Outcome::Refused(ref why)) if why.contains("encrypted")), "{enc:?}");
+        assert_eq!(
+            ["image/png", "audio/ogg", "video/mp4", "application/pdf", "text/plain"].map(msgtype),
+            ["m.image", "m.audio", "m.video", "m.file", "m.file"]
+        );
     }
 }

@@ -49,6 +49,17 @@
 //!   moderation is not journaled (the position moves past it): the original message was the
 //!   prompt, answered once; its edit is not answered again. Our own previews, corrections and
 //!   retractions, reflected by rooms, are ignored like every reflection of ours.
+//! - **Files (issue 29).** In: XEP-0066 out-of-band URLs (`<x xmlns='jabber:x:oob'><url>`;
+//!   a body that only repeats the URL is no text), fetched over https with crates/net's TLS
+//!   and proxy settings, no redirects followed; plain http only to a loopback host and only
+//!   with `http_files_on_loopback = true` (a test server). The sender's URL is fetched by the
+//!   gateway, so only for messages the access policy admits. Out: XEP-0363 HTTP upload: the
+//!   upload service found by disco (the domain, then its items; cached), a slot requested
+//!   (an IQ the reader's thread answers), the bytes PUT, then a message whose body is the GET
+//!   URL with the same URL as out-of-band data. No idempotency key: a resend after a crash
+//!   uploads again and sends the link once more (worst case one duplicate, as for text). A
+//!   server without an upload service, or a file over its `max-file-size`, gets the file
+//!   named in a text piece instead.
 //! - **At least once outbound.** Each piece carries a fresh `origin-id`. With stream management
 //!   a piece counts as sent only once the server acknowledged it (XEP-0198 `<a h>`): a piece
 //!   written into a dying connection is sent again on the next one, never silently lost. An
@@ -68,7 +79,8 @@ use gatewarden_config::platform::Xmpp as Settings;
 use gatewarden_lifecycle::fsio;
 use serde::{Deserialize, Serialize};
 
-use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::attachments::Attachment;
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, OutFile, PieceId, PieceLimit, Protocol, SendError, Skeleton};
 use crate::{AdapterError, ChatKind, Host, Inbound};
 
 /// XEP-0461 (Message Replies).
@@ -98,6 +110,61 @@ const MAX_TRACKED: usize = 1024;
 const REFLECTION_WAIT: Duration = Duration::from_secs(2);
 /// The default client port (RFC 6120 §14.7).
 pub const DEFAULT_PORT: u16 = 5222;
+/// Bound on each IQ of an upload (disco, slot).
+const UPLOAD_IQ_TIMEOUT: Duration = Duration::from_secs(15);
+/// Bound on one file's PUT.
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How files travel over HTTP (module notes): the agent, and whether loopback http is allowed.
+#[derive(Clone)]
+struct Files {
+    http: ureq::Agent,
+    http_on_loopback: bool,
+}
+
+impl Files {
+    fn new(ca_file: Option<&Path>, http_on_loopback: bool) -> Result<Files, String> {
+        let out = gatewarden_net::Outbound::new(ca_file, None).map_err(|e| e.to_string())?;
+        let http = gatewarden_net::http_config(&out).http_status_as_error(false).max_redirects(0).build().new_agent();
+        Ok(Files { http, http_on_loopback })
+    }
+
+    /// Checks `url` against the module's rule: https, or http to a loopback host when allowed.
+    fn check(&self, url: &str) -> Result<(), String> {
+        file_url_ok(url, self.http_on_loopback)
+    }
+}
+
+/// Whether a file URL may be fetched or PUT: `https://`, or `http://` to a loopback host
+/// (`localhost`, 127.0.0.0/8, `[::1]`) when `http_on_loopback`.
+fn file_url_ok(url: &str, http_on_loopback: bool) -> Result<(), String> {
+    let lower = url.to_ascii_lowercase();
+    if lower.starts_with("https://") {
+        return Ok(());
+    }
+    let refused =
+        || Err(format!("only https file URLs are fetched, not {}", url.split(['?', '#']).next().unwrap_or("")));
+    let Some(rest) = lower.strip_prefix("http://") else { return refused() };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if !http_on_loopback || authority.contains('@') {
+        return refused();
+    }
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => authority.split(':').next().unwrap_or_default(),
+    };
+    let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if loopback { Ok(()) } else { refused() }
+}
+
+/// A file's name from its URL: the last path segment, else `file`.
+fn url_file_name(url: &str) -> String {
+    let path = url.split(['?', '#']).next().unwrap_or_default();
+    let after_host = path.splitn(4, '/').nth(3).unwrap_or_default();
+    let name = after_host.rsplit('/').next().unwrap_or_default();
+    let clean: String = name.chars().filter(|c| !c.is_control() && !matches!(c, '"' | '\\')).take(128).collect();
+    if clean.is_empty() { "file".to_owned() } else { clean }
+}
 
 /// The XMPP adapter.
 pub type Xmpp = Skeleton<Proto>;
@@ -111,6 +178,7 @@ pub struct Proto {
     allowed: Vec<String>,
     /// The bare JID, lower-cased: what two consumers must not share.
     credential: String,
+    files: Files,
 }
 
 impl Skeleton<Proto> {
@@ -130,7 +198,9 @@ impl Skeleton<Proto> {
             _ => format!("{}:{DEFAULT_PORT}", jid.domain),
         };
         let nick = s.nick.clone().unwrap_or_else(|| jid.local.clone());
+        let files = Files::new(cfg.ca_file.as_deref(), s.http_files_on_loopback).map_err(err)?;
         let proto = Proto {
+            files,
             name: name.clone(),
             credential: jid.as_string().to_lowercase(),
             cfg: Config::new(addr, jid, password, tls),
@@ -286,6 +356,7 @@ impl Protocol for Proto {
         let writer: WriterSlot = Arc::default();
         let room_ids: SharedRoomIds = Arc::default();
         let reader = Reader {
+            files: self.files.clone(),
             room_ids: Arc::clone(&room_ids),
             cfg: self.cfg.clone(),
             rooms: self.rooms.clone(),
@@ -300,7 +371,16 @@ impl Protocol for Proto {
             pushed_off: false,
         };
         let rooms = self.rooms.iter().map(|r| r.as_string().to_lowercase()).collect();
-        Ok((reader, Talker { writer, rooms, room_ids, states: BTreeMap::new() }))
+        let talker = Talker {
+            writer,
+            rooms,
+            room_ids,
+            states: BTreeMap::new(),
+            files: self.files.clone(),
+            domain: self.cfg.jid.domain.clone(),
+            upload: None,
+        };
+        Ok((reader, talker))
     }
 }
 
@@ -341,6 +421,7 @@ struct Live {
 
 /// The receive side: owns the connection.
 pub struct Reader {
+    files: Files,
     cfg: Config,
     rooms: Vec<BareJid>,
     nick: String,
@@ -423,9 +504,17 @@ pub fn classify_at(
     });
     let archived = archive.clone().zip(stanza_id.clone());
     let none = Seen { inbound: None, archived: archived.clone() };
-    let Some(body) = m.child("body", x::xml::NS_CLIENT).map(|b| b.text.clone()) else { return none };
+    let oob = x::oob_url(m);
+    let body = m.child("body", x::xml::NS_CLIENT).map(|b| b.text.clone());
+    // A file's body that only repeats its URL is no text (what XEP-0363 uploaders send).
+    let body = match (body, &oob) {
+        (Some(b), Some(u)) if b.trim() == u => String::new(),
+        (Some(b), _) => b,
+        (None, Some(_)) => String::new(),
+        (None, None) => return none,
+    };
     // An edit or retraction of an earlier message: not a new prompt (module notes).
-    if body.trim().is_empty() || x::amends_another(m) {
+    if (body.trim().is_empty() && oob.is_none()) || x::amends_another(m) {
         return none;
     }
     // Every message goes to the host; the access policy (crates/runtime/src/access/) decides.
@@ -470,7 +559,10 @@ pub fn classify_at(
         chat: chat_kind,
         listed,
         addressed,
-        attachments: Vec::new(),
+        attachments: oob
+            .map(|url| Attachment { name: url_file_name(&url), fetch: url, ..Attachment::default() })
+            .into_iter()
+            .collect(),
     };
     Seen { inbound: Some(inbound), archived }
 }
@@ -710,6 +802,29 @@ impl skeleton::Receiver for Reader {
         }
     }
 
+    /// An XEP-0066 URL, under the module's rule (https; loopback http only when configured).
+    fn fetch(
+        &mut self,
+        _ctx: &Ctx,
+        a: &Attachment,
+        timeout: Duration,
+    ) -> Result<Box<dyn std::io::Read + Send>, String> {
+        self.files.check(&a.fetch)?;
+        let response = self
+            .files
+            .http
+            .get(&a.fetch)
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .call()
+            .map_err(|e| gatewarden_net::describe(&e, &a.fetch))?;
+        match response.status().as_u16() {
+            200 => Ok(Box::new(response.into_body().into_reader())),
+            status => Err(format!("HTTP {status} for the file")),
+        }
+    }
+
     fn disconnect(&mut self) {
         set_writer(&self.writer, None);
         if let Some(l) = self.live.take() {
@@ -735,6 +850,11 @@ pub struct Talker {
     /// (XEP-0085). The `<active/>` that messages with a body carry is not counted: the
     /// run's `<composing/>` is followed by one standalone `<active/>` when it ends.
     states: BTreeMap<String, ChatState>,
+    files: Files,
+    /// The account's domain, where the upload service is looked for.
+    domain: String,
+    /// The upload service once discovered (`Some(None)`: the server has none).
+    upload: Option<Option<x::UploadService>>,
 }
 
 /// A client error while sending, as the skeleton's.
@@ -742,6 +862,15 @@ fn send_error(e: &x::Error) -> SendError {
     match e.kind() {
         ErrorKind::Permanent => SendError::Rejected(e.to_string()),
         _ => SendError::Lost(e.to_string()),
+    }
+}
+
+/// A failed upload IQ: a refusal (`not-acceptable`, `file-too-large`) is final, the rest is
+/// tried again.
+fn upload_error(e: &x::Error) -> SendError {
+    match e {
+        x::Error::Refused { .. } => SendError::Rejected(e.to_string()),
+        _ => SendError::Failed(e.to_string()),
     }
 }
 
@@ -795,6 +924,70 @@ impl skeleton::Sender for Talker {
             Err(e) if e.kind() == ErrorKind::Permanent => Err(SendError::Rejected(e.to_string())),
             Err(e) => {
                 // The receive side sees the closed socket, reports it and reconnects.
+                w.shutdown();
+                Err(SendError::Lost(e.to_string()))
+            }
+        }
+    }
+
+    /// XEP-0363 (module notes): a slot, the PUT, then the GET URL as body and out-of-band data.
+    fn send_file(&mut self, chat: &str, file: &OutFile, id: PieceId) -> Result<(), SendError> {
+        let Some(w) = self.writer() else { return Err(SendError::Lost("not connected".into())) };
+        let service = match &self.upload {
+            Some(s) => s.clone(),
+            None => {
+                let found = x::discover_upload(&w, &self.domain, UPLOAD_IQ_TIMEOUT).map_err(|e| upload_error(&e))?;
+                self.upload = Some(found.clone());
+                found
+            }
+        };
+        let Some(service) = service else {
+            let text =
+                format!("[file: {}, {}, {} bytes; the server offers no HTTP upload]", file.name, file.kind, file.size);
+            return self.send(chat, &text, id);
+        };
+        if service.max_size.is_some_and(|max| file.size > max) {
+            let text =
+                format!("[file: {}, {}, {} bytes; over the server's upload limit]", file.name, file.kind, file.size);
+            return self.send(chat, &text, id);
+        }
+        let Some((opened, size)) = fsio::open_regular(&file.path).ok() else {
+            return Err(SendError::Rejected(format!("the stored file {} is gone", file.name)));
+        };
+        let slot = x::request_slot(&w, &service.jid, &file.name, size, &file.kind, UPLOAD_IQ_TIMEOUT)
+            .map_err(|e| upload_error(&e))?;
+        for url in [&slot.put, &slot.get] {
+            self.files.check(url).map_err(SendError::Rejected)?;
+        }
+        let mut put = self
+            .files
+            .http
+            .put(&slot.put)
+            .header("Content-Type", &file.kind)
+            .header("Content-Length", size.to_string());
+        for (k, v) in &slot.headers {
+            put = put.header(k, v);
+        }
+        let mut body = opened;
+        let response = put
+            .config()
+            .timeout_global(Some(UPLOAD_TIMEOUT))
+            .build()
+            .send(ureq::SendBody::from_reader(&mut body))
+            .map_err(|e| SendError::Failed(gatewarden_net::describe(&e, &slot.put)))?;
+        match response.status().as_u16() {
+            200 | 201 => {}
+            413 => return Err(SendError::Rejected(format!("the upload service refused {} as too large", file.name))),
+            s @ (400..500) => return Err(SendError::Rejected(format!("the upload service answered HTTP {s}"))),
+            s => return Err(SendError::Failed(format!("the upload service answered HTTP {s}"))),
+        }
+        let to = chat.trim();
+        let msg_id = x::new_id();
+        let out = x::Outgoing { to, groupchat: self.groupchat(to), body: &slot.get, id: &msg_id };
+        match w.message_as(&out, x::Kind::Oob(&slot.get), ACK_TIMEOUT) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::Permanent => Err(SendError::Rejected(e.to_string())),
+            Err(e) => {
                 w.shutdown();
                 Err(SendError::Lost(e.to_string()))
             }
@@ -881,6 +1074,64 @@ mod tests {
         let rooms = vec!["room@muc.example.org".to_owned()];
         let m = parse_element(xml).unwrap();
         classify(&m, &own, &rooms, "gw", &[], archive_id, || "c1:1".into())
+    }
+
+    /// XEP-0066: the URL is the attachment; a body that repeats it is no text; a caption stays.
+    #[test]
+    fn xmpp_oob_urls_become_attachments() {
+        let i = seen(
+            "<message from='alice@example.org/phone' type='chat'><body>https://up.example.org/f/a%20b.png</body>\
+             <x xmlns='jabber:x:oob'><url>https://up.example.org/f/a%20b.png</url></x></message>",
+            None,
+        )
+        .inbound
+        .unwrap();
+        assert_eq!(i.text, "");
+        assert_eq!(i.attachments.len(), 1);
+        let a = &i.attachments[0];
+        assert_eq!(
+            (a.name.as_str(), a.fetch.as_str(), a.size),
+            ("a%20b.png", "https://up.example.org/f/a%20b.png", None)
+        );
+        let i = seen(
+            "<message from='alice@example.org/phone' type='chat'><body>what is this</body>\
+             <x xmlns='jabber:x:oob'><url>https://h/x</url></x></message>",
+            None,
+        )
+        .inbound
+        .unwrap();
+        assert_eq!((i.text.as_str(), i.attachments[0].name.as_str()), ("what is this", "x"));
+        let bare = seen(
+            "<message from='alice@example.org/p' type='chat'><x xmlns='jabber:x:oob'><url>https://h/</url></x></message>",
+            None,
+        );
+        assert_eq!(bare.inbound.unwrap().attachments[0].name, "file");
+        assert!(
+            seen("<message from='alice@example.org/p' type='chat'><body>hi</body></message>", None)
+                .inbound
+                .unwrap()
+                .attachments
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn xmpp_file_urls_are_https_or_explicit_loopback_http() {
+        assert!(file_url_ok("https://h/f", false).is_ok());
+        assert!(file_url_ok("HTTPS://h/f", false).is_ok());
+        for bad in ["http://127.0.0.1:5280/f", "ftp://h/f", "file:///etc/passwd", "h/f"] {
+            assert!(file_url_ok(bad, false).is_err(), "{bad}");
+        }
+        for ok in ["http://127.0.0.1:5280/f", "http://localhost/f", "http://[::1]:80/f", "http://127.1.2.3/f?x=1"] {
+            assert!(file_url_ok(ok, true).is_ok(), "{ok}");
+        }
+        for bad in
+            ["http://example.org/f", "http://127.0.0.1@evil.org/f", "http://10.0.0.1/f", "http://localhost.evil.org/"]
+        {
+            assert!(file_url_ok(bad, true).is_err(), "{bad}");
+        }
+        let e = file_url_ok("http://h/f?token=secret", false).unwrap_err();
+        assert!(!e.contains("secret"), "{e}");
     }
 
     #[test]
@@ -998,8 +1249,15 @@ mod tests {
 
     #[test]
     fn chat_states_are_sent_once_per_change() {
-        let mut t =
-            Talker { writer: Arc::default(), rooms: Vec::new(), room_ids: Arc::default(), states: BTreeMap::new() };
+        let mut t = Talker {
+            writer: Arc::default(),
+            rooms: Vec::new(),
+            room_ids: Arc::default(),
+            states: BTreeMap::new(),
+            files: Files::new(None, false).unwrap(),
+            domain: "example.org".into(),
+            upload: None,
+        };
         use skeleton::Sender as _;
         // Not connected: an error, and the state is not recorded as sent.
         assert!(matches!(t.typing("a@b", true), Err(SendError::Lost(_))));

@@ -120,6 +120,7 @@ impl Rig {
                 nick: Some("gw".into()),
                 jid: Some("gwbot@localhost".into()),
                 rooms: vec![self.room.clone()],
+                ..platform::Xmpp::default()
             })
         }
     }

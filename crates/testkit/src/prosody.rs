@@ -2,8 +2,10 @@
 //! its own temp dir (data, pid file, log), listening for clients on a free loopback port with
 //! STARTTLS required, a certificate from the test's CA, SCRAM-SHA-1 over hashed storage, the
 //! message archive for every account (`mam`, archiving by default), stream management
-//! (`smacks`) and a MUC service (`muc` with `muc_mam`, rooms persistent and logged). No
-//! server-to-server, no HTTP, and no offline storage (`mod_offline`): a direct message missed
+//! (`smacks`), a MUC service (`muc` with `muc_mam`, rooms persistent and logged) and HTTP file
+//! upload (XEP-0363: `http_file_share` as `upload.localhost`, served over plain http on another
+//! loopback port, [`Prosody::http_url`]; a test's gateway needs `http_files_on_loopback`). No
+//! server-to-server, no https, and no offline storage (`mod_offline`): a direct message missed
 //! while a client is away comes back only through the archive, so a test proves that path.
 //!
 //! Like the servers in [`crate::servers`] it runs in its own process group, killed on drop;
@@ -30,6 +32,8 @@ const READY: Duration = Duration::from_secs(20);
 pub const DOMAIN: &str = "localhost";
 /// The MUC service: rooms are `name@conference.localhost`.
 pub const MUC_DOMAIN: &str = "conference.localhost";
+/// The HTTP upload service (XEP-0363).
+pub const UPLOAD_DOMAIN: &str = "upload.localhost";
 
 /// A running (or stopped) prosody.
 pub struct Prosody {
@@ -37,6 +41,7 @@ pub struct Prosody {
     bin: PathBuf,
     ctl: PathBuf,
     port: u16,
+    http_port: u16,
     log: PathBuf,
     proc: Option<Proc>,
     startup: Duration,
@@ -65,15 +70,16 @@ impl Prosody {
         };
         let dir = tempfile::Builder::new().prefix("gw-prosody-").tempdir().expect("prosody temp dir");
         let port = free_port();
+        let http_port = free_port();
         for sub in ["data", "certs"] {
             std::fs::create_dir(dir.path().join(sub)).expect("prosody dir");
         }
         let (cert, key) = (dir.path().join("certs/server.crt"), dir.path().join("certs/server.key"));
         std::fs::write(&cert, cert_pem).expect("write server.crt");
         std::fs::write(&key, key_pem).expect("write server.key");
-        std::fs::write(dir.path().join("prosody.cfg.lua"), config(dir.path(), port)).expect("write prosody.cfg.lua");
+        std::fs::write(dir.path().join("prosody.cfg.lua"), config(dir.path(), port, http_port)).expect("write prosody.cfg.lua");
         let log = dir.path().join("prosody.log");
-        let mut s = Prosody { dir, bin, ctl, port, log, proc: None, startup: Duration::ZERO };
+        let mut s = Prosody { dir, bin, ctl, port, http_port, log, proc: None, startup: Duration::ZERO };
         s.launch();
         eprintln!("[testkit] prosody ready on {} in {:.3} s", s.addr(), s.startup.as_secs_f64());
         Some(s)
@@ -120,6 +126,11 @@ impl Prosody {
         SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
     }
 
+    /// The plain-http base of the upload service's files, `http://127.0.0.1:<port>/`.
+    pub fn http_url(&self) -> String {
+        format!("http://127.0.0.1:{}/", self.http_port)
+    }
+
     /// Time from spawn to an accepted connection, for the last (re)start.
     pub fn startup_time(&self) -> Duration {
         self.startup
@@ -160,7 +171,7 @@ impl Drop for Prosody {
     }
 }
 
-fn config(dir: &Path, port: u16) -> String {
+fn config(dir: &Path, port: u16, http_port: u16) -> String {
     let d = |name: &str| dir.join(name).to_string_lossy().into_owned();
     format!(
         r#"-- gatewarden test server (crates/testkit/src/prosody.rs): loopback only.
@@ -176,8 +187,12 @@ c2s_direct_tls_ports = {{ }}
 legacy_ssl_ports = {{ }}
 s2s_ports = {{ }}
 component_ports = {{ }}
-http_ports = {{ }}
+http_ports = {{ {http_port} }}
+http_interfaces = {{ "127.0.0.1" }}
 https_ports = {{ }}
+https_interfaces = {{ }}
+http_default_host = "{UPLOAD_DOMAIN}"
+http_external_url = "http://127.0.0.1:{http_port}/"
 c2s_require_encryption = true
 allow_unencrypted_plain_auth = false
 authentication = "internal_hashed"
@@ -199,6 +214,9 @@ Component "{MUC_DOMAIN}" "muc"
   muc_log_by_default = true
   muc_log_all_rooms = true
   muc_room_default_history_length = 0
+
+Component "{UPLOAD_DOMAIN}" "http_file_share"
+  http_file_share_size_limit = 4194304
 "#,
         pid = d("prosody.pid"),
         data = d("data"),

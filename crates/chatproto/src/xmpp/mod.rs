@@ -3,7 +3,9 @@
 //! SCRAM-SHA-1 (PLAIN only as a fallback, and only inside TLS), resource binding, stream
 //! management acks (XEP-0198, no resumption), multi-user chat (XEP-0045), the message archive
 //! (XEP-0313), stanza ids (XEP-0359), and what shows a bot at work: chat states (XEP-0085),
-//! corrections (XEP-0308) and retractions (XEP-0424).
+//! corrections (XEP-0308) and retractions (XEP-0424); files are out-of-band URLs (XEP-0066),
+//! uploaded through the server's HTTP upload service (XEP-0363: [`discover_upload`],
+//! [`request_slot`], both IQs a [`Writer`] sends and the reader's thread answers).
 //!
 //! The XML is quick-xml's ([`xml`]): the stream is cut into top-level elements, each read into
 //! a small tree. Everything is bounded: the connect by its deadline, each read by the caller's
@@ -70,6 +72,14 @@ pub const NS_FASTEN: &str = "urn:xmpp:fasten:0";
 pub const NS_FALLBACK: &str = "urn:xmpp:fallback:0";
 /// Message processing hints (XEP-0334).
 pub const NS_HINTS: &str = "urn:xmpp:hints";
+/// Out-of-band data (XEP-0066): a file's URL.
+pub const NS_OOB: &str = "jabber:x:oob";
+/// HTTP file upload (XEP-0363).
+pub const NS_UPLOAD: &str = "urn:xmpp:http:upload:0";
+/// Service discovery (XEP-0030).
+pub const NS_DISCO_INFO: &str = "http://jabber.org/protocol/disco#info";
+/// Service discovery, items (XEP-0030).
+pub const NS_DISCO_ITEMS: &str = "http://jabber.org/protocol/disco#items";
 use xml::{NS_CLIENT, NS_STREAM};
 
 /// What the adapter does next after an error.
@@ -300,6 +310,9 @@ pub enum Kind<'a> {
     /// store hint (XEP-0334) keeps the retraction in archives, which is how a client that was
     /// offline learns of it.
     Retract(&'a str),
+    /// A file (XEP-0066 out-of-band data): its URL, which the body repeats for clients that
+    /// show only bodies (what XEP-0363 uploaders send).
+    Oob(&'a str),
 }
 
 /// A chat state (XEP-0085).
@@ -353,6 +366,9 @@ pub fn stanza_xml(m: &Outgoing<'_>, kind: Kind<'_>) -> Result<String, Error> {
              <store xmlns='{NS_HINTS}'/>",
             escape(target)
         ),
+        Kind::Oob(url) => {
+            format!("<x xmlns='{NS_OOB}'><url>{}</url></x><active xmlns='{NS_CHATSTATES}'/>", escape(url))
+        }
     };
     Ok(format!(
         "<message to='{to}' type='{kind}' id='{id}'><body>{body}</body><origin-id xmlns='{NS_SID}' id='{id}'/>{extra}</message>",
@@ -386,6 +402,175 @@ pub fn amends_another(m: &Element) -> bool {
         || m.children_named("fallback", NS_FALLBACK)
             .any(|f| f.attr("for").is_some_and(|x| x.starts_with("urn:xmpp:message-retract")))
         || m.child("moderated", "urn:xmpp:message-moderate:1").is_some()
+}
+
+/// The URL of a message's out-of-band file (XEP-0066 `<x xmlns='jabber:x:oob'><url>`), when it
+/// has one.
+pub fn oob_url(m: &Element) -> Option<String> {
+    let url = m.child("x", NS_OOB)?.child("url", NS_OOB)?.text.trim().to_owned();
+    (!url.is_empty()).then_some(url)
+}
+
+/// A server's HTTP upload service (XEP-0363).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadService {
+    /// The service's JID (`upload.example.org`).
+    pub jid: String,
+    /// `max-file-size` from its disco#info form, when it says one.
+    pub max_size: Option<u64>,
+}
+
+/// An upload slot: where to PUT the bytes (with these headers), and the URL to share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    /// Where the bytes go (HTTP PUT).
+    pub put: String,
+    /// Only `Authorization`, `Cookie` and `Expires`, without line breaks (XEP-0363 §5).
+    pub headers: Vec<(String, String)>,
+    /// Where anyone reads the file (the URL to share).
+    pub get: String,
+}
+
+/// The JIDs a disco#items answer lists.
+pub fn parse_disco_items(iq: &Element) -> Vec<String> {
+    let Some(q) = iq.child("query", NS_DISCO_ITEMS) else { return Vec::new() };
+    q.children_named("item", NS_DISCO_ITEMS).filter_map(|i| i.attr("jid")).map(str::to_owned).collect()
+}
+
+/// `Some(max_size)` when a disco#info answer of `jid` says it is an upload service.
+pub fn parse_upload_info(jid: &str, iq: &Element) -> Option<UploadService> {
+    let q = iq.child("query", NS_DISCO_INFO)?;
+    if !q.children_named("feature", NS_DISCO_INFO).any(|f| f.attr("var") == Some(NS_UPLOAD)) {
+        return None;
+    }
+    let max_size = q
+        .children_named("x", NS_DATA)
+        .filter(|x| {
+            x.children_named("field", NS_DATA).any(|f| {
+                f.attr("var") == Some("FORM_TYPE")
+                    && f.child("value", NS_DATA).is_some_and(|v| v.text.trim() == NS_UPLOAD)
+            })
+        })
+        .flat_map(|x| x.children_named("field", NS_DATA))
+        .find(|f| f.attr("var") == Some("max-file-size"))
+        .and_then(|f| f.child("value", NS_DATA))
+        .and_then(|v| v.text.trim().parse::<u64>().ok());
+    Some(UploadService { jid: jid.to_owned(), max_size })
+}
+
+/// The slot of a slot request's answer (XEP-0363 §4).
+pub fn parse_slot(iq: &Element) -> Result<Slot, Error> {
+    let slot = iq.child("slot", NS_UPLOAD).ok_or_else(|| Error::Protocol("upload answer without <slot>".into()))?;
+    let put = slot.child("put", NS_UPLOAD).ok_or_else(|| Error::Protocol("upload slot without <put>".into()))?;
+    let get = slot.child("get", NS_UPLOAD).and_then(|g| g.attr("url"));
+    let (Some(put_url), Some(get)) = (put.attr("url"), get) else {
+        return Err(Error::Protocol("upload slot without put and get URLs".into()));
+    };
+    let headers = put
+        .children_named("header", NS_UPLOAD)
+        .filter_map(|h| {
+            let name = h.attr("name")?;
+            let known = ["Authorization", "Cookie", "Expires"].iter().find(|k| k.eq_ignore_ascii_case(name))?;
+            let value: String = h.text.chars().filter(|c| !matches!(c, '\r' | '\n')).collect();
+            Some(((*known).to_owned(), value))
+        })
+        .collect();
+    Ok(Slot { put: put_url.to_owned(), headers, get: get.to_owned() })
+}
+
+/// Finds the upload service among the items of `domain` (the server's own host first).
+pub fn discover_upload(w: &Writer, domain: &str, timeout: Duration) -> Result<Option<UploadService>, Error> {
+    let info = |jid: &str| w.iq(jid, "get", &format!("<query xmlns='{NS_DISCO_INFO}'/>"), timeout);
+    match info(domain) {
+        Ok(answer) => {
+            if let Some(s) = parse_upload_info(domain, &answer) {
+                return Ok(Some(s));
+            }
+        }
+        // A domain that does not say what it is may still list the service.
+        Err(Error::Refused { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    let items = w.iq(domain, "get", &format!("<query xmlns='{NS_DISCO_ITEMS}'/>"), timeout)?;
+    for jid in parse_disco_items(&items).into_iter().take(32) {
+        // An item that does not answer disco#info is not the upload service.
+        if let Ok(answer) = info(&jid)
+            && let Some(s) = parse_upload_info(&jid, &answer)
+        {
+            return Ok(Some(s));
+        }
+    }
+    Ok(None)
+}
+
+/// Requests a slot for `size` bytes named `name` of `content_type` from `service`.
+pub fn request_slot(
+    w: &Writer,
+    service: &str,
+    name: &str,
+    size: u64,
+    content_type: &str,
+    timeout: Duration,
+) -> Result<Slot, Error> {
+    let payload = format!(
+        "<request xmlns='{NS_UPLOAD}' filename='{}' size='{size}' content-type='{}'/>",
+        escape(name),
+        escape(content_type)
+    );
+    parse_slot(&w.iq(service, "get", &payload, timeout)?)
+}
+
+/// IQ requests a [`Writer`] sent, and their answers once the reader read them.
+#[derive(Debug, Default)]
+struct Iqs {
+    /// Awaited ids (`None` until answered), and whether the connection is gone.
+    state: Mutex<(std::collections::HashMap<String, Option<Element>>, bool)>,
+    changed: Condvar,
+}
+
+impl Iqs {
+    fn expect(&self, id: &str) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).0.insert(id.to_owned(), None);
+    }
+
+    fn forget(&self, id: &str) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).0.remove(id);
+    }
+
+    /// Keeps `e` when it answers an awaited request (`None`), else gives it back.
+    fn answer(&self, e: Element) -> Option<Element> {
+        if !(e.is("iq", NS_CLIENT) && matches!(e.attr("type"), Some("result" | "error"))) {
+            return Some(e);
+        }
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(slot) = e.attr("id").and_then(|id| st.0.get_mut(id)) else { return Some(e) };
+        *slot = Some(e);
+        drop(st);
+        self.changed.notify_all();
+        None
+    }
+
+    fn end(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
+        self.changed.notify_all();
+    }
+
+    /// The answer to `id`, waiting at most `timeout` (`None`: none, or the connection ended).
+    fn wait(&self, id: &str, timeout: Duration) -> Option<Element> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(Some(_)) = st.0.get(id) {
+                return st.0.remove(id).flatten();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if st.1 || left.is_zero() {
+                st.0.remove(id);
+                return None;
+            }
+            st = self.changed.wait_timeout(st, left).map_or_else(|p| p.into_inner().0, |(g, _)| g);
+        }
+    }
 }
 
 /// The server's count of our stanzas it has handled (XEP-0198 `<a h=…>`), shared between the
@@ -433,6 +618,7 @@ impl Acks {
 pub struct Writer {
     out: Arc<Mutex<Out>>,
     acks: Arc<Acks>,
+    iqs: Arc<Iqs>,
 }
 
 impl Writer {
@@ -441,7 +627,12 @@ impl Writer {
     /// an error (sent again on the next connection), not a silent loss; `Error::Timeout` when
     /// no ack came within `ack_timeout`.
     pub fn message(&self, m: &Outgoing<'_>, ack_timeout: Duration) -> Result<(), Error> {
-        let xml = message_xml(m)?;
+        self.message_as(m, Kind::New, ack_timeout)
+    }
+
+    /// [`Writer::message`] of `kind` (a file's [`Kind::Oob`]).
+    pub fn message_as(&self, m: &Outgoing<'_>, kind: Kind<'_>, ack_timeout: Duration) -> Result<(), Error> {
+        let xml = stanza_xml(m, kind)?;
         let n = {
             let mut s = self.out.lock().unwrap_or_else(|p| p.into_inner());
             s.sink.write_all(xml.as_bytes()).map_err(io_error)?;
@@ -476,6 +667,25 @@ impl Writer {
 
     fn write_stanza(&self, xml: &str) -> Result<(), Error> {
         write(&self.out, xml, true)
+    }
+
+    /// Sends an IQ `kind` to `to` and waits at most `timeout` for its answer, which the
+    /// reader's thread reads ([`Connection::next_stanza`] must be running).
+    pub fn iq(&self, to: &str, kind: &str, payload: &str, timeout: Duration) -> Result<Element, Error> {
+        check_recipient(to)?;
+        let id = new_id();
+        self.iqs.expect(&id);
+        let sent =
+            self.write_stanza(&format!("<iq type='{}' id='{id}' to='{}'>{payload}</iq>", escape(kind), escape(to)));
+        if let Err(e) = sent {
+            self.iqs.forget(&id);
+            return Err(e);
+        }
+        match self.iqs.wait(&id, timeout) {
+            Some(e) if e.attr("type") == Some("result") => Ok(e),
+            Some(e) => Err(Error::Refused { what: format!("IQ {kind} to {to}"), condition: error_condition(&e) }),
+            None => Err(Error::Timeout(format!("no answer to an IQ {kind} to {to} within {timeout:?}"))),
+        }
     }
 
     /// Closes the socket: the reader's next read fails, so it reconnects.
@@ -525,6 +735,7 @@ pub struct Connection {
     tls: Option<Arc<Mutex<rustls::ClientConnection>>>,
     out: Arc<Mutex<Out>>,
     acks: Arc<Acks>,
+    iqs: Arc<Iqs>,
     framer: Framer,
     /// Stanzas read while waiting for something else (a join's presence, an IQ result).
     pending: VecDeque<Element>,
@@ -550,6 +761,7 @@ impl Connection {
             tls: None,
             out: Arc::new(Mutex::new(sink)),
             acks: Arc::default(),
+            iqs: Arc::default(),
             framer: Framer::default(),
             pending: VecDeque::new(),
             jid: String::new(),
@@ -629,7 +841,7 @@ impl Connection {
 
     /// A handle that sends on this connection from another thread.
     pub fn writer(&self) -> Writer {
-        Writer { out: Arc::clone(&self.out), acks: Arc::clone(&self.acks) }
+        Writer { out: Arc::clone(&self.out), acks: Arc::clone(&self.acks), iqs: Arc::clone(&self.iqs) }
     }
 
     /// Sends one stanza (counted for stream management).
@@ -784,8 +996,11 @@ impl Connection {
     /// nothing came. Answers stream management's ack requests and pings, refuses other IQs it
     /// does not handle, and keeps the connection alive.
     pub fn next_stanza(&mut self, timeout: Duration) -> Result<Option<Element>, Error> {
-        if let Some(e) = self.pending.pop_front() {
-            return Ok(Some(e));
+        while let Some(e) = self.pending.pop_front() {
+            // A writer's IQ answered while a query of ours waited.
+            if let Some(e) = self.iqs.answer(e) {
+                return Ok(Some(e));
+            }
         }
         self.read_stanza(Instant::now() + timeout)
     }
@@ -840,6 +1055,9 @@ impl Connection {
                     _ if e.attr("id").is_some_and(|id| id.starts_with("ping-")) => continue,
                     _ => {}
                 }
+                // A writer's IQ (an upload slot): its answer goes to the writer.
+                let Some(e) = self.iqs.answer(e) else { continue };
+                return Ok(Some(e));
             }
             return Ok(Some(e));
         }
@@ -1054,6 +1272,7 @@ impl Drop for Connection {
     /// The reader is gone: a writer waiting for an ack on this connection stops waiting.
     fn drop(&mut self) {
         self.acks.end();
+        self.iqs.end();
     }
 }
 
@@ -1081,6 +1300,72 @@ fn stream_error(e: &Element) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn el(xml: &str) -> Element {
+        xml::parse_element(xml).unwrap()
+    }
+
+    /// XEP-0066 in, XEP-0363 disco, slot and the OOB message out.
+    #[test]
+    fn oob_and_http_upload_parse() {
+        let m = el("<message xmlns='jabber:client'><body>https://h/f.png</body>\
+                    <x xmlns='jabber:x:oob'><url> https://h/f.png </url></x></message>");
+        assert_eq!(oob_url(&m).as_deref(), Some("https://h/f.png"));
+        assert_eq!(oob_url(&el("<message xmlns='jabber:client'><body>hi</body></message>")), None);
+        assert_eq!(oob_url(&el("<message xmlns='jabber:client'><x xmlns='jabber:x:oob'><url/></x></message>")), None);
+
+        let items =
+            el("<iq xmlns='jabber:client' type='result'><query xmlns='http://jabber.org/protocol/disco#items'>\
+                        <item jid='conference.h'/><item jid='upload.h'/><item/></query></iq>");
+        assert_eq!(parse_disco_items(&items), ["conference.h", "upload.h"]);
+        let info = el("<iq xmlns='jabber:client' type='result'><query xmlns='http://jabber.org/protocol/disco#info'>\
+                       <feature var='urn:xmpp:http:upload:0'/><x xmlns='jabber:x:data' type='result'>\
+                       <field var='FORM_TYPE' type='hidden'><value>urn:xmpp:http:upload:0</value></field>\
+                       <field var='max-file-size'><value>1048576</value></field></x></query></iq>");
+        assert_eq!(
+            parse_upload_info("upload.h", &info),
+            Some(UploadService { jid: "upload.h".into(), max_size: Some(1 << 20) })
+        );
+        let muc = el("<iq xmlns='jabber:client' type='result'><query xmlns='http://jabber.org/protocol/disco#info'>\
+                      <feature var='http://jabber.org/protocol/muc'/></query></iq>");
+        assert_eq!(parse_upload_info("conference.h", &muc), None);
+
+        let slot = el("<iq xmlns='jabber:client' type='result'><slot xmlns='urn:xmpp:http:upload:0'>\
+                       <put url='https://h/up/1'><header name='authorization'>Bearer x\ny</header>\
+                       <header name='X-Evil'>no</header></put><get url='https://h/f/1'/></slot></iq>");
+        let s = parse_slot(&slot).unwrap();
+        assert_eq!((s.put.as_str(), s.get.as_str()), ("https://h/up/1", "https://h/f/1"));
+        assert_eq!(s.headers, [("Authorization".to_owned(), "Bearer xy".to_owned())]);
+        assert!(parse_slot(&el("<iq xmlns='jabber:client' type='result'/>")).is_err());
+
+        let out = Outgoing { to: "a@h", groupchat: false, body: "https://h/f/1?a=1&b", id: "i1" };
+        let xml = stanza_xml(&out, Kind::Oob("https://h/f/1?a=1&b")).unwrap();
+        assert!(xml.contains("<x xmlns='jabber:x:oob'><url>https://h/f/1?a=1&amp;b</url></x>"), "{xml}");
+        assert_eq!(
+            oob_url(&el(&xml.replace("<message ", "<message xmlns='jabber:client' "))).as_deref(),
+            Some("https://h/f/1?a=1&b")
+        );
+    }
+
+    /// A writer's IQ answer is taken for it; other stanzas pass.
+    #[test]
+    fn writer_iq_answers_are_routed() {
+        let iqs = Iqs::default();
+        iqs.expect("q1");
+        let other = el("<iq xmlns='jabber:client' type='result' id='zz'/>");
+        assert!(iqs.answer(other).is_some());
+        assert!(iqs.answer(el("<message xmlns='jabber:client' id='q1'/>")).is_some());
+        assert!(iqs.answer(el("<iq xmlns='jabber:client' type='result' id='q1'/>")).is_none());
+        assert_eq!(
+            iqs.wait("q1", Duration::from_millis(10)).and_then(|e| e.attr("id").map(str::to_owned)).as_deref(),
+            Some("q1")
+        );
+        iqs.expect("q2");
+        assert!(iqs.wait("q2", Duration::from_millis(10)).is_none(), "times out");
+        iqs.expect("q3");
+        iqs.end();
+        assert!(iqs.wait("q3", Duration::from_secs(5)).is_none(), "the connection ended");
+    }
 
     #[test]
     fn jids_are_checked() {

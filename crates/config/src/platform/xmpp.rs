@@ -22,6 +22,10 @@ pub struct Xmpp {
     /// The nick in rooms (default: the JID's local part).
     #[serde(default)]
     pub nick: Option<String>,
+    /// Files (XEP-0066 URLs in, XEP-0363 uploads out) over plain `http://` too, but only to a
+    /// loopback host: for a test server without https. Default: https only.
+    #[serde(default)]
+    pub http_files_on_loopback: bool,
 }
 
 /// A bare JID `local@domain` as the XMPP adapter takes it (no resource, no spaces or quotes).
