@@ -268,3 +268,53 @@ fn the_github_variant_and_the_rate_bound() {
     assert!(after.is_some_and(|s| (1..=30).contains(&s)), "Retry-After: {:?}", r.headers);
     stop_cleanly(&home, &mut g);
 }
+
+/// `X-Gatewarden-Thread` makes each thread its own conversation (`webhook:<name>:<thread>`),
+/// so a sender correlates each callback with its request by the `chat` it names; a thread
+/// that is not one printable token is refused (400) and nothing is journaled.
+#[test]
+fn threads_are_their_own_chats_and_the_callback_names_them() {
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let cb = CallbackServer::start(0);
+    let mut g = start_gw(&home, &sw, &config(Some(cb.addr)));
+    let addr = g.listen();
+    let with_thread = |thread: &str, body: &[u8], delivery: &str| {
+        let mut h = signed(now(), body, Some(delivery));
+        h.push(("X-Gatewarden-Thread".to_owned(), thread.to_owned()));
+        post(addr, &h, body)
+    };
+    let a = with_thread("ticket-17", b"printer on fire", "t-1");
+    assert_eq!(a.status, 202, "{}", a.text());
+    let b = with_thread("ticket-18", b"coffee machine empty", "t-2");
+    assert_eq!(b.status, 202, "{}", b.text());
+    let ok = wait_until(REPLY, || cb.delivered().len() == 2);
+    assert!(ok, "both replies at the callback: {:?}\n{}", cb.calls(), g.stderr_tail(20));
+    let mut got: Vec<(String, String)> = cb
+        .delivered()
+        .iter()
+        .map(|c| {
+            (
+                c.body["chat"].as_str().unwrap_or_default().to_owned(),
+                c.body["text"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("webhook:alerts:ticket-17".to_owned(), "printer on fire".to_owned()),
+            ("webhook:alerts:ticket-18".to_owned(), "coffee machine empty".to_owned())
+        ],
+        "each reply names its own thread"
+    );
+    let id = a.json().unwrap()["message_id"].as_str().expect("the message id").to_owned();
+    let m = Api::new(addr).get(&format!("/v1/messages/{id}")).unwrap().json().unwrap();
+    assert_eq!(m["chat_id"].as_str(), Some("webhook:alerts:ticket-17"), "{m}");
+
+    let bad = with_thread("two words", b"x", "t-3");
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    let p = platforms(&home);
+    assert_eq!(p[0]["received"].as_u64(), Some(2), "the refused thread was not journaled: {p}");
+    stop_cleanly(&home, &mut g);
+}
