@@ -184,6 +184,11 @@ pub fn parts(msg: &Message<'_>) -> (Vec<Part>, usize) {
     (out, more)
 }
 
+/// [`parts`] of the message `raw`; `None` when it does not parse.
+pub fn parts_of(raw: &[u8]) -> Option<(Vec<Part>, usize)> {
+    MessageParser::default().parse(raw).map(|m| parts(&m))
+}
+
 /// The decoded bytes of attachment `pos` of the message `raw` ([`Part::pos`]); `None` when it
 /// has no such part. At most `raw`'s size: the message was read under its bound.
 pub fn part_contents(raw: &[u8], pos: u32) -> Option<Vec<u8>> {

@@ -34,9 +34,23 @@
 //!   (nobody when all three are empty), so a stranger's mail leaves nothing in the home, not
 //!   even its thread; under `open`, `allowed_senders` (empty: anyone). A sender that
 //!   `allowed_senders` names is `listed`; the policy (crates/runtime/src/access/) decides.
-//! - **Bounded.** A message is read up to [`MAX_MESSAGE_BYTES`] (the server cuts it); a larger
-//!   one is answered as "too large". Bodies are decoded by mail-parser (MIME, quoted-printable,
-//!   base64, charsets) and cut at 32,000 characters. Every IMAP call is bounded (30 s).
+//! - **Bounded.** A message is read up to [`read_limit`] (`[attachments]`' `max_message_mb` in
+//!   base64, within [`MAX_MESSAGE_BYTES`]; the server cuts it); a larger one is answered as "too
+//!   large", its files unread. One receive keeps at most 32 messages and 16 MiB. Bodies are
+//!   decoded by mail-parser (MIME, quoted-printable, base64, charsets) and cut at 32,000
+//!   characters. Every IMAP call is bounded (30 s).
+//! - **Attachments in.** Every MIME part mail-parser does not take as the body text (an
+//!   attachment, an inline image, an attached mail, any non-text part) is a file
+//!   ([`message::parts`]: its name without a path, its declared type, its decoded size, so an
+//!   oversized one is refused unread), at most [`message::MAX_PARTS`] a message. The skeleton's
+//!   download decodes it from the bytes already read ([`skeleton::Receiver::fetch`]): nothing
+//!   more is asked of the server; the store's bounds and type check (attachments.rs) refuse a
+//!   zip named `.png` or a broken base64 image with a notice.
+//! - **Attachments out.** Each file of a reply is one more mail in the thread after its text:
+//!   `multipart/mixed`, a line naming the file, then the file (its type, `filename`). Its
+//!   Message-ID is fixed by the outbox entry and piece like a text reply's, so a resend after a
+//!   crash is the same message: a client that deduplicates by Message-ID shows it once; the
+//!   worst case is one duplicate.
 //! - **At least once outbound.** A crash between the SMTP send and the outbox commit sends the
 //!   reply again, with the same Message-ID.
 //!
@@ -694,9 +708,13 @@ impl skeleton::Sender for Mailer {
             .or_else(|_| ContentType::parse("application/octet-stream"))
             .map_err(|e| SendError::Rejected(format!("file {name}: type {:?}: {e}", file.kind)))?;
         let note = format!("Attached: {name} ({}, {}).", file.kind, crate::attachments::human_size(file.size));
+        // Base64 whatever the type: a text file's line ends arrive as they were (lettre would
+        // send text as 7bit with CRLF, the canonical form a client converts back).
+        let file = lettre::message::Body::new_with_encoding(bytes, header::ContentTransferEncoding::Base64)
+            .map_err(|_| SendError::Rejected(format!("file {name}: cannot encode it")))?;
         let body = MultiPart::mixed()
             .singlepart(SinglePart::plain(note))
-            .singlepart(lettre::message::Attachment::new(name).body(bytes, kind));
+            .singlepart(lettre::message::Attachment::new(name).body(file, kind));
         let msg = self
             .reply(chat, id)?
             .multipart(body)
@@ -735,6 +753,40 @@ mod tests {
         assert!(endpoint("imaps://", false).is_err());
         assert!(endpoint("imaps://u@h", false).is_err());
         assert!(endpoint("smtp://h:x", true).is_err());
+    }
+
+    #[test]
+    fn email_read_limit_follows_max_message_mb_within_its_bounds() {
+        let b = |mb: u64| crate::attachments::Bounds { per_message: mb << 20, ..Default::default() };
+        assert_eq!(read_limit(None), 1 << 20);
+        assert_eq!(read_limit(Some(&b(3))), (4 << 20) + (64 << 10), "3 MB of files in base64, and the text");
+        assert_eq!(read_limit(Some(&b(50))), MAX_MESSAGE_BYTES);
+        assert_eq!(read_limit(Some(&b(u64::MAX >> 20))), MAX_MESSAGE_BYTES);
+    }
+
+    #[test]
+    fn email_files_are_handled_by_uid_and_part_and_the_rest_refused() {
+        let part = |pos| message::Part { pos, name: format!("f{pos}.png"), declared: "image/png".into(), size: 9 };
+        let mail = message::Mail {
+            from: "a@x".into(),
+            root: "r".into(),
+            message_id: None,
+            references: Vec::new(),
+            subject: String::new(),
+            text: String::new(),
+            sent_at: None,
+            parts: vec![part(0), part(3)],
+            more_parts: 4,
+        };
+        let f = files(17, &mail);
+        assert_eq!(f.len(), 3);
+        assert_eq!((f[1].fetch.as_str(), f[1].size, f[1].name.as_str()), ("17:3", Some(9), "f3.png"));
+        assert!(f[0].outcome.is_none());
+        assert!(
+            matches!(&f[2].outcome, Some(Outcome::Refused(why)) if why.contains("at most 32")),
+            "{:?}",
+            f[2]
+        );
     }
 
     #[test]
