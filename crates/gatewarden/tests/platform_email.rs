@@ -457,7 +457,11 @@ fn mail_with(s: &MailServer, who: &str, id: &str, text: &str, parts: &[Part<'_>]
          Content-Type: multipart/mixed; boundary=\"gw-b\"\r\n\r\n--gw-b\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{text}\r\n"
     );
     for p in parts {
-        let disposition = if p.disposition.is_empty() { String::new() } else { format!("Content-Disposition: {}\r\n", p.disposition) };
+        let disposition = if p.disposition.is_empty() {
+            String::new()
+        } else {
+            format!("Content-Disposition: {}\r\n", p.disposition)
+        };
         raw.push_str(&format!(
             "--gw-b\r\nContent-Type: {}\r\n{disposition}Content-Transfer-Encoding: base64\r\n\r\n{}",
             p.kind,
@@ -496,11 +500,19 @@ fn email_photo_reaches_the_vision_provider_and_a_text_file_is_inlined() {
     mail_with(&s, "alice", "photo", "what is this", &[photo]);
     wait_reply(&s, "alice", |t| t == "a tiny picture");
     let content = last_user_content(&llm);
-    assert_eq!((content[0]["type"].as_str(), content[0]["text"].as_str()), (Some("text"), Some("what is this")), "{content}");
+    assert_eq!(
+        (content[0]["type"].as_str(), content[0]["text"].as_str()),
+        (Some("text"), Some("what is this")),
+        "{content}"
+    );
     let url = format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(PNG));
     assert_eq!(content[1], json!({"type": "image_url", "image_url": {"url": url}}));
 
-    let doc = Part { kind: "text/plain; charset=utf-8", disposition: "attachment; filename=\"notes.txt\"", bytes: b"line one\nline two\n" };
+    let doc = Part {
+        kind: "text/plain; charset=utf-8",
+        disposition: "attachment; filename=\"notes.txt\"",
+        bytes: b"line one\nline two\n",
+    };
     mail_with(&s, "alice", "doc", "summarise", &[doc]);
     must_wait_until(REPLY, "the provider asked about the document", || llm.seen().len() >= 2);
     let content = last_user_content(&llm);
@@ -553,7 +565,10 @@ fn email_exec_reads_the_files_and_sends_one_back_once_across_a_kill_9() {
     let quiet = holds_for(Duration::from_millis(1500), || files().len() == 1 && s.imap_messages("alice").len() == 2);
     assert!(quiet.is_ok(), "sent more than once: {:#?}", s.texts("alice"));
     let (re, f) = files().remove(0);
-    assert_eq!((f.name.as_str(), f.kind.as_str(), f.bytes.as_slice()), ("report.txt", "text/plain", &b"report body\n"[..]));
+    assert_eq!(
+        (f.name.as_str(), f.kind.as_str(), f.bytes.as_slice()),
+        ("report.txt", "text/plain", &b"report body\n"[..])
+    );
     assert_eq!(re, "exec@example.test", "in the thread");
     let env: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("env.json")).unwrap()).unwrap();
@@ -578,12 +593,19 @@ fn email_oversized_and_mistyped_files_are_refused_with_a_notice() {
     wait_adapter(&home, "connected", READY);
 
     let big = vec![b'a'; 3 << 19];
-    mail_with(&s, "alice", "big", "too big", &[Part { kind: "text/plain", disposition: "attachment; filename=\"big.txt\"", bytes: &big }]);
+    mail_with(
+        &s,
+        "alice",
+        "big",
+        "too big",
+        &[Part { kind: "text/plain", disposition: "attachment; filename=\"big.txt\"", bytes: &big }],
+    );
     let notice = wait_reply(&s, "alice", |t| t.starts_with("attachment refused"));
     assert!(notice.contains("big.txt") && notice.contains("too large"), "{notice}");
     wait_reply(&s, "alice", |t| t.starts_with("too big\n[attachment refused: big.txt: too large"));
 
-    let bomb = Part { kind: "image/png", disposition: "attachment; filename=\"bomb.png\"", bytes: b"PK\x03\x04zip inside" };
+    let bomb =
+        Part { kind: "image/png", disposition: "attachment; filename=\"bomb.png\"", bytes: b"PK\x03\x04zip inside" };
     mail_with(&s, "alice", "zip", "look", &[bomb]);
     let notice = wait_reply(&s, "alice", |t| t.starts_with("attachment refused: bomb.png"));
     assert!(notice.contains("application/zip"), "{notice}");

@@ -214,7 +214,11 @@ fn declared_type(p: &MessagePart<'_>) -> String {
     let plain = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"+-._".contains(&b));
     match t.split_once('/') {
         Some((a, b)) if t.len() <= 100 && plain(a) && plain(b) => {
-            if t == "message/rfc822" { "text/plain".into() } else { t }
+            if t == "message/rfc822" {
+                "text/plain".into()
+            } else {
+                t
+            }
         }
         _ => "application/octet-stream".into(),
     }
@@ -366,7 +370,8 @@ mod tests {
             body.push_str(&format!("--w\r\nContent-Type: image/gif; name=\"{i}.gif\"\r\n\r\nGIF89a\r\n"));
         }
         body.push_str("--w--\r\n");
-        let raw = mail("From: alice@example.test\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=w", &body);
+        let raw =
+            mail("From: alice@example.test\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=w", &body);
         let m = judge(&raw, OWN, &[]).unwrap();
         assert_eq!((m.parts.len(), m.more_parts, m.text.as_str()), (MAX_PARTS, 5, "many files"));
     }

@@ -71,17 +71,15 @@ use std::time::{Duration, SystemTime};
 use gatewarden_config::PlatformConfig;
 use gatewarden_config::platform::Email as Settings;
 use gatewarden_lifecycle::fsio;
-use lettre::message::{Mailbox, MultiPart, SinglePart};
 use lettre::message::header::{self, ContentType, HeaderName, HeaderValue};
+use lettre::message::{Mailbox, MultiPart, SinglePart};
 use lettre::transport::smtp::authentication::{Credentials, Mechanism};
 use lettre::transport::smtp::client::Tls;
 use lettre::{SmtpTransport, Transport};
 use serde::{Deserialize, Serialize};
 
 use crate::attachments::{Attachment, Outcome};
-use crate::skeleton::{
-    self, Batch, Ctx, Failure, Limits, OutFile, PieceId, PieceLimit, Protocol, SendError, Skeleton,
-};
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, OutFile, PieceId, PieceLimit, Protocol, SendError, Skeleton};
 use crate::{AdapterError, ChatKind, Host, Inbound};
 
 use imap::{ImapError, Security};
@@ -782,11 +780,7 @@ mod tests {
         assert_eq!(f.len(), 3);
         assert_eq!((f[1].fetch.as_str(), f[1].size, f[1].name.as_str()), ("17:3", Some(9), "f3.png"));
         assert!(f[0].outcome.is_none());
-        assert!(
-            matches!(&f[2].outcome, Some(Outcome::Refused(why)) if why.contains("at most 32")),
-            "{:?}",
-            f[2]
-        );
+        assert!(matches!(&f[2].outcome, Some(Outcome::Refused(why)) if why.contains("at most 32")), "{:?}", f[2]);
     }
 
     #[test]
