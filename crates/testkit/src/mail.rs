@@ -59,6 +59,32 @@ pub struct Reply {
     pub text: String,
 }
 
+/// One file a raw message carries as a MIME part (mail-parser's attachments).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MailFile {
+    /// `Content-Disposition`'s `filename` (else `Content-Type`'s `name`).
+    pub name: String,
+    /// `type/subtype` of its `Content-Type`.
+    pub kind: String,
+    /// Decoded.
+    pub bytes: Vec<u8>,
+}
+
+/// The files `raw` carries, and the id it answers (`In-Reply-To`, without `<>`).
+pub fn files_of(raw: &[u8]) -> (String, Vec<MailFile>) {
+    use mail_parser::MimeHeaders;
+    let Some(msg) = mail_parser::MessageParser::default().parse(raw) else { return (String::new(), Vec::new()) };
+    let files = msg
+        .attachments()
+        .map(|a| MailFile {
+            name: a.attachment_name().unwrap_or_default().to_owned(),
+            kind: a.content_type().map(|c| format!("{}/{}", c.ctype(), c.subtype().unwrap_or_default())).unwrap_or_default(),
+            bytes: a.contents().to_vec(),
+        })
+        .collect();
+    (msg.in_reply_to().as_text().unwrap_or_default().to_owned(), files)
+}
+
 /// Dovecot and OpenSMTPD for one test.
 pub struct MailServer {
     dir: TempDir,
@@ -68,6 +94,8 @@ pub struct MailServer {
     ports: Ports,
     dovecot_proc: Option<Proc>,
     smtpd_proc: Option<Proc>,
+    /// The test CA's certificate, trusted by [`MailServer::imap_messages`].
+    ca_der: tokio_rustls::rustls::pki_types::CertificateDer<'static>,
 }
 
 #[derive(Clone, Copy)]
@@ -138,8 +166,9 @@ impl MailServer {
         std::fs::write(d.join("dovecot.conf"), conf).expect("dovecot.conf");
         std::fs::write(d.join("vusers"), format!("@{DOMAIN} nobody\n")).expect("vusers");
         write_private(&d.join("smtpd.conf"), &smtpd_config(d, ports));
+        let ca_der = leaf.chain.last().cloned().expect("the leaf's chain ends with the CA");
         let mut s =
-            MailServer { dir, dovecot, smtpd, ca: ca_path, ports, dovecot_proc: None, smtpd_proc: None };
+            MailServer { dir, dovecot, smtpd, ca: ca_path, ports, dovecot_proc: None, smtpd_proc: None, ca_der };
         let started = Instant::now();
         s.launch_dovecot();
         s.launch_smtpd();
@@ -269,6 +298,61 @@ impl MailServer {
             .collect();
         files.sort();
         files.iter().filter_map(|p| std::fs::read(p).ok()).map(|b| String::from_utf8_lossy(&b).into_owned()).collect()
+    }
+
+    /// The messages in test user `name`'s INBOX as an IMAP client reads them (implicit TLS
+    /// verified against the test CA, `LOGIN`, `SELECT INBOX`, `FETCH 1:* BODY.PEEK[]`), raw,
+    /// in mailbox order. A blocking client of its own: the adapter's is not what is tested here.
+    pub fn imap_messages(&self, name: &str) -> Vec<Vec<u8>> {
+        use tokio_rustls::rustls;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.ca_der.clone()).expect("the test CA");
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let server = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("server name");
+        let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), server).expect("TLS client");
+        let tcp = TcpStream::connect((Ipv4Addr::LOCALHOST, self.ports.imaps)).expect("connect to IMAPS");
+        tcp.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+        let mut r = BufReader::new(rustls::StreamOwned::new(conn, tcp));
+        let mut line = String::new();
+        r.read_line(&mut line).expect("IMAP greeting");
+        let mut messages = Vec::new();
+        let commands = [
+            format!("a1 LOGIN \"{}\" \"{}\"", address(name), password(name)),
+            "a2 SELECT INBOX".to_owned(),
+            "a3 FETCH 1:* (BODY.PEEK[])".to_owned(),
+            "a4 LOGOUT".to_owned(),
+        ];
+        for cmd in &commands {
+            r.get_mut().write_all(format!("{cmd}\r\n").as_bytes()).expect("write IMAP");
+            let tag = cmd.split(' ').next().unwrap_or_default();
+            loop {
+                let mut buf = Vec::new();
+                if r.read_until(b'\n', &mut buf).expect("read IMAP") == 0 {
+                    return messages;
+                }
+                let l = String::from_utf8_lossy(&buf).trim_end().to_owned();
+                // `* n FETCH (BODY[] {len}`: the message's bytes follow, then `)`.
+                if let Some(len) =
+                    l.strip_suffix('}').and_then(|h| h.rsplit_once('{')).and_then(|(_, n)| n.parse::<usize>().ok())
+                {
+                    let mut body = vec![0; len];
+                    std::io::Read::read_exact(&mut r, &mut body).expect("read a message");
+                    messages.push(body);
+                    continue;
+                }
+                if l.starts_with(&format!("{tag} ")) {
+                    // An empty mailbox answers the FETCH with NO or BAD: no messages.
+                    assert!(tag == "a3" || tag == "a4" || l.starts_with(&format!("{tag} OK")), "IMAP said {l:?} to {tag}");
+                    break;
+                }
+            }
+        }
+        messages
     }
 
     /// The messages in `name`'s maildir, decoded: (subject, In-Reply-To, text body).

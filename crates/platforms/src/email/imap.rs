@@ -21,6 +21,9 @@ use tokio_rustls::rustls::pki_types::ServerName;
 pub const OP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Messages fetched per receive at most; the rest wait for the next one.
 pub const FETCH_BATCH: usize = 32;
+/// Bytes of messages one receive keeps at most (past the first message): a batch of large
+/// mails with attachments stays within memory bounds.
+pub const FETCH_BATCH_BYTES: usize = 16 << 20;
 
 type Tls = TlsStream<TcpStream>;
 
@@ -154,14 +157,16 @@ impl Session {
         self.session.as_mut().ok_or_else(|| ImapError::Lost("not connected".into()))
     }
 
-    /// The messages with a UID above `after` (at most [`FETCH_BATCH`], oldest first), each read
-    /// up to `max_bytes` (`BODY.PEEK[]<0.max>`: the server cuts it; nothing is marked seen).
+    /// The messages with a UID above `after` (at most [`FETCH_BATCH`], and no more once
+    /// [`FETCH_BATCH_BYTES`] are kept; oldest first), each read up to `max_bytes`
+    /// (`BODY.PEEK[]<0.max>`: the server cuts it; nothing is marked seen).
     pub fn fetch_after(&mut self, after: u32, max_bytes: u32) -> Result<Vec<Fetched>, ImapError> {
         let first = after.saturating_add(1);
         let query = format!("(UID RFC822.SIZE BODY.PEEK[]<0.{max_bytes}>)");
         // `n:*` names the last message even when its UID is below n (RFC 3501 6.4.8): filtered.
         let set = format!("{first}:*");
         let mut out: Vec<Fetched> = Vec::new();
+        let (mut kept, mut left_out) = (0usize, u32::MAX);
         let rt = &self.rt;
         let session = self.session.as_mut().ok_or_else(|| ImapError::Lost("not connected".into()))?;
         let fut = async {
@@ -169,15 +174,29 @@ impl Session {
             while let Some(item) = stream.next().await {
                 let f = item.map_err(|e| lost("UID FETCH", e))?;
                 let Some(uid) = f.uid.filter(|u| *u > after) else { continue };
-                if out.len() < FETCH_BATCH {
-                    let raw = f.body().map(<[u8]>::to_vec).unwrap_or_default();
-                    out.push(Fetched { uid, size: f.size.unwrap_or(0), raw });
+                if out.len() >= FETCH_BATCH || kept >= FETCH_BATCH_BYTES {
+                    // Full: the lowest UIDs are the ones kept (a server may answer out of
+                    // order), so the highest kept one makes room for a lower one.
+                    let highest = (0..out.len()).max_by_key(|&i| out[i].uid).filter(|&i| out[i].uid > uid);
+                    let Some(i) = highest else {
+                        left_out = left_out.min(uid);
+                        continue;
+                    };
+                    let gone = out.swap_remove(i);
+                    kept -= gone.raw.len();
+                    left_out = left_out.min(gone.uid);
                 }
+                let raw = f.body().map(<[u8]>::to_vec).unwrap_or_default();
+                kept += raw.len();
+                out.push(Fetched { uid, size: f.size.unwrap_or(0), raw });
             }
             Ok(())
         };
         bounded(rt, "UID FETCH", OP_TIMEOUT, fut)?;
         out.sort_by_key(|f| f.uid);
+        // The position moves past the last message kept: the batch ends before the first one
+        // left out, which the next receive fetches (the lowest UID is always kept).
+        out.retain(|f| f.uid < left_out);
         Ok(out)
     }
 

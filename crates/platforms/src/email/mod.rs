@@ -34,9 +34,23 @@
 //!   (nobody when all three are empty), so a stranger's mail leaves nothing in the home, not
 //!   even its thread; under `open`, `allowed_senders` (empty: anyone). A sender that
 //!   `allowed_senders` names is `listed`; the policy (crates/runtime/src/access/) decides.
-//! - **Bounded.** A message is read up to [`MAX_MESSAGE_BYTES`] (the server cuts it); a larger
-//!   one is answered as "too large". Bodies are decoded by mail-parser (MIME, quoted-printable,
-//!   base64, charsets) and cut at 32,000 characters. Every IMAP call is bounded (30 s).
+//! - **Bounded.** A message is read up to [`read_limit`] (`[attachments]`' `max_message_mb` in
+//!   base64, within [`MAX_MESSAGE_BYTES`]; the server cuts it); a larger one is answered as "too
+//!   large", its files unread. One receive keeps at most 32 messages and 16 MiB. Bodies are
+//!   decoded by mail-parser (MIME, quoted-printable, base64, charsets) and cut at 32,000
+//!   characters. Every IMAP call is bounded (30 s).
+//! - **Attachments in.** Every MIME part mail-parser does not take as the body text (an
+//!   attachment, an inline image, an attached mail, any non-text part) is a file
+//!   ([`message::parts`]: its name without a path, its declared type, its decoded size, so an
+//!   oversized one is refused unread), at most [`message::MAX_PARTS`] a message. The skeleton's
+//!   download decodes it from the bytes already read ([`skeleton::Receiver::fetch`]): nothing
+//!   more is asked of the server; the store's bounds and type check (attachments.rs) refuse a
+//!   zip named `.png` or a broken base64 image with a notice.
+//! - **Attachments out.** Each file of a reply is one more mail in the thread after its text:
+//!   `multipart/mixed`, a line naming the file, then the file (its type, `filename`). Its
+//!   Message-ID is fixed by the outbox entry and piece like a text reply's, so a resend after a
+//!   crash is the same message: a client that deduplicates by Message-ID shows it once; the
+//!   worst case is one duplicate.
 //! - **At least once outbound.** A crash between the SMTP send and the outbox commit sends the
 //!   reply again, with the same Message-ID.
 //!
@@ -48,7 +62,8 @@
 pub mod imap;
 pub mod message;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -56,20 +71,24 @@ use std::time::{Duration, SystemTime};
 use gatewarden_config::PlatformConfig;
 use gatewarden_config::platform::Email as Settings;
 use gatewarden_lifecycle::fsio;
-use lettre::message::Mailbox;
 use lettre::message::header::{self, ContentType, HeaderName, HeaderValue};
+use lettre::message::{Mailbox, MultiPart, SinglePart};
 use lettre::transport::smtp::authentication::{Credentials, Mechanism};
 use lettre::transport::smtp::client::Tls;
 use lettre::{SmtpTransport, Transport};
 use serde::{Deserialize, Serialize};
 
-use crate::skeleton::{self, Batch, Ctx, Failure, Limits, PieceId, PieceLimit, Protocol, SendError, Skeleton};
+use crate::attachments::{Attachment, Outcome};
+use crate::skeleton::{self, Batch, Ctx, Failure, Limits, OutFile, PieceId, PieceLimit, Protocol, SendError, Skeleton};
 use crate::{AdapterError, ChatKind, Host, Inbound};
 
 use imap::{ImapError, Security};
 
-/// The largest message read; the server cuts larger ones (`BODY.PEEK[]<0.n>`).
-pub const MAX_MESSAGE_BYTES: u32 = 1 << 20;
+/// The largest message read; the server cuts larger ones (`BODY.PEEK[]<0.n>`). Below it,
+/// [`read_limit`] follows `[attachments]` `max_message_mb`.
+pub const MAX_MESSAGE_BYTES: u32 = 8 << 20;
+/// What a message is read up to without an attachment store.
+const TEXT_MESSAGE_BYTES: u32 = 1 << 20;
 /// Threads remembered for replies (the oldest are forgotten first).
 pub const MAX_THREADS: usize = 500;
 /// Characters per reply (one email).
@@ -185,6 +204,15 @@ fn save_json<T: Serialize>(path: &Path, value: &T) -> Result<(), String> {
         gatewarden_lifecycle::platform::create_private_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     fsio::write_json(path, value).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// How much of a message is read: room for `[attachments]`'s `max_message_mb` of files in
+/// base64 (4/3 of their size) and the text around them, within [`MAX_MESSAGE_BYTES`]; 1 MiB
+/// when no files are stored.
+pub fn read_limit(bounds: Option<&crate::attachments::Bounds>) -> u32 {
+    let Some(b) = bounds else { return TEXT_MESSAGE_BYTES };
+    let want = b.per_message.saturating_mul(4) / 3 + (64 << 10);
+    u32::try_from(want).unwrap_or(u32::MAX).clamp(TEXT_MESSAGE_BYTES, MAX_MESSAGE_BYTES)
 }
 
 fn load_position(path: Option<&PathBuf>) -> Option<Position> {
@@ -326,6 +354,8 @@ impl Protocol for Proto {
             gap: None,
             not_before: None,
             threads,
+            limit: MAX_MESSAGE_BYTES,
+            raws: HashMap::new(),
         };
         Ok((rx, tx))
     }
@@ -351,6 +381,35 @@ pub struct Fetcher {
     /// A fresh start in a cluster: mail at or below this UID older than the time is history.
     not_before: Option<(u32, SystemTime)>,
     threads: SharedThreads,
+    /// What the last receive read each message up to ([`read_limit`]).
+    limit: u32,
+    /// The last batch's messages that carry files, by UID: [`skeleton::Receiver::fetch`]
+    /// decodes a part from them (the skeleton downloads before the next receive).
+    raws: HashMap<u32, Vec<u8>>,
+}
+
+/// The files a message carries, as the skeleton downloads them: the handle is `uid:part`; the
+/// parts past [`message::MAX_PARTS`] are one refusal.
+fn files(uid: u32, mail: &message::Mail) -> Vec<Attachment> {
+    let mut out: Vec<Attachment> = mail
+        .parts
+        .iter()
+        .map(|p| Attachment {
+            name: p.name.clone(),
+            declared: p.declared.clone(),
+            size: Some(p.size),
+            fetch: format!("{uid}:{}", p.pos),
+            outcome: None,
+        })
+        .collect();
+    if mail.more_parts > 0 {
+        out.push(Attachment {
+            name: format!("{} more parts", mail.more_parts),
+            outcome: Some(Outcome::Refused(format!("not read: at most {} files a message", message::MAX_PARTS))),
+            ..Attachment::default()
+        });
+    }
+    out
 }
 
 fn failure(e: ImapError) -> Failure {
@@ -378,11 +437,17 @@ impl Fetcher {
         {
             return None;
         }
-        if f.size > MAX_MESSAGE_BYTES {
-            mail.text =
-                format!("[this message is {} bytes, over the {MAX_MESSAGE_BYTES}-byte limit: it was not read]", f.size);
-        } else if mail.text.is_empty() {
-            mail.text = "(empty message)".into();
+        let mut attachments = Vec::new();
+        if f.size > self.limit {
+            mail.text = format!(
+                "[this message is {} bytes, over the {}-byte limit: it was not read, nor its attachments]",
+                f.size, self.limit
+            );
+        } else {
+            attachments = files(f.uid, &mail);
+            if mail.text.is_empty() && attachments.is_empty() {
+                mail.text = "(empty message)".into();
+            }
         }
         let chat = if mail.root.is_empty() || mail.root.len() > 250 {
             format!("uid-{validity}-{}", f.uid)
@@ -403,7 +468,7 @@ impl Fetcher {
             chat: ChatKind::Direct,
             listed,
             addressed: true,
-            attachments: Vec::new(),
+            attachments,
         })
     }
 }
@@ -456,7 +521,9 @@ impl skeleton::Receiver for Fetcher {
     fn receive(&mut self, ctx: &Ctx, budget: Option<Duration>) -> Result<Batch, Failure> {
         let Some(pos) = self.confirmed else { return Err(Failure::Lost("not connected".into())) };
         let Some(session) = self.session.as_mut() else { return Err(Failure::Lost("not connected".into())) };
-        let mut fetched = match session.fetch_after(pos.last_uid, MAX_MESSAGE_BYTES) {
+        self.limit = read_limit(ctx.host().attachments().as_ref().map(|(_, b)| b));
+        let limit = self.limit;
+        let mut fetched = match session.fetch_after(pos.last_uid, limit) {
             Ok(f) => f,
             Err(e) => return Err(self.lost(e)),
         };
@@ -468,7 +535,7 @@ impl skeleton::Receiver for Fetcher {
             if ctx.ending() {
                 return Ok(Batch::default());
             }
-            fetched = match session.fetch_after(pos.last_uid, MAX_MESSAGE_BYTES) {
+            fetched = match session.fetch_after(pos.last_uid, limit) {
                 Ok(f) => f,
                 Err(e) => return Err(self.lost(e)),
             };
@@ -478,6 +545,17 @@ impl skeleton::Receiver for Fetcher {
             self.pending = Some(Position { uid_validity: pos.uid_validity, last_uid: last.uid });
         }
         batch.messages = fetched.iter().filter_map(|f| self.inbound(pos.uid_validity, f)).collect();
+        let with_files: std::collections::HashSet<&str> = batch
+            .messages
+            .iter()
+            .filter(|m| !m.attachments.is_empty())
+            .filter_map(|m| m.event_id.split_once(':').map(|(_, uid)| uid))
+            .collect();
+        self.raws = fetched
+            .into_iter()
+            .filter(|f| with_files.contains(f.uid.to_string().as_str()))
+            .map(|f| (f.uid, f.raw))
+            .collect();
         Ok(batch)
     }
 
@@ -499,6 +577,19 @@ impl skeleton::Receiver for Fetcher {
         if let Some(mut s) = self.session.take() {
             s.logout();
         }
+    }
+
+    /// A part of a message of the last batch, decoded from the bytes already read (under
+    /// [`read_limit`]): nothing more is asked of the server.
+    fn fetch(&mut self, _ctx: &Ctx, a: &Attachment, _timeout: Duration) -> Result<Box<dyn Read + Send>, String> {
+        let (uid, pos) = a
+            .fetch
+            .split_once(':')
+            .and_then(|(u, p)| Some((u.parse::<u32>().ok()?, p.parse::<u32>().ok()?)))
+            .ok_or_else(|| format!("no such part {:?}", a.fetch))?;
+        let raw = self.raws.get(&uid).ok_or_else(|| "the message is no longer at hand".to_owned())?;
+        let bytes = message::part_contents(raw, pos).ok_or_else(|| format!("the message has no part {pos}"))?;
+        Ok(Box::new(std::io::Cursor::new(bytes)))
     }
 
     fn hang_up(&mut self) -> Vec<Inbound> {
@@ -537,8 +628,10 @@ fn angle(id: &str) -> String {
     format!("<{id}>")
 }
 
-impl skeleton::Sender for Mailer {
-    fn send(&mut self, chat: &str, piece: &str, id: PieceId) -> Result<(), SendError> {
+impl Mailer {
+    /// A reply in `chat`'s thread: its headers, with the Message-ID fixed by the outbox entry
+    /// and piece (`id`), so a resend after a crash is the same message.
+    fn reply(&self, chat: &str, id: PieceId) -> Result<lettre::message::MessageBuilder, SendError> {
         let Some(t) = lock(&self.threads).map.get(chat).cloned() else {
             return Err(SendError::Rejected(format!("no email thread {chat:?} is known to reply to")));
         };
@@ -554,19 +647,77 @@ impl skeleton::Sender for Mailer {
                 crate::sha256_hex(chat.as_bytes()).get(..12).unwrap_or(""),
                 self.domain
             )))
-            .header(AutoSubmitted)
-            .header(ContentType::TEXT_PLAIN);
+            .header(AutoSubmitted);
         if let Some(last) = &t.last {
             b = b.in_reply_to(angle(last));
         }
         if !t.references.is_empty() {
             b = b.references(t.references.iter().map(|r| angle(r)).collect::<Vec<_>>().join(" "));
         }
-        let msg = b.body(piece.to_owned()).map_err(|e| SendError::Rejected(format!("cannot build the reply: {e}")))?;
-        match self.transport.send(&msg) {
+        Ok(b)
+    }
+
+    fn submit(&self, msg: &lettre::Message) -> Result<(), SendError> {
+        match self.transport.send(msg) {
             Ok(_) => Ok(()),
             Err(e) => Err(smtp_error(&e)),
         }
+    }
+}
+
+/// A reply's file, read whole from the store (it was stored under `[attachments]`' per-file
+/// bound): a file gone or changed since is refused.
+fn read_out_file(file: &OutFile) -> Result<Vec<u8>, SendError> {
+    let gone = |e: String| SendError::Rejected(format!("file {}: {e}", file.name));
+    let (f, len) = fsio::open_regular(&file.path).ok().ok_or_else(|| gone("the stored file is gone".into()))?;
+    if len != file.size {
+        return Err(gone(format!("{len} bytes in the store, {} expected", file.size)));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    f.take(len).read_to_end(&mut bytes).map_err(|e| gone(e.to_string()))?;
+    Ok(bytes)
+}
+
+/// A file name fit for a MIME parameter: one line, no quotes or path (lettre encodes the rest,
+/// RFC 2231).
+fn out_name(name: &str) -> String {
+    let base = name.rsplit(['/', '\\']).next().unwrap_or(name);
+    let n: String = base.chars().filter(|c| !c.is_control() && *c != '"').take(120).collect();
+    if n.trim().is_empty() { "file".into() } else { n.trim().to_owned() }
+}
+
+impl skeleton::Sender for Mailer {
+    fn send(&mut self, chat: &str, piece: &str, id: PieceId) -> Result<(), SendError> {
+        let msg = self
+            .reply(chat, id)?
+            .header(ContentType::TEXT_PLAIN)
+            .body(piece.to_owned())
+            .map_err(|e| SendError::Rejected(format!("cannot build the reply: {e}")))?;
+        self.submit(&msg)
+    }
+
+    /// One mail per file, in the thread: `multipart/mixed`, a line of text naming the file,
+    /// then the file as an attachment part with its type and name. Its Message-ID is the
+    /// piece's, like a text reply's.
+    fn send_file(&mut self, chat: &str, file: &OutFile, id: PieceId) -> Result<(), SendError> {
+        let bytes = read_out_file(file)?;
+        let name = out_name(&file.name);
+        let kind = ContentType::parse(&file.kind)
+            .or_else(|_| ContentType::parse("application/octet-stream"))
+            .map_err(|e| SendError::Rejected(format!("file {name}: type {:?}: {e}", file.kind)))?;
+        let note = format!("Attached: {name} ({}, {}).", file.kind, crate::attachments::human_size(file.size));
+        // Base64 whatever the type: a text file's line ends arrive as they were (lettre would
+        // send text as 7bit with CRLF, the canonical form a client converts back).
+        let file = lettre::message::Body::new_with_encoding(bytes, header::ContentTransferEncoding::Base64)
+            .map_err(|_| SendError::Rejected(format!("file {name}: cannot encode it")))?;
+        let body = MultiPart::mixed()
+            .singlepart(SinglePart::plain(note))
+            .singlepart(lettre::message::Attachment::new(name).body(file, kind));
+        let msg = self
+            .reply(chat, id)?
+            .multipart(body)
+            .map_err(|e| SendError::Rejected(format!("cannot build the reply: {e}")))?;
+        self.submit(&msg)
     }
 }
 
@@ -603,6 +754,36 @@ mod tests {
     }
 
     #[test]
+    fn email_read_limit_follows_max_message_mb_within_its_bounds() {
+        let b = |mb: u64| crate::attachments::Bounds { per_message: mb << 20, ..Default::default() };
+        assert_eq!(read_limit(None), 1 << 20);
+        assert_eq!(read_limit(Some(&b(3))), (4 << 20) + (64 << 10), "3 MB of files in base64, and the text");
+        assert_eq!(read_limit(Some(&b(50))), MAX_MESSAGE_BYTES);
+        assert_eq!(read_limit(Some(&b(u64::MAX >> 20))), MAX_MESSAGE_BYTES);
+    }
+
+    #[test]
+    fn email_files_are_handled_by_uid_and_part_and_the_rest_refused() {
+        let part = |pos| message::Part { pos, name: format!("f{pos}.png"), declared: "image/png".into(), size: 9 };
+        let mail = message::Mail {
+            from: "a@x".into(),
+            root: "r".into(),
+            message_id: None,
+            references: Vec::new(),
+            subject: String::new(),
+            text: String::new(),
+            sent_at: None,
+            parts: vec![part(0), part(3)],
+            more_parts: 4,
+        };
+        let f = files(17, &mail);
+        assert_eq!(f.len(), 3);
+        assert_eq!((f[1].fetch.as_str(), f[1].size, f[1].name.as_str()), ("17:3", Some(9), "f3.png"));
+        assert!(f[0].outcome.is_none());
+        assert!(matches!(&f[2].outcome, Some(Outcome::Refused(why)) if why.contains("at most 32")), "{:?}", f[2]);
+    }
+
+    #[test]
     fn the_thread_table_forgets_the_oldest() {
         let mut t = Threads::default();
         let mail = |n: usize| message::Mail {
@@ -613,6 +794,8 @@ mod tests {
             subject: "s".into(),
             text: "t".into(),
             sent_at: None,
+            parts: Vec::new(),
+            more_parts: 0,
         };
         for n in 0..MAX_THREADS + 3 {
             t.note(&format!("r{n}"), &mail(n)).unwrap();
