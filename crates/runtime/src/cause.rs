@@ -95,12 +95,36 @@ pub enum Asker {
 
 /// What a restart request taken on hears: accepted, joined or refused by what the main loop
 /// decided first, or `Err` with why the next incarnation cannot run (this one keeps serving).
-pub type Verdict = Result<crate::gateway::RestartAnswer, String>;
+pub type Verdict = Result<RestartAnswer, String>;
 
 impl Asker {
     /// A waiting asker and its end of the channel.
     pub fn waiting() -> (Asker, tokio::sync::oneshot::Receiver<Verdict>) {
         let (tx, rx) = tokio::sync::oneshot::channel();
         (Asker::Waiting(tx), rx)
+    }
+}
+
+/// The answer to a restart request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestartAnswer {
+    /// Taken on: this incarnation drains and restarts for it.
+    Accepted,
+    /// A restart was already under way; this request joined it.
+    Joined,
+    /// A stop is under way (or recorded by the operator): not restarted, and why.
+    Refused(String),
+}
+
+impl RestartAnswer {
+    /// The words a chat (or `gatewarden send`) reads.
+    pub fn reply(&self) -> String {
+        match self {
+            RestartAnswer::Accepted => "restarting…".into(),
+            RestartAnswer::Joined => crate::restart::JOINED.into(),
+            RestartAnswer::Refused(why) => {
+                format!("not restarting: the gateway is stopping ({why}); start it again with `gatewarden start`")
+            }
+        }
     }
 }

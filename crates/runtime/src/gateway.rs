@@ -12,7 +12,7 @@ use gatewarden_lifecycle::{Home, InstanceLock, Supervisor, fsio, timefmt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::cause::{Asker, Cause, ControlKind, Outcome};
+use crate::cause::{Asker, Cause, ControlKind, Outcome, RestartAnswer};
 use crate::drain::{Phase, Runs};
 
 /// Who this incarnation is.
@@ -148,30 +148,6 @@ struct Leaving {
     requester: Value,
     /// In words: "planned stop requested by pid 77 (gatewarden stop) via cli".
     reason: String,
-}
-
-/// The answer to a restart request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RestartAnswer {
-    /// Taken on: this incarnation drains and restarts for it.
-    Accepted,
-    /// A restart was already under way; this request joined it.
-    Joined,
-    /// A stop is under way (or recorded by the operator): not restarted, and why.
-    Refused(String),
-}
-
-impl RestartAnswer {
-    /// The words a chat (or `gatewarden send`) reads.
-    pub fn reply(&self) -> String {
-        match self {
-            RestartAnswer::Accepted => "restarting…".into(),
-            RestartAnswer::Joined => crate::restart::JOINED.into(),
-            RestartAnswer::Refused(why) => {
-                format!("not restarting: the gateway is stopping ({why}); start it again with `gatewarden start`")
-            }
-        }
-    }
 }
 
 impl Gateway {

@@ -34,9 +34,9 @@ use gatewarden_lifecycle::supervisor::RestartRoute;
 use serde_json::json;
 
 use crate::app::App;
+use crate::cause::RestartAnswer;
 use crate::cause::{Asker, Outcome, Reexec};
 use crate::gateway::Gateway;
-use crate::gateway::RestartAnswer;
 use crate::options::{RUN_TAG, ResolvedOptions};
 use gatewarden_lifecycle::platform::spawn;
 

@@ -17,8 +17,8 @@ use tokio::sync::mpsc::UnboundedSender;
 pub use transport::{bind, unbind};
 
 use crate::app::App;
+use crate::cause::RestartAnswer;
 use crate::cause::{Asker, Cause, ControlKind};
-use crate::gateway::RestartAnswer;
 use crate::worker::DecidedBy;
 
 /// How long a cancel or reload request waits for the main loop's answer (the platforms

@@ -13,8 +13,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::app::App;
+use crate::cause::RestartAnswer;
 use crate::commands::{self, Channel, CommandOutcome, Sender};
-use crate::gateway::RestartAnswer;
 use crate::worker::{RETRY_AFTER, Work, http_chat};
 
 #[derive(Debug, Deserialize)]

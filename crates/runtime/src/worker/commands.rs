@@ -8,9 +8,10 @@ use gatewarden_lifecycle::platform::spawn;
 use serde_json::json;
 
 use super::{Work, chat_key};
+use crate::cause::RestartAnswer;
 use crate::cause::{Asker, ControlKind};
 use crate::commands::{self, Channel, Command, Sender};
-use crate::gateway::{Gateway, RestartAnswer};
+use crate::gateway::Gateway;
 use crate::notices;
 
 /// A carried-out command: the reply, and for a restart taken on over HTTP, where its verdict
