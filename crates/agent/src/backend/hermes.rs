@@ -274,10 +274,8 @@ impl HermesAgent {
         let history = if self.history_turns == 0 { Vec::new() } else { req.history.clone() };
         let run = RunThread {
             client: client.clone(),
-            // Named, not passed: /v1/runs takes `input` as text, or a message list whose last
-            // `content` it hands on without the multimodal checks of /v1/chat/completions
-            // (hermes-agent 0.19.0, gateway/platforms/api_server.py `_handle_runs`).
-            input: super::files::named_text(&req.text, &req.attachments),
+            // Images as parts, other files named (files.rs `runs_input`).
+            input: super::files::runs_input(&req.text, &req.attachments),
             session: req.session_scope().map(|p| session_id(p, &req.chat_id, req.session_started.as_deref())),
             session_key: req.session_scope().map(|p| session_key(p, &req.chat_id)),
             fallback_history: history,
@@ -517,7 +515,7 @@ fn json_of(r: &mut ureq::http::Response<ureq::Body>, path: &str) -> Result<Value
 /// One run, on its own thread.
 struct RunThread {
     client: Client,
-    input: String,
+    input: Value,
     session: Option<String>,
     session_key: Option<String>,
     fallback_history: Vec<Turn>,

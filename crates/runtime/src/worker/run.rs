@@ -609,16 +609,27 @@ fn noted(notes: Vec<Note>) -> Vec<TraceEvent> {
     out.into_iter().map(|(_, e)| e).collect()
 }
 
-/// The stored files a platform message's journaled text names (crates/platforms/src/
-/// attachments.rs), and its text without those lines. Only platform messages: an HTTP caller's
-/// text never names a stored file.
+/// The stored files a platform message's or a `/v1/responses` row's journaled text names
+/// (crates/platforms/src/attachments.rs), and its text without those lines. Both escape the
+/// sender's own lines that could pass for one (`escape_text`); a `/v1/messages` text is not
+/// escaped, so it never names a stored file.
 fn attachments_of(gw: &Gateway, msg: &Message) -> (String, Vec<gatewarden_agent::backend::AgentFile>) {
-    use gatewarden_platforms::attachments;
-    if msg.platform.is_none() || !msg.text.contains("[attachment: ") {
+    let escaped = msg.platform.is_some() || super::http_chat::continues(&msg.chat_id).is_some();
+    if !escaped {
         return (msg.text.clone(), Vec::new());
     }
+    files_named(gw, &msg.text)
+}
+
+/// The stored files `text` (escaped as [`attachments_of`] says) names, and the text without
+/// those lines: a `/v1/responses` call with `store: false` runs from it directly.
+pub(crate) fn files_named(gw: &Gateway, text: &str) -> (String, Vec<gatewarden_agent::backend::AgentFile>) {
+    use gatewarden_platforms::attachments;
+    if !text.contains("[attachment: ") {
+        return (text.to_owned(), Vec::new());
+    }
     let store = attachments::Store::new(gw.home.dir().join("attachments"));
-    let (text, files) = attachments::resolve(&store, &msg.text);
+    let (text, files) = attachments::resolve(&store, text);
     let files = files
         .into_iter()
         .map(|(name, kind, path, size)| gatewarden_agent::backend::AgentFile { path, name, kind, size })
