@@ -344,9 +344,10 @@ fn runs_survive_hermes_killed_and_gatewarden_restarted() {
 /// crates/agent/src/backend/files.rs `runs_input`), with the caption as text, and the reply
 /// comes back. hermes passes image parts on only to a model it knows sees images (run_agent.py
 /// `_prepare_messages_for_non_vision_model`; else it asks the provider to describe the image
-/// first, README "Attachments"): this home declares it (`model.supports_vision`).
+/// first, README "Attachments"): this home declares it (`model.supports_vision`). A reply's
+/// `MEDIA:<path>` tag of a file under the hermes home is uploaded to the chat.
 #[test]
-fn a_photo_reaches_the_model_through_real_hermes_as_an_image_part() {
+fn photos_reach_real_hermes_as_image_parts_and_its_media_tags_come_back_as_files() {
     use base64::Engine as _;
     const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x06\0\0\0\x1f\x15\xc4\x89 a tiny png";
     let Some(mut r) = Rig::new() else { return };
@@ -384,4 +385,23 @@ fn a_photo_reaches_the_model_through_real_hermes_as_an_image_part() {
             .any(|p| p["type"] == "text" && p["text"].as_str().is_some_and(|t| t.contains("what is in this photo"))),
         "{parts:?}"
     );
+
+    // Back: a `MEDIA:<path>` tag of a file under the hermes home is sent as a photo (once),
+    // its tag gone from the text; one outside the home stays text and nothing is sent for it.
+    let made = r.hermes_home.join("cache/made.png");
+    std::fs::create_dir_all(made.parent().unwrap()).unwrap();
+    std::fs::write(&made, PNG).unwrap();
+    let outside = r.scratch.path().join("outside.png");
+    std::fs::write(&outside, PNG).unwrap();
+    r.llm.on("user", "draw me one", [Reply::text(&format!("drawn: MEDIA:{}", made.display()))]);
+    r.llm.on("user", "draw elsewhere", [Reply::text(&format!("not mine: MEDIA:{}", outside.display()))]);
+    r.say(10, USER, "draw me one");
+    r.reply(10, |t| t == "drawn:");
+    must_wait_until(REPLY, "the photo was uploaded", || !r.tg.files(&r.tok).is_empty());
+    r.say(11, USER, "draw elsewhere");
+    r.reply(11, |t| t.starts_with("not mine: MEDIA:"));
+    let files = r.tg.files(&r.tok);
+    assert_eq!(files.len(), 1, "{files:#?}");
+    assert_eq!((files[0].method.as_str(), files[0].bytes.as_slice()), ("sendPhoto", PNG));
+    assert_eq!(files[0].chat_id, json!(10));
 }

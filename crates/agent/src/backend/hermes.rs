@@ -257,7 +257,17 @@ impl HermesAgent {
         let r =
             with_timeout(self.timeout, &cancel, |tok| self.drive(&req, tok, chunks, (url, key), deadline, http)).await;
         self.approvals.withdraw(&req.run_id);
-        r
+        // hermes names the files a reply carries with `MEDIA:<path>` tags, which `/v1/runs`
+        // passes on as they are; only a hermes home of ours says where they may be.
+        match (r, &self.endpoint) {
+            (Ok(mut reply), Endpoint::Home { home, .. }) => {
+                let (text, files) = media_files(&reply.text, home);
+                reply.text = text;
+                reply.files.extend(files);
+                Ok(reply)
+            }
+            (r, _) => r,
+        }
     }
 
     async fn drive(
@@ -717,6 +727,70 @@ fn completed(v: &Value) -> AgentReply {
     }
 }
 
+/// The files a reply's `MEDIA:<path>` tags name (hermes-agent 0.19.0 gateway/platforms/base.py
+/// `MEDIA_TAG_CLEANUP_RE`: an absolute path, bare or quoted), and the text without those tags.
+/// Only a regular file under the hermes `home` is taken ([`under_home`]); any other tag stays in
+/// the text as hermes wrote it. The runtime copies the files into the store under
+/// `[attachments]`, never through a link (crates/runtime/src/worker/run.rs `with_files`).
+fn media_files(text: &str, home: &std::path::Path) -> (String, Vec<std::path::PathBuf>) {
+    const TAG: &str = "MEDIA:";
+    if !text.contains(TAG) {
+        return (text.to_owned(), Vec::new());
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut files = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(TAG) {
+        let (before, tag) = rest.split_at(at);
+        let after = tag[TAG.len()..].trim_start_matches([' ', '\t']);
+        let quote = after.chars().next().filter(|c| matches!(c, '`' | '"' | '\''));
+        let (raw, len) = match quote {
+            Some(q) => match after[1..].find(q) {
+                Some(end) => (&after[1..=end], end + 2),
+                None => ("", 0),
+            },
+            None => {
+                let end = after.find(char::is_whitespace).unwrap_or(after.len());
+                let path = after[..end].trim_end_matches([',', '.', ';', ':', ')', '}', ']', '`', '"', '\'']);
+                (path, path.len())
+            }
+        };
+        let taken = (!raw.is_empty()).then(|| under_home(std::path::Path::new(raw), home)).flatten();
+        match taken {
+            Some(path) => {
+                // The quote hermes may open the tag with goes too (`"MEDIA:/a.png"`).
+                let before = before.strip_suffix(['`', '"', '\'']).unwrap_or(before);
+                out.push_str(before.trim_end_matches([' ', '\t']));
+                files.push(path);
+                // And the quote it may close with (`MEDIA:/a.png`).
+                rest = after[len..].strip_prefix(['`', '"', '\'']).unwrap_or(&after[len..]);
+            }
+            None => {
+                out.push_str(before);
+                out.push_str(TAG);
+                rest = &tag[TAG.len()..];
+            }
+        }
+    }
+    out.push_str(rest);
+    (out.trim().to_owned(), files)
+}
+
+/// `path` as a regular file inside `home`: absolute, without `..`, not itself a link, and
+/// inside `home` once every link on the way is resolved (a link out of the home is refused).
+fn under_home(path: &std::path::Path, home: &std::path::Path) -> Option<std::path::PathBuf> {
+    use std::path::Component;
+    if !path.is_absolute() || path.components().any(|c| matches!(c, Component::ParentDir | Component::CurDir)) {
+        return None;
+    }
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    if !meta.file_type().is_file() {
+        return None;
+    }
+    let real = std::fs::canonicalize(path).ok()?;
+    real.starts_with(std::fs::canonicalize(home).ok()?).then_some(real)
+}
+
 fn failed(v: &Value) -> AgentError {
     let why = v.get("error").and_then(Value::as_str).unwrap_or("agent run failed");
     AgentError::Failed(format!("hermes: {}", super::tail(why, ERROR_BODY_BYTES)))
@@ -748,6 +822,43 @@ fn session_turns(v: &Value, turns: usize, chars: usize) -> Vec<Turn> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `MEDIA:<path>` tags of a reply: a regular file under the hermes home becomes a file of
+    /// the reply and its tag leaves the text; a path outside it, through a link out of it, with
+    /// `..`, relative or missing stays in the text untaken.
+    #[cfg(unix)]
+    #[test]
+    fn media_tags_under_the_hermes_home_become_reply_files() {
+        let d = tempfile::tempdir().unwrap();
+        let home = d.path().join("hermes");
+        std::fs::create_dir_all(home.join("cache")).unwrap();
+        let png = home.join("cache/out.png");
+        std::fs::write(&png, b"png").unwrap();
+        let outside = d.path().join("secret.png");
+        std::fs::write(&outside, b"secret").unwrap();
+        std::os::unix::fs::symlink(&outside, home.join("cache/link.png")).unwrap();
+        let real = std::fs::canonicalize(&png).unwrap();
+        let (p, h) = (png.display(), home.display());
+
+        let (text, files) = media_files(&format!("here it is: MEDIA:{p}\nenjoy."), &home);
+        assert_eq!((text.as_str(), files.clone()), ("here it is:\nenjoy.", vec![real.clone()]));
+        let (text, files) = media_files(&format!("`MEDIA:{p}`, and \"MEDIA:{p}\"."), &home);
+        assert_eq!((text.as_str(), files.len()), (", and.", 2), "quoted tags");
+        let (text, files) = media_files(&format!("MEDIA: {p})"), &home);
+        assert_eq!((text.as_str(), files), (")", vec![real]));
+        for kept in [
+            format!("MEDIA:{}", outside.display()),
+            format!("MEDIA:{h}/cache/link.png"),
+            format!("MEDIA:{h}/cache/../cache/out.png"),
+            "MEDIA:cache/out.png".to_owned(),
+            format!("MEDIA:{h}/cache/missing.png"),
+            format!("MEDIA:{h}/cache"),
+            "MEDIA:".to_owned(),
+            "no tag at all".to_owned(),
+        ] {
+            assert_eq!(media_files(&kept, &home), (kept.clone(), vec![]), "{kept}");
+        }
+    }
 
     #[test]
     fn session_ids_are_stable_and_move_with_new() {
