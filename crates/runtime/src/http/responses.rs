@@ -584,8 +584,8 @@ pub async fn create(State(gw): State<Arc<App>>, body: Bytes) -> Response {
 /// The text the agent gets for `text` and `files`: the caller's lines that could pass for an
 /// attachment line escaped, then one `[attachment: …]` line per file, each stored first under
 /// `[attachments]` (crates/platforms/src/attachments.rs, as a platform's files). A file that
-/// cannot be taken refuses the call: 413 too large, 400 otherwise (a stored file no row names
-/// goes with retention).
+/// cannot be taken refuses the call in [`invalid`]'s shape: 413 too large, 400 otherwise (a
+/// stored file no row names goes with retention).
 async fn with_files(gw: &Arc<App>, files: Vec<InFile>, text: &str) -> Result<String, Response> {
     use base64::Engine as _;
     use gatewarden_platforms::attachments::{self, Attachment, Bounds, Outcome, Store, human_size};
@@ -603,7 +603,7 @@ async fn with_files(gw: &Arc<App>, files: Vec<InFile>, text: &str) -> Result<Str
             let at = &f.at;
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(f.base64.trim())
-                .map_err(|e| invalid("input", format!("{at}: the data is not valid base64: {e}")))?;
+                .map_err(|e| (StatusCode::BAD_REQUEST, format!("{at}: the data is not valid base64: {e}")))?;
             let size = bytes.len() as u64;
             if size > bounds.per_file || used.saturating_add(size) > bounds.per_message {
                 let (total, cap, what) = if size > bounds.per_file {
@@ -611,11 +611,9 @@ async fn with_files(gw: &Arc<App>, files: Vec<InFile>, text: &str) -> Result<Str
                 } else {
                     (used.saturating_add(size), bounds.per_message, "a message")
                 };
-                return Err(too_large(format!(
-                    "{at}: too large ({} > {} {what}, [attachments])",
-                    human_size(total),
-                    human_size(cap)
-                )));
+                let why =
+                    format!("{at}: too large ({} > {} {what}, [attachments])", human_size(total), human_size(cap));
+                return Err((StatusCode::PAYLOAD_TOO_LARGE, why));
             }
             let a = Attachment { name: f.name, declared: f.declared, size: Some(size), ..Attachment::default() };
             let outcome = store.fetch(None, &a, &bounds, started, &mut used, |_| {
@@ -623,17 +621,25 @@ async fn with_files(gw: &Arc<App>, files: Vec<InFile>, text: &str) -> Result<Str
             });
             match &outcome {
                 Outcome::Stored(s) if f.image && !s.kind.starts_with("image/") => {
-                    return Err(invalid("input", format!("{at}: not an image (the content is {})", s.kind)));
+                    return Err((StatusCode::BAD_REQUEST, format!("{at}: not an image (the content is {})", s.kind)));
                 }
                 Outcome::Stored(_) => {}
-                Outcome::Refused(why) => return Err(invalid("input", format!("{at}: refused: {why}"))),
+                Outcome::Refused(why) => return Err((StatusCode::BAD_REQUEST, format!("{at}: refused: {why}"))),
             }
             lines.push(attachments::line(&Attachment { outcome: Some(outcome), ..a }));
         }
         Ok(lines)
     })
-    .await
-    .unwrap_or_else(|e| Err(super::messages::error(StatusCode::INTERNAL_SERVER_ERROR, "attachments", e.to_string())))?;
+    .await;
+    let lines = match lines {
+        Ok(Ok(lines)) => lines,
+        Ok(Err((status, why))) => {
+            let mut r = invalid("input", why);
+            *r.status_mut() = status;
+            return Err(r);
+        }
+        Err(e) => return Err(super::messages::error(StatusCode::INTERNAL_SERVER_ERROR, "attachments", e.to_string())),
+    };
     for l in lines {
         if !out.is_empty() {
             out.push('\n');
@@ -641,13 +647,6 @@ async fn with_files(gw: &Arc<App>, files: Vec<InFile>, text: &str) -> Result<Str
         out.push_str(&l);
     }
     Ok(out)
-}
-
-/// 413 in the shape of [`invalid`].
-fn too_large(message: String) -> Response {
-    let mut r = invalid("input", message);
-    *r.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
-    r
 }
 
 /// Runs response `id` (journaled when `r.store`), streaming into `chunks`.
