@@ -729,7 +729,7 @@ fn completed(v: &Value) -> AgentReply {
 
 /// The files a reply's `MEDIA:<path>` tags name (hermes-agent 0.19.0 gateway/platforms/base.py
 /// `MEDIA_TAG_CLEANUP_RE`: an absolute path, bare or quoted), and the text without those tags.
-/// Only a regular file under the hermes `home` is taken ([`under_home`]); any other tag stays in
+/// Only a regular file in the hermes `home`'s media caches is taken ([`under_home`]); any other tag stays in
 /// the text as hermes wrote it. The runtime copies the files into the store under
 /// `[attachments]`, never through a link (crates/runtime/src/worker/run.rs `with_files`).
 fn media_files(text: &str, home: &std::path::Path) -> (String, Vec<std::path::PathBuf>) {
@@ -776,8 +776,15 @@ fn media_files(text: &str, home: &std::path::Path) -> (String, Vec<std::path::Pa
     (out.trim().to_owned(), files)
 }
 
-/// `path` as a regular file inside `home`: absolute, without `..`, not itself a link, and
-/// inside `home` once every link on the way is resolved (a link out of the home is refused).
+/// Where under a hermes home its tools leave the files a reply names (hermes-agent 0.19.0
+/// gateway/platforms/base.py `MEDIA_DELIVERY_SAFE_ROOTS`). The rest of the home holds its
+/// secrets (`.env`, `auth.json`, `config.yaml`) and state, never sent to a chat.
+const MEDIA_ROOTS: &[&str] =
+    &["cache", "image_cache", "audio_cache", "video_cache", "document_cache", "browser_screenshots"];
+
+/// `path` as a regular file in one of the hermes `home`'s [`MEDIA_ROOTS`]: absolute, without
+/// `..`, not itself a link, and inside them once every link on the way is resolved (a link out
+/// of them is refused).
 fn under_home(path: &std::path::Path, home: &std::path::Path) -> Option<std::path::PathBuf> {
     use std::path::Component;
     if !path.is_absolute() || path.components().any(|c| matches!(c, Component::ParentDir | Component::CurDir)) {
@@ -788,7 +795,8 @@ fn under_home(path: &std::path::Path, home: &std::path::Path) -> Option<std::pat
         return None;
     }
     let real = std::fs::canonicalize(path).ok()?;
-    real.starts_with(std::fs::canonicalize(home).ok()?).then_some(real)
+    let home = std::fs::canonicalize(home).ok()?;
+    MEDIA_ROOTS.iter().any(|r| real.starts_with(home.join(r))).then_some(real)
 }
 
 fn failed(v: &Value) -> AgentError {
@@ -823,9 +831,9 @@ fn session_turns(v: &Value, turns: usize, chars: usize) -> Vec<Turn> {
 mod tests {
     use super::*;
 
-    /// `MEDIA:<path>` tags of a reply: a regular file under the hermes home becomes a file of
-    /// the reply and its tag leaves the text; a path outside it, through a link out of it, with
-    /// `..`, relative or missing stays in the text untaken.
+    /// `MEDIA:<path>` tags of a reply: a regular file in the hermes home's caches becomes a
+    /// file of the reply and its tag leaves the text; a path outside them (the home's `.env`
+    /// too), through a link out of them, with `..`, relative or missing stays in the text.
     #[cfg(unix)]
     #[test]
     fn media_tags_under_the_hermes_home_become_reply_files() {
@@ -836,6 +844,7 @@ mod tests {
         std::fs::write(&png, b"png").unwrap();
         let outside = d.path().join("secret.png");
         std::fs::write(&outside, b"secret").unwrap();
+        std::fs::write(home.join(".env"), b"API_SERVER_KEY=k").unwrap();
         std::os::unix::fs::symlink(&outside, home.join("cache/link.png")).unwrap();
         let real = std::fs::canonicalize(&png).unwrap();
         let (p, h) = (png.display(), home.display());
@@ -849,6 +858,7 @@ mod tests {
         for kept in [
             format!("MEDIA:{}", outside.display()),
             format!("MEDIA:{h}/cache/link.png"),
+            format!("MEDIA:{h}/.env"),
             format!("MEDIA:{h}/cache/../cache/out.png"),
             "MEDIA:cache/out.png".to_owned(),
             format!("MEDIA:{h}/cache/missing.png"),
