@@ -708,6 +708,24 @@ impl PgJournal {
         Ok((n(0), n(1)))
     }
 
+    /// Every message text, reply and outbox text of this cluster containing `needle` (a read):
+    /// the lines naming stored attachments, which retention keeps (as
+    /// crates/journal/src/sqlite.rs `texts_with`). `strpos` matches the needle literally.
+    pub async fn texts_with(&mut self, needle: &str) -> Result<Vec<String>, ClusterError> {
+        let name = self.name().to_owned();
+        let c = self.lease.client().await?;
+        let rows = c
+            .query(
+                "SELECT text FROM gw_messages WHERE name = $1 AND strpos(text, $2) > 0
+                 UNION ALL SELECT reply FROM gw_messages WHERE name = $1 AND strpos(reply, $2) > 0
+                 UNION ALL SELECT text FROM gw_outbox WHERE name = $1 AND strpos(text, $2) > 0",
+                &[&name, &needle],
+            )
+            .await
+            .map_err(read)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     /// Deletes `table`'s oldest rows in a `finished` state (an SQL list) while this cluster's
     /// rows take more than `max` bytes, in one statement: a running total from the newest row
     /// down (`pg_column_size`).

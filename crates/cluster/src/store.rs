@@ -387,6 +387,11 @@ impl Store for PgStore {
         self.write(move |j, e| Box::pin(async move { j.prune(e, max_age, max_bytes).await }))
     }
 
+    fn texts_with(&self, needle: &str) -> Result<Vec<String>, JournalError> {
+        let needle = needle.to_owned();
+        self.call(move |j| Box::pin(async move { j.texts_with(&needle).await }))
+    }
+
     fn queued(&self, platform: Option<&str>, chat_id: &str) -> Result<(u64, u64), JournalError> {
         let (platform, chat_id) = (platform.map(str::to_owned), chat_id.to_owned());
         self.call(move |j| Box::pin(async move { j.queued(platform.as_deref(), &chat_id).await }))

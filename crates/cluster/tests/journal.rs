@@ -479,3 +479,37 @@ fn http_conversations_have_history_on_postgres() {
     assert!(!s.recover("a").unwrap().contains(&cut), "its own incarnation's recovery leaves it alone");
     assert!(s.recover("b").unwrap().contains(&cut), "a crash leaves it to the next incarnation");
 }
+
+/// Attachment retention on PostgreSQL (crates/runtime/src/worker/housekeeping.rs): the texts
+/// naming stored files are listed from messages, replies and the outbox as on SQLite
+/// (crates/journal/src/sqlite.rs `texts_naming_attachments_…`), only this cluster's, the needle
+/// matched literally; a pruned message no longer names its file, so the file can go.
+#[test]
+fn texts_naming_attachments_are_listed_on_postgres_and_leave_with_their_messages() {
+    let Some(pg) = Cluster::start_or_skip() else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let s = store(&pg, "at");
+    s.attach(active_driver(&rt, &pg, "at", 1));
+    let other = store(&pg, "other");
+    other.attach(active_driver(&rt, &pg, "other", 2));
+    let id = s.accept_inbound("tg", "ev1", &msg("look\n[attachment: a, image/png, 1 B, sha256:aa]")).unwrap().unwrap();
+    s.accept_inbound("tg", "ev2", &msg("plain 100%_")).unwrap();
+    assert!(s.claim(&id, "inc-1").unwrap());
+    assert!(s.complete(&id, "inc-1", "back\n[attachment: b, text/plain, 1 B, sha256:bb]").unwrap());
+    s.enqueue("tg", "c", "[attachment: c, text/plain, 1 B, sha256:cc]").unwrap();
+    other.accept_inbound("tg", "ev1", &msg("[attachment: z, image/png, 1 B, sha256:zz]")).unwrap();
+    let got = s.texts_with("[attachment: ").unwrap();
+    assert_eq!(got.len(), 4, "the message, its reply, the reply in the outbox, the notice: {got:?}");
+    assert!(got.iter().all(|t| t.contains("[attachment: ") && !t.contains("sha256:zz")), "{got:?}");
+    assert_eq!(s.texts_with("100%_").unwrap().len(), 1, "the needle is literal");
+    assert!(s.texts_with("0%x").unwrap().is_empty());
+    // Retention deletes the finished message and its sent outbox entry: only the pending
+    // notice still names a file.
+    let out = s.outbox_pending("tg", 10).unwrap();
+    let reply = out.iter().find(|o| o.message_id.as_deref() == Some(id.as_str())).expect("the reply is queued");
+    assert!(s.outbox_done(reply.seq, None).unwrap());
+    pg.sql("UPDATE gw_messages SET updated_at = updated_at - interval '40 days' WHERE name = 'at'");
+    pg.sql("UPDATE gw_outbox SET updated_at = updated_at - interval '40 days' WHERE name = 'at'");
+    s.prune(Some(Duration::from_secs(30 * 24 * 3600)), None).unwrap();
+    assert_eq!(s.texts_with("[attachment: ").unwrap(), vec!["[attachment: c, text/plain, 1 B, sha256:cc]".to_owned()]);
+}

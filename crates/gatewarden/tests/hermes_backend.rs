@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use work_common::*;
 
-use gatewarden_telegram_fake::{FakeTelegram, Options};
+use gatewarden_telegram_fake::{FakeTelegram, Media, Options};
 use gatewarden_testkit::hermes::{SCRUB, venv_with_api_server, write_api_server_home};
 use gatewarden_testkit::llmfake::{FakeLlm, Reply};
 
@@ -337,4 +337,71 @@ fn runs_survive_hermes_killed_and_gatewarden_restarted() {
     }
     assert_cli(&run_cli(&r.home, &["stop"]), 0, "stop");
     assert!(wait_until(EXIT, || !pid_alive(warm)), "stop stops the adopted hermes");
+}
+
+/// Issue 29: a photo from the chat reaches hermes's model as an `image_url` part (hermes-agent
+/// 0.19.0's `/v1/runs` hands the one-message list's content to its agent as the user message,
+/// crates/agent/src/backend/files.rs `runs_input`), with the caption as text, and the reply
+/// comes back. hermes passes image parts on only to a model it knows sees images (run_agent.py
+/// `_prepare_messages_for_non_vision_model`; else it asks the provider to describe the image
+/// first, README "Attachments"): this home declares it (`model.supports_vision`). A reply's
+/// `MEDIA:<path>` tag of a file under the hermes home is uploaded to the chat.
+#[test]
+fn photos_reach_real_hermes_as_image_parts_and_its_media_tags_come_back_as_files() {
+    use base64::Engine as _;
+    const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x06\0\0\0\x1f\x15\xc4\x89 a tiny png";
+    let Some(mut r) = Rig::new() else { return };
+    let config = r.hermes_home.join("config.yaml");
+    let yaml = std::fs::read_to_string(&config).expect("hermes config.yaml");
+    let vision = yaml.replacen("model:\n", "model:\n  supports_vision: true\n", 1);
+    assert_ne!(vision, yaml, "the home has a model section");
+    std::fs::write(&config, vision).expect("hermes config.yaml");
+    r.llm.on("user", "what is in this photo", [Reply::text("a tiny picture")]);
+    r.start();
+    let photo = Media {
+        kind: "photo".into(),
+        bytes: PNG.to_vec(),
+        caption: Some("what is in this photo".into()),
+        ..Media::default()
+    };
+    r.tg.inject_media(&r.tok, 9, USER, photo);
+    r.reply(9, |t| t == "a tiny picture");
+    let url = format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(PNG));
+    let asked = r.llm.asked("what is in this photo");
+    let parts: Vec<Value> = asked
+        .iter()
+        .flat_map(|s| s.body["messages"].as_array().cloned().unwrap_or_default())
+        .filter(|m| m["role"] == "user")
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .collect();
+    assert!(
+        parts.iter().any(|p| p["type"] == "image_url" && p["image_url"]["url"] == url.as_str()),
+        "hermes's model got no image_url part of the photo: {parts:?}\n{}",
+        r.diag()
+    );
+    assert!(
+        parts
+            .iter()
+            .any(|p| p["type"] == "text" && p["text"].as_str().is_some_and(|t| t.contains("what is in this photo"))),
+        "{parts:?}"
+    );
+
+    // Back: a `MEDIA:<path>` tag of a file under the hermes home is sent as a photo (once),
+    // its tag gone from the text; one outside the home stays text and nothing is sent for it.
+    let made = r.hermes_home.join("cache/made.png");
+    std::fs::create_dir_all(made.parent().unwrap()).unwrap();
+    std::fs::write(&made, PNG).unwrap();
+    let outside = r.scratch.path().join("outside.png");
+    std::fs::write(&outside, PNG).unwrap();
+    r.llm.on("user", "draw me one", [Reply::text(&format!("drawn: MEDIA:{}", made.display()))]);
+    r.llm.on("user", "draw elsewhere", [Reply::text(&format!("not mine: MEDIA:{}", outside.display()))]);
+    r.say(10, USER, "draw me one");
+    r.reply(10, |t| t == "drawn:");
+    must_wait_until(REPLY, "the photo was uploaded", || !r.tg.files(&r.tok).is_empty());
+    r.say(11, USER, "draw elsewhere");
+    r.reply(11, |t| t.starts_with("not mine: MEDIA:"));
+    let files = r.tg.files(&r.tok);
+    assert_eq!(files.len(), 1, "{files:#?}");
+    assert_eq!((files[0].method.as_str(), files[0].bytes.as_slice()), ("sendPhoto", PNG));
+    assert_eq!(files[0].chat_id, json!(10));
 }

@@ -192,7 +192,8 @@ print(json.dumps(out))
     );
     assert_eq!(v["missing"], 404, "{v}");
     assert_eq!(v["bad_prev"], 400, "{v}");
-    assert!(v["image"].as_str().is_some_and(|e| e.contains("images")), "{v}");
+    // One byte is no PNG: the content decides the type, so the call is refused.
+    assert!(v["image"].as_str().is_some_and(|e| e.contains("declared image/png but the content is not")), "{v}");
     assert!(!g.stderr().contains("panicked"), "{}", g.stderr_tail(20));
 }
 
@@ -241,4 +242,80 @@ print(json.dumps(out))
             turn("user", "asked after it")
         ]
     );
+}
+
+/// Issue 29: an `input_image` data URL is stored as a platform's photo is and reaches the
+/// vision provider as an `image_url` part (stored or not), with the caption as text; an image
+/// URL the gateway would have to fetch, a zip called a PNG and an image over `[attachments]
+/// max_file_mb` are refused with a clear 4xx before anything is journaled or asked.
+#[test]
+fn openai_python_responses_take_an_inline_image_and_refuse_bad_ones() {
+    use base64::Engine as _;
+    if unavailable().is_some() {
+        return;
+    }
+    let llm = FakeLlm::start(Reply::text("a tiny picture")).unwrap();
+    let (home, sw) = (TempHome::new(), Sweeper::new());
+    let mut g = gateway(&home, &sw, &format!("{}\n[attachments]\nmax_file_mb = 1\n", config(&llm)));
+    let v = py(
+        r#"
+import base64
+png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR a tiny png"
+url = "data:image/png;base64," + base64.b64encode(png).decode()
+def image(text, url):
+    return [{"role": "user", "content": [{"type": "input_text", "text": text}, {"type": "input_image", "image_url": url}]}]
+r = c.responses.create(model="m", input=image("what is in the stored picture", url))
+out["stored"] = [r.status, r.output_text]
+r = c.responses.create(model="m", input=image("what is in the unstored picture", url), store=False)
+out["unstored"] = [r.status, r.output_text]
+def refused(name, url):
+    try:
+        c.responses.create(model="m", input=image("refuse " + name, url))
+        out[name] = "no error"
+    except openai.APIStatusError as e:
+        out[name] = [e.status_code, e.body.get("message") if isinstance(e.body, dict) else str(e.body)]
+refused("http", "http://169.254.169.254/latest/meta-data/a.png")
+refused("zip", "data:image/png;base64," + base64.b64encode(b"PK\x03\x04 a zip, not a png").decode())
+refused("big", "data:image/png;base64," + base64.b64encode(png + b"\x00" * (1100 * 1024)).decode())
+print(json.dumps(out))
+"#,
+        g.listen(),
+        "",
+    );
+    assert_eq!(v["stored"], json!(["completed", "a tiny picture"]), "{v}");
+    assert_eq!(v["unstored"], json!(["completed", "a tiny picture"]), "{v}");
+    let png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR a tiny png";
+    let url = format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(png));
+    for text in ["what is in the stored picture", "what is in the unstored picture"] {
+        let asked = llm.asked(text);
+        assert_eq!(asked.len(), 1, "{text}: {asked:?}");
+        let content = asked[0].body["messages"].as_array().and_then(|m| m.last()).map(|m| m["content"].clone());
+        let content = content.unwrap_or_default();
+        assert_eq!(content[0], json!({"type": "text", "text": text}), "{content}");
+        assert_eq!(content[1], json!({"type": "image_url", "image_url": {"url": url}}), "{content}");
+    }
+    let says = |name: &str, code: u64, what: &str| {
+        assert_eq!(v[name][0], code, "{name}: {v}");
+        assert!(v[name][1].as_str().is_some_and(|m| m.contains(what)), "{name} should say {what:?}: {v}");
+    };
+    says("http", 400, "not fetched");
+    says("zip", 400, "application/zip");
+    says("big", 413, "too large");
+    assert_eq!(llm.requests(), 2, "a refused call asks nobody");
+    let sha: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(png).iter().map(|b| format!("{b:02x}")).collect()
+    };
+    let stored = home.path().join("attachments").join(&sha[..2]).join(&sha[2..]);
+    assert_eq!(std::fs::read(&stored).unwrap(), png, "stored content-addressed");
+    g.signal(15);
+    g.wait_exit(Duration::from_secs(30));
+    // Only the stored call is journaled, naming its file; no refused call left a row.
+    use gatewarden_journal::Store as _;
+    let j = gatewarden_journal::Journal::open_in(home.path()).unwrap();
+    let texts = j.texts_with("[attachment: ").unwrap();
+    assert_eq!(texts.len(), 1, "{texts:?}");
+    assert!(texts[0].starts_with("what is in the stored picture\n[attachment: image.png, image/png, "), "{texts:?}");
+    assert_eq!(j.counts().unwrap().done, 1);
+    assert!(j.texts_with("refuse ").unwrap().is_empty(), "nothing journaled for a refused call");
 }

@@ -6,8 +6,8 @@
 //!   models); text-like files inline as text within [`INLINE_TEXT_BYTES`]; anything else named
 //!   `[file: name, type, size]`.
 //! - `exec`: `GATEWARDEN_ATTACHMENTS`, a JSON list of `{path, name, type, size}` ([`env_json`]).
-//! - `hermes`: named in the text (see crates/agent/src/backend/hermes.rs for what its API
-//!   server accepts).
+//! - `hermes` ([`runs_input`]): images as `image_url` parts of a one-message `/v1/runs` input,
+//!   the other files named in the text.
 //!
 //! Voice and audio, with `[agent.transcription]`, reach every backend as text instead: the
 //! runtime replaces each such file by its transcript before the request is built
@@ -88,6 +88,33 @@ pub fn named_text(text: &str, files: &[AgentFile]) -> String {
     t
 }
 
+/// hermes `/v1/runs`'s `input`: the text with each file named ([`named_text`]) when no image
+/// can go inline; else a one-message list whose `content` is that text (the other files named)
+/// and the images as `image_url` parts with `data:` URLs. hermes-agent 0.19.0 hands that
+/// content to the agent as the user message (gateway/platforms/api_server.py `_handle_runs`:
+/// `raw_input[-1]["content"]`), the shape its `/v1/chat/completions` builds for a vision model.
+pub fn runs_input(text: &str, files: &[AgentFile]) -> Value {
+    let inline = |f: &AgentFile| f.is_image() && f.size <= INLINE_IMAGE_BYTES;
+    if !files.iter().any(inline) {
+        return json!(named_text(text, files));
+    }
+    let mut named = Vec::new();
+    let mut images = Vec::new();
+    for f in files {
+        match f.read(INLINE_IMAGE_BYTES) {
+            Ok((bytes, false)) if inline(f) => {
+                let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+                images
+                    .push(json!({"type": "image_url", "image_url": {"url": format!("data:{};base64,{b64}", f.kind)}}));
+            }
+            _ => named.push(f.clone()),
+        }
+    }
+    let mut parts = vec![json!({"type": "text", "text": named_text(text, &named)})];
+    parts.extend(images);
+    json!([{"role": "user", "content": parts}])
+}
+
 /// A user message's `content` for an OpenAI-compatible chat completion: the plain string when
 /// there are no files, else content parts (`text`, `image_url`).
 pub fn user_content(text: &str, files: &[AgentFile]) -> Value {
@@ -134,6 +161,27 @@ pub fn user_content(text: &str, files: &[AgentFile]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runs_input_passes_images_as_parts_and_names_the_rest() {
+        let d = tempfile::tempdir().unwrap();
+        let png = file(d.path(), "a.png", "image/png", b"\x89PNG\r\n\x1a\npng");
+        let pdf = file(d.path(), "b.pdf", "application/pdf", b"%PDF-1.4");
+        assert_eq!(runs_input("hi", &[]), json!("hi"));
+        assert_eq!(runs_input("hi", std::slice::from_ref(&pdf)), json!(format!("hi\n{}", pdf.named())));
+        let v = runs_input("look", &[png, pdf.clone()]);
+        let url = format!(
+            "data:image/png;base64,{}",
+            base64::engine::general_purpose::STANDARD.encode(b"\x89PNG\r\n\x1a\npng")
+        );
+        assert_eq!(
+            v,
+            json!([{"role": "user", "content": [
+                {"type": "text", "text": format!("look\n{}", pdf.named())},
+                {"type": "image_url", "image_url": {"url": url}},
+            ]}])
+        );
+    }
 
     fn file(dir: &std::path::Path, name: &str, kind: &str, bytes: &[u8]) -> AgentFile {
         let path = dir.join(name);

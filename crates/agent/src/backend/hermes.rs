@@ -257,7 +257,17 @@ impl HermesAgent {
         let r =
             with_timeout(self.timeout, &cancel, |tok| self.drive(&req, tok, chunks, (url, key), deadline, http)).await;
         self.approvals.withdraw(&req.run_id);
-        r
+        // hermes names the files a reply carries with `MEDIA:<path>` tags, which `/v1/runs`
+        // passes on as they are; only a hermes home of ours says where they may be.
+        match (r, &self.endpoint) {
+            (Ok(mut reply), Endpoint::Home { home, .. }) => {
+                let (text, files) = media_files(&reply.text, home);
+                reply.text = text;
+                reply.files.extend(files);
+                Ok(reply)
+            }
+            (r, _) => r,
+        }
     }
 
     async fn drive(
@@ -274,10 +284,8 @@ impl HermesAgent {
         let history = if self.history_turns == 0 { Vec::new() } else { req.history.clone() };
         let run = RunThread {
             client: client.clone(),
-            // Named, not passed: /v1/runs takes `input` as text, or a message list whose last
-            // `content` it hands on without the multimodal checks of /v1/chat/completions
-            // (hermes-agent 0.19.0, gateway/platforms/api_server.py `_handle_runs`).
-            input: super::files::named_text(&req.text, &req.attachments),
+            // Images as parts, other files named (files.rs `runs_input`).
+            input: super::files::runs_input(&req.text, &req.attachments),
             session: req.session_scope().map(|p| session_id(p, &req.chat_id, req.session_started.as_deref())),
             session_key: req.session_scope().map(|p| session_key(p, &req.chat_id)),
             fallback_history: history,
@@ -517,7 +525,7 @@ fn json_of(r: &mut ureq::http::Response<ureq::Body>, path: &str) -> Result<Value
 /// One run, on its own thread.
 struct RunThread {
     client: Client,
-    input: String,
+    input: Value,
     session: Option<String>,
     session_key: Option<String>,
     fallback_history: Vec<Turn>,
@@ -719,6 +727,78 @@ fn completed(v: &Value) -> AgentReply {
     }
 }
 
+/// The files a reply's `MEDIA:<path>` tags name (hermes-agent 0.19.0 gateway/platforms/base.py
+/// `MEDIA_TAG_CLEANUP_RE`: an absolute path, bare or quoted), and the text without those tags.
+/// Only a regular file in the hermes `home`'s media caches is taken ([`under_home`]); any other tag stays in
+/// the text as hermes wrote it. The runtime copies the files into the store under
+/// `[attachments]`, never through a link (crates/runtime/src/worker/run.rs `with_files`).
+fn media_files(text: &str, home: &std::path::Path) -> (String, Vec<std::path::PathBuf>) {
+    const TAG: &str = "MEDIA:";
+    if !text.contains(TAG) {
+        return (text.to_owned(), Vec::new());
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut files = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(TAG) {
+        let (before, tag) = rest.split_at(at);
+        let after = tag[TAG.len()..].trim_start_matches([' ', '\t']);
+        let quote = after.chars().next().filter(|c| matches!(c, '`' | '"' | '\''));
+        let (raw, len) = match quote {
+            Some(q) => match after[1..].find(q) {
+                Some(end) => (&after[1..=end], end + 2),
+                None => ("", 0),
+            },
+            None => {
+                let end = after.find(char::is_whitespace).unwrap_or(after.len());
+                let path = after[..end].trim_end_matches([',', '.', ';', ':', ')', '}', ']', '`', '"', '\'']);
+                (path, path.len())
+            }
+        };
+        let taken = (!raw.is_empty()).then(|| under_home(std::path::Path::new(raw), home)).flatten();
+        match taken {
+            Some(path) => {
+                // The quote hermes may open the tag with goes too (`"MEDIA:/a.png"`).
+                let before = before.strip_suffix(['`', '"', '\'']).unwrap_or(before);
+                out.push_str(before.trim_end_matches([' ', '\t']));
+                files.push(path);
+                // And the quote it may close with (`MEDIA:/a.png`).
+                rest = after[len..].strip_prefix(['`', '"', '\'']).unwrap_or(&after[len..]);
+            }
+            None => {
+                out.push_str(before);
+                out.push_str(TAG);
+                rest = &tag[TAG.len()..];
+            }
+        }
+    }
+    out.push_str(rest);
+    (out.trim().to_owned(), files)
+}
+
+/// Where under a hermes home its tools leave the files a reply names (hermes-agent 0.19.0
+/// gateway/platforms/base.py `MEDIA_DELIVERY_SAFE_ROOTS`). The rest of the home holds its
+/// secrets (`.env`, `auth.json`, `config.yaml`) and state, never sent to a chat.
+const MEDIA_ROOTS: &[&str] =
+    &["cache", "image_cache", "audio_cache", "video_cache", "document_cache", "browser_screenshots"];
+
+/// `path` as a regular file in one of the hermes `home`'s [`MEDIA_ROOTS`]: absolute, without
+/// `..`, not itself a link, and inside them once every link on the way is resolved (a link out
+/// of them is refused).
+fn under_home(path: &std::path::Path, home: &std::path::Path) -> Option<std::path::PathBuf> {
+    use std::path::Component;
+    if !path.is_absolute() || path.components().any(|c| matches!(c, Component::ParentDir | Component::CurDir)) {
+        return None;
+    }
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    if !meta.file_type().is_file() {
+        return None;
+    }
+    let real = std::fs::canonicalize(path).ok()?;
+    let home = std::fs::canonicalize(home).ok()?;
+    MEDIA_ROOTS.iter().any(|r| real.starts_with(home.join(r))).then_some(real)
+}
+
 fn failed(v: &Value) -> AgentError {
     let why = v.get("error").and_then(Value::as_str).unwrap_or("agent run failed");
     AgentError::Failed(format!("hermes: {}", super::tail(why, ERROR_BODY_BYTES)))
@@ -750,6 +830,45 @@ fn session_turns(v: &Value, turns: usize, chars: usize) -> Vec<Turn> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `MEDIA:<path>` tags of a reply: a regular file in the hermes home's caches becomes a
+    /// file of the reply and its tag leaves the text; a path outside them (the home's `.env`
+    /// too), through a link out of them, with `..`, relative or missing stays in the text.
+    #[cfg(unix)]
+    #[test]
+    fn media_tags_under_the_hermes_home_become_reply_files() {
+        let d = tempfile::tempdir().unwrap();
+        let home = d.path().join("hermes");
+        std::fs::create_dir_all(home.join("cache")).unwrap();
+        let png = home.join("cache/out.png");
+        std::fs::write(&png, b"png").unwrap();
+        let outside = d.path().join("secret.png");
+        std::fs::write(&outside, b"secret").unwrap();
+        std::fs::write(home.join(".env"), b"API_SERVER_KEY=k").unwrap();
+        std::os::unix::fs::symlink(&outside, home.join("cache/link.png")).unwrap();
+        let real = std::fs::canonicalize(&png).unwrap();
+        let (p, h) = (png.display(), home.display());
+
+        let (text, files) = media_files(&format!("here it is: MEDIA:{p}\nenjoy."), &home);
+        assert_eq!((text.as_str(), files.clone()), ("here it is:\nenjoy.", vec![real.clone()]));
+        let (text, files) = media_files(&format!("`MEDIA:{p}`, and \"MEDIA:{p}\"."), &home);
+        assert_eq!((text.as_str(), files.len()), (", and.", 2), "quoted tags");
+        let (text, files) = media_files(&format!("MEDIA: {p})"), &home);
+        assert_eq!((text.as_str(), files), (")", vec![real]));
+        for kept in [
+            format!("MEDIA:{}", outside.display()),
+            format!("MEDIA:{h}/cache/link.png"),
+            format!("MEDIA:{h}/.env"),
+            format!("MEDIA:{h}/cache/../cache/out.png"),
+            "MEDIA:cache/out.png".to_owned(),
+            format!("MEDIA:{h}/cache/missing.png"),
+            format!("MEDIA:{h}/cache"),
+            "MEDIA:".to_owned(),
+            "no tag at all".to_owned(),
+        ] {
+            assert_eq!(media_files(&kept, &home), (kept.clone(), vec![]), "{kept}");
+        }
+    }
 
     #[test]
     fn session_ids_are_stable_and_move_with_new() {

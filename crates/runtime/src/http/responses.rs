@@ -10,7 +10,15 @@
 //! `previous_response_id` walks that chain back for the history
 //! (`Work::response_chain`). The response id is `resp_` and the message id. Not kept: the
 //! `instructions` (OpenAI does not carry them over either) and earlier items of a list `input`
-//! (they are history of that call only). Images and files are refused until attachments land.
+//! (they are history of that call only).
+//!
+//! Images (`input_image`) and files (`input_file`) of the last user message are taken inline
+//! only, as base64 (`data:image/png;base64,…`): stored under `[attachments]` like a platform's
+//! files (crates/platforms/src/attachments.rs: content-addressed, typed by content) before the
+//! row is journaled, and named by the same `[attachment: …]` lines, so the agent gets them as a
+//! platform message's (an image an `image_url` part for `openai`). An `http(s)` URL is refused:
+//! fetching what a caller names would let it reach the gateway's network (SSRF); so is a
+//! `file_id` (there is no Files API here).
 
 use std::sync::Arc;
 
@@ -50,6 +58,21 @@ pub struct ResponseIn {
     pub store: bool,
     pub stream: bool,
     pub user: Option<String>,
+    /// The images and files of the last user message, in order, not yet decoded.
+    pub files: Vec<InFile>,
+}
+
+/// An image or file given inline in the last user message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFile {
+    /// Where it was given (`input[2].content[1]`), for a refusal.
+    pub at: String,
+    pub name: String,
+    /// The data URL's type (lowercase), or empty for bare base64.
+    pub declared: String,
+    /// An `input_image`: its content must be an image.
+    pub image: bool,
+    pub base64: String,
 }
 
 /// An OpenAI-style `invalid_request_error` (400), `param` naming the field.
@@ -94,13 +117,13 @@ pub fn parse(v: &Value) -> Result<ResponseIn, Refused> {
     if !v.is_object() {
         return Err(refused("body", "the body must be a JSON object"));
     }
-    let (text, inline) = match v.get("input") {
+    let (text, inline, files) = match v.get("input") {
         None | Some(Value::Null) => return Err(refused("input", "input is required")),
-        Some(Value::String(s)) => (s.clone(), Vec::new()),
+        Some(Value::String(s)) => (s.clone(), Vec::new(), Vec::new()),
         Some(Value::Array(items)) => parse_items(items)?,
         Some(_) => return Err(refused("input", "input must be a string or a list of input items")),
     };
-    if text.trim().is_empty() {
+    if text.trim().is_empty() && files.is_empty() {
         return Err(refused("input", "the last user message has no text"));
     }
     let previous = match opt_str(v, "previous_response_id")? {
@@ -128,11 +151,12 @@ pub fn parse(v: &Value) -> Result<ResponseIn, Refused> {
         store: opt_bool(v, "store", true)?,
         stream: opt_bool(v, "stream", false)?,
         user,
+        files,
     })
 }
 
-/// A list `input`: messages, the last one the user's.
-fn parse_items(items: &[Value]) -> Result<(String, Vec<Turn>), Refused> {
+/// A list `input`: messages, the last one the user's (the only one that may carry files).
+fn parse_items(items: &[Value]) -> Result<(String, Vec<Turn>, Vec<InFile>), Refused> {
     if items.is_empty() {
         return Err(refused("input", "input is an empty list"));
     }
@@ -140,16 +164,25 @@ fn parse_items(items: &[Value]) -> Result<(String, Vec<Turn>), Refused> {
         return Err(refused("input", format!("input has {} items; at most {MAX_INPUT_ITEMS}", items.len())));
     }
     let mut turns = Vec::with_capacity(items.len());
+    let mut files = Vec::new();
     for (i, item) in items.iter().enumerate() {
-        turns.push(parse_item(i, item)?);
+        let (turn, mut fs) = parse_item(i, item)?;
+        if !fs.is_empty() && i + 1 < items.len() {
+            return Err(refused(
+                "input",
+                format!("input[{i}]: images and files are taken in the last user message only"),
+            ));
+        }
+        files.append(&mut fs);
+        turns.push(turn);
     }
     match turns.pop() {
-        Some(last) if last.role == "user" => Ok((last.content, turns)),
+        Some(last) if last.role == "user" => Ok((last.content, turns, files)),
         _ => Err(refused("input", "the last input item must be a message with role \"user\"")),
     }
 }
 
-fn parse_item(i: usize, item: &Value) -> Result<Turn, Refused> {
+fn parse_item(i: usize, item: &Value) -> Result<(Turn, Vec<InFile>), Refused> {
     let Some(obj) = item.as_object() else {
         return Err(refused("input", format!("input[{i}] must be an object")));
     };
@@ -179,34 +212,108 @@ fn parse_item(i: usize, item: &Value) -> Result<Turn, Refused> {
                 ));
             }
             let mut texts = Vec::with_capacity(parts.len());
+            let mut files = Vec::new();
             for (k, p) in parts.iter().enumerate() {
-                texts.push(part_text(i, k, p)?);
+                match part(i, k, p)? {
+                    Part::Text(t) => texts.push(t),
+                    Part::File(f) => files.push(f),
+                }
             }
-            texts.join("\n")
+            return Ok((Turn { role, content: texts.join("\n") }, files));
         }
         _ => return Err(refused("input", format!("input[{i}].content must be a string or a list of content parts"))),
     };
-    Ok(Turn { role, content })
+    Ok((Turn { role, content }, Vec::new()))
 }
 
-fn part_text(i: usize, k: usize, p: &Value) -> Result<String, Refused> {
+enum Part {
+    Text(String),
+    File(InFile),
+}
+
+fn part(i: usize, k: usize, p: &Value) -> Result<Part, Refused> {
     let at = format!("input[{i}].content[{k}]");
     match p.get("type").and_then(Value::as_str) {
         Some("input_text" | "output_text" | "text") => match p.get("text") {
-            Some(Value::String(t)) => Ok(t.clone()),
+            Some(Value::String(t)) => Ok(Part::Text(t.clone())),
             _ => Err(refused("input", format!("{at}.text must be a string"))),
         },
-        Some("input_image") => Err(refused(
-            "input",
-            format!("{at}: images (input_image) are not supported by this gateway yet; send text"),
-        )),
+        Some("input_image") => {
+            no_file_id(&at, p)?;
+            // A string in the Responses API, `{"url": …}` in Chat Completions' shape.
+            let url = match p.get("image_url") {
+                Some(Value::String(u)) => u.as_str(),
+                Some(Value::Object(o)) => o.get("url").and_then(Value::as_str).unwrap_or_default(),
+                _ => "",
+            };
+            let (declared, base64) = data_url(&at, url)?;
+            if !declared.starts_with("image/") {
+                return Err(refused("input", format!("{at}: input_image needs a data:image/…;base64, URL")));
+            }
+            let ext: String =
+                declared["image/".len()..].chars().take_while(char::is_ascii_alphanumeric).take(8).collect();
+            let ext = if ext == "jpeg" { "jpg".to_owned() } else { ext };
+            Ok(Part::File(InFile { at, name: format!("image.{ext}"), declared, image: true, base64 }))
+        }
         Some("input_file") => {
-            Err(refused("input", format!("{at}: files (input_file) are not supported by this gateway yet; send text")))
+            no_file_id(&at, p)?;
+            if p.get("file_url").is_some_and(|u| !u.is_null()) {
+                return Err(refused("input", format!("{at}: file_url is not fetched ({NO_FETCH}); send file_data")));
+            }
+            let Some(data) = p.get("file_data").and_then(Value::as_str) else {
+                return Err(refused("input", format!("{at}: input_file needs file_data (base64 or a data: URL)")));
+            };
+            let (declared, base64) =
+                if data.starts_with("data:") { data_url(&at, data)? } else { (String::new(), data.to_owned()) };
+            let name = match p.get("filename") {
+                Some(Value::String(n)) if !n.trim().is_empty() => n.chars().take(200).collect(),
+                _ => "file".to_owned(),
+            };
+            Ok(Part::File(InFile { at, name, declared, image: false, base64 }))
         }
         Some("input_audio") => Err(refused("input", format!("{at}: audio is not supported by this gateway yet"))),
         Some(t) => Err(refused("input", format!("{at}: content parts of type {t:?} are not supported"))),
         None => Err(refused("input", format!("{at} needs a string \"type\""))),
     }
+}
+
+/// Why a URL a caller names is not fetched.
+const NO_FETCH: &str = "the gateway does not fetch URLs a caller names";
+
+fn no_file_id(at: &str, p: &Value) -> Result<(), Refused> {
+    if p.get("file_id").is_some_and(|f| !f.is_null()) {
+        return Err(refused(
+            "input",
+            format!("{at}: file_id is not supported (no Files API here); send the data inline"),
+        ));
+    }
+    Ok(())
+}
+
+/// `data:<type>[;…];base64,<data>`: the type (lowercase, possibly empty) and the base64.
+fn data_url(at: &str, url: &str) -> Result<(String, String), Refused> {
+    let lower = url.get(..8).unwrap_or(url).to_ascii_lowercase();
+    if lower.starts_with("http://") || lower.starts_with("https:/") {
+        return Err(refused(
+            "input",
+            format!(
+                "{at}: image URLs are not fetched ({NO_FETCH}); send the image inline as a data:image/…;base64, URL"
+            ),
+        ));
+    }
+    let Some((head, data)) = url.strip_prefix("data:").and_then(|r| r.split_once(',')) else {
+        return Err(refused("input", format!("{at}: not a data: URL; send data:<type>;base64,<data>")));
+    };
+    let mut params = head.split(';');
+    let kind = params.next().unwrap_or_default().trim().to_ascii_lowercase();
+    if !params.any(|p| p.trim().eq_ignore_ascii_case("base64")) {
+        return Err(refused("input", format!("{at}: the data: URL must be base64 (data:<type>;base64,…)")));
+    }
+    let valid = kind.len() <= 100 && kind.bytes().all(|b| b.is_ascii_alphanumeric() || b"/+.-_".contains(&b));
+    if !valid {
+        return Err(refused("input", format!("{at}: the data: URL's type is not a MIME type")));
+    }
+    Ok((kind, data.to_owned()))
 }
 
 /// What a response object says, for [`response_json`].
@@ -407,7 +514,7 @@ pub async fn create(State(gw): State<Arc<App>>, body: Bytes) -> Response {
         Ok(v) => v,
         Err(e) => return invalid("body", format!("the body is not valid JSON: {e}")),
     };
-    let r = match parse(&v) {
+    let mut r = match parse(&v) {
         Ok(r) => r,
         Err(Refused { param, message }) => return invalid(param, message),
     };
@@ -427,6 +534,12 @@ pub async fn create(State(gw): State<Arc<App>>, body: Bytes) -> Response {
     if !gw.accepts_work() {
         return unavailable(&gw, "responses");
     }
+    // The files are stored before the row is journaled; a refused one refuses the call, and
+    // nothing is journaled.
+    r.text = match with_files(&gw, std::mem::take(&mut r.files), &r.text).await {
+        Ok(t) => t,
+        Err(resp) => return resp,
+    };
     let user = r.user.clone().unwrap_or_default();
     let model = r.model.clone().unwrap_or_else(|| work.model());
     // A stored response is a journal row; one not stored runs like a one-shot message.
@@ -468,6 +581,74 @@ pub async fn create(State(gw): State<Arc<App>>, body: Bytes) -> Response {
     }
 }
 
+/// The text the agent gets for `text` and `files`: the caller's lines that could pass for an
+/// attachment line escaped, then one `[attachment: …]` line per file, each stored first under
+/// `[attachments]` (crates/platforms/src/attachments.rs, as a platform's files). A file that
+/// cannot be taken refuses the call in [`invalid`]'s shape: 413 too large, 400 otherwise (a
+/// stored file no row names goes with retention).
+async fn with_files(gw: &Arc<App>, files: Vec<InFile>, text: &str) -> Result<String, Response> {
+    use base64::Engine as _;
+    use gatewarden_platforms::attachments::{self, Attachment, Bounds, Outcome, Store, human_size};
+    let mut out = attachments::escape_text(text);
+    if files.is_empty() {
+        return Ok(out);
+    }
+    let store = Store::new(gw.home.dir().join("attachments"));
+    let bounds = Bounds::from(&gw.work.live().attachments);
+    let lines = tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        let mut used = 0u64;
+        let mut lines = Vec::with_capacity(files.len());
+        for f in files {
+            let at = &f.at;
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(f.base64.trim())
+                .map_err(|e| (StatusCode::BAD_REQUEST, format!("{at}: the data is not valid base64: {e}")))?;
+            let size = bytes.len() as u64;
+            if size > bounds.per_file || used.saturating_add(size) > bounds.per_message {
+                let (total, cap, what) = if size > bounds.per_file {
+                    (size, bounds.per_file, "a file")
+                } else {
+                    (used.saturating_add(size), bounds.per_message, "a message")
+                };
+                let why =
+                    format!("{at}: too large ({} > {} {what}, [attachments])", human_size(total), human_size(cap));
+                return Err((StatusCode::PAYLOAD_TOO_LARGE, why));
+            }
+            let a = Attachment { name: f.name, declared: f.declared, size: Some(size), ..Attachment::default() };
+            let outcome = store.fetch(None, &a, &bounds, started, &mut used, |_| {
+                Ok(Box::new(std::io::Cursor::new(bytes)) as Box<dyn std::io::Read + Send>)
+            });
+            match &outcome {
+                Outcome::Stored(s) if f.image && !s.kind.starts_with("image/") => {
+                    return Err((StatusCode::BAD_REQUEST, format!("{at}: not an image (the content is {})", s.kind)));
+                }
+                Outcome::Stored(_) => {}
+                Outcome::Refused(why) => return Err((StatusCode::BAD_REQUEST, format!("{at}: refused: {why}"))),
+            }
+            lines.push(attachments::line(&Attachment { outcome: Some(outcome), ..a }));
+        }
+        Ok(lines)
+    })
+    .await;
+    let lines = match lines {
+        Ok(Ok(lines)) => lines,
+        Ok(Err((status, why))) => {
+            let mut r = invalid("input", why);
+            *r.status_mut() = status;
+            return Err(r);
+        }
+        Err(e) => return Err(super::messages::error(StatusCode::INTERNAL_SERVER_ERROR, "attachments", e.to_string())),
+    };
+    for l in lines {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&l);
+    }
+    Ok(out)
+}
+
 /// Runs response `id` (journaled when `r.store`), streaming into `chunks`.
 async fn run(
     gw: &Arc<App>,
@@ -488,7 +669,9 @@ async fn run(
     history.extend(chain);
     history.extend(r.inline.iter().cloned());
     let user = r.user.clone().unwrap_or_default();
-    let req = AgentRequest::new(id, "responses", user, r.text.clone(), history);
+    let (text, files) = crate::worker::files_named(gw, &r.text);
+    let mut req = AgentRequest::new(id, "responses", user, text, history);
+    req.attachments = files;
     Ok(work.run_reply(gw, req, chunks).await)
 }
 
@@ -604,6 +787,7 @@ mod tests {
                 store: false,
                 stream: true,
                 user: Some("u".into()),
+                files: vec![],
             }
         );
         let d = ok(json!({"input": "x", "model": null, "temperature": 0.2, "tools": []}));
@@ -655,12 +839,51 @@ mod tests {
             (
                 json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:"}]}]}),
                 "input",
-                "images",
+                "not a data: URL",
+            ),
+            (
+                json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/a.png"}]}]}),
+                "input",
+                "not fetched",
+            ),
+            (
+                json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png,AA"}]}]}),
+                "input",
+                "base64",
+            ),
+            (
+                json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:text/plain;base64,AA=="}]}]}),
+                "input",
+                "data:image/",
+            ),
+            (
+                json!({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]}),
+                "input",
+                "file_id",
             ),
             (
                 json!({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}),
                 "input",
-                "files",
+                "file_id",
+            ),
+            (
+                json!({"input": [{"role": "user", "content": [{"type": "input_file", "file_url": "http://10.0.0.1/"}]}]}),
+                "input",
+                "not fetched",
+            ),
+            (
+                json!({"input": [{"role": "user", "content": [{"type": "input_file", "filename": "a.txt"}]}]}),
+                "input",
+                "file_data",
+            ),
+            (
+                json!({"input": [
+                    {"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AA=="}]},
+                    {"role": "assistant", "content": "seen"},
+                    {"role": "user", "content": "and?"},
+                ]}),
+                "input",
+                "last user message only",
             ),
             (json!({"input": [{"role": "user", "content": [{"text": "x"}]}]}), "input", "\"type\""),
             (json!({"input": [{"role": "user", "content": [{"type": "weird"}]}]}), "input", "not supported"),
@@ -670,6 +893,37 @@ mod tests {
             assert_eq!(e.param, param, "{body}: {e:?}");
             assert!(e.message.contains(says), "{body}: {e:?} should say {says:?}");
         }
+    }
+
+    /// Images and files of the last user message are kept (not yet decoded) with where they
+    /// were given; an image-only message has no text and is still taken.
+    #[test]
+    fn inline_images_and_files_of_the_last_message_are_taken() {
+        let r = ok(json!({"input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "what is this?"},
+            {"type": "input_image", "image_url": "data:image/JPEG;base64,/9j/", "detail": "auto"},
+            {"type": "input_image", "image_url": {"url": "data:image/png;charset=x;base64,iVBO"}},
+            {"type": "input_file", "filename": "notes.txt", "file_data": "data:text/plain;base64,aGk="},
+            {"type": "input_file", "file_data": "aGk="},
+        ]}]}));
+        assert_eq!(r.text, "what is this?");
+        let got: Vec<_> = r
+            .files
+            .iter()
+            .map(|f| (f.at.as_str(), f.name.as_str(), f.declared.as_str(), f.image, f.base64.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("input[0].content[1]", "image.jpg", "image/jpeg", true, "/9j/"),
+                ("input[0].content[2]", "image.png", "image/png", true, "iVBO"),
+                ("input[0].content[3]", "notes.txt", "text/plain", false, "aGk="),
+                ("input[0].content[4]", "file", "", false, "aGk="),
+            ]
+        );
+        let only = ok(json!({"input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBO"}]}]}));
+        assert!(only.text.is_empty() && only.files.len() == 1, "{only:?}");
     }
 
     #[test]

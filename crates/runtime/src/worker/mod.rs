@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::commands::{CommandReply, DecidedBy};
 pub use self::metrics::{ChatUsage, MAX_USAGE_CHATS, Metrics, PerMinute, uptime_second};
+pub(crate) use self::run::files_named;
 pub use self::run::{REASON_CANCELLED, REASON_SYNC_INTERRUPTED};
 use crate::access::pairing::Keeper;
 use crate::access::{Gate, Policies};

@@ -614,9 +614,10 @@ fn noted(notes: Vec<Note>) -> Vec<TraceEvent> {
     out.into_iter().map(|(_, e)| e).collect()
 }
 
-/// The stored files a platform message's journaled text names (crates/platforms/src/
-/// attachments.rs), and its text without those lines. Only platform messages: an HTTP caller's
-/// text never names a stored file.
+/// The stored files a platform message's or a `/v1/responses` row's journaled text names
+/// (crates/platforms/src/attachments.rs), and its text without those lines. Both escape the
+/// sender's own lines that could pass for one (`escape_text`); a `/v1/messages` text is not
+/// escaped, so it never names a stored file.
 ///
 /// The one place the agent's input is made of the journal and the store, so for every backend:
 /// with `[agent.transcription]`, each audio file is replaced by a line of its transcript
@@ -631,15 +632,16 @@ async fn attachments_of(
 ) -> (String, Vec<gatewarden_agent::backend::AgentFile>) {
     use gatewarden_agent::backend::transcribe::{self, Audio};
     use gatewarden_platforms::attachments;
-    if msg.platform.is_none() || !msg.text.contains("[attachment: ") {
+    let escaped = msg.platform.is_some() || super::http_chat::continues(&msg.chat_id).is_some();
+    if !escaped {
         return (msg.text.clone(), Vec::new());
     }
     let store = attachments::Store::new(gw.home.dir().join("attachments"));
-    let (mut text, files) = attachments::resolve(&store, &msg.text);
+    let (mut text, files) = files_named(gw, &msg.text);
     let named = attachments::parse_lines(&msg.text);
     let mut out = Vec::new();
-    for (name, kind, path, size) in files {
-        let file = gatewarden_agent::backend::AgentFile { path, name, kind, size };
+    for file in files {
+        let size = file.size;
         let sha = named.iter().find(|n| store.path(&n.sha256).as_ref() == Some(&file.path)).map(|n| n.sha256.clone());
         let (Some(t), Some(sha)) = (transcriber.filter(|_| transcribe::is_audio(&file.kind)), sha) else {
             out.push(file);
@@ -672,6 +674,22 @@ async fn attachments_of(
         text.push_str(&line);
     }
     (text, out)
+}
+
+/// The stored files `text` (escaped as [`attachments_of`] says) names, and the text without
+/// those lines: a `/v1/responses` call with `store: false` runs from it directly.
+pub(crate) fn files_named(gw: &Gateway, text: &str) -> (String, Vec<gatewarden_agent::backend::AgentFile>) {
+    use gatewarden_platforms::attachments;
+    if !text.contains("[attachment: ") {
+        return (text.to_owned(), Vec::new());
+    }
+    let store = attachments::Store::new(gw.home.dir().join("attachments"));
+    let (text, files) = attachments::resolve(&store, text);
+    let files = files
+        .into_iter()
+        .map(|(name, kind, path, size)| gatewarden_agent::backend::AgentFile { path, name, kind, size })
+        .collect();
+    (text, files)
 }
 
 /// Earlier voice messages of the conversation as their cached transcripts (made when they
