@@ -7,6 +7,9 @@
 //! origin: a fake, a proxy), so a credential that goes with a download (Slack's bot token)
 //! never reaches another host, and a download never reaches into the local network.
 
+use std::io::Read;
+use std::time::Duration;
+
 use gatewarden_net::multipart::{FilePart, Form};
 
 use crate::skeleton::OutFile;
@@ -54,6 +57,56 @@ impl FileHosts {
 pub(crate) fn multipart(fields: &[(&str, &str)], field: &str, file: &OutFile) -> Result<Form, String> {
     let part = FilePart { field, name: &file.name, kind: &file.kind, path: &file.path, size: file.size };
     gatewarden_net::multipart::body(fields, part)
+}
+
+/// `form` POSTed to `url` with its length (some upload endpoints refuse chunked bodies), the
+/// `Authorization` header the platform wants, bounded by `timeout`; the answer is the caller's
+/// to read.
+pub(crate) fn post_form(
+    http: &ureq::Agent,
+    url: &str,
+    authorization: Option<&str>,
+    form: Form,
+    timeout: Duration,
+) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+    let mut request = http.post(url);
+    if let Some(a) = authorization {
+        request = request.header("Authorization", a);
+    }
+    request
+        .header("Content-Type", &form.content_type)
+        .header("Content-Length", &form.length.to_string())
+        .config()
+        .timeout_global(Some(timeout))
+        .build()
+        .send(ureq::SendBody::from_owned_reader(form.body))
+}
+
+/// `GET` of a file at `url` for the skeleton to stream into the store (attachments.rs): bounded
+/// by `timeout` in all, with `bearer` where the platform's file host wants its token, and no
+/// redirect followed (one could lead the download, and the token with it, off the host the
+/// caller checked). Anything but 200 is refused naming only the status.
+pub(crate) fn download(
+    http: &ureq::Agent,
+    url: &str,
+    bearer: Option<&str>,
+    timeout: Duration,
+) -> Result<Box<dyn Read + Send>, String> {
+    let mut request = http.get(url);
+    if let Some(token) = bearer {
+        request = request.header("Authorization", &format!("Bearer {token}"));
+    }
+    let response = request
+        .config()
+        .timeout_global(Some(timeout))
+        .max_redirects(0)
+        .build()
+        .call()
+        .map_err(|e| gatewarden_net::describe(&e, url))?;
+    match response.status().as_u16() {
+        200 => Ok(Box::new(response.into_body().into_reader())),
+        status => Err(format!("HTTP {status} for the file")),
+    }
 }
 
 #[cfg(test)]

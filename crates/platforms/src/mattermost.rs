@@ -237,38 +237,15 @@ impl Rest {
         if !id_ok(id) {
             return Err(format!("{id:?} is not a file id"));
         }
-        let path = format!("/files/{id}");
-        let url = format!("{}{path}", self.base);
-        let response = self
-            .http
-            .get(&url)
-            .header("Authorization", &format!("Bearer {}", self.token))
-            .config()
-            .timeout_global(Some(timeout))
-            .build()
-            .call()
-            .map_err(|e| gatewarden_net::describe(&e, &url))?;
-        let status = response.status().as_u16();
-        if status != 200 {
-            return Err(format!("GET {path}: HTTP {status}"));
-        }
-        Ok(Box::new(response.into_body().into_reader()))
+        crate::filexfer::download(&self.http, &format!("{}/files/{id}", self.base), Some(&self.token), timeout)
     }
 
     /// `POST /files` of one stored file to `channel`; returns its file id.
     fn upload(&self, channel: &str, file: &OutFile) -> Result<String, ApiError> {
         let form = crate::filexfer::multipart(&[("channel_id", channel)], "files", file).map_err(ApiError::Refused)?;
         let url = format!("{}/files", self.base);
-        let response = self
-            .http
-            .post(&url)
-            .header("Authorization", &format!("Bearer {}", self.token))
-            .header("Content-Type", &form.content_type)
-            .header("Content-Length", &form.length.to_string())
-            .config()
-            .timeout_global(Some(UPLOAD_TIMEOUT))
-            .build()
-            .send(ureq::SendBody::from_owned_reader(form.body))
+        let bearer = format!("Bearer {}", self.token);
+        let response = crate::filexfer::post_form(&self.http, &url, Some(&bearer), form, UPLOAD_TIMEOUT)
             .map_err(|e| ApiError::Network(gatewarden_net::describe(&e, &url)))?;
         let status = response.status().as_u16();
         let retry_after = crate::header_secs(&response, "retry-after");
@@ -885,7 +862,7 @@ impl skeleton::Receiver for EventStream {
         Ok(Batch { messages, gap: None })
     }
 
-    /// Saves the positions past the journaled batch.
+    /// `GET /files/{id}` with the token.
     fn fetch(
         &mut self,
         _ctx: &Ctx,

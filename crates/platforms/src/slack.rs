@@ -745,23 +745,7 @@ impl skeleton::Receiver for SocketMode {
         timeout: Duration,
     ) -> Result<Box<dyn std::io::Read + Send>, String> {
         self.files.check(&a.fetch)?;
-        let response = self
-            .api
-            .http
-            .get(&a.fetch)
-            .header("Authorization", &format!("Bearer {}", self.bot_token))
-            .config()
-            .timeout_global(Some(timeout))
-            // A redirect could lead off the file host: not followed.
-            .max_redirects(0)
-            .build()
-            .call()
-            .map_err(|e| gatewarden_net::describe(&e, &a.fetch))?;
-        let status = response.status().as_u16();
-        if status != 200 {
-            return Err(format!("HTTP {status} for the file"));
-        }
-        Ok(Box::new(response.into_body().into_reader()))
+        crate::filexfer::download(&self.api.http, &a.fetch, Some(&self.bot_token), timeout)
     }
 
     /// Closes the connections: what they carried unacknowledged is redelivered to the successor.

@@ -141,15 +141,7 @@ impl Api {
         let (field, f) = file;
         let fields: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let form = crate::filexfer::multipart(&fields, field, f).map_err(ApiError::Rejected)?;
-        let response = self
-            .http
-            .post(format!("{}{method}", self.prefix))
-            .header("Content-Type", &form.content_type)
-            .header("Content-Length", &form.length.to_string())
-            .config()
-            .timeout_global(Some(timeout))
-            .build()
-            .send(ureq::SendBody::from_owned_reader(form.body))
+        let response = crate::filexfer::post_form(&self.http, &format!("{}{method}", self.prefix), None, form, timeout)
             .map_err(|e| ApiError::Network(self.redact(gatewarden_net::describe(&e, &self.prefix))))?;
         self.answer(response)
     }
@@ -477,20 +469,7 @@ impl skeleton::Receiver for Poller {
         let Some(path) = f["file_path"].as_str() else { return Err("getFile returned no file_path".into()) };
         let url =
             format!("{}/file/bot{}/{}", self.base.trim_end_matches('/'), self.token, path.trim_start_matches('/'));
-        let response = self
-            .api
-            .http
-            .get(&url)
-            .config()
-            .timeout_global(Some(timeout))
-            .build()
-            .call()
-            .map_err(|e| self.api.redact(gatewarden_net::describe(&e, &self.base)))?;
-        let status = response.status().as_u16();
-        if status != 200 {
-            return Err(format!("HTTP {status} for the file"));
-        }
-        Ok(Box::new(response.into_body().into_reader()))
+        crate::filexfer::download(&self.api.http, &url, None, timeout).map_err(|e| self.api.redact(e))
     }
 
     /// A new HTTP agent: no pooled connection of the old one is reused.

@@ -507,20 +507,7 @@ impl Api {
         let Some(file) = info["url"].as_str().filter(|u| u.starts_with("https://") || u.starts_with("http://")) else {
             return Err("the media node named no url".into());
         };
-        let response = self
-            .http
-            .get(file)
-            .header("Authorization", &bearer)
-            .config()
-            .timeout_global(Some(timeout))
-            .build()
-            .call()
-            .map_err(|e| gatewarden_net::describe(&e, "the media URL"))?;
-        let status = response.status().as_u16();
-        if status != 200 {
-            return Err(format!("HTTP {status} for the media file"));
-        }
-        Ok(Box::new(response.into_body().into_reader()))
+        crate::filexfer::download(&self.http, file, Some(&self.token), timeout)
     }
 
     /// `POST /{phone_number_id}/media` of a stored file; returns the media id.
@@ -528,16 +515,8 @@ impl Api {
         let fields = [("messaging_product", "whatsapp"), ("type", file.kind.as_str())];
         let form = crate::filexfer::multipart(&fields, "file", file).map_err(ApiError::Refused)?;
         let url = format!("{}/media", self.node);
-        let sent = self
-            .http
-            .post(&url)
-            .header("Authorization", &format!("Bearer {}", self.token))
-            .header("Content-Type", &form.content_type)
-            .header("Content-Length", &form.length.to_string())
-            .config()
-            .timeout_global(Some(UPLOAD_TIMEOUT))
-            .build()
-            .send(ureq::SendBody::from_owned_reader(form.body))
+        let bearer = format!("Bearer {}", self.token);
+        let sent = crate::filexfer::post_form(&self.http, &url, Some(&bearer), form, UPLOAD_TIMEOUT)
             .map_err(|e| ApiError::Network(gatewarden_net::describe(&e, &url)))?;
         let v = answer(sent)?;
         v["id"]

@@ -810,19 +810,7 @@ impl skeleton::Receiver for Reader {
         timeout: Duration,
     ) -> Result<Box<dyn std::io::Read + Send>, String> {
         self.files.check(&a.fetch)?;
-        let response = self
-            .files
-            .http
-            .get(&a.fetch)
-            .config()
-            .timeout_global(Some(timeout))
-            .build()
-            .call()
-            .map_err(|e| gatewarden_net::describe(&e, &a.fetch))?;
-        match response.status().as_u16() {
-            200 => Ok(Box::new(response.into_body().into_reader())),
-            status => Err(format!("HTTP {status} for the file")),
-        }
+        crate::filexfer::download(&self.files.http, &a.fetch, None, timeout)
     }
 
     fn disconnect(&mut self) {

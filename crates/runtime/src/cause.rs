@@ -121,7 +121,7 @@ impl RestartAnswer {
     pub fn reply(&self) -> String {
         match self {
             RestartAnswer::Accepted => "restarting…".into(),
-            RestartAnswer::Joined => crate::restart::JOINED.into(),
+            RestartAnswer::Joined => gatewarden_control::proto::JOINED.into(),
             RestartAnswer::Refused(why) => {
                 format!("not restarting: the gateway is stopping ({why}); start it again with `gatewarden start`")
             }

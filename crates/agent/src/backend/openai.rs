@@ -93,17 +93,18 @@ impl ApiKey {
     }
 }
 
-/// One upstream as the backend uses it.
+/// One upstream as the backend (and the transcriber, transcribe.rs) uses it.
 #[derive(Debug, Clone)]
-struct Upstream {
-    name: String,
-    url: String,
-    model: String,
-    key: ApiKey,
-    headers: Vec<(String, String)>,
+pub(super) struct Upstream {
+    pub(super) name: String,
+    /// The endpoint: `<base_url>/chat/completions` (or `/audio/transcriptions`).
+    pub(super) url: String,
+    pub(super) model: String,
+    pub(super) key: ApiKey,
+    pub(super) headers: Vec<(String, String)>,
     /// `Err`: the TLS or proxy settings could not be loaded (a `ca_file` gone since the
     /// configuration was checked); every attempt at this provider fails with it.
-    http: Result<ureq::Agent, String>,
+    pub(super) http: Result<ureq::Agent, String>,
 }
 
 impl Upstream {

@@ -31,7 +31,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::openai::{ApiKey, http_agent, refused, send_failure};
+use super::openai::{ApiKey, Upstream, http_agent, refused, send_failure};
 use super::provider::{Backoff, Failure, Verdict, classify};
 use super::truncate;
 
@@ -40,22 +40,10 @@ pub const MAX_TRANSCRIPT_CHARS: usize = 16_000;
 /// The largest answer read from a provider.
 const MAX_RESPONSE_BYTES: u64 = 4 << 20;
 
-/// One provider as the transcriber calls it.
-#[derive(Debug, Clone)]
-struct Provider {
-    name: String,
-    url: String,
-    model: String,
-    key: ApiKey,
-    headers: Vec<(String, String)>,
-    /// `Err`: its TLS or proxy settings could not be loaded; every attempt fails with it.
-    http: Result<ureq::Agent, String>,
-}
-
 /// `[agent.transcription]`'s providers, tried in order, with their bounds.
 #[derive(Debug, Clone)]
 pub struct Transcriber {
-    providers: Vec<Provider>,
+    providers: Vec<Upstream>,
     language: Option<String>,
     max_bytes: u64,
     timeout: Duration,
@@ -91,7 +79,7 @@ impl Transcriber {
                 let http = gatewarden_net::Outbound::new(p.ca_file.as_deref(), p.proxy.as_deref())
                     .map(|o| http_agent(&o, timeout))
                     .map_err(|e| format!("transcription provider {name}: {e}"));
-                Provider {
+                Upstream {
                     url: format!("{}/audio/transcriptions", p.base_url.trim().trim_end_matches('/')),
                     model: p.model.clone(),
                     key: ApiKey::from_resolved(secrets.get(&id)),
@@ -177,7 +165,7 @@ impl Transcriber {
     /// One request within `left`; `None`: cancelled.
     async fn attempt(
         &self,
-        p: &Provider,
+        p: &Upstream,
         audio: &Audio,
         left: Duration,
         cancel: &CancellationToken,

@@ -684,21 +684,7 @@ impl skeleton::Receiver for GatewayRx {
         timeout: Duration,
     ) -> Result<Box<dyn std::io::Read + Send>, String> {
         self.files.check(&a.fetch)?;
-        let response = self
-            .cdn
-            .get(&a.fetch)
-            .config()
-            .timeout_global(Some(timeout))
-            // A redirect could lead off the CDN: not followed.
-            .max_redirects(0)
-            .build()
-            .call()
-            .map_err(|e| gatewarden_net::describe(&e, &a.fetch))?;
-        let status = response.status().as_u16();
-        if status != 200 {
-            return Err(format!("HTTP {status} for the file"));
-        }
-        Ok(Box::new(response.into_body().into_reader()))
+        crate::filexfer::download(&self.cdn, &a.fetch, None, timeout)
     }
 
     fn hang_up(&mut self) -> Vec<Inbound> {

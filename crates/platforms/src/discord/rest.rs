@@ -252,16 +252,8 @@ impl Rest {
         let form =
             crate::filexfer::multipart(&[("payload_json", &payload)], "files[0]", file).map_err(RestError::Rejected)?;
         let url = format!("{}/channels/{channel}/messages", self.base);
-        let result = self
-            .http
-            .post(&url)
-            .header("Authorization", &format!("Bot {}", self.token))
-            .header("Content-Type", &form.content_type)
-            .header("Content-Length", &form.length.to_string())
-            .config()
-            .timeout_global(Some(timeout))
-            .build()
-            .send(ureq::SendBody::from_owned_reader(form.body));
+        let auth = format!("Bot {}", self.token);
+        let result = crate::filexfer::post_form(&self.http, &url, Some(&auth), form, timeout);
         let v = self.answer(&key, &url, result)?;
         Ok(v["id"].as_str().map(str::to_owned))
     }
