@@ -3,12 +3,12 @@
 //! when dropped (its accept loop is woken by a connection to itself).
 
 use std::io::{self, BufReader, Read, Write};
-
-use gatewarden_fakewire::http1;
 use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use gatewarden_fakewire::http1;
 
 /// Bound on every read of a fake's client (a stuck test client never wedges a fake thread).
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
