@@ -99,6 +99,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, patch, post};
+use gatewarden_fakewire::form::{self, FormPart};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tungstenite::protocol::CloseFrame;
@@ -1050,11 +1051,12 @@ async fn create_message(
     let ctype = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     // docs/reference "Uploading Files": the JSON body goes in `payload_json`, files in `files[n]`.
     let (json_body, files) = if ctype.starts_with("multipart/form-data") {
-        let Some(parts) = multipart(&ctype, &body) else {
+        let Some(parts) = form::parse(&ctype, &body) else {
             return error(StatusCode::BAD_REQUEST, 50035, "Invalid Form Body");
         };
-        let payload = parts.iter().find(|p| p.0 == "payload_json").map(|p| p.3.clone()).unwrap_or_default();
-        let files: Vec<FormPart> = parts.into_iter().filter(|p| p.0.starts_with("files[") && p.1.is_some()).collect();
+        let payload = parts.iter().find(|p| p.name == "payload_json").map(|p| p.bytes.clone()).unwrap_or_default();
+        let files: Vec<FormPart> =
+            parts.into_iter().filter(|p| p.name.starts_with("files[") && p.filename.is_some()).collect();
         (payload, files)
     } else {
         (body.to_vec(), Vec::new())
@@ -1065,7 +1067,7 @@ async fn create_message(
     if channel.parse::<u64>().is_err() {
         return error(StatusCode::NOT_FOUND, 10003, "Unknown Channel");
     }
-    if files.iter().any(|f| f.3.len() > opts.max_upload) {
+    if files.iter().any(|f| f.bytes.len() > opts.max_upload) {
         log(&mut w, Route::CreateMessage, &channel, None, None, 413);
         shared.changed.notify_all();
         return error(StatusCode::PAYLOAD_TOO_LARGE, 40005, "Request entity too large");
@@ -1106,7 +1108,7 @@ async fn create_message(
                 w.nonces.insert(n.clone(), (index, now));
             }
             w.sent.push(m.clone());
-            for (_, filename, ctype, bytes) in &files {
+            for FormPart { filename, content_type: ctype, bytes, .. } in &files {
                 let upload = Upload {
                     message_id: id.clone(),
                     channel_id: channel.clone(),
@@ -1310,48 +1312,6 @@ async fn attachment(
     w.downloads.push(Download { path, authorization: headers.contains_key("authorization") });
     shared.changed.notify_all();
     (StatusCode::OK, [("content-type", "application/octet-stream")], bytes).into_response()
-}
-
-/// One part of a `multipart/form-data` body: `(name, filename, content type, bytes)`.
-type FormPart = (String, Option<String>, String, Vec<u8>);
-
-/// The parts of a `multipart/form-data` body (RFC 7578); `None` when it is not one.
-fn multipart(content_type: &str, body: &[u8]) -> Option<Vec<FormPart>> {
-    let boundary = content_type.split(';').find_map(|p| p.trim().strip_prefix("boundary="))?.trim_matches('"');
-    let delim = format!("--{boundary}").into_bytes();
-    let find = |hay: &[u8], from: usize| {
-        hay.get(from..)?.windows(delim.len()).position(|w| w == delim.as_slice()).map(|i| i + from)
-    };
-    let mut parts = Vec::new();
-    let mut at = find(body, 0)? + delim.len();
-    loop {
-        if body.get(at..at + 2) == Some(b"--") {
-            return Some(parts);
-        }
-        let start = at + 2; // the CRLF after the delimiter
-        let next = find(body, start)?;
-        let part = body.get(start..next.checked_sub(2)?)?; // without the CRLF before it
-        let split = part.windows(4).position(|w| w == b"\r\n\r\n")?;
-        let head = String::from_utf8_lossy(&part[..split]).into_owned();
-        let content = part[split + 4..].to_vec();
-        let (mut name, mut filename, mut ctype) = (String::new(), None, String::new());
-        for line in head.split("\r\n") {
-            let lower = line.to_ascii_lowercase();
-            if lower.starts_with("content-disposition:") {
-                for attr in line.split(';').map(str::trim) {
-                    if let Some(v) = attr.strip_prefix("name=") {
-                        name = v.trim_matches('"').to_owned();
-                    } else if let Some(v) = attr.strip_prefix("filename=") {
-                        filename = Some(v.trim_matches('"').to_owned());
-                    }
-                }
-            } else if lower.starts_with("content-type:") {
-                ctype = line["content-type:".len()..].trim().to_owned();
-            }
-        }
-        parts.push((name, filename, ctype, content));
-        at = next + delim.len();
-    }
 }
 
 /// docs/topics/rate-limits "Header Format".

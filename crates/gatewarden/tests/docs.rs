@@ -83,9 +83,17 @@ fn crate_map() -> String {
         h
     }
     let mut memo = BTreeMap::new();
-    let used: BTreeSet<&String> = deps.values().flatten().collect();
+    // The product: the binary and what it builds on; the rest only tests use (crates/fakewire is
+    // a normal dependency of the fakes, which are tests only).
+    let mut product_set: BTreeSet<&String> = BTreeSet::new();
+    let mut todo: Vec<&String> = deps.keys().filter(|c| *c == "gatewarden").collect();
+    while let Some(c) = todo.pop() {
+        if product_set.insert(c) {
+            todo.extend(deps[c].iter());
+        }
+    }
     let (mut product, mut tests_only): (Vec<&String>, Vec<&String>) =
-        deps.keys().partition(|c| used.contains(c) || *c == "gatewarden");
+        deps.keys().partition(|c| product_set.contains(c));
     product.sort_by_key(|c| (std::cmp::Reverse(height(c, &deps, &mut memo)), (*c).clone()));
     tests_only.sort();
     let width = deps.keys().map(|c| short(c).len()).max().unwrap_or(0);
@@ -98,7 +106,10 @@ fn crate_map() -> String {
         s.push_str(&format!("{:width$} ──▶ {}\n", short(c), uses(c)));
     }
     for c in tests_only {
-        let by: Vec<&str> = dev_users.get(c).into_iter().flatten().map(|u| short(u)).collect();
+        // Its users: the crates whose tests use it, and the tests-only crates built on it.
+        let normal_users = deps.iter().filter(|(u, d)| d.contains(c) && !product_set.contains(u)).map(|(u, _)| u);
+        let by: BTreeSet<&String> = dev_users.get(c).into_iter().flatten().chain(normal_users).collect();
+        let by: Vec<&str> = by.into_iter().map(|u| short(u)).collect();
         s.push_str(&format!("{:width$} ──▶ {} (tests only: {})\n", short(c), uses(c), by.join(", ")));
     }
     s.push_str("```\n");

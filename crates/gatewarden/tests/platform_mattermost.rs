@@ -28,28 +28,22 @@ fn fake() -> FakeMattermost {
 }
 
 fn config(fake: &FakeMattermost, agent: &str, extra: &str) -> String {
-    let backend = if agent.contains("backend") { "" } else { "backend = \"echo\"" };
-    format!(
-        "drain_timeout_s = 10\n[agent]\n{backend}\n{agent}\n\
-         [[platform]]\nkind = \"mattermost\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{TOKEN_ENV}\"\n\
-         server = \"{}\"\nadmins = [\"{ADMIN}\"]\nconflict_standby_s = 2\n{extra}",
-        fake.server()
+    platform_config(
+        agent,
+        &format!(
+            "kind = \"mattermost\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{TOKEN_ENV}\"\n\
+             server = \"{}\"\nadmins = [\"{ADMIN}\"]\nconflict_standby_s = 2\n{extra}",
+            fake.server()
+        ),
     )
 }
 
 fn spawn(home: &TempHome, sw: &Sweeper, fake: &FakeMattermost, config: &str) -> Gateway {
-    write_config(home.path(), config);
-    builder(home)
-        .env(TAG_VAR, sw.tag())
-        .env(TOKEN_ENV, fake.options().token)
-        .env("GATEWARDEN_CREDS_DIR", creds_dir())
-        .spawn()
+    spawn_platform(home, sw, config, &[(TOKEN_ENV, &fake.options().token)], None)
 }
 
 fn start_gw(home: &TempHome, sw: &Sweeper, fake: &FakeMattermost, config: &str) -> Gateway {
-    let mut g = spawn(home, sw, fake, config);
-    g.wait_ready(READY);
-    g
+    ready(spawn(home, sw, fake, config))
 }
 
 fn count(posts: &[Post], channel: &str, text: &str) -> usize {

@@ -41,10 +41,12 @@ fn fake() -> FakeSignal {
 }
 
 fn config_for(base: &str, account: &str, agent: &str) -> String {
-    format!(
-        "drain_timeout_s = 10\n[agent]\nbackend = \"echo\"\n{agent}\n\
-         [[platform]]\nkind = \"signal\"\naccess = \"open\"\nrequire_mention = false\naccount = \"{account}\"\n\
-         api_base = \"{base}\"\nadmins = [\"{ADMIN}\"]\nconflict_standby_s = 2\n"
+    platform_config(
+        agent,
+        &format!(
+            "kind = \"signal\"\naccess = \"open\"\nrequire_mention = false\naccount = \"{account}\"\n\
+             api_base = \"{base}\"\nadmins = [\"{ADMIN}\"]\nconflict_standby_s = 2\n"
+        ),
     )
 }
 
@@ -58,14 +60,11 @@ fn mine(fake: &FakeSignal) -> String {
 }
 
 fn spawn(home: &TempHome, sw: &Sweeper, config: &str) -> Gateway {
-    write_config(home.path(), config);
-    builder(home).env(TAG_VAR, sw.tag()).env("GATEWARDEN_CREDS_DIR", creds_dir()).spawn()
+    spawn_platform(home, sw, config, &[], None)
 }
 
 fn start_gw(home: &TempHome, sw: &Sweeper, config: &str) -> Gateway {
-    let mut g = spawn(home, sw, config);
-    g.wait_ready(READY);
-    g
+    ready(spawn(home, sw, config))
 }
 
 fn count(sent: &[Sent], chat: &str, text: &str) -> usize {

@@ -36,11 +36,12 @@ fn fake() -> FakeSlack {
 }
 
 fn config_at(api_base: &str, agent: &str, extra: &str) -> String {
-    let backend = if agent.contains("backend") { "" } else { "backend = \"echo\"" };
-    format!(
-        "drain_timeout_s = 10\n[agent]\n{backend}\n{agent}\n\
-         [[platform]]\nkind = \"slack\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{APP_ENV}\"\nbot_token_env = \"{BOT_ENV}\"\n\
-         api_base = \"{api_base}\"\nadmins = [\"{ADMIN}\"]\nconflict_standby_s = 2\n{extra}"
+    platform_config(
+        agent,
+        &format!(
+            "kind = \"slack\"\naccess = \"open\"\nrequire_mention = false\ntoken_env = \"{APP_ENV}\"\nbot_token_env = \"{BOT_ENV}\"\n\
+             api_base = \"{api_base}\"\nadmins = [\"{ADMIN}\"]\nconflict_standby_s = 2\n{extra}"
+        ),
     )
 }
 
@@ -49,20 +50,12 @@ fn config(fake: &FakeSlack, agent: &str) -> String {
 }
 
 fn spawn(home: &TempHome, sw: &Sweeper, fake: &FakeSlack, config: &str) -> Gateway {
-    write_config(home.path(), config);
     let o = fake.options();
-    builder(home)
-        .env(TAG_VAR, sw.tag())
-        .env(APP_ENV, &o.app_token)
-        .env(BOT_ENV, &o.bot_token)
-        .env("GATEWARDEN_CREDS_DIR", creds_dir())
-        .spawn()
+    spawn_platform(home, sw, config, &[(APP_ENV, &o.app_token), (BOT_ENV, &o.bot_token)], None)
 }
 
 fn start_gw(home: &TempHome, sw: &Sweeper, fake: &FakeSlack, config: &str) -> Gateway {
-    let mut g = spawn(home, sw, fake, config);
-    g.wait_ready(READY);
-    g
+    ready(spawn(home, sw, fake, config))
 }
 
 fn count(posted: &[Posted], chat: &str, text: &str) -> usize {

@@ -33,16 +33,17 @@ fn fake() -> FakeWhatsapp {
 }
 
 fn config(fake: &FakeWhatsapp, agent: &str) -> String {
-    let backend = if agent.contains("backend") { "" } else { "backend = \"echo\"" };
     let o = fake.options();
-    format!(
-        "drain_timeout_s = 10\n[agent]\n{backend}\n{agent}\n\
-         [[platform]]\nkind = \"whatsapp\"\naccess = \"open\"\ntoken_env = \"{TOKEN_ENV}\"\n\
-         app_secret_env = \"{SECRET_ENV}\"\nverify_token_env = \"{VERIFY_ENV}\"\n\
-         phone_number_id = \"{}\"\napi_base = \"{}\"\napi_version = \"{}\"\nadmins = [\"{ADMIN}\"]\n",
-        o.phone_number_id,
-        fake.api_base(),
-        o.version
+    platform_config(
+        agent,
+        &format!(
+            "kind = \"whatsapp\"\naccess = \"open\"\ntoken_env = \"{TOKEN_ENV}\"\n\
+             app_secret_env = \"{SECRET_ENV}\"\nverify_token_env = \"{VERIFY_ENV}\"\n\
+             phone_number_id = \"{}\"\napi_base = \"{}\"\napi_version = \"{}\"\nadmins = [\"{ADMIN}\"]\n",
+            o.phone_number_id,
+            fake.api_base(),
+            o.version
+        ),
     )
 }
 
@@ -52,25 +53,14 @@ fn spawn(home: &TempHome, sw: &Sweeper, fake: &FakeWhatsapp, config: &str) -> Ga
 
 /// [`spawn`] on a given listen address (what a reverse proxy forwards to).
 fn spawn_at(home: &TempHome, sw: &Sweeper, fake: &FakeWhatsapp, config: &str, listen: Option<&str>) -> Gateway {
-    write_config(home.path(), config);
     let o = fake.options();
-    let b = builder(home);
-    let b = match listen {
-        Some(addr) => b.listen(addr),
-        None => b,
-    };
-    b.env(TAG_VAR, sw.tag())
-        .env(TOKEN_ENV, &o.token)
-        .env(SECRET_ENV, &o.app_secret)
-        .env(VERIFY_ENV, &o.verify_token)
-        .env("GATEWARDEN_CREDS_DIR", creds_dir())
-        .spawn()
+    let env = [(TOKEN_ENV, o.token.as_str()), (SECRET_ENV, &o.app_secret), (VERIFY_ENV, &o.verify_token)];
+    spawn_platform(home, sw, config, &env, listen)
 }
 
 /// A ready gateway, and the fake's webhook pointed at its listener.
 fn start_gw(home: &TempHome, sw: &Sweeper, fake: &FakeWhatsapp, config: &str) -> Gateway {
-    let mut g = spawn(home, sw, fake, config);
-    g.wait_ready(READY);
+    let g = ready(spawn(home, sw, fake, config));
     fake.set_webhook(&format!("http://{}/hooks/whatsapp/whatsapp", g.listen()));
     g
 }

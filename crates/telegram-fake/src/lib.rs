@@ -70,6 +70,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
+use gatewarden_fakewire::form::FormPart;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, oneshot};
 
@@ -677,62 +678,24 @@ async fn download(State(shared): State<Arc<Shared>>, Path((bot, path)): Path<(St
     (StatusCode::OK, bytes.as_ref().clone()).into_response()
 }
 
-/// One part of a `multipart/form-data` body: `(name, filename, content type, bytes)`.
-type FormPart = (String, Option<String>, String, Vec<u8>);
-
-/// The parts of a `multipart/form-data` body (RFC 7578); `None` when it is not one.
-fn multipart(content_type: &str, body: &[u8]) -> Option<Vec<FormPart>> {
-    let boundary = content_type.split(';').find_map(|p| p.trim().strip_prefix("boundary="))?.trim_matches('"');
-    let delim = format!("--{boundary}").into_bytes();
-    let find = |hay: &[u8], from: usize| {
-        hay.get(from..)?.windows(delim.len()).position(|w| w == delim.as_slice()).map(|i| i + from)
-    };
-    let mut parts = Vec::new();
-    let mut at = find(body, 0)? + delim.len();
-    loop {
-        if body.get(at..at + 2) == Some(b"--") {
-            return Some(parts);
-        }
-        let start = at + 2; // the CRLF after the delimiter
-        let next = find(body, start)?;
-        let part = body.get(start..next.checked_sub(2)?)?; // without the CRLF before it
-        let split = part.windows(4).position(|w| w == b"\r\n\r\n")?;
-        let head = String::from_utf8_lossy(&part[..split]).into_owned();
-        let content = part[split + 4..].to_vec();
-        let mut name = String::new();
-        let mut filename = None;
-        let mut ctype = String::new();
-        for line in head.split("\r\n") {
-            let lower = line.to_ascii_lowercase();
-            if lower.starts_with("content-disposition:") {
-                for attr in line.split(';').map(str::trim) {
-                    if let Some(v) = attr.strip_prefix("name=") {
-                        name = v.trim_matches('"').to_owned();
-                    } else if let Some(v) = attr.strip_prefix("filename=") {
-                        filename = Some(v.trim_matches('"').to_owned());
-                    }
-                }
-            } else if lower.starts_with("content-type:") {
-                ctype = line["content-type:".len()..].trim().to_owned();
-            }
-        }
-        parts.push((name, filename, ctype, content));
-        at = next + delim.len();
-    }
-}
-
 /// `sendPhoto` / `sendDocument` with the file uploaded in `field`.
 fn send_file(shared: &Shared, token: &str, method: &str, field: &str, content_type: &str, body: &[u8]) -> Response {
-    let Some(parts) = multipart(content_type, body) else {
+    let Some(parts) = gatewarden_fakewire::form::parse(content_type, body) else {
         return fail(400, "Bad Request: there is no file in the request");
     };
-    let text =
-        |k: &str| parts.iter().find(|p| p.0 == k && p.1.is_none()).map(|p| String::from_utf8_lossy(&p.3).into_owned());
+    let text = |k: &str| {
+        parts
+            .iter()
+            .find(|p| p.name == k && p.filename.is_none())
+            .map(|p| String::from_utf8_lossy(&p.bytes).into_owned())
+    };
     let Some(chat) = text("chat_id").filter(|c| !c.is_empty()) else {
         return fail(400, "Bad Request: chat_id is empty");
     };
     let chat = chat.parse::<i64>().map_or_else(|_| json!(chat), |n| json!(n));
-    let Some((_, filename, ctype, bytes)) = parts.iter().find(|p| p.0 == field && p.1.is_some()) else {
+    let Some(FormPart { filename, content_type: ctype, bytes, .. }) =
+        parts.iter().find(|p| p.name == field && p.filename.is_some())
+    else {
         return fail(400, &format!("Bad Request: there is no {field} in the request"));
     };
     if field == "photo" && bytes.len() > 10 << 20 {

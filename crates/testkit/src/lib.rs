@@ -49,7 +49,6 @@ mod home;
 #[cfg(all(unix, feature = "tls"))]
 pub mod mail;
 pub mod mattermostfake;
-pub mod formparts;
 mod http;
 pub mod llmfake;
 pub mod netfakes;

@@ -53,7 +53,7 @@
 //! listens again on the same port with the same posts. Plain std threads, like the other fakes.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -62,7 +62,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Value, json};
 use tungstenite::Message;
 
-use crate::netfakes::read_head;
+use gatewarden_fakewire::{form, http1};
 
 /// The fake's team.
 pub const TEAM_ID: &str = "teamfaketeamfaketeamfake01";
@@ -655,46 +655,27 @@ fn serve_ws(shared: &Shared, stream: TcpStream, life: u64) {
 fn serve_http(shared: &Shared, conn: TcpStream) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
     let Ok(mut w) = conn.try_clone() else { return };
-    let mut r = BufReader::new(conn);
-    let Ok(head) = read_head(&mut r) else { return };
-    let mut parts = head.first().map(|l| l.split(' ')).into_iter().flatten();
-    let method = parts.next().unwrap_or("").to_owned();
-    let path = parts.next().unwrap_or("").to_owned();
-    let header = |name: &str| {
-        head[1..].iter().find_map(|l| {
-            l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case(name)).map(|(_, v)| v.trim().to_owned())
-        })
-    };
-    let len = header("content-length").and_then(|v| v.parse::<usize>().ok()).unwrap_or(0).min(8 << 20);
-    let mut body = vec![0u8; len];
-    if r.read_exact(&mut body).is_err() {
-        return;
-    }
-    let token = header("authorization").and_then(|v| v.strip_prefix("Bearer ").map(str::to_owned));
+    let Ok(req) = http1::read_request(&mut BufReader::new(conn), 8 << 20) else { return };
+    let (method, path) = (req.method.as_str(), req.target.as_str());
+    let token = req.bearer();
     if method == "GET"
         && let Some(id) = path.strip_prefix("/api/v4/files/")
     {
         let mut s = shared.lock();
-        let ok = token.as_deref() == Some(s.opts.token.as_str()) && !s.revoked;
+        let ok = token == Some(s.opts.token.as_str()) && !s.revoked;
         let Some(f) = s.files.get(id).cloned().filter(|_| ok) else {
             drop(s);
-            let _ = write!(w, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            let _ = http1::write_response(&mut w, 404, &[("Connection", "close")], b"");
             return;
         };
         s.file_downloads.push(id.to_owned());
         drop(s);
-        let _ = write!(
-            w,
-            "HTTP/1.1 200 OK\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            f.mime_type,
-            f.bytes.len()
-        );
-        let _ = w.write_all(&f.bytes);
+        let _ = http1::write_response(&mut w, 200, &[("Content-Type", &f.mime_type), ("Connection", "close")], &f.bytes);
         return;
     }
     let args: Value = if method == "POST" && path == "/api/v4/files" {
         // The form as JSON for api(): its fields, and each file part under "\u0000files".
-        let form = crate::formparts::parse(&header("content-type").unwrap_or_default(), &body).unwrap_or_default();
+        let form = form::parse(req.header("content-type").unwrap_or_default(), &req.body).unwrap_or_default();
         let mut v = json!({"\u{0}files": []});
         for p in form {
             match p.filename {
@@ -708,34 +689,24 @@ fn serve_http(shared: &Shared, conn: TcpStream) {
         }
         v
     } else {
-        serde_json::from_slice(&body).unwrap_or(Value::Null)
+        serde_json::from_slice(&req.body).unwrap_or(Value::Null)
     };
-    let (status, extra, answer) = api(&mut shared.lock(), &method, &path, token.as_deref(), &args);
-    let body = answer.to_string();
-    let reason = match status {
-        200 => "OK",
-        201 => "Created",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        429 => "Too Many Requests",
-        _ => "Status",
-    };
-    let _ = write!(
-        w,
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let (status, extra, answer) = api(&mut shared.lock(), method, path, token, &args);
+    let mut headers = vec![("Content-Type", "application/json"), ("Connection", "close")];
+    headers.extend(extra.iter().map(|(k, v)| (*k, v.as_str())));
+    let _ = http1::write_response(&mut w, status, &headers, answer.to_string().as_bytes());
 }
 
+/// Extra response headers of a REST answer (a rate limit's).
+type Extra = Vec<(&'static str, String)>;
+
 /// The API's error body.
-fn app_error(status: u16, id: &str, message: &str) -> (u16, String, Value) {
-    (status, String::new(), json!({"id": id, "message": message, "detailed_error": "", "request_id": "fake", "status_code": status}))
+fn app_error(status: u16, id: &str, message: &str) -> (u16, Extra, Value) {
+    (status, Vec::new(), json!({"id": id, "message": message, "detailed_error": "", "request_id": "fake", "status_code": status}))
 }
 
 /// One REST call: `(status, extra headers, body)`; post changes are logged.
-fn api(s: &mut State, method: &str, path: &str, token: Option<&str>, args: &Value) -> (u16, String, Value) {
+fn api(s: &mut State, method: &str, path: &str, token: Option<&str>, args: &Value) -> (u16, Extra, Value) {
     let answer = answer(s, method, path, token, args);
     if matches!(method, "POST" | "PUT" | "DELETE") {
         let (status, _, v) = &answer;
@@ -752,7 +723,7 @@ fn api(s: &mut State, method: &str, path: &str, token: Option<&str>, args: &Valu
     answer
 }
 
-fn answer(s: &mut State, method: &str, path: &str, token: Option<&str>, args: &Value) -> (u16, String, Value) {
+fn answer(s: &mut State, method: &str, path: &str, token: Option<&str>, args: &Value) -> (u16, Extra, Value) {
     if token != Some(s.opts.token.as_str()) || s.revoked {
         return app_error(401, "api.context.session_expired.app_error", "Invalid or expired session, please login again.");
     }
@@ -762,7 +733,7 @@ fn answer(s: &mut State, method: &str, path: &str, token: Option<&str>, args: &V
     match (method, seg.as_slice()) {
         ("GET", ["users", "me"]) => (
             200,
-            String::new(),
+            Vec::new(),
             json!({"id": bot, "username": s.opts.bot_username, "is_bot": true, "roles": "system_user",
                    "create_at": 1, "update_at": 1, "delete_at": 0, "locale": "en"}),
         ),
@@ -782,7 +753,7 @@ fn answer(s: &mut State, method: &str, path: &str, token: Option<&str>, args: &V
                 })
                 .collect();
             list.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
-            (200, String::new(), Value::Array(list))
+            (200, Vec::new(), Value::Array(list))
         }
         ("GET", ["channels", channel, "posts"]) => {
             if !s.channels.contains_key(*channel) {
@@ -803,15 +774,18 @@ fn answer(s: &mut State, method: &str, path: &str, token: Option<&str>, args: &V
             posts.truncate(s.opts.since_limit);
             let order: Vec<&str> = posts.iter().rev().map(|p| p.id.as_str()).collect();
             let map: serde_json::Map<String, Value> = posts.iter().map(|p| (p.id.clone(), p.json())).collect();
-            (200, String::new(), json!({"order": order, "posts": map, "next_post_id": "", "prev_post_id": ""}))
+            (200, Vec::new(), json!({"order": order, "posts": map, "next_post_id": "", "prev_post_id": ""}))
         }
         ("POST", ["posts"]) => {
             if s.flood.0 > 0 {
                 s.flood.0 -= 1;
                 let after = s.flood.1;
-                let headers = format!(
-                    "Retry-After: {after}\r\nX-Ratelimit-Limit: 10\r\nX-Ratelimit-Remaining: 0\r\nX-Ratelimit-Reset: {after}\r\n"
-                );
+                let headers = vec![
+                    ("Retry-After", after.to_string()),
+                    ("X-Ratelimit-Limit", "10".to_owned()),
+                    ("X-Ratelimit-Remaining", "0".to_owned()),
+                    ("X-Ratelimit-Reset", after.to_string()),
+                ];
                 return (429, headers, json!("limit exceeded"));
             }
             let channel = args["channel_id"].as_str().unwrap_or("").to_owned();
@@ -832,7 +806,7 @@ fn answer(s: &mut State, method: &str, path: &str, token: Option<&str>, args: &V
                 return app_error(400, "api.post.create_post.root_id.app_error", "Invalid RootId parameter.");
             }
             let post = s.add_post_files(&channel, &bot, &message, &root, file_ids);
-            (201, String::new(), post.json())
+            (201, Vec::new(), post.json())
         }
         ("POST", ["files"]) => {
             let channel = args["channel_id"].as_str().unwrap_or("").to_owned();
@@ -862,7 +836,7 @@ fn answer(s: &mut State, method: &str, path: &str, token: Option<&str>, args: &V
                 s.files.insert(id, f.clone());
                 s.uploads.push(f);
             }
-            (201, String::new(), json!({"file_infos": infos, "client_ids": []}))
+            (201, Vec::new(), json!({"file_infos": infos, "client_ids": []}))
         }
         ("PUT", ["posts", id, "patch"]) => {
             let at = s.now_ms();
@@ -877,7 +851,7 @@ fn answer(s: &mut State, method: &str, path: &str, token: Option<&str>, args: &V
             }
             p.edit_at = at;
             p.update_at = at;
-            (200, String::new(), p.json())
+            (200, Vec::new(), p.json())
         }
         ("DELETE", ["posts", id]) => {
             let at = s.now_ms();
@@ -886,7 +860,7 @@ fn answer(s: &mut State, method: &str, path: &str, token: Option<&str>, args: &V
             };
             p.delete_at = at;
             p.update_at = at;
-            (200, String::new(), json!({"status": "OK"}))
+            (200, Vec::new(), json!({"status": "OK"}))
         }
         _ => app_error(404, "api.context.404.app_error", "Sorry, we could not find the page."),
     }

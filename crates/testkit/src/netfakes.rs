@@ -2,11 +2,13 @@
 //! source), an HTTP CONNECT proxy and a SOCKS5 proxy. Plain std threads; each stops accepting
 //! when dropped (its accept loop is woken by a connection to itself).
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use gatewarden_fakewire::http1;
 
 /// Bound on every read of a fake's client (a stuck test client never wedges a fake thread).
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
@@ -61,24 +63,8 @@ fn pump(a: TcpStream, b: TcpStream) {
     let _ = up.join();
 }
 
-/// Reads an HTTP head (up to the blank line), at most 16 KiB.
-pub(crate) fn read_head(r: &mut BufReader<TcpStream>) -> io::Result<Vec<String>> {
-    let mut lines = Vec::new();
-    let mut total = 0;
-    loop {
-        let mut line = String::new();
-        let n = r.by_ref().take(8192).read_line(&mut line)?;
-        total += n;
-        if n == 0 || total > 16 << 10 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "bad head"));
-        }
-        let line = line.trim_end().to_owned();
-        if line.is_empty() {
-            return Ok(lines);
-        }
-        lines.push(line);
-    }
-}
+// llmfake.rs reads its heads as lines still.
+pub(crate) use gatewarden_fakewire::http1::read_head_lines as read_head;
 
 /// Answers `GET`s with fixed bytes (one body for every path, or a file per path) and counts
 /// requests.
@@ -104,25 +90,17 @@ impl StaticHttp {
         let requests = Arc::new(AtomicU64::new(0));
         let n = Arc::clone(&requests);
         let listener = Listener::start(move |conn| {
-            let Ok(w) = conn.try_clone() else { return };
-            let mut r = BufReader::new(conn);
-            let Ok(head) = read_head(&mut r) else { return };
+            let Ok(mut w) = conn.try_clone() else { return };
+            let Ok(head) = http1::read_head(&mut BufReader::new(conn)) else { return };
             n.fetch_add(1, Ordering::SeqCst);
-            let mut w = w;
-            let mut line = head.first().map(|l| l.split(' ')).into_iter().flatten();
-            let (method, path) = (line.next().unwrap_or_default(), line.next().unwrap_or_default());
-            let found = find(path);
-            let (status, body): (&str, &[u8]) = match (method, &found) {
-                ("GET", Some(b)) => ("200 OK", b),
-                ("GET", None) => ("404 Not Found", b""),
-                _ => ("405 Method Not Allowed", b""),
+            let found = find(&head.target);
+            let (status, body): (u16, &[u8]) = match (head.method.as_str(), &found) {
+                ("GET", Some(b)) => (200, b),
+                ("GET", None) => (404, b""),
+                _ => (405, b""),
             };
-            let _ = write!(
-                w,
-                "HTTP/1.1 {status}\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = w.write_all(body);
+            let headers = [("Content-Type", "application/octet-stream"), ("Connection", "close")];
+            let _ = http1::write_response(&mut w, status, &headers, body);
         })?;
         Ok(StaticHttp { listener, requests })
     }
@@ -162,24 +140,20 @@ impl Proxy {
         let listener = Listener::start(move |conn| {
             let Ok(mut w) = conn.try_clone() else { return };
             let mut r = BufReader::new(conn);
-            let Ok(head) = read_head(&mut r) else { return };
-            let mut words = head.first().map(|l| l.split(' ')).into_iter().flatten();
-            let (method, target) = (words.next().unwrap_or_default(), words.next().unwrap_or_default().to_owned());
-            let auth = head.iter().find_map(|h| {
-                let (k, v) = h.split_once(':')?;
-                k.eq_ignore_ascii_case("proxy-authorization").then(|| v.trim().to_owned())
-            });
-            l.credentials.lock().unwrap_or_else(|p| p.into_inner()).push(auth);
-            if method != "CONNECT" {
-                let _ = w.write_all(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n");
+            let Ok(head) = http1::read_head(&mut r) else { return };
+            let target = head.target.clone();
+            l.credentials.lock().unwrap_or_else(|p| p.into_inner()).push(head.header("proxy-authorization").map(str::to_owned));
+            if head.method != "CONNECT" {
+                let _ = http1::write_response(&mut w, 405, &[], b"");
                 return;
             }
             let Ok(up) = TcpStream::connect(&target) else {
-                let _ = w.write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n");
+                let _ = http1::write_response(&mut w, 502, &[], b"");
                 return;
             };
             l.targets.lock().unwrap_or_else(|p| p.into_inner()).push(target);
-            if w.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").is_err() {
+            // A tunnel: no Content-Length, the target's bytes follow.
+            if http1::write_head(&mut w, 200, &[]).is_err() {
                 return;
             }
             // Nothing is buffered beyond the head: the client waits for our 200 first.

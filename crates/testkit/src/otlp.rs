@@ -11,13 +11,14 @@
 //! full success, 400 for a payload that cannot be decoded.
 
 use std::collections::BTreeMap;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
-use crate::netfakes::{Listener, read_head};
+use crate::netfakes::Listener;
+use gatewarden_fakewire::http1;
 
 /// A decoded span.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,26 +106,16 @@ fn serve(conn: TcpStream, seen: &Mutex<Seen>) {
     let Ok(mut w) = conn.try_clone() else { return };
     let mut r = BufReader::new(conn);
     // Keep-alive: one request after another until the client closes.
-    while let Ok(head) = read_head(&mut r) {
-        let mut parts = head.first().map(|l| l.split(' ')).into_iter().flatten();
-        let (method, path) = (parts.next().unwrap_or_default().to_owned(), parts.next().unwrap_or_default().to_owned());
-        let header = |name: &str| {
-            head[1..].iter().find_map(|l| {
-                l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case(name)).map(|(_, v)| v.trim().to_owned())
-            })
-        };
-        let len = header("content-length").and_then(|v| v.parse::<usize>().ok()).unwrap_or(0).min(16 << 20);
-        let mut body = vec![0u8; len];
-        if r.read_exact(&mut body).is_err() {
-            return;
-        }
+    while let Ok(req) = http1::read_request(&mut r, 16 << 20) {
+        let (method, path, body) = (req.method.as_str(), req.target.as_str(), req.body.as_slice());
+        let header = |name: &str| req.header(name);
         let decoded = if method != "POST" {
             Err(format!("{method} {path}: only POST"))
         } else if !header("content-type").is_some_and(|t| t.starts_with("application/json")) {
             Err(format!("{path}: content-type {:?} is not application/json", header("content-type")))
         } else {
-            serde_json::from_slice::<Value>(&body).map_err(|e| format!("{path}: not JSON: {e}")).and_then(|v| {
-                match path.as_str() {
+            serde_json::from_slice::<Value>(body).map_err(|e| format!("{path}: not JSON: {e}")).and_then(|v| {
+                match path {
                     "/v1/traces" => decode_traces(&v).map(|s| (s, Vec::new())),
                     "/v1/metrics" => decode_metrics(&v).map(|p| (Vec::new(), p)),
                     other => Err(format!("{other}: not an OTLP path")),
@@ -138,18 +129,15 @@ fn serve(conn: TcpStream, seen: &Mutex<Seen>) {
                 Ok((spans, points)) => {
                     s.spans.extend(spans);
                     s.points.extend(points);
-                    "200 OK"
+                    200
                 }
                 Err(why) => {
                     s.refused.push(why);
-                    "400 Bad Request"
+                    400
                 }
             }
         };
-        let reply = format!(
-            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
-        );
-        if w.write_all(reply.as_bytes()).is_err() {
+        if http1::write_response(&mut w, status, &[("Content-Type", "application/json")], b"{}").is_err() {
             return;
         }
     }

@@ -52,14 +52,14 @@
 //! Plain std threads, like the other fakes of this crate.
 
 use std::collections::VecDeque;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
 
-use crate::netfakes::read_head;
+use gatewarden_fakewire::http1;
 
 /// When the daemon takes messages from Signal's server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -360,51 +360,15 @@ impl FakeSignal {
     }
 }
 
-struct Request {
-    method: String,
-    path: String,
-    query: String,
-    content_type: String,
-    body: Vec<u8>,
-}
-
-fn read_request(r: &mut BufReader<TcpStream>) -> io::Result<Request> {
-    let head = read_head(r)?;
-    let mut parts = head.first().map(|l| l.split(' ')).into_iter().flatten();
-    let method = parts.next().unwrap_or("").to_owned();
-    let target = parts.next().unwrap_or("").to_owned();
-    let (path, query) = target.split_once('?').map_or((target.clone(), String::new()), |(p, q)| (p.into(), q.into()));
-    let header = |name: &str| {
-        head.iter().skip(1).find_map(|l| {
-            l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case(name)).map(|(_, v)| v.trim().to_owned())
-        })
-    };
-    let len: usize = header("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
-    let mut body = vec![0; len.min(8 << 20)];
-    r.read_exact(&mut body)?;
-    Ok(Request { method, path, query, content_type: header("content-type").unwrap_or_default(), body })
-}
-
+/// signal-cli's answers: keep-alive (no `Connection: close`), always a `Content-Type`.
 fn respond(w: &mut TcpStream, status: u16, ctype: &str, body: &[u8]) -> io::Result<()> {
-    let reason = match status {
-        200 => "OK",
-        201 => "Created",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        415 => "Unsupported Media Type",
-        _ => "Status",
-    };
-    let head = format!("HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\r\n", body.len());
-    w.write_all(head.as_bytes())?;
-    w.write_all(body)?;
-    w.flush()
+    http1::write_response(w, status, &[("Content-Type", ctype)], body)
 }
 
 fn serve(s: &Shared, stream: TcpStream) {
     let Ok(mut w) = stream.try_clone() else { return };
     let mut r = BufReader::new(stream);
-    while let Ok(req) = read_request(&mut r) {
+    while let Ok(req) = http1::read_request(&mut r, 8 << 20) {
         let wrapper = {
             let mut st = lock(s);
             st.stats.requests += 1;
@@ -417,8 +381,8 @@ fn serve(s: &Shared, stream: TcpStream) {
     }
 }
 
-fn serve_wrapper(s: &Shared, w: &mut TcpStream, req: &Request) -> io::Result<()> {
-    match (req.method.as_str(), req.path.as_str()) {
+fn serve_wrapper(s: &Shared, w: &mut TcpStream, req: &http1::Request) -> io::Result<()> {
+    match (req.method.as_str(), req.path()) {
         ("GET", "/v1/about") => {
             let about = json!({"versions": ["v1", "v2"], "build": 2, "mode": "json-rpc", "version": "0.92",
                                "capabilities": {"v2/send": ["quotes", "mentions"]}});
@@ -432,12 +396,12 @@ fn serve_wrapper(s: &Shared, w: &mut TcpStream, req: &Request) -> io::Result<()>
     }
 }
 
-fn serve_daemon(s: &Shared, w: &mut TcpStream, req: &Request) -> io::Result<()> {
-    match req.path.as_str() {
+fn serve_daemon(s: &Shared, w: &mut TcpStream, req: &http1::Request) -> io::Result<()> {
+    match req.path() {
         "/api/v1/check" if req.method == "GET" => respond(w, 200, "application/json", b""),
         "/api/v1/check" => respond(w, 405, "text/plain", b""),
         "/api/v1/rpc" if req.method != "POST" => respond(w, 405, "text/plain", b""),
-        "/api/v1/rpc" if !req.content_type.starts_with("application/json") => respond(w, 415, "text/plain", b""),
+        "/api/v1/rpc" if !req.header("content-type").unwrap_or_default().starts_with("application/json") => respond(w, 415, "text/plain", b""),
         "/api/v1/rpc" => {
             let v: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
             let id = v.get("id").cloned().unwrap_or(Value::Null);
@@ -461,7 +425,7 @@ fn serve_daemon(s: &Shared, w: &mut TcpStream, req: &Request) -> io::Result<()> 
             }
             written
         }
-        "/api/v1/events" if req.method == "GET" => events(s, w, &req.query),
+        "/api/v1/events" if req.method == "GET" => events(s, w, req.query()),
         "/api/v1/events" => respond(w, 405, "text/plain", b""),
         _ => respond(w, 404, "text/plain", b""),
     }
@@ -672,7 +636,7 @@ fn events(s: &Shared, w: &mut TcpStream, query: &str) -> io::Result<()> {
             _ => None,
         }
     };
-    w.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")?;
+    http1::write_head(w, 200, &[("Content-Type", "text/event-stream")])?;
     w.flush()?;
     let mut st = lock(s);
     st.sse += 1;

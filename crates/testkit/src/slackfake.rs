@@ -80,7 +80,7 @@
 //! fakes of this crate.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -89,7 +89,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Value, json};
 use tungstenite::Message;
 
-use crate::netfakes::read_head;
+use gatewarden_fakewire::{form, http1};
 
 /// The fake's app.
 pub const APP_ID: &str = "AFAKEAPP";
@@ -883,36 +883,20 @@ fn serve_ws(shared: &Shared, stream: TcpStream, life: u64) {
 fn serve_http(shared: &Shared, conn: TcpStream, ws: SocketAddr) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
     let Ok(mut w) = conn.try_clone() else { return };
-    let mut r = BufReader::new(conn);
-    let Ok(head) = read_head(&mut r) else { return };
-    let path = head.first().and_then(|l| l.split(' ').nth(1)).unwrap_or("").to_owned();
-    let header = |name: &str| {
-        head[1..].iter().find_map(|l| {
-            l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case(name)).map(|(_, v)| v.trim().to_owned())
-        })
-    };
-    let len = header("content-length").and_then(|v| v.parse::<usize>().ok()).unwrap_or(0).min(64 << 20);
-    let mut body = vec![0u8; len];
-    if r.read_exact(&mut body).is_err() {
-        return;
-    }
+    let Ok(req) = http1::read_request(&mut BufReader::new(conn), 64 << 20) else { return };
+    let path = req.target.clone();
+    let header = |name: &str| req.header(name).map(str::to_owned);
     if path.starts_with("/files-pri/") || path.starts_with("/upload/v1/") {
-        let ctype = header("content-type").unwrap_or_default();
-        let (status, ctype, bytes) = file_host(&mut shared.lock(), &path, header("authorization"), &ctype, body);
-        let reason = if status == 200 { "OK" } else { "Error" };
-        let _ = write!(
-            w,
-            "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            bytes.len()
-        );
-        let _ = w.write_all(&bytes);
+        let (ctype, auth) = (header("content-type").unwrap_or_default(), header("authorization"));
+        let (status, ctype, bytes) = file_host(&mut shared.lock(), &path, auth, &ctype, req.body);
+        let _ = http1::write_response(&mut w, status, &[("Content-Type", ctype), ("Connection", "close")], &bytes);
         return;
     }
     let json_body = header("content-type").is_some_and(|t| t.starts_with("application/json"));
     let args: Value = if json_body {
-        serde_json::from_slice(&body).unwrap_or(Value::Null)
+        serde_json::from_slice(&req.body).unwrap_or(Value::Null)
     } else {
-        let text = String::from_utf8_lossy(&body).into_owned();
+        let text = String::from_utf8_lossy(&req.body).into_owned();
         Value::Object(
             text.split('&')
                 .filter_map(|kv| kv.split_once('='))
@@ -920,22 +904,17 @@ fn serve_http(shared: &Shared, conn: TcpStream, ws: SocketAddr) {
                 .collect(),
         )
     };
-    let token = header("authorization").and_then(|v| v.strip_prefix("Bearer ").map(str::to_owned));
     // `/c/<consumer>/api/<method>` or `/api/<method>`.
     let (consumer, rest) = match path.strip_prefix("/c/").and_then(|r| r.split_once('/')) {
         Some((c, rest)) => (c.to_owned(), format!("/{rest}")),
         None => (String::new(), path.clone()),
     };
     let method = rest.strip_prefix("/api/").unwrap_or("").split('?').next().unwrap_or("").to_owned();
-    let (status, retry_after, answer) = api(&mut shared.lock(), &method, token.as_deref(), &args, ws, &consumer);
-    let body = answer.to_string();
-    let retry = retry_after.map(|s| format!("Retry-After: {s}\r\n")).unwrap_or_default();
-    let reason = if status == 429 { "Too Many Requests" } else { "OK" };
-    let _ = write!(
-        w,
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json; charset=utf-8\r\n{retry}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let (status, retry_after, answer) = api(&mut shared.lock(), &method, req.bearer(), &args, ws, &consumer);
+    let retry = retry_after.map(|s| s.to_string());
+    let mut headers = vec![("Content-Type", "application/json; charset=utf-8"), ("Connection", "close")];
+    headers.extend(retry.as_deref().map(|r| ("Retry-After", r)));
+    let _ = http1::write_response(&mut w, status, &headers, answer.to_string().as_bytes());
 }
 
 /// A form value: `+` is a space, `%XY` a byte (https://url.spec.whatwg.org/#urlencoded-parsing).
@@ -974,7 +953,7 @@ fn file_host(
     if let Some(id) = path.strip_prefix("/upload/v1/") {
         // A form's file part, or the raw bytes.
         let bytes = match ctype.split_once("boundary=") {
-            Some((_, b)) if ctype.starts_with("multipart/form-data") => match form_file(&body, b.trim_matches('"')) {
+            Some(_) if ctype.starts_with("multipart/form-data") => match form::parse(ctype, &body).and_then(form::first_file) {
                 Some(f) => f,
                 None => return text(400, "bad form"),
             },
@@ -999,14 +978,6 @@ fn file_host(
         Some(b) => (200, "application/octet-stream", b),
         None => text(status, "refused"),
     }
-}
-
-/// The first file part of a `multipart/form-data` body with `boundary`.
-fn form_file(body: &[u8], boundary: &str) -> Option<Vec<u8>> {
-    let delim = format!("\r\n--{boundary}").into_bytes();
-    let start = body.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
-    let end = body[start..].windows(delim.len()).position(|w| w == delim.as_slice())? + start;
-    Some(body[start..end].to_vec())
 }
 
 /// One Web API method: `(status, Retry-After, body)`; `chat.*` calls are logged.

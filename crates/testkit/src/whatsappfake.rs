@@ -66,7 +66,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use hmac::{Hmac, KeyInit, Mac};
 use serde_json::{Value, json};
 
-use crate::netfakes::read_head;
+use gatewarden_fakewire::{form, http1};
 
 pub const WABA_ID: &str = "102290129340398";
 pub const DISPLAY_NUMBER: &str = "15550783881";
@@ -571,40 +571,25 @@ fn graph_error(status: u16, code: i64, message: &str) -> (u16, Option<u64>, Valu
 fn serve(shared: &Shared, conn: TcpStream) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
     let Ok(mut w) = conn.try_clone() else { return };
-    let mut r = BufReader::new(conn);
-    let Ok(head) = read_head(&mut r) else { return };
-    let mut first = head.first().map(|l| l.split(' ')).into_iter().flatten();
-    let (method, target) = (first.next().unwrap_or("").to_owned(), first.next().unwrap_or("").to_owned());
-    let header = |name: &str| {
-        head[1..].iter().find_map(|l| {
-            l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case(name)).map(|(_, v)| v.trim().to_owned())
-        })
-    };
-    let len = header("content-length").and_then(|v| v.parse::<usize>().ok()).unwrap_or(0).min(8 << 20);
-    let mut body = vec![0u8; len];
-    if r.read_exact(&mut body).is_err() {
-        return;
-    }
-    let token = header("authorization").and_then(|v| v.strip_prefix("Bearer ").map(str::to_owned));
-    let path = target.split('?').next().unwrap_or("").to_owned();
+    let Ok(req) = http1::read_request(&mut BufReader::new(conn), 8 << 20) else { return };
+    let (method, path, token) = (req.method.as_str(), req.path(), req.bearer());
     if let Some(id) = path.strip_prefix("/media-file/") {
         // The media URL: the bytes, with the bearer.
         let mut s = shared.lock();
-        let file = s.media.get(id).cloned().filter(|_| token.as_deref() == Some(s.opts.token.as_str()) && !s.revoked);
+        let file = s.media.get(id).cloned().filter(|_| token == Some(s.opts.token.as_str()) && !s.revoked);
         let Some((mime, bytes)) = file else {
             drop(s);
-            let _ = write!(w, "HTTP/1.1 401 X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            let _ = http1::write_response(&mut w, 401, &[("Connection", "close")], b"");
             return;
         };
         s.downloads.push(id.to_owned());
         drop(s);
-        let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: {mime}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", bytes.len());
-        let _ = w.write_all(&bytes);
+        let _ = http1::write_response(&mut w, 200, &[("Content-Type", &mime), ("Connection", "close")], &bytes);
         return;
     }
     let args: Value = if path.ends_with("/media") && method == "POST" {
         // The upload's form, as JSON for graph(): its fields, and the file as "\u0000file".
-        let form = crate::formparts::parse(&header("content-type").unwrap_or_default(), &body).unwrap_or_default();
+        let form = form::parse(req.header("content-type").unwrap_or_default(), &req.body).unwrap_or_default();
         let mut v = json!({});
         for p in form {
             match p.filename {
@@ -614,16 +599,13 @@ fn serve(shared: &Shared, conn: TcpStream) {
         }
         v
     } else {
-        serde_json::from_slice(&body).unwrap_or(Value::Null)
+        serde_json::from_slice(&req.body).unwrap_or(Value::Null)
     };
-    let (status, retry_after, answer) = graph(&mut shared.lock(), &method, &path, token.as_deref(), &args);
-    let body = answer.to_string();
-    let retry = retry_after.map(|s| format!("Retry-After: {s}\r\n")).unwrap_or_default();
-    let _ = write!(
-        w,
-        "HTTP/1.1 {status} X\r\nContent-Type: application/json; charset=UTF-8\r\n{retry}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let (status, retry_after, answer) = graph(&mut shared.lock(), method, path, token, &args);
+    let retry = retry_after.map(|s| s.to_string());
+    let mut headers = vec![("Content-Type", "application/json; charset=UTF-8"), ("Connection", "close")];
+    headers.extend(retry.as_deref().map(|r| ("Retry-After", r)));
+    let _ = http1::write_response(&mut w, status, &headers, answer.to_string().as_bytes());
 }
 
 /// One Graph API call: `(status, Retry-After, body)`.

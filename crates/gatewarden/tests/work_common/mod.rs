@@ -28,6 +28,41 @@ pub fn gateway(home: &TempHome, sw: &Sweeper, config: &str) -> Gateway {
     g
 }
 
+/// A platform test's config: `drain_timeout_s = 10`, the echo agent unless `agent` names a
+/// backend of its own (then `agent` alone), and one `[[platform]]` table of `platform`'s lines.
+pub fn platform_config(agent: &str, platform: &str) -> String {
+    let backend = if agent.contains("backend") { "" } else { "backend = \"echo\"" };
+    format!("drain_timeout_s = 10\n[agent]\n{backend}\n{agent}\n[[platform]]\n{platform}")
+}
+
+/// Spawns a platform test's gateway (not yet ready): `config` written, tagged for the sweeper,
+/// with the test binary's credential-lock directory and `env` (the platform's secrets), on
+/// `listen` when given (else `127.0.0.1:0`).
+pub fn spawn_platform(
+    home: &TempHome,
+    sw: &Sweeper,
+    config: &str,
+    env: &[(&str, &str)],
+    listen: Option<&str>,
+) -> Gateway {
+    write_config(home.path(), config);
+    let mut b = builder(home).env(TAG_VAR, sw.tag()).env("GATEWARDEN_CREDS_DIR", creds_dir());
+    for &(k, v) in env {
+        b = b.env(k, v);
+    }
+    match listen {
+        Some(addr) => b.listen(addr),
+        None => b,
+    }
+    .spawn()
+}
+
+/// `g` once ready (within [`READY`]).
+pub fn ready(mut g: Gateway) -> Gateway {
+    g.wait_ready(READY);
+    g
+}
+
 /// A CLI verb, tagged for the sweeper (the verb may detach processes: start, restart).
 pub fn cli_tagged(home: &TempHome, sw: &Sweeper, args: &[&str], timeout: Duration) -> CliOutput {
     cli_with(bin(), home.path(), args, &[(TAG_VAR, sw.tag())], timeout)
