@@ -628,32 +628,6 @@ struct Transcription {
     fail: Option<u16>,
 }
 
-/// One part of a `multipart/form-data` body: its `name`, `filename`, `Content-Type` and data.
-type Part = (String, Option<String>, Option<String>, Vec<u8>);
-
-/// The parts of a `multipart/form-data` body (RFC 7578); `None` when it is not one.
-fn multipart_parts(body: &[u8], boundary: &str) -> Option<Vec<Part>> {
-    let find = |h: &[u8], n: &[u8]| h.windows(n.len()).position(|w| w == n);
-    let delim = format!("--{boundary}");
-    let mut rest = &body[find(body, delim.as_bytes())? + delim.len()..];
-    let mut out = Vec::new();
-    while !rest.starts_with(b"--") {
-        rest = rest.strip_prefix(b"\r\n")?;
-        let end = find(rest, b"\r\n\r\n")?;
-        let head = String::from_utf8_lossy(&rest[..end]).into_owned();
-        rest = &rest[end + 4..];
-        let next = find(rest, format!("\r\n{delim}").as_bytes())?;
-        let data = rest[..next].to_vec();
-        rest = &rest[next + 2 + delim.len()..];
-        let attr = |k: &str| head.split(&format!("{k}=\"")).nth(1).and_then(|v| v.split('"').next()).map(str::to_owned);
-        let ctype = head.lines().find_map(|l| {
-            l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case("content-type")).map(|(_, v)| v.trim().to_owned())
-        });
-        out.push((attr("name")?, attr("filename"), ctype, data));
-    }
-    Some(out)
-}
-
 /// The fake's transcript of `audio`: its printable ASCII runs of five or more (longer than a
 /// container's magic, `OggS`), joined.
 fn printable_runs(audio: &[u8]) -> String {
@@ -682,13 +656,11 @@ fn serve_transcription(
     if r.read_exact(&mut body).is_err() {
         return;
     }
-    let boundary = header("content-type")
-        .and_then(|ct| ct.split(';').find_map(|p| p.trim().strip_prefix("boundary=").map(|b| b.trim_matches('"').to_owned())));
-    let parts = boundary.and_then(|b| multipart_parts(&body, &b)).unwrap_or_default();
+    let parts = gatewarden_fakewire::form::parse(&header("content-type").unwrap_or_default(), &body).unwrap_or_default();
     let field = |name: &str| {
-        parts.iter().find(|p| p.0 == name).map(|p| String::from_utf8_lossy(&p.3).into_owned())
+        parts.iter().find(|p| p.name == name).map(|p| String::from_utf8_lossy(&p.bytes).into_owned())
     };
-    let file = parts.iter().find(|p| p.0 == "file");
+    let file = parts.iter().find(|p| p.name == "file");
     let mut s = script.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let key_refused = s.key.as_ref().is_some_and(|k| header("authorization") != Some(format!("Bearer {k}")));
     let status = match (key_refused, s.transcription.fail, file, field("model")) {
@@ -702,13 +674,13 @@ fn serve_transcription(
         model: field("model"),
         language: field("language"),
         response_format: field("response_format"),
-        file_name: file.and_then(|f| f.1.clone()),
-        file_type: file.and_then(|f| f.2.clone()),
-        file_size: file.map(|f| f.3.len()),
+        file_name: file.and_then(|f| f.filename.clone()),
+        file_type: file.map(|f| f.content_type.clone()).filter(|t| !t.is_empty()),
+        file_size: file.map(|f| f.bytes.len()),
         authorization: header("authorization"),
         status,
     });
-    let text = s.transcription.text.clone().unwrap_or_else(|| file.map(|f| printable_runs(&f.3)).unwrap_or_default());
+    let text = s.transcription.text.clone().unwrap_or_else(|| file.map(|f| printable_runs(&f.bytes)).unwrap_or_default());
     drop(s);
     if status != 200 {
         let _ = respond_error(w, status, None);
