@@ -543,6 +543,14 @@ pub(crate) fn header_secs<B>(response: &ureq::http::Response<B>, name: &str) -> 
         .map(Duration::from_secs)
 }
 
+/// A JSON API's answer body read whole within `limit` bytes: the JSON, or `Null` when it is
+/// none (the status says what happened); `Err` with the network's words when it cannot be read.
+/// Every platform's REST client reads its answers here.
+pub(crate) fn json_body(response: ureq::http::Response<ureq::Body>, limit: u64) -> Result<serde_json::Value, String> {
+    let text = response.into_body().with_config().limit(limit).read_to_string().map_err(|e| e.to_string())?;
+    Ok(serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+}
+
 /// One `[[platform]]` table's credentials, from the resolved `secrets`
 /// (crates/config/src/secrets.rs; the values leave their `Secret` here, for the protocol that
 /// sends them).

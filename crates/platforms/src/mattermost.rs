@@ -222,13 +222,7 @@ impl Rest {
         let header = |name: &str| crate::header_secs(&response, name);
         // `X-Ratelimit-Reset` is seconds until the reset; a value past an hour is no wait we use.
         let retry_after = header("retry-after").or_else(|| header("x-ratelimit-reset").filter(|d| d.as_secs() <= 3600));
-        let text = response
-            .into_body()
-            .with_config()
-            .limit(MAX_BODY_BYTES)
-            .read_to_string()
-            .map_err(|e| ApiError::Network(e.to_string()))?;
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let v = crate::json_body(response, MAX_BODY_BYTES).map_err(ApiError::Network)?;
         classify(status, &v, retry_after, &format!("{method} {path}"))
     }
 
@@ -249,13 +243,8 @@ impl Rest {
             .map_err(|e| ApiError::Network(gatewarden_net::describe(&e, &url)))?;
         let status = response.status().as_u16();
         let retry_after = crate::header_secs(&response, "retry-after");
-        let text = response
-            .into_body()
-            .with_config()
-            .limit(MAX_BODY_BYTES)
-            .read_to_string()
-            .map_err(|e| ApiError::Network(e.to_string()))?;
-        let v = classify(status, &serde_json::from_str(&text).unwrap_or(Value::Null), retry_after, "POST /files")?;
+        let v = crate::json_body(response, MAX_BODY_BYTES).map_err(ApiError::Network)?;
+        let v = classify(status, &v, retry_after, "POST /files")?;
         v["file_infos"][0]["id"]
             .as_str()
             .filter(|i| id_ok(i))

@@ -219,14 +219,7 @@ impl Rpc {
 
     fn answer(response: ureq::http::Response<ureq::Body>, limit: u64) -> Result<Value, RpcError> {
         let status = response.status().as_u16();
-        let text = response
-            .into_body()
-            .with_config()
-            .limit(limit)
-            .read_to_string()
-            .map_err(|e| RpcError::Network(e.to_string()))?;
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        drop(text);
+        let v = crate::json_body(response, limit).map_err(RpcError::Network)?;
         if status != 200 || v["jsonrpc"] != "2.0" {
             return Err(RpcError::Http(status));
         }

@@ -195,13 +195,7 @@ impl WebApi {
         let response = sent.map_err(|e| ApiError::Network(gatewarden_net::describe(&e, &url)))?;
         let status = response.status().as_u16();
         let retry_after = crate::header_secs(&response, "retry-after");
-        let text = response
-            .into_body()
-            .with_config()
-            .limit(MAX_BODY_BYTES)
-            .read_to_string()
-            .map_err(|e| ApiError::Network(e.to_string()))?;
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let v = crate::json_body(response, MAX_BODY_BYTES).map_err(ApiError::Network)?;
         classify(status, &v, retry_after, method)
     }
 
@@ -222,13 +216,7 @@ impl WebApi {
             .map_err(|e| ApiError::Network(gatewarden_net::describe(&e, &url)))?;
         let status = response.status().as_u16();
         let retry_after = crate::header_secs(&response, "retry-after");
-        let text = response
-            .into_body()
-            .with_config()
-            .limit(MAX_BODY_BYTES)
-            .read_to_string()
-            .map_err(|e| ApiError::Network(e.to_string()))?;
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let v = crate::json_body(response, MAX_BODY_BYTES).map_err(ApiError::Network)?;
         classify(status, &v, retry_after, method)
     }
 }

@@ -148,13 +148,7 @@ impl Api {
 
     fn answer(&self, response: ureq::http::Response<ureq::Body>) -> Result<Value, ApiError> {
         let status = response.status().as_u16();
-        let text = response
-            .into_body()
-            .with_config()
-            .limit(MAX_BODY_BYTES)
-            .read_to_string()
-            .map_err(|e| ApiError::Network(self.redact(e.to_string())))?;
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let v = crate::json_body(response, MAX_BODY_BYTES).map_err(|e| ApiError::Network(self.redact(e)))?;
         if status == 200 && v["ok"] == Value::Bool(true) {
             return Ok(v["result"].clone());
         }

@@ -531,13 +531,8 @@ impl Api {
 fn answer(response: ureq::http::Response<ureq::Body>) -> Result<Value, ApiError> {
     let status = response.status().as_u16();
     let retry_after = crate::header_secs(&response, "retry-after");
-    let text = response
-        .into_body()
-        .with_config()
-        .limit(MAX_BODY_BYTES)
-        .read_to_string()
-        .map_err(|e| ApiError::Network(e.to_string()))?;
-    classify(status, &serde_json::from_str(&text).unwrap_or(Value::Null), retry_after)
+    let v = crate::json_body(response, MAX_BODY_BYTES).map_err(ApiError::Network)?;
+    classify(status, &v, retry_after)
 }
 
 /// A media lookup's failure, for the refusal the chat is told.

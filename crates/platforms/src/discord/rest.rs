@@ -157,13 +157,7 @@ impl Rest {
         let global =
             response.headers().get("x-ratelimit-global").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
         let retry_header = header_f64(&response, "retry-after");
-        let text = response
-            .into_body()
-            .with_config()
-            .limit(MAX_BODY_BYTES)
-            .read_to_string()
-            .map_err(|e| RestError::Network(self.redact(e.to_string())))?;
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let v = crate::json_body(response, MAX_BODY_BYTES).map_err(|e| RestError::Network(self.redact(e)))?;
         if let (Some(rem), Some(after)) = (remaining, reset_after) {
             if self.buckets.len() >= MAX_BUCKETS {
                 self.buckets.retain(|_, b| b.reset_at > now);
