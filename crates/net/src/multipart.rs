@@ -93,6 +93,8 @@ mod tests {
         );
         assert!(s.ends_with(&format!("--{boundary}--\r\n")));
         assert!(super::body(&[], FilePart { size: 4, ..part }).is_err(), "a file that changed is not sent");
+        // Closed first: Windows deletes an open file only once its last handle is gone.
+        drop(form);
         std::fs::remove_file(&path).unwrap();
         assert!(super::body(&[], part).is_err(), "a file that is gone");
     }
