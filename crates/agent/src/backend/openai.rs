@@ -47,7 +47,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::provider::{Admit, Backoff, Failure, Health, State, Verdict, classify, parse_retry_after};
+use super::provider::{Admit, Backoff, Failure, Health, Pause, State, Verdict, classify, parse_retry_after};
 use super::sse::SseDecoder;
 use super::{
     Agent, AgentError, AgentFuture, AgentReply, AgentRequest, ProviderEvent, ProviderStatus, Usage, send_chunk,
@@ -440,18 +440,11 @@ impl OpenAiAgent {
                 }
                 Verdict::Next => return Err(CallEnd::Failed(failure)),
                 Verdict::Retry { after } => {
-                    if retry >= self.policy.retries {
-                        return Err(CallEnd::Failed(failure));
+                    match backoff.pause(retry, self.policy.retries, after, deadline, cancel).await {
+                        Pause::Again => retry += 1,
+                        Pause::GiveUp => return Err(CallEnd::Failed(failure)),
+                        Pause::Cancelled => return Err(CallEnd::Stop(AgentError::Cancelled, None)),
                     }
-                    let wait = backoff.wait(retry, fastrand::f64(), after);
-                    if Instant::now() + wait >= deadline {
-                        return Err(CallEnd::Failed(failure));
-                    }
-                    tokio::select! {
-                        () = tokio::time::sleep(wait) => {}
-                        () = cancel.cancelled() => return Err(CallEnd::Stop(AgentError::Cancelled, None)),
-                    }
-                    retry += 1;
                 }
             }
         }

@@ -100,6 +100,38 @@ impl Backoff {
         let d = self.delay(retry, unit);
         retry_after.map_or(d, |r| r.max(d).min(MAX_RETRY_AFTER))
     }
+
+    /// After transient failure number `retry` (0-based) of one provider: waits out the backoff
+    /// (at least `retry_after`) and says to try again, unless `retries` are spent or the wait
+    /// would end past `deadline` (then the provider is given up) or `cancel` fires meanwhile.
+    /// The openai backend and the transcriber retry through here.
+    pub async fn pause(
+        &self,
+        retry: u32,
+        retries: u32,
+        retry_after: Option<Duration>,
+        deadline: Instant,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Pause {
+        let wait = self.wait(retry, fastrand::f64(), retry_after);
+        if retry >= retries || Instant::now() + wait >= deadline {
+            return Pause::GiveUp;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(wait) => Pause::Again,
+            () = cancel.cancelled() => Pause::Cancelled,
+        }
+    }
+}
+
+/// What [`Backoff::pause`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pause {
+    /// Waited: try the same provider again.
+    Again,
+    /// No retry left, or no time: on to the next provider.
+    GiveUp,
+    Cancelled,
 }
 
 /// A provider's state as shown in `status`, `/metrics` and the ledger.

@@ -32,7 +32,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::openai::{ApiKey, Upstream, http_agent, refused, send_failure};
-use super::provider::{Backoff, Failure, Verdict, classify};
+use super::provider::{Backoff, Failure, Pause, Verdict, classify};
 use super::truncate;
 
 /// The longest transcript passed to the agent, in characters; the rest is cut with a note.
@@ -142,20 +142,17 @@ impl Transcriber {
                         tried.push(&p.name, short(&failure), failure.reason());
                         break;
                     }
-                    Verdict::Retry { after } => {
-                        let wait = backoff.wait(retry, fastrand::f64(), after);
-                        if retry >= self.retries || Instant::now() + wait >= deadline {
+                    Verdict::Retry { after } => match backoff.pause(retry, self.retries, after, deadline, cancel).await
+                    {
+                        Pause::Again => retry += 1,
+                        Pause::GiveUp => {
                             tried.push(&p.name, short(&failure), failure.reason());
                             break;
                         }
-                        tokio::select! {
-                            () = tokio::time::sleep(wait) => {}
-                            () = cancel.cancelled() => {
-                                return Err(Untranscribed { short: "cancelled".into(), detail: "cancelled".into() });
-                            }
+                        Pause::Cancelled => {
+                            return Err(Untranscribed { short: "cancelled".into(), detail: "cancelled".into() });
                         }
-                        retry += 1;
-                    }
+                    },
                 }
             }
         }
