@@ -138,23 +138,21 @@ impl Files {
 /// Whether a file URL may be fetched or PUT: `https://`, or `http://` to a loopback host
 /// (`localhost`, 127.0.0.0/8, `[::1]`) when `http_on_loopback`.
 fn file_url_ok(url: &str, http_on_loopback: bool) -> Result<(), String> {
-    let lower = url.to_ascii_lowercase();
-    if lower.starts_with("https://") {
-        return Ok(());
-    }
     let refused =
         || Err(format!("only https file URLs are fetched, not {}", url.split(['?', '#']).next().unwrap_or("")));
-    let Some(rest) = lower.strip_prefix("http://") else { return refused() };
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    if !http_on_loopback || authority.contains('@') {
-        return refused();
-    }
-    let host = match authority.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or_default(),
-        None => authority.split(':').next().unwrap_or_default(),
+    let Ok(u) = url::Url::parse(url) else { return refused() };
+    let loopback = match u.host() {
+        Some(url::Host::Domain(d)) => d == "localhost",
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
     };
-    let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
-    if loopback { Ok(()) } else { refused() }
+    let user_info = !u.username().is_empty() || u.password().is_some();
+    match u.scheme() {
+        "https" => Ok(()),
+        "http" if http_on_loopback && loopback && !user_info => Ok(()),
+        _ => refused(),
+    }
 }
 
 /// A file's name from its URL: the last path segment, else `file`.
