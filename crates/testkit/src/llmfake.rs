@@ -53,7 +53,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::netfakes::{Listener, read_head};
+use gatewarden_fakewire::http1;
+
+use crate::netfakes::Listener;
 
 /// One scripted answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -284,20 +286,10 @@ impl Drop for FakeLlm {
 fn serve(conn: TcpStream, script: &Mutex<Script>, stopped: &std::sync::atomic::AtomicBool) {
     let Ok(mut w) = conn.try_clone() else { return };
     let mut r = BufReader::new(conn);
-    let Ok(head) = read_head(&mut r) else { return };
+    let Ok(head) = http1::read_head(&mut r) else { return };
     let at = Instant::now();
-    let mut parts = head.first().map(|l| l.split(' ')).into_iter().flatten();
-    let (method, path) = (parts.next().unwrap_or_default().to_owned(), parts.next().unwrap_or_default().to_owned());
-    let headers: Vec<(String, String)> = head[1..]
-        .iter()
-        .filter_map(|l| l.split_once(':').map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned())))
-        .collect();
-    let len = headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.parse::<usize>().ok())
-        .unwrap_or(0)
-        .min(16 << 20);
+    let len = head.header("content-length").and_then(|v| v.parse::<usize>().ok()).unwrap_or(0).min(16 << 20);
+    let http1::Head { method, target: path, headers } = head;
     if method == "POST" && path.ends_with("/audio/transcriptions") {
         serve_transcription(&mut r, &mut w, &headers, at, script);
         return;

@@ -63,9 +63,6 @@ fn pump(a: TcpStream, b: TcpStream) {
     let _ = up.join();
 }
 
-// llmfake.rs reads its heads as lines still.
-pub(crate) use gatewarden_fakewire::http1::read_head_lines as read_head;
-
 /// Answers `GET`s with fixed bytes (one body for every path, or a file per path) and counts
 /// requests.
 pub struct StaticHttp {
