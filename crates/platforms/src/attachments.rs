@@ -225,6 +225,11 @@ impl Store {
         Store { dir }
     }
 
+    /// The store of the gateway home `home`: `<home>/attachments`.
+    pub fn in_home(home: &Path) -> Store {
+        Store::new(home.join("attachments"))
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -621,7 +621,7 @@ impl Host for GatewayHost {
         use gatewarden_platforms::attachments::{Bounds, Store};
         let gw = self.gw.upgrade()?;
         let bounds = Bounds::from(&self.intake().ok()?.attachments());
-        Some((Store::new(gw.home.dir().join("attachments")), bounds))
+        Some((Store::in_home(gw.home.dir()), bounds))
     }
 
     fn state_changed(&self, adapter: &str, state: &State) {

@@ -593,7 +593,7 @@ async fn with_files(gw: &Arc<App>, files: Vec<InFile>, text: &str) -> Result<Str
     if files.is_empty() {
         return Ok(out);
     }
-    let store = Store::new(gw.home.dir().join("attachments"));
+    let store = Store::in_home(gw.home.dir());
     let bounds = Bounds::from(&gw.work.live().attachments);
     let lines = tokio::task::spawn_blocking(move || {
         let started = std::time::Instant::now();

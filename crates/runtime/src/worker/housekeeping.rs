@@ -25,7 +25,7 @@ impl Work {
     /// changed it ([`Work::prune_soon`]), off the async workers, with the bounds as they are
     /// then; unfinished messages are never pruned (`Journal::prune`). Stored attachments no
     /// message names any more go after a round that deleted something.
-    pub fn start_pruning(self: &Arc<Self>, attachments: std::path::PathBuf) {
+    pub fn start_pruning(self: &Arc<Self>, attachments: gatewarden_platforms::attachments::Store) {
         let me = Arc::clone(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(PRUNE_EVERY);
@@ -61,9 +61,9 @@ impl Work {
     /// hash: a file two messages share stays while one does). A file younger than
     /// [`ATTACHMENT_GRACE`] stays whatever: its message may not be journaled yet (downloaded,
     /// not yet delivered; a reply's file stored before the run's end is).
-    async fn prune_attachments(self: &Arc<Self>, dir: std::path::PathBuf) {
-        use gatewarden_platforms::attachments::{Store, parse_lines};
-        if !dir.exists() {
+    async fn prune_attachments(self: &Arc<Self>, store: gatewarden_platforms::attachments::Store) {
+        use gatewarden_platforms::attachments::parse_lines;
+        if !store.dir().exists() {
             return;
         }
         let texts = match self.with_journal(|j| j.texts_with("[attachment: ")).await {
@@ -71,8 +71,7 @@ impl Work {
             Err(e) => return crate::warn!("attachment retention skipped: {e}"),
         };
         let keep = texts.iter().flat_map(|t| parse_lines(t)).map(|n| n.sha256).collect();
-        let removed =
-            tokio::task::spawn_blocking(move || Store::new(dir).prune(&keep, ATTACHMENT_GRACE)).await.unwrap_or(0);
+        let removed = tokio::task::spawn_blocking(move || store.prune(&keep, ATTACHMENT_GRACE)).await.unwrap_or(0);
         if removed > 0 {
             crate::info!("attachment retention: removed {removed} file(s) no message names any more");
         }

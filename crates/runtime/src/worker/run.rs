@@ -125,7 +125,7 @@ impl Work {
     /// Starts the async worker: recovers interrupted runs (once each), then runs queued ids;
     /// and the journal's retention.
     pub fn start_worker(self: &Arc<Self>, gw: Arc<Gateway>) {
-        self.start_pruning(gw.home.dir().join("attachments"));
+        self.start_pruning(gatewarden_platforms::attachments::Store::in_home(gw.home.dir()));
         self.relay_questions();
         let Some(mut rx) = self.queue_rx.lock().ok().and_then(|mut g| g.take()) else { return };
         let me = Arc::clone(self);
@@ -636,7 +636,7 @@ async fn attachments_of(
     if !escaped {
         return (msg.text.clone(), Vec::new());
     }
-    let store = attachments::Store::new(gw.home.dir().join("attachments"));
+    let store = attachments::Store::in_home(gw.home.dir());
     let (mut text, files) = files_named(gw, &msg.text);
     let named = attachments::parse_lines(&msg.text);
     let mut out = Vec::new();
@@ -683,7 +683,7 @@ pub(crate) fn files_named(gw: &Gateway, text: &str) -> (String, Vec<gatewarden_a
     if !text.contains("[attachment: ") {
         return (text.to_owned(), Vec::new());
     }
-    let store = attachments::Store::new(gw.home.dir().join("attachments"));
+    let store = attachments::Store::in_home(gw.home.dir());
     let (text, files) = attachments::resolve(&store, text);
     let files = files
         .into_iter()
@@ -697,7 +697,7 @@ pub(crate) fn files_named(gw: &Gateway, text: &str) -> (String, Vec<gatewarden_a
 fn transcribed_history(gw: &Gateway, history: &mut [Turn]) {
     use gatewarden_agent::backend::transcribe;
     use gatewarden_platforms::attachments;
-    let store = attachments::Store::new(gw.home.dir().join("attachments"));
+    let store = attachments::Store::in_home(gw.home.dir());
     for t in history.iter_mut().filter(|t| t.role == "user" && t.content.contains("[attachment: ")) {
         t.content = t
             .content
@@ -725,7 +725,7 @@ async fn with_files(gw: &Gateway, mut reply: AgentReply, limits: &gatewarden_con
         reply.text = text;
         return reply;
     }
-    let store = Store::new(gw.home.dir().join("attachments"));
+    let store = Store::in_home(gw.home.dir());
     // `[attachments]`'s bounds, any type: the operator's own command made these files.
     let bounds = Bounds { unknown_as_binary: true, allowed: Vec::new(), ..Bounds::from(limits) };
     let lines = tokio::task::spawn_blocking(move || {
