@@ -94,25 +94,31 @@ pub fn named_text(text: &str, files: &[AgentFile]) -> String {
 /// content to the agent as the user message (gateway/platforms/api_server.py `_handle_runs`:
 /// `raw_input[-1]["content"]`), the shape its `/v1/chat/completions` builds for a vision model.
 pub fn runs_input(text: &str, files: &[AgentFile]) -> Value {
-    let inline = |f: &AgentFile| f.is_image() && f.size <= INLINE_IMAGE_BYTES;
-    if !files.iter().any(inline) {
+    if !files.iter().any(|f| f.is_image() && f.size <= INLINE_IMAGE_BYTES) {
         return json!(named_text(text, files));
     }
     let mut named = Vec::new();
     let mut images = Vec::new();
     for f in files {
-        match f.read(INLINE_IMAGE_BYTES) {
-            Ok((bytes, false)) if inline(f) => {
-                let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
-                images
-                    .push(json!({"type": "image_url", "image_url": {"url": format!("data:{};base64,{b64}", f.kind)}}));
-            }
-            _ => named.push(f.clone()),
+        match image_part(f) {
+            Some(part) => images.push(part),
+            None => named.push(f.clone()),
         }
     }
     let mut parts = vec![json!({"type": "text", "text": named_text(text, &named)})];
     parts.extend(images);
     json!([{"role": "user", "content": parts}])
+}
+
+/// An image within [`INLINE_IMAGE_BYTES`] as an `image_url` content part with a `data:` URL;
+/// `None` for anything else, or an image that cannot be read whole.
+fn image_part(f: &AgentFile) -> Option<Value> {
+    if !f.is_image() || f.size > INLINE_IMAGE_BYTES {
+        return None;
+    }
+    let (bytes, false) = f.read(INLINE_IMAGE_BYTES).ok()? else { return None };
+    let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+    Some(json!({"type": "image_url", "image_url": {"url": format!("data:{};base64,{b64}", f.kind)}}))
 }
 
 /// A user message's `content` for an OpenAI-compatible chat completion: the plain string when
@@ -131,14 +137,9 @@ pub fn user_content(text: &str, files: &[AgentFile]) -> Value {
     };
     for f in files {
         if f.is_image() && f.size <= INLINE_IMAGE_BYTES {
-            match f.read(INLINE_IMAGE_BYTES) {
-                Ok((bytes, _)) => {
-                    let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
-                    images.push(
-                        json!({"type": "image_url", "image_url": {"url": format!("data:{};base64,{b64}", f.kind)}}),
-                    );
-                }
-                Err(_) => add(&f.named()),
+            match image_part(f) {
+                Some(part) => images.push(part),
+                None => add(&f.named()),
             }
         } else if f.is_text() {
             match f.read(INLINE_TEXT_BYTES) {
