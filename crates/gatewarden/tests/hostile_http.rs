@@ -48,6 +48,45 @@ fn closed_within(s: &mut TcpStream, bound: Duration) -> Option<Duration> {
     None
 }
 
+/// A keep-alive connection on which `GET /healthz` was answered 200 (a 503 at the cap is retried
+/// on a new connection, within [`READY`]).
+fn served_and_kept_open(addr: SocketAddr) -> TcpStream {
+    let t0 = Instant::now();
+    loop {
+        let mut s = TcpStream::connect_timeout(&addr, READY).expect("connect");
+        s.set_read_timeout(Some(READY)).unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n").expect("write");
+        let mut got = Vec::new();
+        let mut b = [0u8; 1024];
+        let head_end = loop {
+            if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                break Some(i + 4);
+            }
+            match s.read(&mut b) {
+                Ok(0) | Err(_) => break None,
+                Ok(n) => got.extend_from_slice(&b[..n]),
+            }
+        };
+        let raw = String::from_utf8_lossy(&got[..head_end.unwrap_or(got.len())]).into_owned();
+        let head = raw.to_ascii_lowercase();
+        if head_end.is_some() && status_of(&raw) == Some(200) && !head.contains("connection: close") {
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .expect("a length on /healthz");
+            while got.len() < head_end.unwrap_or(0) + len {
+                match s.read(&mut b) {
+                    Ok(0) | Err(_) => panic!("the kept-open connection closed mid-body"),
+                    Ok(n) => got.extend_from_slice(&b[..n]),
+                }
+            }
+            return s;
+        }
+        assert!(t0.elapsed() < READY, "no place for a kept-open connection: {head}");
+    }
+}
+
 fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
 }
@@ -162,8 +201,10 @@ fn past_the_cap_idle_connections_make_room_and_busy_ones_get_503() {
     );
     let addr = g.listen();
 
-    let mut idle1 = TcpStream::connect(addr).unwrap();
-    let _idle2 = TcpStream::connect(addr).unwrap();
+    // Two served keep-alive connections hold both places (and nothing else does: the start-up
+    // probes' connections may still be registered for a moment, so each is retried until served).
+    let mut idle1 = served_and_kept_open(addr);
+    let _idle2 = served_and_kept_open(addr);
     // Served by evicting the oldest idle connection once it has been idle for a moment.
     must_wait_until(READY, "an idle connection makes room", || {
         http_get(addr, "/healthz", READY).is_ok_and(|r| r.status == 200)
