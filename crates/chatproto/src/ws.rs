@@ -200,8 +200,13 @@ impl Client {
         } else {
             Stream::Plain(tcp)
         };
-        let config =
-            WebSocketConfig::default().max_message_size(Some(opts.max_message)).max_frame_size(Some(opts.max_message));
+        // A chat gateway reads a few events a second: tungstenite's 128 KiB read buffer (sized for
+        // high read load) is allocated up front for each connection; 16 KiB holds a typical event
+        // whole and grows for a bigger frame, up to `max_message`.
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(opts.max_message))
+            .max_frame_size(Some(opts.max_message))
+            .read_buffer_size(16 * 1024);
         let (ws, _) = tungstenite::client::client_with_config(opts.request, stream, Some(config)).map_err(|e| {
             let why = match &e {
                 tungstenite::HandshakeError::Failure(tungstenite::Error::Io(io)) => {
