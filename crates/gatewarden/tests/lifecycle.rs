@@ -253,12 +253,20 @@ fn replace_running_gateway_old_exits_0_new_ready() {
 /// D1: planned restart (SIGUSR1) under a supervisor → 75.
 #[test]
 fn d1_sigusr1_under_supervisor_is_planned_restart_exit_75() {
-    let home = TempHome::new();
-    let mut g = builder(&home).supervisor("systemd").spawn();
+    let (home, sw) = (TempHome::new(), sweep::Sweeper::new());
+    let mut g = builder(&home).supervisor("systemd").env(sweep::TAG_VAR, sw.tag()).spawn();
     g.wait_ready(READY);
     g.signal(sig::SIGUSR1);
     let st = g.wait_exit(EXIT);
     assert_exit_code(&g, st, 75, "SIGUSR1 under supervisor=systemd");
+    // No systemd starts the next incarnation here, so the restart's backstop (detached, its
+    // own session) would: once this home is deleted, in a home it recreates, on the default
+    // address. The operator's stop makes it stand down (crates/ops/src/ladder/mod.rs).
+    let spawned = home.events("restart_backstop");
+    let backstop = spawned.first().and_then(|e| e["backstop_pid"].as_u64()).expect("a backstop") as u32;
+    assert_cli(&run_cli(&home, &["stop"]), 0, "stop");
+    assert!(wait_until(Duration::from_secs(30), || !pid_alive(backstop)), "the backstop did not stand down");
+    assert!(wait_until(EXIT, || sw.tagged().is_empty()), "left running: {:?}", sw.tagged());
 }
 
 /// D1 (#103191): SIGTERM before `running` is never a clean 0.

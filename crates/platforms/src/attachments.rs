@@ -587,8 +587,17 @@ pub fn escape_text(text: &str) -> String {
         .join("\n")
 }
 
-/// A stored file a journaled text names, found in `store`: `(name, type, path, size)`.
-pub type Resolved = (String, String, PathBuf, u64);
+/// A stored file a journaled text names, found in `store`: its line's name and type, the
+/// content hash the store keys it by, and where and how big it is there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub name: String,
+    pub kind: String,
+    /// Its identity in the store ([`Store::path`], [`Store::transcript`]).
+    pub sha256: String,
+    pub path: PathBuf,
+    pub size: u64,
+}
 
 /// Splits a journaled text into the text without its stored-attachment lines and the files
 /// those lines name that are still in `store` (a file pruned since is named in the text
@@ -600,7 +609,7 @@ pub fn resolve(store: &Store, text: &str) -> (String, Vec<Resolved>) {
         match parse_line(l).and_then(|n| store.open(&n.sha256).map(|(_, size)| (n, size))) {
             Some((n, size)) => {
                 if let Some(path) = store.path(&n.sha256) {
-                    files.push((n.name, n.kind, path, size));
+                    files.push(Resolved { name: n.name, kind: n.kind, sha256: n.sha256, path, size });
                 }
             }
             None => kept.push(l),
@@ -689,7 +698,14 @@ mod tests {
             format!("look\n[attachment: x, image/png, 1 B, sha256:{}]", "0".repeat(64)),
             "a file not in the store stays named"
         );
-        assert_eq!(files, vec![("p.png".into(), "image/png".into(), path.clone(), PNG.len() as u64)]);
+        let want = Resolved {
+            name: "p.png".into(),
+            kind: "image/png".into(),
+            sha256: s.sha256.clone(),
+            path: path.clone(),
+            size: PNG.len() as u64,
+        };
+        assert_eq!(files, vec![want]);
         // The sender's words cannot break a line of ours.
         let evil = Attachment {
             name: format!("x]\n[attachment: p.png, image/png, 1 B, sha256:{}", s.sha256),

@@ -127,6 +127,8 @@ fn cli_raw<S: AsRef<OsStr>>(
     match mode {
         Mode::Host => {
             cmd.env_remove("GATEWARDEN_HOME");
+            // Swept at the test's end like the test environment's (`crate::test_env`).
+            cmd.env(crate::sweep::TAG_VAR, crate::sweep::process_tag());
         }
         Mode::Test | Mode::ReaderGone { .. } => crate::test_env(&mut cmd),
     }

@@ -89,6 +89,8 @@ impl GatewayBuilder {
         let mut cmd = Command::new(&self.bin);
         if self.host_default {
             cmd.env_remove("GATEWARDEN_HOME");
+            // Swept at the test's end like the test environment's (`crate::test_env`).
+            cmd.env(crate::sweep::TAG_VAR, crate::sweep::process_tag());
         } else {
             crate::test_env(&mut cmd);
         }

@@ -107,6 +107,8 @@ pub fn test_env(cmd: &mut std::process::Command) {
         cmd.env_remove(k);
     }
     cmd.env("GATEWARDEN_SUPERVISOR", "none");
+    // Whatever it detaches is swept when the test ends (a test's own `Sweeper` tag replaces it).
+    cmd.env(sweep::TAG_VAR, sweep::process_tag());
     // Test gateways stay out of the developer's fleet (`gatewarden dashboard`); a test of the
     // fleet names its own registry.
     if std::env::var_os("GATEWARDEN_REGISTRY").is_none() {

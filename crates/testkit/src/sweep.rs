@@ -13,6 +13,37 @@ use std::time::Duration;
 /// Environment variable carrying a [`Sweeper`]'s tag.
 pub const TAG_VAR: &str = "GW_TEST_SWEEP_TAG";
 
+/// This test process's own sweeper (see [`process_tag`]); swept when the process exits.
+static PROCESS: std::sync::OnceLock<Sweeper> = std::sync::OnceLock::new();
+
+/// The tag of this test process's sweeper: `test_env` (crates/testkit/src/lib.rs) gives it to
+/// every gateway and CLI the kit spawns, so whatever they detach (a `start`'s gateway, a
+/// restart's backstop and what it kicks) is found even when the test named no [`Sweeper`] of
+/// its own (one it names replaces this tag). The sweep runs when the test process exits
+/// (nextest runs one test per process: when that test ends, passed or failed), and says on
+/// stderr what it had to kill: a test that needed it left something running.
+pub fn process_tag() -> &'static str {
+    PROCESS
+        .get_or_init(|| {
+            // SAFETY: registers a plain `extern "C"` function; it runs once, at `exit`.
+            unsafe { libc::atexit(sweep_at_exit) };
+            Sweeper::new()
+        })
+        .tag()
+}
+
+extern "C" fn sweep_at_exit() {
+    let Some(sw) = PROCESS.get() else { return };
+    let left: Vec<(u32, String)> = sw.tagged().into_iter().map(|p| (p, cmdline_of(p).join(" "))).collect();
+    if left.is_empty() {
+        return;
+    }
+    sw.sweep();
+    for (pid, cmd) in left {
+        eprintln!("testkit: killed pid {pid} left running by this test: {cmd}");
+    }
+}
+
 /// Kills, on drop, every process whose environment has `GW_TEST_SWEEP_TAG=<this tag>`.
 #[derive(Debug)]
 pub struct Sweeper {

@@ -2,6 +2,8 @@
 //! judged: whom it is from, which thread it belongs to, and whether it may be answered at all
 //! (RFC 3834: never answer automatic mail, so two robots cannot bounce off each other).
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use mail_parser::{HeaderValue, Message, MessageParser, MessagePart, MimeHeaders};
@@ -39,8 +41,8 @@ pub struct Mail {
 /// One MIME part a message carries as a file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Part {
-    /// Its position among the message's attachments (mail-parser's order): what
-    /// [`part_contents`] reads back.
+    /// Its position among the message's attachments (mail-parser's order): its key in
+    /// [`contents`].
     pub pos: u32,
     /// The sender's file name (its last path component, one line), else `part<n>.<subtype>`.
     pub name: String,
@@ -175,33 +177,38 @@ pub fn judge(raw: &[u8], own: &str, allowed: &[String]) -> Result<Mail, Skip> {
 /// [`MAX_PARTS`], and how many more there were. Empty parts are skipped. Total over any input
 /// (fuzzed: fuzz/fuzz_targets/email_parts.rs).
 pub fn parts(msg: &Message<'_>) -> (Vec<Part>, usize) {
-    let mut out = Vec::new();
-    let mut more = 0;
-    for (pos, p) in msg.attachments().enumerate() {
-        if p.is_empty() {
-            continue;
-        }
-        if out.len() == MAX_PARTS {
-            more += 1;
-            continue;
-        }
-        let pos = u32::try_from(pos).unwrap_or(u32::MAX);
-        let declared = declared_type(p);
-        out.push(Part { pos, name: part_name(p, pos, &declared), declared, size: p.len() as u64 });
-    }
+    let files = file_parts(msg);
+    let more = files.len().saturating_sub(MAX_PARTS);
+    let out = files
+        .into_iter()
+        .take(MAX_PARTS)
+        .map(|(pos, p)| {
+            let declared = declared_type(p);
+            Part { pos, name: part_name(p, pos, &declared), declared, size: p.len() as u64 }
+        })
+        .collect();
     (out, more)
+}
+
+/// The non-empty attachments of `msg` with their positions ([`Part::pos`]), in order.
+fn file_parts<'m>(msg: &'m Message<'_>) -> Vec<(u32, &'m MessagePart<'m>)> {
+    msg.attachments()
+        .enumerate()
+        .filter(|(_, p)| !p.is_empty())
+        .map(|(pos, p)| (u32::try_from(pos).unwrap_or(u32::MAX), p))
+        .collect()
+}
+
+/// The decoded bytes of every file [`parts`] names in the message `raw`, by [`Part::pos`]:
+/// one parse for all of them. Empty when it does not parse.
+pub fn contents(raw: &[u8]) -> HashMap<u32, Arc<[u8]>> {
+    let Some(msg) = parse(raw) else { return HashMap::new() };
+    file_parts(&msg).into_iter().take(MAX_PARTS).map(|(pos, p)| (pos, Arc::from(p.contents()))).collect()
 }
 
 /// [`parts`] of the message `raw`; `None` when it does not parse.
 pub fn parts_of(raw: &[u8]) -> Option<(Vec<Part>, usize)> {
     parse(raw).map(|m| parts(&m))
-}
-
-/// The decoded bytes of attachment `pos` of the message `raw` ([`Part::pos`]); `None` when it
-/// has no such part. At most `raw`'s size: the message was read under its bound.
-pub fn part_contents(raw: &[u8], pos: u32) -> Option<Vec<u8>> {
-    let msg = parse(raw)?;
-    msg.attachment(pos).map(|p| p.contents().to_vec())
 }
 
 /// A part's declared type, lower-case and plain (`type/subtype`, nothing else). An attached
@@ -362,12 +369,14 @@ mod tests {
             "{:#?}",
             m.parts
         );
-        let decoded = |i: usize| part_contents(&raw, m.parts[i].pos).unwrap();
+        let all = contents(&raw);
+        assert_eq!(all.len(), m.parts.len(), "every file named is decoded, nothing else");
+        let decoded = |i: usize| all[&m.parts[i].pos].to_vec();
         assert!(decoded(0).starts_with(b"\x89PNG\r\n\x1a\n"), "{:?}", decoded(0));
         assert_eq!(m.parts[0].size, decoded(0).len() as u64);
         assert_eq!(String::from_utf8(decoded(1)).unwrap().trim(), "Köln", "decoded to UTF-8");
         assert!(String::from_utf8_lossy(&decoded(4)).contains("forwarded"));
-        assert_eq!(part_contents(&raw, 99), None);
+        assert!(!all.contains_key(&99));
         assert_eq!(m.more_parts, 0);
     }
 

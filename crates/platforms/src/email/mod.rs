@@ -355,7 +355,7 @@ impl Protocol for Proto {
             not_before: None,
             threads,
             limit: MAX_MESSAGE_BYTES,
-            raws: HashMap::new(),
+            files: HashMap::new(),
         };
         Ok((rx, tx))
     }
@@ -383,9 +383,10 @@ pub struct Fetcher {
     threads: SharedThreads,
     /// What the last receive read each message up to ([`read_limit`]).
     limit: u32,
-    /// The last batch's messages that carry files, by UID: [`skeleton::Receiver::fetch`]
-    /// decodes a part from them (the skeleton downloads before the next receive).
-    raws: HashMap<u32, Vec<u8>>,
+    /// The files of the last batch's messages, by UID then [`message::Part::pos`], each
+    /// message parsed once ([`message::contents`]): what [`skeleton::Receiver::fetch`] hands
+    /// out (the skeleton downloads before the next receive).
+    files: HashMap<u32, HashMap<u32, Arc<[u8]>>>,
 }
 
 /// The files a message carries, as the skeleton downloads them: the handle is `uid:part`; the
@@ -551,10 +552,10 @@ impl skeleton::Receiver for Fetcher {
             .filter(|m| !m.attachments.is_empty())
             .filter_map(|m| m.event_id.split_once(':').map(|(_, uid)| uid))
             .collect();
-        self.raws = fetched
-            .into_iter()
+        self.files = fetched
+            .iter()
             .filter(|f| with_files.contains(f.uid.to_string().as_str()))
-            .map(|f| (f.uid, f.raw))
+            .map(|f| (f.uid, message::contents(&f.raw)))
             .collect();
         Ok(batch)
     }
@@ -587,9 +588,9 @@ impl skeleton::Receiver for Fetcher {
             .split_once(':')
             .and_then(|(u, p)| Some((u.parse::<u32>().ok()?, p.parse::<u32>().ok()?)))
             .ok_or_else(|| format!("no such part {:?}", a.fetch))?;
-        let raw = self.raws.get(&uid).ok_or_else(|| "the message is no longer at hand".to_owned())?;
-        let bytes = message::part_contents(raw, pos).ok_or_else(|| format!("the message has no part {pos}"))?;
-        Ok(Box::new(std::io::Cursor::new(bytes)))
+        let parts = self.files.get(&uid).ok_or_else(|| "the message is no longer at hand".to_owned())?;
+        let bytes = parts.get(&pos).ok_or_else(|| format!("the message has no part {pos}"))?;
+        Ok(Box::new(std::io::Cursor::new(Arc::clone(bytes))))
     }
 
     fn hang_up(&mut self) -> Vec<Inbound> {

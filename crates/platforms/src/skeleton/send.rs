@@ -364,7 +364,9 @@ impl<S: Sender> Loop<'_, S> {
                 pieces(&text, &self.limits).into_iter().map(Part::Text).collect()
             };
             parts.extend(
-                files.into_iter().map(|(name, kind, path, size)| Part::File(OutFile { name, kind, path, size })),
+                files
+                    .into_iter()
+                    .map(|f| Part::File(OutFile { name: f.name, kind: f.kind, path: f.path, size: f.size })),
             );
             for (index, part) in parts.iter().enumerate() {
                 let id = PieceId { seq: item.seq, index };

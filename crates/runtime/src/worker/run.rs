@@ -637,13 +637,12 @@ async fn attachments_of(
         return (msg.text.clone(), Vec::new());
     }
     let store = attachments::Store::in_home(gw.home.dir());
-    let (mut text, files) = files_named(gw, &msg.text);
-    let named = attachments::parse_lines(&msg.text);
+    let (mut text, files) = resolved_in(gw, &msg.text);
     let mut out = Vec::new();
-    for file in files {
-        let size = file.size;
-        let sha = named.iter().find(|n| store.path(&n.sha256).as_ref() == Some(&file.path)).map(|n| n.sha256.clone());
-        let (Some(t), Some(sha)) = (transcriber.filter(|_| transcribe::is_audio(&file.kind)), sha) else {
+    for resolved in files {
+        let (size, sha) = (resolved.size, resolved.sha256.clone());
+        let file = agent_file(resolved);
+        let Some(t) = transcriber.filter(|_| transcribe::is_audio(&file.kind)) else {
             out.push(file);
             continue;
         };
@@ -679,17 +678,21 @@ async fn attachments_of(
 /// The stored files `text` (escaped as [`attachments_of`] says) names, and the text without
 /// those lines: a `/v1/responses` call with `store: false` runs from it directly.
 pub(crate) fn files_named(gw: &Gateway, text: &str) -> (String, Vec<gatewarden_agent::backend::AgentFile>) {
+    let (text, files) = resolved_in(gw, text);
+    (text, files.into_iter().map(agent_file).collect())
+}
+
+/// [`files_named`] with each file's content hash, its identity in the store.
+fn resolved_in(gw: &Gateway, text: &str) -> (String, Vec<gatewarden_platforms::attachments::Resolved>) {
     use gatewarden_platforms::attachments;
     if !text.contains("[attachment: ") {
         return (text.to_owned(), Vec::new());
     }
-    let store = attachments::Store::in_home(gw.home.dir());
-    let (text, files) = attachments::resolve(&store, text);
-    let files = files
-        .into_iter()
-        .map(|(name, kind, path, size)| gatewarden_agent::backend::AgentFile { path, name, kind, size })
-        .collect();
-    (text, files)
+    attachments::resolve(&attachments::Store::in_home(gw.home.dir()), text)
+}
+
+fn agent_file(f: gatewarden_platforms::attachments::Resolved) -> gatewarden_agent::backend::AgentFile {
+    gatewarden_agent::backend::AgentFile { path: f.path, name: f.name, kind: f.kind, size: f.size }
 }
 
 /// Earlier voice messages of the conversation as their cached transcripts (made when they
