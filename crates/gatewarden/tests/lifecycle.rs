@@ -269,6 +269,23 @@ fn d1_sigusr1_under_supervisor_is_planned_restart_exit_75() {
     assert!(wait_until(EXIT, || sw.tagged().is_empty()), "left running: {:?}", sw.tagged());
 }
 
+/// A restart's backstop that outlives its home (deleted, or its volume gone) starts nothing:
+/// it used to make an empty home and a gateway on the defaults there (127.0.0.1:7878).
+#[test]
+fn a_backstop_whose_home_is_gone_starts_nothing_and_makes_no_home() {
+    let (home, sw) = (TempHome::new(), sweep::Sweeper::new());
+    let gone = home.root().join("deleted-home");
+    let out = cli_env(
+        bin(),
+        &gone,
+        &["restart", "--backstop", "inc-gone", "--desired-seq", "0", "--timeout", "20"],
+        &[(sweep::TAG_VAR, sw.tag())],
+    );
+    assert_cli(&out, 1, "a backstop in a deleted home");
+    assert!(!gone.exists(), "the backstop made the home it was planned in: {out:#?}");
+    assert!(sw.tagged().is_empty(), "started: {:?}", sw.tagged());
+}
+
 /// D1 (#103191): SIGTERM before `running` is never a clean 0.
 #[test]
 fn d1_sigterm_before_running_is_not_exit_0() {

@@ -233,12 +233,17 @@ pub enum Refusal {
     InFlight(Box<Desired>),
     /// The restart's drain was cancelled; the incarnation it kept still runs.
     Cancelled(Box<Desired>),
+    /// The home is gone (deleted, or its volume unmounted) since the request was made: a start
+    /// on the request's behalf would make an empty home and a gateway on the defaults there.
+    HomeGone,
 }
 
 impl Refusal {
-    pub fn record(&self) -> &Desired {
+    /// The record in force that refused (none when the home is gone).
+    pub fn record(&self) -> Option<&Desired> {
         match self {
-            Refusal::Stopped(d) | Refusal::Superseded(d) | Refusal::InFlight(d) | Refusal::Cancelled(d) => d,
+            Refusal::Stopped(d) | Refusal::Superseded(d) | Refusal::InFlight(d) | Refusal::Cancelled(d) => Some(d),
+            Refusal::HomeGone => None,
         }
     }
 
@@ -258,20 +263,26 @@ impl Refusal {
                 );
                 format!("the restart was cancelled by {}; {kept} keeps running", d.describe())
             }
+            Refusal::HomeGone => {
+                "the home no longer exists; a restart or repair planned in it starts nothing (`gatewarden start` makes a new one)".to_owned()
+            }
         }
     }
 
     /// For the ledger's `start_prevented`.
     pub fn json(&self) -> serde_json::Value {
-        let d = self.record();
         let kind = match self {
             Refusal::Stopped(_) => "stopped",
             Refusal::Superseded(_) => "superseded",
             Refusal::InFlight(_) => "in_flight",
             Refusal::Cancelled(_) => "cancelled",
+            Refusal::HomeGone => "home_gone",
         };
-        serde_json::json!({"why": kind, "seq": d.seq, "want": d.want.as_str(),
-                           "requester": d.requester, "requester_pid": d.pid})
+        match self.record() {
+            Some(d) => serde_json::json!({"why": kind, "seq": d.seq, "want": d.want.as_str(),
+                                          "requester": d.requester, "requester_pid": d.pid}),
+            None => serde_json::json!({"why": kind}),
+        }
     }
 }
 
@@ -317,6 +328,11 @@ pub fn kept_alive(d: &Desired) -> bool {
 
 /// [`decide`] against the record in force: the I/O edge.
 pub fn check(home_dir: &Path, starter: Starter) -> Result<Desired, Refusal> {
+    // Only an operator's own start may make a home; what acts on an earlier request needs the
+    // home that request was made in (a backstop outliving a deleted home once made a new one).
+    if !matches!(starter, Starter::Resume) && !home_dir.is_dir() {
+        return Err(Refusal::HomeGone);
+    }
     let d = current(home_dir);
     let alive = Alive {
         in_flight: matches!(starter, Starter::Repair { .. }) && in_flight_alive(&d),
@@ -331,6 +347,16 @@ mod tests {
 
     fn rec(want: Want, seq: u64) -> Desired {
         Desired { want, seq, requester: "cli stop".into(), ..Desired::initial() }
+    }
+
+    #[test]
+    fn only_an_operators_start_may_act_on_a_home_that_is_gone() {
+        let gone = std::env::temp_dir().join(format!("gw-desired-gone-{}", std::process::id()));
+        for s in [Starter::Carry { basis: 0 }, Starter::Repair { basis: 0 }] {
+            assert_eq!(check(&gone, s), Err(Refusal::HomeGone), "{s:?}");
+        }
+        assert!(check(&gone, Starter::Resume).is_ok());
+        assert_eq!(Refusal::HomeGone.json()["why"], "home_gone");
     }
 
     #[test]

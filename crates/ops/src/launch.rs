@@ -59,13 +59,13 @@ pub fn launch(
     report: Report,
     via: Via,
 ) -> crate::Result<ExitCode> {
-    let home = home.ensure()?;
     // The operator's start records `run` first (a start of a stopped gateway is what ends the
-    // stop); a start on behalf of an earlier request (a restart's kick) obeys a later stop.
-    let recorded = match on_behalf {
-        None => crate::intent::record_run_replacing(&home, "start"),
-        Some(seq) => crate::intent::may_start(&home, "start", Starter::Carry { basis: seq }).map(|_| (seq, None)),
-    };
+    // stop); a start on behalf of an earlier request (a restart's kick) obeys a later stop, and
+    // is asked before the home is made: it never makes one (`desired::Refusal::HomeGone`).
+    let recorded = on_behalf
+        .map(|seq| crate::intent::may_start(home, "start", Starter::Carry { basis: seq }).map(|_| (seq, None)));
+    let home = home.ensure()?;
+    let recorded = recorded.unwrap_or_else(|| crate::intent::record_run_replacing(&home, "start"));
     let (seq, replaced) = match recorded {
         Ok(r) => r,
         Err(r) => {
