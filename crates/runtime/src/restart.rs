@@ -398,9 +398,8 @@ async fn spawn_backstop(gw: &Gateway, opts: &Carrying<'_>) {
     // Read off the async workers; the backstop is never ended here, whatever it says.
     let (tx, said) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(parse_line(line.trim_end()));
+        let said = BufReader::new(stdout).lines().map_while(Result::ok).find_map(|l| parse_line(&l));
+        let _ = tx.send(said);
     });
     if !matches!(tokio::time::timeout(PREPARE_PATIENCE, said).await, Ok(Ok(Some(Line::Prepared)))) {
         crate::warn!("the restart backstop did not say it was prepared; restarting all the same");
