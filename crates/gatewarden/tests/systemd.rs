@@ -733,6 +733,14 @@ fn caller(addr: std::net::SocketAddr) -> SteadyStream<(Api, Vec<String>)> {
     })
 }
 
+/// Waits until `calls` has made `more` calls from now on, and at least the 10
+/// [`assert_all_served`] asks for. (A fixed 300 ms pause made too few on a loaded machine.)
+#[track_caller]
+fn calls_after(calls: &SteadyStream<(Api, Vec<String>)>, more: u32) {
+    let want = (calls.sent() + more).max(10);
+    must_wait_until(READY, &format!("{want} calls made"), || calls.sent() >= want);
+}
+
 /// Stops `calls`: at least `min` calls were made and none failed.
 #[track_caller]
 fn assert_all_served(calls: SteadyStream<(Api, Vec<String>)>, min: u32, what: &str) {
@@ -772,7 +780,7 @@ fn install_and_uninstall_with_a_manager_that_fails_change_nothing_and_the_gatewa
     let env = [NO_BUS[0], NO_BUS[1], (TAG_VAR, sw.tag())];
     let out = cli_with(bin(), u.home.path(), &["service", "install"], &env, Duration::from_secs(60));
     // A few calls after the refusal too: nothing is stopped late.
-    std::thread::sleep(Duration::from_millis(300));
+    calls_after(&calls, 3);
     assert_all_served(calls, 10, "install with a broken manager");
     assert_cli(&out, 1, "service install with a broken manager");
     assert!(out.stderr.contains("Failed to connect to bus") && out.stderr.contains("nothing changed"), "{out:#?}");
@@ -794,7 +802,7 @@ fn install_and_uninstall_with_a_manager_that_fails_change_nothing_and_the_gatewa
     let managed: std::net::SocketAddr = st["listen"].as_str().unwrap().parse().unwrap();
     let calls = caller(managed);
     let out = cli_with(bin(), u.home.path(), &["service", "uninstall"], &env, Duration::from_secs(60));
-    std::thread::sleep(Duration::from_millis(300));
+    calls_after(&calls, 3);
     assert_all_served(calls, 10, "uninstall with a broken manager");
     assert_cli(&out, 1, "service uninstall with a broken manager");
     assert!(out.stderr.contains("Failed to connect to bus"), "{out:#?}");
