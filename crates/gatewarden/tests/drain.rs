@@ -198,10 +198,15 @@ fn drain_timeout_interrupts_rerun_once_then_fail_with_a_reason() {
     for round in 1..=2 {
         let addr = current_gateway(home.path()).unwrap().3.unwrap();
         let api = Api::new(addr);
-        must_wait_until(Duration::from_secs(5), "running", || {
-            api.message(&id).is_some_and(|m| m["state"] == "running")
+        // `start` returns once the new incarnation is ready, and it recovers the journal after
+        // that: until then the row still reads `running` from the stopped incarnation's attempt.
+        // So the wait is for this round's attempt; a third attempt never matches.
+        let mut last = Value::Null;
+        let ok = wait_until(READY, || {
+            last = api.message(&id).unwrap_or(Value::Null);
+            last["state"] == "running" && last["attempts"] == json!(round)
         });
-        assert_eq!(api.message(&id).unwrap()["attempts"], json!(round));
+        assert!(ok, "attempt {round} not running: {last}\n{}", home.ledger_text());
         let out = run_cli(&home, &["stop"]);
         assert_cli(&out, 0, &format!("stop #{round}"));
         assert!(out.elapsed < Duration::from_secs(8), "stop #{round} took {:?}", out.elapsed);

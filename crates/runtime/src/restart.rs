@@ -148,7 +148,7 @@ pub async fn begin(app: &Arc<App>, opts: &ResolvedOptions, ask: Ask) -> Option<O
         },
     };
     if ask.channel != VERIFYING_CHANNEL {
-        spawn_backstop(gw, opts);
+        spawn_backstop(gw, opts).await;
     }
     app.tell(ask.asker, Ok(RestartAnswer::Accepted));
     Some(outcome)
@@ -371,8 +371,11 @@ fn spawn_successor(gw: &Gateway, opts: &Carrying<'_>) -> std::io::Result<(Child,
 }
 
 /// `gatewarden restart --backstop <incarnation>` in its own session: it outlives us, waits
-/// for the next incarnation, and starts one if none comes (see `cmd/restart.rs`).
-fn spawn_backstop(gw: &Gateway, opts: &Carrying<'_>) {
+/// for the next incarnation, and starts one if none comes (see `cmd/restart.rs`). Waits (within
+/// [`PREPARE_PATIENCE`]) for its `prepared`: it resets a systemd unit's counters first
+/// (`reset-failed`), and that must land before our exit 75 is counted, or the revival would be
+/// wiped from `NRestarts` (a race a loaded machine lost). No answer: the restart goes on.
+async fn spawn_backstop(gw: &Gateway, opts: &Carrying<'_>) {
     let Ok(exe) = opts.exe() else { return };
     let mut cmd = Command::new(exe);
     let budget = opts.drain_timeout + BACKSTOP_GRACE;
@@ -381,10 +384,24 @@ fn spawn_backstop(gw: &Gateway, opts: &Carrying<'_>) {
     cmd.args(["--desired-seq", &opts.seq.to_string()]);
     // Not one of our runs: the next incarnation's sweep must not kill it.
     cmd.env_remove(RUN_TAG);
-    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
     spawn::detach(&mut cmd, None);
-    match cmd.spawn() {
-        Ok(child) => gw.record("restart_backstop", json!({"backstop_pid": child.id()})),
-        Err(e) => crate::warn!("cannot start the restart backstop: {e}"),
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            crate::warn!("cannot start the restart backstop: {e}");
+            return;
+        }
+    };
+    gw.record("restart_backstop", json!({"backstop_pid": child.id()}));
+    let Some(stdout) = child.stdout.take() else { return };
+    // Read off the async workers; the backstop is never ended here, whatever it says.
+    let (tx, said) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let said = BufReader::new(stdout).lines().map_while(Result::ok).find_map(|l| parse_line(&l));
+        let _ = tx.send(said);
+    });
+    if !matches!(tokio::time::timeout(PREPARE_PATIENCE, said).await, Ok(Ok(Some(Line::Prepared)))) {
+        crate::warn!("the restart backstop did not say it was prepared; restarting all the same");
     }
 }

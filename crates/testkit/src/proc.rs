@@ -80,7 +80,7 @@ pub fn lock_holders(path: &Path) -> Vec<u32> {
     let (ino, dev) = (meta.ino(), meta.dev());
     // dev_t is u64 on Linux and i32 on macOS.
     let (maj, min) = (libc::major(dev as libc::dev_t), libc::minor(dev as libc::dev_t));
-    let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
+    let Some(locks) = proc_locks() else {
         return Vec::new();
     };
     let mut out = Vec::new();
@@ -105,6 +105,27 @@ pub fn lock_holders(path: &Path) -> Vec<u32> {
         }
     }
     out
+}
+
+/// `/proc/locks` in as few reads as the kernel allows (a page each). Each read() is one
+/// snapshot of the kernel's list, and the next resumes at a line *number*: a lock taken or
+/// released in between moves the lines after it, so one is skipped or shown twice.
+/// `read_to_string` starts with a 32-byte probe and doubles from there (seen with strace), so
+/// even a short file took several snapshots, and a holder's line went missing under a loaded
+/// suite (host_env.rs).
+fn proc_locks() -> Option<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open("/proc/locks").ok()?;
+    let mut text = Vec::new();
+    let mut page = vec![0u8; 64 * 1024];
+    loop {
+        match f.read(&mut page) {
+            Ok(0) => return String::from_utf8(text).ok(),
+            Ok(n) => text.extend_from_slice(&page[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
 }
 
 /// Whether any process holds a lock on `path` (see [`lock_holders`]).

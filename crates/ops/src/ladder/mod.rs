@@ -229,6 +229,11 @@ fn start_refusals_since(home: &Home, since: std::time::SystemTime) -> Vec<String
 pub fn run_backstop(home: &Home, old_inc: &str, timeout_s: u64, seq: u64) -> ExitCode {
     let ladder = Ladder::new(home, timeout_s, Instant::now(), seq, "backstop");
     ladder.owner.prepare_restart();
+    // The gateway that launched us drains and exits only after this line (its restart.rs): a
+    // unit's counters reset after systemd revived it would lose that revival from NRestarts.
+    gatewarden_runtime::restart::say(Ok(()));
+    // Then our stdout is its pipe no more: the gateway stops reading, and exits.
+    drop(gatewarden_lifecycle::platform::stdout_to_stderr());
     let ep = Endpoint::for_home(home.dir());
     let old = status_of(&ep, Duration::from_millis(500))
         .ok()
