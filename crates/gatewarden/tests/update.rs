@@ -364,8 +364,13 @@ fn updater_killed_at_each_phase_is_finished_by_the_next_start() {
             let env = [(TAG_VAR, tag.as_str()), ("GATEWARDEN_TEST_UPDATE_PAUSE", phase)];
             cli_with(&exe, &home, &["update", "--from", &from, "--timeout", "20"], &env, UPDATE_LIMIT)
         });
+        // The phase comes after staging, the preflight and (for the later ones) a restart onto
+        // the release: many seconds on a loaded machine. So no bound of its own: the wait
+        // lasts while the updater runs (itself bounded by UPDATE_LIMIT), and an updater that
+        // ended before the phase fails the test with its output.
+        let t0 = Instant::now();
         let mut killed = None;
-        must_wait_until(Duration::from_secs(30), &format!("phase {phase}"), || {
+        wait_until(UPDATE_LIMIT, || {
             let t = r.txn();
             if t["phase"] == json!(phase) {
                 let pid = t["updater_pid"].as_u64().unwrap() as u32;
@@ -373,11 +378,14 @@ fn updater_killed_at_each_phase_is_finished_by_the_next_start() {
                 killed = Some(pid);
                 return true;
             }
-            false
+            h.is_finished()
         });
         let out = h.join().unwrap();
+        let Some(pid) = killed else {
+            panic!("{phase}: the updater ended before that phase: {}\n{out:#?}\n{}", r.txn(), r.home.ledger_text())
+        };
+        eprintln!("{phase} reached and killed after {:.1} s", t0.elapsed().as_secs_f64());
         assert_ne!(out.code, Some(0), "{phase}: the killed updater cannot report success: {out:#?}");
-        let pid = killed.unwrap();
         must_wait_until(EXIT, "the updater is gone", || !pid_alive(pid));
         // The next start: a plain restart.
         let re =
