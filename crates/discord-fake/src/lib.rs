@@ -73,7 +73,8 @@
 //! - **Rate limits.** Per-route buckets keyed by the major parameter (the channel): each of
 //!   the four routes above has its own bucket per channel, of [`Options::bucket_limit`] per
 //!   [`Options::bucket_window`], with the
-//!   `X-RateLimit-Limit`, `-Remaining`, `-Reset`, `-Reset-After` and `-Bucket` headers; an
+//!   `X-RateLimit-Limit`, `-Remaining`, `-Reset`, `-Reset-After` (rounded up to the
+//!   millisecond, never before the bucket's own reset) and `-Bucket` headers; an
 //!   exhausted bucket answers 429 with `retry_after` (seconds, a float), `global: false`,
 //!   `X-RateLimit-Scope: user`; past [`Options::global_per_s`] requests a second, 429 with
 //!   `global: true` and `X-RateLimit-Global: true` (docs/topics/rate-limits). A 401 for a bad
