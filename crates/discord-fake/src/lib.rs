@@ -73,7 +73,8 @@
 //! - **Rate limits.** Per-route buckets keyed by the major parameter (the channel): each of
 //!   the four routes above has its own bucket per channel, of [`Options::bucket_limit`] per
 //!   [`Options::bucket_window`], with the
-//!   `X-RateLimit-Limit`, `-Remaining`, `-Reset`, `-Reset-After` and `-Bucket` headers; an
+//!   `X-RateLimit-Limit`, `-Remaining`, `-Reset`, `-Reset-After` (rounded up to the
+//!   millisecond, never before the bucket's own reset) and `-Bucket` headers; an
 //!   exhausted bucket answers 429 with `retry_after` (seconds, a float), `global: false`,
 //!   `X-RateLimit-Scope: user`; past [`Options::global_per_s`] requests a second, 429 with
 //!   `global: true` and `X-RateLimit-Global: true` (docs/topics/rate-limits). A 401 for a bad
@@ -1319,16 +1320,25 @@ fn bucket_headers(h: &mut HeaderMap, limit: u32, remaining: u32, reset_after: Du
     let reset = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default() + reset_after;
     h.insert("x-ratelimit-limit", HeaderValue::from(limit));
     h.insert("x-ratelimit-remaining", HeaderValue::from(remaining));
-    if let Ok(v) = HeaderValue::from_str(&format!("{:.3}", reset.as_secs_f64())) {
+    if let Ok(v) = HeaderValue::from_str(&millis_up(reset)) {
         h.insert("x-ratelimit-reset", v);
     }
-    if let Ok(v) = HeaderValue::from_str(&format!("{:.3}", reset_after.as_secs_f64())) {
+    if let Ok(v) = HeaderValue::from_str(&millis_up(reset_after)) {
         h.insert("x-ratelimit-reset-after", v);
     }
     // One bucket hash per route shape; the channel makes it per resource (the major parameter).
     if let Ok(v) = HeaderValue::from_str(route.name()) {
         h.insert("x-ratelimit-bucket", v);
     }
+}
+
+/// Seconds with three decimals, rounded up to the millisecond: the headers never name a reset
+/// before the bucket's own. Rounded to the nearest, a client that waits exactly what they say
+/// could come up to 0.5 ms early and be refused with a 429 (a client on an idle machine answers
+/// well within that; crates/platforms/tests/discord_fake.rs counts such 429s).
+fn millis_up(d: Duration) -> String {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    format!("{}.{:03}", ms / 1000, ms % 1000)
 }
 
 async fn inject(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
@@ -1371,4 +1381,30 @@ async fn stats(State(shared): State<Arc<Shared>>, Query(q): Query<HashMap<String
         "max_resume_gap_ms": s.max_resume_gap_ms,
     });
     (StatusCode::OK, body.to_string()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A header's reset is never earlier than the bucket's, and at most a millisecond later.
+    #[test]
+    fn reset_headers_round_up_to_the_millisecond() {
+        for (d, want) in [
+            (Duration::ZERO, "0.000"),
+            (Duration::from_nanos(1), "0.001"),
+            (Duration::from_micros(499_400), "0.500"),
+            (Duration::from_micros(499_600), "0.500"),
+            (Duration::from_millis(500), "0.500"),
+            (Duration::from_micros(1_999_001), "2.000"),
+            (Duration::from_secs(1_764_921_600) + Duration::from_micros(1), "1764921600.001"),
+        ] {
+            assert_eq!(millis_up(d), want, "{d:?}");
+        }
+        let mut h = HeaderMap::new();
+        let after = Duration::from_micros(499_400);
+        bucket_headers(&mut h, 2, 0, after, Route::CreateMessage);
+        let secs = |name: &str| h[name].to_str().ok().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        assert!(secs("x-ratelimit-reset-after") >= after.as_secs_f64(), "{h:?}");
+    }
 }

@@ -352,52 +352,79 @@ fn stop_during_probation_keeps_the_gateway_down() {
 }
 
 /// SIGKILL of the updater at each phase: the next start finishes the transaction (completes
-/// or reverts), and exactly one gateway runs the version update.json ends with.
+/// or reverts), and exactly one gateway runs the version update.json ends with. One test per
+/// phase: each makes its own rig and release (15 to 20 s on a loaded 2-core machine), and the
+/// four in one test took up to 87 s there, against nextest's 120 s (180 s in CI) per test.
 #[test]
-fn updater_killed_at_each_phase_is_finished_by_the_next_start() {
-    for phase in ["swapping", "swapped", "restarting", "probation"] {
-        let (r, _g) = rig("[update]\nprobation_s = 2\n");
-        let b = r.release("9.9.9");
-        let (exe, home, tag) = (r.exe.clone(), r.home.path().to_path_buf(), r.sw.tag().to_owned());
-        let from = b.to_str().unwrap().to_owned();
-        let h = std::thread::spawn(move || {
-            let env = [(TAG_VAR, tag.as_str()), ("GATEWARDEN_TEST_UPDATE_PAUSE", phase)];
-            cli_with(&exe, &home, &["update", "--from", &from, "--timeout", "20"], &env, UPDATE_LIMIT)
-        });
-        let mut killed = None;
-        must_wait_until(Duration::from_secs(30), &format!("phase {phase}"), || {
-            let t = r.txn();
-            if t["phase"] == json!(phase) {
-                let pid = t["updater_pid"].as_u64().unwrap() as u32;
-                send_signal(pid, sig::SIGKILL).unwrap();
-                killed = Some(pid);
-                return true;
-            }
-            false
-        });
-        let out = h.join().unwrap();
-        assert_ne!(out.code, Some(0), "{phase}: the killed updater cannot report success: {out:#?}");
-        let pid = killed.unwrap();
-        must_wait_until(EXIT, "the updater is gone", || !pid_alive(pid));
-        // The next start: a plain restart.
-        let re =
-            cli_with(&r.exe, r.home.path(), &["restart", "--timeout", "30"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
-        assert_cli(&re, 0, &format!("{phase}: restart after the killed updater"));
-        let mut t = Value::Null;
-        must_wait_until(Duration::from_secs(30), &format!("{phase}: the transaction is finished"), || {
-            t = r.txn();
-            matches!(t["phase"].as_str(), Some("committed" | "rolled_back" | "failed"))
-        });
-        let want = if t["phase"] == json!("committed") { "9.9.9".to_owned() } else { r.version.clone() };
-        // Killed before the swap: nothing changed, the transaction is closed as failed.
-        if phase == "swapping" && t["phase"] == json!("failed") {
-            assert!(t["reason"].as_str().unwrap().contains("updater died"), "{t}");
-        } else {
-            assert_ne!(t["phase"], json!("failed"), "{phase}: {t}\n{}", r.home.ledger_text());
+fn updater_killed_at_each_phase_is_finished_by_the_next_start_swapping() {
+    updater_killed_in("swapping");
+}
+
+#[test]
+fn updater_killed_at_each_phase_is_finished_by_the_next_start_swapped() {
+    updater_killed_in("swapped");
+}
+
+#[test]
+fn updater_killed_at_each_phase_is_finished_by_the_next_start_restarting() {
+    updater_killed_in("restarting");
+}
+
+#[test]
+fn updater_killed_at_each_phase_is_finished_by_the_next_start_probation() {
+    updater_killed_in("probation");
+}
+
+/// One phase of the test above: the updater paused in `phase` is killed there.
+fn updater_killed_in(phase: &'static str) {
+    let (r, _g) = rig("[update]\nprobation_s = 2\n");
+    let b = r.release("9.9.9");
+    let (exe, home, tag) = (r.exe.clone(), r.home.path().to_path_buf(), r.sw.tag().to_owned());
+    let from = b.to_str().unwrap().to_owned();
+    let h = std::thread::spawn(move || {
+        let env = [(TAG_VAR, tag.as_str()), ("GATEWARDEN_TEST_UPDATE_PAUSE", phase)];
+        cli_with(&exe, &home, &["update", "--from", &from, "--timeout", "20"], &env, UPDATE_LIMIT)
+    });
+    // The phase comes after staging, the preflight and (for the later ones) a restart onto
+    // the release: many seconds on a loaded machine. So no bound of its own: the wait
+    // lasts while the updater runs (itself bounded by UPDATE_LIMIT), and an updater that
+    // ended before the phase fails the test with its output.
+    let t0 = Instant::now();
+    let mut killed = None;
+    wait_until(UPDATE_LIMIT, || {
+        let t = r.txn();
+        if t["phase"] == json!(phase) {
+            let pid = t["updater_pid"].as_u64().unwrap() as u32;
+            send_signal(pid, sig::SIGKILL).unwrap();
+            killed = Some(pid);
+            return true;
         }
-        eprintln!("killed in {phase}: finished as {} ({})", t["phase"], t["reason"]);
-        r.assert_one_gateway(&want);
+        h.is_finished()
+    });
+    let out = h.join().unwrap();
+    let Some(pid) = killed else {
+        panic!("{phase}: the updater ended before that phase: {}\n{out:#?}\n{}", r.txn(), r.home.ledger_text())
+    };
+    eprintln!("{phase} reached and killed after {:.1} s", t0.elapsed().as_secs_f64());
+    assert_ne!(out.code, Some(0), "{phase}: the killed updater cannot report success: {out:#?}");
+    must_wait_until(EXIT, "the updater is gone", || !pid_alive(pid));
+    // The next start: a plain restart.
+    let re = cli_with(&r.exe, r.home.path(), &["restart", "--timeout", "30"], &[(TAG_VAR, r.sw.tag())], UPDATE_LIMIT);
+    assert_cli(&re, 0, &format!("{phase}: restart after the killed updater"));
+    let mut t = Value::Null;
+    must_wait_until(Duration::from_secs(30), &format!("{phase}: the transaction is finished"), || {
+        t = r.txn();
+        matches!(t["phase"].as_str(), Some("committed" | "rolled_back" | "failed"))
+    });
+    let want = if t["phase"] == json!("committed") { "9.9.9".to_owned() } else { r.version.clone() };
+    // Killed before the swap: nothing changed, the transaction is closed as failed.
+    if phase == "swapping" && t["phase"] == json!("failed") {
+        assert!(t["reason"].as_str().unwrap().contains("updater died"), "{t}");
+    } else {
+        assert_ne!(t["phase"], json!("failed"), "{phase}: {t}\n{}", r.home.ledger_text());
     }
+    eprintln!("killed in {phase}: finished as {} ({})", t["phase"], t["reason"]);
+    r.assert_one_gateway(&want);
 }
 
 /// Under `supervise`, a candidate that dies at once is reverted by supervise itself (no
