@@ -122,10 +122,38 @@ pub fn write_config(home: &Path, toml: &str) {
     std::fs::rename(&tmp, home.join("config.toml")).expect("rename config.toml");
 }
 
-/// A free loopback port right now (bound and released; the kernel will not hand it out again
-/// at once, and gateways bind with `SO_REUSEADDR`).
+/// A free loopback port right now, for a server that binds it later (Synapse binds 10-40 s
+/// later). See [`free_ports`].
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind 127.0.0.1:0").port()
+    free_ports::<1>()[0]
+}
+
+/// `N` distinct loopback ports, free right now, for servers that bind them later. Picked at
+/// random below the ephemeral ranges (Linux 32768-60999, Windows 49152-65535): the kernel's
+/// port-0 binds and every outgoing connection's source port come from those, and either could
+/// take a port before its server binds it. Each is bound here to be sure it is free, and all are
+/// held until all are chosen (dovecot refuses duplicate listeners).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    use std::hash::{BuildHasher, Hasher};
+    use std::net::TcpListener;
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    const FIRST: u16 = 20_000;
+    const SPAN: u64 = 12_768; // up to 32767
+    let keys = std::collections::hash_map::RandomState::new();
+    let pick = || {
+        for _ in 0..200 {
+            let mut h = keys.build_hasher();
+            h.write_u64(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+            h.write_u32(std::process::id());
+            let port = FIRST + u16::try_from(h.finish() % SPAN).unwrap_or(0);
+            if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+                return l;
+            }
+        }
+        TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0")
+    };
+    let held: [TcpListener; N] = std::array::from_fn(|_| pick());
+    held.map(|l| l.local_addr().expect("local_addr").port())
 }
 
 /// The gateway that holds `home`'s lock right now, as `gateway_state.json` describes it:

@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::servers::{Proc, free_ports, tail, wait_ready};
+use crate::api::free_ports;
+use crate::servers::{Proc, tail, wait_ready};
 use crate::tls::{TestCa, Validity};
 
 /// The mail domain every test user is in.

@@ -102,7 +102,7 @@ impl Cluster {
         let deadline = Instant::now() + START_DEADLINE;
         // A free port can be taken between our probe and the server's bind: retry.
         loop {
-            c.port = free_port();
+            c.port = crate::api::free_port();
             match c.start_server() {
                 Ok(()) => break,
                 Err(e) if Instant::now() < deadline => eprintln!("postgres start on {} failed, retrying: {e}", c.port),
@@ -295,10 +295,6 @@ impl Drop for Cluster {
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
 }
 
 /// What the proxy does with traffic.

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::servers::{Proc, free_port, tail, wait_ready};
+use crate::api::free_port;
+use crate::servers::{Proc, tail, wait_ready};
 
 /// prosody listens within about a second; the bound only guards a broken install.
 const READY: Duration = Duration::from_secs(20);

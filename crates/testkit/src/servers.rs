@@ -15,7 +15,7 @@
 //! `start()` returns `None` with a `SKIPPED:` line when the server is not installed; under `CI`
 //! it panics instead, so a CI machine without the server fails rather than passes vacuously.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -34,19 +34,7 @@ const NGIRCD_READY: Duration = Duration::from_secs(10);
 /// Matrix server name: user ids are `@name:localhost`. Federation is off, so it is never resolved.
 pub const SYNAPSE_SERVER_NAME: &str = "localhost";
 
-/// A loopback port that was free a moment ago. The server binds it shortly after; another
-/// process would have to be handed the same ephemeral port inside that window.
-pub(crate) fn free_port() -> u16 {
-    free_ports::<1>()[0]
-}
-
-/// `N` distinct free loopback ports: every listener is held until all are chosen (one after
-/// another, a port just released may be handed out again; dovecot refuses duplicate listeners).
-pub(crate) fn free_ports<const N: usize>() -> [u16; N] {
-    let held: [TcpListener; N] =
-        std::array::from_fn(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0"));
-    held.map(|l| l.local_addr().expect("local_addr").port())
-}
+use crate::api::free_port;
 
 /// Random bytes for secrets and keys (test-only; `/dev/urandom` on every Unix).
 fn random_bytes<const N: usize>() -> [u8; N] {
