@@ -113,19 +113,7 @@ fn a_photo_reaches_the_vision_provider_and_a_text_file_is_inlined() {
 fn exec_reads_the_files_and_sends_one_back_once_across_a_kill_9() {
     let (home, sw, fake, tok) = (TempHome::new(), Sweeper::new(), fake(), token());
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().display();
-    let script = dir.path().join("agent.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\ncat >/dev/null\nprintf '%s' \"$GATEWARDEN_ATTACHMENTS\" > {d}/env.json\n\
-             if [ ! -e {d}/first ]; then : > {d}/first; exec sleep 60; fi\n\
-             printf 'report body\\n' > {d}/report.txt\necho 'here is the report'\necho '{{\"attach\": \"{d}/report.txt\"}}'\n"
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let agent = format!("backend = \"exec\"\ncommand = [\"{}\"]\ntimeout_s = 120", script.display());
+    let agent = attaching_agent(dir.path(), true, 120);
     let cfg = config(&fake, &agent, "");
     let mut g = start_gw(&home, &sw, &tok, &cfg);
     let doc = Media {

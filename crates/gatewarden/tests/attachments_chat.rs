@@ -7,7 +7,6 @@
 mod common;
 mod work_common;
 use common::*;
-use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use work_common::*;
@@ -41,25 +40,6 @@ fn last_user_content(llm: &FakeLlm) -> Value {
 
 fn png_data_url() -> String {
     format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(PNG))
-}
-
-/// An exec agent that answers with a text line and attaches a file it writes (the
-/// `{"attach": path}` stdout convention), in `dir`. Its first run only marks `dir/first` and
-/// hangs (for a kill -9 in the middle of it).
-fn exec_agent(dir: &std::path::Path) -> String {
-    let d = dir.display();
-    let script = dir.join("agent.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\ncat >/dev/null\nif [ ! -e {d}/first ]; then : > {d}/first; exec sleep 60; fi\n\
-             printf 'report body\\n' > {d}/report.txt\necho 'here is the report'\n\
-             echo '{{\"attach\": \"{d}/report.txt\"}}'\n"
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    format!("backend = \"exec\"\ncommand = [\"{}\"]\ntimeout_s = 60", script.display())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -142,7 +122,7 @@ fn discord_a_photo_reaches_the_vision_provider() {
 fn discord_a_file_from_exec_is_uploaded_once_across_a_kill_9() {
     let (home, sw, (fake, token)) = (TempHome::new(), Sweeper::new(), discord::fake());
     let dir = tempfile::tempdir().unwrap();
-    let agent = exec_agent(dir.path());
+    let agent = attaching_agent(dir.path(), true, 60);
     let mut g = discord::start(&home, &sw, &fake, &token, &agent, "");
     let doc = FakeFile {
         filename: "in.txt".into(),
@@ -220,7 +200,7 @@ fn discord_a_file_past_the_upload_limit_is_rejected_once() {
     let (home, sw) = (TempHome::new(), Sweeper::new());
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("first"), b"").unwrap();
-    let mut g = discord::start(&home, &sw, &fake, &token, &exec_agent(dir.path()), "");
+    let mut g = discord::start(&home, &sw, &fake, &token, &attaching_agent(dir.path(), true, 60), "");
     let too_large = |c: &gatewarden_discord_fake::RestCall| c.channel == "5005" && c.status == 413;
     fake.message("5005", "7", "report");
     discord::wait_reply(&fake, "5005", |t| t == "here is the report");
@@ -315,7 +295,7 @@ fn slack_a_photo_reaches_the_vision_provider() {
 fn slack_a_file_from_exec_is_uploaded_once_into_the_thread_across_a_kill_9() {
     let (home, sw, fake) = (TempHome::new(), Sweeper::new(), slack::fake());
     let dir = tempfile::tempdir().unwrap();
-    let agent = exec_agent(dir.path());
+    let agent = attaching_agent(dir.path(), true, 60);
     let mut g = slack::start(&home, &sw, &fake, &agent, "");
     fake.user_message("C200", "U1", "the report please", Some("1700000000.000100"));
     must_wait_until(REPLY, "the first run started", || dir.path().join("first").exists());

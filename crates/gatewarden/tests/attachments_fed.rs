@@ -7,7 +7,6 @@
 mod common;
 mod work_common;
 use common::*;
-use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use work_common::*;
@@ -142,19 +141,7 @@ fn matrix_exec_file_goes_back_once_across_a_kill_9() {
     let Some(mut r) = Room::open() else { return };
     let (home, sw) = (TempHome::new(), Sweeper::new());
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().display();
-    let script = dir.path().join("agent.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\ncat >/dev/null\n\
-             if [ ! -e {d}/first ]; then : > {d}/first; exec sleep 60; fi\n\
-             printf 'report body\\n' > {d}/report.txt\necho 'here is the report'\necho '{{\"attach\": \"{d}/report.txt\"}}'\n"
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let agent = format!("backend = \"exec\"\ncommand = [\"{}\"]\ntimeout_s = 120", script.display());
+    let agent = attaching_agent(dir.path(), true, 120);
     let cfg = r.config(&agent, "");
     let mut g = r.start_gw(&home, &sw, &cfg);
     r.send_file("m.file", "in.pdf", "application/pdf", b"%PDF-1.4 fake", None);
@@ -402,20 +389,7 @@ fn xmpp_exec_file_goes_back_once_across_a_kill_9() {
     let Some(mut c) = xmpp::Chat::open() else { return };
     let (home, sw) = (TempHome::new(), Sweeper::new());
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().display();
-    let script = dir.path().join("agent.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\ncat >/dev/null\n\
-             if [ ! -e {d}/first ]; then : > {d}/first; exec sleep 60; fi\n\
-             printf 'report body\\n' > {d}/report.txt\n\
-             echo 'here is the report'\necho '{{\"attach\": \"{d}/report.txt\"}}'\n"
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let agent = format!("backend = \"exec\"\ncommand = [\"{}\"]\ntimeout_s = 60", script.display());
+    let agent = attaching_agent(dir.path(), true, 60);
     let cfg = c.config(&agent, "");
     let mut g = c.start_gw(&home, &sw, &cfg);
     c.say("the report please");

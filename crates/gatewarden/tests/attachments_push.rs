@@ -10,7 +10,6 @@
 mod common;
 mod work_common;
 use common::*;
-use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use work_common::*;
@@ -55,33 +54,6 @@ fn assert_vision_parts(llm: &FakeLlm, caption: &str) {
     assert_eq!((content[0]["type"].as_str(), content[0]["text"].as_str()), (Some("text"), Some(caption)), "{content}");
     let url = format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(PNG));
     assert_eq!(content[1], json!({"type": "image_url", "image_url": {"url": url}}));
-}
-
-/// An exec agent that attaches `report.txt` (in `dir`) to its reply. `hang_first`: its first
-/// run marks `dir/first` and hangs (for a kill -9 while the run is in progress).
-fn attaching_agent_with(dir: &std::path::Path, hang_first: bool) -> String {
-    let d = dir.display();
-    let hang = if hang_first {
-        format!("if [ ! -e {d}/first ]; then : > {d}/first; exec sleep 60; fi\n")
-    } else {
-        String::new()
-    };
-    let script = dir.join("agent.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\ncat >/dev/null\n{hang}printf 'report body\\n' > {d}/report.txt\necho 'here is the report'\n\
-             echo '{{\"attach\": \"{d}/report.txt\"}}'\n"
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    format!("backend = \"exec\"\ncommand = [\"{}\"]\ntimeout_s = 120", script.display())
-}
-
-/// An exec agent that attaches `report.txt` (in `dir`) to its reply.
-fn attaching_agent(dir: &std::path::Path) -> String {
-    attaching_agent_with(dir, false)
 }
 
 fn spawn(home: &TempHome, sw: &Sweeper, config: &str, env: &[(&str, String)]) -> Gateway {
@@ -151,7 +123,7 @@ fn whatsapp_photo_reaches_the_vision_provider() {
 fn whatsapp_file_back_once_and_a_mistyped_image_refused() {
     let (home, sw, fake) = (TempHome::new(), Sweeper::new(), wa_fake());
     let dir = tempfile::tempdir().unwrap();
-    let mut g = wa_start(&home, &sw, &fake, &attaching_agent(dir.path()));
+    let mut g = wa_start(&home, &sw, &fake, &attaching_agent(dir.path(), false, 120));
     fake.message(ADMIN_WA, "make a report");
     wa_reply(&fake, ADMIN_WA, |t| t == "here is the report");
     must_wait_until(REPLY, "the file was sent", || !fake.media_sent().is_empty());
@@ -183,7 +155,7 @@ fn whatsapp_file_back_once_and_a_mistyped_image_refused() {
 fn whatsapp_kill_9_between_download_and_reply() {
     let (home, sw, fake) = (TempHome::new(), Sweeper::new(), wa_fake());
     let dir = tempfile::tempdir().unwrap();
-    let agent = attaching_agent_with(dir.path(), true);
+    let agent = attaching_agent(dir.path(), true, 120);
     let mut g = wa_start(&home, &sw, &fake, &agent);
     fake.media_message(ADMIN_WA, "document", "application/pdf", b"%PDF-1.4 fake", json!({"filename": "in.pdf"}));
     must_wait_until(REPLY, "the first run started", || dir.path().join("first").exists());
@@ -246,7 +218,7 @@ fn signal_photo_reaches_the_vision_provider() {
 fn signal_file_back_once_and_an_oversized_file_refused() {
     let (home, sw, fake) = (TempHome::new(), Sweeper::new(), signal_fake());
     let dir = tempfile::tempdir().unwrap();
-    let mut g = signal_start(&home, &sw, &fake, &attaching_agent(dir.path()), "");
+    let mut g = signal_start(&home, &sw, &fake, &attaching_agent(dir.path(), false, 120), "");
     fake.message(ADMIN_SIGNAL, "make a report");
     signal_reply(&fake, |t| t == "here is the report");
     let with_files = |f: &FakeSignal| f.sent().into_iter().filter(|s| !s.files.is_empty()).collect::<Vec<_>>();
@@ -323,7 +295,7 @@ fn mm_reply(fake: &FakeMattermost, channel: &str, pred: impl Fn(&str) -> bool) -
 fn mattermost_kill_9_between_download_and_reply() {
     let (home, sw, fake) = (TempHome::new(), Sweeper::new(), mm_fake());
     let dir = tempfile::tempdir().unwrap();
-    let agent = attaching_agent_with(dir.path(), true);
+    let agent = attaching_agent(dir.path(), true, 120);
     let mut g = mm_start(&home, &sw, &fake, &agent);
     fake.user_post_files("chan4", ADMIN_MM, "", &[("in.pdf", "application/pdf", b"%PDF-1.4 fake")]);
     must_wait_until(REPLY, "the first run started", || dir.path().join("first").exists());
@@ -358,7 +330,7 @@ fn mattermost_photo_reaches_the_vision_provider() {
 fn mattermost_file_back_once_and_a_mistyped_image_refused() {
     let (home, sw, fake) = (TempHome::new(), Sweeper::new(), mm_fake());
     let dir = tempfile::tempdir().unwrap();
-    let mut g = mm_start(&home, &sw, &fake, &attaching_agent(dir.path()));
+    let mut g = mm_start(&home, &sw, &fake, &attaching_agent(dir.path(), false, 120));
     fake.user_post("chan2", ADMIN_MM, "make a report", None);
     mm_reply(&fake, "chan2", |t| t == "here is the report");
     let with_files =

@@ -17,9 +17,8 @@ const PW_ENV: &str = "GW_TEST_MAIL_PASSWORD";
 const REPLY: Duration = Duration::from_secs(20);
 
 fn config(s: &MailServer, agent: &str) -> String {
-    format!(
-        "drain_timeout_s = 10\n[agent]\nbackend = \"echo\"\n{agent}\n\
-         [[platform]]\nkind = \"email\"\nname = \"mail\"\nimap = \"{}\"\nsmtp = \"{}\"\naccount = \"{}\"\n\
+    let platform = format!(
+        "kind = \"email\"\nname = \"mail\"\nimap = \"{}\"\nsmtp = \"{}\"\naccount = \"{}\"\n\
          token_env = \"{PW_ENV}\"\nca_file = \"{}\"\nallowed_senders = [\"{}\", \"{}\"]\nadmins = [\"{}\"]\n\
          poll_timeout_s = 5\nconflict_standby_s = 3\n",
         s.imaps_url(),
@@ -29,7 +28,8 @@ fn config(s: &MailServer, agent: &str) -> String {
         address("alice"),
         address("bob"),
         address("alice"),
-    )
+    );
+    platform_config(agent, &platform)
 }
 
 fn spawn(home: &TempHome, sw: &Sweeper, config: &str) -> Gateway {
@@ -412,7 +412,6 @@ fn a_strangers_mail_gets_nothing_and_leaves_nothing() {
     let (home, sw) = (TempHome::new(), Sweeper::new());
     let agent = format!("backend = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"", llm.base_url());
     let cfg = config(&s, &agent)
-        .replace("backend = \"echo\"\n", "")
         .replace(&format!("allowed_senders = [\"{}\", \"{}\"]\n", address("alice"), address("bob")), "")
         .replace("poll_timeout_s = 5\n", &format!("allowed_users = [\"{}\"]\npoll_timeout_s = 5\n", address("bob")));
     let mut g = start_gw(&home, &sw, &cfg);
@@ -474,7 +473,7 @@ fn mail_with(s: &MailServer, who: &str, id: &str, text: &str, parts: &[Part<'_>]
 
 fn openai_config(s: &MailServer, llm: &gatewarden_testkit::llmfake::FakeLlm) -> String {
     let agent = format!("backend = \"openai\"\nbase_url = \"{}\"\nmodel = \"m\"\ntimeout_s = 60", llm.base_url());
-    config(s, &agent).replace("backend = \"echo\"\n", "")
+    config(s, &agent)
 }
 
 /// The user message's content parts the provider got last.
@@ -529,24 +528,11 @@ fn email_photo_reaches_the_vision_provider_and_a_text_file_is_inlined() {
 /// the stored file and the text and the file go out once each.
 #[test]
 fn email_exec_reads_the_files_and_sends_one_back_once_across_a_kill_9() {
-    use std::os::unix::fs::PermissionsExt;
     let Some(s) = MailServer::start() else { return };
     let (home, sw) = (TempHome::new(), Sweeper::new());
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().display();
-    let script = dir.path().join("agent.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\ncat >/dev/null\nprintf '%s' \"$GATEWARDEN_ATTACHMENTS\" > {d}/env.json\n\
-             if [ ! -e {d}/first ]; then : > {d}/first; exec sleep 60; fi\n\
-             printf 'report body\\n' > {d}/report.txt\necho 'here is the report'\necho '{{\"attach\": \"{d}/report.txt\"}}'\n"
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let agent = format!("command = [\"{}\"]\ntimeout_s = 120", script.display());
-    let cfg = config(&s, &agent).replace("backend = \"echo\"", "backend = \"exec\"");
+    let agent = attaching_agent(dir.path(), true, 120);
+    let cfg = config(&s, &agent);
     let mut g = start_gw(&home, &sw, &cfg);
     wait_adapter(&home, "connected", READY);
     let pdf = Part { kind: "application/pdf; name=\"in.pdf\"", disposition: "attachment", bytes: b"%PDF-1.4 fake" };

@@ -258,3 +258,29 @@ pub fn refused_naming_the_holder(second: &mut Gateway, holder_home: &TempHome, h
         "{err}"
     );
 }
+
+/// An exec agent's `[agent]` lines (the script written in `dir`): it writes what it got in
+/// `GATEWARDEN_ATTACHMENTS` to `dir/env.json`, answers "here is the report" and attaches
+/// `dir/report.txt` (the `{"attach": path}` stdout convention). `hang_first`: its first run
+/// only marks `dir/first` and hangs (for a kill -9 while the run is in progress).
+#[cfg(unix)]
+pub fn attaching_agent(dir: &std::path::Path, hang_first: bool, timeout_s: u64) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dir.display();
+    let hang = if hang_first {
+        format!("if [ ! -e {d}/first ]; then : > {d}/first; exec sleep 60; fi\n")
+    } else {
+        String::new()
+    };
+    let script = dir.join("agent.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncat >/dev/null\nprintf '%s' \"$GATEWARDEN_ATTACHMENTS\" > {d}/env.json\n{hang}\
+             printf 'report body\\n' > {d}/report.txt\necho 'here is the report'\necho '{{\"attach\": \"{d}/report.txt\"}}'\n"
+        ),
+    )
+    .expect("write the agent script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod the agent script");
+    format!("backend = \"exec\"\ncommand = [\"{}\"]\ntimeout_s = {timeout_s}", script.display())
+}
