@@ -640,7 +640,7 @@ async fn attachments_of(
     let (mut text, files) = resolved_in(gw, &msg.text);
     let mut out = Vec::new();
     for resolved in files {
-        let (size, sha) = (resolved.size, resolved.sha256.clone());
+        let sha = resolved.sha256.clone();
         let file = agent_file(resolved);
         let Some(t) = transcriber.filter(|_| transcribe::is_audio(&file.kind)) else {
             out.push(file);
@@ -649,7 +649,12 @@ async fn attachments_of(
         let said = match store.transcript(&sha) {
             Some(cached) => Ok(cached),
             None => {
-                let audio = Audio { path: file.path.clone(), name: file.name.clone(), kind: file.kind.clone(), size };
+                let audio = Audio {
+                    path: file.path.clone(),
+                    name: file.name.clone(),
+                    kind: file.kind.clone(),
+                    size: file.size,
+                };
                 let r = t.transcribe(&audio, &cancel.child_token()).await;
                 if let Ok(words) = &r
                     && let Err(e) = store.keep_transcript(&sha, words)
