@@ -125,11 +125,7 @@ fn cli_raw<S: AsRef<OsStr>>(
 ) -> CliOutput {
     let mut cmd = Command::new(bin);
     match mode {
-        Mode::Host => {
-            cmd.env_remove("GATEWARDEN_HOME");
-            // Swept at the test's end like the test environment's (`crate::test_env`).
-            cmd.env(crate::sweep::TAG_VAR, crate::sweep::process_tag());
-        }
+        Mode::Host => crate::host_env(&mut cmd),
         Mode::Test | Mode::ReaderGone { .. } => crate::test_env(&mut cmd),
     }
     cmd.args(args);

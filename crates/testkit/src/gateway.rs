@@ -88,9 +88,7 @@ impl GatewayBuilder {
         let stdout_path = self.log_dir.join(format!("{tag}.stdout"));
         let mut cmd = Command::new(&self.bin);
         if self.host_default {
-            cmd.env_remove("GATEWARDEN_HOME");
-            // Swept at the test's end like the test environment's (`crate::test_env`).
-            cmd.env(crate::sweep::TAG_VAR, crate::sweep::process_tag());
+            crate::host_env(&mut cmd);
         } else {
             crate::test_env(&mut cmd);
         }

@@ -99,6 +99,14 @@ pub const SCRUBBED_ENV: &[&str] = &[
     "RUST_LOG",
 ];
 
+/// The host's real environment for a command (`GatewayBuilder::host_default`, [`cli_host`]):
+/// only the home is left to the command line, and what it detaches is swept when the test ends,
+/// as under [`test_env`].
+pub fn host_env(cmd: &mut std::process::Command) {
+    cmd.env_remove("GATEWARDEN_HOME");
+    cmd.env(sweep::TAG_VAR, sweep::process_tag());
+}
+
 /// Applies the deterministic test environment to a command: scrubbed env, supervisor `none`.
 /// Tests of the default detection path use `GatewayBuilder::host_default` / [`cli_host`]
 /// instead, so the suite also runs the binary as a user's shell does.
